@@ -1,0 +1,237 @@
+/*
+ * tilewire: persistent CUDA kernels for Hopper (sm_90a) that fuse multi-GPU
+ * communication with the compute it feeds, tile by tile, in one launch.
+ *
+ * The one public header. C11 and C++; needs no CUDA header. Every call
+ * returns a tw_status_t; on failure tw_comm_last_error(comm) (or
+ * tw_last_error() for calls that take no comm) says which argument, which
+ * rank and what was expected. Failures inside kernels (a peer that never
+ * signalled) are reported by tw_comm_async_error().
+ *
+ * Threading: a comm may be used by one host thread at a time. Ops are
+ * stream-ordered and CUDA-graph capturable: no host synchronisation inside
+ * a call, no per-call host reset of device state.
+ */
+#ifndef TILEWIRE_H
+#define TILEWIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define TW_API __attribute__((visibility("default")))
+#else
+#define TW_API
+#endif
+
+#define TW_VERSION_MAJOR 0
+#define TW_VERSION_MINOR 1
+#define TW_VERSION_PATCH 0
+/* MAJOR*10000 + MINOR*100 + PATCH */
+#define TW_VERSION_CODE (TW_VERSION_MAJOR * 10000 + TW_VERSION_MINOR * 100 + TW_VERSION_PATCH)
+
+/* The most ranks one comm holds. */
+#define TW_MAX_WORLD 64
+
+/* Same type as cudaStream_t, declared here so callers need no CUDA header. */
+struct CUstream_st;
+typedef struct CUstream_st *tw_stream_t;
+
+typedef enum tw_status {
+  TW_SUCCESS = 0,
+  TW_ERR_INVALID_ARGUMENT = 1,   /* a bad argument: the message names it */
+  TW_ERR_NO_DEVICE = 2,          /* no CUDA driver or no CUDA device */
+  TW_ERR_UNSUPPORTED_DEVICE = 3, /* the GPU is not sm_90 (Hopper) */
+  TW_ERR_CUDA = 4,               /* a CUDA runtime or driver call failed */
+  TW_ERR_OUT_OF_MEMORY = 5,      /* device memory or symmetric-heap space ran out */
+  TW_ERR_SYSTEM = 6,             /* a system call or socket operation failed */
+  TW_ERR_TIMEOUT = 7,            /* a host-side wait timed out (bootstrap: a rank never arrived) */
+  TW_ERR_REMOTE = 8,             /* another rank failed and told us so */
+  TW_ERR_DEVICE_TIMEOUT = 9,     /* a wait inside a kernel timed out: the comm is unusable */
+  TW_ERR_NOT_SUPPORTED = 10,     /* valid request this build or configuration cannot serve */
+  TW_ERR_INTERNAL = 11,          /* a bug in tilewire: please report the message */
+  TW_ERR_ABORTED = 12            /* a kernel gave up because another rank's wait timed out */
+} tw_status_t;
+
+/* A constant string naming the status. Never NULL. */
+TW_API const char *tw_status_string(tw_status_t status);
+
+/* Message of the last failed call made by this thread (any comm, or none). */
+TW_API const char *tw_last_error(void);
+
+/* TW_VERSION_CODE of the loaded library. */
+TW_API int tw_version(void);
+
+typedef struct tw_comm *tw_comm_t;
+
+#define TW_UNIQUE_ID_BYTES 128
+/* Opaque; made by tw_get_unique_id on one rank and handed to the others by the
+ * caller (torch.distributed, MPI, a file). */
+typedef struct tw_unique_id {
+  char internal[TW_UNIQUE_ID_BYTES];
+} tw_unique_id_t;
+
+#define TW_CONFIG_VERSION 1
+/*
+ * Comm configuration. Zero in a field means "default" (usually an env knob,
+ * see docs/ENV.md), so a caller built against an older, shorter struct keeps
+ * working: the library reads only `size` bytes.
+ */
+typedef struct tw_config {
+  size_t size;      /* sizeof(tw_config_t) as the caller knows it */
+  uint32_t version; /* TW_CONFIG_VERSION as the caller knows it */
+  /* SMs each rank's kernels may occupy. 0: the device's SMs divided by the
+   * number of ranks sharing the GPU (TW_SM_BUDGET overrides). */
+  int32_t sm_budget;
+  /* 0: ranks are grouped into nodes by host. > 0: virtual nodes of this many
+   * consecutive ranks (TW_RANKS_PER_NODE), to exercise the inter-node path on one host. */
+  int32_t ranks_per_node;
+  /* Host-side bootstrap timeout in ms (0: TW_BOOTSTRAP_TIMEOUT_MS). */
+  int32_t bootstrap_timeout_ms;
+  /* Bound on every device-side wait in ms (0: TW_WAIT_TIMEOUT_MS). */
+  int32_t wait_timeout_ms;
+  int32_t reserved0;
+  /* Virtual address space reserved for each rank's symmetric heap, bytes
+   * (0: TW_HEAP_BYTES). Physical memory is taken only by tw_mem_alloc. */
+  uint64_t heap_bytes;
+} tw_config_t;
+
+#define TW_CONFIG_INIT {sizeof(tw_config_t), TW_CONFIG_VERSION, 0, 0, 0, 0, 0, 0}
+
+/* Fills *cfg as TW_CONFIG_INIT does (for callers that cannot use the macro). */
+TW_API tw_status_t tw_config_init(tw_config_t *cfg);
+
+/* ---- comm lifetime ---------------------------------------------------- */
+
+/* Creates an id and starts, in this process, the bootstrap root that the
+ * ranks of one tw_comm_init_rank group meet at. */
+TW_API tw_status_t tw_get_unique_id(tw_unique_id_t *id);
+
+/* One process (or thread) per rank: joins the group of `world` ranks that
+ * meet at `id`. The current CUDA device is the rank's device. Fails with
+ * TW_ERR_TIMEOUT, naming the missing ranks, if not all arrive in time. */
+TW_API tw_status_t tw_comm_init_rank(tw_comm_t *comm, int world, tw_unique_id_t id, int rank,
+                              const tw_config_t *cfg);
+
+/* One process drives every rank: comms[r] is rank r on device devices[r].
+ * A device may be named several times: those ranks become virtual ranks
+ * sharing the GPU, each with an SM budget. cfg may be NULL. */
+TW_API tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
+                             const tw_config_t *cfg);
+
+/* Frees everything the comm holds. Symmetric allocations still live are freed too. */
+TW_API tw_status_t tw_comm_destroy(tw_comm_t comm);
+
+/* ---- comm queries ----------------------------------------------------- */
+
+TW_API tw_status_t tw_comm_rank(tw_comm_t comm, int *rank);
+TW_API tw_status_t tw_comm_size(tw_comm_t comm, int *world);
+TW_API tw_status_t tw_comm_device(tw_comm_t comm, int *device);
+/* Rank inside its node, ranks in its node, its node index, nodes in the comm. */
+TW_API tw_status_t tw_comm_local_rank(tw_comm_t comm, int *local_rank);
+TW_API tw_status_t tw_comm_local_size(tw_comm_t comm, int *local_size);
+TW_API tw_status_t tw_comm_node(tw_comm_t comm, int *node);
+TW_API tw_status_t tw_comm_nodes(tw_comm_t comm, int *nodes);
+/* SMs this rank's kernels may occupy. */
+TW_API tw_status_t tw_comm_sm_budget(tw_comm_t comm, int *sm_budget);
+
+/* Message of the last failed call on this comm ("" if none). Never NULL. */
+TW_API const char *tw_comm_last_error(tw_comm_t comm);
+
+/* Errors recorded by kernels: *async_status is TW_SUCCESS, or
+ * TW_ERR_DEVICE_TIMEOUT / TW_ERR_ABORTED with the details (rank, op, flag,
+ * expected, seen) in tw_comm_last_error. Does not synchronise. */
+TW_API tw_status_t tw_comm_async_error(tw_comm_t comm, tw_status_t *async_status);
+
+/* ---- symmetric heap --------------------------------------------------- */
+
+/*
+ * Collective: every rank of the comm calls it, in the same order, with the
+ * same size. Returns this rank's pointer; the same allocation on peer p is
+ * reachable from this rank's kernels through tw_mem_peer_ptrs(). With
+ * tw_comm_init_all one thread may call it for each comm in turn.
+ * Contents are not initialised.
+ */
+TW_API tw_status_t tw_mem_alloc(tw_comm_t comm, size_t bytes, void **ptr);
+/* Collective, like tw_mem_alloc. */
+TW_API tw_status_t tw_mem_free(tw_comm_t comm, void *ptr);
+/* Device array of `world` pointers: entry p is peer p's copy of the
+ * allocation holding ptr, mapped in this rank's address space (offset
+ * applied: ptr may point inside the allocation). Lives until tw_mem_free. */
+TW_API tw_status_t tw_mem_peer_ptrs(tw_comm_t comm, const void *ptr, void *const **peer_ptrs_device);
+/* The same, one peer, as a host value usable in this rank's kernels. */
+TW_API tw_status_t tw_mem_peer_ptr(tw_comm_t comm, const void *ptr, int peer, void **peer_ptr);
+
+/* ---- data types ------------------------------------------------------- */
+
+typedef enum tw_dtype {
+  TW_BF16 = 0,
+  TW_FP16 = 1,
+  TW_FP32 = 2,
+} tw_dtype_t;
+
+/* ---- ops -------------------------------------------------------------- */
+
+/*
+ * AllGather: recv (a symmetric allocation of world * bytes) on every rank
+ * receives each rank's `bytes` of `send` at offset rank * bytes. send is
+ * ordinary device memory (it may alias recv + rank * bytes). bytes must be a
+ * multiple of 16 and both pointers 16-byte aligned. Persistent SM-driven
+ * copy in chunks with per-chunk flags; uses at most the comm's SM budget.
+ */
+TW_API tw_status_t tw_allgather(tw_comm_t comm, const void *send, void *recv, size_t bytes,
+                         tw_stream_t stream);
+
+/* A barrier across all ranks of the comm, in stream order (device-side). */
+TW_API tw_status_t tw_barrier(tw_comm_t comm, tw_stream_t stream);
+
+/*
+ * GEMM core, alone: C[M,N] = A[M,K] * B[N,K]^T, bf16 in, fp32 accumulate,
+ * bf16 or fp32 out, all row-major with leading dimensions in elements.
+ * Needs sm_90a. K and N multiples of 8; pointers and leading dimensions
+ * 16-byte aligned; any M >= 1.
+ */
+typedef enum tw_tile_order {
+  TW_TILE_ORDER_DEFAULT = 0, /* L2-friendly grouped raster */
+  TW_TILE_ORDER_ROW_MAJOR = 1,
+  TW_TILE_ORDER_ROTATED = 2 /* start at row block `rotate_start` and wrap */
+} tw_tile_order_t;
+
+#define TW_GEMM_ARGS_VERSION 1
+typedef struct tw_gemm_args {
+  size_t size;      /* sizeof(tw_gemm_args_t) */
+  uint32_t version; /* TW_GEMM_ARGS_VERSION */
+  tw_dtype_t c_dtype; /* TW_BF16 or TW_FP32; A and B are TW_BF16 */
+  const void *a;
+  const void *b;
+  void *c;
+  int64_t m, n, k;
+  int64_t lda, ldb, ldc; /* 0: packed (k, k, n) */
+  int32_t sm_count;      /* SMs to use; 0: all the device's */
+  int32_t tile_order;    /* tw_tile_order_t */
+  int64_t rotate_start;  /* with TW_TILE_ORDER_ROTATED: first row of the first tile */
+} tw_gemm_args_t;
+
+#define TW_GEMM_ARGS_INIT {sizeof(tw_gemm_args_t), TW_GEMM_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+
+TW_API tw_status_t tw_gemm_args_init(tw_gemm_args_t *args);
+/* Standalone GEMM on the current device; errors go to tw_last_error(). */
+TW_API tw_status_t tw_gemm(const tw_gemm_args_t *args, tw_stream_t stream);
+
+/* ---- environment knobs ------------------------------------------------ */
+
+/* Number of TW_* environment knobs, and the i-th one's name, type, default,
+ * current value (as the library reads it) and description. */
+TW_API int tw_env_count(void);
+TW_API tw_status_t tw_env_describe(int index, const char **name, const char **type,
+                            const char **default_value, const char **current_value,
+                            const char **description);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TILEWIRE_H */

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Runs every GPU test and benchmark on a GPU machine and prints a summary table last.
+#
+#   scripts/gpu-suite.sh [STEP...]     steps: host gpu mps sanitizer bench (default: all)
+#
+# Builds into $TW_BUILD_DIR (default build/) unless a build made elsewhere is
+# already there (tw-bench present; TW_REBUILD=1 forces a rebuild). Full logs go
+# to $OUT (default ./gpu-suite-out): suite.log, bench-*.json, summary.txt.
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+out=${OUT:-$root/gpu-suite-out}
+build=${TW_BUILD_DIR:-build}
+mkdir -p "$out"
+log=$out/suite.log
+: >"$log"
+# Never NVLink multicast on the shared machines.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+steps=${*:-host gpu mps sanitizer bench}
+want() { case " $steps " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+summary=()
+# step NAME TIMEOUT_S CMD...: runs, logs, records PASS/FAIL/SKIP and seconds.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS rc
+  echo "===== $name: $*" >>"$log"
+  timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
+  rc=$?
+  local verdict=PASS
+  if [ $rc -eq 77 ]; then verdict=SKIP; elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then verdict="TIMEOUT(${limit}s)"; elif [ $rc -ne 0 ]; then verdict="FAIL(rc=$rc)"; fi
+  echo "===== $name: $verdict in $((SECONDS - t0)) s" >>"$log"
+  summary+=("$(printf '%-34s %-14s %5ss' "$name" "$verdict" "$((SECONDS - t0))")")
+  echo "$name: $verdict"
+}
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1
+} >>"$log"
+
+if [ ! -x "$build/tw-bench" ] || [ "${TW_REBUILD:-0}" = 1 ]; then
+  step build 900 bash -c "cmake -S . -B '$build' -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build '$build'"
+fi
+bin=$build
+
+if want host; then
+  step "ctest host" 600 ctest --test-dir "$build" -L host --output-on-failure
+fi
+if want gpu; then
+  step "test_comm" 300 "$bin/test_comm"
+  step "test_allgather" 300 "$bin/test_allgather"
+  [ -x "$bin/test_gemm" ] && step "test_gemm" 400 "$bin/test_gemm"
+  for t in "$bin"/test_*; do
+    case $(basename "$t") in test_comm | test_allgather | test_gemm | test_mp_* | test_api | test_env | test_bootstrap) continue ;; esac
+    [ -x "$t" ] && step "$(basename "$t")" 300 "$t"
+  done
+fi
+if want mps; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/tw-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/tw-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d >>"$log" 2>&1; then
+    step "test_mp_allgather 4 procs (MPS)" 300 "$bin/test_mp_allgather" 4 100
+    step "test_mp_allgather 3 procs (MPS)" 300 "$bin/test_mp_allgather" 3 30
+    echo quit | nvidia-cuda-mps-control >>"$log" 2>&1
+  else
+    summary+=("$(printf '%-34s %-14s' 'mps daemon' 'FAIL(start)')")
+  fi
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+fi
+if want sanitizer; then
+  if command -v compute-sanitizer >/dev/null; then
+    cs="compute-sanitizer --error-exitcode=1 --target-processes all"
+    step "memcheck test_allgather --small" 400 $cs --tool memcheck "$bin/test_allgather" --small
+    step "racecheck test_allgather --small" 400 $cs --tool racecheck "$bin/test_allgather" --small
+    step "synccheck test_allgather --small" 400 $cs --tool synccheck "$bin/test_allgather" --small
+    [ -x "$bin/test_gemm" ] && step "memcheck test_gemm --small" 400 $cs --tool memcheck "$bin/test_gemm" --small
+    [ -x "$bin/test_gemm" ] && step "racecheck test_gemm --small" 400 $cs --tool racecheck "$bin/test_gemm" --small
+  else
+    summary+=("$(printf '%-34s %-14s' 'compute-sanitizer' 'SKIP(absent)')")
+  fi
+fi
+if want bench; then
+  step "tw-bench flag" 120 "$bin/tw-bench" flag --json "$out/bench-flag.json"
+  step "tw-bench allgather (8 vranks)" 300 "$bin/tw-bench" allgather --world 8 --json "$out/bench-allgather.json"
+  if "$bin/tw-bench" --list 2>/dev/null | grep -q '^ *gemm'; then
+    step "tw-bench gemm" 500 "$bin/tw-bench" gemm --json "$out/bench-gemm.json"
+    step "tw-bench gemm --sm-budget 116" 500 "$bin/tw-bench" gemm --sm-budget 116 --json "$out/bench-gemm-116.json"
+  fi
+fi
+
+{
+  echo
+  echo "== tilewire GPU suite: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F)"
+  printf '%s\n' "${summary[@]}"
+} | tee "$out/summary.txt"
+fails=$(printf '%s\n' "${summary[@]}" | grep -c -E 'FAIL|TIMEOUT')
+exit $((fails > 0))

@@ -1,0 +1,34 @@
+/*
+ * Every TW_* environment knob, in one table: TW_ENV(name, type, default, description).
+ * The code reads knobs through env.h, `tw-info` prints this table, and
+ * docs/ENV.md is generated from it (`tw-info --env-markdown`; a host test
+ * checks the file is current). Types: int, size (bytes, K/M/G suffixes), bool.
+ */
+TW_ENV(TW_LOG_LEVEL, int, "1", "Host log verbosity: 0 silent, 1 warnings, 2 info, 3 debug.")
+TW_ENV(TW_SM_BUDGET, int, "0",
+       "SMs each rank's kernels may occupy; 0 divides the device's SMs among the ranks sharing it. "
+       "Overridden by tw_config.sm_budget when that is non-zero.")
+TW_ENV(TW_RANKS_PER_NODE, int, "0",
+       "0 groups ranks into nodes by host; N > 0 makes virtual nodes of N consecutive ranks "
+       "(tests the inter-node path on one host). tw_config.ranks_per_node wins when non-zero.")
+TW_ENV(TW_BOOTSTRAP_TIMEOUT_MS, int, "30000",
+       "How long tw_comm_init_rank waits for every rank to arrive before failing with TW_ERR_TIMEOUT.")
+TW_ENV(TW_WAIT_TIMEOUT_MS, int, "10000",
+       "Bound on every device-side spin-wait; on expiry the kernel records {rank, op, flag, expected, "
+       "seen} and aborts the comm (see tw_comm_async_error).")
+TW_ENV(TW_WAIT_TRAP, bool, "0",
+       "1: a device wait that times out also executes `trap` (kills the CUDA context, useful under "
+       "a debugger); 0: the kernel records the error and returns.")
+TW_ENV(TW_HEAP_BYTES, size, "64G",
+       "Virtual address space reserved per rank for the symmetric heap (physical memory is taken "
+       "only by tw_mem_alloc).")
+TW_ENV(TW_DEBUG_POISON, bool, "0",
+       "1: ops fill their symmetric staging buffers with a NaN pattern before each call, so a read "
+       "of data that never arrived shows.")
+TW_ENV(TW_BOOTSTRAP_ADDR, str, "",
+       "IPv4 address the bootstrap root listens on and writes into the unique id; empty picks the "
+       "first non-loopback interface, else 127.0.0.1.")
+TW_ENV(TW_AG_CHUNK_BYTES, size, "0",
+       "AllGather chunk size in bytes (each chunk has its own flag); 0 lets the heuristic choose.")
+TW_ENV(TW_AG_COMM_SMS, int, "0",
+       "SMs given to communication in tw_allgather and tw_ag_gemm; 0 lets the heuristic choose.")

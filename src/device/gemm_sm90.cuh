@@ -1,0 +1,369 @@
+/*
+ * Hopper (sm_90a) bf16 GEMM mainloop: C[M,N] = A[M,K] * B[N,K]^T, fp32 accumulate.
+ *
+ * Contract
+ * --------
+ * One CTA = 384 threads = 3 warpgroups, one CTA per SM, persistent:
+ *   WG0  producer: one thread claims tiles (static stride or the global tile queue), calls
+ *        Wait::before_tile(), then streams 128x64 A and 256x64 B boxes by TMA (128B swizzle)
+ *        into a Stages-deep ring of shared-memory stages guarded by full/empty mbarriers.
+ *        It hands each tile's index to the consumers in a per-stage slot; -1 means "no more".
+ *   WG1, WG2  consumers: each owns 64 rows of the 128x256 tile, issues wgmma m64n256k16 per
+ *        16-wide k step (4 per stage), fp32 accumulators in registers (128 per thread), and
+ *        then runs the epilogue on its own 64 rows: registers -> swizzled shared memory ->
+ *        Epi::issue_box() (TMA store / TMA reduce-add, 64 rows x 128 bytes per box).
+ *   Registers: setmaxnreg 40 (producer) / 232 (consumers); 128*40 + 256*232 <= 64K.
+ *
+ * Hooks (compile-time policies; the plain GEMM instantiates no-op ones, so pays nothing):
+ *   Wait   (a) `static void before_tile(const Params&, int m_block, int n_block)`, called by the
+ *          producer thread before the first TMA load of a tile. It may spin (bounded) on a
+ *          readiness flag for the rows the tile reads; after an acquire it must issue
+ *          ptx::fence_async_global() so the TMA loads see the data.
+ *   Epi    (b) `using Out` (bf16 or float: the shared-memory box layout);
+ *          `static void issue_box(const Params&, const void *smem_box, int col, int row)`,
+ *          called by one thread per consumer warpgroup for every 64 x (128 / sizeof(Out))
+ *          box of finished output, inside a bulk group (store into the local C, into a peer's
+ *          buffer through another tensor map, or reduce-add into a staging buffer);
+ *          `static constexpr bool kSignal` and `static void signal(const Params&, int m_block,
+ *          int n_block)`: when kSignal, once both consumer warpgroups' bulk groups of the tile
+ *          have completed (cp.async.bulk.wait_group 0) and met at a barrier, one thread calls
+ *          signal() (which does the release store / red on the consumer's flag).
+ *   Grid   (c) the loop runs on the CTAs the caller gives it: gemm_cta_loop(p, smem, cta, ctas).
+ *   Order  (d) TileOrder: ROW_MAJOR, DEFAULT (groups of group_m row blocks, column-major inside
+ *          a group, L2-friendly) or ROTATED (the DEFAULT order on row blocks shifted to start
+ *          at rotate_mb and wrap).
+ *   Queue  (e) kDynamic: tiles are claimed with atomicAdd on TileQueue::next, so CTAs may join
+ *          late (a CTA that finished a communication role calls gemm_cta_loop then). Every
+ *          one of `participants` CTAs must run the loop exactly once; the last one to finish
+ *          resets the queue to zero, so no host reset is needed and graph replays work.
+ *
+ * A fused op instantiates gemm_cta_loop<Stages, EpiBytes, MyEpi, MyWait, true> inside its own
+ * kernel (all 384 threads of the CTA call it); see docs/PERF-gemm.md for an example.
+ *
+ * Tails: the tensor maps carry the true M, N, K; TMA zero-fills out-of-bounds loads and drops
+ * out-of-bounds stores, so any M >= 1, N % 8 == 0 and K % 8 == 0 work without special cases.
+ */
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "ptx_sm90.cuh"
+
+namespace tw {
+namespace gemm {
+
+constexpr int kBlockM = 128;
+constexpr int kBlockN = 256;
+constexpr int kBlockK = 64;
+constexpr int kThreads = 384;
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+constexpr int kBoxRows = 64;        // output box: rows per consumer warpgroup
+constexpr int kBoxBytes = 64 * 128; // one 128B-swizzled output box
+constexpr int kTileABytes = kBlockM * kBlockK * 2;
+constexpr int kTileBBytes = kBlockN * kBlockK * 2;
+constexpr int kStageBytes = kTileABytes + kTileBBytes;
+
+// Named barrier ids (0 is __syncthreads).
+constexpr uint32_t kBarConsumerWg0 = 1; // +wg
+constexpr uint32_t kBarConsumers = 3;
+
+enum { kOrderDefault = 0, kOrderRowMajor = 1, kOrderRotated = 2 };
+
+struct TileOrder {
+  int32_t m_blocks, n_blocks, num_tiles;
+  int32_t order;     // kOrder*
+  int32_t group_m;   // row blocks per group (DEFAULT, ROTATED)
+  int32_t rotate_mb; // first row block (ROTATED)
+};
+
+// Linear tile index -> (row block, column block).
+__device__ __forceinline__ void tile_coords(const TileOrder &o, int32_t t, int32_t &mb,
+                                            int32_t &nb) {
+  if (o.order == kOrderRowMajor) {
+    mb = t / o.n_blocks;
+    nb = t - mb * o.n_blocks;
+    return;
+  }
+  const int32_t per_group = o.group_m * o.n_blocks;
+  const int32_t group = t / per_group;
+  const int32_t first_m = group * o.group_m;
+  const int32_t rows = min(o.group_m, o.m_blocks - first_m);
+  const int32_t in_group = t - group * per_group;
+  mb = first_m + in_group % rows;
+  nb = in_group / rows;
+  if (o.order == kOrderRotated) {
+    mb += o.rotate_mb;
+    if (mb >= o.m_blocks)
+      mb -= o.m_blocks;
+  }
+}
+
+// Global tile queue (device memory, zero at first use; reset by the last CTA of every call).
+struct TileQueue {
+  uint32_t next;     // tickets handed out
+  uint32_t finished; // CTAs that found the queue empty
+};
+
+template <class Epi, class Wait> struct GemmParams {
+  CUtensorMap a_map; // bf16 [M, K] (dims {K, M}), box {64, 128}, 128B swizzle
+  CUtensorMap b_map; // bf16 [N, K] (dims {K, N}), box {64, 256}, 128B swizzle
+  typename Epi::Params epi;
+  typename Wait::Params wait;
+  TileOrder order;
+  TileQueue *queue;     // kDynamic only
+  int32_t participants; // kDynamic only: CTAs that run the loop once each
+  int32_t k_blocks;     // ceil(K / 64)
+};
+
+// ---- stock hooks -----------------------------------------------------------------------------
+
+struct NoWait {
+  struct Params {};
+  __device__ static void before_tile(const Params &, int32_t, int32_t) {}
+};
+
+// TMA store of the tile into `c_map` (the local C, or a peer's buffer mapped here).
+// c_map: Out [rows, cols] (dims {cols, rows}), box {128 / sizeof(Out), 64}, 128B swizzle.
+template <class OutT> struct EpiTmaStore {
+  using Out = OutT;
+  static constexpr bool kSignal = false;
+  struct Params {
+    CUtensorMap c_map;
+  };
+  __device__ static void prefetch(const Params &p) { ptx::tma_prefetch_map(&p.c_map); }
+  __device__ static void issue_box(const Params &p, const void *box, int32_t col, int32_t row) {
+    ptx::tma_store_2d(&p.c_map, box, col, row);
+  }
+  __device__ static void signal(const Params &, int32_t, int32_t) {}
+};
+
+// TMA reduce-add of the tile into `c_map` (fp32 staging buffer, local or a peer's).
+template <class OutT> struct EpiTmaReduceAdd : EpiTmaStore<OutT> {
+  using Params = typename EpiTmaStore<OutT>::Params;
+  __device__ static void issue_box(const Params &p, const void *box, int32_t col, int32_t row) {
+    ptx::tma_reduce_add_2d(&p.c_map, box, col, row);
+  }
+};
+
+// ---- shared memory layout --------------------------------------------------------------------
+
+template <int Stages, int EpiBytes> struct SmemLayout {
+  static constexpr int kA = 0;
+  static constexpr int kB = kA + Stages * kTileABytes;
+  static constexpr int kC = kB + Stages * kTileBBytes; // EpiBytes per consumer warpgroup
+  static constexpr int kFull = kC + 2 * EpiBytes;
+  static constexpr int kEmpty = kFull + Stages * 8;
+  static constexpr int kSlot = kEmpty + Stages * 8;
+  static constexpr int kEnd = kSlot + Stages * 4;
+  static constexpr int kDynamicBytes = kEnd + 1024; // slack to align the base to 1024
+  static_assert(EpiBytes % kBoxBytes == 0, "epilogue buffer holds whole boxes");
+};
+
+// ---- the loop ----------------------------------------------------------------------------------
+
+namespace detail {
+
+// Consumer warpgroup `wg` writes its 64 x 256 accumulators as boxes of 64 x (128 / sizeof(Out))
+// in the 128B-swizzled layout TMA expects, EpiBytes at a time, and issues them.
+template <int EpiBytes, class Epi, class Params>
+__device__ __forceinline__ void epilogue(const Params &p, float (&acc)[128], uint8_t *cbuf, int wg,
+                                         int wg_thread, int32_t mb, int32_t nb) {
+  using Out = typename Epi::Out;
+  constexpr int kBoxCols = 128 / (int)sizeof(Out);
+  constexpr int kBoxesPerPass = EpiBytes / kBoxBytes;
+  constexpr int kColsPerPass = kBoxesPerPass * kBoxCols;
+  constexpr int kPasses = kBlockN / kColsPerPass;
+  constexpr int kJPerPass = kColsPerPass / 8; // n8 accumulator groups per pass
+  static_assert(kBlockN % kColsPerPass == 0, "passes cover the tile");
+  const int warp = wg_thread >> 5, lane = wg_thread & 31;
+  const int r = warp * 16 + (lane >> 2); // and r + 8; (r + 8) & 7 == r & 7
+  const int32_t row0 = mb * kBlockM + wg * kBoxRows;
+  const int32_t col0 = nb * kBlockN;
+  const uint32_t base = ptx::smem_u32(cbuf);
+#pragma unroll
+  for (int pass = 0; pass < kPasses; pass++) {
+    if (wg_thread == 0)
+      ptx::bulk_wait_read<0>(); // the previous boxes left shared memory
+    ptx::named_bar_sync(kBarConsumerWg0 + wg, 128);
+#pragma unroll
+    for (int jj = 0; jj < kJPerPass; jj++) {
+      const int j = pass * kJPerPass + jj;
+      if constexpr (sizeof(Out) == 2) {
+        const int box = jj >> 3;
+        const uint32_t off = box * kBoxBytes + ((((jj & 7) ^ (r & 7)) << 4) | ((lane & 3) << 2));
+        __nv_bfloat162 lo = __floats2bfloat162_rn(acc[4 * j + 0], acc[4 * j + 1]);
+        __nv_bfloat162 hi = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + off + r * 128),
+                     "r"(*reinterpret_cast<uint32_t *>(&lo)));
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + off + (r + 8) * 128),
+                     "r"(*reinterpret_cast<uint32_t *>(&hi)));
+      } else {
+        const int box = jj >> 2;
+        const int byte = ((jj & 3) << 5) | ((lane & 3) << 3);
+        const uint32_t off = box * kBoxBytes + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15));
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + off + r * 128),
+                     "f"(acc[4 * j + 0]), "f"(acc[4 * j + 1]));
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + off + (r + 8) * 128),
+                     "f"(acc[4 * j + 2]), "f"(acc[4 * j + 3]));
+      }
+    }
+    ptx::fence_async_shared();
+    ptx::named_bar_sync(kBarConsumerWg0 + wg, 128);
+    if (wg_thread == 0) {
+#pragma unroll
+      for (int b = 0; b < kBoxesPerPass; b++)
+        Epi::issue_box(p.epi, cbuf + b * kBoxBytes, col0 + (pass * kBoxesPerPass + b) * kBoxCols,
+                       row0);
+      ptx::bulk_commit();
+    }
+  }
+  if constexpr (Epi::kSignal) {
+    if (wg_thread == 0)
+      ptx::bulk_wait<0>(); // writes performed, not just read out
+    ptx::named_bar_sync(kBarConsumers, 256);
+    if (wg == 0 && wg_thread == 0)
+      Epi::signal(p.epi, mb, nb);
+  }
+}
+
+} // namespace detail
+
+// Runs the GEMM on this CTA until the tiles run out. All 384 threads call it; `smem_raw` is the
+// dynamic shared memory (SmemLayout::kDynamicBytes). cta/ctas: this CTA's index among the CTAs
+// running the static schedule and their number (ignored with kDynamic).
+template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic>
+__device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, uint8_t *smem_raw,
+                                              int32_t cta, int32_t ctas) {
+  using L = SmemLayout<Stages, EpiBytes>;
+  uint8_t *smem = reinterpret_cast<uint8_t *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                              ~uintptr_t(1023));
+  uint64_t *full = reinterpret_cast<uint64_t *>(smem + L::kFull);
+  uint64_t *empty = reinterpret_cast<uint64_t *>(smem + L::kEmpty);
+  volatile int32_t *slot = reinterpret_cast<volatile int32_t *>(smem + L::kSlot);
+  const int wg = threadIdx.x / 128;
+  const int wg_thread = threadIdx.x % 128;
+  const int32_t k_blocks = p.k_blocks;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Stages; s++) {
+      ptx::mbar_init(&full[s], 1);
+      ptx::mbar_init(&empty[s], 8); // one arrival per consumer warp
+    }
+    ptx::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    ptx::setmaxnreg_dec<kProducerRegs>();
+    if (wg_thread == 0) {
+      ptx::tma_prefetch_map(&p.a_map);
+      ptx::tma_prefetch_map(&p.b_map);
+      Epi::prefetch(p.epi);
+      int stage = 0;
+      uint32_t phase = 0;
+      int32_t t = cta;
+      for (;;) {
+        if constexpr (kDynamic)
+          t = (int32_t)atomicAdd(&p.queue->next, 1u);
+        if (t >= p.order.num_tiles)
+          break;
+        int32_t mb, nb;
+        tile_coords(p.order, t, mb, nb);
+        Wait::before_tile(p.wait, mb, nb);
+        for (int32_t kb = 0; kb < k_blocks; kb++) {
+          ptx::mbar_wait(&empty[stage], phase ^ 1);
+          if (kb == 0)
+            slot[stage] = t;
+          ptx::mbar_arrive_expect_tx(&full[stage], kStageBytes);
+          ptx::tma_load_2d(smem + L::kA + stage * kTileABytes, &p.a_map, &full[stage], kb * kBlockK,
+                           mb * kBlockM);
+          ptx::tma_load_2d(smem + L::kB + stage * kTileBBytes, &p.b_map, &full[stage], kb * kBlockK,
+                           nb * kBlockN);
+          if (++stage == Stages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+        if constexpr (!kDynamic)
+          t += ctas;
+      }
+      // End marker: a stage with no data whose slot says -1.
+      ptx::mbar_wait(&empty[stage], phase ^ 1);
+      slot[stage] = -1;
+      ptx::mbar_arrive(&full[stage]);
+      if constexpr (kDynamic) {
+        // The last participant to find the queue empty resets it for the next call: every
+        // other participant has made its final claim before its `finished` increment.
+        __threadfence();
+        if (atomicAdd(&p.queue->finished, 1u) == (uint32_t)p.participants - 1) {
+          atomicExch(&p.queue->next, 0u);
+          atomicExch(&p.queue->finished, 0u);
+        }
+      }
+    }
+  } else {
+    // ---------------- consumers ----------------
+    ptx::setmaxnreg_inc<kConsumerRegs>();
+    const int cwg = wg - 1;
+    const int lane = wg_thread & 31;
+    uint8_t *cbuf = smem + L::kC + cwg * EpiBytes;
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++)
+      acc[i] = 0.f;
+    int stage = 0;
+    uint32_t phase = 0;
+    for (;;) {
+      ptx::mbar_wait(&full[stage], phase);
+      const int32_t t = slot[stage];
+      if (t < 0)
+        break;
+      int32_t mb, nb;
+      tile_coords(p.order, t, mb, nb);
+      int prev_stage = stage;
+      for (int32_t kb = 0; kb < k_blocks; kb++) {
+        if (kb > 0)
+          ptx::mbar_wait(&full[stage], phase);
+        const uint64_t da =
+            ptx::wgmma_desc_sw128(smem + L::kA + stage * kTileABytes + cwg * kBoxRows * 128);
+        const uint64_t db = ptx::wgmma_desc_sw128(smem + L::kB + stage * kTileBBytes);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kBlockK / 16; k++)
+          ptx::wgmma_m64n256k16_bf16(acc, da + 2 * k, db + 2 * k, (kb | k) != 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<1>(); // the previous stage's wgmmas are done: release it
+        if (kb > 0 && lane == 0)
+          ptx::mbar_arrive(&empty[prev_stage]);
+        prev_stage = stage;
+        if (++stage == Stages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      ptx::wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 128; i++)
+        ptx::reg_fence(acc[i]);
+      if (lane == 0)
+        ptx::mbar_arrive(&empty[prev_stage]);
+      detail::epilogue<EpiBytes, Epi>(p, acc, cbuf, cwg, wg_thread, mb, nb);
+    }
+    if (wg_thread == 0)
+      ptx::bulk_wait<0>(); // shared memory must outlive the last stores
+  }
+}
+
+template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_sm90_kernel(const __grid_constant__ GemmParams<Epi, Wait> p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  gemm_cta_loop<Stages, EpiBytes, Epi, Wait, kDynamic>(p, smem_raw, blockIdx.x, gridDim.x);
+}
+
+} // namespace gemm
+} // namespace tw

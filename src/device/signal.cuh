@@ -1,0 +1,198 @@
+/*
+ * Device-side signalling between ranks: the contract.
+ *
+ *   producer: data stores (plain or TMA; TMA stores then cp.async.bulk.wait_group 0)
+ *             -> CTA barrier -> one thread: tw_signal_set(flag, epoch)  [fence.acq_rel.sys + st.relaxed.sys]
+ *   consumer: one thread: tw_wait_geq(dc, op, flag, epoch, peer, item)   [ld.acquire.sys, bounded]
+ *             -> (before TMA reads the data) tw_fence_proxy_async_global() -> CTA barrier
+ *
+ * Every wait is bounded by dc.timeout_ns (globaltimer). On expiry the first
+ * failing wait of the rank records {rank, op, flag, expected, seen, peer,
+ * block, item} in the comm's host-mapped error block, raises the abort word on
+ * every rank it can reach, and returns false; waits that see the abort word
+ * return false at once. Callers then skip their remaining work and still run
+ * tw_op_finish, so the kernel exits and nothing hangs. With TW_WAIT_TRAP=1 the
+ * first failure also executes `trap`.
+ *
+ * Epochs: tw_op_begin() returns this call's epoch on a channel (calls done + 1,
+ * read from device memory); tw_op_finish() (one thread per CTA, after the CTA's
+ * last signal) lets the last CTA store the epoch back. No host resets, so CUDA
+ * graph replays stay correct.
+ */
+#ifndef TW_DEVICE_SIGNAL_CUH
+#define TW_DEVICE_SIGNAL_CUH
+
+#include <stdint.h>
+
+#include "runtime/devcomm.h"
+
+/* ---- memory-model primitives --------------------------------------------------------------- */
+
+static __device__ __forceinline__ uint64_t tw_ld_acquire_sys(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+static __device__ __forceinline__ uint64_t tw_ld_acquire_gpu(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+static __device__ __forceinline__ uint32_t tw_ld_relaxed_sys_u32(const uint32_t *p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+static __device__ __forceinline__ void tw_st_release_sys(uint64_t *p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+static __device__ __forceinline__ void tw_st_release_gpu(uint64_t *p, uint64_t v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+static __device__ __forceinline__ void tw_st_relaxed_sys_u32(uint32_t *p, uint32_t v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+static __device__ __forceinline__ void tw_red_release_sys_add(uint64_t *p, uint64_t v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+static __device__ __forceinline__ void tw_fence_acq_rel_sys() {
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+
+/* After an acquire, before TMA (the async proxy) reads data other ranks wrote. */
+static __device__ __forceinline__ void tw_fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+static __device__ __forceinline__ uint64_t tw_globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/* Publishes everything this CTA wrote before the preceding CTA barrier, then
+ * sets the flag. Call from one thread after __syncthreads(). */
+static __device__ __forceinline__ void tw_signal_set(uint64_t *flag, uint64_t epoch) {
+  tw_fence_acq_rel_sys();
+  tw_st_release_sys(flag, epoch);
+}
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+
+static __device__ __noinline__ void tw_record_wait_failure(const tw_dev_comm_t &dc, uint32_t status,
+                                                           int op, const uint64_t *flag,
+                                                           uint64_t expected, uint64_t seen,
+                                                           int peer, int item) {
+  if (atomicCAS(&dc.ctrl->err_claim, 0u, 1u) == 0u) {
+    tw_err_block_t *e = dc.err;
+    e->rank = dc.rank;
+    e->op = op;
+    e->peer = peer;
+    e->flag_addr = (uint64_t)(uintptr_t)flag;
+    e->flag_offset = (uint64_t)((uintptr_t)flag - (uintptr_t)dc.ctrl);
+    e->expected = expected;
+    e->seen = seen;
+    e->block = (int32_t)blockIdx.x;
+    e->what = item;
+    __threadfence_system();
+    e->status = status;
+    __threadfence_system();
+  }
+  if (status == TW_ERR_DEVICE_TIMEOUT) {
+    /* Tell every reachable rank (this one too) to stop waiting. */
+    for (int p = 0; p < dc.world; p++)
+      if (dc.peer_ctrl[p]) tw_st_relaxed_sys_u32(&dc.peer_ctrl[p]->abort, 1u);
+    tw_fence_acq_rel_sys();
+    if (dc.trap_on_timeout) __trap();
+  }
+}
+
+static __device__ __forceinline__ bool tw_aborted(const tw_dev_comm_t &dc) {
+  return tw_ld_relaxed_sys_u32(&dc.ctrl->abort) != 0u;
+}
+
+/* At a kernel's start: false (and TW_ERR_ABORTED recorded) if the comm was aborted. */
+static __device__ __forceinline__ bool tw_op_usable(const tw_dev_comm_t &dc, int op) {
+  if (!tw_aborted(dc)) return true;
+  tw_record_wait_failure(dc, TW_ERR_ABORTED, op, (const uint64_t *)&dc.ctrl->abort, 0, 1, -1, -1);
+  return false;
+}
+
+/* ---- waits ----------------------------------------------------------------------------------- */
+
+/* One thread: spins until *flag >= target. false on timeout or abort (recorded). */
+static __device__ __noinline__ bool tw_wait_geq(const tw_dev_comm_t &dc, int op, const uint64_t *flag,
+                                                uint64_t target, int peer, int item) {
+  uint64_t seen = tw_ld_acquire_sys(flag);
+  if (seen >= target) return true;
+  const uint64_t start = tw_globaltimer();
+  uint32_t backoff = 32;
+  for (;;) {
+    __nanosleep(backoff);
+    if (backoff < 256) backoff <<= 1;
+    seen = tw_ld_acquire_sys(flag);
+    if (seen >= target) return true;
+    if (tw_aborted(dc)) {
+      tw_record_wait_failure(dc, TW_ERR_ABORTED, op, flag, target, seen, peer, item);
+      return false;
+    }
+    if (tw_globaltimer() - start > dc.timeout_ns) {
+      tw_record_wait_failure(dc, TW_ERR_DEVICE_TIMEOUT, op, flag, target, seen, peer, item);
+      return false;
+    }
+  }
+}
+
+/* ---- epochs and entry handshake -------------------------------------------------------------- */
+
+/* This call's epoch on channel ch (all threads may call). */
+static __device__ __forceinline__ uint64_t tw_op_begin(const tw_dev_comm_t &dc, int ch) {
+  return *(volatile uint64_t *)&dc.ctrl->epoch[ch] + 1;
+}
+
+/* One thread per CTA, after the CTA's last signal: the last CTA of the grid
+ * stores the epoch, so the next call on the stream sees epoch + 1. */
+static __device__ __forceinline__ void tw_op_finish(const tw_dev_comm_t &dc, int ch, uint64_t epoch) {
+  __threadfence();
+  unsigned done = atomicAdd(&dc.ctrl->exit_count[ch], 1u);
+  if (done == gridDim.x * gridDim.y * gridDim.z - 1) {
+    dc.ctrl->exit_count[ch] = 0;
+    *(volatile uint64_t *)&dc.ctrl->epoch[ch] = epoch;
+    __threadfence();
+  }
+}
+
+/* One thread: tells every reachable rank that this rank entered call `epoch` on ch
+ * (so everything before it in this rank's stream, e.g. reads of its receive
+ * buffers, is complete and peers may write into them). */
+static __device__ __forceinline__ void tw_signal_entry(const tw_dev_comm_t &dc, int ch, uint64_t epoch) {
+  tw_fence_acq_rel_sys();
+  for (int p = 0; p < dc.world; p++)
+    if (dc.peer_ctrl[p]) tw_st_release_sys(&dc.peer_ctrl[p]->entry[ch][dc.rank], epoch);
+}
+
+/* One thread: waits until `peer` entered call `epoch` on ch. */
+static __device__ __forceinline__ bool tw_wait_entry(const tw_dev_comm_t &dc, int ch, int peer,
+                                                     uint64_t epoch) {
+  return tw_wait_geq(dc, ch, &dc.ctrl->entry[ch][peer], epoch, peer, -1);
+}
+
+/* Flag slot `index` of channel ch in rank `peer`'s control block (NULL if unreachable). */
+static __device__ __forceinline__ uint64_t *tw_peer_flag(const tw_dev_comm_t &dc, int peer, int ch,
+                                                         int index) {
+  tw_ctrl_t *c = dc.peer_ctrl[peer];
+  return c ? &c->flags[ch][index] : (uint64_t *)0;
+}
+
+static __device__ __forceinline__ uint64_t *tw_own_flag(const tw_dev_comm_t &dc, int ch, int index) {
+  return &dc.ctrl->flags[ch][index];
+}
+
+#endif

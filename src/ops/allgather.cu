@@ -1,0 +1,164 @@
+/*
+ * tw_allgather: persistent SM-driven push. Work item (peer, chunk): copy this
+ * rank's chunk into the peer's receive buffer at offset rank * bytes, then set
+ * the peer's flag (src = this rank, chunk) to the call's epoch. Before the
+ * first write into a peer, wait until the peer entered this call (its earlier
+ * reads of the buffer are done). The kernel returns once every chunk of every
+ * rank has landed in this rank's buffer, so stream order holds for consumers.
+ * The same items and flags are the communication half of tw_ag_gemm.
+ */
+#include <cuda_runtime.h>
+
+#include "allgather.h"
+#include "device/copy.cuh"
+#include "device/signal.cuh"
+
+extern "C" {
+#include "comm.h"
+#include "cuda_check.h"
+#include "env.h"
+}
+
+/* Items are ordered peer-major with peers rotated from rank + 1 and this rank
+ * last, so every rank starts on a different peer. */
+static __device__ __forceinline__ int item_peer(int item, int nchunks, int rank, int world) {
+  return (rank + 1 + item / nchunks) % world;
+}
+
+__global__ void __launch_bounds__(TW_AG_THREADS, 1)
+    tw_allgather_kernel(const __grid_constant__ tw_dev_comm_t dc, const __grid_constant__ tw_ag_plan_t plan) {
+  __shared__ int ok;
+  __shared__ uint64_t peer_ready; /* bit p: peer p entered this call (world <= 64) */
+  const uint64_t epoch = tw_op_begin(dc, TW_CH_ALLGATHER);
+  if (threadIdx.x == 0) {
+    ok = tw_op_usable(dc, TW_CH_ALLGATHER);
+    peer_ready = 0;
+    if (blockIdx.x == 0) tw_signal_entry(dc, TW_CH_ALLGATHER, epoch);
+  }
+  __syncthreads();
+  const int items = plan.world * plan.nchunks;
+  for (int item = blockIdx.x; ok && item < items; item += gridDim.x) {
+    const int peer = item_peer(item, plan.nchunks, dc.rank, plan.world);
+    const int chunk = item % plan.nchunks;
+    if (threadIdx.x == 0 && !(peer_ready >> peer & 1)) {
+      if (tw_wait_entry(dc, TW_CH_ALLGATHER, peer, epoch))
+        peer_ready |= 1ull << peer;
+      else
+        ok = 0;
+    }
+    __syncthreads();
+    if (!ok) break;
+    const size_t begin = (size_t)chunk * plan.chunk_bytes;
+    const size_t len = begin + plan.chunk_bytes <= plan.bytes ? plan.chunk_bytes : plan.bytes - begin;
+    char *dst = (char *)plan.recv_peer[peer] + (size_t)dc.rank * plan.bytes + begin;
+    const char *src = (const char *)plan.send + begin;
+    if (dst != src) tw_cta_copy(dst, src, len);
+    __syncthreads();
+    if (threadIdx.x == 0)
+      tw_signal_set(tw_peer_flag(dc, peer, TW_CH_ALLGATHER, tw_ag_flag_index(dc.rank, chunk)), epoch);
+  }
+  /* Receive side: this rank's buffer is complete once every (src, chunk) flag is set. */
+  if (threadIdx.x == 0) {
+    for (int item = blockIdx.x; ok && item < items; item += gridDim.x) {
+      const int src = item / plan.nchunks, chunk = item % plan.nchunks;
+      ok = tw_wait_geq(dc, TW_CH_ALLGATHER, tw_own_flag(dc, TW_CH_ALLGATHER, tw_ag_flag_index(src, chunk)),
+                       epoch, src, item);
+    }
+    tw_op_finish(dc, TW_CH_ALLGATHER, epoch);
+  }
+}
+
+__global__ void tw_barrier_kernel(const __grid_constant__ tw_dev_comm_t dc) {
+  const uint64_t epoch = tw_op_begin(dc, TW_CH_BARRIER);
+  const int p = threadIdx.x;
+  if (p < dc.world && dc.peer_ctrl[p] && tw_op_usable(dc, TW_CH_BARRIER)) {
+    tw_signal_set(tw_peer_flag(dc, p, TW_CH_BARRIER, dc.rank), epoch);
+    tw_wait_geq(dc, TW_CH_BARRIER, tw_own_flag(dc, TW_CH_BARRIER, p), epoch, p, 0);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) tw_op_finish(dc, TW_CH_BARRIER, epoch);
+}
+
+extern "C" tw_status_t tw_ag_make_plan(tw_comm_t comm, const void *send, void *recv, size_t bytes,
+                                       int max_ctas, tw_ag_plan_t *plan) {
+  TW_ARG_CHECK(send != NULL, "send: NULL");
+  TW_ARG_CHECK(recv != NULL, "recv: NULL");
+  TW_ARG_CHECK(bytes > 0, "bytes: 0");
+  TW_ARG_CHECK(bytes % 16 == 0, "bytes: %zu is not a multiple of 16", bytes);
+  TW_ARG_CHECK((uintptr_t)send % 16 == 0, "send: %p is not 16-byte aligned", send);
+  TW_ARG_CHECK((uintptr_t)recv % 16 == 0, "recv: %p is not 16-byte aligned", recv);
+  const int world = comm->world;
+  TW_ARG_CHECK(bytes <= (size_t)INT64_MAX / (size_t)world, "bytes: %zu overflows", bytes);
+  tw_status_t st = tw_heap_lookup(comm, recv, bytes * (size_t)world, "recv", NULL);
+  if (st != TW_SUCCESS) return st;
+  const char *r0 = (const char *)recv, *s0 = (const char *)send;
+  const char *own = r0 + (size_t)comm->rank * bytes;
+  TW_ARG_CHECK(s0 == own || s0 + bytes <= r0 || s0 >= r0 + bytes * (size_t)world,
+               "send: %p overlaps recv but is not recv + rank * bytes (%p)", send, (const void *)own);
+  memset(plan, 0, sizeof(*plan));
+  plan->send = send;
+  plan->bytes = bytes;
+  plan->world = world;
+  for (int p = 0; p < world; p++) {
+    plan->recv_peer[p] = tw_heap_peer_ptr(comm, recv, p);
+    if (!plan->recv_peer[p])
+      return tw_fail(TW_ERR_NOT_SUPPORTED,
+                     "recv: rank %d is on another node; inter-node allgather (the proxy path) is not "
+                     "implemented yet",
+                     p);
+  }
+  /* Chunks: enough items to keep every CTA busy, each at least 64 KiB, at most
+   * TW_AG_MAX_CHUNKS per rank (the flag slice). TW_AG_CHUNK_BYTES overrides. */
+  size_t chunk = (size_t)tw_env_int(TW_AG_CHUNK_BYTES_ID);
+  if (chunk == 0) {
+    size_t want_items_per_peer = ((size_t)2 * max_ctas + world - 1) / world;
+    chunk = (bytes + want_items_per_peer - 1) / want_items_per_peer;
+    if (chunk < (64u << 10)) chunk = 64u << 10;
+  }
+  chunk = (chunk + 15) / 16 * 16;
+  size_t min_chunk = (bytes + TW_AG_MAX_CHUNKS - 1) / TW_AG_MAX_CHUNKS;
+  if (chunk < min_chunk) chunk = (min_chunk + 15) / 16 * 16;
+  if (chunk > bytes) chunk = bytes;
+  plan->chunk_bytes = chunk;
+  plan->nchunks = (int)((bytes + chunk - 1) / chunk);
+  int items = world * plan->nchunks;
+  plan->ctas = items < max_ctas ? items : max_ctas;
+  return TW_SUCCESS;
+}
+
+extern "C" tw_status_t tw_allgather(tw_comm_t comm, const void *send, void *recv, size_t bytes,
+                                    tw_stream_t stream) {
+  tw_status_t st = tw_comm_check(comm);
+  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  tw_ag_plan_t plan;
+  int max_ctas = comm->sm_budget;
+  int knob = (int)tw_env_int(TW_AG_COMM_SMS_ID);
+  if (knob > 0 && knob < max_ctas) max_ctas = knob;
+  st = tw_ag_make_plan(comm, send, recv, bytes, max_ctas, &plan);
+  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  int prev;
+  st = tw_set_device(comm->device, &prev);
+  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  tw_allgather_kernel<<<plan.ctas, TW_AG_THREADS, 0, (cudaStream_t)stream>>>(comm->dev, plan);
+  st = tw_cuda_check(cudaGetLastError(), "launching tw_allgather_kernel");
+  cudaSetDevice(prev);
+  return tw_comm_result(comm, st);
+}
+
+extern "C" tw_status_t tw_barrier(tw_comm_t comm, tw_stream_t stream) {
+  tw_status_t st = tw_comm_check(comm);
+  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  for (int p = 0; p < comm->world; p++)
+    if (!comm->dev.peer_ctrl[p])
+      return tw_comm_result(comm, tw_fail(TW_ERR_NOT_SUPPORTED,
+                                          "rank %d is on another host; the inter-node barrier (the "
+                                          "proxy path) is not implemented yet",
+                                          p));
+  int prev;
+  st = tw_set_device(comm->device, &prev);
+  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  tw_barrier_kernel<<<1, TW_MAX_WORLD, 0, (cudaStream_t)stream>>>(comm->dev);
+  st = tw_cuda_check(cudaGetLastError(), "launching tw_barrier_kernel");
+  cudaSetDevice(prev);
+  return tw_comm_result(comm, st);
+}

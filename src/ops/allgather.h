@@ -1,0 +1,41 @@
+/* Internal: the allgather plan shared by tw_allgather and tw_ag_gemm. */
+#ifndef TW_OPS_ALLGATHER_H
+#define TW_OPS_ALLGATHER_H
+
+#include <stddef.h>
+
+#include "tilewire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TW_AG_THREADS 512
+/* Flag slice of the allgather channel: (src rank, chunk) -> src * TW_AG_MAX_CHUNKS + chunk. */
+#define TW_AG_MAX_CHUNKS 256
+
+typedef struct tw_ag_plan {
+  const void *send;
+  void *recv_peer[TW_MAX_WORLD]; /* each rank's receive buffer, mapped here */
+  size_t bytes;                  /* per rank */
+  size_t chunk_bytes;
+  int nchunks;
+  int world;
+  int ctas;
+} tw_ag_plan_t;
+
+#ifdef __CUDACC__
+static __host__ __device__ __forceinline__ int tw_ag_flag_index(int src, int chunk) {
+  return src * TW_AG_MAX_CHUNKS + chunk;
+}
+#endif
+
+struct tw_comm;
+/* Validates the arguments (naming the bad one) and chooses chunks for max_ctas CTAs. */
+tw_status_t tw_ag_make_plan(struct tw_comm *comm, const void *send, void *recv, size_t bytes,
+                            int max_ctas, tw_ag_plan_t *plan);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,31 @@
+/* Tile/config choice for the sm90 GEMM core, per shape (host C, no CUDA headers). */
+#ifndef TW_OPS_GEMM_HEURISTICS_H
+#define TW_OPS_GEMM_HEURISTICS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Kernel variants compiled in src/ops/gemm_sm90.cu (tile 128x256x64 in all). */
+typedef enum tw_gemm_variant {
+  TW_GEMM_V_S3_E32 = 0, /* 3 stages, 32 KiB epilogue buffer per consumer warpgroup */
+  TW_GEMM_V_S4_E16 = 1, /* 4 stages, 16 KiB epilogue buffer (two store passes for bf16) */
+  TW_GEMM_V_COUNT = 2
+} tw_gemm_variant_t;
+
+typedef struct tw_gemm_plan {
+  int variant; /* tw_gemm_variant_t */
+  int group_m; /* row blocks per L2 group of the default tile order */
+  int grid;    /* CTAs: min(tiles, SMs given) */
+  int tiles;   /* 128x256 output tiles */
+} tw_gemm_plan_t;
+
+/* Plans C[m,n] = A[m,k] * B[n,k]^T on `sms` SMs. */
+void tw_gemm_plan_make(int64_t m, int64_t n, int64_t k, int sms, tw_gemm_plan_t *plan);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

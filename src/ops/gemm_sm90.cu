@@ -1,0 +1,231 @@
+/*
+ * tw_gemm: the sm90 GEMM core alone (host launcher and kernel instantiations).
+ * The mainloop and its hooks are in src/device/gemm_sm90.cuh; the per-shape choice in
+ * gemm_heuristics.c.
+ */
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda_check.h"
+#include "driver.h"
+#include "gemm_heuristics.h"
+#include "gemm_sm90.cuh"
+#include "gemm_sm90.h"
+#include "status.h"
+
+using namespace tw::gemm;
+
+namespace {
+
+// Queue of the dynamic-schedule variant of the plain GEMM (fused ops bring their own).
+__device__ TileQueue g_plain_queue;
+
+constexpr int kMaxDevices = 64;
+
+tw_status_t encode_map(CUtensorMap *map, CUtensorMapDataType dtype, int elem_bytes, const void *ptr,
+                       uint64_t cols, uint64_t rows, uint64_t ld, uint32_t box_cols,
+                       uint32_t box_rows, const char *what) {
+  const tw_driver_api_t *api = NULL;
+  tw_status_t st = tw_driver(&api);
+  if (st != TW_SUCCESS)
+    return st;
+  cuuint64_t dims[2] = {cols, rows};
+  cuuint64_t strides[1] = {ld * (uint64_t)elem_bytes};
+  cuuint32_t box[2] = {box_cols, box_rows};
+  cuuint32_t elem_strides[2] = {1, 1};
+  CUresult res = api->cuTensorMapEncodeTiled(
+      map, dtype, 2, const_cast<void *>(ptr), dims, strides, box, elem_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return tw_cu_check(res, what);
+}
+
+template <int Stages, int EpiBytes, class Out, bool kDynamic>
+tw_status_t launch_plain(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int grid, int device,
+                         cudaStream_t stream) {
+  auto kernel = gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, NoWait, kDynamic>;
+  constexpr int kSmem = SmemLayout<Stages, EpiBytes>::kDynamicBytes;
+  // The shared-memory limit is raised once per device and instantiation.
+  static std::atomic<uint64_t> configured{0};
+  const uint64_t bit = uint64_t(1) << (device % kMaxDevices);
+  if (!(configured.load(std::memory_order_acquire) & bit)) {
+    tw_status_t st = tw_cuda_check(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+        "tw_gemm: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    if (st != TW_SUCCESS)
+      return st;
+    configured.fetch_or(bit, std::memory_order_release);
+  }
+  kernel<<<grid, kThreads, kSmem, stream>>>(params);
+  return tw_cuda_check(cudaGetLastError(), "tw_gemm: kernel launch");
+}
+
+template <class Out>
+tw_status_t launch_out(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int variant,
+                       bool dynamic, int grid, int device, cudaStream_t stream) {
+  if (variant == TW_GEMM_V_S3_E32)
+    return dynamic ? launch_plain<3, 32768, Out, true>(params, grid, device, stream)
+                   : launch_plain<3, 32768, Out, false>(params, grid, device, stream);
+  return dynamic ? launch_plain<4, 16384, Out, true>(params, grid, device, stream)
+                 : launch_plain<4, 16384, Out, false>(params, grid, device, stream);
+}
+
+tw_status_t check_aligned(const void *ptr, const char *name) {
+  if (!ptr)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: %s is NULL", name);
+  if ((uintptr_t)ptr % 16)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: %s (%p) is not 16-byte aligned", name, ptr);
+  return TW_SUCCESS;
+}
+
+template <class Out>
+tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant, bool dynamic,
+                int group_m, int device, cudaStream_t stream) {
+  GemmParams<EpiTmaStore<Out>, NoWait> params;
+  memset(&params, 0, sizeof(params));
+  tw_status_t st;
+  st = encode_map(&params.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a, a.k, a.m, a.lda, kBlockK,
+                  kBlockM, "tw_gemm: cuTensorMapEncodeTiled(a)");
+  if (st != TW_SUCCESS)
+    return st;
+  st = encode_map(&params.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b, a.k, a.n, a.ldb, kBlockK,
+                  kBlockN, "tw_gemm: cuTensorMapEncodeTiled(b)");
+  if (st != TW_SUCCESS)
+    return st;
+  st = encode_map(&params.epi.c_map,
+                  sizeof(Out) == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+                  sizeof(Out), a.c, a.n, a.m, a.ldc, 128 / sizeof(Out), kBoxRows,
+                  "tw_gemm: cuTensorMapEncodeTiled(c)");
+  if (st != TW_SUCCESS)
+    return st;
+  TileOrder &o = params.order;
+  o.m_blocks = (int32_t)((a.m + kBlockM - 1) / kBlockM);
+  o.n_blocks = (int32_t)((a.n + kBlockN - 1) / kBlockN);
+  o.num_tiles = plan.tiles;
+  o.order = a.tile_order;
+  o.group_m = group_m > 0 ? (group_m < o.m_blocks ? group_m : o.m_blocks) : plan.group_m;
+  o.rotate_mb = a.tile_order == TW_TILE_ORDER_ROTATED ? (int32_t)(a.rotate_start / kBlockM) : 0;
+  params.k_blocks = (int32_t)((a.k + kBlockK - 1) / kBlockK);
+  params.participants = plan.grid;
+  if (dynamic) {
+    st = tw_cuda_check(cudaGetSymbolAddress((void **)&params.queue, g_plain_queue),
+                       "tw_gemm: cudaGetSymbolAddress(queue)");
+    if (st != TW_SUCCESS)
+      return st;
+  }
+  return launch_out<Out>(params, variant, dynamic, plan.grid, device, stream);
+}
+
+} // namespace
+
+extern "C" tw_status_t tw_gemm_args_init(tw_gemm_args_t *args) {
+  if (!args)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm_args_init: args is NULL");
+  tw_gemm_args_t init = TW_GEMM_ARGS_INIT;
+  *args = init;
+  return TW_SUCCESS;
+}
+
+extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_stream_t stream,
+                                           const tw_gemm_sm90_opts_t *opts) {
+  if (!args_in)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: args is NULL");
+  if (args_in->size < offsetof(tw_gemm_args_t, sm_count))
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "tw_gemm: args->size is %zu; expected sizeof(tw_gemm_args_t) = %zu "
+                   "(initialise with TW_GEMM_ARGS_INIT)",
+                   args_in->size, sizeof(tw_gemm_args_t));
+  // A caller built against an older, shorter struct: read only what it has.
+  tw_gemm_args_t a = TW_GEMM_ARGS_INIT;
+  memcpy(&a, args_in, args_in->size < sizeof(a) ? args_in->size : sizeof(a));
+  a.size = sizeof(a);
+
+  if (a.c_dtype != TW_BF16 && a.c_dtype != TW_FP32)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: c_dtype is %d; expected TW_BF16 or TW_FP32",
+                   (int)a.c_dtype);
+  if (a.m < 1 || a.m > INT32_MAX)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: m is %lld; expected 1 <= m < 2^31",
+                   (long long)a.m);
+  if (a.n < 8 || a.n > INT32_MAX || a.n % 8)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "tw_gemm: n is %lld; expected a positive multiple of 8 below 2^31",
+                   (long long)a.n);
+  if (a.k < 8 || a.k > INT32_MAX || a.k % 8)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "tw_gemm: k is %lld; expected a positive multiple of 8 below 2^31",
+                   (long long)a.k);
+  if (a.lda == 0)
+    a.lda = a.k;
+  if (a.ldb == 0)
+    a.ldb = a.k;
+  if (a.ldc == 0)
+    a.ldc = a.n;
+  const int c_bytes = a.c_dtype == TW_BF16 ? 2 : 4;
+  if (a.lda < a.k || a.lda % 8)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "tw_gemm: lda is %lld; expected >= k (%lld) and a multiple of 8",
+                   (long long)a.lda, (long long)a.k);
+  if (a.ldb < a.k || a.ldb % 8)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "tw_gemm: ldb is %lld; expected >= k (%lld) and a multiple of 8",
+                   (long long)a.ldb, (long long)a.k);
+  if (a.ldc < a.n || (a.ldc * c_bytes) % 16)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "tw_gemm: ldc is %lld; expected >= n (%lld) and a multiple of %d elements",
+                   (long long)a.ldc, (long long)a.n, 16 / c_bytes);
+  tw_status_t st;
+  if ((st = check_aligned(a.a, "a")) != TW_SUCCESS)
+    return st;
+  if ((st = check_aligned(a.b, "b")) != TW_SUCCESS)
+    return st;
+  if ((st = check_aligned(a.c, "c")) != TW_SUCCESS)
+    return st;
+  if (a.tile_order < TW_TILE_ORDER_DEFAULT || a.tile_order > TW_TILE_ORDER_ROTATED)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: tile_order is %d; expected a tw_tile_order_t",
+                   (int)a.tile_order);
+  if (a.tile_order == TW_TILE_ORDER_ROTATED && (a.rotate_start < 0 || a.rotate_start >= a.m))
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: rotate_start is %lld; expected 0 <= it < m",
+                   (long long)a.rotate_start);
+  const int64_t tiles = ((a.m + kBlockM - 1) / kBlockM) * ((a.n + kBlockN - 1) / kBlockN);
+  if (tiles > INT32_MAX)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: m x n needs %lld tiles; at most 2^31 - 1",
+                   (long long)tiles);
+  if (opts && (opts->variant < -1 || opts->variant >= TW_GEMM_V_COUNT))
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: opts->variant is %d", opts->variant);
+
+  int device = 0;
+  if ((st = tw_cuda_check(cudaGetDevice(&device), "tw_gemm: cudaGetDevice")) != TW_SUCCESS)
+    return st;
+  if ((st = tw_check_device(device)) != TW_SUCCESS)
+    return st;
+  int sms = 0;
+  if ((st = tw_cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+                          "tw_gemm: multiprocessor count")) != TW_SUCCESS)
+    return st;
+  if (a.sm_count < 0 || a.sm_count > sms)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "tw_gemm: sm_count is %d; expected 0 (all) or 1..%d (device %d's SMs)",
+                   (int)a.sm_count, sms, device);
+  if (a.sm_count > 0)
+    sms = a.sm_count;
+
+  tw_gemm_plan_t plan;
+  tw_gemm_plan_make(a.m, a.n, a.k, sms, &plan);
+  const int variant = opts && opts->variant >= 0 ? opts->variant : plan.variant;
+  const bool dynamic = opts && opts->dynamic_queue;
+  const int group_m = opts ? opts->group_m : 0;
+  cudaStream_t s = (cudaStream_t)stream;
+  if (a.c_dtype == TW_BF16)
+    return run<__nv_bfloat16>(a, plan, variant, dynamic, group_m, device, s);
+  return run<float>(a, plan, variant, dynamic, group_m, device, s);
+}
+
+extern "C" tw_status_t tw_gemm(const tw_gemm_args_t *args, tw_stream_t stream) {
+  return tw_gemm_sm90_launch(args, stream, NULL);
+}

@@ -1,0 +1,25 @@
+/* Internal entry to the sm90 GEMM core with its variant knobs (tests and tw-bench only). */
+#ifndef TW_OPS_GEMM_SM90_H
+#define TW_OPS_GEMM_SM90_H
+
+#include "tilewire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tw_gemm_sm90_opts {
+  int variant;       /* tw_gemm_variant_t, or -1: the heuristic's choice */
+  int dynamic_queue; /* 1: claim tiles from the global atomic queue instead of a static stride */
+  int group_m;       /* row blocks per L2 group; 0: the heuristic's choice */
+} tw_gemm_sm90_opts_t;
+
+/* tw_gemm with explicit variant choices (opts may be NULL: same as tw_gemm). The queue of
+ * dynamic_queue is one per device and process: do not run two such calls concurrently. */
+TW_API tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args, tw_stream_t stream,
+                                       const tw_gemm_sm90_opts_t *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,492 @@
+/* Comm lifetime, queries, errors and the public symmetric-heap calls. */
+#include "comm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda_check.h"
+#include "driver.h"
+#include "env.h"
+#include "log.h"
+
+tw_status_t tw_config_init(tw_config_t *cfg) {
+  TW_ARG_CHECK(cfg != NULL, "cfg: NULL");
+  tw_config_t init = TW_CONFIG_INIT;
+  *cfg = init;
+  return TW_SUCCESS;
+}
+
+tw_status_t tw_comm_result(tw_comm_t comm, tw_status_t st) {
+  if (st != TW_SUCCESS && comm) tw_error_copy(comm->last_error);
+  return st;
+}
+
+tw_status_t tw_comm_check(const struct tw_comm *comm) {
+  TW_ARG_CHECK(comm != NULL, "comm: NULL");
+  TW_ARG_CHECK(comm->group != NULL, "comm: destroyed or not initialised");
+  return TW_SUCCESS;
+}
+
+tw_status_t tw_set_device(int device, int *prev) {
+  tw_status_t st = tw_cuda_check(cudaGetDevice(prev), "cudaGetDevice");
+  if (st != TW_SUCCESS) return st;
+  if (*prev == device) return TW_SUCCESS;
+  return tw_cuda_check(cudaSetDevice(device), "cudaSetDevice");
+}
+
+/* Copies the caller's (possibly older, shorter) config over the defaults and
+ * resolves zeros from the environment. */
+static tw_status_t resolve_config(const tw_config_t *user, tw_config_t *out) {
+  tw_config_t cfg = TW_CONFIG_INIT;
+  if (user) {
+    TW_ARG_CHECK(user->size >= offsetof(tw_config_t, sm_budget) && user->size <= 65536,
+                 "cfg->size: %zu; set it to sizeof(tw_config_t) (use TW_CONFIG_INIT)", user->size);
+    TW_ARG_CHECK(user->version >= 1 && user->version <= TW_CONFIG_VERSION,
+                 "cfg->version: %u; this library knows versions 1..%d (use TW_CONFIG_INIT)",
+                 user->version, TW_CONFIG_VERSION);
+    size_t n = user->size < sizeof(cfg) ? user->size : sizeof(cfg);
+    memcpy(&cfg, user, n);
+    cfg.size = sizeof(cfg);
+    cfg.version = TW_CONFIG_VERSION;
+  }
+  TW_ARG_CHECK(cfg.sm_budget >= 0, "cfg->sm_budget: %d must be >= 0", cfg.sm_budget);
+  TW_ARG_CHECK(cfg.ranks_per_node >= 0, "cfg->ranks_per_node: %d must be >= 0", cfg.ranks_per_node);
+  TW_ARG_CHECK(cfg.bootstrap_timeout_ms >= 0, "cfg->bootstrap_timeout_ms: %d must be >= 0",
+               cfg.bootstrap_timeout_ms);
+  TW_ARG_CHECK(cfg.wait_timeout_ms >= 0, "cfg->wait_timeout_ms: %d must be >= 0", cfg.wait_timeout_ms);
+  if (!cfg.sm_budget) cfg.sm_budget = (int32_t)tw_env_int(TW_SM_BUDGET_ID);
+  if (!cfg.ranks_per_node) cfg.ranks_per_node = (int32_t)tw_env_int(TW_RANKS_PER_NODE_ID);
+  if (!cfg.bootstrap_timeout_ms)
+    cfg.bootstrap_timeout_ms = (int32_t)tw_env_int(TW_BOOTSTRAP_TIMEOUT_MS_ID);
+  if (!cfg.wait_timeout_ms) cfg.wait_timeout_ms = (int32_t)tw_env_int(TW_WAIT_TIMEOUT_MS_ID);
+  if (!cfg.heap_bytes) cfg.heap_bytes = (uint64_t)tw_env_int(TW_HEAP_BYTES_ID);
+  TW_ARG_CHECK(cfg.sm_budget >= 0 && cfg.ranks_per_node >= 0 && cfg.bootstrap_timeout_ms > 0 &&
+                   cfg.wait_timeout_ms > 0 && cfg.heap_bytes >= (4u << 20),
+               "configuration out of range after applying TW_* knobs: sm_budget %d, "
+               "ranks_per_node %d, bootstrap_timeout_ms %d, wait_timeout_ms %d, heap_bytes %llu "
+               "(>= 4 MiB)",
+               cfg.sm_budget, cfg.ranks_per_node, cfg.bootstrap_timeout_ms, cfg.wait_timeout_ms,
+               (unsigned long long)cfg.heap_bytes);
+  *out = cfg;
+  return TW_SUCCESS;
+}
+
+/* Node layout: virtual nodes of ranks_per_node consecutive ranks, or by host. */
+void tw_assign_nodes(tw_comm_t comm, const uint64_t *host_of, int ranks_per_node) {
+  int world = comm->world, r = comm->rank;
+  if (ranks_per_node > 0) {
+    comm->node = r / ranks_per_node;
+    comm->nodes = (world + ranks_per_node - 1) / ranks_per_node;
+    comm->local_rank = r % ranks_per_node;
+    int first = comm->node * ranks_per_node;
+    comm->local_size = (first + ranks_per_node <= world) ? ranks_per_node : world - first;
+    return;
+  }
+  /* Nodes numbered by first appearance of each host. */
+  int node_of[TW_MAX_WORLD] = {0};
+  int nodes = 0;
+  for (int i = 0; i < world; i++) {
+    node_of[i] = -1;
+    for (int j = 0; j < i; j++)
+      if (host_of[j] == host_of[i]) {
+        node_of[i] = node_of[j];
+        break;
+      }
+    if (node_of[i] < 0) node_of[i] = nodes++;
+  }
+  comm->node = node_of[r];
+  comm->nodes = nodes;
+  comm->local_rank = 0;
+  comm->local_size = 0;
+  for (int i = 0; i < world; i++) {
+    if (node_of[i] != node_of[r]) continue;
+    if (i < r) comm->local_rank++;
+    comm->local_size++;
+  }
+}
+
+static tw_status_t pick_sm_budget(tw_comm_t comm) {
+  int budget = comm->config.sm_budget;
+  if (budget == 0) budget = comm->sm_count / comm->ranks_on_device;
+  if (budget < 1 || budget * comm->ranks_on_device > comm->sm_count)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "sm_budget: %d SMs for each of the %d ranks sharing GPU %d does not fit its %d "
+                   "SMs, so their kernels could not all be resident at once (lower "
+                   "tw_config.sm_budget / TW_SM_BUDGET)",
+                   budget, comm->ranks_on_device, comm->device, comm->sm_count);
+  comm->sm_budget = budget;
+  return TW_SUCCESS;
+}
+
+static tw_status_t device_identity(int device, int *sm_count, uint8_t uuid[16]) {
+  struct cudaDeviceProp prop;
+  tw_status_t st = tw_cuda_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  if (st != TW_SUCCESS) return st;
+  *sm_count = prop.multiProcessorCount;
+  memcpy(uuid, prop.uuid.bytes, 16);
+  return TW_SUCCESS;
+}
+
+/* Error block, control block and the kernels' view, once the group and heap exist. */
+static tw_status_t setup_rank(tw_comm_t comm) {
+  tw_status_t st;
+  tw_group_t *g = comm->group;
+  void *ctrl = NULL;
+  int prev = -1;
+  TW_CHECK(tw_set_device(comm->device, &prev));
+  TW_CUDA(cudaHostAlloc((void **)&comm->err_host, sizeof(tw_err_block_t),
+                        cudaHostAllocMapped | cudaHostAllocPortable));
+  memset((void *)comm->err_host, 0, sizeof(tw_err_block_t));
+  TW_CUDA(cudaHostGetDevicePointer((void **)&comm->err_dev, comm->err_host, 0));
+  pthread_mutex_lock(&g->mu);
+  st = tw_heap_alloc_locked(comm, sizeof(tw_ctrl_t), &ctrl);
+  pthread_mutex_unlock(&g->mu);
+  if (st != TW_SUCCESS) goto fail;
+  comm->ctrl = (tw_ctrl_t *)ctrl;
+  TW_CUDA(cudaMemset(ctrl, 0, sizeof(tw_ctrl_t)));
+  TW_CUDA(cudaDeviceSynchronize());
+  memset(&comm->dev, 0, sizeof(comm->dev));
+  comm->dev.rank = comm->rank;
+  comm->dev.world = comm->world;
+  comm->dev.trap_on_timeout = (int32_t)tw_env_int(TW_WAIT_TRAP_ID);
+  comm->dev.timeout_ns = (uint64_t)comm->config.wait_timeout_ms * 1000000ull;
+  comm->dev.ctrl = comm->ctrl;
+  for (int p = 0; p < comm->world; p++) comm->dev.peer_ctrl[p] = tw_heap_peer_ptr(comm, ctrl, p);
+  comm->dev.err = comm->err_dev;
+  cudaSetDevice(prev);
+  return TW_SUCCESS;
+fail:
+  if (prev >= 0) cudaSetDevice(prev);
+  return st;
+}
+
+static void release_rank(tw_comm_t comm) {
+  if (comm->err_host) cudaFreeHost(comm->err_host);
+  comm->err_host = NULL;
+}
+
+static void group_release(tw_group_t *g) {
+  tw_heap_group_fini(g);
+  if (g->bs) tw_bootstrap_destroy(g->bs);
+  pthread_mutex_destroy(&g->mu);
+  free(g);
+}
+
+static tw_group_t *group_new(int world) {
+  tw_group_t *g = calloc(1, sizeof(*g));
+  if (!g) return NULL;
+  pthread_mutex_init(&g->mu, NULL);
+  g->world = world;
+  for (int r = 0; r < TW_MAX_WORLD; r++) g->device_of[r] = -1;
+  return g;
+}
+
+tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
+                             const tw_config_t *user_cfg) {
+  tw_status_t st;
+  tw_group_t *g = NULL;
+  tw_config_t cfg;
+  int sm_count[TW_MAX_WORLD];
+  uint8_t uuid[TW_MAX_WORLD][16];
+  uint64_t host_of[TW_MAX_WORLD] = {0};
+  tw_error_clear();
+  TW_ARG_CHECK(comms != NULL, "comms: NULL");
+  TW_ARG_CHECK(world >= 1 && world <= TW_MAX_WORLD, "world: %d is outside [1, %d]", world,
+               TW_MAX_WORLD);
+  TW_ARG_CHECK(devices != NULL, "devices: NULL");
+  for (int r = 0; r < world; r++) comms[r] = NULL;
+  st = resolve_config(user_cfg, &cfg);
+  if (st != TW_SUCCESS) return st;
+  for (int r = 0; r < world; r++) {
+    st = tw_check_device(devices[r]);
+    if (st != TW_SUCCESS) {
+      tw_error_prefix("devices[%d]", r);
+      return st;
+    }
+    st = device_identity(devices[r], &sm_count[r], uuid[r]);
+    if (st != TW_SUCCESS) return st;
+  }
+  /* Distinct GPUs must reach each other. */
+  for (int r = 0; r < world; r++) {
+    for (int p = 0; p < world; p++) {
+      if (devices[r] == devices[p]) continue;
+      int can = 0;
+      st = tw_cuda_check(cudaDeviceCanAccessPeer(&can, devices[r], devices[p]),
+                         "cudaDeviceCanAccessPeer");
+      if (st != TW_SUCCESS) return st;
+      if (!can)
+        return tw_fail(TW_ERR_NOT_SUPPORTED,
+                       "devices: GPU %d (rank %d) cannot access GPU %d (rank %d): no peer access "
+                       "between them (a missing NVLink/PCIe peer path)",
+                       devices[r], r, devices[p], p);
+    }
+  }
+  g = group_new(world);
+  if (!g) return tw_fail(TW_ERR_SYSTEM, "out of host memory");
+  g->nlocal = world;
+  for (int r = 0; r < world; r++) {
+    comms[r] = calloc(1, sizeof(struct tw_comm));
+    if (!comms[r]) TW_FAIL(TW_ERR_SYSTEM, "out of host memory");
+    tw_comm_t c = comms[r];
+    c->group = g;
+    c->rank = r;
+    c->world = world;
+    c->device = devices[r];
+    c->config = cfg;
+    c->sm_count = sm_count[r];
+    for (int p = 0; p < world; p++) c->ranks_on_device += memcmp(uuid[p], uuid[r], 16) == 0;
+    TW_CHECK(pick_sm_budget(c));
+    tw_assign_nodes(c, host_of, cfg.ranks_per_node);
+    g->local[r] = c;
+    g->mappable[r] = 1;
+    g->device_of[r] = devices[r];
+    g->live++;
+  }
+  for (int r = 0; r < world; r++) {
+    int prev;
+    TW_CHECK(tw_set_device(devices[r], &prev));
+    TW_CUDA(cudaFree(0)); /* create the primary context before cuMem calls */
+    cudaSetDevice(prev);
+  }
+  TW_CHECK(tw_heap_group_init(g, cfg.heap_bytes));
+  for (int r = 0; r < world; r++) TW_CHECK(setup_rank(comms[r]));
+  TW_INFO("tw_comm_init_all: %d ranks, sm_budget %d on rank 0, %d node(s)", world,
+          comms[0]->sm_budget, comms[0]->nodes);
+  return TW_SUCCESS;
+fail:
+  if (g) {
+    for (int r = 0; r < world; r++) {
+      if (!comms[r]) continue;
+      pthread_mutex_lock(&g->mu);
+      tw_heap_free_all_locked(comms[r]);
+      pthread_mutex_unlock(&g->mu);
+      release_rank(comms[r]);
+      free(comms[r]);
+      comms[r] = NULL;
+    }
+    group_release(g);
+  }
+  return st;
+}
+
+tw_status_t tw_get_unique_id(tw_unique_id_t *id) {
+  tw_error_clear();
+  TW_ARG_CHECK(id != NULL, "id: NULL");
+  return tw_bootstrap_create_root(id);
+}
+
+tw_status_t tw_comm_init_rank(tw_comm_t *out, int world, tw_unique_id_t id, int rank,
+                              const tw_config_t *user_cfg) {
+  tw_status_t st;
+  tw_config_t cfg;
+  tw_comm_t c = NULL;
+  tw_group_t *g = NULL;
+  tw_peer_info_t self;
+  int device = -1;
+  uint64_t host_of[TW_MAX_WORLD];
+  tw_error_clear();
+  TW_ARG_CHECK(out != NULL, "comm: NULL");
+  *out = NULL;
+  TW_ARG_CHECK(world >= 1 && world <= TW_MAX_WORLD, "world: %d is outside [1, %d]", world,
+               TW_MAX_WORLD);
+  TW_ARG_CHECK(rank >= 0 && rank < world, "rank: %d is outside [0, world=%d)", rank, world);
+  st = resolve_config(user_cfg, &cfg);
+  if (st != TW_SUCCESS) return st;
+  st = tw_cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  if (st != TW_SUCCESS) return st;
+  st = tw_check_device(device);
+  if (st != TW_SUCCESS) return st;
+  memset(&self, 0, sizeof(self));
+  self.rank = rank;
+  self.pid = (int32_t)getpid();
+  self.cuda_device = device;
+  st = device_identity(device, &self.sm_count, self.gpu_uuid);
+  if (st != TW_SUCCESS) return st;
+  g = group_new(world);
+  if (!g) return tw_fail(TW_ERR_SYSTEM, "out of host memory");
+  g->nlocal = 1;
+  TW_CHECK(tw_bootstrap_init(&g->bs, &id, rank, world, cfg.bootstrap_timeout_ms, &self));
+  const tw_peer_info_t *peers = tw_bootstrap_peers(g->bs);
+  c = calloc(1, sizeof(*c));
+  if (!c) TW_FAIL(TW_ERR_SYSTEM, "out of host memory");
+  c->group = g;
+  c->rank = rank;
+  c->world = world;
+  c->device = device;
+  c->config = cfg;
+  c->sm_count = self.sm_count;
+  for (int p = 0; p < world; p++) {
+    host_of[p] = peers[p].host_hash;
+    g->mappable[p] = peers[p].host_hash == peers[rank].host_hash;
+    c->ranks_on_device +=
+        g->mappable[p] && memcmp(peers[p].gpu_uuid, self.gpu_uuid, 16) == 0;
+  }
+  TW_CHECK(pick_sm_budget(c));
+  tw_assign_nodes(c, host_of, cfg.ranks_per_node);
+  g->local[rank] = c;
+  g->device_of[rank] = device;
+  g->live = 1;
+  TW_CUDA(cudaFree(0));
+  TW_CHECK(tw_heap_group_init(g, cfg.heap_bytes));
+  TW_CHECK(setup_rank(c));
+  /* No rank may signal a peer before that peer zeroed its control block. */
+  TW_CHECK(tw_bootstrap_barrier(g->bs));
+  *out = c;
+  return TW_SUCCESS;
+fail:
+  if (c) {
+    pthread_mutex_lock(&g->mu);
+    tw_heap_free_all_locked(c);
+    pthread_mutex_unlock(&g->mu);
+    release_rank(c);
+    free(c);
+  }
+  if (g) group_release(g);
+  tw_error_prefix("rank %d of %d", rank, world);
+  return st;
+}
+
+tw_status_t tw_comm_destroy(tw_comm_t comm) {
+  tw_error_clear();
+  if (!comm) return tw_fail(TW_ERR_INVALID_ARGUMENT, "comm: NULL");
+  tw_group_t *g = comm->group;
+  if (!g) return tw_fail(TW_ERR_INVALID_ARGUMENT, "comm: already destroyed");
+  int prev;
+  if (tw_set_device(comm->device, &prev) == TW_SUCCESS) {
+    cudaDeviceSynchronize();
+    cudaSetDevice(prev);
+  }
+  pthread_mutex_lock(&g->mu);
+  tw_heap_free_all_locked(comm);
+  g->local[comm->rank] = NULL;
+  int last = --g->live == 0;
+  pthread_mutex_unlock(&g->mu);
+  release_rank(comm);
+  comm->group = NULL;
+  free(comm);
+  if (last) group_release(g);
+  return TW_SUCCESS;
+}
+
+#define COMM_QUERY(fn, field)                                                                      \
+  tw_status_t fn(tw_comm_t comm, int *value) {                                                     \
+    tw_status_t st = tw_comm_check(comm);                                                          \
+    if (st == TW_SUCCESS && !value) st = tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: NULL output", #fn); \
+    if (st != TW_SUCCESS) return tw_comm_result(comm, st);                                         \
+    *value = comm->field;                                                                          \
+    return TW_SUCCESS;                                                                             \
+  }
+COMM_QUERY(tw_comm_rank, rank)
+COMM_QUERY(tw_comm_size, world)
+COMM_QUERY(tw_comm_device, device)
+COMM_QUERY(tw_comm_local_rank, local_rank)
+COMM_QUERY(tw_comm_local_size, local_size)
+COMM_QUERY(tw_comm_node, node)
+COMM_QUERY(tw_comm_nodes, nodes)
+COMM_QUERY(tw_comm_sm_budget, sm_budget)
+#undef COMM_QUERY
+
+const char *tw_comm_last_error(tw_comm_t comm) {
+  if (!comm) return "comm: NULL";
+  return comm->last_error;
+}
+
+static const char *channel_name(int ch) {
+  static const char *names[TW_NUM_CHANNELS] = {"barrier", "allgather", "ag_gemm", "gemm_rs",
+                                               "gemm_ar", "moe",       "attention", "test"};
+  return (ch >= 0 && ch < TW_NUM_CHANNELS) ? names[ch] : "unknown";
+}
+
+tw_status_t tw_comm_async_error(tw_comm_t comm, tw_status_t *async_status) {
+  tw_status_t st = tw_comm_check(comm);
+  if (st == TW_SUCCESS && !async_status) st = tw_fail(TW_ERR_INVALID_ARGUMENT, "async_status: NULL");
+  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  const volatile tw_err_block_t *e = comm->err_host;
+  uint32_t code = e->status;
+  *async_status = (tw_status_t)code;
+  if (code == TW_SUCCESS) return TW_SUCCESS;
+  __sync_synchronize();
+  char peer[32] = "unknown";
+  if (e->peer >= 0) snprintf(peer, sizeof(peer), "%d", e->peer);
+  snprintf(comm->last_error, sizeof(comm->last_error),
+           "%s: rank %d, op %s, block %d, item %d: waited for flag at %#llx (control-block offset "
+           "%#llx) to reach %llu, last saw %llu; peer expected to signal: %s; wait bound %d ms "
+           "(TW_WAIT_TIMEOUT_MS). The comm is unusable: destroy it.",
+           tw_status_string((tw_status_t)code), e->rank, channel_name(e->op), e->block, e->what,
+           (unsigned long long)e->flag_addr, (unsigned long long)e->flag_offset,
+           (unsigned long long)e->expected, (unsigned long long)e->seen, peer,
+           comm->config.wait_timeout_ms);
+  return TW_SUCCESS;
+}
+
+tw_status_t tw_mem_alloc(tw_comm_t comm, size_t bytes, void **ptr) {
+  tw_status_t st = tw_comm_check(comm);
+  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  if (!ptr) return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "ptr: NULL"));
+  *ptr = NULL;
+  if (bytes == 0) return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "bytes: 0"));
+  int prev;
+  st = tw_set_device(comm->device, &prev);
+  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  pthread_mutex_lock(&comm->group->mu);
+  st = tw_heap_alloc_locked(comm, bytes, ptr);
+  pthread_mutex_unlock(&comm->group->mu);
+  cudaSetDevice(prev);
+  return tw_comm_result(comm, st);
+}
+
+tw_status_t tw_mem_free(tw_comm_t comm, void *ptr) {
+  tw_status_t st = tw_comm_check(comm);
+  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  if (!ptr) return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "ptr: NULL"));
+  if (ptr == (void *)comm->ctrl)
+    return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT,
+                                        "ptr: %p is the comm's control block, not a tw_mem_alloc "
+                                        "allocation",
+                                        ptr));
+  pthread_mutex_lock(&comm->group->mu);
+  st = tw_heap_free_locked(comm, ptr);
+  pthread_mutex_unlock(&comm->group->mu);
+  return tw_comm_result(comm, st);
+}
+
+tw_status_t tw_mem_peer_ptrs(tw_comm_t comm, const void *ptr, void *const **peer_ptrs_device) {
+  tw_status_t st = tw_comm_check(comm);
+  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  if (!peer_ptrs_device)
+    return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "peer_ptrs_device: NULL"));
+  tw_alloc_t *a = NULL;
+  st = tw_heap_lookup(comm, ptr, 1, "ptr", &a);
+  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  uintptr_t base = (uintptr_t)comm->group->va_base + (uintptr_t)comm->rank * comm->group->heap_va +
+                   a->offset;
+  if ((uintptr_t)ptr != base)
+    return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT,
+                                        "ptr: %p is %zu bytes inside its allocation; the device "
+                                        "peer table is kept for the allocation's base %p",
+                                        ptr, (size_t)((uintptr_t)ptr - base), (void *)base));
+  *peer_ptrs_device = (void *const *)a->peer_table[comm->rank];
+  return TW_SUCCESS;
+}
+
+tw_status_t tw_mem_peer_ptr(tw_comm_t comm, const void *ptr, int peer, void **peer_ptr) {
+  tw_status_t st = tw_comm_check(comm);
+  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  if (!peer_ptr) return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "peer_ptr: NULL"));
+  if (peer < 0 || peer >= comm->world)
+    return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "peer: %d is outside [0, %d)",
+                                        peer, comm->world));
+  st = tw_heap_lookup(comm, ptr, 1, "ptr", NULL);
+  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  *peer_ptr = tw_heap_peer_ptr(comm, ptr, peer);
+  if (!*peer_ptr)
+    return tw_comm_result(comm, tw_fail(TW_ERR_NOT_SUPPORTED,
+                                        "peer: rank %d's memory is not mapped in this process "
+                                        "(another host)",
+                                        peer));
+  return TW_SUCCESS;
+}

@@ -1,0 +1,115 @@
+/*
+ * The comm: one rank's view of the group. Ranks driven by one process (all of
+ * them with tw_comm_init_all, one with tw_comm_init_rank) share a tw_group_t
+ * that owns the symmetric heap's address space and the allocation list.
+ *
+ * Symmetric heap layout, the same in every process: one virtual range of
+ * world * heap_va bytes; rank r's heap lives at va_base + r * heap_va. An
+ * allocation has the same offset in every rank's heap, so peer p's copy of a
+ * local pointer is va_base + p * heap_va + offset. Physical memory (cuMemCreate
+ * on the rank's GPU) is mapped at the rank's own slot; ranks of other
+ * processes on the same host are mapped there too, from POSIX fds passed over
+ * unix sockets. Offset 0 holds the rank's control block (tw_ctrl_t).
+ */
+#ifndef TW_RUNTIME_COMM_H
+#define TW_RUNTIME_COMM_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+
+#include "bootstrap.h"
+#include "devcomm.h"
+#include "status.h"
+#include "tilewire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tw_alloc {
+  struct tw_alloc *next;
+  uint64_t seq;  /* allocation number, the same on every rank */
+  size_t offset; /* in every rank's heap */
+  size_t size;   /* rounded to the granularity */
+  size_t bytes;  /* as asked */
+  CUmemGenericAllocationHandle handle[TW_MAX_WORLD]; /* mapped in this process; 0 = none */
+  uint8_t mapped[TW_MAX_WORLD];
+  uint8_t freed[TW_MAX_WORLD]; /* local ranks that called tw_mem_free */
+  void **peer_table[TW_MAX_WORLD]; /* per local rank: device array of world peer pointers */
+} tw_alloc_t;
+
+typedef struct tw_free_range {
+  size_t offset, size;
+} tw_free_range_t;
+
+#define TW_MAX_FREE_RANGES 4096
+
+typedef struct tw_group {
+  pthread_mutex_t mu;
+  int world;
+  int nlocal;                          /* ranks driven by this process */
+  int live;                            /* local comms not yet destroyed */
+  struct tw_comm *local[TW_MAX_WORLD]; /* by rank; NULL for ranks of other processes */
+  uint8_t mappable[TW_MAX_WORLD];      /* rank's memory can be mapped here (same host) */
+  int device_of[TW_MAX_WORLD];         /* CUDA device of local ranks, -1 otherwise */
+  tw_bootstrap_t *bs;                  /* NULL when every rank is in this process */
+  CUdeviceptr va_base;
+  size_t heap_va;
+  size_t granularity;
+  size_t bump;
+  tw_free_range_t free_ranges[TW_MAX_FREE_RANGES];
+  int nfree;
+  tw_alloc_t *allocs;
+} tw_group_t;
+
+struct tw_comm {
+  tw_group_t *group;
+  int rank, world, device;
+  int local_rank, local_size, node, nodes;
+  int sm_count;        /* SMs of the device */
+  int ranks_on_device; /* ranks sharing this GPU, this one included */
+  int sm_budget;
+  tw_config_t config;  /* effective (defaults resolved) */
+  uint64_t alloc_seq;  /* tw_mem_alloc calls made by this rank */
+  tw_ctrl_t *ctrl;     /* this rank's control block (symmetric offset 0) */
+  tw_err_block_t *err_host;
+  tw_err_block_t *err_dev;
+  tw_dev_comm_t dev; /* handed to kernels by value */
+  char last_error[TW_ERRMSG_LEN];
+};
+
+/* Records the thread-local message into the comm when st is a failure; returns st. */
+tw_status_t tw_comm_result(struct tw_comm *comm, tw_status_t st);
+
+/* Argument check for a public entry point taking a comm. */
+tw_status_t tw_comm_check(const struct tw_comm *comm);
+
+/* Peer p's address for a pointer inside this rank's heap, or NULL if p's memory is
+ * not mapped here. *offset_out (optional) is the offset in the heap. */
+void *tw_heap_peer_ptr(const struct tw_comm *comm, const void *local_ptr, int peer);
+
+/* Finds the allocation holding [ptr, ptr+bytes) in this rank's heap. */
+tw_status_t tw_heap_lookup(const struct tw_comm *comm, const void *ptr, size_t bytes,
+                           const char *arg_name, tw_alloc_t **alloc_out);
+
+/* Heap internals (heap.c), called with the group lock held. */
+tw_status_t tw_heap_group_init(tw_group_t *g, size_t heap_va);
+void tw_heap_group_fini(tw_group_t *g);
+tw_status_t tw_heap_alloc_locked(struct tw_comm *comm, size_t bytes, void **ptr);
+tw_status_t tw_heap_free_locked(struct tw_comm *comm, void *ptr);
+void tw_heap_free_all_locked(struct tw_comm *comm);
+
+/* Fills node, nodes, local_rank, local_size of comm (rank and world set) from
+ * the ranks' host hashes, or virtual nodes of ranks_per_node ranks when > 0. */
+void tw_assign_nodes(struct tw_comm *comm, const uint64_t *host_of, int ranks_per_node);
+
+/* Makes `device` current; returns the previous one in *prev. */
+tw_status_t tw_set_device(int device, int *prev);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

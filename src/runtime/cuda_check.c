@@ -1,0 +1,36 @@
+#include "cuda_check.h"
+
+#include "status.h"
+
+tw_status_t tw_cuda_check(cudaError_t err, const char *what) {
+  if (err == cudaSuccess) return TW_SUCCESS;
+  tw_status_t st = TW_ERR_CUDA;
+  switch (err) {
+  case cudaErrorNoDevice:
+  case cudaErrorInsufficientDriver:
+  case cudaErrorInvalidDevice: st = TW_ERR_NO_DEVICE; break;
+  case cudaErrorMemoryAllocation: st = TW_ERR_OUT_OF_MEMORY; break;
+  default: break;
+  }
+  return tw_fail(st, "%s: %s (%s)", what, cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+tw_status_t tw_check_device(int device) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0)
+    return tw_fail(TW_ERR_NO_DEVICE, "no CUDA device: cudaGetDeviceCount -> %s",
+                   err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+  if (device < 0 || device >= count)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "device: %d is outside [0, %d)", device, count);
+  int major = 0, minor = 0;
+  tw_status_t st = tw_cuda_check(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "compute capability");
+  if (st != TW_SUCCESS) return st;
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (major != 9)
+    return tw_fail(TW_ERR_UNSUPPORTED_DEVICE,
+                   "device %d has compute capability %d.%d; tilewire needs sm_90 (Hopper)", device,
+                   major, minor);
+  return TW_SUCCESS;
+}

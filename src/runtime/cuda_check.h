@@ -1,0 +1,26 @@
+/* Runtime-API checks that turn cudaError_t into tw_status_t with a message. */
+#ifndef TW_RUNTIME_CUDA_CHECK_H
+#define TW_RUNTIME_CUDA_CHECK_H
+
+#include <cuda_runtime_api.h>
+
+#include "tilewire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Records "what: cudaErrorX (text)"; TW_ERR_NO_DEVICE for no-device/driver errors,
+ * TW_ERR_OUT_OF_MEMORY for allocation failures, else TW_ERR_CUDA. */
+tw_status_t tw_cuda_check(cudaError_t err, const char *what);
+
+/* With `tw_status_t st` and a `fail:` label in scope. */
+#define TW_CUDA(call) TW_CHECK(tw_cuda_check((call), #call))
+
+/* Checks that `device` exists and is sm_90; TW_ERR_UNSUPPORTED_DEVICE otherwise. */
+tw_status_t tw_check_device(int device);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

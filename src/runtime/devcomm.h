@@ -1,0 +1,84 @@
+/*
+ * State shared between the host runtime and the kernels (plain C, included by
+ * .c and .cu files).
+ *
+ * Each rank owns a control block (tw_ctrl_t) at offset 0 of its symmetric
+ * heap, so peers reach it through the same peer-pointer arithmetic as data.
+ * Flags are 64-bit and monotone: a producer sets a flag to the call's epoch
+ * (never adds), a consumer waits until flag >= epoch. Epochs are per op
+ * channel, kept in device memory and advanced by the kernels themselves, so
+ * no host reset is ever needed and CUDA graph replays stay correct.
+ */
+#ifndef TW_RUNTIME_DEVCOMM_H
+#define TW_RUNTIME_DEVCOMM_H
+
+#include <stdint.h>
+
+#include "tilewire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One channel per op family: each has its own epoch and flag slice, so calls
+ * of different ops interleave freely. */
+typedef enum tw_channel {
+  TW_CH_BARRIER = 0,
+  TW_CH_ALLGATHER = 1,
+  TW_CH_AG_GEMM = 2,
+  TW_CH_GEMM_RS = 3,
+  TW_CH_GEMM_AR = 4,
+  TW_CH_MOE = 5,
+  TW_CH_ATTN = 6,
+  TW_CH_TEST = 7, /* tests that drive the primitives directly */
+  TW_NUM_CHANNELS = 8
+} tw_channel_t;
+
+/* Flags per channel a kernel may use for its data (chunk/tile flags). */
+#define TW_CHANNEL_FLAGS 16384
+
+typedef struct tw_ctrl {
+  uint64_t epoch[TW_NUM_CHANNELS];      /* local: calls completed on the channel */
+  uint32_t exit_count[TW_NUM_CHANNELS]; /* local: CTAs done with the current call */
+  uint32_t abort;                       /* set (remotely too) once any rank timed out */
+  uint32_t err_claim;                   /* local: first error wins */
+  /* entry[ch][src] = epoch: rank src has entered call `epoch` on channel ch,
+   * so everything before it in src's stream (reads of its buffers) is done. */
+  uint64_t entry[TW_NUM_CHANNELS][TW_MAX_WORLD];
+  /* done[ch][src] = epoch: rank src finished reading what this rank exposed
+   * in call `epoch` (used by pull-based ops before the owner may reuse it). */
+  uint64_t done[TW_NUM_CHANNELS][TW_MAX_WORLD];
+  uint64_t flags[TW_NUM_CHANNELS][TW_CHANNEL_FLAGS];
+} tw_ctrl_t;
+
+/* Written by the first kernel wait that fails; host-mapped pinned memory so
+ * the host can read it even after the kernel died. `status` is written last. */
+typedef struct tw_err_block {
+  volatile uint32_t status; /* tw_status_t; 0 = no error */
+  int32_t rank;             /* rank whose wait failed */
+  int32_t op;               /* tw_channel_t of the op */
+  int32_t peer;             /* rank expected to signal, -1 if unknown */
+  uint64_t flag_offset;     /* flag address minus the waiter's ctrl base (or raw address) */
+  uint64_t flag_addr;
+  uint64_t expected;
+  uint64_t seen;
+  int32_t block;            /* blockIdx.x of the waiter */
+  int32_t what;             /* op-specific: chunk or tile index */
+} tw_err_block_t;
+
+/* Everything a kernel needs to signal and wait, passed by value. */
+typedef struct tw_dev_comm {
+  int32_t rank;
+  int32_t world;
+  int32_t trap_on_timeout;
+  int32_t pad;
+  uint64_t timeout_ns;
+  tw_ctrl_t *ctrl;                      /* this rank's control block */
+  tw_ctrl_t *peer_ctrl[TW_MAX_WORLD];   /* peers' control blocks (NULL: not load/store reachable) */
+  tw_err_block_t *err;                  /* host-mapped */
+} tw_dev_comm_t;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

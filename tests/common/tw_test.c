@@ -1,0 +1,55 @@
+#include "tw_test.h"
+
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+
+int tw_test_passed = 0;
+int tw_test_failed = 0;
+
+void tw_test_expect_failure(tw_status_t got, tw_status_t want, const char *needle, const char *expr,
+                            const char *file, int line) {
+  const char *msg = tw_last_error();
+  if (got == want && (!needle || strstr(msg, needle))) {
+    tw_test_passed++;
+    return;
+  }
+  tw_test_failed++;
+  fprintf(stderr, "FAIL %s:%d: %s -> %s (%s); expected %s with a message containing \"%s\"\n", file,
+          line, expr, tw_status_string(got), msg, tw_status_string(want), needle ? needle : "");
+}
+
+int tw_test_finish(void) {
+  printf("%d passed, %d failed\n", tw_test_passed, tw_test_failed);
+  fflush(stdout);
+  return (tw_test_failed == 0 && tw_test_passed > 0) ? 0 : 1;
+}
+
+int tw_test_require_hopper(void) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    printf("SKIP: no CUDA device (%s)\n", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    exit(77);
+  }
+  struct cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || prop.major != 9) {
+    printf("SKIP: device 0 is not sm_90\n");
+    exit(77);
+  }
+  return count;
+}
+
+double tw_test_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+uint64_t tw_test_seed(void) {
+  const char *env = getenv("TW_TEST_SEED");
+  uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
+  printf("seed %llu (set TW_TEST_SEED to repeat)\n", (unsigned long long)seed);
+  return seed;
+}

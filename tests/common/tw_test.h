@@ -1,0 +1,83 @@
+/*
+ * Test helpers: tests are standalone programs that exit 0 (pass), 1 (fail)
+ * or 77 (skip). Each prints "N passed, N failed" last.
+ */
+#ifndef TW_TEST_H
+#define TW_TEST_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tilewire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+extern int tw_test_passed;
+extern int tw_test_failed;
+
+#define TEST_ASSERT(cond, ...)                                                                     \
+  do {                                                                                             \
+    if (cond) {                                                                                    \
+      tw_test_passed++;                                                                            \
+    } else {                                                                                       \
+      tw_test_failed++;                                                                            \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                              \
+      fprintf(stderr, __VA_ARGS__);                                                                \
+      fprintf(stderr, "\n");                                                                       \
+    }                                                                                              \
+  } while (0)
+
+/* Expects a tilewire call to succeed; prints the status and last error if not. */
+#define TEST_TW_OK(call)                                                                           \
+  do {                                                                                             \
+    tw_status_t s_ = (call);                                                                       \
+    TEST_ASSERT(s_ == TW_SUCCESS, "%s -> %s (%s)", #call, tw_status_string(s_), tw_last_error());  \
+  } while (0)
+
+/* Expects a tilewire call to fail with `status` and a message containing `needle`. */
+#define TEST_TW_FAILS(call, status, needle) tw_test_expect_failure((call), (status), (needle), #call, __FILE__, __LINE__)
+void tw_test_expect_failure(tw_status_t got, tw_status_t want, const char *needle, const char *expr,
+                            const char *file, int line);
+
+/* Stops the test at once (a condition later checks depend on). */
+#define TEST_REQUIRE(cond, ...)                                                                    \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      fprintf(stderr, "FATAL %s:%d: %s: ", __FILE__, __LINE__, #cond);                             \
+      fprintf(stderr, __VA_ARGS__);                                                                \
+      fprintf(stderr, "\n");                                                                       \
+      exit(1);                                                                                     \
+    }                                                                                              \
+  } while (0)
+
+/* Prints the closing line and returns the exit code (1 if any check failed or none ran). */
+int tw_test_finish(void);
+
+/* Exits 77 unless a Hopper (sm_90) GPU is present; returns the number of GPUs. */
+int tw_test_require_hopper(void);
+
+/* Seconds since an arbitrary origin (CLOCK_MONOTONIC). */
+double tw_test_now(void);
+
+/* Seed for fresh random inputs: TW_TEST_SEED if set, else time-based (printed). */
+uint64_t tw_test_seed(void);
+
+/* ---- device helpers (tests/common/tw_test_gpu.cu) -------------------------------------- */
+/* Fills n bf16 values with uniform random numbers in [-1, 1) from `seed`. */
+void tw_test_fill_bf16(void *dst, size_t n, uint64_t seed, tw_stream_t stream);
+/* Fills n bytes with a byte pattern derived from seed. */
+void tw_test_fill_bytes(void *dst, size_t n, uint64_t seed, tw_stream_t stream);
+/* Fills bytes with 0xFF (a NaN pattern for bf16/fp32): poison before a run. */
+void tw_test_poison(void *dst, size_t bytes, tw_stream_t stream);
+/* Number of differing bytes between two device buffers (synchronises). */
+size_t tw_test_count_diff(const void *a, const void *b, size_t bytes);
+/* Max |a-b| / max(|b|) over n elements of bf16 a and fp32/bf16 ref, with NaN counted (synchronises). */
+double tw_test_rel_err_bf16(const void *a, const void *ref, int ref_is_fp32, size_t n, size_t *nan_count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,98 @@
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+
+#include "tw_test.h"
+
+static __device__ uint64_t mix64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
+
+static __global__ void fill_bf16_kernel(__nv_bfloat16 *dst, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint64_t r = mix64(seed * 0x9E3779B97F4A7C15ULL + i);
+    float u = (float)(r >> 40) * (1.0f / 16777216.0f);
+    dst[i] = __float2bfloat16(2.0f * u - 1.0f);
+  }
+}
+
+static __global__ void fill_bytes_kernel(uint8_t *dst, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = (uint8_t)(mix64(seed * 0x9E3779B97F4A7C15ULL + i) >> 56);
+}
+
+extern "C" void tw_test_fill_bf16(void *dst, size_t n, uint64_t seed, tw_stream_t stream) {
+  fill_bf16_kernel<<<1024, 256, 0, (cudaStream_t)stream>>>((__nv_bfloat16 *)dst, n, seed);
+}
+
+extern "C" void tw_test_fill_bytes(void *dst, size_t n, uint64_t seed, tw_stream_t stream) {
+  fill_bytes_kernel<<<1024, 256, 0, (cudaStream_t)stream>>>((uint8_t *)dst, n, seed);
+}
+
+extern "C" void tw_test_poison(void *dst, size_t bytes, tw_stream_t stream) {
+  cudaMemsetAsync(dst, 0xFF, bytes, (cudaStream_t)stream);
+}
+
+static __global__ void count_diff_kernel(const uint8_t *a, const uint8_t *b, size_t n,
+                                         unsigned long long *count) {
+  unsigned long long local = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    local += a[i] != b[i];
+  if (local) atomicAdd(count, local);
+}
+
+extern "C" size_t tw_test_count_diff(const void *a, const void *b, size_t bytes) {
+  unsigned long long *count, host = 0;
+  cudaMalloc(&count, sizeof(*count));
+  cudaMemset(count, 0, sizeof(*count));
+  count_diff_kernel<<<1024, 256>>>((const uint8_t *)a, (const uint8_t *)b, bytes, count);
+  cudaMemcpy(&host, count, sizeof(host), cudaMemcpyDeviceToHost);
+  cudaFree(count);
+  return (size_t)host;
+}
+
+static __global__ void rel_err_kernel(const __nv_bfloat16 *a, const void *ref, int ref_is_fp32,
+                                      size_t n, float *max_diff, float *max_ref,
+                                      unsigned long long *nans) {
+  float md = 0.f, mr = 0.f;
+  unsigned long long bad = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    float x = __bfloat162float(a[i]);
+    float r = ref_is_fp32 ? ((const float *)ref)[i] : __bfloat162float(((const __nv_bfloat16 *)ref)[i]);
+    if (isnan(x) || isinf(x)) {
+      bad++;
+      continue;
+    }
+    md = fmaxf(md, fabsf(x - r));
+    mr = fmaxf(mr, fabsf(r));
+  }
+  // non-negative floats order like their bit patterns
+  atomicMax((int *)max_diff, __float_as_int(md));
+  atomicMax((int *)max_ref, __float_as_int(mr));
+  if (bad) atomicAdd(nans, bad);
+}
+
+extern "C" double tw_test_rel_err_bf16(const void *a, const void *ref, int ref_is_fp32, size_t n,
+                                       size_t *nan_count) {
+  float *stats;
+  unsigned long long *nans;
+  float host[2] = {0, 0};
+  unsigned long long host_nans = 0;
+  cudaMalloc(&stats, 2 * sizeof(float));
+  cudaMalloc(&nans, sizeof(*nans));
+  cudaMemset(stats, 0, 2 * sizeof(float));
+  cudaMemset(nans, 0, sizeof(*nans));
+  rel_err_kernel<<<1024, 256>>>((const __nv_bfloat16 *)a, ref, ref_is_fp32, n, stats, stats + 1, nans);
+  cudaMemcpy(host, stats, sizeof(host), cudaMemcpyDeviceToHost);
+  cudaMemcpy(&host_nans, nans, sizeof(host_nans), cudaMemcpyDeviceToHost);
+  cudaFree(stats);
+  cudaFree(nans);
+  if (nan_count) *nan_count = (size_t)host_nans;
+  return host[1] > 0 ? (double)host[0] / (double)host[1] : (double)host[0];
+}

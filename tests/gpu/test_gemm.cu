@@ -1,0 +1,471 @@
+/*
+ * tw_gemm (the sm90 GEMM core) against the fp32 reference and cuBLAS on fresh random inputs
+ * with poisoned outputs; tails in M and N, short and long K, bf16 and fp32 out; strided
+ * operands; error paths; SM budgets, tile orders and the dynamic tile queue (also under CUDA
+ * graph replay) must give bitwise the C of the default run.
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "device/gemm_sm90.cuh"
+#include "ops/gemm_heuristics.h"
+#include "ops/gemm_sm90.h"
+#include "ref/ref_gemm.h"
+#include "runtime/driver.h"
+#include "tw_test.h"
+
+#define CUDA_OK(call) TEST_REQUIRE((call) == cudaSuccess, "%s", #call)
+
+static cudaStream_t stream;
+static tw_ref_blas_t *blas;
+static uint64_t seed;
+
+// Max |a - ref| / max |ref| for fp32 a, and the count of non-finite a.
+static __global__ void rel_err_fp32_kernel(const float *a, const float *ref, size_t n, float *stats,
+                                           unsigned long long *bad) {
+  float md = 0.f, mr = 0.f;
+  unsigned long long nb = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    if (!isfinite(a[i])) {
+      nb++;
+      continue;
+    }
+    md = fmaxf(md, fabsf(a[i] - ref[i]));
+    mr = fmaxf(mr, fabsf(ref[i]));
+  }
+  atomicMax((int *)&stats[0], __float_as_int(md));
+  atomicMax((int *)&stats[1], __float_as_int(mr));
+  if (nb)
+    atomicAdd(bad, nb);
+}
+
+static double rel_err_fp32(const float *a, const float *ref, size_t n, size_t *bad) {
+  float *stats;
+  unsigned long long *count, host_count = 0;
+  float host[2] = {0, 0};
+  CUDA_OK(cudaMalloc(&stats, 2 * sizeof(float)));
+  CUDA_OK(cudaMalloc(&count, sizeof(*count)));
+  CUDA_OK(cudaMemset(stats, 0, 2 * sizeof(float)));
+  CUDA_OK(cudaMemset(count, 0, sizeof(*count)));
+  rel_err_fp32_kernel<<<512, 256>>>(a, ref, n, stats, count);
+  CUDA_OK(cudaMemcpy(host, stats, sizeof(host), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(&host_count, count, sizeof(host_count), cudaMemcpyDeviceToHost));
+  cudaFree(stats);
+  cudaFree(count);
+  *bad = (size_t)host_count;
+  return host[1] > 0 ? (double)host[0] / host[1] : (double)host[0];
+}
+
+// Counts elements of a strided bf16 C that differ from the packed one (bitwise), plus padding
+// elements that are no longer the poison pattern.
+static __global__ void strided_diff_kernel(const uint16_t *strided, const uint16_t *packed,
+                                           int64_t m, int64_t n, int64_t ldc,
+                                           unsigned long long *bad) {
+  unsigned long long nb = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < m * ldc;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / ldc, c = i % ldc;
+    nb += c < n ? strided[i] != packed[r * n + c] : strided[i] != 0xFFFF;
+  }
+  if (nb)
+    atomicAdd(bad, nb);
+}
+
+static __global__ void scale_kernel(float *x, float s, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    x[i] *= s;
+}
+
+static tw_gemm_args_t make_args(const void *a, const void *b, void *c, tw_dtype_t dt, int64_t m,
+                                int64_t n, int64_t k) {
+  tw_gemm_args_t args = TW_GEMM_ARGS_INIT;
+  args.a = a;
+  args.b = b;
+  args.c = c;
+  args.c_dtype = dt;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  return args;
+}
+
+typedef struct buffers {
+  __nv_bfloat16 *a, *b;
+  void *c, *c2, *cref_bf16;
+  float *ref;
+} buffers_t;
+
+// One shape: bf16 and fp32 out against the fp32 reference; bf16 against cuBLAS.
+static void check_shape(const buffers_t *buf, int64_t m, int64_t n, int64_t k) {
+  tw_test_fill_bf16(buf->a, (size_t)(m * k), seed++, stream);
+  tw_test_fill_bf16(buf->b, (size_t)(n * k), seed++, stream);
+  TEST_TW_OK(tw_ref_gemm_fp32(buf->a, buf->b, buf->ref, m, n, k, k, k, n, stream));
+  const size_t count = (size_t)(m * n);
+  size_t bad = 0;
+
+  tw_test_poison(buf->c, count * 2, stream);
+  tw_gemm_args_t args = make_args(buf->a, buf->b, buf->c, TW_BF16, m, n, k);
+  TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
+  double err = tw_test_rel_err_bf16(buf->c, buf->ref, 1, count, &bad);
+  TEST_ASSERT(err < 1e-2 && bad == 0, "bf16 M=%lld N=%lld K=%lld: rel err %.3g, %zu NaN/unwritten",
+              (long long)m, (long long)n, (long long)k, err, bad);
+
+  tw_test_poison(buf->cref_bf16, count * 2, stream);
+  TEST_TW_OK(tw_ref_cublas_gemm(blas, buf->a, buf->b, buf->cref_bf16, TW_BF16, m, n, k, k, k, n, 0,
+                                stream));
+  double err_blas = tw_test_rel_err_bf16(buf->c, buf->cref_bf16, 0, count, &bad);
+  TEST_ASSERT(err_blas < 1e-2 && bad == 0, "bf16 vs cuBLAS M=%lld N=%lld K=%lld: rel err %.3g",
+              (long long)m, (long long)n, (long long)k, err_blas);
+
+  tw_test_poison(buf->c2, count * 4, stream);
+  args = make_args(buf->a, buf->b, buf->c2, TW_FP32, m, n, k);
+  TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
+  double err32 = rel_err_fp32((const float *)buf->c2, buf->ref, count, &bad);
+  TEST_ASSERT(err32 < 1e-3 && bad == 0, "fp32 M=%lld N=%lld K=%lld: rel err %.3g, %zu NaN",
+              (long long)m, (long long)n, (long long)k, err32, bad);
+  printf("M=%-5lld N=%-5lld K=%-5lld  bf16 %.2e (cuBLAS %.2e)  fp32 %.2e\n", (long long)m,
+         (long long)n, (long long)k, err, err_blas, err32);
+}
+
+static void check_errors(const buffers_t *buf) {
+  tw_gemm_args_t args = make_args(buf->a, buf->b, buf->c, TW_BF16, 128, 256, 64);
+  tw_gemm_args_t bad = args;
+  TEST_TW_FAILS(tw_gemm(NULL, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "args");
+  bad = args, bad.a = NULL;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "a is NULL");
+  bad = args, bad.b = NULL;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "b is NULL");
+  bad = args, bad.c = NULL;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "c is NULL");
+  bad = args, bad.k = 60;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "k is 60");
+  bad = args, bad.n = 252;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "n is 252");
+  bad = args, bad.m = 0;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "m is 0");
+  bad = args, bad.m = -5;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "m is -5");
+  bad = args, bad.ldc = 200;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "ldc is 200");
+  bad = args, bad.lda = 32;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "lda is 32");
+  bad = args, bad.ldb = 68;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "ldb is 68");
+  bad = args, bad.a = buf->a + 1;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "a (");
+  bad = args, bad.c = (char *)buf->c + 8;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "c (");
+  bad = args, bad.c_dtype = TW_FP16;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "c_dtype");
+  bad = args, bad.sm_count = 100000;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "sm_count");
+  bad = args, bad.tile_order = 7;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "tile_order");
+  bad = args, bad.tile_order = TW_TILE_ORDER_ROTATED, bad.rotate_start = 128;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "rotate_start");
+  bad = args, bad.size = 8;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "size");
+  tw_gemm_args_t init;
+  TEST_TW_OK(tw_gemm_args_init(&init));
+  TEST_ASSERT(init.size == sizeof(init) && init.version == TW_GEMM_ARGS_VERSION, "args_init");
+  // Nothing was launched by the failing calls: the stream is still healthy.
+  TEST_ASSERT(cudaStreamSynchronize(stream) == cudaSuccess, "stream after error paths");
+}
+
+// Every schedule must give bitwise the default order's C.
+static void check_schedules(const buffers_t *buf, int64_t m, int64_t n, int64_t k) {
+  tw_test_fill_bf16(buf->a, (size_t)(m * k), seed++, stream);
+  tw_test_fill_bf16(buf->b, (size_t)(n * k), seed++, stream);
+  const size_t bytes = (size_t)(m * n) * 2;
+  tw_test_poison(buf->c, bytes, stream);
+  tw_gemm_args_t base = make_args(buf->a, buf->b, buf->c, TW_BF16, m, n, k);
+  TEST_TW_OK(tw_gemm(&base, (tw_stream_t)stream));
+
+  struct variant {
+    const char *name;
+    int sm_count, order;
+    int64_t rotate;
+    int kernel_variant, dynamic;
+  } variants[] = {
+      {"sm_count=16", 16, TW_TILE_ORDER_DEFAULT, 0, -1, 0},
+      {"sm_count=116", 116, TW_TILE_ORDER_DEFAULT, 0, -1, 0},
+      {"row-major", 0, TW_TILE_ORDER_ROW_MAJOR, 0, -1, 0},
+      {"rotated", 0, TW_TILE_ORDER_ROTATED, m / 3, -1, 0},
+      {"3-stage", 0, TW_TILE_ORDER_DEFAULT, 0, TW_GEMM_V_S3_E32, 0},
+      {"queue", 0, TW_TILE_ORDER_DEFAULT, 0, -1, 1},
+      {"queue sm_count=16 rotated", 16, TW_TILE_ORDER_ROTATED, m / 2, -1, 1},
+      {"queue 3-stage", 0, TW_TILE_ORDER_DEFAULT, 0, TW_GEMM_V_S3_E32, 1},
+  };
+  for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) {
+    const struct variant *v = &variants[i];
+    tw_gemm_args_t args = base;
+    args.c = buf->c2;
+    args.sm_count = v->sm_count;
+    args.tile_order = v->order;
+    args.rotate_start = v->rotate;
+    tw_gemm_sm90_opts_t opts = {v->kernel_variant, v->dynamic, 0};
+    for (int rep = 0; rep < 2; rep++) { // twice: the queue must have reset itself
+      tw_test_poison(buf->c2, bytes, stream);
+      TEST_TW_OK(tw_gemm_sm90_launch(&args, (tw_stream_t)stream, &opts));
+      size_t diff = tw_test_count_diff(buf->c2, buf->c, bytes);
+      TEST_ASSERT(diff == 0, "M=%lld N=%lld K=%lld %s (rep %d): %zu bytes differ from default",
+                  (long long)m, (long long)n, (long long)k, v->name, rep, diff);
+    }
+  }
+
+  // The queue variant under graph replay: no host reset between replays.
+  tw_gemm_args_t args = base;
+  args.c = buf->c2;
+  tw_gemm_sm90_opts_t opts = {-1, 1, 0};
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  tw_status_t st = tw_gemm_sm90_launch(&args, (tw_stream_t)stream, &opts);
+  tw_status_t st2 = tw_gemm_sm90_launch(&args, (tw_stream_t)stream, &opts);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  TEST_ASSERT(st == TW_SUCCESS && st2 == TW_SUCCESS, "capture: %s", tw_last_error());
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 3; rep++) {
+    tw_test_poison(buf->c2, bytes, stream);
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    size_t diff = tw_test_count_diff(buf->c2, buf->c, bytes);
+    TEST_ASSERT(diff == 0, "graph replay %d of the queue variant: %zu bytes differ", rep, diff);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+// Leading dimensions larger than the rows: same values as packed, padding of C untouched.
+static void check_strided(const buffers_t *buf) {
+  const int64_t m = 1000, n = 200, k = 136, lda = 200, ldb = 144, ldc = 264;
+  __nv_bfloat16 *a_pad, *b_pad;
+  uint16_t *c_pad;
+  CUDA_OK(cudaMalloc(&a_pad, m * lda * 2));
+  CUDA_OK(cudaMalloc(&b_pad, n * ldb * 2));
+  CUDA_OK(cudaMalloc(&c_pad, m * ldc * 2));
+  tw_test_fill_bf16(buf->a, (size_t)(m * k), seed++, stream);
+  tw_test_fill_bf16(buf->b, (size_t)(n * k), seed++, stream);
+  tw_test_fill_bf16(a_pad, (size_t)(m * lda), seed++, stream); // padding holds garbage
+  tw_test_fill_bf16(b_pad, (size_t)(n * ldb), seed++, stream);
+  CUDA_OK(
+      cudaMemcpy2DAsync(a_pad, lda * 2, buf->a, k * 2, k * 2, m, cudaMemcpyDeviceToDevice, stream));
+  CUDA_OK(
+      cudaMemcpy2DAsync(b_pad, ldb * 2, buf->b, k * 2, k * 2, n, cudaMemcpyDeviceToDevice, stream));
+  tw_test_poison(buf->c, m * n * 2, stream);
+  tw_gemm_args_t args = make_args(buf->a, buf->b, buf->c, TW_BF16, m, n, k);
+  TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
+  tw_test_poison(c_pad, m * ldc * 2, stream);
+  args = make_args(a_pad, b_pad, c_pad, TW_BF16, m, n, k);
+  args.lda = lda, args.ldb = ldb, args.ldc = ldc;
+  TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
+  unsigned long long *bad, host_bad = 0;
+  CUDA_OK(cudaMalloc(&bad, sizeof(*bad)));
+  CUDA_OK(cudaMemsetAsync(bad, 0, sizeof(*bad), stream));
+  strided_diff_kernel<<<256, 256, 0, stream>>>(c_pad, (const uint16_t *)buf->c, m, n, ldc, bad);
+  CUDA_OK(cudaMemcpyAsync(&host_bad, bad, sizeof(host_bad), cudaMemcpyDeviceToHost, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  TEST_ASSERT(host_bad == 0, "strided lda/ldb/ldc: %llu elements wrong", host_bad);
+  cudaFree(bad);
+  cudaFree(a_pad);
+  cudaFree(b_pad);
+  cudaFree(c_pad);
+}
+
+// ---- the hooks, as a fused op would use them ---------------------------------------------------
+
+// (a) Before a tile's loads: wait until the row chunks it reads are marked ready (flag >= target).
+struct WaitRowsReady {
+  struct Params {
+    const uint64_t *rows_ready; // one flag per chunk of rows_per_flag rows
+    int32_t rows_per_flag;
+    int32_t m;
+    uint64_t target;
+    uint32_t *timed_out;
+  };
+  __device__ static void before_tile(const Params &p, int32_t mb, int32_t) {
+    const int32_t first = mb * tw::gemm::kBlockM / p.rows_per_flag;
+    const int32_t last = (min((mb + 1) * tw::gemm::kBlockM, p.m) - 1) / p.rows_per_flag;
+    for (int32_t f = first; f <= last; f++) {
+      const uint64_t start = tw::ptx::globaltimer_ns();
+      for (;;) {
+        uint64_t v;
+        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p.rows_ready + f));
+        if (v >= p.target)
+          break;
+        if (tw::ptx::globaltimer_ns() - start > 2000000000ull) { // bounded: 2 s, then give up
+          atomicExch(p.timed_out, 1u);
+          break;
+        }
+        __nanosleep(64);
+      }
+    }
+    tw::ptx::fence_async_global(); // the TMA loads that follow see what the flags published
+  }
+};
+
+// (b) After a tile: reduce-add (fp32) into a staging buffer, then count the tile as done.
+struct EpiReduceThenSignal {
+  using Out = float;
+  static constexpr bool kSignal = true;
+  struct Params {
+    CUtensorMap c_map; // fp32 staging, box {32, 64}, 128B swizzle
+    uint32_t *tile_done;
+    int32_t n_blocks;
+  };
+  __device__ static void prefetch(const Params &p) { tw::ptx::tma_prefetch_map(&p.c_map); }
+  __device__ static void issue_box(const Params &p, const void *box, int32_t col, int32_t row) {
+    tw::ptx::tma_reduce_add_2d(&p.c_map, box, col, row);
+  }
+  __device__ static void signal(const Params &p, int32_t mb, int32_t nb) {
+    tw::ptx::red_release_gpu_add(p.tile_done + mb * p.n_blocks + nb, 1u);
+  }
+};
+
+using HookParams = tw::gemm::GemmParams<EpiReduceThenSignal, WaitRowsReady>;
+
+static void encode(CUtensorMap *map, CUtensorMapDataType dt, int es, const void *ptr, uint64_t cols,
+                   uint64_t rows, uint32_t box_cols, uint32_t box_rows) {
+  const tw_driver_api_t *api;
+  TEST_REQUIRE(tw_driver(&api) == TW_SUCCESS, "tw_driver: %s", tw_last_error());
+  cuuint64_t dims[2] = {cols, rows}, strides[1] = {cols * es};
+  cuuint32_t box[2] = {box_cols, box_rows}, estr[2] = {1, 1};
+  CUresult r = api->cuTensorMapEncodeTiled(
+      map, dt, 2, (void *)ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TEST_REQUIRE(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled: %d", (int)r);
+}
+
+// Two calls of a hooked GEMM through one queue (no reset between): staging holds 2 * A * B^T,
+// every tile was signalled twice, no wait timed out.
+static void check_hooks(const buffers_t *buf) {
+  const int64_t m = 1000, n = 520, k = 264;
+  namespace g = tw::gemm;
+  tw_test_fill_bf16(buf->a, (size_t)(m * k), seed++, stream);
+  tw_test_fill_bf16(buf->b, (size_t)(n * k), seed++, stream);
+  TEST_TW_OK(tw_ref_gemm_fp32(buf->a, buf->b, buf->ref, m, n, k, k, k, n, stream));
+  HookParams p;
+  memset(&p, 0, sizeof(p));
+  encode(&p.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, buf->a, k, m, g::kBlockK, g::kBlockM);
+  encode(&p.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, buf->b, k, n, g::kBlockK, g::kBlockN);
+  float *staging = (float *)buf->c2;
+  encode(&p.epi.c_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, staging, n, m, 32, g::kBoxRows);
+  const int32_t mbs = (int32_t)((m + 127) / 128), nbs = (int32_t)((n + 255) / 256);
+  const int rows_per_flag = 200, flags = (int)((m + rows_per_flag - 1) / rows_per_flag);
+  uint64_t *rows_ready;
+  uint32_t *tile_done, *timed_out;
+  g::TileQueue *queue;
+  CUDA_OK(cudaMalloc(&rows_ready, flags * sizeof(uint64_t)));
+  CUDA_OK(cudaMalloc(&tile_done, mbs * nbs * sizeof(uint32_t)));
+  CUDA_OK(cudaMalloc(&timed_out, sizeof(uint32_t)));
+  CUDA_OK(cudaMalloc(&queue, sizeof(*queue)));
+  uint64_t ready[8];
+  for (int f = 0; f < flags; f++)
+    ready[f] = 3; // epoch 3 published
+  CUDA_OK(cudaMemcpy(rows_ready, ready, flags * sizeof(uint64_t), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(tile_done, 0, mbs * nbs * sizeof(uint32_t)));
+  CUDA_OK(cudaMemset(timed_out, 0, sizeof(uint32_t)));
+  CUDA_OK(cudaMemset(queue, 0, sizeof(*queue)));
+  CUDA_OK(cudaMemset(staging, 0, m * n * sizeof(float)));
+  p.wait = {rows_ready, rows_per_flag, (int32_t)m, 3, timed_out};
+  p.epi.tile_done = tile_done;
+  p.epi.n_blocks = nbs;
+  p.order = {mbs, nbs, mbs * nbs, g::kOrderRotated, 4, mbs / 2};
+  p.queue = queue;
+  p.participants = 5; // fewer CTAs than tiles: each claims several
+  p.k_blocks = (int32_t)((k + 63) / 64);
+  auto kernel = g::gemm_sm90_kernel<4, 16384, EpiReduceThenSignal, WaitRowsReady, true>;
+  const int smem = g::SmemLayout<4, 16384>::kDynamicBytes;
+  CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  for (int call = 0; call < 2; call++)
+    kernel<<<5, g::kThreads, smem, stream>>>(p);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaStreamSynchronize(stream));
+  scale_kernel<<<256, 256, 0, stream>>>(buf->ref, 2.f, (size_t)(m * n));
+  size_t bad = 0;
+  const double err = rel_err_fp32(staging, buf->ref, (size_t)(m * n), &bad);
+  TEST_ASSERT(err < 1e-3 && bad == 0, "hooked GEMM (reduce-add x2): rel err %.3g, %zu NaN", err,
+              bad);
+  uint32_t done[64], host_timed_out = 1;
+  CUDA_OK(cudaMemcpy(done, tile_done, mbs * nbs * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(&host_timed_out, timed_out, sizeof(uint32_t), cudaMemcpyDeviceToHost));
+  int wrong = 0;
+  for (int t = 0; t < mbs * nbs; t++)
+    wrong += done[t] != 2;
+  TEST_ASSERT(wrong == 0, "%d tiles not signalled exactly twice", wrong);
+  TEST_ASSERT(host_timed_out == 0, "a row wait timed out");
+  g::TileQueue q;
+  CUDA_OK(cudaMemcpy(&q, queue, sizeof(q), cudaMemcpyDeviceToHost));
+  TEST_ASSERT(q.next == 0 && q.finished == 0, "queue not reset: next %u finished %u", q.next,
+              q.finished);
+  printf("hooks (wait, reduce-add + signal, queue): rel err %.2e\n", err);
+  cudaFree(rows_ready);
+  cudaFree(tile_done);
+  cudaFree(timed_out);
+  cudaFree(queue);
+}
+
+// The large shape: against cuBLAS only (the loop reference would take too long).
+static void check_large(const buffers_t *buf, int64_t s) {
+  tw_test_fill_bf16(buf->a, (size_t)(s * s), seed++, stream);
+  tw_test_fill_bf16(buf->b, (size_t)(s * s), seed++, stream);
+  tw_test_poison(buf->c, s * s * 2, stream);
+  tw_test_poison(buf->cref_bf16, s * s * 2, stream);
+  tw_gemm_args_t args = make_args(buf->a, buf->b, buf->c, TW_BF16, s, s, s);
+  TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
+  TEST_TW_OK(tw_ref_cublas_gemm(blas, buf->a, buf->b, buf->cref_bf16, TW_BF16, s, s, s, s, s, s, 0,
+                                stream));
+  size_t bad = 0;
+  double err = tw_test_rel_err_bf16(buf->c, buf->cref_bf16, 0, (size_t)(s * s), &bad);
+  TEST_ASSERT(err < 1e-2 && bad == 0, "%lld^3 vs cuBLAS: rel err %.3g, %zu NaN", (long long)s, err,
+              bad);
+  printf("%lld^3 vs cuBLAS: rel err %.2e\n", (long long)s, err);
+}
+
+int main(void) {
+  tw_test_require_hopper();
+  seed = tw_test_seed();
+  CUDA_OK(cudaStreamCreate(&stream)); // blocking: the helpers run on the legacy stream
+  TEST_TW_OK(tw_ref_blas_create(&blas));
+  buffers_t buf;
+  const size_t big = (size_t)4160 * 4160; // elements: >= 4096^2 and >= 4160 x 4104
+  CUDA_OK(cudaMalloc(&buf.a, big * 2));
+  CUDA_OK(cudaMalloc(&buf.b, big * 2));
+  CUDA_OK(cudaMalloc(&buf.c, big * 4));
+  CUDA_OK(cudaMalloc(&buf.c2, big * 4));
+  CUDA_OK(cudaMalloc(&buf.cref_bf16, big * 2));
+  CUDA_OK(cudaMalloc(&buf.ref, big * 4));
+
+  const int64_t ms[] = {1, 127, 1000, 4160};
+  const int64_t ns[] = {8, 200, 1000};
+  const int64_t ks[] = {8, 64, 4104};
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 3; j++)
+      for (int l = 0; l < 3; l++)
+        check_shape(&buf, ms[i], ns[j], ks[l]);
+  check_shape(&buf, 384, 4096, 1000);
+  check_errors(&buf);
+  check_strided(&buf);
+  check_hooks(&buf);
+  check_schedules(&buf, 4160, 1000, 4104);
+  check_schedules(&buf, 4096, 4096, 4096);
+  check_large(&buf, 4096);
+
+  CUDA_OK(cudaDeviceSynchronize());
+  TEST_ASSERT(cudaGetLastError() == cudaSuccess, "no sticky CUDA error");
+  tw_ref_blas_destroy(blas);
+  cudaFree(buf.a);
+  cudaFree(buf.b);
+  cudaFree(buf.c);
+  cudaFree(buf.c2);
+  cudaFree(buf.cref_bf16);
+  cudaFree(buf.ref);
+  cudaStreamDestroy(stream);
+  return tw_test_finish();
+}

@@ -1,0 +1,116 @@
+/*
+ * Public API checks that need no GPU (run in CI): argument validation names
+ * the bad argument, status strings, config defaults and versioning, node
+ * topology, and that a machine without a GPU gets TW_ERR_NO_DEVICE, not a crash.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "comm.h"
+#include "tw_test.h"
+
+static void test_status_strings(void) {
+  for (int s = 0; s <= TW_ERR_ABORTED; s++) {
+    const char *text = tw_status_string((tw_status_t)s);
+    TEST_ASSERT(text && strncmp(text, "TW_", 3) == 0, "status %d -> %s", s, text ? text : "NULL");
+  }
+  TEST_ASSERT(strstr(tw_status_string((tw_status_t)999), "UNKNOWN") != NULL, "unknown status");
+  TEST_ASSERT(tw_version() == TW_VERSION_CODE, "version %d", tw_version());
+}
+
+static void test_config(void) {
+  tw_config_t a = TW_CONFIG_INIT, b;
+  memset(&b, 0x5a, sizeof(b));
+  TEST_TW_OK(tw_config_init(&b));
+  TEST_ASSERT(memcmp(&a, &b, sizeof(a)) == 0, "tw_config_init differs from TW_CONFIG_INIT");
+  TEST_ASSERT(a.size == sizeof(tw_config_t) && a.version == TW_CONFIG_VERSION, "size/version");
+  TEST_TW_FAILS(tw_config_init(NULL), TW_ERR_INVALID_ARGUMENT, "cfg");
+  tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
+  TEST_ASSERT(g.size == sizeof(tw_gemm_args_t) && g.version == TW_GEMM_ARGS_VERSION, "gemm args init");
+}
+
+static void test_bad_arguments(void) {
+  tw_comm_t comms[4];
+  int devices[4] = {0, 0, 0, 0};
+  TEST_TW_FAILS(tw_comm_init_all(NULL, 2, devices, NULL), TW_ERR_INVALID_ARGUMENT, "comms");
+  TEST_TW_FAILS(tw_comm_init_all(comms, 0, devices, NULL), TW_ERR_INVALID_ARGUMENT, "world");
+  TEST_TW_FAILS(tw_comm_init_all(comms, TW_MAX_WORLD + 1, devices, NULL), TW_ERR_INVALID_ARGUMENT, "world");
+  TEST_TW_FAILS(tw_comm_init_all(comms, 2, NULL, NULL), TW_ERR_INVALID_ARGUMENT, "devices");
+  tw_config_t cfg = TW_CONFIG_INIT;
+  cfg.sm_budget = -1;
+  TEST_TW_FAILS(tw_comm_init_all(comms, 2, devices, &cfg), TW_ERR_INVALID_ARGUMENT, "sm_budget");
+  cfg = (tw_config_t)TW_CONFIG_INIT;
+  cfg.size = 0;
+  TEST_TW_FAILS(tw_comm_init_all(comms, 2, devices, &cfg), TW_ERR_INVALID_ARGUMENT, "cfg->size");
+  tw_unique_id_t id;
+  memset(&id, 0, sizeof(id));
+  tw_comm_t comm;
+  TEST_TW_FAILS(tw_comm_init_rank(NULL, 2, id, 0, NULL), TW_ERR_INVALID_ARGUMENT, "comm");
+  TEST_TW_FAILS(tw_comm_init_rank(&comm, 2, id, 2, NULL), TW_ERR_INVALID_ARGUMENT, "rank");
+  TEST_TW_FAILS(tw_comm_init_rank(&comm, -1, id, 0, NULL), TW_ERR_INVALID_ARGUMENT, "world");
+  TEST_TW_FAILS(tw_get_unique_id(NULL), TW_ERR_INVALID_ARGUMENT, "id");
+  TEST_TW_FAILS(tw_comm_destroy(NULL), TW_ERR_INVALID_ARGUMENT, "comm");
+  int v;
+  TEST_TW_FAILS(tw_comm_rank(NULL, &v), TW_ERR_INVALID_ARGUMENT, "comm");
+  tw_status_t async;
+  TEST_TW_FAILS(tw_comm_async_error(NULL, &async), TW_ERR_INVALID_ARGUMENT, "comm");
+  TEST_ASSERT(strcmp(tw_comm_last_error(NULL), "comm: NULL") == 0, "last error of NULL comm");
+  void *p;
+  TEST_TW_FAILS(tw_mem_alloc(NULL, 16, &p), TW_ERR_INVALID_ARGUMENT, "comm");
+  TEST_TW_FAILS(tw_mem_free(NULL, &v), TW_ERR_INVALID_ARGUMENT, "comm");
+  TEST_TW_FAILS(tw_allgather(NULL, &v, &v, 16, NULL), TW_ERR_INVALID_ARGUMENT, "comm");
+  TEST_TW_FAILS(tw_barrier(NULL, NULL), TW_ERR_INVALID_ARGUMENT, "comm");
+  TEST_TW_FAILS(tw_gemm(NULL, NULL), TW_ERR_INVALID_ARGUMENT, "args");
+}
+
+static void test_no_gpu(void) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) {
+    printf("a GPU is present: skipping the no-GPU checks\n");
+    return;
+  }
+  tw_comm_t comms[2];
+  int devices[2] = {0, 0};
+  TEST_TW_FAILS(tw_comm_init_all(comms, 2, devices, NULL), TW_ERR_NO_DEVICE, "no CUDA device");
+  tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
+  static char a[64], b[64], c[64];
+  g.a = a, g.b = b, g.c = c, g.m = 1, g.n = 8, g.k = 8;
+  TEST_TW_FAILS(tw_gemm(&g, NULL), TW_ERR_NO_DEVICE, "");
+}
+
+static void expect_nodes(int world, const uint64_t *hosts, int rpn, int rank, int node, int nodes,
+                         int local_rank, int local_size) {
+  struct tw_comm c;
+  memset(&c, 0, sizeof(c));
+  c.rank = rank;
+  c.world = world;
+  tw_assign_nodes(&c, hosts, rpn);
+  TEST_ASSERT(c.node == node && c.nodes == nodes && c.local_rank == local_rank &&
+                  c.local_size == local_size,
+              "world %d rpn %d rank %d: node %d/%d local %d/%d, expected %d/%d %d/%d", world, rpn,
+              rank, c.node, c.nodes, c.local_rank, c.local_size, node, nodes, local_rank, local_size);
+}
+
+static void test_topology(void) {
+  uint64_t same[8] = {7, 7, 7, 7, 7, 7, 7, 7};
+  expect_nodes(8, same, 0, 5, 0, 1, 5, 8);
+  expect_nodes(8, same, 4, 5, 1, 2, 1, 4);
+  expect_nodes(5, same, 2, 4, 2, 3, 0, 1); /* last virtual node is partial */
+  expect_nodes(5, same, 2, 3, 1, 3, 1, 2);
+  uint64_t two_hosts[6] = {9, 3, 9, 3, 9, 3}; /* interleaved hosts: numbered by first rank */
+  expect_nodes(6, two_hosts, 0, 0, 0, 2, 0, 3);
+  expect_nodes(6, two_hosts, 0, 3, 1, 2, 1, 3);
+  expect_nodes(6, two_hosts, 0, 4, 0, 2, 2, 3);
+  expect_nodes(1, same, 0, 0, 0, 1, 0, 1);
+}
+
+int main(void) {
+  test_status_strings();
+  test_config();
+  test_bad_arguments();
+  test_no_gpu();
+  test_topology();
+  return tw_test_finish();
+}

@@ -1,0 +1,116 @@
+/*
+ * tw-bench: one benchmark CLI for every op. Each op is a bench_op_t in its own
+ * file (bench_<op>.c/.cu) listed in bench_ops.c; the driver (bench_main.c)
+ * parses the shared options, calls the op's run function for each shape, and
+ * prints one side-by-side table last (plus --json / --csv files).
+ *
+ * Method (bench_time.c): warm-up, CUDA events, many repeats, median (p10/p90
+ * kept); inputs rotated through copies whose total is larger than L2 (several
+ * times 60 MB on H200), random data, never zeros.
+ */
+#ifndef TW_BENCH_H
+#define TW_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "tilewire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct bench_shape {
+  int64_t m, n, k;   /* op-specific meaning, documented by each op (e.g. total M for ag_gemm) */
+  const char *label; /* optional, e.g. "flux-tp8" */
+} bench_shape_t;
+
+typedef struct bench_opts {
+  const char *op;
+  int have_shape; /* --m/--n/--k given: run that one shape instead of the op's sweep */
+  bench_shape_t shape;
+  int world;             /* --world: ranks (virtual ranks when fewer GPUs); 0 = op default */
+  int sm_budget;         /* --sm-budget: SMs for the op / per rank; 0 = default */
+  int repeats;           /* --repeats (default 50) */
+  int warmup;            /* --warmup (default 10) */
+  int check;             /* --check (default 1): verify results once before timing */
+  const char *json_path; /* --json FILE */
+  const char *csv_path;  /* --csv FILE */
+  int quick;             /* --quick: the op's small sweep (for smoke tests / CI-size runs) */
+} bench_opts_t;
+
+/* One timed variant of one shape. */
+typedef struct bench_row {
+  char op[32];
+  char variant[48]; /* "tilewire", "cublas", "unfused", "copy-engine", "gemm-alone", ... */
+  char shape[96];   /* human-readable shape, e.g. "M=8192 N=8192 K=8192 sms=116" */
+  double ms;        /* median */
+  double ms_p10, ms_p90;
+  double tflops;  /* per rank/GPU; 0 if not meaningful */
+  double gbps;    /* bus bandwidth; 0 if not meaningful */
+  double speedup; /* baseline time / this time (vs the row named by the op as baseline); 0 = n/a */
+  double overlap; /* max(t_compute, t_comm) / t_fused for fused rows; 0 = n/a */
+  int ok;         /* 1 = the variant's check passed (or no check), 0 = failed */
+} bench_row_t;
+
+typedef struct bench_results bench_results_t;
+/* Appends a row (copied). */
+void bench_add_row(bench_results_t *res, const bench_row_t *row);
+
+typedef struct bench_op {
+  const char *name;
+  const char *help; /* one line: what it measures, what m/n/k mean */
+  /* The op's default sweep (and --quick sweep). */
+  const bench_shape_t *sweep;
+  int sweep_count;
+  const bench_shape_t *quick_sweep;
+  int quick_count;
+  /* Runs all variants of one shape and appends rows. Returns 0, or non-zero on a
+   * setup error (the driver prints tw_last_error() / the message it printed). */
+  int (*run)(const bench_opts_t *opts, const bench_shape_t *shape, bench_results_t *res);
+} bench_op_t;
+
+/* ---- the registry of ops (bench_ops.c) ------------------------------------- */
+
+/* Each op file defines `const bench_op_t bench_op_<name> = {...};`. Declared here so that
+ * a .cu file's definition gets C linkage and external linkage (a namespace-scope const in
+ * C++ is otherwise internal and the registry would never see it). A new op: declare it
+ * here and list it in bench_ops.c. */
+extern const bench_op_t bench_op_gemm;
+extern const bench_op_t bench_op_allgather;
+extern const bench_op_t bench_op_flag;
+
+/* Ops linked into this binary, in registry order (an op whose file is absent is skipped). */
+int bench_op_count(void);
+const bench_op_t *bench_op_at(int index);
+/* The op named `name`, or NULL. */
+const bench_op_t *bench_op_find(const char *name);
+
+/* ---- timing helpers (bench_time.c) ---------------------------------------- */
+
+/* Calls fn(ctx, i) `warmup` times, then times `repeats` calls, each between two
+ * events on `stream`, and returns the median in ms (p10/p90 optional). fn must
+ * enqueue its work on `stream` (or join its side streams back into it). */
+double bench_time_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStream_t stream, int warmup,
+                     int repeats, double *p10, double *p90);
+
+/* For work on several streams (virtual ranks): `fn` gets the index; the helper
+ * records a start event on `main`, makes every stream in `streams` wait on it,
+ * calls fn, then makes `main` wait on every stream and records the stop event. */
+double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStream_t main,
+                           cudaStream_t *streams, int nstreams, int warmup, int repeats,
+                           double *p10, double *p90);
+
+/* How many copies of a working set of `bytes` make the total at least 4x the L2. */
+int bench_rotation_count(size_t bytes);
+
+/* Exits the process with a message if a CUDA call failed. */
+void bench_cuda_check(cudaError_t err, const char *what, const char *file, int line);
+#define BENCH_CUDA(call) bench_cuda_check((call), #call, __FILE__, __LINE__)
+
+#ifdef __cplusplus
+}
+#endif
+#endif

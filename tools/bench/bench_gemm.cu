@@ -1,0 +1,241 @@
+/*
+ * `tw-bench gemm`: the sm90 GEMM core (tw_gemm) and cuBLAS side by side, C[M,N] = A[M,K] *
+ * B[N,K]^T, bf16 in and out, fp32 accumulate. With --sm-budget S both run on S SMs (tw_gemm's
+ * sm_count, cuBLAS's cublasSetSmCountTarget). speedup = cuBLAS time / this time.
+ * TW_BENCH_GEMM_VARIANTS=1 adds rows for the kernel variants (3-stage, dynamic tile queue).
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "ops/gemm_heuristics.h"
+#include "ops/gemm_sm90.h"
+#include "ref/ref_gemm.h"
+
+static const bench_shape_t gemm_sweep[] = {
+    {4096, 4096, 4096, NULL},  {8192, 8192, 8192, NULL},  {16384, 8192, 8192, NULL},
+    {8192, 28672, 8192, NULL}, {8192, 8192, 28672, NULL}, {2048, 8192, 8192, NULL},
+    {16384, 1024, 8192, NULL},
+};
+static const bench_shape_t gemm_quick[] = {
+    {4096, 4096, 4096, NULL},
+    {1000, 1000, 1000, "tails"},
+};
+
+// Uniform [-1, 1) bf16 from a hash of (seed, index): random data, never zeros.
+static __global__ void fill_kernel(__nv_bfloat16 *dst, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ULL + i;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    dst[i] = __float2bfloat16((float)(x >> 40) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+
+// max |a - ref| and max |ref| (as ordered int bits), and the count of non-finite a.
+static __global__ void diff_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *ref, size_t n,
+                                   int *stats, unsigned long long *bad) {
+  float md = 0.f, mr = 0.f;
+  unsigned long long nb = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    const float x = __bfloat162float(a[i]), r = __bfloat162float(ref[i]);
+    if (!isfinite(x)) {
+      nb++;
+      continue;
+    }
+    md = fmaxf(md, fabsf(x - r));
+    mr = fmaxf(mr, fabsf(r));
+  }
+  atomicMax(&stats[0], __float_as_int(md));
+  atomicMax(&stats[1], __float_as_int(mr));
+  if (nb)
+    atomicAdd(bad, nb);
+}
+
+static double rel_err(const void *a, const void *ref, size_t n, cudaStream_t stream,
+                      size_t *bad_out) {
+  int *stats, host[2];
+  unsigned long long *bad, host_bad;
+  BENCH_CUDA(cudaMalloc(&stats, 2 * sizeof(int)));
+  BENCH_CUDA(cudaMalloc(&bad, sizeof(*bad)));
+  BENCH_CUDA(cudaMemsetAsync(stats, 0, 2 * sizeof(int), stream));
+  BENCH_CUDA(cudaMemsetAsync(bad, 0, sizeof(*bad), stream));
+  diff_kernel<<<512, 256, 0, stream>>>((const __nv_bfloat16 *)a, (const __nv_bfloat16 *)ref, n,
+                                       stats, bad);
+  BENCH_CUDA(cudaMemcpyAsync(host, stats, sizeof(host), cudaMemcpyDeviceToHost, stream));
+  BENCH_CUDA(cudaMemcpyAsync(&host_bad, bad, sizeof(host_bad), cudaMemcpyDeviceToHost, stream));
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  BENCH_CUDA(cudaFree(stats));
+  BENCH_CUDA(cudaFree(bad));
+  float md, mr;
+  memcpy(&md, &host[0], 4);
+  memcpy(&mr, &host[1], 4);
+  *bad_out = (size_t)host_bad;
+  return mr > 0 ? (double)md / mr : (double)md;
+}
+
+typedef struct gemm_ctx {
+  cudaStream_t stream;
+  tw_ref_blas_t *blas;
+  int copies;
+  void **a, **b, **c;
+  int64_t m, n, k;
+  int sm_count;
+  tw_gemm_sm90_opts_t opts;
+  int use_opts;
+} gemm_ctx_t;
+
+static void run_tilewire(void *p, int iter) {
+  gemm_ctx_t *ctx = (gemm_ctx_t *)p;
+  const int i = iter % ctx->copies;
+  tw_gemm_args_t args = TW_GEMM_ARGS_INIT;
+  args.a = ctx->a[i];
+  args.b = ctx->b[i];
+  args.c = ctx->c[i];
+  args.m = ctx->m;
+  args.n = ctx->n;
+  args.k = ctx->k;
+  args.sm_count = ctx->sm_count;
+  tw_status_t st =
+      tw_gemm_sm90_launch(&args, (tw_stream_t)ctx->stream, ctx->use_opts ? &ctx->opts : NULL);
+  if (st != TW_SUCCESS) {
+    fprintf(stderr, "tw-bench gemm: tw_gemm: %s (%s)\n", tw_status_string(st), tw_last_error());
+    exit(1);
+  }
+}
+
+static void run_cublas(void *p, int iter) {
+  gemm_ctx_t *ctx = (gemm_ctx_t *)p;
+  const int i = iter % ctx->copies;
+  tw_status_t st =
+      tw_ref_cublas_gemm(ctx->blas, ctx->a[i], ctx->b[i], ctx->c[i], TW_BF16, ctx->m, ctx->n,
+                         ctx->k, ctx->k, ctx->k, ctx->n, ctx->sm_count, ctx->stream);
+  if (st != TW_SUCCESS) {
+    fprintf(stderr, "tw-bench gemm: cuBLAS: %s\n", tw_last_error());
+    exit(1);
+  }
+}
+
+static void add_row(bench_results_t *res, const char *variant, const char *shape, double ms,
+                    double p10, double p90, double flops, double baseline_ms, int ok) {
+  bench_row_t row;
+  memset(&row, 0, sizeof(row));
+  snprintf(row.op, sizeof(row.op), "gemm");
+  snprintf(row.variant, sizeof(row.variant), "%s", variant);
+  snprintf(row.shape, sizeof(row.shape), "%s", shape);
+  row.ms = ms;
+  row.ms_p10 = p10;
+  row.ms_p90 = p90;
+  row.tflops = flops / (ms * 1e-3) / 1e12;
+  row.speedup = baseline_ms / ms;
+  row.ok = ok;
+  bench_add_row(res, &row);
+}
+
+static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_results_t *res) {
+  static tw_ref_blas_t *blas = NULL;
+  if (!blas && tw_ref_blas_create(&blas) != TW_SUCCESS)
+    return 1;
+  gemm_ctx_t ctx;
+  memset(&ctx, 0, sizeof(ctx));
+  ctx.m = shape->m;
+  ctx.n = shape->n;
+  ctx.k = shape->k;
+  ctx.sm_count = opts->sm_budget;
+  ctx.blas = blas;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
+  const size_t a_bytes = (size_t)(ctx.m * ctx.k) * 2, b_bytes = (size_t)(ctx.n * ctx.k) * 2,
+               c_bytes = (size_t)(ctx.m * ctx.n) * 2;
+  ctx.copies = bench_rotation_count(a_bytes + b_bytes + c_bytes);
+  ctx.a = (void **)calloc((size_t)ctx.copies, sizeof(void *));
+  ctx.b = (void **)calloc((size_t)ctx.copies, sizeof(void *));
+  ctx.c = (void **)calloc((size_t)ctx.copies, sizeof(void *));
+  for (int i = 0; i < ctx.copies; i++) {
+    BENCH_CUDA(cudaMalloc(&ctx.a[i], a_bytes));
+    BENCH_CUDA(cudaMalloc(&ctx.b[i], b_bytes));
+    BENCH_CUDA(cudaMalloc(&ctx.c[i], c_bytes));
+    fill_kernel<<<1024, 256, 0, ctx.stream>>>((__nv_bfloat16 *)ctx.a[i], a_bytes / 2, 1000 + 2 * i);
+    fill_kernel<<<1024, 256, 0, ctx.stream>>>((__nv_bfloat16 *)ctx.b[i], b_bytes / 2, 1001 + 2 * i);
+  }
+  char label[96];
+  if (ctx.sm_count)
+    snprintf(label, sizeof(label), "M=%lld N=%lld K=%lld sms=%d", (long long)ctx.m,
+             (long long)ctx.n, (long long)ctx.k, ctx.sm_count);
+  else
+    snprintf(label, sizeof(label), "M=%lld N=%lld K=%lld", (long long)ctx.m, (long long)ctx.n,
+             (long long)ctx.k);
+
+  int ok = 1;
+  if (opts->check) {
+    void *ref;
+    BENCH_CUDA(cudaMalloc(&ref, c_bytes));
+    BENCH_CUDA(cudaMemsetAsync(ctx.c[0], 0xFF, c_bytes, ctx.stream)); // NaN poison
+    run_tilewire(&ctx, 0);
+    BENCH_CUDA(cudaMemcpyAsync(ref, ctx.c[0], c_bytes, cudaMemcpyDeviceToDevice, ctx.stream));
+    run_cublas(&ctx, 0);
+    size_t nan = 0;
+    const double err = rel_err(ref, ctx.c[0], c_bytes / 2, ctx.stream, &nan);
+    ok = err < 1e-2 && nan == 0;
+    if (!ok)
+      fprintf(stderr, "gemm %s: tilewire vs cuBLAS rel err %.3g, %zu NaN\n", label, err, nan);
+    BENCH_CUDA(cudaFree(ref));
+  }
+
+  const double flops = 2.0 * (double)ctx.m * (double)ctx.n * (double)ctx.k;
+  double p10, p90, bp10, bp90;
+  const double t_blas =
+      bench_time_ms(run_cublas, &ctx, ctx.stream, opts->warmup, opts->repeats, &bp10, &bp90);
+  const double t_tw =
+      bench_time_ms(run_tilewire, &ctx, ctx.stream, opts->warmup, opts->repeats, &p10, &p90);
+  add_row(res, "tilewire", label, t_tw, p10, p90, flops, t_blas, ok);
+  add_row(res, "cublas", label, t_blas, bp10, bp90, flops, t_blas, 1);
+
+  const char *variants = getenv("TW_BENCH_GEMM_VARIANTS");
+  if (variants && atoi(variants)) {
+    static const struct {
+      const char *name;
+      tw_gemm_sm90_opts_t opts;
+    } extra[] = {
+        {"tw-3stage", {TW_GEMM_V_S3_E32, 0, 0}},
+        {"tw-4stage", {TW_GEMM_V_S4_E16, 0, 0}},
+        {"tw-queue", {-1, 1, 0}},
+        {"tw-group8", {-1, 0, 8}},
+    };
+    ctx.use_opts = 1;
+    for (size_t v = 0; v < sizeof(extra) / sizeof(extra[0]); v++) {
+      ctx.opts = extra[v].opts;
+      const double t =
+          bench_time_ms(run_tilewire, &ctx, ctx.stream, opts->warmup, opts->repeats, &p10, &p90);
+      add_row(res, extra[v].name, label, t, p10, p90, flops, t_blas, ok);
+    }
+  }
+
+  for (int i = 0; i < ctx.copies; i++) {
+    cudaFree(ctx.a[i]);
+    cudaFree(ctx.b[i]);
+    cudaFree(ctx.c[i]);
+  }
+  free(ctx.a);
+  free(ctx.b);
+  free(ctx.c);
+  BENCH_CUDA(cudaStreamDestroy(ctx.stream));
+  return 0;
+}
+
+extern "C" const bench_op_t bench_op_gemm = {
+    "gemm",     "C[M,N] = A[M,K] * B[N,K]^T bf16 (tw_gemm) vs cuBLAS; --sm-budget limits both",
+    gemm_sweep, (int)(sizeof(gemm_sweep) / sizeof(gemm_sweep[0])),
+    gemm_quick, (int)(sizeof(gemm_quick) / sizeof(gemm_quick[0])),
+    gemm_run,
+};

@@ -1,0 +1,200 @@
+/*
+ * Timing helpers for tw-bench (contract in bench.h).
+ *
+ * Every repeat is bracketed by its own pair of events and all repeats are
+ * enqueued before the host waits once, so the GPU runs them back to back and the
+ * host's launch latency never lands inside a timed interval (unless the work
+ * itself is launch-bound, which is then what gets measured). The median of many
+ * repeats is the figure; p10/p90 say how steady it was.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "bench.h"
+
+void bench_cuda_check(cudaError_t err, const char *what, const char *file, int line) {
+  if (err == cudaSuccess)
+    return;
+  fprintf(stderr, "tw-bench: %s:%d: %s failed: %s (%s)\n", file, line, what, cudaGetErrorName(err),
+          cudaGetErrorString(err));
+  exit(3);
+}
+
+static void *xcalloc(size_t count, size_t size) {
+  void *p = calloc(count, size);
+  if (!p) {
+    fprintf(stderr, "tw-bench: out of host memory (%zu x %zu bytes)\n", count, size);
+    exit(3);
+  }
+  return p;
+}
+
+static int compare_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Quantile q of sorted[0..n), interpolating linearly between neighbours. */
+static double quantile(const double *sorted, int n, double q) {
+  double pos = q * (double)(n - 1);
+  int lo = (int)pos;
+  if (lo >= n - 1)
+    return sorted[n - 1];
+  double frac = pos - (double)lo;
+  return sorted[lo] + frac * (sorted[lo + 1] - sorted[lo]);
+}
+
+/* Waits for the last stop event, turns the event pairs into sorted times and
+ * returns the median; frees nothing (the caller owns the events). */
+static double summarize(cudaEvent_t *start, cudaEvent_t *stop, int repeats, double *p10,
+                        double *p90) {
+  BENCH_CUDA(cudaEventSynchronize(stop[repeats - 1]));
+  double *times = xcalloc((size_t)repeats, sizeof(double));
+  for (int i = 0; i < repeats; i++) {
+    float ms = 0.0f;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, start[i], stop[i]));
+    times[i] = (double)ms;
+  }
+  qsort(times, (size_t)repeats, sizeof(double), compare_double);
+  double median = quantile(times, repeats, 0.5);
+  if (p10)
+    *p10 = quantile(times, repeats, 0.1);
+  if (p90)
+    *p90 = quantile(times, repeats, 0.9);
+  free(times);
+  return median;
+}
+
+static void create_events(cudaEvent_t *events, int count) {
+  for (int i = 0; i < count; i++)
+    BENCH_CUDA(cudaEventCreate(&events[i]));
+}
+
+static void destroy_events(cudaEvent_t *events, int count) {
+  for (int i = 0; i < count; i++)
+    BENCH_CUDA(cudaEventDestroy(events[i]));
+}
+
+double bench_time_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStream_t stream, int warmup,
+                     int repeats, double *p10, double *p90) {
+  if (warmup < 0)
+    warmup = 0;
+  if (repeats < 1)
+    repeats = 1;
+  /* The event pairs are created on the current device, which must be the stream's. */
+  cudaEvent_t *start = xcalloc((size_t)repeats, sizeof(cudaEvent_t));
+  cudaEvent_t *stop = xcalloc((size_t)repeats, sizeof(cudaEvent_t));
+  create_events(start, repeats);
+  create_events(stop, repeats);
+
+  int iter = 0;
+  for (int i = 0; i < warmup; i++)
+    fn(ctx, iter++);
+  BENCH_CUDA(cudaGetLastError());
+  for (int i = 0; i < repeats; i++) {
+    BENCH_CUDA(cudaEventRecord(start[i], stream));
+    fn(ctx, iter++);
+    BENCH_CUDA(cudaEventRecord(stop[i], stream));
+  }
+  BENCH_CUDA(cudaGetLastError());
+  double median = summarize(start, stop, repeats, p10, p90);
+
+  destroy_events(stop, repeats);
+  destroy_events(start, repeats);
+  free(stop);
+  free(start);
+  return median;
+}
+
+/* Side streams may live on other devices (ranks on distinct GPUs): an event can
+ * only be recorded on a stream of the device it was created on, so each join
+ * event is made, and recorded, with its stream's device current. */
+typedef struct side_stream {
+  cudaStream_t stream;
+  int device;
+  cudaEvent_t joined;
+} side_stream_t;
+
+static void fork_join(void (*fn)(void *ctx, int iter), void *ctx, int iter, cudaStream_t main,
+                      cudaEvent_t forked, side_stream_t *sides, int nsides, int main_device) {
+  for (int s = 0; s < nsides; s++)
+    BENCH_CUDA(cudaStreamWaitEvent(sides[s].stream, forked, 0));
+  fn(ctx, iter);
+  for (int s = 0; s < nsides; s++) {
+    BENCH_CUDA(cudaSetDevice(sides[s].device));
+    BENCH_CUDA(cudaEventRecord(sides[s].joined, sides[s].stream));
+    BENCH_CUDA(cudaStreamWaitEvent(main, sides[s].joined, 0));
+  }
+  BENCH_CUDA(cudaSetDevice(main_device));
+}
+
+double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStream_t main,
+                           cudaStream_t *streams, int nstreams, int warmup, int repeats,
+                           double *p10, double *p90) {
+  if (warmup < 0)
+    warmup = 0;
+  if (repeats < 1)
+    repeats = 1;
+  if (nstreams < 0)
+    nstreams = 0;
+  int caller_device = 0, main_device = 0;
+  BENCH_CUDA(cudaGetDevice(&caller_device));
+  BENCH_CUDA(cudaStreamGetDevice(main, &main_device));
+
+  side_stream_t *sides = xcalloc(nstreams > 0 ? (size_t)nstreams : 1, sizeof(side_stream_t));
+  for (int s = 0; s < nstreams; s++) {
+    sides[s].stream = streams[s];
+    BENCH_CUDA(cudaStreamGetDevice(streams[s], &sides[s].device));
+    BENCH_CUDA(cudaSetDevice(sides[s].device));
+    BENCH_CUDA(cudaEventCreateWithFlags(&sides[s].joined, cudaEventDisableTiming));
+  }
+  BENCH_CUDA(cudaSetDevice(main_device));
+  cudaEvent_t *start = xcalloc((size_t)repeats, sizeof(cudaEvent_t));
+  cudaEvent_t *stop = xcalloc((size_t)repeats, sizeof(cudaEvent_t));
+  create_events(start, repeats);
+  create_events(stop, repeats);
+  /* Warm-up forks from its own untimed event so it is ordered the same way. */
+  cudaEvent_t warm_fork;
+  BENCH_CUDA(cudaEventCreateWithFlags(&warm_fork, cudaEventDisableTiming));
+
+  int iter = 0;
+  for (int i = 0; i < warmup; i++) {
+    BENCH_CUDA(cudaEventRecord(warm_fork, main));
+    fork_join(fn, ctx, iter++, main, warm_fork, sides, nstreams, main_device);
+  }
+  BENCH_CUDA(cudaGetLastError());
+  for (int i = 0; i < repeats; i++) {
+    BENCH_CUDA(cudaEventRecord(start[i], main));
+    fork_join(fn, ctx, iter++, main, start[i], sides, nstreams, main_device);
+    BENCH_CUDA(cudaEventRecord(stop[i], main));
+  }
+  BENCH_CUDA(cudaGetLastError());
+  double median = summarize(start, stop, repeats, p10, p90);
+
+  BENCH_CUDA(cudaEventDestroy(warm_fork));
+  destroy_events(stop, repeats);
+  destroy_events(start, repeats);
+  for (int s = nstreams - 1; s >= 0; s--)
+    BENCH_CUDA(cudaEventDestroy(sides[s].joined));
+  free(stop);
+  free(start);
+  free(sides);
+  BENCH_CUDA(cudaSetDevice(caller_device));
+  return median;
+}
+
+int bench_rotation_count(size_t bytes) {
+  enum { MIN_COPIES = 2, MAX_COPIES = 64 };
+  int device = 0, l2_bytes = 0;
+  BENCH_CUDA(cudaGetDevice(&device));
+  BENCH_CUDA(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  if (bytes == 0)
+    return MIN_COPIES;
+  size_t want = 4 * (size_t)l2_bytes;
+  size_t copies = (want + bytes - 1) / bytes;
+  if (copies < MIN_COPIES)
+    copies = MIN_COPIES;
+  if (copies > MAX_COPIES)
+    copies = MAX_COPIES;
+  return (int)copies;
+}
