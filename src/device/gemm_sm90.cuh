@@ -13,6 +13,9 @@
  *        then runs the epilogue on its own 64 rows: registers -> swizzled shared memory ->
  *        Epi::issue_box() (TMA store / TMA reduce-add, 64 rows x 128 bytes per box).
  *   Registers: setmaxnreg 40 (producer) / 232 (consumers); 128*40 + 256*232 <= 64K.
+ *   kCluster == 2 (static schedule only): CTA pairs along M share the B box; each loads half
+ *        and multicasts it to both, so L2 serves B once per pair. Empty barriers then count
+ *        the consumer warps of both CTAs, and the pair meets at a cluster barrier at both ends.
  *
  * Hooks (compile-time policies; the plain GEMM instantiates no-op ones, so pays nothing):
  *   Wait   (a) `static void before_tile(const Params&, int m_block, int n_block)`, called by the
@@ -63,8 +66,6 @@ constexpr int kConsumerRegs = 232;
 constexpr int kBoxRows = 64;        // output box: rows per consumer warpgroup
 constexpr int kBoxBytes = 64 * 128; // one 128B-swizzled output box
 constexpr int kTileABytes = kBlockM * kBlockK * 2;
-constexpr int kTileBBytes = kBlockN * kBlockK * 2;
-constexpr int kStageBytes = kTileABytes + kTileBBytes;
 
 // Named barrier ids (0 is __syncthreads).
 constexpr uint32_t kBarConsumerWg0 = 1; // +wg
@@ -150,10 +151,11 @@ template <class OutT> struct EpiTmaReduceAdd : EpiTmaStore<OutT> {
 
 // ---- shared memory layout --------------------------------------------------------------------
 
-template <int Stages, int EpiBytes> struct SmemLayout {
+template <int Stages, int EpiBytes, int BN = kBlockN> struct SmemLayout {
+  static constexpr int kTileB = BN * kBlockK * 2;
   static constexpr int kA = 0;
   static constexpr int kB = kA + Stages * kTileABytes;
-  static constexpr int kC = kB + Stages * kTileBBytes; // EpiBytes per consumer warpgroup
+  static constexpr int kC = kB + Stages * kTileB; // EpiBytes per consumer warpgroup
   static constexpr int kFull = kC + 2 * EpiBytes;
   static constexpr int kEmpty = kFull + Stages * 8;
   static constexpr int kSlot = kEmpty + Stages * 8;
@@ -168,20 +170,20 @@ namespace detail {
 
 // Consumer warpgroup `wg` writes its 64 x 256 accumulators as boxes of 64 x (128 / sizeof(Out))
 // in the 128B-swizzled layout TMA expects, EpiBytes at a time, and issues them.
-template <int EpiBytes, class Epi, class Params>
-__device__ __forceinline__ void epilogue(const Params &p, float (&acc)[128], uint8_t *cbuf, int wg,
+template <int EpiBytes, int BN, class Epi, class Params>
+__device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], uint8_t *cbuf, int wg,
                                          int wg_thread, int32_t mb, int32_t nb) {
   using Out = typename Epi::Out;
   constexpr int kBoxCols = 128 / (int)sizeof(Out);
   constexpr int kBoxesPerPass = EpiBytes / kBoxBytes;
   constexpr int kColsPerPass = kBoxesPerPass * kBoxCols;
-  constexpr int kPasses = kBlockN / kColsPerPass;
+  constexpr int kPasses = BN / kColsPerPass;
   constexpr int kJPerPass = kColsPerPass / 8; // n8 accumulator groups per pass
-  static_assert(kBlockN % kColsPerPass == 0, "passes cover the tile");
+  static_assert(BN % kColsPerPass == 0, "passes cover the tile");
   const int warp = wg_thread >> 5, lane = wg_thread & 31;
   const int r = warp * 16 + (lane >> 2); // and r + 8; (r + 8) & 7 == r & 7
   const int32_t row0 = mb * kBlockM + wg * kBoxRows;
-  const int32_t col0 = nb * kBlockN;
+  const int32_t col0 = nb * BN;
   const uint32_t base = ptx::smem_u32(cbuf);
 #pragma unroll
   for (int pass = 0; pass < kPasses; pass++) {
@@ -234,10 +236,18 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[128], uin
 // Runs the GEMM on this CTA until the tiles run out. All 384 threads call it; `smem_raw` is the
 // dynamic shared memory (SmemLayout::kDynamicBytes). cta/ctas: this CTA's index among the CTAs
 // running the static schedule and their number (ignored with kDynamic).
-template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic>
+template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic, int kCluster = 1,
+          int BN = kBlockN>
 __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, uint8_t *smem_raw,
                                               int32_t cta, int32_t ctas) {
-  using L = SmemLayout<Stages, EpiBytes>;
+  using L = SmemLayout<Stages, EpiBytes, BN>;
+  constexpr int kTileB = L::kTileB;
+  constexpr bool kPair = kCluster == 2;
+  static_assert(kCluster == 1 || kCluster == 2, "clusters of 1 or 2 CTAs along M");
+  static_assert(!(kPair && kDynamic), "the tile queue serves single CTAs");
+  // With a CTA pair, `p.order` counts pairs of row blocks; this CTA takes row block
+  // 2 * pair + rank and loads half of the shared B box, multicast to both CTAs.
+  const uint32_t rank = kPair ? ptx::cluster_ctarank() : 0;
   uint8_t *smem = reinterpret_cast<uint8_t *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                               ~uintptr_t(1023));
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + L::kFull);
@@ -250,11 +260,14 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   if (threadIdx.x == 0) {
     for (int s = 0; s < Stages; s++) {
       ptx::mbar_init(&full[s], 1);
-      ptx::mbar_init(&empty[s], 8); // one arrival per consumer warp
+      ptx::mbar_init(&empty[s], 8 * kCluster); // one arrival per consumer warp of the cluster
     }
     ptx::mbar_init_fence();
   }
-  __syncthreads();
+  if constexpr (kPair)
+    ptx::cluster_sync(); // the peer's barriers exist before anything reaches them
+  else
+    __syncthreads();
 
   if (wg == 0) {
     // ---------------- producer ----------------
@@ -273,16 +286,23 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
           break;
         int32_t mb, nb;
         tile_coords(p.order, t, mb, nb);
+        if constexpr (kPair)
+          mb = 2 * mb + (int32_t)rank;
         Wait::before_tile(p.wait, mb, nb);
         for (int32_t kb = 0; kb < k_blocks; kb++) {
           ptx::mbar_wait(&empty[stage], phase ^ 1);
           if (kb == 0)
             slot[stage] = t;
-          ptx::mbar_arrive_expect_tx(&full[stage], kStageBytes);
+          ptx::mbar_arrive_expect_tx(&full[stage], kTileABytes + kTileB);
           ptx::tma_load_2d(smem + L::kA + stage * kTileABytes, &p.a_map, &full[stage], kb * kBlockK,
                            mb * kBlockM);
-          ptx::tma_load_2d(smem + L::kB + stage * kTileBBytes, &p.b_map, &full[stage], kb * kBlockK,
-                           nb * kBlockN);
+          if constexpr (kPair)
+            ptx::tma_load_2d_multicast(
+                smem + L::kB + stage * kTileB + rank * (kTileB / 2), &p.b_map, &full[stage],
+                kb * kBlockK, nb * BN + (int32_t)rank * (BN / 2), 0x3);
+          else
+            ptx::tma_load_2d(smem + L::kB + stage * kTileB, &p.b_map, &full[stage],
+                             kb * kBlockK, nb * BN);
           if (++stage == Stages) {
             stage = 0;
             phase ^= 1;
@@ -310,10 +330,16 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
     ptx::setmaxnreg_inc<kConsumerRegs>();
     const int cwg = wg - 1;
     const int lane = wg_thread & 31;
+    // Both CTAs of a pair write into this stage (their halves of B): both producers wait for it.
+    auto release = [&](int s) {
+      ptx::mbar_arrive(&empty[s]);
+      if constexpr (kPair)
+        ptx::mbar_arrive_cluster(&empty[s], rank ^ 1);
+    };
     uint8_t *cbuf = smem + L::kC + cwg * EpiBytes;
-    float acc[128];
+    float acc[BN / 2];
 #pragma unroll
-    for (int i = 0; i < 128; i++)
+    for (int i = 0; i < BN / 2; i++)
       acc[i] = 0.f;
     int stage = 0;
     uint32_t phase = 0;
@@ -324,21 +350,23 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         break;
       int32_t mb, nb;
       tile_coords(p.order, t, mb, nb);
+      if constexpr (kPair)
+        mb = 2 * mb + (int32_t)rank;
       int prev_stage = stage;
       for (int32_t kb = 0; kb < k_blocks; kb++) {
         if (kb > 0)
           ptx::mbar_wait(&full[stage], phase);
         const uint64_t da =
             ptx::wgmma_desc_sw128(smem + L::kA + stage * kTileABytes + cwg * kBoxRows * 128);
-        const uint64_t db = ptx::wgmma_desc_sw128(smem + L::kB + stage * kTileBBytes);
+        const uint64_t db = ptx::wgmma_desc_sw128(smem + L::kB + stage * kTileB);
         ptx::wgmma_fence();
 #pragma unroll
         for (int k = 0; k < kBlockK / 16; k++)
-          ptx::wgmma_m64n256k16_bf16(acc, da + 2 * k, db + 2 * k, (kb | k) != 0);
+          ptx::wgmma_bf16<BN>(acc, da + 2 * k, db + 2 * k, (kb | k) != 0);
         ptx::wgmma_commit();
         ptx::wgmma_wait<1>(); // the previous stage's wgmmas are done: release it
         if (kb > 0 && lane == 0)
-          ptx::mbar_arrive(&empty[prev_stage]);
+          release(prev_stage);
         prev_stage = stage;
         if (++stage == Stages) {
           stage = 0;
@@ -347,22 +375,28 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       }
       ptx::wgmma_wait<0>();
 #pragma unroll
-      for (int i = 0; i < 128; i++)
+      for (int i = 0; i < BN / 2; i++)
         ptx::reg_fence(acc[i]);
       if (lane == 0)
-        ptx::mbar_arrive(&empty[prev_stage]);
-      detail::epilogue<EpiBytes, Epi>(p, acc, cbuf, cwg, wg_thread, mb, nb);
+        release(prev_stage);
+      detail::epilogue<EpiBytes, BN, Epi>(p, acc, cbuf, cwg, wg_thread, mb, nb);
     }
     if (wg_thread == 0)
       ptx::bulk_wait<0>(); // shared memory must outlive the last stores
   }
+  // No CTA of a pair leaves while its peer may still arrive on its barriers.
+  if constexpr (kPair)
+    ptx::cluster_sync();
 }
 
-template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic>
+// kCluster == 2: launch with cluster dimension (2, 1, 1) and an even grid.
+template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic, int kCluster = 1,
+          int BN = kBlockN>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ GemmParams<Epi, Wait> p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  gemm_cta_loop<Stages, EpiBytes, Epi, Wait, kDynamic>(p, smem_raw, blockIdx.x, gridDim.x);
+  gemm_cta_loop<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN>(p, smem_raw, blockIdx.x / kCluster,
+                                                                 gridDim.x / kCluster);
 }
 
 } // namespace gemm

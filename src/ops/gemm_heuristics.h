@@ -10,9 +10,11 @@ extern "C" {
 
 /* Kernel variants compiled in src/ops/gemm_sm90.cu (tile 128x256x64 in all). */
 typedef enum tw_gemm_variant {
-  TW_GEMM_V_S3_E32 = 0, /* 3 stages, 32 KiB epilogue buffer per consumer warpgroup */
-  TW_GEMM_V_S4_E16 = 1, /* 4 stages, 16 KiB epilogue buffer (two store passes for bf16) */
-  TW_GEMM_V_COUNT = 2
+  TW_GEMM_V_S3_E32 = 0,    /* 3 stages, 32 KiB epilogue buffer per consumer warpgroup */
+  TW_GEMM_V_S4_E16 = 1,    /* 4 stages, 16 KiB epilogue buffer (two store passes for bf16) */
+  TW_GEMM_V_S4_E16_C2 = 2, /* as S4_E16, CTA pairs along M multicasting B (static schedule) */
+  TW_GEMM_V_S3_E32_C2 = 3, /* as S3_E32, CTA pairs along M multicasting B (static schedule) */
+  TW_GEMM_V_COUNT = 4
 } tw_gemm_variant_t;
 
 typedef struct tw_gemm_plan {

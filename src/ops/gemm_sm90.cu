@@ -45,10 +45,10 @@ tw_status_t encode_map(CUtensorMap *map, CUtensorMapDataType dtype, int elem_byt
   return tw_cu_check(res, what);
 }
 
-template <int Stages, int EpiBytes, class Out, bool kDynamic>
+template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1>
 tw_status_t launch_plain(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int grid, int device,
                          cudaStream_t stream) {
-  auto kernel = gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, NoWait, kDynamic>;
+  auto kernel = gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, NoWait, kDynamic, kCluster>;
   constexpr int kSmem = SmemLayout<Stages, EpiBytes>::kDynamicBytes;
   // The shared-memory limit is raised once per device and instantiation.
   static std::atomic<uint64_t> configured{0};
@@ -61,13 +61,48 @@ tw_status_t launch_plain(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int
       return st;
     configured.fetch_or(bit, std::memory_order_release);
   }
-  kernel<<<grid, kThreads, kSmem, stream>>>(params);
-  return tw_cuda_check(cudaGetLastError(), "tw_gemm: kernel launch");
+  if (kCluster == 1) {
+    kernel<<<grid, kThreads, kSmem, stream>>>(params);
+    return tw_cuda_check(cudaGetLastError(), "tw_gemm: kernel launch");
+  }
+  // Pairs that cannot all be resident would run as a second, mostly idle wave.
+  static std::atomic<int> max_pairs[kMaxDevices];
+  cudaLaunchConfig_t config;
+  memset(&config, 0, sizeof(config));
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.gridDim = dim3((unsigned)grid);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  int pairs = max_pairs[device % kMaxDevices].load(std::memory_order_relaxed);
+  if (pairs == 0) {
+    tw_status_t st = tw_cuda_check(cudaOccupancyMaxActiveClusters(&pairs, kernel, &config),
+                                   "tw_gemm: cudaOccupancyMaxActiveClusters");
+    if (st != TW_SUCCESS)
+      return st;
+    if (pairs < 1)
+      return tw_fail(TW_ERR_INTERNAL, "tw_gemm: no CTA pair of the GEMM kernel fits an SM pair");
+    max_pairs[device % kMaxDevices].store(pairs, std::memory_order_relaxed);
+  }
+  if (grid > kCluster * pairs)
+    config.gridDim = dim3((unsigned)(kCluster * pairs));
+  return tw_cuda_check(cudaLaunchKernelEx(&config, kernel, params),
+                       "tw_gemm: cudaLaunchKernelEx (cluster)");
 }
 
 template <class Out>
 tw_status_t launch_out(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int variant,
                        bool dynamic, int grid, int device, cudaStream_t stream) {
+  if (variant == TW_GEMM_V_S4_E16_C2)
+    return launch_plain<4, 16384, Out, false, 2>(params, grid, device, stream);
+  if (variant == TW_GEMM_V_S3_E32_C2)
+    return launch_plain<3, 32768, Out, false, 2>(params, grid, device, stream);
   if (variant == TW_GEMM_V_S3_E32)
     return dynamic ? launch_plain<3, 32768, Out, true>(params, grid, device, stream)
                    : launch_plain<3, 32768, Out, false>(params, grid, device, stream);
@@ -85,7 +120,12 @@ tw_status_t check_aligned(const void *ptr, const char *name) {
 
 template <class Out>
 tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant, bool dynamic,
-                int group_m, int device, cudaStream_t stream) {
+                int group_m, int sms, int device, cudaStream_t stream) {
+  const bool clustered = variant == TW_GEMM_V_S4_E16_C2 || variant == TW_GEMM_V_S3_E32_C2;
+  // The tile queue serves single CTAs; a pair needs two SMs.
+  if (clustered && (dynamic || sms < 2))
+    variant = variant == TW_GEMM_V_S4_E16_C2 ? TW_GEMM_V_S4_E16 : TW_GEMM_V_S3_E32;
+  const bool pair = variant == TW_GEMM_V_S4_E16_C2 || variant == TW_GEMM_V_S3_E32_C2;
   GemmParams<EpiTmaStore<Out>, NoWait> params;
   memset(&params, 0, sizeof(params));
   tw_status_t st;
@@ -94,7 +134,7 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   if (st != TW_SUCCESS)
     return st;
   st = encode_map(&params.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b, a.k, a.n, a.ldb, kBlockK,
-                  kBlockN, "tw_gemm: cuTensorMapEncodeTiled(b)");
+                  pair ? kBlockN / 2 : kBlockN, "tw_gemm: cuTensorMapEncodeTiled(b)");
   if (st != TW_SUCCESS)
     return st;
   st = encode_map(&params.epi.c_map,
@@ -105,21 +145,28 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   if (st != TW_SUCCESS)
     return st;
   TileOrder &o = params.order;
-  o.m_blocks = (int32_t)((a.m + kBlockM - 1) / kBlockM);
+  // A pair's schedule unit is two row blocks (one per CTA).
+  const int32_t unit = pair ? 2 : 1;
+  const int32_t m_blocks = (int32_t)((a.m + kBlockM - 1) / kBlockM);
+  o.m_blocks = (m_blocks + unit - 1) / unit;
   o.n_blocks = (int32_t)((a.n + kBlockN - 1) / kBlockN);
-  o.num_tiles = plan.tiles;
+  o.num_tiles = o.m_blocks * o.n_blocks;
   o.order = a.tile_order;
-  o.group_m = group_m > 0 ? (group_m < o.m_blocks ? group_m : o.m_blocks) : plan.group_m;
-  o.rotate_mb = a.tile_order == TW_TILE_ORDER_ROTATED ? (int32_t)(a.rotate_start / kBlockM) : 0;
+  int32_t g = (group_m > 0 ? group_m : plan.group_m) / unit;
+  o.group_m = g < 1 ? 1 : (g > o.m_blocks ? o.m_blocks : g);
+  o.rotate_mb =
+      a.tile_order == TW_TILE_ORDER_ROTATED ? (int32_t)(a.rotate_start / kBlockM) / unit : 0;
   params.k_blocks = (int32_t)((a.k + kBlockK - 1) / kBlockK);
-  params.participants = plan.grid;
+  const int units = sms / unit;
+  const int grid = unit * (o.num_tiles < units ? o.num_tiles : units);
+  params.participants = grid;
   if (dynamic) {
     st = tw_cuda_check(cudaGetSymbolAddress((void **)&params.queue, g_plain_queue),
                        "tw_gemm: cudaGetSymbolAddress(queue)");
     if (st != TW_SUCCESS)
       return st;
   }
-  return launch_out<Out>(params, variant, dynamic, plan.grid, device, stream);
+  return launch_out<Out>(params, variant, dynamic, grid, device, stream);
 }
 
 } // namespace
@@ -222,8 +269,8 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   const int group_m = opts ? opts->group_m : 0;
   cudaStream_t s = (cudaStream_t)stream;
   if (a.c_dtype == TW_BF16)
-    return run<__nv_bfloat16>(a, plan, variant, dynamic, group_m, device, s);
-  return run<float>(a, plan, variant, dynamic, group_m, device, s);
+    return run<__nv_bfloat16>(a, plan, variant, dynamic, group_m, sms, device, s);
+  return run<float>(a, plan, variant, dynamic, group_m, sms, device, s);
 }
 
 extern "C" tw_status_t tw_gemm(const tw_gemm_args_t *args, tw_stream_t stream) {

@@ -352,9 +352,10 @@ static void send_error_frame(int fd, uint64_t nonce, int kind, int rank, uint32_
 }
 
 /*
- * Reads one frame from `peer`. A frame carrying an error becomes that failure
- * (TW_ERR_TIMEOUT stays a timeout; anything else is TW_ERR_REMOTE), with the
- * sender's message prefixed by `reporter` ("the bootstrap root", "rank 0").
+ * Reads one frame from `peer`. A frame carrying an error becomes that failure,
+ * with the sender's message (which names itself) as the message: TW_ERR_TIMEOUT
+ * stays a timeout, anything else becomes TW_ERR_REMOTE. The kind is checked
+ * only on frames that carry no error.
  */
 static tw_status_t recv_frame(int fd, uint64_t nonce, int kind, int64_t deadline, const char *peer,
                               bs_frame_t *f) {
@@ -519,9 +520,10 @@ typedef struct root_state {
   int listen_fd;
   uint64_t nonce;
   char addr[48];
-  int64_t idle_deadline; /* until the first rank arrives */
-  int started;           /* a hello with the right nonce has arrived */
-  int world;             /* 0 until a valid first hello */
+  int64_t idle_ms; /* how long the root waits for the first rank */
+  int64_t idle_deadline;
+  int started; /* a hello with the right nonce has arrived */
+  int world;   /* 0 until a valid first hello */
   int first_rank;
   int timeout_ms;
   int64_t deadline; /* first arrival + that rank's timeout */
@@ -534,9 +536,9 @@ typedef struct root_state {
   int npending;
 } root_state_t;
 
-static void root_send_error(root_state_t *rs, int fd, tw_status_t status, const char *msg) {
-  send_error_frame(fd, rs->nonce, KIND_RDV_REPLY, -1, 0, status, msg,
-                   deadline_after_ms(ROOT_SEND_MS));
+/* `nonce` is the one the rank brought: it reads the answer only under that. */
+static void root_send_error(int fd, uint64_t nonce, tw_status_t status, const char *msg) {
+  send_error_frame(fd, nonce, KIND_RDV_REPLY, -1, 0, status, msg, deadline_after_ms(ROOT_SEND_MS));
 }
 
 /* Marks the group as failed and tells every rank that has arrived. Ranks that
@@ -553,11 +555,11 @@ static void root_poison(root_state_t *rs, tw_status_t status, const char *fmt, .
   va_end(ap);
   rs->failed = status;
   snprintf(rs->failure, sizeof(rs->failure), "bootstrap root at %s: %s", rs->addr, what);
-  TW_WARN("%s", rs->failure);
+  TW_INFO("%s", rs->failure); /* every rank reports it as its failure */
   for (int r = 0; r < TW_MAX_WORLD; r++) {
     if (rs->rank_fd[r] < 0)
       continue;
-    root_send_error(rs, rs->rank_fd[r], status, rs->failure);
+    root_send_error(rs->rank_fd[r], rs->nonce, status, rs->failure);
     close_fd(&rs->rank_fd[r]);
   }
 }
@@ -586,7 +588,7 @@ static void root_handle_hello(root_state_t *rs, root_pending_t *p) {
              rs->addr, (unsigned long long)rs->nonce, h->rank, h->info.pid, host,
              (unsigned long long)h->nonce);
     TW_WARN("%s", msg);
-    root_send_error(rs, fd, TW_ERR_REMOTE, msg);
+    root_send_error(fd, h->nonce, TW_ERR_REMOTE, msg);
     close(fd);
     return;
   }
@@ -618,7 +620,7 @@ static void root_handle_hello(root_state_t *rs, root_pending_t *p) {
                   h->info.pid, host);
   }
   if (rs->failed != TW_SUCCESS) {
-    root_send_error(rs, fd, rs->failed, rs->failure);
+    root_send_error(fd, rs->nonce, rs->failed, rs->failure);
     close(fd);
     return;
   }
@@ -743,7 +745,7 @@ static void *root_main(void *arg) {
   }
   if (!rs->started) {
     TW_WARN("bootstrap root at %s: no rank arrived in %lld ms; the root exits", rs->addr,
-            (long long)ROOT_IDLE_MIN_MS);
+            (long long)rs->idle_ms);
   } else if (rs->failed == TW_SUCCESS && rs->arrived < rs->world) {
     uint8_t missing[TW_MAX_WORLD] = {0};
     for (int r = 0; r < rs->world; r++)
@@ -831,8 +833,10 @@ tw_status_t tw_bootstrap_create_root(tw_unique_id_t *id) {
   rs->listen_fd = listen_fd;
   rs->nonce = random_nonce();
   format_addr(rs->addr, sizeof(rs->addr), addr_be, port_be);
-  int64_t idle_ms = 2 * tw_env_int(TW_BOOTSTRAP_TIMEOUT_MS_ID);
-  rs->idle_deadline = deadline_after_ms(idle_ms > ROOT_IDLE_MIN_MS ? idle_ms : ROOT_IDLE_MIN_MS);
+  rs->idle_ms = 2 * tw_env_int(TW_BOOTSTRAP_TIMEOUT_MS_ID);
+  if (rs->idle_ms < ROOT_IDLE_MIN_MS)
+    rs->idle_ms = ROOT_IDLE_MIN_MS;
+  rs->idle_deadline = deadline_after_ms(rs->idle_ms);
   for (int r = 0; r < TW_MAX_WORLD; r++)
     rs->rank_fd[r] = -1;
 
@@ -931,6 +935,15 @@ static tw_status_t star_accept(tw_bootstrap_t *bs) {
   int npend = 0;
   int connected = 1;
   while (connected < bs->world) {
+    /* Checked before every poll: stray traffic must not keep us past the deadline. */
+    if (remaining_ms(deadline) == 0) {
+      uint8_t missing[TW_MAX_WORLD] = {0};
+      for (int r = 1; r < bs->world; r++)
+        missing[r] = bs->star_fd[r] < 0;
+      char list[512];
+      format_ranks(list, sizeof(list), missing, bs->world);
+      TW_FAIL(TW_ERR_TIMEOUT, "%s did not connect to rank 0 within %d ms", list, bs->timeout_ms);
+    }
     struct pollfd pfds[1 + ROOT_PENDING_MAX];
     int npfds = 0;
     for (int i = 0; i < npend; i++)
@@ -942,14 +955,6 @@ static tw_status_t star_accept(tw_bootstrap_t *bs) {
       continue;
     if (n < 0)
       TW_FAIL(TW_ERR_SYSTEM, "poll for star connections: %s", strerror(errno));
-    if (n == 0 && remaining_ms(deadline) == 0) {
-      uint8_t missing[TW_MAX_WORLD] = {0};
-      for (int r = 1; r < bs->world; r++)
-        missing[r] = bs->star_fd[r] < 0;
-      char list[512];
-      format_ranks(list, sizeof(list), missing, bs->world);
-      TW_FAIL(TW_ERR_TIMEOUT, "%s did not connect to rank 0 within %d ms", list, bs->timeout_ms);
-    }
     int polled = npend;
     for (int i = polled - 1; i >= 0; i--) {
       if (!pfds[i].revents)
@@ -1023,6 +1028,23 @@ fail:
   return st;
 }
 
+/* A send to rank 0 failed because it closed the connection. It may have said
+ * why just before (an error frame waiting in our receive buffer): prefer that. */
+static tw_status_t explain_closed(const tw_bootstrap_t *bs, int kind, tw_status_t st) {
+  if (st != TW_ERR_REMOTE)
+    return st;
+  char saved[TW_ERRMSG_LEN];
+  tw_error_copy(saved);
+  bs_frame_t f;
+  memset(&f, 0, sizeof(f));
+  tw_status_t why =
+      recv_frame(bs->star_fd[0], bs->nonce, kind, deadline_after_ms(100), "rank 0", &f);
+  if (why != TW_SUCCESS && f.magic == FRAME_MAGIC && f.status != TW_SUCCESS)
+    return why;
+  tw_fail(st, "%s", saved);
+  return st;
+}
+
 /* Ranks 1..world-1: connect to rank 0 and wait for its acknowledgement. */
 static tw_status_t star_connect(tw_bootstrap_t *bs) {
   tw_status_t st = TW_SUCCESS;
@@ -1034,7 +1056,9 @@ static tw_status_t star_connect(tw_bootstrap_t *bs) {
                        &bs->star_fd[0]));
   bs_frame_t f;
   init_frame(&f, bs->nonce, KIND_STAR_HELLO, bs->rank);
-  TW_CHECK(io_full(bs->star_fd[0], &f, sizeof(f), 1, deadline, peer));
+  st = io_full(bs->star_fd[0], &f, sizeof(f), 1, deadline, peer);
+  if (st != TW_SUCCESS)
+    TW_CHECK(explain_closed(bs, KIND_STAR_ACK, st));
   TW_CHECK(recv_frame(bs->star_fd[0], bs->nonce, KIND_STAR_ACK,
                       deadline + grace_ms(bs->timeout_ms) * 1000000, peer, &f));
   return TW_SUCCESS;
@@ -1195,6 +1219,15 @@ static tw_status_t star_gather_bcast(tw_bootstrap_t *bs, int kind, char *data, s
   done[0] = 1;
   int64_t deadline = deadline_after_ms(bs->timeout_ms);
   while (ndone < world) {
+    if (remaining_ms(deadline) == 0) {
+      uint8_t missing[TW_MAX_WORLD];
+      for (int r = 0; r < world; r++)
+        missing[r] = !done[r];
+      char list[512];
+      format_ranks(list, sizeof(list), missing, world);
+      TW_FAIL(TW_ERR_TIMEOUT, "%s: %s did not answer rank 0 within %d ms", what, list,
+              bs->timeout_ms);
+    }
     struct pollfd pfds[TW_MAX_WORLD];
     int who[TW_MAX_WORLD];
     int npfds = 0;
@@ -1209,15 +1242,6 @@ static tw_status_t star_gather_bcast(tw_bootstrap_t *bs, int kind, char *data, s
       continue;
     if (n < 0)
       TW_FAIL(TW_ERR_SYSTEM, "%s: poll: %s", what, strerror(errno));
-    if (n == 0 && remaining_ms(deadline) == 0) {
-      uint8_t missing[TW_MAX_WORLD];
-      for (int r = 0; r < world; r++)
-        missing[r] = !done[r];
-      char list[512];
-      format_ranks(list, sizeof(list), missing, world);
-      TW_FAIL(TW_ERR_TIMEOUT, "%s: %s did not answer rank 0 within %d ms", what, list,
-              bs->timeout_ms);
-    }
     for (int i = 0; i < npfds; i++) {
       if (!pfds[i].revents)
         continue;
@@ -1293,8 +1317,11 @@ static tw_status_t star_send_recv(tw_bootstrap_t *bs, int kind, char *data, size
   init_frame(&f, bs->nonce, kind, bs->rank);
   f.seq = seq;
   f.bytes = bytes;
-  TW_CHECK(io_full(fd, &f, sizeof(f), 1, deadline, peer));
-  TW_CHECK(io_full(fd, data + (size_t)bs->rank * bytes, bytes, 1, deadline, peer));
+  st = io_full(fd, &f, sizeof(f), 1, deadline, peer);
+  if (st == TW_SUCCESS)
+    st = io_full(fd, data + (size_t)bs->rank * bytes, bytes, 1, deadline, peer);
+  if (st != TW_SUCCESS)
+    TW_CHECK(explain_closed(bs, KIND_COLL_REPLY, st));
   TW_CHECK(recv_frame(fd, bs->nonce, KIND_COLL_REPLY, deadline + grace_ms(bs->timeout_ms) * 1000000,
                       peer, &f));
   if (f.seq != seq || f.bytes != (uint64_t)bs->world * bytes)
@@ -1323,9 +1350,9 @@ static tw_status_t star_collective(tw_bootstrap_t *bs, int kind, void *data, siz
   tw_status_t st = bs->rank == 0 ? star_gather_bcast(bs, kind, data, bytes, seq, what)
                                  : star_send_recv(bs, kind, data, bytes, seq, what);
   if (st != TW_SUCCESS) {
-    tw_error_prefix("bootstrap rank %d of %d", bs->rank, bs->world);
     bs->broken = st;
     tw_error_copy(bs->broken_msg);
+    tw_error_prefix("bootstrap rank %d of %d", bs->rank, bs->world);
   }
   return st;
 }
@@ -1608,6 +1635,15 @@ static tw_status_t fd_exchange(tw_bootstrap_t *bs, int fd, const uint8_t *to_ran
     }
     if (missing == 0)
       break;
+    if (remaining_ms(deadline) == 0) {
+      uint8_t late[TW_MAX_WORLD] = {0};
+      for (int r = 0; r < world; r++)
+        late[r] = needed[r] && fds_out[r] < 0;
+      char list[512];
+      format_ranks(list, sizeof(list), late, world);
+      TW_FAIL(TW_ERR_TIMEOUT, "fd exchange with tag %#llx: %s sent no fd within %d ms",
+              (unsigned long long)tag, list, bs->timeout_ms);
+    }
     struct pollfd pfds[1 + FD_PENDING_MAX];
     int npfds = 0;
     for (int i = 0; i < bs->fd_npending; i++)
@@ -1617,15 +1653,6 @@ static tw_status_t fd_exchange(tw_bootstrap_t *bs, int fd, const uint8_t *to_ran
     int n = poll(pfds, (nfds_t)npfds, remaining_ms(deadline));
     if (n < 0 && errno != EINTR)
       TW_FAIL(TW_ERR_SYSTEM, "poll on the fd socket: %s", strerror(errno));
-    if (n == 0 && remaining_ms(deadline) == 0) {
-      uint8_t late[TW_MAX_WORLD] = {0};
-      for (int r = 0; r < world; r++)
-        late[r] = needed[r] && fds_out[r] < 0;
-      char list[512];
-      format_ranks(list, sizeof(list), late, world);
-      TW_FAIL(TW_ERR_TIMEOUT, "fd exchange with tag %#llx: %s sent no fd within %d ms",
-              (unsigned long long)tag, list, bs->timeout_ms);
-    }
   }
   return TW_SUCCESS;
 fail:

@@ -97,7 +97,7 @@ static tw_gemm_args_t make_args(const void *a, const void *b, void *c, tw_dtype_
 
 typedef struct buffers {
   __nv_bfloat16 *a, *b;
-  void *c, *c2, *cref_bf16;
+  void *c, *c2, *c3, *cref_bf16;
   float *ref;
 } buffers_t;
 
@@ -129,6 +129,19 @@ static void check_shape(const buffers_t *buf, int64_t m, int64_t n, int64_t k) {
   double err32 = rel_err_fp32((const float *)buf->c2, buf->ref, count, &bad);
   TEST_ASSERT(err32 < 1e-3 && bad == 0, "fp32 M=%lld N=%lld K=%lld: rel err %.3g, %zu NaN",
               (long long)m, (long long)n, (long long)k, err32, bad);
+
+  // Every kernel variant computes each tile the same way: bitwise the default's C.
+  for (int v = 0; v < TW_GEMM_V_COUNT; v++) {
+    tw_gemm_sm90_opts_t opts = {v, 0, 0};
+    for (int fp32 = 0; fp32 < 2; fp32++) {
+      tw_test_poison(buf->c3, count * 4, stream);
+      args = make_args(buf->a, buf->b, buf->c3, fp32 ? TW_FP32 : TW_BF16, m, n, k);
+      TEST_TW_OK(tw_gemm_sm90_launch(&args, (tw_stream_t)stream, &opts));
+      size_t diff = tw_test_count_diff(buf->c3, fp32 ? buf->c2 : buf->c, count * (fp32 ? 4 : 2));
+      TEST_ASSERT(diff == 0, "variant %d %s M=%lld N=%lld K=%lld: %zu bytes differ from default", v,
+                  fp32 ? "fp32" : "bf16", (long long)m, (long long)n, (long long)k, diff);
+    }
+  }
   printf("M=%-5lld N=%-5lld K=%-5lld  bf16 %.2e (cuBLAS %.2e)  fp32 %.2e\n", (long long)m,
          (long long)n, (long long)k, err, err_blas, err32);
 }
@@ -201,6 +214,11 @@ static void check_schedules(const buffers_t *buf, int64_t m, int64_t n, int64_t 
       {"queue", 0, TW_TILE_ORDER_DEFAULT, 0, -1, 1},
       {"queue sm_count=16 rotated", 16, TW_TILE_ORDER_ROTATED, m / 2, -1, 1},
       {"queue 3-stage", 0, TW_TILE_ORDER_DEFAULT, 0, TW_GEMM_V_S3_E32, 1},
+      {"pair", 0, TW_TILE_ORDER_DEFAULT, 0, TW_GEMM_V_S4_E16_C2, 0},
+      {"pair sm_count=116", 116, TW_TILE_ORDER_DEFAULT, 0, TW_GEMM_V_S4_E16_C2, 0},
+      {"pair sm_count=15 rotated", 15, TW_TILE_ORDER_ROTATED, m / 3, TW_GEMM_V_S4_E16_C2, 0},
+      {"pair row-major", 0, TW_TILE_ORDER_ROW_MAJOR, 0, TW_GEMM_V_S4_E16_C2, 0},
+      {"pair 3-stage", 0, TW_TILE_ORDER_DEFAULT, 0, TW_GEMM_V_S3_E32_C2, 0},
   };
   for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) {
     const struct variant *v = &variants[i];
@@ -439,6 +457,7 @@ int main(void) {
   CUDA_OK(cudaMalloc(&buf.b, big * 2));
   CUDA_OK(cudaMalloc(&buf.c, big * 4));
   CUDA_OK(cudaMalloc(&buf.c2, big * 4));
+  CUDA_OK(cudaMalloc(&buf.c3, big * 4));
   CUDA_OK(cudaMalloc(&buf.cref_bf16, big * 2));
   CUDA_OK(cudaMalloc(&buf.ref, big * 4));
 
@@ -464,6 +483,7 @@ int main(void) {
   cudaFree(buf.b);
   cudaFree(buf.c);
   cudaFree(buf.c2);
+  cudaFree(buf.c3);
   cudaFree(buf.cref_bf16);
   cudaFree(buf.ref);
   cudaStreamDestroy(stream);

@@ -133,6 +133,7 @@ static int run_procs(const char *name, const tw_unique_id_t *id, int nprocs, ran
 typedef struct flow_arg {
   int world;
   int timeout_ms;
+  int last_rank_delay_ms; /* the last rank starts this late (within the timeout) */
 } flow_arg;
 
 /* The flow also runs on threads, where the global TEST_* counters would race:
@@ -237,15 +238,21 @@ static int flow_rank(const tw_unique_id_t *id, int rank, int world, int timeout_
 
 static int flow_body(const tw_unique_id_t *id, int index, void *arg) {
   const flow_arg *fa = arg;
+  if (index == fa->world - 1 && fa->last_rank_delay_ms > 0) {
+    struct timespec ts = {fa->last_rank_delay_ms / 1000,
+                          (long)(fa->last_rank_delay_ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+  }
   return flow_rank(id, index, fa->world, fa->timeout_ms);
 }
 
-static void test_flow_procs(int world) {
+static void test_flow_procs(int world, int timeout_ms, int last_rank_delay_ms) {
   tw_unique_id_t id;
   TEST_TW_OK(tw_bootstrap_create_root(&id));
-  flow_arg fa = {world, 10000};
-  char name[64];
-  snprintf(name, sizeof(name), "flow, world %d", world);
+  flow_arg fa = {world, timeout_ms, last_rank_delay_ms};
+  char name[96];
+  snprintf(name, sizeof(name), "flow, world %d%s", world,
+           last_rank_delay_ms ? ", last rank late but in time" : "");
   double t0 = tw_test_now();
   run_procs(name, &id, world, flow_body, &fa);
   printf("%s: %.3f s\n", name, tw_test_now() - t0);
@@ -391,7 +398,7 @@ static void test_addr_knob(int in_process) {
               "TW_BOOTSTRAP_ADDR=127.0.0.1: the id holds %08x:%u", ntohl(bid.addr_be),
               ntohs(bid.port_be));
   if (!in_process) {
-    flow_arg fa = {2, 10000};
+    flow_arg fa = {2, 10000, 0};
     run_procs("flow at 127.0.0.1", &id, 2, flow_body, &fa);
   }
   setenv("TW_BOOTSTRAP_ADDR", "localhost", 1);
@@ -598,7 +605,8 @@ int main(int argc, char **argv) {
   if (!in_process) {
     const int worlds[] = {1, 2, 3, 4, 8};
     for (size_t i = 0; i < sizeof(worlds) / sizeof(worlds[0]); i++)
-      test_flow_procs(worlds[i]);
+      test_flow_procs(worlds[i], 10000, 0);
+    test_flow_procs(3, 1500, 700);
     test_missing_rank();
     test_world_mismatch();
     test_wrong_nonce();

@@ -161,24 +161,32 @@ extern "C" const bench_op_t bench_op_allgather = {
 
 /* ---- flag ping-pong ---------------------------------------------------------------------- */
 
-static __device__ bool spin_geq(const uint64_t *flag, uint64_t target) {
+static __device__ bool spin_geq(const uint64_t *flag, uint64_t target, int gpu_scope) {
   uint64_t start = tw_globaltimer();
-  while (tw_ld_acquire_sys(flag) < target)
+  while ((gpu_scope ? tw_ld_acquire_gpu(flag) : tw_ld_acquire_sys(flag)) < target)
     if (tw_globaltimer() - start > 2000000000ull) return false; /* 2 s */
   return true;
 }
 
-/* flags: this rank's slot; peer: the other rank's slot. Rank 0 serves, rank 1 answers. */
+static __device__ void set_flag(uint64_t *flag, uint64_t v, int gpu_scope) {
+  if (gpu_scope)
+    tw_st_release_gpu(flag, v);
+  else
+    tw_st_release_sys(flag, v);
+}
+
+/* flags: this rank's slot; peer: the other rank's slot. Rank 0 serves, rank 1 answers.
+ * gpu_scope: .gpu release/acquire (valid only when both ranks share a GPU). */
 static __global__ void pingpong_kernel(uint64_t *own, uint64_t *peer, int rounds, uint64_t base,
-                                       int serve, int *failed) {
+                                       int serve, int gpu_scope, int *failed) {
   for (int i = 1; i <= rounds; i++) {
     uint64_t v = base + (uint64_t)i;
-    if (serve) tw_st_release_sys(peer, v);
-    if (!spin_geq(own, v)) {
+    if (serve) set_flag(peer, v, gpu_scope);
+    if (!spin_geq(own, v, gpu_scope)) {
       *failed = 1;
       return;
     }
-    if (!serve) tw_st_release_sys(peer, v);
+    if (!serve) set_flag(peer, v, gpu_scope);
   }
 }
 
@@ -187,6 +195,7 @@ typedef struct flag_ctx {
   uint64_t *flag[2];
   uint64_t *peer_flag[2];
   int rounds;
+  int gpu_scope;
   uint64_t base;
   int *failed;
 } flag_ctx;
@@ -197,7 +206,7 @@ static void run_pingpong(void *p, int iter) {
   for (int r = 0; r < 2; r++) {
     cudaSetDevice(c->rk->devices[r]);
     pingpong_kernel<<<1, 1, 0, c->rk->streams[r]>>>(c->flag[r], c->peer_flag[r], c->rounds, c->base,
-                                                   r == 0, c->failed);
+                                                   r == 0, c->gpu_scope, c->failed);
   }
   c->base += (uint64_t)c->rounds;
   cudaSetDevice(c->rk->devices[0]);
@@ -224,23 +233,27 @@ static int run_flag(const bench_opts_t *o, const bench_shape_t *shape, bench_res
   BENCH_CUDA(cudaMalloc(&c.failed, sizeof(int)));
   BENCH_CUDA(cudaMemset(c.failed, 0, sizeof(int)));
   BENCH_CUDA(cudaDeviceSynchronize());
-  bench_row_t row;
-  memset(&row, 0, sizeof(row));
-  snprintf(row.op, sizeof(row.op), "flag");
-  snprintf(row.variant, sizeof(row.variant), "round-trip-us");
-  snprintf(row.shape, sizeof(row.shape), "%d round trips per launch, 2 ranks%s", c.rounds,
-           rk.devices[1] == rk.devices[0] ? " (virtual)" : "");
-  double ms = bench_time_multi_ms(run_pingpong, &c, rk.streams[0], rk.streams, 2, o->warmup,
-                                  o->repeats, &row.ms_p10, &row.ms_p90);
-  BENCH_CUDA(cudaDeviceSynchronize());
-  /* Reported in microseconds per round trip (the ms column holds us). */
-  row.ms = ms * 1e3 / c.rounds;
-  row.ms_p10 *= 1e3 / c.rounds;
-  row.ms_p90 *= 1e3 / c.rounds;
-  int failed = 1;
-  BENCH_CUDA(cudaMemcpy(&failed, c.failed, sizeof(int), cudaMemcpyDeviceToHost));
-  row.ok = failed == 0;
-  bench_add_row(res, &row);
+  int same_gpu = rk.devices[1] == rk.devices[0];
+  for (int scope = 0; scope < 1 + same_gpu; scope++) {
+    c.gpu_scope = scope;
+    bench_row_t row;
+    memset(&row, 0, sizeof(row));
+    snprintf(row.op, sizeof(row.op), "flag");
+    snprintf(row.variant, sizeof(row.variant), "round-trip-us %s", scope ? ".gpu" : ".sys");
+    snprintf(row.shape, sizeof(row.shape), "%d round trips per launch, 2 ranks%s", c.rounds,
+             same_gpu ? " (virtual)" : "");
+    double ms = bench_time_multi_ms(run_pingpong, &c, rk.streams[0], rk.streams, 2, o->warmup,
+                                    o->repeats, &row.ms_p10, &row.ms_p90);
+    BENCH_CUDA(cudaDeviceSynchronize());
+    /* Reported in microseconds per round trip (the ms column holds us). */
+    row.ms = ms * 1e3 / c.rounds;
+    row.ms_p10 *= 1e3 / c.rounds;
+    row.ms_p90 *= 1e3 / c.rounds;
+    int failed = 1;
+    BENCH_CUDA(cudaMemcpy(&failed, c.failed, sizeof(int), cudaMemcpyDeviceToHost));
+    row.ok = failed == 0;
+    bench_add_row(res, &row);
+  }
   cudaFree(c.failed);
   for (int r = 0; r < 2; r++) tw_mem_free(rk.comms[r], buf[r]);
   ranks_fini(&rk);

@@ -192,33 +192,57 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
     BENCH_CUDA(cudaFree(ref));
   }
 
-  const double flops = 2.0 * (double)ctx.m * (double)ctx.n * (double)ctx.k;
-  double p10, p90, bp10, bp90;
-  const double t_blas =
-      bench_time_ms(run_cublas, &ctx, ctx.stream, opts->warmup, opts->repeats, &bp10, &bp90);
-  const double t_tw =
-      bench_time_ms(run_tilewire, &ctx, ctx.stream, opts->warmup, opts->repeats, &p10, &p90);
-  add_row(res, "tilewire", label, t_tw, p10, p90, flops, t_blas, ok);
-  add_row(res, "cublas", label, t_blas, bp10, bp90, flops, t_blas, 1);
-
-  const char *variants = getenv("TW_BENCH_GEMM_VARIANTS");
-  if (variants && atoi(variants)) {
-    static const struct {
-      const char *name;
-      tw_gemm_sm90_opts_t opts;
-    } extra[] = {
-        {"tw-3stage", {TW_GEMM_V_S3_E32, 0, 0}},
-        {"tw-4stage", {TW_GEMM_V_S4_E16, 0, 0}},
-        {"tw-queue", {-1, 1, 0}},
-        {"tw-group8", {-1, 0, 8}},
+  // Variants are timed in interleaved rounds (cuBLAS, tilewire, extras, cuBLAS, ...) so that
+  // clock and power drift during the run falls on all of them alike; each figure is the median
+  // of the rounds' medians, and p10/p90 report the lowest and highest round median.
+  typedef struct variant {
+    const char *name;
+    int cublas, use_opts;
+    tw_gemm_sm90_opts_t opts;
+    double t[8];
+  } variant_t;
+  variant_t variants[8] = {
+      {"cublas", 1, 0, {-1, 0, 0}, {0}},
+      {"tilewire", 0, 0, {-1, 0, 0}, {0}},
+  };
+  int nvariants = 2;
+  const char *extra = getenv("TW_BENCH_GEMM_VARIANTS");
+  if (extra && atoi(extra)) {
+    const variant_t extras[] = {
+        {"tw-1cta-4stage", 0, 1, {TW_GEMM_V_S4_E16, 0, 0}, {0}},
+        {"tw-1cta-3stage", 0, 1, {TW_GEMM_V_S3_E32, 0, 0}, {0}},
+        {"tw-pair-4stage", 0, 1, {TW_GEMM_V_S4_E16_C2, 0, 0}, {0}},
+        {"tw-pair-3stage", 0, 1, {TW_GEMM_V_S3_E32_C2, 0, 0}, {0}},
+        {"tw-queue", 0, 1, {-1, 1, 0}, {0}},
     };
-    ctx.use_opts = 1;
-    for (size_t v = 0; v < sizeof(extra) / sizeof(extra[0]); v++) {
-      ctx.opts = extra[v].opts;
-      const double t =
-          bench_time_ms(run_tilewire, &ctx, ctx.stream, opts->warmup, opts->repeats, &p10, &p90);
-      add_row(res, extra[v].name, label, t, p10, p90, flops, t_blas, ok);
+    for (size_t v = 0; v < sizeof(extras) / sizeof(extras[0]); v++)
+      variants[nvariants++] = extras[v];
+  }
+  const char *rounds_env = getenv("TW_BENCH_GEMM_ROUNDS");
+  int rounds = rounds_env ? atoi(rounds_env) : 3;
+  rounds = rounds < 1 ? 1 : (rounds > 8 ? 8 : rounds);
+  for (int r = 0; r < rounds; r++)
+    for (int v = 0; v < nvariants; v++) {
+      ctx.use_opts = variants[v].use_opts;
+      ctx.opts = variants[v].opts;
+      variants[v].t[r] = bench_time_ms(variants[v].cublas ? run_cublas : run_tilewire, &ctx,
+                                       ctx.stream, opts->warmup, opts->repeats, NULL, NULL);
     }
+  const double flops = 2.0 * (double)ctx.m * (double)ctx.n * (double)ctx.k;
+  double t_blas = 0;
+  for (int v = 0; v < nvariants; v++) {
+    double *t = variants[v].t;
+    for (int i = 1; i < rounds; i++) // insertion sort of a handful
+      for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+        double x = t[j];
+        t[j] = t[j - 1];
+        t[j - 1] = x;
+      }
+    const double median = rounds % 2 ? t[rounds / 2] : 0.5 * (t[rounds / 2 - 1] + t[rounds / 2]);
+    if (v == 0)
+      t_blas = median;
+    add_row(res, variants[v].name, label, median, t[0], t[rounds - 1], flops, t_blas,
+            variants[v].cublas ? 1 : ok);
   }
 
   for (int i = 0; i < ctx.copies; i++) {
