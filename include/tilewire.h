@@ -222,6 +222,39 @@ TW_API tw_status_t tw_gemm_args_init(tw_gemm_args_t *args);
 /* Standalone GEMM on the current device; errors go to tw_last_error(). */
 TW_API tw_status_t tw_gemm(const tw_gemm_args_t *args, tw_stream_t stream);
 
+/*
+ * Fused AllGather + GEMM (the column-parallel linear layer):
+ *   C[world * m_local, N] = gather(A)[world * m_local, K] * B[N, K]^T
+ * Each rank holds its row shard `a` [m_local, K] (ordinary device memory, packed
+ * rows; it may be a_gathered + rank * m_local * K, then nothing is copied for
+ * the own shard), and `a_gathered`, a symmetric allocation (tw_mem_alloc) of at
+ * least world * m_local * K bf16, which holds the gathered A after the call
+ * (the backward pass needs it). One persistent launch per rank: communication
+ * CTAs push the shard into every rank's a_gathered in row chunks with per-chunk
+ * flags, then join the GEMM; compute CTAs start on the local shard (rank-rotated
+ * tile order) and wait per tile only for the rows it reads. Collective: every
+ * rank calls it with the same shapes.
+ */
+#define TW_AG_GEMM_ARGS_VERSION 1
+typedef struct tw_ag_gemm_args {
+  size_t size;        /* sizeof(tw_ag_gemm_args_t) */
+  uint32_t version;   /* TW_AG_GEMM_ARGS_VERSION */
+  tw_dtype_t c_dtype; /* TW_BF16 or TW_FP32 */
+  const void *a;      /* [m_local, K] bf16, this rank's shard */
+  const void *b;      /* [N, K] bf16 */
+  void *c;            /* [world * m_local, N] */
+  void *a_gathered;   /* symmetric, [world * m_local, K] bf16 */
+  int64_t m_local, n, k;
+  int64_t ldb, ldc;  /* 0: packed (k, n) */
+  int32_t comm_sms;  /* CTAs that push data before joining the GEMM; 0: heuristic (TW_AG_COMM_SMS) */
+  int32_t reserved0;
+} tw_ag_gemm_args_t;
+
+#define TW_AG_GEMM_ARGS_INIT {sizeof(tw_ag_gemm_args_t), TW_AG_GEMM_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+
+TW_API tw_status_t tw_ag_gemm_args_init(tw_ag_gemm_args_t *args);
+TW_API tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args, tw_stream_t stream);
+
 /* ---- environment knobs ------------------------------------------------ */
 
 /* Number of TW_* environment knobs, and the i-th one's name, type, default,

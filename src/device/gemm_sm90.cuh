@@ -5,11 +5,12 @@
  * --------
  * One CTA = 384 threads = 3 warpgroups, one CTA per SM, persistent:
  *   WG0  producer: one thread claims tiles (static stride or the global tile queue), calls
- *        Wait::before_tile(), then streams 128x64 A and 256x64 B boxes by TMA (128B swizzle)
+ *        Wait::before_tile(), then streams 128x64 A and BNx64 B boxes by TMA (128B swizzle)
  *        into a Stages-deep ring of shared-memory stages guarded by full/empty mbarriers.
  *        It hands each tile's index to the consumers in a per-stage slot; -1 means "no more".
- *   WG1, WG2  consumers: each owns 64 rows of the 128x256 tile, issues wgmma m64n256k16 per
- *        16-wide k step (4 per stage), fp32 accumulators in registers (128 per thread), and
+ *   WG1, WG2  consumers: each owns 64 rows of the 128xBN tile (BN = 256, or 128 where big
+ *        tiles quantize badly onto the SMs), issues wgmma m64nBNk16 per 16-wide k step
+ *        (4 per stage), fp32 accumulators in registers (BN / 2 per thread), and
  *        then runs the epilogue on its own 64 rows: registers -> swizzled shared memory ->
  *        Epi::issue_box() (TMA store / TMA reduce-add, 64 rows x 128 bytes per box).
  *   Registers: setmaxnreg 40 (producer) / 232 (consumers); 128*40 + 256*232 <= 64K.
@@ -41,7 +42,11 @@
  *          resets the queue to zero, so no host reset is needed and graph replays work.
  *
  * A fused op instantiates gemm_cta_loop<Stages, EpiBytes, MyEpi, MyWait, true> inside its own
- * kernel (all 384 threads of the CTA call it); see docs/PERF-gemm.md for an example.
+ * kernel (all 384 threads of the CTA call it, with SmemLayout<...>::kDynamicBytes of dynamic
+ * shared memory); tests/gpu/test_gemm.cu (check_hooks) is a complete example, and
+ * src/ops/gemm_sm90.cu shows the tensor maps (A box {64, 128}, B box {64, BN}, C box
+ * {128 / sizeof(Out), 64}, all 128B-swizzled). Measured configurations: docs/PERF-gemm.md
+ * (plain GEMM: Stages 3, EpiBytes 32768, BN 256; queue variant within ~1-4% of it).
  *
  * Tails: the tensor maps carry the true M, N, K; TMA zero-fills out-of-bounds loads and drops
  * out-of-bounds stores, so any M >= 1, N % 8 == 0 and K % 8 == 0 work without special cases.
@@ -108,9 +113,21 @@ struct TileQueue {
   uint32_t finished; // CTAs that found the queue empty
 };
 
+// One thread of each participant, once per call, after its last (failed) claim: the last one
+// to leave resets the queue for the next call. Every other participant has made its final
+// claim before its `finished` increment, so nobody claims after the reset. A CTA counted in
+// `participants` that ends up not running the GEMM loop must still call this once.
+__device__ __forceinline__ void queue_leave(TileQueue *queue, int32_t participants) {
+  __threadfence();
+  if (atomicAdd(&queue->finished, 1u) == (uint32_t)participants - 1) {
+    atomicExch(&queue->next, 0u);
+    atomicExch(&queue->finished, 0u);
+  }
+}
+
 template <class Epi, class Wait> struct GemmParams {
   CUtensorMap a_map; // bf16 [M, K] (dims {K, M}), box {64, 128}, 128B swizzle
-  CUtensorMap b_map; // bf16 [N, K] (dims {K, N}), box {64, 256}, 128B swizzle
+  CUtensorMap b_map; // bf16 [N, K] (dims {K, N}), box {64, BN} ({64, BN / 2} for pairs), 128B sw.
   typename Epi::Params epi;
   typename Wait::Params wait;
   TileOrder order;
@@ -171,8 +188,8 @@ namespace detail {
 // Consumer warpgroup `wg` writes its 64 x 256 accumulators as boxes of 64 x (128 / sizeof(Out))
 // in the 128B-swizzled layout TMA expects, EpiBytes at a time, and issues them.
 template <int EpiBytes, int BN, class Epi, class Params>
-__device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], uint8_t *cbuf, int wg,
-                                         int wg_thread, int32_t mb, int32_t nb) {
+__device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], uint8_t *cbuf,
+                                         int wg, int wg_thread, int32_t mb, int32_t nb) {
   using Out = typename Epi::Out;
   constexpr int kBoxCols = 128 / (int)sizeof(Out);
   constexpr int kBoxesPerPass = EpiBytes / kBoxBytes;
@@ -297,12 +314,12 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
           ptx::tma_load_2d(smem + L::kA + stage * kTileABytes, &p.a_map, &full[stage], kb * kBlockK,
                            mb * kBlockM);
           if constexpr (kPair)
-            ptx::tma_load_2d_multicast(
-                smem + L::kB + stage * kTileB + rank * (kTileB / 2), &p.b_map, &full[stage],
-                kb * kBlockK, nb * BN + (int32_t)rank * (BN / 2), 0x3);
+            ptx::tma_load_2d_multicast(smem + L::kB + stage * kTileB + rank * (kTileB / 2),
+                                       &p.b_map, &full[stage], kb * kBlockK,
+                                       nb * BN + (int32_t)rank * (BN / 2), 0x3);
           else
-            ptx::tma_load_2d(smem + L::kB + stage * kTileB, &p.b_map, &full[stage],
-                             kb * kBlockK, nb * BN);
+            ptx::tma_load_2d(smem + L::kB + stage * kTileB, &p.b_map, &full[stage], kb * kBlockK,
+                             nb * BN);
           if (++stage == Stages) {
             stage = 0;
             phase ^= 1;
@@ -315,15 +332,8 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       ptx::mbar_wait(&empty[stage], phase ^ 1);
       slot[stage] = -1;
       ptx::mbar_arrive(&full[stage]);
-      if constexpr (kDynamic) {
-        // The last participant to find the queue empty resets it for the next call: every
-        // other participant has made its final claim before its `finished` increment.
-        __threadfence();
-        if (atomicAdd(&p.queue->finished, 1u) == (uint32_t)p.participants - 1) {
-          atomicExch(&p.queue->next, 0u);
-          atomicExch(&p.queue->finished, 0u);
-        }
-      }
+      if constexpr (kDynamic)
+        queue_leave(p.queue, p.participants);
     }
   } else {
     // ---------------- consumers ----------------
@@ -395,8 +405,8 @@ template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic, int kC
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ GemmParams<Epi, Wait> p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  gemm_cta_loop<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN>(p, smem_raw, blockIdx.x / kCluster,
-                                                                 gridDim.x / kCluster);
+  gemm_cta_loop<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN>(
+      p, smem_raw, blockIdx.x / kCluster, gridDim.x / kCluster);
 }
 
 } // namespace gemm

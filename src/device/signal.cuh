@@ -86,7 +86,7 @@ static __device__ __forceinline__ void tw_signal_set(uint64_t *flag, uint64_t ep
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
-static __device__ __noinline__ void tw_record_wait_failure(const tw_dev_comm_t &dc, uint32_t status,
+static __device__ __forceinline__ void tw_record_wait_failure(const tw_dev_comm_t &dc, uint32_t status,
                                                            int op, const uint64_t *flag,
                                                            uint64_t expected, uint64_t seen,
                                                            int peer, int item) {
@@ -128,7 +128,7 @@ static __device__ __forceinline__ bool tw_op_usable(const tw_dev_comm_t &dc, int
 /* ---- waits ----------------------------------------------------------------------------------- */
 
 /* One thread: spins until *flag >= target. false on timeout or abort (recorded). */
-static __device__ __noinline__ bool tw_wait_geq(const tw_dev_comm_t &dc, int op, const uint64_t *flag,
+static __device__ __forceinline__ bool tw_wait_geq(const tw_dev_comm_t &dc, int op, const uint64_t *flag,
                                                 uint64_t target, int peer, int item) {
   uint64_t seen = tw_ld_acquire_sys(flag);
   if (seen >= target) return true;

@@ -79,6 +79,13 @@ __global__ void tw_barrier_kernel(const __grid_constant__ tw_dev_comm_t dc) {
   if (threadIdx.x == 0) tw_op_finish(dc, TW_CH_BARRIER, epoch);
 }
 
+extern "C" tw_status_t tw_allgather_preload(void) {
+  cudaFuncAttributes attr;
+  cudaError_t e = cudaFuncGetAttributes(&attr, tw_allgather_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, tw_barrier_kernel);
+  return tw_cuda_check(e, "loading the allgather kernels");
+}
+
 extern "C" tw_status_t tw_ag_make_plan(tw_comm_t comm, const void *send, void *recv, size_t bytes,
                                        int max_ctas, tw_ag_plan_t *plan) {
   TW_ARG_CHECK(send != NULL, "send: NULL");
@@ -136,11 +143,17 @@ extern "C" tw_status_t tw_allgather(tw_comm_t comm, const void *send, void *recv
   if (knob > 0 && knob < max_ctas) max_ctas = knob;
   st = tw_ag_make_plan(comm, send, recv, bytes, max_ctas, &plan);
   if (st != TW_SUCCESS) return tw_comm_result(comm, st);
-  int prev;
+  int prev, smem = 0;
   st = tw_set_device(comm->device, &prev);
   if (st != TW_SUCCESS) return tw_comm_result(comm, st);
-  tw_allgather_kernel<<<plan.ctas, TW_AG_THREADS, 0, (cudaStream_t)stream>>>(comm->dev, plan);
-  st = tw_cuda_check(cudaGetLastError(), "launching tw_allgather_kernel");
+  cudaStream_t launch = NULL;
+  st = tw_sm_exclusive_smem((const void *)tw_allgather_kernel, &smem);
+  if (st == TW_SUCCESS) st = tw_launch_begin(comm, stream, &launch);
+  if (st == TW_SUCCESS) {
+    tw_allgather_kernel<<<plan.ctas, TW_AG_THREADS, smem, launch>>>(comm->dev, plan);
+    st = tw_cuda_check(cudaGetLastError(), "launching tw_allgather_kernel");
+  }
+  if (st == TW_SUCCESS) st = tw_launch_end(comm, stream);
   cudaSetDevice(prev);
   return tw_comm_result(comm, st);
 }
@@ -157,8 +170,13 @@ extern "C" tw_status_t tw_barrier(tw_comm_t comm, tw_stream_t stream) {
   int prev;
   st = tw_set_device(comm->device, &prev);
   if (st != TW_SUCCESS) return tw_comm_result(comm, st);
-  tw_barrier_kernel<<<1, TW_MAX_WORLD, 0, (cudaStream_t)stream>>>(comm->dev);
-  st = tw_cuda_check(cudaGetLastError(), "launching tw_barrier_kernel");
+  cudaStream_t launch = NULL;
+  st = tw_launch_begin(comm, stream, &launch);
+  if (st == TW_SUCCESS) {
+    tw_barrier_kernel<<<1, TW_MAX_WORLD, 0, launch>>>(comm->dev);
+    st = tw_cuda_check(cudaGetLastError(), "launching tw_barrier_kernel");
+  }
+  if (st == TW_SUCCESS) st = tw_launch_end(comm, stream);
   cudaSetDevice(prev);
   return tw_comm_result(comm, st);
 }

@@ -1,17 +1,32 @@
 #include "gemm_heuristics.h"
 
+/* Fraction of the SM-waves a static persistent schedule keeps busy: tiles / (waves * sms). */
+static double wave_efficiency(int64_t tiles, int sms) {
+  const int64_t waves = (tiles + sms - 1) / sms;
+  return (double)tiles / (double)(waves * sms);
+}
+
+/* Throughput of a 128x128 tile relative to a 128x256 one on the same SMs (more operand traffic
+ * per flop); measured, see docs/PERF-gemm.md. */
+#define TW_GEMM_N128_RELATIVE 0.93
+
 void tw_gemm_plan_make(int64_t m, int64_t n, int64_t k, int sms, tw_gemm_plan_t *plan) {
   const int64_t m_blocks = (m + 127) / 128;
-  const int64_t n_blocks = (n + 255) / 256;
-  const int64_t tiles = m_blocks * n_blocks;
+  const int64_t tiles256 = m_blocks * ((n + 255) / 256);
+  const int64_t tiles128 = m_blocks * ((n + 127) / 128);
   (void)k;
-  plan->tiles = (int)tiles;
-  plan->grid = tiles < sms ? (int)tiles : sms;
+  /* 128x256 tiles, 3 stages and a one-pass epilogue measured best where the waves fill; the
+   * 128x128 tile wins where a last, mostly idle wave of big tiles costs more than its extra
+   * operand traffic (e.g. 4096^3 on 116 SMs: 256 big tiles are 2.2 waves, 1024 small 8.8). */
+  const int small =
+      TW_GEMM_N128_RELATIVE * wave_efficiency(tiles128, sms) > wave_efficiency(tiles256, sms);
+  plan->variant = small ? TW_GEMM_V_N128_S6 : TW_GEMM_V_S3_E32;
+  plan->tiles = (int)(small ? tiles128 : tiles256);
+  plan->grid = plan->tiles < sms ? plan->tiles : sms;
   /* Tiles in flight at once form a block of about group_m x (sms / group_m) tiles; 16 row
    * blocks (2048 rows of A) against ~8 column blocks (2048 rows of B) keeps both operands'
    * working set near-square, so L2 serves each loaded row to many tiles. */
   plan->group_m = 16;
   if (plan->group_m > m_blocks)
     plan->group_m = (int)m_blocks;
-  plan->variant = TW_GEMM_V_S4_E16;
 }

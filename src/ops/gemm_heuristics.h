@@ -14,7 +14,9 @@ typedef enum tw_gemm_variant {
   TW_GEMM_V_S4_E16 = 1,    /* 4 stages, 16 KiB epilogue buffer (two store passes for bf16) */
   TW_GEMM_V_S4_E16_C2 = 2, /* as S4_E16, CTA pairs along M multicasting B (static schedule) */
   TW_GEMM_V_S3_E32_C2 = 3, /* as S3_E32, CTA pairs along M multicasting B (static schedule) */
-  TW_GEMM_V_COUNT = 4
+  TW_GEMM_V_N128_S6 = 4,   /* 128x128 tile, 6 stages: for shapes whose 128x256 tiles quantize
+                              badly onto the SMs (a last wave mostly idle) */
+  TW_GEMM_V_COUNT = 5
 } tw_gemm_variant_t;
 
 typedef struct tw_gemm_plan {

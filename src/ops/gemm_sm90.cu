@@ -45,11 +45,12 @@ tw_status_t encode_map(CUtensorMap *map, CUtensorMapDataType dtype, int elem_byt
   return tw_cu_check(res, what);
 }
 
-template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1>
+template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN>
 tw_status_t launch_plain(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int grid, int device,
                          cudaStream_t stream) {
-  auto kernel = gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, NoWait, kDynamic, kCluster>;
-  constexpr int kSmem = SmemLayout<Stages, EpiBytes>::kDynamicBytes;
+  auto kernel =
+      gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, NoWait, kDynamic, kCluster, BN>;
+  constexpr int kSmem = SmemLayout<Stages, EpiBytes, BN>::kDynamicBytes;
   // The shared-memory limit is raised once per device and instantiation.
   static std::atomic<uint64_t> configured{0};
   const uint64_t bit = uint64_t(1) << (device % kMaxDevices);
@@ -99,6 +100,9 @@ tw_status_t launch_plain(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int
 template <class Out>
 tw_status_t launch_out(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int variant,
                        bool dynamic, int grid, int device, cudaStream_t stream) {
+  if (variant == TW_GEMM_V_N128_S6)
+    return dynamic ? launch_plain<6, 16384, Out, true, 1, 128>(params, grid, device, stream)
+                   : launch_plain<6, 16384, Out, false, 1, 128>(params, grid, device, stream);
   if (variant == TW_GEMM_V_S4_E16_C2)
     return launch_plain<4, 16384, Out, false, 2>(params, grid, device, stream);
   if (variant == TW_GEMM_V_S3_E32_C2)
@@ -108,6 +112,27 @@ tw_status_t launch_out(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int v
                    : launch_plain<3, 32768, Out, false>(params, grid, device, stream);
   return dynamic ? launch_plain<4, 16384, Out, true>(params, grid, device, stream)
                  : launch_plain<4, 16384, Out, false>(params, grid, device, stream);
+}
+
+template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN>
+cudaError_t preload_one() {
+  cudaFuncAttributes attr;
+  return cudaFuncGetAttributes(
+      &attr, gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, NoWait, kDynamic, kCluster, BN>);
+}
+
+/* Every instantiation launch_out can pick (keep the two lists in step). */
+template <class Out> cudaError_t preload_out() {
+  cudaError_t e = cudaSuccess, r;
+  if ((r = preload_one<6, 16384, Out, true, 1, 128>()) != cudaSuccess) e = r;
+  if ((r = preload_one<6, 16384, Out, false, 1, 128>()) != cudaSuccess) e = r;
+  if ((r = preload_one<4, 16384, Out, false, 2>()) != cudaSuccess) e = r;
+  if ((r = preload_one<3, 32768, Out, false, 2>()) != cudaSuccess) e = r;
+  if ((r = preload_one<3, 32768, Out, true>()) != cudaSuccess) e = r;
+  if ((r = preload_one<3, 32768, Out, false>()) != cudaSuccess) e = r;
+  if ((r = preload_one<4, 16384, Out, true>()) != cudaSuccess) e = r;
+  if ((r = preload_one<4, 16384, Out, false>()) != cudaSuccess) e = r;
+  return e;
 }
 
 tw_status_t check_aligned(const void *ptr, const char *name) {
@@ -126,6 +151,7 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   if (clustered && (dynamic || sms < 2))
     variant = variant == TW_GEMM_V_S4_E16_C2 ? TW_GEMM_V_S4_E16 : TW_GEMM_V_S3_E32;
   const bool pair = variant == TW_GEMM_V_S4_E16_C2 || variant == TW_GEMM_V_S3_E32_C2;
+  const int32_t bn = variant == TW_GEMM_V_N128_S6 ? 128 : kBlockN;
   GemmParams<EpiTmaStore<Out>, NoWait> params;
   memset(&params, 0, sizeof(params));
   tw_status_t st;
@@ -134,7 +160,7 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   if (st != TW_SUCCESS)
     return st;
   st = encode_map(&params.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b, a.k, a.n, a.ldb, kBlockK,
-                  pair ? kBlockN / 2 : kBlockN, "tw_gemm: cuTensorMapEncodeTiled(b)");
+                  pair ? bn / 2 : bn, "tw_gemm: cuTensorMapEncodeTiled(b)");
   if (st != TW_SUCCESS)
     return st;
   st = encode_map(&params.epi.c_map,
@@ -149,7 +175,7 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   const int32_t unit = pair ? 2 : 1;
   const int32_t m_blocks = (int32_t)((a.m + kBlockM - 1) / kBlockM);
   o.m_blocks = (m_blocks + unit - 1) / unit;
-  o.n_blocks = (int32_t)((a.n + kBlockN - 1) / kBlockN);
+  o.n_blocks = (int32_t)((a.n + bn - 1) / bn);
   o.num_tiles = o.m_blocks * o.n_blocks;
   o.order = a.tile_order;
   int32_t g = (group_m > 0 ? group_m : plan.group_m) / unit;
@@ -170,6 +196,13 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
 }
 
 } // namespace
+
+/* Loads the GEMM kernels on the current device now (see tw_preload_kernels). */
+extern "C" tw_status_t tw_gemm_preload(void) {
+  cudaError_t e = preload_out<__nv_bfloat16>();
+  cudaError_t f = preload_out<float>();
+  return tw_cuda_check(e != cudaSuccess ? e : f, "loading the GEMM kernels");
+}
 
 extern "C" tw_status_t tw_gemm_args_init(tw_gemm_args_t *args) {
   if (!args)
@@ -239,7 +272,7 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   if (a.tile_order == TW_TILE_ORDER_ROTATED && (a.rotate_start < 0 || a.rotate_start >= a.m))
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: rotate_start is %lld; expected 0 <= it < m",
                    (long long)a.rotate_start);
-  const int64_t tiles = ((a.m + kBlockM - 1) / kBlockM) * ((a.n + kBlockN - 1) / kBlockN);
+  const int64_t tiles = ((a.m + kBlockM - 1) / kBlockM) * ((a.n + 127) / 128);
   if (tiles > INT32_MAX)
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: m x n needs %lld tiles; at most 2^31 - 1",
                    (long long)tiles);

@@ -4,9 +4,20 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 
-#include "core/status.h"
+/* Not tw_fail: it is internal to libtilewire, which exports tw_* API calls only. */
+static tw_status_t ref_fail(tw_status_t status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "tw_ref: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  return status;
+}
 
 struct tw_ref_blas {
   cublasHandle_t handle;
@@ -17,14 +28,14 @@ struct tw_ref_blas {
 static tw_status_t blas_check(cublasStatus_t s, const char *what) {
   if (s == CUBLAS_STATUS_SUCCESS)
     return TW_SUCCESS;
-  return tw_fail(TW_ERR_CUDA, "%s: %s (%s)", what, cublasGetStatusName(s),
-                 cublasGetStatusString(s));
+  return ref_fail(TW_ERR_CUDA, "%s: %s (%s)", what, cublasGetStatusName(s),
+                  cublasGetStatusString(s));
 }
 
 extern "C" tw_status_t tw_ref_blas_create(tw_ref_blas_t **out) {
   tw_ref_blas_t *blas = (tw_ref_blas_t *)calloc(1, sizeof(*blas));
   if (!blas)
-    return tw_fail(TW_ERR_OUT_OF_MEMORY, "tw_ref_blas_create: calloc");
+    return ref_fail(TW_ERR_OUT_OF_MEMORY, "tw_ref_blas_create: calloc");
   tw_status_t st = blas_check(cublasCreate(&blas->handle), "cublasCreate");
   if (st != TW_SUCCESS) {
     free(blas);
@@ -34,7 +45,7 @@ extern "C" tw_status_t tw_ref_blas_create(tw_ref_blas_t **out) {
   if (cudaMalloc(&blas->workspace, blas->workspace_bytes) != cudaSuccess) {
     cublasDestroy(blas->handle);
     free(blas);
-    return tw_fail(TW_ERR_OUT_OF_MEMORY, "tw_ref_blas_create: cudaMalloc(workspace)");
+    return ref_fail(TW_ERR_OUT_OF_MEMORY, "tw_ref_blas_create: cudaMalloc(workspace)");
   }
   *out = blas;
   return TW_SUCCESS;
@@ -101,6 +112,6 @@ extern "C" tw_status_t tw_ref_gemm_fp32(const void *a, const void *b, float *c, 
       (const __nv_bfloat16 *)a, (const __nv_bfloat16 *)b, c, m, n, k, lda, ldb, ldc);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
-    return tw_fail(TW_ERR_CUDA, "tw_ref_gemm_fp32: launch: %s", cudaGetErrorString(err));
+    return ref_fail(TW_ERR_CUDA, "tw_ref_gemm_fp32: launch: %s", cudaGetErrorString(err));
   return TW_SUCCESS;
 }

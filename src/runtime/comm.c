@@ -131,6 +131,13 @@ static tw_status_t device_identity(int device, int *sm_count, uint8_t uuid[16]) 
   return TW_SUCCESS;
 }
 
+tw_status_t tw_preload_kernels(void) {
+  tw_status_t st = tw_allgather_preload();
+  if (st == TW_SUCCESS) st = tw_gemm_preload();
+  if (st == TW_SUCCESS) st = tw_ag_gemm_preload();
+  return st;
+}
+
 /* Error block, control block and the kernels' view, once the group and heap exist. */
 static tw_status_t setup_rank(tw_comm_t comm) {
   tw_status_t st;
@@ -164,7 +171,59 @@ fail:
   return st;
 }
 
+tw_status_t tw_launch_begin(tw_comm_t comm, tw_stream_t user, cudaStream_t *launch) {
+  if (!comm->launch_stream) {
+    *launch = (cudaStream_t)user;
+    return TW_SUCCESS;
+  }
+  tw_status_t st = tw_cuda_check(cudaEventRecord(comm->launch_in, (cudaStream_t)user),
+                                 "cudaEventRecord(stream)");
+  if (st == TW_SUCCESS)
+    st = tw_cuda_check(cudaStreamWaitEvent(comm->launch_stream, comm->launch_in, 0),
+                       "cudaStreamWaitEvent(rank stream)");
+  *launch = comm->launch_stream;
+  return st;
+}
+
+tw_status_t tw_launch_end(tw_comm_t comm, tw_stream_t user) {
+  if (!comm->launch_stream) return TW_SUCCESS;
+  tw_status_t st = tw_cuda_check(cudaEventRecord(comm->launch_out, comm->launch_stream),
+                                 "cudaEventRecord(rank stream)");
+  if (st == TW_SUCCESS)
+    st = tw_cuda_check(cudaStreamWaitEvent((cudaStream_t)user, comm->launch_out, 0),
+                       "cudaStreamWaitEvent(stream)");
+  return st;
+}
+
+/* Kernels of ranks sharing a GPU wait on each other: each rank gets its own stream,
+ * made one after another so that they land on distinct hardware queues (two
+ * streams on one queue serialise, and a waiting kernel would block its peer). */
+static tw_status_t make_launch_streams(tw_comm_t *comms, int world) {
+  tw_status_t st = TW_SUCCESS;
+  for (int r = 0; r < world && st == TW_SUCCESS; r++) {
+    tw_comm_t c = comms[r];
+    if (c->ranks_on_device < 2) continue;
+    int prev;
+    st = tw_set_device(c->device, &prev);
+    if (st != TW_SUCCESS) break;
+    st = tw_cuda_check(cudaStreamCreateWithFlags(&c->launch_stream, cudaStreamNonBlocking),
+                       "cudaStreamCreate(rank stream)");
+    if (st == TW_SUCCESS)
+      st = tw_cuda_check(cudaEventCreateWithFlags(&c->launch_in, cudaEventDisableTiming),
+                         "cudaEventCreate");
+    if (st == TW_SUCCESS)
+      st = tw_cuda_check(cudaEventCreateWithFlags(&c->launch_out, cudaEventDisableTiming),
+                         "cudaEventCreate");
+    cudaSetDevice(prev);
+  }
+  return st;
+}
+
 static void release_rank(tw_comm_t comm) {
+  if (comm->launch_stream) cudaStreamDestroy(comm->launch_stream);
+  if (comm->launch_in) cudaEventDestroy(comm->launch_in);
+  if (comm->launch_out) cudaEventDestroy(comm->launch_out);
+  comm->launch_stream = NULL;
   if (comm->err_host) cudaFreeHost(comm->err_host);
   comm->err_host = NULL;
 }
@@ -250,10 +309,17 @@ tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
     int prev;
     TW_CHECK(tw_set_device(devices[r], &prev));
     TW_CUDA(cudaFree(0)); /* create the primary context before cuMem calls */
+    st = tw_preload_kernels();
     cudaSetDevice(prev);
+    if (st != TW_SUCCESS) goto fail;
   }
   TW_CHECK(tw_heap_group_init(g, cfg.heap_bytes));
   for (int r = 0; r < world; r++) TW_CHECK(setup_rank(comms[r]));
+  TW_CHECK(make_launch_streams(comms, world));
+  if (comms[0]->ranks_on_device > 8 && !getenv("CUDA_DEVICE_MAX_CONNECTIONS"))
+    TW_WARN("%d ranks share GPU %d: set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts, or "
+            "ranks' kernels may share a hardware queue and wait on each other until the timeout",
+            comms[0]->ranks_on_device, comms[0]->device);
   TW_INFO("tw_comm_init_all: %d ranks, sm_budget %d on rank 0, %d node(s)", world,
           comms[0]->sm_budget, comms[0]->nodes);
   return TW_SUCCESS;
@@ -331,6 +397,7 @@ tw_status_t tw_comm_init_rank(tw_comm_t *out, int world, tw_unique_id_t id, int 
   g->device_of[rank] = device;
   g->live = 1;
   TW_CUDA(cudaFree(0));
+  TW_CHECK(tw_preload_kernels());
   TW_CHECK(tw_heap_group_init(g, cfg.heap_bytes));
   TW_CHECK(setup_rank(c));
   /* No rank may signal a peer before that peer zeroed its control block. */

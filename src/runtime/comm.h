@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include <cuda.h>
+#include <cuda_runtime_api.h>
 
 #include "bootstrap.h"
 #include "devcomm.h"
@@ -78,6 +79,11 @@ struct tw_comm {
   tw_err_block_t *err_host;
   tw_err_block_t *err_dev;
   tw_dev_comm_t dev; /* handed to kernels by value */
+  /* Virtual ranks of one process: kernels run on this per-rank stream (created
+   * consecutively for all ranks, so each rank has its own hardware queue),
+   * joined to the caller's stream by events. See tw_launch_begin. */
+  cudaStream_t launch_stream;
+  cudaEvent_t launch_in, launch_out;
   char last_error[TW_ERRMSG_LEN];
 };
 
@@ -105,6 +111,22 @@ void tw_heap_free_all_locked(struct tw_comm *comm);
 /* Fills node, nodes, local_rank, local_size of comm (rank and world set) from
  * the ranks' host hashes, or virtual nodes of ranks_per_node ranks when > 0. */
 void tw_assign_nodes(struct tw_comm *comm, const uint64_t *host_of, int ranks_per_node);
+
+/* The stream an op launches its kernel on: the caller's, or (virtual ranks) the
+ * rank's own stream made to wait for the caller's. Pair with tw_launch_end. */
+tw_status_t tw_launch_begin(struct tw_comm *comm, tw_stream_t user, cudaStream_t *launch);
+/* Makes the caller's stream wait for the launch stream. */
+tw_status_t tw_launch_end(struct tw_comm *comm, tw_stream_t user);
+
+/* Loads every tilewire kernel on the current device. With CUDA's lazy module
+ * loading, the first launch of a kernel may wait for the device to go idle; if a
+ * persistent kernel is then spinning for a peer whose kernel is that first
+ * launch, nothing moves until the wait bound. Loading everything at comm init
+ * removes that. Each op file provides its tw_<op>_preload. */
+tw_status_t tw_preload_kernels(void);
+tw_status_t tw_allgather_preload(void);
+tw_status_t tw_gemm_preload(void);
+tw_status_t tw_ag_gemm_preload(void);
 
 /* Makes `device` current; returns the previous one in *prev. */
 tw_status_t tw_set_device(int device, int *prev);

@@ -34,3 +34,17 @@ tw_status_t tw_check_device(int device) {
                    major, minor);
   return TW_SUCCESS;
 }
+
+tw_status_t tw_sm_exclusive_smem(const void *kernel, int *smem_bytes) {
+  int device = 0, per_sm = 0, optin = 0;
+  tw_status_t st = tw_cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  if (st != TW_SUCCESS) return st;
+  cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  int bytes = per_sm / 2 + 1024;
+  if (bytes > optin) bytes = optin;
+  st = tw_cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                     "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  if (st == TW_SUCCESS) *smem_bytes = bytes;
+  return st;
+}

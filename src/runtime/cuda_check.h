@@ -20,6 +20,13 @@ tw_status_t tw_cuda_check(cudaError_t err, const char *what);
 /* Checks that `device` exists and is sm_90; TW_ERR_UNSUPPORTED_DEVICE otherwise. */
 tw_status_t tw_check_device(int device);
 
+/* Dynamic shared memory that makes one CTA of `kernel` occupy a whole SM (more
+ * than half of the SM's shared memory), with the kernel's limit raised to it.
+ * Persistent kernels whose CTAs wait on other ranks use it, so that a rank's
+ * SM budget is exactly the SMs its CTAs hold and budgets that sum to at most
+ * the device's SMs are always co-resident. */
+tw_status_t tw_sm_exclusive_smem(const void *kernel, int *smem_bytes);
+
 #ifdef __cplusplus
 }
 #endif

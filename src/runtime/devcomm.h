@@ -49,6 +49,8 @@ typedef struct tw_ctrl {
    * in call `epoch` (used by pull-based ops before the owner may reuse it). */
   uint64_t done[TW_NUM_CHANNELS][TW_MAX_WORLD];
   uint64_t flags[TW_NUM_CHANNELS][TW_CHANNEL_FLAGS];
+  /* Tile queues of the fused GEMMs ({next ticket, finished CTAs}); zero between calls. */
+  uint32_t tile_queue[TW_NUM_CHANNELS][2];
 } tw_ctrl_t;
 
 /* Written by the first kernel wait that fails; host-mapped pinned memory so

@@ -27,6 +27,10 @@ int tw_test_finish(void) {
 }
 
 int tw_test_require_hopper(void) {
+  /* Virtual ranks: give every stream its own hardware queue (docs/ARCHITECTURE.md). */
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  /* Lazy loading of a test's own kernel can wait for a spinning tilewire kernel. */
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {

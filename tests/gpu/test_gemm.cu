@@ -4,6 +4,7 @@
  * operands; error paths; SM budgets, tile orders and the dynamic tile queue (also under CUDA
  * graph replay) must give bitwise the C of the default run.
  */
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -15,7 +16,6 @@
 #include "ops/gemm_heuristics.h"
 #include "ops/gemm_sm90.h"
 #include "ref/ref_gemm.h"
-#include "runtime/driver.h"
 #include "tw_test.h"
 
 #define CUDA_OK(call) TEST_REQUIRE((call) == cudaSuccess, "%s", #call)
@@ -219,6 +219,8 @@ static void check_schedules(const buffers_t *buf, int64_t m, int64_t n, int64_t 
       {"pair sm_count=15 rotated", 15, TW_TILE_ORDER_ROTATED, m / 3, TW_GEMM_V_S4_E16_C2, 0},
       {"pair row-major", 0, TW_TILE_ORDER_ROW_MAJOR, 0, TW_GEMM_V_S4_E16_C2, 0},
       {"pair 3-stage", 0, TW_TILE_ORDER_DEFAULT, 0, TW_GEMM_V_S3_E32_C2, 0},
+      {"n128", 0, TW_TILE_ORDER_DEFAULT, 0, TW_GEMM_V_N128_S6, 0},
+      {"n128 queue sm_count=116 rotated", 116, TW_TILE_ORDER_ROTATED, m / 3, TW_GEMM_V_N128_S6, 1},
   };
   for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) {
     const struct variant *v = &variants[i];
@@ -349,14 +351,22 @@ using HookParams = tw::gemm::GemmParams<EpiReduceThenSignal, WaitRowsReady>;
 
 static void encode(CUtensorMap *map, CUtensorMapDataType dt, int es, const void *ptr, uint64_t cols,
                    uint64_t rows, uint32_t box_cols, uint32_t box_rows) {
-  const tw_driver_api_t *api;
-  TEST_REQUIRE(tw_driver(&api) == TW_SUCCESS, "tw_driver: %s", tw_last_error());
+  // The library's driver table is internal: resolve the entry point here, as it does.
+  typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  void *fn = NULL;
+  cudaDriverEntryPointQueryResult found;
+  CUDA_OK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                           &found));
+  TEST_REQUIRE(fn && found == cudaDriverEntryPointSuccess, "cuTensorMapEncodeTiled not found");
   cuuint64_t dims[2] = {cols, rows}, strides[1] = {cols * es};
   cuuint32_t box[2] = {box_cols, box_rows}, estr[2] = {1, 1};
-  CUresult r = api->cuTensorMapEncodeTiled(
-      map, dt, 2, (void *)ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUresult r =
+      ((encode_fn)fn)(map, dt, 2, (void *)ptr, dims, strides, box, estr,
+                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TEST_REQUIRE(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled: %d", (int)r);
 }
 

@@ -77,6 +77,7 @@ static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int devic
 }
 
 int main(int argc, char **argv) {
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0); /* the ranks' own kernels: see tw_test_require_hopper */
   int world = argc > 1 ? atoi(argv[1]) : 4;
   int iters = argc > 2 ? atoi(argv[2]) : 100;
   /* Probe the GPU in a child: CUDA must not be initialised in the parent before fork. */

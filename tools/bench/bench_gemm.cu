@@ -213,6 +213,7 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
         {"tw-1cta-3stage", 0, 1, {TW_GEMM_V_S3_E32, 0, 0}, {0}},
         {"tw-pair-4stage", 0, 1, {TW_GEMM_V_S4_E16_C2, 0, 0}, {0}},
         {"tw-pair-3stage", 0, 1, {TW_GEMM_V_S3_E32_C2, 0, 0}, {0}},
+        {"tw-n128", 0, 1, {TW_GEMM_V_N128_S6, 0, 0}, {0}},
         {"tw-queue", 0, 1, {-1, 1, 0}, {0}},
     };
     for (size_t v = 0; v < sizeof(extras) / sizeof(extras[0]); v++)

@@ -1,0 +1,115 @@
+"""tilewire: persistent CUDA kernels for Hopper that fuse multi-GPU communication with the
+compute it feeds. Python front end over libtilewire.so (include/tilewire.h).
+
+Without torch: the ctypes binding (``tilewire._lib``), errors, configs, comms and raw
+symmetric memory::
+
+    comms = tilewire.init_virtual(4)          # 4 virtual ranks on GPU 0
+    ptr = comms[0].alloc(1 << 20)             # collective, like tw_mem_alloc
+
+With torch (imported on first use of these names): ``init``, ``gemm``, ``allgather``,
+``ag_gemm``, ``barrier``, ``for_each_rank``, ``symmetric_empty``, ``is_symmetric``, and
+``Comm.empty(shape, dtype)`` for symmetric tensors::
+
+    comm = tilewire.init()                    # under torchrun
+    out = comm.empty((comm.size * m, k), torch.bfloat16)
+    tilewire.allgather(comm, x, out)
+    y = tilewire.gemm(a, b)                   # a @ b.T
+"""
+
+from ._comm import Comm, get_unique_id, init_rank, init_virtual
+from ._errors import (
+    AbortedError,
+    BootstrapTimeoutError,
+    CudaError,
+    DeviceTimeoutError,
+    InternalError,
+    InvalidArgumentError,
+    NoDeviceError,
+    NotSupportedError,
+    OutOfMemoryError,
+    RemoteError,
+    Status,
+    SystemCallError,
+    TilewireError,
+    UnsupportedDeviceError,
+)
+from ._lib import (
+    AgGemmArgs,
+    Config,
+    DType,
+    GemmArgs,
+    LibraryNotFoundError,
+    TileOrder,
+    UniqueId,
+    env_knobs,
+    library_path,
+)
+from ._lib import version as library_version
+
+__version__ = "0.1.0"
+
+# Names that need torch: resolved from tilewire._torch on first access.
+_TORCH_NAMES = (
+    "init",
+    "gemm",
+    "allgather",
+    "barrier",
+    "for_each_rank",
+    "symmetric_empty",
+    "is_symmetric",
+    # fused ops
+    "ag_gemm",
+    # ---- add each fused op's name here as it lands: "gemm_rs", "gemm_ar", ...
+)
+
+__all__ = [
+    "AbortedError",
+    "AgGemmArgs",
+    "BootstrapTimeoutError",
+    "Comm",
+    "Config",
+    "CudaError",
+    "DType",
+    "DeviceTimeoutError",
+    "GemmArgs",
+    "InternalError",
+    "InvalidArgumentError",
+    "LibraryNotFoundError",
+    "NoDeviceError",
+    "NotSupportedError",
+    "OutOfMemoryError",
+    "RemoteError",
+    "Status",
+    "SystemCallError",
+    "TileOrder",
+    "TilewireError",
+    "UniqueId",
+    "UnsupportedDeviceError",
+    "env_knobs",
+    "get_unique_id",
+    "init_rank",
+    "init_virtual",
+    "library_path",
+    "library_version",
+    *_TORCH_NAMES,
+]
+
+
+def __getattr__(name):
+    if name in _TORCH_NAMES:
+        try:
+            from . import _torch
+        except ImportError as e:
+            raise ImportError(
+                "tilewire.%s needs PyTorch (%s); install torch, or use the torch-free API "
+                "(tilewire.init_virtual, Comm.alloc, tilewire._lib)" % (name, e)
+            ) from e
+        value = getattr(_torch, name)
+        globals()[name] = value
+        return value
+    raise AttributeError("module 'tilewire' has no attribute %r" % name)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_TORCH_NAMES))

@@ -1,0 +1,660 @@
+"""The PyTorch front end: init under torchrun, symmetric tensors, and one function per op.
+
+Imported on first use of a torch-facing name (``tilewire.gemm``, ``tilewire.init``, ...), so
+``import tilewire`` works without torch. Importing this module registers the custom ops
+(``torch.ops.tilewire.*``) that make the ops traceable by torch.compile.
+
+Every op is two pieces:
+
+1. a public function that validates its arguments (type, dtype, shape, strides, device;
+   clear TypeError/ValueError naming the argument; only metadata, so it also runs on
+   torch.compile's fake tensors) and calls the custom op;
+2. a ``torch.library.custom_op`` whose implementation launches on torch's current CUDA
+   stream (no host synchronisation: CUDA-graph capturable) plus a ``register_fake`` that
+   gives torch.compile the output's metadata.
+
+Comms travel through custom ops as their integer ``Comm.id``.
+"""
+
+import ctypes
+import datetime
+import itertools
+import math
+import os
+
+import torch
+
+from . import _comm, _dlpack, _lib
+from ._comm import Comm, comm_by_id
+
+_HAVE_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
+
+# torch dtype -> DLPack (code, bits)
+_DLPACK_DTYPES = {
+    torch.bfloat16: (_dlpack.KDL_BFLOAT, 16),
+    torch.float16: (_dlpack.KDL_FLOAT, 16),
+    torch.float32: (_dlpack.KDL_FLOAT, 32),
+    torch.float64: (_dlpack.KDL_FLOAT, 64),
+    torch.int8: (_dlpack.KDL_INT, 8),
+    torch.int16: (_dlpack.KDL_INT, 16),
+    torch.int32: (_dlpack.KDL_INT, 32),
+    torch.int64: (_dlpack.KDL_INT, 64),
+    torch.uint8: (_dlpack.KDL_UINT, 8),
+    torch.bool: (_dlpack.KDL_BOOL, 8),
+}
+
+
+def _custom_op(name, mutates_args=()):
+    """torch.library.custom_op on CUDA, or the plain function on a torch without it."""
+
+    def wrap(fn):
+        if not _HAVE_CUSTOM_OP:
+            return fn
+        return torch.library.custom_op(name, mutates_args=mutates_args, device_types="cuda")(fn)
+
+    return wrap
+
+
+def _register_fake(op):
+    def wrap(fn):
+        if _HAVE_CUSTOM_OP:
+            op.register_fake(fn)
+        return fn
+
+    return wrap
+
+
+def _stream(device):
+    """The cudaStream_t of torch's current stream on `device`."""
+    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+
+
+class _on_device:
+    """Makes `index` the current CUDA device for a call that uses the current device."""
+
+    def __init__(self, index):
+        self.index = index
+        self.prev = None
+
+    def __enter__(self):
+        current = torch.cuda.current_device()
+        if current != self.index:
+            self.prev = current
+            torch.cuda.set_device(self.index)
+
+    def __exit__(self, *exc):
+        if self.prev is not None:
+            torch.cuda.set_device(self.prev)
+        return False
+
+
+def new_stream(device):
+    return torch.cuda.Stream(device=device)
+
+
+# ---- symmetric tensors --------------------------------------------------------------------
+
+
+def _shape(shape):
+    if isinstance(shape, int):
+        shape = (shape,)
+    shape = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ValueError("shape: %s has a negative dimension" % (shape,))
+    return shape
+
+
+def comm_empty(comm, shape, dtype=None):
+    """Comm.empty: a tensor over a fresh tw_mem_alloc allocation (collective).
+
+    The tensor (and every view of it) keeps the allocation; when the last one dies the
+    allocation is freed with tw_mem_free, which is collective too: ranks must drop their
+    symmetric tensors in the same order, which they do when they run the same program. A
+    free synchronises the device (once every rank of the process freed it), so keep
+    symmetric tensors long-lived; frees of tensors that die during a CUDA graph capture are
+    deferred to the next alloc or close. comm.close() frees whatever is still alive.
+    """
+    dtype = torch.bfloat16 if dtype is None else dtype
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError("dtype: expected a torch.dtype, got %r" % (dtype,))
+    if dtype not in _DLPACK_DTYPES:
+        raise TypeError(
+            "dtype: %s is not supported for symmetric tensors (supported: %s)"
+            % (dtype, ", ".join(str(d) for d in _DLPACK_DTYPES))
+        )
+    shape = _shape(shape)
+    code, bits = _DLPACK_DTYPES[dtype]
+    nbytes = math.prod(shape) * (bits // 8)
+    # Every rank asks for the same size, so a zero-size tensor still takes a small slot.
+    ptr = comm.alloc(max(nbytes, 16))
+    alloc = comm._allocs[ptr]
+    capsule, address = _dlpack.export(ptr, shape, code, bits, _dlpack.KDL_CUDA, comm.device,
+                                      on_release=alloc.release)
+    try:
+        return torch.utils.dlpack.from_dlpack(capsule)
+    except BaseException:
+        _dlpack.release(address)
+        raise
+
+
+def symmetric_empty(comms, shape, dtype=None):
+    """comm.empty(shape, dtype) for each comm of a virtual-rank group, in rank order (one
+    thread makes the collective allocation for every rank)."""
+    return [c.empty(shape, dtype) for c in comms]
+
+
+def is_symmetric(comm, t):
+    """True when tensor t lies inside a live symmetric allocation of comm."""
+    nbytes = t.numel() * t.element_size()
+    return comm.find_allocation(t.data_ptr(), max(nbytes, 1)) is not None
+
+
+def for_each_rank(comms, fn):
+    """Calls fn(comm) for each virtual rank on the rank's own stream, forked from and joined
+    back into the current stream, so the ranks' kernels (which wait on each other) run
+    concurrently. Returns fn's results in rank order. Works under CUDA graph capture.
+
+        tilewire.for_each_rank(comms, lambda c: tilewire.allgather(c, xs[c.rank], outs[c.rank]))
+    """
+    current = torch.cuda.current_stream()
+    for c in comms:
+        c.stream.wait_stream(current)
+    results = []
+    for c in comms:
+        with torch.cuda.stream(c.stream):
+            results.append(fn(c))
+    for c in comms:
+        current.wait_stream(c.stream)
+    return results
+
+
+# ---- init under torchrun ------------------------------------------------------------------
+
+_init_calls = itertools.count()
+
+
+def _env_int(name, default=None):
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("environment %s=%r is not an integer" % (name, value)) from None
+
+
+def _store_exchange(store, key, uid, rank, timeout):
+    if rank == 0:
+        store.set(key, uid)
+        return uid
+    store.wait([key], timeout)
+    return bytes(store.get(key))
+
+
+def _share_unique_id(uid, rank, world, group, store, timeout):
+    """Hands rank 0's unique id to every rank."""
+    import torch.distributed as dist
+
+    key = "tilewire/unique_id/%d" % next(_init_calls)
+    if store is not None:
+        return _store_exchange(store, key, uid, rank, timeout)
+    if dist.is_available() and dist.is_initialized():
+        objects = [uid if rank == 0 else None]
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        dist.broadcast_object_list(objects, src=src, group=group)
+        return objects[0]
+    addr, port = os.environ.get("MASTER_ADDR"), _env_int("MASTER_PORT")
+    if not addr or port is None:
+        raise RuntimeError(
+            "tilewire.init: rank %d of %d (RANK/WORLD_SIZE) has no way to receive the unique "
+            "id: initialise torch.distributed first, set MASTER_ADDR and MASTER_PORT (torchrun "
+            "does), or pass store=" % (rank, world)
+        )
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's agent hosts a store at MASTER_ADDR:MASTER_PORT: join it as a client.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        base = dist.TCPStore(addr, port, None, False, timeout)
+        prefixed = dist.PrefixStore("tilewire/attempt_%s" % attempt, base)
+        return _store_exchange(prefixed, key, uid, rank, timeout)
+    # No store to join: rank 0 hosts one for the exchange and keeps it until every rank has
+    # read the id, then closes it so the port is free for a later init_process_group.
+    tcp = dist.TCPStore(addr, port, world, rank == 0, timeout)
+    try:
+        uid = _store_exchange(tcp, key, uid, rank, timeout)
+        if tcp.add(key + "/read", 1) == world:
+            tcp.set(key + "/done", b"1")
+        if rank == 0:
+            tcp.wait([key + "/done"], timeout)
+    finally:
+        del tcp
+    return uid
+
+
+def init(*, group=None, store=None, device=None, config=None, sm_budget=None,
+         timeout=datetime.timedelta(seconds=300)):
+    """Joins this process's rank of a multi-process tilewire comm (tw_comm_init_rank).
+
+    Rank and world come from torch.distributed's `group` (default: the world) when it is
+    initialised, else from the environment (RANK, WORLD_SIZE; 0 and 1 when absent). The
+    device is `device`, else LOCAL_RANK modulo the visible GPUs, else torch's current
+    device; it is made current. Rank 0 makes the unique id and hands it over `store` when
+    given, else with torch.distributed.broadcast_object_list over `group`, else through a
+    TCP store at MASTER_ADDR:MASTER_PORT (torchrun's own store when it shares it). Every
+    rank of the group must call init, the same number of times.
+    """
+    import torch.distributed as dist
+
+    dist_ready = dist.is_available() and dist.is_initialized()
+    if dist_ready:
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+    else:
+        rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    if not 0 <= rank < world:
+        raise ValueError("tilewire.init: rank %d is outside [0, world=%d)" % (rank, world))
+    if device is None and torch.cuda.is_available():
+        local_rank = _env_int("LOCAL_RANK")
+        if local_rank is not None:
+            device = local_rank % torch.cuda.device_count()
+        else:
+            device = torch.cuda.current_device()
+    if device is not None:
+        torch.cuda.set_device(_comm._device_index(device))
+    uid = _comm.get_unique_id() if rank == 0 else None
+    if world > 1:
+        uid = _share_unique_id(uid, rank, world, group, store, timeout)
+    return _comm.init_rank(world, rank, uid, config, sm_budget=sm_budget)
+
+
+# ---- argument checks (metadata only: they also run on torch.compile's fake tensors) --------
+
+
+def _check_tensor(t, name, op):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("%s: %s must be a torch.Tensor, got %s" % (op, name, type(t).__name__))
+
+
+def _check_dtype(t, name, op, allowed):
+    if t.dtype not in allowed:
+        raise TypeError(
+            "%s: %s must be %s, got %s"
+            % (op, name, " or ".join(str(d) for d in allowed), t.dtype)
+        )
+
+
+def _check_cuda(t, name, op, device):
+    """t must be a CUDA tensor on `device` (a torch.device, or None: any CUDA device)."""
+    if t.device.type != "cuda":
+        raise ValueError("%s: %s is on %s; tilewire needs CUDA tensors" % (op, name, t.device))
+    if device is not None and t.device != device:
+        raise ValueError("%s: %s is on %s, expected %s" % (op, name, t.device, device))
+
+
+def _leading_dim(t, name, op):
+    """The leading dimension (row stride, elements) of a 2-D row-major matrix, checked
+    against tilewire's contract: unit stride along rows, rows 16-byte aligned."""
+    rows, cols = t.shape
+    strides = tuple(t.stride())
+    if cols > 1 and strides[1] != 1:
+        raise ValueError(
+            "%s: %s must be row-major with unit stride along its last dimension, got strides "
+            "%s; pass %s.contiguous()" % (op, name, strides, name)
+        )
+    ld = strides[0] if rows > 1 else cols
+    align = 16 // t.element_size()
+    if ld < cols or ld % align:
+        raise ValueError(
+            "%s: %s's row stride is %d elements; it must be >= %d (its columns) and a multiple "
+            "of %d (16 bytes); pass %s.contiguous()" % (op, name, ld, cols, align, name)
+        )
+    return ld
+
+
+def _check_aligned(t, name, op):
+    """Real tensors only (at launch): the data pointer must be 16-byte aligned."""
+    if t.numel() and t.data_ptr() % 16:
+        raise ValueError(
+            "%s: %s's data pointer %#x is not 16-byte aligned (a view at an odd offset?); "
+            "pass %s.clone()" % (op, name, t.data_ptr(), name)
+        )
+
+
+# ---- op: gemm -----------------------------------------------------------------------------
+
+_GEMM_OUT_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def _check_gemm(a, b, out, out_dtype, sm_count):
+    op = "tilewire.gemm"
+    _check_tensor(a, "a", op)
+    _check_tensor(b, "b", op)
+    _check_dtype(a, "a", op, (torch.bfloat16,))
+    _check_dtype(b, "b", op, (torch.bfloat16,))
+    if a.dim() != 2:
+        raise ValueError("%s: a must be 2-D [M, K], got shape %s" % (op, tuple(a.shape)))
+    if b.dim() != 2:
+        raise ValueError("%s: b must be 2-D [N, K], got shape %s" % (op, tuple(b.shape)))
+    m, k = a.shape
+    n, kb = b.shape
+    if kb != k:
+        raise ValueError(
+            "%s: a is [M=%d, K=%d] and b is [N=%d, K=%d]: their K differ (gemm computes "
+            "a @ b.T with b as [N, K])" % (op, m, k, n, kb)
+        )
+    if k % 8:
+        raise ValueError("%s: K=%d (a.shape[1]) must be a multiple of 8" % (op, k))
+    if n % 8:
+        raise ValueError("%s: N=%d (b.shape[0]) must be a multiple of 8" % (op, n))
+    if out_dtype is not None:
+        if not isinstance(out_dtype, torch.dtype) or out_dtype not in _GEMM_OUT_DTYPES:
+            raise TypeError(
+                "%s: out_dtype must be torch.bfloat16 or torch.float32, got %r" % (op, out_dtype)
+            )
+    if isinstance(sm_count, bool) or not isinstance(sm_count, int):
+        raise TypeError("%s: sm_count must be an int, got %r" % (op, sm_count))
+    if sm_count < 0:
+        raise ValueError("%s: sm_count must be >= 0 (0: every SM), got %d" % (op, sm_count))
+    _leading_dim(a, "a", op)
+    _leading_dim(b, "b", op)
+    _check_cuda(a, "a", op, None)
+    _check_cuda(b, "b", op, a.device)
+    if out is None:
+        return torch.bfloat16 if out_dtype is None else out_dtype
+    _check_tensor(out, "out", op)
+    _check_dtype(out, "out", op, _GEMM_OUT_DTYPES)
+    if out_dtype is not None and out.dtype != out_dtype:
+        raise TypeError("%s: out is %s but out_dtype is %s" % (op, out.dtype, out_dtype))
+    if out.dim() != 2 or tuple(out.shape) != (m, n):
+        raise ValueError(
+            "%s: out must be [M=%d, N=%d], got shape %s" % (op, m, n, tuple(out.shape))
+        )
+    _leading_dim(out, "out", op)
+    _check_cuda(out, "out", op, a.device)
+    return out.dtype
+
+
+def _launch_gemm(a, b, out, sm_count):
+    m, k = a.shape
+    n = b.shape[0]
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        out.zero_()
+        return
+    op = "tilewire.gemm"
+    _check_aligned(a, "a", op)
+    _check_aligned(b, "b", op)
+    _check_aligned(out, "out", op)
+    args = _lib.GemmArgs(
+        c_dtype=_lib.DType.BF16 if out.dtype == torch.bfloat16 else _lib.DType.FP32,
+        a=a.data_ptr(), b=b.data_ptr(), c=out.data_ptr(), m=m, n=n, k=k,
+        lda=_leading_dim(a, "a", op), ldb=_leading_dim(b, "b", op),
+        ldc=_leading_dim(out, "out", op), sm_count=sm_count,
+    )
+    with _on_device(a.device.index):
+        _lib.call("tw_gemm", ctypes.byref(args), _stream(a.device))
+
+
+@_custom_op("tilewire::gemm")
+def _gemm_op(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype,
+             sm_count: int) -> torch.Tensor:
+    out = torch.empty((a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
+    _launch_gemm(a, b, out, sm_count)
+    return out
+
+
+@_register_fake(_gemm_op)
+def _gemm_fake(a, b, out_dtype, sm_count):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+@_custom_op("tilewire::gemm_out", mutates_args=("out",))
+def _gemm_out_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, sm_count: int) -> None:
+    _launch_gemm(a, b, out, sm_count)
+
+
+@_register_fake(_gemm_out_op)
+def _gemm_out_fake(a, b, out, sm_count):
+    return None
+
+
+if _HAVE_CUSTOM_OP and hasattr(_gemm_op, "register_autograd"):
+
+    def _gemm_setup_context(ctx, inputs, output):
+        a, b, _, _ = inputs
+        ctx.save_for_backward(a, b)
+
+    def _gemm_backward(ctx, grad):
+        # Backward with torch's matmul: d(a @ b.T)/da = grad @ b, /db = grad.T @ a.
+        a, b = ctx.saved_tensors
+        grad = grad.to(a.dtype)
+        return grad @ b, grad.t() @ a, None, None
+
+    _gemm_op.register_autograd(_gemm_backward, setup_context=_gemm_setup_context)
+
+
+def gemm(a, b, out=None, out_dtype=None, sm_count=0):
+    """``a @ b.T`` with tilewire's Hopper GEMM (tw_gemm): a [M, K] and b [N, K] bfloat16,
+    fp32 accumulation, output [M, N] in `out_dtype` (torch.bfloat16, the default, or
+    torch.float32; with `out`, its dtype). K and N multiples of 8; rows may be strided
+    (row stride a multiple of 8 elements). sm_count: SMs to use (0: all). Runs on torch's
+    current CUDA stream; CUDA-graph capturable; traceable by torch.compile
+    (torch.ops.tilewire.gemm / gemm_out).
+    """
+    dtype = _check_gemm(a, b, out, out_dtype, sm_count)
+    if out is None:
+        if _HAVE_CUSTOM_OP:
+            return torch.ops.tilewire.gemm(a, b, dtype, sm_count)
+        return _gemm_op(a, b, dtype, sm_count)
+    if _HAVE_CUSTOM_OP:
+        torch.ops.tilewire.gemm_out(a, b, out, sm_count)
+    else:
+        _gemm_out_op(a, b, out, sm_count)
+    return out
+
+
+# ---- op: allgather ------------------------------------------------------------------------
+
+
+def _check_comm(comm, op):
+    if not isinstance(comm, Comm):
+        raise TypeError("%s: comm must be a tilewire.Comm, got %s" % (op, type(comm).__name__))
+    if comm.closed:
+        raise ValueError("%s: comm is closed" % op)
+
+
+def _check_allgather(comm, x, out):
+    op = "tilewire.allgather"
+    _check_comm(comm, op)
+    _check_tensor(x, "x", op)
+    _check_tensor(out, "out", op)
+    if out.dtype != x.dtype:
+        raise TypeError("%s: out is %s but x is %s" % (op, out.dtype, x.dtype))
+    if not x.is_contiguous():
+        raise ValueError("%s: x must be contiguous; pass x.contiguous()" % op)
+    if not out.is_contiguous():
+        raise ValueError("%s: out must be contiguous (a tensor from comm.empty)" % op)
+    nbytes = x.numel() * x.element_size()
+    if nbytes == 0 or nbytes % 16:
+        raise ValueError(
+            "%s: x has %d bytes; it must be a positive multiple of 16" % (op, nbytes)
+        )
+    if out.numel() != comm.size * x.numel():
+        raise ValueError(
+            "%s: out has %d elements; it must have world * x.numel() = %d * %d = %d"
+            % (op, out.numel(), comm.size, x.numel(), comm.size * x.numel())
+        )
+    device = torch.device("cuda", comm.device)
+    _check_cuda(x, "x", op, device)
+    _check_cuda(out, "out", op, device)
+
+
+@_custom_op("tilewire::allgather", mutates_args=("out",))
+def _allgather_op(comm_id: int, x: torch.Tensor, out: torch.Tensor) -> None:
+    op = "tilewire.allgather"
+    comm = comm_by_id(comm_id)
+    _check_aligned(x, "x", op)
+    _check_aligned(out, "out", op)
+    if not is_symmetric(comm, out):
+        raise ValueError(
+            "%s: out must be a symmetric tensor of rank %d's comm (from comm.empty), but its "
+            "memory is not a live tw_mem_alloc allocation of that comm" % (op, comm.rank)
+        )
+    nbytes = x.numel() * x.element_size()
+    _lib.call("tw_allgather", comm.handle, ctypes.c_void_p(x.data_ptr()),
+              ctypes.c_void_p(out.data_ptr()), ctypes.c_size_t(nbytes), _stream(x.device))
+
+
+@_register_fake(_allgather_op)
+def _allgather_fake(comm_id, x, out):
+    return None
+
+
+def allgather(comm, x, out):
+    """AllGather (tw_allgather): every rank's `x` lands in `out` at offset rank * x.numel()
+    (like torch.cat(xs) flattened). `out` must be a symmetric tensor from comm.empty with
+    world * x.numel() elements and x's dtype; x holds a multiple of 16 bytes, contiguous
+    (it may be this rank's slice of out). Runs on the current stream; with virtual ranks,
+    use a stream per rank (for_each_rank). Returns out.
+    """
+    _check_allgather(comm, x, out)
+    if _HAVE_CUSTOM_OP:
+        torch.ops.tilewire.allgather(comm.id, x, out)
+    else:
+        _allgather_op(comm.id, x, out)
+    return out
+
+
+# ---- barrier (eager only: an op with no tensor would be dropped from a traced graph) ------
+
+
+def barrier(comm):
+    """A device-side barrier across the comm's ranks (tw_barrier), in stream order on the
+    current stream. Not registered as a custom op: call it outside torch.compile regions."""
+    _check_comm(comm, "tilewire.barrier")
+    _lib.call("tw_barrier", comm.handle, _stream(torch.device("cuda", comm.device)))
+
+
+# ---- fused op: ag_gemm --------------------------------------------------------------------
+#
+# A fused op is one mutating custom op (the output is allocated by the public function, so
+# the op needs no functional twin) plus its validating function. Template for the next ones.
+
+
+def _check_ag_gemm(comm, a, b, a_gathered, out, out_dtype, comm_sms):
+    op = "tilewire.ag_gemm"
+    _check_comm(comm, op)
+    for t, name in ((a, "a"), (b, "b"), (a_gathered, "a_gathered")):
+        _check_tensor(t, name, op)
+        _check_dtype(t, name, op, (torch.bfloat16,))
+    if a.dim() != 2:
+        raise ValueError("%s: a must be 2-D [m_local, K], got shape %s" % (op, tuple(a.shape)))
+    if b.dim() != 2:
+        raise ValueError("%s: b must be 2-D [N, K], got shape %s" % (op, tuple(b.shape)))
+    m_local, k = a.shape
+    n, kb = b.shape
+    if kb != k:
+        raise ValueError(
+            "%s: a is [m_local=%d, K=%d] and b is [N=%d, K=%d]: their K differ (ag_gemm "
+            "computes gather(a) @ b.T with b as [N, K])" % (op, m_local, k, n, kb)
+        )
+    if m_local < 1:
+        raise ValueError("%s: a must have at least one row, got shape %s" % (op, tuple(a.shape)))
+    if k % 8:
+        raise ValueError("%s: K=%d (a.shape[1]) must be a multiple of 8" % (op, k))
+    if n % 8:
+        raise ValueError("%s: N=%d (b.shape[0]) must be a multiple of 8" % (op, n))
+    if not a.is_contiguous():
+        raise ValueError("%s: a must be contiguous (packed rows); pass a.contiguous()" % op)
+    _leading_dim(b, "b", op)
+    world = comm.size
+    if not a_gathered.is_contiguous() or a_gathered.numel() < world * m_local * k:
+        raise ValueError(
+            "%s: a_gathered must be a contiguous symmetric tensor (comm.empty) of at least "
+            "world * m_local * K = %d * %d * %d elements, got shape %s"
+            % (op, world, m_local, k, tuple(a_gathered.shape))
+        )
+    if out_dtype is not None and out_dtype not in _GEMM_OUT_DTYPES:
+        raise TypeError(
+            "%s: out_dtype must be torch.bfloat16 or torch.float32, got %r" % (op, out_dtype)
+        )
+    if isinstance(comm_sms, bool) or not isinstance(comm_sms, int) or comm_sms < 0:
+        raise ValueError("%s: comm_sms must be an int >= 0 (0: heuristic), got %r"
+                         % (op, comm_sms))
+    device = torch.device("cuda", comm.device)
+    for t, name in ((a, "a"), (b, "b"), (a_gathered, "a_gathered")):
+        _check_cuda(t, name, op, device)
+    if out is None:
+        return torch.bfloat16 if out_dtype is None else out_dtype
+    _check_tensor(out, "out", op)
+    _check_dtype(out, "out", op, _GEMM_OUT_DTYPES)
+    if out_dtype is not None and out.dtype != out_dtype:
+        raise TypeError("%s: out is %s but out_dtype is %s" % (op, out.dtype, out_dtype))
+    if out.dim() != 2 or tuple(out.shape) != (world * m_local, n):
+        raise ValueError(
+            "%s: out must be [world * m_local=%d, N=%d], got shape %s"
+            % (op, world * m_local, n, tuple(out.shape))
+        )
+    _leading_dim(out, "out", op)
+    _check_cuda(out, "out", op, device)
+    return out.dtype
+
+
+@_custom_op("tilewire::ag_gemm", mutates_args=("a_gathered", "out"))
+def _ag_gemm_op(comm_id: int, a: torch.Tensor, b: torch.Tensor, a_gathered: torch.Tensor,
+                out: torch.Tensor, comm_sms: int) -> None:
+    op = "tilewire.ag_gemm"
+    comm = comm_by_id(comm_id)
+    for t, name in ((a, "a"), (b, "b"), (a_gathered, "a_gathered"), (out, "out")):
+        _check_aligned(t, name, op)
+    if not is_symmetric(comm, a_gathered):
+        raise ValueError(
+            "%s: a_gathered must be a symmetric tensor of rank %d's comm (from comm.empty)"
+            % (op, comm.rank)
+        )
+    m_local, k = a.shape
+    args = _lib.AgGemmArgs(
+        c_dtype=_lib.DType.BF16 if out.dtype == torch.bfloat16 else _lib.DType.FP32,
+        a=a.data_ptr(), b=b.data_ptr(), c=out.data_ptr(), a_gathered=a_gathered.data_ptr(),
+        m_local=m_local, n=b.shape[0], k=k, ldb=_leading_dim(b, "b", op),
+        ldc=_leading_dim(out, "out", op), comm_sms=comm_sms,
+    )
+    _lib.call("tw_ag_gemm", comm.handle, ctypes.byref(args), _stream(a.device))
+
+
+@_register_fake(_ag_gemm_op)
+def _ag_gemm_fake(comm_id, a, b, a_gathered, out, comm_sms):
+    return None
+
+
+def ag_gemm(comm, a, b, a_gathered, out=None, out_dtype=None, comm_sms=0):
+    """Fused AllGather + GEMM (tw_ag_gemm), the column-parallel linear layer:
+    ``out = torch.cat([a of every rank]) @ b.T``, [world * m_local, N].
+
+    a: this rank's [m_local, K] bf16 shard, contiguous (it may be its slice of
+    a_gathered: then nothing is copied for it); b: [N, K] bf16; a_gathered: a symmetric
+    bf16 tensor (comm.empty) of at least world * m_local * K elements, holding the gathered
+    a afterwards (the backward pass needs it); out_dtype torch.bfloat16 (default) or
+    torch.float32; comm_sms: CTAs that push data before joining the GEMM (0: heuristic).
+    Collective: every rank calls it with the same shapes. Returns out.
+    """
+    dtype = _check_ag_gemm(comm, a, b, a_gathered, out, out_dtype, comm_sms)
+    if out is None:
+        out = torch.empty((comm.size * a.shape[0], b.shape[0]), dtype=dtype, device=a.device)
+    if _HAVE_CUSTOM_OP:
+        torch.ops.tilewire.ag_gemm(comm.id, a, b, a_gathered, out, comm_sms)
+    else:
+        _ag_gemm_op(comm.id, a, b, a_gathered, out, comm_sms)
+    return out
+
+
+# ---- fused ops still to come: add each here as it lands in tilewire.h ----------------------
+#
+#   gemm_rs(comm, a, b, out=None)   tw_gemm_rs: reduce-scatter over ranks of a @ b.T
+#       custom op "tilewire::gemm_rs"(int comm, Tensor a, Tensor b, Tensor(a!) out, ...)
+#   gemm_ar(comm, a, b, out=None)   tw_gemm_ar: all-reduce over ranks of a @ b.T
+#       custom op "tilewire::gemm_ar"(int comm, Tensor a, Tensor b, Tensor(a!) out, ...)
+#
+# Checklist per op (ag_gemm above is the template): _lib.FUNCTIONS and the args struct in
+# _lib.STRUCTS; the struct in python/tools/struct_layout.c; a _check_<op> function, a
+# mutating custom op with register_fake, and the public function here; its name in
+# __init__._TORCH_NAMES; a GPU test against the torch reference in python/tests/test_gpu.py.

@@ -1,0 +1,47 @@
+/* Internal: tw_ag_gemm's plan (heuristics in ag_gemm_heuristics.c). */
+#ifndef TW_OPS_AG_GEMM_H
+#define TW_OPS_AG_GEMM_H
+
+#include <stdint.h>
+
+#include "tilewire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Flag slice of the ag_gemm channel: (src rank, chunk) -> src * TW_AG_GEMM_MAX_CHUNKS + chunk. */
+#define TW_AG_GEMM_MAX_CHUNKS 256
+
+typedef struct tw_ag_gemm_plan_args {
+  int world;
+  int64_t m_local, n, k;
+  int sm_budget;     /* CTAs the rank may run */
+  int comm_sms_arg;  /* from the args (0: unset) */
+  int comm_sms_env;  /* TW_AG_COMM_SMS (0: unset) */
+} tw_ag_gemm_plan_args_t;
+
+typedef struct tw_ag_gemm_plan {
+  int ctas;           /* grid: every CTA runs the GEMM loop */
+  int comm_ctas;      /* of which push data first */
+  int rows_per_chunk; /* rows of a shard behind one flag */
+  int nchunks;        /* chunks per shard */
+  int group_m;        /* row blocks per L2 group of the tile order */
+} tw_ag_gemm_plan_t;
+
+void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *args, tw_ag_gemm_plan_t *plan);
+
+#ifdef __CUDACC__
+static __host__ __device__ __forceinline__ int tw_ag_gemm_flag_index(int src, int chunk) {
+  return src * TW_AG_GEMM_MAX_CHUNKS + chunk;
+}
+#endif
+
+struct tw_comm;
+tw_status_t tw_ag_gemm_prepare(struct tw_comm *comm, const tw_ag_gemm_args_t *in,
+                               tw_ag_gemm_args_t *resolved, tw_ag_gemm_plan_t *plan);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

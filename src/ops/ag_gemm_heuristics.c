@@ -1,0 +1,36 @@
+/*
+ * tw_ag_gemm launch plan. Communication CTAs: enough that the push of this rank's
+ * shard to every rank finishes while the GEMM runs, estimated from measured
+ * per-SM rates (docs/PERF.md): a copy CTA moves about 40 GB/s, a GEMM CTA does
+ * about 5.5 TFLOP/s. Chunks: 128 rows (one GEMM row block) unless the shard
+ * would need more than TW_AG_GEMM_MAX_CHUNKS flags.
+ */
+#include "ag_gemm.h"
+
+#define TW_COPY_GBPS_PER_CTA 40.0
+#define TW_GEMM_TFLOPS_PER_CTA 5.5
+
+void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *a, tw_ag_gemm_plan_t *plan) {
+  plan->ctas = a->sm_budget;
+  int64_t rpc = 128;
+  while ((a->m_local + rpc - 1) / rpc > TW_AG_GEMM_MAX_CHUNKS) rpc *= 2;
+  plan->rows_per_chunk = (int)rpc;
+  plan->nchunks = (int)((a->m_local + rpc - 1) / rpc);
+  plan->group_m = 8;
+  int comm = a->comm_sms_arg > 0 ? a->comm_sms_arg : a->comm_sms_env;
+  if (comm <= 0) {
+    /* Bytes pushed: the shard to world - 1 peers (the own copy is local). */
+    double bytes = (double)a->m_local * (double)a->k * 2.0 * (double)(a->world > 1 ? a->world : 1);
+    double flops = 2.0 * (double)a->m_local * (double)a->world * (double)a->n * (double)a->k;
+    double t_copy1 = bytes / (TW_COPY_GBPS_PER_CTA * 1e9);      /* with one comm CTA */
+    double t_gemm = flops / (TW_GEMM_TFLOPS_PER_CTA * 1e12 * a->sm_budget);
+    /* Smallest count whose push ends by the time the GEMM is half done. */
+    comm = 1;
+    while (comm < a->sm_budget / 2 && t_copy1 / comm > 0.5 * t_gemm) comm++;
+  }
+  if (comm >= a->sm_budget) comm = a->sm_budget > 1 ? a->sm_budget - 1 : 1;
+  int items = a->world * plan->nchunks;
+  if (comm > items) comm = items;
+  if (comm < 1) comm = 1;
+  plan->comm_ctas = comm;
+}

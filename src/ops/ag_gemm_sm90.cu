@@ -1,0 +1,261 @@
+/*
+ * tw_ag_gemm: AllGather + GEMM in one persistent launch per rank.
+ *
+ * CTAs [0, comm_ctas) first push this rank's shard into every rank's a_gathered
+ * (items: target rank x row chunk; the own rank first, then rank-1, rank-2, ...:
+ * the order in which the peers' rotated GEMMs reach these rows), setting the
+ * target's flag (src = this rank, chunk) to the call's epoch after each chunk;
+ * then they join the GEMM through the tile queue. Every CTA runs the GEMM
+ * mainloop (src/device/gemm_sm90.cuh) with a readiness hook: before a tile's
+ * TMA loads the producer waits for the flags of the chunks its 128 rows span.
+ * Tiles run in rank-rotated order, starting on this rank's own rows.
+ */
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <string.h>
+
+#include "ag_gemm.h"
+#include "device/copy.cuh"
+#include "device/signal.cuh"
+#include "gemm_sm90.cuh"
+
+extern "C" {
+#include "comm.h"
+#include "cuda_check.h"
+#include "env.h"
+#include "tma_map.h"
+}
+
+using namespace tw::gemm;
+
+namespace {
+
+constexpr int kStages = 4;
+constexpr int kEpiBytes = 16384;
+
+/* Readiness hook: the chunks holding rows [mb * 128, mb * 128 + 128) have landed. */
+struct AgWait {
+  struct Params {
+    tw_dev_comm_t dc;
+    int32_t m_local;
+    int32_t rows_per_chunk;
+    int32_t m_total;
+  };
+  __device__ static void before_tile(const Params &p, int32_t mb, int32_t) {
+    const uint64_t epoch = tw_op_begin(p.dc, TW_CH_AG_GEMM);
+    const int32_t end = min(mb * kBlockM + kBlockM, p.m_total);
+    for (int32_t row = mb * kBlockM; row < end;) {
+      const int32_t src = row / p.m_local;
+      const int32_t chunk = (row - src * p.m_local) / p.rows_per_chunk;
+      if (!tw_wait_geq(p.dc, TW_CH_AG_GEMM,
+                       tw_own_flag(p.dc, TW_CH_AG_GEMM, tw_ag_gemm_flag_index(src, chunk)), epoch,
+                       src, chunk))
+        break; /* timed out or aborted: recorded; the tile computes garbage, the kernel ends */
+      row = min(src * p.m_local + (chunk + 1) * p.rows_per_chunk, (src + 1) * p.m_local);
+    }
+    tw_fence_proxy_async_global();
+  }
+};
+
+template <class Out> struct AgParams {
+  GemmParams<EpiTmaStore<Out>, AgWait> gemm;
+  const char *a;                /* this rank's shard */
+  char *gathered[TW_MAX_WORLD]; /* every rank's a_gathered, mapped here */
+  int64_t row_bytes;            /* K * 2 */
+  int32_t nchunks;
+  int32_t comm_ctas;
+};
+
+template <class Out>
+__global__ void __launch_bounds__(kThreads, 1)
+    ag_gemm_kernel(const __grid_constant__ AgParams<Out> p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const tw_dev_comm_t &dc = p.gemm.wait.dc;
+  const AgWait::Params &w = p.gemm.wait;
+  const uint64_t epoch = tw_op_begin(dc, TW_CH_AG_GEMM);
+  __shared__ int ok;
+  if (threadIdx.x == 0) {
+    ok = tw_op_usable(dc, TW_CH_AG_GEMM);
+    if (blockIdx.x == 0 && ok) tw_signal_entry(dc, TW_CH_AG_GEMM, epoch);
+  }
+  __syncthreads();
+  if ((int)blockIdx.x < p.comm_ctas) {
+    const int world = dc.world, rank = dc.rank;
+    const int items = world * p.nchunks;
+    for (int item = blockIdx.x; ok && item < items; item += p.comm_ctas) {
+      const int target = (rank - item / p.nchunks + world) % world;
+      const int chunk = item % p.nchunks;
+      if (threadIdx.x == 0 && target != rank && !tw_wait_entry(dc, TW_CH_AG_GEMM, target, epoch))
+        ok = 0;
+      __syncthreads();
+      if (!ok) break;
+      const int64_t row0 = (int64_t)chunk * w.rows_per_chunk;
+      const int64_t rows = min((int64_t)w.rows_per_chunk, (int64_t)w.m_local - row0);
+      char *dst = p.gathered[target] + ((int64_t)rank * w.m_local + row0) * p.row_bytes;
+      const char *src = p.a + row0 * p.row_bytes;
+      if (dst != src) tw_cta_copy(dst, src, (size_t)(rows * p.row_bytes));
+      __syncthreads();
+      if (threadIdx.x == 0)
+        tw_signal_set(tw_peer_flag(dc, target, TW_CH_AG_GEMM, tw_ag_gemm_flag_index(rank, chunk)),
+                      epoch);
+    }
+    __syncthreads();
+  }
+  gemm_cta_loop<kStages, kEpiBytes, EpiTmaStore<Out>, AgWait, true>(p.gemm, smem_raw, 0, 0);
+  __syncthreads();
+  if (threadIdx.x == 0) tw_op_finish(dc, TW_CH_AG_GEMM, epoch);
+}
+
+template <class Out> tw_status_t launch(AgParams<Out> &params, int grid, cudaStream_t stream) {
+  auto kernel = ag_gemm_kernel<Out>;
+  constexpr int kSmem = SmemLayout<kStages, kEpiBytes>::kDynamicBytes;
+  static std::atomic<uint64_t> configured{0}; /* bit per device */
+  int device = 0;
+  tw_status_t st = tw_cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  if (st != TW_SUCCESS) return st;
+  const uint64_t bit = uint64_t(1) << (device % 64);
+  if (!(configured.load() & bit)) {
+    st = tw_cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+                       "tw_ag_gemm: cudaFuncSetAttribute");
+    if (st != TW_SUCCESS) return st;
+    configured.fetch_or(bit);
+  }
+  kernel<<<grid, kThreads, kSmem, stream>>>(params);
+  return tw_cuda_check(cudaGetLastError(), "tw_ag_gemm: kernel launch");
+}
+
+template <class Out>
+tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_plan_t &plan,
+                cudaStream_t stream) {
+  AgParams<Out> p;
+  memset(&p, 0, sizeof(p));
+  const int64_t m_total = a.m_local * comm->world;
+  tw_status_t st;
+  st = tw_tma_map_2d(&p.gemm.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a_gathered, a.k, m_total,
+                     a.k, kBlockK, kBlockM, "tw_ag_gemm: cuTensorMapEncodeTiled(a_gathered)");
+  if (st != TW_SUCCESS) return st;
+  st = tw_tma_map_2d(&p.gemm.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b, a.k, a.n, a.ldb,
+                     kBlockK, kBlockN, "tw_ag_gemm: cuTensorMapEncodeTiled(b)");
+  if (st != TW_SUCCESS) return st;
+  st = tw_tma_map_2d(&p.gemm.epi.c_map,
+                     sizeof(Out) == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+                     sizeof(Out), a.c, a.n, m_total, a.ldc, 128 / sizeof(Out), kBoxRows,
+                     "tw_ag_gemm: cuTensorMapEncodeTiled(c)");
+  if (st != TW_SUCCESS) return st;
+  TileOrder &o = p.gemm.order;
+  o.m_blocks = (int32_t)((m_total + kBlockM - 1) / kBlockM);
+  o.n_blocks = (int32_t)((a.n + kBlockN - 1) / kBlockN);
+  o.num_tiles = o.m_blocks * o.n_blocks;
+  o.order = kOrderRotated;
+  o.group_m = plan.group_m < o.m_blocks ? plan.group_m : o.m_blocks;
+  o.rotate_mb = (int32_t)(((int64_t)comm->rank * a.m_local) / kBlockM);
+  p.gemm.queue = (TileQueue *)comm->ctrl->tile_queue[TW_CH_AG_GEMM];
+  p.gemm.participants = plan.ctas;
+  p.gemm.k_blocks = (int32_t)((a.k + kBlockK - 1) / kBlockK);
+  p.gemm.wait.dc = comm->dev;
+  p.gemm.wait.m_local = (int32_t)a.m_local;
+  p.gemm.wait.rows_per_chunk = plan.rows_per_chunk;
+  p.gemm.wait.m_total = (int32_t)m_total;
+  p.a = (const char *)a.a;
+  for (int r = 0; r < comm->world; r++) p.gathered[r] = (char *)tw_heap_peer_ptr(comm, a.a_gathered, r);
+  p.row_bytes = a.k * 2;
+  p.nchunks = plan.nchunks;
+  p.comm_ctas = plan.comm_ctas;
+  return launch<Out>(p, plan.ctas, stream);
+}
+
+} // namespace
+
+extern "C" tw_status_t tw_ag_gemm_preload(void) {
+  cudaFuncAttributes attr;
+  cudaError_t e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<__nv_bfloat16>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<float>);
+  return tw_cuda_check(e, "loading the ag_gemm kernels");
+}
+
+extern "C" tw_status_t tw_ag_gemm_args_init(tw_ag_gemm_args_t *args) {
+  TW_ARG_CHECK(args != NULL, "args: NULL");
+  tw_ag_gemm_args_t init = TW_AG_GEMM_ARGS_INIT;
+  *args = init;
+  return TW_SUCCESS;
+}
+
+/* Validates (naming the bad argument), resolves defaults, and plans the launch. */
+extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_t *in,
+                                          tw_ag_gemm_args_t *a, tw_ag_gemm_plan_t *plan) {
+  TW_ARG_CHECK(in != NULL, "args: NULL");
+  TW_ARG_CHECK(in->size >= offsetof(tw_ag_gemm_args_t, comm_sms) && in->size <= 65536,
+               "args->size: %zu; initialise with TW_AG_GEMM_ARGS_INIT", in->size);
+  TW_ARG_CHECK(in->version >= 1 && in->version <= TW_AG_GEMM_ARGS_VERSION,
+               "args->version: %u; this library knows 1..%d", in->version, TW_AG_GEMM_ARGS_VERSION);
+  tw_ag_gemm_args_t init = TW_AG_GEMM_ARGS_INIT;
+  *a = init;
+  memcpy(a, in, in->size < sizeof(*a) ? in->size : sizeof(*a));
+  a->size = sizeof(*a);
+  const int world = comm->world;
+  TW_ARG_CHECK(a->c_dtype == TW_BF16 || a->c_dtype == TW_FP32,
+               "args->c_dtype: %d; expected TW_BF16 or TW_FP32", (int)a->c_dtype);
+  TW_ARG_CHECK(a->a && a->b && a->c && a->a_gathered, "args->%s: NULL",
+               !a->a ? "a" : !a->b ? "b" : !a->c ? "c" : "a_gathered");
+  TW_ARG_CHECK(a->m_local >= 1 && a->m_local * world <= INT32_MAX,
+               "args->m_local: %lld; expected 1 <= m_local and world * m_local < 2^31",
+               (long long)a->m_local);
+  TW_ARG_CHECK(a->n >= 8 && a->n % 8 == 0 && a->n <= INT32_MAX,
+               "args->n: %lld; expected a positive multiple of 8", (long long)a->n);
+  TW_ARG_CHECK(a->k >= 8 && a->k % 8 == 0 && a->k <= INT32_MAX,
+               "args->k: %lld; expected a positive multiple of 8", (long long)a->k);
+  if (a->ldb == 0) a->ldb = a->k;
+  if (a->ldc == 0) a->ldc = a->n;
+  const int c_bytes = a->c_dtype == TW_BF16 ? 2 : 4;
+  TW_ARG_CHECK(a->ldb >= a->k && a->ldb % 8 == 0,
+               "args->ldb: %lld; expected >= k (%lld) and a multiple of 8", (long long)a->ldb,
+               (long long)a->k);
+  TW_ARG_CHECK(a->ldc >= a->n && (a->ldc * c_bytes) % 16 == 0,
+               "args->ldc: %lld; expected >= n (%lld) and 16-byte rows", (long long)a->ldc,
+               (long long)a->n);
+  TW_ARG_CHECK((uintptr_t)a->a % 16 == 0, "args->a: %p is not 16-byte aligned", a->a);
+  TW_ARG_CHECK((uintptr_t)a->b % 16 == 0, "args->b: %p is not 16-byte aligned", a->b);
+  TW_ARG_CHECK((uintptr_t)a->c % 16 == 0, "args->c: %p is not 16-byte aligned", a->c);
+  TW_ARG_CHECK((uintptr_t)a->a_gathered % 16 == 0, "args->a_gathered: %p is not 16-byte aligned",
+               a->a_gathered);
+  const size_t shard_bytes = (size_t)a->m_local * (size_t)a->k * 2;
+  tw_status_t st = tw_heap_lookup(comm, a->a_gathered, shard_bytes * (size_t)world,
+                                  "args->a_gathered", NULL);
+  if (st != TW_SUCCESS) return st;
+  const char *g0 = (const char *)a->a_gathered, *own = g0 + shard_bytes * (size_t)comm->rank;
+  const char *a0 = (const char *)a->a;
+  TW_ARG_CHECK(a0 == own || a0 + shard_bytes <= g0 || a0 >= g0 + shard_bytes * (size_t)world,
+               "args->a: %p overlaps a_gathered but is not a_gathered + rank * m_local * k (%p)",
+               a->a, (const void *)own);
+  for (int r = 0; r < world; r++)
+    if (!tw_heap_peer_ptr(comm, a->a_gathered, r))
+      return tw_fail(TW_ERR_NOT_SUPPORTED,
+                     "rank %d is on another node; inter-node tw_ag_gemm is not implemented yet", r);
+  tw_ag_gemm_plan_args_t pa = {world, a->m_local, a->n, a->k, comm->sm_budget, a->comm_sms,
+                               (int)tw_env_int(TW_AG_COMM_SMS_ID)};
+  tw_ag_gemm_make_plan(&pa, plan);
+  return TW_SUCCESS;
+}
+
+extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args, tw_stream_t stream) {
+  tw_status_t st = tw_comm_check(comm);
+  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  tw_ag_gemm_args_t a;
+  tw_ag_gemm_plan_t plan;
+  st = tw_ag_gemm_prepare(comm, args, &a, &plan);
+  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  int prev;
+  st = tw_set_device(comm->device, &prev);
+  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  cudaStream_t launch = NULL;
+  st = tw_launch_begin(comm, stream, &launch);
+  if (st == TW_SUCCESS)
+    st = a.c_dtype == TW_BF16 ? run<__nv_bfloat16>(comm, a, plan, launch)
+                              : run<float>(comm, a, plan, launch);
+  if (st == TW_SUCCESS) st = tw_launch_end(comm, stream);
+  cudaSetDevice(prev);
+  return tw_comm_result(comm, st);
+}

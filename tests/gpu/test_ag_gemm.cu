@@ -1,0 +1,324 @@
+/*
+ * tw_ag_gemm on virtual ranks (one GPU): for worlds 1, 2, 3, 4, 8 and shapes
+ * with tails, the fused C equals, bitwise, the unfused pipeline built from the
+ * same core (tw_allgather, then tw_gemm), the gathered A equals the shards, and C
+ * is within bf16 tolerance of an fp32 reference; 1000 back-to-back calls with
+ * changing inputs, each checked on the GPU against the unfused pipeline; a CUDA
+ * graph replay; bad arguments. `--small` runs a reduced set.
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <string.h>
+
+#include "ref/ref_gemm.h"
+#include "tw_test.h"
+
+#define CUDA_OK(call)                                                                              \
+  do {                                                                                             \
+    cudaError_t e_ = (call);                                                                       \
+    TEST_REQUIRE(e_ == cudaSuccess, "%s -> %s", #call, cudaGetErrorString(e_));                    \
+  } while (0)
+
+static __global__ void count_diff_async(const uint32_t *a, const uint32_t *b, size_t words,
+                                        unsigned long long *bad) {
+  unsigned long long local = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x)
+    local += a[i] != b[i];
+  if (local) atomicAdd(bad, local);
+}
+
+typedef struct {
+  int world;
+  int64_t m_local, n, k;
+  tw_dtype_t c_dtype;
+  tw_comm_t comms[TW_MAX_WORLD];
+  cudaStream_t streams[TW_MAX_WORLD];
+  void *a[TW_MAX_WORLD];        /* shards (plain memory) */
+  void *gathered[TW_MAX_WORLD]; /* symmetric, fused */
+  void *gathered2[TW_MAX_WORLD]; /* symmetric, unfused allgather */
+  void *b[TW_MAX_WORLD];
+  void *c[TW_MAX_WORLD];
+  void *c2[TW_MAX_WORLD];
+  unsigned long long *bad;
+} fixture;
+
+static size_t c_bytes(const fixture *f) {
+  return (size_t)f->m_local * f->world * f->n * (f->c_dtype == TW_BF16 ? 2 : 4);
+}
+
+static void setup(fixture *f, int world, int64_t m_local, int64_t n, int64_t k, tw_dtype_t c_dtype,
+                  int sm_budget) {
+  memset(f, 0, sizeof(*f));
+  f->world = world, f->m_local = m_local, f->n = n, f->k = k, f->c_dtype = c_dtype;
+  int devices[TW_MAX_WORLD] = {0};
+  tw_config_t cfg = TW_CONFIG_INIT;
+  cfg.sm_budget = sm_budget;
+  tw_status_t st = tw_comm_init_all(f->comms, world, devices, &cfg);
+  TEST_REQUIRE(st == TW_SUCCESS, "init_all(%d): %s", world, tw_last_error());
+  size_t shard = (size_t)m_local * k * 2;
+  for (int r = 0; r < world; r++) {
+    CUDA_OK(cudaStreamCreateWithFlags(&f->streams[r], cudaStreamNonBlocking));
+    TEST_REQUIRE(tw_mem_alloc(f->comms[r], shard * world, &f->gathered[r]) == TW_SUCCESS, "alloc");
+    TEST_REQUIRE(tw_mem_alloc(f->comms[r], shard * world, &f->gathered2[r]) == TW_SUCCESS, "alloc");
+    CUDA_OK(cudaMalloc(&f->a[r], shard));
+    CUDA_OK(cudaMalloc(&f->b[r], (size_t)n * k * 2));
+    CUDA_OK(cudaMalloc(&f->c[r], c_bytes(f)));
+    CUDA_OK(cudaMalloc(&f->c2[r], c_bytes(f)));
+  }
+  CUDA_OK(cudaMalloc(&f->bad, sizeof(unsigned long long)));
+  CUDA_OK(cudaMemset(f->bad, 0, sizeof(unsigned long long)));
+}
+
+static void teardown(fixture *f) {
+  for (int r = 0; r < f->world; r++) {
+    cudaFree(f->a[r]), cudaFree(f->b[r]), cudaFree(f->c[r]), cudaFree(f->c2[r]);
+    TEST_TW_OK(tw_mem_free(f->comms[r], f->gathered[r]));
+    TEST_TW_OK(tw_mem_free(f->comms[r], f->gathered2[r]));
+  }
+  for (int r = 0; r < f->world; r++) {
+    TEST_TW_OK(tw_comm_destroy(f->comms[r]));
+    cudaStreamDestroy(f->streams[r]);
+  }
+  cudaFree(f->bad);
+}
+
+static tw_ag_gemm_args_t fused_args(const fixture *f, int r, int in_place) {
+  tw_ag_gemm_args_t a = TW_AG_GEMM_ARGS_INIT;
+  a.c_dtype = f->c_dtype;
+  a.a = in_place ? (char *)f->gathered[r] + (size_t)r * f->m_local * f->k * 2 : f->a[r];
+  a.b = f->b[r];
+  a.c = f->c[r];
+  a.a_gathered = f->gathered[r];
+  a.m_local = f->m_local, a.n = f->n, a.k = f->k;
+  return a;
+}
+
+/* Unfused pipeline from the same core: tw_allgather, then tw_gemm. */
+static void enqueue_unfused(fixture *f, int r) {
+  TEST_TW_OK(tw_allgather(f->comms[r], f->a[r], f->gathered2[r], (size_t)f->m_local * f->k * 2,
+                          (tw_stream_t)f->streams[r]));
+  tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
+  g.c_dtype = f->c_dtype;
+  g.a = f->gathered2[r], g.b = f->b[r], g.c = f->c2[r];
+  g.m = f->m_local * f->world, g.n = f->n, g.k = f->k;
+  /* Virtual ranks share the GPU: the unfused GEMM keeps to the rank's SM budget like the
+   * fused op does (a full-GPU kernel would only delay the other ranks' persistent kernels). */
+  TEST_TW_OK(tw_comm_sm_budget(f->comms[r], &g.sm_count));
+  TEST_TW_OK(tw_gemm(&g, (tw_stream_t)f->streams[r]));
+}
+
+static void fill_inputs(fixture *f, uint64_t seed, int in_place) {
+  for (int r = 0; r < f->world; r++) {
+    tw_stream_t s = (tw_stream_t)f->streams[r];
+    tw_test_fill_bf16(f->a[r], (size_t)f->m_local * f->k, seed + 31 * r, s);
+    if (in_place)
+      CUDA_OK(cudaMemcpyAsync((char *)f->gathered[r] + (size_t)r * f->m_local * f->k * 2, f->a[r],
+                              (size_t)f->m_local * f->k * 2, cudaMemcpyDeviceToDevice, f->streams[r]));
+    tw_test_fill_bf16(f->b[r], (size_t)f->n * f->k, seed + 1000 + r, s);
+    tw_test_poison(f->c[r], c_bytes(f), s);
+    tw_test_poison(f->c2[r], c_bytes(f), s);
+  }
+}
+
+static void test_case(int world, int64_t m_local, int64_t n, int64_t k, tw_dtype_t c_dtype,
+                      int in_place, int comm_sms, uint64_t seed) {
+  fixture f;
+  setup(&f, world, m_local, n, k, c_dtype, 0);
+  fill_inputs(&f, seed, in_place);
+  for (int r = 0; r < world; r++) {
+    tw_ag_gemm_args_t a = fused_args(&f, r, in_place);
+    a.comm_sms = comm_sms;
+    TEST_TW_OK(tw_ag_gemm(f.comms[r], &a, (tw_stream_t)f.streams[r]));
+  }
+  for (int r = 0; r < world; r++) enqueue_unfused(&f, r);
+  CUDA_OK(cudaDeviceSynchronize());
+  const int64_t m = m_local * world;
+  size_t worst_diff = 0, worst_gather = 0;
+  double worst_err = 0;
+  float *ref = NULL;
+  CUDA_OK(cudaMalloc(&ref, (size_t)m * n * sizeof(float)));
+  for (int r = 0; r < world; r++) {
+    worst_diff += tw_test_count_diff(f.c[r], f.c2[r], c_bytes(&f));
+    worst_gather += tw_test_count_diff(f.gathered[r], f.gathered2[r], (size_t)m * k * 2);
+    if (r == 0 || r == world - 1) {
+      TEST_REQUIRE(tw_ref_gemm_fp32(f.gathered2[r], f.b[r], ref, m, n, k, k, k, n, 0) == TW_SUCCESS,
+                   "ref gemm");
+      CUDA_OK(cudaDeviceSynchronize());
+      size_t nans = 0;
+      double err;
+      if (c_dtype == TW_BF16) {
+        err = tw_test_rel_err_bf16(f.c[r], ref, 1, (size_t)m * n, &nans);
+      } else {
+        /* fp32 C: compare on the host. */
+        float *host = (float *)malloc((size_t)m * n * 4), *href = (float *)malloc((size_t)m * n * 4);
+        CUDA_OK(cudaMemcpy(host, f.c[r], (size_t)m * n * 4, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(href, ref, (size_t)m * n * 4, cudaMemcpyDeviceToHost));
+        double md = 0, mr = 0;
+        for (size_t i = 0; i < (size_t)m * n; i++) {
+          if (host[i] != host[i]) nans++;
+          double d = host[i] - href[i];
+          md = d < 0 ? (-d > md ? -d : md) : (d > md ? d : md);
+          mr = href[i] < 0 ? (-href[i] > mr ? -href[i] : mr) : (href[i] > mr ? href[i] : mr);
+        }
+        err = mr > 0 ? md / mr : md;
+        free(host), free(href);
+      }
+      TEST_ASSERT(nans == 0, "world %d rank %d: %zu NaN/unwritten outputs", world, r, nans);
+      if (err > worst_err) worst_err = err;
+    }
+  }
+  cudaFree(ref);
+  TEST_ASSERT(worst_diff == 0, "world %d m_local %lld n %lld k %lld %s: fused != unfused in %zu bytes",
+              world, (long long)m_local, (long long)n, (long long)k, c_dtype == TW_BF16 ? "bf16" : "fp32",
+              worst_diff);
+  TEST_ASSERT(worst_gather == 0, "world %d: gathered A differs in %zu bytes", world, worst_gather);
+  TEST_ASSERT(worst_err < (c_dtype == TW_BF16 ? 1e-2 : 2e-3), "world %d: rel err %.3g", world, worst_err);
+  for (int r = 0; r < world; r++) {
+    tw_status_t async = TW_ERR_INTERNAL;
+    TEST_TW_OK(tw_comm_async_error(f.comms[r], &async));
+    TEST_ASSERT(async == TW_SUCCESS, "rank %d: %s", r, tw_comm_last_error(f.comms[r]));
+  }
+  printf("  world %d m_local %lld n %lld k %lld %s%s comm_sms %d: diff %zu, rel err %.2e\n", world,
+         (long long)m_local, (long long)n, (long long)k, c_dtype == TW_BF16 ? "bf16" : "fp32",
+         in_place ? " in-place" : "", comm_sms, worst_diff, worst_err);
+  teardown(&f);
+}
+
+/* Many calls with fresh inputs, no host sync in between; each call checked on the GPU. */
+static void test_back_to_back(int world, int calls, uint64_t seed) {
+  fixture f;
+  setup(&f, world, 200, 256, 256, TW_BF16, 0);
+  double t0 = tw_test_now();
+  for (int i = 0; i < calls; i++) {
+    fill_inputs(&f, seed + (uint64_t)i * 7919, 0);
+    for (int r = 0; r < world; r++) {
+      tw_ag_gemm_args_t a = fused_args(&f, r, 0);
+      TEST_TW_OK(tw_ag_gemm(f.comms[r], &a, (tw_stream_t)f.streams[r]));
+      enqueue_unfused(&f, r);
+      count_diff_async<<<64, 256, 0, f.streams[r]>>>((const uint32_t *)f.c[r], (const uint32_t *)f.c2[r],
+                                                    c_bytes(&f) / 4, f.bad);
+    }
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  unsigned long long bad = 0;
+  CUDA_OK(cudaMemcpy(&bad, f.bad, sizeof(bad), cudaMemcpyDeviceToHost));
+  TEST_ASSERT(bad == 0, "world %d: %d back-to-back calls: %llu words differ from unfused", world, calls, bad);
+  for (int r = 0; r < world; r++) {
+    tw_status_t async = TW_ERR_INTERNAL;
+    TEST_TW_OK(tw_comm_async_error(f.comms[r], &async));
+    TEST_ASSERT(async == TW_SUCCESS, "rank %d: %s", r, tw_comm_last_error(f.comms[r]));
+  }
+  printf("  world %d: %d back-to-back checked calls in %.2f s\n", world, calls, tw_test_now() - t0);
+  teardown(&f);
+}
+
+static void test_graph(int world, int replays, uint64_t seed) {
+  fixture f;
+  setup(&f, world, 256, 512, 512, TW_BF16, 0);
+  fill_inputs(&f, seed, 0);
+  CUDA_OK(cudaDeviceSynchronize());
+  cudaEvent_t fork, join[TW_MAX_WORLD];
+  CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  cudaStream_t s0 = f.streams[0];
+  CUDA_OK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeGlobal));
+  CUDA_OK(cudaEventRecord(fork, s0));
+  for (int r = 1; r < world; r++) CUDA_OK(cudaStreamWaitEvent(f.streams[r], fork, 0));
+  for (int r = 0; r < world; r++) {
+    tw_ag_gemm_args_t a = fused_args(&f, r, 0);
+    TEST_TW_OK(tw_ag_gemm(f.comms[r], &a, (tw_stream_t)f.streams[r]));
+  }
+  for (int r = 1; r < world; r++) {
+    CUDA_OK(cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming));
+    CUDA_OK(cudaEventRecord(join[r], f.streams[r]));
+    CUDA_OK(cudaStreamWaitEvent(s0, join[r], 0));
+  }
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamEndCapture(s0, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < replays; i++) {
+    for (int r = 0; r < world; r++) tw_test_poison(f.c[r], c_bytes(&f), (tw_stream_t)s0);
+    CUDA_OK(cudaGraphLaunch(exec, s0));
+  }
+  CUDA_OK(cudaStreamSynchronize(s0));
+  for (int r = 0; r < world; r++) enqueue_unfused(&f, r);
+  CUDA_OK(cudaDeviceSynchronize());
+  size_t diff = 0;
+  for (int r = 0; r < world; r++) diff += tw_test_count_diff(f.c[r], f.c2[r], c_bytes(&f));
+  TEST_ASSERT(diff == 0, "graph replays: %zu bytes differ", diff);
+  for (int r = 0; r < world; r++) {
+    tw_status_t async = TW_ERR_INTERNAL;
+    TEST_TW_OK(tw_comm_async_error(f.comms[r], &async));
+    TEST_ASSERT(async == TW_SUCCESS, "rank %d: %s", r, tw_comm_last_error(f.comms[r]));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaEventDestroy(fork);
+  for (int r = 1; r < world; r++) cudaEventDestroy(join[r]);
+  teardown(&f);
+}
+
+static void test_bad_arguments(void) {
+  fixture f;
+  setup(&f, 2, 128, 256, 256, TW_BF16, 0);
+  tw_stream_t s = (tw_stream_t)f.streams[0];
+  tw_ag_gemm_args_t a = fused_args(&f, 0, 0);
+  TEST_TW_FAILS(tw_ag_gemm(NULL, &a, s), TW_ERR_INVALID_ARGUMENT, "comm");
+  TEST_TW_FAILS(tw_ag_gemm(f.comms[0], NULL, s), TW_ERR_INVALID_ARGUMENT, "args");
+  a.k = 100;
+  TEST_TW_FAILS(tw_ag_gemm(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->k");
+  a = fused_args(&f, 0, 0);
+  a.n = 12;
+  TEST_TW_FAILS(tw_ag_gemm(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->n");
+  a = fused_args(&f, 0, 0);
+  a.m_local = 0;
+  TEST_TW_FAILS(tw_ag_gemm(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->m_local");
+  a = fused_args(&f, 0, 0);
+  a.a_gathered = f.a[1]; /* not symmetric */
+  TEST_TW_FAILS(tw_ag_gemm(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "a_gathered");
+  a = fused_args(&f, 0, 0);
+  a.m_local = 4096; /* gathered buffer too small */
+  TEST_TW_FAILS(tw_ag_gemm(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "past the end");
+  a = fused_args(&f, 0, 0);
+  a.b = (char *)f.b[0] + 2;
+  TEST_TW_FAILS(tw_ag_gemm(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->b");
+  a = fused_args(&f, 0, 0);
+  a.c = NULL;
+  TEST_TW_FAILS(tw_ag_gemm(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->c");
+  a = fused_args(&f, 0, 0);
+  a.size = 8;
+  TEST_TW_FAILS(tw_ag_gemm(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->size");
+  a = fused_args(&f, 0, 0);
+  a.a = (char *)f.gathered[0] + 64; /* overlaps the gathered buffer, wrong place */
+  TEST_TW_FAILS(tw_ag_gemm(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "overlaps");
+  /* Nothing was launched: a valid call on both ranks still completes. */
+  for (int r = 0; r < 2; r++) {
+    a = fused_args(&f, r, 0);
+    TEST_TW_OK(tw_ag_gemm(f.comms[r], &a, (tw_stream_t)f.streams[r]));
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  teardown(&f);
+}
+
+int main(int argc, char **argv) {
+  tw_test_require_hopper();
+  int small = argc > 1 && strcmp(argv[1], "--small") == 0;
+  uint64_t seed = tw_test_seed();
+  static const int worlds[] = {1, 2, 3, 4, 8};
+  for (int wi = 0; wi < 5; wi++) {
+    int w = worlds[wi];
+    test_case(w, 128, 256, 256, TW_BF16, 0, 0, seed + w);
+    test_case(w, 100, 264, 200, TW_BF16, 0, 0, seed + 10 * w); /* tiles straddle shards, N/K tails */
+    if (small) continue;
+    test_case(w, 1, 8, 8, TW_BF16, 0, 0, seed + 20 * w);
+    test_case(w, 300, 520, 1032, TW_FP32, 0, 0, seed + 30 * w);
+    test_case(w, 1024, 1024, 2048, TW_BF16, 1, 0, seed + 40 * w);
+    test_case(w, 1000, 512, 512, TW_BF16, 0, 3, seed + 50 * w);
+  }
+  if (!small) test_case(2, 8192, 1024, 1024, TW_BF16, 0, 0, seed + 99); /* more chunks than CTAs */
+  test_back_to_back(small ? 2 : 4, small ? 20 : 1000, seed + 5000);
+  test_graph(small ? 2 : 4, 10, seed + 6000);
+  test_bad_arguments();
+  return tw_test_finish();
+}
