@@ -255,6 +255,47 @@ typedef struct tw_ag_gemm_args {
 TW_API tw_status_t tw_ag_gemm_args_init(tw_ag_gemm_args_t *args);
 TW_API tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args, tw_stream_t stream);
 
+/*
+ * Fused GEMM + ReduceScatter / AllReduce (the row-parallel linear layer):
+ * every rank holds a [m, k] and b [n, k] (bf16, row-major) and the product is
+ *   S[m, n] = sum over ranks i of a_i * b_i^T   (fp32 accumulation throughout)
+ * tw_gemm_rs: rank r receives rows [r * m / world, (r + 1) * m / world) of S as
+ *   bf16 in `out` ([m / world, n], leading dimension ldo).
+ * tw_gemm_ar: every rank receives all of S as bf16 in `out` ([m, n]).
+ * m must be a multiple of world (any m / world >= 1); n and k multiples of 8.
+ * The reduction order is fixed (rank 0, 1, ..., world - 1, in fp32), so results
+ * are bitwise reproducible and equal tw_gemm (fp32 out) per rank followed by
+ * that rank-ordered sum. `workspace` is a symmetric allocation (tw_mem_alloc)
+ * of at least tw_gemm_rs_workspace_size() bytes, the same on every rank (not
+ * needed when world == 1); `out` and the operands are ordinary device memory.
+ * One persistent launch per rank: GEMM tiles are stored (fp32) straight into
+ * their owner's workspace and counted there; the owner's reduce CTAs sum each
+ * tile once all ranks delivered it. Collective: every rank calls it with the
+ * same shapes; both ops take the same args struct.
+ */
+#define TW_GEMM_RS_ARGS_VERSION 1
+typedef struct tw_gemm_rs_args {
+  size_t size;          /* sizeof(tw_gemm_rs_args_t) */
+  uint32_t version;     /* TW_GEMM_RS_ARGS_VERSION */
+  tw_dtype_t out_dtype; /* TW_BF16 */
+  const void *a;        /* [m, k] bf16 */
+  const void *b;        /* [n, k] bf16 */
+  void *out;            /* rs: [m / world, n]; ar: [m, n] */
+  void *workspace;      /* symmetric, >= tw_gemm_rs_workspace_size() bytes */
+  int64_t m, n, k;
+  int64_t lda, ldb, ldo; /* 0: packed (k, k, n) */
+  int32_t reduce_sms;    /* CTAs that start on the reduction; 0: heuristic */
+  int32_t reserved0;
+} tw_gemm_rs_args_t;
+
+#define TW_GEMM_RS_ARGS_INIT {sizeof(tw_gemm_rs_args_t), TW_GEMM_RS_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+
+TW_API tw_status_t tw_gemm_rs_args_init(tw_gemm_rs_args_t *args);
+/* Workspace bytes tw_gemm_rs and tw_gemm_ar need on this comm for an m x n product. */
+TW_API tw_status_t tw_gemm_rs_workspace_size(tw_comm_t comm, int64_t m, int64_t n, size_t *bytes);
+TW_API tw_status_t tw_gemm_rs(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_stream_t stream);
+TW_API tw_status_t tw_gemm_ar(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_stream_t stream);
+
 /* ---- environment knobs ------------------------------------------------ */
 
 /* Number of TW_* environment knobs, and the i-th one's name, type, default,

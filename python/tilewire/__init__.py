@@ -8,7 +8,8 @@ symmetric memory::
     ptr = comms[0].alloc(1 << 20)             # collective, like tw_mem_alloc
 
 With torch (imported on first use of these names): ``init``, ``gemm``, ``allgather``,
-``ag_gemm``, ``barrier``, ``for_each_rank``, ``symmetric_empty``, ``is_symmetric``, and
+``ag_gemm``, ``gemm_rs``, ``gemm_ar``, ``gemm_rs_workspace``, ``barrier``,
+``for_each_rank``, ``symmetric_empty``, ``is_symmetric``, and
 ``Comm.empty(shape, dtype)`` for symmetric tensors::
 
     comm = tilewire.init()                    # under torchrun
@@ -39,6 +40,7 @@ from ._lib import (
     Config,
     DType,
     GemmArgs,
+    GemmRsArgs,
     LibraryNotFoundError,
     TileOrder,
     UniqueId,
@@ -60,7 +62,10 @@ _TORCH_NAMES = (
     "is_symmetric",
     # fused ops
     "ag_gemm",
-    # ---- add each fused op's name here as it lands: "gemm_rs", "gemm_ar", ...
+    "gemm_rs",
+    "gemm_ar",
+    "gemm_rs_workspace",
+    # ---- add each new op's name here as it lands
 )
 
 __all__ = [
@@ -73,6 +78,7 @@ __all__ = [
     "DType",
     "DeviceTimeoutError",
     "GemmArgs",
+    "GemmRsArgs",
     "InternalError",
     "InvalidArgumentError",
     "LibraryNotFoundError",

@@ -247,6 +247,14 @@ class Comm:
         _lib.call("tw_mem_peer_ptrs", self._handle, ctypes.c_void_p(int(ptr)), ctypes.byref(out))
         return out.value
 
+    def gemm_rs_workspace_size(self, m, n):
+        """tw_gemm_rs_workspace_size: bytes of symmetric workspace tw_gemm_rs / tw_gemm_ar
+        need on this comm for an m x n product."""
+        self._check_open()
+        out = ctypes.c_size_t()
+        _lib.call("tw_gemm_rs_workspace_size", self._handle, int(m), int(n), ctypes.byref(out))
+        return out.value
+
     def empty(self, shape, dtype=None):
         """A torch tensor of `shape` and `dtype` (default bfloat16) in symmetric memory
         (collective, like alloc). Its memory is freed (tw_mem_free) when the last tensor
@@ -260,17 +268,20 @@ class Comm:
     def close(self):
         """tw_comm_destroy. Frees every symmetric allocation still live: tensors still
         viewing them must not be used afterwards (a warning says how many there were)."""
+        self._close(warn=True)
+
+    def _close(self, warn):
         if self._handle is None:
             return
         live = [a for a in self._allocs.values() if a.live]
         pending = [a for a in self._pending_frees if a.live]
-        if len(live) > len(pending):
+        if warn and len(live) > len(pending):
             warnings.warn(
                 "tilewire: closing rank %d's comm with %d symmetric allocation(s) still "
                 "referenced; their memory is freed now and tensors over it must not be used"
                 % (self.rank, len(live) - len(pending)),
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
         for a in live:
             a.live = False
@@ -320,7 +331,7 @@ def _close_all():
         comms = sorted(_registry.values(), key=lambda c: -c.id)
     for comm in comms:
         try:
-            comm.close()
+            comm._close(warn=False)  # tensors alive at exit are normal, not a mistake
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
 

@@ -35,6 +35,7 @@ TW_UNIQUE_ID_BYTES = 128
 TW_CONFIG_VERSION = 1
 TW_GEMM_ARGS_VERSION = 1
 TW_AG_GEMM_ARGS_VERSION = 1
+TW_GEMM_RS_ARGS_VERSION = 1
 
 # ---- enums --------------------------------------------------------------------------------
 
@@ -172,7 +173,31 @@ class AgGemmArgs(_Versioned):
     ]
 
 
-# ---- fused ops' argument structs go here as they land (tw_gemm_rs_args_t, ...) ----
+class GemmRsArgs(_Versioned):
+    """tw_gemm_rs_args_t (tw_gemm_rs and tw_gemm_ar); ``GemmRsArgs()`` equals
+    TW_GEMM_RS_ARGS_INIT."""
+
+    _version_ = TW_GEMM_RS_ARGS_VERSION
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("version", ctypes.c_uint32),
+        ("out_dtype", c_enum),  # tw_dtype_t
+        ("a", ctypes.c_void_p),
+        ("b", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("m", ctypes.c_int64),
+        ("n", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("lda", ctypes.c_int64),
+        ("ldb", ctypes.c_int64),
+        ("ldo", ctypes.c_int64),
+        ("reduce_sms", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
+    ]
+
+
+# ---- the next fused ops' argument structs go here as they land ----
 
 # C typedef name -> ctypes struct, for the layout test.
 STRUCTS = {
@@ -180,6 +205,7 @@ STRUCTS = {
     "tw_config_t": Config,
     "tw_gemm_args_t": GemmArgs,
     "tw_ag_gemm_args_t": AgGemmArgs,
+    "tw_gemm_rs_args_t": GemmRsArgs,
 }
 
 # ---- functions ----------------------------------------------------------------------------
@@ -226,9 +252,13 @@ FUNCTIONS = {
     # fused ops
     "tw_ag_gemm_args_init": (c_enum, [_P(AgGemmArgs)]),
     "tw_ag_gemm": (c_enum, [tw_comm_t, _P(AgGemmArgs), tw_stream_t]),
-    # ---- add each fused op's lines here when it lands in tilewire.h, e.g.
-    # "tw_gemm_rs": (c_enum, [tw_comm_t, _P(GemmRsArgs), tw_stream_t]),
-    # "tw_gemm_ar": (c_enum, [tw_comm_t, _P(GemmArArgs), tw_stream_t]),
+    "tw_gemm_rs_args_init": (c_enum, [_P(GemmRsArgs)]),
+    "tw_gemm_rs_workspace_size": (c_enum, [tw_comm_t, ctypes.c_int64, ctypes.c_int64,
+                                           _P(ctypes.c_size_t)]),
+    "tw_gemm_rs": (c_enum, [tw_comm_t, _P(GemmRsArgs), tw_stream_t]),
+    "tw_gemm_ar": (c_enum, [tw_comm_t, _P(GemmRsArgs), tw_stream_t]),
+    # ---- add each new op's lines here when it lands in tilewire.h, e.g.
+    # "tw_moe": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
     # environment knobs
     "tw_env_count": (ctypes.c_int, []),
     "tw_env_describe": (c_enum, [ctypes.c_int, _char_pp, _char_pp, _char_pp, _char_pp,
@@ -391,28 +421,23 @@ def version():
     return int(function("tw_version")())
 
 
-def config_init():
-    """A Config filled by the C library's tw_config_init."""
-    cfg = Config()
-    ctypes.memset(ctypes.addressof(cfg), 0xFF, ctypes.sizeof(cfg))
-    call("tw_config_init", ctypes.byref(cfg))
-    return cfg
+# Each versioned struct's C initialiser (fills it as its _INIT macro does).
+INIT_FUNCTIONS = {
+    "tw_config_t": "tw_config_init",
+    "tw_gemm_args_t": "tw_gemm_args_init",
+    "tw_ag_gemm_args_t": "tw_ag_gemm_args_init",
+    "tw_gemm_rs_args_t": "tw_gemm_rs_args_init",
+}
 
 
-def gemm_args_init():
-    """A GemmArgs filled by the C library's tw_gemm_args_init."""
-    args = GemmArgs()
-    ctypes.memset(ctypes.addressof(args), 0xFF, ctypes.sizeof(args))
-    call("tw_gemm_args_init", ctypes.byref(args))
-    return args
-
-
-def ag_gemm_args_init():
-    """An AgGemmArgs filled by the C library's tw_ag_gemm_args_init."""
-    args = AgGemmArgs()
-    ctypes.memset(ctypes.addressof(args), 0xFF, ctypes.sizeof(args))
-    call("tw_ag_gemm_args_init", ctypes.byref(args))
-    return args
+def c_init(struct_name):
+    """A struct (e.g. "tw_config_t") filled by the library's own initialiser, for checking
+    the Python constructors (which mirror the _INIT macros) against it."""
+    cls = STRUCTS[struct_name]
+    value = cls()
+    ctypes.memset(ctypes.addressof(value), 0xFF, ctypes.sizeof(value))
+    call(INIT_FUNCTIONS[struct_name], ctypes.byref(value))
+    return value
 
 
 def env_knobs():

@@ -40,7 +40,6 @@ _DLPACK_DTYPES = {
     torch.int32: (_dlpack.KDL_INT, 32),
     torch.int64: (_dlpack.KDL_INT, 64),
     torch.uint8: (_dlpack.KDL_UINT, 8),
-    torch.bool: (_dlpack.KDL_BOOL, 8),
 }
 
 
@@ -293,6 +292,8 @@ def _leading_dim(t, name, op):
     """The leading dimension (row stride, elements) of a 2-D row-major matrix, checked
     against tilewire's contract: unit stride along rows, rows 16-byte aligned."""
     rows, cols = t.shape
+    if rows == 0 or cols == 0:
+        return max(cols, 1)  # nothing is read or written through it
     strides = tuple(t.stride())
     if cols > 1 and strides[1] != 1:
         raise ValueError(
@@ -355,21 +356,24 @@ def _check_gemm(a, b, out, out_dtype, sm_count):
         raise ValueError("%s: sm_count must be >= 0 (0: every SM), got %d" % (op, sm_count))
     _leading_dim(a, "a", op)
     _leading_dim(b, "b", op)
+    dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    if out is not None:
+        _check_tensor(out, "out", op)
+        _check_dtype(out, "out", op, _GEMM_OUT_DTYPES)
+        if out_dtype is not None and out.dtype != out_dtype:
+            raise TypeError("%s: out is %s but out_dtype is %s" % (op, out.dtype, out_dtype))
+        if out.dim() != 2 or tuple(out.shape) != (m, n):
+            raise ValueError(
+                "%s: out must be [M=%d, N=%d], got shape %s" % (op, m, n, tuple(out.shape))
+            )
+        _leading_dim(out, "out", op)
+        dtype = out.dtype
+    # Devices last, so that the checks above also run on CPU and meta tensors.
     _check_cuda(a, "a", op, None)
     _check_cuda(b, "b", op, a.device)
-    if out is None:
-        return torch.bfloat16 if out_dtype is None else out_dtype
-    _check_tensor(out, "out", op)
-    _check_dtype(out, "out", op, _GEMM_OUT_DTYPES)
-    if out_dtype is not None and out.dtype != out_dtype:
-        raise TypeError("%s: out is %s but out_dtype is %s" % (op, out.dtype, out_dtype))
-    if out.dim() != 2 or tuple(out.shape) != (m, n):
-        raise ValueError(
-            "%s: out must be [M=%d, N=%d], got shape %s" % (op, m, n, tuple(out.shape))
-        )
-    _leading_dim(out, "out", op)
-    _check_cuda(out, "out", op, a.device)
-    return out.dtype
+    if out is not None:
+        _check_cuda(out, "out", op, a.device)
+    return dtype
 
 
 def _launch_gemm(a, b, out, sm_count):
@@ -580,23 +584,24 @@ def _check_ag_gemm(comm, a, b, a_gathered, out, out_dtype, comm_sms):
     if isinstance(comm_sms, bool) or not isinstance(comm_sms, int) or comm_sms < 0:
         raise ValueError("%s: comm_sms must be an int >= 0 (0: heuristic), got %r"
                          % (op, comm_sms))
+    dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    if out is not None:
+        _check_tensor(out, "out", op)
+        _check_dtype(out, "out", op, _GEMM_OUT_DTYPES)
+        if out_dtype is not None and out.dtype != out_dtype:
+            raise TypeError("%s: out is %s but out_dtype is %s" % (op, out.dtype, out_dtype))
+        if out.dim() != 2 or tuple(out.shape) != (world * m_local, n):
+            raise ValueError(
+                "%s: out must be [world * m_local=%d, N=%d], got shape %s"
+                % (op, world * m_local, n, tuple(out.shape))
+            )
+        _leading_dim(out, "out", op)
+        dtype = out.dtype
     device = torch.device("cuda", comm.device)
-    for t, name in ((a, "a"), (b, "b"), (a_gathered, "a_gathered")):
-        _check_cuda(t, name, op, device)
-    if out is None:
-        return torch.bfloat16 if out_dtype is None else out_dtype
-    _check_tensor(out, "out", op)
-    _check_dtype(out, "out", op, _GEMM_OUT_DTYPES)
-    if out_dtype is not None and out.dtype != out_dtype:
-        raise TypeError("%s: out is %s but out_dtype is %s" % (op, out.dtype, out_dtype))
-    if out.dim() != 2 or tuple(out.shape) != (world * m_local, n):
-        raise ValueError(
-            "%s: out must be [world * m_local=%d, N=%d], got shape %s"
-            % (op, world * m_local, n, tuple(out.shape))
-        )
-    _leading_dim(out, "out", op)
-    _check_cuda(out, "out", op, device)
-    return out.dtype
+    for t, name in ((a, "a"), (b, "b"), (a_gathered, "a_gathered"), (out, "out")):
+        if t is not None:
+            _check_cuda(t, name, op, device)
+    return dtype
 
 
 @_custom_op("tilewire::ag_gemm", mutates_args=("a_gathered", "out"))
@@ -647,12 +652,150 @@ def ag_gemm(comm, a, b, a_gathered, out=None, out_dtype=None, comm_sms=0):
     return out
 
 
-# ---- fused ops still to come: add each here as it lands in tilewire.h ----------------------
-#
-#   gemm_rs(comm, a, b, out=None)   tw_gemm_rs: reduce-scatter over ranks of a @ b.T
-#       custom op "tilewire::gemm_rs"(int comm, Tensor a, Tensor b, Tensor(a!) out, ...)
-#   gemm_ar(comm, a, b, out=None)   tw_gemm_ar: all-reduce over ranks of a @ b.T
-#       custom op "tilewire::gemm_ar"(int comm, Tensor a, Tensor b, Tensor(a!) out, ...)
+# ---- fused ops: gemm_rs and gemm_ar (one args struct, one check, two custom ops) ----------
+
+
+def gemm_rs_workspace(comm, m, n):
+    """The symmetric workspace tw_gemm_rs / tw_gemm_ar need for an m x n product on comm: a
+    uint8 tensor from comm.empty (collective). Allocate it once and reuse it."""
+    return comm.empty((max(comm.gemm_rs_workspace_size(m, n), 1),), torch.uint8)
+
+
+def _check_gemm_reduce(op, comm, a, b, workspace, out, reduce_sms, scatter):
+    _check_comm(comm, op)
+    for t, name in ((a, "a"), (b, "b")):
+        _check_tensor(t, name, op)
+        _check_dtype(t, name, op, (torch.bfloat16,))
+        if t.dim() != 2:
+            raise ValueError("%s: %s must be 2-D, got shape %s" % (op, name, tuple(t.shape)))
+    m, k = a.shape
+    n, kb = b.shape
+    world = comm.size
+    if kb != k:
+        raise ValueError(
+            "%s: a is [M=%d, K=%d] and b is [N=%d, K=%d]: their K differ (the op sums "
+            "a @ b.T over ranks with b as [N, K])" % (op, m, k, n, kb)
+        )
+    if m < world or m % world:
+        raise ValueError("%s: M=%d (a.shape[0]) must be a positive multiple of world=%d"
+                         % (op, m, world))
+    if k % 8:
+        raise ValueError("%s: K=%d (a.shape[1]) must be a multiple of 8" % (op, k))
+    if n % 8:
+        raise ValueError("%s: N=%d (b.shape[0]) must be a multiple of 8" % (op, n))
+    _leading_dim(a, "a", op)
+    _leading_dim(b, "b", op)
+    if workspace is None:
+        if world > 1:
+            raise ValueError("%s: workspace is needed when world > 1 "
+                             "(tilewire.gemm_rs_workspace(comm, M, N))" % op)
+    else:
+        _check_tensor(workspace, "workspace", op)
+        if not workspace.is_contiguous():
+            raise ValueError("%s: workspace must be contiguous (from comm.empty)" % op)
+    if isinstance(reduce_sms, bool) or not isinstance(reduce_sms, int) or reduce_sms < 0:
+        raise ValueError("%s: reduce_sms must be an int >= 0 (0: heuristic), got %r"
+                         % (op, reduce_sms))
+    rows = m // world if scatter else m
+    if out is not None:
+        _check_tensor(out, "out", op)
+        _check_dtype(out, "out", op, (torch.bfloat16,))
+        if out.dim() != 2 or tuple(out.shape) != (rows, n):
+            raise ValueError("%s: out must be [%s=%d, N=%d], got shape %s"
+                             % (op, "M / world" if scatter else "M", rows, n,
+                                tuple(out.shape)))
+        _leading_dim(out, "out", op)
+    device = torch.device("cuda", comm.device)
+    for t, name in ((a, "a"), (b, "b"), (workspace, "workspace"), (out, "out")):
+        if t is not None:
+            _check_cuda(t, name, op, device)
+    return rows, n
+
+
+def _launch_gemm_reduce(function, comm_id, a, b, workspace, out, reduce_sms):
+    op = "tilewire." + function[3:]
+    comm = comm_by_id(comm_id)
+    for t, name in ((a, "a"), (b, "b"), (out, "out")):
+        _check_aligned(t, name, op)
+    m, k = a.shape
+    n = b.shape[0]
+    workspace_ptr = None
+    if workspace.numel():
+        _check_aligned(workspace, "workspace", op)
+        need = comm.gemm_rs_workspace_size(m, n)
+        have = workspace.numel() * workspace.element_size()
+        if not is_symmetric(comm, workspace) or have < need:
+            raise ValueError(
+                "%s: workspace must be a symmetric tensor of rank %d's comm with at least "
+                "%d bytes (tilewire.gemm_rs_workspace(comm, %d, %d)); got %d bytes%s"
+                % (op, comm.rank, need, m, n, have,
+                   "" if is_symmetric(comm, workspace) else ", not symmetric")
+            )
+        workspace_ptr = workspace.data_ptr()
+    args = _lib.GemmRsArgs(
+        out_dtype=_lib.DType.BF16, a=a.data_ptr(), b=b.data_ptr(), out=out.data_ptr(),
+        workspace=workspace_ptr, m=m, n=n, k=k, lda=_leading_dim(a, "a", op),
+        ldb=_leading_dim(b, "b", op), ldo=_leading_dim(out, "out", op), reduce_sms=reduce_sms,
+    )
+    _lib.call(function, comm.handle, ctypes.byref(args), _stream(a.device))
+
+
+@_custom_op("tilewire::gemm_rs", mutates_args=("workspace", "out"))
+def _gemm_rs_op(comm_id: int, a: torch.Tensor, b: torch.Tensor, workspace: torch.Tensor,
+                out: torch.Tensor, reduce_sms: int) -> None:
+    _launch_gemm_reduce("tw_gemm_rs", comm_id, a, b, workspace, out, reduce_sms)
+
+
+@_register_fake(_gemm_rs_op)
+def _gemm_rs_fake(comm_id, a, b, workspace, out, reduce_sms):
+    return None
+
+
+@_custom_op("tilewire::gemm_ar", mutates_args=("workspace", "out"))
+def _gemm_ar_op(comm_id: int, a: torch.Tensor, b: torch.Tensor, workspace: torch.Tensor,
+                out: torch.Tensor, reduce_sms: int) -> None:
+    _launch_gemm_reduce("tw_gemm_ar", comm_id, a, b, workspace, out, reduce_sms)
+
+
+@_register_fake(_gemm_ar_op)
+def _gemm_ar_fake(comm_id, a, b, workspace, out, reduce_sms):
+    return None
+
+
+def _gemm_reduce(scatter, comm, a, b, workspace, out, reduce_sms):
+    op = "tilewire.gemm_rs" if scatter else "tilewire.gemm_ar"
+    rows, n = _check_gemm_reduce(op, comm, a, b, workspace, out, reduce_sms, scatter)
+    if out is None:
+        out = torch.empty((rows, n), dtype=torch.bfloat16, device=a.device)
+    if workspace is None:  # world == 1: the op needs none; the custom op wants a tensor
+        workspace = torch.empty(0, dtype=torch.uint8, device=a.device)
+    if _HAVE_CUSTOM_OP:
+        fn = torch.ops.tilewire.gemm_rs if scatter else torch.ops.tilewire.gemm_ar
+    else:
+        fn = _gemm_rs_op if scatter else _gemm_ar_op
+    fn(comm.id, a, b, workspace, out, reduce_sms)
+    return out
+
+
+def gemm_rs(comm, a, b, workspace, out=None, reduce_sms=0):
+    """Fused GEMM + ReduceScatter (tw_gemm_rs), the row-parallel linear layer: with
+    S = sum over ranks of a @ b.T (fp32 accumulation, rank-ordered, reproducible), this
+    rank gets rows [rank * M / world, (rank + 1) * M / world) of S as bf16 [M / world, N].
+
+    a: [M, K] bf16, b: [N, K] bf16 (row strides multiples of 8); M a multiple of world;
+    workspace: from tilewire.gemm_rs_workspace(comm, M, N) (None when world == 1);
+    reduce_sms: CTAs that start on the reduction (0: heuristic). Collective. Returns out.
+    """
+    return _gemm_reduce(True, comm, a, b, workspace, out, reduce_sms)
+
+
+def gemm_ar(comm, a, b, workspace, out=None, reduce_sms=0):
+    """Fused GEMM + AllReduce (tw_gemm_ar): every rank gets S = sum over ranks of a @ b.T
+    as bf16 [M, N]. Arguments as gemm_rs. Collective. Returns out."""
+    return _gemm_reduce(False, comm, a, b, workspace, out, reduce_sms)
+
+
+# ---- the next ops: add each here as it lands in tilewire.h ---------------------------------
 #
 # Checklist per op (ag_gemm above is the template): _lib.FUNCTIONS and the args struct in
 # _lib.STRUCTS; the struct in python/tools/struct_layout.c; a _check_<op> function, a

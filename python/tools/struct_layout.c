@@ -101,7 +101,25 @@ int main(void) {
   FIELD(tw_ag_gemm_args_t, reserved0);
   end_struct();
 
-  /* ---- the next fused ops' argument structs go here as they land (tw_gemm_rs_args_t, ...) */
+  STRUCT(tw_gemm_rs_args_t);
+  FIELD(tw_gemm_rs_args_t, size);
+  FIELD(tw_gemm_rs_args_t, version);
+  FIELD(tw_gemm_rs_args_t, out_dtype);
+  FIELD(tw_gemm_rs_args_t, a);
+  FIELD(tw_gemm_rs_args_t, b);
+  FIELD(tw_gemm_rs_args_t, out);
+  FIELD(tw_gemm_rs_args_t, workspace);
+  FIELD(tw_gemm_rs_args_t, m);
+  FIELD(tw_gemm_rs_args_t, n);
+  FIELD(tw_gemm_rs_args_t, k);
+  FIELD(tw_gemm_rs_args_t, lda);
+  FIELD(tw_gemm_rs_args_t, ldb);
+  FIELD(tw_gemm_rs_args_t, ldo);
+  FIELD(tw_gemm_rs_args_t, reduce_sms);
+  FIELD(tw_gemm_rs_args_t, reserved0);
+  end_struct();
+
+  /* ---- the next ops' argument structs go here as they land ---- */
 
   printf("\n  },\n  \"enum_sizes\": {");
   first_item = 1;
@@ -142,6 +160,7 @@ int main(void) {
   VALUE(TW_CONFIG_VERSION);
   VALUE(TW_GEMM_ARGS_VERSION);
   VALUE(TW_AG_GEMM_ARGS_VERSION);
+  VALUE(TW_GEMM_RS_ARGS_VERSION);
   printf("\n  }\n}\n");
   return 0;
 }

@@ -30,5 +30,7 @@ TW_ENV(TW_BOOTSTRAP_ADDR, str, "",
        "first non-loopback interface, else 127.0.0.1.")
 TW_ENV(TW_AG_CHUNK_BYTES, size, "0",
        "AllGather chunk size in bytes (each chunk has its own flag); 0 lets the heuristic choose.")
+TW_ENV(TW_AG_GROUP_M, int, "0",
+       "Row blocks per L2 group in tw_ag_gemm's rank-rotated tile order; 0 lets the heuristic choose.")
 TW_ENV(TW_AG_COMM_SMS, int, "0",
        "SMs given to communication in tw_allgather and tw_ag_gemm; 0 lets the heuristic choose.")

@@ -23,6 +23,9 @@
  *          producer thread before the first TMA load of a tile. It may spin (bounded) on a
  *          readiness flag for the rows the tile reads; after an acquire it must issue
  *          ptx::fence_async_global() so the TMA loads see the data.
+ *          (a') `static void a_source(const Params&, int m_block, const CUtensorMap *&map,
+ *          int &row)`: may redirect the tile's A loads to another tensor map (kept in Params)
+ *          and row, e.g. rows the rank already holds. Inherit NoWait for the default.
  *   Epi    (b) `using Out` (bf16 or float: the shared-memory box layout);
  *          `static void issue_box(const Params&, const void *smem_box, int col, int row)`,
  *          called by one thread per consumer warpgroup for every 64 x (128 / sizeof(Out))
@@ -141,6 +144,11 @@ template <class Epi, class Wait> struct GemmParams {
 struct NoWait {
   struct Params {};
   __device__ static void before_tile(const Params &, int32_t, int32_t) {}
+  // (a') Where the tile's A rows come from: by default p.a_map at row mb * kBlockM. A hook may
+  // point the loads at another tensor map (in its Params) and row, e.g. a local copy of rows
+  // that need no wait. Custom Wait policies inherit this default from NoWait.
+  template <class P>
+  __device__ static void a_source(const P &, int32_t, const CUtensorMap *&, int32_t &) {}
 };
 
 // TMA store of the tile into `c_map` (the local C, or a peer's buffer mapped here).
@@ -306,13 +314,16 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         if constexpr (kPair)
           mb = 2 * mb + (int32_t)rank;
         Wait::before_tile(p.wait, mb, nb);
+        const CUtensorMap *a_map = &p.a_map;
+        int32_t a_row = mb * kBlockM;
+        Wait::a_source(p.wait, mb, a_map, a_row);
         for (int32_t kb = 0; kb < k_blocks; kb++) {
           ptx::mbar_wait(&empty[stage], phase ^ 1);
           if (kb == 0)
             slot[stage] = t;
           ptx::mbar_arrive_expect_tx(&full[stage], kTileABytes + kTileB);
-          ptx::tma_load_2d(smem + L::kA + stage * kTileABytes, &p.a_map, &full[stage], kb * kBlockK,
-                           mb * kBlockM);
+          ptx::tma_load_2d(smem + L::kA + stage * kTileABytes, a_map, &full[stage], kb * kBlockK,
+                           a_row);
           if constexpr (kPair)
             ptx::tma_load_2d_multicast(smem + L::kB + stage * kTileB + rank * (kTileB / 2),
                                        &p.b_map, &full[stage], kb * kBlockK,

@@ -35,15 +35,31 @@ namespace {
 constexpr int kStages = 4;
 constexpr int kEpiBytes = 16384;
 
-/* Readiness hook: the chunks holding rows [mb * 128, mb * 128 + 128) have landed. */
-struct AgWait {
+/* Readiness hook. Tiles whose rows all belong to this rank's shard read them straight
+ * from `a` (own_map) and wait for nothing; other tiles read a_gathered once the chunks
+ * holding their 128 rows have landed. */
+struct AgWait : NoWait {
   struct Params {
+    CUtensorMap own_map; /* this rank's shard `a`, [m_local, K] */
     tw_dev_comm_t dc;
     int32_t m_local;
     int32_t rows_per_chunk;
     int32_t m_total;
+    int32_t own_first; /* rank * m_local */
   };
+  __device__ static bool all_own(const Params &p, int32_t mb) {
+    const int32_t first = mb * kBlockM, end = min(first + kBlockM, p.m_total);
+    return first >= p.own_first && end <= p.own_first + p.m_local;
+  }
+  __device__ static void a_source(const Params &p, int32_t mb, const CUtensorMap *&map,
+                                  int32_t &row) {
+    if (all_own(p, mb)) {
+      map = &p.own_map;
+      row = mb * kBlockM - p.own_first;
+    }
+  }
   __device__ static void before_tile(const Params &p, int32_t mb, int32_t) {
+    if (all_own(p, mb)) return;
     const uint64_t epoch = tw_op_begin(p.dc, TW_CH_AG_GEMM);
     const int32_t end = min(mb * kBlockM + kBlockM, p.m_total);
     for (int32_t row = mb * kBlockM; row < end;) {
@@ -85,7 +101,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int world = dc.world, rank = dc.rank;
     const int items = world * p.nchunks;
     for (int item = blockIdx.x; ok && item < items; item += p.comm_ctas) {
-      const int target = (rank - item / p.nchunks + world) % world;
+      /* Peers in the order their rotated GEMMs reach this shard (rank-1 first), this
+       * rank's own copy (only the gathered output needs it) last. */
+      const int target = (rank - 1 - item / p.nchunks + 2 * world) % world;
       const int chunk = item % p.nchunks;
       if (threadIdx.x == 0 && target != rank && !tw_wait_entry(dc, TW_CH_AG_GEMM, target, epoch))
         ok = 0;
@@ -159,6 +177,10 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
   p.gemm.wait.m_local = (int32_t)a.m_local;
   p.gemm.wait.rows_per_chunk = plan.rows_per_chunk;
   p.gemm.wait.m_total = (int32_t)m_total;
+  p.gemm.wait.own_first = (int32_t)(comm->rank * a.m_local);
+  st = tw_tma_map_2d(&p.gemm.wait.own_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a, a.k, a.m_local,
+                     a.k, kBlockK, kBlockM, "tw_ag_gemm: cuTensorMapEncodeTiled(a)");
+  if (st != TW_SUCCESS) return st;
   p.a = (const char *)a.a;
   for (int r = 0; r < comm->world; r++) p.gathered[r] = (char *)tw_heap_peer_ptr(comm, a.a_gathered, r);
   p.row_bytes = a.k * 2;
@@ -235,7 +257,8 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
       return tw_fail(TW_ERR_NOT_SUPPORTED,
                      "rank %d is on another node; inter-node tw_ag_gemm is not implemented yet", r);
   tw_ag_gemm_plan_args_t pa = {world, a->m_local, a->n, a->k, comm->sm_budget, a->comm_sms,
-                               (int)tw_env_int(TW_AG_COMM_SMS_ID)};
+                               (int)tw_env_int(TW_AG_COMM_SMS_ID),
+                               (int)tw_env_int(TW_AG_GROUP_M_ID)};
   tw_ag_gemm_make_plan(&pa, plan);
   return TW_SUCCESS;
 }

@@ -131,10 +131,14 @@ static tw_status_t device_identity(int device, int *sm_count, uint8_t uuid[16]) 
   return TW_SUCCESS;
 }
 
+/* Ops whose file may not be in the build yet are weak. */
+tw_status_t tw_gemm_rs_preload(void) __attribute__((weak));
+
 tw_status_t tw_preload_kernels(void) {
   tw_status_t st = tw_allgather_preload();
   if (st == TW_SUCCESS) st = tw_gemm_preload();
   if (st == TW_SUCCESS) st = tw_ag_gemm_preload();
+  if (st == TW_SUCCESS && tw_gemm_rs_preload) st = tw_gemm_rs_preload();
   return st;
 }
 

@@ -300,7 +300,7 @@ static void check_strided(const buffers_t *buf) {
 // ---- the hooks, as a fused op would use them ---------------------------------------------------
 
 // (a) Before a tile's loads: wait until the row chunks it reads are marked ready (flag >= target).
-struct WaitRowsReady {
+struct WaitRowsReady : tw::gemm::NoWait {
   struct Params {
     const uint64_t *rows_ready; // one flag per chunk of rows_per_flag rows
     int32_t rows_per_flag;

@@ -81,6 +81,9 @@ typedef struct bench_op {
 extern const bench_op_t bench_op_gemm;
 extern const bench_op_t bench_op_allgather;
 extern const bench_op_t bench_op_flag;
+extern const bench_op_t bench_op_ag_gemm;
+extern const bench_op_t bench_op_gemm_rs;
+extern const bench_op_t bench_op_gemm_ar;
 
 /* Ops linked into this binary, in registry order (an op whose file is absent is skipped). */
 int bench_op_count(void);

@@ -14,51 +14,15 @@
 #include <string.h>
 
 #include "bench.h"
+#include "bench_ranks.h"
 #include "device/signal.cuh"
 #include "ref/ref_collectives.h"
 #include "tw_test.h"
 
-typedef struct ranks {
-  int world;
-  tw_comm_t comms[TW_MAX_WORLD];
-  cudaStream_t streams[TW_MAX_WORLD];
-  cudaEvent_t events[TW_MAX_WORLD];
-  int devices[TW_MAX_WORLD];
-} ranks_t;
-
-static int ranks_init(ranks_t *rk, int world, int sm_budget) {
-  int ngpu = 0;
-  BENCH_CUDA(cudaGetDeviceCount(&ngpu));
-  rk->world = world;
-  for (int r = 0; r < world; r++) rk->devices[r] = r % ngpu;
-  tw_config_t cfg = TW_CONFIG_INIT;
-  cfg.sm_budget = sm_budget;
-  if (tw_comm_init_all(rk->comms, world, rk->devices, &cfg) != TW_SUCCESS) {
-    fprintf(stderr, "tw_comm_init_all(world=%d): %s\n", world, tw_last_error());
-    return 1;
-  }
-  for (int r = 0; r < world; r++) {
-    BENCH_CUDA(cudaSetDevice(rk->devices[r]));
-    BENCH_CUDA(cudaStreamCreateWithFlags(&rk->streams[r], cudaStreamNonBlocking));
-    BENCH_CUDA(cudaEventCreateWithFlags(&rk->events[r], cudaEventDisableTiming));
-  }
-  BENCH_CUDA(cudaSetDevice(rk->devices[0]));
-  return 0;
-}
-
-static void ranks_fini(ranks_t *rk) {
-  for (int r = 0; r < rk->world; r++) {
-    cudaStreamDestroy(rk->streams[r]);
-    cudaEventDestroy(rk->events[r]);
-    tw_comm_destroy(rk->comms[r]);
-  }
-  cudaSetDevice(rk->devices[0]);
-}
-
 /* ---- allgather --------------------------------------------------------------------------- */
 
 typedef struct ag_ctx {
-  ranks_t *rk;
+  bench_ranks_t *rk;
   size_t bytes;
   void *send[TW_MAX_WORLD];
   void *recv[TW_MAX_WORLD];
@@ -106,9 +70,9 @@ static int check_gather(ag_ctx *c, void (*fn)(void *, int), const char *what) {
 }
 
 static int run_allgather(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res) {
-  ranks_t rk;
+  bench_ranks_t rk;
   int world = o->world ? o->world : 8;
-  if (ranks_init(&rk, world, o->sm_budget)) return 1;
+  if (bench_ranks_init(&rk, world, o->sm_budget)) return 1;
   ag_ctx c;
   memset(&c, 0, sizeof(c));
   c.rk = &rk;
@@ -138,6 +102,7 @@ static int run_allgather(const bench_opts_t *o, const bench_shape_t *shape, benc
     row.ms = bench_time_multi_ms(variants[v].fn, &c, rk.streams[0], rk.streams, world, o->warmup,
                                  o->repeats, &row.ms_p10, &row.ms_p90);
     row.gbps = (double)c.bytes * world / (row.ms * 1e-3) * (world - 1) / world / 1e9;
+    row.ok = row.ok && bench_ranks_async_ok(&rk, variants[v].name);
     if (v == 0) base_ms = row.ms;
     row.speedup = base_ms / row.ms;
     bench_add_row(res, &row);
@@ -147,7 +112,7 @@ static int run_allgather(const bench_opts_t *o, const bench_shape_t *shape, benc
     cudaFree(c.send[r]);
     tw_mem_free(rk.comms[r], c.recv[r]);
   }
-  ranks_fini(&rk);
+  bench_ranks_fini(&rk);
   return 0;
 }
 
@@ -191,7 +156,7 @@ static __global__ void pingpong_kernel(uint64_t *own, uint64_t *peer, int rounds
 }
 
 typedef struct flag_ctx {
-  ranks_t *rk;
+  bench_ranks_t *rk;
   uint64_t *flag[2];
   uint64_t *peer_flag[2];
   int rounds;
@@ -213,8 +178,8 @@ static void run_pingpong(void *p, int iter) {
 }
 
 static int run_flag(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res) {
-  ranks_t rk;
-  if (ranks_init(&rk, 2, o->sm_budget)) return 1;
+  bench_ranks_t rk;
+  if (bench_ranks_init(&rk, 2, o->sm_budget)) return 1;
   flag_ctx c;
   memset(&c, 0, sizeof(c));
   c.rk = &rk;
@@ -256,7 +221,7 @@ static int run_flag(const bench_opts_t *o, const bench_shape_t *shape, bench_res
   }
   cudaFree(c.failed);
   for (int r = 0; r < 2; r++) tw_mem_free(rk.comms[r], buf[r]);
-  ranks_fini(&rk);
+  bench_ranks_fini(&rk);
   return 0;
 }
 

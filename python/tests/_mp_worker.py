@@ -1,0 +1,78 @@
+"""One rank of test_mp.py, launched like torchrun does (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT in the environment). argv[1] picks how the unique id travels:
+"env" (tilewire.init's own TCP store) or "torch.distributed" (a gloo process group first).
+Exit 0 when this rank's results match the torch reference."""
+
+import os
+import sys
+
+import torch
+
+import tilewire
+
+
+def shard(rank, iteration, n):
+    g = torch.Generator(device="cuda").manual_seed(1000 * iteration + rank)
+    return torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
+
+
+def main():
+    mode = sys.argv[1]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if mode == "torch.distributed":
+        torch.distributed.init_process_group("gloo")
+    comm = tilewire.init()
+    assert (comm.rank, comm.size) == (rank, world), comm
+    assert comm.local_size == world and comm.nodes == 1, comm
+
+    n = 1 << 16
+    out = comm.empty((world * n,), torch.bfloat16)
+    for it in range(3):
+        x = shard(rank, it, n)
+        tilewire.allgather(comm, x, out)
+        torch.cuda.synchronize()
+        ref = torch.cat([shard(r, it, n) for r in range(world)])
+        assert torch.equal(out, ref), "rank %d iteration %d: allgather differs" % (rank, it)
+    tilewire.barrier(comm)
+    torch.cuda.synchronize()
+    err = comm.async_error()
+    assert err is None, err
+
+    # The fused op, when the library has it: gather(a) @ b.T against torch.
+    m_local, k, n_cols = 128, 256, 384
+    gathered = comm.empty((world * m_local, k), torch.bfloat16)
+    a = shard(rank, 7, m_local * k).view(m_local, k)
+    b = shard(world, 8, n_cols * k).view(n_cols, k)
+    c = tilewire.ag_gemm(comm, a, b, gathered)
+    torch.cuda.synchronize()
+    full = torch.cat([shard(r, 7, m_local * k).view(m_local, k) for r in range(world)])
+    assert torch.equal(gathered, full), "rank %d: a_gathered differs" % rank
+    ref = full.float() @ b.float().t()
+    err = ((c.float() - ref).abs().max() / ref.abs().max()).item()
+    assert err < 1e-2, "rank %d: ag_gemm relative error %g" % (rank, err)
+
+    # GEMM + ReduceScatter / AllReduce: sum over ranks of a_r @ b_r.T.
+    m, n_cols, k = 64 * world, 256, 128
+    a = shard(rank, 9, m * k).view(m, k)
+    b = shard(rank, 10, n_cols * k).view(n_cols, k)
+    workspace = tilewire.gemm_rs_workspace(comm, m, n_cols)
+    rs = tilewire.gemm_rs(comm, a, b, workspace)
+    ar = tilewire.gemm_ar(comm, a, b, workspace)
+    torch.cuda.synchronize()
+    ref = sum(shard(r, 9, m * k).view(m, k).float() @ shard(r, 10, n_cols * k).view(n_cols, k)
+              .float().t() for r in range(world))
+    rows = m // world
+    for name, got, want in (("gemm_rs", rs, ref[rank * rows:(rank + 1) * rows]),
+                            ("gemm_ar", ar, ref)):
+        err = ((got.float() - want).abs().max() / want.abs().max()).item()
+        assert err < 1e-2, "rank %d: %s relative error %g" % (rank, name, err)
+
+    del out, gathered, workspace
+    comm.close()
+    if mode == "torch.distributed":
+        torch.distributed.destroy_process_group()
+    print("rank %d of %d: ok" % (rank, world), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,418 @@
+"""GPU tests of the torch front end against torch references: gemm (shapes with tails,
+strides, fp32 output, CUDA graph capture, torch.compile, autograd), allgather and ag_gemm on
+virtual ranks sharing one GPU, and symmetric-tensor lifetime. Skipped without torch or
+without a Hopper GPU."""
+
+import gc
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tilewire  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+bf16 = torch.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def _need_hopper(hopper):
+    yield
+    torch.cuda.synchronize()
+
+
+def _ref(a, b):
+    return a.float() @ b.float().t()
+
+
+def _rel_err(x, ref):
+    """Largest error relative to the largest reference value."""
+    return ((x.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+TOL = {bf16: 1e-2, torch.float32: 1e-4}
+
+
+def _inputs(m, n, k, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(m, k, device="cuda", dtype=bf16, generator=g)
+    b = torch.randn(n, k, device="cuda", dtype=bf16, generator=g)
+    return a, b
+
+
+# ---- gemm ---------------------------------------------------------------------------------
+
+GEMM_SHAPES = [
+    (128, 256, 64),
+    (1, 8, 8),
+    (129, 264, 72),  # tails in M and N
+    (1000, 1032, 520),
+    (8, 8, 4096),
+    (4096, 4096, 4096),
+]
+
+
+@pytest.mark.parametrize("out_dtype", [bf16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("shape", GEMM_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gemm_matches_torch(shape, out_dtype):
+    a, b = _inputs(*shape)
+    out = tilewire.gemm(a, b, out_dtype=out_dtype)
+    assert out.shape == (shape[0], shape[1]) and out.dtype == out_dtype
+    assert out.device == a.device
+    assert _rel_err(out, _ref(a, b)) < TOL[out_dtype]
+
+
+def test_gemm_strided_operands_and_out():
+    m, n, k = 300, 136, 200
+    a_big = torch.randn(m, k + 16, device="cuda", dtype=bf16)
+    b_big = torch.randn(n, k + 8, device="cuda", dtype=bf16)
+    out_big = torch.full((m, n + 8), float("nan"), device="cuda", dtype=torch.float32)
+    a, b, out = a_big[:, :k], b_big[:, :k], out_big[:, :n]
+    result = tilewire.gemm(a, b, out=out)
+    assert result is out
+    assert _rel_err(out, _ref(a, b)) < TOL[torch.float32]
+    assert torch.isnan(out_big[:, n:]).all(), "wrote outside out"
+
+
+def test_gemm_sm_count_and_determinism():
+    a, b = _inputs(512, 512, 512, seed=1)
+    first = tilewire.gemm(a, b, sm_count=16)
+    again = tilewire.gemm(a, b, sm_count=16)
+    assert torch.equal(first, again)
+    assert _rel_err(first, _ref(a, b)) < TOL[bf16]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    with pytest.raises(tilewire.InvalidArgumentError, match="sm_count"):
+        tilewire.gemm(a, b, sm_count=sms + 1)
+
+
+def test_gemm_zero_sizes():
+    a, b = _inputs(0, 64, 32)
+    assert tilewire.gemm(a, b).shape == (0, 64)
+    a = torch.empty(16, 0, device="cuda", dtype=bf16)
+    b = torch.empty(8, 0, device="cuda", dtype=bf16)
+    assert torch.equal(tilewire.gemm(a, b), torch.zeros(16, 8, device="cuda", dtype=bf16))
+
+
+def test_gemm_misaligned_pointer_is_refused():
+    base = torch.randn(64 * 64 + 8, device="cuda", dtype=bf16)
+    a = base[1:1 + 64 * 64].view(64, 64)  # 2 bytes past an aligned address
+    b = torch.randn(64, 64, device="cuda", dtype=bf16)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        tilewire.gemm(a, b)
+
+
+def test_gemm_on_a_side_stream_orders_with_it():
+    a, b = _inputs(2048, 2048, 2048, seed=2)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        out = tilewire.gemm(a, b)
+        check = out.float().sum()  # same stream: must see the finished product
+    torch.cuda.current_stream().wait_stream(s)
+    assert torch.allclose(check, _ref(a, b).sum(), rtol=1e-2, atol=1.0)
+
+
+def test_gemm_cuda_graph_capture():
+    a, b = _inputs(256, 512, 128, seed=3)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up outside capture, as torch recommends
+        tilewire.gemm(a, b)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tilewire.gemm(a, b)
+    for seed in (4, 5):
+        new_a, new_b = _inputs(256, 512, 128, seed=seed)
+        a.copy_(new_a)
+        b.copy_(new_b)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel_err(out, _ref(new_a, new_b)) < TOL[bf16]
+
+
+def test_gemm_torch_compile_fullgraph():
+    def f(a, b):
+        return tilewire.gemm(a, b) * 2 + 1
+
+    compiled = torch.compile(f, fullgraph=True)
+    a, b = _inputs(192, 256, 128, seed=6)
+    out = compiled(a, b)
+    assert _rel_err(out, _ref(a, b) * 2 + 1) < 2 * TOL[bf16]
+
+
+def test_gemm_out_torch_compile_fullgraph():
+    def f(a, b, out):
+        tilewire.gemm(a, b, out=out)
+        return out.sum()
+
+    compiled = torch.compile(f, fullgraph=True)
+    a, b = _inputs(64, 128, 64, seed=7)
+    out = torch.empty(64, 128, device="cuda", dtype=torch.float32)
+    total = compiled(a, b, out)
+    assert _rel_err(out, _ref(a, b)) < TOL[torch.float32]
+    assert torch.allclose(total, out.sum())
+
+
+def test_gemm_opcheck():
+    if not hasattr(torch.library, "opcheck"):
+        pytest.skip("torch.library.opcheck needs torch >= 2.4")
+    a, b = _inputs(128, 64, 64, seed=8)
+    torch.library.opcheck(torch.ops.tilewire.gemm.default, (a, b, bf16, 0))
+
+
+def test_gemm_autograd():
+    a, b = _inputs(64, 128, 64, seed=9)
+    a.requires_grad_(True)
+    b.requires_grad_(True)
+    tilewire.gemm(a, b, out_dtype=torch.float32).sum().backward()
+    ra, rb = a.detach().clone().requires_grad_(True), b.detach().clone().requires_grad_(True)
+    (ra.float() @ rb.float().t()).sum().backward()
+    assert _rel_err(a.grad, ra.grad.float()) < TOL[bf16]
+    assert _rel_err(b.grad, rb.grad.float()) < TOL[bf16]
+
+
+# ---- comms and symmetric tensors ----------------------------------------------------------
+
+
+def _close(comms):
+    gc.collect()
+    for c in comms:
+        c.close()
+
+
+def test_virtual_comm_properties():
+    comms = tilewire.init_virtual(4, config=tilewire.Config(ranks_per_node=2))
+    try:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for r, c in enumerate(comms):
+            assert (c.rank, c.size, c.device) == (r, 4, 0)
+            assert (c.node, c.nodes, c.local_rank, c.local_size) == (r // 2, 2, r % 2, 2)
+            assert 0 < c.sm_budget <= sms // 4
+            assert c.async_error() is None
+            assert "rank %d of 4" % r in repr(c)
+    finally:
+        _close(comms)
+    assert comms[0].closed
+
+
+def test_symmetric_tensors_are_freed_with_their_last_view():
+    comms = tilewire.init_virtual(2)
+    try:
+        ts = tilewire.symmetric_empty(comms, (4, 256), torch.float32)
+        assert ts[0].shape == (4, 256) and ts[0].dtype == torch.float32
+        assert ts[0].device == torch.device("cuda", 0)
+        assert ts[0].data_ptr() != ts[1].data_ptr()
+        assert all(tilewire.is_symmetric(c, t) for c, t in zip(comms, ts))
+        view = ts[0][1:]
+        ts[0].fill_(3.0)
+        del ts
+        gc.collect()
+        assert len(comms[0].live_allocations()) == 1  # the view keeps rank 0's alive
+        assert comms[1].live_allocations() == []
+        assert view.sum().item() == 3.0 * 3 * 256
+        del view
+        gc.collect()
+        assert comms[0].live_allocations() == []
+    finally:
+        _close(comms)
+
+
+def test_close_with_a_live_symmetric_tensor_warns():
+    comms = tilewire.init_virtual(1)
+    t = comms[0].empty((64,))
+    with pytest.warns(RuntimeWarning, match="still referenced"):
+        comms[0].close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        del t  # its deleter must not free again after close
+        gc.collect()
+
+
+# ---- allgather ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("elements", [8, 4096, 1 << 21])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_allgather_virtual_ranks(world, elements):
+    comms = tilewire.init_virtual(world)
+    try:
+        outs = tilewire.symmetric_empty(comms, (world * elements,), bf16)
+        for it in range(3):  # epochs advance: repeated calls must keep working
+            xs = [torch.randn(elements, device="cuda", dtype=bf16) + 10 * r + it
+                  for r in range(world)]
+            results = tilewire.for_each_rank(
+                comms, lambda c: tilewire.allgather(c, xs[c.rank], outs[c.rank]))
+            torch.cuda.synchronize()
+            ref = torch.cat(xs)
+            for r in range(world):
+                assert results[r] is outs[r]
+                assert torch.equal(outs[r], ref), "rank %d, iteration %d" % (r, it)
+        for c in comms:
+            assert c.async_error() is None
+        outs.clear()
+    finally:
+        _close(comms)
+
+
+def test_allgather_2d_in_place():
+    world, m, k = 4, 32, 64
+    comms = tilewire.init_virtual(world)
+    try:
+        outs = tilewire.symmetric_empty(comms, (world * m, k), bf16)
+        shards = [outs[r][r * m:(r + 1) * m] for r in range(world)]
+        for r in range(world):
+            shards[r].copy_(torch.full((m, k), float(r + 1), device="cuda", dtype=bf16))
+        expected = torch.cat([s.clone() for s in shards])
+        tilewire.for_each_rank(comms, lambda c: tilewire.allgather(c, shards[c.rank],
+                                                                   outs[c.rank]))
+        torch.cuda.synchronize()
+        for r in range(world):
+            assert torch.equal(outs[r], expected)
+        shards.clear()
+        outs.clear()
+    finally:
+        _close(comms)
+
+
+def test_allgather_cuda_graph_capture():
+    world, n = 2, 1 << 16
+    comms = tilewire.init_virtual(world)
+    try:
+        outs = tilewire.symmetric_empty(comms, (world * n,), bf16)
+        xs = [torch.zeros(n, device="cuda", dtype=bf16) for _ in range(world)]
+
+        def step():
+            tilewire.for_each_rank(comms, lambda c: tilewire.allgather(c, xs[c.rank],
+                                                                       outs[c.rank]))
+
+        step()  # warm-up (creates the per-rank streams)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        for it in range(3):
+            for r in range(world):
+                xs[r].copy_(torch.randn(n, device="cuda", dtype=bf16))
+            graph.replay()
+            torch.cuda.synchronize()
+            ref = torch.cat(xs)
+            for r in range(world):
+                assert torch.equal(outs[r], ref), "replay %d, rank %d" % (it, r)
+        for c in comms:
+            assert c.async_error() is None
+        del graph
+        outs.clear()
+    finally:
+        _close(comms)
+
+
+def test_allgather_argument_errors_on_gpu():
+    comms = tilewire.init_virtual(2)
+    try:
+        outs = tilewire.symmetric_empty(comms, (2 * 64,), bf16)
+        x = torch.randn(64, device="cuda", dtype=bf16)
+        plain = torch.empty(2 * 64, device="cuda", dtype=bf16)
+        with pytest.raises(ValueError, match="symmetric"):
+            tilewire.allgather(comms[0], x, plain)
+        with pytest.raises(ValueError, match="world \\* x.numel"):
+            tilewire.allgather(comms[0], x[:32], outs[0])
+        with pytest.raises(TypeError, match="out is torch.bfloat16 but x is torch.float32"):
+            tilewire.allgather(comms[0], x.float(), outs[0])
+        with pytest.raises(ValueError, match="multiple of 16"):
+            tilewire.allgather(comms[0], x[:3], outs[0][:6])
+        with pytest.raises(ValueError, match="on cpu"):
+            tilewire.allgather(comms[0], x.cpu(), outs[0])
+        outs.clear()
+    finally:
+        _close(comms)
+
+
+# ---- ag_gemm ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_ag_gemm_virtual_ranks(world):
+    m_local, n, k = 256, 512, 384
+    comms = tilewire.init_virtual(world)
+    try:
+        gathered = tilewire.symmetric_empty(comms, (world * m_local, k), bf16)
+        a = [torch.randn(m_local, k, device="cuda", dtype=bf16) for _ in range(world)]
+        b = torch.randn(n, k, device="cuda", dtype=bf16)
+        outs = tilewire.for_each_rank(
+            comms, lambda c: tilewire.ag_gemm(c, a[c.rank], b, gathered[c.rank]))
+        torch.cuda.synchronize()
+        full = torch.cat(a)
+        ref = _ref(full, b)
+        for r in range(world):
+            assert outs[r].shape == (world * m_local, n)
+            assert torch.equal(gathered[r], full), "rank %d's a_gathered" % r
+            assert _rel_err(outs[r], ref) < TOL[bf16], "rank %d" % r
+        for c in comms:
+            assert c.async_error() is None
+        gathered.clear()
+    finally:
+        _close(comms)
+
+
+# ---- gemm_rs / gemm_ar --------------------------------------------------------------------
+
+
+def _reduce_case(world, m_per_rank=128, n=256, k=192):
+    m = m_per_rank * world
+    a = [torch.randn(m, k, device="cuda", dtype=bf16) for _ in range(world)]
+    b = [torch.randn(n, k, device="cuda", dtype=bf16) for _ in range(world)]
+    return m, n, a, b
+
+
+def _rank_ordered_sum(a, b):
+    """The header's contract: tw_gemm (fp32 out) per rank, summed in rank order in fp32."""
+    total = tilewire.gemm(a[0], b[0], out_dtype=torch.float32)
+    for r in range(1, len(a)):
+        total = total + tilewire.gemm(a[r], b[r], out_dtype=torch.float32)
+    return total
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_gemm_rs_and_ar_virtual_ranks(world):
+    m, n, a, b = _reduce_case(world)
+    comms = tilewire.init_virtual(world)
+    try:
+        ws = [tilewire.gemm_rs_workspace(c, m, n) for c in comms]
+        rs = tilewire.for_each_rank(comms, lambda c: tilewire.gemm_rs(c, a[c.rank], b[c.rank],
+                                                                      ws[c.rank]))
+        ar = tilewire.for_each_rank(comms, lambda c: tilewire.gemm_ar(c, a[c.rank], b[c.rank],
+                                                                      ws[c.rank]))
+        torch.cuda.synchronize()
+        ref = sum(_ref(a[r], b[r]) for r in range(world))
+        exact = _rank_ordered_sum(a, b).to(bf16)
+        rows = m // world
+        for r in range(world):
+            assert rs[r].shape == (rows, n) and ar[r].shape == (m, n)
+            assert _rel_err(rs[r], ref[r * rows:(r + 1) * rows]) < TOL[bf16], "rs rank %d" % r
+            assert _rel_err(ar[r], ref) < TOL[bf16], "ar rank %d" % r
+            # Fixed, rank-ordered fp32 reduction: bitwise the unfused composition.
+            assert torch.equal(rs[r], exact[r * rows:(r + 1) * rows]), "rs rank %d bits" % r
+            assert torch.equal(ar[r], exact), "ar rank %d bits" % r
+        for c in comms:
+            assert c.async_error() is None
+        ws.clear()
+    finally:
+        _close(comms)
+
+
+def test_gemm_rs_argument_errors_on_gpu():
+    comms = tilewire.init_virtual(2)
+    try:
+        a = torch.randn(6, 64, device="cuda", dtype=bf16)
+        b = torch.randn(16, 64, device="cuda", dtype=bf16)
+        with pytest.raises(ValueError, match="workspace is needed"):
+            tilewire.gemm_rs(comms[0], a[:4], b, None)
+        with pytest.raises(ValueError, match="multiple of world=2"):
+            tilewire.gemm_rs(comms[0], a[:5], b, None)
+        plain = torch.empty(1 << 20, device="cuda", dtype=torch.uint8)
+        with pytest.raises(ValueError, match="not symmetric"):
+            tilewire.gemm_ar(comms[0], a[:4], b, plain)
+    finally:
+        _close(comms)

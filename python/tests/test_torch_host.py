@@ -1,0 +1,104 @@
+"""The torch front end's argument checks, which need torch but no GPU (CPU and meta tensors).
+Skipped where torch is not installed."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tilewire  # noqa: E402
+from tilewire import _torch  # noqa: E402
+
+bf16 = torch.bfloat16
+
+
+def _cpu(*shape, dtype=bf16):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+def test_ops_are_registered():
+    assert hasattr(torch.ops.tilewire, "gemm")
+    assert hasattr(torch.ops.tilewire, "gemm_out")
+    assert hasattr(torch.ops.tilewire, "allgather")
+    assert hasattr(torch.ops.tilewire, "ag_gemm")
+    assert hasattr(torch.ops.tilewire, "gemm_rs")
+    assert hasattr(torch.ops.tilewire, "gemm_ar")
+    schema = str(torch.ops.tilewire.allgather.default._schema)
+    assert "Tensor(a!) out" in schema, schema
+    assert tilewire.gemm is _torch.gemm
+
+
+def test_gemm_fake_gives_the_output_shape():
+    a = torch.empty(100, 64, dtype=bf16, device="meta")
+    b = torch.empty(48, 64, dtype=bf16, device="meta")
+    out = _torch._gemm_fake(a, b, torch.float32, 0)
+    assert out.shape == (100, 48) and out.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "a, b, kwargs, exc, pattern",
+    [
+        (_cpu(16, 64, dtype=torch.float32), _cpu(8, 64), {}, TypeError, "a must be torch.bfloat16"),
+        (_cpu(16, 64), _cpu(8, 64, dtype=torch.float16), {}, TypeError, "b must be torch.bfloat16"),
+        ("nope", _cpu(8, 64), {}, TypeError, "a must be a torch.Tensor"),
+        (_cpu(2, 16, 64), _cpu(8, 64), {}, ValueError, "a must be 2-D"),
+        (_cpu(16, 64), _cpu(8, 32), {}, ValueError, "K differ"),
+        (_cpu(16, 12), _cpu(8, 12), {}, ValueError, "K=12 .* multiple of 8"),
+        (_cpu(16, 64), _cpu(12, 64), {}, ValueError, "N=12 .* multiple of 8"),
+        (_cpu(64, 16).t(), _cpu(8, 64), {}, ValueError, "a must be row-major with unit stride"),
+        (_cpu(16, 68)[:, :64], _cpu(8, 64), {}, ValueError, "a's row stride is 68"),
+        (_cpu(16, 64), _cpu(8, 64), {"out_dtype": torch.float16}, TypeError, "out_dtype"),
+        (_cpu(16, 64), _cpu(8, 64), {"sm_count": -1}, ValueError, "sm_count"),
+        (_cpu(16, 64), _cpu(8, 64), {"sm_count": "4"}, TypeError, "sm_count"),
+        (_cpu(16, 64), _cpu(8, 64), {}, ValueError, "a is on cpu; tilewire needs CUDA"),
+    ],
+)
+def test_gemm_argument_errors(a, b, kwargs, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        tilewire.gemm(a, b, **kwargs)
+
+
+def test_gemm_out_errors():
+    a, b = torch.empty(16, 64, dtype=bf16, device="meta"), torch.empty(8, 64, dtype=bf16,
+                                                                       device="meta")
+    # meta tensors pass every check up to the device one, which names the argument.
+    with pytest.raises(ValueError, match="a is on meta"):
+        tilewire.gemm(a, b)
+    with pytest.raises(TypeError, match="out must be torch.bfloat16 or torch.float32"):
+        _torch._check_gemm(a, b, torch.empty(16, 8, dtype=torch.float16, device="meta"), None, 0)
+
+
+def test_allgather_argument_errors():
+    x = _cpu(8)
+    with pytest.raises(TypeError, match="comm must be a tilewire.Comm"):
+        tilewire.allgather("comm", x, x)
+    with pytest.raises(TypeError, match="comm must be a tilewire.Comm"):
+        tilewire.ag_gemm(None, x, x, x)
+    with pytest.raises(TypeError, match="comm must be a tilewire.Comm"):
+        tilewire.barrier(0)
+    with pytest.raises(TypeError, match="comm must be a tilewire.Comm"):
+        tilewire.gemm_rs(None, x, x, None)
+    with pytest.raises(TypeError, match="comm must be a tilewire.Comm"):
+        tilewire.gemm_ar(None, x, x, None)
+
+
+def test_init_without_a_way_to_share_the_id(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        pytest.skip("a process group is initialised")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present (the device would be set first)")
+    with pytest.raises(RuntimeError, match="no way to receive the unique id"):
+        tilewire.init()
+
+
+def test_init_single_process_without_gpu(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(tilewire.TilewireError) as info:
+        tilewire.init()
+    assert info.value.status in (tilewire.Status.ERR_NO_DEVICE, tilewire.Status.ERR_CUDA)

@@ -1,0 +1,238 @@
+/*
+ * tw-bench ag_gemm: AllGather+GEMM, side by side in one run on --world ranks
+ * (default 8; virtual ranks sharing one GPU when there are fewer GPUs, each
+ * with its SM budget). Shape: m = total rows (world * m_local), n = columns per
+ * rank, k. Variants, each on every rank's stream:
+ *   fused         tw_ag_gemm, in place (the shard written into its slot of a_gathered)
+ *   unfused       tw_allgather, then cuBLAS on the gathered A (limited to the rank's SMs)
+ *   unfused-tw    tw_allgather, then tw_gemm (the same core as the fused op)
+ *   gemm-alone    tw_gemm on an already-gathered A (the rank's SMs)
+ *   allgather     tw_allgather alone
+ * speedup = unfused time / this time; overlap (fused row) = max(t_gemm, t_allgather) / t_fused.
+ * The check compares the fused C with unfused-tw's, bitwise, on every rank.
+ */
+#include <cuda_runtime.h>
+
+#include <string.h>
+
+#include "bench.h"
+#include "bench_ranks.h"
+#include "ref/ref_gemm.h"
+#include "tw_test.h"
+
+typedef struct ag_ctx {
+  bench_ranks_t *rk;
+  int64_t m_local, n, k;
+  void *a[TW_MAX_WORLD], *b[TW_MAX_WORLD], *c[TW_MAX_WORLD], *c2[TW_MAX_WORLD];
+  void *gathered[TW_MAX_WORLD], *gathered2[TW_MAX_WORLD];
+  tw_ref_blas_t *blas[TW_MAX_WORLD];
+  int failed;
+} ag_ctx;
+
+static void note(ag_ctx *c, tw_status_t st, int r, const char *what) {
+  if (st == TW_SUCCESS) return;
+  fprintf(stderr, "%s (rank %d): %s\n", what, r, tw_comm_last_error(c->rk->comms[r]));
+  c->failed = 1;
+}
+
+static void do_allgather(ag_ctx *c, int r) {
+  note(c, tw_allgather(c->rk->comms[r], c->a[r], c->gathered2[r], (size_t)c->m_local * c->k * 2,
+                       (tw_stream_t)c->rk->streams[r]),
+       r, "tw_allgather");
+}
+
+static void do_tw_gemm(ag_ctx *c, int r, void *out) {
+  tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
+  g.a = c->gathered2[r], g.b = c->b[r], g.c = out;
+  g.m = c->m_local * c->rk->world, g.n = c->n, g.k = c->k;
+  g.sm_count = c->rk->sm_budget;
+  if (tw_gemm(&g, (tw_stream_t)c->rk->streams[r]) != TW_SUCCESS) {
+    fprintf(stderr, "tw_gemm: %s\n", tw_last_error());
+    c->failed = 1;
+  }
+}
+
+static void run_fused(void *p, int iter) {
+  (void)iter;
+  ag_ctx *c = (ag_ctx *)p;
+  for (int r = 0; r < c->rk->world; r++) {
+    bench_ranks_use(c->rk, r);
+    tw_ag_gemm_args_t a = TW_AG_GEMM_ARGS_INIT;
+    /* In place: the shard already sits in its slot of the symmetric buffer. */
+    a.a = (char *)c->gathered[r] + (size_t)r * c->m_local * c->k * 2;
+    a.b = c->b[r], a.c = c->c[r], a.a_gathered = c->gathered[r];
+    a.m_local = c->m_local, a.n = c->n, a.k = c->k;
+    note(c, tw_ag_gemm(c->rk->comms[r], &a, (tw_stream_t)c->rk->streams[r]), r, "tw_ag_gemm");
+  }
+}
+
+static void run_unfused(void *p, int iter) {
+  (void)iter;
+  ag_ctx *c = (ag_ctx *)p;
+  for (int r = 0; r < c->rk->world; r++) {
+    bench_ranks_use(c->rk, r);
+    do_allgather(c, r);
+    if (tw_ref_cublas_gemm(c->blas[r], c->gathered2[r], c->b[r], c->c2[r], TW_BF16,
+                           c->m_local * c->rk->world, c->n, c->k, c->k, c->k, c->n,
+                           c->rk->sm_budget, c->rk->streams[r]) != TW_SUCCESS)
+      c->failed = 1;
+  }
+}
+
+static void run_unfused_tw(void *p, int iter) {
+  (void)iter;
+  ag_ctx *c = (ag_ctx *)p;
+  for (int r = 0; r < c->rk->world; r++) {
+    bench_ranks_use(c->rk, r);
+    do_allgather(c, r);
+    do_tw_gemm(c, r, c->c2[r]);
+  }
+}
+
+static void run_gemm_alone(void *p, int iter) {
+  (void)iter;
+  ag_ctx *c = (ag_ctx *)p;
+  for (int r = 0; r < c->rk->world; r++) {
+    bench_ranks_use(c->rk, r);
+    do_tw_gemm(c, r, c->c2[r]);
+  }
+}
+
+static void run_allgather(void *p, int iter) {
+  (void)iter;
+  ag_ctx *c = (ag_ctx *)p;
+  for (int r = 0; r < c->rk->world; r++) {
+    bench_ranks_use(c->rk, r);
+    do_allgather(c, r);
+  }
+}
+
+/* Fused C == unfused-tw C, bitwise, on every rank. */
+static int check(ag_ctx *c) {
+  const bench_ranks_t *rk = c->rk;
+  size_t c_bytes = (size_t)c->m_local * rk->world * c->n * 2;
+  for (int r = 0; r < rk->world; r++) {
+    bench_ranks_use(rk, r);
+    tw_test_poison(c->c[r], c_bytes, (tw_stream_t)rk->streams[r]);
+    tw_test_poison(c->c2[r], c_bytes, (tw_stream_t)rk->streams[r]);
+  }
+  run_fused(c, 0);
+  run_unfused_tw(c, 0);
+  int ok = !c->failed;
+  for (int r = 0; r < rk->world; r++) {
+    bench_ranks_use(rk, r);
+    BENCH_CUDA(cudaStreamSynchronize(rk->streams[r]));
+    size_t diff = tw_test_count_diff(c->c[r], c->c2[r], c_bytes);
+    tw_status_t async = TW_SUCCESS;
+    tw_comm_async_error(rk->comms[r], &async);
+    if (diff || async != TW_SUCCESS) {
+      fprintf(stderr, "ag_gemm check, rank %d: %zu bytes differ from tw_allgather + tw_gemm; %s\n",
+              r, diff, async ? tw_comm_last_error(rk->comms[r]) : "no async error");
+      ok = 0;
+    }
+  }
+  return ok;
+}
+
+static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res) {
+  bench_ranks_t rk;
+  int world = o->world ? o->world : 8;
+  if (shape->m % world) {
+    fprintf(stderr, "ag_gemm: m=%lld is not divisible by world=%d\n", (long long)shape->m, world);
+    return 1;
+  }
+  if (bench_ranks_init(&rk, world, o->sm_budget)) return 1;
+  ag_ctx c;
+  memset(&c, 0, sizeof(c));
+  c.rk = &rk;
+  c.m_local = shape->m / world, c.n = shape->n, c.k = shape->k;
+  size_t shard = (size_t)c.m_local * c.k * 2, c_bytes = (size_t)shape->m * c.n * 2;
+  for (int r = 0; r < world; r++) {
+    if (tw_mem_alloc(rk.comms[r], shard * world, &c.gathered[r]) != TW_SUCCESS ||
+        tw_mem_alloc(rk.comms[r], shard * world, &c.gathered2[r]) != TW_SUCCESS) {
+      fprintf(stderr, "tw_mem_alloc: %s\n", tw_comm_last_error(rk.comms[r]));
+      return 1;
+    }
+    bench_ranks_use(&rk, r);
+    BENCH_CUDA(cudaMalloc(&c.a[r], shard));
+    BENCH_CUDA(cudaMalloc(&c.b[r], (size_t)c.n * c.k * 2));
+    BENCH_CUDA(cudaMalloc(&c.c[r], c_bytes));
+    BENCH_CUDA(cudaMalloc(&c.c2[r], c_bytes));
+    tw_test_fill_bf16(c.a[r], (size_t)c.m_local * c.k, 11 + r, (tw_stream_t)rk.streams[r]);
+    BENCH_CUDA(cudaMemcpyAsync((char *)c.gathered[r] + (size_t)r * shard, c.a[r], shard,
+                               cudaMemcpyDeviceToDevice, rk.streams[r]));
+    tw_test_fill_bf16(c.b[r], (size_t)c.n * c.k, 1000 + r, (tw_stream_t)rk.streams[r]);
+    if (tw_ref_blas_create(&c.blas[r]) != TW_SUCCESS) return 1;
+  }
+  /* Load cuBLAS's kernels before any persistent kernel spins: its lazy module loading
+   * waits for the device to go idle, which never happens while ranks wait on each other. */
+  for (int r = 0; r < world; r++) {
+    bench_ranks_use(&rk, r);
+    if (tw_ref_cublas_gemm(c.blas[r], c.a[r], c.b[r], c.c2[r], TW_BF16, c.m_local, c.n, c.k, c.k,
+                           c.k, c.n, rk.sm_budget, rk.streams[r]) != TW_SUCCESS)
+      return 1;
+    BENCH_CUDA(cudaStreamSynchronize(rk.streams[r]));
+  }
+  /* gemm-alone reads gathered2: fill it once through the allgather. */
+  run_allgather(&c, 0);
+  for (int r = 0; r < world; r++) BENCH_CUDA(cudaStreamSynchronize(rk.streams[r]));
+  int ok = o->check ? check(&c) : 1;
+  struct {
+    const char *name;
+    void (*fn)(void *, int);
+  } variants[] = {{"unfused", run_unfused},       {"unfused-tw", run_unfused_tw},
+                  {"gemm-alone", run_gemm_alone}, {"allgather", run_allgather},
+                  {"fused", run_fused}};
+  const int nv = 5;
+  double ms[5] = {0};
+  bench_row_t rows[5];
+  for (int v = 0; v < nv; v++) {
+    bench_row_t *row = &rows[v];
+    memset(row, 0, sizeof(*row));
+    snprintf(row->op, sizeof(row->op), "ag_gemm");
+    snprintf(row->variant, sizeof(row->variant), "%s", variants[v].name);
+    snprintf(row->shape, sizeof(row->shape), "M=%lld N=%lld/rank K=%lld w=%d sms=%d%s%s",
+             (long long)shape->m, (long long)c.n, (long long)c.k, world, rk.sm_budget,
+             shape->label ? " " : "", shape->label ? shape->label : "");
+    ms[v] = bench_time_multi_ms(variants[v].fn, &c, rk.streams[0], rk.streams, world, o->warmup,
+                                o->repeats, &row->ms_p10, &row->ms_p90);
+    row->ms = ms[v];
+    if (strcmp(variants[v].name, "allgather") != 0)
+      row->tflops = 2.0 * shape->m * c.n * c.k / (ms[v] * 1e-3) / 1e12;
+    else
+      row->gbps = (double)shard * world / (ms[v] * 1e-3) * (world - 1) / world / 1e9;
+    row->ok = !c.failed && bench_ranks_async_ok(&rk, variants[v].name);
+  }
+  for (int v = 0; v < nv; v++) {
+    rows[v].speedup = ms[0] / ms[v];
+    if (v == 4) {
+      rows[v].overlap = (ms[2] > ms[3] ? ms[2] : ms[3]) / ms[4];
+      rows[v].ok = rows[v].ok && ok;
+    }
+    bench_add_row(res, &rows[v]);
+  }
+  for (int r = 0; r < world; r++) {
+    bench_ranks_use(&rk, r);
+    BENCH_CUDA(cudaStreamSynchronize(rk.streams[r]));
+    cudaFree(c.a[r]), cudaFree(c.b[r]), cudaFree(c.c[r]), cudaFree(c.c2[r]);
+    tw_ref_blas_destroy(c.blas[r]);
+    tw_mem_free(rk.comms[r], c.gathered[r]);
+    tw_mem_free(rk.comms[r], c.gathered2[r]);
+  }
+  bench_ranks_fini(&rk);
+  return 0;
+}
+
+/* m = total rows, n = columns per rank, k. */
+static const bench_shape_t ag_sweep[] = {
+    {4096, 6144, 12288, "flux-tp8"},
+    {4096, 512, 4096, NULL},
+    {8192, 1024, 8192, NULL},
+    {16384, 2048, 16384, NULL},
+};
+static const bench_shape_t ag_quick[] = {{4096, 512, 4096, NULL}, {8192, 1024, 8192, NULL}};
+
+extern "C" const bench_op_t bench_op_ag_gemm = {
+    "ag_gemm",
+    "AllGather+GEMM: fused vs allgather+cuBLAS vs GEMM alone; m = total rows, n = cols per rank",
+    ag_sweep, 4, ag_quick, 2, run_ag_gemm};
