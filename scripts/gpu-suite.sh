@@ -5,7 +5,7 @@
 #
 # Builds into $TW_BUILD_DIR (default build/) unless a build made elsewhere is
 # already there (tw-bench present; TW_REBUILD=1 forces a rebuild). Full logs go
-# to $OUT (default ./gpu-suite-out): suite.log, bench-*.json, summary.txt.
+# to $OUT (default ./gpu-suite-out): suite.log, summary.txt, bench-json.tgz (tw-bench --json).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -53,7 +53,7 @@ if want gpu; then
   step "test_allgather" 300 "$bin/test_allgather"
   [ -x "$bin/test_gemm" ] && step "test_gemm" 400 "$bin/test_gemm"
   for t in "$bin"/test_*; do
-    case $(basename "$t") in test_comm | test_allgather | test_gemm | test_mp_* | test_api | test_env | test_bootstrap) continue ;; esac
+    case $(basename "$t") in test_comm | test_allgather | test_gemm | test_mp | test_api | test_env | test_bootstrap) continue ;; esac
     [ -x "$t" ] && step "$(basename "$t")" 300 "$t"
   done
 fi
@@ -61,8 +61,8 @@ if want mps; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/tw-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/tw-mps-log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   if nvidia-cuda-mps-control -d >>"$log" 2>&1; then
-    step "test_mp_allgather 4 procs (MPS)" 300 "$bin/test_mp_allgather" 4 100
-    step "test_mp_allgather 3 procs (MPS)" 300 "$bin/test_mp_allgather" 3 30
+    step "test_mp 4 procs (MPS)" 300 "$bin/test_mp" 4 100
+    step "test_mp 3 procs (MPS)" 300 "$bin/test_mp" 3 30
     echo quit | nvidia-cuda-mps-control >>"$log" 2>&1
   else
     summary+=("$(printf '%-34s %-14s' 'mps daemon' 'FAIL(start)')")
@@ -75,6 +75,7 @@ if want sanitizer; then
     step "memcheck test_allgather --small" 400 $cs --tool memcheck "$bin/test_allgather" --small
     step "racecheck test_allgather --small" 400 $cs --tool racecheck "$bin/test_allgather" --small
     step "synccheck test_allgather --small" 400 $cs --tool synccheck "$bin/test_allgather" --small
+    [ -x "$bin/test_ag_gemm" ] && step "memcheck test_ag_gemm --small" 400 $cs --tool memcheck "$bin/test_ag_gemm" --small
     [ -x "$bin/test_gemm" ] && step "memcheck test_gemm --small" 400 $cs --tool memcheck "$bin/test_gemm" --small
     [ -x "$bin/test_gemm" ] && step "racecheck test_gemm --small" 400 $cs --tool racecheck "$bin/test_gemm" --small
   else
@@ -84,6 +85,8 @@ fi
 if want bench; then
   step "tw-bench flag" 120 "$bin/tw-bench" flag --json "$out/bench-flag.json"
   step "tw-bench allgather (8 vranks)" 300 "$bin/tw-bench" allgather --world 8 --json "$out/bench-allgather.json"
+  step "tw-bench ag_gemm (8 vranks)" 400 "$bin/tw-bench" ag_gemm --json "$out/bench-ag_gemm.json"
+  step "tw-bench ag_gemm (world 1)" 200 "$bin/tw-bench" ag_gemm --world 1 --json "$out/bench-ag_gemm-w1.json"
   if "$bin/tw-bench" --list 2>/dev/null | grep -q '^ *gemm'; then
     step "tw-bench gemm" 500 "$bin/tw-bench" gemm --json "$out/bench-gemm.json"
     step "tw-bench gemm --sm-budget 116" 500 "$bin/tw-bench" gemm --sm-budget 116 --json "$out/bench-gemm-116.json"
@@ -95,5 +98,9 @@ fi
   echo "== tilewire GPU suite: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F)"
   printf '%s\n' "${summary[@]}"
 } | tee "$out/summary.txt"
+# Few files come back from a lent machine: bundle the JSON results.
+if ls "$out"/bench-*.json >/dev/null 2>&1; then
+  tar czf "$out/bench-json.tgz" -C "$out" $(cd "$out" && ls bench-*.json) && rm -f "$out"/bench-*.json
+fi
 fails=$(printf '%s\n' "${summary[@]}" | grep -c -E 'FAIL|TIMEOUT')
 exit $((fails > 0))

@@ -7,7 +7,7 @@ static double wave_efficiency(int64_t tiles, int sms) {
 }
 
 /* Throughput of a 128x128 tile relative to a 128x256 one on the same SMs (more operand traffic
- * per flop); measured, see docs/PERF-gemm.md. */
+ * per flop); measured, see docs/PERF.md (GEMM core section). */
 #define TW_GEMM_N128_RELATIVE 0.93
 
 void tw_gemm_plan_make(int64_t m, int64_t n, int64_t k, int sms, tw_gemm_plan_t *plan) {

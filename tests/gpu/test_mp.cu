@@ -2,7 +2,8 @@
  * Several processes, one rank each, on the local GPUs (all on GPU 0 when there
  * is one: run under MPS, which scripts/gpu-suite.sh starts). Exercises the TCP
  * bootstrap, the fd exchange of the symmetric heap and the allgather across
- * processes. Usage: test_mp_allgather [world=4] [iterations=100].
+ * processes, and tw_ag_gemm against the unfused pipeline (tw_allgather, then tw_gemm), bitwise.
+ * Usage: test_mp [world=4] [iterations=100].
  */
 #include <cuda_runtime.h>
 
@@ -58,6 +59,48 @@ static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int devic
       break;
     }
   }
+  /* AllGather+GEMM: fused == tw_allgather + tw_gemm, bitwise, with fresh inputs each time. */
+  const int64_t m_local = 200, n = 256, k = 512;
+  void *g1 = NULL, *g2 = NULL, *shard = NULL, *b = NULL, *c1 = NULL, *c2 = NULL;
+  const size_t shard_bytes = (size_t)m_local * k * 2, c_bytes = (size_t)m_local * world * n * 2;
+  if (tw_mem_alloc(comm, shard_bytes * world, &g1) != TW_SUCCESS ||
+      tw_mem_alloc(comm, shard_bytes * world, &g2) != TW_SUCCESS) {
+    fprintf(stderr, "rank %d: alloc: %s\n", rank, tw_comm_last_error(comm));
+    failures++;
+  }
+  cudaMalloc(&shard, shard_bytes);
+  cudaMalloc(&b, (size_t)n * k * 2);
+  cudaMalloc(&c1, c_bytes);
+  cudaMalloc(&c2, c_bytes);
+  for (int i = 0; i < iters / 2 && !failures; i++) {
+    tw_test_fill_bf16(shard, (size_t)m_local * k, (uint64_t)i * 77 + rank, (tw_stream_t)stream);
+    tw_test_fill_bf16(b, (size_t)n * k, (uint64_t)i * 91 + rank, (tw_stream_t)stream);
+    tw_test_poison(c1, c_bytes, (tw_stream_t)stream);
+    tw_ag_gemm_args_t a = TW_AG_GEMM_ARGS_INIT;
+    a.a = shard, a.b = b, a.c = c1, a.a_gathered = g1, a.m_local = m_local, a.n = n, a.k = k;
+    st = tw_ag_gemm(comm, &a, (tw_stream_t)stream);
+    if (st == TW_SUCCESS) st = tw_allgather(comm, shard, g2, shard_bytes, (tw_stream_t)stream);
+    tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
+    g.a = g2, g.b = b, g.c = c2, g.m = m_local * world, g.n = n, g.k = k;
+    tw_comm_sm_budget(comm, &g.sm_count);
+    if (st == TW_SUCCESS) st = tw_gemm(&g, (tw_stream_t)stream);
+    if (st != TW_SUCCESS) {
+      fprintf(stderr, "rank %d: ag_gemm iteration %d: %s / %s\n", rank, i, tw_comm_last_error(comm),
+              tw_last_error());
+      failures++;
+      break;
+    }
+    cudaStreamSynchronize(stream);
+    size_t diff = tw_test_count_diff(c1, c2, c_bytes);
+    if (diff) {
+      fprintf(stderr, "rank %d ag_gemm iteration %d: %zu bytes differ from the unfused pipeline\n",
+              rank, i, diff);
+      failures++;
+    }
+  }
+  cudaFree(shard), cudaFree(b), cudaFree(c1), cudaFree(c2);
+  if (g1) tw_mem_free(comm, g1);
+  if (g2) tw_mem_free(comm, g2);
   tw_status_t async = TW_SUCCESS;
   tw_comm_async_error(comm, &async);
   if (async != TW_SUCCESS) {
@@ -71,8 +114,10 @@ static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int devic
   }
   tw_mem_free(comm, recv);
   tw_comm_destroy(comm);
-  printf("rank %d (pid %d, sm budget %d, %d ranks on this host): %d iterations, %s\n", rank,
-         (int)getpid(), budget, local_size, iters, failures ? "FAILED" : "ok");
+  printf("rank %d (pid %d, sm budget %d, %d ranks on this host): %d allgather + %d ag_gemm "
+         "iterations, %s\n",
+         rank,
+         (int)getpid(), budget, local_size, iters, iters / 2, failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
 }
 
