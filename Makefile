@@ -18,6 +18,7 @@ configure:
 
 test: all
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	TILEWIRE_LIB=$(abspath $(BUILD))/libtilewire.so python3 -m pytest python/tests -q
 
 run: all
 	$(BUILD)/tw-bench

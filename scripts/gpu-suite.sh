@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Runs every GPU test and benchmark on a GPU machine and prints a summary table last.
 #
-#   scripts/gpu-suite.sh [STEP...]     steps: host gpu mps sanitizer bench (default: all)
+#   scripts/gpu-suite.sh [STEP...]     steps: host gpu mps sanitizer bench multi python (default: all)
+#   TW_SUITE_GEMM_ARGS="--quick"       passed to the tw-bench gemm steps (e.g. to save device time)
+#
+# multi: when the machine has several GPUs, the benchmarks on distinct GPUs (real NVLink),
+# world = number of GPUs, and the multi-process test with one process per GPU.
 #
 # Builds into $TW_BUILD_DIR (default build/) unless a build made elsewhere is
 # already there (tw-bench present; TW_REBUILD=1 forces a rebuild). Full logs go
@@ -16,7 +20,8 @@ log=$out/suite.log
 : >"$log"
 # Never NVLink multicast on the shared machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-steps=${*:-host gpu mps sanitizer bench}
+steps=${*:-host gpu mps sanitizer bench multi python}
+ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1)
 want() { case " $steps " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 summary=()
@@ -63,33 +68,36 @@ if want mps; then
   if nvidia-cuda-mps-control -d >>"$log" 2>&1; then
     step "test_mp 4 procs (MPS)" 300 "$bin/test_mp" 4 100
     step "test_mp 3 procs (MPS)" 300 "$bin/test_mp" 3 30
+    want python && step "pytest python (GPU + MPS)" 400 env TILEWIRE_LIB="$root/$bin/libtilewire.so" CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m pytest python/tests -q
     echo quit | nvidia-cuda-mps-control >>"$log" 2>&1
   else
     summary+=("$(printf '%-34s %-14s' 'mps daemon' 'FAIL(start)')")
   fi
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
-if want sanitizer; then
-  if command -v compute-sanitizer >/dev/null; then
-    cs="compute-sanitizer --error-exitcode=1 --target-processes all"
-    step "memcheck test_allgather --small" 400 $cs --tool memcheck "$bin/test_allgather" --small
-    step "racecheck test_allgather --small" 400 $cs --tool racecheck "$bin/test_allgather" --small
-    step "synccheck test_allgather --small" 400 $cs --tool synccheck "$bin/test_allgather" --small
-    [ -x "$bin/test_ag_gemm" ] && step "memcheck test_ag_gemm --small" 400 $cs --tool memcheck "$bin/test_ag_gemm" --small
-    [ -x "$bin/test_gemm" ] && step "memcheck test_gemm --small" 400 $cs --tool memcheck "$bin/test_gemm" --small
-    [ -x "$bin/test_gemm" ] && step "racecheck test_gemm --small" 400 $cs --tool racecheck "$bin/test_gemm" --small
-  else
-    summary+=("$(printf '%-34s %-14s' 'compute-sanitizer' 'SKIP(absent)')")
-  fi
+if want multi && [ "$ngpus" -gt 1 ]; then
+  step "test_mp $ngpus procs, one per GPU" 300 "$bin/test_mp" "$ngpus" 100
+  step "tw-bench flag (2 GPUs)" 120 "$bin/tw-bench" flag --json "$out/bench-flag-gpus.json"
+  step "tw-bench allgather ($ngpus GPUs)" 300 "$bin/tw-bench" allgather --world "$ngpus" --json "$out/bench-allgather-gpus.json"
+  step "tw-bench ag_gemm ($ngpus GPUs)" 400 "$bin/tw-bench" ag_gemm --world "$ngpus" --json "$out/bench-ag_gemm-gpus.json"
+  for op in gemm_rs gemm_ar; do
+    "$bin/tw-bench" --list 2>/dev/null | grep -q "^ *$op" &&
+      step "tw-bench $op ($ngpus GPUs)" 400 "$bin/tw-bench" $op --world "$ngpus" --json "$out/bench-$op-gpus.json"
+  done
 fi
+
 if want bench; then
   step "tw-bench flag" 120 "$bin/tw-bench" flag --json "$out/bench-flag.json"
   step "tw-bench allgather (8 vranks)" 300 "$bin/tw-bench" allgather --world 8 --json "$out/bench-allgather.json"
   step "tw-bench ag_gemm (8 vranks)" 400 "$bin/tw-bench" ag_gemm --json "$out/bench-ag_gemm.json"
   step "tw-bench ag_gemm (world 1)" 200 "$bin/tw-bench" ag_gemm --world 1 --json "$out/bench-ag_gemm-w1.json"
+  for op in gemm_rs gemm_ar; do
+    "$bin/tw-bench" --list 2>/dev/null | grep -q "^ *$op" &&
+      step "tw-bench $op (8 vranks)" 400 "$bin/tw-bench" $op --json "$out/bench-$op.json"
+  done
   if "$bin/tw-bench" --list 2>/dev/null | grep -q '^ *gemm'; then
-    step "tw-bench gemm" 500 "$bin/tw-bench" gemm --json "$out/bench-gemm.json"
-    step "tw-bench gemm --sm-budget 116" 500 "$bin/tw-bench" gemm --sm-budget 116 --json "$out/bench-gemm-116.json"
+    step "tw-bench gemm" 500 "$bin/tw-bench" gemm ${TW_SUITE_GEMM_ARGS:-} --json "$out/bench-gemm.json"
+    step "tw-bench gemm --sm-budget 116" 500 "$bin/tw-bench" gemm --sm-budget 116 ${TW_SUITE_GEMM_ARGS:-} --json "$out/bench-gemm-116.json"
   fi
 fi
 
@@ -98,6 +106,17 @@ fi
   echo "== tilewire GPU suite: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F)"
   printf '%s\n' "${summary[@]}"
 } | tee "$out/summary.txt"
+if want sanitizer; then
+  if command -v compute-sanitizer >/dev/null; then
+    cs="compute-sanitizer --error-exitcode=1 --target-processes all"
+    step "memcheck test_allgather --small" 200 $cs --tool memcheck "$bin/test_allgather" --small
+    step "racecheck test_allgather --small" 200 $cs --tool racecheck "$bin/test_allgather" --small
+    step "synccheck test_allgather --small" 200 $cs --tool synccheck "$bin/test_allgather" --small
+    [ -x "$bin/test_ag_gemm" ] && step "memcheck test_ag_gemm --small" 400 $cs --tool memcheck "$bin/test_ag_gemm" --small
+  else
+    summary+=("$(printf '%-34s %-14s' 'compute-sanitizer' 'SKIP(absent)')")
+  fi
+fi
 # Few files come back from a lent machine: bundle the JSON results.
 if ls "$out"/bench-*.json >/dev/null 2>&1; then
   tar czf "$out/bench-json.tgz" -C "$out" $(cd "$out" && ls bench-*.json) && rm -f "$out"/bench-*.json

@@ -155,6 +155,10 @@ def for_each_rank(comms, fn):
 
         tilewire.for_each_rank(comms, lambda c: tilewire.allgather(c, xs[c.rank], outs[c.rank]))
     """
+    for c in comms:
+        if not isinstance(c, Comm) or not c.virtual:
+            raise TypeError("for_each_rank: expected the virtual-rank Comms of init_virtual, "
+                            "got %r" % (c,))
     current = torch.cuda.current_stream()
     for c in comms:
         c.stream.wait_stream(current)

@@ -1,0 +1,82 @@
+/*
+ * Internal: tw_gemm_rs / tw_gemm_ar geometry and launch plan (heuristics in
+ * gemm_rs_heuristics.c).
+ *
+ * Geometry. Owner o holds rows [o * m_local, (o + 1) * m_local) of the sum. The
+ * GEMM runs on global 128 x 256 tiles (row block mb, column block nb); a tile
+ * may straddle two or more owners when m_local is not a multiple of 128. A
+ * *unit* is the part of one tile inside one owner's rows; owner o's units are
+ * numbered column-major, u = nb * mbo(o) + (mb - mb_first(o)), which is the
+ * order the rotated column-sweep GEMM finishes them in. Units are grouped
+ * `group_units` at a time behind one flag (so any shape fits the channel's
+ * flag slice); a group is the reduce (and all-gather) work item.
+ *
+ * Flags of the op's channel on each rank:
+ *   [0, groups_max)                         tile counters: every rank adds 1 per
+ *       unit it stored into this rank's staging (red.release.sys); the reduce CTA
+ *       waits for world * units-in-group, then resets the counter to 0 (no rank
+ *       writes it again before this rank's entry into the next call).
+ *   [groups_max + o * groups_max + g]       (all-reduce) owner o finished group g:
+ *       set to the epoch; this rank then copies it from o's workspace.
+ *   TW_CHANNEL_FLAGS - 1 / - 2              reduce / gather work queues.
+ *
+ * Workspace (symmetric, per rank): fp32 staging [world][m_local][n] (slot s:
+ * rank s's partial of this rank's rows), then bf16 [m_local][n] (all-reduce:
+ * this rank's reduced rows, read by every rank).
+ */
+#ifndef TW_OPS_GEMM_RS_H
+#define TW_OPS_GEMM_RS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tilewire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The fused kernel keeps one TMA map per owner in its parameters. */
+#define TW_GEMM_RS_MAX_WORLD 8
+#define TW_GEMM_RS_BLOCK_M 128
+#define TW_GEMM_RS_BLOCK_N 256
+
+typedef struct tw_gemm_rs_plan_args {
+  int world;
+  int64_t m, n, k;
+  int sm_budget;      /* CTAs the rank may run */
+  int reduce_sms_arg; /* from the args (0: unset) */
+  int all_reduce;
+} tw_gemm_rs_plan_args_t;
+
+typedef struct tw_gemm_rs_plan {
+  int ctas;        /* grid: every CTA runs the GEMM loop */
+  int reduce_ctas; /* of which start on the reduction */
+  int group_units; /* units behind one flag */
+  int groups_max;  /* groups of the owner with the most units */
+} tw_gemm_rs_plan_t;
+
+void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *args, tw_gemm_rs_plan_t *plan);
+
+/* Bytes of workspace for an m x n product on `world` ranks. */
+size_t tw_gemm_rs_workspace_bytes(int world, int64_t m, int64_t n);
+
+#ifdef __CUDACC__
+#define TW_RS_HD static __host__ __device__ __forceinline__
+#else
+#define TW_RS_HD static inline
+#endif
+
+/* First global row block holding rows of owner o, and how many row blocks do. */
+TW_RS_HD int32_t tw_rs_mb_first(int32_t o, int32_t m_local) {
+  return (int32_t)(((int64_t)o * m_local) / TW_GEMM_RS_BLOCK_M);
+}
+TW_RS_HD int32_t tw_rs_mb_count(int32_t o, int32_t m_local) {
+  return (int32_t)((((int64_t)o + 1) * m_local - 1) / TW_GEMM_RS_BLOCK_M) -
+         tw_rs_mb_first(o, m_local) + 1;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,61 @@
+/*
+ * tw_gemm_rs / tw_gemm_ar launch plan. Reduce CTAs: enough that the reduction
+ * (reading world fp32 partials of this rank's rows, writing bf16) keeps pace
+ * with the GEMM, estimated from per-SM rates: a GEMM CTA does about 5.5 TFLOP/s,
+ * a reduce CTA moves about 60 GB/s (a copy CTA measured 40 GB/s; the reduce CTA
+ * keeps world loads in flight per thread). GEMM CTAs join the reduction when the
+ * tile queue runs dry, so the estimate only needs to be close.
+ */
+#include "gemm_rs.h"
+
+#include "devcomm.h"
+
+#define TW_RS_REDUCE_GBPS_PER_CTA 60.0
+#define TW_RS_GEMM_TFLOPS_PER_CTA 5.5
+
+size_t tw_gemm_rs_workspace_bytes(int world, int64_t m, int64_t n) {
+  const size_t m_local = (size_t)(m / (world > 0 ? world : 1));
+  return (size_t)world * m_local * (size_t)n * 4 + m_local * (size_t)n * 2;
+}
+
+void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *plan) {
+  const int world = a->world;
+  const int32_t m_local = (int32_t)(a->m / world);
+  const int64_t n_blocks = (a->n + TW_GEMM_RS_BLOCK_N - 1) / TW_GEMM_RS_BLOCK_N;
+  int64_t units_max = 0;
+  for (int o = 0; o < world; o++) {
+    int64_t u = (int64_t)tw_rs_mb_count(o, m_local) * n_blocks;
+    if (u > units_max)
+      units_max = u;
+  }
+  /* Counters (groups_max) + all-reduce ready flags (world * groups_max) + 2 queues. */
+  const int64_t slots = TW_CHANNEL_FLAGS - 2;
+  int64_t g = 1;
+  while (((units_max + g - 1) / g) * (1 + world) > slots)
+    g++;
+  plan->group_units = (int)g;
+  plan->groups_max = (int)((units_max + g - 1) / g);
+  plan->ctas = a->sm_budget;
+
+  int reduce = a->reduce_sms_arg;
+  if (reduce <= 0) {
+    const double bytes = (double)a->m * (double)a->n * 4.0 * (a->all_reduce ? 1.5 : 1.0);
+    const double flops = 2.0 * (double)a->m * (double)a->n * (double)a->k;
+    reduce = 1;
+    for (; reduce < a->sm_budget / 2; reduce++) {
+      const double t_red = bytes / (TW_RS_REDUCE_GBPS_PER_CTA * 1e9 * reduce);
+      const double t_gemm = flops / (TW_RS_GEMM_TFLOPS_PER_CTA * 1e12 * (a->sm_budget - reduce));
+      if (t_red <= 0.8 * t_gemm)
+        break;
+    }
+  }
+  /* tw_gemm_ar's reduce CTAs also gather every other owner's rows: with 8 virtual ranks of
+   * 16 SMs, 4 of them measured 1.30x faster than 1 at Flux's shape and 1.06x at 16384^2. */
+  if (a->all_reduce && a->reduce_sms_arg <= 0 && reduce < 4)
+    reduce = a->sm_budget / 2 < 4 ? a->sm_budget / 2 : 4;
+  if (reduce >= a->sm_budget)
+    reduce = a->sm_budget - 1;
+  if (reduce < 1)
+    reduce = 1;
+  plan->reduce_ctas = reduce; /* the caller guarantees sm_budget >= 2 */
+}

@@ -1,0 +1,582 @@
+/*
+ * tw_gemm_rs (GEMM + ReduceScatter) and tw_gemm_ar (GEMM + AllReduce) in one
+ * persistent launch per rank. Geometry, flags and workspace: gemm_rs.h.
+ *
+ * Every CTA runs the GEMM mainloop (src/device/gemm_sm90.cuh) from the tile
+ * queue, in rank-rotated column sweeps: each column block of the product is
+ * swept over all row blocks, starting at the rows of owner rank + 1, so at any
+ * moment the ranks write into different owners, and every owner's tiles of
+ * column nb are complete after the ranks' nb-th sweep (a staggered schedule).
+ * The epilogue stores each finished fp32 tile by TMA straight into its owner's
+ * staging slot for this rank (a tensor map per owner over the owner's memory;
+ * a tile straddling owners is clipped by the maps) and, once the stores have
+ * completed, adds 1 to the owner's counter for that unit of work.
+ *
+ * CTAs [0, reduce_ctas) start on the reduction: they claim this rank's unit
+ * groups from a queue in column order, wait until every rank delivered them,
+ * sum the world partials in rank order (fp32, so the result does not depend on
+ * arrival order) and write bf16. tw_gemm_ar then also copies each reduced group
+ * to a bf16 area of the workspace and sets a ready flag on every rank, whose
+ * reduce CTAs pull it into their own `out`; then they join the GEMM loop (the
+ * tile queue lets CTAs join late). GEMM CTAs do not take reduction work after
+ * the mainloop: code after gemm_cta_loop runs under the producer's 40-register
+ * budget as far as ptxas is concerned, and any reduction loop there spilled
+ * (even a one-load-at-a-time one), so the reduce CTA count must keep pace.
+ *
+ * Ordering: a rank stores into owner o's staging only after o entered this call
+ * (so o's previous call no longer reads it); an owner writes its bf16 area only
+ * after every rank entered (so nobody still reads the previous call's).
+ */
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <string.h>
+
+#include "device/signal.cuh"
+#include "gemm_rs.h"
+#include "gemm_sm90.cuh"
+
+extern "C" {
+#include "comm.h"
+#include "cuda_check.h"
+#include "tma_map.h"
+}
+
+using namespace tw::gemm;
+
+namespace {
+
+constexpr int kStages = 3;
+constexpr int kEpiBytes = 32768;
+constexpr int kMaxWorld = TW_GEMM_RS_MAX_WORLD;
+constexpr int kReduceQueue = TW_CHANNEL_FLAGS - 1;
+constexpr int kGatherQueue = TW_CHANNEL_FLAGS - 2;
+
+static_assert(kBlockM == TW_GEMM_RS_BLOCK_M && kBlockN == TW_GEMM_RS_BLOCK_N, "tile geometry");
+static_assert(kMaxWorld <= 32, "entry bits");
+
+/* Bit p: rank p entered this call (as seen by this CTA). Written by thread 0 only. */
+__shared__ uint32_t s_entered;
+
+/* Thread 0: waits until every rank in [o0, o1] entered call `epoch`. false: timed out or
+ * aborted (recorded). */
+__device__ __forceinline__ bool wait_entered(const tw_dev_comm_t &dc, int ch, int o0, int o1,
+                                             uint64_t epoch) {
+  for (int o = o0; o <= o1; o++) {
+    if (s_entered >> o & 1u)
+      continue;
+    if (!tw_wait_entry(dc, ch, o, epoch)) {
+      s_entered = ~0u; /* recorded; the kernel finishes without waiting again */
+      return false;
+    }
+    s_entered |= 1u << o;
+  }
+  return true;
+}
+
+/* Before a tile's loads: its owners entered this call (their staging is free). */
+struct RsWait : NoWait {
+  struct Params {
+    tw_dev_comm_t dc;
+    int32_t ch;
+    int32_t m_local;
+    int32_t m;
+    int32_t world;
+  };
+  __device__ __forceinline__ static void before_tile(const Params &p, int32_t mb, int32_t) {
+    const int32_t row0 = mb * kBlockM;
+    const int32_t last = min(row0 + kBlockM, p.m) - 1;
+    wait_entered(p.dc, p.ch, row0 / p.m_local, last / p.m_local, tw_op_begin(p.dc, p.ch));
+  }
+};
+
+/* After a tile's accumulation: fp32 boxes into the owners' staging, then count the unit. */
+struct RsEpi {
+  using Out = float;
+  static constexpr bool kSignal = true;
+  struct Params {
+    CUtensorMap slot_map[kMaxWorld];  /* owner o's slot for this rank: fp32 [m_local, n] */
+    uint64_t *owner_flags[kMaxWorld]; /* owner o's flags of the channel */
+    float *slot[kMaxWorld];           /* the same slots as plain pointers */
+    int32_t n;
+    int32_t m_local;
+    int32_t m;
+    int32_t group_units;
+  };
+  __device__ __forceinline__ static void prefetch(const Params &p) {
+    for (int o = 0; o < kMaxWorld; o++)
+      if (p.owner_flags[o])
+        tw::ptx::tma_prefetch_map(&p.slot_map[o]);
+  }
+  __device__ __forceinline__ static void issue_box(const Params &p, const void *box, int32_t col,
+                                                   int32_t row) {
+    if (row >= p.m)
+      return;
+    const int32_t last = min(row + kBoxRows, p.m) - 1;
+    for (int32_t o = row / p.m_local; o <= last / p.m_local; o++) {
+      const int32_t local = row - o * p.m_local;
+      if (local >= 0) { /* rows past the owner's m_local are dropped by TMA */
+        tw::ptx::tma_store_2d(&p.slot_map[o], box, col, local);
+        continue;
+      }
+      /* The owner's rows start inside the box: a TMA store would need a negative row
+       * coordinate (an illegal instruction here), so this thread copies those rows out of
+       * the 128B-swizzled box with 16-byte stores. Only boxes at owner boundaries that are
+       * not 64-row aligned take this path. */
+      const int32_t r_end = min(kBoxRows, p.m_local - local);
+      const uint8_t *src = static_cast<const uint8_t *>(box);
+      for (int32_t r = -local; r < r_end; r++)
+        for (int32_t j = 0; j < 8 && col + 4 * j < p.n; j++)
+          *reinterpret_cast<int4 *>(p.slot[o] + (size_t)(local + r) * p.n + col + 4 * j) =
+              *reinterpret_cast<const int4 *>(src + r * 128 + ((j ^ (r & 7)) << 4));
+    }
+  }
+  __device__ __forceinline__ static void signal(const Params &p, int32_t mb, int32_t nb) {
+    const int32_t row0 = mb * kBlockM;
+    const int32_t last = min(row0 + kBlockM, p.m) - 1;
+    tw_fence_acq_rel_sys();
+    for (int32_t o = row0 / p.m_local; o <= last / p.m_local; o++) {
+      const int32_t u = nb * tw_rs_mb_count(o, p.m_local) + (mb - tw_rs_mb_first(o, p.m_local));
+      tw_red_release_sys_add(p.owner_flags[o] + u / p.group_units, 1);
+    }
+  }
+};
+
+struct RsParams {
+  GemmParams<RsEpi, RsWait> gemm;
+  const float *staging;   /* this rank's [world][m_local][n] */
+  __nv_bfloat16 *out;     /* rs: [m_local, n]; ar: [m, n] */
+  __nv_bfloat16 *reduced; /* ar: this rank's reduced rows, bf16 [m_local, n] */
+  const __nv_bfloat16 *reduced_peer[kMaxWorld];
+  int64_t ldo;
+  int32_t n, m_local, n_blocks;
+  int32_t group_units, groups_max;
+  int32_t reduce_ctas, all_reduce;
+};
+
+/* Rows [r0, r1) of owner o's slab and columns [c0, c1) of unit u. */
+__device__ __forceinline__ void unit_rect(int32_t o, int32_t u, int32_t m_local, int32_t n,
+                                          int32_t &r0, int32_t &r1, int32_t &c0, int32_t &c1) {
+  const int32_t mbo = tw_rs_mb_count(o, m_local);
+  const int32_t nb = u / mbo;
+  const int32_t mb = tw_rs_mb_first(o, m_local) + (u - nb * mbo);
+  const int64_t base = (int64_t)o * m_local;
+  r0 = (int32_t)(max((int64_t)mb * kBlockM, base) - base);
+  r1 = (int32_t)(min((int64_t)mb * kBlockM + kBlockM, base + m_local) - base);
+  c0 = nb * kBlockN;
+  c1 = min(n, c0 + kBlockN);
+}
+
+__device__ __forceinline__ int32_t owner_units(const RsParams &p, int32_t o) {
+  return tw_rs_mb_count(o, p.m_local) * p.n_blocks;
+}
+
+/* All threads: sum unit u of this rank's rows over the ranks' slots, in rank order, with
+ * kBatch loads in flight per thread. */
+template <int kBatch>
+__device__ __forceinline__ void reduce_unit(const RsParams &p, int world, int me, int32_t u) {
+  int32_t r0, r1, c0, c1;
+  unit_rect(me, u, p.m_local, p.n, r0, r1, c0, c1);
+  const int32_t quads = (c1 - c0) / 4;
+  const int32_t items = (r1 - r0) * quads;
+  const size_t slot = (size_t)p.m_local * p.n;
+  for (int32_t i = threadIdx.x; i < items; i += blockDim.x) {
+    const int32_t r = r0 + i / quads;
+    const int32_t c = c0 + 4 * (i % quads);
+    const float *src = p.staging + (size_t)r * p.n + c;
+    float4 acc = __ldcg(reinterpret_cast<const float4 *>(src));
+    for (int s0 = 1; s0 < world; s0 += kBatch) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; j++)
+        if (s0 + j < world)
+          v[j] = __ldcg(reinterpret_cast<const float4 *>(src + (s0 + j) * slot));
+#pragma unroll
+      for (int j = 0; j < kBatch; j++)
+        if (s0 + j < world) {
+          acc.x = __fadd_rn(acc.x, v[j].x);
+          acc.y = __fadd_rn(acc.y, v[j].y);
+          acc.z = __fadd_rn(acc.z, v[j].z);
+          acc.w = __fadd_rn(acc.w, v[j].w);
+        }
+    }
+    __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x, acc.y);
+    __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z, acc.w);
+    uint2 packed;
+    packed.x = *reinterpret_cast<uint32_t *>(&lo);
+    packed.y = *reinterpret_cast<uint32_t *>(&hi);
+    const int64_t out_row = p.all_reduce ? (int64_t)me * p.m_local + r : r;
+    *reinterpret_cast<uint2 *>(p.out + out_row * p.ldo + c) = packed;
+    if (p.all_reduce)
+      *reinterpret_cast<uint2 *>(p.reduced + (size_t)r * p.n + c) = packed;
+  }
+}
+
+/* All threads: copy unit u of owner o's reduced rows into this rank's out. */
+__device__ __forceinline__ void gather_unit(const RsParams &p, int32_t o, int32_t u) {
+  int32_t r0, r1, c0, c1;
+  unit_rect(o, u, p.m_local, p.n, r0, r1, c0, c1);
+  const int32_t vecs = (c1 - c0) / 8;
+  const int32_t items = (r1 - r0) * vecs;
+  const __nv_bfloat16 *src = p.reduced_peer[o];
+  __nv_bfloat16 *dst = p.out + (int64_t)o * p.m_local * p.ldo;
+  for (int32_t i = threadIdx.x; i < items; i += blockDim.x) {
+    const int32_t r = r0 + i / vecs;
+    const int32_t c = c0 + 8 * (i % vecs);
+    *reinterpret_cast<int4 *>(dst + r * p.ldo + c) =
+        __ldcg(reinterpret_cast<const int4 *>(src + (size_t)r * p.n + c));
+  }
+}
+
+/* Reduce role: claims this rank's unit groups in order until none are left. */
+template <int kBatch>
+__device__ __forceinline__ void reduce_work(const RsParams &p, uint64_t epoch, int *s_item,
+                                            int *s_ok) {
+  const tw_dev_comm_t &dc = p.gemm.wait.dc;
+  const int ch = p.gemm.wait.ch;
+  const int me = dc.rank, world = dc.world;
+  TileQueue *queue = reinterpret_cast<TileQueue *>(tw_own_flag(dc, ch, kReduceQueue));
+  const int32_t units = owner_units(p, me);
+  const int32_t groups = (units + p.group_units - 1) / p.group_units;
+  for (;;) {
+    __syncthreads(); /* everyone read the previous s_item */
+    if (threadIdx.x == 0) {
+      int item = *s_ok ? (int)atomicAdd(&queue->next, 1u) : groups;
+      if (item < groups && p.all_reduce && !wait_entered(dc, ch, 0, world - 1, epoch))
+        item = groups, *s_ok = 0;
+      if (item < groups) {
+        const int32_t in_group = min(p.group_units, units - item * p.group_units);
+        uint64_t *count = tw_own_flag(dc, ch, item);
+        if (tw_wait_geq(dc, ch, count, (uint64_t)world * in_group, -1, item))
+          *(volatile uint64_t *)count = 0; /* all adds of this call are in; see gemm_rs.h */
+        else
+          item = groups, *s_ok = 0;
+      }
+      *s_item = item;
+    }
+    __syncthreads();
+    const int item = *s_item;
+    if (item >= groups)
+      break;
+    const int32_t u_end = min(units, (item + 1) * p.group_units);
+    for (int32_t u = item * p.group_units; u < u_end; u++)
+      reduce_unit<kBatch>(p, world, me, u);
+    if (p.all_reduce) {
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        tw_fence_acq_rel_sys();
+        for (int q = 0; q < world; q++)
+          if (q != me)
+            tw_st_release_sys(tw_peer_flag(dc, q, ch, p.groups_max * (1 + me) + item), epoch);
+      }
+    }
+  }
+  if (threadIdx.x == 0)
+    queue_leave(queue, p.reduce_ctas);
+}
+
+/* All-gather role (tw_gemm_ar): copies every other owner's reduced groups as they are ready. */
+__device__ __forceinline__ void gather_work(const RsParams &p, uint64_t epoch, int *s_item,
+                                            int *s_ok) {
+  const tw_dev_comm_t &dc = p.gemm.wait.dc;
+  const int ch = p.gemm.wait.ch;
+  const int me = dc.rank, world = dc.world;
+  TileQueue *queue = reinterpret_cast<TileQueue *>(tw_own_flag(dc, ch, kGatherQueue));
+  const int items = (world - 1) * p.groups_max;
+  for (;;) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int item = *s_ok ? (int)atomicAdd(&queue->next, 1u) : items;
+      if (item < items) {
+        /* Group-major over owners me + 1, me + 2, ...: the order the owners finish them in. */
+        const int g = item / (world - 1);
+        const int o = (me + 1 + item % (world - 1)) % world;
+        const int32_t units = owner_units(p, o);
+        if (g * p.group_units < units &&
+            !tw_wait_geq(dc, ch, tw_own_flag(dc, ch, p.groups_max * (1 + o) + g), epoch, o, g))
+          item = items, *s_ok = 0;
+      }
+      *s_item = item;
+    }
+    __syncthreads();
+    const int item = *s_item;
+    if (item >= items)
+      break;
+    const int g = item / (world - 1);
+    const int o = (me + 1 + item % (world - 1)) % world;
+    const int32_t u_end = min(owner_units(p, o), (g + 1) * p.group_units);
+    for (int32_t u = g * p.group_units; u < u_end; u++)
+      gather_unit(p, o, u);
+  }
+  if (threadIdx.x == 0)
+    queue_leave(queue, p.reduce_ctas);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) gemm_rs_kernel(const __grid_constant__ RsParams p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  __shared__ int s_item, s_ok;
+  const tw_dev_comm_t &dc = p.gemm.wait.dc;
+  const int ch = p.gemm.wait.ch;
+  const uint64_t epoch = tw_op_begin(dc, ch);
+  if (threadIdx.x == 0) {
+    s_entered = 0;
+    s_ok = tw_op_usable(dc, ch);
+    if (blockIdx.x == 0 && s_ok)
+      tw_signal_entry(dc, ch, epoch);
+  }
+  __syncthreads();
+  if ((int)blockIdx.x < p.reduce_ctas) {
+    reduce_work<kMaxWorld - 1>(p, epoch, &s_item, &s_ok);
+    if (p.all_reduce)
+      gather_work(p, epoch, &s_item, &s_ok);
+  }
+  gemm_cta_loop<kStages, kEpiBytes, RsEpi, RsWait, true>(p.gemm, smem_raw, 0, 0);
+  __syncthreads();
+  if (threadIdx.x == 0)
+    tw_op_finish(dc, ch, epoch);
+}
+
+tw_status_t launch(const RsParams &params, int grid, cudaStream_t stream) {
+  constexpr int kSmem = SmemLayout<kStages, kEpiBytes>::kDynamicBytes;
+  static std::atomic<uint64_t> configured{0}; /* bit per device */
+  int device = 0;
+  tw_status_t st = tw_cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  if (st != TW_SUCCESS)
+    return st;
+  const uint64_t bit = uint64_t(1) << (device % 64);
+  if (!(configured.load() & bit)) {
+    st = tw_cuda_check(
+        cudaFuncSetAttribute(gemm_rs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+        "tw_gemm_rs: cudaFuncSetAttribute");
+    if (st != TW_SUCCESS)
+      return st;
+    configured.fetch_or(bit);
+  }
+  gemm_rs_kernel<<<grid, kThreads, kSmem, stream>>>(params);
+  return tw_cuda_check(cudaGetLastError(), "tw_gemm_rs: kernel launch");
+}
+
+tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_rs_plan_t &plan,
+                      int all_reduce, cudaStream_t stream) {
+  const int world = comm->world, rank = comm->rank;
+  const int ch = all_reduce ? TW_CH_GEMM_AR : TW_CH_GEMM_RS;
+  const int64_t m_local = a.m / world;
+  RsParams p;
+  memset(&p, 0, sizeof(p));
+  tw_status_t st;
+  st = tw_tma_map_2d(&p.gemm.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a, a.k, a.m, a.lda,
+                     kBlockK, kBlockM, "tw_gemm_rs: cuTensorMapEncodeTiled(a)");
+  if (st != TW_SUCCESS)
+    return st;
+  st = tw_tma_map_2d(&p.gemm.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b, a.k, a.n, a.ldb,
+                     kBlockK, kBlockN, "tw_gemm_rs: cuTensorMapEncodeTiled(b)");
+  if (st != TW_SUCCESS)
+    return st;
+  const size_t slot_bytes = (size_t)m_local * (size_t)a.n * 4;
+  const size_t reduced_offset = slot_bytes * (size_t)world;
+  for (int o = 0; o < world; o++) {
+    char *owner_ws = (char *)tw_heap_peer_ptr(comm, a.workspace, o);
+    st = tw_tma_map_2d(&p.gemm.epi.slot_map[o], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
+                       owner_ws + slot_bytes * (size_t)rank, a.n, m_local, a.n, 128 / 4, kBoxRows,
+                       "tw_gemm_rs: cuTensorMapEncodeTiled(staging)");
+    if (st != TW_SUCCESS)
+      return st;
+    p.gemm.epi.owner_flags[o] = &comm->dev.peer_ctrl[o]->flags[ch][0];
+    p.gemm.epi.slot[o] = (float *)(owner_ws + slot_bytes * (size_t)rank);
+    p.reduced_peer[o] = (const __nv_bfloat16 *)(owner_ws + reduced_offset);
+  }
+  p.gemm.epi.n = (int32_t)a.n;
+  p.gemm.epi.m_local = (int32_t)m_local;
+  p.gemm.epi.m = (int32_t)a.m;
+  p.gemm.epi.group_units = plan.group_units;
+  TileOrder &o = p.gemm.order;
+  o.m_blocks = (int32_t)((a.m + kBlockM - 1) / kBlockM);
+  o.n_blocks = (int32_t)((a.n + kBlockN - 1) / kBlockN);
+  o.num_tiles = o.m_blocks * o.n_blocks;
+  /* Column sweeps over all row blocks, from owner rank + 1's rows (see the top). */
+  o.order = kOrderRotated;
+  o.group_m = o.m_blocks;
+  o.rotate_mb = tw_rs_mb_first((rank + 1) % world, (int32_t)m_local);
+  p.gemm.queue = (TileQueue *)comm->ctrl->tile_queue[ch];
+  p.gemm.participants = plan.ctas;
+  p.gemm.k_blocks = (int32_t)((a.k + kBlockK - 1) / kBlockK);
+  p.gemm.wait.dc = comm->dev;
+  p.gemm.wait.ch = ch;
+  p.gemm.wait.m_local = (int32_t)m_local;
+  p.gemm.wait.m = (int32_t)a.m;
+  p.gemm.wait.world = world;
+  p.staging = (const float *)a.workspace;
+  p.out = (__nv_bfloat16 *)a.out;
+  p.reduced = (__nv_bfloat16 *)((char *)a.workspace + reduced_offset);
+  p.ldo = a.ldo;
+  p.n = (int32_t)a.n;
+  p.m_local = (int32_t)m_local;
+  p.n_blocks = o.n_blocks;
+  p.group_units = plan.group_units;
+  p.groups_max = plan.groups_max;
+  p.reduce_ctas = plan.reduce_ctas;
+  p.all_reduce = all_reduce;
+  return launch(p, plan.ctas, stream);
+}
+
+/* World 1: the sum is the product itself; the plain GEMM core writes it as bf16 (the same
+ * rounding of the same fp32 accumulators as the fused path would do). */
+tw_status_t run_single(tw_comm_t comm, const tw_gemm_rs_args_t &a, cudaStream_t stream) {
+  tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
+  g.c_dtype = TW_BF16;
+  g.a = a.a, g.b = a.b, g.c = a.out;
+  g.m = a.m, g.n = a.n, g.k = a.k;
+  g.lda = a.lda, g.ldb = a.ldb, g.ldc = a.ldo;
+  g.sm_count = comm->sm_budget;
+  return tw_gemm(&g, (tw_stream_t)stream);
+}
+
+/* Validates (naming the bad argument) and resolves defaults. */
+tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
+                    tw_gemm_rs_args_t *a, tw_gemm_rs_plan_t *plan) {
+  const char *op = all_reduce ? "tw_gemm_ar" : "tw_gemm_rs";
+  TW_ARG_CHECK(in != NULL, "%s: args: NULL", op);
+  TW_ARG_CHECK(in->size >= offsetof(tw_gemm_rs_args_t, reduce_sms) && in->size <= 65536,
+               "%s: args->size: %zu; initialise with TW_GEMM_RS_ARGS_INIT", op, in->size);
+  TW_ARG_CHECK(in->version >= 1 && in->version <= TW_GEMM_RS_ARGS_VERSION,
+               "%s: args->version: %u; this library knows 1..%d", op, in->version,
+               TW_GEMM_RS_ARGS_VERSION);
+  tw_gemm_rs_args_t init = TW_GEMM_RS_ARGS_INIT;
+  *a = init;
+  memcpy(a, in, in->size < sizeof(*a) ? in->size : sizeof(*a));
+  a->size = sizeof(*a);
+  const int world = comm->world;
+  TW_ARG_CHECK(a->out_dtype == TW_BF16, "%s: args->out_dtype: %d; expected TW_BF16", op,
+               (int)a->out_dtype);
+  TW_ARG_CHECK(a->a && a->b && a->out, "%s: args->%s: NULL", op, !a->a ? "a" : !a->b ? "b" : "out");
+  TW_ARG_CHECK(a->m >= 1 && a->m <= INT32_MAX, "%s: args->m: %lld; expected 1 <= m < 2^31", op,
+               (long long)a->m);
+  TW_ARG_CHECK(a->m % world == 0,
+               "%s: args->m: %lld is not divisible by the world size %d (each rank owns m / "
+               "world rows)",
+               op, (long long)a->m, world);
+  TW_ARG_CHECK(a->n >= 8 && a->n % 8 == 0 && a->n <= INT32_MAX,
+               "%s: args->n: %lld; expected a positive multiple of 8", op, (long long)a->n);
+  TW_ARG_CHECK(a->k >= 8 && a->k % 8 == 0 && a->k <= INT32_MAX,
+               "%s: args->k: %lld; expected a positive multiple of 8", op, (long long)a->k);
+  if (a->lda == 0)
+    a->lda = a->k;
+  if (a->ldb == 0)
+    a->ldb = a->k;
+  if (a->ldo == 0)
+    a->ldo = a->n;
+  TW_ARG_CHECK(a->lda >= a->k && a->lda % 8 == 0,
+               "%s: args->lda: %lld; expected >= k (%lld) and a multiple of 8", op,
+               (long long)a->lda, (long long)a->k);
+  TW_ARG_CHECK(a->ldb >= a->k && a->ldb % 8 == 0,
+               "%s: args->ldb: %lld; expected >= k (%lld) and a multiple of 8", op,
+               (long long)a->ldb, (long long)a->k);
+  TW_ARG_CHECK(a->ldo >= a->n && a->ldo % 8 == 0,
+               "%s: args->ldo: %lld; expected >= n (%lld) and a multiple of 8", op,
+               (long long)a->ldo, (long long)a->n);
+  TW_ARG_CHECK((uintptr_t)a->a % 16 == 0, "%s: args->a: %p is not 16-byte aligned", op, a->a);
+  TW_ARG_CHECK((uintptr_t)a->b % 16 == 0, "%s: args->b: %p is not 16-byte aligned", op, a->b);
+  TW_ARG_CHECK((uintptr_t)a->out % 16 == 0, "%s: args->out: %p is not 16-byte aligned", op, a->out);
+  TW_ARG_CHECK(a->reduce_sms >= 0 && a->reduce_sms < comm->sm_budget,
+               "%s: args->reduce_sms: %d; expected 0 (heuristic) or fewer than the rank's %d SMs",
+               op, a->reduce_sms, comm->sm_budget);
+  if (world == 1)
+    return TW_SUCCESS;
+  if (comm->sm_budget < 2)
+    return tw_fail(TW_ERR_NOT_SUPPORTED,
+                   "%s: the rank's SM budget is %d; the fused op needs at least 2 (a GEMM CTA and "
+                   "a reduce CTA)",
+                   op, comm->sm_budget);
+  if (world > TW_GEMM_RS_MAX_WORLD)
+    return tw_fail(TW_ERR_NOT_SUPPORTED, "%s: world %d; the fused op serves 1 to %d ranks", op,
+                   world, TW_GEMM_RS_MAX_WORLD);
+  TW_ARG_CHECK(a->workspace != NULL,
+               "%s: args->workspace: NULL; allocate tw_gemm_rs_workspace_size() bytes with "
+               "tw_mem_alloc",
+               op);
+  TW_ARG_CHECK((uintptr_t)a->workspace % 128 == 0,
+               "%s: args->workspace: %p is not 128-byte aligned", op, a->workspace);
+  tw_status_t st = tw_heap_lookup(comm, a->workspace, tw_gemm_rs_workspace_bytes(world, a->m, a->n),
+                                  "args->workspace", NULL);
+  if (st != TW_SUCCESS)
+    return st;
+  for (int r = 0; r < world; r++)
+    if (!tw_heap_peer_ptr(comm, a->workspace, r) || !comm->dev.peer_ctrl[r])
+      return tw_fail(TW_ERR_NOT_SUPPORTED,
+                     "%s: rank %d is on another node; inter-node %s is not implemented yet", op, r,
+                     op);
+  tw_gemm_rs_plan_args_t pa = {world, a->m, a->n, a->k, comm->sm_budget, a->reduce_sms, all_reduce};
+  tw_gemm_rs_make_plan(&pa, plan);
+  return TW_SUCCESS;
+}
+
+tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_reduce,
+                       tw_stream_t stream) {
+  tw_status_t st = tw_comm_check(comm);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
+  tw_gemm_rs_args_t a;
+  tw_gemm_rs_plan_t plan;
+  st = prepare(comm, args, all_reduce, &a, &plan);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
+  int prev;
+  st = tw_set_device(comm->device, &prev);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
+  cudaStream_t launch_stream = NULL;
+  st = tw_launch_begin(comm, stream, &launch_stream);
+  if (st == TW_SUCCESS)
+    st = comm->world == 1 ? run_single(comm, a, launch_stream)
+                          : run_fused(comm, a, plan, all_reduce, launch_stream);
+  if (st == TW_SUCCESS)
+    st = tw_launch_end(comm, stream);
+  cudaSetDevice(prev);
+  return tw_comm_result(comm, st);
+}
+
+} // namespace
+
+extern "C" tw_status_t tw_gemm_rs_preload(void) {
+  cudaFuncAttributes attr;
+  return tw_cuda_check(cudaFuncGetAttributes(&attr, gemm_rs_kernel), "loading the gemm_rs kernel");
+}
+
+extern "C" tw_status_t tw_gemm_rs_args_init(tw_gemm_rs_args_t *args) {
+  TW_ARG_CHECK(args != NULL, "args: NULL");
+  tw_gemm_rs_args_t init = TW_GEMM_RS_ARGS_INIT;
+  *args = init;
+  return TW_SUCCESS;
+}
+
+extern "C" tw_status_t tw_gemm_rs_workspace_size(tw_comm_t comm, int64_t m, int64_t n,
+                                                 size_t *bytes) {
+  tw_status_t st = tw_comm_check(comm);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
+  if (!bytes)
+    return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "bytes: NULL"));
+  if (m < 1 || m % comm->world)
+    return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT,
+                                        "m: %lld; expected a positive multiple of the world "
+                                        "size %d",
+                                        (long long)m, comm->world));
+  if (n < 8 || n % 8)
+    return tw_comm_result(comm,
+                          tw_fail(TW_ERR_INVALID_ARGUMENT,
+                                  "n: %lld; expected a positive multiple of 8", (long long)n));
+  *bytes = tw_gemm_rs_workspace_bytes(comm->world, m, n);
+  return TW_SUCCESS;
+}
+
+extern "C" tw_status_t tw_gemm_rs(tw_comm_t comm, const tw_gemm_rs_args_t *args,
+                                  tw_stream_t stream) {
+  return gemm_rs_op(comm, args, 0, stream);
+}
+
+extern "C" tw_status_t tw_gemm_ar(tw_comm_t comm, const tw_gemm_rs_args_t *args,
+                                  tw_stream_t stream) {
+  return gemm_rs_op(comm, args, 1, stream);
+}

@@ -1,0 +1,173 @@
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "ref_reduce.h"
+
+namespace {
+
+constexpr int kMaxWorld = 64;
+constexpr int kThreads = 512;
+
+struct Sources {
+  const float *p[kMaxWorld];
+};
+struct Dests {
+  __nv_bfloat16 *p[kMaxWorld];
+};
+
+/* Rows [row0, row0 + rows) of the rank-ordered sum, written to ndst outputs at out_row0. */
+__global__ void __launch_bounds__(kThreads)
+    reduce_rows_kernel(Sources src, int world, Dests dst, int ndst, int64_t row0, int64_t rows,
+                       int64_t out_row0, int64_t n, int64_t ldo) {
+  const int64_t quads = n / 4, items = rows * quads;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < items;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / quads, c = 4 * (i % quads);
+    const size_t off = (size_t)(row0 + r) * n + c;
+    float4 acc = __ldcg(reinterpret_cast<const float4 *>(src.p[0] + off));
+    for (int s = 1; s < world; s++) {
+      const float4 v = __ldcg(reinterpret_cast<const float4 *>(src.p[s] + off));
+      acc.x = __fadd_rn(acc.x, v.x);
+      acc.y = __fadd_rn(acc.y, v.y);
+      acc.z = __fadd_rn(acc.z, v.z);
+      acc.w = __fadd_rn(acc.w, v.w);
+    }
+    __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x, acc.y);
+    __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z, acc.w);
+    uint2 packed;
+    packed.x = *reinterpret_cast<uint32_t *>(&lo);
+    packed.y = *reinterpret_cast<uint32_t *>(&hi);
+    for (int d = 0; d < ndst; d++)
+      *reinterpret_cast<uint2 *>(dst.p[d] + (out_row0 + r) * ldo + c) = packed;
+  }
+}
+
+/* Every stream waits for every other (events[r] recorded on streams[r]). */
+cudaError_t cross_wait(int world, cudaStream_t *streams, cudaEvent_t *events) {
+  cudaError_t err = cudaSuccess;
+  for (int r = 0; r < world && err == cudaSuccess; r++)
+    err = cudaEventRecord(events[r], streams[r]);
+  for (int r = 0; r < world && err == cudaSuccess; r++)
+    for (int p = 0; p < world && err == cudaSuccess; p++)
+      if (p != r)
+        err = cudaStreamWaitEvent(streams[r], events[p], 0);
+  return err;
+}
+
+cudaError_t reduce_rank(int world, int r, const float *const *src_peers, void *const *outs,
+                        int all_reduce, int64_t m, int64_t n, int64_t ldo, int max_ctas,
+                        cudaStream_t stream) {
+  if (world < 1 || world > kMaxWorld || r < 0 || r >= world || m % world || n % 4)
+    return cudaErrorInvalidValue;
+  const int64_t m_local = m / world;
+  const int64_t items = m_local * (n / 4);
+  int64_t grid = (items + kThreads - 1) / kThreads;
+  const int cap = max_ctas > 0 ? max_ctas : 132;
+  if (grid > cap)
+    grid = cap;
+  if (grid < 1)
+    grid = 1;
+  Sources src;
+  Dests dst;
+  for (int s = 0; s < world; s++)
+    src.p[s] = src_peers[s];
+  const int ndst = all_reduce ? world : 1;
+  for (int p = 0; p < ndst; p++)
+    dst.p[p] = (__nv_bfloat16 *)outs[p];
+  reduce_rows_kernel<<<(unsigned)grid, kThreads, 0, stream>>>(
+      src, world, dst, ndst, r * m_local, m_local, all_reduce ? r * m_local : 0, n, ldo);
+  return cudaGetLastError();
+}
+
+cudaError_t reduce(int world, const float *const *partial_peers, void *const *outs, int all_reduce,
+                   int64_t m, int64_t n, int64_t ldo, int max_ctas, cudaStream_t *streams,
+                   cudaEvent_t *events) {
+  if (world < 1 || world > kMaxWorld || m % world || n % 4)
+    return cudaErrorInvalidValue;
+  cudaError_t err = cross_wait(world, streams, events);
+  for (int r = 0; r < world && err == cudaSuccess; r++)
+    err = reduce_rank(world, r, partial_peers + r * world, all_reduce ? outs + r * world : outs + r,
+                      all_reduce, m, n, ldo, max_ctas, streams[r]);
+  if (err == cudaSuccess)
+    err = cross_wait(world, streams, events);
+  return err;
+}
+
+} // namespace
+
+extern "C" cudaError_t tw_ref_reduce_scatter_fp32(int world, const float *const *partial_peers,
+                                                  void *const *out, int64_t m, int64_t n,
+                                                  int64_t ldo, int max_ctas, cudaStream_t *streams,
+                                                  cudaEvent_t *events) {
+  return reduce(world, partial_peers, out, 0, m, n, ldo, max_ctas, streams, events);
+}
+
+extern "C" cudaError_t tw_ref_reduce_rank_fp32(int world, int rank,
+                                               const float *const *partial_peers, void *const *outs,
+                                               int all_reduce, int64_t m, int64_t n, int64_t ldo,
+                                               int max_ctas, cudaStream_t stream) {
+  return reduce_rank(world, rank, partial_peers, outs, all_reduce, m, n, ldo, max_ctas, stream);
+}
+
+extern "C" cudaError_t tw_ref_all_reduce_fp32(int world, const float *const *partial_peers,
+                                              void *const *out_peers, int64_t m, int64_t n,
+                                              int64_t ldo, int max_ctas, cudaStream_t *streams,
+                                              cudaEvent_t *events) {
+  return reduce(world, partial_peers, out_peers, 1, m, n, ldo, max_ctas, streams, events);
+}
+
+#ifdef TW_HAVE_NCCL
+namespace {
+__global__ void to_bf16_kernel(const float *src, __nv_bfloat16 *dst, int64_t rows, int64_t n,
+                               int64_t ldo) {
+  const int64_t items = rows * n;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < items;
+       i += (int64_t)gridDim.x * blockDim.x)
+    dst[(i / n) * ldo + i % n] = __float2bfloat16_rn(src[i]);
+}
+
+cudaError_t nccl_reduce(int nlocal, ncclComm_t *comms, int world, const float *const *partial,
+                        float *const *scratch, void *const *out, int all_reduce, int64_t m,
+                        int64_t n, int64_t ldo, cudaStream_t *streams) {
+  const int64_t rows = all_reduce ? m : m / world;
+  if (ncclGroupStart() != ncclSuccess)
+    return cudaErrorUnknown;
+  ncclResult_t res = ncclSuccess;
+  for (int i = 0; i < nlocal && res == ncclSuccess; i++)
+    res = all_reduce ? ncclAllReduce(partial[i], scratch[i], (size_t)(m * n), ncclFloat32, ncclSum,
+                                     comms[i], streams[i])
+                     : ncclReduceScatter(partial[i], scratch[i], (size_t)(rows * n), ncclFloat32,
+                                         ncclSum, comms[i], streams[i]);
+  if (ncclGroupEnd() != ncclSuccess || res != ncclSuccess)
+    return cudaErrorUnknown;
+  cudaError_t err = cudaSuccess;
+  for (int i = 0; i < nlocal && err == cudaSuccess; i++) {
+    int device = 0;
+    ncclCommCuDevice(comms[i], &device);
+    err = cudaSetDevice(device);
+    if (err == cudaSuccess) {
+      to_bf16_kernel<<<264, 512, 0, streams[i]>>>(scratch[i], (__nv_bfloat16 *)out[i], rows, n,
+                                                  ldo);
+      err = cudaGetLastError();
+    }
+  }
+  return err;
+}
+} // namespace
+
+extern "C" cudaError_t tw_ref_nccl_reduce_scatter_fp32(int nlocal, ncclComm_t *comms, int world,
+                                                       const float *const *partial,
+                                                       float *const *scratch, void *const *out,
+                                                       int64_t m, int64_t n, int64_t ldo,
+                                                       cudaStream_t *streams) {
+  return nccl_reduce(nlocal, comms, world, partial, scratch, out, 0, m, n, ldo, streams);
+}
+
+extern "C" cudaError_t tw_ref_nccl_all_reduce_fp32(int nlocal, ncclComm_t *comms,
+                                                   const float *const *partial,
+                                                   float *const *scratch, void *const *out,
+                                                   int64_t m, int64_t n, int64_t ldo,
+                                                   cudaStream_t *streams) {
+  return nccl_reduce(nlocal, comms, 1, partial, scratch, out, 1, m, n, ldo, streams);
+}
+#endif

@@ -1,0 +1,80 @@
+/*
+ * Unfused reductions of fp32 GEMM partials for tests and benchmarks (not in
+ * libtilewire): the second half of the unfused GEMM+ReduceScatter and
+ * GEMM+AllReduce pipelines (tw_gemm with fp32 output on every rank, then these).
+ *
+ * The in-process versions sum in rank order (acc = p[0]; acc += p[1]; ...; in
+ * fp32, then round to bf16), the order tw_gemm_rs / tw_gemm_ar promise, so the
+ * fused result equals them bitwise. They serve ranks of one process, virtual
+ * (one GPU) or on distinct GPUs, reading peers through the peer pointers of a
+ * symmetric buffer (tw_mem_peer_ptr). The NCCL versions (TW_HAVE_NCCL, ranks on
+ * distinct GPUs) reduce in NCCL's order: a timing baseline, not bitwise.
+ */
+#ifndef TW_REF_REDUCE_H
+#define TW_REF_REDUCE_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef TW_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * ReduceScatter among `world` ranks of this process. partial_peers[r * world + s]
+ * is rank s's fp32 partial [m, n] (leading dimension n) as reachable from rank r's
+ * device. out[r] (bf16 [m / world, n], leading dimension ldo) receives rows
+ * [r * m / world, (r + 1) * m / world) of the rank-ordered sum. Each rank's stream
+ * first waits for every rank's stream (the partials are complete), runs the reduce
+ * kernel on at most `max_ctas` CTAs (0: 132), and then every stream waits for every
+ * reduce, so the partials may be overwritten by whatever follows on any stream.
+ * events[r] are per-rank events (recorded on streams[r]). Returns the first error.
+ */
+cudaError_t tw_ref_reduce_scatter_fp32(int world, const float *const *partial_peers,
+                                       void *const *out, int64_t m, int64_t n, int64_t ldo,
+                                       int max_ctas, cudaStream_t *streams, cudaEvent_t *events);
+
+/*
+ * AllReduce, as a reduce-scatter whose rows are pushed to every rank:
+ * out_peers[r * world + p] is rank p's output [m, n] (bf16, leading dimension ldo,
+ * a symmetric buffer) as reachable from rank r; rank r sums its m / world rows and
+ * writes them into every rank's output. Same stream ordering as above.
+ */
+cudaError_t tw_ref_all_reduce_fp32(int world, const float *const *partial_peers,
+                                   void *const *out_peers, int64_t m, int64_t n, int64_t ldo,
+                                   int max_ctas, cudaStream_t *streams, cudaEvent_t *events);
+
+/*
+ * One rank's share, for one process per rank (no cross-stream ordering: the caller
+ * puts tw_barrier before it, so the partials are complete, and after it, before
+ * anything overwrites them). partial_peers[s]: rank s's partial mapped for this
+ * rank. Reduce-scatter: outs[0] is this rank's [m / world, n]. All-reduce
+ * (all_reduce = 1): outs[p] is rank p's symmetric [m, n] mapped for this rank.
+ */
+cudaError_t tw_ref_reduce_rank_fp32(int world, int rank, const float *const *partial_peers,
+                                    void *const *outs, int all_reduce, int64_t m, int64_t n,
+                                    int64_t ldo, int max_ctas, cudaStream_t stream);
+
+#ifdef TW_HAVE_NCCL
+/* NCCL (ranks on distinct GPUs, this process drives `nlocal` of them: comms[i] on
+ * streams[i]): ncclReduceScatter (all-reduce: ncclAllReduce) of the fp32 partial[i]
+ * [m, n] into scratch[i] (fp32, [m / world, n]; all-reduce: [m, n]) inside one NCCL
+ * group, then a bf16 conversion into out[i] (leading dimension ldo). */
+cudaError_t tw_ref_nccl_reduce_scatter_fp32(int nlocal, ncclComm_t *comms, int world,
+                                            const float *const *partial, float *const *scratch,
+                                            void *const *out, int64_t m, int64_t n, int64_t ldo,
+                                            cudaStream_t *streams);
+cudaError_t tw_ref_nccl_all_reduce_fp32(int nlocal, ncclComm_t *comms, const float *const *partial,
+                                        float *const *scratch, void *const *out, int64_t m,
+                                        int64_t n, int64_t ldo, cudaStream_t *streams);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif

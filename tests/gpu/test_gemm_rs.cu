@@ -1,0 +1,357 @@
+/*
+ * tw_gemm_rs and tw_gemm_ar on virtual ranks (one GPU): for worlds 1, 2, 3, 4, 8
+ * and shapes with tails (m / world = 1, 100, 300, ...), the fused output equals,
+ * bitwise, the unfused pipeline built from the same core (tw_gemm with fp32
+ * output on every rank, then the rank-ordered reduction of src/ref/ref_reduce.cu),
+ * and is within bf16 tolerance of an fp32 reference (tw_ref_gemm_fp32 summed over
+ * ranks); 1000 back-to-back calls of each op with changing inputs, each checked
+ * on the GPU against the unfused pipeline; a CUDA graph replay; bad arguments.
+ * `--small` runs a reduced set (for compute-sanitizer).
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <string.h>
+
+#include "ref/ref_gemm.h"
+#include "ref/ref_reduce.h"
+#include "tw_test.h"
+
+#define CUDA_OK(call)                                                                              \
+  do {                                                                                             \
+    cudaError_t e_ = (call);                                                                       \
+    TEST_REQUIRE(e_ == cudaSuccess, "%s -> %s", #call, cudaGetErrorString(e_));                    \
+  } while (0)
+
+static __global__ void count_diff_async(const uint32_t *a, const uint32_t *b, size_t words,
+                                        unsigned long long *bad) {
+  unsigned long long local = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words;
+       i += (size_t)gridDim.x * blockDim.x)
+    local += a[i] != b[i];
+  if (local)
+    atomicAdd(bad, local);
+}
+
+static __global__ void add_into(float *dst, const float *src, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    dst[i] += src[i];
+}
+
+typedef struct {
+  int world, budget;
+  int64_t m, n, k; /* m: total rows */
+  tw_comm_t comms[TW_MAX_WORLD];
+  cudaStream_t streams[TW_MAX_WORLD];
+  cudaEvent_t events[TW_MAX_WORLD];
+  void *a[TW_MAX_WORLD], *b[TW_MAX_WORLD];
+  void *out[TW_MAX_WORLD];      /* fused, [m, n] (rs uses the first m / world rows) */
+  void *out2[TW_MAX_WORLD];     /* unfused, symmetric [m, n] */
+  float *partial[TW_MAX_WORLD]; /* unfused fp32 partials, symmetric [m, n] */
+  void *ws[TW_MAX_WORLD];       /* fused workspace, symmetric */
+  const float *partial_peers[TW_MAX_WORLD * TW_MAX_WORLD];
+  void *out2_peers[TW_MAX_WORLD * TW_MAX_WORLD];
+  unsigned long long *bad;
+} fixture;
+
+static size_t out_bytes(const fixture *f, int all_reduce) {
+  return (size_t)(all_reduce ? f->m : f->m / f->world) * f->n * 2;
+}
+
+static void setup(fixture *f, int world, int64_t m_local, int64_t n, int64_t k) {
+  memset(f, 0, sizeof(*f));
+  f->world = world, f->m = m_local * world, f->n = n, f->k = k;
+  int devices[TW_MAX_WORLD] = {0};
+  tw_status_t st = tw_comm_init_all(f->comms, world, devices, NULL);
+  TEST_REQUIRE(st == TW_SUCCESS, "init_all(%d): %s", world, tw_last_error());
+  TEST_TW_OK(tw_comm_sm_budget(f->comms[0], &f->budget));
+  size_t ws_bytes = 0;
+  TEST_TW_OK(tw_gemm_rs_workspace_size(f->comms[0], f->m, n, &ws_bytes));
+  const size_t mn = (size_t)f->m * n;
+  for (int r = 0; r < world; r++) {
+    CUDA_OK(cudaStreamCreateWithFlags(&f->streams[r], cudaStreamNonBlocking));
+    CUDA_OK(cudaEventCreateWithFlags(&f->events[r], cudaEventDisableTiming));
+    TEST_REQUIRE(tw_mem_alloc(f->comms[r], ws_bytes, &f->ws[r]) == TW_SUCCESS, "alloc ws");
+    TEST_REQUIRE(tw_mem_alloc(f->comms[r], mn * 4, (void **)&f->partial[r]) == TW_SUCCESS, "alloc");
+    TEST_REQUIRE(tw_mem_alloc(f->comms[r], mn * 2, &f->out2[r]) == TW_SUCCESS, "alloc");
+    CUDA_OK(cudaMalloc(&f->a[r], (size_t)f->m * k * 2));
+    CUDA_OK(cudaMalloc(&f->b[r], (size_t)n * k * 2));
+    CUDA_OK(cudaMalloc(&f->out[r], mn * 2));
+  }
+  for (int r = 0; r < world; r++)
+    for (int s = 0; s < world; s++) {
+      void *p;
+      TEST_TW_OK(tw_mem_peer_ptr(f->comms[r], f->partial[r], s, &p));
+      f->partial_peers[r * world + s] = (const float *)p;
+      TEST_TW_OK(tw_mem_peer_ptr(f->comms[r], f->out2[r], s, &p));
+      f->out2_peers[r * world + s] = p;
+    }
+  CUDA_OK(cudaMalloc(&f->bad, sizeof(unsigned long long)));
+  CUDA_OK(cudaMemset(f->bad, 0, sizeof(unsigned long long)));
+}
+
+static void teardown(fixture *f) {
+  CUDA_OK(cudaDeviceSynchronize());
+  for (int r = 0; r < f->world; r++) {
+    cudaFree(f->a[r]), cudaFree(f->b[r]), cudaFree(f->out[r]);
+    TEST_TW_OK(tw_mem_free(f->comms[r], f->ws[r]));
+    TEST_TW_OK(tw_mem_free(f->comms[r], f->partial[r]));
+    TEST_TW_OK(tw_mem_free(f->comms[r], f->out2[r]));
+  }
+  for (int r = 0; r < f->world; r++) {
+    TEST_TW_OK(tw_comm_destroy(f->comms[r]));
+    cudaStreamDestroy(f->streams[r]);
+    cudaEventDestroy(f->events[r]);
+  }
+  cudaFree(f->bad);
+}
+
+static tw_gemm_rs_args_t fused_args(const fixture *f, int r) {
+  tw_gemm_rs_args_t a = TW_GEMM_RS_ARGS_INIT;
+  a.a = f->a[r], a.b = f->b[r], a.out = f->out[r], a.workspace = f->ws[r];
+  a.m = f->m, a.n = f->n, a.k = f->k;
+  return a;
+}
+
+static void enqueue_fused(fixture *f, int all_reduce, int reduce_sms) {
+  for (int r = 0; r < f->world; r++) {
+    tw_gemm_rs_args_t a = fused_args(f, r);
+    a.reduce_sms = reduce_sms;
+    tw_stream_t s = (tw_stream_t)f->streams[r];
+    if (all_reduce)
+      TEST_TW_OK(tw_gemm_ar(f->comms[r], &a, s));
+    else
+      TEST_TW_OK(tw_gemm_rs(f->comms[r], &a, s));
+  }
+}
+
+/* Unfused pipeline from the same core: tw_gemm (fp32 out) per rank, then the reduction. */
+static void enqueue_unfused(fixture *f, int all_reduce) {
+  for (int r = 0; r < f->world; r++) {
+    tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
+    g.c_dtype = TW_FP32;
+    g.a = f->a[r], g.b = f->b[r], g.c = f->partial[r];
+    g.m = f->m, g.n = f->n, g.k = f->k;
+    g.sm_count = f->budget;
+    TEST_TW_OK(tw_gemm(&g, (tw_stream_t)f->streams[r]));
+  }
+  cudaError_t e = all_reduce
+                      ? tw_ref_all_reduce_fp32(f->world, f->partial_peers, f->out2_peers, f->m,
+                                               f->n, f->n, f->budget, f->streams, f->events)
+                      : tw_ref_reduce_scatter_fp32(f->world, f->partial_peers, f->out2, f->m, f->n,
+                                                   f->n, f->budget, f->streams, f->events);
+  TEST_REQUIRE(e == cudaSuccess, "unfused reduction: %s", cudaGetErrorString(e));
+}
+
+static void fill_inputs(fixture *f, uint64_t seed) {
+  for (int r = 0; r < f->world; r++) {
+    tw_stream_t s = (tw_stream_t)f->streams[r];
+    tw_test_fill_bf16(f->a[r], (size_t)f->m * f->k, seed + 31 * r, s);
+    tw_test_fill_bf16(f->b[r], (size_t)f->n * f->k, seed + 1000 + r, s);
+    tw_test_poison(f->out[r], (size_t)f->m * f->n * 2, s);
+    tw_test_poison(f->out2[r], (size_t)f->m * f->n * 2, s);
+  }
+}
+
+static void check_async_errors(fixture *f) {
+  for (int r = 0; r < f->world; r++) {
+    tw_status_t async = TW_ERR_INTERNAL;
+    TEST_TW_OK(tw_comm_async_error(f->comms[r], &async));
+    TEST_ASSERT(async == TW_SUCCESS, "rank %d: %s", r, tw_comm_last_error(f->comms[r]));
+  }
+}
+
+static void test_case(int world, int64_t m_local, int64_t n, int64_t k, int reduce_sms,
+                      uint64_t seed) {
+  fixture f;
+  setup(&f, world, m_local, n, k);
+  const size_t mn = (size_t)f.m * n;
+  float *ref = NULL, *tmp = NULL;
+  CUDA_OK(cudaMalloc(&ref, mn * 4));
+  CUDA_OK(cudaMalloc(&tmp, mn * 4));
+  for (int ar = 0; ar < 2; ar++) {
+    fill_inputs(&f, seed + 77 * ar);
+    CUDA_OK(cudaDeviceSynchronize());
+    enqueue_fused(&f, ar, reduce_sms);
+    enqueue_unfused(&f, ar);
+    CUDA_OK(cudaDeviceSynchronize());
+    /* fp32 reference: sum over ranks of the plain-loop GEMM. */
+    for (int r = 0; r < world; r++) {
+      TEST_REQUIRE(tw_ref_gemm_fp32(f.a[r], f.b[r], r ? tmp : ref, f.m, n, k, k, k, n, 0) ==
+                       TW_SUCCESS,
+                   "ref gemm");
+      if (r)
+        add_into<<<512, 256>>>(ref, tmp, mn);
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    size_t diff = 0, nans = 0;
+    double worst = 0;
+    for (int r = 0; r < world; r++) {
+      diff += tw_test_count_diff(f.out[r], f.out2[r], out_bytes(&f, ar));
+      size_t rows = (size_t)(ar ? f.m : m_local), first = ar ? 0 : (size_t)r * m_local;
+      size_t bad = 0;
+      double err = tw_test_rel_err_bf16(f.out[r], ref + first * n, 1, rows * n, &bad);
+      nans += bad;
+      if (err > worst)
+        worst = err;
+    }
+    TEST_ASSERT(diff == 0, "%s world %d m_local %lld n %lld k %lld: fused != unfused in %zu bytes",
+                ar ? "ar" : "rs", world, (long long)m_local, (long long)n, (long long)k, diff);
+    TEST_ASSERT(nans == 0, "%s world %d: %zu NaN/unwritten outputs", ar ? "ar" : "rs", world, nans);
+    TEST_ASSERT(worst < 1e-2, "%s world %d: rel err %.3g vs fp32", ar ? "ar" : "rs", world, worst);
+    check_async_errors(&f);
+    printf("  %s world %d m_local %lld n %lld k %lld reduce_sms %d: diff %zu, rel err %.2e\n",
+           ar ? "ar" : "rs", world, (long long)m_local, (long long)n, (long long)k, reduce_sms,
+           diff, worst);
+  }
+  cudaFree(ref);
+  cudaFree(tmp);
+  teardown(&f);
+}
+
+/* Many calls with fresh inputs, no host sync in between; each call checked on the GPU. */
+static void test_back_to_back(int world, int calls, uint64_t seed) {
+  fixture f;
+  setup(&f, world, 200, 256, 256);
+  double t0 = tw_test_now();
+  for (int i = 0; i < calls; i++) {
+    const int ar = i & 1;
+    fill_inputs(&f, seed + (uint64_t)i * 7919);
+    enqueue_fused(&f, ar, 0);
+    enqueue_unfused(&f, ar);
+    for (int r = 0; r < world; r++)
+      count_diff_async<<<64, 256, 0, f.streams[r]>>>(
+          (const uint32_t *)f.out[r], (const uint32_t *)f.out2[r], out_bytes(&f, ar) / 4, f.bad);
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  unsigned long long bad = 0;
+  CUDA_OK(cudaMemcpy(&bad, f.bad, sizeof(bad), cudaMemcpyDeviceToHost));
+  TEST_ASSERT(bad == 0, "world %d: %d back-to-back calls: %llu words differ from unfused", world,
+              calls, bad);
+  check_async_errors(&f);
+  printf("  world %d: %d back-to-back checked calls (rs and ar alternating) in %.2f s\n", world,
+         calls, tw_test_now() - t0);
+  teardown(&f);
+}
+
+static void test_graph(int world, int replays, uint64_t seed) {
+  fixture f;
+  setup(&f, world, 256, 512, 512);
+  fill_inputs(&f, seed);
+  CUDA_OK(cudaDeviceSynchronize());
+  cudaEvent_t fork, join[TW_MAX_WORLD];
+  CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  cudaStream_t s0 = f.streams[0];
+  CUDA_OK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeGlobal));
+  CUDA_OK(cudaEventRecord(fork, s0));
+  for (int r = 1; r < world; r++)
+    CUDA_OK(cudaStreamWaitEvent(f.streams[r], fork, 0));
+  enqueue_fused(&f, 0, 0);
+  enqueue_fused(&f, 1, 0);
+  for (int r = 1; r < world; r++) {
+    CUDA_OK(cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming));
+    CUDA_OK(cudaEventRecord(join[r], f.streams[r]));
+    CUDA_OK(cudaStreamWaitEvent(s0, join[r], 0));
+  }
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamEndCapture(s0, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < replays; i++) {
+    for (int r = 0; r < world; r++)
+      tw_test_poison(f.out[r], (size_t)f.m * f.n * 2, (tw_stream_t)s0);
+    CUDA_OK(cudaGraphLaunch(exec, s0));
+  }
+  CUDA_OK(cudaStreamSynchronize(s0));
+  enqueue_unfused(&f, 1);
+  CUDA_OK(cudaDeviceSynchronize());
+  size_t diff = 0;
+  for (int r = 0; r < world; r++)
+    diff += tw_test_count_diff(f.out[r], f.out2[r], out_bytes(&f, 1));
+  TEST_ASSERT(diff == 0, "graph replays: %zu bytes differ", diff);
+  check_async_errors(&f);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaEventDestroy(fork);
+  for (int r = 1; r < world; r++)
+    cudaEventDestroy(join[r]);
+  printf("  world %d: %d graph replays of rs + ar\n", world, replays);
+  teardown(&f);
+}
+
+static void test_bad_arguments(void) {
+  fixture f;
+  setup(&f, 2, 128, 256, 256);
+  tw_stream_t s = (tw_stream_t)f.streams[0];
+  tw_gemm_rs_args_t a = fused_args(&f, 0);
+  TEST_TW_FAILS(tw_gemm_rs(NULL, &a, s), TW_ERR_INVALID_ARGUMENT, "comm");
+  TEST_TW_FAILS(tw_gemm_rs(f.comms[0], NULL, s), TW_ERR_INVALID_ARGUMENT, "args");
+  a.m = 255;
+  TEST_TW_FAILS(tw_gemm_rs(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "divisible");
+  a = fused_args(&f, 0);
+  a.k = 100;
+  TEST_TW_FAILS(tw_gemm_ar(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->k");
+  a = fused_args(&f, 0);
+  a.n = 12;
+  TEST_TW_FAILS(tw_gemm_rs(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->n");
+  a = fused_args(&f, 0);
+  a.workspace = NULL;
+  TEST_TW_FAILS(tw_gemm_rs(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->workspace");
+  a = fused_args(&f, 0);
+  a.workspace = f.a[0]; /* not symmetric */
+  TEST_TW_FAILS(tw_gemm_ar(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "workspace");
+  a = fused_args(&f, 0);
+  a.m = 4096; /* workspace too small */
+  TEST_TW_FAILS(tw_gemm_rs(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "past the end");
+  a = fused_args(&f, 0);
+  a.b = (char *)f.b[0] + 2;
+  TEST_TW_FAILS(tw_gemm_rs(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->b");
+  a = fused_args(&f, 0);
+  a.out = NULL;
+  TEST_TW_FAILS(tw_gemm_ar(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->out");
+  a = fused_args(&f, 0);
+  a.out_dtype = TW_FP32;
+  TEST_TW_FAILS(tw_gemm_rs(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->out_dtype");
+  a = fused_args(&f, 0);
+  a.ldo = 100;
+  TEST_TW_FAILS(tw_gemm_rs(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->ldo");
+  a = fused_args(&f, 0);
+  a.reduce_sms = 100000;
+  TEST_TW_FAILS(tw_gemm_rs(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->reduce_sms");
+  a = fused_args(&f, 0);
+  a.size = 8;
+  TEST_TW_FAILS(tw_gemm_rs(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->size");
+  size_t bytes = 0;
+  TEST_TW_FAILS(tw_gemm_rs_workspace_size(f.comms[0], 255, 256, &bytes), TW_ERR_INVALID_ARGUMENT,
+                "m:");
+  /* Nothing was launched: valid calls on both ranks still complete. */
+  enqueue_fused(&f, 0, 0);
+  enqueue_fused(&f, 1, 0);
+  CUDA_OK(cudaDeviceSynchronize());
+  check_async_errors(&f);
+  teardown(&f);
+}
+
+int main(int argc, char **argv) {
+  tw_test_require_hopper();
+  int small = argc > 1 && strcmp(argv[1], "--small") == 0;
+  uint64_t seed = tw_test_seed();
+  static const int worlds[] = {1, 2, 3, 4, 8};
+  for (int wi = 0; wi < 5; wi++) {
+    int w = worlds[wi];
+    test_case(w, 128, 256, 256, 0, seed + w);
+    test_case(w, 100, 264, 200, 0, seed + 10 * w); /* tiles straddle owners, N/K tails */
+    if (small)
+      continue;
+    test_case(w, 1, 8, 8, 0, seed + 20 * w);
+    test_case(w, 300, 520, 1032, 0, seed + 30 * w);
+    test_case(w, 1024, 1024, 512, 0, seed + 40 * w);
+    if (w > 1)
+      test_case(w, 1000, 512, 256, 3, seed + 50 * w);
+  }
+  test_back_to_back(small ? 2 : 4, small ? 20 : 1000, seed + 5000);
+  test_graph(small ? 2 : 4, 10, seed + 6000);
+  test_bad_arguments();
+  return tw_test_finish();
+}

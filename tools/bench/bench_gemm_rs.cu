@@ -1,0 +1,298 @@
+/*
+ * tw-bench gemm_rs / gemm_ar: the fused GEMM + ReduceScatter (AllReduce) against
+ * the unfused pipelines and the pieces alone, all on the same --world ranks
+ * (default 8; virtual ranks on one GPU when there are fewer GPUs), every rank
+ * timed together (bench_time_multi_ms). Shape: m = total rows of the product,
+ * n = columns, k = K per rank (each rank holds A [m, k] and B [n, k]).
+ *
+ *   tilewire        tw_gemm_rs / tw_gemm_ar
+ *   unfused-cublas  cuBLAS GEMM (fp32 out, the rank's SM budget) then the rank-ordered
+ *                   reduce kernels of src/ref/ref_reduce.cu (the speedup baseline)
+ *   unfused-tw      the same with tw_gemm (bitwise equal to the fused result)
+ *   gemm-alone      cuBLAS GEMM, bf16 out, budget-limited (t_gemm)
+ *   reduce-alone    the reduce kernels alone (t_comm)
+ * TFLOP/s per rank = 2 m n k / t; overlap = max(t_gemm, t_comm) / t_fused.
+ * Each rank's working set (A, B, fp32 partials) is far above L2 at these shapes,
+ * so inputs are not rotated.
+ */
+#include <cuda_runtime.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "ref/ref_gemm.h"
+#include "ref/ref_reduce.h"
+#include "tw_test.h"
+
+typedef struct rs_ctx {
+  int world, budget, all_reduce, failed, reduce_sms;
+  int64_t m, n, k;
+  int devices[TW_MAX_WORLD];
+  tw_comm_t comms[TW_MAX_WORLD];
+  cudaStream_t streams[TW_MAX_WORLD];
+  cudaEvent_t events[TW_MAX_WORLD];
+  tw_ref_blas_t *blas[TW_MAX_WORLD];
+  void *a[TW_MAX_WORLD], *b[TW_MAX_WORLD];
+  void *out[TW_MAX_WORLD];  /* fused, [m, n] */
+  void *out2[TW_MAX_WORLD]; /* unfused, symmetric [m, n] */
+  float *partial[TW_MAX_WORLD];
+  void *ws[TW_MAX_WORLD];
+  const float *partial_peers[TW_MAX_WORLD * TW_MAX_WORLD];
+  void *out2_peers[TW_MAX_WORLD * TW_MAX_WORLD];
+} rs_ctx;
+
+static void run_fused(void *p, int iter) {
+  (void)iter;
+  rs_ctx *c = (rs_ctx *)p;
+  for (int r = 0; r < c->world; r++) {
+    tw_gemm_rs_args_t a = TW_GEMM_RS_ARGS_INIT;
+    a.a = c->a[r], a.b = c->b[r], a.out = c->out[r], a.workspace = c->ws[r];
+    a.m = c->m, a.n = c->n, a.k = c->k;
+    a.reduce_sms = c->reduce_sms;
+    tw_stream_t s = (tw_stream_t)c->streams[r];
+    tw_status_t st =
+        c->all_reduce ? tw_gemm_ar(c->comms[r], &a, s) : tw_gemm_rs(c->comms[r], &a, s);
+    if (st != TW_SUCCESS) {
+      fprintf(stderr, "tw_gemm_%s: %s\n", c->all_reduce ? "ar" : "rs",
+              tw_comm_last_error(c->comms[r]));
+      c->failed = 1;
+    }
+  }
+}
+
+static void run_reduce(void *p, int iter) {
+  (void)iter;
+  rs_ctx *c = (rs_ctx *)p;
+  BENCH_CUDA(c->all_reduce
+                 ? tw_ref_all_reduce_fp32(c->world, c->partial_peers, c->out2_peers, c->m, c->n,
+                                          c->n, c->budget, c->streams, c->events)
+                 : tw_ref_reduce_scatter_fp32(c->world, c->partial_peers, c->out2, c->m, c->n, c->n,
+                                              c->budget, c->streams, c->events));
+}
+
+static void gemm_cublas(rs_ctx *c, int fp32_out) {
+  for (int r = 0; r < c->world; r++) {
+    BENCH_CUDA(cudaSetDevice(c->devices[r]));
+    void *dst = fp32_out ? (void *)c->partial[r] : c->out[r];
+    if (tw_ref_cublas_gemm(c->blas[r], c->a[r], c->b[r], dst, fp32_out ? TW_FP32 : TW_BF16, c->m,
+                           c->n, c->k, c->k, c->k, c->n, c->budget, c->streams[r]) != TW_SUCCESS) {
+      fprintf(stderr, "cuBLAS: %s\n", tw_last_error());
+      c->failed = 1;
+    }
+  }
+  BENCH_CUDA(cudaSetDevice(c->devices[0]));
+}
+
+static void run_gemm_alone(void *p, int iter) {
+  (void)iter;
+  gemm_cublas((rs_ctx *)p, 0);
+}
+
+static void run_unfused_cublas(void *p, int iter) {
+  gemm_cublas((rs_ctx *)p, 1);
+  run_reduce(p, iter);
+}
+
+static void run_unfused_tw(void *p, int iter) {
+  rs_ctx *c = (rs_ctx *)p;
+  for (int r = 0; r < c->world; r++) {
+    tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
+    g.c_dtype = TW_FP32;
+    g.a = c->a[r], g.b = c->b[r], g.c = c->partial[r];
+    g.m = c->m, g.n = c->n, g.k = c->k;
+    g.sm_count = c->budget;
+    BENCH_CUDA(cudaSetDevice(c->devices[r]));
+    if (tw_gemm(&g, (tw_stream_t)c->streams[r]) != TW_SUCCESS) {
+      fprintf(stderr, "tw_gemm: %s\n", tw_last_error());
+      c->failed = 1;
+    }
+  }
+  BENCH_CUDA(cudaSetDevice(c->devices[0]));
+  run_reduce(p, iter);
+}
+
+/* Fused vs unfused-tw, bitwise, on every rank. */
+static int check_bitwise(rs_ctx *c) {
+  for (int r = 0; r < c->world; r++) {
+    tw_test_poison(c->out[r], (size_t)c->m * c->n * 2, (tw_stream_t)c->streams[r]);
+    tw_test_poison(c->out2[r], (size_t)c->m * c->n * 2, (tw_stream_t)c->streams[r]);
+  }
+  run_fused(c, 0);
+  run_unfused_tw(c, 0);
+  BENCH_CUDA(cudaDeviceSynchronize());
+  const size_t bytes = (size_t)(c->all_reduce ? c->m : c->m / c->world) * c->n * 2;
+  for (int r = 0; r < c->world; r++) {
+    size_t diff = tw_test_count_diff(c->out[r], c->out2[r], bytes);
+    if (diff) {
+      fprintf(stderr, "gemm_%s rank %d: fused != unfused in %zu bytes\n",
+              c->all_reduce ? "ar" : "rs", r, diff);
+      return 0;
+    }
+    tw_status_t async = TW_SUCCESS;
+    tw_comm_async_error(c->comms[r], &async);
+    if (async != TW_SUCCESS) {
+      fprintf(stderr, "rank %d: %s\n", r, tw_comm_last_error(c->comms[r]));
+      return 0;
+    }
+  }
+  return !c->failed;
+}
+
+static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res,
+                  int all_reduce) {
+  rs_ctx *c = (rs_ctx *)calloc(1, sizeof(rs_ctx));
+  const int world = o->world ? o->world : 8;
+  c->world = world, c->all_reduce = all_reduce;
+  c->m = shape->m, c->n = shape->n, c->k = shape->k;
+  int ngpu = 0;
+  BENCH_CUDA(cudaGetDeviceCount(&ngpu));
+  for (int r = 0; r < world; r++)
+    c->devices[r] = r % ngpu;
+  tw_config_t cfg = TW_CONFIG_INIT;
+  cfg.sm_budget = o->sm_budget;
+  if (tw_comm_init_all(c->comms, world, c->devices, &cfg) != TW_SUCCESS) {
+    fprintf(stderr, "tw_comm_init_all(world=%d): %s\n", world, tw_last_error());
+    free(c);
+    return 1;
+  }
+  tw_comm_sm_budget(c->comms[0], &c->budget);
+  size_t ws_bytes = 0;
+  if (tw_gemm_rs_workspace_size(c->comms[0], c->m, c->n, &ws_bytes) != TW_SUCCESS) {
+    fprintf(stderr, "workspace: %s\n", tw_comm_last_error(c->comms[0]));
+    return 1;
+  }
+  const size_t mn = (size_t)c->m * c->n;
+  for (int r = 0; r < world; r++) {
+    if (tw_mem_alloc(c->comms[r], ws_bytes, &c->ws[r]) != TW_SUCCESS ||
+        tw_mem_alloc(c->comms[r], mn * 4, (void **)&c->partial[r]) != TW_SUCCESS ||
+        tw_mem_alloc(c->comms[r], mn * 2, &c->out2[r]) != TW_SUCCESS) {
+      fprintf(stderr, "tw_mem_alloc: %s\n", tw_comm_last_error(c->comms[r]));
+      return 1;
+    }
+    BENCH_CUDA(cudaSetDevice(c->devices[r]));
+    BENCH_CUDA(cudaStreamCreateWithFlags(&c->streams[r], cudaStreamNonBlocking));
+    BENCH_CUDA(cudaEventCreateWithFlags(&c->events[r], cudaEventDisableTiming));
+    BENCH_CUDA(cudaMalloc(&c->a[r], (size_t)c->m * c->k * 2));
+    BENCH_CUDA(cudaMalloc(&c->b[r], (size_t)c->n * c->k * 2));
+    BENCH_CUDA(cudaMalloc(&c->out[r], mn * 2));
+    if (tw_ref_blas_create(&c->blas[r]) != TW_SUCCESS)
+      return 1;
+    tw_test_fill_bf16(c->a[r], (size_t)c->m * c->k, 11 + r, (tw_stream_t)c->streams[r]);
+    tw_test_fill_bf16(c->b[r], (size_t)c->n * c->k, 1011 + r, (tw_stream_t)c->streams[r]);
+  }
+  for (int r = 0; r < world; r++)
+    for (int s = 0; s < world; s++) {
+      void *p;
+      if (tw_mem_peer_ptr(c->comms[r], c->partial[r], s, &p) != TW_SUCCESS)
+        return 1;
+      c->partial_peers[r * world + s] = (const float *)p;
+      if (tw_mem_peer_ptr(c->comms[r], c->out2[r], s, &p) != TW_SUCCESS)
+        return 1;
+      c->out2_peers[r * world + s] = p;
+    }
+  BENCH_CUDA(cudaSetDevice(c->devices[0]));
+  BENCH_CUDA(cudaDeviceSynchronize());
+  const int ok = o->check ? check_bitwise(c) : 1;
+
+  struct {
+    const char *name;
+    void (*fn)(void *, int);
+  } variants[] = {{"unfused-cublas", run_unfused_cublas},
+                  {"unfused-tw", run_unfused_tw},
+                  {"gemm-alone", run_gemm_alone},
+                  {"reduce-alone", run_reduce},
+                  {"tilewire", run_fused}};
+  const int nv = (int)(sizeof(variants) / sizeof(variants[0]));
+  double t[16], p10[16], p90[16];
+  for (int v = 0; v < nv; v++)
+    t[v] = bench_time_multi_ms(variants[v].fn, c, c->streams[0], c->streams, world, o->warmup,
+                               o->repeats, &p10[v], &p90[v]);
+  /* TW_BENCH_RS_REDUCE_SMS=2,4,6: extra fused rows with that many reduce CTAs per rank. */
+  int extra_sms[8], nextra = 0;
+  const char *list = getenv("TW_BENCH_RS_REDUCE_SMS");
+  for (const char *q = list; q && *q && nextra < 8;) {
+    int v = atoi(q);
+    if (v > 0 && v < c->budget) {
+      extra_sms[nextra] = v;
+      c->reduce_sms = v;
+      t[nv + nextra] =
+          bench_time_multi_ms(run_fused, c, c->streams[0], c->streams, world, o->warmup, o->repeats,
+                              &p10[nv + nextra], &p90[nv + nextra]);
+      nextra++;
+    }
+    q = strchr(q, ',');
+    q = q ? q + 1 : NULL;
+  }
+  c->reduce_sms = 0;
+  BENCH_CUDA(cudaDeviceSynchronize());
+  const double flops = 2.0 * (double)c->m * (double)c->n * (double)c->k;
+  const double t_gemm = t[2], t_comm = t[3];
+  for (int v = 0; v < nv + nextra; v++) {
+    bench_row_t row;
+    memset(&row, 0, sizeof(row));
+    snprintf(row.op, sizeof(row.op), "gemm_%s", all_reduce ? "ar" : "rs");
+    if (v < nv)
+      snprintf(row.variant, sizeof(row.variant), "%s", variants[v].name);
+    else
+      snprintf(row.variant, sizeof(row.variant), "tilewire-r%d", extra_sms[v - nv]);
+    snprintf(row.shape, sizeof(row.shape), "%s%sM=%lld N=%lld K/rank=%lld world=%d sms/rank=%d",
+             shape->label ? shape->label : "", shape->label ? " " : "", (long long)c->m,
+             (long long)c->n, (long long)c->k, world, c->budget);
+    row.ms = t[v], row.ms_p10 = p10[v], row.ms_p90 = p90[v];
+    row.tflops = v == 3 ? 0 : flops / (t[v] * 1e-3) / 1e12;
+    row.speedup = t[0] / t[v];
+    if (v >= nv - 1)
+      row.overlap = (t_gemm > t_comm ? t_gemm : t_comm) / t[v];
+    row.ok = v >= nv - 1 || v == 1 ? ok : 1;
+    bench_add_row(res, &row);
+  }
+  for (int r = 0; r < world; r++) {
+    cudaSetDevice(c->devices[r]);
+    cudaFree(c->a[r]), cudaFree(c->b[r]), cudaFree(c->out[r]);
+    tw_mem_free(c->comms[r], c->ws[r]);
+    tw_mem_free(c->comms[r], c->partial[r]);
+    tw_mem_free(c->comms[r], c->out2[r]);
+    tw_ref_blas_destroy(c->blas[r]);
+    cudaStreamDestroy(c->streams[r]);
+    cudaEventDestroy(c->events[r]);
+    tw_comm_destroy(c->comms[r]);
+  }
+  cudaSetDevice(c->devices[0]);
+  free(c);
+  return 0;
+}
+
+static int run_rs(const bench_opts_t *o, const bench_shape_t *s, bench_results_t *res) {
+  return run_op(o, s, res, 0);
+}
+static int run_ar(const bench_opts_t *o, const bench_shape_t *s, bench_results_t *res) {
+  return run_op(o, s, res, 1);
+}
+
+/* m total, n, k per rank. */
+static const bench_shape_t rs_sweep[] = {{4096, 12288, 6144, "flux-tp8"},
+                                         {4096, 4096, 512, NULL},
+                                         {8192, 8192, 1024, NULL},
+                                         {16384, 16384, 2048, NULL}};
+static const bench_shape_t rs_quick[] = {{1024, 1024, 256, NULL}, {4096, 4096, 512, NULL}};
+
+extern "C" const bench_op_t bench_op_gemm_rs = {
+    "gemm_rs",
+    "fused GEMM+ReduceScatter vs unfused (cuBLAS/tw_gemm + reduce) and the pieces; m = total "
+    "rows, k = K per rank, --world ranks (8)",
+    rs_sweep,
+    4,
+    rs_quick,
+    2,
+    run_rs};
+
+extern "C" const bench_op_t bench_op_gemm_ar = {
+    "gemm_ar",
+    "fused GEMM+AllReduce vs unfused (cuBLAS/tw_gemm + reduce) and the pieces; m = total rows, "
+    "k = K per rank, --world ranks (8)",
+    rs_sweep,
+    4,
+    rs_quick,
+    2,
+    run_ar};
