@@ -1,6 +1,8 @@
 """The torch front end's argument checks, which need torch but no GPU (CPU and meta tensors).
 Skipped where torch is not installed."""
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -23,7 +25,8 @@ def test_ops_are_registered():
     assert hasattr(torch.ops.tilewire, "gemm_rs")
     assert hasattr(torch.ops.tilewire, "gemm_ar")
     schema = str(torch.ops.tilewire.allgather.default._schema)
-    assert "Tensor(a!) out" in schema, schema
+    # torch numbers the alias sets (a!, a2!, ...); what matters is that `out` is mutated.
+    assert re.search(r"Tensor\(a\d*!\) out", schema), schema
     assert tilewire.gemm is _torch.gemm
 
 

@@ -91,12 +91,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const tw_dev_comm_t &dc = p.gemm.wait.dc;
   const AgWait::Params &w = p.gemm.wait;
   const uint64_t epoch = tw_op_begin(dc, TW_CH_AG_GEMM);
-  __shared__ int ok;
+  /* Thread 0 decides; __syncthreads_and spreads it, so the CTA leaves the loop together. */
+  int mine = 1;
   if (threadIdx.x == 0) {
-    ok = tw_op_usable(dc, TW_CH_AG_GEMM);
-    if (blockIdx.x == 0 && ok) tw_signal_entry(dc, TW_CH_AG_GEMM, epoch);
+    mine = tw_op_usable(dc, TW_CH_AG_GEMM);
+    if (blockIdx.x == 0 && mine) tw_signal_entry(dc, TW_CH_AG_GEMM, epoch);
   }
-  __syncthreads();
+  int ok = __syncthreads_and(mine);
   if ((int)blockIdx.x < p.comm_ctas) {
     const int world = dc.world, rank = dc.rank;
     const int items = world * p.nchunks;
@@ -106,9 +107,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int target = (rank - 1 - item / p.nchunks + 2 * world) % world;
       const int chunk = item % p.nchunks;
       if (threadIdx.x == 0 && target != rank && !tw_wait_entry(dc, TW_CH_AG_GEMM, target, epoch))
-        ok = 0;
-      __syncthreads();
-      if (!ok) break;
+        mine = 0;
+      if (!(ok = __syncthreads_and(mine))) break;
       const int64_t row0 = (int64_t)chunk * w.rows_per_chunk;
       const int64_t rows = min((int64_t)w.rows_per_chunk, (int64_t)w.m_local - row0);
       char *dst = p.gathered[target] + ((int64_t)rank * w.m_local + row0) * p.row_bytes;

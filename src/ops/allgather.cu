@@ -27,15 +27,16 @@ static __device__ __forceinline__ int item_peer(int item, int nchunks, int rank,
 
 __global__ void __launch_bounds__(TW_AG_THREADS, 1)
     tw_allgather_kernel(const __grid_constant__ tw_dev_comm_t dc, const __grid_constant__ tw_ag_plan_t plan) {
-  __shared__ int ok;
-  __shared__ uint64_t peer_ready; /* bit p: peer p entered this call (world <= 64) */
   const uint64_t epoch = tw_op_begin(dc, TW_CH_ALLGATHER);
+  /* Decisions are made by thread 0 and spread with __syncthreads_and, so every thread of
+   * the CTA leaves a loop at the same iteration (no shared flag read while it is written). */
+  int mine = 1;
+  uint64_t peer_ready = 0; /* thread 0: bit p set once peer p entered this call (world <= 64) */
   if (threadIdx.x == 0) {
-    ok = tw_op_usable(dc, TW_CH_ALLGATHER);
-    peer_ready = 0;
-    if (blockIdx.x == 0) tw_signal_entry(dc, TW_CH_ALLGATHER, epoch);
+    mine = tw_op_usable(dc, TW_CH_ALLGATHER);
+    if (blockIdx.x == 0 && mine) tw_signal_entry(dc, TW_CH_ALLGATHER, epoch);
   }
-  __syncthreads();
+  int ok = __syncthreads_and(mine);
   const int items = plan.world * plan.nchunks;
   for (int item = blockIdx.x; ok && item < items; item += gridDim.x) {
     const int peer = item_peer(item, plan.nchunks, dc.rank, plan.world);
@@ -44,10 +45,9 @@ __global__ void __launch_bounds__(TW_AG_THREADS, 1)
       if (tw_wait_entry(dc, TW_CH_ALLGATHER, peer, epoch))
         peer_ready |= 1ull << peer;
       else
-        ok = 0;
+        mine = 0;
     }
-    __syncthreads();
-    if (!ok) break;
+    if (!(ok = __syncthreads_and(mine))) break;
     const size_t begin = (size_t)chunk * plan.chunk_bytes;
     const size_t len = begin + plan.chunk_bytes <= plan.bytes ? plan.chunk_bytes : plan.bytes - begin;
     char *dst = (char *)plan.recv_peer[peer] + (size_t)dc.rank * plan.bytes + begin;

@@ -164,18 +164,19 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
     tw_test_fill_bf16(c.b[r], (size_t)c.n * c.k, 1000 + r, (tw_stream_t)rk.streams[r]);
     if (tw_ref_blas_create(&c.blas[r]) != TW_SUCCESS) return 1;
   }
-  /* Load cuBLAS's kernels before any persistent kernel spins: its lazy module loading
-   * waits for the device to go idle, which never happens while ranks wait on each other. */
-  for (int r = 0; r < world; r++) {
-    bench_ranks_use(&rk, r);
-    if (tw_ref_cublas_gemm(c.blas[r], c.a[r], c.b[r], c.c2[r], TW_BF16, c.m_local, c.n, c.k, c.k,
-                           c.k, c.n, rk.sm_budget, rk.streams[r]) != TW_SUCCESS)
-      return 1;
-    BENCH_CUDA(cudaStreamSynchronize(rk.streams[r]));
-  }
   /* gemm-alone reads gathered2: fill it once through the allgather. */
   run_allgather(&c, 0);
   for (int r = 0; r < world; r++) BENCH_CUDA(cudaStreamSynchronize(rk.streams[r]));
+  /* Load cuBLAS's kernels for the timed shape before any persistent kernel spins: its lazy
+   * module loading can wait for the device to go idle, which never happens while ranks wait
+   * on each other (seen: a first cuBLAS launch stalled until the 10 s wait bound). */
+  for (int r = 0; r < world; r++) {
+    bench_ranks_use(&rk, r);
+    if (tw_ref_cublas_gemm(c.blas[r], c.gathered2[r], c.b[r], c.c2[r], TW_BF16, shape->m, c.n, c.k,
+                           c.k, c.k, c.n, rk.sm_budget, rk.streams[r]) != TW_SUCCESS)
+      return 1;
+    BENCH_CUDA(cudaStreamSynchronize(rk.streams[r]));
+  }
   int ok = o->check ? check(&c) : 1;
   struct {
     const char *name;

@@ -50,23 +50,33 @@ static void run_memcpy(void *p, int iter) {
 static int check_gather(ag_ctx *c, void (*fn)(void *, int), const char *what) {
   int world = c->rk->world;
   for (int r = 0; r < world; r++) {
-    BENCH_CUDA(cudaSetDevice(c->rk->devices[r]));
+    bench_ranks_use(c->rk, r);
     tw_test_fill_bytes(c->send[r], c->bytes, 77 + r, (tw_stream_t)c->rk->streams[r]);
     tw_test_poison(c->recv[r], c->bytes * world, (tw_stream_t)c->rk->streams[r]);
+    BENCH_CUDA(cudaStreamSynchronize(c->rk->streams[r]));
   }
-  BENCH_CUDA(cudaDeviceSynchronize());
+  bench_ranks_use(c->rk, 0);
   fn(c, 0);
   for (int r = 0; r < world; r++) BENCH_CUDA(cudaStreamSynchronize(c->rk->streams[r]));
-  for (int r = 0; r < world; r++)
-    for (int src = 0; src < world; src++) {
-      BENCH_CUDA(cudaSetDevice(c->rk->devices[r]));
-      size_t diff = tw_test_count_diff((char *)c->recv[r] + src * c->bytes, c->send[src], c->bytes);
+  int ok = !c->failed;
+  for (int r = 0; r < world && ok; r++) {
+    /* Compare on rank r's GPU: bring each source shard over first (distinct GPUs). */
+    bench_ranks_use(c->rk, r);
+    void *expected = NULL;
+    BENCH_CUDA(cudaMalloc(&expected, c->bytes));
+    for (int src = 0; src < world && ok; src++) {
+      BENCH_CUDA(cudaMemcpyPeer(expected, c->rk->devices[r], c->send[src], c->rk->devices[src],
+                                c->bytes));
+      size_t diff = tw_test_count_diff((char *)c->recv[r] + src * c->bytes, expected, c->bytes);
       if (diff) {
         fprintf(stderr, "%s: rank %d's copy of rank %d's shard: %zu bytes differ\n", what, r, src, diff);
-        return 0;
+        ok = 0;
       }
     }
-  return !c->failed;
+    cudaFree(expected);
+  }
+  bench_ranks_use(c->rk, 0);
+  return ok;
 }
 
 static int run_allgather(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res) {

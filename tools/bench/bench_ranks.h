@@ -20,7 +20,8 @@ typedef struct bench_ranks {
   int devices[TW_MAX_WORLD];
 } bench_ranks_t;
 
-/* Returns 0, or 1 after printing tw_last_error(). Leaves device 0 current. */
+/* Rank r on GPU r % (number of GPUs), or on GPU 0 when TW_BENCH_VIRTUAL=1.
+ * Returns 0, or 1 after printing tw_last_error(). Leaves device 0 current. */
 int bench_ranks_init(bench_ranks_t *rk, int world, int sm_budget);
 void bench_ranks_fini(bench_ranks_t *rk);
 /* 1 if no rank has an async (kernel) error; else prints them and returns 0. */
