@@ -22,9 +22,6 @@ TW_ENV(TW_WAIT_TRAP, bool, "0",
 TW_ENV(TW_HEAP_BYTES, size, "64G",
        "Virtual address space reserved per rank for the symmetric heap (physical memory is taken "
        "only by tw_mem_alloc).")
-TW_ENV(TW_DEBUG_POISON, bool, "0",
-       "1: ops fill their symmetric staging buffers with a NaN pattern before each call, so a read "
-       "of data that never arrived shows.")
 TW_ENV(TW_BOOTSTRAP_ADDR, str, "",
        "IPv4 address the bootstrap root listens on and writes into the unique id; empty picks the "
        "first non-loopback interface, else 127.0.0.1.")
