@@ -22,6 +22,11 @@ log=$out/suite.log
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 steps=${*:-host gpu mps sanitizer bench multi python}
 ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1)
+# NCCL baselines (tw-bench loads libnccl at run time): the loader's copy, else PyTorch's.
+if [ -z "${TW_NCCL_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl.so.2 '; then
+  nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+  [ -n "$nccl_dir" ] && [ -f "$nccl_dir/libnccl.so.2" ] && export TW_NCCL_LIB="$nccl_dir/libnccl.so.2"
+fi
 want() { case " $steps " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 summary=()

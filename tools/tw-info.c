@@ -61,9 +61,7 @@ static void print_build(void) {
 #else
   printf("  sanitizers      off\n");
 #endif
-#if defined(TW_HAVE_NCCL)
-  printf("  NCCL baselines  yes\n");
-#endif
+  printf("  NCCL baselines  tw-bench loads libnccl.so.2 at run time (TW_NCCL_LIB)\n");
 }
 
 /* Never fails the program: a machine without a driver or a GPU is a valid answer. */

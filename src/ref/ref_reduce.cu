@@ -116,7 +116,6 @@ extern "C" cudaError_t tw_ref_all_reduce_fp32(int world, const float *const *par
   return reduce(world, partial_peers, out_peers, 1, m, n, ldo, max_ctas, streams, events);
 }
 
-#ifdef TW_HAVE_NCCL
 namespace {
 __global__ void to_bf16_kernel(const float *src, __nv_bfloat16 *dst, int64_t rows, int64_t n,
                                int64_t ldo) {
@@ -125,49 +124,26 @@ __global__ void to_bf16_kernel(const float *src, __nv_bfloat16 *dst, int64_t row
        i += (int64_t)gridDim.x * blockDim.x)
     dst[(i / n) * ldo + i % n] = __float2bfloat16_rn(src[i]);
 }
+} // namespace
 
-cudaError_t nccl_reduce(int nlocal, ncclComm_t *comms, int world, const float *const *partial,
-                        float *const *scratch, void *const *out, int all_reduce, int64_t m,
-                        int64_t n, int64_t ldo, cudaStream_t *streams) {
+extern "C" cudaError_t tw_ref_nccl_reduce_fp32(tw_ref_nccl_t *nccl, int world, const int *devices,
+                                               const float *const *partial, float *const *scratch,
+                                               void *const *out, int all_reduce, int64_t m,
+                                               int64_t n, int64_t ldo, cudaStream_t *streams) {
   const int64_t rows = all_reduce ? m : m / world;
-  if (ncclGroupStart() != ncclSuccess)
-    return cudaErrorUnknown;
-  ncclResult_t res = ncclSuccess;
-  for (int i = 0; i < nlocal && res == ncclSuccess; i++)
-    res = all_reduce ? ncclAllReduce(partial[i], scratch[i], (size_t)(m * n), ncclFloat32, ncclSum,
-                                     comms[i], streams[i])
-                     : ncclReduceScatter(partial[i], scratch[i], (size_t)(rows * n), ncclFloat32,
-                                         ncclSum, comms[i], streams[i]);
-  if (ncclGroupEnd() != ncclSuccess || res != ncclSuccess)
+  const size_t count = (size_t)(m * n);
+  int rc = all_reduce ? tw_ref_nccl_all_reduce_f32(nccl, partial, scratch, count, streams)
+                      : tw_ref_nccl_reduce_scatter_f32(nccl, partial, scratch, count, streams);
+  if (rc != 0)
     return cudaErrorUnknown;
   cudaError_t err = cudaSuccess;
-  for (int i = 0; i < nlocal && err == cudaSuccess; i++) {
-    int device = 0;
-    ncclCommCuDevice(comms[i], &device);
-    err = cudaSetDevice(device);
+  for (int r = 0; r < world && err == cudaSuccess; r++) {
+    err = cudaSetDevice(devices[r]);
     if (err == cudaSuccess) {
-      to_bf16_kernel<<<264, 512, 0, streams[i]>>>(scratch[i], (__nv_bfloat16 *)out[i], rows, n,
+      to_bf16_kernel<<<264, 512, 0, streams[r]>>>(scratch[r], (__nv_bfloat16 *)out[r], rows, n,
                                                   ldo);
       err = cudaGetLastError();
     }
   }
   return err;
 }
-} // namespace
-
-extern "C" cudaError_t tw_ref_nccl_reduce_scatter_fp32(int nlocal, ncclComm_t *comms, int world,
-                                                       const float *const *partial,
-                                                       float *const *scratch, void *const *out,
-                                                       int64_t m, int64_t n, int64_t ldo,
-                                                       cudaStream_t *streams) {
-  return nccl_reduce(nlocal, comms, world, partial, scratch, out, 0, m, n, ldo, streams);
-}
-
-extern "C" cudaError_t tw_ref_nccl_all_reduce_fp32(int nlocal, ncclComm_t *comms,
-                                                   const float *const *partial,
-                                                   float *const *scratch, void *const *out,
-                                                   int64_t m, int64_t n, int64_t ldo,
-                                                   cudaStream_t *streams) {
-  return nccl_reduce(nlocal, comms, 1, partial, scratch, out, 1, m, n, ldo, streams);
-}
-#endif

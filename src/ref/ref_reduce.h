@@ -7,8 +7,8 @@
  * fp32, then round to bf16), the order tw_gemm_rs / tw_gemm_ar promise, so the
  * fused result equals them bitwise. They serve ranks of one process, virtual
  * (one GPU) or on distinct GPUs, reading peers through the peer pointers of a
- * symmetric buffer (tw_mem_peer_ptr). The NCCL versions (TW_HAVE_NCCL, ranks on
- * distinct GPUs) reduce in NCCL's order: a timing baseline, not bitwise.
+ * symmetric buffer (tw_mem_peer_ptr). The NCCL version (loaded at run time, ranks on
+ * distinct GPUs) reduces in NCCL's order: a timing baseline, not bitwise.
  */
 #ifndef TW_REF_REDUCE_H
 #define TW_REF_REDUCE_H
@@ -17,9 +17,7 @@
 
 #include <cuda_runtime_api.h>
 
-#ifdef TW_HAVE_NCCL
-#include <nccl.h>
-#endif
+#include "ref_nccl.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -60,19 +58,16 @@ cudaError_t tw_ref_reduce_rank_fp32(int world, int rank, const float *const *par
                                     void *const *outs, int all_reduce, int64_t m, int64_t n,
                                     int64_t ldo, int max_ctas, cudaStream_t stream);
 
-#ifdef TW_HAVE_NCCL
-/* NCCL (ranks on distinct GPUs, this process drives `nlocal` of them: comms[i] on
- * streams[i]): ncclReduceScatter (all-reduce: ncclAllReduce) of the fp32 partial[i]
- * [m, n] into scratch[i] (fp32, [m / world, n]; all-reduce: [m, n]) inside one NCCL
- * group, then a bf16 conversion into out[i] (leading dimension ldo). */
-cudaError_t tw_ref_nccl_reduce_scatter_fp32(int nlocal, ncclComm_t *comms, int world,
-                                            const float *const *partial, float *const *scratch,
-                                            void *const *out, int64_t m, int64_t n, int64_t ldo,
-                                            cudaStream_t *streams);
-cudaError_t tw_ref_nccl_all_reduce_fp32(int nlocal, ncclComm_t *comms, const float *const *partial,
-                                        float *const *scratch, void *const *out, int64_t m,
-                                        int64_t n, int64_t ldo, cudaStream_t *streams);
-#endif
+/* NCCL (ranks on distinct GPUs of this process, ref_nccl.h): ncclReduceScatter
+ * (all_reduce: ncclAllReduce) of every rank's fp32 partial[r] [m, n] into scratch[r]
+ * (fp32, [m / world, n]; all-reduce: [m, n]) in one NCCL group, then a bf16 conversion
+ * into out[r] (leading dimension ldo) on rank r's device (devices[r]). NCCL's summation
+ * order: a timing baseline, not bitwise. Returns cudaErrorUnknown on an NCCL failure
+ * (tw_ref_nccl_error() says which). */
+cudaError_t tw_ref_nccl_reduce_fp32(tw_ref_nccl_t *nccl, int world, const int *devices,
+                                    const float *const *partial, float *const *scratch,
+                                    void *const *out, int all_reduce, int64_t m, int64_t n,
+                                    int64_t ldo, cudaStream_t *streams);
 
 #ifdef __cplusplus
 }

@@ -8,7 +8,13 @@
  *   unfused-tw    tw_allgather, then tw_gemm (the same core as the fused op)
  *   gemm-alone    tw_gemm on an already-gathered A (the rank's SMs)
  *   allgather     tw_allgather alone
- * speedup = unfused time / this time; overlap (fused row) = max(t_gemm, t_allgather) / t_fused.
+ *   nccl+cublas, nccl-allgather   with ranks on distinct GPUs and libnccl loadable
+ *                 (src/ref/ref_nccl.h): NCCL's allgather then cuBLAS, and NCCL alone
+ *   bound         (t_gemm + t_comm) / max(t_gemm, t_comm) in its speedup column: the best
+ *                 a perfect overlap could give over the unfused pipeline
+ * speedup = baseline time / this time, the baseline being nccl+cublas when present, else
+ * unfused; overlap (fused row) = max(t_gemm, t_comm) / t_fused with t_comm the baseline's
+ * allgather.
  * The check compares the fused C with unfused-tw's, bitwise, on every rank.
  */
 #include <cuda_runtime.h>
@@ -18,6 +24,7 @@
 #include "bench.h"
 #include "bench_ranks.h"
 #include "ref/ref_gemm.h"
+#include "ref/ref_nccl.h"
 #include "tw_test.h"
 
 typedef struct ag_ctx {
@@ -26,6 +33,7 @@ typedef struct ag_ctx {
   void *a[TW_MAX_WORLD], *b[TW_MAX_WORLD], *c[TW_MAX_WORLD], *c2[TW_MAX_WORLD];
   void *gathered[TW_MAX_WORLD], *gathered2[TW_MAX_WORLD];
   tw_ref_blas_t *blas[TW_MAX_WORLD];
+  tw_ref_nccl_t *nccl; /* ranks on distinct GPUs and libnccl loadable; else NULL */
   int failed;
 } ag_ctx;
 
@@ -95,6 +103,28 @@ static void run_gemm_alone(void *p, int iter) {
   for (int r = 0; r < c->rk->world; r++) {
     bench_ranks_use(c->rk, r);
     do_tw_gemm(c, r, c->c2[r]);
+  }
+}
+
+static void run_nccl_allgather(void *p, int iter) {
+  (void)iter;
+  ag_ctx *c = (ag_ctx *)p;
+  if (tw_ref_nccl_allgather(c->nccl, (const void *const *)c->a, c->gathered2,
+                            (size_t)c->m_local * c->k * 2, c->rk->streams) != 0) {
+    fprintf(stderr, "NCCL allgather: %s\n", tw_ref_nccl_error());
+    c->failed = 1;
+  }
+}
+
+static void run_nccl_cublas(void *p, int iter) {
+  ag_ctx *c = (ag_ctx *)p;
+  run_nccl_allgather(p, iter);
+  for (int r = 0; r < c->rk->world; r++) {
+    bench_ranks_use(c->rk, r);
+    if (tw_ref_cublas_gemm(c->blas[r], c->gathered2[r], c->b[r], c->c2[r], TW_BF16,
+                           c->m_local * c->rk->world, c->n, c->k, c->k, c->k, c->n,
+                           c->rk->sm_budget, c->rk->streams[r]) != TW_SUCCESS)
+      c->failed = 1;
   }
 }
 
@@ -178,15 +208,22 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
     BENCH_CUDA(cudaStreamSynchronize(rk.streams[r]));
   }
   int ok = o->check ? check(&c) : 1;
+  char why[256] = "";
+  if (tw_ref_nccl_create(&c.nccl, world, rk.devices, why, sizeof(why)) != 0)
+    fprintf(stderr, "ag_gemm: no NCCL rows: %s\n", why);
   struct {
     const char *name;
     void (*fn)(void *, int);
-  } variants[] = {{"unfused", run_unfused},       {"unfused-tw", run_unfused_tw},
-                  {"gemm-alone", run_gemm_alone}, {"allgather", run_allgather},
-                  {"fused", run_fused}};
-  const int nv = 5;
-  double ms[5] = {0};
-  bench_row_t rows[5];
+  } variants[8] = {{"unfused", run_unfused},       {"unfused-tw", run_unfused_tw},
+                   {"gemm-alone", run_gemm_alone}, {"allgather", run_allgather},
+                   {"fused", run_fused}};
+  int nv = 5;
+  if (c.nccl) {
+    variants[nv].name = "nccl+cublas", variants[nv++].fn = run_nccl_cublas;
+    variants[nv].name = "nccl-allgather", variants[nv++].fn = run_nccl_allgather;
+  }
+  double ms[8] = {0};
+  bench_row_t rows[9];
   for (int v = 0; v < nv; v++) {
     bench_row_t *row = &rows[v];
     memset(row, 0, sizeof(*row));
@@ -198,20 +235,31 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
     ms[v] = bench_time_multi_ms(variants[v].fn, &c, rk.streams[0], rk.streams, world, o->warmup,
                                 o->repeats, &row->ms_p10, &row->ms_p90);
     row->ms = ms[v];
-    if (strcmp(variants[v].name, "allgather") != 0)
-      row->tflops = 2.0 * shape->m * c.n * c.k / (ms[v] * 1e-3) / 1e12;
-    else
+    const int is_comm = v == 3 || v == 6; /* allgather, nccl-allgather */
+    if (is_comm)
       row->gbps = (double)shard * world / (ms[v] * 1e-3) * (world - 1) / world / 1e9;
+    else
+      row->tflops = 2.0 * shape->m * c.n * c.k / (ms[v] * 1e-3) / 1e12;
     row->ok = !c.failed && bench_ranks_async_ok(&rk, variants[v].name);
   }
+  /* Baseline and communication time: NCCL's when present. */
+  const double t_base = c.nccl ? ms[5] : ms[0], t_comm = c.nccl ? ms[6] : ms[3];
+  const double t_gemm = ms[2], t_max = t_gemm > t_comm ? t_gemm : t_comm;
   for (int v = 0; v < nv; v++) {
-    rows[v].speedup = ms[0] / ms[v];
+    rows[v].speedup = t_base / ms[v];
     if (v == 4) {
-      rows[v].overlap = (ms[2] > ms[3] ? ms[2] : ms[3]) / ms[4];
+      rows[v].overlap = t_max / ms[4];
       rows[v].ok = rows[v].ok && ok;
     }
     bench_add_row(res, &rows[v]);
   }
+  bench_row_t bound = rows[4];
+  snprintf(bound.variant, sizeof(bound.variant), "bound");
+  bound.ms = bound.ms_p10 = bound.ms_p90 = t_max;
+  bound.tflops = 0, bound.overlap = 0, bound.ok = 1;
+  bound.speedup = (t_gemm + t_comm) / t_max;
+  bench_add_row(res, &bound);
+  tw_ref_nccl_destroy(c.nccl);
   for (int r = 0; r < world; r++) {
     bench_ranks_use(&rk, r);
     BENCH_CUDA(cudaStreamSynchronize(rk.streams[r]));

@@ -40,6 +40,8 @@ typedef struct rs_ctx {
   void *ws[TW_MAX_WORLD];
   const float *partial_peers[TW_MAX_WORLD * TW_MAX_WORLD];
   void *out2_peers[TW_MAX_WORLD * TW_MAX_WORLD];
+  tw_ref_nccl_t *nccl;            /* ranks on distinct GPUs and libnccl loadable; else NULL */
+  float *scratch[TW_MAX_WORLD];   /* NCCL's fp32 result */
 } rs_ctx;
 
 static void run_fused(void *p, int iter) {
@@ -92,6 +94,24 @@ static void run_gemm_alone(void *p, int iter) {
 static void run_unfused_cublas(void *p, int iter) {
   gemm_cublas((rs_ctx *)p, 1);
   run_reduce(p, iter);
+}
+
+/* NCCL's reduction of the fp32 partials (then bf16), the baseline on distinct GPUs. */
+static void run_nccl_reduce(void *p, int iter) {
+  (void)iter;
+  rs_ctx *c = (rs_ctx *)p;
+  if (tw_ref_nccl_reduce_fp32(c->nccl, c->world, c->devices, (const float *const *)c->partial,
+                              c->scratch, c->out2, c->all_reduce, c->m, c->n, c->n,
+                              c->streams) != cudaSuccess) {
+    fprintf(stderr, "NCCL reduce: %s\n", tw_ref_nccl_error());
+    c->failed = 1;
+  }
+  BENCH_CUDA(cudaSetDevice(c->devices[0]));
+}
+
+static void run_nccl_cublas(void *p, int iter) {
+  gemm_cublas((rs_ctx *)p, 1);
+  run_nccl_reduce(p, iter);
 }
 
 static void run_unfused_tw(void *p, int iter) {
@@ -207,6 +227,18 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
   }
   BENCH_CUDA(cudaSetDevice(c->devices[0]));
   const int ok = o->check ? check_bitwise(c) : 1;
+  /* NCCL rows where the ranks are on distinct GPUs and libnccl loads (ref_nccl.h). */
+  char why[256] = "";
+  if (tw_ref_nccl_create(&c->nccl, world, c->devices, why, sizeof(why)) == 0) {
+    const size_t rows = (size_t)(all_reduce ? c->m : c->m / world);
+    for (int r = 0; r < world; r++) {
+      BENCH_CUDA(cudaSetDevice(c->devices[r]));
+      BENCH_CUDA(cudaMalloc(&c->scratch[r], rows * (size_t)c->n * sizeof(float)));
+    }
+    BENCH_CUDA(cudaSetDevice(c->devices[0]));
+  } else {
+    fprintf(stderr, "gemm_%s: no NCCL rows: %s\n", all_reduce ? "ar" : "rs", why);
+  }
 
   struct {
     const char *name;
@@ -238,26 +270,44 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     q = q ? q + 1 : NULL;
   }
   c->reduce_sms = 0;
+  /* With NCCL: its pipeline is the baseline and its reduction the communication time. */
+  int nnccl = 0;
+  double t_nccl = 0, t_nccl_reduce = 0;
+  if (c->nccl) {
+    t_nccl = t[nv + nextra] = bench_time_multi_ms(run_nccl_cublas, c, c->streams[0], c->streams,
+                                                  world, o->warmup, o->repeats,
+                                                  &p10[nv + nextra], &p90[nv + nextra]);
+    t_nccl_reduce = t[nv + nextra + 1] =
+        bench_time_multi_ms(run_nccl_reduce, c, c->streams[0], c->streams, world, o->warmup,
+                            o->repeats, &p10[nv + nextra + 1], &p90[nv + nextra + 1]);
+    nnccl = 2;
+  }
   BENCH_CUDA(cudaDeviceSynchronize());
   const double flops = 2.0 * (double)c->m * (double)c->n * (double)c->k;
-  const double t_gemm = t[2], t_comm = t[3];
-  for (int v = 0; v < nv + nextra; v++) {
+  const double t_gemm = t[2], t_comm = c->nccl ? t_nccl_reduce : t[3];
+  const double t_base = c->nccl ? t_nccl : t[0];
+  for (int v = 0; v < nv + nextra + nnccl; v++) {
     bench_row_t row;
     memset(&row, 0, sizeof(row));
     snprintf(row.op, sizeof(row.op), "gemm_%s", all_reduce ? "ar" : "rs");
     if (v < nv)
       snprintf(row.variant, sizeof(row.variant), "%s", variants[v].name);
-    else
+    else if (v < nv + nextra)
       snprintf(row.variant, sizeof(row.variant), "tilewire-r%d", extra_sms[v - nv]);
+    else
+      snprintf(row.variant, sizeof(row.variant), "%s",
+               v == nv + nextra ? "nccl+cublas" : "nccl-reduce");
     snprintf(row.shape, sizeof(row.shape), "%s%sM=%lld N=%lld K/rank=%lld world=%d sms/rank=%d",
              shape->label ? shape->label : "", shape->label ? " " : "", (long long)c->m,
              (long long)c->n, (long long)c->k, world, c->budget);
     row.ms = t[v], row.ms_p10 = p10[v], row.ms_p90 = p90[v];
-    row.tflops = v == 3 ? 0 : flops / (t[v] * 1e-3) / 1e12;
-    row.speedup = t[0] / t[v];
-    if (v >= nv - 1)
+    const int is_comm = v == 3 || v == nv + nextra + 1;
+    const int is_fused = v == nv - 1 || (v >= nv && v < nv + nextra);
+    row.tflops = is_comm ? 0 : flops / (t[v] * 1e-3) / 1e12;
+    row.speedup = t_base / t[v];
+    if (is_fused)
       row.overlap = (t_gemm > t_comm ? t_gemm : t_comm) / t[v];
-    row.ok = v >= nv - 1 || v == 1 ? ok : 1;
+    row.ok = (is_fused || v == 1 ? ok : 1) && !c->failed;
     bench_add_row(res, &row);
   }
   for (int r = 0; r < world; r++) {
@@ -267,11 +317,14 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     tw_mem_free(c->comms[r], c->partial[r]);
     tw_mem_free(c->comms[r], c->out2[r]);
     tw_ref_blas_destroy(c->blas[r]);
+    if (c->scratch[r])
+      cudaFree(c->scratch[r]);
     cudaStreamDestroy(c->streams[r]);
     cudaEventDestroy(c->events[r]);
     tw_comm_destroy(c->comms[r]);
   }
   cudaSetDevice(c->devices[0]);
+  tw_ref_nccl_destroy(c->nccl);
   free(c);
   return 0;
 }
