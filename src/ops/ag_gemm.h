@@ -28,6 +28,7 @@ typedef struct tw_ag_gemm_plan {
   int rows_per_chunk; /* rows of a shard behind one flag */
   int nchunks;        /* chunks per shard */
   int group_m;        /* row blocks per L2 group of the tile order */
+  int block_n;        /* output tile width: 256, or 128 where 256-wide tiles fill the waves badly */
 } tw_ag_gemm_plan_t;
 
 void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *args, tw_ag_gemm_plan_t *plan);

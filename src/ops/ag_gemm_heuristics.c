@@ -6,12 +6,17 @@
  * would need more than TW_AG_GEMM_MAX_CHUNKS flags.
  */
 #include "ag_gemm.h"
+#include "gemm_heuristics.h"
 
 #define TW_COPY_GBPS_PER_CTA 15.0
 #define TW_GEMM_TFLOPS_PER_CTA 5.5
 
 void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *a, tw_ag_gemm_plan_t *plan) {
   plan->ctas = a->sm_budget;
+  /* Tile width as the plain GEMM would choose on these SMs (wave quantisation). */
+  tw_gemm_plan_t g;
+  tw_gemm_plan_make(a->m_local * a->world, a->n, a->k, a->sm_budget, &g);
+  plan->block_n = g.variant == TW_GEMM_V_N128_S6 ? 128 : 256;
   int64_t rpc = 128;
   while ((a->m_local + rpc - 1) / rpc > TW_AG_GEMM_MAX_CHUNKS) rpc *= 2;
   plan->rows_per_chunk = (int)rpc;

@@ -32,7 +32,15 @@ using namespace tw::gemm;
 
 namespace {
 
-constexpr int kStages = 4;
+/* Two tile shapes, as the plain GEMM: 128x256 with 4 stages, and 128x128 with 6 stages
+ * where 128x256 tiles leave a mostly idle last wave (small N per rank). */
+template <int BN> struct AgConfig;
+template <> struct AgConfig<256> {
+  static constexpr int kStages = 4;
+};
+template <> struct AgConfig<128> {
+  static constexpr int kStages = 6;
+};
 constexpr int kEpiBytes = 16384;
 
 /* Readiness hook. Tiles whose rows all belong to this rank's shard read them straight
@@ -84,7 +92,7 @@ template <class Out> struct AgParams {
   int32_t comm_ctas;
 };
 
-template <class Out>
+template <class Out, int BN>
 __global__ void __launch_bounds__(kThreads, 1)
     ag_gemm_kernel(const __grid_constant__ AgParams<Out> p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -121,14 +129,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
   }
-  gemm_cta_loop<kStages, kEpiBytes, EpiTmaStore<Out>, AgWait, true>(p.gemm, smem_raw, 0, 0);
+  gemm_cta_loop<AgConfig<BN>::kStages, kEpiBytes, EpiTmaStore<Out>, AgWait, true, 1, BN>(
+      p.gemm, smem_raw, 0, 0);
   __syncthreads();
   if (threadIdx.x == 0) tw_op_finish(dc, TW_CH_AG_GEMM, epoch);
 }
 
-template <class Out> tw_status_t launch(AgParams<Out> &params, int grid, cudaStream_t stream) {
-  auto kernel = ag_gemm_kernel<Out>;
-  constexpr int kSmem = SmemLayout<kStages, kEpiBytes>::kDynamicBytes;
+template <class Out, int BN>
+tw_status_t launch(AgParams<Out> &params, int grid, cudaStream_t stream) {
+  auto kernel = ag_gemm_kernel<Out, BN>;
+  constexpr int kSmem = SmemLayout<AgConfig<BN>::kStages, kEpiBytes, BN>::kDynamicBytes;
   static std::atomic<uint64_t> configured{0}; /* bit per device */
   int device = 0;
   tw_status_t st = tw_cuda_check(cudaGetDevice(&device), "cudaGetDevice");
@@ -144,7 +154,7 @@ template <class Out> tw_status_t launch(AgParams<Out> &params, int grid, cudaStr
   return tw_cuda_check(cudaGetLastError(), "tw_ag_gemm: kernel launch");
 }
 
-template <class Out>
+template <class Out, int BN>
 tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_plan_t &plan,
                 cudaStream_t stream) {
   AgParams<Out> p;
@@ -155,7 +165,7 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
                      a.k, kBlockK, kBlockM, "tw_ag_gemm: cuTensorMapEncodeTiled(a_gathered)");
   if (st != TW_SUCCESS) return st;
   st = tw_tma_map_2d(&p.gemm.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b, a.k, a.n, a.ldb,
-                     kBlockK, kBlockN, "tw_ag_gemm: cuTensorMapEncodeTiled(b)");
+                     kBlockK, BN, "tw_ag_gemm: cuTensorMapEncodeTiled(b)");
   if (st != TW_SUCCESS) return st;
   st = tw_tma_map_2d(&p.gemm.epi.c_map,
                      sizeof(Out) == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -165,7 +175,7 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
   if (st != TW_SUCCESS) return st;
   TileOrder &o = p.gemm.order;
   o.m_blocks = (int32_t)((m_total + kBlockM - 1) / kBlockM);
-  o.n_blocks = (int32_t)((a.n + kBlockN - 1) / kBlockN);
+  o.n_blocks = (int32_t)((a.n + BN - 1) / BN);
   o.num_tiles = o.m_blocks * o.n_blocks;
   o.order = kOrderRotated;
   o.group_m = plan.group_m < o.m_blocks ? plan.group_m : o.m_blocks;
@@ -186,15 +196,17 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
   p.row_bytes = a.k * 2;
   p.nchunks = plan.nchunks;
   p.comm_ctas = plan.comm_ctas;
-  return launch<Out>(p, plan.ctas, stream);
+  return launch<Out, BN>(p, plan.ctas, stream);
 }
 
 } // namespace
 
 extern "C" tw_status_t tw_ag_gemm_preload(void) {
   cudaFuncAttributes attr;
-  cudaError_t e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<__nv_bfloat16>);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<float>);
+  cudaError_t e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<__nv_bfloat16, 256>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<float, 256>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<__nv_bfloat16, 128>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<float, 128>);
   return tw_cuda_check(e, "loading the ag_gemm kernels");
 }
 
@@ -276,8 +288,11 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
   cudaStream_t launch = NULL;
   st = tw_launch_begin(comm, stream, &launch);
   if (st == TW_SUCCESS)
-    st = a.c_dtype == TW_BF16 ? run<__nv_bfloat16>(comm, a, plan, launch)
-                              : run<float>(comm, a, plan, launch);
+    st = a.c_dtype == TW_BF16
+             ? (plan.block_n == 128 ? run<__nv_bfloat16, 128>(comm, a, plan, launch)
+                                    : run<__nv_bfloat16, 256>(comm, a, plan, launch))
+             : (plan.block_n == 128 ? run<float, 128>(comm, a, plan, launch)
+                                    : run<float, 256>(comm, a, plan, launch));
   if (st == TW_SUCCESS) st = tw_launch_end(comm, stream);
   cudaSetDevice(prev);
   return tw_comm_result(comm, st);

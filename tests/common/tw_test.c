@@ -45,6 +45,16 @@ int tw_test_require_hopper(void) {
   return count;
 }
 
+int tw_test_devices(int world, int *devices) {
+  int count = 1;
+  const char *mode = getenv("TW_TEST_DEVICES");
+  if (mode && strcmp(mode, "distinct") == 0 && (cudaGetDeviceCount(&count) != cudaSuccess || count < 1))
+    count = 1;
+  if (!mode || strcmp(mode, "distinct") != 0) count = 1;
+  for (int r = 0; r < world; r++) devices[r] = r % count;
+  return world > 1 && count > 1;
+}
+
 double tw_test_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -59,6 +59,11 @@ int tw_test_finish(void);
 /* Exits 77 unless a Hopper (sm_90) GPU is present; returns the number of GPUs. */
 int tw_test_require_hopper(void);
 
+/* Devices for `world` ranks of one process: all on GPU 0 (virtual ranks), or with
+ * TW_TEST_DEVICES=distinct rank r on GPU r % (number of GPUs). Returns 1 when some
+ * ranks are on different GPUs. */
+int tw_test_devices(int world, int *devices);
+
 /* Seconds since an arbitrary origin (CLOCK_MONOTONIC). */
 double tw_test_now(void);
 
