@@ -235,6 +235,15 @@ TW_API tw_status_t tw_gemm(const tw_gemm_args_t *args, tw_stream_t stream);
  * tile order) and wait per tile only for the rows it reads. Collective: every
  * rank calls it with the same shapes.
  */
+/* How tw_ag_gemm moves the shards. */
+typedef enum tw_ag_comm_mode {
+  TW_AG_COMM_SM = 0, /* communication CTAs push the shard, then join the GEMM (default) */
+  /* cudaMemcpyAsync on a side stream, each chunk followed by a stream-written flag, while
+   * every CTA computes (no SMs spent on copies). Eager only: a stream under CUDA graph
+   * capture is refused with TW_ERR_NOT_SUPPORTED (the flag values are fixed at enqueue). */
+  TW_AG_COMM_COPY_ENGINE = 1
+} tw_ag_comm_mode_t;
+
 #define TW_AG_GEMM_ARGS_VERSION 1
 typedef struct tw_ag_gemm_args {
   size_t size;        /* sizeof(tw_ag_gemm_args_t) */
@@ -247,7 +256,7 @@ typedef struct tw_ag_gemm_args {
   int64_t m_local, n, k;
   int64_t ldb, ldc;  /* 0: packed (k, n) */
   int32_t comm_sms;  /* CTAs that push data before joining the GEMM; 0: heuristic (TW_AG_COMM_SMS) */
-  int32_t reserved0;
+  int32_t comm_mode; /* tw_ag_comm_mode_t */
 } tw_ag_gemm_args_t;
 
 #define TW_AG_GEMM_ARGS_INIT {sizeof(tw_ag_gemm_args_t), TW_AG_GEMM_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}

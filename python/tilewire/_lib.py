@@ -56,11 +56,19 @@ class TileOrder(enum.IntEnum):
     ROTATED = 2
 
 
+class AgCommMode(enum.IntEnum):
+    """tw_ag_comm_mode_t (TW_AG_COMM_SM, TW_AG_COMM_COPY_ENGINE)."""
+
+    SM = 0
+    COPY_ENGINE = 1
+
+
 # Each Python enum with the C typedef it mirrors and the prefix of its C constant names.
 ENUMS = {
     "tw_status_t": (Status, "TW_"),
     "tw_dtype_t": (DType, "TW_"),
     "tw_tile_order_t": (TileOrder, "TW_TILE_ORDER_"),
+    "tw_ag_comm_mode_t": (AgCommMode, "TW_AG_COMM_"),
 }
 
 # ---- structs ------------------------------------------------------------------------------
@@ -169,7 +177,7 @@ class AgGemmArgs(_Versioned):
         ("ldb", ctypes.c_int64),
         ("ldc", ctypes.c_int64),
         ("comm_sms", ctypes.c_int32),
-        ("reserved0", ctypes.c_int32),
+        ("comm_mode", ctypes.c_int32),  # tw_ag_comm_mode_t
     ]
 
 

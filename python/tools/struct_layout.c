@@ -98,7 +98,7 @@ int main(void) {
   FIELD(tw_ag_gemm_args_t, ldb);
   FIELD(tw_ag_gemm_args_t, ldc);
   FIELD(tw_ag_gemm_args_t, comm_sms);
-  FIELD(tw_ag_gemm_args_t, reserved0);
+  FIELD(tw_ag_gemm_args_t, comm_mode);
   end_struct();
 
   STRUCT(tw_gemm_rs_args_t);
@@ -126,6 +126,7 @@ int main(void) {
   VALUE(sizeof(tw_status_t));
   VALUE(sizeof(tw_dtype_t));
   VALUE(sizeof(tw_tile_order_t));
+  VALUE(sizeof(tw_ag_comm_mode_t));
 
   printf("\n  },\n  \"enums\": {");
   first_item = 1;
@@ -148,6 +149,8 @@ int main(void) {
   VALUE(TW_TILE_ORDER_DEFAULT);
   VALUE(TW_TILE_ORDER_ROW_MAJOR);
   VALUE(TW_TILE_ORDER_ROTATED);
+  VALUE(TW_AG_COMM_SM);
+  VALUE(TW_AG_COMM_COPY_ENGINE);
 
   printf("\n  },\n  \"constants\": {");
   first_item = 1;

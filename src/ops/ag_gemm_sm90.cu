@@ -24,6 +24,7 @@
 extern "C" {
 #include "comm.h"
 #include "cuda_check.h"
+#include "driver.h"
 #include "env.h"
 #include "tma_map.h"
 }
@@ -53,8 +54,15 @@ struct AgWait : NoWait {
     int32_t m_local;
     int32_t rows_per_chunk;
     int32_t m_total;
-    int32_t own_first; /* rank * m_local */
+    int32_t own_first;    /* rank * m_local */
+    int32_t ch;           /* TW_CH_AG_GEMM, or TW_CH_AG_GEMM_CE (copy-engine mode) */
+    int32_t pad;
+    uint64_t host_epoch;  /* copy-engine mode: the epoch the host wrote flags with; else 0 */
   };
+  /* This call's epoch: kept on the GPU, or (copy-engine mode) counted by the host. */
+  __device__ static uint64_t epoch(const Params &p) {
+    return p.host_epoch ? p.host_epoch : tw_op_begin(p.dc, p.ch);
+  }
   __device__ static bool all_own(const Params &p, int32_t mb) {
     const int32_t first = mb * kBlockM, end = min(first + kBlockM, p.m_total);
     return first >= p.own_first && end <= p.own_first + p.m_local;
@@ -68,13 +76,12 @@ struct AgWait : NoWait {
   }
   __device__ static void before_tile(const Params &p, int32_t mb, int32_t) {
     if (all_own(p, mb)) return;
-    const uint64_t epoch = tw_op_begin(p.dc, TW_CH_AG_GEMM);
+    const uint64_t e = epoch(p);
     const int32_t end = min(mb * kBlockM + kBlockM, p.m_total);
     for (int32_t row = mb * kBlockM; row < end;) {
       const int32_t src = row / p.m_local;
       const int32_t chunk = (row - src * p.m_local) / p.rows_per_chunk;
-      if (!tw_wait_geq(p.dc, TW_CH_AG_GEMM,
-                       tw_own_flag(p.dc, TW_CH_AG_GEMM, tw_ag_gemm_flag_index(src, chunk)), epoch,
+      if (!tw_wait_geq(p.dc, p.ch, tw_own_flag(p.dc, p.ch, tw_ag_gemm_flag_index(src, chunk)), e,
                        src, chunk))
         break; /* timed out or aborted: recorded; the tile computes garbage, the kernel ends */
       row = min(src * p.m_local + (chunk + 1) * p.rows_per_chunk, (src + 1) * p.m_local);
@@ -98,12 +105,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const tw_dev_comm_t &dc = p.gemm.wait.dc;
   const AgWait::Params &w = p.gemm.wait;
-  const uint64_t epoch = tw_op_begin(dc, TW_CH_AG_GEMM);
+  const int ch = w.ch;
+  const uint64_t epoch = AgWait::epoch(w);
   /* Thread 0 decides; __syncthreads_and spreads it, so the CTA leaves the loop together. */
   int mine = 1;
   if (threadIdx.x == 0) {
-    mine = tw_op_usable(dc, TW_CH_AG_GEMM);
-    if (blockIdx.x == 0 && mine) tw_signal_entry(dc, TW_CH_AG_GEMM, epoch);
+    mine = tw_op_usable(dc, ch);
+    if (blockIdx.x == 0 && mine) tw_signal_entry(dc, ch, epoch);
   }
   int ok = __syncthreads_and(mine);
   if ((int)blockIdx.x < p.comm_ctas) {
@@ -114,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1)
        * rank's own copy (only the gathered output needs it) last. */
       const int target = (rank - 1 - item / p.nchunks + 2 * world) % world;
       const int chunk = item % p.nchunks;
-      if (threadIdx.x == 0 && target != rank && !tw_wait_entry(dc, TW_CH_AG_GEMM, target, epoch))
+      if (threadIdx.x == 0 && target != rank && !tw_wait_entry(dc, ch, target, epoch))
         mine = 0;
       if (!(ok = __syncthreads_and(mine))) break;
       const int64_t row0 = (int64_t)chunk * w.rows_per_chunk;
@@ -124,15 +132,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (dst != src) tw_cta_copy(dst, src, (size_t)(rows * p.row_bytes));
       __syncthreads();
       if (threadIdx.x == 0)
-        tw_signal_set(tw_peer_flag(dc, target, TW_CH_AG_GEMM, tw_ag_gemm_flag_index(rank, chunk)),
-                      epoch);
+        tw_signal_set(tw_peer_flag(dc, target, ch, tw_ag_gemm_flag_index(rank, chunk)), epoch);
     }
     __syncthreads();
   }
   gemm_cta_loop<AgConfig<BN>::kStages, kEpiBytes, EpiTmaStore<Out>, AgWait, true, 1, BN>(
       p.gemm, smem_raw, 0, 0);
   __syncthreads();
-  if (threadIdx.x == 0) tw_op_finish(dc, TW_CH_AG_GEMM, epoch);
+  if (threadIdx.x == 0) tw_op_finish(dc, ch, tw_op_begin(dc, ch));
 }
 
 template <class Out, int BN>
@@ -156,7 +163,7 @@ tw_status_t launch(AgParams<Out> &params, int grid, cudaStream_t stream) {
 
 template <class Out, int BN>
 tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_plan_t &plan,
-                cudaStream_t stream) {
+                int ch, uint64_t host_epoch, cudaStream_t stream) {
   AgParams<Out> p;
   memset(&p, 0, sizeof(p));
   const int64_t m_total = a.m_local * comm->world;
@@ -180,7 +187,7 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
   o.order = kOrderRotated;
   o.group_m = plan.group_m < o.m_blocks ? plan.group_m : o.m_blocks;
   o.rotate_mb = (int32_t)(((int64_t)comm->rank * a.m_local) / kBlockM);
-  p.gemm.queue = (TileQueue *)comm->ctrl->tile_queue[TW_CH_AG_GEMM];
+  p.gemm.queue = (TileQueue *)comm->ctrl->tile_queue[ch];
   p.gemm.participants = plan.ctas;
   p.gemm.k_blocks = (int32_t)((a.k + kBlockK - 1) / kBlockK);
   p.gemm.wait.dc = comm->dev;
@@ -188,6 +195,8 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
   p.gemm.wait.rows_per_chunk = plan.rows_per_chunk;
   p.gemm.wait.m_total = (int32_t)m_total;
   p.gemm.wait.own_first = (int32_t)(comm->rank * a.m_local);
+  p.gemm.wait.ch = ch;
+  p.gemm.wait.host_epoch = host_epoch;
   st = tw_tma_map_2d(&p.gemm.wait.own_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a, a.k, a.m_local,
                      a.k, kBlockK, kBlockM, "tw_ag_gemm: cuTensorMapEncodeTiled(a)");
   if (st != TW_SUCCESS) return st;
@@ -232,6 +241,9 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
   const int world = comm->world;
   TW_ARG_CHECK(a->c_dtype == TW_BF16 || a->c_dtype == TW_FP32,
                "args->c_dtype: %d; expected TW_BF16 or TW_FP32", (int)a->c_dtype);
+  TW_ARG_CHECK(a->comm_mode == TW_AG_COMM_SM || a->comm_mode == TW_AG_COMM_COPY_ENGINE,
+               "args->comm_mode: %d; expected TW_AG_COMM_SM or TW_AG_COMM_COPY_ENGINE",
+               (int)a->comm_mode);
   TW_ARG_CHECK(a->a && a->b && a->c && a->a_gathered, "args->%s: NULL",
                !a->a ? "a" : !a->b ? "b" : !a->c ? "c" : "a_gathered");
   TW_ARG_CHECK(a->m_local >= 1 && a->m_local * world <= INT32_MAX,
@@ -275,6 +287,96 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
   return TW_SUCCESS;
 }
 
+template <class Out, int BN>
+static tw_status_t run_any(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_plan_t &plan,
+                           int ch, uint64_t host_epoch, cudaStream_t stream) {
+  return run<Out, BN>(comm, a, plan, ch, host_epoch, stream);
+}
+
+static tw_status_t run_dtype(tw_comm_t comm, const tw_ag_gemm_args_t &a,
+                             const tw_ag_gemm_plan_t &plan, int ch, uint64_t host_epoch,
+                             cudaStream_t stream) {
+  if (a.c_dtype == TW_BF16)
+    return plan.block_n == 128 ? run_any<__nv_bfloat16, 128>(comm, a, plan, ch, host_epoch, stream)
+                               : run_any<__nv_bfloat16, 256>(comm, a, plan, ch, host_epoch, stream);
+  return plan.block_n == 128 ? run_any<float, 128>(comm, a, plan, ch, host_epoch, stream)
+                             : run_any<float, 256>(comm, a, plan, ch, host_epoch, stream);
+}
+
+/* Copy-engine mode: the shard goes by cudaMemcpyAsync on the comm's side stream, each chunk
+ * followed by a flag written by the stream (cuStreamWriteValue64, which fences first); the
+ * side stream waits (cuStreamWaitValue64) for a peer's entry into the call before writing
+ * into it. The epoch is counted on the host, so this mode is eager only. Every CTA computes. */
+static tw_status_t copy_engine_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
+                                    tw_ag_gemm_plan_t plan, tw_stream_t user) {
+  const tw_driver_api_t *cu;
+  tw_status_t st = tw_driver(&cu);
+  if (st != TW_SUCCESS) return st;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  st = tw_cuda_check(cudaStreamIsCapturing((cudaStream_t)user, &capturing), "cudaStreamIsCapturing");
+  if (st != TW_SUCCESS) return st;
+  if (capturing != cudaStreamCaptureStatusNone)
+    return tw_fail(TW_ERR_NOT_SUPPORTED,
+                   "args->comm_mode: TW_AG_COMM_COPY_ENGINE cannot be captured into a CUDA graph "
+                   "(its flag values are fixed when enqueued); use TW_AG_COMM_SM");
+  if (!comm->ce_stream) {
+    st = tw_cuda_check(cudaStreamCreateWithFlags(&comm->ce_stream, cudaStreamNonBlocking),
+                       "cudaStreamCreate(copy-engine stream)");
+    if (st == TW_SUCCESS)
+      st = tw_cuda_check(cudaEventCreateWithFlags(&comm->ce_in, cudaEventDisableTiming), "cudaEventCreate");
+    if (st == TW_SUCCESS)
+      st = tw_cuda_check(cudaEventCreateWithFlags(&comm->ce_done, cudaEventDisableTiming), "cudaEventCreate");
+    if (st != TW_SUCCESS) return st;
+  }
+  const uint64_t epoch = ++comm->ce_epoch;
+  const int ch = TW_CH_AG_GEMM_CE, world = comm->world, rank = comm->rank;
+  plan.comm_ctas = 0;
+  /* The copies read the shard: they start once the caller's stream reached this call. */
+  st = tw_cuda_check(cudaEventRecord(comm->ce_in, (cudaStream_t)user), "cudaEventRecord");
+  if (st == TW_SUCCESS)
+    st = tw_cuda_check(cudaStreamWaitEvent(comm->ce_stream, comm->ce_in, 0), "cudaStreamWaitEvent");
+  cudaStream_t launch = NULL;
+  if (st == TW_SUCCESS) st = tw_launch_begin(comm, user, &launch);
+  if (st == TW_SUCCESS) st = run_dtype(comm, a, plan, ch, epoch, launch);
+  if (st == TW_SUCCESS) st = tw_launch_end(comm, user);
+  const size_t row_bytes = (size_t)a.k * 2;
+  for (int k = 1; k <= world && st == TW_SUCCESS; k++) {
+    const int target = ((rank - k) % world + world) % world; /* rank-1 first, own copy last */
+    if (target != rank)
+      st = tw_cu_check(cu->cuStreamWaitValue64((CUstream)comm->ce_stream,
+                                               (CUdeviceptr)(uintptr_t)&comm->ctrl->entry[ch][target],
+                                               epoch, CU_STREAM_WAIT_VALUE_GEQ),
+                       "cuStreamWaitValue64(peer entry)");
+    char *dst_base = (char *)tw_heap_peer_ptr(comm, a.a_gathered, target) +
+                     (size_t)rank * (size_t)a.m_local * row_bytes;
+    for (int chunk = 0; chunk < plan.nchunks && st == TW_SUCCESS; chunk++) {
+      const size_t row0 = (size_t)chunk * plan.rows_per_chunk;
+      const size_t rows = row0 + plan.rows_per_chunk <= (size_t)a.m_local ? plan.rows_per_chunk
+                                                                          : a.m_local - row0;
+      char *dst = dst_base + row0 * row_bytes;
+      const char *src = (const char *)a.a + row0 * row_bytes;
+      if (dst != src)
+        st = tw_cuda_check(cudaMemcpyAsync(dst, src, rows * row_bytes, cudaMemcpyDeviceToDevice,
+                                           comm->ce_stream),
+                           "cudaMemcpyAsync(chunk)");
+      uint64_t *flag = (uint64_t *)tw_heap_peer_ptr(
+          comm, &comm->ctrl->flags[ch][tw_ag_gemm_flag_index(rank, chunk)], target);
+      if (st == TW_SUCCESS)
+        st = tw_cu_check(cu->cuStreamWriteValue64((CUstream)comm->ce_stream,
+                                                  (CUdeviceptr)(uintptr_t)flag, epoch,
+                                                  CU_STREAM_WRITE_VALUE_DEFAULT),
+                         "cuStreamWriteValue64(chunk flag)");
+    }
+  }
+  /* The call is complete for the caller once the copies (the gathered output) are too. */
+  if (st == TW_SUCCESS)
+    st = tw_cuda_check(cudaEventRecord(comm->ce_done, comm->ce_stream), "cudaEventRecord");
+  if (st == TW_SUCCESS)
+    st = tw_cuda_check(cudaStreamWaitEvent((cudaStream_t)user, comm->ce_done, 0),
+                       "cudaStreamWaitEvent");
+  return st;
+}
+
 extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args, tw_stream_t stream) {
   tw_status_t st = tw_comm_check(comm);
   if (st != TW_SUCCESS) return tw_comm_result(comm, st);
@@ -285,15 +387,14 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
   int prev;
   st = tw_set_device(comm->device, &prev);
   if (st != TW_SUCCESS) return tw_comm_result(comm, st);
-  cudaStream_t launch = NULL;
-  st = tw_launch_begin(comm, stream, &launch);
-  if (st == TW_SUCCESS)
-    st = a.c_dtype == TW_BF16
-             ? (plan.block_n == 128 ? run<__nv_bfloat16, 128>(comm, a, plan, launch)
-                                    : run<__nv_bfloat16, 256>(comm, a, plan, launch))
-             : (plan.block_n == 128 ? run<float, 128>(comm, a, plan, launch)
-                                    : run<float, 256>(comm, a, plan, launch));
-  if (st == TW_SUCCESS) st = tw_launch_end(comm, stream);
+  if (a.comm_mode == TW_AG_COMM_COPY_ENGINE) {
+    st = copy_engine_call(comm, a, plan, stream);
+  } else {
+    cudaStream_t launch = NULL;
+    st = tw_launch_begin(comm, stream, &launch);
+    if (st == TW_SUCCESS) st = run_dtype(comm, a, plan, TW_CH_AG_GEMM, 0, launch);
+    if (st == TW_SUCCESS) st = tw_launch_end(comm, stream);
+  }
   cudaSetDevice(prev);
   return tw_comm_result(comm, st);
 }

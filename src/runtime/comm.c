@@ -224,6 +224,10 @@ static tw_status_t make_launch_streams(tw_comm_t *comms, int world) {
 }
 
 static void release_rank(tw_comm_t comm) {
+  if (comm->ce_stream) cudaStreamDestroy(comm->ce_stream);
+  if (comm->ce_in) cudaEventDestroy(comm->ce_in);
+  if (comm->ce_done) cudaEventDestroy(comm->ce_done);
+  comm->ce_stream = NULL;
   if (comm->launch_stream) cudaStreamDestroy(comm->launch_stream);
   if (comm->launch_in) cudaEventDestroy(comm->launch_in);
   if (comm->launch_out) cudaEventDestroy(comm->launch_out);
@@ -467,8 +471,9 @@ const char *tw_comm_last_error(tw_comm_t comm) {
 }
 
 static const char *channel_name(int ch) {
-  static const char *names[TW_NUM_CHANNELS] = {"barrier", "allgather", "ag_gemm", "gemm_rs",
-                                               "gemm_ar", "moe",       "attention", "test"};
+  static const char *names[TW_NUM_CHANNELS] = {"barrier", "allgather", "ag_gemm",
+                                               "gemm_rs", "gemm_ar",   "moe",
+                                               "attention", "test",    "ag_gemm (copy engine)"};
   return (ch >= 0 && ch < TW_NUM_CHANNELS) ? names[ch] : "unknown";
 }
 

@@ -84,6 +84,11 @@ struct tw_comm {
    * joined to the caller's stream by events. See tw_launch_begin. */
   cudaStream_t launch_stream;
   cudaEvent_t launch_in, launch_out;
+  /* Copy-engine mode of tw_ag_gemm (made on first use): the side stream the copies and
+   * flag writes go on, its fork/join events, and the host-counted epoch of that mode. */
+  cudaStream_t ce_stream;
+  cudaEvent_t ce_in, ce_done;
+  uint64_t ce_epoch;
   char last_error[TW_ERRMSG_LEN];
 };
 

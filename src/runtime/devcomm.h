@@ -31,7 +31,8 @@ typedef enum tw_channel {
   TW_CH_MOE = 5,
   TW_CH_ATTN = 6,
   TW_CH_TEST = 7, /* tests that drive the primitives directly */
-  TW_NUM_CHANNELS = 8
+  TW_CH_AG_GEMM_CE = 8, /* tw_ag_gemm, copy-engine mode: epochs counted on the host */
+  TW_NUM_CHANNELS = 9
 } tw_channel_t;
 
 /* Flags per channel a kernel may use for its data (chunk/tile flags). */

@@ -49,6 +49,8 @@ static void resolve_all(void) {
   RESOLVE(cuMemGetAllocationGranularity);
   RESOLVE(cuMemExportToShareableHandle);
   RESOLVE(cuMemImportFromShareableHandle);
+  RESOLVE(cuStreamWaitValue64);
+  RESOLVE(cuStreamWriteValue64);
   RESOLVE(cuTensorMapEncodeTiled);
 #undef RESOLVE
   api_status = TW_SUCCESS;

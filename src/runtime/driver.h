@@ -30,6 +30,8 @@ typedef struct tw_driver_api {
                                            CUmemAllocationHandleType, unsigned long long);
   CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *,
                                              CUmemAllocationHandleType);
+  CUresult (*cuStreamWaitValue64)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+  CUresult (*cuStreamWriteValue64)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
   CUresult (*cuTensorMapEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
                                      const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
                                      const cuuint32_t *, CUtensorMapInterleave,

@@ -291,6 +291,55 @@ static void test_graph(int world, int replays, uint64_t seed) {
   teardown(&f);
 }
 
+/* Copy-engine mode: same result as the unfused pipeline, call after call; refused under
+ * graph capture. */
+static void test_copy_engine(int world, int64_t m_local, int64_t n, int64_t k, int calls,
+                             uint64_t seed) {
+  fixture f;
+  setup(&f, world, m_local, n, k, TW_BF16, 0);
+  for (int i = 0; i < calls; i++) {
+    fill_inputs(&f, seed + (uint64_t)i * 104729, 0);
+    for (int r = 0; r < world; r++) {
+      tw_ag_gemm_args_t a = fused_args(&f, r, 0);
+      a.comm_mode = TW_AG_COMM_COPY_ENGINE;
+      TEST_TW_OK(tw_ag_gemm(f.comms[r], &a, (tw_stream_t)f.streams[r]));
+      enqueue_unfused(&f, r);
+      count_diff_async<<<64, 256, 0, f.streams[r]>>>((const uint32_t *)f.c[r], (const uint32_t *)f.c2[r],
+                                                    c_bytes(&f) / 4, f.bad[r]);
+    }
+  }
+  sync_all(&f);
+  unsigned long long bad = 0;
+  size_t gather_diff = 0;
+  for (int r = 0; r < world; r++) {
+    unsigned long long one = 0;
+    use(&f, r);
+    CUDA_OK(cudaMemcpy(&one, f.bad[r], sizeof(one), cudaMemcpyDeviceToHost));
+    bad += one;
+    gather_diff += tw_test_count_diff(f.gathered[r], f.gathered2[r], (size_t)m_local * world * k * 2);
+    tw_status_t async = TW_ERR_INTERNAL;
+    TEST_TW_OK(tw_comm_async_error(f.comms[r], &async));
+    TEST_ASSERT(async == TW_SUCCESS, "rank %d: %s", r, tw_comm_last_error(f.comms[r]));
+  }
+  use(&f, 0);
+  TEST_ASSERT(bad == 0, "copy engine, world %d m_local %lld: %llu words differ from unfused over %d calls",
+              world, (long long)m_local, bad, calls);
+  TEST_ASSERT(gather_diff == 0, "copy engine, world %d: gathered A differs in %zu bytes", world, gather_diff);
+  printf("  copy engine: world %d m_local %lld n %lld k %lld, %d checked calls\n", world,
+         (long long)m_local, (long long)n, (long long)k, calls);
+  /* A stream under capture is refused, and nothing is enqueued. */
+  cudaStream_t s0 = f.streams[0];
+  use(&f, 0);
+  CUDA_OK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeThreadLocal));
+  tw_ag_gemm_args_t a = fused_args(&f, 0, 0);
+  a.comm_mode = TW_AG_COMM_COPY_ENGINE;
+  TEST_TW_FAILS(tw_ag_gemm(f.comms[0], &a, (tw_stream_t)s0), TW_ERR_NOT_SUPPORTED, "graph");
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamEndCapture(s0, &graph));
+  cudaGraphDestroy(graph);
+  teardown(&f);
+}
+
 static void test_bad_arguments(void) {
   fixture f;
   setup(&f, 2, 128, 256, 256, TW_BF16, 0);
@@ -318,6 +367,9 @@ static void test_bad_arguments(void) {
   a = fused_args(&f, 0, 0);
   a.c = NULL;
   TEST_TW_FAILS(tw_ag_gemm(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->c");
+  a = fused_args(&f, 0, 0);
+  a.comm_mode = 7;
+  TEST_TW_FAILS(tw_ag_gemm(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->comm_mode");
   a = fused_args(&f, 0, 0);
   a.size = 8;
   TEST_TW_FAILS(tw_ag_gemm(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->size");
@@ -351,6 +403,11 @@ int main(int argc, char **argv) {
   if (!small) test_case(2, 8192, 1024, 1024, TW_BF16, 0, 0, seed + 99); /* more chunks than CTAs */
   test_back_to_back(small ? 2 : 4, small ? 20 : 1000, seed + 5000);
   test_graph(small ? 2 : 4, 10, seed + 6000);
+  test_copy_engine(2, 300, 256, 512, small ? 5 : 50, seed + 7000);
+  if (!small) {
+    test_copy_engine(3, 1000, 520, 1032, 20, seed + 7100);
+    test_copy_engine(8, 256, 1024, 2048, 20, seed + 7200);
+  }
   test_bad_arguments();
   return tw_test_finish();
 }

@@ -4,6 +4,8 @@
  * with its SM budget). Shape: m = total rows (world * m_local), n = columns per
  * rank, k. Variants, each on every rank's stream:
  *   fused         tw_ag_gemm, in place (the shard written into its slot of a_gathered)
+ *   copy-engine   tw_ag_gemm with TW_AG_COMM_COPY_ENGINE: cudaMemcpyAsync + stream-written
+ *                 flags on a side stream while every CTA computes (Flux / PyTorch async-TP style)
  *   unfused       tw_allgather, then cuBLAS on the gathered A (limited to the rank's SMs)
  *   unfused-tw    tw_allgather, then tw_gemm (the same core as the fused op)
  *   gemm-alone    tw_gemm on an already-gathered A (the rank's SMs)
@@ -60,9 +62,7 @@ static void do_tw_gemm(ag_ctx *c, int r, void *out) {
   }
 }
 
-static void run_fused(void *p, int iter) {
-  (void)iter;
-  ag_ctx *c = (ag_ctx *)p;
+static void run_fused_mode(ag_ctx *c, int comm_mode) {
   for (int r = 0; r < c->rk->world; r++) {
     bench_ranks_use(c->rk, r);
     tw_ag_gemm_args_t a = TW_AG_GEMM_ARGS_INIT;
@@ -70,8 +70,19 @@ static void run_fused(void *p, int iter) {
     a.a = (char *)c->gathered[r] + (size_t)r * c->m_local * c->k * 2;
     a.b = c->b[r], a.c = c->c[r], a.a_gathered = c->gathered[r];
     a.m_local = c->m_local, a.n = c->n, a.k = c->k;
+    a.comm_mode = comm_mode;
     note(c, tw_ag_gemm(c->rk->comms[r], &a, (tw_stream_t)c->rk->streams[r]), r, "tw_ag_gemm");
   }
+}
+
+static void run_fused(void *p, int iter) {
+  (void)iter;
+  run_fused_mode((ag_ctx *)p, TW_AG_COMM_SM);
+}
+
+static void run_copy_engine(void *p, int iter) {
+  (void)iter;
+  run_fused_mode((ag_ctx *)p, TW_AG_COMM_COPY_ENGINE);
 }
 
 static void run_unfused(void *p, int iter) {
@@ -137,8 +148,8 @@ static void run_allgather(void *p, int iter) {
   }
 }
 
-/* Fused C == unfused-tw C, bitwise, on every rank. */
-static int check(ag_ctx *c) {
+/* Fused C (in the given mode) == unfused-tw C, bitwise, on every rank. */
+static int check(ag_ctx *c, int comm_mode) {
   const bench_ranks_t *rk = c->rk;
   size_t c_bytes = (size_t)c->m_local * rk->world * c->n * 2;
   for (int r = 0; r < rk->world; r++) {
@@ -146,7 +157,7 @@ static int check(ag_ctx *c) {
     tw_test_poison(c->c[r], c_bytes, (tw_stream_t)rk->streams[r]);
     tw_test_poison(c->c2[r], c_bytes, (tw_stream_t)rk->streams[r]);
   }
-  run_fused(c, 0);
+  run_fused_mode(c, comm_mode);
   run_unfused_tw(c, 0);
   int ok = !c->failed;
   for (int r = 0; r < rk->world; r++) {
@@ -207,7 +218,8 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
       return 1;
     BENCH_CUDA(cudaStreamSynchronize(rk.streams[r]));
   }
-  int ok = o->check ? check(&c) : 1;
+  const int ok = o->check ? check(&c, TW_AG_COMM_SM) : 1;
+  const int ok_ce = o->check ? check(&c, TW_AG_COMM_COPY_ENGINE) : 1;
   char why[256] = "";
   if (tw_ref_nccl_create(&c.nccl, world, rk.devices, why, sizeof(why)) != 0)
     fprintf(stderr, "ag_gemm: no NCCL rows: %s\n", why);
@@ -216,8 +228,8 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
     void (*fn)(void *, int);
   } variants[8] = {{"unfused", run_unfused},       {"unfused-tw", run_unfused_tw},
                    {"gemm-alone", run_gemm_alone}, {"allgather", run_allgather},
-                   {"fused", run_fused}};
-  int nv = 5;
+                   {"fused", run_fused},           {"copy-engine", run_copy_engine}};
+  int nv = 6;
   if (c.nccl) {
     variants[nv].name = "nccl+cublas", variants[nv++].fn = run_nccl_cublas;
     variants[nv].name = "nccl-allgather", variants[nv++].fn = run_nccl_allgather;
@@ -235,7 +247,7 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
     ms[v] = bench_time_multi_ms(variants[v].fn, &c, rk.streams[0], rk.streams, world, o->warmup,
                                 o->repeats, &row->ms_p10, &row->ms_p90);
     row->ms = ms[v];
-    const int is_comm = v == 3 || v == 6; /* allgather, nccl-allgather */
+    const int is_comm = v == 3 || v == 7; /* allgather, nccl-allgather */
     if (is_comm)
       row->gbps = (double)shard * world / (ms[v] * 1e-3) * (world - 1) / world / 1e9;
     else
@@ -243,13 +255,13 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
     row->ok = !c.failed && bench_ranks_async_ok(&rk, variants[v].name);
   }
   /* Baseline and communication time: NCCL's when present. */
-  const double t_base = c.nccl ? ms[5] : ms[0], t_comm = c.nccl ? ms[6] : ms[3];
+  const double t_base = c.nccl ? ms[6] : ms[0], t_comm = c.nccl ? ms[7] : ms[3];
   const double t_gemm = ms[2], t_max = t_gemm > t_comm ? t_gemm : t_comm;
   for (int v = 0; v < nv; v++) {
     rows[v].speedup = t_base / ms[v];
-    if (v == 4) {
-      rows[v].overlap = t_max / ms[4];
-      rows[v].ok = rows[v].ok && ok;
+    if (v == 4 || v == 5) { /* fused: SM-driven and copy-engine */
+      rows[v].overlap = t_max / ms[v];
+      rows[v].ok = rows[v].ok && (v == 4 ? ok : ok_ce);
     }
     bench_add_row(res, &rows[v]);
   }
