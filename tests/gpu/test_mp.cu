@@ -2,7 +2,7 @@
  * Several processes, one rank each, on the local GPUs (all on GPU 0 when there
  * is one: run under MPS, which scripts/gpu-suite.sh starts). Exercises the TCP
  * bootstrap, the fd exchange of the symmetric heap and the allgather across
- * processes, and tw_ag_gemm against the unfused pipeline (tw_allgather, then tw_gemm), bitwise.
+ * processes, and tw_ag_gemm, tw_gemm_rs and tw_gemm_ar against their unfused pipelines, bitwise.
  * Usage: test_mp [world=4] [iterations=100].
  */
 #include <cuda_runtime.h>
@@ -12,7 +12,82 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ref/ref_reduce.h"
 #include "tw_test.h"
+
+/* GEMM+ReduceScatter and GEMM+AllReduce across processes: fused == tw_gemm (fp32) per rank
+ * + the rank-ordered reduction (tw_ref_reduce_rank_fp32 between two barriers), bitwise. */
+static int check_gemm_rs(tw_comm_t comm, int rank, int world, int iters, cudaStream_t stream) {
+  const int64_t m = 96 * (int64_t)world, n = 256, k = 320;
+  int failures = 0;
+  size_t ws_bytes = 0;
+  void *ws = NULL, *partial = NULL, *out_ar_ref = NULL, *a = NULL, *b = NULL, *out = NULL,
+       *out_ref = NULL;
+  if (tw_gemm_rs_workspace_size(comm, m, n, &ws_bytes) != TW_SUCCESS ||
+      (ws_bytes && tw_mem_alloc(comm, ws_bytes, &ws) != TW_SUCCESS) ||
+      tw_mem_alloc(comm, (size_t)m * n * 4, &partial) != TW_SUCCESS ||
+      tw_mem_alloc(comm, (size_t)m * n * 2, &out_ar_ref) != TW_SUCCESS) {
+    fprintf(stderr, "rank %d: gemm_rs setup: %s\n", rank, tw_comm_last_error(comm));
+    return 1;
+  }
+  cudaMalloc(&a, (size_t)m * k * 2);
+  cudaMalloc(&b, (size_t)n * k * 2);
+  cudaMalloc(&out, (size_t)m * n * 2);
+  cudaMalloc(&out_ref, (size_t)m * n * 2);
+  const float *peers[TW_MAX_WORLD];
+  void *ar_outs[TW_MAX_WORLD];
+  for (int s = 0; s < world; s++) {
+    void *p = NULL, *q = NULL;
+    tw_mem_peer_ptr(comm, partial, s, &p);
+    tw_mem_peer_ptr(comm, out_ar_ref, s, &q);
+    peers[s] = (const float *)p;
+    ar_outs[s] = q;
+  }
+  for (int i = 0; i < iters && !failures; i++) {
+    for (int all_reduce = 0; all_reduce < 2 && !failures; all_reduce++) {
+      tw_test_fill_bf16(a, (size_t)m * k, (uint64_t)i * 131 + rank, (tw_stream_t)stream);
+      tw_test_fill_bf16(b, (size_t)n * k, (uint64_t)i * 137 + rank, (tw_stream_t)stream);
+      tw_test_poison(out, (size_t)m * n * 2, (tw_stream_t)stream);
+      tw_gemm_rs_args_t args = TW_GEMM_RS_ARGS_INIT;
+      args.a = a, args.b = b, args.out = out, args.workspace = ws, args.m = m, args.n = n, args.k = k;
+      tw_status_t st = all_reduce ? tw_gemm_ar(comm, &args, (tw_stream_t)stream)
+                                  : tw_gemm_rs(comm, &args, (tw_stream_t)stream);
+      /* Reference: fp32 partial per rank, barrier, this rank's share of the ordered sum, barrier. */
+      tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
+      g.c_dtype = TW_FP32, g.a = a, g.b = b, g.c = partial, g.m = m, g.n = n, g.k = k;
+      if (st == TW_SUCCESS) st = tw_gemm(&g, (tw_stream_t)stream);
+      if (st == TW_SUCCESS) st = tw_barrier(comm, (tw_stream_t)stream);
+      void *outs[TW_MAX_WORLD];
+      outs[0] = out_ref;
+      cudaError_t ce = st == TW_SUCCESS
+                           ? tw_ref_reduce_rank_fp32(world, rank, peers, all_reduce ? ar_outs : outs,
+                                                     all_reduce, m, n, n, 0, stream)
+                           : cudaSuccess;
+      if (st == TW_SUCCESS) st = tw_barrier(comm, (tw_stream_t)stream);
+      if (st != TW_SUCCESS || ce != cudaSuccess) {
+        fprintf(stderr, "rank %d: gemm_%s iteration %d: %s / %s / %s\n", rank,
+                all_reduce ? "ar" : "rs", i, tw_comm_last_error(comm), tw_last_error(),
+                cudaGetErrorString(ce));
+        failures++;
+        break;
+      }
+      cudaStreamSynchronize(stream);
+      const size_t bytes = (size_t)(all_reduce ? m : m / world) * n * 2;
+      size_t diff = tw_test_count_diff(out, all_reduce ? out_ar_ref : out_ref, bytes);
+      if (diff) {
+        fprintf(stderr, "rank %d gemm_%s iteration %d: %zu bytes differ from the unfused pipeline\n",
+                rank, all_reduce ? "ar" : "rs", i, diff);
+        failures++;
+      }
+    }
+  }
+  cudaFree(a), cudaFree(b), cudaFree(out), cudaFree(out_ref);
+  tw_mem_free(comm, out_ar_ref);
+  tw_mem_free(comm, partial);
+  if (ws) tw_mem_free(comm, ws);
+  if (!failures) printf("rank %d: %d gemm_rs + gemm_ar iterations ok\n", rank, iters);
+  return failures;
+}
 
 static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int device) {
   cudaError_t ce = cudaSetDevice(device);
@@ -101,6 +176,7 @@ static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int devic
   cudaFree(shard), cudaFree(b), cudaFree(c1), cudaFree(c2);
   if (g1) tw_mem_free(comm, g1);
   if (g2) tw_mem_free(comm, g2);
+  if (!failures) failures += check_gemm_rs(comm, rank, world, iters / 4 > 0 ? iters / 4 : 1, stream);
   tw_status_t async = TW_SUCCESS;
   tw_comm_async_error(comm, &async);
   if (async != TW_SUCCESS) {
