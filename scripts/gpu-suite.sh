@@ -102,6 +102,10 @@ if want bench; then
     "$bin/tw-bench" --list 2>/dev/null | grep -q "^ *$op" &&
       step "tw-bench $op (8 vranks)" 400 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" $op --json "$out/bench-$op.json"
   done
+  # The experimental work stealing of GEMM+RS/AR, for comparison with the rows above.
+  "$bin/tw-bench" --list 2>/dev/null | grep -q "^ *gemm_rs" &&
+    step "tw-bench gemm_rs (8 vranks, TW_RS_STEAL=1)" 400 env TW_BENCH_VIRTUAL=1 TW_RS_STEAL=1 \
+      "$bin/tw-bench" gemm_rs --json "$out/bench-gemm_rs-steal.json"
   if "$bin/tw-bench" --list 2>/dev/null | grep -q '^ *gemm'; then
     step "tw-bench gemm" 500 "$bin/tw-bench" gemm ${TW_SUITE_GEMM_ARGS:-} --json "$out/bench-gemm.json"
     step "tw-bench gemm --sm-budget 116" 500 "$bin/tw-bench" gemm --sm-budget 116 ${TW_SUITE_GEMM_ARGS:-} --json "$out/bench-gemm-116.json"

@@ -29,5 +29,8 @@ TW_ENV(TW_AG_CHUNK_BYTES, size, "0",
        "AllGather chunk size in bytes (each chunk has its own flag); 0 lets the heuristic choose.")
 TW_ENV(TW_AG_GROUP_M, int, "0",
        "Row blocks per L2 group in tw_ag_gemm's rank-rotated tile order; 0 lets the heuristic choose.")
+TW_ENV(TW_RS_STEAL, bool, "0",
+       "Experimental: 1 lets the GEMM CTAs of tw_gemm_rs / tw_gemm_ar take reduction work after "
+       "their tiles (not yet measured on a GPU).")
 TW_ENV(TW_AG_COMM_SMS, int, "0",
        "SMs given to communication in tw_allgather and tw_ag_gemm; 0 lets the heuristic choose.")

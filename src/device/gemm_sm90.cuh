@@ -262,7 +262,7 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], 
 // dynamic shared memory (SmemLayout::kDynamicBytes). cta/ctas: this CTA's index among the CTAs
 // running the static schedule and their number (ignored with kDynamic).
 template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic, int kCluster = 1,
-          int BN = kBlockN>
+          int BN = kBlockN, bool kRestoreRegs = false>
 __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, uint8_t *smem_raw,
                                               int32_t cta, int32_t ctas) {
   using L = SmemLayout<Stages, EpiBytes, BN>;
@@ -346,6 +346,8 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       if constexpr (kDynamic)
         queue_leave(p.queue, p.participants);
     }
+    if constexpr (kRestoreRegs)
+      ptx::setmaxnreg_inc<168>(); // back to the entry split, for code after the loop
   } else {
     // ---------------- consumers ----------------
     ptx::setmaxnreg_inc<kConsumerRegs>();
@@ -404,6 +406,8 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
     }
     if (wg_thread == 0)
       ptx::bulk_wait<0>(); // shared memory must outlive the last stores
+    if constexpr (kRestoreRegs)
+      ptx::setmaxnreg_dec<168>();
   }
   // No CTA of a pair leaves while its peer may still arrive on its barriers.
   if constexpr (kPair)

@@ -41,6 +41,7 @@
 extern "C" {
 #include "comm.h"
 #include "cuda_check.h"
+#include "env.h"
 #include "tma_map.h"
 }
 
@@ -154,6 +155,8 @@ struct RsParams {
   int32_t n, m_local, n_blocks;
   int32_t group_units, groups_max;
   int32_t reduce_ctas, all_reduce;
+  int32_t steal; /* TW_RS_STEAL: GEMM CTAs take reduction work after the mainloop */
+  int32_t pad;
 };
 
 /* Rows [r0, r1) of owner o's slab and columns [c0, c1) of unit u. */
@@ -274,7 +277,7 @@ __device__ __forceinline__ void reduce_work(const RsParams &p, uint64_t epoch, i
     }
   }
   if (threadIdx.x == 0)
-    queue_leave(queue, p.reduce_ctas);
+    queue_leave(queue, p.steal ? (int32_t)gridDim.x : p.reduce_ctas);
 }
 
 /* All-gather role (tw_gemm_ar): copies every other owner's reduced groups as they are ready. */
@@ -311,9 +314,14 @@ __device__ __forceinline__ void gather_work(const RsParams &p, uint64_t epoch, i
       gather_unit(p, o, u);
   }
   if (threadIdx.x == 0)
-    queue_leave(queue, p.reduce_ctas);
+    queue_leave(queue, p.steal ? (int32_t)gridDim.x : p.reduce_ctas);
 }
 
+/* kSteal (TW_RS_STEAL=1, experimental): the mainloop hands every warp back the entry register
+ * split when it ends (setmaxnreg), so code after it is no longer compiled under the producer's
+ * 40 registers, and the GEMM CTAs then take reduction (and gather) work too, 4 partial loads
+ * in flight (7 spilled). Every CTA then takes part in the reduce/gather queues. */
+template <bool kSteal>
 __global__ void __launch_bounds__(kThreads, 1) gemm_rs_kernel(const __grid_constant__ RsParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ int s_item, s_ok;
@@ -332,7 +340,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_rs_kernel(const __grid_const
     if (p.all_reduce)
       gather_work(p, epoch, &s_item, &s_ok);
   }
-  gemm_cta_loop<kStages, kEpiBytes, RsEpi, RsWait, true>(p.gemm, smem_raw, 0, 0);
+  gemm_cta_loop<kStages, kEpiBytes, RsEpi, RsWait, true, 1, kBlockN, kSteal>(p.gemm, smem_raw, 0,
+                                                                            0);
+  if constexpr (kSteal) {
+    if ((int)blockIdx.x >= p.reduce_ctas) {
+      reduce_work<4>(p, epoch, &s_item, &s_ok);
+      if (p.all_reduce)
+        gather_work(p, epoch, &s_item, &s_ok);
+    }
+  }
   __syncthreads();
   if (threadIdx.x == 0)
     tw_op_finish(dc, ch, epoch);
@@ -347,14 +363,22 @@ tw_status_t launch(const RsParams &params, int grid, cudaStream_t stream) {
     return st;
   const uint64_t bit = uint64_t(1) << (device % 64);
   if (!(configured.load() & bit)) {
-    st = tw_cuda_check(
-        cudaFuncSetAttribute(gemm_rs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-        "tw_gemm_rs: cudaFuncSetAttribute");
+    /* Both variants at once: the bit says the device is configured for either. */
+    st = tw_cuda_check(cudaFuncSetAttribute(gemm_rs_kernel<false>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+                       "tw_gemm_rs: cudaFuncSetAttribute");
+    if (st == TW_SUCCESS)
+      st = tw_cuda_check(cudaFuncSetAttribute(gemm_rs_kernel<true>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+                         "tw_gemm_rs: cudaFuncSetAttribute");
     if (st != TW_SUCCESS)
       return st;
     configured.fetch_or(bit);
   }
-  gemm_rs_kernel<<<grid, kThreads, kSmem, stream>>>(params);
+  if (params.steal)
+    gemm_rs_kernel<true><<<grid, kThreads, kSmem, stream>>>(params);
+  else
+    gemm_rs_kernel<false><<<grid, kThreads, kSmem, stream>>>(params);
   return tw_cuda_check(cudaGetLastError(), "tw_gemm_rs: kernel launch");
 }
 
@@ -417,6 +441,7 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   p.group_units = plan.group_units;
   p.groups_max = plan.groups_max;
   p.reduce_ctas = plan.reduce_ctas;
+  p.steal = (int32_t)tw_env_int(TW_RS_STEAL_ID);
   p.all_reduce = all_reduce;
   return launch(p, plan.ctas, stream);
 }
@@ -541,7 +566,10 @@ tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_re
 
 extern "C" tw_status_t tw_gemm_rs_preload(void) {
   cudaFuncAttributes attr;
-  return tw_cuda_check(cudaFuncGetAttributes(&attr, gemm_rs_kernel), "loading the gemm_rs kernel");
+  cudaError_t e = cudaFuncGetAttributes(&attr, gemm_rs_kernel<false>);
+  if (e == cudaSuccess)
+    e = cudaFuncGetAttributes(&attr, gemm_rs_kernel<true>);
+  return tw_cuda_check(e, "loading the gemm_rs kernels");
 }
 
 extern "C" tw_status_t tw_gemm_rs_args_init(tw_gemm_rs_args_t *args) {

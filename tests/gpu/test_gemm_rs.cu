@@ -352,6 +352,18 @@ int main(int argc, char **argv) {
   }
   test_back_to_back(small ? 2 : 4, small ? 20 : 1000, seed + 5000);
   test_graph(small ? 2 : 4, 10, seed + 6000);
+  /* TW_RS_STEAL=1: GEMM CTAs also reduce; the result must not change by a bit. */
+  setenv("TW_RS_STEAL", "1", 1);
+  printf("TW_RS_STEAL=1:\n");
+  for (int wi = 1; wi < 5; wi++) {
+    test_case(worlds[wi], 100, 264, 200, 0, seed + 60 * worlds[wi]);
+    if (!small) {
+      test_case(worlds[wi], 1024, 1024, 512, 1, seed + 70 * worlds[wi]);
+      test_case(worlds[wi], 300, 520, 1032, 0, seed + 80 * worlds[wi]);
+    }
+  }
+  test_back_to_back(small ? 2 : 4, small ? 20 : 200, seed + 8000);
+  unsetenv("TW_RS_STEAL");
   test_bad_arguments();
   return tw_test_finish();
 }
