@@ -331,6 +331,11 @@ static tw_status_t copy_engine_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
   const uint64_t epoch = ++comm->ce_epoch;
   const int ch = TW_CH_AG_GEMM_CE, world = comm->world, rank = comm->rank;
   plan.comm_ctas = 0;
+  /* Each chunk costs a copy and a flag write to enqueue: at most 8 chunks per shard here. */
+  while (plan.nchunks > 8) {
+    plan.rows_per_chunk *= 2;
+    plan.nchunks = (int)((a.m_local + plan.rows_per_chunk - 1) / plan.rows_per_chunk);
+  }
   /* The copies read the shard: they start once the caller's stream reached this call. */
   st = tw_cuda_check(cudaEventRecord(comm->ce_in, (cudaStream_t)user), "cudaEventRecord");
   if (st == TW_SUCCESS)
