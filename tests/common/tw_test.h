@@ -82,6 +82,16 @@ size_t tw_test_count_diff(const void *a, const void *b, size_t bytes);
 /* Max |a-b| / max(|b|) over n elements of bf16 a and fp32/bf16 ref, with NaN counted (synchronises). */
 double tw_test_rel_err_bf16(const void *a, const void *ref, int ref_is_fp32, size_t n, size_t *nan_count);
 
+/* Captures into one CUDA graph: prologue(ctx) (may be NULL) on streams[0], then the work
+ * fn(ctx) enqueues on streams[0..n) (one device): streams 1..n-1 fork from streams[0] after
+ * the prologue and join back into it through events. Returns the instantiated graph (replay
+ * it on streams[0]); exits the test on a CUDA error. */
+struct CUgraphExec_st;
+struct CUstream_st;
+struct CUgraphExec_st *tw_test_capture(struct CUstream_st **streams, int n,
+                                       void (*prologue)(void *ctx), void (*fn)(void *ctx),
+                                       void *ctx);
+
 #ifdef __cplusplus
 }
 #endif

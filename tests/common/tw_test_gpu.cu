@@ -96,3 +96,36 @@ extern "C" double tw_test_rel_err_bf16(const void *a, const void *ref, int ref_i
   if (nan_count) *nan_count = (size_t)host_nans;
   return host[1] > 0 ? (double)host[0] / (double)host[1] : (double)host[0];
 }
+
+extern "C" struct CUgraphExec_st *tw_test_capture(struct CUstream_st **streams, int n,
+                                                  void (*prologue)(void *ctx),
+                                                  void (*fn)(void *ctx), void *ctx) {
+  cudaEvent_t fork, join[TW_MAX_WORLD];
+  cudaGraph_t graph;
+  cudaGraphExec_t exec = NULL;
+  cudaStream_t s0 = (cudaStream_t)streams[0];
+  cudaError_t e = cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
+  for (int r = 1; r < n && e == cudaSuccess; r++)
+    e = cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaStreamBeginCapture(s0, cudaStreamCaptureModeGlobal);
+  if (e == cudaSuccess && prologue) prologue(ctx);
+  if (e == cudaSuccess) e = cudaEventRecord(fork, s0);
+  for (int r = 1; r < n && e == cudaSuccess; r++) e = cudaStreamWaitEvent(streams[r], fork, 0);
+  if (e == cudaSuccess) fn(ctx);
+  for (int r = 1; r < n && e == cudaSuccess; r++) {
+    e = cudaEventRecord(join[r], streams[r]);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(s0, join[r], 0);
+  }
+  if (e == cudaSuccess) e = cudaStreamEndCapture(s0, &graph);
+  if (e == cudaSuccess) {
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+  }
+  if (e != cudaSuccess) {
+    fprintf(stderr, "FATAL tw_test_capture: %s\n", cudaGetErrorString(e));
+    exit(1);
+  }
+  cudaEventDestroy(fork);
+  for (int r = 1; r < n; r++) cudaEventDestroy(join[r]);
+  return (struct CUgraphExec_st *)exec;
+}

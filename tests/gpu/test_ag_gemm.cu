@@ -240,6 +240,15 @@ static void test_back_to_back(int world, int calls, uint64_t seed) {
   teardown(&f);
 }
 
+/* What the graph holds: one tw_ag_gemm per rank, each on its stream. */
+static void graph_calls(void *p) {
+  fixture *f = (fixture *)p;
+  for (int r = 0; r < f->world; r++) {
+    tw_ag_gemm_args_t a = fused_args(f, r, 0);
+    TEST_TW_OK(tw_ag_gemm(f->comms[r], &a, (tw_stream_t)f->streams[r]));
+  }
+}
+
 static void test_graph(int world, int replays, uint64_t seed) {
   fixture f;
   setup(&f, world, 256, 512, 512, TW_BF16, 0);
@@ -250,25 +259,9 @@ static void test_graph(int world, int replays, uint64_t seed) {
   }
   fill_inputs(&f, seed, 0);
   sync_all(&f);
-  cudaEvent_t fork, join[TW_MAX_WORLD];
-  CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
   cudaStream_t s0 = f.streams[0];
-  CUDA_OK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeGlobal));
-  CUDA_OK(cudaEventRecord(fork, s0));
-  for (int r = 1; r < world; r++) CUDA_OK(cudaStreamWaitEvent(f.streams[r], fork, 0));
-  for (int r = 0; r < world; r++) {
-    tw_ag_gemm_args_t a = fused_args(&f, r, 0);
-    TEST_TW_OK(tw_ag_gemm(f.comms[r], &a, (tw_stream_t)f.streams[r]));
-  }
-  for (int r = 1; r < world; r++) {
-    CUDA_OK(cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming));
-    CUDA_OK(cudaEventRecord(join[r], f.streams[r]));
-    CUDA_OK(cudaStreamWaitEvent(s0, join[r], 0));
-  }
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaStreamEndCapture(s0, &graph));
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaGraphExec_t exec = (cudaGraphExec_t)tw_test_capture((struct CUstream_st **)f.streams, world,
+                                                          NULL, graph_calls, &f);
   for (int i = 0; i < replays; i++) {
     for (int r = 0; r < world; r++) tw_test_poison(f.c[r], c_bytes(&f), (tw_stream_t)s0);
     CUDA_OK(cudaGraphLaunch(exec, s0));
@@ -285,9 +278,6 @@ static void test_graph(int world, int replays, uint64_t seed) {
     TEST_ASSERT(async == TW_SUCCESS, "rank %d: %s", r, tw_comm_last_error(f.comms[r]));
   }
   cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaEventDestroy(fork);
-  for (int r = 1; r < world; r++) cudaEventDestroy(join[r]);
   teardown(&f);
 }
 

@@ -171,6 +171,24 @@ static void test_back_to_back(int world, size_t bytes, int calls, uint64_t seed)
   teardown(&f, 0);
 }
 
+typedef struct {
+  fixture *f;
+  uint64_t seed;
+  uint32_t *iter;
+} graph_job;
+
+/* Each replay first advances the iteration (read by every rank's fill and check)... */
+static void graph_bump(void *p) {
+  graph_job *j = (graph_job *)p;
+  bump_kernel<<<1, 1, 0, j->f->streams[0]>>>(j->iter);
+}
+
+/* ...then every rank fills its shard, allgathers and checks. */
+static void graph_iteration(void *p) {
+  graph_job *j = (graph_job *)p;
+  enqueue_iteration(j->f, j->seed, 0, j->iter);
+}
+
 static void test_graph(int world, size_t bytes, int replays, uint64_t seed) {
   fixture f;
   setup(&f, world, bytes, 0, 10000);
@@ -182,23 +200,10 @@ static void test_graph(int world, size_t bytes, int replays, uint64_t seed) {
   uint32_t *iter;
   CUDA_OK(cudaMalloc(&iter, sizeof(uint32_t)));
   CUDA_OK(cudaMemset(iter, 0, sizeof(uint32_t)));
-  cudaEvent_t fork, joins[TW_MAX_WORLD];
-  CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  for (int r = 0; r < world; r++) CUDA_OK(cudaEventCreateWithFlags(&joins[r], cudaEventDisableTiming));
+  graph_job job = {&f, seed, iter};
   cudaStream_t s0 = f.streams[0];
-  CUDA_OK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeGlobal));
-  bump_kernel<<<1, 1, 0, s0>>>(iter);
-  CUDA_OK(cudaEventRecord(fork, s0));
-  for (int r = 1; r < world; r++) CUDA_OK(cudaStreamWaitEvent(f.streams[r], fork, 0));
-  enqueue_iteration(&f, seed, 0, iter);
-  for (int r = 1; r < world; r++) {
-    CUDA_OK(cudaEventRecord(joins[r], f.streams[r]));
-    CUDA_OK(cudaStreamWaitEvent(s0, joins[r], 0));
-  }
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaStreamEndCapture(s0, &graph));
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaGraphExec_t exec = (cudaGraphExec_t)tw_test_capture((struct CUstream_st **)f.streams, world,
+                                                          graph_bump, graph_iteration, &job);
   for (int i = 0; i < replays; i++) CUDA_OK(cudaGraphLaunch(exec, s0));
   unsigned long long bad = collect_bad(&f);
   uint32_t host_iter = 0;
@@ -207,9 +212,6 @@ static void test_graph(int world, size_t bytes, int replays, uint64_t seed) {
   TEST_ASSERT(bad == 0, "world %d: graph replayed %d times: %llu words wrong", world, replays, bad);
   expect_no_async_error(&f);
   cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaEventDestroy(fork);
-  for (int r = 0; r < world; r++) cudaEventDestroy(joins[r]);
   cudaFree(iter);
   teardown(&f, 0);
 }

@@ -235,29 +235,21 @@ static void test_back_to_back(int world, int calls, uint64_t seed) {
   teardown(&f);
 }
 
+/* What the graph holds: tw_gemm_rs then tw_gemm_ar on every rank's stream. */
+static void graph_calls(void *p) {
+  fixture *f = (fixture *)p;
+  enqueue_fused(f, 0, 0);
+  enqueue_fused(f, 1, 0);
+}
+
 static void test_graph(int world, int replays, uint64_t seed) {
   fixture f;
   setup(&f, world, 256, 512, 512);
   fill_inputs(&f, seed);
   CUDA_OK(cudaDeviceSynchronize());
-  cudaEvent_t fork, join[TW_MAX_WORLD];
-  CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
   cudaStream_t s0 = f.streams[0];
-  CUDA_OK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeGlobal));
-  CUDA_OK(cudaEventRecord(fork, s0));
-  for (int r = 1; r < world; r++)
-    CUDA_OK(cudaStreamWaitEvent(f.streams[r], fork, 0));
-  enqueue_fused(&f, 0, 0);
-  enqueue_fused(&f, 1, 0);
-  for (int r = 1; r < world; r++) {
-    CUDA_OK(cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming));
-    CUDA_OK(cudaEventRecord(join[r], f.streams[r]));
-    CUDA_OK(cudaStreamWaitEvent(s0, join[r], 0));
-  }
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaStreamEndCapture(s0, &graph));
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaGraphExec_t exec = (cudaGraphExec_t)tw_test_capture((struct CUstream_st **)f.streams, world,
+                                                          NULL, graph_calls, &f);
   for (int i = 0; i < replays; i++) {
     for (int r = 0; r < world; r++)
       tw_test_poison(f.out[r], (size_t)f.m * f.n * 2, (tw_stream_t)s0);
@@ -272,10 +264,6 @@ static void test_graph(int world, int replays, uint64_t seed) {
   TEST_ASSERT(diff == 0, "graph replays: %zu bytes differ", diff);
   check_async_errors(&f);
   cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaEventDestroy(fork);
-  for (int r = 1; r < world; r++)
-    cudaEventDestroy(join[r]);
   printf("  world %d: %d graph replays of rs + ar\n", world, replays);
   teardown(&f);
 }
