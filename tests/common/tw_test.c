@@ -55,6 +55,18 @@ int tw_test_devices(int world, int *devices) {
   return world > 1 && count > 1;
 }
 
+void tw_test_sync_devices(const int *devices, int world) {
+  for (int r = 0; r < world; r++) {
+    cudaError_t e = cudaSetDevice(devices[r]);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+      fprintf(stderr, "FATAL: rank %d's device %d: %s\n", r, devices[r], cudaGetErrorString(e));
+      exit(1);
+    }
+  }
+  cudaSetDevice(devices[0]);
+}
+
 double tw_test_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -63,6 +63,8 @@ int tw_test_require_hopper(void);
  * TW_TEST_DEVICES=distinct rank r on GPU r % (number of GPUs). Returns 1 when some
  * ranks are on different GPUs. */
 int tw_test_devices(int world, int *devices);
+/* cudaDeviceSynchronize on every rank's device, then devices[0] current; exits on an error. */
+void tw_test_sync_devices(const int *devices, int world);
 
 /* Seconds since an arbitrary origin (CLOCK_MONOTONIC). */
 double tw_test_now(void);

@@ -48,13 +48,7 @@ typedef struct {
 
 static void use(const fixture *f, int r) { CUDA_OK(cudaSetDevice(f->devices[r])); }
 
-static void sync_all(const fixture *f) {
-  for (int r = 0; r < f->world; r++) {
-    use(f, r);
-    CUDA_OK(cudaDeviceSynchronize());
-  }
-  use(f, 0);
-}
+static void sync_all(const fixture *f) { tw_test_sync_devices(f->devices, f->world); }
 
 static size_t c_bytes(const fixture *f) {
   return (size_t)f->m_local * f->world * f->n * (f->c_dtype == TW_BF16 ? 2 : 4);

@@ -61,13 +61,7 @@ typedef struct {
 
 static void use(const fixture *f, int r) { CUDA_OK(cudaSetDevice(f->devices[r])); }
 
-static void sync_all(const fixture *f) {
-  for (int r = 0; r < f->world; r++) {
-    use(f, r);
-    CUDA_OK(cudaDeviceSynchronize());
-  }
-  use(f, 0);
-}
+static void sync_all(const fixture *f) { tw_test_sync_devices(f->devices, f->world); }
 
 static void setup(fixture *f, int world, size_t bytes, int in_place, int wait_timeout_ms) {
   memset(f, 0, sizeof(*f));
