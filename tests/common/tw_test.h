@@ -77,6 +77,10 @@ uint64_t tw_test_seed(void);
 void tw_test_fill_bf16(void *dst, size_t n, uint64_t seed, tw_stream_t stream);
 /* Fills n bytes with a byte pattern derived from seed. */
 void tw_test_fill_bytes(void *dst, size_t n, uint64_t seed, tw_stream_t stream);
+/* Adds to *counter (device memory) the number of differing 32-bit words of two device
+ * buffers (bytes a multiple of 4), on `stream`, without synchronising. */
+void tw_test_count_diff_async(const void *a, const void *b, size_t bytes,
+                              unsigned long long *counter, tw_stream_t stream);
 /* Fills bytes with 0xFF (a NaN pattern for bf16/fp32): poison before a run. */
 void tw_test_poison(void *dst, size_t bytes, tw_stream_t stream);
 /* Number of differing bytes between two device buffers (synchronises). */

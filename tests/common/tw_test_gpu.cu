@@ -47,6 +47,20 @@ static __global__ void count_diff_kernel(const uint8_t *a, const uint8_t *b, siz
   if (local) atomicAdd(count, local);
 }
 
+static __global__ void count_diff_words_kernel(const uint32_t *a, const uint32_t *b, size_t words,
+                                               unsigned long long *count) {
+  unsigned long long local = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x)
+    local += a[i] != b[i];
+  if (local) atomicAdd(count, local);
+}
+
+extern "C" void tw_test_count_diff_async(const void *a, const void *b, size_t bytes,
+                                         unsigned long long *counter, tw_stream_t stream) {
+  count_diff_words_kernel<<<64, 256, 0, (cudaStream_t)stream>>>((const uint32_t *)a,
+                                                                (const uint32_t *)b, bytes / 4, counter);
+}
+
 extern "C" size_t tw_test_count_diff(const void *a, const void *b, size_t bytes) {
   unsigned long long *count, host = 0;
   cudaMalloc(&count, sizeof(*count));

@@ -21,14 +21,6 @@
     TEST_REQUIRE(e_ == cudaSuccess, "%s -> %s", #call, cudaGetErrorString(e_));                    \
   } while (0)
 
-static __global__ void count_diff_async(const uint32_t *a, const uint32_t *b, size_t words,
-                                        unsigned long long *bad) {
-  unsigned long long local = 0;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x)
-    local += a[i] != b[i];
-  if (local) atomicAdd(bad, local);
-}
-
 typedef struct {
   int world;
   int64_t m_local, n, k;
@@ -211,8 +203,7 @@ static void test_back_to_back(int world, int calls, uint64_t seed) {
       tw_ag_gemm_args_t a = fused_args(&f, r, 0);
       TEST_TW_OK(tw_ag_gemm(f.comms[r], &a, (tw_stream_t)f.streams[r]));
       enqueue_unfused(&f, r); /* leaves rank r's GPU current */
-      count_diff_async<<<64, 256, 0, f.streams[r]>>>((const uint32_t *)f.c[r], (const uint32_t *)f.c2[r],
-                                                    c_bytes(&f) / 4, f.bad[r]);
+      tw_test_count_diff_async(f.c[r], f.c2[r], c_bytes(&f), f.bad[r], (tw_stream_t)f.streams[r]);
     }
   }
   sync_all(&f);
@@ -288,8 +279,7 @@ static void test_copy_engine(int world, int64_t m_local, int64_t n, int64_t k, i
       a.comm_mode = TW_AG_COMM_COPY_ENGINE;
       TEST_TW_OK(tw_ag_gemm(f.comms[r], &a, (tw_stream_t)f.streams[r]));
       enqueue_unfused(&f, r);
-      count_diff_async<<<64, 256, 0, f.streams[r]>>>((const uint32_t *)f.c[r], (const uint32_t *)f.c2[r],
-                                                    c_bytes(&f) / 4, f.bad[r]);
+      tw_test_count_diff_async(f.c[r], f.c2[r], c_bytes(&f), f.bad[r], (tw_stream_t)f.streams[r]);
     }
   }
   sync_all(&f);

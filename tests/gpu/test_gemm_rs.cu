@@ -23,16 +23,6 @@
     TEST_REQUIRE(e_ == cudaSuccess, "%s -> %s", #call, cudaGetErrorString(e_));                    \
   } while (0)
 
-static __global__ void count_diff_async(const uint32_t *a, const uint32_t *b, size_t words,
-                                        unsigned long long *bad) {
-  unsigned long long local = 0;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words;
-       i += (size_t)gridDim.x * blockDim.x)
-    local += a[i] != b[i];
-  if (local)
-    atomicAdd(bad, local);
-}
-
 static __global__ void add_into(float *dst, const float *src, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
@@ -221,8 +211,8 @@ static void test_back_to_back(int world, int calls, uint64_t seed) {
     enqueue_fused(&f, ar, 0);
     enqueue_unfused(&f, ar);
     for (int r = 0; r < world; r++)
-      count_diff_async<<<64, 256, 0, f.streams[r]>>>(
-          (const uint32_t *)f.out[r], (const uint32_t *)f.out2[r], out_bytes(&f, ar) / 4, f.bad);
+      tw_test_count_diff_async(f.out[r], f.out2[r], out_bytes(&f, ar), f.bad,
+                               (tw_stream_t)f.streams[r]);
   }
   CUDA_OK(cudaDeviceSynchronize());
   unsigned long long bad = 0;
