@@ -100,7 +100,8 @@ typedef struct tw_config {
   uint64_t heap_bytes;
 } tw_config_t;
 
-#define TW_CONFIG_INIT {sizeof(tw_config_t), TW_CONFIG_VERSION, 0, 0, 0, 0, 0, 0}
+#define TW_CONFIG_INIT                                                                             \
+  { sizeof(tw_config_t), TW_CONFIG_VERSION, 0, 0, 0, 0, 0, 0 }
 
 /* Fills *cfg as TW_CONFIG_INIT does (for callers that cannot use the macro). */
 TW_API tw_status_t tw_config_init(tw_config_t *cfg);
@@ -115,13 +116,13 @@ TW_API tw_status_t tw_get_unique_id(tw_unique_id_t *id);
  * meet at `id`. The current CUDA device is the rank's device. Fails with
  * TW_ERR_TIMEOUT, naming the missing ranks, if not all arrive in time. */
 TW_API tw_status_t tw_comm_init_rank(tw_comm_t *comm, int world, tw_unique_id_t id, int rank,
-                              const tw_config_t *cfg);
+                                     const tw_config_t *cfg);
 
 /* One process drives every rank: comms[r] is rank r on device devices[r].
  * A device may be named several times: those ranks become virtual ranks
  * sharing the GPU, each with an SM budget. cfg may be NULL. */
 TW_API tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
-                             const tw_config_t *cfg);
+                                    const tw_config_t *cfg);
 
 /* Frees everything the comm holds. Symmetric allocations still live are freed too. */
 TW_API tw_status_t tw_comm_destroy(tw_comm_t comm);
@@ -162,7 +163,8 @@ TW_API tw_status_t tw_mem_free(tw_comm_t comm, void *ptr);
 /* Device array of `world` pointers: entry p is peer p's copy of the
  * allocation holding ptr, mapped in this rank's address space (offset
  * applied: ptr may point inside the allocation). Lives until tw_mem_free. */
-TW_API tw_status_t tw_mem_peer_ptrs(tw_comm_t comm, const void *ptr, void *const **peer_ptrs_device);
+TW_API tw_status_t tw_mem_peer_ptrs(tw_comm_t comm, const void *ptr,
+                                    void *const **peer_ptrs_device);
 /* The same, one peer, as a host value usable in this rank's kernels. */
 TW_API tw_status_t tw_mem_peer_ptr(tw_comm_t comm, const void *ptr, int peer, void **peer_ptr);
 
@@ -184,7 +186,7 @@ typedef enum tw_dtype {
  * copy in chunks with per-chunk flags; uses at most the comm's SM budget.
  */
 TW_API tw_status_t tw_allgather(tw_comm_t comm, const void *send, void *recv, size_t bytes,
-                         tw_stream_t stream);
+                                tw_stream_t stream);
 
 /* A barrier across all ranks of the comm, in stream order (device-side). */
 TW_API tw_status_t tw_barrier(tw_comm_t comm, tw_stream_t stream);
@@ -203,8 +205,8 @@ typedef enum tw_tile_order {
 
 #define TW_GEMM_ARGS_VERSION 1
 typedef struct tw_gemm_args {
-  size_t size;      /* sizeof(tw_gemm_args_t) */
-  uint32_t version; /* TW_GEMM_ARGS_VERSION */
+  size_t size;        /* sizeof(tw_gemm_args_t) */
+  uint32_t version;   /* TW_GEMM_ARGS_VERSION */
   tw_dtype_t c_dtype; /* TW_BF16 or TW_FP32; A and B are TW_BF16 */
   const void *a;
   const void *b;
@@ -216,7 +218,8 @@ typedef struct tw_gemm_args {
   int64_t rotate_start;  /* with TW_TILE_ORDER_ROTATED: first row of the first tile */
 } tw_gemm_args_t;
 
-#define TW_GEMM_ARGS_INIT {sizeof(tw_gemm_args_t), TW_GEMM_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define TW_GEMM_ARGS_INIT                                                                          \
+  { sizeof(tw_gemm_args_t), TW_GEMM_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 TW_API tw_status_t tw_gemm_args_init(tw_gemm_args_t *args);
 /* Standalone GEMM on the current device; errors go to tw_last_error(). */
@@ -254,12 +257,13 @@ typedef struct tw_ag_gemm_args {
   void *c;            /* [world * m_local, N] */
   void *a_gathered;   /* symmetric, [world * m_local, K] bf16 */
   int64_t m_local, n, k;
-  int64_t ldb, ldc;  /* 0: packed (k, n) */
-  int32_t comm_sms;  /* CTAs that push data before joining the GEMM; 0: heuristic (TW_AG_COMM_SMS) */
+  int64_t ldb, ldc; /* 0: packed (k, n) */
+  int32_t comm_sms; /* CTAs that push data before joining the GEMM; 0: heuristic (TW_AG_COMM_SMS) */
   int32_t comm_mode; /* tw_ag_comm_mode_t */
 } tw_ag_gemm_args_t;
 
-#define TW_AG_GEMM_ARGS_INIT {sizeof(tw_ag_gemm_args_t), TW_AG_GEMM_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define TW_AG_GEMM_ARGS_INIT                                                                       \
+  { sizeof(tw_ag_gemm_args_t), TW_AG_GEMM_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 TW_API tw_status_t tw_ag_gemm_args_init(tw_ag_gemm_args_t *args);
 TW_API tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args, tw_stream_t stream);
@@ -297,7 +301,11 @@ typedef struct tw_gemm_rs_args {
   int32_t reserved0;
 } tw_gemm_rs_args_t;
 
-#define TW_GEMM_RS_ARGS_INIT {sizeof(tw_gemm_rs_args_t), TW_GEMM_RS_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define TW_GEMM_RS_ARGS_INIT                                                                       \
+  {                                                                                                \
+    sizeof(tw_gemm_rs_args_t), TW_GEMM_RS_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  \
+        0                                                                                          \
+  }
 
 TW_API tw_status_t tw_gemm_rs_args_init(tw_gemm_rs_args_t *args);
 /* Workspace bytes tw_gemm_rs and tw_gemm_ar need on this comm for an m x n product. */
@@ -311,8 +319,8 @@ TW_API tw_status_t tw_gemm_ar(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_
  * current value (as the library reads it) and description. */
 TW_API int tw_env_count(void);
 TW_API tw_status_t tw_env_describe(int index, const char **name, const char **type,
-                            const char **default_value, const char **current_value,
-                            const char **description);
+                                   const char **default_value, const char **current_value,
+                                   const char **description);
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,8 @@
 #include "env.h"
 
 #include <ctype.h>
-#include <stdatomic.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,35 +23,55 @@ static const env_entry env_table[TW_ENV_COUNT] = {
 };
 
 int tw_parse_size(const char *text, int64_t *value) {
-  if (!text || !*text) return -1;
+  if (!text || !*text)
+    return -1;
   errno = 0;
   char *end = NULL;
   long long v = strtoll(text, &end, 10);
-  if (errno || end == text || v < 0) return -1;
+  if (errno || end == text || v < 0)
+    return -1;
   int shift = 0;
   switch (toupper((unsigned char)*end)) {
   case '\0': break;
-  case 'K': shift = 10; end++; break;
-  case 'M': shift = 20; end++; break;
-  case 'G': shift = 30; end++; break;
-  case 'T': shift = 40; end++; break;
+  case 'K':
+    shift = 10;
+    end++;
+    break;
+  case 'M':
+    shift = 20;
+    end++;
+    break;
+  case 'G':
+    shift = 30;
+    end++;
+    break;
+  case 'T':
+    shift = 40;
+    end++;
+    break;
   default: return -1;
   }
-  if (*end == 'B' || *end == 'b') end++;
-  if (*end != '\0') return -1;
-  if (shift && v > (INT64_MAX >> shift)) return -1;
+  if (*end == 'B' || *end == 'b')
+    end++;
+  if (*end != '\0')
+    return -1;
+  if (shift && v > (INT64_MAX >> shift))
+    return -1;
   *value = (int64_t)v << shift;
   return 0;
 }
 
 static int parse_knob(tw_env_id id, const char *text, int64_t *value) {
   const char *type = env_table[id].type;
-  if (strcmp(type, "size") == 0) return tw_parse_size(text, value);
+  if (strcmp(type, "size") == 0)
+    return tw_parse_size(text, value);
   errno = 0;
   char *end = NULL;
   long long v = strtoll(text, &end, 10);
-  if (errno || end == text || *end != '\0') return -1;
-  if (strcmp(type, "bool") == 0 && v != 0 && v != 1) return -1;
+  if (errno || end == text || *end != '\0')
+    return -1;
+  if (strcmp(type, "bool") == 0 && v != 0 && v != 1)
+    return -1;
   *value = v;
   return 0;
 }
@@ -61,7 +81,8 @@ int64_t tw_env_int(tw_env_id id) {
   int64_t value = 0;
   const char *text = getenv(env_table[id].name);
   if (text && *text) {
-    if (parse_knob(id, text, &value) == 0) return value;
+    if (parse_knob(id, text, &value) == 0)
+      return value;
     if (atomic_exchange(&warned[id], 1) == 0) {
       TW_WARN("ignoring %s=\"%s\": not a valid %s; using the default %s", env_table[id].name, text,
               env_table[id].type, env_table[id].default_value);
@@ -84,10 +105,15 @@ tw_status_t tw_env_describe(int index, const char **name, const char **type,
   TW_ARG_CHECK(index >= 0 && index < TW_ENV_COUNT, "index: %d is outside [0, %d)", index,
                TW_ENV_COUNT);
   const env_entry *e = &env_table[index];
-  if (name) *name = e->name;
-  if (type) *type = e->type;
-  if (default_value) *default_value = e->default_value;
-  if (description) *description = e->description;
-  if (current_value) *current_value = tw_env_str((tw_env_id)index);
+  if (name)
+    *name = e->name;
+  if (type)
+    *type = e->type;
+  if (default_value)
+    *default_value = e->default_value;
+  if (description)
+    *description = e->description;
+  if (current_value)
+    *current_value = tw_env_str((tw_env_id)index);
   return TW_SUCCESS;
 }

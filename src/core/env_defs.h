@@ -11,11 +11,13 @@ TW_ENV(TW_SM_BUDGET, int, "0",
 TW_ENV(TW_RANKS_PER_NODE, int, "0",
        "0 groups ranks into nodes by host; N > 0 makes virtual nodes of N consecutive ranks "
        "(tests the inter-node path on one host). tw_config.ranks_per_node wins when non-zero.")
-TW_ENV(TW_BOOTSTRAP_TIMEOUT_MS, int, "30000",
-       "How long tw_comm_init_rank waits for every rank to arrive before failing with TW_ERR_TIMEOUT.")
-TW_ENV(TW_WAIT_TIMEOUT_MS, int, "10000",
-       "Bound on every device-side spin-wait; on expiry the kernel records {rank, op, flag, expected, "
-       "seen} and aborts the comm (see tw_comm_async_error).")
+TW_ENV(
+    TW_BOOTSTRAP_TIMEOUT_MS, int, "30000",
+    "How long tw_comm_init_rank waits for every rank to arrive before failing with TW_ERR_TIMEOUT.")
+TW_ENV(
+    TW_WAIT_TIMEOUT_MS, int, "10000",
+    "Bound on every device-side spin-wait; on expiry the kernel records {rank, op, flag, expected, "
+    "seen} and aborts the comm (see tw_comm_async_error).")
 TW_ENV(TW_WAIT_TRAP, bool, "0",
        "1: a device wait that times out also executes `trap` (kills the CUDA context, useful under "
        "a debugger); 0: the kernel records the error and returns.")
@@ -27,8 +29,9 @@ TW_ENV(TW_BOOTSTRAP_ADDR, str, "",
        "first non-loopback interface, else 127.0.0.1.")
 TW_ENV(TW_AG_CHUNK_BYTES, size, "0",
        "AllGather chunk size in bytes (each chunk has its own flag); 0 lets the heuristic choose.")
-TW_ENV(TW_AG_GROUP_M, int, "0",
-       "Row blocks per L2 group in tw_ag_gemm's rank-rotated tile order; 0 lets the heuristic choose.")
+TW_ENV(
+    TW_AG_GROUP_M, int, "0",
+    "Row blocks per L2 group in tw_ag_gemm's rank-rotated tile order; 0 lets the heuristic choose.")
 TW_ENV(TW_RS_STEAL, bool, "0",
        "Experimental: 1 lets the GEMM CTAs of tw_gemm_rs / tw_gemm_ar take reduction work after "
        "their tiles (not yet measured on a GPU).")

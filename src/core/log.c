@@ -7,7 +7,8 @@
 #include "env.h"
 
 void tw_log(int level, const char *file, int line, const char *fmt, ...) {
-  if (level > tw_env_int(TW_LOG_LEVEL_ID)) return;
+  if (level > tw_env_int(TW_LOG_LEVEL_ID))
+    return;
   static const char *names[] = {"", "WARN", "INFO", "DEBUG"};
   char msg[1024];
   va_list ap;

@@ -25,7 +25,8 @@ void tw_error_copy(char *dst);
 #define TW_CHECK(call)                                                                             \
   do {                                                                                             \
     st = (call);                                                                                   \
-    if (st != TW_SUCCESS) goto fail;                                                               \
+    if (st != TW_SUCCESS)                                                                          \
+      goto fail;                                                                                   \
   } while (0)
 
 /* Fail with a message and jump to `fail`. */
@@ -38,7 +39,8 @@ void tw_error_copy(char *dst);
 /* Argument checks that name the argument: return immediately (no cleanup). */
 #define TW_ARG_CHECK(cond, ...)                                                                    \
   do {                                                                                             \
-    if (!(cond)) return tw_fail(TW_ERR_INVALID_ARGUMENT, __VA_ARGS__);                             \
+    if (!(cond))                                                                                   \
+      return tw_fail(TW_ERR_INVALID_ARGUMENT, __VA_ARGS__);                                        \
   } while (0)
 
 #ifdef __cplusplus

@@ -20,11 +20,14 @@ static __device__ __forceinline__ void tw_cta_copy(void *dst, const void *src, s
   for (; i + (kUnroll - 1) * step < n; i += kUnroll * step) {
     int4 v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; u++) v[u] = __ldcs(s + i + u * step); /* streamed: read once */
+    for (int u = 0; u < kUnroll; u++)
+      v[u] = __ldcs(s + i + u * step); /* streamed: read once */
 #pragma unroll
-    for (int u = 0; u < kUnroll; u++) d[i + u * step] = v[u];
+    for (int u = 0; u < kUnroll; u++)
+      d[i + u * step] = v[u];
   }
-  for (; i < n; i += step) d[i] = __ldcs(s + i);
+  for (; i < n; i += step)
+    d[i] = __ldcs(s + i);
 }
 
 #endif

@@ -2,8 +2,9 @@
  * Device-side signalling between ranks: the contract.
  *
  *   producer: data stores (plain or TMA; TMA stores then cp.async.bulk.wait_group 0)
- *             -> CTA barrier -> one thread: tw_signal_set(flag, epoch)  [fence.acq_rel.sys + st.relaxed.sys]
- *   consumer: one thread: tw_wait_geq(dc, op, flag, epoch, peer, item)   [ld.acquire.sys, bounded]
+ *             -> CTA barrier -> one thread: tw_signal_set(flag, epoch)  [fence.acq_rel.sys +
+ * st.relaxed.sys] consumer: one thread: tw_wait_geq(dc, op, flag, epoch, peer, item)
+ * [ld.acquire.sys, bounded]
  *             -> (before TMA reads the data) tw_fence_proxy_async_global() -> CTA barrier
  *
  * Every wait is bounded by dc.timeout_ns (globaltimer). On expiry the first
@@ -86,10 +87,9 @@ static __device__ __forceinline__ void tw_signal_set(uint64_t *flag, uint64_t ep
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
-static __device__ __forceinline__ void tw_record_wait_failure(const tw_dev_comm_t &dc, uint32_t status,
-                                                           int op, const uint64_t *flag,
-                                                           uint64_t expected, uint64_t seen,
-                                                           int peer, int item) {
+static __device__ __forceinline__ void
+tw_record_wait_failure(const tw_dev_comm_t &dc, uint32_t status, int op, const uint64_t *flag,
+                       uint64_t expected, uint64_t seen, int peer, int item) {
   if (atomicCAS(&dc.ctrl->err_claim, 0u, 1u) == 0u) {
     tw_err_block_t *e = dc.err;
     e->rank = dc.rank;
@@ -108,9 +108,11 @@ static __device__ __forceinline__ void tw_record_wait_failure(const tw_dev_comm_
   if (status == TW_ERR_DEVICE_TIMEOUT) {
     /* Tell every reachable rank (this one too) to stop waiting. */
     for (int p = 0; p < dc.world; p++)
-      if (dc.peer_ctrl[p]) tw_st_relaxed_sys_u32(&dc.peer_ctrl[p]->abort, 1u);
+      if (dc.peer_ctrl[p])
+        tw_st_relaxed_sys_u32(&dc.peer_ctrl[p]->abort, 1u);
     tw_fence_acq_rel_sys();
-    if (dc.trap_on_timeout) __trap();
+    if (dc.trap_on_timeout)
+      __trap();
   }
 }
 
@@ -120,7 +122,8 @@ static __device__ __forceinline__ bool tw_aborted(const tw_dev_comm_t &dc) {
 
 /* At a kernel's start: false (and TW_ERR_ABORTED recorded) if the comm was aborted. */
 static __device__ __forceinline__ bool tw_op_usable(const tw_dev_comm_t &dc, int op) {
-  if (!tw_aborted(dc)) return true;
+  if (!tw_aborted(dc))
+    return true;
   tw_record_wait_failure(dc, TW_ERR_ABORTED, op, (const uint64_t *)&dc.ctrl->abort, 0, 1, -1, -1);
   return false;
 }
@@ -128,17 +131,21 @@ static __device__ __forceinline__ bool tw_op_usable(const tw_dev_comm_t &dc, int
 /* ---- waits ----------------------------------------------------------------------------------- */
 
 /* One thread: spins until *flag >= target. false on timeout or abort (recorded). */
-static __device__ __forceinline__ bool tw_wait_geq(const tw_dev_comm_t &dc, int op, const uint64_t *flag,
-                                                uint64_t target, int peer, int item) {
+static __device__ __forceinline__ bool tw_wait_geq(const tw_dev_comm_t &dc, int op,
+                                                   const uint64_t *flag, uint64_t target, int peer,
+                                                   int item) {
   uint64_t seen = tw_ld_acquire_sys(flag);
-  if (seen >= target) return true;
+  if (seen >= target)
+    return true;
   const uint64_t start = tw_globaltimer();
   uint32_t backoff = 32;
   for (;;) {
     __nanosleep(backoff);
-    if (backoff < 256) backoff <<= 1;
+    if (backoff < 256)
+      backoff <<= 1;
     seen = tw_ld_acquire_sys(flag);
-    if (seen >= target) return true;
+    if (seen >= target)
+      return true;
     if (tw_aborted(dc)) {
       tw_record_wait_failure(dc, TW_ERR_ABORTED, op, flag, target, seen, peer, item);
       return false;
@@ -159,7 +166,8 @@ static __device__ __forceinline__ uint64_t tw_op_begin(const tw_dev_comm_t &dc, 
 
 /* One thread per CTA, after the CTA's last signal: the last CTA of the grid
  * stores the epoch, so the next call on the stream sees epoch + 1. */
-static __device__ __forceinline__ void tw_op_finish(const tw_dev_comm_t &dc, int ch, uint64_t epoch) {
+static __device__ __forceinline__ void tw_op_finish(const tw_dev_comm_t &dc, int ch,
+                                                    uint64_t epoch) {
   __threadfence();
   unsigned done = atomicAdd(&dc.ctrl->exit_count[ch], 1u);
   if (done == gridDim.x * gridDim.y * gridDim.z - 1) {
@@ -172,10 +180,12 @@ static __device__ __forceinline__ void tw_op_finish(const tw_dev_comm_t &dc, int
 /* One thread: tells every reachable rank that this rank entered call `epoch` on ch
  * (so everything before it in this rank's stream, e.g. reads of its receive
  * buffers, is complete and peers may write into them). */
-static __device__ __forceinline__ void tw_signal_entry(const tw_dev_comm_t &dc, int ch, uint64_t epoch) {
+static __device__ __forceinline__ void tw_signal_entry(const tw_dev_comm_t &dc, int ch,
+                                                       uint64_t epoch) {
   tw_fence_acq_rel_sys();
   for (int p = 0; p < dc.world; p++)
-    if (dc.peer_ctrl[p]) tw_st_release_sys(&dc.peer_ctrl[p]->entry[ch][dc.rank], epoch);
+    if (dc.peer_ctrl[p])
+      tw_st_release_sys(&dc.peer_ctrl[p]->entry[ch][dc.rank], epoch);
 }
 
 /* One thread: waits until `peer` entered call `epoch` on ch. */
@@ -191,7 +201,8 @@ static __device__ __forceinline__ uint64_t *tw_peer_flag(const tw_dev_comm_t &dc
   return c ? &c->flags[ch][index] : (uint64_t *)0;
 }
 
-static __device__ __forceinline__ uint64_t *tw_own_flag(const tw_dev_comm_t &dc, int ch, int index) {
+static __device__ __forceinline__ uint64_t *tw_own_flag(const tw_dev_comm_t &dc, int ch,
+                                                        int index) {
   return &dc.ctrl->flags[ch][index];
 }
 

@@ -16,10 +16,10 @@ extern "C" {
 typedef struct tw_ag_gemm_plan_args {
   int world;
   int64_t m_local, n, k;
-  int sm_budget;     /* CTAs the rank may run */
-  int comm_sms_arg;  /* from the args (0: unset) */
-  int comm_sms_env;  /* TW_AG_COMM_SMS (0: unset) */
-  int group_m_env;   /* TW_AG_GROUP_M (0: unset) */
+  int sm_budget;    /* CTAs the rank may run */
+  int comm_sms_arg; /* from the args (0: unset) */
+  int comm_sms_env; /* TW_AG_COMM_SMS (0: unset) */
+  int group_m_env;  /* TW_AG_GROUP_M (0: unset) */
 } tw_ag_gemm_plan_args_t;
 
 typedef struct tw_ag_gemm_plan {

@@ -1,9 +1,9 @@
 /*
  * tw_ag_gemm launch plan. Communication CTAs: enough that the push of this rank's
  * shard to every rank finishes while the GEMM runs, estimated from measured
- * per-SM rates (docs/PERF.md): a copy CTA moves about 15 GB/s while every rank copies, a GEMM CTA does
- * about 5.5 TFLOP/s. Chunks: 128 rows (one GEMM row block) unless the shard
- * would need more than TW_AG_GEMM_MAX_CHUNKS flags.
+ * per-SM rates (docs/PERF.md): a copy CTA moves about 15 GB/s while every rank copies, a GEMM CTA
+ * does about 5.5 TFLOP/s. Chunks: 128 rows (one GEMM row block) unless the shard would need more
+ * than TW_AG_GEMM_MAX_CHUNKS flags.
  */
 #include "ag_gemm.h"
 #include "gemm_heuristics.h"
@@ -18,31 +18,40 @@ void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *a, tw_ag_gemm_plan_t *pl
   tw_gemm_plan_make(a->m_local * a->world, a->n, a->k, a->sm_budget, &g);
   plan->block_n = g.variant == TW_GEMM_V_N128_S6 ? 128 : 256;
   int64_t rpc = 128;
-  while ((a->m_local + rpc - 1) / rpc > TW_AG_GEMM_MAX_CHUNKS) rpc *= 2;
+  while ((a->m_local + rpc - 1) / rpc > TW_AG_GEMM_MAX_CHUNKS)
+    rpc *= 2;
   plan->rows_per_chunk = (int)rpc;
   plan->nchunks = (int)((a->m_local + rpc - 1) / rpc);
   /* L2 groups aligned with shards: a group that straddles two ranks' rows mixes tiles whose
    * data arrives at different times (measured, docs/PERF.md: flux-tp8 on 8 virtual ranks ran
    * 9.8 ms with groups of one shard against 11.5-12.9 ms with 1, 2, 8, 16 or 32 row blocks). */
   int64_t shard_blocks = a->m_local / 128;
-  int group = (a->m_local % 128 == 0 && shard_blocks >= 1) ? (int)(shard_blocks < 16 ? shard_blocks : 16) : 8;
-  while (group > 1 && shard_blocks % group) group--;
+  int group = (a->m_local % 128 == 0 && shard_blocks >= 1)
+                  ? (int)(shard_blocks < 16 ? shard_blocks : 16)
+                  : 8;
+  while (group > 1 && shard_blocks % group)
+    group--;
   plan->group_m = a->group_m_env > 0 ? a->group_m_env : group;
   int comm = a->comm_sms_arg > 0 ? a->comm_sms_arg : a->comm_sms_env;
   if (comm <= 0) {
     /* Bytes pushed to the world - 1 peers; the own copy (skipped in place) only feeds the
      * gathered output, no tile waits for it. */
-    double bytes = (double)a->m_local * (double)a->k * 2.0 * (double)(a->world > 1 ? a->world - 1 : 1);
+    double bytes =
+        (double)a->m_local * (double)a->k * 2.0 * (double)(a->world > 1 ? a->world - 1 : 1);
     double flops = 2.0 * (double)a->m_local * (double)a->world * (double)a->n * (double)a->k;
-    double t_copy1 = bytes / (TW_COPY_GBPS_PER_CTA * 1e9);      /* with one comm CTA */
+    double t_copy1 = bytes / (TW_COPY_GBPS_PER_CTA * 1e9); /* with one comm CTA */
     double t_gemm = flops / (TW_GEMM_TFLOPS_PER_CTA * 1e12 * a->sm_budget);
     /* Smallest count whose push ends by the time the GEMM is half done. */
     comm = 1;
-    while (comm < a->sm_budget / 2 && t_copy1 / comm > 0.5 * t_gemm) comm++;
+    while (comm < a->sm_budget / 2 && t_copy1 / comm > 0.5 * t_gemm)
+      comm++;
   }
-  if (comm >= a->sm_budget) comm = a->sm_budget > 1 ? a->sm_budget - 1 : 1;
+  if (comm >= a->sm_budget)
+    comm = a->sm_budget > 1 ? a->sm_budget - 1 : 1;
   int items = a->world * plan->nchunks;
-  if (comm > items) comm = items;
-  if (comm < 1) comm = 1;
+  if (comm > items)
+    comm = items;
+  if (comm < 1)
+    comm = 1;
   plan->comm_ctas = comm;
 }

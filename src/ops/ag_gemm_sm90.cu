@@ -36,12 +36,8 @@ namespace {
 /* Two tile shapes, as the plain GEMM: 128x256 with 4 stages, and 128x128 with 6 stages
  * where 128x256 tiles leave a mostly idle last wave (small N per rank). */
 template <int BN> struct AgConfig;
-template <> struct AgConfig<256> {
-  static constexpr int kStages = 4;
-};
-template <> struct AgConfig<128> {
-  static constexpr int kStages = 6;
-};
+template <> struct AgConfig<256> { static constexpr int kStages = 4; };
+template <> struct AgConfig<128> { static constexpr int kStages = 6; };
 constexpr int kEpiBytes = 16384;
 
 /* Readiness hook. Tiles whose rows all belong to this rank's shard read them straight
@@ -54,10 +50,10 @@ struct AgWait : NoWait {
     int32_t m_local;
     int32_t rows_per_chunk;
     int32_t m_total;
-    int32_t own_first;    /* rank * m_local */
-    int32_t ch;           /* TW_CH_AG_GEMM, or TW_CH_AG_GEMM_CE (copy-engine mode) */
+    int32_t own_first; /* rank * m_local */
+    int32_t ch;        /* TW_CH_AG_GEMM, or TW_CH_AG_GEMM_CE (copy-engine mode) */
     int32_t pad;
-    uint64_t host_epoch;  /* copy-engine mode: the epoch the host wrote flags with; else 0 */
+    uint64_t host_epoch; /* copy-engine mode: the epoch the host wrote flags with; else 0 */
   };
   /* This call's epoch: kept on the GPU, or (copy-engine mode) counted by the host. */
   __device__ static uint64_t epoch(const Params &p) {
@@ -75,7 +71,8 @@ struct AgWait : NoWait {
     }
   }
   __device__ static void before_tile(const Params &p, int32_t mb, int32_t) {
-    if (all_own(p, mb)) return;
+    if (all_own(p, mb))
+      return;
     const uint64_t e = epoch(p);
     const int32_t end = min(mb * kBlockM + kBlockM, p.m_total);
     for (int32_t row = mb * kBlockM; row < end;) {
@@ -111,7 +108,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   int mine = 1;
   if (threadIdx.x == 0) {
     mine = tw_op_usable(dc, ch);
-    if (blockIdx.x == 0 && mine) tw_signal_entry(dc, ch, epoch);
+    if (blockIdx.x == 0 && mine)
+      tw_signal_entry(dc, ch, epoch);
   }
   int ok = __syncthreads_and(mine);
   if ((int)blockIdx.x < p.comm_ctas) {
@@ -124,12 +122,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int chunk = item % p.nchunks;
       if (threadIdx.x == 0 && target != rank && !tw_wait_entry(dc, ch, target, epoch))
         mine = 0;
-      if (!(ok = __syncthreads_and(mine))) break;
+      if (!(ok = __syncthreads_and(mine)))
+        break;
       const int64_t row0 = (int64_t)chunk * w.rows_per_chunk;
       const int64_t rows = min((int64_t)w.rows_per_chunk, (int64_t)w.m_local - row0);
       char *dst = p.gathered[target] + ((int64_t)rank * w.m_local + row0) * p.row_bytes;
       const char *src = p.a + row0 * p.row_bytes;
-      if (dst != src) tw_cta_copy(dst, src, (size_t)(rows * p.row_bytes));
+      if (dst != src)
+        tw_cta_copy(dst, src, (size_t)(rows * p.row_bytes));
       __syncthreads();
       if (threadIdx.x == 0)
         tw_signal_set(tw_peer_flag(dc, target, ch, tw_ag_gemm_flag_index(rank, chunk)), epoch);
@@ -139,7 +139,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   gemm_cta_loop<AgConfig<BN>::kStages, kEpiBytes, EpiTmaStore<Out>, AgWait, true, 1, BN>(
       p.gemm, smem_raw, 0, 0);
   __syncthreads();
-  if (threadIdx.x == 0) tw_op_finish(dc, ch, tw_op_begin(dc, ch));
+  if (threadIdx.x == 0)
+    tw_op_finish(dc, ch, tw_op_begin(dc, ch));
 }
 
 template <class Out, int BN>
@@ -149,12 +150,15 @@ tw_status_t launch(AgParams<Out> &params, int grid, cudaStream_t stream) {
   static std::atomic<uint64_t> configured{0}; /* bit per device */
   int device = 0;
   tw_status_t st = tw_cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  if (st != TW_SUCCESS) return st;
+  if (st != TW_SUCCESS)
+    return st;
   const uint64_t bit = uint64_t(1) << (device % 64);
   if (!(configured.load() & bit)) {
-    st = tw_cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-                       "tw_ag_gemm: cudaFuncSetAttribute");
-    if (st != TW_SUCCESS) return st;
+    st = tw_cuda_check(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+        "tw_ag_gemm: cudaFuncSetAttribute");
+    if (st != TW_SUCCESS)
+      return st;
     configured.fetch_or(bit);
   }
   kernel<<<grid, kThreads, kSmem, stream>>>(params);
@@ -162,24 +166,27 @@ tw_status_t launch(AgParams<Out> &params, int grid, cudaStream_t stream) {
 }
 
 template <class Out, int BN>
-tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_plan_t &plan,
-                int ch, uint64_t host_epoch, cudaStream_t stream) {
+tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_plan_t &plan, int ch,
+                uint64_t host_epoch, cudaStream_t stream) {
   AgParams<Out> p;
   memset(&p, 0, sizeof(p));
   const int64_t m_total = a.m_local * comm->world;
   tw_status_t st;
   st = tw_tma_map_2d(&p.gemm.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a_gathered, a.k, m_total,
                      a.k, kBlockK, kBlockM, "tw_ag_gemm: cuTensorMapEncodeTiled(a_gathered)");
-  if (st != TW_SUCCESS) return st;
+  if (st != TW_SUCCESS)
+    return st;
   st = tw_tma_map_2d(&p.gemm.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b, a.k, a.n, a.ldb,
                      kBlockK, BN, "tw_ag_gemm: cuTensorMapEncodeTiled(b)");
-  if (st != TW_SUCCESS) return st;
+  if (st != TW_SUCCESS)
+    return st;
   st = tw_tma_map_2d(&p.gemm.epi.c_map,
                      sizeof(Out) == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
                      sizeof(Out), a.c, a.n, m_total, a.ldc, 128 / sizeof(Out), kBoxRows,
                      "tw_ag_gemm: cuTensorMapEncodeTiled(c)");
-  if (st != TW_SUCCESS) return st;
+  if (st != TW_SUCCESS)
+    return st;
   TileOrder &o = p.gemm.order;
   o.m_blocks = (int32_t)((m_total + kBlockM - 1) / kBlockM);
   o.n_blocks = (int32_t)((a.n + BN - 1) / BN);
@@ -199,9 +206,11 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
   p.gemm.wait.host_epoch = host_epoch;
   st = tw_tma_map_2d(&p.gemm.wait.own_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a, a.k, a.m_local,
                      a.k, kBlockK, kBlockM, "tw_ag_gemm: cuTensorMapEncodeTiled(a)");
-  if (st != TW_SUCCESS) return st;
+  if (st != TW_SUCCESS)
+    return st;
   p.a = (const char *)a.a;
-  for (int r = 0; r < comm->world; r++) p.gathered[r] = (char *)tw_heap_peer_ptr(comm, a.a_gathered, r);
+  for (int r = 0; r < comm->world; r++)
+    p.gathered[r] = (char *)tw_heap_peer_ptr(comm, a.a_gathered, r);
   p.row_bytes = a.k * 2;
   p.nchunks = plan.nchunks;
   p.comm_ctas = plan.comm_ctas;
@@ -213,9 +222,12 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
 extern "C" tw_status_t tw_ag_gemm_preload(void) {
   cudaFuncAttributes attr;
   cudaError_t e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<__nv_bfloat16, 256>);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<float, 256>);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<__nv_bfloat16, 128>);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<float, 128>);
+  if (e == cudaSuccess)
+    e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<float, 256>);
+  if (e == cudaSuccess)
+    e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<__nv_bfloat16, 128>);
+  if (e == cudaSuccess)
+    e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<float, 128>);
   return tw_cuda_check(e, "loading the ag_gemm kernels");
 }
 
@@ -245,7 +257,10 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
                "args->comm_mode: %d; expected TW_AG_COMM_SM or TW_AG_COMM_COPY_ENGINE",
                (int)a->comm_mode);
   TW_ARG_CHECK(a->a && a->b && a->c && a->a_gathered, "args->%s: NULL",
-               !a->a ? "a" : !a->b ? "b" : !a->c ? "c" : "a_gathered");
+               !a->a   ? "a"
+               : !a->b ? "b"
+               : !a->c ? "c"
+                       : "a_gathered");
   TW_ARG_CHECK(a->m_local >= 1 && a->m_local * world <= INT32_MAX,
                "args->m_local: %lld; expected 1 <= m_local and world * m_local < 2^31",
                (long long)a->m_local);
@@ -253,8 +268,10 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
                "args->n: %lld; expected a positive multiple of 8", (long long)a->n);
   TW_ARG_CHECK(a->k >= 8 && a->k % 8 == 0 && a->k <= INT32_MAX,
                "args->k: %lld; expected a positive multiple of 8", (long long)a->k);
-  if (a->ldb == 0) a->ldb = a->k;
-  if (a->ldc == 0) a->ldc = a->n;
+  if (a->ldb == 0)
+    a->ldb = a->k;
+  if (a->ldc == 0)
+    a->ldc = a->n;
   const int c_bytes = a->c_dtype == TW_BF16 ? 2 : 4;
   TW_ARG_CHECK(a->ldb >= a->k && a->ldb % 8 == 0,
                "args->ldb: %lld; expected >= k (%lld) and a multiple of 8", (long long)a->ldb,
@@ -268,9 +285,10 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
   TW_ARG_CHECK((uintptr_t)a->a_gathered % 16 == 0, "args->a_gathered: %p is not 16-byte aligned",
                a->a_gathered);
   const size_t shard_bytes = (size_t)a->m_local * (size_t)a->k * 2;
-  tw_status_t st = tw_heap_lookup(comm, a->a_gathered, shard_bytes * (size_t)world,
-                                  "args->a_gathered", NULL);
-  if (st != TW_SUCCESS) return st;
+  tw_status_t st =
+      tw_heap_lookup(comm, a->a_gathered, shard_bytes * (size_t)world, "args->a_gathered", NULL);
+  if (st != TW_SUCCESS)
+    return st;
   const char *g0 = (const char *)a->a_gathered, *own = g0 + shard_bytes * (size_t)comm->rank;
   const char *a0 = (const char *)a->a;
   TW_ARG_CHECK(a0 == own || a0 + shard_bytes <= g0 || a0 >= g0 + shard_bytes * (size_t)world,
@@ -280,7 +298,12 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
     if (!tw_heap_peer_ptr(comm, a->a_gathered, r))
       return tw_fail(TW_ERR_NOT_SUPPORTED,
                      "rank %d is on another node; inter-node tw_ag_gemm is not implemented yet", r);
-  tw_ag_gemm_plan_args_t pa = {world, a->m_local, a->n, a->k, comm->sm_budget, a->comm_sms,
+  tw_ag_gemm_plan_args_t pa = {world,
+                               a->m_local,
+                               a->n,
+                               a->k,
+                               comm->sm_budget,
+                               a->comm_sms,
                                (int)tw_env_int(TW_AG_COMM_SMS_ID),
                                (int)tw_env_int(TW_AG_GROUP_M_ID)};
   tw_ag_gemm_make_plan(&pa, plan);
@@ -288,8 +311,9 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
 }
 
 template <class Out, int BN>
-static tw_status_t run_any(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_plan_t &plan,
-                           int ch, uint64_t host_epoch, cudaStream_t stream) {
+static tw_status_t run_any(tw_comm_t comm, const tw_ag_gemm_args_t &a,
+                           const tw_ag_gemm_plan_t &plan, int ch, uint64_t host_epoch,
+                           cudaStream_t stream) {
   return run<Out, BN>(comm, a, plan, ch, host_epoch, stream);
 }
 
@@ -311,10 +335,13 @@ static tw_status_t copy_engine_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
                                     tw_ag_gemm_plan_t plan, tw_stream_t user) {
   const tw_driver_api_t *cu;
   tw_status_t st = tw_driver(&cu);
-  if (st != TW_SUCCESS) return st;
+  if (st != TW_SUCCESS)
+    return st;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  st = tw_cuda_check(cudaStreamIsCapturing((cudaStream_t)user, &capturing), "cudaStreamIsCapturing");
-  if (st != TW_SUCCESS) return st;
+  st =
+      tw_cuda_check(cudaStreamIsCapturing((cudaStream_t)user, &capturing), "cudaStreamIsCapturing");
+  if (st != TW_SUCCESS)
+    return st;
   if (capturing != cudaStreamCaptureStatusNone)
     return tw_fail(TW_ERR_NOT_SUPPORTED,
                    "args->comm_mode: TW_AG_COMM_COPY_ENGINE cannot be captured into a CUDA graph "
@@ -323,10 +350,13 @@ static tw_status_t copy_engine_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
     st = tw_cuda_check(cudaStreamCreateWithFlags(&comm->ce_stream, cudaStreamNonBlocking),
                        "cudaStreamCreate(copy-engine stream)");
     if (st == TW_SUCCESS)
-      st = tw_cuda_check(cudaEventCreateWithFlags(&comm->ce_in, cudaEventDisableTiming), "cudaEventCreate");
+      st = tw_cuda_check(cudaEventCreateWithFlags(&comm->ce_in, cudaEventDisableTiming),
+                         "cudaEventCreate");
     if (st == TW_SUCCESS)
-      st = tw_cuda_check(cudaEventCreateWithFlags(&comm->ce_done, cudaEventDisableTiming), "cudaEventCreate");
-    if (st != TW_SUCCESS) return st;
+      st = tw_cuda_check(cudaEventCreateWithFlags(&comm->ce_done, cudaEventDisableTiming),
+                         "cudaEventCreate");
+    if (st != TW_SUCCESS)
+      return st;
   }
   const uint64_t epoch = ++comm->ce_epoch;
   const int ch = TW_CH_AG_GEMM_CE, world = comm->world, rank = comm->rank;
@@ -341,29 +371,33 @@ static tw_status_t copy_engine_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
   if (st == TW_SUCCESS)
     st = tw_cuda_check(cudaStreamWaitEvent(comm->ce_stream, comm->ce_in, 0), "cudaStreamWaitEvent");
   cudaStream_t launch = NULL;
-  if (st == TW_SUCCESS) st = tw_launch_begin(comm, user, &launch);
-  if (st == TW_SUCCESS) st = run_dtype(comm, a, plan, ch, epoch, launch);
-  if (st == TW_SUCCESS) st = tw_launch_end(comm, user);
+  if (st == TW_SUCCESS)
+    st = tw_launch_begin(comm, user, &launch);
+  if (st == TW_SUCCESS)
+    st = run_dtype(comm, a, plan, ch, epoch, launch);
+  if (st == TW_SUCCESS)
+    st = tw_launch_end(comm, user);
   const size_t row_bytes = (size_t)a.k * 2;
   for (int k = 1; k <= world && st == TW_SUCCESS; k++) {
     const int target = ((rank - k) % world + world) % world; /* rank-1 first, own copy last */
     if (target != rank)
-      st = tw_cu_check(cu->cuStreamWaitValue64((CUstream)comm->ce_stream,
-                                               (CUdeviceptr)(uintptr_t)&comm->ctrl->entry[ch][target],
-                                               epoch, CU_STREAM_WAIT_VALUE_GEQ),
-                       "cuStreamWaitValue64(peer entry)");
+      st = tw_cu_check(
+          cu->cuStreamWaitValue64((CUstream)comm->ce_stream,
+                                  (CUdeviceptr)(uintptr_t)&comm->ctrl->entry[ch][target], epoch,
+                                  CU_STREAM_WAIT_VALUE_GEQ),
+          "cuStreamWaitValue64(peer entry)");
     char *dst_base = (char *)tw_heap_peer_ptr(comm, a.a_gathered, target) +
                      (size_t)rank * (size_t)a.m_local * row_bytes;
     for (int chunk = 0; chunk < plan.nchunks && st == TW_SUCCESS; chunk++) {
       const size_t row0 = (size_t)chunk * plan.rows_per_chunk;
-      const size_t rows = row0 + plan.rows_per_chunk <= (size_t)a.m_local ? plan.rows_per_chunk
-                                                                          : a.m_local - row0;
+      const size_t rows =
+          row0 + plan.rows_per_chunk <= (size_t)a.m_local ? plan.rows_per_chunk : a.m_local - row0;
       char *dst = dst_base + row0 * row_bytes;
       const char *src = (const char *)a.a + row0 * row_bytes;
       if (dst != src)
-        st = tw_cuda_check(cudaMemcpyAsync(dst, src, rows * row_bytes, cudaMemcpyDeviceToDevice,
-                                           comm->ce_stream),
-                           "cudaMemcpyAsync(chunk)");
+        st = tw_cuda_check(
+            cudaMemcpyAsync(dst, src, rows * row_bytes, cudaMemcpyDeviceToDevice, comm->ce_stream),
+            "cudaMemcpyAsync(chunk)");
       uint64_t *flag = (uint64_t *)tw_heap_peer_ptr(
           comm, &comm->ctrl->flags[ch][tw_ag_gemm_flag_index(rank, chunk)], target);
       if (st == TW_SUCCESS)
@@ -382,23 +416,29 @@ static tw_status_t copy_engine_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
   return st;
 }
 
-extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args, tw_stream_t stream) {
+extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
+                                  tw_stream_t stream) {
   tw_status_t st = tw_comm_check(comm);
-  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
   tw_ag_gemm_args_t a;
   tw_ag_gemm_plan_t plan;
   st = tw_ag_gemm_prepare(comm, args, &a, &plan);
-  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
   int prev;
   st = tw_set_device(comm->device, &prev);
-  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
   if (a.comm_mode == TW_AG_COMM_COPY_ENGINE) {
     st = copy_engine_call(comm, a, plan, stream);
   } else {
     cudaStream_t launch = NULL;
     st = tw_launch_begin(comm, stream, &launch);
-    if (st == TW_SUCCESS) st = run_dtype(comm, a, plan, TW_CH_AG_GEMM, 0, launch);
-    if (st == TW_SUCCESS) st = tw_launch_end(comm, stream);
+    if (st == TW_SUCCESS)
+      st = run_dtype(comm, a, plan, TW_CH_AG_GEMM, 0, launch);
+    if (st == TW_SUCCESS)
+      st = tw_launch_end(comm, stream);
   }
   cudaSetDevice(prev);
   return tw_comm_result(comm, st);

@@ -26,7 +26,8 @@ static __device__ __forceinline__ int item_peer(int item, int nchunks, int rank,
 }
 
 __global__ void __launch_bounds__(TW_AG_THREADS, 1)
-    tw_allgather_kernel(const __grid_constant__ tw_dev_comm_t dc, const __grid_constant__ tw_ag_plan_t plan) {
+    tw_allgather_kernel(const __grid_constant__ tw_dev_comm_t dc,
+                        const __grid_constant__ tw_ag_plan_t plan) {
   const uint64_t epoch = tw_op_begin(dc, TW_CH_ALLGATHER);
   /* Decisions are made by thread 0 and spread with __syncthreads_and, so every thread of
    * the CTA leaves a loop at the same iteration (no shared flag read while it is written). */
@@ -34,7 +35,8 @@ __global__ void __launch_bounds__(TW_AG_THREADS, 1)
   uint64_t peer_ready = 0; /* thread 0: bit p set once peer p entered this call (world <= 64) */
   if (threadIdx.x == 0) {
     mine = tw_op_usable(dc, TW_CH_ALLGATHER);
-    if (blockIdx.x == 0 && mine) tw_signal_entry(dc, TW_CH_ALLGATHER, epoch);
+    if (blockIdx.x == 0 && mine)
+      tw_signal_entry(dc, TW_CH_ALLGATHER, epoch);
   }
   int ok = __syncthreads_and(mine);
   const int items = plan.world * plan.nchunks;
@@ -47,22 +49,27 @@ __global__ void __launch_bounds__(TW_AG_THREADS, 1)
       else
         mine = 0;
     }
-    if (!(ok = __syncthreads_and(mine))) break;
+    if (!(ok = __syncthreads_and(mine)))
+      break;
     const size_t begin = (size_t)chunk * plan.chunk_bytes;
-    const size_t len = begin + plan.chunk_bytes <= plan.bytes ? plan.chunk_bytes : plan.bytes - begin;
+    const size_t len =
+        begin + plan.chunk_bytes <= plan.bytes ? plan.chunk_bytes : plan.bytes - begin;
     char *dst = (char *)plan.recv_peer[peer] + (size_t)dc.rank * plan.bytes + begin;
     const char *src = (const char *)plan.send + begin;
-    if (dst != src) tw_cta_copy(dst, src, len);
+    if (dst != src)
+      tw_cta_copy(dst, src, len);
     __syncthreads();
     if (threadIdx.x == 0)
-      tw_signal_set(tw_peer_flag(dc, peer, TW_CH_ALLGATHER, tw_ag_flag_index(dc.rank, chunk)), epoch);
+      tw_signal_set(tw_peer_flag(dc, peer, TW_CH_ALLGATHER, tw_ag_flag_index(dc.rank, chunk)),
+                    epoch);
   }
   /* Receive side: this rank's buffer is complete once every (src, chunk) flag is set. */
   if (threadIdx.x == 0) {
     for (int item = blockIdx.x; ok && item < items; item += gridDim.x) {
       const int src = item / plan.nchunks, chunk = item % plan.nchunks;
-      ok = tw_wait_geq(dc, TW_CH_ALLGATHER, tw_own_flag(dc, TW_CH_ALLGATHER, tw_ag_flag_index(src, chunk)),
-                       epoch, src, item);
+      ok = tw_wait_geq(dc, TW_CH_ALLGATHER,
+                       tw_own_flag(dc, TW_CH_ALLGATHER, tw_ag_flag_index(src, chunk)), epoch, src,
+                       item);
     }
     tw_op_finish(dc, TW_CH_ALLGATHER, epoch);
   }
@@ -76,13 +83,15 @@ __global__ void tw_barrier_kernel(const __grid_constant__ tw_dev_comm_t dc) {
     tw_wait_geq(dc, TW_CH_BARRIER, tw_own_flag(dc, TW_CH_BARRIER, p), epoch, p, 0);
   }
   __syncthreads();
-  if (threadIdx.x == 0) tw_op_finish(dc, TW_CH_BARRIER, epoch);
+  if (threadIdx.x == 0)
+    tw_op_finish(dc, TW_CH_BARRIER, epoch);
 }
 
 extern "C" tw_status_t tw_allgather_preload(void) {
   cudaFuncAttributes attr;
   cudaError_t e = cudaFuncGetAttributes(&attr, tw_allgather_kernel);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, tw_barrier_kernel);
+  if (e == cudaSuccess)
+    e = cudaFuncGetAttributes(&attr, tw_barrier_kernel);
   return tw_cuda_check(e, "loading the allgather kernels");
 }
 
@@ -97,11 +106,13 @@ extern "C" tw_status_t tw_ag_make_plan(tw_comm_t comm, const void *send, void *r
   const int world = comm->world;
   TW_ARG_CHECK(bytes <= (size_t)INT64_MAX / (size_t)world, "bytes: %zu overflows", bytes);
   tw_status_t st = tw_heap_lookup(comm, recv, bytes * (size_t)world, "recv", NULL);
-  if (st != TW_SUCCESS) return st;
+  if (st != TW_SUCCESS)
+    return st;
   const char *r0 = (const char *)recv, *s0 = (const char *)send;
   const char *own = r0 + (size_t)comm->rank * bytes;
   TW_ARG_CHECK(s0 == own || s0 + bytes <= r0 || s0 >= r0 + bytes * (size_t)world,
-               "send: %p overlaps recv but is not recv + rank * bytes (%p)", send, (const void *)own);
+               "send: %p overlaps recv but is not recv + rank * bytes (%p)", send,
+               (const void *)own);
   memset(plan, 0, sizeof(*plan));
   plan->send = send;
   plan->bytes = bytes;
@@ -109,10 +120,11 @@ extern "C" tw_status_t tw_ag_make_plan(tw_comm_t comm, const void *send, void *r
   for (int p = 0; p < world; p++) {
     plan->recv_peer[p] = tw_heap_peer_ptr(comm, recv, p);
     if (!plan->recv_peer[p])
-      return tw_fail(TW_ERR_NOT_SUPPORTED,
-                     "recv: rank %d is on another node; inter-node allgather (the proxy path) is not "
-                     "implemented yet",
-                     p);
+      return tw_fail(
+          TW_ERR_NOT_SUPPORTED,
+          "recv: rank %d is on another node; inter-node allgather (the proxy path) is not "
+          "implemented yet",
+          p);
   }
   /* Chunks: enough items to keep every CTA busy, each at least 64 KiB, at most
    * TW_AG_MAX_CHUNKS per rank (the flag slice). TW_AG_CHUNK_BYTES overrides. */
@@ -120,12 +132,15 @@ extern "C" tw_status_t tw_ag_make_plan(tw_comm_t comm, const void *send, void *r
   if (chunk == 0) {
     size_t want_items_per_peer = ((size_t)2 * max_ctas + world - 1) / world;
     chunk = (bytes + want_items_per_peer - 1) / want_items_per_peer;
-    if (chunk < (64u << 10)) chunk = 64u << 10;
+    if (chunk < (64u << 10))
+      chunk = 64u << 10;
   }
   chunk = (chunk + 15) / 16 * 16;
   size_t min_chunk = (bytes + TW_AG_MAX_CHUNKS - 1) / TW_AG_MAX_CHUNKS;
-  if (chunk < min_chunk) chunk = (min_chunk + 15) / 16 * 16;
-  if (chunk > bytes) chunk = bytes;
+  if (chunk < min_chunk)
+    chunk = (min_chunk + 15) / 16 * 16;
+  if (chunk > bytes)
+    chunk = bytes;
   plan->chunk_bytes = chunk;
   plan->nchunks = (int)((bytes + chunk - 1) / chunk);
   int items = world * plan->nchunks;
@@ -136,31 +151,38 @@ extern "C" tw_status_t tw_ag_make_plan(tw_comm_t comm, const void *send, void *r
 extern "C" tw_status_t tw_allgather(tw_comm_t comm, const void *send, void *recv, size_t bytes,
                                     tw_stream_t stream) {
   tw_status_t st = tw_comm_check(comm);
-  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
   tw_ag_plan_t plan;
   int max_ctas = comm->sm_budget;
   int knob = (int)tw_env_int(TW_AG_COMM_SMS_ID);
-  if (knob > 0 && knob < max_ctas) max_ctas = knob;
+  if (knob > 0 && knob < max_ctas)
+    max_ctas = knob;
   st = tw_ag_make_plan(comm, send, recv, bytes, max_ctas, &plan);
-  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
   int prev, smem = 0;
   st = tw_set_device(comm->device, &prev);
-  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
   cudaStream_t launch = NULL;
   st = tw_sm_exclusive_smem((const void *)tw_allgather_kernel, &smem);
-  if (st == TW_SUCCESS) st = tw_launch_begin(comm, stream, &launch);
+  if (st == TW_SUCCESS)
+    st = tw_launch_begin(comm, stream, &launch);
   if (st == TW_SUCCESS) {
     tw_allgather_kernel<<<plan.ctas, TW_AG_THREADS, smem, launch>>>(comm->dev, plan);
     st = tw_cuda_check(cudaGetLastError(), "launching tw_allgather_kernel");
   }
-  if (st == TW_SUCCESS) st = tw_launch_end(comm, stream);
+  if (st == TW_SUCCESS)
+    st = tw_launch_end(comm, stream);
   cudaSetDevice(prev);
   return tw_comm_result(comm, st);
 }
 
 extern "C" tw_status_t tw_barrier(tw_comm_t comm, tw_stream_t stream) {
   tw_status_t st = tw_comm_check(comm);
-  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
   for (int p = 0; p < comm->world; p++)
     if (!comm->dev.peer_ctrl[p])
       return tw_comm_result(comm, tw_fail(TW_ERR_NOT_SUPPORTED,
@@ -169,14 +191,16 @@ extern "C" tw_status_t tw_barrier(tw_comm_t comm, tw_stream_t stream) {
                                           p));
   int prev;
   st = tw_set_device(comm->device, &prev);
-  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
   cudaStream_t launch = NULL;
   st = tw_launch_begin(comm, stream, &launch);
   if (st == TW_SUCCESS) {
     tw_barrier_kernel<<<1, TW_MAX_WORLD, 0, launch>>>(comm->dev);
     st = tw_cuda_check(cudaGetLastError(), "launching tw_barrier_kernel");
   }
-  if (st == TW_SUCCESS) st = tw_launch_end(comm, stream);
+  if (st == TW_SUCCESS)
+    st = tw_launch_end(comm, stream);
   cudaSetDevice(prev);
   return tw_comm_result(comm, st);
 }

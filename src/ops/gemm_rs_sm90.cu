@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_rs_kernel(const __grid_const
       gather_work(p, epoch, &s_item, &s_ok);
   }
   gemm_cta_loop<kStages, kEpiBytes, RsEpi, RsWait, true, 1, kBlockN, kSteal>(p.gemm, smem_raw, 0,
-                                                                            0);
+                                                                             0);
   if constexpr (kSteal) {
     if ((int)blockIdx.x >= p.reduce_ctas) {
       reduce_work<4>(p, epoch, &s_item, &s_ok);

@@ -124,14 +124,22 @@ cudaError_t preload_one() {
 /* Every instantiation launch_out can pick (keep the two lists in step). */
 template <class Out> cudaError_t preload_out() {
   cudaError_t e = cudaSuccess, r;
-  if ((r = preload_one<6, 16384, Out, true, 1, 128>()) != cudaSuccess) e = r;
-  if ((r = preload_one<6, 16384, Out, false, 1, 128>()) != cudaSuccess) e = r;
-  if ((r = preload_one<4, 16384, Out, false, 2>()) != cudaSuccess) e = r;
-  if ((r = preload_one<3, 32768, Out, false, 2>()) != cudaSuccess) e = r;
-  if ((r = preload_one<3, 32768, Out, true>()) != cudaSuccess) e = r;
-  if ((r = preload_one<3, 32768, Out, false>()) != cudaSuccess) e = r;
-  if ((r = preload_one<4, 16384, Out, true>()) != cudaSuccess) e = r;
-  if ((r = preload_one<4, 16384, Out, false>()) != cudaSuccess) e = r;
+  if ((r = preload_one<6, 16384, Out, true, 1, 128>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<6, 16384, Out, false, 1, 128>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<4, 16384, Out, false, 2>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<3, 32768, Out, false, 2>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<3, 32768, Out, true>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<3, 32768, Out, false>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<4, 16384, Out, true>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<4, 16384, Out, false>()) != cudaSuccess)
+    e = r;
   return e;
 }
 

@@ -7,7 +7,8 @@ tw_status_t tw_tma_map_2d(CUtensorMap *map, CUtensorMapDataType dtype, int elem_
                           uint32_t box_cols, uint32_t box_rows, const char *what) {
   const tw_driver_api_t *api = NULL;
   tw_status_t st = tw_driver(&api);
-  if (st != TW_SUCCESS) return st;
+  if (st != TW_SUCCESS)
+    return st;
   cuuint64_t dims[2] = {cols, rows};
   cuuint64_t strides[1] = {ld * (uint64_t)elem_bytes};
   cuuint32_t box[2] = {box_cols, box_rows};

@@ -10,10 +10,12 @@ extern "C" cudaError_t tw_ref_allgather_memcpy(int world, const void *const *sen
       err = cudaMemcpyAsync((char *)recv[p] + (size_t)r * bytes, send[r], bytes,
                             cudaMemcpyDeviceToDevice, streams[r]);
     }
-    if (err == cudaSuccess) err = cudaEventRecord(events[r], streams[r]);
+    if (err == cudaSuccess)
+      err = cudaEventRecord(events[r], streams[r]);
   }
   for (int r = 0; r < world && err == cudaSuccess; r++)
     for (int p = 0; p < world && err == cudaSuccess; p++)
-      if (p != r) err = cudaStreamWaitEvent(streams[r], events[p], 0);
+      if (p != r)
+        err = cudaStreamWaitEvent(streams[r], events[p], 0);
   return err;
 }

@@ -11,8 +11,7 @@
 typedef struct nccl_api {
   ncclResult_t (*CommInitAll)(ncclComm_t *, int, const int *);
   ncclResult_t (*CommDestroy)(ncclComm_t);
-  ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t,
-                            cudaStream_t);
+  ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
   ncclResult_t (*ReduceScatter)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
                                 ncclComm_t, cudaStream_t);
   ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
@@ -36,7 +35,8 @@ struct tw_ref_nccl {
 
 static void load(void) {
   const char *path = getenv("TW_NCCL_LIB");
-  if (!path || !*path) path = "libnccl.so.2";
+  if (!path || !*path)
+    path = "libnccl.so.2";
   void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
     snprintf(api_why, sizeof(api_why), "dlopen(%s): %s (set TW_NCCL_LIB)", path, dlerror());
@@ -65,14 +65,16 @@ static void load(void) {
 
 int tw_ref_nccl_available(char *why, size_t why_len) {
   pthread_once(&api_once, load);
-  if (!api_ok && why) snprintf(why, why_len, "%s", api_why);
+  if (!api_ok && why)
+    snprintf(why, why_len, "%s", api_why);
   return api_ok;
 }
 
 const char *tw_ref_nccl_error(void) { return last_error; }
 
 static int check(ncclResult_t res, const char *what) {
-  if (res == ncclSuccess) return 0;
+  if (res == ncclSuccess)
+    return 0;
   snprintf(last_error, sizeof(last_error), "%s: %s", what, api.GetErrorString(res));
   return -1;
 }
@@ -80,7 +82,8 @@ static int check(ncclResult_t res, const char *what) {
 int tw_ref_nccl_create(tw_ref_nccl_t **out, int world, const int *devices, char *why,
                        size_t why_len) {
   *out = NULL;
-  if (!tw_ref_nccl_available(why, why_len)) return -1;
+  if (!tw_ref_nccl_available(why, why_len))
+    return -1;
   if (world < 1 || world > 64) {
     snprintf(why, why_len, "world %d outside [1, 64]", world);
     return -1;
@@ -108,18 +111,23 @@ int tw_ref_nccl_create(tw_ref_nccl_t **out, int world, const int *devices, char 
 }
 
 void tw_ref_nccl_destroy(tw_ref_nccl_t *n) {
-  if (!n) return;
-  for (int i = 0; i < n->world; i++) api.CommDestroy(n->comms[i]);
+  if (!n)
+    return;
+  for (int i = 0; i < n->world; i++)
+    api.CommDestroy(n->comms[i]);
   free(n);
 }
 
 /* One collective per rank inside a group (one thread drives every rank). */
 #define GROUP(call_for_rank_i)                                                                     \
   do {                                                                                             \
-    if (check(api.GroupStart(), "ncclGroupStart")) return -1;                                      \
+    if (check(api.GroupStart(), "ncclGroupStart"))                                                 \
+      return -1;                                                                                   \
     int failed_ = 0;                                                                               \
-    for (int i = 0; i < n->world && !failed_; i++) failed_ = check(call_for_rank_i, #call_for_rank_i); \
-    if (check(api.GroupEnd(), "ncclGroupEnd") || failed_) return -1;                               \
+    for (int i = 0; i < n->world && !failed_; i++)                                                 \
+      failed_ = check(call_for_rank_i, #call_for_rank_i);                                          \
+    if (check(api.GroupEnd(), "ncclGroupEnd") || failed_)                                          \
+      return -1;                                                                                   \
     return 0;                                                                                      \
   } while (0)
 

@@ -21,7 +21,8 @@ tw_status_t tw_config_init(tw_config_t *cfg) {
 }
 
 tw_status_t tw_comm_result(tw_comm_t comm, tw_status_t st) {
-  if (st != TW_SUCCESS && comm) tw_error_copy(comm->last_error);
+  if (st != TW_SUCCESS && comm)
+    tw_error_copy(comm->last_error);
   return st;
 }
 
@@ -33,8 +34,10 @@ tw_status_t tw_comm_check(const struct tw_comm *comm) {
 
 tw_status_t tw_set_device(int device, int *prev) {
   tw_status_t st = tw_cuda_check(cudaGetDevice(prev), "cudaGetDevice");
-  if (st != TW_SUCCESS) return st;
-  if (*prev == device) return TW_SUCCESS;
+  if (st != TW_SUCCESS)
+    return st;
+  if (*prev == device)
+    return TW_SUCCESS;
   return tw_cuda_check(cudaSetDevice(device), "cudaSetDevice");
 }
 
@@ -57,13 +60,18 @@ static tw_status_t resolve_config(const tw_config_t *user, tw_config_t *out) {
   TW_ARG_CHECK(cfg.ranks_per_node >= 0, "cfg->ranks_per_node: %d must be >= 0", cfg.ranks_per_node);
   TW_ARG_CHECK(cfg.bootstrap_timeout_ms >= 0, "cfg->bootstrap_timeout_ms: %d must be >= 0",
                cfg.bootstrap_timeout_ms);
-  TW_ARG_CHECK(cfg.wait_timeout_ms >= 0, "cfg->wait_timeout_ms: %d must be >= 0", cfg.wait_timeout_ms);
-  if (!cfg.sm_budget) cfg.sm_budget = (int32_t)tw_env_int(TW_SM_BUDGET_ID);
-  if (!cfg.ranks_per_node) cfg.ranks_per_node = (int32_t)tw_env_int(TW_RANKS_PER_NODE_ID);
+  TW_ARG_CHECK(cfg.wait_timeout_ms >= 0, "cfg->wait_timeout_ms: %d must be >= 0",
+               cfg.wait_timeout_ms);
+  if (!cfg.sm_budget)
+    cfg.sm_budget = (int32_t)tw_env_int(TW_SM_BUDGET_ID);
+  if (!cfg.ranks_per_node)
+    cfg.ranks_per_node = (int32_t)tw_env_int(TW_RANKS_PER_NODE_ID);
   if (!cfg.bootstrap_timeout_ms)
     cfg.bootstrap_timeout_ms = (int32_t)tw_env_int(TW_BOOTSTRAP_TIMEOUT_MS_ID);
-  if (!cfg.wait_timeout_ms) cfg.wait_timeout_ms = (int32_t)tw_env_int(TW_WAIT_TIMEOUT_MS_ID);
-  if (!cfg.heap_bytes) cfg.heap_bytes = (uint64_t)tw_env_int(TW_HEAP_BYTES_ID);
+  if (!cfg.wait_timeout_ms)
+    cfg.wait_timeout_ms = (int32_t)tw_env_int(TW_WAIT_TIMEOUT_MS_ID);
+  if (!cfg.heap_bytes)
+    cfg.heap_bytes = (uint64_t)tw_env_int(TW_HEAP_BYTES_ID);
   TW_ARG_CHECK(cfg.sm_budget >= 0 && cfg.ranks_per_node >= 0 && cfg.bootstrap_timeout_ms > 0 &&
                    cfg.wait_timeout_ms > 0 && cfg.heap_bytes >= (4u << 20),
                "configuration out of range after applying TW_* knobs: sm_budget %d, "
@@ -96,22 +104,26 @@ void tw_assign_nodes(tw_comm_t comm, const uint64_t *host_of, int ranks_per_node
         node_of[i] = node_of[j];
         break;
       }
-    if (node_of[i] < 0) node_of[i] = nodes++;
+    if (node_of[i] < 0)
+      node_of[i] = nodes++;
   }
   comm->node = node_of[r];
   comm->nodes = nodes;
   comm->local_rank = 0;
   comm->local_size = 0;
   for (int i = 0; i < world; i++) {
-    if (node_of[i] != node_of[r]) continue;
-    if (i < r) comm->local_rank++;
+    if (node_of[i] != node_of[r])
+      continue;
+    if (i < r)
+      comm->local_rank++;
     comm->local_size++;
   }
 }
 
 static tw_status_t pick_sm_budget(tw_comm_t comm) {
   int budget = comm->config.sm_budget;
-  if (budget == 0) budget = comm->sm_count / comm->ranks_on_device;
+  if (budget == 0)
+    budget = comm->sm_count / comm->ranks_on_device;
   if (budget < 1 || budget * comm->ranks_on_device > comm->sm_count)
     return tw_fail(TW_ERR_INVALID_ARGUMENT,
                    "sm_budget: %d SMs for each of the %d ranks sharing GPU %d does not fit its %d "
@@ -125,7 +137,8 @@ static tw_status_t pick_sm_budget(tw_comm_t comm) {
 static tw_status_t device_identity(int device, int *sm_count, uint8_t uuid[16]) {
   struct cudaDeviceProp prop;
   tw_status_t st = tw_cuda_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
-  if (st != TW_SUCCESS) return st;
+  if (st != TW_SUCCESS)
+    return st;
   *sm_count = prop.multiProcessorCount;
   memcpy(uuid, prop.uuid.bytes, 16);
   return TW_SUCCESS;
@@ -136,9 +149,12 @@ tw_status_t tw_gemm_rs_preload(void) __attribute__((weak));
 
 tw_status_t tw_preload_kernels(void) {
   tw_status_t st = tw_allgather_preload();
-  if (st == TW_SUCCESS) st = tw_gemm_preload();
-  if (st == TW_SUCCESS) st = tw_ag_gemm_preload();
-  if (st == TW_SUCCESS && tw_gemm_rs_preload) st = tw_gemm_rs_preload();
+  if (st == TW_SUCCESS)
+    st = tw_gemm_preload();
+  if (st == TW_SUCCESS)
+    st = tw_ag_gemm_preload();
+  if (st == TW_SUCCESS && tw_gemm_rs_preload)
+    st = tw_gemm_rs_preload();
   return st;
 }
 
@@ -156,7 +172,8 @@ static tw_status_t setup_rank(tw_comm_t comm) {
   pthread_mutex_lock(&g->mu);
   st = tw_heap_alloc_locked(comm, sizeof(tw_ctrl_t), &ctrl);
   pthread_mutex_unlock(&g->mu);
-  if (st != TW_SUCCESS) goto fail;
+  if (st != TW_SUCCESS)
+    goto fail;
   comm->ctrl = (tw_ctrl_t *)ctrl;
   TW_CUDA(cudaMemset(ctrl, 0, sizeof(tw_ctrl_t)));
   TW_CUDA(cudaDeviceSynchronize());
@@ -166,12 +183,14 @@ static tw_status_t setup_rank(tw_comm_t comm) {
   comm->dev.trap_on_timeout = (int32_t)tw_env_int(TW_WAIT_TRAP_ID);
   comm->dev.timeout_ns = (uint64_t)comm->config.wait_timeout_ms * 1000000ull;
   comm->dev.ctrl = comm->ctrl;
-  for (int p = 0; p < comm->world; p++) comm->dev.peer_ctrl[p] = tw_heap_peer_ptr(comm, ctrl, p);
+  for (int p = 0; p < comm->world; p++)
+    comm->dev.peer_ctrl[p] = tw_heap_peer_ptr(comm, ctrl, p);
   comm->dev.err = comm->err_dev;
   cudaSetDevice(prev);
   return TW_SUCCESS;
 fail:
-  if (prev >= 0) cudaSetDevice(prev);
+  if (prev >= 0)
+    cudaSetDevice(prev);
   return st;
 }
 
@@ -190,7 +209,8 @@ tw_status_t tw_launch_begin(tw_comm_t comm, tw_stream_t user, cudaStream_t *laun
 }
 
 tw_status_t tw_launch_end(tw_comm_t comm, tw_stream_t user) {
-  if (!comm->launch_stream) return TW_SUCCESS;
+  if (!comm->launch_stream)
+    return TW_SUCCESS;
   tw_status_t st = tw_cuda_check(cudaEventRecord(comm->launch_out, comm->launch_stream),
                                  "cudaEventRecord(rank stream)");
   if (st == TW_SUCCESS)
@@ -206,10 +226,12 @@ static tw_status_t make_launch_streams(tw_comm_t *comms, int world) {
   tw_status_t st = TW_SUCCESS;
   for (int r = 0; r < world && st == TW_SUCCESS; r++) {
     tw_comm_t c = comms[r];
-    if (c->ranks_on_device < 2) continue;
+    if (c->ranks_on_device < 2)
+      continue;
     int prev;
     st = tw_set_device(c->device, &prev);
-    if (st != TW_SUCCESS) break;
+    if (st != TW_SUCCESS)
+      break;
     st = tw_cuda_check(cudaStreamCreateWithFlags(&c->launch_stream, cudaStreamNonBlocking),
                        "cudaStreamCreate(rank stream)");
     if (st == TW_SUCCESS)
@@ -224,31 +246,41 @@ static tw_status_t make_launch_streams(tw_comm_t *comms, int world) {
 }
 
 static void release_rank(tw_comm_t comm) {
-  if (comm->ce_stream) cudaStreamDestroy(comm->ce_stream);
-  if (comm->ce_in) cudaEventDestroy(comm->ce_in);
-  if (comm->ce_done) cudaEventDestroy(comm->ce_done);
+  if (comm->ce_stream)
+    cudaStreamDestroy(comm->ce_stream);
+  if (comm->ce_in)
+    cudaEventDestroy(comm->ce_in);
+  if (comm->ce_done)
+    cudaEventDestroy(comm->ce_done);
   comm->ce_stream = NULL;
-  if (comm->launch_stream) cudaStreamDestroy(comm->launch_stream);
-  if (comm->launch_in) cudaEventDestroy(comm->launch_in);
-  if (comm->launch_out) cudaEventDestroy(comm->launch_out);
+  if (comm->launch_stream)
+    cudaStreamDestroy(comm->launch_stream);
+  if (comm->launch_in)
+    cudaEventDestroy(comm->launch_in);
+  if (comm->launch_out)
+    cudaEventDestroy(comm->launch_out);
   comm->launch_stream = NULL;
-  if (comm->err_host) cudaFreeHost(comm->err_host);
+  if (comm->err_host)
+    cudaFreeHost(comm->err_host);
   comm->err_host = NULL;
 }
 
 static void group_release(tw_group_t *g) {
   tw_heap_group_fini(g);
-  if (g->bs) tw_bootstrap_destroy(g->bs);
+  if (g->bs)
+    tw_bootstrap_destroy(g->bs);
   pthread_mutex_destroy(&g->mu);
   free(g);
 }
 
 static tw_group_t *group_new(int world) {
   tw_group_t *g = calloc(1, sizeof(*g));
-  if (!g) return NULL;
+  if (!g)
+    return NULL;
   pthread_mutex_init(&g->mu, NULL);
   g->world = world;
-  for (int r = 0; r < TW_MAX_WORLD; r++) g->device_of[r] = -1;
+  for (int r = 0; r < TW_MAX_WORLD; r++)
+    g->device_of[r] = -1;
   return g;
 }
 
@@ -265,9 +297,11 @@ tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
   TW_ARG_CHECK(world >= 1 && world <= TW_MAX_WORLD, "world: %d is outside [1, %d]", world,
                TW_MAX_WORLD);
   TW_ARG_CHECK(devices != NULL, "devices: NULL");
-  for (int r = 0; r < world; r++) comms[r] = NULL;
+  for (int r = 0; r < world; r++)
+    comms[r] = NULL;
   st = resolve_config(user_cfg, &cfg);
-  if (st != TW_SUCCESS) return st;
+  if (st != TW_SUCCESS)
+    return st;
   for (int r = 0; r < world; r++) {
     st = tw_check_device(devices[r]);
     if (st != TW_SUCCESS) {
@@ -275,16 +309,19 @@ tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
       return st;
     }
     st = device_identity(devices[r], &sm_count[r], uuid[r]);
-    if (st != TW_SUCCESS) return st;
+    if (st != TW_SUCCESS)
+      return st;
   }
   /* Distinct GPUs must reach each other. */
   for (int r = 0; r < world; r++) {
     for (int p = 0; p < world; p++) {
-      if (devices[r] == devices[p]) continue;
+      if (devices[r] == devices[p])
+        continue;
       int can = 0;
       st = tw_cuda_check(cudaDeviceCanAccessPeer(&can, devices[r], devices[p]),
                          "cudaDeviceCanAccessPeer");
-      if (st != TW_SUCCESS) return st;
+      if (st != TW_SUCCESS)
+        return st;
       if (!can)
         return tw_fail(TW_ERR_NOT_SUPPORTED,
                        "devices: GPU %d (rank %d) cannot access GPU %d (rank %d): no peer access "
@@ -293,11 +330,13 @@ tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
     }
   }
   g = group_new(world);
-  if (!g) return tw_fail(TW_ERR_SYSTEM, "out of host memory");
+  if (!g)
+    return tw_fail(TW_ERR_SYSTEM, "out of host memory");
   g->nlocal = world;
   for (int r = 0; r < world; r++) {
     comms[r] = calloc(1, sizeof(struct tw_comm));
-    if (!comms[r]) TW_FAIL(TW_ERR_SYSTEM, "out of host memory");
+    if (!comms[r])
+      TW_FAIL(TW_ERR_SYSTEM, "out of host memory");
     tw_comm_t c = comms[r];
     c->group = g;
     c->rank = r;
@@ -305,7 +344,8 @@ tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
     c->device = devices[r];
     c->config = cfg;
     c->sm_count = sm_count[r];
-    for (int p = 0; p < world; p++) c->ranks_on_device += memcmp(uuid[p], uuid[r], 16) == 0;
+    for (int p = 0; p < world; p++)
+      c->ranks_on_device += memcmp(uuid[p], uuid[r], 16) == 0;
     TW_CHECK(pick_sm_budget(c));
     tw_assign_nodes(c, host_of, cfg.ranks_per_node);
     g->local[r] = c;
@@ -319,10 +359,12 @@ tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
     TW_CUDA(cudaFree(0)); /* create the primary context before cuMem calls */
     st = tw_preload_kernels();
     cudaSetDevice(prev);
-    if (st != TW_SUCCESS) goto fail;
+    if (st != TW_SUCCESS)
+      goto fail;
   }
   TW_CHECK(tw_heap_group_init(g, cfg.heap_bytes));
-  for (int r = 0; r < world; r++) TW_CHECK(setup_rank(comms[r]));
+  for (int r = 0; r < world; r++)
+    TW_CHECK(setup_rank(comms[r]));
   TW_CHECK(make_launch_streams(comms, world));
   if (comms[0]->ranks_on_device > 8 && !getenv("CUDA_DEVICE_MAX_CONNECTIONS"))
     TW_WARN("%d ranks share GPU %d: set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts, or "
@@ -334,7 +376,8 @@ tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
 fail:
   if (g) {
     for (int r = 0; r < world; r++) {
-      if (!comms[r]) continue;
+      if (!comms[r])
+        continue;
       pthread_mutex_lock(&g->mu);
       tw_heap_free_all_locked(comms[r]);
       pthread_mutex_unlock(&g->mu);
@@ -369,24 +412,30 @@ tw_status_t tw_comm_init_rank(tw_comm_t *out, int world, tw_unique_id_t id, int 
                TW_MAX_WORLD);
   TW_ARG_CHECK(rank >= 0 && rank < world, "rank: %d is outside [0, world=%d)", rank, world);
   st = resolve_config(user_cfg, &cfg);
-  if (st != TW_SUCCESS) return st;
+  if (st != TW_SUCCESS)
+    return st;
   st = tw_cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  if (st != TW_SUCCESS) return st;
+  if (st != TW_SUCCESS)
+    return st;
   st = tw_check_device(device);
-  if (st != TW_SUCCESS) return st;
+  if (st != TW_SUCCESS)
+    return st;
   memset(&self, 0, sizeof(self));
   self.rank = rank;
   self.pid = (int32_t)getpid();
   self.cuda_device = device;
   st = device_identity(device, &self.sm_count, self.gpu_uuid);
-  if (st != TW_SUCCESS) return st;
+  if (st != TW_SUCCESS)
+    return st;
   g = group_new(world);
-  if (!g) return tw_fail(TW_ERR_SYSTEM, "out of host memory");
+  if (!g)
+    return tw_fail(TW_ERR_SYSTEM, "out of host memory");
   g->nlocal = 1;
   TW_CHECK(tw_bootstrap_init(&g->bs, &id, rank, world, cfg.bootstrap_timeout_ms, &self));
   const tw_peer_info_t *peers = tw_bootstrap_peers(g->bs);
   c = calloc(1, sizeof(*c));
-  if (!c) TW_FAIL(TW_ERR_SYSTEM, "out of host memory");
+  if (!c)
+    TW_FAIL(TW_ERR_SYSTEM, "out of host memory");
   c->group = g;
   c->rank = rank;
   c->world = world;
@@ -396,8 +445,7 @@ tw_status_t tw_comm_init_rank(tw_comm_t *out, int world, tw_unique_id_t id, int 
   for (int p = 0; p < world; p++) {
     host_of[p] = peers[p].host_hash;
     g->mappable[p] = peers[p].host_hash == peers[rank].host_hash;
-    c->ranks_on_device +=
-        g->mappable[p] && memcmp(peers[p].gpu_uuid, self.gpu_uuid, 16) == 0;
+    c->ranks_on_device += g->mappable[p] && memcmp(peers[p].gpu_uuid, self.gpu_uuid, 16) == 0;
   }
   TW_CHECK(pick_sm_budget(c));
   tw_assign_nodes(c, host_of, cfg.ranks_per_node);
@@ -420,16 +468,19 @@ fail:
     release_rank(c);
     free(c);
   }
-  if (g) group_release(g);
+  if (g)
+    group_release(g);
   tw_error_prefix("rank %d of %d", rank, world);
   return st;
 }
 
 tw_status_t tw_comm_destroy(tw_comm_t comm) {
   tw_error_clear();
-  if (!comm) return tw_fail(TW_ERR_INVALID_ARGUMENT, "comm: NULL");
+  if (!comm)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "comm: NULL");
   tw_group_t *g = comm->group;
-  if (!g) return tw_fail(TW_ERR_INVALID_ARGUMENT, "comm: already destroyed");
+  if (!g)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "comm: already destroyed");
   int prev;
   if (tw_set_device(comm->device, &prev) == TW_SUCCESS) {
     cudaDeviceSynchronize();
@@ -443,15 +494,18 @@ tw_status_t tw_comm_destroy(tw_comm_t comm) {
   release_rank(comm);
   comm->group = NULL;
   free(comm);
-  if (last) group_release(g);
+  if (last)
+    group_release(g);
   return TW_SUCCESS;
 }
 
 #define COMM_QUERY(fn, field)                                                                      \
   tw_status_t fn(tw_comm_t comm, int *value) {                                                     \
     tw_status_t st = tw_comm_check(comm);                                                          \
-    if (st == TW_SUCCESS && !value) st = tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: NULL output", #fn); \
-    if (st != TW_SUCCESS) return tw_comm_result(comm, st);                                         \
+    if (st == TW_SUCCESS && !value)                                                                \
+      st = tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: NULL output", #fn);                               \
+    if (st != TW_SUCCESS)                                                                          \
+      return tw_comm_result(comm, st);                                                             \
     *value = comm->field;                                                                          \
     return TW_SUCCESS;                                                                             \
   }
@@ -466,28 +520,33 @@ COMM_QUERY(tw_comm_sm_budget, sm_budget)
 #undef COMM_QUERY
 
 const char *tw_comm_last_error(tw_comm_t comm) {
-  if (!comm) return "comm: NULL";
+  if (!comm)
+    return "comm: NULL";
   return comm->last_error;
 }
 
 static const char *channel_name(int ch) {
-  static const char *names[TW_NUM_CHANNELS] = {"barrier", "allgather", "ag_gemm",
-                                               "gemm_rs", "gemm_ar",   "moe",
-                                               "attention", "test",    "ag_gemm (copy engine)"};
+  static const char *names[TW_NUM_CHANNELS] = {"barrier",   "allgather", "ag_gemm",
+                                               "gemm_rs",   "gemm_ar",   "moe",
+                                               "attention", "test",      "ag_gemm (copy engine)"};
   return (ch >= 0 && ch < TW_NUM_CHANNELS) ? names[ch] : "unknown";
 }
 
 tw_status_t tw_comm_async_error(tw_comm_t comm, tw_status_t *async_status) {
   tw_status_t st = tw_comm_check(comm);
-  if (st == TW_SUCCESS && !async_status) st = tw_fail(TW_ERR_INVALID_ARGUMENT, "async_status: NULL");
-  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  if (st == TW_SUCCESS && !async_status)
+    st = tw_fail(TW_ERR_INVALID_ARGUMENT, "async_status: NULL");
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
   const volatile tw_err_block_t *e = comm->err_host;
   uint32_t code = e->status;
   *async_status = (tw_status_t)code;
-  if (code == TW_SUCCESS) return TW_SUCCESS;
+  if (code == TW_SUCCESS)
+    return TW_SUCCESS;
   __sync_synchronize();
   char peer[32] = "unknown";
-  if (e->peer >= 0) snprintf(peer, sizeof(peer), "%d", e->peer);
+  if (e->peer >= 0)
+    snprintf(peer, sizeof(peer), "%d", e->peer);
   snprintf(comm->last_error, sizeof(comm->last_error),
            "%s: rank %d, op %s, block %d, item %d: waited for flag at %#llx (control-block offset "
            "%#llx) to reach %llu, last saw %llu; peer expected to signal: %s; wait bound %d ms "
@@ -501,13 +560,17 @@ tw_status_t tw_comm_async_error(tw_comm_t comm, tw_status_t *async_status) {
 
 tw_status_t tw_mem_alloc(tw_comm_t comm, size_t bytes, void **ptr) {
   tw_status_t st = tw_comm_check(comm);
-  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
-  if (!ptr) return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "ptr: NULL"));
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
+  if (!ptr)
+    return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "ptr: NULL"));
   *ptr = NULL;
-  if (bytes == 0) return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "bytes: 0"));
+  if (bytes == 0)
+    return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "bytes: 0"));
   int prev;
   st = tw_set_device(comm->device, &prev);
-  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
   pthread_mutex_lock(&comm->group->mu);
   st = tw_heap_alloc_locked(comm, bytes, ptr);
   pthread_mutex_unlock(&comm->group->mu);
@@ -517,8 +580,10 @@ tw_status_t tw_mem_alloc(tw_comm_t comm, size_t bytes, void **ptr) {
 
 tw_status_t tw_mem_free(tw_comm_t comm, void *ptr) {
   tw_status_t st = tw_comm_check(comm);
-  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
-  if (!ptr) return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "ptr: NULL"));
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
+  if (!ptr)
+    return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "ptr: NULL"));
   if (ptr == (void *)comm->ctrl)
     return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT,
                                         "ptr: %p is the comm's control block, not a tw_mem_alloc "
@@ -532,14 +597,16 @@ tw_status_t tw_mem_free(tw_comm_t comm, void *ptr) {
 
 tw_status_t tw_mem_peer_ptrs(tw_comm_t comm, const void *ptr, void *const **peer_ptrs_device) {
   tw_status_t st = tw_comm_check(comm);
-  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
   if (!peer_ptrs_device)
     return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "peer_ptrs_device: NULL"));
   tw_alloc_t *a = NULL;
   st = tw_heap_lookup(comm, ptr, 1, "ptr", &a);
-  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
-  uintptr_t base = (uintptr_t)comm->group->va_base + (uintptr_t)comm->rank * comm->group->heap_va +
-                   a->offset;
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
+  uintptr_t base =
+      (uintptr_t)comm->group->va_base + (uintptr_t)comm->rank * comm->group->heap_va + a->offset;
   if ((uintptr_t)ptr != base)
     return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT,
                                         "ptr: %p is %zu bytes inside its allocation; the device "
@@ -551,13 +618,16 @@ tw_status_t tw_mem_peer_ptrs(tw_comm_t comm, const void *ptr, void *const **peer
 
 tw_status_t tw_mem_peer_ptr(tw_comm_t comm, const void *ptr, int peer, void **peer_ptr) {
   tw_status_t st = tw_comm_check(comm);
-  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
-  if (!peer_ptr) return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "peer_ptr: NULL"));
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
+  if (!peer_ptr)
+    return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "peer_ptr: NULL"));
   if (peer < 0 || peer >= comm->world)
-    return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "peer: %d is outside [0, %d)",
-                                        peer, comm->world));
+    return tw_comm_result(
+        comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "peer: %d is outside [0, %d)", peer, comm->world));
   st = tw_heap_lookup(comm, ptr, 1, "ptr", NULL);
-  if (st != TW_SUCCESS) return tw_comm_result(comm, st);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
   *peer_ptr = tw_heap_peer_ptr(comm, ptr, peer);
   if (!*peer_ptr)
     return tw_comm_result(comm, tw_fail(TW_ERR_NOT_SUPPORTED,

@@ -32,13 +32,13 @@ extern "C" {
 
 typedef struct tw_alloc {
   struct tw_alloc *next;
-  uint64_t seq;  /* allocation number, the same on every rank */
-  size_t offset; /* in every rank's heap */
-  size_t size;   /* rounded to the granularity */
-  size_t bytes;  /* as asked */
+  uint64_t seq;                                      /* allocation number, the same on every rank */
+  size_t offset;                                     /* in every rank's heap */
+  size_t size;                                       /* rounded to the granularity */
+  size_t bytes;                                      /* as asked */
   CUmemGenericAllocationHandle handle[TW_MAX_WORLD]; /* mapped in this process; 0 = none */
   uint8_t mapped[TW_MAX_WORLD];
-  uint8_t freed[TW_MAX_WORLD]; /* local ranks that called tw_mem_free */
+  uint8_t freed[TW_MAX_WORLD];     /* local ranks that called tw_mem_free */
   void **peer_table[TW_MAX_WORLD]; /* per local rank: device array of world peer pointers */
 } tw_alloc_t;
 
@@ -73,9 +73,9 @@ struct tw_comm {
   int sm_count;        /* SMs of the device */
   int ranks_on_device; /* ranks sharing this GPU, this one included */
   int sm_budget;
-  tw_config_t config;  /* effective (defaults resolved) */
-  uint64_t alloc_seq;  /* tw_mem_alloc calls made by this rank */
-  tw_ctrl_t *ctrl;     /* this rank's control block (symmetric offset 0) */
+  tw_config_t config; /* effective (defaults resolved) */
+  uint64_t alloc_seq; /* tw_mem_alloc calls made by this rank */
+  tw_ctrl_t *ctrl;    /* this rank's control block (symmetric offset 0) */
   tw_err_block_t *err_host;
   tw_err_block_t *err_dev;
   tw_dev_comm_t dev; /* handed to kernels by value */

@@ -3,7 +3,8 @@
 #include "status.h"
 
 tw_status_t tw_cuda_check(cudaError_t err, const char *what) {
-  if (err == cudaSuccess) return TW_SUCCESS;
+  if (err == cudaSuccess)
+    return TW_SUCCESS;
   tw_status_t st = TW_ERR_CUDA;
   switch (err) {
   case cudaErrorNoDevice:
@@ -24,9 +25,11 @@ tw_status_t tw_check_device(int device) {
   if (device < 0 || device >= count)
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "device: %d is outside [0, %d)", device, count);
   int major = 0, minor = 0;
-  tw_status_t st = tw_cuda_check(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "compute capability");
-  if (st != TW_SUCCESS) return st;
+  tw_status_t st =
+      tw_cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+                    "compute capability");
+  if (st != TW_SUCCESS)
+    return st;
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (major != 9)
     return tw_fail(TW_ERR_UNSUPPORTED_DEVICE,
@@ -38,13 +41,17 @@ tw_status_t tw_check_device(int device) {
 tw_status_t tw_sm_exclusive_smem(const void *kernel, int *smem_bytes) {
   int device = 0, per_sm = 0, optin = 0;
   tw_status_t st = tw_cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  if (st != TW_SUCCESS) return st;
+  if (st != TW_SUCCESS)
+    return st;
   cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   int bytes = per_sm / 2 + 1024;
-  if (bytes > optin) bytes = optin;
-  st = tw_cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-                     "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-  if (st == TW_SUCCESS) *smem_bytes = bytes;
+  if (bytes > optin)
+    bytes = optin;
+  st = tw_cuda_check(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+      "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  if (st == TW_SUCCESS)
+    *smem_bytes = bytes;
   return st;
 }

@@ -30,7 +30,7 @@ typedef enum tw_channel {
   TW_CH_GEMM_AR = 4,
   TW_CH_MOE = 5,
   TW_CH_ATTN = 6,
-  TW_CH_TEST = 7, /* tests that drive the primitives directly */
+  TW_CH_TEST = 7,       /* tests that drive the primitives directly */
   TW_CH_AG_GEMM_CE = 8, /* tw_ag_gemm, copy-engine mode: epochs counted on the host */
   TW_NUM_CHANNELS = 9
 } tw_channel_t;
@@ -65,8 +65,8 @@ typedef struct tw_err_block {
   uint64_t flag_addr;
   uint64_t expected;
   uint64_t seen;
-  int32_t block;            /* blockIdx.x of the waiter */
-  int32_t what;             /* op-specific: chunk or tile index */
+  int32_t block; /* blockIdx.x of the waiter */
+  int32_t what;  /* op-specific: chunk or tile index */
 } tw_err_block_t;
 
 /* Everything a kernel needs to signal and wait, passed by value. */
@@ -76,9 +76,9 @@ typedef struct tw_dev_comm {
   int32_t trap_on_timeout;
   int32_t pad;
   uint64_t timeout_ns;
-  tw_ctrl_t *ctrl;                      /* this rank's control block */
-  tw_ctrl_t *peer_ctrl[TW_MAX_WORLD];   /* peers' control blocks (NULL: not load/store reachable) */
-  tw_err_block_t *err;                  /* host-mapped */
+  tw_ctrl_t *ctrl;                    /* this rank's control block */
+  tw_ctrl_t *peer_ctrl[TW_MAX_WORLD]; /* peers' control blocks (NULL: not load/store reachable) */
+  tw_err_block_t *err;                /* host-mapped */
 } tw_dev_comm_t;
 
 #ifdef __cplusplus

@@ -58,15 +58,18 @@ static void resolve_all(void) {
 
 tw_status_t tw_driver(const tw_driver_api_t **out) {
   pthread_once(&api_once, resolve_all);
-  if (api_status != TW_SUCCESS) return tw_fail(api_status, "%s", api_error);
+  if (api_status != TW_SUCCESS)
+    return tw_fail(api_status, "%s", api_error);
   *out = &api;
   return TW_SUCCESS;
 }
 
 tw_status_t tw_cu_check(CUresult res, const char *what) {
-  if (res == CUDA_SUCCESS) return TW_SUCCESS;
+  if (res == CUDA_SUCCESS)
+    return TW_SUCCESS;
   const char *text = "unknown error";
-  if (api_status == TW_SUCCESS) api.cuGetErrorString(res, &text);
+  if (api_status == TW_SUCCESS)
+    api.cuGetErrorString(res, &text);
   tw_status_t st = res == CUDA_ERROR_OUT_OF_MEMORY ? TW_ERR_OUT_OF_MEMORY
                    : (res == CUDA_ERROR_NO_DEVICE || res == CUDA_ERROR_NOT_INITIALIZED)
                        ? TW_ERR_NO_DEVICE

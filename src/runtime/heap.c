@@ -1,6 +1,6 @@
 /* Symmetric heap: cuMem VMM allocations mapped at the same offset in every rank's slot. */
-#include <string.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
@@ -28,18 +28,24 @@ static void *slot_ptr(const tw_group_t *g, int rank, size_t offset) {
 tw_status_t tw_heap_group_init(tw_group_t *g, size_t heap_va) {
   const tw_driver_api_t *cu;
   tw_status_t st = tw_driver(&cu);
-  if (st != TW_SUCCESS) return st;
+  if (st != TW_SUCCESS)
+    return st;
   size_t gran = 0;
   for (int r = 0; r < g->world; r++) {
-    if (g->device_of[r] < 0) continue;
+    if (g->device_of[r] < 0)
+      continue;
     CUmemAllocationProp prop = alloc_prop(g->device_of[r], g->bs != NULL);
     size_t rg = 0;
-    st = tw_cu_check(cu->cuMemGetAllocationGranularity(&rg, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
-                     "cuMemGetAllocationGranularity");
-    if (st != TW_SUCCESS) return st;
-    if (rg > gran) gran = rg;
+    st = tw_cu_check(
+        cu->cuMemGetAllocationGranularity(&rg, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+        "cuMemGetAllocationGranularity");
+    if (st != TW_SUCCESS)
+      return st;
+    if (rg > gran)
+      gran = rg;
   }
-  if (gran == 0) gran = 2u << 20;
+  if (gran == 0)
+    gran = 2u << 20;
   g->granularity = gran;
   g->heap_va = (heap_va + gran - 1) / gran * gran;
   st = tw_cu_check(cu->cuMemAddressReserve(&g->va_base, g->heap_va * (size_t)g->world, gran, 0, 0),
@@ -54,7 +60,8 @@ tw_status_t tw_heap_group_init(tw_group_t *g, size_t heap_va) {
 
 void tw_heap_group_fini(tw_group_t *g) {
   const tw_driver_api_t *cu;
-  if (!g->va_base || tw_driver(&cu) != TW_SUCCESS) return;
+  if (!g->va_base || tw_driver(&cu) != TW_SUCCESS)
+    return;
   cu->cuMemAddressFree(g->va_base, g->heap_va * (size_t)g->world);
   g->va_base = 0;
 }
@@ -63,14 +70,17 @@ void tw_heap_group_fini(tw_group_t *g) {
  * of calls, so every rank gets the same offset (checked for multi-process). */
 static int take_range(tw_group_t *g, size_t size, size_t *offset) {
   for (int i = 0; i < g->nfree; i++) {
-    if (g->free_ranges[i].size < size) continue;
+    if (g->free_ranges[i].size < size)
+      continue;
     *offset = g->free_ranges[i].offset;
     g->free_ranges[i].offset += size;
     g->free_ranges[i].size -= size;
-    if (g->free_ranges[i].size == 0) g->free_ranges[i] = g->free_ranges[--g->nfree];
+    if (g->free_ranges[i].size == 0)
+      g->free_ranges[i] = g->free_ranges[--g->nfree];
     return 0;
   }
-  if (g->bump + size > g->heap_va) return -1;
+  if (g->bump + size > g->heap_va)
+    return -1;
   *offset = g->bump;
   g->bump += size;
   return 0;
@@ -102,10 +112,13 @@ static void give_range(tw_group_t *g, size_t offset, size_t size) {
 
 static void destroy_alloc(tw_group_t *g, tw_alloc_t *a) {
   const tw_driver_api_t *cu;
-  if (tw_driver(&cu) != TW_SUCCESS) return;
+  if (tw_driver(&cu) != TW_SUCCESS)
+    return;
   for (int r = 0; r < g->world; r++) {
-    if (a->mapped[r]) cu->cuMemUnmap((CUdeviceptr)(uintptr_t)slot_ptr(g, r, a->offset), a->size);
-    if (a->handle[r]) cu->cuMemRelease(a->handle[r]);
+    if (a->mapped[r])
+      cu->cuMemUnmap((CUdeviceptr)(uintptr_t)slot_ptr(g, r, a->offset), a->size);
+    if (a->handle[r])
+      cu->cuMemRelease(a->handle[r]);
     if (a->peer_table[r]) {
       int prev;
       if (tw_set_device(g->device_of[r], &prev) == TW_SUCCESS) {
@@ -128,7 +141,8 @@ static tw_status_t create_alloc(tw_comm_t comm, size_t bytes, tw_alloc_t **out) 
   tw_alloc_t *a = NULL;
   TW_CHECK(tw_driver(&cu));
   a = calloc(1, sizeof(*a));
-  if (!a) TW_FAIL(TW_ERR_SYSTEM, "out of host memory");
+  if (!a)
+    TW_FAIL(TW_ERR_SYSTEM, "out of host memory");
   a->seq = comm->alloc_seq;
   a->bytes = bytes;
   a->size = (bytes + g->granularity - 1) / g->granularity * g->granularity;
@@ -144,7 +158,8 @@ static tw_status_t create_alloc(tw_comm_t comm, size_t bytes, tw_alloc_t **out) 
   if (g->bs) {
     /* Every process must have picked the same offset: check, then swap fds. */
     uint64_t *mine = calloc((size_t)g->world * 3, sizeof(uint64_t));
-    if (!mine) TW_FAIL(TW_ERR_SYSTEM, "out of host memory");
+    if (!mine)
+      TW_FAIL(TW_ERR_SYSTEM, "out of host memory");
     mine[comm->rank * 3 + 0] = a->seq;
     mine[comm->rank * 3 + 1] = a->offset;
     mine[comm->rank * 3 + 2] = a->bytes;
@@ -163,27 +178,32 @@ static tw_status_t create_alloc(tw_comm_t comm, size_t bytes, tw_alloc_t **out) 
       }
     }
     free(mine);
-    if (st != TW_SUCCESS) goto fail;
+    if (st != TW_SUCCESS)
+      goto fail;
   }
   for (int r = 0; r < g->world; r++) {
-    if (!g->local[r]) continue;
+    if (!g->local[r])
+      continue;
     CUmemAllocationProp prop = alloc_prop(g->device_of[r], g->bs != NULL);
     TW_CHECK(tw_cu_check(cu->cuMemCreate(&a->handle[r], a->size, &prop, 0), "cuMemCreate"));
   }
   if (g->bs) {
     fds = malloc(sizeof(int) * (size_t)g->world);
     uint8_t to[TW_MAX_WORLD] = {0};
-    if (!fds) TW_FAIL(TW_ERR_SYSTEM, "out of host memory");
+    if (!fds)
+      TW_FAIL(TW_ERR_SYSTEM, "out of host memory");
     for (int r = 0; r < g->world; r++) {
       fds[r] = -1;
       to[r] = g->mappable[r] && r != comm->rank;
     }
-    TW_CHECK(tw_cu_check(cu->cuMemExportToShareableHandle(&my_fd, a->handle[comm->rank],
-                                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-                         "cuMemExportToShareableHandle"));
+    TW_CHECK(
+        tw_cu_check(cu->cuMemExportToShareableHandle(&my_fd, a->handle[comm->rank],
+                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                    "cuMemExportToShareableHandle"));
     TW_CHECK(tw_bootstrap_exchange_fds(g->bs, my_fd, to, to, a->seq, fds));
     for (int r = 0; r < g->world; r++) {
-      if (fds[r] < 0) continue;
+      if (fds[r] < 0)
+        continue;
       st = tw_cu_check(cu->cuMemImportFromShareableHandle(&a->handle[r], (void *)(uintptr_t)fds[r],
                                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
                        "cuMemImportFromShareableHandle");
@@ -199,17 +219,21 @@ static tw_status_t create_alloc(tw_comm_t comm, size_t bytes, tw_alloc_t **out) 
   CUmemAccessDesc access[TW_MAX_WORLD];
   int naccess = 0;
   for (int r = 0; r < g->world; r++) {
-    if (!g->local[r]) continue;
+    if (!g->local[r])
+      continue;
     int dup = 0;
-    for (int i = 0; i < naccess; i++) dup |= access[i].location.id == g->device_of[r];
-    if (dup) continue;
+    for (int i = 0; i < naccess; i++)
+      dup |= access[i].location.id == g->device_of[r];
+    if (dup)
+      continue;
     access[naccess].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access[naccess].location.id = g->device_of[r];
     access[naccess].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     naccess++;
   }
   for (int r = 0; r < g->world; r++) {
-    if (!a->handle[r]) continue;
+    if (!a->handle[r])
+      continue;
     CUdeviceptr va = (CUdeviceptr)(uintptr_t)slot_ptr(g, r, a->offset);
     TW_CHECK(tw_cu_check(cu->cuMemMap(va, a->size, 0, a->handle[r], 0), "cuMemMap"));
     a->mapped[r] = 1;
@@ -223,9 +247,11 @@ static tw_status_t create_alloc(tw_comm_t comm, size_t bytes, tw_alloc_t **out) 
   }
   /* Device-visible peer tables, one per local rank. */
   for (int r = 0; r < g->world; r++) {
-    if (!g->local[r]) continue;
+    if (!g->local[r])
+      continue;
     void *host_table[TW_MAX_WORLD];
-    for (int p = 0; p < g->world; p++) host_table[p] = a->mapped[p] ? slot_ptr(g, p, a->offset) : NULL;
+    for (int p = 0; p < g->world; p++)
+      host_table[p] = a->mapped[p] ? slot_ptr(g, p, a->offset) : NULL;
     int prev;
     TW_CHECK(tw_set_device(g->device_of[r], &prev));
     st = tw_cuda_check(cudaMalloc((void **)&a->peer_table[r], sizeof(void *) * (size_t)g->world),
@@ -235,22 +261,27 @@ static tw_status_t create_alloc(tw_comm_t comm, size_t bytes, tw_alloc_t **out) 
                                     cudaMemcpyHostToDevice),
                          "cudaMemcpy(peer table)");
     cudaSetDevice(prev);
-    if (st != TW_SUCCESS) goto fail;
+    if (st != TW_SUCCESS)
+      goto fail;
   }
-  if (my_fd >= 0) close(my_fd);
+  if (my_fd >= 0)
+    close(my_fd);
   free(fds);
   a->next = g->allocs;
   g->allocs = a;
   *out = a;
   return TW_SUCCESS;
 fail:
-  if (my_fd >= 0) close(my_fd);
+  if (my_fd >= 0)
+    close(my_fd);
   if (fds) {
     for (int r = 0; r < g->world; r++)
-      if (fds[r] >= 0) close(fds[r]);
+      if (fds[r] >= 0)
+        close(fds[r]);
     free(fds);
   }
-  if (a) destroy_alloc(g, a);
+  if (a)
+    destroy_alloc(g, a);
   return st;
 }
 
@@ -259,7 +290,8 @@ tw_status_t tw_heap_alloc_locked(tw_comm_t comm, size_t bytes, void **ptr) {
   tw_alloc_t *a;
   tw_status_t st = TW_SUCCESS;
   for (a = g->allocs; a; a = a->next)
-    if (a->seq == comm->alloc_seq) break;
+    if (a->seq == comm->alloc_seq)
+      break;
   if (a) {
     /* Another rank of this process made this allocation already. */
     if (a->bytes != bytes)
@@ -269,7 +301,8 @@ tw_status_t tw_heap_alloc_locked(tw_comm_t comm, size_t bytes, void **ptr) {
                      comm->rank, bytes, (unsigned long long)a->seq, a->bytes);
   } else {
     st = create_alloc(comm, bytes, &a);
-    if (st != TW_SUCCESS) return st;
+    if (st != TW_SUCCESS)
+      return st;
   }
   comm->alloc_seq++;
   *ptr = slot_ptr(g, comm->rank, a->offset);
@@ -280,7 +313,8 @@ static tw_alloc_t *find_by_base(tw_group_t *g, int rank, const void *ptr, tw_all
   tw_alloc_t *prev = NULL;
   for (tw_alloc_t *a = g->allocs; a; prev = a, a = a->next) {
     if (slot_ptr(g, rank, a->offset) == ptr) {
-      if (prev_out) *prev_out = prev;
+      if (prev_out)
+        *prev_out = prev;
       return a;
     }
   }
@@ -289,7 +323,8 @@ static tw_alloc_t *find_by_base(tw_group_t *g, int rank, const void *ptr, tw_all
 
 static int all_local_freed(const tw_group_t *g, const tw_alloc_t *a) {
   for (int r = 0; r < g->world; r++)
-    if (g->local[r] && !a->freed[r]) return 0;
+    if (g->local[r] && !a->freed[r])
+      return 0;
   return 1;
 }
 
@@ -305,13 +340,14 @@ tw_status_t tw_heap_free_locked(tw_comm_t comm, void *ptr) {
   tw_alloc_t *prev = NULL;
   tw_alloc_t *a = find_by_base(g, comm->rank, ptr, &prev);
   if (!a || a->freed[comm->rank])
-    return tw_fail(TW_ERR_INVALID_ARGUMENT,
-                   "ptr: %p is not a live tw_mem_alloc pointer of rank %d", ptr, comm->rank);
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "ptr: %p is not a live tw_mem_alloc pointer of rank %d",
+                   ptr, comm->rank);
   a->freed[comm->rank] = 1;
   if (all_local_freed(g, a)) {
     /* No kernel of this process may still use it. */
     for (int r = 0; r < g->world; r++) {
-      if (!g->local[r] || g->local[r] == NULL) continue;
+      if (!g->local[r] || g->local[r] == NULL)
+        continue;
       int prev_dev;
       if (tw_set_device(g->device_of[r], &prev_dev) == TW_SUCCESS) {
         cudaDeviceSynchronize();
@@ -326,7 +362,8 @@ tw_status_t tw_heap_free_locked(tw_comm_t comm, void *ptr) {
 
 void tw_heap_free_all_locked(tw_comm_t comm) {
   tw_group_t *g = comm->group;
-  for (tw_alloc_t *a = g->allocs; a; a = a->next) a->freed[comm->rank] = 1;
+  for (tw_alloc_t *a = g->allocs; a; a = a->next)
+    a->freed[comm->rank] = 1;
   tw_alloc_t *prev = NULL, *a = g->allocs;
   while (a) {
     tw_alloc_t *next = a->next;
@@ -366,7 +403,8 @@ tw_status_t tw_heap_lookup(const struct tw_comm *comm, const void *ptr, size_t b
                      "allocation",
                      arg_name, bytes, (size_t)(p - base), a->bytes);
       } else {
-        if (alloc_out) *alloc_out = a;
+        if (alloc_out)
+          *alloc_out = a;
         st = TW_SUCCESS;
       }
       break;

@@ -34,7 +34,8 @@ int tw_test_require_hopper(void) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
-    printf("SKIP: no CUDA device (%s)\n", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    printf("SKIP: no CUDA device (%s)\n",
+           err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
     exit(77);
   }
   struct cudaDeviceProp prop;
@@ -48,17 +49,21 @@ int tw_test_require_hopper(void) {
 int tw_test_devices(int world, int *devices) {
   int count = 1;
   const char *mode = getenv("TW_TEST_DEVICES");
-  if (mode && strcmp(mode, "distinct") == 0 && (cudaGetDeviceCount(&count) != cudaSuccess || count < 1))
+  if (mode && strcmp(mode, "distinct") == 0 &&
+      (cudaGetDeviceCount(&count) != cudaSuccess || count < 1))
     count = 1;
-  if (!mode || strcmp(mode, "distinct") != 0) count = 1;
-  for (int r = 0; r < world; r++) devices[r] = r % count;
+  if (!mode || strcmp(mode, "distinct") != 0)
+    count = 1;
+  for (int r = 0; r < world; r++)
+    devices[r] = r % count;
   return world > 1 && count > 1;
 }
 
 void tw_test_sync_devices(const int *devices, int world) {
   for (int r = 0; r < world; r++) {
     cudaError_t e = cudaSetDevice(devices[r]);
-    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e == cudaSuccess)
+      e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {
       fprintf(stderr, "FATAL: rank %d's device %d: %s\n", r, devices[r], cudaGetErrorString(e));
       exit(1);

@@ -38,7 +38,8 @@ extern int tw_test_failed;
   } while (0)
 
 /* Expects a tilewire call to fail with `status` and a message containing `needle`. */
-#define TEST_TW_FAILS(call, status, needle) tw_test_expect_failure((call), (status), (needle), #call, __FILE__, __LINE__)
+#define TEST_TW_FAILS(call, status, needle)                                                        \
+  tw_test_expect_failure((call), (status), (needle), #call, __FILE__, __LINE__)
 void tw_test_expect_failure(tw_status_t got, tw_status_t want, const char *needle, const char *expr,
                             const char *file, int line);
 
@@ -85,8 +86,10 @@ void tw_test_count_diff_async(const void *a, const void *b, size_t bytes,
 void tw_test_poison(void *dst, size_t bytes, tw_stream_t stream);
 /* Number of differing bytes between two device buffers (synchronises). */
 size_t tw_test_count_diff(const void *a, const void *b, size_t bytes);
-/* Max |a-b| / max(|b|) over n elements of bf16 a and fp32/bf16 ref, with NaN counted (synchronises). */
-double tw_test_rel_err_bf16(const void *a, const void *ref, int ref_is_fp32, size_t n, size_t *nan_count);
+/* Max |a-b| / max(|b|) over n elements of bf16 a and fp32/bf16 ref, with NaN counted
+ * (synchronises). */
+double tw_test_rel_err_bf16(const void *a, const void *ref, int ref_is_fp32, size_t n,
+                            size_t *nan_count);
 
 /* Captures into one CUDA graph: prologue(ctx) (may be NULL) on streams[0], then the work
  * fn(ctx) enqueues on streams[0..n) (one device): streams 1..n-1 fork from streams[0] after

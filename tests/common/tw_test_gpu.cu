@@ -15,7 +15,8 @@ static __device__ uint64_t mix64(uint64_t x) {
 }
 
 static __global__ void fill_bf16_kernel(__nv_bfloat16 *dst, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
     uint64_t r = mix64(seed * 0x9E3779B97F4A7C15ULL + i);
     float u = (float)(r >> 40) * (1.0f / 16777216.0f);
     dst[i] = __float2bfloat16(2.0f * u - 1.0f);
@@ -23,7 +24,8 @@ static __global__ void fill_bf16_kernel(__nv_bfloat16 *dst, size_t n, uint64_t s
 }
 
 static __global__ void fill_bytes_kernel(uint8_t *dst, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
     dst[i] = (uint8_t)(mix64(seed * 0x9E3779B97F4A7C15ULL + i) >> 56);
 }
 
@@ -42,23 +44,27 @@ extern "C" void tw_test_poison(void *dst, size_t bytes, tw_stream_t stream) {
 static __global__ void count_diff_kernel(const uint8_t *a, const uint8_t *b, size_t n,
                                          unsigned long long *count) {
   unsigned long long local = 0;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
     local += a[i] != b[i];
-  if (local) atomicAdd(count, local);
+  if (local)
+    atomicAdd(count, local);
 }
 
 static __global__ void count_diff_words_kernel(const uint32_t *a, const uint32_t *b, size_t words,
                                                unsigned long long *count) {
   unsigned long long local = 0;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x)
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words;
+       i += (size_t)gridDim.x * blockDim.x)
     local += a[i] != b[i];
-  if (local) atomicAdd(count, local);
+  if (local)
+    atomicAdd(count, local);
 }
 
 extern "C" void tw_test_count_diff_async(const void *a, const void *b, size_t bytes,
                                          unsigned long long *counter, tw_stream_t stream) {
-  count_diff_words_kernel<<<64, 256, 0, (cudaStream_t)stream>>>((const uint32_t *)a,
-                                                                (const uint32_t *)b, bytes / 4, counter);
+  count_diff_words_kernel<<<64, 256, 0, (cudaStream_t)stream>>>(
+      (const uint32_t *)a, (const uint32_t *)b, bytes / 4, counter);
 }
 
 extern "C" size_t tw_test_count_diff(const void *a, const void *b, size_t bytes) {
@@ -76,9 +82,11 @@ static __global__ void rel_err_kernel(const __nv_bfloat16 *a, const void *ref, i
                                       unsigned long long *nans) {
   float md = 0.f, mr = 0.f;
   unsigned long long bad = 0;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
     float x = __bfloat162float(a[i]);
-    float r = ref_is_fp32 ? ((const float *)ref)[i] : __bfloat162float(((const __nv_bfloat16 *)ref)[i]);
+    float r =
+        ref_is_fp32 ? ((const float *)ref)[i] : __bfloat162float(((const __nv_bfloat16 *)ref)[i]);
     if (isnan(x) || isinf(x)) {
       bad++;
       continue;
@@ -89,7 +97,8 @@ static __global__ void rel_err_kernel(const __nv_bfloat16 *a, const void *ref, i
   // non-negative floats order like their bit patterns
   atomicMax((int *)max_diff, __float_as_int(md));
   atomicMax((int *)max_ref, __float_as_int(mr));
-  if (bad) atomicAdd(nans, bad);
+  if (bad)
+    atomicAdd(nans, bad);
 }
 
 extern "C" double tw_test_rel_err_bf16(const void *a, const void *ref, int ref_is_fp32, size_t n,
@@ -102,12 +111,14 @@ extern "C" double tw_test_rel_err_bf16(const void *a, const void *ref, int ref_i
   cudaMalloc(&nans, sizeof(*nans));
   cudaMemset(stats, 0, 2 * sizeof(float));
   cudaMemset(nans, 0, sizeof(*nans));
-  rel_err_kernel<<<1024, 256>>>((const __nv_bfloat16 *)a, ref, ref_is_fp32, n, stats, stats + 1, nans);
+  rel_err_kernel<<<1024, 256>>>((const __nv_bfloat16 *)a, ref, ref_is_fp32, n, stats, stats + 1,
+                                nans);
   cudaMemcpy(host, stats, sizeof(host), cudaMemcpyDeviceToHost);
   cudaMemcpy(&host_nans, nans, sizeof(host_nans), cudaMemcpyDeviceToHost);
   cudaFree(stats);
   cudaFree(nans);
-  if (nan_count) *nan_count = (size_t)host_nans;
+  if (nan_count)
+    *nan_count = (size_t)host_nans;
   return host[1] > 0 ? (double)host[0] / (double)host[1] : (double)host[0];
 }
 
@@ -121,16 +132,23 @@ extern "C" struct CUgraphExec_st *tw_test_capture(struct CUstream_st **streams, 
   cudaError_t e = cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
   for (int r = 1; r < n && e == cudaSuccess; r++)
     e = cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming);
-  if (e == cudaSuccess) e = cudaStreamBeginCapture(s0, cudaStreamCaptureModeGlobal);
-  if (e == cudaSuccess && prologue) prologue(ctx);
-  if (e == cudaSuccess) e = cudaEventRecord(fork, s0);
-  for (int r = 1; r < n && e == cudaSuccess; r++) e = cudaStreamWaitEvent(streams[r], fork, 0);
-  if (e == cudaSuccess) fn(ctx);
+  if (e == cudaSuccess)
+    e = cudaStreamBeginCapture(s0, cudaStreamCaptureModeGlobal);
+  if (e == cudaSuccess && prologue)
+    prologue(ctx);
+  if (e == cudaSuccess)
+    e = cudaEventRecord(fork, s0);
+  for (int r = 1; r < n && e == cudaSuccess; r++)
+    e = cudaStreamWaitEvent(streams[r], fork, 0);
+  if (e == cudaSuccess)
+    fn(ctx);
   for (int r = 1; r < n && e == cudaSuccess; r++) {
     e = cudaEventRecord(join[r], streams[r]);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(s0, join[r], 0);
+    if (e == cudaSuccess)
+      e = cudaStreamWaitEvent(s0, join[r], 0);
   }
-  if (e == cudaSuccess) e = cudaStreamEndCapture(s0, &graph);
+  if (e == cudaSuccess)
+    e = cudaStreamEndCapture(s0, &graph);
   if (e == cudaSuccess) {
     e = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -140,6 +158,7 @@ extern "C" struct CUgraphExec_st *tw_test_capture(struct CUstream_st **streams, 
     exit(1);
   }
   cudaEventDestroy(fork);
-  for (int r = 1; r < n; r++) cudaEventDestroy(join[r]);
+  for (int r = 1; r < n; r++)
+    cudaEventDestroy(join[r]);
   return (struct CUgraphExec_st *)exec;
 }

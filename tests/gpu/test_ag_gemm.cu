@@ -27,8 +27,8 @@ typedef struct {
   tw_dtype_t c_dtype;
   tw_comm_t comms[TW_MAX_WORLD];
   cudaStream_t streams[TW_MAX_WORLD];
-  void *a[TW_MAX_WORLD];        /* shards (plain memory) */
-  void *gathered[TW_MAX_WORLD]; /* symmetric, fused */
+  void *a[TW_MAX_WORLD];         /* shards (plain memory) */
+  void *gathered[TW_MAX_WORLD];  /* symmetric, fused */
   void *gathered2[TW_MAX_WORLD]; /* symmetric, unfused allgather */
   void *b[TW_MAX_WORLD];
   void *c[TW_MAX_WORLD];
@@ -74,7 +74,8 @@ static void setup(fixture *f, int world, int64_t m_local, int64_t n, int64_t k, 
 static void teardown(fixture *f) {
   for (int r = 0; r < f->world; r++) {
     use(f, r);
-    cudaFree(f->a[r]), cudaFree(f->b[r]), cudaFree(f->c[r]), cudaFree(f->c2[r]), cudaFree(f->bad[r]);
+    cudaFree(f->a[r]), cudaFree(f->b[r]), cudaFree(f->c[r]), cudaFree(f->c2[r]),
+        cudaFree(f->bad[r]);
     TEST_TW_OK(tw_mem_free(f->comms[r], f->gathered[r]));
     TEST_TW_OK(tw_mem_free(f->comms[r], f->gathered2[r]));
   }
@@ -119,7 +120,8 @@ static void fill_inputs(fixture *f, uint64_t seed, int in_place) {
     tw_test_fill_bf16(f->a[r], (size_t)f->m_local * f->k, seed + 31 * r, s);
     if (in_place)
       CUDA_OK(cudaMemcpyAsync((char *)f->gathered[r] + (size_t)r * f->m_local * f->k * 2, f->a[r],
-                              (size_t)f->m_local * f->k * 2, cudaMemcpyDeviceToDevice, f->streams[r]));
+                              (size_t)f->m_local * f->k * 2, cudaMemcpyDeviceToDevice,
+                              f->streams[r]));
     tw_test_fill_bf16(f->b[r], (size_t)f->n * f->k, seed + 1000 + r, s);
     tw_test_poison(f->c[r], c_bytes(f), s);
     tw_test_poison(f->c2[r], c_bytes(f), s);
@@ -136,7 +138,8 @@ static void test_case(int world, int64_t m_local, int64_t n, int64_t k, tw_dtype
     a.comm_sms = comm_sms;
     TEST_TW_OK(tw_ag_gemm(f.comms[r], &a, (tw_stream_t)f.streams[r]));
   }
-  for (int r = 0; r < world; r++) enqueue_unfused(&f, r);
+  for (int r = 0; r < world; r++)
+    enqueue_unfused(&f, r);
   sync_all(&f);
   const int64_t m = m_local * world;
   size_t worst_diff = 0, worst_gather = 0;
@@ -157,12 +160,14 @@ static void test_case(int world, int64_t m_local, int64_t n, int64_t k, tw_dtype
         err = tw_test_rel_err_bf16(f.c[r], ref, 1, (size_t)m * n, &nans);
       } else {
         /* fp32 C: compare on the host. */
-        float *host = (float *)malloc((size_t)m * n * 4), *href = (float *)malloc((size_t)m * n * 4);
+        float *host = (float *)malloc((size_t)m * n * 4),
+              *href = (float *)malloc((size_t)m * n * 4);
         CUDA_OK(cudaMemcpy(host, f.c[r], (size_t)m * n * 4, cudaMemcpyDeviceToHost));
         CUDA_OK(cudaMemcpy(href, ref, (size_t)m * n * 4, cudaMemcpyDeviceToHost));
         double md = 0, mr = 0;
         for (size_t i = 0; i < (size_t)m * n; i++) {
-          if (host[i] != host[i]) nans++;
+          if (host[i] != host[i])
+            nans++;
           double d = host[i] - href[i];
           md = d < 0 ? (-d > md ? -d : md) : (d > md ? d : md);
           mr = href[i] < 0 ? (-href[i] > mr ? -href[i] : mr) : (href[i] > mr ? href[i] : mr);
@@ -171,16 +176,19 @@ static void test_case(int world, int64_t m_local, int64_t n, int64_t k, tw_dtype
         free(host), free(href);
       }
       TEST_ASSERT(nans == 0, "world %d rank %d: %zu NaN/unwritten outputs", world, r, nans);
-      if (err > worst_err) worst_err = err;
+      if (err > worst_err)
+        worst_err = err;
       cudaFree(ref);
     }
   }
   use(&f, 0);
-  TEST_ASSERT(worst_diff == 0, "world %d m_local %lld n %lld k %lld %s: fused != unfused in %zu bytes",
-              world, (long long)m_local, (long long)n, (long long)k, c_dtype == TW_BF16 ? "bf16" : "fp32",
+  TEST_ASSERT(worst_diff == 0,
+              "world %d m_local %lld n %lld k %lld %s: fused != unfused in %zu bytes", world,
+              (long long)m_local, (long long)n, (long long)k, c_dtype == TW_BF16 ? "bf16" : "fp32",
               worst_diff);
   TEST_ASSERT(worst_gather == 0, "world %d: gathered A differs in %zu bytes", world, worst_gather);
-  TEST_ASSERT(worst_err < (c_dtype == TW_BF16 ? 1e-2 : 2e-3), "world %d: rel err %.3g", world, worst_err);
+  TEST_ASSERT(worst_err < (c_dtype == TW_BF16 ? 1e-2 : 2e-3), "world %d: rel err %.3g", world,
+              worst_err);
   for (int r = 0; r < world; r++) {
     tw_status_t async = TW_ERR_INTERNAL;
     TEST_TW_OK(tw_comm_async_error(f.comms[r], &async));
@@ -215,7 +223,8 @@ static void test_back_to_back(int world, int calls, uint64_t seed) {
     bad += one;
   }
   use(&f, 0);
-  TEST_ASSERT(bad == 0, "world %d: %d back-to-back calls: %llu words differ from unfused", world, calls, bad);
+  TEST_ASSERT(bad == 0, "world %d: %d back-to-back calls: %llu words differ from unfused", world,
+              calls, bad);
   for (int r = 0; r < world; r++) {
     tw_status_t async = TW_ERR_INTERNAL;
     TEST_TW_OK(tw_comm_async_error(f.comms[r], &async));
@@ -248,14 +257,17 @@ static void test_graph(int world, int replays, uint64_t seed) {
   cudaGraphExec_t exec = (cudaGraphExec_t)tw_test_capture((struct CUstream_st **)f.streams, world,
                                                           NULL, graph_calls, &f);
   for (int i = 0; i < replays; i++) {
-    for (int r = 0; r < world; r++) tw_test_poison(f.c[r], c_bytes(&f), (tw_stream_t)s0);
+    for (int r = 0; r < world; r++)
+      tw_test_poison(f.c[r], c_bytes(&f), (tw_stream_t)s0);
     CUDA_OK(cudaGraphLaunch(exec, s0));
   }
   CUDA_OK(cudaStreamSynchronize(s0));
-  for (int r = 0; r < world; r++) enqueue_unfused(&f, r);
+  for (int r = 0; r < world; r++)
+    enqueue_unfused(&f, r);
   CUDA_OK(cudaDeviceSynchronize());
   size_t diff = 0;
-  for (int r = 0; r < world; r++) diff += tw_test_count_diff(f.c[r], f.c2[r], c_bytes(&f));
+  for (int r = 0; r < world; r++)
+    diff += tw_test_count_diff(f.c[r], f.c2[r], c_bytes(&f));
   TEST_ASSERT(diff == 0, "graph replays: %zu bytes differ", diff);
   for (int r = 0; r < world; r++) {
     tw_status_t async = TW_ERR_INTERNAL;
@@ -290,15 +302,18 @@ static void test_copy_engine(int world, int64_t m_local, int64_t n, int64_t k, i
     use(&f, r);
     CUDA_OK(cudaMemcpy(&one, f.bad[r], sizeof(one), cudaMemcpyDeviceToHost));
     bad += one;
-    gather_diff += tw_test_count_diff(f.gathered[r], f.gathered2[r], (size_t)m_local * world * k * 2);
+    gather_diff +=
+        tw_test_count_diff(f.gathered[r], f.gathered2[r], (size_t)m_local * world * k * 2);
     tw_status_t async = TW_ERR_INTERNAL;
     TEST_TW_OK(tw_comm_async_error(f.comms[r], &async));
     TEST_ASSERT(async == TW_SUCCESS, "rank %d: %s", r, tw_comm_last_error(f.comms[r]));
   }
   use(&f, 0);
-  TEST_ASSERT(bad == 0, "copy engine, world %d m_local %lld: %llu words differ from unfused over %d calls",
+  TEST_ASSERT(bad == 0,
+              "copy engine, world %d m_local %lld: %llu words differ from unfused over %d calls",
               world, (long long)m_local, bad, calls);
-  TEST_ASSERT(gather_diff == 0, "copy engine, world %d: gathered A differs in %zu bytes", world, gather_diff);
+  TEST_ASSERT(gather_diff == 0, "copy engine, world %d: gathered A differs in %zu bytes", world,
+              gather_diff);
   printf("  copy engine: world %d m_local %lld n %lld k %lld, %d checked calls\n", world,
          (long long)m_local, (long long)n, (long long)k, calls);
   /* A stream under capture is refused, and nothing is enqueued. */
@@ -367,14 +382,17 @@ int main(int argc, char **argv) {
   for (int wi = 0; wi < 5; wi++) {
     int w = worlds[wi];
     test_case(w, 128, 256, 256, TW_BF16, 0, 0, seed + w);
-    test_case(w, 100, 264, 200, TW_BF16, 0, 0, seed + 10 * w); /* tiles straddle shards, N/K tails */
-    if (small) continue;
+    test_case(w, 100, 264, 200, TW_BF16, 0, 0,
+              seed + 10 * w); /* tiles straddle shards, N/K tails */
+    if (small)
+      continue;
     test_case(w, 1, 8, 8, TW_BF16, 0, 0, seed + 20 * w);
     test_case(w, 300, 520, 1032, TW_FP32, 0, 0, seed + 30 * w);
     test_case(w, 1024, 1024, 2048, TW_BF16, 1, 0, seed + 40 * w);
     test_case(w, 1000, 512, 512, TW_BF16, 0, 3, seed + 50 * w);
   }
-  if (!small) test_case(2, 8192, 1024, 1024, TW_BF16, 0, 0, seed + 99); /* more chunks than CTAs */
+  if (!small)
+    test_case(2, 8192, 1024, 1024, TW_BF16, 0, 0, seed + 99); /* more chunks than CTAs */
   test_back_to_back(small ? 2 : 4, small ? 20 : 1000, seed + 5000);
   test_graph(small ? 2 : 4, 10, seed + 6000);
   test_copy_engine(2, 300, 256, 512, small ? 5 : 50, seed + 7000);

@@ -18,8 +18,10 @@
     TEST_REQUIRE(e_ == cudaSuccess, "%s -> %s", #call, cudaGetErrorString(e_));                    \
   } while (0)
 
-static __device__ __forceinline__ uint32_t pattern(uint64_t seed, uint32_t iter, int src, size_t word) {
-  uint64_t x = seed ^ ((uint64_t)iter << 40) ^ ((uint64_t)src << 56) ^ (word * 0x9E3779B97F4A7C15ULL);
+static __device__ __forceinline__ uint32_t pattern(uint64_t seed, uint32_t iter, int src,
+                                                   size_t word) {
+  uint64_t x =
+      seed ^ ((uint64_t)iter << 40) ^ ((uint64_t)src << 56) ^ (word * 0x9E3779B97F4A7C15ULL);
   x ^= x >> 31;
   x *= 0xbf58476d1ce4e5b9ULL;
   x ^= x >> 29;
@@ -30,7 +32,8 @@ static __device__ __forceinline__ uint32_t pattern(uint64_t seed, uint32_t iter,
 static __global__ void fill_kernel(uint32_t *dst, size_t words, uint64_t seed, uint32_t iter,
                                    const uint32_t *iter_ptr, int src) {
   uint32_t it = iter_ptr ? *iter_ptr : iter;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x)
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words;
+       i += (size_t)gridDim.x * blockDim.x)
     dst[i] = pattern(seed, it, src, i);
 }
 
@@ -40,9 +43,11 @@ static __global__ void check_kernel(const uint32_t *recv, size_t words_per_rank,
   uint32_t it = iter_ptr ? *iter_ptr : iter;
   unsigned long long local = 0;
   size_t total = words_per_rank * (size_t)world;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+       i += (size_t)gridDim.x * blockDim.x)
     local += recv[i] != pattern(seed, it, (int)(i / words_per_rank), i % words_per_rank);
-  if (local) atomicAdd(bad, local);
+  if (local)
+    atomicAdd(bad, local);
 }
 
 static __global__ void bump_kernel(uint32_t *iter) { *iter += 1; }
@@ -90,7 +95,8 @@ static void setup(fixture *f, int world, size_t bytes, int in_place, int wait_ti
 static void teardown(fixture *f, int in_place) {
   for (int r = 0; r < f->world; r++) {
     use(f, r);
-    if (!in_place) cudaFree(f->send[r]);
+    if (!in_place)
+      cudaFree(f->send[r]);
     cudaFree(f->bad[r]);
     TEST_TW_OK(tw_mem_free(f->comms[r], f->recv[r]));
   }
@@ -107,10 +113,12 @@ static void enqueue_iteration(fixture *f, uint64_t seed, uint32_t iter, const ui
   size_t words = f->bytes / 4;
   for (int r = 0; r < f->world; r++) {
     use(f, r);
-    fill_kernel<<<64, 256, 0, f->streams[r]>>>((uint32_t *)f->send[r], words, seed, iter, iter_ptr, r);
-    TEST_TW_OK(tw_allgather(f->comms[r], f->send[r], f->recv[r], f->bytes, (tw_stream_t)f->streams[r]));
+    fill_kernel<<<64, 256, 0, f->streams[r]>>>((uint32_t *)f->send[r], words, seed, iter, iter_ptr,
+                                               r);
+    TEST_TW_OK(
+        tw_allgather(f->comms[r], f->send[r], f->recv[r], f->bytes, (tw_stream_t)f->streams[r]));
     check_kernel<<<64, 256, 0, f->streams[r]>>>((const uint32_t *)f->recv[r], words, f->world, seed,
-                                               iter, iter_ptr, f->bad[r]);
+                                                iter, iter_ptr, f->bad[r]);
   }
   use(f, 0);
 }
@@ -147,7 +155,8 @@ static void test_correctness(int world, size_t bytes, int in_place, uint64_t see
   sync_all(&f);
   enqueue_iteration(&f, seed, 0, NULL);
   unsigned long long bad = collect_bad(&f);
-  TEST_ASSERT(bad == 0, "world %d bytes %zu in_place %d: %llu words differ", world, bytes, in_place, bad);
+  TEST_ASSERT(bad == 0, "world %d bytes %zu in_place %d: %llu words differ", world, bytes, in_place,
+              bad);
   expect_no_async_error(&f);
   teardown(&f, in_place);
 }
@@ -156,7 +165,8 @@ static void test_back_to_back(int world, size_t bytes, int calls, uint64_t seed)
   fixture f;
   setup(&f, world, bytes, 0, 10000);
   double t0 = tw_test_now();
-  for (int i = 0; i < calls; i++) enqueue_iteration(&f, seed, (uint32_t)i, NULL);
+  for (int i = 0; i < calls; i++)
+    enqueue_iteration(&f, seed, (uint32_t)i, NULL);
   unsigned long long bad = collect_bad(&f);
   TEST_ASSERT(bad == 0, "world %d: %d back-to-back calls: %llu words wrong", world, calls, bad);
   printf("  world %d: %d back-to-back calls of %zu bytes in %.1f ms\n", world, calls, bytes,
@@ -198,11 +208,13 @@ static void test_graph(int world, size_t bytes, int replays, uint64_t seed) {
   cudaStream_t s0 = f.streams[0];
   cudaGraphExec_t exec = (cudaGraphExec_t)tw_test_capture((struct CUstream_st **)f.streams, world,
                                                           graph_bump, graph_iteration, &job);
-  for (int i = 0; i < replays; i++) CUDA_OK(cudaGraphLaunch(exec, s0));
+  for (int i = 0; i < replays; i++)
+    CUDA_OK(cudaGraphLaunch(exec, s0));
   unsigned long long bad = collect_bad(&f);
   uint32_t host_iter = 0;
   CUDA_OK(cudaMemcpy(&host_iter, iter, sizeof(host_iter), cudaMemcpyDeviceToHost));
-  TEST_ASSERT(host_iter == (uint32_t)replays, "graph ran %u times, expected %d", host_iter, replays);
+  TEST_ASSERT(host_iter == (uint32_t)replays, "graph ran %u times, expected %d", host_iter,
+              replays);
   TEST_ASSERT(bad == 0, "world %d: graph replayed %d times: %llu words wrong", world, replays, bad);
   expect_no_async_error(&f);
   cudaGraphExecDestroy(exec);
@@ -222,13 +234,14 @@ static void test_withheld_signal(void) {
   TEST_ASSERT(err == cudaSuccess, "kernel should return, not trap: %s", cudaGetErrorString(err));
   TEST_ASSERT(waited < 5.0 * timeout_ms / 1e3 + 1.0, "returned after %.2f s (bound %d ms)", waited,
               timeout_ms);
-  TEST_ASSERT(waited >= 0.9 * timeout_ms / 1e3, "returned after %.3f s, before the %d ms bound", waited,
-              timeout_ms);
+  TEST_ASSERT(waited >= 0.9 * timeout_ms / 1e3, "returned after %.3f s, before the %d ms bound",
+              waited, timeout_ms);
   tw_status_t async = TW_SUCCESS;
   TEST_TW_OK(tw_comm_async_error(f.comms[0], &async));
   const char *msg = tw_comm_last_error(f.comms[0]);
   TEST_ASSERT(async == TW_ERR_DEVICE_TIMEOUT, "async status %s (%s)", tw_status_string(async), msg);
-  TEST_ASSERT(strstr(msg, "rank 0") && strstr(msg, "allgather") && strstr(msg, "peer expected to signal: 1"),
+  TEST_ASSERT(strstr(msg, "rank 0") && strstr(msg, "allgather") &&
+                  strstr(msg, "peer expected to signal: 1"),
               "message lacks rank/op/peer: %s", msg);
   printf("  withheld signal -> after %.3f s: %s\n", waited, msg);
   /* The abort reached rank 1: its next call gives up at once instead of waiting. */
@@ -249,13 +262,20 @@ static void test_bad_arguments(void) {
   void *plain;
   CUDA_OK(cudaMalloc(&plain, 1 << 16));
   TEST_TW_FAILS(tw_allgather(NULL, f.send[0], f.recv[0], 4096, s), TW_ERR_INVALID_ARGUMENT, "comm");
-  TEST_TW_FAILS(tw_allgather(f.comms[0], NULL, f.recv[0], 4096, s), TW_ERR_INVALID_ARGUMENT, "send");
-  TEST_TW_FAILS(tw_allgather(f.comms[0], f.send[0], NULL, 4096, s), TW_ERR_INVALID_ARGUMENT, "recv");
-  TEST_TW_FAILS(tw_allgather(f.comms[0], f.send[0], f.recv[0], 4000 + 8, s), TW_ERR_INVALID_ARGUMENT, "multiple of 16");
-  TEST_TW_FAILS(tw_allgather(f.comms[0], (char *)f.send[0] + 8, f.recv[0], 1024, s), TW_ERR_INVALID_ARGUMENT, "aligned");
-  TEST_TW_FAILS(tw_allgather(f.comms[0], f.send[0], plain, 1024, s), TW_ERR_INVALID_ARGUMENT, "tw_mem_alloc");
-  TEST_TW_FAILS(tw_allgather(f.comms[0], f.send[0], f.recv[0], 1 << 20, s), TW_ERR_INVALID_ARGUMENT, "past the end");
-  TEST_TW_FAILS(tw_allgather(f.comms[0], (char *)f.recv[0] + 4096, f.recv[0], 4096, s), TW_ERR_INVALID_ARGUMENT, "overlaps");
+  TEST_TW_FAILS(tw_allgather(f.comms[0], NULL, f.recv[0], 4096, s), TW_ERR_INVALID_ARGUMENT,
+                "send");
+  TEST_TW_FAILS(tw_allgather(f.comms[0], f.send[0], NULL, 4096, s), TW_ERR_INVALID_ARGUMENT,
+                "recv");
+  TEST_TW_FAILS(tw_allgather(f.comms[0], f.send[0], f.recv[0], 4000 + 8, s),
+                TW_ERR_INVALID_ARGUMENT, "multiple of 16");
+  TEST_TW_FAILS(tw_allgather(f.comms[0], (char *)f.send[0] + 8, f.recv[0], 1024, s),
+                TW_ERR_INVALID_ARGUMENT, "aligned");
+  TEST_TW_FAILS(tw_allgather(f.comms[0], f.send[0], plain, 1024, s), TW_ERR_INVALID_ARGUMENT,
+                "tw_mem_alloc");
+  TEST_TW_FAILS(tw_allgather(f.comms[0], f.send[0], f.recv[0], 1 << 20, s), TW_ERR_INVALID_ARGUMENT,
+                "past the end");
+  TEST_TW_FAILS(tw_allgather(f.comms[0], (char *)f.recv[0] + 4096, f.recv[0], 4096, s),
+                TW_ERR_INVALID_ARGUMENT, "overlaps");
   TEST_ASSERT(strstr(tw_comm_last_error(f.comms[0]), "overlaps") != NULL, "comm message: %s",
               tw_comm_last_error(f.comms[0]));
   /* Nothing was launched: a valid call still works on both ranks. */
@@ -271,7 +291,8 @@ static void test_barrier(int world) {
   fixture f;
   setup(&f, world, 4096, 0, 10000);
   for (int i = 0; i < 50; i++)
-    for (int r = 0; r < world; r++) TEST_TW_OK(tw_barrier(f.comms[r], (tw_stream_t)f.streams[r]));
+    for (int r = 0; r < world; r++)
+      TEST_TW_OK(tw_barrier(f.comms[r], (tw_stream_t)f.streams[r]));
   sync_all(&f);
   expect_no_async_error(&f);
   teardown(&f, 0);

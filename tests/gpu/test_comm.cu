@@ -15,7 +15,8 @@
   } while (0)
 
 static __global__ void write_rank(int *dst, int value, int n) {
-  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = value * 1000 + i;
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    dst[i] = value * 1000 + i;
 }
 
 static void test_queries(void) {
@@ -48,7 +49,8 @@ static void test_queries(void) {
   TEST_TW_FAILS(tw_comm_rank(comms[0], NULL), TW_ERR_INVALID_ARGUMENT, "NULL");
   TEST_ASSERT(strstr(tw_comm_last_error(comms[0]), "NULL") != NULL, "last error: %s",
               tw_comm_last_error(comms[0]));
-  for (int r = 0; r < 6; r++) TEST_TW_OK(tw_comm_destroy(comms[r]));
+  for (int r = 0; r < 6; r++)
+    TEST_TW_OK(tw_comm_destroy(comms[r]));
 }
 
 static void test_budget_errors(void) {
@@ -57,15 +59,18 @@ static void test_budget_errors(void) {
   tw_config_t cfg = TW_CONFIG_INIT;
   cfg.sm_budget = 100; /* 4 x 100 SMs cannot be co-resident */
   TEST_TW_FAILS(tw_comm_init_all(comms, 4, devices, &cfg), TW_ERR_INVALID_ARGUMENT, "sm_budget");
-  for (int r = 0; r < 4; r++) TEST_ASSERT(comms[r] == NULL, "comms[%d] left set", r);
+  for (int r = 0; r < 4; r++)
+    TEST_ASSERT(comms[r] == NULL, "comms[%d] left set", r);
   cfg.sm_budget = 16;
   TEST_TW_OK(tw_comm_init_all(comms, 4, devices, &cfg));
   int v = 0;
   TEST_TW_OK(tw_comm_sm_budget(comms[2], &v));
   TEST_ASSERT(v == 16, "budget %d", v);
-  for (int r = 0; r < 4; r++) TEST_TW_OK(tw_comm_destroy(comms[r]));
+  for (int r = 0; r < 4; r++)
+    TEST_TW_OK(tw_comm_destroy(comms[r]));
   int bad_devices[2] = {0, 99};
-  TEST_TW_FAILS(tw_comm_init_all(comms, 2, bad_devices, NULL), TW_ERR_INVALID_ARGUMENT, "devices[1]");
+  TEST_TW_FAILS(tw_comm_init_all(comms, 2, bad_devices, NULL), TW_ERR_INVALID_ARGUMENT,
+                "devices[1]");
   tw_config_t old = TW_CONFIG_INIT;
   old.size = 3; /* not even the header */
   TEST_TW_FAILS(tw_comm_init_all(comms, 2, devices, &old), TW_ERR_INVALID_ARGUMENT, "cfg->size");
@@ -79,7 +84,8 @@ static void test_budget_errors(void) {
   TEST_TW_OK(tw_comm_init_all(comms, 2, devices, &old));
   TEST_TW_OK(tw_comm_sm_budget(comms[1], &v));
   TEST_ASSERT(v == 8, "budget from short config %d", v);
-  for (int r = 0; r < 2; r++) TEST_TW_OK(tw_comm_destroy(comms[r]));
+  for (int r = 0; r < 2; r++)
+    TEST_TW_OK(tw_comm_destroy(comms[r]));
 }
 
 static void test_heap(int world) {
@@ -90,7 +96,8 @@ static void test_heap(int world) {
   TEST_TW_OK(tw_comm_init_all(comms, world, devices, &cfg));
   const int n = 4096;
   int *buf[8];
-  for (int r = 0; r < world; r++) TEST_TW_OK(tw_mem_alloc(comms[r], n * sizeof(int) * world, (void **)&buf[r]));
+  for (int r = 0; r < world; r++)
+    TEST_TW_OK(tw_mem_alloc(comms[r], n * sizeof(int) * world, (void **)&buf[r]));
   /* Each rank writes its slot of every peer's buffer through the peer pointers. */
   for (int r = 0; r < world; r++) {
     void *const *table = NULL;
@@ -100,7 +107,8 @@ static void test_heap(int world) {
     for (int p = 0; p < world; p++) {
       void *peer = NULL;
       TEST_TW_OK(tw_mem_peer_ptr(comms[r], buf[r], p, &peer));
-      TEST_ASSERT(peer == host_table[p], "rank %d peer %d: host %p device table %p", r, p, peer, host_table[p]);
+      TEST_ASSERT(peer == host_table[p], "rank %d peer %d: host %p device table %p", r, p, peer,
+                  host_table[p]);
       TEST_ASSERT(p != r || peer == buf[r], "own peer pointer %p != %p", peer, (void *)buf[r]);
       write_rank<<<1, 256>>>((int *)peer + r * n, r, n);
     }
@@ -111,7 +119,8 @@ static void test_heap(int world) {
     CUDA_OK(cudaMemcpy(host, buf[p], n * sizeof(int) * world, cudaMemcpyDeviceToHost));
     int bad = 0;
     for (int r = 0; r < world; r++)
-      for (int i = 0; i < n; i++) bad += host[r * n + i] != r * 1000 + i;
+      for (int i = 0; i < n; i++)
+        bad += host[r * n + i] != r * 1000 + i;
     TEST_ASSERT(bad == 0, "rank %d's buffer: %d wrong values", p, bad);
   }
   free(host);
@@ -146,15 +155,19 @@ static void test_heap(int world) {
   TEST_TW_FAILS(tw_mem_free(comms[0], plain), TW_ERR_INVALID_ARGUMENT, "not a live");
   TEST_TW_FAILS(tw_mem_peer_ptr(comms[0], plain, 0, &inner), TW_ERR_INVALID_ARGUMENT, "not inside");
   cudaFree(plain);
-  for (int r = 0; r < world; r++) TEST_TW_OK(tw_mem_free(comms[r], buf[r]));
+  for (int r = 0; r < world; r++)
+    TEST_TW_OK(tw_mem_free(comms[r], buf[r]));
   TEST_TW_FAILS(tw_mem_free(comms[0], buf[0]), TW_ERR_INVALID_ARGUMENT, "not a live");
   /* Freed space is reused: allocate and free repeatedly, far beyond the heap's size. */
   for (int i = 0; i < 40; i++) {
     void *y[8];
-    for (int r = 0; r < world; r++) TEST_TW_OK(tw_mem_alloc(comms[r], 8u << 20, &y[r]));
-    for (int r = 0; r < world; r++) TEST_TW_OK(tw_mem_free(comms[r], y[r]));
+    for (int r = 0; r < world; r++)
+      TEST_TW_OK(tw_mem_alloc(comms[r], 8u << 20, &y[r]));
+    for (int r = 0; r < world; r++)
+      TEST_TW_OK(tw_mem_free(comms[r], y[r]));
   }
-  for (int r = 0; r < world; r++) TEST_TW_OK(tw_comm_destroy(comms[r]));
+  for (int r = 0; r < world; r++)
+    TEST_TW_OK(tw_comm_destroy(comms[r]));
 }
 
 int main(void) {

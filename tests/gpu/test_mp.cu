@@ -49,21 +49,26 @@ static int check_gemm_rs(tw_comm_t comm, int rank, int world, int iters, cudaStr
       tw_test_fill_bf16(b, (size_t)n * k, (uint64_t)i * 137 + rank, (tw_stream_t)stream);
       tw_test_poison(out, (size_t)m * n * 2, (tw_stream_t)stream);
       tw_gemm_rs_args_t args = TW_GEMM_RS_ARGS_INIT;
-      args.a = a, args.b = b, args.out = out, args.workspace = ws, args.m = m, args.n = n, args.k = k;
+      args.a = a, args.b = b, args.out = out, args.workspace = ws, args.m = m, args.n = n,
+      args.k = k;
       tw_status_t st = all_reduce ? tw_gemm_ar(comm, &args, (tw_stream_t)stream)
                                   : tw_gemm_rs(comm, &args, (tw_stream_t)stream);
-      /* Reference: fp32 partial per rank, barrier, this rank's share of the ordered sum, barrier. */
+      /* Reference: fp32 partial per rank, barrier, this rank's share of the ordered sum, barrier.
+       */
       tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
       g.c_dtype = TW_FP32, g.a = a, g.b = b, g.c = partial, g.m = m, g.n = n, g.k = k;
-      if (st == TW_SUCCESS) st = tw_gemm(&g, (tw_stream_t)stream);
-      if (st == TW_SUCCESS) st = tw_barrier(comm, (tw_stream_t)stream);
+      if (st == TW_SUCCESS)
+        st = tw_gemm(&g, (tw_stream_t)stream);
+      if (st == TW_SUCCESS)
+        st = tw_barrier(comm, (tw_stream_t)stream);
       void *outs[TW_MAX_WORLD];
       outs[0] = out_ref;
-      cudaError_t ce = st == TW_SUCCESS
-                           ? tw_ref_reduce_rank_fp32(world, rank, peers, all_reduce ? ar_outs : outs,
-                                                     all_reduce, m, n, n, 0, stream)
-                           : cudaSuccess;
-      if (st == TW_SUCCESS) st = tw_barrier(comm, (tw_stream_t)stream);
+      cudaError_t ce = st == TW_SUCCESS ? tw_ref_reduce_rank_fp32(world, rank, peers,
+                                                                  all_reduce ? ar_outs : outs,
+                                                                  all_reduce, m, n, n, 0, stream)
+                                        : cudaSuccess;
+      if (st == TW_SUCCESS)
+        st = tw_barrier(comm, (tw_stream_t)stream);
       if (st != TW_SUCCESS || ce != cudaSuccess) {
         fprintf(stderr, "rank %d: gemm_%s iteration %d: %s / %s / %s\n", rank,
                 all_reduce ? "ar" : "rs", i, tw_comm_last_error(comm), tw_last_error(),
@@ -75,8 +80,9 @@ static int check_gemm_rs(tw_comm_t comm, int rank, int world, int iters, cudaStr
       const size_t bytes = (size_t)(all_reduce ? m : m / world) * n * 2;
       size_t diff = tw_test_count_diff(out, all_reduce ? out_ar_ref : out_ref, bytes);
       if (diff) {
-        fprintf(stderr, "rank %d gemm_%s iteration %d: %zu bytes differ from the unfused pipeline\n",
-                rank, all_reduce ? "ar" : "rs", i, diff);
+        fprintf(stderr,
+                "rank %d gemm_%s iteration %d: %zu bytes differ from the unfused pipeline\n", rank,
+                all_reduce ? "ar" : "rs", i, diff);
         failures++;
       }
     }
@@ -84,8 +90,10 @@ static int check_gemm_rs(tw_comm_t comm, int rank, int world, int iters, cudaStr
   cudaFree(a), cudaFree(b), cudaFree(out), cudaFree(out_ref);
   tw_mem_free(comm, out_ar_ref);
   tw_mem_free(comm, partial);
-  if (ws) tw_mem_free(comm, ws);
-  if (!failures) printf("rank %d: %d gemm_rs + gemm_ar iterations ok\n", rank, iters);
+  if (ws)
+    tw_mem_free(comm, ws);
+  if (!failures)
+    printf("rank %d: %d gemm_rs + gemm_ar iterations ok\n", rank, iters);
   return failures;
 }
 
@@ -117,7 +125,8 @@ static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int devic
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   for (int i = 0; i < iters; i++) {
     tw_test_fill_bytes(send, bytes, (uint64_t)i * 1000 + rank, (tw_stream_t)stream);
-    if (i % 10 == 0) tw_test_poison(recv, bytes * world, (tw_stream_t)stream);
+    if (i % 10 == 0)
+      tw_test_poison(recv, bytes * world, (tw_stream_t)stream);
     st = tw_allgather(comm, send, recv, bytes, (tw_stream_t)stream);
     if (st != TW_SUCCESS) {
       fprintf(stderr, "rank %d: allgather: %s\n", rank, tw_comm_last_error(comm));
@@ -125,7 +134,8 @@ static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int devic
       break;
     }
     for (int src = 0; src < world; src++)
-      tw_test_fill_bytes((char *)expected + src * bytes, bytes, (uint64_t)i * 1000 + src, (tw_stream_t)stream);
+      tw_test_fill_bytes((char *)expected + src * bytes, bytes, (uint64_t)i * 1000 + src,
+                         (tw_stream_t)stream);
     cudaStreamSynchronize(stream);
     size_t diff = tw_test_count_diff(recv, expected, bytes * world);
     if (diff) {
@@ -154,11 +164,13 @@ static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int devic
     tw_ag_gemm_args_t a = TW_AG_GEMM_ARGS_INIT;
     a.a = shard, a.b = b, a.c = c1, a.a_gathered = g1, a.m_local = m_local, a.n = n, a.k = k;
     st = tw_ag_gemm(comm, &a, (tw_stream_t)stream);
-    if (st == TW_SUCCESS) st = tw_allgather(comm, shard, g2, shard_bytes, (tw_stream_t)stream);
+    if (st == TW_SUCCESS)
+      st = tw_allgather(comm, shard, g2, shard_bytes, (tw_stream_t)stream);
     tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
     g.a = g2, g.b = b, g.c = c2, g.m = m_local * world, g.n = n, g.k = k;
     tw_comm_sm_budget(comm, &g.sm_count);
-    if (st == TW_SUCCESS) st = tw_gemm(&g, (tw_stream_t)stream);
+    if (st == TW_SUCCESS)
+      st = tw_gemm(&g, (tw_stream_t)stream);
     if (st != TW_SUCCESS) {
       fprintf(stderr, "rank %d: ag_gemm iteration %d: %s / %s\n", rank, i, tw_comm_last_error(comm),
               tw_last_error());
@@ -174,9 +186,12 @@ static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int devic
     }
   }
   cudaFree(shard), cudaFree(b), cudaFree(c1), cudaFree(c2);
-  if (g1) tw_mem_free(comm, g1);
-  if (g2) tw_mem_free(comm, g2);
-  if (!failures) failures += check_gemm_rs(comm, rank, world, iters / 4 > 0 ? iters / 4 : 1, stream);
+  if (g1)
+    tw_mem_free(comm, g1);
+  if (g2)
+    tw_mem_free(comm, g2);
+  if (!failures)
+    failures += check_gemm_rs(comm, rank, world, iters / 4 > 0 ? iters / 4 : 1, stream);
   tw_status_t async = TW_SUCCESS;
   tw_comm_async_error(comm, &async);
   if (async != TW_SUCCESS) {
@@ -192,13 +207,13 @@ static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int devic
   tw_comm_destroy(comm);
   printf("rank %d (pid %d, sm budget %d, %d ranks on this host): %d allgather + %d ag_gemm "
          "iterations, %s\n",
-         rank,
-         (int)getpid(), budget, local_size, iters, iters / 2, failures ? "FAILED" : "ok");
+         rank, (int)getpid(), budget, local_size, iters, iters / 2, failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
 }
 
 int main(int argc, char **argv) {
-  setenv("CUDA_MODULE_LOADING", "EAGER", 0); /* the ranks' own kernels: see tw_test_require_hopper */
+  setenv("CUDA_MODULE_LOADING", "EAGER",
+         0); /* the ranks' own kernels: see tw_test_require_hopper */
   int world = argc > 1 ? atoi(argv[1]) : 4;
   int iters = argc > 2 ? atoi(argv[2]) : 100;
   /* Probe the GPU in a child: CUDA must not be initialised in the parent before fork. */
@@ -225,15 +240,18 @@ int main(int argc, char **argv) {
   pid_t pids[TW_MAX_WORLD];
   for (int r = 0; r < world; r++) {
     pids[r] = fork();
-    if (pids[r] == 0) _exit(run_rank(id, r, world, iters, r % ngpus));
+    if (pids[r] == 0)
+      _exit(run_rank(id, r, world, iters, r % ngpus));
   }
   double deadline = tw_test_now() + 240;
   for (int r = 0; r < world; r++) {
     int st = 0;
     pid_t got;
-    while ((got = waitpid(pids[r], &st, WNOHANG)) == 0 && tw_test_now() < deadline) usleep(10000);
+    while ((got = waitpid(pids[r], &st, WNOHANG)) == 0 && tw_test_now() < deadline)
+      usleep(10000);
     if (got == 0) {
-      for (int k = 0; k < world; k++) kill(pids[k], SIGKILL);
+      for (int k = 0; k < world; k++)
+        kill(pids[k], SIGKILL);
       TEST_ASSERT(0, "rank %d did not finish within 240 s: killed", r);
       break;
     }

@@ -28,7 +28,8 @@ static void test_config(void) {
   TEST_ASSERT(a.size == sizeof(tw_config_t) && a.version == TW_CONFIG_VERSION, "size/version");
   TEST_TW_FAILS(tw_config_init(NULL), TW_ERR_INVALID_ARGUMENT, "cfg");
   tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
-  TEST_ASSERT(g.size == sizeof(tw_gemm_args_t) && g.version == TW_GEMM_ARGS_VERSION, "gemm args init");
+  TEST_ASSERT(g.size == sizeof(tw_gemm_args_t) && g.version == TW_GEMM_ARGS_VERSION,
+              "gemm args init");
 }
 
 static void test_bad_arguments(void) {
@@ -36,7 +37,8 @@ static void test_bad_arguments(void) {
   int devices[4] = {0, 0, 0, 0};
   TEST_TW_FAILS(tw_comm_init_all(NULL, 2, devices, NULL), TW_ERR_INVALID_ARGUMENT, "comms");
   TEST_TW_FAILS(tw_comm_init_all(comms, 0, devices, NULL), TW_ERR_INVALID_ARGUMENT, "world");
-  TEST_TW_FAILS(tw_comm_init_all(comms, TW_MAX_WORLD + 1, devices, NULL), TW_ERR_INVALID_ARGUMENT, "world");
+  TEST_TW_FAILS(tw_comm_init_all(comms, TW_MAX_WORLD + 1, devices, NULL), TW_ERR_INVALID_ARGUMENT,
+                "world");
   TEST_TW_FAILS(tw_comm_init_all(comms, 2, NULL, NULL), TW_ERR_INVALID_ARGUMENT, "devices");
   tw_config_t cfg = TW_CONFIG_INIT;
   cfg.sm_budget = -1;
@@ -90,7 +92,8 @@ static void expect_nodes(int world, const uint64_t *hosts, int rpn, int rank, in
   TEST_ASSERT(c.node == node && c.nodes == nodes && c.local_rank == local_rank &&
                   c.local_size == local_size,
               "world %d rpn %d rank %d: node %d/%d local %d/%d, expected %d/%d %d/%d", world, rpn,
-              rank, c.node, c.nodes, c.local_rank, c.local_size, node, nodes, local_rank, local_size);
+              rank, c.node, c.nodes, c.local_rank, c.local_size, node, nodes, local_rank,
+              local_size);
 }
 
 static void test_topology(void) {

@@ -74,8 +74,8 @@ static void test_gemm_rs_plans(void) {
         tw_gemm_rs_plan_t p;
         tw_gemm_rs_make_plan(&a, &p);
         TEST_ASSERT(p.ctas >= 2 && p.ctas <= budget, "ctas %d of %d", p.ctas, budget);
-        TEST_ASSERT(p.reduce_ctas >= 1 && p.reduce_ctas < p.ctas, "world %d m %lld: reduce %d of %d",
-                    w, (long long)m, p.reduce_ctas, p.ctas);
+        TEST_ASSERT(p.reduce_ctas >= 1 && p.reduce_ctas < p.ctas,
+                    "world %d m %lld: reduce %d of %d", w, (long long)m, p.reduce_ctas, p.ctas);
         TEST_ASSERT(p.group_units >= 1 && p.groups_max >= 1, "groups %d x %d units", p.groups_max,
                     p.group_units);
         TEST_ASSERT(tw_gemm_rs_workspace_bytes(w, m, 4096) >= (size_t)m * 4096 * 4,

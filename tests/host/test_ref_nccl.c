@@ -19,7 +19,8 @@ int main(void) {
   printf("libnccl loaded\n");
   tw_ref_nccl_t *nccl = (tw_ref_nccl_t *)1;
   int devices[3] = {0, 1, 0};
-  TEST_ASSERT(tw_ref_nccl_create(&nccl, 3, devices, why, sizeof(why)) != 0, "duplicate GPUs accepted");
+  TEST_ASSERT(tw_ref_nccl_create(&nccl, 3, devices, why, sizeof(why)) != 0,
+              "duplicate GPUs accepted");
   TEST_ASSERT(nccl == NULL, "output not cleared on failure");
   TEST_ASSERT(strstr(why, "ranks 0 and 2 share GPU 0") != NULL, "message: %s", why);
   TEST_ASSERT(tw_ref_nccl_create(&nccl, 0, devices, why, sizeof(why)) != 0, "world 0 accepted");

@@ -40,14 +40,16 @@ typedef struct ag_ctx {
 } ag_ctx;
 
 static void note(ag_ctx *c, tw_status_t st, int r, const char *what) {
-  if (st == TW_SUCCESS) return;
+  if (st == TW_SUCCESS)
+    return;
   fprintf(stderr, "%s (rank %d): %s\n", what, r, tw_comm_last_error(c->rk->comms[r]));
   c->failed = 1;
 }
 
 static void do_allgather(ag_ctx *c, int r) {
-  note(c, tw_allgather(c->rk->comms[r], c->a[r], c->gathered2[r], (size_t)c->m_local * c->k * 2,
-                       (tw_stream_t)c->rk->streams[r]),
+  note(c,
+       tw_allgather(c->rk->comms[r], c->a[r], c->gathered2[r], (size_t)c->m_local * c->k * 2,
+                    (tw_stream_t)c->rk->streams[r]),
        r, "tw_allgather");
 }
 
@@ -182,7 +184,8 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
     fprintf(stderr, "ag_gemm: m=%lld is not divisible by world=%d\n", (long long)shape->m, world);
     return 1;
   }
-  if (bench_ranks_init(&rk, world, o->sm_budget)) return 1;
+  if (bench_ranks_init(&rk, world, o->sm_budget))
+    return 1;
   ag_ctx c;
   memset(&c, 0, sizeof(c));
   c.rk = &rk;
@@ -203,11 +206,13 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
     BENCH_CUDA(cudaMemcpyAsync((char *)c.gathered[r] + (size_t)r * shard, c.a[r], shard,
                                cudaMemcpyDeviceToDevice, rk.streams[r]));
     tw_test_fill_bf16(c.b[r], (size_t)c.n * c.k, 1000 + r, (tw_stream_t)rk.streams[r]);
-    if (tw_ref_blas_create(&c.blas[r]) != TW_SUCCESS) return 1;
+    if (tw_ref_blas_create(&c.blas[r]) != TW_SUCCESS)
+      return 1;
   }
   /* gemm-alone reads gathered2: fill it once through the allgather. */
   run_allgather(&c, 0);
-  for (int r = 0; r < world; r++) BENCH_CUDA(cudaStreamSynchronize(rk.streams[r]));
+  for (int r = 0; r < world; r++)
+    BENCH_CUDA(cudaStreamSynchronize(rk.streams[r]));
   /* Load cuBLAS's kernels for the timed shape before any persistent kernel spins: its lazy
    * module loading can wait for the device to go idle, which never happens while ranks wait
    * on each other (seen: a first cuBLAS launch stalled until the 10 s wait bound). */
@@ -296,4 +301,8 @@ static const bench_shape_t ag_quick[] = {{4096, 512, 4096, NULL}, {8192, 1024, 8
 extern "C" const bench_op_t bench_op_ag_gemm = {
     "ag_gemm",
     "AllGather+GEMM: fused vs allgather+cuBLAS vs GEMM alone; m = total rows, n = cols per rank",
-    ag_sweep, 4, ag_quick, 2, run_ag_gemm};
+    ag_sweep,
+    4,
+    ag_quick,
+    2,
+    run_ag_gemm};

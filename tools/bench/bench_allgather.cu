@@ -57,7 +57,8 @@ static int check_gather(ag_ctx *c, void (*fn)(void *, int), const char *what) {
   }
   bench_ranks_use(c->rk, 0);
   fn(c, 0);
-  for (int r = 0; r < world; r++) BENCH_CUDA(cudaStreamSynchronize(c->rk->streams[r]));
+  for (int r = 0; r < world; r++)
+    BENCH_CUDA(cudaStreamSynchronize(c->rk->streams[r]));
   int ok = !c->failed;
   for (int r = 0; r < world && ok; r++) {
     /* Compare on rank r's GPU: bring each source shard over first (distinct GPUs). */
@@ -65,11 +66,12 @@ static int check_gather(ag_ctx *c, void (*fn)(void *, int), const char *what) {
     void *expected = NULL;
     BENCH_CUDA(cudaMalloc(&expected, c->bytes));
     for (int src = 0; src < world && ok; src++) {
-      BENCH_CUDA(cudaMemcpyPeer(expected, c->rk->devices[r], c->send[src], c->rk->devices[src],
-                                c->bytes));
+      BENCH_CUDA(
+          cudaMemcpyPeer(expected, c->rk->devices[r], c->send[src], c->rk->devices[src], c->bytes));
       size_t diff = tw_test_count_diff((char *)c->recv[r] + src * c->bytes, expected, c->bytes);
       if (diff) {
-        fprintf(stderr, "%s: rank %d's copy of rank %d's shard: %zu bytes differ\n", what, r, src, diff);
+        fprintf(stderr, "%s: rank %d's copy of rank %d's shard: %zu bytes differ\n", what, r, src,
+                diff);
         ok = 0;
       }
     }
@@ -82,7 +84,8 @@ static int check_gather(ag_ctx *c, void (*fn)(void *, int), const char *what) {
 static int run_allgather(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res) {
   bench_ranks_t rk;
   int world = o->world ? o->world : 8;
-  if (bench_ranks_init(&rk, world, o->sm_budget)) return 1;
+  if (bench_ranks_init(&rk, world, o->sm_budget))
+    return 1;
   ag_ctx c;
   memset(&c, 0, sizeof(c));
   c.rk = &rk;
@@ -107,13 +110,15 @@ static int run_allgather(const bench_opts_t *o, const bench_shape_t *shape, benc
     memset(&row, 0, sizeof(row));
     snprintf(row.op, sizeof(row.op), "allgather");
     snprintf(row.variant, sizeof(row.variant), "%s", variants[v].name);
-    snprintf(row.shape, sizeof(row.shape), "%zu B/rank world=%d sms/rank=%d", c.bytes, world, budget);
+    snprintf(row.shape, sizeof(row.shape), "%zu B/rank world=%d sms/rank=%d", c.bytes, world,
+             budget);
     row.ok = o->check ? check_gather(&c, variants[v].fn, variants[v].name) : 1;
     row.ms = bench_time_multi_ms(variants[v].fn, &c, rk.streams[0], rk.streams, world, o->warmup,
                                  o->repeats, &row.ms_p10, &row.ms_p90);
     row.gbps = (double)c.bytes * world / (row.ms * 1e-3) * (world - 1) / world / 1e9;
     row.ok = row.ok && bench_ranks_async_ok(&rk, variants[v].name);
-    if (v == 0) base_ms = row.ms;
+    if (v == 0)
+      base_ms = row.ms;
     row.speedup = base_ms / row.ms;
     bench_add_row(res, &row);
   }
@@ -131,15 +136,18 @@ static const bench_shape_t ag_sweep[] = {
 static const bench_shape_t ag_quick[] = {{1 << 20, 0, 0, NULL}, {32 << 20, 0, 0, NULL}};
 
 extern "C" const bench_op_t bench_op_allgather = {
-    "allgather", "tw_allgather vs copy-engine allgather; m = bytes per rank, --world ranks (8)",
-    ag_sweep, 4, ag_quick, 2, run_allgather};
+    "allgather",  "tw_allgather vs copy-engine allgather; m = bytes per rank, --world ranks (8)",
+    ag_sweep,     4,
+    ag_quick,     2,
+    run_allgather};
 
 /* ---- flag ping-pong ---------------------------------------------------------------------- */
 
 static __device__ bool spin_geq(const uint64_t *flag, uint64_t target, int gpu_scope) {
   uint64_t start = tw_globaltimer();
   while ((gpu_scope ? tw_ld_acquire_gpu(flag) : tw_ld_acquire_sys(flag)) < target)
-    if (tw_globaltimer() - start > 2000000000ull) return false; /* 2 s */
+    if (tw_globaltimer() - start > 2000000000ull)
+      return false; /* 2 s */
   return true;
 }
 
@@ -156,12 +164,14 @@ static __global__ void pingpong_kernel(uint64_t *own, uint64_t *peer, int rounds
                                        int serve, int gpu_scope, int *failed) {
   for (int i = 1; i <= rounds; i++) {
     uint64_t v = base + (uint64_t)i;
-    if (serve) set_flag(peer, v, gpu_scope);
+    if (serve)
+      set_flag(peer, v, gpu_scope);
     if (!spin_geq(own, v, gpu_scope)) {
       *failed = 1;
       return;
     }
-    if (!serve) set_flag(peer, v, gpu_scope);
+    if (!serve)
+      set_flag(peer, v, gpu_scope);
   }
 }
 
@@ -181,7 +191,7 @@ static void run_pingpong(void *p, int iter) {
   for (int r = 0; r < 2; r++) {
     cudaSetDevice(c->rk->devices[r]);
     pingpong_kernel<<<1, 1, 0, c->rk->streams[r]>>>(c->flag[r], c->peer_flag[r], c->rounds, c->base,
-                                                   r == 0, c->gpu_scope, c->failed);
+                                                    r == 0, c->gpu_scope, c->failed);
   }
   c->base += (uint64_t)c->rounds;
   cudaSetDevice(c->rk->devices[0]);
@@ -189,20 +199,23 @@ static void run_pingpong(void *p, int iter) {
 
 static int run_flag(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res) {
   bench_ranks_t rk;
-  if (bench_ranks_init(&rk, 2, o->sm_budget)) return 1;
+  if (bench_ranks_init(&rk, 2, o->sm_budget))
+    return 1;
   flag_ctx c;
   memset(&c, 0, sizeof(c));
   c.rk = &rk;
   c.rounds = shape->m > 0 ? (int)shape->m : 1000;
   void *buf[2];
   for (int r = 0; r < 2; r++) {
-    if (tw_mem_alloc(rk.comms[r], 4096, &buf[r]) != TW_SUCCESS) return 1;
+    if (tw_mem_alloc(rk.comms[r], 4096, &buf[r]) != TW_SUCCESS)
+      return 1;
     BENCH_CUDA(cudaMemset(buf[r], 0, 4096));
     c.flag[r] = (uint64_t *)buf[r];
   }
   for (int r = 0; r < 2; r++) {
     void *peer;
-    if (tw_mem_peer_ptr(rk.comms[r], buf[r], 1 - r, &peer) != TW_SUCCESS) return 1;
+    if (tw_mem_peer_ptr(rk.comms[r], buf[r], 1 - r, &peer) != TW_SUCCESS)
+      return 1;
     c.peer_flag[r] = (uint64_t *)peer;
   }
   BENCH_CUDA(cudaMalloc(&c.failed, sizeof(int)));
@@ -230,7 +243,8 @@ static int run_flag(const bench_opts_t *o, const bench_shape_t *shape, bench_res
     bench_add_row(res, &row);
   }
   cudaFree(c.failed);
-  for (int r = 0; r < 2; r++) tw_mem_free(rk.comms[r], buf[r]);
+  for (int r = 0; r < 2; r++)
+    tw_mem_free(rk.comms[r], buf[r]);
   bench_ranks_fini(&rk);
   return 0;
 }
@@ -238,5 +252,10 @@ static int run_flag(const bench_opts_t *o, const bench_shape_t *shape, bench_res
 static const bench_shape_t flag_sweep[] = {{1000, 0, 0, NULL}};
 
 extern "C" const bench_op_t bench_op_flag = {
-    "flag", "flag round trip between two ranks (ms column: microseconds per round trip); m = rounds",
-    flag_sweep, 1, flag_sweep, 1, run_flag};
+    "flag",
+    "flag round trip between two ranks (ms column: microseconds per round trip); m = rounds",
+    flag_sweep,
+    1,
+    flag_sweep,
+    1,
+    run_flag};

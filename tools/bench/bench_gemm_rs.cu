@@ -40,8 +40,8 @@ typedef struct rs_ctx {
   void *ws[TW_MAX_WORLD];
   const float *partial_peers[TW_MAX_WORLD * TW_MAX_WORLD];
   void *out2_peers[TW_MAX_WORLD * TW_MAX_WORLD];
-  tw_ref_nccl_t *nccl;            /* ranks on distinct GPUs and libnccl loadable; else NULL */
-  float *scratch[TW_MAX_WORLD];   /* NCCL's fp32 result */
+  tw_ref_nccl_t *nccl;          /* ranks on distinct GPUs and libnccl loadable; else NULL */
+  float *scratch[TW_MAX_WORLD]; /* NCCL's fp32 result */
 } rs_ctx;
 
 static void run_fused(void *p, int iter) {
@@ -274,9 +274,9 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
   int nnccl = 0;
   double t_nccl = 0, t_nccl_reduce = 0;
   if (c->nccl) {
-    t_nccl = t[nv + nextra] = bench_time_multi_ms(run_nccl_cublas, c, c->streams[0], c->streams,
-                                                  world, o->warmup, o->repeats,
-                                                  &p10[nv + nextra], &p90[nv + nextra]);
+    t_nccl = t[nv + nextra] =
+        bench_time_multi_ms(run_nccl_cublas, c, c->streams[0], c->streams, world, o->warmup,
+                            o->repeats, &p10[nv + nextra], &p90[nv + nextra]);
     t_nccl_reduce = t[nv + nextra + 1] =
         bench_time_multi_ms(run_nccl_reduce, c, c->streams[0], c->streams, world, o->warmup,
                             o->repeats, &p10[nv + nextra + 1], &p90[nv + nextra + 1]);

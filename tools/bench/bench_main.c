@@ -111,22 +111,14 @@ static int parse_count(const char *text, int64_t *value) {
     return -1;
   int shift = 0;
   switch (*end) {
-  case '\0':
-    break;
+  case '\0': break;
   case 'k':
-  case 'K':
-    shift = 10;
-    break;
+  case 'K': shift = 10; break;
   case 'm':
-  case 'M':
-    shift = 20;
-    break;
+  case 'M': shift = 20; break;
   case 'g':
-  case 'G':
-    shift = 30;
-    break;
-  default:
-    return -1;
+  case 'G': shift = 30; break;
+  default: return -1;
   }
   if (shift && end[1] != '\0')
     return -1;
@@ -483,21 +475,11 @@ static void json_string(FILE *out, const char *s) {
   fputc('"', out);
   for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
     switch (*p) {
-    case '"':
-      fputs("\\\"", out);
-      break;
-    case '\\':
-      fputs("\\\\", out);
-      break;
-    case '\n':
-      fputs("\\n", out);
-      break;
-    case '\t':
-      fputs("\\t", out);
-      break;
-    case '\r':
-      fputs("\\r", out);
-      break;
+    case '"': fputs("\\\"", out); break;
+    case '\\': fputs("\\\\", out); break;
+    case '\n': fputs("\\n", out); break;
+    case '\t': fputs("\\t", out); break;
+    case '\r': fputs("\\r", out); break;
     default:
       if (*p < 0x20)
         fprintf(out, "\\u%04x", *p);

@@ -17,12 +17,8 @@ extern const bench_op_t bench_op_gemm_ar __attribute__((weak));
 
 /* Registry order is the order `tw-bench` runs them in and `--list` prints them. */
 static const bench_op_t *const registry[] = {
-    &bench_op_gemm,
-    &bench_op_allgather,
-    &bench_op_flag,
-    &bench_op_ag_gemm,
-    &bench_op_gemm_rs,
-    &bench_op_gemm_ar,
+    &bench_op_gemm,    &bench_op_allgather, &bench_op_flag,
+    &bench_op_ag_gemm, &bench_op_gemm_rs,   &bench_op_gemm_ar,
 };
 
 enum { REGISTRY_SIZE = (int)(sizeof(registry) / sizeof(registry[0])) };

@@ -10,8 +10,10 @@ int bench_ranks_init(bench_ranks_t *rk, int world, int sm_budget) {
   BENCH_CUDA(cudaGetDeviceCount(&ngpu));
   rk->world = world;
   const char *virt = getenv("TW_BENCH_VIRTUAL"); /* 1: every rank on GPU 0 */
-  if (virt && *virt == '1') ngpu = 1;
-  for (int r = 0; r < world; r++) rk->devices[r] = r % ngpu;
+  if (virt && *virt == '1')
+    ngpu = 1;
+  for (int r = 0; r < world; r++)
+    rk->devices[r] = r % ngpu;
   tw_config_t cfg = TW_CONFIG_INIT;
   cfg.sm_budget = sm_budget;
   if (tw_comm_init_all(rk->comms, world, rk->devices, &cfg) != TW_SUCCESS) {
