@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR := $(if $(shell command -v ninja 2>/dev/null),-G Ninja,)
 
-.PHONY: all configure test run gpu-suite clean format
+.PHONY: all configure test run gpu-suite clean format format-check
 
 all: configure
 	cmake --build $(BUILD) -j $(JOBS)
@@ -27,7 +27,10 @@ gpu-suite: all
 	TW_BUILD_DIR=$(BUILD) bash scripts/gpu-suite.sh
 
 format:
-	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
+	clang-format -i --style=file $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
+
+format-check:
+	clang-format --dry-run --Werror --style=file $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
 
 clean:
 	rm -rf $(BUILD)
