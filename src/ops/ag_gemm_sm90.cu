@@ -13,7 +13,6 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <string.h>
 
 #include "ag_gemm.h"
@@ -147,20 +146,11 @@ template <class Out, int BN>
 tw_status_t launch(AgParams<Out> &params, int grid, cudaStream_t stream) {
   auto kernel = ag_gemm_kernel<Out, BN>;
   constexpr int kSmem = SmemLayout<AgConfig<BN>::kStages, kEpiBytes, BN>::kDynamicBytes;
-  static std::atomic<uint64_t> configured{0}; /* bit per device */
-  int device = 0;
-  tw_status_t st = tw_cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  static uint64_t configured; /* a bit per device */
+  tw_status_t st = tw_kernel_smem_once((const void *)kernel, kSmem, &configured,
+                                       "tw_ag_gemm: cudaFuncSetAttribute");
   if (st != TW_SUCCESS)
     return st;
-  const uint64_t bit = uint64_t(1) << (device % 64);
-  if (!(configured.load() & bit)) {
-    st = tw_cuda_check(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-        "tw_ag_gemm: cudaFuncSetAttribute");
-    if (st != TW_SUCCESS)
-      return st;
-    configured.fetch_or(bit);
-  }
   kernel<<<grid, kThreads, kSmem, stream>>>(params);
   return tw_cuda_check(cudaGetLastError(), "tw_ag_gemm: kernel launch");
 }

@@ -31,7 +31,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <string.h>
 
 #include "device/signal.cuh"
@@ -356,25 +355,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_rs_kernel(const __grid_const
 
 tw_status_t launch(const RsParams &params, int grid, cudaStream_t stream) {
   constexpr int kSmem = SmemLayout<kStages, kEpiBytes>::kDynamicBytes;
-  static std::atomic<uint64_t> configured{0}; /* bit per device */
-  int device = 0;
-  tw_status_t st = tw_cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  static uint64_t configured[2]; /* a bit per device, per variant */
+  tw_status_t st = params.steal
+                       ? tw_kernel_smem_once((const void *)gemm_rs_kernel<true>, kSmem,
+                                             &configured[1], "tw_gemm_rs: cudaFuncSetAttribute")
+                       : tw_kernel_smem_once((const void *)gemm_rs_kernel<false>, kSmem,
+                                             &configured[0], "tw_gemm_rs: cudaFuncSetAttribute");
   if (st != TW_SUCCESS)
     return st;
-  const uint64_t bit = uint64_t(1) << (device % 64);
-  if (!(configured.load() & bit)) {
-    /* Both variants at once: the bit says the device is configured for either. */
-    st = tw_cuda_check(cudaFuncSetAttribute(gemm_rs_kernel<false>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-                       "tw_gemm_rs: cudaFuncSetAttribute");
-    if (st == TW_SUCCESS)
-      st = tw_cuda_check(cudaFuncSetAttribute(gemm_rs_kernel<true>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-                         "tw_gemm_rs: cudaFuncSetAttribute");
-    if (st != TW_SUCCESS)
-      return st;
-    configured.fetch_or(bit);
-  }
   if (params.steal)
     gemm_rs_kernel<true><<<grid, kThreads, kSmem, stream>>>(params);
   else

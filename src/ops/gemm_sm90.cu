@@ -17,6 +17,7 @@
 #include "gemm_sm90.cuh"
 #include "gemm_sm90.h"
 #include "status.h"
+#include "tma_map.h"
 
 using namespace tw::gemm;
 
@@ -27,24 +28,6 @@ __device__ TileQueue g_plain_queue;
 
 constexpr int kMaxDevices = 64;
 
-tw_status_t encode_map(CUtensorMap *map, CUtensorMapDataType dtype, int elem_bytes, const void *ptr,
-                       uint64_t cols, uint64_t rows, uint64_t ld, uint32_t box_cols,
-                       uint32_t box_rows, const char *what) {
-  const tw_driver_api_t *api = NULL;
-  tw_status_t st = tw_driver(&api);
-  if (st != TW_SUCCESS)
-    return st;
-  cuuint64_t dims[2] = {cols, rows};
-  cuuint64_t strides[1] = {ld * (uint64_t)elem_bytes};
-  cuuint32_t box[2] = {box_cols, box_rows};
-  cuuint32_t elem_strides[2] = {1, 1};
-  CUresult res = api->cuTensorMapEncodeTiled(
-      map, dtype, 2, const_cast<void *>(ptr), dims, strides, box, elem_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return tw_cu_check(res, what);
-}
-
 template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN>
 tw_status_t launch_plain(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int grid, int device,
                          cudaStream_t stream) {
@@ -52,16 +35,11 @@ tw_status_t launch_plain(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int
       gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, NoWait, kDynamic, kCluster, BN>;
   constexpr int kSmem = SmemLayout<Stages, EpiBytes, BN>::kDynamicBytes;
   // The shared-memory limit is raised once per device and instantiation.
-  static std::atomic<uint64_t> configured{0};
-  const uint64_t bit = uint64_t(1) << (device % kMaxDevices);
-  if (!(configured.load(std::memory_order_acquire) & bit)) {
-    tw_status_t st = tw_cuda_check(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-        "tw_gemm: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-    if (st != TW_SUCCESS)
-      return st;
-    configured.fetch_or(bit, std::memory_order_release);
-  }
+  static uint64_t configured;
+  tw_status_t st = tw_kernel_smem_once((const void *)kernel, kSmem, &configured,
+                                       "tw_gemm: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  if (st != TW_SUCCESS)
+    return st;
   if (kCluster == 1) {
     kernel<<<grid, kThreads, kSmem, stream>>>(params);
     return tw_cuda_check(cudaGetLastError(), "tw_gemm: kernel launch");
@@ -83,8 +61,8 @@ tw_status_t launch_plain(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int
   config.numAttrs = 1;
   int pairs = max_pairs[device % kMaxDevices].load(std::memory_order_relaxed);
   if (pairs == 0) {
-    tw_status_t st = tw_cuda_check(cudaOccupancyMaxActiveClusters(&pairs, kernel, &config),
-                                   "tw_gemm: cudaOccupancyMaxActiveClusters");
+    st = tw_cuda_check(cudaOccupancyMaxActiveClusters(&pairs, kernel, &config),
+                       "tw_gemm: cudaOccupancyMaxActiveClusters");
     if (st != TW_SUCCESS)
       return st;
     if (pairs < 1)
@@ -163,19 +141,19 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   GemmParams<EpiTmaStore<Out>, NoWait> params;
   memset(&params, 0, sizeof(params));
   tw_status_t st;
-  st = encode_map(&params.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a, a.k, a.m, a.lda, kBlockK,
-                  kBlockM, "tw_gemm: cuTensorMapEncodeTiled(a)");
+  st = tw_tma_map_2d(&params.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a, a.k, a.m, a.lda,
+                     kBlockK, kBlockM, "tw_gemm: cuTensorMapEncodeTiled(a)");
   if (st != TW_SUCCESS)
     return st;
-  st = encode_map(&params.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b, a.k, a.n, a.ldb, kBlockK,
-                  pair ? bn / 2 : bn, "tw_gemm: cuTensorMapEncodeTiled(b)");
+  st = tw_tma_map_2d(&params.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b, a.k, a.n, a.ldb,
+                     kBlockK, pair ? bn / 2 : bn, "tw_gemm: cuTensorMapEncodeTiled(b)");
   if (st != TW_SUCCESS)
     return st;
-  st = encode_map(&params.epi.c_map,
-                  sizeof(Out) == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-                  sizeof(Out), a.c, a.n, a.m, a.ldc, 128 / sizeof(Out), kBoxRows,
-                  "tw_gemm: cuTensorMapEncodeTiled(c)");
+  st = tw_tma_map_2d(&params.epi.c_map,
+                     sizeof(Out) == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+                     sizeof(Out), a.c, a.n, a.m, a.ldc, 128 / sizeof(Out), kBoxRows,
+                     "tw_gemm: cuTensorMapEncodeTiled(c)");
   if (st != TW_SUCCESS)
     return st;
   TileOrder &o = params.order;

@@ -55,3 +55,19 @@ tw_status_t tw_sm_exclusive_smem(const void *kernel, int *smem_bytes) {
     *smem_bytes = bytes;
   return st;
 }
+
+tw_status_t tw_kernel_smem_once(const void *kernel, int bytes, uint64_t *configured,
+                                const char *what) {
+  int device = 0;
+  tw_status_t st = tw_cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  if (st != TW_SUCCESS)
+    return st;
+  const uint64_t bit = (uint64_t)1 << (device % 64);
+  if (__atomic_load_n(configured, __ATOMIC_ACQUIRE) & bit)
+    return TW_SUCCESS;
+  st = tw_cuda_check(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
+  if (st == TW_SUCCESS)
+    __atomic_fetch_or(configured, bit, __ATOMIC_RELEASE);
+  return st;
+}

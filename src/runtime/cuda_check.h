@@ -27,6 +27,13 @@ tw_status_t tw_check_device(int device);
  * the device's SMs are always co-resident. */
 tw_status_t tw_sm_exclusive_smem(const void *kernel, int *smem_bytes);
 
+/* Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per
+ * device: *configured (zero-initialised, one per kernel, owned by the caller) keeps a bit per
+ * device. `what` names the caller in the error message. */
+#include <stdint.h>
+tw_status_t tw_kernel_smem_once(const void *kernel, int bytes, uint64_t *configured,
+                                const char *what);
+
 #ifdef __cplusplus
 }
 #endif
