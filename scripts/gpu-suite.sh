@@ -3,6 +3,7 @@
 #
 #   scripts/gpu-suite.sh [STEP...]     steps: host gpu mps sanitizer bench multi python (default: all)
 #   TW_SUITE_GEMM_ARGS="--quick"       passed to the tw-bench gemm steps (e.g. to save device time)
+#   TW_SUITE_BENCH_ARGS="--repeats 20"  passed to every other tw-bench step
 #
 # multi: when the machine has several GPUs, the benchmarks on distinct GPUs (real NVLink),
 # world = number of GPUs, and the multi-process test with one process per GPU.
@@ -86,37 +87,32 @@ if want multi && [ "$ngpus" -gt 1 ]; then
   step "test_ag_gemm, ranks on distinct GPUs" 300 env TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
   step "tw-bench flag (2 GPUs)" 120 "$bin/tw-bench" flag --json "$out/bench-flag-gpus.json"
   step "tw-bench allgather ($ngpus GPUs)" 300 "$bin/tw-bench" allgather --world "$ngpus" --json "$out/bench-allgather-gpus.json"
-  step "tw-bench ag_gemm ($ngpus GPUs)" 400 "$bin/tw-bench" ag_gemm --world "$ngpus" --json "$out/bench-ag_gemm-gpus.json"
+  step "tw-bench ag_gemm ($ngpus GPUs)" 400 "$bin/tw-bench" ag_gemm --world "$ngpus" ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-ag_gemm-gpus.json"
   for op in gemm_rs gemm_ar; do
     "$bin/tw-bench" --list 2>/dev/null | grep -q "^ *$op" &&
-      step "tw-bench $op ($ngpus GPUs)" 400 "$bin/tw-bench" $op --world "$ngpus" --json "$out/bench-$op-gpus.json"
+      step "tw-bench $op ($ngpus GPUs)" 400 "$bin/tw-bench" $op --world "$ngpus" ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-$op-gpus.json"
   done
 fi
 
 if want bench; then
   step "tw-bench flag" 120 "$bin/tw-bench" flag --json "$out/bench-flag.json"
   step "tw-bench allgather (8 vranks)" 300 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" allgather --world 8 --json "$out/bench-allgather.json"
-  step "tw-bench ag_gemm (8 vranks)" 400 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" ag_gemm --json "$out/bench-ag_gemm.json"
-  step "tw-bench ag_gemm (world 1)" 200 "$bin/tw-bench" ag_gemm --world 1 --json "$out/bench-ag_gemm-w1.json"
+  step "tw-bench ag_gemm (8 vranks)" 400 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" ag_gemm ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-ag_gemm.json"
+  step "tw-bench ag_gemm (world 1)" 200 "$bin/tw-bench" ag_gemm --world 1 ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-ag_gemm-w1.json"
   for op in gemm_rs gemm_ar; do
     "$bin/tw-bench" --list 2>/dev/null | grep -q "^ *$op" &&
-      step "tw-bench $op (8 vranks)" 400 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" $op --json "$out/bench-$op.json"
+      step "tw-bench $op (8 vranks)" 400 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" $op ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-$op.json"
   done
-  # The experimental work stealing of GEMM+RS/AR, for comparison with the rows above.
+  # GEMM+RS without work stealing (TW_RS_STEAL=0), for comparison with the rows above.
   "$bin/tw-bench" --list 2>/dev/null | grep -q "^ *gemm_rs" &&
-    step "tw-bench gemm_rs (8 vranks, TW_RS_STEAL=1)" 400 env TW_BENCH_VIRTUAL=1 TW_RS_STEAL=1 \
-      "$bin/tw-bench" gemm_rs --json "$out/bench-gemm_rs-steal.json"
+    step "tw-bench gemm_rs (8 vranks, TW_RS_STEAL=0)" 400 env TW_BENCH_VIRTUAL=1 TW_RS_STEAL=0 \
+      "$bin/tw-bench" gemm_rs ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-gemm_rs-steal.json"
   if "$bin/tw-bench" --list 2>/dev/null | grep -q '^ *gemm'; then
     step "tw-bench gemm" 500 "$bin/tw-bench" gemm ${TW_SUITE_GEMM_ARGS:-} --json "$out/bench-gemm.json"
     step "tw-bench gemm --sm-budget 116" 500 "$bin/tw-bench" gemm --sm-budget 116 ${TW_SUITE_GEMM_ARGS:-} --json "$out/bench-gemm-116.json"
   fi
 fi
 
-{
-  echo
-  echo "== tilewire GPU suite: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F)"
-  printf '%s\n' "${summary[@]}"
-} | tee "$out/summary.txt"
 if want sanitizer; then
   if command -v compute-sanitizer >/dev/null; then
     cs="compute-sanitizer --error-exitcode=1 --target-processes all"
@@ -128,6 +124,11 @@ if want sanitizer; then
     summary+=("$(printf '%-34s %-14s' 'compute-sanitizer' 'SKIP(absent)')")
   fi
 fi
+{
+  echo
+  echo "== tilewire GPU suite: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F)"
+  printf '%s\n' "${summary[@]}"
+} | tee "$out/summary.txt"
 # Few files come back from a lent machine: bundle the JSON results.
 if ls "$out"/bench-*.json >/dev/null 2>&1; then
   tar czf "$out/bench-json.tgz" -C "$out" $(cd "$out" && ls bench-*.json) && rm -f "$out"/bench-*.json

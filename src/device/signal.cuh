@@ -108,8 +108,13 @@ tw_record_wait_failure(const tw_dev_comm_t &dc, uint32_t status, int op, const u
   if (status == TW_ERR_DEVICE_TIMEOUT) {
     /* Tell every reachable rank (this one too) to stop waiting. */
     for (int p = 0; p < dc.world; p++)
-      if (dc.peer_ctrl[p])
+      if (dc.peer_ctrl[p]) {
         tw_st_relaxed_sys_u32(&dc.peer_ctrl[p]->abort, 1u);
+        /* Release the copy-engine streams of tw_ag_gemm: they wait (cuStreamWaitValue64,
+         * which has no bound) for entry words on this channel. */
+        for (int q = 0; q < dc.world; q++)
+          tw_st_release_sys(&dc.peer_ctrl[p]->entry[TW_CH_AG_GEMM_CE][q], ~0ull);
+      }
     tw_fence_acq_rel_sys();
     if (dc.trap_on_timeout)
       __trap();

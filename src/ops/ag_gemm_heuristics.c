@@ -2,8 +2,9 @@
  * tw_ag_gemm launch plan. Communication CTAs: enough that the push of this rank's
  * shard to every rank finishes while the GEMM runs, estimated from measured
  * per-SM rates (docs/PERF.md): a copy CTA moves about 15 GB/s while every rank copies, a GEMM CTA
- * does about 5.5 TFLOP/s. Chunks: 128 rows (one GEMM row block) unless the shard would need more
- * than TW_AG_GEMM_MAX_CHUNKS flags.
+ * does about 5.5 TFLOP/s; each push only has to arrive by the time the rotated GEMM needs it.
+ * Chunks: 128 rows (one GEMM row block) unless the shard would need more than TW_AG_GEMM_MAX_CHUNKS
+ * flags.
  */
 #include "ag_gemm.h"
 #include "gemm_heuristics.h"
@@ -41,10 +42,21 @@ void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *a, tw_ag_gemm_plan_t *pl
     double flops = 2.0 * (double)a->m_local * (double)a->world * (double)a->n * (double)a->k;
     double t_copy1 = bytes / (TW_COPY_GBPS_PER_CTA * 1e9); /* with one comm CTA */
     double t_gemm = flops / (TW_GEMM_TFLOPS_PER_CTA * 1e12 * a->sm_budget);
-    /* Smallest count whose push ends by the time the GEMM is half done. */
-    comm = 1;
-    while (comm < a->sm_budget / 2 && t_copy1 / comm > 0.5 * t_gemm)
+    /* Just in time: the rotated GEMM of rank r - k reaches this shard after k / world of its
+     * work and then reads it row block by row block, while the push serves r - 1, r - 2, ...
+     * in that order, chunk by chunk. The k-th push ends at k / (world - 1) of the push time
+     * and its shard is consumed until (k + 1) / world of the GEMM, so the push keeps ahead
+     * when it takes no longer than the GEMM: c CTAs with t_copy1 / c <= t_gemm, plus 25%
+     * slack. (The rule before, "the whole push ends by half the GEMM", gave 8 of 16 CTAs to
+     * copies at M=16384 on 8 virtual ranks where about 4 suffice.) */
+    double want = 1.25 * t_copy1 / t_gemm;
+    comm = (int)want;
+    if ((double)comm < want)
       comm++;
+    if (comm > a->sm_budget / 2)
+      comm = a->sm_budget / 2;
+    if (comm < 1)
+      comm = 1;
   }
   if (comm >= a->sm_budget)
     comm = a->sm_budget > 1 ? a->sm_budget - 1 : 1;

@@ -126,11 +126,15 @@ extern "C" tw_status_t tw_ag_make_plan(tw_comm_t comm, const void *send, void *r
           "implemented yet",
           p);
   }
-  /* Chunks: enough items to keep every CTA busy, each at least 64 KiB, at most
-   * TW_AG_MAX_CHUNKS per rank (the flag slice). TW_AG_CHUNK_BYTES overrides. */
+  /* Chunks: about TW_AG_TARGET_ITEMS items in all (two per CTA of a full H200), each at least
+   * 64 KiB, at most TW_AG_MAX_CHUNKS per rank (the flag slice). TW_AG_CHUNK_BYTES overrides.
+   * The chunking must be the same on every rank (a receiver waits for the sender's chunk
+   * flags), so it depends on bytes and world only, never on this rank's SM budget: ranks on
+   * distinct GPUs may have different budgets (3 ranks on 2 GPUs: 66, 132, 66 SMs), and a
+   * budget-derived chunking hung there (2026-11-29, TW_TEST_DEVICES=distinct). */
   size_t chunk = (size_t)tw_env_int(TW_AG_CHUNK_BYTES_ID);
   if (chunk == 0) {
-    size_t want_items_per_peer = ((size_t)2 * max_ctas + world - 1) / world;
+    size_t want_items_per_peer = ((size_t)TW_AG_TARGET_ITEMS + world - 1) / world;
     chunk = (bytes + want_items_per_peer - 1) / want_items_per_peer;
     if (chunk < (64u << 10))
       chunk = 64u << 10;
@@ -144,7 +148,7 @@ extern "C" tw_status_t tw_ag_make_plan(tw_comm_t comm, const void *send, void *r
   plan->chunk_bytes = chunk;
   plan->nchunks = (int)((bytes + chunk - 1) / chunk);
   int items = world * plan->nchunks;
-  plan->ctas = items < max_ctas ? items : max_ctas;
+  plan->ctas = items < max_ctas ? items : max_ctas; /* grid-strided: any count is correct */
   return TW_SUCCESS;
 }
 

@@ -175,48 +175,63 @@ __device__ __forceinline__ int32_t owner_units(const RsParams &p, int32_t o) {
   return tw_rs_mb_count(o, p.m_local) * p.n_blocks;
 }
 
-/* All threads: sum unit u of this rank's rows over the ranks' slots, in rank order, with
- * kBatch loads in flight per thread. */
-template <int kBatch>
+/* All threads: sum unit u of this rank's rows over the ranks' slots, in rank order (fp32,
+ * the same order for every element, so the result is bitwise the unfused reduce's). Each
+ * thread keeps kItems float4 of different elements in flight per rank step: with one element
+ * per thread a CTA had only world x 6 KiB in flight and a reduce CTA moved ~12 GB/s. */
+template <int kItems>
 __device__ __forceinline__ void reduce_unit(const RsParams &p, int world, int me, int32_t u) {
   int32_t r0, r1, c0, c1;
   unit_rect(me, u, p.m_local, p.n, r0, r1, c0, c1);
   const int32_t quads = (c1 - c0) / 4;
   const int32_t items = (r1 - r0) * quads;
   const size_t slot = (size_t)p.m_local * p.n;
-  for (int32_t i = threadIdx.x; i < items; i += blockDim.x) {
-    const int32_t r = r0 + i / quads;
-    const int32_t c = c0 + 4 * (i % quads);
-    const float *src = p.staging + (size_t)r * p.n + c;
-    float4 acc = __ldcg(reinterpret_cast<const float4 *>(src));
-    for (int s0 = 1; s0 < world; s0 += kBatch) {
-      float4 v[kBatch];
+  const int32_t stride = (int32_t)blockDim.x;
+  for (int32_t base = threadIdx.x; base < items; base += kItems * stride) {
+    size_t off[kItems];
+    float4 acc[kItems];
 #pragma unroll
-      for (int j = 0; j < kBatch; j++)
-        if (s0 + j < world)
-          v[j] = __ldcg(reinterpret_cast<const float4 *>(src + (s0 + j) * slot));
-#pragma unroll
-      for (int j = 0; j < kBatch; j++)
-        if (s0 + j < world) {
-          acc.x = __fadd_rn(acc.x, v[j].x);
-          acc.y = __fadd_rn(acc.y, v[j].y);
-          acc.z = __fadd_rn(acc.z, v[j].z);
-          acc.w = __fadd_rn(acc.w, v[j].w);
-        }
+    for (int j = 0; j < kItems; j++) {
+      const int32_t i = min(base + j * stride, items - 1); /* clamped: loads stay in bounds */
+      off[j] = (size_t)(r0 + i / quads) * p.n + c0 + 4 * (i % quads);
+      acc[j] = __ldcg(reinterpret_cast<const float4 *>(p.staging + off[j]));
     }
-    __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x, acc.y);
-    __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z, acc.w);
-    uint2 packed;
-    packed.x = *reinterpret_cast<uint32_t *>(&lo);
-    packed.y = *reinterpret_cast<uint32_t *>(&hi);
-    const int64_t out_row = p.all_reduce ? (int64_t)me * p.m_local + r : r;
-    *reinterpret_cast<uint2 *>(p.out + out_row * p.ldo + c) = packed;
-    if (p.all_reduce)
-      *reinterpret_cast<uint2 *>(p.reduced + (size_t)r * p.n + c) = packed;
+#pragma unroll 1
+    for (int s = 1; s < world; s++) {
+      const float *slab = p.staging + (size_t)s * slot;
+      float4 v[kItems];
+#pragma unroll
+      for (int j = 0; j < kItems; j++)
+        v[j] = __ldcg(reinterpret_cast<const float4 *>(slab + off[j]));
+#pragma unroll
+      for (int j = 0; j < kItems; j++) {
+        acc[j].x = __fadd_rn(acc[j].x, v[j].x);
+        acc[j].y = __fadd_rn(acc[j].y, v[j].y);
+        acc[j].z = __fadd_rn(acc[j].z, v[j].z);
+        acc[j].w = __fadd_rn(acc[j].w, v[j].w);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kItems; j++) {
+      if (base + j * stride >= items)
+        break;
+      const int32_t r = (int32_t)(off[j] / (size_t)p.n), c = (int32_t)(off[j] % (size_t)p.n);
+      __nv_bfloat162 lo = __floats2bfloat162_rn(acc[j].x, acc[j].y);
+      __nv_bfloat162 hi = __floats2bfloat162_rn(acc[j].z, acc[j].w);
+      uint2 packed;
+      packed.x = *reinterpret_cast<uint32_t *>(&lo);
+      packed.y = *reinterpret_cast<uint32_t *>(&hi);
+      const int64_t out_row = p.all_reduce ? (int64_t)me * p.m_local + r : r;
+      *reinterpret_cast<uint2 *>(p.out + out_row * p.ldo + c) = packed;
+      if (p.all_reduce)
+        *reinterpret_cast<uint2 *>(p.reduced + off[j]) = packed;
+    }
   }
 }
 
-/* All threads: copy unit u of owner o's reduced rows into this rank's out. */
+/* All threads: copy unit u of owner o's reduced rows into this rank's out, kItems 16-byte
+ * loads in flight per thread. */
+template <int kItems>
 __device__ __forceinline__ void gather_unit(const RsParams &p, int32_t o, int32_t u) {
   int32_t r0, r1, c0, c1;
   unit_rect(o, u, p.m_local, p.n, r0, r1, c0, c1);
@@ -224,16 +239,28 @@ __device__ __forceinline__ void gather_unit(const RsParams &p, int32_t o, int32_
   const int32_t items = (r1 - r0) * vecs;
   const __nv_bfloat16 *src = p.reduced_peer[o];
   __nv_bfloat16 *dst = p.out + (int64_t)o * p.m_local * p.ldo;
-  for (int32_t i = threadIdx.x; i < items; i += blockDim.x) {
-    const int32_t r = r0 + i / vecs;
-    const int32_t c = c0 + 8 * (i % vecs);
-    *reinterpret_cast<int4 *>(dst + r * p.ldo + c) =
-        __ldcg(reinterpret_cast<const int4 *>(src + (size_t)r * p.n + c));
+  const int32_t stride = (int32_t)blockDim.x;
+  for (int32_t base = threadIdx.x; base < items; base += kItems * stride) {
+    int4 v[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; j++) {
+      const int32_t i = min(base + j * stride, items - 1);
+      v[j] = __ldcg(reinterpret_cast<const int4 *>(src + (size_t)(r0 + i / vecs) * p.n + c0 +
+                                                   8 * (i % vecs)));
+    }
+#pragma unroll
+    for (int j = 0; j < kItems; j++) {
+      const int32_t i = base + j * stride;
+      if (i >= items)
+        break;
+      *reinterpret_cast<int4 *>(dst + (int64_t)(r0 + i / vecs) * p.ldo + c0 + 8 * (i % vecs)) =
+          v[j];
+    }
   }
 }
 
 /* Reduce role: claims this rank's unit groups in order until none are left. */
-template <int kBatch>
+template <int kItems>
 __device__ __forceinline__ void reduce_work(const RsParams &p, uint64_t epoch, int *s_item,
                                             int *s_ok) {
   const tw_dev_comm_t &dc = p.gemm.wait.dc;
@@ -264,7 +291,7 @@ __device__ __forceinline__ void reduce_work(const RsParams &p, uint64_t epoch, i
       break;
     const int32_t u_end = min(units, (item + 1) * p.group_units);
     for (int32_t u = item * p.group_units; u < u_end; u++)
-      reduce_unit<kBatch>(p, world, me, u);
+      reduce_unit<kItems>(p, world, me, u);
     if (p.all_reduce) {
       __syncthreads();
       if (threadIdx.x == 0) {
@@ -310,7 +337,7 @@ __device__ __forceinline__ void gather_work(const RsParams &p, uint64_t epoch, i
     const int o = (me + 1 + item % (world - 1)) % world;
     const int32_t u_end = min(owner_units(p, o), (g + 1) * p.group_units);
     for (int32_t u = g * p.group_units; u < u_end; u++)
-      gather_unit(p, o, u);
+      gather_unit<8>(p, o, u);
   }
   if (threadIdx.x == 0)
     queue_leave(queue, p.steal ? (int32_t)gridDim.x : p.reduce_ctas);
@@ -335,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_rs_kernel(const __grid_const
   }
   __syncthreads();
   if ((int)blockIdx.x < p.reduce_ctas) {
-    reduce_work<kMaxWorld - 1>(p, epoch, &s_item, &s_ok);
+    reduce_work<8>(p, epoch, &s_item, &s_ok);
     if (p.all_reduce)
       gather_work(p, epoch, &s_item, &s_ok);
   }
@@ -343,7 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_rs_kernel(const __grid_const
                                                                              0);
   if constexpr (kSteal) {
     if ((int)blockIdx.x >= p.reduce_ctas) {
-      reduce_work<4>(p, epoch, &s_item, &s_ok);
+      reduce_work<8>(p, epoch, &s_item, &s_ok);
       if (p.all_reduce)
         gather_work(p, epoch, &s_item, &s_ok);
     }

@@ -136,13 +136,14 @@ int tw_ref_nccl_allgather(tw_ref_nccl_t *n, const void *const *send, void *const
   GROUP(api.AllGather(send[i], recv[i], bytes, ncclUint8, n->comms[i], streams[i]));
 }
 
-int tw_ref_nccl_reduce_scatter_f32(tw_ref_nccl_t *n, const float *const *send, float *const *recv,
-                                   size_t count, cudaStream_t *streams) {
-  GROUP(api.ReduceScatter(send[i], recv[i], count / (size_t)n->world, ncclFloat32, ncclSum,
-                          n->comms[i], streams[i]));
+int tw_ref_nccl_reduce_scatter(tw_ref_nccl_t *n, const void *const *send, void *const *recv,
+                               size_t count, int bf16, cudaStream_t *streams) {
+  GROUP(api.ReduceScatter(send[i], recv[i], count / (size_t)n->world,
+                          bf16 ? ncclBfloat16 : ncclFloat32, ncclSum, n->comms[i], streams[i]));
 }
 
-int tw_ref_nccl_all_reduce_f32(tw_ref_nccl_t *n, const float *const *send, float *const *recv,
-                               size_t count, cudaStream_t *streams) {
-  GROUP(api.AllReduce(send[i], recv[i], count, ncclFloat32, ncclSum, n->comms[i], streams[i]));
+int tw_ref_nccl_all_reduce(tw_ref_nccl_t *n, const void *const *send, void *const *recv,
+                           size_t count, int bf16, cudaStream_t *streams) {
+  GROUP(api.AllReduce(send[i], recv[i], count, bf16 ? ncclBfloat16 : ncclFloat32, ncclSum,
+                      n->comms[i], streams[i]));
 }

@@ -32,12 +32,12 @@ void tw_ref_nccl_destroy(tw_ref_nccl_t *nccl);
  * streams[r], inside one NCCL group. */
 int tw_ref_nccl_allgather(tw_ref_nccl_t *nccl, const void *const *send, void *const *recv,
                           size_t bytes, cudaStream_t *streams);
-/* fp32 sums: ReduceScatter (recv[r] gets count / world elements of rank r's block) and
- * AllReduce (recv[r] gets all `count`). */
-int tw_ref_nccl_reduce_scatter_f32(tw_ref_nccl_t *nccl, const float *const *send,
-                                   float *const *recv, size_t count, cudaStream_t *streams);
-int tw_ref_nccl_all_reduce_f32(tw_ref_nccl_t *nccl, const float *const *send, float *const *recv,
-                               size_t count, cudaStream_t *streams);
+/* Sums (fp32, or bf16 when `bf16`): ReduceScatter (recv[r] gets count / world elements of
+ * rank r's block) and AllReduce (recv[r] gets all `count`). */
+int tw_ref_nccl_reduce_scatter(tw_ref_nccl_t *nccl, const void *const *send, void *const *recv,
+                               size_t count, int bf16, cudaStream_t *streams);
+int tw_ref_nccl_all_reduce(tw_ref_nccl_t *nccl, const void *const *send, void *const *recv,
+                           size_t count, int bf16, cudaStream_t *streams);
 /* Message of the last failure of the calls above. */
 const char *tw_ref_nccl_error(void);
 

@@ -132,8 +132,10 @@ extern "C" cudaError_t tw_ref_nccl_reduce_fp32(tw_ref_nccl_t *nccl, int world, c
                                                int64_t n, int64_t ldo, cudaStream_t *streams) {
   const int64_t rows = all_reduce ? m : m / world;
   const size_t count = (size_t)(m * n);
-  int rc = all_reduce ? tw_ref_nccl_all_reduce_f32(nccl, partial, scratch, count, streams)
-                      : tw_ref_nccl_reduce_scatter_f32(nccl, partial, scratch, count, streams);
+  const void *const *send = (const void *const *)partial;
+  void *const *recv = (void *const *)scratch;
+  int rc = all_reduce ? tw_ref_nccl_all_reduce(nccl, send, recv, count, 0, streams)
+                      : tw_ref_nccl_reduce_scatter(nccl, send, recv, count, 0, streams);
   if (rc != 0)
     return cudaErrorUnknown;
   cudaError_t err = cudaSuccess;

@@ -245,6 +245,25 @@ static tw_status_t make_launch_streams(tw_comm_t *comms, int world) {
   return st;
 }
 
+tw_status_t tw_comm_ce_stream(tw_comm_t comm) {
+  if (comm->ce_stream)
+    return TW_SUCCESS;
+  int prev;
+  tw_status_t st = tw_set_device(comm->device, &prev);
+  if (st != TW_SUCCESS)
+    return st;
+  st = tw_cuda_check(cudaStreamCreateWithFlags(&comm->ce_stream, cudaStreamNonBlocking),
+                     "cudaStreamCreate(copy-engine stream)");
+  if (st == TW_SUCCESS)
+    st = tw_cuda_check(cudaEventCreateWithFlags(&comm->ce_in, cudaEventDisableTiming),
+                       "cudaEventCreate");
+  if (st == TW_SUCCESS)
+    st = tw_cuda_check(cudaEventCreateWithFlags(&comm->ce_done, cudaEventDisableTiming),
+                       "cudaEventCreate");
+  cudaSetDevice(prev);
+  return st;
+}
+
 static void release_rank(tw_comm_t comm) {
   if (comm->ce_stream)
     cudaStreamDestroy(comm->ce_stream);

@@ -119,6 +119,8 @@ void tw_assign_nodes(struct tw_comm *comm, const uint64_t *host_of, int ranks_pe
 
 /* The stream an op launches its kernel on: the caller's, or (virtual ranks) the
  * rank's own stream made to wait for the caller's. Pair with tw_launch_end. */
+/* Creates comm->ce_stream and its events once (tw_ag_gemm's copy-engine mode). */
+tw_status_t tw_comm_ce_stream(struct tw_comm *comm);
 tw_status_t tw_launch_begin(struct tw_comm *comm, tw_stream_t user, cudaStream_t *launch);
 /* Makes the caller's stream wait for the launch stream. */
 tw_status_t tw_launch_end(struct tw_comm *comm, tw_stream_t user);

@@ -27,6 +27,8 @@ int tw_test_finish(void) {
 }
 
 int tw_test_require_hopper(void) {
+  /* Progress lines reach a log even when a hung test is killed. */
+  setvbuf(stdout, NULL, _IOLBF, 0);
   /* Virtual ranks: give every stream its own hardware queue (docs/ARCHITECTURE.md). */
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   /* Lazy loading of a test's own kernel can wait for a spinning tilewire kernel. */

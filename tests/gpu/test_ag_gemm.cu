@@ -284,6 +284,20 @@ static void test_copy_engine(int world, int64_t m_local, int64_t n, int64_t k, i
                              uint64_t seed) {
   fixture f;
   setup(&f, world, m_local, n, k, TW_BF16, 0);
+  int shared = 0; /* some ranks share a GPU: the mode is refused there */
+  for (int r = 0; r < world; r++)
+    for (int q = 0; q < r; q++)
+      shared |= f.devices[q] == f.devices[r];
+  if (shared) {
+    tw_ag_gemm_args_t a = fused_args(&f, 0, 0);
+    a.comm_mode = TW_AG_COMM_COPY_ENGINE;
+    use(&f, 0);
+    TEST_TW_FAILS(tw_ag_gemm(f.comms[0], &a, (tw_stream_t)f.streams[0]), TW_ERR_NOT_SUPPORTED,
+                  "own GPU");
+    printf("  copy engine: world %d with ranks sharing a GPU: refused\n", world);
+    teardown(&f);
+    return;
+  }
   for (int i = 0; i < calls; i++) {
     fill_inputs(&f, seed + (uint64_t)i * 104729, 0);
     for (int r = 0; r < world; r++) {

@@ -104,7 +104,11 @@ static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int devic
     return 1;
   }
   tw_comm_t comm;
-  tw_status_t st = tw_comm_init_rank(&comm, world, id, rank, NULL);
+  /* Odd ranks run on 8 SMs, the others on the default share: every op must work when the
+   * ranks' budgets differ (a budget-derived allgather chunking once hung there). */
+  tw_config_t cfg = TW_CONFIG_INIT;
+  cfg.sm_budget = rank % 2 ? 8 : 0;
+  tw_status_t st = tw_comm_init_rank(&comm, world, id, rank, &cfg);
   if (st != TW_SUCCESS) {
     fprintf(stderr, "rank %d: init: %s: %s\n", rank, tw_status_string(st), tw_last_error());
     return 1;

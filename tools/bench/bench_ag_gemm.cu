@@ -4,20 +4,17 @@
  * with its SM budget). Shape: m = total rows (world * m_local), n = columns per
  * rank, k. Variants, each on every rank's stream:
  *   fused         tw_ag_gemm, in place (the shard written into its slot of a_gathered)
- *   copy-engine   tw_ag_gemm with TW_AG_COMM_COPY_ENGINE: cudaMemcpyAsync + stream-written
- *                 flags on a side stream while every CTA computes (Flux / PyTorch async-TP style)
- *   unfused       tw_allgather, then cuBLAS on the gathered A (limited to the rank's SMs)
- *   unfused-tw    tw_allgather, then tw_gemm (the same core as the fused op)
- *   gemm-alone    tw_gemm on an already-gathered A (the rank's SMs)
- *   allgather     tw_allgather alone
- *   nccl+cublas, nccl-allgather   with ranks on distinct GPUs and libnccl loadable
- *                 (src/ref/ref_nccl.h): NCCL's allgather then cuBLAS, and NCCL alone
- *   bound         (t_gemm + t_comm) / max(t_gemm, t_comm) in its speedup column: the best
- *                 a perfect overlap could give over the unfused pipeline
- * speedup = baseline time / this time, the baseline being nccl+cublas when present, else
- * unfused; overlap (fused row) = max(t_gemm, t_comm) / t_fused with t_comm the baseline's
- * allgather.
- * The check compares the fused C with unfused-tw's, bitwise, on every rank.
+ *   copy-engine   (ranks on distinct GPUs only) tw_ag_gemm with TW_AG_COMM_COPY_ENGINE:
+ * cudaMemcpyAsync + stream-written flags on a side stream while every CTA computes (Flux / PyTorch
+ * async-TP style) unfused       tw_allgather, then cuBLAS on the gathered A (limited to the rank's
+ * SMs) unfused-tw    tw_allgather, then tw_gemm (the same core as the fused op) gemm-alone tw_gemm
+ * on an already-gathered A (the rank's SMs) allgather     tw_allgather alone nccl+cublas,
+ * nccl-allgather   with ranks on distinct GPUs and libnccl loadable (src/ref/ref_nccl.h): NCCL's
+ * allgather then cuBLAS, and NCCL alone bound         (t_gemm + t_comm) / max(t_gemm, t_comm) in
+ * its speedup column: the best a perfect overlap could give over the unfused pipeline speedup =
+ * baseline time / this time, the baseline being nccl+cublas when present, else unfused; overlap
+ * (fused row) = max(t_gemm, t_comm) / t_fused with t_comm the baseline's allgather. The check
+ * compares the fused C with unfused-tw's, bitwise, on every rank.
  */
 #include <cuda_runtime.h>
 
@@ -223,19 +220,29 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
       return 1;
     BENCH_CUDA(cudaStreamSynchronize(rk.streams[r]));
   }
+  /* The copy-engine mode needs every rank on its own GPU (tw_ag_gemm refuses it otherwise). */
+  int shared = 0;
+  for (int r = 0; r < world; r++)
+    for (int q = 0; q < r; q++)
+      shared |= rk.devices[q] == rk.devices[r];
   const int ok = o->check ? check(&c, TW_AG_COMM_SM) : 1;
-  const int ok_ce = o->check ? check(&c, TW_AG_COMM_COPY_ENGINE) : 1;
+  const int ok_ce = o->check && !shared ? check(&c, TW_AG_COMM_COPY_ENGINE) : 1;
   char why[256] = "";
   if (tw_ref_nccl_create(&c.nccl, world, rk.devices, why, sizeof(why)) != 0)
     fprintf(stderr, "ag_gemm: no NCCL rows: %s\n", why);
   struct {
     const char *name;
     void (*fn)(void *, int);
-  } variants[8] = {{"unfused", run_unfused},       {"unfused-tw", run_unfused_tw},
-                   {"gemm-alone", run_gemm_alone}, {"allgather", run_allgather},
-                   {"fused", run_fused},           {"copy-engine", run_copy_engine}};
-  int nv = 6;
+  } variants[8] = {{"unfused", run_unfused},
+                   {"unfused-tw", run_unfused_tw},
+                   {"gemm-alone", run_gemm_alone},
+                   {"allgather", run_allgather},
+                   {"fused", run_fused}};
+  int nv = 5, i_ce = -1, i_nccl = -1;
+  if (!shared)
+    i_ce = nv, variants[nv].name = "copy-engine", variants[nv++].fn = run_copy_engine;
   if (c.nccl) {
+    i_nccl = nv;
     variants[nv].name = "nccl+cublas", variants[nv++].fn = run_nccl_cublas;
     variants[nv].name = "nccl-allgather", variants[nv++].fn = run_nccl_allgather;
   }
@@ -252,7 +259,7 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
     ms[v] = bench_time_multi_ms(variants[v].fn, &c, rk.streams[0], rk.streams, world, o->warmup,
                                 o->repeats, &row->ms_p10, &row->ms_p90);
     row->ms = ms[v];
-    const int is_comm = v == 3 || v == 7; /* allgather, nccl-allgather */
+    const int is_comm = v == 3 || (i_nccl >= 0 && v == i_nccl + 1); /* the allgathers */
     if (is_comm)
       row->gbps = (double)shard * world / (ms[v] * 1e-3) * (world - 1) / world / 1e9;
     else
@@ -260,11 +267,12 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
     row->ok = !c.failed && bench_ranks_async_ok(&rk, variants[v].name);
   }
   /* Baseline and communication time: NCCL's when present. */
-  const double t_base = c.nccl ? ms[6] : ms[0], t_comm = c.nccl ? ms[7] : ms[3];
+  const double t_base = i_nccl >= 0 ? ms[i_nccl] : ms[0];
+  const double t_comm = i_nccl >= 0 ? ms[i_nccl + 1] : ms[3];
   const double t_gemm = ms[2], t_max = t_gemm > t_comm ? t_gemm : t_comm;
   for (int v = 0; v < nv; v++) {
     rows[v].speedup = t_base / ms[v];
-    if (v == 4 || v == 5) { /* fused: SM-driven and copy-engine */
+    if (v == 4 || v == i_ce) { /* fused: SM-driven and copy-engine */
       rows[v].overlap = t_max / ms[v];
       rows[v].ok = rows[v].ok && (v == 4 ? ok : ok_ce);
     }

@@ -44,6 +44,12 @@ typedef struct rs_ctx {
   float *scratch[TW_MAX_WORLD]; /* NCCL's fp32 result */
 } rs_ctx;
 
+static void rs_shape(char *dst, size_t len, const bench_shape_t *shape, const rs_ctx *c) {
+  snprintf(dst, len, "%s%sM=%lld N=%lld K/rank=%lld world=%d sms/rank=%d",
+           shape->label ? shape->label : "", shape->label ? " " : "", (long long)c->m,
+           (long long)c->n, (long long)c->k, c->world, c->budget);
+}
+
 static void run_fused(void *p, int iter) {
   (void)iter;
   rs_ctx *c = (rs_ctx *)p;
@@ -112,6 +118,38 @@ static void run_nccl_reduce(void *p, int iter) {
 static void run_nccl_cublas(void *p, int iter) {
   gemm_cublas((rs_ctx *)p, 1);
   run_nccl_reduce(p, iter);
+}
+
+/* What a PyTorch TP layer does: cuBLAS writes bf16 (into the partial buffer's first half), NCCL
+ * sums bf16 (into scratch). Half the bytes of the fp32 pipeline and a bf16-rounded sum, so
+ * it is the faster, less exact baseline; its result is not checked. */
+static void run_nccl_bf16(void *p, int iter) {
+  (void)iter;
+  rs_ctx *c = (rs_ctx *)p;
+  int rc = c->all_reduce ? tw_ref_nccl_all_reduce(c->nccl, (const void *const *)c->partial,
+                                                  (void *const *)c->scratch, (size_t)(c->m * c->n),
+                                                  1, c->streams)
+                         : tw_ref_nccl_reduce_scatter(c->nccl, (const void *const *)c->partial,
+                                                      (void *const *)c->scratch,
+                                                      (size_t)(c->m * c->n), 1, c->streams);
+  if (rc != 0) {
+    fprintf(stderr, "NCCL bf16 reduce: %s\n", tw_ref_nccl_error());
+    c->failed = 1;
+  }
+  BENCH_CUDA(cudaSetDevice(c->devices[0]));
+}
+
+static void run_nccl_bf16_cublas(void *p, int iter) {
+  rs_ctx *c = (rs_ctx *)p;
+  for (int r = 0; r < c->world; r++) {
+    BENCH_CUDA(cudaSetDevice(c->devices[r]));
+    if (tw_ref_cublas_gemm(c->blas[r], c->a[r], c->b[r], c->partial[r], TW_BF16, c->m, c->n, c->k,
+                           c->k, c->k, c->n, c->budget, c->streams[r]) != TW_SUCCESS) {
+      fprintf(stderr, "cuBLAS: %s\n", tw_last_error());
+      c->failed = 1;
+    }
+  }
+  run_nccl_bf16(p, iter);
 }
 
 static void run_unfused_tw(void *p, int iter) {
@@ -249,7 +287,7 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
                   {"reduce-alone", run_reduce},
                   {"tilewire", run_fused}};
   const int nv = (int)(sizeof(variants) / sizeof(variants[0]));
-  double t[16], p10[16], p90[16];
+  double t[24], p10[24], p90[24];
   for (int v = 0; v < nv; v++)
     t[v] = bench_time_multi_ms(variants[v].fn, c, c->streams[0], c->streams, world, o->warmup,
                                o->repeats, &p10[v], &p90[v]);
@@ -280,7 +318,13 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     t_nccl_reduce = t[nv + nextra + 1] =
         bench_time_multi_ms(run_nccl_reduce, c, c->streams[0], c->streams, world, o->warmup,
                             o->repeats, &p10[nv + nextra + 1], &p90[nv + nextra + 1]);
-    nnccl = 2;
+    t[nv + nextra + 2] =
+        bench_time_multi_ms(run_nccl_bf16_cublas, c, c->streams[0], c->streams, world, o->warmup,
+                            o->repeats, &p10[nv + nextra + 2], &p90[nv + nextra + 2]);
+    t[nv + nextra + 3] =
+        bench_time_multi_ms(run_nccl_bf16, c, c->streams[0], c->streams, world, o->warmup,
+                            o->repeats, &p10[nv + nextra + 3], &p90[nv + nextra + 3]);
+    nnccl = 4;
   }
   BENCH_CUDA(cudaDeviceSynchronize());
   const double flops = 2.0 * (double)c->m * (double)c->n * (double)c->k;
@@ -294,14 +338,14 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
       snprintf(row.variant, sizeof(row.variant), "%s", variants[v].name);
     else if (v < nv + nextra)
       snprintf(row.variant, sizeof(row.variant), "tilewire-r%d", extra_sms[v - nv]);
-    else
-      snprintf(row.variant, sizeof(row.variant), "%s",
-               v == nv + nextra ? "nccl+cublas" : "nccl-reduce");
-    snprintf(row.shape, sizeof(row.shape), "%s%sM=%lld N=%lld K/rank=%lld world=%d sms/rank=%d",
-             shape->label ? shape->label : "", shape->label ? " " : "", (long long)c->m,
-             (long long)c->n, (long long)c->k, world, c->budget);
+    else {
+      static const char *nccl_names[] = {"nccl+cublas", "nccl-reduce", "nccl-bf16+cublas",
+                                         "nccl-bf16-reduce"};
+      snprintf(row.variant, sizeof(row.variant), "%s", nccl_names[v - nv - nextra]);
+    }
+    rs_shape(row.shape, sizeof(row.shape), shape, c);
     row.ms = t[v], row.ms_p10 = p10[v], row.ms_p90 = p90[v];
-    const int is_comm = v == 3 || v == nv + nextra + 1;
+    const int is_comm = v == 3 || v == nv + nextra + 1 || v == nv + nextra + 3;
     const int is_fused = v == nv - 1 || (v >= nv && v < nv + nextra);
     row.tflops = is_comm ? 0 : flops / (t[v] * 1e-3) / 1e12;
     row.speedup = t_base / t[v];
@@ -309,6 +353,18 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
       row.overlap = (t_gemm > t_comm ? t_gemm : t_comm) / t[v];
     row.ok = (is_fused || v == 1 ? ok : 1) && !c->failed;
     bench_add_row(res, &row);
+  }
+  if (c->nccl) { /* the overlap bound of issue 7: (t_gemm + t_comm) / max(t_gemm, t_comm) */
+    bench_row_t bound;
+    memset(&bound, 0, sizeof(bound));
+    snprintf(bound.op, sizeof(bound.op), "gemm_%s", all_reduce ? "ar" : "rs");
+    snprintf(bound.variant, sizeof(bound.variant), "bound");
+    rs_shape(bound.shape, sizeof(bound.shape), shape, c);
+    const double t_max = t_gemm > t_comm ? t_gemm : t_comm;
+    bound.ms = bound.ms_p10 = bound.ms_p90 = t_max;
+    bound.speedup = (t_gemm + t_comm) / t_max;
+    bound.ok = 1;
+    bench_add_row(res, &bound);
   }
   for (int r = 0; r < world; r++) {
     cudaSetDevice(c->devices[r]);
