@@ -20,6 +20,7 @@ typedef struct tw_ag_gemm_plan_args {
   int comm_sms_arg; /* from the args (0: unset) */
   int comm_sms_env; /* TW_AG_COMM_SMS (0: unset) */
   int group_m_env;  /* TW_AG_GROUP_M (0: unset) */
+  int shared_gpu;   /* 1: other ranks run on this rank's GPU (their copies compete for its HBM) */
 } tw_ag_gemm_plan_args_t;
 
 typedef struct tw_ag_gemm_plan {

@@ -1,7 +1,7 @@
 /*
  * tw_ag_gemm launch plan. Communication CTAs: enough that the push of this rank's
  * shard to every rank finishes while the GEMM runs, estimated from measured
- * per-SM rates (docs/PERF.md): a copy CTA moves about 15 GB/s while every rank copies, a GEMM CTA
+ * per-SM rates (docs/PERF.md): a copy CTA moves 9.4-15 GB/s (below), a GEMM CTA
  * does about 5.5 TFLOP/s; each push only has to arrive by the time the rotated GEMM needs it.
  * Chunks: 128 rows (one GEMM row block) unless the shard would need more than TW_AG_GEMM_MAX_CHUNKS
  * flags.
@@ -9,7 +9,12 @@
 #include "ag_gemm.h"
 #include "gemm_heuristics.h"
 
+/* Copy rate of one CTA, as the plan needs it (docs/PERF.md, 2026-11-29 sweeps): 15 GB/s over
+ * NVLink to another GPU (2 H200s: flux-tp8 best at 5 CTAs, M=16384 flat from 10 to 24); about
+ * 9.4 GB/s effective where the ranks share one GPU, whose copies and GEMMs all compete for one
+ * HBM (8 virtual ranks: M=16384 ran 19.7 ms with 8 CTAs, 21.2 ms with 4). */
 #define TW_COPY_GBPS_PER_CTA 15.0
+#define TW_COPY_GBPS_PER_CTA_SHARED 9.4
 #define TW_GEMM_TFLOPS_PER_CTA 5.5
 
 void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *a, tw_ag_gemm_plan_t *plan) {
@@ -40,7 +45,8 @@ void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *a, tw_ag_gemm_plan_t *pl
     double bytes =
         (double)a->m_local * (double)a->k * 2.0 * (double)(a->world > 1 ? a->world - 1 : 1);
     double flops = 2.0 * (double)a->m_local * (double)a->world * (double)a->n * (double)a->k;
-    double t_copy1 = bytes / (TW_COPY_GBPS_PER_CTA * 1e9); /* with one comm CTA */
+    double rate = a->shared_gpu ? TW_COPY_GBPS_PER_CTA_SHARED : TW_COPY_GBPS_PER_CTA;
+    double t_copy1 = bytes / (rate * 1e9); /* with one comm CTA */
     double t_gemm = flops / (TW_GEMM_TFLOPS_PER_CTA * 1e12 * a->sm_budget);
     /* Just in time: the rotated GEMM of rank r - k reaches this shard after k / world of its
      * work and then reads it row block by row block, while the push serves r - 1, r - 2, ...

@@ -295,7 +295,8 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
                                comm->sm_budget,
                                a->comm_sms,
                                (int)tw_env_int(TW_AG_COMM_SMS_ID),
-                               (int)tw_env_int(TW_AG_GROUP_M_ID)};
+                               (int)tw_env_int(TW_AG_GROUP_M_ID),
+                               comm->ranks_on_device > 1};
   tw_ag_gemm_make_plan(&pa, plan);
   return TW_SUCCESS;
 }

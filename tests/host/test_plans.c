@@ -11,10 +11,26 @@
 
 static tw_ag_gemm_plan_t ag_plan(int world, int64_t m_local, int64_t n, int64_t k, int budget,
                                  int comm_arg, int group_env) {
-  tw_ag_gemm_plan_args_t a = {world, m_local, n, k, budget, comm_arg, 0, group_env};
+  tw_ag_gemm_plan_args_t a = {world, m_local, n, k, budget, comm_arg, 0, group_env, 0};
   tw_ag_gemm_plan_t p;
   tw_ag_gemm_make_plan(&a, &p);
   return p;
+}
+
+/* The communication CTA rule at the benchmark shapes (docs/PERF.md has the sweeps behind it). */
+static void test_ag_comm_rule(void) {
+  tw_ag_gemm_plan_args_t a = {2, 2048, 6144, 12288, 132, 0, 0, 0, 0}; /* flux-tp8, 2 GPUs */
+  tw_ag_gemm_plan_t p;
+  tw_ag_gemm_make_plan(&a, &p);
+  TEST_ASSERT(p.comm_ctas == 5, "flux-tp8 on 2 GPUs: %d comm CTAs (measured best: 5)", p.comm_ctas);
+  tw_ag_gemm_plan_args_t v = {8, 2048, 2048, 16384, 16, 0, 0, 0, 1}; /* M=16384, 8 vranks */
+  tw_ag_gemm_make_plan(&v, &p);
+  const int shared = p.comm_ctas;
+  v.shared_gpu = 0;
+  tw_ag_gemm_make_plan(&v, &p);
+  TEST_ASSERT(shared > p.comm_ctas && shared <= 8,
+              "M=16384 on 8 ranks: %d comm CTAs sharing a GPU, %d on distinct GPUs", shared,
+              p.comm_ctas);
 }
 
 static void test_gemm_plans(void) {
@@ -85,6 +101,7 @@ static void test_gemm_rs_plans(void) {
 
 int main(void) {
   test_gemm_plans();
+  test_ag_comm_rule();
   test_ag_gemm_plans();
   test_gemm_rs_plans();
   return tw_test_finish();
