@@ -23,6 +23,10 @@ static void test_ag_comm_rule(void) {
   tw_ag_gemm_plan_t p;
   tw_ag_gemm_make_plan(&a, &p);
   TEST_ASSERT(p.comm_ctas == 5, "flux-tp8 on 2 GPUs: %d comm CTAs (measured best: 5)", p.comm_ctas);
+  tw_ag_gemm_plan_args_t c = {2, 4096, 1024, 8192, 132, 0, 0, 0, 0}; /* M=8192: comm-bound */
+  tw_ag_gemm_make_plan(&c, &p);
+  TEST_ASSERT(p.comm_ctas >= 48, "M=8192 N=1024 on 2 GPUs: %d comm CTAs (48-66 measured best)",
+              p.comm_ctas);
   tw_ag_gemm_plan_args_t v = {8, 2048, 2048, 16384, 16, 0, 0, 0, 1}; /* M=16384, 8 vranks */
   tw_ag_gemm_make_plan(&v, &p);
   const int shared = p.comm_ctas;
