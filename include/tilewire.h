@@ -247,7 +247,7 @@ typedef enum tw_ag_comm_mode {
   TW_AG_COMM_COPY_ENGINE = 1
 } tw_ag_comm_mode_t;
 
-#define TW_AG_GEMM_ARGS_VERSION 1
+#define TW_AG_GEMM_ARGS_VERSION 2
 typedef struct tw_ag_gemm_args {
   size_t size;        /* sizeof(tw_ag_gemm_args_t) */
   uint32_t version;   /* TW_AG_GEMM_ARGS_VERSION */
@@ -260,10 +260,20 @@ typedef struct tw_ag_gemm_args {
   int64_t ldb, ldc; /* 0: packed (k, n) */
   int32_t comm_sms; /* CTAs that push data before joining the GEMM; 0: heuristic (TW_AG_COMM_SMS) */
   int32_t comm_mode; /* tw_ag_comm_mode_t */
+  /* (version 2) 0: on return a_gathered holds the gathered A (the backward pass needs it).
+   * 1: the caller does not need it: a_gathered only stages the call and afterwards holds
+   * this rank's shard in its slot, the rest unspecified. Where every rank shares one GPU
+   * (virtual ranks, processes under MPS) the GEMM then reads the peers' shards in place
+   * from their slots instead of copying them (TW_AG_PEER_READ=0 turns that off). */
+  int32_t no_gathered_out;
+  int32_t reserved; /* 0 */
 } tw_ag_gemm_args_t;
 
 #define TW_AG_GEMM_ARGS_INIT                                                                       \
-  { sizeof(tw_ag_gemm_args_t), TW_AG_GEMM_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+  {                                                                                                \
+    sizeof(tw_ag_gemm_args_t), TW_AG_GEMM_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  \
+        0                                                                                          \
+  }
 
 TW_API tw_status_t tw_ag_gemm_args_init(tw_ag_gemm_args_t *args);
 TW_API tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args, tw_stream_t stream);

@@ -34,7 +34,7 @@ TW_MAX_WORLD = 64
 TW_UNIQUE_ID_BYTES = 128
 TW_CONFIG_VERSION = 1
 TW_GEMM_ARGS_VERSION = 1
-TW_AG_GEMM_ARGS_VERSION = 1
+TW_AG_GEMM_ARGS_VERSION = 2
 TW_GEMM_RS_ARGS_VERSION = 1
 
 # ---- enums --------------------------------------------------------------------------------
@@ -178,6 +178,8 @@ class AgGemmArgs(_Versioned):
         ("ldc", ctypes.c_int64),
         ("comm_sms", ctypes.c_int32),
         ("comm_mode", ctypes.c_int32),  # tw_ag_comm_mode_t
+        ("no_gathered_out", ctypes.c_int32),  # version 2
+        ("reserved", ctypes.c_int32),
     ]
 
 

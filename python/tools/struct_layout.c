@@ -99,6 +99,8 @@ int main(void) {
   FIELD(tw_ag_gemm_args_t, ldc);
   FIELD(tw_ag_gemm_args_t, comm_sms);
   FIELD(tw_ag_gemm_args_t, comm_mode);
+  FIELD(tw_ag_gemm_args_t, no_gathered_out);
+  FIELD(tw_ag_gemm_args_t, reserved);
   end_struct();
 
   STRUCT(tw_gemm_rs_args_t);

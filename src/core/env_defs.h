@@ -35,5 +35,8 @@ TW_ENV(
 TW_ENV(TW_RS_STEAL, bool, "1",
        "1: the GEMM CTAs of tw_gemm_rs / tw_gemm_ar take reduction work after their tiles "
        "(measured 1.2-2.0x faster on 2 H200s, docs/PERF.md); 0: only the reduce CTAs reduce.")
+TW_ENV(TW_AG_PEER_READ, bool, "1",
+       "tw_ag_gemm with no_gathered_out = 1 and every rank on one GPU: 1 reads the peers' "
+       "shards in place (no copies), 0 pushes them as on distinct GPUs.")
 TW_ENV(TW_AG_COMM_SMS, int, "0",
        "SMs given to communication in tw_allgather and tw_ag_gemm; 0 lets the heuristic choose.")

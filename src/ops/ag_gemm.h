@@ -30,7 +30,14 @@ typedef struct tw_ag_gemm_plan {
   int nchunks;        /* chunks per shard */
   int group_m;        /* row blocks per L2 group of the tile order */
   int block_n;        /* output tile width: 256, or 128 where 256-wide tiles fill the waves badly */
+  int peer_read;      /* 1: tiles read the peers' slots in place (set by tw_ag_gemm_prepare) */
 } tw_ag_gemm_plan_t;
+
+/* Peer reads: at most this many ranks (one tensor map per rank in the kernel parameters). */
+#define TW_AG_PEER_READ_MAX_WORLD 8
+/* Flag slots of the ag_gemm channel above the chunk flags: the exit barrier of peer reads. */
+#define TW_AG_EXIT_COUNT (TW_CHANNEL_FLAGS - 2 * TW_MAX_WORLD - 1)
+#define TW_AG_EXIT_FLAG(src) (TW_CHANNEL_FLAGS - 2 * TW_MAX_WORLD + (src))
 
 void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *args, tw_ag_gemm_plan_t *plan);
 

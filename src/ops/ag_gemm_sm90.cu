@@ -53,6 +53,9 @@ struct AgWait : NoWait {
     int32_t ch;        /* TW_CH_AG_GEMM, or TW_CH_AG_GEMM_CE (copy-engine mode) */
     int32_t pad;
     uint64_t host_epoch; /* copy-engine mode: the epoch the host wrote flags with; else 0 */
+    int32_t peer_read;   /* 1: rows of peer s come from peer_map[s] (s's own slot, in place) */
+    int32_t pad2;
+    CUtensorMap peer_map[TW_AG_PEER_READ_MAX_WORLD]; /* peer s's a_gathered, [m_total, K] */
   };
   /* This call's epoch: kept on the GPU, or (copy-engine mode) counted by the host. */
   __device__ static uint64_t epoch(const Params &p) {
@@ -67,6 +70,8 @@ struct AgWait : NoWait {
     if (all_own(p, mb)) {
       map = &p.own_map;
       row = mb * kBlockM - p.own_first;
+    } else if (p.peer_read) { /* m_local % 128 == 0: the tile's rows are all peer src's */
+      map = &p.peer_map[(mb * kBlockM) / p.m_local];
     }
   }
   __device__ static void before_tile(const Params &p, int32_t mb, int32_t) {
@@ -111,7 +116,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       tw_signal_entry(dc, ch, epoch);
   }
   int ok = __syncthreads_and(mine);
-  if ((int)blockIdx.x < p.comm_ctas) {
+  if ((int)blockIdx.x < p.comm_ctas && w.peer_read) {
+    /* Peer reads: the shard only goes into this rank's own slot (when not already there);
+     * then every rank's flag (this rank, chunk) says the peers may read it. The slot is free:
+     * the exit barrier of the previous call saw every peer finish reading it. */
+    const int world = dc.world, rank = dc.rank;
+    for (int chunk = blockIdx.x; ok && chunk < p.nchunks; chunk += p.comm_ctas) {
+      const int64_t row0 = (int64_t)chunk * w.rows_per_chunk;
+      const int64_t rows = min((int64_t)w.rows_per_chunk, (int64_t)w.m_local - row0);
+      char *dst = p.gathered[rank] + ((int64_t)rank * w.m_local + row0) * p.row_bytes;
+      const char *src = p.a + row0 * p.row_bytes;
+      if (dst != src)
+        tw_cta_copy(dst, src, (size_t)(rows * p.row_bytes));
+      __syncthreads();
+      if (threadIdx.x == 0)
+        for (int q = 0; q < world; q++)
+          tw_signal_set(tw_peer_flag(dc, q, ch, tw_ag_gemm_flag_index(rank, chunk)), epoch);
+    }
+    __syncthreads();
+  } else if ((int)blockIdx.x < p.comm_ctas) {
     const int world = dc.world, rank = dc.rank;
     const int items = world * p.nchunks;
     for (int item = blockIdx.x; ok && item < items; item += p.comm_ctas) {
@@ -138,9 +161,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   gemm_cta_loop<AgConfig<BN>::kStages, kEpiBytes, EpiTmaStore<Out>, AgWait, true, 1, BN>(
       p.gemm, smem_raw, 0, 0);
   __syncthreads();
+  if (threadIdx.x == 0 && w.peer_read) {
+    /* Exit barrier: the peers read this rank's slot until their last tile, so the call ends
+     * (and the caller may rewrite the slot) only once every rank's CTAs are all done. The
+     * last CTA of each rank tells every peer; the last CTA here waits for every peer. */
+    uint64_t *count = tw_own_flag(dc, ch, TW_AG_EXIT_COUNT);
+    if (atomicAdd((unsigned long long *)count, 1ull) == (unsigned long long)gridDim.x - 1) {
+      *(volatile uint64_t *)count = 0; /* every CTA of this call has counted */
+      for (int q = 0; q < dc.world; q++)
+        tw_signal_set(tw_peer_flag(dc, q, ch, TW_AG_EXIT_FLAG(dc.rank)), epoch);
+      for (int q = 0; q < dc.world; q++)
+        if (!tw_wait_geq(dc, ch, tw_own_flag(dc, ch, TW_AG_EXIT_FLAG(q)), epoch, q, -2))
+          break;
+    }
+  }
   if (threadIdx.x == 0)
     tw_op_finish(dc, ch, tw_op_begin(dc, ch));
 }
+
+static_assert(sizeof(AgParams<float>) <= 4096, "kernel parameters");
 
 template <class Out, int BN>
 tw_status_t launch(AgParams<Out> &params, int grid, cudaStream_t stream) {
@@ -198,6 +237,14 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
                      a.k, kBlockK, kBlockM, "tw_ag_gemm: cuTensorMapEncodeTiled(a)");
   if (st != TW_SUCCESS)
     return st;
+  p.gemm.wait.peer_read = plan.peer_read;
+  for (int r = 0; plan.peer_read && r < comm->world; r++) {
+    st = tw_tma_map_2d(&p.gemm.wait.peer_map[r], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                       tw_heap_peer_ptr(comm, a.a_gathered, r), a.k, m_total, a.k, kBlockK, kBlockM,
+                       "tw_ag_gemm: cuTensorMapEncodeTiled(peer a_gathered)");
+    if (st != TW_SUCCESS)
+      return st;
+  }
   p.a = (const char *)a.a;
   for (int r = 0; r < comm->world; r++)
     p.gathered[r] = (char *)tw_heap_peer_ptr(comm, a.a_gathered, r);
@@ -298,6 +345,17 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
                                (int)tw_env_int(TW_AG_GROUP_M_ID),
                                comm->ranks_on_device > 1};
   tw_ag_gemm_make_plan(&pa, plan);
+  /* Peer reads (see tilewire.h, no_gathered_out): every rank on this GPU, shards of whole
+   * 128-row blocks (a tile reads one peer's slot), the SM-driven mode. */
+  plan->peer_read = a->no_gathered_out && a->comm_mode == TW_AG_COMM_SM &&
+                    comm->ranks_on_device == world && world <= TW_AG_PEER_READ_MAX_WORLD &&
+                    a->m_local % 128 == 0 && tw_env_int(TW_AG_PEER_READ_ID) != 0;
+  if (plan->peer_read) { /* only the own-slot copy (none in place) and the flags */
+    const int want = a->a == (const void *)own ? 1 : (plan->nchunks < 4 ? plan->nchunks : 4);
+    plan->comm_ctas = a->comm_sms > 0 && a->comm_sms < want ? a->comm_sms : want;
+    if (plan->comm_ctas >= plan->ctas)
+      plan->comm_ctas = plan->ctas > 1 ? plan->ctas - 1 : 1;
+  }
   return TW_SUCCESS;
 }
 

@@ -234,16 +234,63 @@ static void test_back_to_back(int world, int calls, uint64_t seed) {
   teardown(&f);
 }
 
+/* no_gathered_out = 1: with every rank on one GPU and whole 128-row shards the GEMM reads the
+ * peers' slots in place (else the push path runs). Fresh inputs every call, written into the
+ * own slot in place when `in_place` while peers may still be reading the previous call's (the
+ * exit barrier must prevent that): C bitwise equal to the unfused pipeline every call, and the
+ * own slot holds the shard afterwards. */
+static void test_no_gather(int world, int64_t m_local, int64_t n, int64_t k, int in_place,
+                           int calls, uint64_t seed) {
+  fixture f;
+  setup(&f, world, m_local, n, k, TW_BF16, 0);
+  for (int i = 0; i < calls; i++) {
+    fill_inputs(&f, seed + (uint64_t)i * 7727, in_place);
+    for (int r = 0; r < world; r++) {
+      tw_ag_gemm_args_t a = fused_args(&f, r, in_place);
+      a.no_gathered_out = 1;
+      TEST_TW_OK(tw_ag_gemm(f.comms[r], &a, (tw_stream_t)f.streams[r]));
+      enqueue_unfused(&f, r);
+      tw_test_count_diff_async(f.c[r], f.c2[r], c_bytes(&f), f.bad[r], (tw_stream_t)f.streams[r]);
+    }
+  }
+  sync_all(&f);
+  unsigned long long bad = 0;
+  size_t own_diff = 0;
+  const size_t shard = (size_t)m_local * k * 2;
+  for (int r = 0; r < world; r++) {
+    unsigned long long one = 0;
+    use(&f, r);
+    CUDA_OK(cudaMemcpy(&one, f.bad[r], sizeof(one), cudaMemcpyDeviceToHost));
+    bad += one;
+    own_diff += tw_test_count_diff((char *)f.gathered[r] + (size_t)r * shard, f.a[r], shard);
+    tw_status_t async = TW_ERR_INTERNAL;
+    TEST_TW_OK(tw_comm_async_error(f.comms[r], &async));
+    TEST_ASSERT(async == TW_SUCCESS, "rank %d: %s", r, tw_comm_last_error(f.comms[r]));
+  }
+  use(&f, 0);
+  TEST_ASSERT(bad == 0, "no_gathered_out, world %d m_local %lld%s: %llu words differ over %d calls",
+              world, (long long)m_local, in_place ? " in place" : "", bad, calls);
+  TEST_ASSERT(own_diff == 0, "no_gathered_out, world %d: own slot differs in %zu bytes", world,
+              own_diff);
+  printf("  no_gathered_out: world %d m_local %lld n %lld k %lld%s, %d checked calls\n", world,
+         (long long)m_local, (long long)n, (long long)k, in_place ? " in place" : "", calls);
+  teardown(&f);
+}
+
 /* What the graph holds: one tw_ag_gemm per rank, each on its stream. */
+static int graph_no_gather; /* the graph's calls set no_gathered_out */
+
 static void graph_calls(void *p) {
   fixture *f = (fixture *)p;
   for (int r = 0; r < f->world; r++) {
     tw_ag_gemm_args_t a = fused_args(f, r, 0);
+    a.no_gathered_out = graph_no_gather;
     TEST_TW_OK(tw_ag_gemm(f->comms[r], &a, (tw_stream_t)f->streams[r]));
   }
 }
 
-static void test_graph(int world, int replays, uint64_t seed) {
+static void test_graph(int world, int replays, int no_gather, uint64_t seed) {
+  graph_no_gather = no_gather;
   fixture f;
   setup(&f, world, 256, 512, 512, TW_BF16, 0);
   if (f.multi_gpu) { /* poisoning from one stream in the graph: a test for ranks of one GPU */
@@ -408,7 +455,14 @@ int main(int argc, char **argv) {
   if (!small)
     test_case(2, 8192, 1024, 1024, TW_BF16, 0, 0, seed + 99); /* more chunks than CTAs */
   test_back_to_back(small ? 2 : 4, small ? 20 : 1000, seed + 5000);
-  test_graph(small ? 2 : 4, 10, seed + 6000);
+  test_no_gather(2, 256, 264, 200, 1, small ? 10 : 200, seed + 5500);
+  if (!small) {
+    test_no_gather(3, 128, 512, 1032, 0, 100, seed + 5600);
+    test_no_gather(8, 384, 256, 256, 1, 200, seed + 5700);
+    test_no_gather(4, 100, 256, 256, 1, 50, seed + 5800); /* not whole row blocks: push */
+  }
+  test_graph(small ? 2 : 4, 10, 0, seed + 6000);
+  test_graph(small ? 2 : 4, 10, 1, seed + 6100);
   test_copy_engine(2, 300, 256, 512, small ? 5 : 50, seed + 7000);
   if (!small) {
     test_copy_engine(3, 1000, 520, 1032, 20, seed + 7100);

@@ -4,6 +4,8 @@
  * with its SM budget). Shape: m = total rows (world * m_local), n = columns per
  * rank, k. Variants, each on every rank's stream:
  *   fused         tw_ag_gemm, in place (the shard written into its slot of a_gathered)
+ *   fused-nogather  (ranks sharing a GPU only) tw_ag_gemm with no_gathered_out = 1: the GEMM
+ *                 reads the peers' shards in place, nothing is copied
  *   copy-engine   (ranks on distinct GPUs only) tw_ag_gemm with TW_AG_COMM_COPY_ENGINE:
  * cudaMemcpyAsync + stream-written flags on a side stream while every CTA computes (Flux / PyTorch
  * async-TP style) unfused       tw_allgather, then cuBLAS on the gathered A (limited to the rank's
@@ -61,6 +63,9 @@ static void do_tw_gemm(ag_ctx *c, int r, void *out) {
   }
 }
 
+/* Pseudo comm mode of this file: TW_AG_COMM_SM with no_gathered_out = 1. */
+#define BENCH_SM_NO_GATHER 100
+
 static void run_fused_mode(ag_ctx *c, int comm_mode) {
   for (int r = 0; r < c->rk->world; r++) {
     bench_ranks_use(c->rk, r);
@@ -69,7 +74,8 @@ static void run_fused_mode(ag_ctx *c, int comm_mode) {
     a.a = (char *)c->gathered[r] + (size_t)r * c->m_local * c->k * 2;
     a.b = c->b[r], a.c = c->c[r], a.a_gathered = c->gathered[r];
     a.m_local = c->m_local, a.n = c->n, a.k = c->k;
-    a.comm_mode = comm_mode;
+    a.comm_mode = comm_mode == BENCH_SM_NO_GATHER ? TW_AG_COMM_SM : comm_mode;
+    a.no_gathered_out = comm_mode == BENCH_SM_NO_GATHER;
     note(c, tw_ag_gemm(c->rk->comms[r], &a, (tw_stream_t)c->rk->streams[r]), r, "tw_ag_gemm");
   }
 }
@@ -77,6 +83,11 @@ static void run_fused_mode(ag_ctx *c, int comm_mode) {
 static void run_fused(void *p, int iter) {
   (void)iter;
   run_fused_mode((ag_ctx *)p, TW_AG_COMM_SM);
+}
+
+static void run_fused_no_gather(void *p, int iter) {
+  (void)iter;
+  run_fused_mode((ag_ctx *)p, BENCH_SM_NO_GATHER);
 }
 
 static void run_copy_engine(void *p, int iter) {
@@ -227,6 +238,7 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
       shared |= rk.devices[q] == rk.devices[r];
   const int ok = o->check ? check(&c, TW_AG_COMM_SM) : 1;
   const int ok_ce = o->check && !shared ? check(&c, TW_AG_COMM_COPY_ENGINE) : 1;
+  const int ok_ng = o->check && shared ? check(&c, BENCH_SM_NO_GATHER) : 1;
   char why[256] = "";
   if (tw_ref_nccl_create(&c.nccl, world, rk.devices, why, sizeof(why)) != 0)
     fprintf(stderr, "ag_gemm: no NCCL rows: %s\n", why);
@@ -238,7 +250,9 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
                    {"gemm-alone", run_gemm_alone},
                    {"allgather", run_allgather},
                    {"fused", run_fused}};
-  int nv = 5, i_ce = -1, i_nccl = -1;
+  int nv = 5, i_ce = -1, i_nccl = -1, i_ng = -1;
+  if (shared) /* ranks share a GPU: the in-place peer reads of no_gathered_out = 1 */
+    i_ng = nv, variants[nv].name = "fused-nogather", variants[nv++].fn = run_fused_no_gather;
   if (!shared)
     i_ce = nv, variants[nv].name = "copy-engine", variants[nv++].fn = run_copy_engine;
   if (c.nccl) {
@@ -272,9 +286,9 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
   const double t_gemm = ms[2], t_max = t_gemm > t_comm ? t_gemm : t_comm;
   for (int v = 0; v < nv; v++) {
     rows[v].speedup = t_base / ms[v];
-    if (v == 4 || v == i_ce) { /* fused: SM-driven and copy-engine */
+    if (v == 4 || v == i_ce || v == i_ng) { /* the fused variants */
       rows[v].overlap = t_max / ms[v];
-      rows[v].ok = rows[v].ok && (v == 4 ? ok : ok_ce);
+      rows[v].ok = rows[v].ok && (v == 4 ? ok : v == i_ce ? ok_ce : ok_ng);
     }
     bench_add_row(res, &rows[v]);
   }
