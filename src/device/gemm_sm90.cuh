@@ -33,8 +33,10 @@
  *          buffer through another tensor map, or reduce-add into a staging buffer);
  *          `static constexpr bool kSignal` and `static void signal(const Params&, int m_block,
  *          int n_block)`: when kSignal, once both consumer warpgroups' bulk groups of the tile
- *          have completed (cp.async.bulk.wait_group 0) and met at a barrier, one thread calls
- *          signal() (which does the release store / red on the consumer's flag).
+ *          have completed (cp.async.bulk.wait_group) and met at a barrier, one thread calls
+ *          signal() (which does the release store / red on the consumer's flag). The signal
+ *          is deferred to the end of the CTA's next tile's epilogue (or the end of its loop),
+ *          so the stores overlap the next mainloop.
  *   Grid   (c) the loop runs on the CTAs the caller gives it: gemm_cta_loop(p, smem, cta, ctas).
  *   Order  (d) TileOrder: ROW_MAJOR, DEFAULT (groups of group_m row blocks, column-major inside
  *          a group, L2-friendly) or ROTATED (the DEFAULT order on row blocks shifted to start
@@ -247,13 +249,25 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], 
       ptx::bulk_commit();
     }
   }
-  if constexpr (Epi::kSignal) {
-    if (wg_thread == 0)
-      ptx::bulk_wait<0>(); // writes performed, not just read out
-    ptx::named_bar_sync(kBarConsumers, 256);
-    if (wg == 0 && wg_thread == 0)
-      Epi::signal(p.epi, mb, nb);
-  }
+}
+
+// Bulk groups one tile's epilogue commits per consumer warpgroup.
+template <int EpiBytes, int BN, class Out> constexpr int epi_passes() {
+  return BN / ((EpiBytes / kBoxBytes) * (128 / (int)sizeof(Out)));
+}
+
+// kSignal epilogues: tile (mb, nb)'s signal once both consumer warpgroups' stores of it have
+// completed. `Pending` groups of this thread may still be in flight (the next tile's), so the
+// stores of a tile overlap the next tile's mainloop instead of stalling the consumers: with
+// fp32 tiles stored to a peer over NVLink the wait cost tw_gemm_rs up to half its GEMM speed.
+template <int Pending, class Epi, class Params>
+__device__ __forceinline__ void signal_after_stores(const Params &p, int wg, int wg_thread,
+                                                    int32_t mb, int32_t nb) {
+  if (wg_thread == 0)
+    ptx::bulk_wait<Pending>(); // writes performed, not just read out
+  ptx::named_bar_sync(kBarConsumers, 256);
+  if (wg == 0 && wg_thread == 0)
+    Epi::signal(p.epi, mb, nb);
 }
 
 } // namespace detail
@@ -366,6 +380,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       acc[i] = 0.f;
     int stage = 0;
     uint32_t phase = 0;
+    int32_t sig_mb = -1, sig_nb = 0; // kSignal: the tile whose signal is still owed
     for (;;) {
       ptx::mbar_wait(&full[stage], phase);
       const int32_t t = slot[stage];
@@ -403,7 +418,16 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       if (lane == 0)
         release(prev_stage);
       detail::epilogue<EpiBytes, BN, Epi>(p, acc, cbuf, cwg, wg_thread, mb, nb);
+      if constexpr (Epi::kSignal) { // the previous tile's signal, this tile's stores in flight
+        if (sig_mb >= 0)
+          detail::signal_after_stores<detail::epi_passes<EpiBytes, BN, typename Epi::Out>(), Epi>(
+              p, cwg, wg_thread, sig_mb, sig_nb);
+        sig_mb = mb, sig_nb = nb;
+      }
     }
+    if constexpr (Epi::kSignal)
+      if (sig_mb >= 0)
+        detail::signal_after_stores<0, Epi>(p, cwg, wg_thread, sig_mb, sig_nb);
     if (wg_thread == 0)
       ptx::bulk_wait<0>(); // shared memory must outlive the last stores
     if constexpr (kRestoreRegs)
