@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every GPU test and benchmark on a GPU machine and prints a summary table last.
 #
-#   scripts/gpu-suite.sh [STEP...]     steps: host gpu mps sanitizer bench multi python (default: all)
+#   scripts/gpu-suite.sh [STEP...]     steps: host gpu mps sanitizer bench multi python trace
+#                                      (default: all)
 #   TW_SUITE_GEMM_ARGS="--quick"       passed to the tw-bench gemm steps (e.g. to save device time)
 #   TW_SUITE_BENCH_ARGS="--repeats 20"  passed to every other tw-bench step
 #
@@ -21,7 +22,7 @@ log=$out/suite.log
 : >"$log"
 # Never NVLink multicast on the shared machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-steps=${*:-host gpu mps sanitizer bench multi python}
+steps=${*:-host gpu mps sanitizer bench multi python trace}
 ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1)
 # NCCL baselines (tw-bench loads libnccl at run time): the loader's copy, else PyTorch's.
 if [ -z "${TW_NCCL_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl.so.2 '; then
@@ -94,6 +95,15 @@ if want multi && [ "$ngpus" -gt 1 ]; then
   done
 fi
 
+if want trace; then
+  # TW_TRACE=1: per-call phase lines on stderr (docs/ENV.md); the step checks they appear and
+  # keeps them in the log: where the fused ops spend their time, CTA by CTA.
+  nr=$([ "$ngpus" -gt 1 ] && echo 2 || echo 1)
+  for op in ag_gemm gemm_rs gemm_ar; do
+    step "TW_TRACE=1 tw-bench $op (world $nr)" 120 bash -c "TW_TRACE=1 '$bin/tw-bench' $op --world $nr \
+      --repeats 2 --warmup 1 --no-check 2>&1 | tee /dev/stderr | grep -q 'tw trace: $op'"
+  done
+fi
 if want bench; then
   step "tw-bench flag" 120 "$bin/tw-bench" flag --json "$out/bench-flag.json"
   step "tw-bench allgather (8 vranks)" 300 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" allgather --world 8 --json "$out/bench-allgather.json"

@@ -38,5 +38,11 @@ TW_ENV(TW_RS_STEAL, bool, "1",
 TW_ENV(TW_AG_PEER_READ, bool, "1",
        "tw_ag_gemm with no_gathered_out = 1 and every rank on one GPU: 1 reads the peers' "
        "shards in place (no copies), 0 pushes them as on distinct GPUs.")
+TW_ENV(TW_AG_VARIANT, int, "0",
+       "Experimental: tw_ag_gemm kernel variant, bit 0 = the plain GEMM's 3-stage / 32 KiB "
+       "epilogue split, bit 1 = static tile schedule instead of the tile queue.")
+TW_ENV(TW_TRACE, bool, "0",
+       "1: every fused kernel records per-CTA phase times and wait totals, and one line per call "
+       "and rank goes to stderr when the call completes (costs a copy and a host callback).")
 TW_ENV(TW_AG_COMM_SMS, int, "0",
        "SMs given to communication in tw_allgather and tw_ag_gemm; 0 lets the heuristic choose.")

@@ -133,6 +133,21 @@ static __device__ __forceinline__ bool tw_op_usable(const tw_dev_comm_t &dc, int
   return false;
 }
 
+/* ---- TW_TRACE ----------------------------------------------------------------------------------
+ */
+
+/* Thread 0 of a CTA: stamps `field` of this CTA's trace row with the globaltimer. */
+static __device__ __forceinline__ void tw_trace_stamp(const tw_dev_comm_t &dc, int field) {
+  if (dc.trace && blockIdx.x < TW_TRACE_CTAS)
+    dc.trace[blockIdx.x * TW_TRACE_FIELDS + field] = tw_globaltimer();
+}
+
+/* Thread 0 of block 0, once per kernel: which channel the trace belongs to. */
+static __device__ __forceinline__ void tw_trace_channel(const tw_dev_comm_t &dc, int ch) {
+  if (dc.trace && blockIdx.x == 0)
+    dc.trace[TW_TRACE_CTAS * TW_TRACE_FIELDS] = (uint64_t)ch + 1;
+}
+
 /* ---- waits ----------------------------------------------------------------------------------- */
 
 /* One thread: spins until *flag >= target. false on timeout or abort (recorded). */
@@ -149,8 +164,14 @@ static __device__ __forceinline__ bool tw_wait_geq(const tw_dev_comm_t &dc, int 
     if (backoff < 256)
       backoff <<= 1;
     seen = tw_ld_acquire_sys(flag);
-    if (seen >= target)
+    if (seen >= target) {
+      if (dc.trace && threadIdx.x == 0 && blockIdx.x < TW_TRACE_CTAS) {
+        uint64_t *row = dc.trace + blockIdx.x * TW_TRACE_FIELDS;
+        row[TW_TR_WAIT_NS] += tw_globaltimer() - start;
+        row[TW_TR_WAITS] += 1;
+      }
       return true;
+    }
     if (tw_aborted(dc)) {
       tw_record_wait_failure(dc, TW_ERR_ABORTED, op, flag, target, seen, peer, item);
       return false;

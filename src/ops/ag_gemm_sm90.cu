@@ -39,6 +39,20 @@ template <> struct AgConfig<256> { static constexpr int kStages = 4; };
 template <> struct AgConfig<128> { static constexpr int kStages = 6; };
 constexpr int kEpiBytes = 16384;
 
+/* TW_AG_VARIANT (experimental, for measuring why the fused GEMM trails the plain one on 8
+ * virtual ranks): bit 0 takes the plain GEMM's stage / epilogue split (3 stages and 32 KiB
+ * per consumer warpgroup at 128x256; 128x128 tiles keep theirs), bit 1 the static tile schedule
+ * instead of the tile queue. 0 is the default. */
+template <int BN, int V> struct AgVariant {
+  static constexpr bool kPlainSplit = (V & 1) != 0;
+  static constexpr bool kDynamic = (V & 2) == 0;
+  static constexpr bool kSplit = kPlainSplit && BN == 256; /* 128-wide tiles: as the default */
+  static constexpr int kStages = kSplit ? 3 : AgConfig<BN>::kStages;
+  static constexpr int kEpi = kSplit ? 32768 : kEpiBytes;
+  static constexpr int kSmem = SmemLayout<kStages, kEpi, BN>::kDynamicBytes;
+  static_assert(kSmem <= 232448, "shared memory");
+};
+
 /* Readiness hook. Tiles whose rows all belong to this rank's shard read them straight
  * from `a` (own_map) and wait for nothing; other tiles read a_gathered once the chunks
  * holding their 128 rows have landed. */
@@ -100,7 +114,7 @@ template <class Out> struct AgParams {
   int32_t comm_ctas;
 };
 
-template <class Out, int BN>
+template <class Out, int BN, int V>
 __global__ void __launch_bounds__(kThreads, 1)
     ag_gemm_kernel(const __grid_constant__ AgParams<Out> p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -111,6 +125,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   /* Thread 0 decides; __syncthreads_and spreads it, so the CTA leaves the loop together. */
   int mine = 1;
   if (threadIdx.x == 0) {
+    tw_trace_stamp(dc, TW_TR_START);
+    tw_trace_channel(dc, ch);
     mine = tw_op_usable(dc, ch);
     if (blockIdx.x == 0 && mine)
       tw_signal_entry(dc, ch, epoch);
@@ -158,9 +174,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
   }
-  gemm_cta_loop<AgConfig<BN>::kStages, kEpiBytes, EpiTmaStore<Out>, AgWait, true, 1, BN>(
-      p.gemm, smem_raw, 0, 0);
+  if (threadIdx.x == 0 && (int)blockIdx.x < p.comm_ctas)
+    tw_trace_stamp(dc, TW_TR_COMM_END);
+  using Var = AgVariant<BN, V>;
+  gemm_cta_loop<Var::kStages, Var::kEpi, EpiTmaStore<Out>, AgWait, Var::kDynamic, 1, BN>(
+      p.gemm, smem_raw, (int32_t)blockIdx.x, (int32_t)gridDim.x);
   __syncthreads();
+  if (threadIdx.x == 0)
+    tw_trace_stamp(dc, TW_TR_GEMM_END);
   if (threadIdx.x == 0 && w.peer_read) {
     /* Exit barrier: the peers read this rank's slot until their last tile, so the call ends
      * (and the caller may rewrite the slot) only once every rank's CTAs are all done. The
@@ -175,16 +196,18 @@ __global__ void __launch_bounds__(kThreads, 1)
           break;
     }
   }
-  if (threadIdx.x == 0)
+  if (threadIdx.x == 0) {
+    tw_trace_stamp(dc, TW_TR_END);
     tw_op_finish(dc, ch, tw_op_begin(dc, ch));
+  }
 }
 
 static_assert(sizeof(AgParams<float>) <= 4096, "kernel parameters");
 
-template <class Out, int BN>
-tw_status_t launch(AgParams<Out> &params, int grid, cudaStream_t stream) {
-  auto kernel = ag_gemm_kernel<Out, BN>;
-  constexpr int kSmem = SmemLayout<AgConfig<BN>::kStages, kEpiBytes, BN>::kDynamicBytes;
+template <class Out, int BN, int V>
+tw_status_t launch_v(AgParams<Out> &params, int grid, cudaStream_t stream) {
+  auto kernel = ag_gemm_kernel<Out, BN, V>;
+  constexpr int kSmem = AgVariant<BN, V>::kSmem;
   static uint64_t configured; /* a bit per device */
   tw_status_t st = tw_kernel_smem_once((const void *)kernel, kSmem, &configured,
                                        "tw_ag_gemm: cudaFuncSetAttribute");
@@ -192,6 +215,28 @@ tw_status_t launch(AgParams<Out> &params, int grid, cudaStream_t stream) {
     return st;
   kernel<<<grid, kThreads, kSmem, stream>>>(params);
   return tw_cuda_check(cudaGetLastError(), "tw_ag_gemm: kernel launch");
+}
+
+template <class Out, int BN>
+tw_status_t launch(AgParams<Out> &params, int grid, cudaStream_t stream) {
+  switch ((int)tw_env_int(TW_AG_VARIANT_ID) & 3) {
+  case 1: return launch_v<Out, BN, 1>(params, grid, stream);
+  case 2: return launch_v<Out, BN, 2>(params, grid, stream);
+  case 3: return launch_v<Out, BN, 3>(params, grid, stream);
+  default: return launch_v<Out, BN, 0>(params, grid, stream);
+  }
+}
+
+template <class Out, int BN> cudaError_t preload_variants() {
+  cudaFuncAttributes attr;
+  cudaError_t e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<Out, BN, 0>);
+  if (e == cudaSuccess)
+    e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<Out, BN, 1>);
+  if (e == cudaSuccess)
+    e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<Out, BN, 2>);
+  if (e == cudaSuccess)
+    e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<Out, BN, 3>);
+  return e;
 }
 
 template <class Out, int BN>
@@ -257,14 +302,13 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
 } // namespace
 
 extern "C" tw_status_t tw_ag_gemm_preload(void) {
-  cudaFuncAttributes attr;
-  cudaError_t e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<__nv_bfloat16, 256>);
+  cudaError_t e = preload_variants<__nv_bfloat16, 256>();
   if (e == cudaSuccess)
-    e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<float, 256>);
+    e = preload_variants<float, 256>();
   if (e == cudaSuccess)
-    e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<__nv_bfloat16, 128>);
+    e = preload_variants<__nv_bfloat16, 128>();
   if (e == cudaSuccess)
-    e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<float, 128>);
+    e = preload_variants<float, 128>();
   return tw_cuda_check(e, "loading the ag_gemm kernels");
 }
 

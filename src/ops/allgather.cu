@@ -34,6 +34,8 @@ __global__ void __launch_bounds__(TW_AG_THREADS, 1)
   int mine = 1;
   uint64_t peer_ready = 0; /* thread 0: bit p set once peer p entered this call (world <= 64) */
   if (threadIdx.x == 0) {
+    tw_trace_stamp(dc, TW_TR_START);
+    tw_trace_channel(dc, TW_CH_ALLGATHER);
     mine = tw_op_usable(dc, TW_CH_ALLGATHER);
     if (blockIdx.x == 0 && mine)
       tw_signal_entry(dc, TW_CH_ALLGATHER, epoch);
@@ -71,6 +73,7 @@ __global__ void __launch_bounds__(TW_AG_THREADS, 1)
                        tw_own_flag(dc, TW_CH_ALLGATHER, tw_ag_flag_index(src, chunk)), epoch, src,
                        item);
     }
+    tw_trace_stamp(dc, TW_TR_END);
     tw_op_finish(dc, TW_CH_ALLGATHER, epoch);
   }
 }

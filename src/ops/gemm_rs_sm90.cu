@@ -355,6 +355,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_rs_kernel(const __grid_const
   const int ch = p.gemm.wait.ch;
   const uint64_t epoch = tw_op_begin(dc, ch);
   if (threadIdx.x == 0) {
+    tw_trace_stamp(dc, TW_TR_START);
+    tw_trace_channel(dc, ch);
     s_entered = 0;
     s_ok = tw_op_usable(dc, ch);
     if (blockIdx.x == 0 && s_ok)
@@ -365,9 +367,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_rs_kernel(const __grid_const
     reduce_work<8>(p, epoch, &s_item, &s_ok);
     if (p.all_reduce)
       gather_work(p, epoch, &s_item, &s_ok);
+    if (threadIdx.x == 0)
+      tw_trace_stamp(dc, TW_TR_COMM_END);
   }
   gemm_cta_loop<kStages, kEpiBytes, RsEpi, RsWait, true, 1, kBlockN, kSteal>(p.gemm, smem_raw, 0,
                                                                              0);
+  if (dc.trace) { /* the consumers' last tile, not the producer's last load */
+    __syncthreads();
+    if (threadIdx.x == 0)
+      tw_trace_stamp(dc, TW_TR_GEMM_END);
+  }
   if constexpr (kSteal) {
     if ((int)blockIdx.x >= p.reduce_ctas) {
       reduce_work<8>(p, epoch, &s_item, &s_ok);
@@ -376,8 +385,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_rs_kernel(const __grid_const
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0)
+  if (threadIdx.x == 0) {
+    tw_trace_stamp(dc, TW_TR_END);
     tw_op_finish(dc, ch, epoch);
+  }
 }
 
 tw_status_t launch(const RsParams &params, int grid, cudaStream_t stream) {

@@ -89,6 +89,9 @@ struct tw_comm {
   cudaStream_t ce_stream;
   cudaEvent_t ce_in, ce_done;
   uint64_t ce_epoch;
+  /* TW_TRACE=1: the kernels' trace (dev.trace) and its pinned copy, printed after each call. */
+  uint64_t *trace_host;
+  uint64_t trace_calls;
   char last_error[TW_ERRMSG_LEN];
 };
 

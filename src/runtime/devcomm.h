@@ -79,7 +79,23 @@ typedef struct tw_dev_comm {
   tw_ctrl_t *ctrl;                    /* this rank's control block */
   tw_ctrl_t *peer_ctrl[TW_MAX_WORLD]; /* peers' control blocks (NULL: not load/store reachable) */
   tw_err_block_t *err;                /* host-mapped */
+  uint64_t
+      *trace; /* TW_TRACE=1: [TW_TRACE_CTAS + 1][TW_TRACE_FIELDS] in device memory; else NULL */
 } tw_dev_comm_t;
+
+/* TW_TRACE: per CTA (rows 0..TW_TRACE_CTAS-1) globaltimer stamps and wait totals of the
+ * comm's last kernel; row TW_TRACE_CTAS holds {channel + 1}. Printed after each call. */
+#define TW_TRACE_CTAS 256
+#define TW_TRACE_FIELDS 8
+#define TW_TRACE_BYTES ((size_t)(TW_TRACE_CTAS + 1) * TW_TRACE_FIELDS * sizeof(uint64_t))
+enum {
+  TW_TR_START = 0,    /* the CTA began */
+  TW_TR_COMM_END = 1, /* its communication / reduce role before the GEMM ended (if it had one) */
+  TW_TR_GEMM_END = 2, /* its GEMM loop ended */
+  TW_TR_END = 3,      /* it finished (after any work after the GEMM and exit barriers) */
+  TW_TR_WAIT_NS = 4,  /* thread 0's time spinning in bounded waits */
+  TW_TR_WAITS = 5     /* thread 0's waits that had to spin */
+};
 
 #ifdef __cplusplus
 }

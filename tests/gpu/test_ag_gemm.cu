@@ -468,6 +468,17 @@ int main(int argc, char **argv) {
     test_copy_engine(3, 1000, 520, 1032, 20, seed + 7100);
     test_copy_engine(8, 256, 1024, 2048, 20, seed + 7200);
   }
+  /* The experimental kernel variants (TW_AG_VARIANT): bitwise the same results. */
+  for (int v = 1; v <= 3; v++) {
+    char value[4];
+    snprintf(value, sizeof(value), "%d", v);
+    setenv("TW_AG_VARIANT", value, 1);
+    printf("TW_AG_VARIANT=%d:\n", v);
+    test_case(4, 100, 264, 200, TW_BF16, 0, 0, seed + 9000 + v);
+    test_case(2, 1024, 1024, 2048, TW_FP32, 1, 3, seed + 9100 + v);
+    test_no_gather(4, 256, 512, 512, 1, small ? 5 : 50, seed + 9200 + v);
+  }
+  unsetenv("TW_AG_VARIANT");
   test_bad_arguments();
   return tw_test_finish();
 }
