@@ -1,5 +1,6 @@
 /* Comm lifetime, queries, errors and the public symmetric-heap calls. */
 #include "comm.h"
+#include "trace.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -214,58 +215,13 @@ tw_status_t tw_launch_begin(tw_comm_t comm, tw_stream_t user, cudaStream_t *laun
   return st;
 }
 
-static int cmp_u64(const void *a, const void *b) {
-  const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
-/* TW_TRACE line for one call of one rank: times are microseconds from the first CTA's start. */
-static void trace_line(const uint64_t *rows, int rank, uint64_t call) {
-  static const char *names[TW_NUM_CHANNELS] = {"barrier", "allgather", "ag_gemm",
-                                               "gemm_rs", "gemm_ar",   "moe",
-                                               "attn",    "test",      "ag_gemm(ce)"};
-  const uint64_t ch1 = rows[TW_TRACE_CTAS * TW_TRACE_FIELDS];
-  uint64_t t0 = UINT64_MAX, comm[TW_TRACE_CTAS], gemm[TW_TRACE_CTAS], end_max = 0, wait = 0,
-           waits = 0, wait_max = 0;
-  int ctas = 0, ncomm = 0, ngemm = 0;
-  for (int c = 0; c < TW_TRACE_CTAS; c++)
-    if (rows[c * TW_TRACE_FIELDS + TW_TR_START] && rows[c * TW_TRACE_FIELDS + TW_TR_START] < t0)
-      t0 = rows[c * TW_TRACE_FIELDS + TW_TR_START];
-  for (int c = 0; c < TW_TRACE_CTAS; c++) {
-    const uint64_t *r = rows + c * TW_TRACE_FIELDS;
-    if (!r[TW_TR_START])
-      continue;
-    ctas++;
-    if (r[TW_TR_COMM_END])
-      comm[ncomm++] = r[TW_TR_COMM_END] - t0;
-    if (r[TW_TR_GEMM_END])
-      gemm[ngemm++] = r[TW_TR_GEMM_END] - t0;
-    if (r[TW_TR_END] > t0 && r[TW_TR_END] - t0 > end_max)
-      end_max = r[TW_TR_END] - t0;
-    wait += r[TW_TR_WAIT_NS], waits += r[TW_TR_WAITS];
-    if (r[TW_TR_WAIT_NS] > wait_max)
-      wait_max = r[TW_TR_WAIT_NS];
-  }
-  if (!ctas)
-    return;
-  qsort(comm, (size_t)ncomm, sizeof(uint64_t), cmp_u64);
-  qsort(gemm, (size_t)ngemm, sizeof(uint64_t), cmp_u64);
-  fprintf(stderr,
-          "tw trace: %s rank %d call %llu: %d CTAs; us from the first start: comm/reduce-first "
-          "end med %.1f max %.1f (%d CTAs), GEMM end min %.1f med %.1f max %.1f, end max %.1f; "
-          "waits %.1f us in %llu (CTA max %.1f)\n",
-          ch1 >= 1 && ch1 <= TW_NUM_CHANNELS ? names[ch1 - 1] : "?", rank, (unsigned long long)call,
-          ctas, ncomm ? comm[ncomm / 2] * 1e-3 : 0.0, ncomm ? comm[ncomm - 1] * 1e-3 : 0.0, ncomm,
-          ngemm ? gemm[0] * 1e-3 : 0.0, ngemm ? gemm[ngemm / 2] * 1e-3 : 0.0,
-          ngemm ? gemm[ngemm - 1] * 1e-3 : 0.0, end_max * 1e-3, wait * 1e-3,
-          (unsigned long long)waits, wait_max * 1e-3);
-}
-
 /* Host callback (no CUDA calls): the comm itself is the argument, so graph replays of a
  * captured call print too; the stream orders the copy before it. */
 static void CUDART_CB trace_print(void *p) {
   tw_comm_t comm = (tw_comm_t)p;
-  trace_line(comm->trace_host, comm->rank, ++comm->trace_calls);
+  char line[512];
+  if (tw_trace_format(comm->trace_host, comm->rank, ++comm->trace_calls, line, sizeof(line)))
+    fprintf(stderr, "%s\n", line);
 }
 
 /* TW_TRACE: copy the kernel's trace out, clear it, print it when the stream gets there. */
