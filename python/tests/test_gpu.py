@@ -356,6 +356,36 @@ def test_ag_gemm_virtual_ranks(world):
         _close(comms)
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_ag_gemm_without_gathered_out(world):
+    """gathered_out=False: the same product (bitwise), only the own slice of a_gathered kept."""
+    m_local, n, k = 256, 512, 384
+    comms = tilewire.init_virtual(world)
+    try:
+        gathered = tilewire.symmetric_empty(comms, (world * m_local, k), bf16)
+        a = [torch.randn(m_local, k, device="cuda", dtype=bf16) for _ in range(world)]
+        b = torch.randn(n, k, device="cuda", dtype=bf16)
+        with_gather = tilewire.for_each_rank(
+            comms, lambda c: tilewire.ag_gemm(c, a[c.rank], b, gathered[c.rank]))
+        torch.cuda.synchronize()
+        for _ in range(3):  # back to back, inputs in place in the own slice
+            without = tilewire.for_each_rank(
+                comms, lambda c: tilewire.ag_gemm(
+                    c, gathered[c.rank][c.rank * m_local:(c.rank + 1) * m_local], b,
+                    gathered[c.rank], gathered_out=False))
+        torch.cuda.synchronize()
+        for r in range(world):
+            assert torch.equal(without[r], with_gather[r]), "rank %d" % r
+            assert torch.equal(gathered[r][r * m_local:(r + 1) * m_local], a[r])
+        for c in comms:
+            assert c.async_error() is None
+        with pytest.raises(TypeError, match="gathered_out"):
+            tilewire.ag_gemm(comms[0], a[0], b, gathered[0], gathered_out=1)
+        gathered.clear()
+    finally:
+        _close(comms)
+
+
 # ---- gemm_rs / gemm_ar --------------------------------------------------------------------
 
 

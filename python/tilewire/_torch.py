@@ -548,9 +548,11 @@ def barrier(comm):
 # the op needs no functional twin) plus its validating function. Template for the next ones.
 
 
-def _check_ag_gemm(comm, a, b, a_gathered, out, out_dtype, comm_sms):
+def _check_ag_gemm(comm, a, b, a_gathered, out, out_dtype, comm_sms, gathered_out=True):
     op = "tilewire.ag_gemm"
     _check_comm(comm, op)
+    if not isinstance(gathered_out, bool):
+        raise TypeError("%s: gathered_out must be a bool, got %r" % (op, gathered_out))
     for t, name in ((a, "a"), (b, "b"), (a_gathered, "a_gathered")):
         _check_tensor(t, name, op)
         _check_dtype(t, name, op, (torch.bfloat16,))
@@ -610,7 +612,7 @@ def _check_ag_gemm(comm, a, b, a_gathered, out, out_dtype, comm_sms):
 
 @_custom_op("tilewire::ag_gemm", mutates_args=("a_gathered", "out"))
 def _ag_gemm_op(comm_id: int, a: torch.Tensor, b: torch.Tensor, a_gathered: torch.Tensor,
-                out: torch.Tensor, comm_sms: int) -> None:
+                out: torch.Tensor, comm_sms: int, no_gathered_out: int) -> None:
     op = "tilewire.ag_gemm"
     comm = comm_by_id(comm_id)
     for t, name in ((a, "a"), (b, "b"), (a_gathered, "a_gathered"), (out, "out")):
@@ -625,17 +627,17 @@ def _ag_gemm_op(comm_id: int, a: torch.Tensor, b: torch.Tensor, a_gathered: torc
         c_dtype=_lib.DType.BF16 if out.dtype == torch.bfloat16 else _lib.DType.FP32,
         a=a.data_ptr(), b=b.data_ptr(), c=out.data_ptr(), a_gathered=a_gathered.data_ptr(),
         m_local=m_local, n=b.shape[0], k=k, ldb=_leading_dim(b, "b", op),
-        ldc=_leading_dim(out, "out", op), comm_sms=comm_sms,
+        ldc=_leading_dim(out, "out", op), comm_sms=comm_sms, no_gathered_out=no_gathered_out,
     )
     _lib.call("tw_ag_gemm", comm.handle, ctypes.byref(args), _stream(a.device))
 
 
 @_register_fake(_ag_gemm_op)
-def _ag_gemm_fake(comm_id, a, b, a_gathered, out, comm_sms):
+def _ag_gemm_fake(comm_id, a, b, a_gathered, out, comm_sms, no_gathered_out):
     return None
 
 
-def ag_gemm(comm, a, b, a_gathered, out=None, out_dtype=None, comm_sms=0):
+def ag_gemm(comm, a, b, a_gathered, out=None, out_dtype=None, comm_sms=0, gathered_out=True):
     """Fused AllGather + GEMM (tw_ag_gemm), the column-parallel linear layer:
     ``out = torch.cat([a of every rank]) @ b.T``, [world * m_local, N].
 
@@ -643,16 +645,20 @@ def ag_gemm(comm, a, b, a_gathered, out=None, out_dtype=None, comm_sms=0):
     a_gathered: then nothing is copied for it); b: [N, K] bf16; a_gathered: a symmetric
     bf16 tensor (comm.empty) of at least world * m_local * K elements, holding the gathered
     a afterwards (the backward pass needs it); out_dtype torch.bfloat16 (default) or
-    torch.float32; comm_sms: CTAs that push data before joining the GEMM (0: heuristic).
-    Collective: every rank calls it with the same shapes. Returns out.
+    torch.float32; comm_sms: CTAs that push data before joining the GEMM (0: heuristic);
+    gathered_out=False: a_gathered need not hold the gathered a afterwards (only this
+    rank's slice), which lets ranks sharing one GPU read each other's shards in place
+    (tilewire.h, no_gathered_out). Collective: every rank calls it with the same shapes and
+    the same gathered_out. Returns out.
     """
-    dtype = _check_ag_gemm(comm, a, b, a_gathered, out, out_dtype, comm_sms)
+    dtype = _check_ag_gemm(comm, a, b, a_gathered, out, out_dtype, comm_sms, gathered_out)
     if out is None:
         out = torch.empty((comm.size * a.shape[0], b.shape[0]), dtype=dtype, device=a.device)
+    no_gather = 0 if gathered_out else 1
     if _HAVE_CUSTOM_OP:
-        torch.ops.tilewire.ag_gemm(comm.id, a, b, a_gathered, out, comm_sms)
+        torch.ops.tilewire.ag_gemm(comm.id, a, b, a_gathered, out, comm_sms, no_gather)
     else:
-        _ag_gemm_op(comm.id, a, b, a_gathered, out, comm_sms)
+        _ag_gemm_op(comm.id, a, b, a_gathered, out, comm_sms, no_gather)
     return out
 
 
