@@ -11,9 +11,9 @@ static int cmp_u64(const void *a, const void *b) {
 }
 
 int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, size_t len) {
-  static const char *names[TW_NUM_CHANNELS] = {"barrier", "allgather", "ag_gemm", "gemm_rs",
-                                               "gemm_ar", "moe",       "attn",    "test",
-                                               "ag_gemm(ce)"};
+  static const char *names[TW_NUM_CHANNELS] = {"barrier", "allgather", "ag_gemm",
+                                               "gemm_rs", "gemm_ar",   "moe",
+                                               "attn",    "test",      "ag_gemm(ce)"};
   if (len)
     buf[0] = 0;
   const uint64_t ch1 = rows[TW_TRACE_CTAS * TW_TRACE_FIELDS];

@@ -20,17 +20,15 @@ int main(void) {
     uint64_t *r = rows + c * TW_TRACE_FIELDS;
     r[TW_TR_START] = base + 1000 + 500 * (uint64_t)c;
     r[TW_TR_GEMM_END] = base + 100000 + 10000 * (uint64_t)c; /* 99, 109, 119 us */
-    r[TW_TR_END] = base + 150000 + 1000 * (uint64_t)c;         /* max 151 us */
-    r[TW_TR_WAIT_NS] = 2000 * (uint64_t)(c + 1);               /* 2 + 4 + 6 us */
+    r[TW_TR_END] = base + 150000 + 1000 * (uint64_t)c;       /* max 151 us */
+    r[TW_TR_WAIT_NS] = 2000 * (uint64_t)(c + 1);             /* 2 + 4 + 6 us */
     r[TW_TR_WAITS] = 1;
   }
   rows[TW_TR_COMM_END] = base + 11000; /* 10 us */
   TEST_ASSERT(tw_trace_format(rows, 3, 7, line, sizeof(line)) == 1, "a line");
   printf("  %s\n", line);
-  const char *want[] = {"tw trace: gemm_rs rank 3 call 7: 3 CTAs",
-                        "end med 10.0 max 10.0 (1 CTAs)",
-                        "GEMM end min 99.0 med 109.0 max 119.0",
-                        "end max 151.0",
+  const char *want[] = {"tw trace: gemm_rs rank 3 call 7: 3 CTAs", "end med 10.0 max 10.0 (1 CTAs)",
+                        "GEMM end min 99.0 med 109.0 max 119.0", "end max 151.0",
                         "waits 12.0 us in 3 (CTA max 6.0)"};
   for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
     TEST_ASSERT(strstr(line, want[i]) != NULL, "\"%s\" not in \"%s\"", want[i], line);
