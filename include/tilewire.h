@@ -295,6 +295,9 @@ TW_API tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args, tw_
  * their owner's workspace and counted there; the owner's reduce CTAs sum each
  * tile once all ranks delivered it. Collective: every rank calls it with the
  * same shapes; both ops take the same args struct.
+ * Experimental (TW_AR_DIRECT=1, meant for small m): tw_gemm_ar stores every tile
+ * into every rank's workspace and each rank reduces all of S itself (one hop, no
+ * gather phase) when the workspace holds world * m * n * 4 bytes; same result bits.
  */
 #define TW_GEMM_RS_ARGS_VERSION 1
 typedef struct tw_gemm_rs_args {

@@ -41,6 +41,10 @@ TW_ENV(TW_AG_PEER_READ, bool, "1",
 TW_ENV(TW_AG_VARIANT, int, "0",
        "Experimental: tw_ag_gemm kernel variant, bit 0 = the plain GEMM's 3-stage / 32 KiB "
        "epilogue split, bit 1 = static tile schedule instead of the tile queue.")
+TW_ENV(TW_AR_DIRECT, bool, "0",
+       "Experimental: 1 lets tw_gemm_ar use the direct scheme (every rank stores each fp32 tile "
+       "into every rank's staging and reduces all rows itself) when the workspace holds world x "
+       "m x n fp32; meant for small m.")
 TW_ENV(TW_TRACE, bool, "0",
        "1: every fused kernel records per-CTA phase times and wait totals, and one line per call "
        "and rank goes to stderr when the call completes (costs a copy and a host callback).")

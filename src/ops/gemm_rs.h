@@ -54,7 +54,11 @@ typedef struct tw_gemm_rs_plan {
   int reduce_ctas; /* of which start on the reduction */
   int group_units; /* units behind one flag */
   int groups_max;  /* groups of the owner with the most units */
+  int direct;      /* tw_gemm_ar's direct scheme (set by the caller of make_plan) */
 } tw_gemm_rs_plan_t;
+
+/* Workspace bytes of tw_gemm_ar's direct scheme: fp32 staging [world][m][n]. */
+size_t tw_gemm_ar_direct_workspace_bytes(int world, int64_t m, int64_t n);
 
 void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *args, tw_gemm_rs_plan_t *plan);
 

@@ -18,6 +18,10 @@ size_t tw_gemm_rs_workspace_bytes(int world, int64_t m, int64_t n) {
   return (size_t)world * m_local * (size_t)n * 4 + m_local * (size_t)n * 2;
 }
 
+size_t tw_gemm_ar_direct_workspace_bytes(int world, int64_t m, int64_t n) {
+  return (size_t)world * (size_t)m * (size_t)n * 4;
+}
+
 void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *plan) {
   const int world = a->world;
   const int32_t m_local = (int32_t)(a->m / world);
@@ -58,4 +62,5 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   if (reduce < 1)
     reduce = 1;
   plan->reduce_ctas = reduce; /* the caller guarantees sm_budget >= 2 */
+  plan->direct = 0;
 }

@@ -84,11 +84,16 @@ struct RsWait : NoWait {
     int32_t m_local;
     int32_t m;
     int32_t world;
+    int32_t direct; /* every tile goes to every rank (see RsParams::direct) */
+    int32_t pad;
   };
   __device__ __forceinline__ static void before_tile(const Params &p, int32_t mb, int32_t) {
     const int32_t row0 = mb * kBlockM;
     const int32_t last = min(row0 + kBlockM, p.m) - 1;
-    wait_entered(p.dc, p.ch, row0 / p.m_local, last / p.m_local, tw_op_begin(p.dc, p.ch));
+    if (p.direct)
+      wait_entered(p.dc, p.ch, 0, p.world - 1, tw_op_begin(p.dc, p.ch));
+    else
+      wait_entered(p.dc, p.ch, row0 / p.m_local, last / p.m_local, tw_op_begin(p.dc, p.ch));
   }
 };
 
@@ -104,6 +109,8 @@ struct RsEpi {
     int32_t m_local;
     int32_t m;
     int32_t group_units;
+    int32_t direct; /* number of ranks every box and count go to (0: the rows' owners) */
+    int32_t pad;
   };
   __device__ __forceinline__ static void prefetch(const Params &p) {
     for (int o = 0; o < kMaxWorld; o++)
@@ -114,6 +121,11 @@ struct RsEpi {
                                                    int32_t row) {
     if (row >= p.m)
       return;
+    if (p.direct) { /* the tile's rows are every rank's: its slot for this rank on each */
+      for (int32_t d = 0; d < p.direct; d++)
+        tw::ptx::tma_store_2d(&p.slot_map[d], box, col, row);
+      return;
+    }
     const int32_t last = min(row + kBoxRows, p.m) - 1;
     for (int32_t o = row / p.m_local; o <= last / p.m_local; o++) {
       const int32_t local = row - o * p.m_local;
@@ -137,6 +149,12 @@ struct RsEpi {
     const int32_t row0 = mb * kBlockM;
     const int32_t last = min(row0 + kBlockM, p.m) - 1;
     tw_fence_acq_rel_sys();
+    if (p.direct) { /* geometry of one owner holding all m rows (m_local == m) */
+      const int32_t u = nb * tw_rs_mb_count(0, p.m_local) + mb;
+      for (int32_t d = 0; d < p.direct; d++)
+        tw_red_release_sys_add(p.owner_flags[d] + u / p.group_units, 1);
+      return;
+    }
     for (int32_t o = row0 / p.m_local; o <= last / p.m_local; o++) {
       const int32_t u = nb * tw_rs_mb_count(o, p.m_local) + (mb - tw_rs_mb_first(o, p.m_local));
       tw_red_release_sys_add(p.owner_flags[o] + u / p.group_units, 1);
@@ -155,7 +173,10 @@ struct RsParams {
   int32_t group_units, groups_max;
   int32_t reduce_ctas, all_reduce;
   int32_t steal; /* TW_RS_STEAL: GEMM CTAs take reduction work after the mainloop */
-  int32_t pad;
+  /* tw_gemm_ar's direct scheme (TW_AR_DIRECT): every rank stores each fp32 tile into every
+   * rank's staging and every rank reduces all m rows itself; the kernel then runs as a
+   * reduce-scatter with one owner of m_local = m rows (all_reduce 0, no gather phase). */
+  int32_t direct;
 };
 
 /* Rows [r0, r1) of owner o's slab and columns [c0, c1) of unit u. */
@@ -265,7 +286,7 @@ __device__ __forceinline__ void reduce_work(const RsParams &p, uint64_t epoch, i
                                             int *s_ok) {
   const tw_dev_comm_t &dc = p.gemm.wait.dc;
   const int ch = p.gemm.wait.ch;
-  const int me = dc.rank, world = dc.world;
+  const int me = p.direct ? 0 : dc.rank, world = dc.world; /* me: the geometry's owner */
   TileQueue *queue = reinterpret_cast<TileQueue *>(tw_own_flag(dc, ch, kReduceQueue));
   const int32_t units = owner_units(p, me);
   const int32_t groups = (units + p.group_units - 1) / p.group_units;
@@ -412,7 +433,9 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
                       int all_reduce, cudaStream_t stream) {
   const int world = comm->world, rank = comm->rank;
   const int ch = all_reduce ? TW_CH_GEMM_AR : TW_CH_GEMM_RS;
-  const int64_t m_local = a.m / world;
+  /* Direct scheme: the geometry of one owner holding all m rows, every rank's staging a
+   * target of every tile. */
+  const int64_t m_local = plan.direct ? a.m : a.m / world;
   RsParams p;
   memset(&p, 0, sizeof(p));
   tw_status_t st;
@@ -441,6 +464,9 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   p.gemm.epi.m_local = (int32_t)m_local;
   p.gemm.epi.m = (int32_t)a.m;
   p.gemm.epi.group_units = plan.group_units;
+  p.gemm.epi.direct = plan.direct ? world : 0;
+  p.gemm.wait.direct = plan.direct;
+  p.direct = plan.direct;
   TileOrder &o = p.gemm.order;
   o.m_blocks = (int32_t)((a.m + kBlockM - 1) / kBlockM);
   o.n_blocks = (int32_t)((a.n + kBlockN - 1) / kBlockN);
@@ -448,7 +474,7 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   /* Column sweeps over all row blocks, from owner rank + 1's rows (see the top). */
   o.order = kOrderRotated;
   o.group_m = o.m_blocks;
-  o.rotate_mb = tw_rs_mb_first((rank + 1) % world, (int32_t)m_local);
+  o.rotate_mb = plan.direct ? 0 : tw_rs_mb_first((rank + 1) % world, (int32_t)m_local);
   p.gemm.queue = (TileQueue *)comm->ctrl->tile_queue[ch];
   p.gemm.participants = plan.ctas;
   p.gemm.k_blocks = (int32_t)((a.k + kBlockK - 1) / kBlockK);
@@ -468,7 +494,7 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   p.groups_max = plan.groups_max;
   p.reduce_ctas = plan.reduce_ctas;
   p.steal = (int32_t)tw_env_int(TW_RS_STEAL_ID);
-  p.all_reduce = all_reduce;
+  p.all_reduce = plan.direct ? 0 : all_reduce; /* direct: no gather phase */
   return launch(p, plan.ctas, stream);
 }
 
@@ -558,8 +584,16 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
       return tw_fail(TW_ERR_NOT_SUPPORTED,
                      "%s: rank %d is on another node; inter-node %s is not implemented yet", op, r,
                      op);
-  tw_gemm_rs_plan_args_t pa = {world, a->m, a->n, a->k, comm->sm_budget, a->reduce_sms, all_reduce};
+  /* tw_gemm_ar's direct scheme (experimental, TW_AR_DIRECT=1), where the workspace holds it:
+   * planned as a reduce-scatter with one owner of all m rows (every rank reduces them all). */
+  const int direct =
+      all_reduce && tw_env_int(TW_AR_DIRECT_ID) &&
+      tw_heap_avail(comm, a->workspace) >= tw_gemm_ar_direct_workspace_bytes(world, a->m, a->n);
+  tw_gemm_rs_plan_args_t pa = {
+      direct ? 1 : world,     a->m, a->n, a->k, comm->sm_budget, a->reduce_sms,
+      direct ? 0 : all_reduce};
   tw_gemm_rs_make_plan(&pa, plan);
+  plan->direct = direct;
   return TW_SUCCESS;
 }
 

@@ -106,6 +106,8 @@ tw_status_t tw_comm_check(const struct tw_comm *comm);
 void *tw_heap_peer_ptr(const struct tw_comm *comm, const void *local_ptr, int peer);
 
 /* Finds the allocation holding [ptr, ptr+bytes) in this rank's heap. */
+/* Bytes from ptr to the end of its symmetric allocation on this rank; 0 if none holds it. */
+size_t tw_heap_avail(const struct tw_comm *comm, const void *ptr);
 tw_status_t tw_heap_lookup(const struct tw_comm *comm, const void *ptr, size_t bytes,
                            const char *arg_name, tw_alloc_t **alloc_out);
 

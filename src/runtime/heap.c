@@ -386,6 +386,22 @@ void *tw_heap_peer_ptr(const struct tw_comm *comm, const void *local_ptr, int pe
   return (char *)slot_ptr(g, peer, 0) + (p - base);
 }
 
+size_t tw_heap_avail(const struct tw_comm *comm, const void *ptr) {
+  tw_group_t *g = comm->group;
+  uintptr_t p = (uintptr_t)ptr;
+  size_t avail = 0;
+  pthread_mutex_lock(&g->mu);
+  for (tw_alloc_t *a = g->allocs; a; a = a->next) {
+    uintptr_t base = (uintptr_t)slot_ptr(g, comm->rank, a->offset);
+    if (p >= base && p < base + a->bytes && !a->freed[comm->rank]) {
+      avail = (size_t)(base + a->bytes - p);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&g->mu);
+  return avail;
+}
+
 tw_status_t tw_heap_lookup(const struct tw_comm *comm, const void *ptr, size_t bytes,
                            const char *arg_name, tw_alloc_t **alloc_out) {
   tw_group_t *g = comm->group;

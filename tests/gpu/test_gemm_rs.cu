@@ -59,6 +59,11 @@ static void setup(fixture *f, int world, int64_t m_local, int64_t n, int64_t k) 
   size_t ws_bytes = 0;
   TEST_TW_OK(tw_gemm_rs_workspace_size(f->comms[0], f->m, n, &ws_bytes));
   const size_t mn = (size_t)f->m * n;
+  /* TW_AR_DIRECT=1 (tw_gemm_ar's direct scheme) takes effect with a world x m x n fp32
+   * workspace. */
+  const char *direct = getenv("TW_AR_DIRECT");
+  if (direct && strcmp(direct, "1") == 0 && ws_bytes < (size_t)world * mn * 4)
+    ws_bytes = (size_t)world * mn * 4;
   for (int r = 0; r < world; r++) {
     CUDA_OK(cudaStreamCreateWithFlags(&f->streams[r], cudaStreamNonBlocking));
     CUDA_OK(cudaEventCreateWithFlags(&f->events[r], cudaEventDisableTiming));
@@ -311,6 +316,27 @@ static void test_bad_arguments(void) {
   teardown(&f);
 }
 
+/* Runs test_case with an environment knob set (left set for the caller's further tests):
+ * the first shape always, the others unless --small, on worlds 2, 3, 4, 8. */
+typedef struct {
+  const char *name, *value;
+  struct {
+    int64_t m_local, n, k;
+    int reduce_sms;
+  } shapes[3];
+  uint64_t seed_step;
+} env_cases_t;
+
+static void run_env_cases(const env_cases_t *c, int small, uint64_t seed) {
+  static const int worlds[] = {2, 3, 4, 8};
+  setenv(c->name, c->value, 1);
+  printf("%s=%s:\n", c->name, c->value);
+  for (int wi = 0; wi < 4; wi++)
+    for (int i = 0; i < (small ? 1 : 3); i++)
+      test_case(worlds[wi], c->shapes[i].m_local, c->shapes[i].n, c->shapes[i].k,
+                c->shapes[i].reduce_sms, seed + (c->seed_step + (uint64_t)i) * worlds[wi]);
+}
+
 int main(int argc, char **argv) {
   tw_test_require_hopper();
   int small = argc > 1 && strcmp(argv[1], "--small") == 0;
@@ -332,17 +358,19 @@ int main(int argc, char **argv) {
   test_graph(small ? 2 : 4, 10, seed + 6000);
   /* TW_RS_STEAL=0 (the default is 1): only the reduce CTAs reduce; the result must not change
    * by a bit. */
-  setenv("TW_RS_STEAL", "0", 1);
-  printf("TW_RS_STEAL=0:\n");
-  for (int wi = 1; wi < 5; wi++) {
-    test_case(worlds[wi], 100, 264, 200, 0, seed + 60 * worlds[wi]);
-    if (!small) {
-      test_case(worlds[wi], 1024, 1024, 512, 1, seed + 70 * worlds[wi]);
-      test_case(worlds[wi], 300, 520, 1032, 0, seed + 80 * worlds[wi]);
-    }
-  }
+  static const env_cases_t no_steal = {
+      "TW_RS_STEAL", "0", {{100, 264, 200, 0}, {1024, 1024, 512, 1}, {300, 520, 1032, 0}}, 60};
+  run_env_cases(&no_steal, small, seed);
   test_back_to_back(small ? 2 : 4, small ? 20 : 200, seed + 8000);
   unsetenv("TW_RS_STEAL");
+  /* TW_AR_DIRECT=1: tw_gemm_ar's direct scheme (small m); the same bits as the unfused
+   * pipeline (tw_gemm_rs is unaffected). */
+  static const env_cases_t direct = {
+      "TW_AR_DIRECT", "1", {{16, 264, 200, 0}, {1, 8, 8, 0}, {100, 520, 1032, 2}}, 90};
+  run_env_cases(&direct, small, seed);
+  test_back_to_back(small ? 2 : 8, small ? 20 : 200, seed + 9000);
+  test_graph(small ? 2 : 4, 10, seed + 9500);
+  unsetenv("TW_AR_DIRECT");
   test_bad_arguments();
   return tw_test_finish();
 }

@@ -227,6 +227,10 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     return 1;
   }
   const size_t mn = (size_t)c->m * c->n;
+  /* gemm_ar with m <= 4096: room for the direct scheme too (row tilewire-direct). */
+  const int direct_row = all_reduce && c->m <= 4096 && world > 1;
+  if (direct_row && ws_bytes < (size_t)world * mn * 4)
+    ws_bytes = (size_t)world * mn * 4;
   for (int r = 0; r < world; r++) {
     if (tw_mem_alloc(c->comms[r], ws_bytes, &c->ws[r]) != TW_SUCCESS ||
         tw_mem_alloc(c->comms[r], mn * 4, (void **)&c->partial[r]) != TW_SUCCESS ||
@@ -292,7 +296,7 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     t[v] = bench_time_multi_ms(variants[v].fn, c, c->streams[0], c->streams, world, o->warmup,
                                o->repeats, &p10[v], &p90[v]);
   /* TW_BENCH_RS_REDUCE_SMS=2,4,6: extra fused rows with that many reduce CTAs per rank. */
-  int extra_sms[8], nextra = 0;
+  int extra_sms[9], nextra = 0;
   const char *list = getenv("TW_BENCH_RS_REDUCE_SMS");
   for (const char *q = list; q && *q && nextra < 8;) {
     int v = atoi(q);
@@ -308,6 +312,24 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     q = q ? q + 1 : NULL;
   }
   c->reduce_sms = 0;
+  /* tw_gemm_ar's direct scheme (TW_AR_DIRECT=1), checked bitwise like the default. */
+  int ok_direct = 1;
+  if (direct_row) {
+    const char *saved = getenv("TW_AR_DIRECT");
+    char keep[8] = "";
+    if (saved)
+      snprintf(keep, sizeof(keep), "%s", saved);
+    setenv("TW_AR_DIRECT", "1", 1);
+    ok_direct = o->check ? check_bitwise(c) : 1;
+    extra_sms[nextra] = -1;
+    t[nv + nextra] = bench_time_multi_ms(run_fused, c, c->streams[0], c->streams, world, o->warmup,
+                                         o->repeats, &p10[nv + nextra], &p90[nv + nextra]);
+    nextra++;
+    if (saved)
+      setenv("TW_AR_DIRECT", keep, 1);
+    else
+      unsetenv("TW_AR_DIRECT");
+  }
   /* With NCCL: its pipeline is the baseline and its reduction the communication time. */
   int nnccl = 0;
   double t_nccl = 0, t_nccl_reduce = 0;
@@ -337,7 +359,8 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     if (v < nv)
       snprintf(row.variant, sizeof(row.variant), "%s", variants[v].name);
     else if (v < nv + nextra)
-      snprintf(row.variant, sizeof(row.variant), "tilewire-r%d", extra_sms[v - nv]);
+      snprintf(row.variant, sizeof(row.variant),
+               extra_sms[v - nv] < 0 ? "tilewire-direct" : "tilewire-r%d", extra_sms[v - nv]);
     else {
       static const char *nccl_names[] = {"nccl+cublas", "nccl-reduce", "nccl-bf16+cublas",
                                          "nccl-bf16-reduce"};
@@ -351,7 +374,8 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     row.speedup = t_base / t[v];
     if (is_fused)
       row.overlap = (t_gemm > t_comm ? t_gemm : t_comm) / t[v];
-    row.ok = (is_fused || v == 1 ? ok : 1) && !c->failed;
+    const int is_direct = v >= nv && v < nv + nextra && extra_sms[v - nv] < 0;
+    row.ok = (is_fused || v == 1 ? ok : 1) && (!is_direct || ok_direct) && !c->failed;
     bench_add_row(res, &row);
   }
   if (c->nccl) { /* the overlap bound of issue 7: (t_gemm + t_comm) / max(t_gemm, t_comm) */
@@ -398,6 +422,12 @@ static const bench_shape_t rs_sweep[] = {{4096, 12288, 6144, "flux-tp8"},
                                          {8192, 8192, 1024, NULL},
                                          {16384, 16384, 2048, NULL}};
 static const bench_shape_t rs_quick[] = {{1024, 1024, 256, NULL}, {4096, 4096, 512, NULL}};
+/* gemm_ar adds a small-m (decode-like) shape: 128 rows per rank on 8 ranks. */
+static const bench_shape_t ar_sweep[] = {{4096, 12288, 6144, "flux-tp8"},
+                                         {4096, 4096, 512, NULL},
+                                         {8192, 8192, 1024, NULL},
+                                         {16384, 16384, 2048, NULL},
+                                         {1024, 8192, 2048, "small-m"}};
 
 extern "C" const bench_op_t bench_op_gemm_rs = {
     "gemm_rs",
@@ -413,8 +443,8 @@ extern "C" const bench_op_t bench_op_gemm_ar = {
     "gemm_ar",
     "fused GEMM+AllReduce vs unfused (cuBLAS/tw_gemm + reduce) and the pieces; m = total rows, "
     "k = K per rank, --world ranks (8)",
-    rs_sweep,
-    4,
+    ar_sweep,
+    5,
     rs_quick,
     2,
     run_ar};
