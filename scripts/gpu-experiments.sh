@@ -6,7 +6,8 @@
 # 1. Why the fused AllGather+GEMM trails the plain GEMM on 8 virtual ranks even without copies:
 #    the kernel variants of TW_AG_VARIANT (plain GEMM's stage split, static schedule) at
 #    M=16384 and flux-tp8, and TW_TRACE lines (per-CTA GEMM end, wait time).
-# 2. Why GEMM+RS at flux-tp8 on two GPUs costs about GEMM + reduce: TW_TRACE lines.
+# 2. Why GEMM+RS at flux-tp8 on two GPUs costs about GEMM + reduce: TW_TRACE lines, and
+#    the pull variant (TW_RS_PULL=1); tw_gemm_ar's direct scheme (TW_AR_DIRECT) row.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -22,7 +23,7 @@ run() { # run NAME LIMIT CMD...: log, and a summary line of the fused rows' medi
   shift 2
   timeout "$limit" "$@" >"$out/logs/$name.log" 2>&1
   local rc=$?
-  summary+=("$(printf '%-28s rc=%-3s %s' "$name" "$rc" "$(grep -E ' (fused|fused-nogather|tilewire|gemm-alone) ' \
+  summary+=("$(printf '%-28s rc=%-3s %s' "$name" "$rc" "$(grep -E ' (fused|fused-nogather|tilewire|tilewire-direct|gemm-alone|nccl\+cublas) ' \
     "$out/logs/$name.log" | awk '{printf "%s %s  ", $(NF-7), $(NF-6)}')")")
 }
 big="--m 16384 --n 2048 --k 16384 --repeats 10 --warmup 3"
@@ -34,6 +35,12 @@ done
 run "vranks-16384-trace" 120 env TW_BENCH_VIRTUAL=1 TW_TRACE=1 "$bin/tw-bench" ag_gemm \
   --m 16384 --n 2048 --k 16384 --repeats 2 --warmup 1 --no-check
 if [ "$ngpus" -gt 1 ]; then
+  # 3. GEMM+RS/AR: tiles pushed to their owners (default) or pulled by them (TW_RS_PULL=1),
+  #    and tw_gemm_ar's direct scheme (the tilewire-direct row, small-m shape).
+  run "gpus-rs-push" 120 "$bin/tw-bench" gemm_rs --world 2 --repeats 20 --warmup 5
+  run "gpus-rs-pull" 120 env TW_RS_PULL=1 "$bin/tw-bench" gemm_rs --world 2 --repeats 20 --warmup 5
+  run "gpus-ar-pull" 120 env TW_RS_PULL=1 "$bin/tw-bench" gemm_ar --world 2 --repeats 20 --warmup 5
+  run "gpus-ar" 120 "$bin/tw-bench" gemm_ar --world 2 --repeats 20 --warmup 5
   run "gpus-rs-flux-trace" 120 env TW_TRACE=1 "$bin/tw-bench" gemm_rs --world 2 \
     --m 4096 --n 12288 --k 6144 --repeats 2 --warmup 1 --no-check
   run "gpus-ag-16384-trace" 120 env TW_TRACE=1 "$bin/tw-bench" ag_gemm --world 2 \

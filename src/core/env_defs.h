@@ -45,6 +45,10 @@ TW_ENV(TW_AR_DIRECT, bool, "0",
        "Experimental: 1 lets tw_gemm_ar use the direct scheme (every rank stores each fp32 tile "
        "into every rank's staging and reduces all rows itself) when the workspace holds world x "
        "m x n fp32; meant for small m.")
+TW_ENV(TW_RS_PULL, bool, "0",
+       "Experimental: 1 makes tw_gemm_rs / tw_gemm_ar store each rank's fp32 partial locally "
+       "and the owners read their rows from every rank when reducing (instead of the epilogue "
+       "pushing tiles to their owners).")
 TW_ENV(TW_TRACE, bool, "0",
        "1: every fused kernel records per-CTA phase times and wait totals, and one line per call "
        "and rank goes to stderr when the call completes (costs a copy and a host callback).")

@@ -84,13 +84,13 @@ struct RsWait : NoWait {
     int32_t m_local;
     int32_t m;
     int32_t world;
-    int32_t direct; /* every tile goes to every rank (see RsParams::direct) */
+    int32_t wait_all; /* direct / pull: every rank's previous call must be over first */
     int32_t pad;
   };
   __device__ __forceinline__ static void before_tile(const Params &p, int32_t mb, int32_t) {
     const int32_t row0 = mb * kBlockM;
     const int32_t last = min(row0 + kBlockM, p.m) - 1;
-    if (p.direct)
+    if (p.wait_all)
       wait_entered(p.dc, p.ch, 0, p.world - 1, tw_op_begin(p.dc, p.ch));
     else
       wait_entered(p.dc, p.ch, row0 / p.m_local, last / p.m_local, tw_op_begin(p.dc, p.ch));
@@ -110,7 +110,7 @@ struct RsEpi {
     int32_t m;
     int32_t group_units;
     int32_t direct; /* number of ranks every box and count go to (0: the rows' owners) */
-    int32_t pad;
+    int32_t pull;   /* boxes go to slot_map[0], this rank's own [m, n] partial (global rows) */
   };
   __device__ __forceinline__ static void prefetch(const Params &p) {
     for (int o = 0; o < kMaxWorld; o++)
@@ -121,6 +121,10 @@ struct RsEpi {
                                                    int32_t row) {
     if (row >= p.m)
       return;
+    if (p.pull) { /* owners read it from here when they reduce */
+      tw::ptx::tma_store_2d(&p.slot_map[0], box, col, row);
+      return;
+    }
     if (p.direct) { /* the tile's rows are every rank's: its slot for this rank on each */
       for (int32_t d = 0; d < p.direct; d++)
         tw::ptx::tma_store_2d(&p.slot_map[d], box, col, row);
@@ -164,7 +168,11 @@ struct RsEpi {
 
 struct RsParams {
   GemmParams<RsEpi, RsWait> gemm;
-  const float *staging;   /* this rank's [world][m_local][n] */
+  const float *staging; /* this rank's [world][m_local][n] */
+  /* Where the reduction reads rank s's partial of this rank's rows (row stride n): slot s of
+   * this rank's staging, or (pull, TW_RS_PULL) rank s's own [m, n] partial at this rank's
+   * first row, through the heap mapping. */
+  const float *slab[kMaxWorld];
   __nv_bfloat16 *out;     /* rs: [m_local, n]; ar: [m, n] */
   __nv_bfloat16 *reduced; /* ar: this rank's reduced rows, bf16 [m_local, n] */
   const __nv_bfloat16 *reduced_peer[kMaxWorld];
@@ -206,7 +214,6 @@ __device__ __forceinline__ void reduce_unit(const RsParams &p, int world, int me
   unit_rect(me, u, p.m_local, p.n, r0, r1, c0, c1);
   const int32_t quads = (c1 - c0) / 4;
   const int32_t items = (r1 - r0) * quads;
-  const size_t slot = (size_t)p.m_local * p.n;
   const int32_t stride = (int32_t)blockDim.x;
   for (int32_t base = threadIdx.x; base < items; base += kItems * stride) {
     size_t off[kItems];
@@ -215,11 +222,11 @@ __device__ __forceinline__ void reduce_unit(const RsParams &p, int world, int me
     for (int j = 0; j < kItems; j++) {
       const int32_t i = min(base + j * stride, items - 1); /* clamped: loads stay in bounds */
       off[j] = (size_t)(r0 + i / quads) * p.n + c0 + 4 * (i % quads);
-      acc[j] = __ldcg(reinterpret_cast<const float4 *>(p.staging + off[j]));
+      acc[j] = __ldcg(reinterpret_cast<const float4 *>(p.slab[0] + off[j]));
     }
 #pragma unroll 1
     for (int s = 1; s < world; s++) {
-      const float *slab = p.staging + (size_t)s * slot;
+      const float *slab = p.slab[s];
       float4 v[kItems];
 #pragma unroll
       for (int j = 0; j < kItems; j++)
@@ -465,8 +472,22 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   p.gemm.epi.m = (int32_t)a.m;
   p.gemm.epi.group_units = plan.group_units;
   p.gemm.epi.direct = plan.direct ? world : 0;
-  p.gemm.wait.direct = plan.direct;
   p.direct = plan.direct;
+  /* Pull (experimental, TW_RS_PULL=1): each rank stores its whole partial locally and the
+   * owners read their rows of it from every rank when they reduce. */
+  const int pull = !plan.direct && tw_env_int(TW_RS_PULL_ID) != 0;
+  p.gemm.epi.pull = pull;
+  p.gemm.wait.wait_all = plan.direct || pull;
+  for (int s = 0; s < world; s++)
+    p.slab[s] = pull ? (const float *)tw_heap_peer_ptr(comm, a.workspace, s) +
+                           (size_t)rank * (size_t)m_local * (size_t)a.n
+                     : (const float *)a.workspace + (size_t)s * (size_t)m_local * (size_t)a.n;
+  if (pull) {
+    st = tw_tma_map_2d(&p.gemm.epi.slot_map[0], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, a.workspace,
+                       a.n, a.m, a.n, 128 / 4, kBoxRows, "tw_gemm_rs: cuTensorMapEncodeTiled(own)");
+    if (st != TW_SUCCESS)
+      return st;
+  }
   TileOrder &o = p.gemm.order;
   o.m_blocks = (int32_t)((a.m + kBlockM - 1) / kBlockM);
   o.n_blocks = (int32_t)((a.n + kBlockN - 1) / kBlockN);

@@ -363,6 +363,13 @@ int main(int argc, char **argv) {
   run_env_cases(&no_steal, small, seed);
   test_back_to_back(small ? 2 : 4, small ? 20 : 200, seed + 8000);
   unsetenv("TW_RS_STEAL");
+  /* TW_RS_PULL=1: partials stored locally, owners read them when reducing; same bits. */
+  static const env_cases_t pull = {
+      "TW_RS_PULL", "1", {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}}, 100};
+  run_env_cases(&pull, small, seed);
+  test_back_to_back(small ? 2 : 4, small ? 20 : 200, seed + 8500);
+  test_graph(small ? 2 : 4, 10, seed + 8700);
+  unsetenv("TW_RS_PULL");
   /* TW_AR_DIRECT=1: tw_gemm_ar's direct scheme (small m); the same bits as the unfused
    * pipeline (tw_gemm_rs is unaffected). */
   static const env_cases_t direct = {
