@@ -316,8 +316,8 @@ static void test_bad_arguments(void) {
   teardown(&f);
 }
 
-/* Runs test_case with an environment knob set (left set for the caller's further tests):
- * the first shape always, the others unless --small, on worlds 2, 3, 4, 8. */
+/* With an environment knob set: test_case on worlds 2, 3, 4, 8 (the first shape always, the
+ * others unless --small), back-to-back calls, optionally a graph replay; then unsets it. */
 typedef struct {
   const char *name, *value;
   struct {
@@ -325,6 +325,8 @@ typedef struct {
     int reduce_sms;
   } shapes[3];
   uint64_t seed_step;
+  int b2b_world; /* then 200 back-to-back calls on this world (20 on 2 with --small) */
+  int graph;     /* and a graph replay test */
 } env_cases_t;
 
 static void run_env_cases(const env_cases_t *c, int small, uint64_t seed) {
@@ -335,6 +337,10 @@ static void run_env_cases(const env_cases_t *c, int small, uint64_t seed) {
     for (int i = 0; i < (small ? 1 : 3); i++)
       test_case(worlds[wi], c->shapes[i].m_local, c->shapes[i].n, c->shapes[i].k,
                 c->shapes[i].reduce_sms, seed + (c->seed_step + (uint64_t)i) * worlds[wi]);
+  test_back_to_back(small ? 2 : c->b2b_world, small ? 20 : 200, seed + 100 * c->seed_step);
+  if (c->graph)
+    test_graph(small ? 2 : 4, 10, seed + 100 * c->seed_step + 50);
+  unsetenv(c->name);
 }
 
 int main(int argc, char **argv) {
@@ -359,25 +365,22 @@ int main(int argc, char **argv) {
   /* TW_RS_STEAL=0 (the default is 1): only the reduce CTAs reduce; the result must not change
    * by a bit. */
   static const env_cases_t no_steal = {
-      "TW_RS_STEAL", "0", {{100, 264, 200, 0}, {1024, 1024, 512, 1}, {300, 520, 1032, 0}}, 60};
+      "TW_RS_STEAL",
+      "0",
+      {{100, 264, 200, 0}, {1024, 1024, 512, 1}, {300, 520, 1032, 0}},
+      60,
+      4,
+      0};
   run_env_cases(&no_steal, small, seed);
-  test_back_to_back(small ? 2 : 4, small ? 20 : 200, seed + 8000);
-  unsetenv("TW_RS_STEAL");
   /* TW_RS_PULL=1: partials stored locally, owners read them when reducing; same bits. */
   static const env_cases_t pull = {
-      "TW_RS_PULL", "1", {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}}, 100};
+      "TW_RS_PULL", "1", {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}}, 100, 4, 1};
   run_env_cases(&pull, small, seed);
-  test_back_to_back(small ? 2 : 4, small ? 20 : 200, seed + 8500);
-  test_graph(small ? 2 : 4, 10, seed + 8700);
-  unsetenv("TW_RS_PULL");
   /* TW_AR_DIRECT=1: tw_gemm_ar's direct scheme (small m); the same bits as the unfused
    * pipeline (tw_gemm_rs is unaffected). */
   static const env_cases_t direct = {
-      "TW_AR_DIRECT", "1", {{16, 264, 200, 0}, {1, 8, 8, 0}, {100, 520, 1032, 2}}, 90};
+      "TW_AR_DIRECT", "1", {{16, 264, 200, 0}, {1, 8, 8, 0}, {100, 520, 1032, 2}}, 90, 8, 1};
   run_env_cases(&direct, small, seed);
-  test_back_to_back(small ? 2 : 8, small ? 20 : 200, seed + 9000);
-  test_graph(small ? 2 : 4, 10, seed + 9500);
-  unsetenv("TW_AR_DIRECT");
   test_bad_arguments();
   return tw_test_finish();
 }
