@@ -32,6 +32,9 @@ for v in 0 1 2 3; do
   run "vranks-16384-variant$v" 120 env TW_BENCH_VIRTUAL=1 TW_AG_VARIANT=$v "$bin/tw-bench" ag_gemm $big
   run "vranks-flux-variant$v" 120 env TW_BENCH_VIRTUAL=1 TW_AG_VARIANT=$v "$bin/tw-bench" ag_gemm $flux
 done
+for g in 4 8; do # L2 groups: 16 row blocks x 1 column in flight per rank is 64 MiB of A at K=16384
+  run "vranks-16384-group$g" 120 env TW_BENCH_VIRTUAL=1 TW_AG_GROUP_M=$g "$bin/tw-bench" ag_gemm $big
+done
 run "vranks-16384-trace" 120 env TW_BENCH_VIRTUAL=1 TW_TRACE=1 "$bin/tw-bench" ag_gemm \
   --m 16384 --n 2048 --k 16384 --repeats 2 --warmup 1 --no-check
 if [ "$ngpus" -gt 1 ]; then
