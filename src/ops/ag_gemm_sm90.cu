@@ -522,7 +522,24 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
   st = tw_set_device(comm->device, &prev);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
-  if (a.comm_mode == TW_AG_COMM_COPY_ENGINE) {
+  const size_t shard_bytes = (size_t)a.m_local * (size_t)a.k * 2;
+  const void *own_slot = (const char *)a.a_gathered + shard_bytes * (size_t)comm->rank;
+  if (comm->world == 1 && (a.a == own_slot || a.no_gathered_out)) {
+    /* Nothing to gather and nothing to copy: the product is the plain GEMM of the shard
+     * (the same core and tile order rules, so the same bits as the unfused pipeline), without
+     * the fused kernel's handshakes, flags and larger parameter block. */
+    tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
+    g.c_dtype = a.c_dtype;
+    g.a = a.a, g.b = a.b, g.c = a.c;
+    g.m = a.m_local, g.n = a.n, g.k = a.k;
+    g.lda = a.k, g.ldb = a.ldb, g.ldc = a.ldc;
+    g.sm_count = comm->sm_budget;
+    st = tw_gemm(&g, stream);
+    if (st == TW_SUCCESS && a.no_gathered_out && a.a != own_slot)
+      st = tw_cuda_check(cudaMemcpyAsync((void *)own_slot, a.a, shard_bytes,
+                                         cudaMemcpyDeviceToDevice, (cudaStream_t)stream),
+                         "tw_ag_gemm: cudaMemcpyAsync(own slot)");
+  } else if (a.comm_mode == TW_AG_COMM_COPY_ENGINE) {
     st = copy_engine_call(comm, a, plan, stream);
   } else {
     cudaStream_t launch = NULL;
