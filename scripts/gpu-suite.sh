@@ -98,9 +98,8 @@ fi
 if want trace; then
   # TW_TRACE=1: per-call phase lines on stderr (docs/ENV.md); the step checks they appear and
   # keeps them in the log: where the fused ops spend their time, CTA by CTA.
-  nr=$([ "$ngpus" -gt 1 ] && echo 2 || echo 1)
-  for op in ag_gemm gemm_rs gemm_ar; do
-    step "TW_TRACE=1 tw-bench $op (world $nr)" 120 bash -c "TW_TRACE=1 '$bin/tw-bench' $op --world $nr \
+  for op in ag_gemm gemm_rs gemm_ar; do # world 2: two GPUs, or two virtual ranks on one
+    step "TW_TRACE=1 tw-bench $op (world 2)" 120 bash -c "TW_TRACE=1 '$bin/tw-bench' $op --world 2 \
       --repeats 2 --warmup 1 --no-check 2>&1 | tee /dev/stderr | grep -q 'tw trace: $op'"
   done
 fi
