@@ -332,14 +332,21 @@ def test_allgather_argument_errors_on_gpu():
 # ---- ag_gemm ------------------------------------------------------------------------------
 
 
+def _ag_inputs(comms, m_local=256, n=512, k=384):
+    """A symmetric a_gathered, a shard per rank and a shared b for ag_gemm tests."""
+    world = len(comms)
+    gathered = tilewire.symmetric_empty(comms, (world * m_local, k), bf16)
+    a = [torch.randn(m_local, k, device="cuda", dtype=bf16) for _ in range(world)]
+    b = torch.randn(n, k, device="cuda", dtype=bf16)
+    return gathered, a, b
+
+
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_ag_gemm_virtual_ranks(world):
-    m_local, n, k = 256, 512, 384
+    m_local, n = 256, 512
     comms = tilewire.init_virtual(world)
     try:
-        gathered = tilewire.symmetric_empty(comms, (world * m_local, k), bf16)
-        a = [torch.randn(m_local, k, device="cuda", dtype=bf16) for _ in range(world)]
-        b = torch.randn(n, k, device="cuda", dtype=bf16)
+        gathered, a, b = _ag_inputs(comms, m_local, n)
         outs = tilewire.for_each_rank(
             comms, lambda c: tilewire.ag_gemm(c, a[c.rank], b, gathered[c.rank]))
         torch.cuda.synchronize()
@@ -359,12 +366,10 @@ def test_ag_gemm_virtual_ranks(world):
 @pytest.mark.parametrize("world", [2, 4])
 def test_ag_gemm_without_gathered_out(world):
     """gathered_out=False: the same product (bitwise), only the own slice of a_gathered kept."""
-    m_local, n, k = 256, 512, 384
+    m_local = 256
     comms = tilewire.init_virtual(world)
     try:
-        gathered = tilewire.symmetric_empty(comms, (world * m_local, k), bf16)
-        a = [torch.randn(m_local, k, device="cuda", dtype=bf16) for _ in range(world)]
-        b = torch.randn(n, k, device="cuda", dtype=bf16)
+        gathered, a, b = _ag_inputs(comms, m_local)
         with_gather = tilewire.for_each_rank(
             comms, lambda c: tilewire.ag_gemm(c, a[c.rank], b, gathered[c.rank]))
         torch.cuda.synchronize()

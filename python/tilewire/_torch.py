@@ -328,27 +328,34 @@ def _check_aligned(t, name, op):
 _GEMM_OUT_DTYPES = (torch.bfloat16, torch.float32)
 
 
-def _check_gemm(a, b, out, out_dtype, sm_count):
-    op = "tilewire.gemm"
-    _check_tensor(a, "a", op)
-    _check_tensor(b, "b", op)
-    _check_dtype(a, "a", op, (torch.bfloat16,))
-    _check_dtype(b, "b", op, (torch.bfloat16,))
+def _check_operands(op, a, b, rows, computes):
+    """The bf16 operands every GEMM-based op takes: a [rows, K] and b [N, K], K and N multiples
+    of 8. `computes` says what the op does with them (for the K-mismatch message). Returns
+    (rows, K, N)."""
+    for t, name in ((a, "a"), (b, "b")):
+        _check_tensor(t, name, op)
+        _check_dtype(t, name, op, (torch.bfloat16,))
     if a.dim() != 2:
-        raise ValueError("%s: a must be 2-D [M, K], got shape %s" % (op, tuple(a.shape)))
+        raise ValueError("%s: a must be 2-D [%s, K], got shape %s" % (op, rows, tuple(a.shape)))
     if b.dim() != 2:
         raise ValueError("%s: b must be 2-D [N, K], got shape %s" % (op, tuple(b.shape)))
     m, k = a.shape
     n, kb = b.shape
     if kb != k:
         raise ValueError(
-            "%s: a is [M=%d, K=%d] and b is [N=%d, K=%d]: their K differ (gemm computes "
-            "a @ b.T with b as [N, K])" % (op, m, k, n, kb)
+            "%s: a is [%s=%d, K=%d] and b is [N=%d, K=%d]: their K differ (%s with b as [N, K])"
+            % (op, rows, m, k, n, kb, computes)
         )
     if k % 8:
         raise ValueError("%s: K=%d (a.shape[1]) must be a multiple of 8" % (op, k))
     if n % 8:
         raise ValueError("%s: N=%d (b.shape[0]) must be a multiple of 8" % (op, n))
+    return m, k, n
+
+
+def _check_gemm(a, b, out, out_dtype, sm_count):
+    op = "tilewire.gemm"
+    m, k, n = _check_operands(op, a, b, "M", "gemm computes a @ b.T")
     if out_dtype is not None:
         if not isinstance(out_dtype, torch.dtype) or out_dtype not in _GEMM_OUT_DTYPES:
             raise TypeError(
@@ -553,26 +560,11 @@ def _check_ag_gemm(comm, a, b, a_gathered, out, out_dtype, comm_sms, gathered_ou
     _check_comm(comm, op)
     if not isinstance(gathered_out, bool):
         raise TypeError("%s: gathered_out must be a bool, got %r" % (op, gathered_out))
-    for t, name in ((a, "a"), (b, "b"), (a_gathered, "a_gathered")):
-        _check_tensor(t, name, op)
-        _check_dtype(t, name, op, (torch.bfloat16,))
-    if a.dim() != 2:
-        raise ValueError("%s: a must be 2-D [m_local, K], got shape %s" % (op, tuple(a.shape)))
-    if b.dim() != 2:
-        raise ValueError("%s: b must be 2-D [N, K], got shape %s" % (op, tuple(b.shape)))
-    m_local, k = a.shape
-    n, kb = b.shape
-    if kb != k:
-        raise ValueError(
-            "%s: a is [m_local=%d, K=%d] and b is [N=%d, K=%d]: their K differ (ag_gemm "
-            "computes gather(a) @ b.T with b as [N, K])" % (op, m_local, k, n, kb)
-        )
+    m_local, k, n = _check_operands(op, a, b, "m_local", "ag_gemm computes gather(a) @ b.T")
+    _check_tensor(a_gathered, "a_gathered", op)
+    _check_dtype(a_gathered, "a_gathered", op, (torch.bfloat16,))
     if m_local < 1:
         raise ValueError("%s: a must have at least one row, got shape %s" % (op, tuple(a.shape)))
-    if k % 8:
-        raise ValueError("%s: K=%d (a.shape[1]) must be a multiple of 8" % (op, k))
-    if n % 8:
-        raise ValueError("%s: N=%d (b.shape[0]) must be a multiple of 8" % (op, n))
     if not a.is_contiguous():
         raise ValueError("%s: a must be contiguous (packed rows); pass a.contiguous()" % op)
     _leading_dim(b, "b", op)
@@ -673,26 +665,11 @@ def gemm_rs_workspace(comm, m, n):
 
 def _check_gemm_reduce(op, comm, a, b, workspace, out, reduce_sms, scatter):
     _check_comm(comm, op)
-    for t, name in ((a, "a"), (b, "b")):
-        _check_tensor(t, name, op)
-        _check_dtype(t, name, op, (torch.bfloat16,))
-        if t.dim() != 2:
-            raise ValueError("%s: %s must be 2-D, got shape %s" % (op, name, tuple(t.shape)))
-    m, k = a.shape
-    n, kb = b.shape
+    m, k, n = _check_operands(op, a, b, "M", "the op sums a @ b.T over ranks")
     world = comm.size
-    if kb != k:
-        raise ValueError(
-            "%s: a is [M=%d, K=%d] and b is [N=%d, K=%d]: their K differ (the op sums "
-            "a @ b.T over ranks with b as [N, K])" % (op, m, k, n, kb)
-        )
     if m < world or m % world:
         raise ValueError("%s: M=%d (a.shape[0]) must be a positive multiple of world=%d"
                          % (op, m, world))
-    if k % 8:
-        raise ValueError("%s: K=%d (a.shape[1]) must be a multiple of 8" % (op, k))
-    if n % 8:
-        raise ValueError("%s: N=%d (b.shape[0]) must be a multiple of 8" % (op, n))
     _leading_dim(a, "a", op)
     _leading_dim(b, "b", op)
     if workspace is None:

@@ -114,6 +114,20 @@ template <class Out> struct AgParams {
   int32_t comm_ctas;
 };
 
+/* The whole CTA: this rank's rows of `chunk` into `target`'s a_gathered slot for this rank
+ * (nothing when that is where the shard already is), then a barrier: the copy is done. */
+template <class Out>
+__device__ __forceinline__ void copy_chunk(const AgParams<Out> &p, int target, int chunk) {
+  const AgWait::Params &w = p.gemm.wait;
+  const int64_t row0 = (int64_t)chunk * w.rows_per_chunk;
+  const int64_t rows = min((int64_t)w.rows_per_chunk, (int64_t)w.m_local - row0);
+  char *dst = p.gathered[target] + ((int64_t)w.dc.rank * w.m_local + row0) * p.row_bytes;
+  const char *src = p.a + row0 * p.row_bytes;
+  if (dst != src)
+    tw_cta_copy(dst, src, (size_t)(rows * p.row_bytes));
+  __syncthreads();
+}
+
 template <class Out, int BN, int V>
 __global__ void __launch_bounds__(kThreads, 1)
     ag_gemm_kernel(const __grid_constant__ AgParams<Out> p) {
@@ -138,13 +152,7 @@ __global__ void __launch_bounds__(kThreads, 1)
      * the exit barrier of the previous call saw every peer finish reading it. */
     const int world = dc.world, rank = dc.rank;
     for (int chunk = blockIdx.x; ok && chunk < p.nchunks; chunk += p.comm_ctas) {
-      const int64_t row0 = (int64_t)chunk * w.rows_per_chunk;
-      const int64_t rows = min((int64_t)w.rows_per_chunk, (int64_t)w.m_local - row0);
-      char *dst = p.gathered[rank] + ((int64_t)rank * w.m_local + row0) * p.row_bytes;
-      const char *src = p.a + row0 * p.row_bytes;
-      if (dst != src)
-        tw_cta_copy(dst, src, (size_t)(rows * p.row_bytes));
-      __syncthreads();
+      copy_chunk(p, rank, chunk);
       if (threadIdx.x == 0)
         for (int q = 0; q < world; q++)
           tw_signal_set(tw_peer_flag(dc, q, ch, tw_ag_gemm_flag_index(rank, chunk)), epoch);
@@ -162,13 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mine = 0;
       if (!(ok = __syncthreads_and(mine)))
         break;
-      const int64_t row0 = (int64_t)chunk * w.rows_per_chunk;
-      const int64_t rows = min((int64_t)w.rows_per_chunk, (int64_t)w.m_local - row0);
-      char *dst = p.gathered[target] + ((int64_t)rank * w.m_local + row0) * p.row_bytes;
-      const char *src = p.a + row0 * p.row_bytes;
-      if (dst != src)
-        tw_cta_copy(dst, src, (size_t)(rows * p.row_bytes));
-      __syncthreads();
+      copy_chunk(p, target, chunk);
       if (threadIdx.x == 0)
         tw_signal_set(tw_peer_flag(dc, target, ch, tw_ag_gemm_flag_index(rank, chunk)), epoch);
     }

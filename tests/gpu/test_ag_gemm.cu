@@ -200,36 +200,48 @@ static void test_case(int world, int64_t m_local, int64_t n, int64_t k, tw_dtype
   teardown(&f);
 }
 
+/* `calls` calls on every rank with fresh inputs and no host sync in between, each checked on
+ * the GPU against the unfused pipeline; args as fused_args makes them, then comm_mode and
+ * no_gathered_out. Returns the words that differed over all calls, after asserting that no
+ * rank recorded an async error. */
+static unsigned long long checked_calls(fixture *f, int calls, uint64_t seed, uint64_t seed_step,
+                                        int in_place, int comm_mode, int no_gathered_out) {
+  for (int i = 0; i < calls; i++) {
+    fill_inputs(f, seed + (uint64_t)i * seed_step, in_place);
+    for (int r = 0; r < f->world; r++) {
+      tw_ag_gemm_args_t a = fused_args(f, r, in_place);
+      a.comm_mode = comm_mode;
+      a.no_gathered_out = no_gathered_out;
+      TEST_TW_OK(tw_ag_gemm(f->comms[r], &a, (tw_stream_t)f->streams[r]));
+      enqueue_unfused(f, r); /* leaves rank r's GPU current */
+      tw_test_count_diff_async(f->c[r], f->c2[r], c_bytes(f), f->bad[r],
+                               (tw_stream_t)f->streams[r]);
+    }
+  }
+  sync_all(f);
+  unsigned long long bad = 0;
+  for (int r = 0; r < f->world; r++) {
+    unsigned long long one = 0;
+    use(f, r);
+    CUDA_OK(cudaMemcpy(&one, f->bad[r], sizeof(one), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemset(f->bad[r], 0, sizeof(one)));
+    bad += one;
+    tw_status_t async = TW_ERR_INTERNAL;
+    TEST_TW_OK(tw_comm_async_error(f->comms[r], &async));
+    TEST_ASSERT(async == TW_SUCCESS, "rank %d: %s", r, tw_comm_last_error(f->comms[r]));
+  }
+  use(f, 0);
+  return bad;
+}
+
 /* Many calls with fresh inputs, no host sync in between; each call checked on the GPU. */
 static void test_back_to_back(int world, int calls, uint64_t seed) {
   fixture f;
   setup(&f, world, 200, 256, 256, TW_BF16, 0);
   double t0 = tw_test_now();
-  for (int i = 0; i < calls; i++) {
-    fill_inputs(&f, seed + (uint64_t)i * 7919, 0);
-    for (int r = 0; r < world; r++) {
-      tw_ag_gemm_args_t a = fused_args(&f, r, 0);
-      TEST_TW_OK(tw_ag_gemm(f.comms[r], &a, (tw_stream_t)f.streams[r]));
-      enqueue_unfused(&f, r); /* leaves rank r's GPU current */
-      tw_test_count_diff_async(f.c[r], f.c2[r], c_bytes(&f), f.bad[r], (tw_stream_t)f.streams[r]);
-    }
-  }
-  sync_all(&f);
-  unsigned long long bad = 0;
-  for (int r = 0; r < world; r++) {
-    unsigned long long one = 0;
-    use(&f, r);
-    CUDA_OK(cudaMemcpy(&one, f.bad[r], sizeof(one), cudaMemcpyDeviceToHost));
-    bad += one;
-  }
-  use(&f, 0);
+  const unsigned long long bad = checked_calls(&f, calls, seed, 7919, 0, TW_AG_COMM_SM, 0);
   TEST_ASSERT(bad == 0, "world %d: %d back-to-back calls: %llu words differ from unfused", world,
               calls, bad);
-  for (int r = 0; r < world; r++) {
-    tw_status_t async = TW_ERR_INTERNAL;
-    TEST_TW_OK(tw_comm_async_error(f.comms[r], &async));
-    TEST_ASSERT(async == TW_SUCCESS, "rank %d: %s", r, tw_comm_last_error(f.comms[r]));
-  }
   printf("  world %d: %d back-to-back checked calls in %.2f s\n", world, calls, tw_test_now() - t0);
   teardown(&f);
 }
@@ -243,29 +255,12 @@ static void test_no_gather(int world, int64_t m_local, int64_t n, int64_t k, int
                            int calls, uint64_t seed) {
   fixture f;
   setup(&f, world, m_local, n, k, TW_BF16, 0);
-  for (int i = 0; i < calls; i++) {
-    fill_inputs(&f, seed + (uint64_t)i * 7727, in_place);
-    for (int r = 0; r < world; r++) {
-      tw_ag_gemm_args_t a = fused_args(&f, r, in_place);
-      a.no_gathered_out = 1;
-      TEST_TW_OK(tw_ag_gemm(f.comms[r], &a, (tw_stream_t)f.streams[r]));
-      enqueue_unfused(&f, r);
-      tw_test_count_diff_async(f.c[r], f.c2[r], c_bytes(&f), f.bad[r], (tw_stream_t)f.streams[r]);
-    }
-  }
-  sync_all(&f);
-  unsigned long long bad = 0;
+  const unsigned long long bad = checked_calls(&f, calls, seed, 7727, in_place, TW_AG_COMM_SM, 1);
   size_t own_diff = 0;
   const size_t shard = (size_t)m_local * k * 2;
   for (int r = 0; r < world; r++) {
-    unsigned long long one = 0;
     use(&f, r);
-    CUDA_OK(cudaMemcpy(&one, f.bad[r], sizeof(one), cudaMemcpyDeviceToHost));
-    bad += one;
     own_diff += tw_test_count_diff((char *)f.gathered[r] + (size_t)r * shard, f.a[r], shard);
-    tw_status_t async = TW_ERR_INTERNAL;
-    TEST_TW_OK(tw_comm_async_error(f.comms[r], &async));
-    TEST_ASSERT(async == TW_SUCCESS, "rank %d: %s", r, tw_comm_last_error(f.comms[r]));
   }
   use(&f, 0);
   TEST_ASSERT(bad == 0, "no_gathered_out, world %d m_local %lld%s: %llu words differ over %d calls",
@@ -345,29 +340,13 @@ static void test_copy_engine(int world, int64_t m_local, int64_t n, int64_t k, i
     teardown(&f);
     return;
   }
-  for (int i = 0; i < calls; i++) {
-    fill_inputs(&f, seed + (uint64_t)i * 104729, 0);
-    for (int r = 0; r < world; r++) {
-      tw_ag_gemm_args_t a = fused_args(&f, r, 0);
-      a.comm_mode = TW_AG_COMM_COPY_ENGINE;
-      TEST_TW_OK(tw_ag_gemm(f.comms[r], &a, (tw_stream_t)f.streams[r]));
-      enqueue_unfused(&f, r);
-      tw_test_count_diff_async(f.c[r], f.c2[r], c_bytes(&f), f.bad[r], (tw_stream_t)f.streams[r]);
-    }
-  }
-  sync_all(&f);
-  unsigned long long bad = 0;
+  const unsigned long long bad =
+      checked_calls(&f, calls, seed, 104729, 0, TW_AG_COMM_COPY_ENGINE, 0);
   size_t gather_diff = 0;
   for (int r = 0; r < world; r++) {
-    unsigned long long one = 0;
     use(&f, r);
-    CUDA_OK(cudaMemcpy(&one, f.bad[r], sizeof(one), cudaMemcpyDeviceToHost));
-    bad += one;
     gather_diff +=
         tw_test_count_diff(f.gathered[r], f.gathered2[r], (size_t)m_local * world * k * 2);
-    tw_status_t async = TW_ERR_INTERNAL;
-    TEST_TW_OK(tw_comm_async_error(f.comms[r], &async));
-    TEST_ASSERT(async == TW_SUCCESS, "rank %d: %s", r, tw_comm_last_error(f.comms[r]));
   }
   use(&f, 0);
   TEST_ASSERT(bad == 0,
