@@ -386,18 +386,25 @@ void *tw_heap_peer_ptr(const struct tw_comm *comm, const void *local_ptr, int pe
   return (char *)slot_ptr(g, peer, 0) + (p - base);
 }
 
-size_t tw_heap_avail(const struct tw_comm *comm, const void *ptr) {
+/* With g->mu held: this rank's live allocation holding ptr (and its base here), or NULL. */
+static tw_alloc_t *find_locked(const struct tw_comm *comm, uintptr_t p, uintptr_t *base_out) {
   tw_group_t *g = comm->group;
-  uintptr_t p = (uintptr_t)ptr;
-  size_t avail = 0;
-  pthread_mutex_lock(&g->mu);
   for (tw_alloc_t *a = g->allocs; a; a = a->next) {
     uintptr_t base = (uintptr_t)slot_ptr(g, comm->rank, a->offset);
     if (p >= base && p < base + a->bytes && !a->freed[comm->rank]) {
-      avail = (size_t)(base + a->bytes - p);
-      break;
+      *base_out = base;
+      return a;
     }
   }
+  return NULL;
+}
+
+size_t tw_heap_avail(const struct tw_comm *comm, const void *ptr) {
+  tw_group_t *g = comm->group;
+  uintptr_t base = 0;
+  pthread_mutex_lock(&g->mu);
+  tw_alloc_t *a = find_locked(comm, (uintptr_t)ptr, &base);
+  const size_t avail = a ? (size_t)(base + a->bytes - (uintptr_t)ptr) : 0;
   pthread_mutex_unlock(&g->mu);
   return avail;
 }
@@ -405,27 +412,22 @@ size_t tw_heap_avail(const struct tw_comm *comm, const void *ptr) {
 tw_status_t tw_heap_lookup(const struct tw_comm *comm, const void *ptr, size_t bytes,
                            const char *arg_name, tw_alloc_t **alloc_out) {
   tw_group_t *g = comm->group;
-  uintptr_t p = (uintptr_t)ptr;
-  tw_status_t st = tw_fail(TW_ERR_INVALID_ARGUMENT,
-                           "%s: %p (+%zu bytes) is not inside a tw_mem_alloc allocation of rank %d",
-                           arg_name, ptr, bytes, comm->rank);
+  const uintptr_t p = (uintptr_t)ptr;
+  uintptr_t base = 0;
   pthread_mutex_lock(&g->mu);
-  for (tw_alloc_t *a = g->allocs; a; a = a->next) {
-    uintptr_t base = (uintptr_t)slot_ptr(g, comm->rank, a->offset);
-    if (p >= base && p < base + a->bytes && !a->freed[comm->rank]) {
-      if (p + bytes > base + a->bytes) {
-        st = tw_fail(TW_ERR_INVALID_ARGUMENT,
-                     "%s: %zu bytes at offset %zu run past the end of its %zu-byte symmetric "
-                     "allocation",
-                     arg_name, bytes, (size_t)(p - base), a->bytes);
-      } else {
-        if (alloc_out)
-          *alloc_out = a;
-        st = TW_SUCCESS;
-      }
-      break;
-    }
-  }
+  tw_alloc_t *a = find_locked(comm, p, &base);
+  const size_t alloc_bytes = a ? a->bytes : 0;
   pthread_mutex_unlock(&g->mu);
-  return st;
+  if (!a)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "%s: %p (+%zu bytes) is not inside a tw_mem_alloc allocation of rank %d",
+                   arg_name, ptr, bytes, comm->rank);
+  if (p + bytes > base + alloc_bytes)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "%s: %zu bytes at offset %zu run past the end of its %zu-byte symmetric "
+                   "allocation",
+                   arg_name, bytes, (size_t)(p - base), alloc_bytes);
+  if (alloc_out)
+    *alloc_out = a;
+  return TW_SUCCESS;
 }
