@@ -298,8 +298,20 @@ TW_API tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args, tw_
  * Experimental (TW_AR_DIRECT=1, meant for small m): tw_gemm_ar stores every tile
  * into every rank's workspace and each rank reduces all of S itself (one hop, no
  * gather phase) when the workspace holds world * m * n * 4 bytes; same result bits.
+ * partials = TW_PARTIALS_BF16 (version 2): each rank's partial product is rounded
+ * to bf16 before it travels (as the cuBLAS bf16 output of the usual unfused
+ * pipeline is), then summed in fp32 in rank order: half the NVLink bytes and
+ * staging reads of the fp32 default, and more exact than an NCCL bf16 reduction
+ * (which rounds to bf16 between hops). The result then equals, bitwise, tw_gemm
+ * with bf16 output per rank followed by the rank-ordered fp32 sum. Every rank must
+ * pass the same value.
  */
-#define TW_GEMM_RS_ARGS_VERSION 1
+typedef enum tw_partials {
+  TW_PARTIALS_FP32 = 0, /* default: fp32 partials, fp32 sum */
+  TW_PARTIALS_BF16 = 1  /* bf16 partials, fp32 sum */
+} tw_partials_t;
+
+#define TW_GEMM_RS_ARGS_VERSION 2
 typedef struct tw_gemm_rs_args {
   size_t size;          /* sizeof(tw_gemm_rs_args_t) */
   uint32_t version;     /* TW_GEMM_RS_ARGS_VERSION */
@@ -311,7 +323,7 @@ typedef struct tw_gemm_rs_args {
   int64_t m, n, k;
   int64_t lda, ldb, ldo; /* 0: packed (k, k, n) */
   int32_t reduce_sms;    /* CTAs that start on the reduction; 0: heuristic */
-  int32_t reserved0;
+  int32_t partials;      /* (version 2; 0 before) tw_partials_t: TW_PARTIALS_FP32 (0) */
 } tw_gemm_rs_args_t;
 
 #define TW_GEMM_RS_ARGS_INIT                                                                       \

@@ -401,27 +401,30 @@ def _reduce_case(world, m_per_rank=128, n=256, k=192):
     return m, n, a, b
 
 
-def _rank_ordered_sum(a, b):
-    """The header's contract: tw_gemm (fp32 out) per rank, summed in rank order in fp32."""
-    total = tilewire.gemm(a[0], b[0], out_dtype=torch.float32)
+def _rank_ordered_sum(a, b, partials="fp32"):
+    """The header's contract: tw_gemm (fp32 out; bf16 out with bf16 partials) per rank,
+    summed in rank order in fp32."""
+    dtype = torch.float32 if partials == "fp32" else bf16
+    total = tilewire.gemm(a[0], b[0], out_dtype=dtype).float()
     for r in range(1, len(a)):
-        total = total + tilewire.gemm(a[r], b[r], out_dtype=torch.float32)
+        total = total + tilewire.gemm(a[r], b[r], out_dtype=dtype).float()
     return total
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
-def test_gemm_rs_and_ar_virtual_ranks(world):
+@pytest.mark.parametrize("world,partials", [(1, "fp32"), (2, "fp32"), (4, "fp32"),
+                                            (2, "bf16"), (3, "bf16")])
+def test_gemm_rs_and_ar_virtual_ranks(world, partials):
     m, n, a, b = _reduce_case(world)
     comms = tilewire.init_virtual(world)
     try:
         ws = [tilewire.gemm_rs_workspace(c, m, n) for c in comms]
-        rs = tilewire.for_each_rank(comms, lambda c: tilewire.gemm_rs(c, a[c.rank], b[c.rank],
-                                                                      ws[c.rank]))
-        ar = tilewire.for_each_rank(comms, lambda c: tilewire.gemm_ar(c, a[c.rank], b[c.rank],
-                                                                      ws[c.rank]))
+        rs = tilewire.for_each_rank(comms, lambda c: tilewire.gemm_rs(
+            c, a[c.rank], b[c.rank], ws[c.rank], partials=partials))
+        ar = tilewire.for_each_rank(comms, lambda c: tilewire.gemm_ar(
+            c, a[c.rank], b[c.rank], ws[c.rank], partials=partials))
         torch.cuda.synchronize()
         ref = sum(_ref(a[r], b[r]) for r in range(world))
-        exact = _rank_ordered_sum(a, b).to(bf16)
+        exact = _rank_ordered_sum(a, b, partials).to(bf16)
         rows = m // world
         for r in range(world):
             assert rs[r].shape == (rows, n) and ar[r].shape == (m, n)

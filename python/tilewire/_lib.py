@@ -35,7 +35,7 @@ TW_UNIQUE_ID_BYTES = 128
 TW_CONFIG_VERSION = 1
 TW_GEMM_ARGS_VERSION = 1
 TW_AG_GEMM_ARGS_VERSION = 2
-TW_GEMM_RS_ARGS_VERSION = 1
+TW_GEMM_RS_ARGS_VERSION = 2
 
 # ---- enums --------------------------------------------------------------------------------
 
@@ -203,7 +203,7 @@ class GemmRsArgs(_Versioned):
         ("ldb", ctypes.c_int64),
         ("ldo", ctypes.c_int64),
         ("reduce_sms", ctypes.c_int32),
-        ("reserved0", ctypes.c_int32),
+        ("partials", ctypes.c_int32),
     ]
 
 

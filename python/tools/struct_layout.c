@@ -118,7 +118,7 @@ int main(void) {
   FIELD(tw_gemm_rs_args_t, ldb);
   FIELD(tw_gemm_rs_args_t, ldo);
   FIELD(tw_gemm_rs_args_t, reduce_sms);
-  FIELD(tw_gemm_rs_args_t, reserved0);
+  FIELD(tw_gemm_rs_args_t, partials);
   end_struct();
 
   /* ---- the next ops' argument structs go here as they land ---- */

@@ -97,14 +97,15 @@ struct RsWait : NoWait {
   }
 };
 
-/* After a tile's accumulation: fp32 boxes into the owners' staging, then count the unit. */
-struct RsEpi {
-  using Out = float;
+/* After a tile's accumulation: boxes of partials (P: float, or bf16 with
+ * TW_PARTIALS_BF16) into the owners' staging, then count the unit. */
+template <class P> struct RsEpi {
+  using Out = P;
   static constexpr bool kSignal = true;
   struct Params {
-    CUtensorMap slot_map[kMaxWorld];  /* owner o's slot for this rank: fp32 [m_local, n] */
+    CUtensorMap slot_map[kMaxWorld];  /* owner o's slot for this rank: P [m_local, n] */
     uint64_t *owner_flags[kMaxWorld]; /* owner o's flags of the channel */
-    float *slot[kMaxWorld];           /* the same slots as plain pointers */
+    P *slot[kMaxWorld];               /* the same slots as plain pointers */
     int32_t n;
     int32_t m_local;
     int32_t m;
@@ -141,11 +142,12 @@ struct RsEpi {
        * coordinate (an illegal instruction here), so this thread copies those rows out of
        * the 128B-swizzled box with 16-byte stores. Only boxes at owner boundaries that are
        * not 64-row aligned take this path. */
+      constexpr int32_t kPer16 = 16 / (int32_t)sizeof(P); /* elements per 16-byte chunk */
       const int32_t r_end = min(kBoxRows, p.m_local - local);
       const uint8_t *src = static_cast<const uint8_t *>(box);
       for (int32_t r = -local; r < r_end; r++)
-        for (int32_t j = 0; j < 8 && col + 4 * j < p.n; j++)
-          *reinterpret_cast<int4 *>(p.slot[o] + (size_t)(local + r) * p.n + col + 4 * j) =
+        for (int32_t j = 0; j < 8 && col + kPer16 * j < p.n; j++)
+          *reinterpret_cast<int4 *>(p.slot[o] + (size_t)(local + r) * p.n + col + kPer16 * j) =
               *reinterpret_cast<const int4 *>(src + r * 128 + ((j ^ (r & 7)) << 4));
     }
   }
@@ -166,13 +168,12 @@ struct RsEpi {
   }
 };
 
-struct RsParams {
-  GemmParams<RsEpi, RsWait> gemm;
-  const float *staging; /* this rank's [world][m_local][n] */
+template <class P> struct RsParams {
+  GemmParams<RsEpi<P>, RsWait> gemm;
   /* Where the reduction reads rank s's partial of this rank's rows (row stride n): slot s of
    * this rank's staging, or (pull, TW_RS_PULL) rank s's own [m, n] partial at this rank's
    * first row, through the heap mapping. */
-  const float *slab[kMaxWorld];
+  const P *slab[kMaxWorld];
   __nv_bfloat16 *out;     /* rs: [m_local, n]; ar: [m, n] */
   __nv_bfloat16 *reduced; /* ar: this rank's reduced rows, bf16 [m_local, n] */
   const __nv_bfloat16 *reduced_peer[kMaxWorld];
@@ -200,16 +201,27 @@ __device__ __forceinline__ void unit_rect(int32_t o, int32_t u, int32_t m_local,
   c1 = min(n, c0 + kBlockN);
 }
 
-__device__ __forceinline__ int32_t owner_units(const RsParams &p, int32_t o) {
+template <class P> __device__ __forceinline__ int32_t owner_units(const RsParams<P> &p, int32_t o) {
   return tw_rs_mb_count(o, p.m_local) * p.n_blocks;
+}
+
+/* Four consecutive partials as fp32 (bf16 partials widen exactly). */
+__device__ __forceinline__ float4 load4(const float *src) {
+  return __ldcg(reinterpret_cast<const float4 *>(src));
+}
+__device__ __forceinline__ float4 load4(const __nv_bfloat16 *src) {
+  const uint2 v = __ldcg(reinterpret_cast<const uint2 *>(src));
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
 /* All threads: sum unit u of this rank's rows over the ranks' slots, in rank order (fp32,
  * the same order for every element, so the result is bitwise the unfused reduce's). Each
  * thread keeps kItems float4 of different elements in flight per rank step: with one element
  * per thread a CTA had only world x 6 KiB in flight and a reduce CTA moved ~12 GB/s. */
-template <int kItems>
-__device__ __forceinline__ void reduce_unit(const RsParams &p, int world, int me, int32_t u) {
+template <int kItems, class P>
+__device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int me, int32_t u) {
   int32_t r0, r1, c0, c1;
   unit_rect(me, u, p.m_local, p.n, r0, r1, c0, c1);
   const int32_t quads = (c1 - c0) / 4;
@@ -222,15 +234,15 @@ __device__ __forceinline__ void reduce_unit(const RsParams &p, int world, int me
     for (int j = 0; j < kItems; j++) {
       const int32_t i = min(base + j * stride, items - 1); /* clamped: loads stay in bounds */
       off[j] = (size_t)(r0 + i / quads) * p.n + c0 + 4 * (i % quads);
-      acc[j] = __ldcg(reinterpret_cast<const float4 *>(p.slab[0] + off[j]));
+      acc[j] = load4(p.slab[0] + off[j]);
     }
 #pragma unroll 1
     for (int s = 1; s < world; s++) {
-      const float *slab = p.slab[s];
+      const P *slab = p.slab[s];
       float4 v[kItems];
 #pragma unroll
       for (int j = 0; j < kItems; j++)
-        v[j] = __ldcg(reinterpret_cast<const float4 *>(slab + off[j]));
+        v[j] = load4(slab + off[j]);
 #pragma unroll
       for (int j = 0; j < kItems; j++) {
         acc[j].x = __fadd_rn(acc[j].x, v[j].x);
@@ -259,8 +271,8 @@ __device__ __forceinline__ void reduce_unit(const RsParams &p, int world, int me
 
 /* All threads: copy unit u of owner o's reduced rows into this rank's out, kItems 16-byte
  * loads in flight per thread. */
-template <int kItems>
-__device__ __forceinline__ void gather_unit(const RsParams &p, int32_t o, int32_t u) {
+template <int kItems, class P>
+__device__ __forceinline__ void gather_unit(const RsParams<P> &p, int32_t o, int32_t u) {
   int32_t r0, r1, c0, c1;
   unit_rect(o, u, p.m_local, p.n, r0, r1, c0, c1);
   const int32_t vecs = (c1 - c0) / 8;
@@ -288,8 +300,8 @@ __device__ __forceinline__ void gather_unit(const RsParams &p, int32_t o, int32_
 }
 
 /* Reduce role: claims this rank's unit groups in order until none are left. */
-template <int kItems>
-__device__ __forceinline__ void reduce_work(const RsParams &p, uint64_t epoch, int *s_item,
+template <int kItems, class P>
+__device__ __forceinline__ void reduce_work(const RsParams<P> &p, uint64_t epoch, int *s_item,
                                             int *s_ok) {
   const tw_dev_comm_t &dc = p.gemm.wait.dc;
   const int ch = p.gemm.wait.ch;
@@ -335,7 +347,8 @@ __device__ __forceinline__ void reduce_work(const RsParams &p, uint64_t epoch, i
 }
 
 /* All-gather role (tw_gemm_ar): copies every other owner's reduced groups as they are ready. */
-__device__ __forceinline__ void gather_work(const RsParams &p, uint64_t epoch, int *s_item,
+template <class P>
+__device__ __forceinline__ void gather_work(const RsParams<P> &p, uint64_t epoch, int *s_item,
                                             int *s_ok) {
   const tw_dev_comm_t &dc = p.gemm.wait.dc;
   const int ch = p.gemm.wait.ch;
@@ -375,8 +388,9 @@ __device__ __forceinline__ void gather_work(const RsParams &p, uint64_t epoch, i
  * split when it ends (setmaxnreg), so code after it is no longer compiled under the producer's
  * 40 registers, and the GEMM CTAs then take reduction (and gather) work too, 4 partial loads
  * in flight (7 spilled). Every CTA then takes part in the reduce/gather queues. */
-template <bool kSteal>
-__global__ void __launch_bounds__(kThreads, 1) gemm_rs_kernel(const __grid_constant__ RsParams p) {
+template <bool kSteal, class P>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_rs_kernel(const __grid_constant__ RsParams<P> p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ int s_item, s_ok;
   const tw_dev_comm_t &dc = p.gemm.wait.dc;
@@ -398,8 +412,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_rs_kernel(const __grid_const
     if (threadIdx.x == 0)
       tw_trace_stamp(dc, TW_TR_COMM_END);
   }
-  gemm_cta_loop<kStages, kEpiBytes, RsEpi, RsWait, true, 1, kBlockN, kSteal>(p.gemm, smem_raw, 0,
-                                                                             0);
+  gemm_cta_loop<kStages, kEpiBytes, RsEpi<P>, RsWait, true, 1, kBlockN, kSteal>(p.gemm, smem_raw, 0,
+                                                                                0);
   if (dc.trace) { /* the consumers' last tile, not the producer's last load */
     __syncthreads();
     if (threadIdx.x == 0)
@@ -419,31 +433,35 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_rs_kernel(const __grid_const
   }
 }
 
-tw_status_t launch(const RsParams &params, int grid, cudaStream_t stream) {
+template <bool kSteal, class P>
+tw_status_t launch_v(const RsParams<P> &params, int grid, cudaStream_t stream) {
   constexpr int kSmem = SmemLayout<kStages, kEpiBytes>::kDynamicBytes;
-  static uint64_t configured[2]; /* a bit per device, per variant */
-  tw_status_t st = params.steal
-                       ? tw_kernel_smem_once((const void *)gemm_rs_kernel<true>, kSmem,
-                                             &configured[1], "tw_gemm_rs: cudaFuncSetAttribute")
-                       : tw_kernel_smem_once((const void *)gemm_rs_kernel<false>, kSmem,
-                                             &configured[0], "tw_gemm_rs: cudaFuncSetAttribute");
+  static uint64_t configured; /* a bit per device */
+  auto kernel = gemm_rs_kernel<kSteal, P>;
+  tw_status_t st = tw_kernel_smem_once((const void *)kernel, kSmem, &configured,
+                                       "tw_gemm_rs: cudaFuncSetAttribute");
   if (st != TW_SUCCESS)
     return st;
-  if (params.steal)
-    gemm_rs_kernel<true><<<grid, kThreads, kSmem, stream>>>(params);
-  else
-    gemm_rs_kernel<false><<<grid, kThreads, kSmem, stream>>>(params);
+  kernel<<<grid, kThreads, kSmem, stream>>>(params);
   return tw_cuda_check(cudaGetLastError(), "tw_gemm_rs: kernel launch");
 }
 
+template <class P> tw_status_t launch(const RsParams<P> &params, int grid, cudaStream_t stream) {
+  return params.steal ? launch_v<true>(params, grid, stream)
+                      : launch_v<false>(params, grid, stream);
+}
+
+template <class P>
 tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_rs_plan_t &plan,
                       int all_reduce, cudaStream_t stream) {
+  constexpr CUtensorMapDataType kMapType =
+      sizeof(P) == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
   const int world = comm->world, rank = comm->rank;
   const int ch = all_reduce ? TW_CH_GEMM_AR : TW_CH_GEMM_RS;
   /* Direct scheme: the geometry of one owner holding all m rows, every rank's staging a
    * target of every tile. */
   const int64_t m_local = plan.direct ? a.m : a.m / world;
-  RsParams p;
+  RsParams<P> p;
   memset(&p, 0, sizeof(p));
   tw_status_t st;
   st = tw_tma_map_2d(&p.gemm.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a, a.k, a.m, a.lda,
@@ -454,17 +472,17 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
                      kBlockK, kBlockN, "tw_gemm_rs: cuTensorMapEncodeTiled(b)");
   if (st != TW_SUCCESS)
     return st;
-  const size_t slot_bytes = (size_t)m_local * (size_t)a.n * 4;
+  const size_t slot_bytes = (size_t)m_local * (size_t)a.n * sizeof(P);
   const size_t reduced_offset = slot_bytes * (size_t)world;
   for (int o = 0; o < world; o++) {
     char *owner_ws = (char *)tw_heap_peer_ptr(comm, a.workspace, o);
-    st = tw_tma_map_2d(&p.gemm.epi.slot_map[o], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
-                       owner_ws + slot_bytes * (size_t)rank, a.n, m_local, a.n, 128 / 4, kBoxRows,
-                       "tw_gemm_rs: cuTensorMapEncodeTiled(staging)");
+    st = tw_tma_map_2d(&p.gemm.epi.slot_map[o], kMapType, sizeof(P),
+                       owner_ws + slot_bytes * (size_t)rank, a.n, m_local, a.n, 128 / sizeof(P),
+                       kBoxRows, "tw_gemm_rs: cuTensorMapEncodeTiled(staging)");
     if (st != TW_SUCCESS)
       return st;
     p.gemm.epi.owner_flags[o] = &comm->dev.peer_ctrl[o]->flags[ch][0];
-    p.gemm.epi.slot[o] = (float *)(owner_ws + slot_bytes * (size_t)rank);
+    p.gemm.epi.slot[o] = (P *)(owner_ws + slot_bytes * (size_t)rank);
     p.reduced_peer[o] = (const __nv_bfloat16 *)(owner_ws + reduced_offset);
   }
   p.gemm.epi.n = (int32_t)a.n;
@@ -479,12 +497,12 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   p.gemm.epi.pull = pull;
   p.gemm.wait.wait_all = plan.direct || pull;
   for (int s = 0; s < world; s++)
-    p.slab[s] = pull ? (const float *)tw_heap_peer_ptr(comm, a.workspace, s) +
+    p.slab[s] = pull ? (const P *)tw_heap_peer_ptr(comm, a.workspace, s) +
                            (size_t)rank * (size_t)m_local * (size_t)a.n
-                     : (const float *)a.workspace + (size_t)s * (size_t)m_local * (size_t)a.n;
+                     : (const P *)a.workspace + (size_t)s * (size_t)m_local * (size_t)a.n;
   if (pull) {
-    st = tw_tma_map_2d(&p.gemm.epi.slot_map[0], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, a.workspace,
-                       a.n, a.m, a.n, 128 / 4, kBoxRows, "tw_gemm_rs: cuTensorMapEncodeTiled(own)");
+    st = tw_tma_map_2d(&p.gemm.epi.slot_map[0], kMapType, sizeof(P), a.workspace, a.n, a.m, a.n,
+                       128 / sizeof(P), kBoxRows, "tw_gemm_rs: cuTensorMapEncodeTiled(own)");
     if (st != TW_SUCCESS)
       return st;
   }
@@ -504,7 +522,6 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   p.gemm.wait.m_local = (int32_t)m_local;
   p.gemm.wait.m = (int32_t)a.m;
   p.gemm.wait.world = world;
-  p.staging = (const float *)a.workspace;
   p.out = (__nv_bfloat16 *)a.out;
   p.reduced = (__nv_bfloat16 *)((char *)a.workspace + reduced_offset);
   p.ldo = a.ldo;
@@ -548,6 +565,9 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
   const int world = comm->world;
   TW_ARG_CHECK(a->out_dtype == TW_BF16, "%s: args->out_dtype: %d; expected TW_BF16", op,
                (int)a->out_dtype);
+  TW_ARG_CHECK(a->partials == TW_PARTIALS_FP32 || a->partials == TW_PARTIALS_BF16,
+               "%s: args->partials: %d; expected TW_PARTIALS_FP32 (0) or TW_PARTIALS_BF16 (1)", op,
+               (int)a->partials);
   TW_ARG_CHECK(a->a && a->b && a->out, "%s: args->%s: NULL", op, !a->a ? "a" : !a->b ? "b" : "out");
   TW_ARG_CHECK(a->m >= 1 && a->m <= INT32_MAX, "%s: args->m: %lld; expected 1 <= m < 2^31", op,
                (long long)a->m);
@@ -636,7 +656,9 @@ tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_re
   st = tw_launch_begin(comm, stream, &launch_stream);
   if (st == TW_SUCCESS)
     st = comm->world == 1 ? run_single(comm, a, launch_stream)
-                          : run_fused(comm, a, plan, all_reduce, launch_stream);
+         : a.partials == TW_PARTIALS_BF16
+             ? run_fused<__nv_bfloat16>(comm, a, plan, all_reduce, launch_stream)
+             : run_fused<float>(comm, a, plan, all_reduce, launch_stream);
   if (st == TW_SUCCESS)
     st = tw_launch_end(comm, stream);
   cudaSetDevice(prev);
@@ -647,9 +669,13 @@ tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_re
 
 extern "C" tw_status_t tw_gemm_rs_preload(void) {
   cudaFuncAttributes attr;
-  cudaError_t e = cudaFuncGetAttributes(&attr, gemm_rs_kernel<false>);
+  cudaError_t e = cudaFuncGetAttributes(&attr, gemm_rs_kernel<false, float>);
   if (e == cudaSuccess)
-    e = cudaFuncGetAttributes(&attr, gemm_rs_kernel<true>);
+    e = cudaFuncGetAttributes(&attr, gemm_rs_kernel<true, float>);
+  if (e == cudaSuccess)
+    e = cudaFuncGetAttributes(&attr, gemm_rs_kernel<false, __nv_bfloat16>);
+  if (e == cudaSuccess)
+    e = cudaFuncGetAttributes(&attr, gemm_rs_kernel<true, __nv_bfloat16>);
   return tw_cuda_check(e, "loading the gemm_rs kernels");
 }
 

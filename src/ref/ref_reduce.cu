@@ -9,13 +9,24 @@ constexpr int kMaxWorld = 64;
 constexpr int kThreads = 512;
 
 struct Sources {
-  const float *p[kMaxWorld];
+  const void *p[kMaxWorld];
 };
 struct Dests {
   __nv_bfloat16 *p[kMaxWorld];
 };
 
-/* Rows [row0, row0 + rows) of the rank-ordered sum, written to ndst outputs at out_row0. */
+__device__ __forceinline__ float4 load4(const float *p) {
+  return __ldcg(reinterpret_cast<const float4 *>(p));
+}
+__device__ __forceinline__ float4 load4(const __nv_bfloat16 *p) {
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p + 2));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+/* Rows [row0, row0 + rows) of the rank-ordered sum of P partials, written to ndst outputs at
+ * out_row0. */
+template <class P>
 __global__ void __launch_bounds__(kThreads)
     reduce_rows_kernel(Sources src, int world, Dests dst, int ndst, int64_t row0, int64_t rows,
                        int64_t out_row0, int64_t n, int64_t ldo) {
@@ -24,9 +35,9 @@ __global__ void __launch_bounds__(kThreads)
        i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / quads, c = 4 * (i % quads);
     const size_t off = (size_t)(row0 + r) * n + c;
-    float4 acc = __ldcg(reinterpret_cast<const float4 *>(src.p[0] + off));
+    float4 acc = load4(static_cast<const P *>(src.p[0]) + off);
     for (int s = 1; s < world; s++) {
-      const float4 v = __ldcg(reinterpret_cast<const float4 *>(src.p[s] + off));
+      const float4 v = load4(static_cast<const P *>(src.p[s]) + off);
       acc.x = __fadd_rn(acc.x, v.x);
       acc.y = __fadd_rn(acc.y, v.y);
       acc.z = __fadd_rn(acc.z, v.z);
@@ -54,10 +65,11 @@ cudaError_t cross_wait(int world, cudaStream_t *streams, cudaEvent_t *events) {
   return err;
 }
 
-cudaError_t reduce_rank(int world, int r, const float *const *src_peers, void *const *outs,
-                        int all_reduce, int64_t m, int64_t n, int64_t ldo, int max_ctas,
-                        cudaStream_t stream) {
-  if (world < 1 || world > kMaxWorld || r < 0 || r >= world || m % world || n % 4)
+cudaError_t reduce_rank(int world, int r, const void *const *src_peers, int partial_bytes,
+                        void *const *outs, int all_reduce, int64_t m, int64_t n, int64_t ldo,
+                        int max_ctas, cudaStream_t stream) {
+  if (world < 1 || world > kMaxWorld || r < 0 || r >= world || m % world || n % 4 ||
+      (partial_bytes != 2 && partial_bytes != 4))
     return cudaErrorInvalidValue;
   const int64_t m_local = m / world;
   const int64_t items = m_local * (n / 4);
@@ -74,20 +86,22 @@ cudaError_t reduce_rank(int world, int r, const float *const *src_peers, void *c
   const int ndst = all_reduce ? world : 1;
   for (int p = 0; p < ndst; p++)
     dst.p[p] = (__nv_bfloat16 *)outs[p];
-  reduce_rows_kernel<<<(unsigned)grid, kThreads, 0, stream>>>(
-      src, world, dst, ndst, r * m_local, m_local, all_reduce ? r * m_local : 0, n, ldo);
+  auto kernel = partial_bytes == 2 ? reduce_rows_kernel<__nv_bfloat16> : reduce_rows_kernel<float>;
+  kernel<<<(unsigned)grid, kThreads, 0, stream>>>(src, world, dst, ndst, r * m_local, m_local,
+                                                  all_reduce ? r * m_local : 0, n, ldo);
   return cudaGetLastError();
 }
 
-cudaError_t reduce(int world, const float *const *partial_peers, void *const *outs, int all_reduce,
-                   int64_t m, int64_t n, int64_t ldo, int max_ctas, cudaStream_t *streams,
-                   cudaEvent_t *events) {
+cudaError_t reduce(int world, const void *const *partial_peers, int partial_bytes,
+                   void *const *outs, int all_reduce, int64_t m, int64_t n, int64_t ldo,
+                   int max_ctas, cudaStream_t *streams, cudaEvent_t *events) {
   if (world < 1 || world > kMaxWorld || m % world || n % 4)
     return cudaErrorInvalidValue;
   cudaError_t err = cross_wait(world, streams, events);
   for (int r = 0; r < world && err == cudaSuccess; r++)
-    err = reduce_rank(world, r, partial_peers + r * world, all_reduce ? outs + r * world : outs + r,
-                      all_reduce, m, n, ldo, max_ctas, streams[r]);
+    err = reduce_rank(world, r, partial_peers + r * world, partial_bytes,
+                      all_reduce ? outs + r * world : outs + r, all_reduce, m, n, ldo, max_ctas,
+                      streams[r]);
   if (err == cudaSuccess)
     err = cross_wait(world, streams, events);
   return err;
@@ -95,25 +109,27 @@ cudaError_t reduce(int world, const float *const *partial_peers, void *const *ou
 
 } // namespace
 
-extern "C" cudaError_t tw_ref_reduce_scatter_fp32(int world, const float *const *partial_peers,
-                                                  void *const *out, int64_t m, int64_t n,
-                                                  int64_t ldo, int max_ctas, cudaStream_t *streams,
-                                                  cudaEvent_t *events) {
-  return reduce(world, partial_peers, out, 0, m, n, ldo, max_ctas, streams, events);
+extern "C" cudaError_t tw_ref_reduce_scatter(int world, const void *const *partial_peers,
+                                             int partial_bytes, void *const *out, int64_t m,
+                                             int64_t n, int64_t ldo, int max_ctas,
+                                             cudaStream_t *streams, cudaEvent_t *events) {
+  return reduce(world, partial_peers, partial_bytes, out, 0, m, n, ldo, max_ctas, streams, events);
 }
 
-extern "C" cudaError_t tw_ref_reduce_rank_fp32(int world, int rank,
-                                               const float *const *partial_peers, void *const *outs,
-                                               int all_reduce, int64_t m, int64_t n, int64_t ldo,
-                                               int max_ctas, cudaStream_t stream) {
-  return reduce_rank(world, rank, partial_peers, outs, all_reduce, m, n, ldo, max_ctas, stream);
+extern "C" cudaError_t tw_ref_reduce_rank(int world, int rank, const void *const *partial_peers,
+                                          int partial_bytes, void *const *outs, int all_reduce,
+                                          int64_t m, int64_t n, int64_t ldo, int max_ctas,
+                                          cudaStream_t stream) {
+  return reduce_rank(world, rank, partial_peers, partial_bytes, outs, all_reduce, m, n, ldo,
+                     max_ctas, stream);
 }
 
-extern "C" cudaError_t tw_ref_all_reduce_fp32(int world, const float *const *partial_peers,
-                                              void *const *out_peers, int64_t m, int64_t n,
-                                              int64_t ldo, int max_ctas, cudaStream_t *streams,
-                                              cudaEvent_t *events) {
-  return reduce(world, partial_peers, out_peers, 1, m, n, ldo, max_ctas, streams, events);
+extern "C" cudaError_t tw_ref_all_reduce(int world, const void *const *partial_peers,
+                                         int partial_bytes, void *const *out_peers, int64_t m,
+                                         int64_t n, int64_t ldo, int max_ctas,
+                                         cudaStream_t *streams, cudaEvent_t *events) {
+  return reduce(world, partial_peers, partial_bytes, out_peers, 1, m, n, ldo, max_ctas, streams,
+                events);
 }
 
 namespace {

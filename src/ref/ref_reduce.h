@@ -1,7 +1,9 @@
 /*
- * Unfused reductions of fp32 GEMM partials for tests and benchmarks (not in
+ * Unfused reductions of GEMM partials for tests and benchmarks (not in
  * libtilewire): the second half of the unfused GEMM+ReduceScatter and
- * GEMM+AllReduce pipelines (tw_gemm with fp32 output on every rank, then these).
+ * GEMM+AllReduce pipelines (tw_gemm with fp32 output on every rank, or bf16
+ * output for tw_gemm_rs's TW_PARTIALS_BF16, then these). partial_bytes: 4 (fp32
+ * partials) or 2 (bf16 partials); the sum is fp32 either way.
  *
  * The in-process versions sum in rank order (acc = p[0]; acc += p[1]; ...; in
  * fp32, then round to bf16), the order tw_gemm_rs / tw_gemm_ar promise, so the
@@ -33,9 +35,9 @@ extern "C" {
  * reduce, so the partials may be overwritten by whatever follows on any stream.
  * events[r] are per-rank events (recorded on streams[r]). Returns the first error.
  */
-cudaError_t tw_ref_reduce_scatter_fp32(int world, const float *const *partial_peers,
-                                       void *const *out, int64_t m, int64_t n, int64_t ldo,
-                                       int max_ctas, cudaStream_t *streams, cudaEvent_t *events);
+cudaError_t tw_ref_reduce_scatter(int world, const void *const *partial_peers, int partial_bytes,
+                                  void *const *out, int64_t m, int64_t n, int64_t ldo, int max_ctas,
+                                  cudaStream_t *streams, cudaEvent_t *events);
 
 /*
  * AllReduce, as a reduce-scatter whose rows are pushed to every rank:
@@ -43,9 +45,9 @@ cudaError_t tw_ref_reduce_scatter_fp32(int world, const float *const *partial_pe
  * a symmetric buffer) as reachable from rank r; rank r sums its m / world rows and
  * writes them into every rank's output. Same stream ordering as above.
  */
-cudaError_t tw_ref_all_reduce_fp32(int world, const float *const *partial_peers,
-                                   void *const *out_peers, int64_t m, int64_t n, int64_t ldo,
-                                   int max_ctas, cudaStream_t *streams, cudaEvent_t *events);
+cudaError_t tw_ref_all_reduce(int world, const void *const *partial_peers, int partial_bytes,
+                              void *const *out_peers, int64_t m, int64_t n, int64_t ldo,
+                              int max_ctas, cudaStream_t *streams, cudaEvent_t *events);
 
 /*
  * One rank's share, for one process per rank (no cross-stream ordering: the caller
@@ -54,9 +56,9 @@ cudaError_t tw_ref_all_reduce_fp32(int world, const float *const *partial_peers,
  * rank. Reduce-scatter: outs[0] is this rank's [m / world, n]. All-reduce
  * (all_reduce = 1): outs[p] is rank p's symmetric [m, n] mapped for this rank.
  */
-cudaError_t tw_ref_reduce_rank_fp32(int world, int rank, const float *const *partial_peers,
-                                    void *const *outs, int all_reduce, int64_t m, int64_t n,
-                                    int64_t ldo, int max_ctas, cudaStream_t stream);
+cudaError_t tw_ref_reduce_rank(int world, int rank, const void *const *partial_peers,
+                               int partial_bytes, void *const *outs, int all_reduce, int64_t m,
+                               int64_t n, int64_t ldo, int max_ctas, cudaStream_t stream);
 
 /* NCCL (ranks on distinct GPUs of this process, ref_nccl.h): ncclReduceScatter
  * (all_reduce: ncclAllReduce) of every rank's fp32 partial[r] [m, n] into scratch[r]

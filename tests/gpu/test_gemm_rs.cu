@@ -6,6 +6,8 @@
  * and is within bf16 tolerance of an fp32 reference (tw_ref_gemm_fp32 summed over
  * ranks); 1000 back-to-back calls of each op with changing inputs, each checked
  * on the GPU against the unfused pipeline; a CUDA graph replay; bad arguments.
+ * The same with bf16 partials (TW_PARTIALS_BF16), against tw_gemm with bf16 output
+ * and the same rank-ordered fp32 sum.
  * `--small` runs a reduced set (for compute-sanitizer).
  */
 #include <cuda_bf16.h>
@@ -29,6 +31,9 @@ static __global__ void add_into(float *dst, const float *src, size_t n) {
     dst[i] += src[i];
 }
 
+/* tw_partials_t of every call (fused args and the unfused pipeline). */
+static int g_partials = TW_PARTIALS_FP32;
+
 typedef struct {
   int world, budget;
   int64_t m, n, k; /* m: total rows */
@@ -38,9 +43,9 @@ typedef struct {
   void *a[TW_MAX_WORLD], *b[TW_MAX_WORLD];
   void *out[TW_MAX_WORLD];      /* fused, [m, n] (rs uses the first m / world rows) */
   void *out2[TW_MAX_WORLD];     /* unfused, symmetric [m, n] */
-  float *partial[TW_MAX_WORLD]; /* unfused fp32 partials, symmetric [m, n] */
+  float *partial[TW_MAX_WORLD]; /* unfused fp32 (or bf16) partials, symmetric [m, n] */
   void *ws[TW_MAX_WORLD];       /* fused workspace, symmetric */
-  const float *partial_peers[TW_MAX_WORLD * TW_MAX_WORLD];
+  const void *partial_peers[TW_MAX_WORLD * TW_MAX_WORLD];
   void *out2_peers[TW_MAX_WORLD * TW_MAX_WORLD];
   unsigned long long *bad;
 } fixture;
@@ -78,7 +83,7 @@ static void setup(fixture *f, int world, int64_t m_local, int64_t n, int64_t k) 
     for (int s = 0; s < world; s++) {
       void *p;
       TEST_TW_OK(tw_mem_peer_ptr(f->comms[r], f->partial[r], s, &p));
-      f->partial_peers[r * world + s] = (const float *)p;
+      f->partial_peers[r * world + s] = p;
       TEST_TW_OK(tw_mem_peer_ptr(f->comms[r], f->out2[r], s, &p));
       f->out2_peers[r * world + s] = p;
     }
@@ -106,6 +111,7 @@ static tw_gemm_rs_args_t fused_args(const fixture *f, int r) {
   tw_gemm_rs_args_t a = TW_GEMM_RS_ARGS_INIT;
   a.a = f->a[r], a.b = f->b[r], a.out = f->out[r], a.workspace = f->ws[r];
   a.m = f->m, a.n = f->n, a.k = f->k;
+  a.partials = g_partials;
   return a;
 }
 
@@ -121,21 +127,23 @@ static void enqueue_fused(fixture *f, int all_reduce, int reduce_sms) {
   }
 }
 
-/* Unfused pipeline from the same core: tw_gemm (fp32 out) per rank, then the reduction. */
+/* Unfused pipeline from the same core: tw_gemm (fp32 out; bf16 with bf16 partials) per rank,
+ * then the reduction. */
 static void enqueue_unfused(fixture *f, int all_reduce) {
+  const int bf16 = g_partials == TW_PARTIALS_BF16;
   for (int r = 0; r < f->world; r++) {
     tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
-    g.c_dtype = TW_FP32;
+    g.c_dtype = bf16 ? TW_BF16 : TW_FP32;
     g.a = f->a[r], g.b = f->b[r], g.c = f->partial[r];
     g.m = f->m, g.n = f->n, g.k = f->k;
     g.sm_count = f->budget;
     TEST_TW_OK(tw_gemm(&g, (tw_stream_t)f->streams[r]));
   }
   cudaError_t e = all_reduce
-                      ? tw_ref_all_reduce_fp32(f->world, f->partial_peers, f->out2_peers, f->m,
-                                               f->n, f->n, f->budget, f->streams, f->events)
-                      : tw_ref_reduce_scatter_fp32(f->world, f->partial_peers, f->out2, f->m, f->n,
-                                                   f->n, f->budget, f->streams, f->events);
+                      ? tw_ref_all_reduce(f->world, f->partial_peers, bf16 ? 2 : 4, f->out2_peers,
+                                          f->m, f->n, f->n, f->budget, f->streams, f->events)
+                      : tw_ref_reduce_scatter(f->world, f->partial_peers, bf16 ? 2 : 4, f->out2,
+                                              f->m, f->n, f->n, f->budget, f->streams, f->events);
   TEST_REQUIRE(e == cudaSuccess, "unfused reduction: %s", cudaGetErrorString(e));
 }
 
@@ -196,9 +204,9 @@ static void test_case(int world, int64_t m_local, int64_t n, int64_t k, int redu
     TEST_ASSERT(nans == 0, "%s world %d: %zu NaN/unwritten outputs", ar ? "ar" : "rs", world, nans);
     TEST_ASSERT(worst < 1e-2, "%s world %d: rel err %.3g vs fp32", ar ? "ar" : "rs", world, worst);
     check_async_errors(&f);
-    printf("  %s world %d m_local %lld n %lld k %lld reduce_sms %d: diff %zu, rel err %.2e\n",
+    printf("  %s world %d m_local %lld n %lld k %lld reduce_sms %d%s: diff %zu, rel err %.2e\n",
            ar ? "ar" : "rs", world, (long long)m_local, (long long)n, (long long)k, reduce_sms,
-           diff, worst);
+           g_partials == TW_PARTIALS_BF16 ? " bf16 partials" : "", diff, worst);
   }
   cudaFree(ref);
   cudaFree(tmp);
@@ -303,6 +311,9 @@ static void test_bad_arguments(void) {
   a.reduce_sms = 100000;
   TEST_TW_FAILS(tw_gemm_rs(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->reduce_sms");
   a = fused_args(&f, 0);
+  a.partials = 2;
+  TEST_TW_FAILS(tw_gemm_ar(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->partials");
+  a = fused_args(&f, 0);
   a.size = 8;
   TEST_TW_FAILS(tw_gemm_rs(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "args->size");
   size_t bytes = 0;
@@ -331,8 +342,10 @@ typedef struct {
 
 static void run_env_cases(const env_cases_t *c, int small, uint64_t seed) {
   static const int worlds[] = {2, 3, 4, 8};
-  setenv(c->name, c->value, 1);
-  printf("%s=%s:\n", c->name, c->value);
+  if (c->name)
+    setenv(c->name, c->value, 1);
+  printf("%s=%s%s:\n", c->name ? c->name : "(no knob)", c->value,
+         g_partials == TW_PARTIALS_BF16 ? ", bf16 partials" : "");
   for (int wi = 0; wi < 4; wi++)
     for (int i = 0; i < (small ? 1 : 3); i++)
       test_case(worlds[wi], c->shapes[i].m_local, c->shapes[i].n, c->shapes[i].k,
@@ -340,7 +353,8 @@ static void run_env_cases(const env_cases_t *c, int small, uint64_t seed) {
   test_back_to_back(small ? 2 : c->b2b_world, small ? 20 : 200, seed + 100 * c->seed_step);
   if (c->graph)
     test_graph(small ? 2 : 4, 10, seed + 100 * c->seed_step + 50);
-  unsetenv(c->name);
+  if (c->name)
+    unsetenv(c->name);
 }
 
 int main(int argc, char **argv) {
@@ -381,6 +395,20 @@ int main(int argc, char **argv) {
   static const env_cases_t direct = {
       "TW_AR_DIRECT", "1", {{16, 264, 200, 0}, {1, 8, 8, 0}, {100, 520, 1032, 2}}, 90, 8, 1};
   run_env_cases(&direct, small, seed);
+  /* TW_PARTIALS_BF16: bf16 partials, fp32 rank-ordered sum; bitwise the unfused pipeline with
+   * bf16 GEMM output. The default path, then pull and the direct all-reduce with them. */
+  g_partials = TW_PARTIALS_BF16;
+  static const env_cases_t bf16_default = {
+      NULL, "", {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}}, 110, 4, 1};
+  run_env_cases(&bf16_default, small, seed);
+  static const env_cases_t bf16_pull = {
+      "TW_RS_PULL", "1", {{300, 520, 1032, 0}, {1000, 512, 256, 3}, {128, 256, 256, 0}}, 120, 3, 0};
+  run_env_cases(&bf16_pull, small, seed);
+  static const env_cases_t bf16_direct = {
+      "TW_AR_DIRECT", "1", {{16, 264, 200, 0}, {100, 520, 1032, 2}, {1, 8, 8, 0}}, 130, 2, 0};
+  run_env_cases(&bf16_direct, small, seed);
+  test_case(1, 300, 520, 1032, 0, seed + 140); /* world 1: the plain GEMM either way */
+  g_partials = TW_PARTIALS_FP32;
   test_bad_arguments();
   return tw_test_finish();
 }

@@ -16,7 +16,7 @@
 #include "tw_test.h"
 
 /* GEMM+ReduceScatter and GEMM+AllReduce across processes: fused == tw_gemm (fp32) per rank
- * + the rank-ordered reduction (tw_ref_reduce_rank_fp32 between two barriers), bitwise. */
+ * + the rank-ordered reduction (tw_ref_reduce_rank between two barriers), bitwise. */
 static int check_gemm_rs(tw_comm_t comm, int rank, int world, int iters, cudaStream_t stream) {
   const int64_t m = 96 * (int64_t)world, n = 256, k = 320;
   int failures = 0;
@@ -34,13 +34,13 @@ static int check_gemm_rs(tw_comm_t comm, int rank, int world, int iters, cudaStr
   cudaMalloc(&b, (size_t)n * k * 2);
   cudaMalloc(&out, (size_t)m * n * 2);
   cudaMalloc(&out_ref, (size_t)m * n * 2);
-  const float *peers[TW_MAX_WORLD];
+  const void *peers[TW_MAX_WORLD];
   void *ar_outs[TW_MAX_WORLD];
   for (int s = 0; s < world; s++) {
     void *p = NULL, *q = NULL;
     tw_mem_peer_ptr(comm, partial, s, &p);
     tw_mem_peer_ptr(comm, out_ar_ref, s, &q);
-    peers[s] = (const float *)p;
+    peers[s] = p;
     ar_outs[s] = q;
   }
   for (int i = 0; i < iters && !failures; i++) {
@@ -63,10 +63,10 @@ static int check_gemm_rs(tw_comm_t comm, int rank, int world, int iters, cudaStr
         st = tw_barrier(comm, (tw_stream_t)stream);
       void *outs[TW_MAX_WORLD];
       outs[0] = out_ref;
-      cudaError_t ce = st == TW_SUCCESS ? tw_ref_reduce_rank_fp32(world, rank, peers,
-                                                                  all_reduce ? ar_outs : outs,
-                                                                  all_reduce, m, n, n, 0, stream)
-                                        : cudaSuccess;
+      cudaError_t ce = st == TW_SUCCESS
+                           ? tw_ref_reduce_rank(world, rank, peers, 4, all_reduce ? ar_outs : outs,
+                                                all_reduce, m, n, n, 0, stream)
+                           : cudaSuccess;
       if (st == TW_SUCCESS)
         st = tw_barrier(comm, (tw_stream_t)stream);
       if (st != TW_SUCCESS || ce != cudaSuccess) {

@@ -6,6 +6,10 @@
  * n = columns, k = K per rank (each rank holds A [m, k] and B [n, k]).
  *
  *   tilewire        tw_gemm_rs / tw_gemm_ar
+ *   tilewire-bf16p  the same with bf16 partials (TW_PARTIALS_BF16), checked bitwise against
+ *                   unfused-tw with bf16 GEMM output; with NCCL, its speedup and overlap are
+ *                   against the bf16 NCCL pipeline (nccl-bf16+cublas, nccl-bf16-reduce), the
+ *                   same bytes on the wire, and the bound-bf16 row is that pipeline's bound
  *   unfused-cublas  cuBLAS GEMM (fp32 out, the rank's SM budget) then the rank-ordered
  *                   reduce kernels of src/ref/ref_reduce.cu (the speedup baseline)
  *   unfused-tw      the same with tw_gemm (bitwise equal to the fused result)
@@ -26,7 +30,7 @@
 #include "tw_test.h"
 
 typedef struct rs_ctx {
-  int world, budget, all_reduce, failed, reduce_sms;
+  int world, budget, all_reduce, failed, reduce_sms, partials;
   int64_t m, n, k;
   int devices[TW_MAX_WORLD];
   tw_comm_t comms[TW_MAX_WORLD];
@@ -38,7 +42,7 @@ typedef struct rs_ctx {
   void *out2[TW_MAX_WORLD]; /* unfused, symmetric [m, n] */
   float *partial[TW_MAX_WORLD];
   void *ws[TW_MAX_WORLD];
-  const float *partial_peers[TW_MAX_WORLD * TW_MAX_WORLD];
+  const void *partial_peers[TW_MAX_WORLD * TW_MAX_WORLD];
   void *out2_peers[TW_MAX_WORLD * TW_MAX_WORLD];
   tw_ref_nccl_t *nccl;          /* ranks on distinct GPUs and libnccl loadable; else NULL */
   float *scratch[TW_MAX_WORLD]; /* NCCL's fp32 result */
@@ -56,6 +60,7 @@ static void run_fused(void *p, int iter) {
   for (int r = 0; r < c->world; r++) {
     tw_gemm_rs_args_t a = TW_GEMM_RS_ARGS_INIT;
     a.a = c->a[r], a.b = c->b[r], a.out = c->out[r], a.workspace = c->ws[r];
+    a.partials = c->partials;
     a.m = c->m, a.n = c->n, a.k = c->k;
     a.reduce_sms = c->reduce_sms;
     tw_stream_t s = (tw_stream_t)c->streams[r];
@@ -72,11 +77,11 @@ static void run_fused(void *p, int iter) {
 static void run_reduce(void *p, int iter) {
   (void)iter;
   rs_ctx *c = (rs_ctx *)p;
-  BENCH_CUDA(c->all_reduce
-                 ? tw_ref_all_reduce_fp32(c->world, c->partial_peers, c->out2_peers, c->m, c->n,
-                                          c->n, c->budget, c->streams, c->events)
-                 : tw_ref_reduce_scatter_fp32(c->world, c->partial_peers, c->out2, c->m, c->n, c->n,
-                                              c->budget, c->streams, c->events));
+  const int bytes = c->partials ? 2 : 4;
+  BENCH_CUDA(c->all_reduce ? tw_ref_all_reduce(c->world, c->partial_peers, bytes, c->out2_peers,
+                                               c->m, c->n, c->n, c->budget, c->streams, c->events)
+                           : tw_ref_reduce_scatter(c->world, c->partial_peers, bytes, c->out2, c->m,
+                                                   c->n, c->n, c->budget, c->streams, c->events));
 }
 
 static void gemm_cublas(rs_ctx *c, int fp32_out) {
@@ -156,7 +161,7 @@ static void run_unfused_tw(void *p, int iter) {
   rs_ctx *c = (rs_ctx *)p;
   for (int r = 0; r < c->world; r++) {
     tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
-    g.c_dtype = TW_FP32;
+    g.c_dtype = c->partials ? TW_BF16 : TW_FP32;
     g.a = c->a[r], g.b = c->b[r], g.c = c->partial[r];
     g.m = c->m, g.n = c->n, g.k = c->k;
     g.sm_count = c->budget;
@@ -254,7 +259,7 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
       void *p;
       if (tw_mem_peer_ptr(c->comms[r], c->partial[r], s, &p) != TW_SUCCESS)
         return 1;
-      c->partial_peers[r * world + s] = (const float *)p;
+      c->partial_peers[r * world + s] = p;
       if (tw_mem_peer_ptr(c->comms[r], c->out2[r], s, &p) != TW_SUCCESS)
         return 1;
       c->out2_peers[r * world + s] = p;
@@ -296,7 +301,7 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     t[v] = bench_time_multi_ms(variants[v].fn, c, c->streams[0], c->streams, world, o->warmup,
                                o->repeats, &p10[v], &p90[v]);
   /* TW_BENCH_RS_REDUCE_SMS=2,4,6: extra fused rows with that many reduce CTAs per rank. */
-  int extra_sms[9], nextra = 0;
+  int extra_sms[12], nextra = 0;
   const char *list = getenv("TW_BENCH_RS_REDUCE_SMS");
   for (const char *q = list; q && *q && nextra < 8;) {
     int v = atoi(q);
@@ -330,9 +335,20 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     else
       unsetenv("TW_AR_DIRECT");
   }
+  /* bf16 partials (extra row code -2), checked bitwise against unfused-tw with bf16 partials. */
+  int ok_bf16p = 1;
+  if (world > 1) {
+    c->partials = TW_PARTIALS_BF16;
+    ok_bf16p = o->check ? check_bitwise(c) : 1;
+    extra_sms[nextra] = -2;
+    t[nv + nextra] = bench_time_multi_ms(run_fused, c, c->streams[0], c->streams, world, o->warmup,
+                                         o->repeats, &p10[nv + nextra], &p90[nv + nextra]);
+    nextra++;
+    c->partials = TW_PARTIALS_FP32;
+  }
   /* With NCCL: its pipeline is the baseline and its reduction the communication time. */
   int nnccl = 0;
-  double t_nccl = 0, t_nccl_reduce = 0;
+  double t_nccl = 0, t_nccl_reduce = 0, t_nccl_bf16 = 0, t_nccl_bf16_reduce = 0;
   if (c->nccl) {
     t_nccl = t[nv + nextra] =
         bench_time_multi_ms(run_nccl_cublas, c, c->streams[0], c->streams, world, o->warmup,
@@ -340,10 +356,10 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     t_nccl_reduce = t[nv + nextra + 1] =
         bench_time_multi_ms(run_nccl_reduce, c, c->streams[0], c->streams, world, o->warmup,
                             o->repeats, &p10[nv + nextra + 1], &p90[nv + nextra + 1]);
-    t[nv + nextra + 2] =
+    t_nccl_bf16 = t[nv + nextra + 2] =
         bench_time_multi_ms(run_nccl_bf16_cublas, c, c->streams[0], c->streams, world, o->warmup,
                             o->repeats, &p10[nv + nextra + 2], &p90[nv + nextra + 2]);
-    t[nv + nextra + 3] =
+    t_nccl_bf16_reduce = t[nv + nextra + 3] =
         bench_time_multi_ms(run_nccl_bf16, c, c->streams[0], c->streams, world, o->warmup,
                             o->repeats, &p10[nv + nextra + 3], &p90[nv + nextra + 3]);
     nnccl = 4;
@@ -360,7 +376,10 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
       snprintf(row.variant, sizeof(row.variant), "%s", variants[v].name);
     else if (v < nv + nextra)
       snprintf(row.variant, sizeof(row.variant),
-               extra_sms[v - nv] < 0 ? "tilewire-direct" : "tilewire-r%d", extra_sms[v - nv]);
+               extra_sms[v - nv] == -2   ? "tilewire-bf16p"
+               : extra_sms[v - nv] == -1 ? "tilewire-direct"
+                                         : "tilewire-r%d",
+               extra_sms[v - nv]);
     else {
       static const char *nccl_names[] = {"nccl+cublas", "nccl-reduce", "nccl-bf16+cublas",
                                          "nccl-bf16-reduce"};
@@ -371,22 +390,29 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     const int is_comm = v == 3 || v == nv + nextra + 1 || v == nv + nextra + 3;
     const int is_fused = v == nv - 1 || (v >= nv && v < nv + nextra);
     row.tflops = is_comm ? 0 : flops / (t[v] * 1e-3) / 1e12;
-    row.speedup = t_base / t[v];
-    if (is_fused)
-      row.overlap = (t_gemm > t_comm ? t_gemm : t_comm) / t[v];
-    const int is_direct = v >= nv && v < nv + nextra && extra_sms[v - nv] < 0;
-    row.ok = (is_fused || v == 1 ? ok : 1) && (!is_direct || ok_direct) && !c->failed;
+    const int is_bf16p = v >= nv && v < nv + nextra && extra_sms[v - nv] == -2;
+    row.speedup = (is_bf16p && c->nccl ? t_nccl_bf16 : t_base) / t[v];
+    if (is_fused) {
+      const double t_c = is_bf16p && c->nccl ? t_nccl_bf16_reduce : t_comm;
+      row.overlap = (t_gemm > t_c ? t_gemm : t_c) / t[v];
+    }
+    const int is_direct = v >= nv && v < nv + nextra && extra_sms[v - nv] == -1;
+    row.ok = (is_fused || v == 1 ? ok : 1) && (!is_direct || ok_direct) &&
+             (!is_bf16p || ok_bf16p) && !c->failed;
     bench_add_row(res, &row);
   }
-  if (c->nccl) { /* the overlap bound of issue 7: (t_gemm + t_comm) / max(t_gemm, t_comm) */
+  /* The overlap bound of issue 7, (t_gemm + t_comm) / max(t_gemm, t_comm): of the fp32 NCCL
+   * pipeline (bound) and of the bf16 one (bound-bf16). */
+  for (int b = 0; c->nccl && b < 2; b++) {
     bench_row_t bound;
     memset(&bound, 0, sizeof(bound));
     snprintf(bound.op, sizeof(bound.op), "gemm_%s", all_reduce ? "ar" : "rs");
-    snprintf(bound.variant, sizeof(bound.variant), "bound");
+    snprintf(bound.variant, sizeof(bound.variant), b ? "bound-bf16" : "bound");
     rs_shape(bound.shape, sizeof(bound.shape), shape, c);
-    const double t_max = t_gemm > t_comm ? t_gemm : t_comm;
+    const double t_c = b ? t_nccl_bf16_reduce : t_comm;
+    const double t_max = t_gemm > t_c ? t_gemm : t_c;
     bound.ms = bound.ms_p10 = bound.ms_p90 = t_max;
-    bound.speedup = (t_gemm + t_comm) / t_max;
+    bound.speedup = (t_gemm + t_c) / t_max;
     bound.ok = 1;
     bench_add_row(res, &bound);
   }
