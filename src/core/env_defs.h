@@ -35,12 +35,20 @@ TW_ENV(
 TW_ENV(TW_RS_STEAL, bool, "1",
        "1: the GEMM CTAs of tw_gemm_rs / tw_gemm_ar take reduction work after their tiles "
        "(measured 1.2-2.0x faster on 2 H200s, docs/PERF.md); 0: only the reduce CTAs reduce.")
+TW_ENV(TW_RS_BAND, int, "0",
+       "Column blocks per band of tw_gemm_rs / tw_gemm_ar's tile order (A is read once per band); "
+       "0 lets the heuristic choose.")
+TW_ENV(TW_RS_SIGNAL, int, "7",
+       "How tw_gemm_rs / tw_gemm_ar's GEMM epilogue signals a stored tile (for measurement): bit "
+       "0 from a warp without bulk stores in flight, bit 1 without a separate fence before the "
+       "release red, bit 2 at GPU scope where every rank is on this GPU; 0 is the first design.")
 TW_ENV(TW_AG_PEER_READ, bool, "1",
        "tw_ag_gemm with no_gathered_out = 1 and every rank on one GPU: 1 reads the peers' "
        "shards in place (no copies), 0 pushes them as on distinct GPUs.")
-TW_ENV(TW_AG_VARIANT, int, "0",
-       "Experimental: tw_ag_gemm kernel variant, bit 0 = the plain GEMM's 3-stage / 32 KiB "
-       "epilogue split, bit 1 = static tile schedule instead of the tile queue.")
+TW_ENV(TW_AG_VARIANT, int, "-1",
+       "tw_ag_gemm kernel variant; -1 lets the plan choose (bit 0 where ranks share a GPU). Bit 0 "
+       "= the plain GEMM's 3-stage / 32 KiB epilogue split, bit 1 = static tile schedule instead "
+       "of the tile queue (measurement only, slower).")
 TW_ENV(TW_AR_DIRECT, bool, "0",
        "Experimental: 1 lets tw_gemm_ar use the direct scheme (every rank stores each fp32 tile "
        "into every rank's staging and reduces all rows itself) when the workspace holds world x "

@@ -33,14 +33,16 @@
  *          buffer through another tensor map, or reduce-add into a staging buffer);
  *          `static constexpr bool kSignal` and `static void signal(const Params&, int m_block,
  *          int n_block)`: when kSignal, once both consumer warpgroups' bulk groups of the tile
- *          have completed (cp.async.bulk.wait_group) and met at a barrier, one thread calls
- *          signal() (which does the release store / red on the consumer's flag). The signal
+ *          have completed (cp.async.bulk.wait_group) and met at a barrier, thread
+ *          `static int signal_thread(const Params&)` of consumer warpgroup 0 calls signal()
+ *          (which does the release store / red on the consumer's flag). The signal
  *          is deferred to the end of the CTA's next tile's epilogue (or the end of its loop),
  *          so the stores overlap the next mainloop.
  *   Grid   (c) the loop runs on the CTAs the caller gives it: gemm_cta_loop(p, smem, cta, ctas).
  *   Order  (d) TileOrder: ROW_MAJOR, DEFAULT (groups of group_m row blocks, column-major inside
- *          a group, L2-friendly) or ROTATED (the DEFAULT order on row blocks shifted to start
- *          at rotate_mb and wrap).
+ *          a group, L2-friendly), ROTATED (the DEFAULT order on row blocks shifted to start
+ *          at rotate_mb and wrap) or BANDS (bands of group_n column blocks, row-major inside
+ *          a band, rows rotated as ROTATED: each band streams A once while its B stays in L2).
  *   Queue  (e) kDynamic: tiles are claimed with atomicAdd on TileQueue::next, so CTAs may join
  *          late (a CTA that finished a communication role calls gemm_cta_loop then). Every
  *          one of `participants` CTAs must run the loop exactly once; the last one to finish
@@ -81,13 +83,15 @@ constexpr int kTileABytes = kBlockM * kBlockK * 2;
 constexpr uint32_t kBarConsumerWg0 = 1; // +wg
 constexpr uint32_t kBarConsumers = 3;
 
-enum { kOrderDefault = 0, kOrderRowMajor = 1, kOrderRotated = 2 };
+enum { kOrderDefault = 0, kOrderRowMajor = 1, kOrderRotated = 2, kOrderBands = 3 };
 
 struct TileOrder {
   int32_t m_blocks, n_blocks, num_tiles;
   int32_t order;     // kOrder*
   int32_t group_m;   // row blocks per group (DEFAULT, ROTATED)
-  int32_t rotate_mb; // first row block (ROTATED)
+  int32_t rotate_mb; // first row block (ROTATED, BANDS)
+  int32_t group_n;   // column blocks per band (BANDS)
+  int32_t pad;
 };
 
 // Linear tile index -> (row block, column block).
@@ -96,6 +100,18 @@ __device__ __forceinline__ void tile_coords(const TileOrder &o, int32_t t, int32
   if (o.order == kOrderRowMajor) {
     mb = t / o.n_blocks;
     nb = t - mb * o.n_blocks;
+    return;
+  }
+  if (o.order == kOrderBands) { // bands of group_n columns, row-major inside, rows rotated
+    const int32_t per_band = o.group_n * o.m_blocks;
+    const int32_t band = t / per_band;
+    const int32_t first_n = band * o.group_n;
+    const int32_t cols = min(o.group_n, o.n_blocks - first_n);
+    const int32_t in_band = t - band * per_band;
+    mb = in_band / cols + o.rotate_mb;
+    if (mb >= o.m_blocks)
+      mb -= o.m_blocks;
+    nb = first_n + in_band % cols;
     return;
   }
   const int32_t per_group = o.group_m * o.n_blocks;
@@ -266,7 +282,7 @@ __device__ __forceinline__ void signal_after_stores(const Params &p, int wg, int
   if (wg_thread == 0)
     ptx::bulk_wait<Pending>(); // writes performed, not just read out
   ptx::named_bar_sync(kBarConsumers, 256);
-  if (wg == 0 && wg_thread == 0)
+  if (wg == 0 && wg_thread == Epi::signal_thread(p.epi))
     Epi::signal(p.epi, mb, nb);
 }
 

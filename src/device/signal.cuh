@@ -63,8 +63,16 @@ static __device__ __forceinline__ void tw_red_release_sys_add(uint64_t *p, uint6
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+static __device__ __forceinline__ void tw_red_release_gpu_add(uint64_t *p, uint64_t v) {
+  asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 static __device__ __forceinline__ void tw_fence_acq_rel_sys() {
   asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+
+static __device__ __forceinline__ void tw_fence_acq_rel_gpu() {
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
 
 /* After an acquire, before TMA (the async proxy) reads data other ranks wrote. */

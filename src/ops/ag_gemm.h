@@ -21,6 +21,7 @@ typedef struct tw_ag_gemm_plan_args {
   int comm_sms_env; /* TW_AG_COMM_SMS (0: unset) */
   int group_m_env;  /* TW_AG_GROUP_M (0: unset) */
   int shared_gpu;   /* 1: other ranks run on this rank's GPU (their copies compete for its HBM) */
+  int variant_env;  /* TW_AG_VARIANT (-1: unset) */
 } tw_ag_gemm_plan_args_t;
 
 typedef struct tw_ag_gemm_plan {
@@ -31,6 +32,7 @@ typedef struct tw_ag_gemm_plan {
   int group_m;        /* row blocks per L2 group of the tile order */
   int block_n;        /* output tile width: 256, or 128 where 256-wide tiles fill the waves badly */
   int peer_read;      /* 1: tiles read the peers' slots in place (set by tw_ag_gemm_prepare) */
+  int variant;        /* kernel variant (TW_AG_VARIANT bits): bit 0 wide epilogue, 3 stages */
 } tw_ag_gemm_plan_t;
 
 /* Peer reads: at most this many ranks (one tensor map per rank in the kernel parameters). */

@@ -82,4 +82,10 @@ void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *a, tw_ag_gemm_plan_t *pl
   if (comm < 1)
     comm = 1;
   plan->comm_ctas = comm;
+  /* Kernel variant. Where ranks share a GPU, the plain GEMM's split (3 stages, 32 KiB of
+   * epilogue per consumer warpgroup: half the store rounds per tile) measured faster on 8
+   * virtual ranks: flux-tp8 8.5-8.9 ms against 10.5-11.6, M=16384 without copies 15.5 against
+   * 16.4-18.3 (two runs, 2026-11-29, docs/PERF.md). On 2 H200s it was slower (flux-tp8 0.899
+   * against 0.860 ms, M=16384 1.669 against 1.600), so distinct GPUs keep 4 stages. */
+  plan->variant = a->variant_env >= 0 ? (a->variant_env & 3) : (a->shared_gpu ? 1 : 0);
 }

@@ -39,10 +39,10 @@ template <> struct AgConfig<256> { static constexpr int kStages = 4; };
 template <> struct AgConfig<128> { static constexpr int kStages = 6; };
 constexpr int kEpiBytes = 16384;
 
-/* TW_AG_VARIANT (experimental, for measuring why the fused GEMM trails the plain one on 8
- * virtual ranks): bit 0 takes the plain GEMM's stage / epilogue split (3 stages and 32 KiB
- * per consumer warpgroup at 128x256; 128x128 tiles keep theirs), bit 1 the static tile schedule
- * instead of the tile queue. 0 is the default. */
+/* Kernel variants (plan.variant; TW_AG_VARIANT overrides): bit 0 takes the plain GEMM's stage /
+ * epilogue split (3 stages and 32 KiB per consumer warpgroup at 128x256; 128x128 tiles keep
+ * theirs), chosen where ranks share a GPU; bit 1 the static tile schedule instead of the tile
+ * queue (measurement only: slower everywhere). */
 template <int BN, int V> struct AgVariant {
   static constexpr bool kPlainSplit = (V & 1) != 0;
   static constexpr bool kDynamic = (V & 2) == 0;
@@ -220,8 +220,8 @@ tw_status_t launch_v(AgParams<Out> &params, int grid, cudaStream_t stream) {
 }
 
 template <class Out, int BN>
-tw_status_t launch(AgParams<Out> &params, int grid, cudaStream_t stream) {
-  switch ((int)tw_env_int(TW_AG_VARIANT_ID) & 3) {
+tw_status_t launch(AgParams<Out> &params, int variant, int grid, cudaStream_t stream) {
+  switch (variant & 3) {
   case 1: return launch_v<Out, BN, 1>(params, grid, stream);
   case 2: return launch_v<Out, BN, 2>(params, grid, stream);
   case 3: return launch_v<Out, BN, 3>(params, grid, stream);
@@ -298,7 +298,7 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
   p.row_bytes = a.k * 2;
   p.nchunks = plan.nchunks;
   p.comm_ctas = plan.comm_ctas;
-  return launch<Out, BN>(p, plan.ctas, stream);
+  return launch<Out, BN>(p, plan.variant, plan.ctas, stream);
 }
 
 } // namespace
@@ -389,7 +389,8 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
                                a->comm_sms,
                                (int)tw_env_int(TW_AG_COMM_SMS_ID),
                                (int)tw_env_int(TW_AG_GROUP_M_ID),
-                               comm->ranks_on_device > 1};
+                               comm->ranks_on_device > 1,
+                               (int)tw_env_int(TW_AG_VARIANT_ID)};
   tw_ag_gemm_make_plan(&pa, plan);
   /* Peer reads (see tilewire.h, no_gathered_out): every rank on this GPU, shards of whole
    * 128-row blocks (a tile reads one peer's slot), the SM-driven mode. */

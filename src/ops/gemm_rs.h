@@ -6,8 +6,9 @@
  * GEMM runs on global 128 x 256 tiles (row block mb, column block nb); a tile
  * may straddle two or more owners when m_local is not a multiple of 128. A
  * *unit* is the part of one tile inside one owner's rows; owner o's units are
- * numbered column-major, u = nb * mbo(o) + (mb - mb_first(o)), which is the
- * order the rotated column-sweep GEMM finishes them in. Units are grouped
+ * numbered in bands of `band` column blocks, row-major inside a band
+ * (tw_rs_unit), which is the order the GEMM's band sweeps finish them in (with
+ * band = 1: column-major, u = nb * mbo(o) + (mb - mb_first(o))). Units are grouped
  * `group_units` at a time behind one flag (so any shape fits the channel's
  * flag slice); a group is the reduce (and all-gather) work item.
  *
@@ -47,10 +48,12 @@ typedef struct tw_gemm_rs_plan_args {
   int sm_budget;      /* CTAs the rank may run */
   int reduce_sms_arg; /* from the args (0: unset) */
   int all_reduce;
+  int band_env; /* TW_RS_BAND (0: unset) */
 } tw_gemm_rs_plan_args_t;
 
 typedef struct tw_gemm_rs_plan {
   int ctas;        /* grid: every CTA runs the GEMM loop */
+  int band;        /* column blocks per band of the tile order (and of the unit numbering) */
   int reduce_ctas; /* of which start on the reduction */
   int group_units; /* units behind one flag */
   int groups_max;  /* groups of the owner with the most units */
@@ -78,6 +81,25 @@ TW_RS_HD int32_t tw_rs_mb_first(int32_t o, int32_t m_local) {
 TW_RS_HD int32_t tw_rs_mb_count(int32_t o, int32_t m_local) {
   return (int32_t)((((int64_t)o + 1) * m_local - 1) / TW_GEMM_RS_BLOCK_M) -
          tw_rs_mb_first(o, m_local) + 1;
+}
+
+/* Owner-relative unit number of row block mb_first(o) + mb_rel, column block nb (mbo: the
+ * owner's row blocks): bands of `band` column blocks, row-major inside a band. */
+TW_RS_HD int32_t tw_rs_unit(int32_t mb_rel, int32_t nb, int32_t mbo, int32_t n_blocks,
+                            int32_t band) {
+  const int32_t first = nb / band * band;
+  const int32_t width = n_blocks - first < band ? n_blocks - first : band;
+  return first * mbo + mb_rel * width + (nb - first);
+}
+
+/* Its inverse. */
+TW_RS_HD void tw_rs_unit_coords(int32_t u, int32_t mbo, int32_t n_blocks, int32_t band,
+                                int32_t *mb_rel, int32_t *nb) {
+  const int32_t first = u / (band * mbo) * band;
+  const int32_t width = n_blocks - first < band ? n_blocks - first : band;
+  const int32_t rem = u - first * mbo;
+  *mb_rel = rem / width;
+  *nb = first + rem % width;
 }
 
 #ifdef __cplusplus

@@ -342,6 +342,7 @@ struct EpiReduceThenSignal {
   __device__ static void issue_box(const Params &p, const void *box, int32_t col, int32_t row) {
     tw::ptx::tma_reduce_add_2d(&p.c_map, box, col, row);
   }
+  __device__ static int signal_thread(const Params &) { return 0; }
   __device__ static void signal(const Params &p, int32_t mb, int32_t nb) {
     tw::ptx::red_release_gpu_add(p.tile_done + mb * p.n_blocks + nb, 1u);
   }

@@ -395,6 +395,19 @@ int main(int argc, char **argv) {
   static const env_cases_t direct = {
       "TW_AR_DIRECT", "1", {{16, 264, 200, 0}, {1, 8, 8, 0}, {100, 520, 1032, 2}}, 90, 8, 1};
   run_env_cases(&direct, small, seed);
+  /* TW_RS_BAND: bands narrower than the column blocks (last band partial, owners straddling
+   * tiles), and band 1 (column sweeps); same bits. */
+  static const env_cases_t band3 = {
+      "TW_RS_BAND", "3", {{100, 2056, 200, 0}, {300, 1800, 264, 2}, {1, 1032, 8, 0}}, 150, 8, 1};
+  run_env_cases(&band3, small, seed);
+  static const env_cases_t band1 = {
+      "TW_RS_BAND", "1", {{100, 1032, 200, 0}, {1024, 1024, 512, 1}, {3, 520, 64, 0}}, 160, 3, 0};
+  run_env_cases(&band1, small, seed);
+  /* TW_RS_SIGNAL=0: the first signalling design (fence, then the release red, from the thread
+   * that issued the stores; system scope on one GPU too); same bits. */
+  static const env_cases_t sig0 = {
+      "TW_RS_SIGNAL", "0", {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}}, 170, 4, 0};
+  run_env_cases(&sig0, small, seed);
   /* TW_PARTIALS_BF16: bf16 partials, fp32 rank-ordered sum; bitwise the unfused pipeline with
    * bf16 GEMM output. The default path, then pull and the direct all-reduce with them. */
   g_partials = TW_PARTIALS_BF16;

@@ -4,6 +4,8 @@
  * some SMs, flag slices not overrun) and make the choices docs/PERF.md measured (128x128 tiles
  * where 128x256 leave an idle last wave, L2 groups aligned with shards).
  */
+#include <string.h>
+
 #include "ops/ag_gemm.h"
 #include "ops/gemm_heuristics.h"
 #include "ops/gemm_rs.h"
@@ -11,7 +13,7 @@
 
 static tw_ag_gemm_plan_t ag_plan(int world, int64_t m_local, int64_t n, int64_t k, int budget,
                                  int comm_arg, int group_env) {
-  tw_ag_gemm_plan_args_t a = {world, m_local, n, k, budget, comm_arg, 0, group_env, 0};
+  tw_ag_gemm_plan_args_t a = {world, m_local, n, k, budget, comm_arg, 0, group_env, 0, -1};
   tw_ag_gemm_plan_t p;
   tw_ag_gemm_make_plan(&a, &p);
   return p;
@@ -19,22 +21,29 @@ static tw_ag_gemm_plan_t ag_plan(int world, int64_t m_local, int64_t n, int64_t 
 
 /* The communication CTA rule at the benchmark shapes (docs/PERF.md has the sweeps behind it). */
 static void test_ag_comm_rule(void) {
-  tw_ag_gemm_plan_args_t a = {2, 2048, 6144, 12288, 132, 0, 0, 0, 0}; /* flux-tp8, 2 GPUs */
+  tw_ag_gemm_plan_args_t a = {2, 2048, 6144, 12288, 132, 0, 0, 0, 0, -1}; /* flux-tp8, 2 GPUs */
   tw_ag_gemm_plan_t p;
   tw_ag_gemm_make_plan(&a, &p);
   TEST_ASSERT(p.comm_ctas == 5, "flux-tp8 on 2 GPUs: %d comm CTAs (measured best: 5)", p.comm_ctas);
-  tw_ag_gemm_plan_args_t c = {2, 4096, 1024, 8192, 132, 0, 0, 0, 0}; /* M=8192: comm-bound */
+  tw_ag_gemm_plan_args_t c = {2, 4096, 1024, 8192, 132, 0, 0, 0, 0, -1}; /* M=8192: comm-bound */
   tw_ag_gemm_make_plan(&c, &p);
   TEST_ASSERT(p.comm_ctas >= 48, "M=8192 N=1024 on 2 GPUs: %d comm CTAs (48-66 measured best)",
               p.comm_ctas);
-  tw_ag_gemm_plan_args_t v = {8, 2048, 2048, 16384, 16, 0, 0, 0, 1}; /* M=16384, 8 vranks */
+  tw_ag_gemm_plan_args_t v = {8, 2048, 2048, 16384, 16, 0, 0, 0, 1, -1}; /* M=16384, 8 vranks */
   tw_ag_gemm_make_plan(&v, &p);
   const int shared = p.comm_ctas;
+  /* Kernel variant: the wide-epilogue split where ranks share a GPU (measured faster there,
+   * slower on distinct GPUs), TW_AG_VARIANT when set. */
+  TEST_ASSERT(p.variant == 1, "shared GPU: variant %d, want 1", p.variant);
   v.shared_gpu = 0;
   tw_ag_gemm_make_plan(&v, &p);
   TEST_ASSERT(shared > p.comm_ctas && shared <= 8,
               "M=16384 on 8 ranks: %d comm CTAs sharing a GPU, %d on distinct GPUs", shared,
               p.comm_ctas);
+  TEST_ASSERT(p.variant == 0, "distinct GPUs: variant %d, want 0", p.variant);
+  v.variant_env = 2;
+  tw_ag_gemm_make_plan(&v, &p);
+  TEST_ASSERT(p.variant == 2, "TW_AG_VARIANT=2: variant %d", p.variant);
 }
 
 static void test_gemm_plans(void) {
@@ -90,7 +99,7 @@ static void test_gemm_rs_plans(void) {
       for (int ar = 0; ar < 2; ar++) {
         const int w = worlds[wi], budget = 132 / w;
         const int64_t m = ms[mi] * w;
-        tw_gemm_rs_plan_args_t a = {w, m, 4096, 512, budget, 0, ar};
+        tw_gemm_rs_plan_args_t a = {w, m, 4096, 512, budget, 0, ar, 0};
         tw_gemm_rs_plan_t p;
         tw_gemm_rs_make_plan(&a, &p);
         TEST_ASSERT(p.ctas >= 2 && p.ctas <= budget, "ctas %d of %d", p.ctas, budget);
@@ -100,11 +109,59 @@ static void test_gemm_rs_plans(void) {
                     p.group_units);
         TEST_ASSERT(tw_gemm_rs_workspace_bytes(w, m, 4096) >= (size_t)m * 4096 * 4,
                     "workspace holds world partial slabs of m / world rows");
+        TEST_ASSERT(p.band >= 1 && p.band <= 16, "band %d of 16 column blocks", p.band);
+      }
+  tw_gemm_rs_plan_args_t one = {2, 4096, 256, 512, 66, 0, 0, 0}; /* one column block */
+  tw_gemm_rs_plan_t p;
+  tw_gemm_rs_make_plan(&one, &p);
+  TEST_ASSERT(p.band == 1, "n = 256: band %d", p.band);
+  tw_gemm_rs_plan_args_t big = {2, 16384, 16384, 2048, 132, 0, 0, 0}; /* A 64 MiB: bands */
+  tw_gemm_rs_make_plan(&big, &p);
+  TEST_ASSERT(p.band == 8, "M=16384 K=2048: band %d, want 8", p.band);
+  big.m = 8192, big.k = 1024; /* A 16 MiB fits L2: single columns */
+  tw_gemm_rs_make_plan(&big, &p);
+  TEST_ASSERT(p.band == 1, "M=8192 K=1024: band %d, want 1", p.band);
+  one.band_env = 3;
+  one.n = 4096;
+  tw_gemm_rs_make_plan(&one, &p);
+  TEST_ASSERT(p.band == 3, "TW_RS_BAND=3: band %d", p.band);
+}
+
+/* Unit numbering (gemm_rs.h): a bijection onto [0, units) whatever the band, its inverse, the
+ * column-major numbering at band 1, and band-major order (a band's units come before the next
+ * band's, row-major inside). */
+static void test_rs_units(void) {
+  static const int32_t mbos[] = {1, 2, 5, 64};
+  static const int32_t nbs[] = {1, 3, 8, 48, 64};
+  static const int32_t bands[] = {1, 2, 5, 8, 16, 100};
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 5; j++)
+      for (int b = 0; b < 6; b++) {
+        const int32_t mbo = mbos[i], nbl = nbs[j], band = bands[b];
+        static unsigned char seen[64 * 64];
+        memset(seen, 0, sizeof(seen));
+        int32_t prev_band = 0, bad = 0;
+        for (int32_t u = 0; u < mbo * nbl; u++) {
+          int32_t mb, nb;
+          tw_rs_unit_coords(u, mbo, nbl, band, &mb, &nb);
+          bad += mb < 0 || mb >= mbo || nb < 0 || nb >= nbl;
+          if (bad)
+            break;
+          bad += seen[mb * nbl + nb]++ != 0;
+          bad += tw_rs_unit(mb, nb, mbo, nbl, band) != u;
+          bad += nb / band < prev_band;
+          prev_band = nb / band;
+          if (band == 1)
+            bad += u != nb * mbo + mb;
+        }
+        TEST_ASSERT(bad == 0, "units mbo %d n_blocks %d band %d: %d mismatches", mbo, nbl, band,
+                    bad);
       }
 }
 
 int main(void) {
   test_gemm_plans();
+  test_rs_units();
   test_ag_comm_rule();
   test_ag_gemm_plans();
   test_gemm_rs_plans();
