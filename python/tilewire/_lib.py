@@ -63,12 +63,20 @@ class AgCommMode(enum.IntEnum):
     COPY_ENGINE = 1
 
 
+class Partials(enum.IntEnum):
+    """tw_partials_t (TW_PARTIALS_FP32, TW_PARTIALS_BF16): gemm_rs / gemm_ar partial precision."""
+
+    FP32 = 0
+    BF16 = 1
+
+
 # Each Python enum with the C typedef it mirrors and the prefix of its C constant names.
 ENUMS = {
     "tw_status_t": (Status, "TW_"),
     "tw_dtype_t": (DType, "TW_"),
     "tw_tile_order_t": (TileOrder, "TW_TILE_ORDER_"),
     "tw_ag_comm_mode_t": (AgCommMode, "TW_AG_COMM_"),
+    "tw_partials_t": (Partials, "TW_PARTIALS_"),
 }
 
 # ---- structs ------------------------------------------------------------------------------

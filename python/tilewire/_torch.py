@@ -664,7 +664,7 @@ def gemm_rs_workspace(comm, m, n):
 
 
 # tw_partials_t: the precision partial products travel in (the sum is fp32 either way).
-_PARTIALS = {"fp32": 0, "bf16": 1}
+_PARTIALS = {"fp32": _lib.Partials.FP32, "bf16": _lib.Partials.BF16}
 
 
 def _check_gemm_reduce(op, comm, a, b, workspace, out, reduce_sms, partials, scatter):
@@ -767,7 +767,7 @@ def _gemm_reduce(scatter, comm, a, b, workspace, out, reduce_sms, partials):
         fn = torch.ops.tilewire.gemm_rs if scatter else torch.ops.tilewire.gemm_ar
     else:
         fn = _gemm_rs_op if scatter else _gemm_ar_op
-    fn(comm.id, a, b, workspace, out, reduce_sms, _PARTIALS[partials])
+    fn(comm.id, a, b, workspace, out, reduce_sms, int(_PARTIALS[partials]))
     return out
 
 
