@@ -129,6 +129,7 @@ int main(void) {
   VALUE(sizeof(tw_dtype_t));
   VALUE(sizeof(tw_tile_order_t));
   VALUE(sizeof(tw_ag_comm_mode_t));
+  VALUE(sizeof(tw_partials_t));
 
   printf("\n  },\n  \"enums\": {");
   first_item = 1;
@@ -153,6 +154,8 @@ int main(void) {
   VALUE(TW_TILE_ORDER_ROTATED);
   VALUE(TW_AG_COMM_SM);
   VALUE(TW_AG_COMM_COPY_ENGINE);
+  VALUE(TW_PARTIALS_FP32);
+  VALUE(TW_PARTIALS_BF16);
 
   printf("\n  },\n  \"constants\": {");
   first_item = 1;
