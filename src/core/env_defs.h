@@ -42,6 +42,10 @@ TW_ENV(TW_RS_SIGNAL, int, "7",
        "How tw_gemm_rs / tw_gemm_ar's GEMM epilogue signals a stored tile (for measurement): bit "
        "0 from a warp without bulk stores in flight, bit 1 without a separate fence before the "
        "release red, bit 2 at GPU scope where every rank is on this GPU; 0 is the first design.")
+TW_ENV(TW_AG_OWN_COPY_CE, bool, "0",
+       "tw_ag_gemm (SM mode, not in place, shards of whole 128-row blocks): 1 copies the rank's "
+       "own shard into a_gathered with a copy engine beside the kernel, 0 with the kernel's "
+       "communication CTAs after their pushes (measured mixed, docs/PERF.md).")
 TW_ENV(TW_AG_PEER_READ, bool, "1",
        "tw_ag_gemm with no_gathered_out = 1 and every rank on one GPU: 1 reads the peers' "
        "shards in place (no copies), 0 pushes them as on distinct GPUs.")

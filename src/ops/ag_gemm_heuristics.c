@@ -88,4 +88,5 @@ void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *a, tw_ag_gemm_plan_t *pl
    * 16.4-18.3 (two runs, 2026-11-29, docs/PERF.md). On 2 H200s it was slower (flux-tp8 0.899
    * against 0.860 ms, M=16384 1.669 against 1.600), so distinct GPUs keep 4 stages. */
   plan->variant = a->variant_env >= 0 ? (a->variant_env & 3) : (a->shared_gpu ? 1 : 0);
+  plan->own_copy_ce = 0;
 }

@@ -112,6 +112,9 @@ template <class Out> struct AgParams {
   int64_t row_bytes;            /* K * 2 */
   int32_t nchunks;
   int32_t comm_ctas;
+  int32_t own_copy; /* push mode: 1 the comm CTAs also copy the shard into the own slot, 0 a
+                       copy engine does it (tw_ag_gemm) or it is already there */
+  int32_t pad;
 };
 
 /* The whole CTA: this rank's rows of `chunk` into `target`'s a_gathered slot for this rank
@@ -160,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
   } else if ((int)blockIdx.x < p.comm_ctas) {
     const int world = dc.world, rank = dc.rank;
-    const int items = world * p.nchunks;
+    const int items = (world - 1 + p.own_copy) * p.nchunks;
     for (int item = blockIdx.x; ok && item < items; item += p.comm_ctas) {
       /* Peers in the order their rotated GEMMs reach this shard (rank-1 first), this
        * rank's own copy (only the gathered output needs it) last. */
@@ -298,6 +301,7 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
   p.row_bytes = a.k * 2;
   p.nchunks = plan.nchunks;
   p.comm_ctas = plan.comm_ctas;
+  p.own_copy = plan.own_copy_ce ? 0 : 1;
   return launch<Out, BN>(p, plan.variant, plan.ctas, stream);
 }
 
@@ -545,12 +549,39 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
   } else if (a.comm_mode == TW_AG_COMM_COPY_ENGINE) {
     st = copy_engine_call(comm, a, plan, stream);
   } else {
+    /* Where no tile straddles this shard and a peer's (world 1, or shards of whole 128-row
+     * blocks), the own-slot copy only feeds the gathered output (the shard's tiles read `a`),
+     * so a copy engine makes it beside the kernel, forked from and joined back into the
+     * caller's stream (graph capture keeps the fork and the join). A straddling tile reads
+     * its own rows from the slot and waits for their chunk flags: the CTAs copy and flag
+     * them then (measured: giving those to the copy engine left the flags unset). */
+    plan.own_copy_ce = !plan.peer_read && a.a != own_slot &&
+                       (comm->world == 1 || a.m_local % 128 == 0) &&
+                       tw_env_int(TW_AG_OWN_COPY_CE_ID);
+    if (plan.own_copy_ce) {
+      st = tw_comm_ce_stream(comm);
+      if (st == TW_SUCCESS)
+        st = tw_cuda_check(cudaEventRecord(comm->ce_in, (cudaStream_t)stream), "cudaEventRecord");
+      if (st == TW_SUCCESS)
+        st = tw_cuda_check(cudaStreamWaitEvent(comm->ce_stream, comm->ce_in, 0),
+                           "cudaStreamWaitEvent");
+      if (st == TW_SUCCESS)
+        st = tw_cuda_check(cudaMemcpyAsync((void *)own_slot, a.a, shard_bytes,
+                                           cudaMemcpyDeviceToDevice, comm->ce_stream),
+                           "tw_ag_gemm: cudaMemcpyAsync(own slot)");
+      if (st == TW_SUCCESS)
+        st = tw_cuda_check(cudaEventRecord(comm->ce_done, comm->ce_stream), "cudaEventRecord");
+    }
     cudaStream_t launch = NULL;
-    st = tw_launch_begin(comm, stream, &launch);
+    if (st == TW_SUCCESS)
+      st = tw_launch_begin(comm, stream, &launch);
     if (st == TW_SUCCESS)
       st = run_dtype(comm, a, plan, TW_CH_AG_GEMM, 0, launch);
     if (st == TW_SUCCESS)
       st = tw_launch_end(comm, stream);
+    if (st == TW_SUCCESS && plan.own_copy_ce)
+      st = tw_cuda_check(cudaStreamWaitEvent((cudaStream_t)stream, comm->ce_done, 0),
+                         "cudaStreamWaitEvent");
   }
   cudaSetDevice(prev);
   return tw_comm_result(comm, st);

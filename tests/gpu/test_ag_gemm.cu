@@ -459,6 +459,17 @@ int main(int argc, char **argv) {
     test_no_gather(4, 256, 512, 512, 1, small ? 5 : 50, seed + 9200 + v);
   }
   unsetenv("TW_AG_VARIANT");
+  /* TW_AG_OWN_COPY_CE=1: a copy engine fills the own slot beside the kernel where no tile
+   * straddles shards (the CTAs still copy where one does: m_local 100); same bits, graphs
+   * included. */
+  setenv("TW_AG_OWN_COPY_CE", "1", 1);
+  printf("TW_AG_OWN_COPY_CE=1:\n");
+  test_graph(small ? 2 : 4, 10, 0, seed + 9303);
+  test_case(1, 300, 264, 200, TW_BF16, 0, 0, seed + 9300);
+  test_case(3, 100, 264, 200, TW_BF16, 0, 0, seed + 9301);
+  test_case(2, 1024, 1024, 2048, TW_FP32, 0, 3, seed + 9302);
+  test_case(4, 256, 512, 512, TW_BF16, 0, 0, seed + 9304);
+  unsetenv("TW_AG_OWN_COPY_CE");
   test_bad_arguments();
   return tw_test_finish();
 }
