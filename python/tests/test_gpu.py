@@ -452,5 +452,7 @@ def test_gemm_rs_argument_errors_on_gpu():
         plain = torch.empty(1 << 20, device="cuda", dtype=torch.uint8)
         with pytest.raises(ValueError, match="not symmetric"):
             tilewire.gemm_ar(comms[0], a[:4], b, plain)
+        with pytest.raises(ValueError, match="partials must be 'fp32' or 'bf16'"):
+            tilewire.gemm_rs(comms[0], a[:4], b, plain, partials="fp16")
     finally:
         _close(comms)

@@ -300,9 +300,13 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
   for (int v = 0; v < nv; v++)
     t[v] = bench_time_multi_ms(variants[v].fn, c, c->streams[0], c->streams, world, o->warmup,
                                o->repeats, &p10[v], &p90[v]);
-  /* TW_BENCH_RS_REDUCE_SMS=2,4,6: extra fused rows with that many reduce CTAs per rank. */
+  /* TW_BENCH_RS_REDUCE_SMS=2,4,6: extra fused rows with that many reduce CTAs per rank
+   * (TW_BENCH_RS_SWEEP_BF16=1: with bf16 partials, rows tilewire-bf16p-rN). */
   int extra_sms[12], nextra = 0;
   const char *list = getenv("TW_BENCH_RS_REDUCE_SMS");
+  const char *sweep_bf16 = getenv("TW_BENCH_RS_SWEEP_BF16");
+  const int sweep_partials = sweep_bf16 && *sweep_bf16 == '1' ? TW_PARTIALS_BF16 : TW_PARTIALS_FP32;
+  c->partials = sweep_partials;
   for (const char *q = list; q && *q && nextra < 8;) {
     int v = atoi(q);
     if (v > 0 && v < c->budget) {
@@ -317,6 +321,7 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     q = q ? q + 1 : NULL;
   }
   c->reduce_sms = 0;
+  c->partials = TW_PARTIALS_FP32;
   /* tw_gemm_ar's direct scheme (TW_AR_DIRECT=1), checked bitwise like the default. */
   int ok_direct = 1;
   if (direct_row) {
@@ -378,6 +383,7 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
       snprintf(row.variant, sizeof(row.variant),
                extra_sms[v - nv] == -2   ? "tilewire-bf16p"
                : extra_sms[v - nv] == -1 ? "tilewire-direct"
+               : sweep_partials          ? "tilewire-bf16p-r%d"
                                          : "tilewire-r%d",
                extra_sms[v - nv]);
     else {
