@@ -291,7 +291,7 @@ TW_API tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args, tw_
  * that rank-ordered sum. `workspace` is a symmetric allocation (tw_mem_alloc)
  * of at least tw_gemm_rs_workspace_size() bytes, the same on every rank (not
  * needed when world == 1); `out` and the operands are ordinary device memory.
- * One persistent launch per rank: GEMM tiles are stored (fp32) straight into
+ * One persistent launch per rank: GEMM tiles are stored (fp32 by default) straight into
  * their owner's workspace and counted there; the owner's reduce CTAs sum each
  * tile once all ranks delivered it. Collective: every rank calls it with the
  * same shapes; both ops take the same args struct.

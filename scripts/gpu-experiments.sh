@@ -49,6 +49,8 @@ if [ "$ngpus" -gt 1 ]; then
         "$bin/tw-bench" $op --world 2 $args --repeats 10 --warmup 3
     done
   done
+  run "gpus-gemm_rs-big-fp32-sweep" 150 env TW_BENCH_RS_REDUCE_SMS=2,4,8,24 "$bin/tw-bench" gemm_rs \
+    --world 2 $big_rs --repeats 10 --warmup 3
   run "gpus-rs-flux-trace" 120 env TW_TRACE=1 "$bin/tw-bench" gemm_rs --world 2 $flux_rs \
     --repeats 2 --warmup 1 --no-check
   run "gpus-rs-16384-trace" 120 env TW_TRACE=1 "$bin/tw-bench" gemm_rs --world 2 $big_rs \

@@ -21,9 +21,11 @@
  *       set to the epoch; this rank then copies it from o's workspace.
  *   TW_CHANNEL_FLAGS - 1 / - 2              reduce / gather work queues.
  *
- * Workspace (symmetric, per rank): fp32 staging [world][m_local][n] (slot s:
- * rank s's partial of this rank's rows), then bf16 [m_local][n] (all-reduce:
- * this rank's reduced rows, read by every rank).
+ * Workspace (symmetric, per rank): staging [world][m_local][n] of fp32 (of bf16
+ * with TW_PARTIALS_BF16, packed the same way; the size asked for is the fp32
+ * one either way) (slot s: rank s's partial of this rank's rows), then bf16
+ * [m_local][n] right after the staging (all-reduce: this rank's reduced rows,
+ * read by every rank).
  */
 #ifndef TW_OPS_GEMM_RS_H
 #define TW_OPS_GEMM_RS_H

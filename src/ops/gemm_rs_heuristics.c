@@ -1,6 +1,7 @@
 /*
  * tw_gemm_rs / tw_gemm_ar launch plan. Reduce CTAs: enough that the reduction
- * (reading world fp32 partials of this rank's rows, writing bf16) keeps pace
+ * (reading world fp32 partials of this rank's rows, writing bf16; sized for fp32 partials
+ * with bf16 ones too, which move half the bytes) keeps pace
  * with the GEMM, estimated from per-SM rates: a GEMM CTA does about 5.5 TFLOP/s,
  * a reduce CTA moves about 60 GB/s (a copy CTA measured 40 GB/s; the reduce CTA
  * keeps world loads in flight per thread). GEMM CTAs join the reduction when the

@@ -10,7 +10,8 @@
  * owner's tiles of band b are complete after the ranks' b-th sweep (a staggered
  * schedule). Single-column sweeps (band 1, the first design) re-read all of A
  * from HBM for every column: at M=16384 the fused GEMM ran 1.9x the GEMM alone.
- * The epilogue stores each finished fp32 tile by TMA straight into its owner's
+ * The epilogue stores each finished tile of partials (fp32; bf16 with
+ * TW_PARTIALS_BF16) by TMA straight into its owner's
  * staging slot for this rank (a tensor map per owner over the owner's memory;
  * a tile straddling owners is clipped by the maps) and, once the stores have
  * completed, adds 1 to the owner's counter for that unit of work.
