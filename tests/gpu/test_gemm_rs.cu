@@ -403,6 +403,16 @@ int main(int argc, char **argv) {
   static const env_cases_t band1 = {
       "TW_RS_BAND", "1", {{100, 1032, 200, 0}, {1024, 1024, 512, 1}, {3, 520, 64, 0}}, 160, 3, 0};
   run_env_cases(&band1, small, seed);
+  /* Bands of 3 with pull and with the direct all-reduce (their unit numbering follows the
+   * band order too). */
+  setenv("TW_RS_BAND", "3", 1);
+  static const env_cases_t band3_pull = {
+      "TW_RS_PULL", "1", {{100, 2056, 200, 0}, {256, 1800, 128, 2}, {1, 1032, 8, 0}}, 180, 3, 0};
+  run_env_cases(&band3_pull, small, seed);
+  static const env_cases_t band3_direct = {
+      "TW_AR_DIRECT", "1", {{16, 2056, 200, 0}, {100, 1032, 64, 2}, {1, 1032, 8, 0}}, 190, 2, 0};
+  run_env_cases(&band3_direct, small, seed);
+  unsetenv("TW_RS_BAND");
   /* TW_RS_SIGNAL=0: the first signalling design (fence, then the release red, from the thread
    * that issued the stores; system scope on one GPU too); same bits. */
   static const env_cases_t sig0 = {
