@@ -222,6 +222,19 @@ static __device__ __forceinline__ void tw_signal_entry(const tw_dev_comm_t &dc, 
       tw_st_release_sys(&dc.peer_ctrl[p]->entry[ch][dc.rank], epoch);
 }
 
+/* Thread 0 of every CTA of a kernel on channel ch, first thing: the trace's start stamp, and
+ * (block 0) the entry signal of call `epoch`. Returns whether the channel is usable (false:
+ * an earlier wait timed out or the comm was aborted, and nothing was signalled). */
+static __device__ __forceinline__ bool tw_kernel_enter(const tw_dev_comm_t &dc, int ch,
+                                                       uint64_t epoch) {
+  tw_trace_stamp(dc, TW_TR_START);
+  tw_trace_channel(dc, ch);
+  const bool usable = tw_op_usable(dc, ch);
+  if (blockIdx.x == 0 && usable)
+    tw_signal_entry(dc, ch, epoch);
+  return usable;
+}
+
 /* One thread: waits until `peer` entered call `epoch` on ch. */
 static __device__ __forceinline__ bool tw_wait_entry(const tw_dev_comm_t &dc, int ch, int peer,
                                                      uint64_t epoch) {

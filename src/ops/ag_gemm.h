@@ -33,7 +33,7 @@ typedef struct tw_ag_gemm_plan {
   int block_n;        /* output tile width: 256, or 128 where 256-wide tiles fill the waves badly */
   int peer_read;      /* 1: tiles read the peers' slots in place (set by tw_ag_gemm_prepare) */
   int variant;        /* kernel variant (TW_AG_VARIANT bits): bit 0 wide epilogue, 3 stages */
-  int own_copy_ce;    /* push mode: a copy engine fills the own slot (set by tw_ag_gemm) */
+  int own_copy_ce;    /* push mode: a copy engine fills the own slot (set by tw_ag_gemm_prepare) */
 } tw_ag_gemm_plan_t;
 
 /* Peer reads: at most this many ranks (one tensor map per rank in the kernel parameters). */

@@ -18,6 +18,7 @@
 #include "ag_gemm.h"
 #include "device/copy.cuh"
 #include "device/signal.cuh"
+#include "gemm_launch.cuh"
 #include "gemm_sm90.cuh"
 
 extern "C" {
@@ -141,13 +142,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t epoch = AgWait::epoch(w);
   /* Thread 0 decides; __syncthreads_and spreads it, so the CTA leaves the loop together. */
   int mine = 1;
-  if (threadIdx.x == 0) {
-    tw_trace_stamp(dc, TW_TR_START);
-    tw_trace_channel(dc, ch);
-    mine = tw_op_usable(dc, ch);
-    if (blockIdx.x == 0 && mine)
-      tw_signal_entry(dc, ch, epoch);
-  }
+  if (threadIdx.x == 0)
+    mine = tw_kernel_enter(dc, ch, epoch);
   int ok = __syncthreads_and(mine);
   if ((int)blockIdx.x < p.comm_ctas && w.peer_read) {
     /* Peer reads: the shard only goes into this rank's own slot (when not already there);
@@ -211,15 +207,8 @@ static_assert(sizeof(AgParams<float>) <= 4096, "kernel parameters");
 
 template <class Out, int BN, int V>
 tw_status_t launch_v(AgParams<Out> &params, int grid, cudaStream_t stream) {
-  auto kernel = ag_gemm_kernel<Out, BN, V>;
-  constexpr int kSmem = AgVariant<BN, V>::kSmem;
-  static uint64_t configured; /* a bit per device */
-  tw_status_t st = tw_kernel_smem_once((const void *)kernel, kSmem, &configured,
-                                       "tw_ag_gemm: cudaFuncSetAttribute");
-  if (st != TW_SUCCESS)
-    return st;
-  kernel<<<grid, kThreads, kSmem, stream>>>(params);
-  return tw_cuda_check(cudaGetLastError(), "tw_ag_gemm: kernel launch");
+  return launch_persistent<ag_gemm_kernel<Out, BN, V>, AgVariant<BN, V>::kSmem>(
+      params, grid, stream, "tw_ag_gemm: cudaFuncSetAttribute", "tw_ag_gemm: kernel launch");
 }
 
 template <class Out, int BN>
@@ -407,24 +396,26 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
     if (plan->comm_ctas >= plan->ctas)
       plan->comm_ctas = plan->ctas > 1 ? plan->ctas - 1 : 1;
   }
+  /* The own-slot copy by a copy engine (TW_AG_OWN_COPY_CE=1), pushing mode only. Where no
+   * tile straddles this shard and a peer's (world 1, or shards of whole 128-row blocks), the
+   * own copy only feeds the gathered output (the shard's tiles read `a`), so it can run beside
+   * the kernel. A straddling tile reads its own rows from the slot and waits for their chunk
+   * flags: the CTAs copy and flag them then (measured: giving those to the copy engine left
+   * the flags unset). */
+  plan->own_copy_ce = a->comm_mode == TW_AG_COMM_SM && !plan->peer_read &&
+                      a->a != (const void *)own && (world == 1 || a->m_local % 128 == 0) &&
+                      tw_env_int(TW_AG_OWN_COPY_CE_ID) != 0;
   return TW_SUCCESS;
-}
-
-template <class Out, int BN>
-static tw_status_t run_any(tw_comm_t comm, const tw_ag_gemm_args_t &a,
-                           const tw_ag_gemm_plan_t &plan, int ch, uint64_t host_epoch,
-                           cudaStream_t stream) {
-  return run<Out, BN>(comm, a, plan, ch, host_epoch, stream);
 }
 
 static tw_status_t run_dtype(tw_comm_t comm, const tw_ag_gemm_args_t &a,
                              const tw_ag_gemm_plan_t &plan, int ch, uint64_t host_epoch,
                              cudaStream_t stream) {
   if (a.c_dtype == TW_BF16)
-    return plan.block_n == 128 ? run_any<__nv_bfloat16, 128>(comm, a, plan, ch, host_epoch, stream)
-                               : run_any<__nv_bfloat16, 256>(comm, a, plan, ch, host_epoch, stream);
-  return plan.block_n == 128 ? run_any<float, 128>(comm, a, plan, ch, host_epoch, stream)
-                             : run_any<float, 256>(comm, a, plan, ch, host_epoch, stream);
+    return plan.block_n == 128 ? run<__nv_bfloat16, 128>(comm, a, plan, ch, host_epoch, stream)
+                               : run<__nv_bfloat16, 256>(comm, a, plan, ch, host_epoch, stream);
+  return plan.block_n == 128 ? run<float, 128>(comm, a, plan, ch, host_epoch, stream)
+                             : run<float, 256>(comm, a, plan, ch, host_epoch, stream);
 }
 
 /* Copy-engine mode: the shard goes by cudaMemcpyAsync on the comm's side stream, each chunk
@@ -549,15 +540,8 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
   } else if (a.comm_mode == TW_AG_COMM_COPY_ENGINE) {
     st = copy_engine_call(comm, a, plan, stream);
   } else {
-    /* Where no tile straddles this shard and a peer's (world 1, or shards of whole 128-row
-     * blocks), the own-slot copy only feeds the gathered output (the shard's tiles read `a`),
-     * so a copy engine makes it beside the kernel, forked from and joined back into the
-     * caller's stream (graph capture keeps the fork and the join). A straddling tile reads
-     * its own rows from the slot and waits for their chunk flags: the CTAs copy and flag
-     * them then (measured: giving those to the copy engine left the flags unset). */
-    plan.own_copy_ce = !plan.peer_read && a.a != own_slot &&
-                       (comm->world == 1 || a.m_local % 128 == 0) &&
-                       tw_env_int(TW_AG_OWN_COPY_CE_ID);
+    /* plan.own_copy_ce (tw_ag_gemm_prepare): a copy engine fills the own slot, forked from and
+     * joined back into the caller's stream (graph capture keeps the fork and the join). */
     if (plan.own_copy_ce) {
       st = tw_comm_ce_stream(comm);
       if (st == TW_SUCCESS)

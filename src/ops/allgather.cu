@@ -33,13 +33,8 @@ __global__ void __launch_bounds__(TW_AG_THREADS, 1)
    * the CTA leaves a loop at the same iteration (no shared flag read while it is written). */
   int mine = 1;
   uint64_t peer_ready = 0; /* thread 0: bit p set once peer p entered this call (world <= 64) */
-  if (threadIdx.x == 0) {
-    tw_trace_stamp(dc, TW_TR_START);
-    tw_trace_channel(dc, TW_CH_ALLGATHER);
-    mine = tw_op_usable(dc, TW_CH_ALLGATHER);
-    if (blockIdx.x == 0 && mine)
-      tw_signal_entry(dc, TW_CH_ALLGATHER, epoch);
-  }
+  if (threadIdx.x == 0)
+    mine = tw_kernel_enter(dc, TW_CH_ALLGATHER, epoch);
   int ok = __syncthreads_and(mine);
   const int items = plan.world * plan.nchunks;
   for (int item = blockIdx.x; ok && item < items; item += gridDim.x) {

@@ -39,6 +39,7 @@
 #include <string.h>
 
 #include "device/signal.cuh"
+#include "gemm_launch.cuh"
 #include "gemm_rs.h"
 #include "gemm_sm90.cuh"
 
@@ -424,12 +425,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ch = p.gemm.wait.ch;
   const uint64_t epoch = tw_op_begin(dc, ch);
   if (threadIdx.x == 0) {
-    tw_trace_stamp(dc, TW_TR_START);
-    tw_trace_channel(dc, ch);
     s_entered = 0;
-    s_ok = tw_op_usable(dc, ch);
-    if (blockIdx.x == 0 && s_ok)
-      tw_signal_entry(dc, ch, epoch);
+    s_ok = tw_kernel_enter(dc, ch, epoch);
   }
   __syncthreads();
   if ((int)blockIdx.x < p.reduce_ctas) {
@@ -460,22 +457,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <bool kSteal, class P>
-tw_status_t launch_v(const RsParams<P> &params, int grid, cudaStream_t stream) {
-  constexpr int kSmem = SmemLayout<kStages, kEpiBytes>::kDynamicBytes;
-  static uint64_t configured; /* a bit per device */
-  auto kernel = gemm_rs_kernel<kSteal, P>;
-  tw_status_t st = tw_kernel_smem_once((const void *)kernel, kSmem, &configured,
-                                       "tw_gemm_rs: cudaFuncSetAttribute");
-  if (st != TW_SUCCESS)
-    return st;
-  kernel<<<grid, kThreads, kSmem, stream>>>(params);
-  return tw_cuda_check(cudaGetLastError(), "tw_gemm_rs: kernel launch");
-}
-
 template <class P> tw_status_t launch(const RsParams<P> &params, int grid, cudaStream_t stream) {
-  return params.steal ? launch_v<true>(params, grid, stream)
-                      : launch_v<false>(params, grid, stream);
+  constexpr int kSmem = SmemLayout<kStages, kEpiBytes>::kDynamicBytes;
+  const char *set = "tw_gemm_rs: cudaFuncSetAttribute", *go = "tw_gemm_rs: kernel launch";
+  return params.steal
+             ? launch_persistent<gemm_rs_kernel<true, P>, kSmem>(params, grid, stream, set, go)
+             : launch_persistent<gemm_rs_kernel<false, P>, kSmem>(params, grid, stream, set, go);
 }
 
 template <class P>

@@ -21,6 +21,10 @@ extern "C" {
 cudaError_t tw_ref_allgather_memcpy(int world, const void *const *send, void *const *recv,
                                     size_t bytes, cudaStream_t *streams, cudaEvent_t *events);
 
+/* Every rank's stream waits for everything enqueued so far on every other (events[r] is
+ * recorded on streams[r]). Returns the first error. */
+cudaError_t tw_ref_cross_wait(int world, cudaStream_t *streams, cudaEvent_t *events);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "ref_collectives.h"
 #include "ref_reduce.h"
 
 namespace {
@@ -53,18 +54,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-/* Every stream waits for every other (events[r] recorded on streams[r]). */
-cudaError_t cross_wait(int world, cudaStream_t *streams, cudaEvent_t *events) {
-  cudaError_t err = cudaSuccess;
-  for (int r = 0; r < world && err == cudaSuccess; r++)
-    err = cudaEventRecord(events[r], streams[r]);
-  for (int r = 0; r < world && err == cudaSuccess; r++)
-    for (int p = 0; p < world && err == cudaSuccess; p++)
-      if (p != r)
-        err = cudaStreamWaitEvent(streams[r], events[p], 0);
-  return err;
-}
-
 cudaError_t reduce_rank(int world, int r, const void *const *src_peers, int partial_bytes,
                         void *const *outs, int all_reduce, int64_t m, int64_t n, int64_t ldo,
                         int max_ctas, cudaStream_t stream) {
@@ -97,13 +86,13 @@ cudaError_t reduce(int world, const void *const *partial_peers, int partial_byte
                    int max_ctas, cudaStream_t *streams, cudaEvent_t *events) {
   if (world < 1 || world > kMaxWorld || m % world || n % 4)
     return cudaErrorInvalidValue;
-  cudaError_t err = cross_wait(world, streams, events);
+  cudaError_t err = tw_ref_cross_wait(world, streams, events);
   for (int r = 0; r < world && err == cudaSuccess; r++)
     err = reduce_rank(world, r, partial_peers + r * world, partial_bytes,
                       all_reduce ? outs + r * world : outs + r, all_reduce, m, n, ldo, max_ctas,
                       streams[r]);
   if (err == cudaSuccess)
-    err = cross_wait(world, streams, events);
+    err = tw_ref_cross_wait(world, streams, events);
   return err;
 }
 

@@ -327,10 +327,13 @@ static void test_bad_arguments(void) {
   teardown(&f);
 }
 
-/* With an environment knob set: test_case on worlds 2, 3, 4, 8 (the first shape always, the
- * others unless --small), back-to-back calls, optionally a graph replay; then unsets it. */
+/* A knob setting (name = value; name NULL: none), optionally with bands of `band` column blocks
+ * (TW_RS_BAND) and with bf16 partials: test_case on worlds 2, 3, 4, 8 (the first shape always,
+ * the others unless --small), back-to-back calls, optionally a graph replay; then unset. */
 typedef struct {
   const char *name, *value;
+  const char *band; /* TW_RS_BAND for the cases, or NULL */
+  int partials;     /* tw_partials_t of the cases */
   struct {
     int64_t m_local, n, k;
     int reduce_sms;
@@ -344,7 +347,11 @@ static void run_env_cases(const env_cases_t *c, int small, uint64_t seed) {
   static const int worlds[] = {2, 3, 4, 8};
   if (c->name)
     setenv(c->name, c->value, 1);
-  printf("%s=%s%s:\n", c->name ? c->name : "(no knob)", c->value,
+  if (c->band)
+    setenv("TW_RS_BAND", c->band, 1);
+  g_partials = c->partials;
+  printf("%s=%s%s%s%s:\n", c->name ? c->name : "(no knob)", c->value,
+         c->band ? ", TW_RS_BAND=" : "", c->band ? c->band : "",
          g_partials == TW_PARTIALS_BF16 ? ", bf16 partials" : "");
   for (int wi = 0; wi < 4; wi++)
     for (int i = 0; i < (small ? 1 : 3); i++)
@@ -355,6 +362,9 @@ static void run_env_cases(const env_cases_t *c, int small, uint64_t seed) {
     test_graph(small ? 2 : 4, 10, seed + 100 * c->seed_step + 50);
   if (c->name)
     unsetenv(c->name);
+  if (c->band)
+    unsetenv("TW_RS_BAND");
+  g_partials = TW_PARTIALS_FP32;
 }
 
 int main(int argc, char **argv) {
@@ -376,60 +386,111 @@ int main(int argc, char **argv) {
   }
   test_back_to_back(small ? 2 : 4, small ? 20 : 1000, seed + 5000);
   test_graph(small ? 2 : 4, 10, seed + 6000);
-  /* TW_RS_STEAL=0 (the default is 1): only the reduce CTAs reduce; the result must not change
-   * by a bit. */
-  static const env_cases_t no_steal = {
-      "TW_RS_STEAL",
-      "0",
-      {{100, 264, 200, 0}, {1024, 1024, 512, 1}, {300, 520, 1032, 0}},
-      60,
-      4,
-      0};
-  run_env_cases(&no_steal, small, seed);
-  /* TW_RS_PULL=1: partials stored locally, owners read them when reducing; same bits. */
-  static const env_cases_t pull = {
-      "TW_RS_PULL", "1", {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}}, 100, 4, 1};
-  run_env_cases(&pull, small, seed);
-  /* TW_AR_DIRECT=1: tw_gemm_ar's direct scheme (small m); the same bits as the unfused
-   * pipeline (tw_gemm_rs is unaffected). */
-  static const env_cases_t direct = {
-      "TW_AR_DIRECT", "1", {{16, 264, 200, 0}, {1, 8, 8, 0}, {100, 520, 1032, 2}}, 90, 8, 1};
-  run_env_cases(&direct, small, seed);
-  /* TW_RS_BAND: bands narrower than the column blocks (last band partial, owners straddling
-   * tiles), and band 1 (column sweeps); same bits. */
-  static const env_cases_t band3 = {
-      "TW_RS_BAND", "3", {{100, 2056, 200, 0}, {300, 1800, 264, 2}, {1, 1032, 8, 0}}, 150, 8, 1};
-  run_env_cases(&band3, small, seed);
-  static const env_cases_t band1 = {
-      "TW_RS_BAND", "1", {{100, 1032, 200, 0}, {1024, 1024, 512, 1}, {3, 520, 64, 0}}, 160, 3, 0};
-  run_env_cases(&band1, small, seed);
-  /* Bands of 3 with pull and with the direct all-reduce (their unit numbering follows the
-   * band order too). */
-  setenv("TW_RS_BAND", "3", 1);
-  static const env_cases_t band3_pull = {
-      "TW_RS_PULL", "1", {{100, 2056, 200, 0}, {256, 1800, 128, 2}, {1, 1032, 8, 0}}, 180, 3, 0};
-  run_env_cases(&band3_pull, small, seed);
-  static const env_cases_t band3_direct = {
-      "TW_AR_DIRECT", "1", {{16, 2056, 200, 0}, {100, 1032, 64, 2}, {1, 1032, 8, 0}}, 190, 2, 0};
-  run_env_cases(&band3_direct, small, seed);
-  unsetenv("TW_RS_BAND");
-  /* TW_RS_SIGNAL=0: the first signalling design (fence, then the release red, from the thread
-   * that issued the stores; system scope on one GPU too); same bits. */
-  static const env_cases_t sig0 = {
-      "TW_RS_SIGNAL", "0", {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}}, 170, 4, 0};
-  run_env_cases(&sig0, small, seed);
-  /* TW_PARTIALS_BF16: bf16 partials, fp32 rank-ordered sum; bitwise the unfused pipeline with
-   * bf16 GEMM output. The default path, then pull and the direct all-reduce with them. */
+  static const env_cases_t cases[] = {
+      /* TW_RS_STEAL=0 (the default is 1): only the reduce CTAs reduce; not a bit changes. */
+      {"TW_RS_STEAL",
+       "0",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{100, 264, 200, 0}, {1024, 1024, 512, 1}, {300, 520, 1032, 0}},
+       60,
+       4,
+       0},
+      /* TW_RS_PULL=1: partials stored locally, owners read them when reducing; same bits. */
+      {"TW_RS_PULL",
+       "1",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}},
+       100,
+       4,
+       1},
+      /* TW_AR_DIRECT=1: tw_gemm_ar's direct scheme (small m); the same bits as the unfused
+       * pipeline (tw_gemm_rs is unaffected). */
+      {"TW_AR_DIRECT",
+       "1",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{16, 264, 200, 0}, {1, 8, 8, 0}, {100, 520, 1032, 2}},
+       90,
+       8,
+       1},
+      /* Bands narrower than the column blocks (last band partial, owners straddling tiles),
+       * and band 1 (column sweeps); same bits. */
+      {NULL,
+       "",
+       "3",
+       TW_PARTIALS_FP32,
+       {{100, 2056, 200, 0}, {300, 1800, 264, 2}, {1, 1032, 8, 0}},
+       150,
+       8,
+       1},
+      {NULL,
+       "",
+       "1",
+       TW_PARTIALS_FP32,
+       {{100, 1032, 200, 0}, {1024, 1024, 512, 1}, {3, 520, 64, 0}},
+       160,
+       3,
+       0},
+      /* Bands of 3 with pull and with the direct all-reduce (their unit numbering follows the
+       * band order too). */
+      {"TW_RS_PULL",
+       "1",
+       "3",
+       TW_PARTIALS_FP32,
+       {{100, 2056, 200, 0}, {256, 1800, 128, 2}, {1, 1032, 8, 0}},
+       180,
+       3,
+       0},
+      {"TW_AR_DIRECT",
+       "1",
+       "3",
+       TW_PARTIALS_FP32,
+       {{16, 2056, 200, 0}, {100, 1032, 64, 2}, {1, 1032, 8, 0}},
+       190,
+       2,
+       0},
+      /* TW_RS_SIGNAL=0: the first signalling design (fence, then the release red, from the
+       * thread that issued the stores; system scope on one GPU too); same bits. */
+      {"TW_RS_SIGNAL",
+       "0",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}},
+       170,
+       4,
+       0},
+      /* TW_PARTIALS_BF16: bf16 partials, fp32 rank-ordered sum; bitwise the unfused pipeline
+       * with bf16 GEMM output. The default path, then pull and the direct all-reduce. */
+      {NULL,
+       "",
+       NULL,
+       TW_PARTIALS_BF16,
+       {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}},
+       110,
+       4,
+       1},
+      {"TW_RS_PULL",
+       "1",
+       NULL,
+       TW_PARTIALS_BF16,
+       {{300, 520, 1032, 0}, {1000, 512, 256, 3}, {128, 256, 256, 0}},
+       120,
+       3,
+       0},
+      {"TW_AR_DIRECT",
+       "1",
+       NULL,
+       TW_PARTIALS_BF16,
+       {{16, 264, 200, 0}, {100, 520, 1032, 2}, {1, 8, 8, 0}},
+       130,
+       2,
+       0},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+    run_env_cases(&cases[i], small, seed);
   g_partials = TW_PARTIALS_BF16;
-  static const env_cases_t bf16_default = {
-      NULL, "", {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}}, 110, 4, 1};
-  run_env_cases(&bf16_default, small, seed);
-  static const env_cases_t bf16_pull = {
-      "TW_RS_PULL", "1", {{300, 520, 1032, 0}, {1000, 512, 256, 3}, {128, 256, 256, 0}}, 120, 3, 0};
-  run_env_cases(&bf16_pull, small, seed);
-  static const env_cases_t bf16_direct = {
-      "TW_AR_DIRECT", "1", {{16, 264, 200, 0}, {100, 520, 1032, 2}, {1, 8, 8, 0}}, 130, 2, 0};
-  run_env_cases(&bf16_direct, small, seed);
   test_case(1, 300, 520, 1032, 0, seed + 140); /* world 1: the plain GEMM either way */
   g_partials = TW_PARTIALS_FP32;
   test_bad_arguments();
