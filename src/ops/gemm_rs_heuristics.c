@@ -1,7 +1,6 @@
 /*
  * tw_gemm_rs / tw_gemm_ar launch plan. Reduce CTAs: enough that the reduction
- * (reading world fp32 partials of this rank's rows, writing bf16; sized for fp32 partials
- * with bf16 ones too, which move half the bytes) keeps pace
+ * (reading world partials of this rank's rows, fp32 or bf16, writing bf16) keeps pace
  * with the GEMM, estimated from per-SM rates: a GEMM CTA does about 5.5 TFLOP/s,
  * a reduce CTA moves about 60 GB/s (a copy CTA measured 40 GB/s; the reduce CTA
  * keeps world loads in flight per thread). GEMM CTAs join the reduction when the
@@ -46,8 +45,14 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * A 64 MiB: 2.89 -> 2.65 ms fp32, 2.50 -> 2.19 bf16 partials with bands of 8); where A fits,
    * wider bands only coarsen the reduction's pipeline (M=4096 N=4096 0.144 -> 0.174 ms,
    * M=8192 0.532 -> 0.599), so single columns stay. */
+  /* Where ranks share the GPU they share its L2 too: eight bands' B (8 MiB each at K=2048)
+   * outgrow it, and the bands' reuse is lost while their coarser pipeline stays (8 virtual
+   * ranks, M=16384: 22.4 -> 20.8 ms fp32, 19.3 -> 18.4 bf16 partials with single columns). */
   const double a_bytes = (double)a->m * (double)a->k * 2.0;
-  int band = a->band_env > 0 ? a->band_env : a_bytes > TW_RS_L2_BYTES ? TW_RS_BAND_DEFAULT : 1;
+  const int shared_gpu = a->ranks_on_device > 1;
+  int band = a->band_env > 0                                  ? a->band_env
+             : (a_bytes > TW_RS_L2_BYTES && !shared_gpu) ? TW_RS_BAND_DEFAULT
+                                                              : 1;
   if (band > n_blocks)
     band = (int)n_blocks;
   plan->band = band < 1 ? 1 : band;
@@ -56,7 +61,10 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
 
   int reduce = a->reduce_sms_arg;
   if (reduce <= 0) {
-    const double bytes = (double)a->m * (double)a->n * 4.0 * (a->all_reduce ? 1.5 : 1.0);
+    /* Sized by the partials' bytes: with bf16 ones the fp32 count was too many (2 H200s,
+     * flux-tp8 GEMM+RS 1.05 ms with the fp32 count of 6, 0.98 with 2; M=16384 2.17 -> 2.12). */
+    const double pbytes = a->partial_bytes == 2 ? 2.0 : 4.0;
+    const double bytes = (double)a->m * (double)a->n * pbytes * (a->all_reduce ? 1.5 : 1.0);
     const double flops = 2.0 * (double)a->m * (double)a->n * (double)a->k;
     reduce = 1;
     for (; reduce < a->sm_budget / 2; reduce++) {

@@ -661,7 +661,9 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                                comm->sm_budget,
                                a->reduce_sms,
                                direct ? 0 : all_reduce,
-                               (int)tw_env_int(TW_RS_BAND_ID)};
+                               (int)tw_env_int(TW_RS_BAND_ID),
+                               a->partials == TW_PARTIALS_BF16 ? 2 : 4,
+                               comm->ranks_on_device};
   tw_gemm_rs_make_plan(&pa, plan);
   plan->direct = direct;
   return TW_SUCCESS;

@@ -6,9 +6,15 @@
  * host's launch latency never lands inside a timed interval (unless the work
  * itself is launch-bound, which is then what gets measured). The median of many
  * repeats is the figure; p10/p90 say how steady it was.
+ *
+ * TW_BENCH_STAMPS=1: each timing prints "tw-bench stamp N start|end <unix seconds>" to stderr
+ * (after the warm-up has drained, and once the repeats have), N counting timings from 0 in
+ * row order, so samples of clocks and power taken meanwhile (scripts/gpu-experiments.sh) can be
+ * told apart per variant.
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "bench.h"
 
@@ -18,6 +24,20 @@ void bench_cuda_check(cudaError_t err, const char *what, const char *file, int l
   fprintf(stderr, "tw-bench: %s:%d: %s failed: %s (%s)\n", file, line, what, cudaGetErrorName(err),
           cudaGetErrorString(err));
   exit(3);
+}
+
+static int stamps_on(void) {
+  const char *e = getenv("TW_BENCH_STAMPS");
+  return e && *e == '1';
+}
+
+static void stamp(const char *what, cudaStream_t stream) {
+  static int timing = 0;
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  fprintf(stderr, "tw-bench stamp %d %s %.3f\n", what[0] == 's' ? timing : timing++, what,
+          (double)ts.tv_sec + ts.tv_nsec * 1e-9);
 }
 
 static void *xcalloc(size_t count, size_t size) {
@@ -91,6 +111,8 @@ double bench_time_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStream_t st
   for (int i = 0; i < warmup; i++)
     fn(ctx, iter++);
   BENCH_CUDA(cudaGetLastError());
+  if (stamps_on())
+    stamp("start", stream);
   for (int i = 0; i < repeats; i++) {
     BENCH_CUDA(cudaEventRecord(start[i], stream));
     fn(ctx, iter++);
@@ -98,6 +120,8 @@ double bench_time_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStream_t st
   }
   BENCH_CUDA(cudaGetLastError());
   double median = summarize(start, stop, repeats, p10, p90);
+  if (stamps_on())
+    stamp("end", stream);
 
   destroy_events(stop, repeats);
   destroy_events(start, repeats);
@@ -163,6 +187,8 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
     fork_join(fn, ctx, iter++, main, warm_fork, sides, nstreams, main_device);
   }
   BENCH_CUDA(cudaGetLastError());
+  if (stamps_on())
+    stamp("start", main);
   for (int i = 0; i < repeats; i++) {
     BENCH_CUDA(cudaEventRecord(start[i], main));
     fork_join(fn, ctx, iter++, main, start[i], sides, nstreams, main_device);
@@ -170,6 +196,8 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
   }
   BENCH_CUDA(cudaGetLastError());
   double median = summarize(start, stop, repeats, p10, p90);
+  if (stamps_on())
+    stamp("end", main);
 
   BENCH_CUDA(cudaEventDestroy(warm_fork));
   destroy_events(stop, repeats);
