@@ -12,6 +12,10 @@
 # Builds into $TW_BUILD_DIR (default build/) unless a build made elsewhere is
 # already there (tw-bench present; TW_REBUILD=1 forces a rebuild). Full logs go
 # to $OUT (default ./gpu-suite-out): suite.log, summary.txt, bench-json.tgz (tw-bench --json).
+#   TW_SUITE_DEADLINE_S=400   start no step after 400 s (the rest are listed as SKIP(deadline)),
+#                             so a run under a device time limit still ends with its summary
+# Killed (SIGTERM / SIGINT, e.g. by an outer `timeout`), it stops the running step and still
+# writes the summary and the bundle: a lent machine returns only a few files.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -32,20 +36,54 @@ fi
 want() { case " $steps " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 summary=()
+deadline=${TW_SUITE_DEADLINE_S:-0}
+current= current_name=
 # step NAME TIMEOUT_S CMD...: runs, logs, records PASS/FAIL/SKIP and seconds.
 step() {
   local name=$1 limit=$2
   shift 2
   local t0=$SECONDS rc
+  if [ "$deadline" -gt 0 ] && [ $SECONDS -ge "$deadline" ]; then
+    summary+=("$(printf '%-34s %-14s' "$name" 'SKIP(deadline)')")
+    echo "$name: SKIP(deadline)"
+    return
+  fi
   echo "===== $name: $*" >>"$log"
-  timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
+  # In the background, so a signal to the suite is handled at once (the trap below).
+  timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1 &
+  current=$! current_name=$name
+  wait $current
   rc=$?
+  current=
   local verdict=PASS
   if [ $rc -eq 77 ]; then verdict=SKIP; elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then verdict="TIMEOUT(${limit}s)"; elif [ $rc -ne 0 ]; then verdict="FAIL(rc=$rc)"; fi
   echo "===== $name: $verdict in $((SECONDS - t0)) s" >>"$log"
   summary+=("$(printf '%-34s %-14s %5ss' "$name" "$verdict" "$((SECONDS - t0))")")
   echo "$name: $verdict"
 }
+
+# The summary table, and the JSON results bundled (few files come back from a lent machine).
+finish() {
+  {
+    echo
+    echo "== tilewire GPU suite: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F)"
+    printf '%s\n' "${summary[@]}"
+  } | tee "$out/summary.txt"
+  if ls "$out"/bench-*.json >/dev/null 2>&1; then
+    tar czf "$out/bench-json.tgz" -C "$out" $(cd "$out" && ls bench-*.json) && rm -f "$out"/bench-*.json
+  fi
+}
+on_signal() {
+  if [ -n "$current" ]; then
+    pkill -TERM -P "$current" 2>/dev/null
+    kill -TERM "$current" 2>/dev/null
+    summary+=("$(printf '%-34s %-14s %5ss' "$current_name" 'KILLED(signal)' "$SECONDS")")
+    echo "===== killed by a signal while a step ran" >>"$log"
+  fi
+  finish
+  exit 1
+}
+trap on_signal TERM INT
 
 {
   echo "date: $(date -u +%FT%TZ)"
@@ -133,14 +171,6 @@ if want sanitizer; then
     summary+=("$(printf '%-34s %-14s' 'compute-sanitizer' 'SKIP(absent)')")
   fi
 fi
-{
-  echo
-  echo "== tilewire GPU suite: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F)"
-  printf '%s\n' "${summary[@]}"
-} | tee "$out/summary.txt"
-# Few files come back from a lent machine: bundle the JSON results.
-if ls "$out"/bench-*.json >/dev/null 2>&1; then
-  tar czf "$out/bench-json.tgz" -C "$out" $(cd "$out" && ls bench-*.json) && rm -f "$out"/bench-*.json
-fi
-fails=$(printf '%s\n' "${summary[@]}" | grep -c -E 'FAIL|TIMEOUT')
+finish
+fails=$(printf '%s\n' "${summary[@]}" | grep -c -E 'FAIL|TIMEOUT|KILLED')
 exit $((fails > 0))

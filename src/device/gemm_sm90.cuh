@@ -42,7 +42,8 @@
  *   Order  (d) TileOrder: ROW_MAJOR, DEFAULT (groups of group_m row blocks, column-major inside
  *          a group, L2-friendly), ROTATED (the DEFAULT order on row blocks shifted to start
  *          at rotate_mb and wrap) or BANDS (bands of group_n column blocks, row-major inside
- *          a band, rows rotated as ROTATED: each band streams A once while its B stays in L2).
+ *          a band, rows rotated as ROTATED: each band streams A once while its B stays in L2)
+ *          or BANDS_INTERLEAVED (BANDS whose rows go to group_m equal owners in turn).
  *   Queue  (e) kDynamic: tiles are claimed with atomicAdd on TileQueue::next, so CTAs may join
  *          late (a CTA that finished a communication role calls gemm_cta_loop then). Every
  *          one of `participants` CTAs must run the loop exactly once; the last one to finish
@@ -83,12 +84,18 @@ constexpr int kTileABytes = kBlockM * kBlockK * 2;
 constexpr uint32_t kBarConsumerWg0 = 1; // +wg
 constexpr uint32_t kBarConsumers = 3;
 
-enum { kOrderDefault = 0, kOrderRowMajor = 1, kOrderRotated = 2, kOrderBands = 3 };
+enum {
+  kOrderDefault = 0,
+  kOrderRowMajor = 1,
+  kOrderRotated = 2,
+  kOrderBands = 3,
+  kOrderBandsInterleaved = 4
+};
 
 struct TileOrder {
   int32_t m_blocks, n_blocks, num_tiles;
   int32_t order;     // kOrder*
-  int32_t group_m;   // row blocks per group (DEFAULT, ROTATED)
+  int32_t group_m;   // row blocks per group (DEFAULT, ROTATED); owners (BANDS_INTERLEAVED)
   int32_t rotate_mb; // first row block (ROTATED, BANDS)
   int32_t group_n;   // column blocks per band (BANDS)
   int32_t pad;
@@ -102,15 +109,26 @@ __device__ __forceinline__ void tile_coords(const TileOrder &o, int32_t t, int32
     nb = t - mb * o.n_blocks;
     return;
   }
-  if (o.order == kOrderBands) { // bands of group_n columns, row-major inside, rows rotated
+  if (o.order >= kOrderBands) { // bands of group_n columns, row-major inside, rows rotated
     const int32_t per_band = o.group_n * o.m_blocks;
     const int32_t band = t / per_band;
     const int32_t first_n = band * o.group_n;
     const int32_t cols = min(o.group_n, o.n_blocks - first_n);
     const int32_t in_band = t - band * per_band;
-    mb = in_band / cols + o.rotate_mb;
-    if (mb >= o.m_blocks)
-      mb -= o.m_blocks;
+    const int32_t q = in_band / cols; // the band's q-th row
+    if (o.order == kOrderBandsInterleaved) {
+      // group_m owners of m_blocks / group_m row blocks each (rotate_mb a multiple of that):
+      // rows go to the owners in turn, each owner's in ascending order.
+      const int32_t per_owner = o.m_blocks / o.group_m;
+      int32_t first = (q % o.group_m) * per_owner + o.rotate_mb;
+      if (first >= o.m_blocks)
+        first -= o.m_blocks;
+      mb = first + q / o.group_m;
+    } else {
+      mb = q + o.rotate_mb;
+      if (mb >= o.m_blocks)
+        mb -= o.m_blocks;
+    }
     nb = first_n + in_band % cols;
     return;
   }

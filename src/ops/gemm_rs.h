@@ -50,9 +50,8 @@ typedef struct tw_gemm_rs_plan_args {
   int sm_budget;      /* CTAs the rank may run */
   int reduce_sms_arg; /* from the args (0: unset) */
   int all_reduce;
-  int band_env;        /* TW_RS_BAND (0: unset) */
-  int partial_bytes;   /* 4 (fp32 partials) or 2 (TW_PARTIALS_BF16); 0 counts as 4 */
-  int ranks_on_device; /* ranks sharing this rank's GPU, itself included (0 counts as 1) */
+  int band_env;      /* TW_RS_BAND (0: unset) */
+  int partial_bytes; /* 4 (fp32 partials) or 2 (TW_PARTIALS_BF16); 0 counts as 4 */
 } tw_gemm_rs_plan_args_t;
 
 typedef struct tw_gemm_rs_plan {

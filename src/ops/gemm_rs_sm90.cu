@@ -524,9 +524,20 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   o.m_blocks = (int32_t)((a.m + kBlockM - 1) / kBlockM);
   o.n_blocks = (int32_t)((a.n + kBlockN - 1) / kBlockN);
   o.num_tiles = o.m_blocks * o.n_blocks;
-  /* Band sweeps over all row blocks, from owner rank + 1's rows (see the top). */
-  o.order = kOrderBands;
-  o.group_m = o.m_blocks;
+  /* Band sweeps over all row blocks, from owner rank + 1's rows (see the top). Experimental
+   * (TW_RS_INTERLEAVE=1, where every owner has whole row blocks): the owners' rows in turn.
+   * Owner by owner, a band's stores all go to one peer for a stretch and then all stay local:
+   * on 2 GPUs at M=16384 the fp32 stores of the first half of each band outran NVLink (the
+   * SMs at full clock, power down: a stall, not compute) and interleaving took 10% off. Every
+   * world consecutive tiles then go to world owners, each owner's rows still ascending, so the
+   * unit order (and the reduce queue that follows it) is unchanged. Not the default: on
+   * virtual ranks test_gemm_rs hung with it in 4 runs of 4 (a spin that no bounded wait
+   * reported; it did not reproduce in a build whose mbarrier waits report, and the cause is
+   * not found), docs/PERF.md. */
+  const int interleave =
+      !plan.direct && world > 1 && m_local % kBlockM == 0 && tw_env_int(TW_RS_INTERLEAVE_ID) != 0;
+  o.order = interleave ? kOrderBandsInterleaved : kOrderBands;
+  o.group_m = interleave ? world : o.m_blocks;
   o.group_n = plan.band;
   o.rotate_mb = plan.direct ? 0 : tw_rs_mb_first((rank + 1) % world, (int32_t)m_local);
   p.gemm.queue = (TileQueue *)comm->ctrl->tile_queue[ch];
@@ -662,8 +673,7 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                                a->reduce_sms,
                                direct ? 0 : all_reduce,
                                (int)tw_env_int(TW_RS_BAND_ID),
-                               a->partials == TW_PARTIALS_BF16 ? 2 : 4,
-                               comm->ranks_on_device};
+                               a->partials == TW_PARTIALS_BF16 ? 2 : 4};
   tw_gemm_rs_make_plan(&pa, plan);
   plan->direct = direct;
   return TW_SUCCESS;

@@ -168,6 +168,9 @@ static void check_async_errors(fixture *f) {
 static void test_case(int world, int64_t m_local, int64_t n, int64_t k, int reduce_sms,
                       uint64_t seed) {
   fixture f;
+  if (getenv("TW_TEST_VERBOSE"))
+    fprintf(stderr, "case: world %d m_local %lld n %lld k %lld reduce_sms %d\n", world,
+            (long long)m_local, (long long)n, (long long)k, reduce_sms);
   setup(&f, world, m_local, n, k);
   const size_t mn = (size_t)f.m * n;
   float *ref = NULL, *tmp = NULL;
@@ -431,6 +434,15 @@ int main(int argc, char **argv) {
        TW_PARTIALS_FP32,
        {{100, 1032, 200, 0}, {1024, 1024, 512, 1}, {3, 520, 64, 0}},
        160,
+       3,
+       0},
+      /* Bands of 3 with whole row blocks per owner (no box straddles owners); same bits. */
+      {NULL,
+       "",
+       "3",
+       TW_PARTIALS_FP32,
+       {{128, 2056, 200, 0}, {1024, 1800, 264, 2}, {256, 1032, 8, 0}},
+       200,
        3,
        0},
       /* Bands of 3 with pull and with the direct all-reduce (their unit numbering follows the

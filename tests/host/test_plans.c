@@ -99,7 +99,7 @@ static void test_gemm_rs_plans(void) {
       for (int ar = 0; ar < 2; ar++) {
         const int w = worlds[wi], budget = 132 / w;
         const int64_t m = ms[mi] * w;
-        tw_gemm_rs_plan_args_t a = {w, m, 4096, 512, budget, 0, ar, 0, 4, 1};
+        tw_gemm_rs_plan_args_t a = {w, m, 4096, 512, budget, 0, ar, 0, 4};
         tw_gemm_rs_plan_t p;
         tw_gemm_rs_make_plan(&a, &p);
         TEST_ASSERT(p.ctas >= 2 && p.ctas <= budget, "ctas %d of %d", p.ctas, budget);
@@ -111,11 +111,11 @@ static void test_gemm_rs_plans(void) {
                     "workspace holds world partial slabs of m / world rows");
         TEST_ASSERT(p.band >= 1 && p.band <= 16, "band %d of 16 column blocks", p.band);
       }
-  tw_gemm_rs_plan_args_t one = {2, 4096, 256, 512, 66, 0, 0, 0, 4, 1}; /* one column block */
+  tw_gemm_rs_plan_args_t one = {2, 4096, 256, 512, 66, 0, 0, 0, 4}; /* one column block */
   tw_gemm_rs_plan_t p;
   tw_gemm_rs_make_plan(&one, &p);
   TEST_ASSERT(p.band == 1, "n = 256: band %d", p.band);
-  tw_gemm_rs_plan_args_t big = {2, 16384, 16384, 2048, 132, 0, 0, 0, 4, 1}; /* A 64 MiB: bands */
+  tw_gemm_rs_plan_args_t big = {2, 16384, 16384, 2048, 132, 0, 0, 0, 4}; /* A 64 MiB: bands */
   tw_gemm_rs_make_plan(&big, &p);
   TEST_ASSERT(p.band == 8, "M=16384 K=2048: band %d, want 8", p.band);
   const int reduce_fp32 = p.reduce_ctas;
@@ -124,10 +124,6 @@ static void test_gemm_rs_plans(void) {
   TEST_ASSERT(p.reduce_ctas >= 1 && p.reduce_ctas < reduce_fp32,
               "bf16 partials: %d reduce CTAs, fp32 %d", p.reduce_ctas, reduce_fp32);
   big.partial_bytes = 4;
-  big.ranks_on_device = 8, big.world = 8, big.sm_budget = 16; /* virtual ranks share one L2 */
-  tw_gemm_rs_make_plan(&big, &p);
-  TEST_ASSERT(p.band == 1, "8 ranks on one GPU, M=16384 K=2048: band %d, want 1", p.band);
-  big.ranks_on_device = 1, big.world = 2, big.sm_budget = 132;
   big.m = 8192, big.k = 1024; /* A 16 MiB fits L2: single columns */
   tw_gemm_rs_make_plan(&big, &p);
   TEST_ASSERT(p.band == 1, "M=8192 K=1024: band %d, want 1", p.band);
