@@ -60,7 +60,7 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   int reduce = a->reduce_sms_arg;
   if (reduce <= 0) {
     /* Sized by the partials' bytes: with bf16 ones the fp32 count was too many (2 H200s,
-     * flux-tp8 GEMM+RS 1.05 ms with the fp32 count of 6, 0.98 with 2; M=16384 2.17 -> 2.12). */
+     * flux-tp8 GEMM+RS 1.05 ms with the fp32 count of 5, 0.98 with 2; M=16384 2.17 -> 2.12). */
     const double pbytes = a->partial_bytes == 2 ? 2.0 : 4.0;
     const double bytes = (double)a->m * (double)a->n * pbytes * (a->all_reduce ? 1.5 : 1.0);
     const double flops = 2.0 * (double)a->m * (double)a->n * (double)a->k;
