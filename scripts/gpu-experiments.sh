@@ -8,7 +8,8 @@
 # 1. The stalls: 8 virtual ranks, tw_gemm_ar with single-column bands (TW_RS_BAND=1) at
 #    flux-tp8 and M=16384 (the suite's 8-rank GEMM+AR step did not finish with them), and
 #    test_gemm_rs with TW_RS_INTERLEAVE=1 (hung 4 runs of 4): with TW_WAIT_TIMEOUT_MS=3000 a
-#    bounded wait that expires names its flag, peer and item in the log.
+#    bounded wait that expires names its flag, peer and item in the log, and TW_WATCHDOG_S=5
+#    prints, for a call stuck 5 s, what each unfinished CTA does (its wait, its last tiles).
 # 2. If they pass: single columns on virtual ranks (RS and AR) and interleaving on 2 GPUs,
 #    alternated, for the defaults.
 set -u
@@ -53,10 +54,11 @@ export TW_WAIT_TIMEOUT_MS=3000
 for shape in flux big; do
   args=$flux_rs
   [ $shape = big ] && args=$big_rs
-  run "vranks-ar-$shape-band1" 90 env TW_BENCH_VIRTUAL=1 TW_RS_BAND=1 "$bin/tw-bench" gemm_ar $args \
-    --repeats 10 --warmup 3
+  run "vranks-ar-$shape-band1" 90 env TW_BENCH_VIRTUAL=1 TW_RS_BAND=1 TW_WATCHDOG_S=5 "$bin/tw-bench" \
+    gemm_ar $args --repeats 10 --warmup 3
 done
-run "test_gemm_rs-interleave" 120 env TW_RS_INTERLEAVE=1 TW_TEST_VERBOSE=1 "$bin/test_gemm_rs"
+run "test_gemm_rs-interleave" 60 env TW_RS_INTERLEAVE=1 TW_TEST_VERBOSE=1 TW_WATCHDOG_S=5 \
+  stdbuf -oL -eL "$bin/test_gemm_rs"
 for i in 1 2; do
   for band in 0 1; do
     run "vranks-rs-flux-band$band-$i" 90 env TW_BENCH_VIRTUAL=1 TW_RS_BAND=$band "$bin/tw-bench" gemm_rs \

@@ -69,5 +69,10 @@ TW_ENV(TW_RS_PULL, bool, "0",
 TW_ENV(TW_TRACE, bool, "0",
        "1: every fused kernel records per-CTA phase times and wait totals, and one line per call "
        "and rank goes to stderr when the call completes (costs a copy and a host callback).")
+TW_ENV(TW_WATCHDOG_S, int, "0",
+       "N > 0: a host thread reports, on stderr, a tilewire call that has not finished N seconds "
+       "after the one before it did: per CTA the bounded wait it spins in (channel, peer, item), "
+       "the last GEMM tile its producer claimed and its consumers finished, and when. Puts the "
+       "TW_TRACE rows in host-mapped memory (per-call lines only with TW_TRACE=1).")
 TW_ENV(TW_AG_COMM_SMS, int, "0",
        "SMs given to communication in tw_allgather and tw_ag_gemm; 0 lets the heuristic choose.")

@@ -166,6 +166,13 @@ static __device__ __forceinline__ bool tw_wait_geq(const tw_dev_comm_t &dc, int 
   if (seen >= target)
     return true;
   const uint64_t start = tw_globaltimer();
+  uint64_t *row = dc.trace && threadIdx.x == 0 && blockIdx.x < TW_TRACE_CTAS
+                      ? dc.trace + blockIdx.x * TW_TRACE_FIELDS
+                      : (uint64_t *)0;
+  if (row) { /* where this CTA waits, for the watchdog (TW_WATCHDOG_S) */
+    row[TW_TR_WAIT_SINCE] = start;
+    row[TW_TR_WAITING] = TW_TR_WAIT_DESC(op, peer, item);
+  }
   uint32_t backoff = 32;
   for (;;) {
     __nanosleep(backoff);
@@ -173,21 +180,32 @@ static __device__ __forceinline__ bool tw_wait_geq(const tw_dev_comm_t &dc, int 
       backoff <<= 1;
     seen = tw_ld_acquire_sys(flag);
     if (seen >= target) {
-      if (dc.trace && threadIdx.x == 0 && blockIdx.x < TW_TRACE_CTAS) {
-        uint64_t *row = dc.trace + blockIdx.x * TW_TRACE_FIELDS;
+      if (row) {
         row[TW_TR_WAIT_NS] += tw_globaltimer() - start;
         row[TW_TR_WAITS] += 1;
+        row[TW_TR_WAITING] = 0;
       }
       return true;
     }
-    if (tw_aborted(dc)) {
-      tw_record_wait_failure(dc, TW_ERR_ABORTED, op, flag, target, seen, peer, item);
+    const bool aborted = tw_aborted(dc);
+    if (aborted || tw_globaltimer() - start > dc.timeout_ns) {
+      if (row)
+        row[TW_TR_WAITING] = TW_TR_WAIT_DESC(op, peer, item) | TW_TR_WAIT_EXPIRED;
+      tw_record_wait_failure(dc, aborted ? TW_ERR_ABORTED : TW_ERR_DEVICE_TIMEOUT, op, flag, target,
+                             seen, peer, item);
       return false;
     }
-    if (tw_globaltimer() - start > dc.timeout_ns) {
-      tw_record_wait_failure(dc, TW_ERR_DEVICE_TIMEOUT, op, flag, target, seen, peer, item);
-      return false;
-    }
+  }
+}
+
+/* Thread 0 (the GEMM producer) or a consumer thread: tile (mb, nb) reached `field`
+ * (TW_TR_CLAIMED or TW_TR_DONE) of this CTA's row of `trace` (dc.trace), for the watchdog. */
+static __device__ __forceinline__ void tw_trace_tile(uint64_t *trace, int field, int32_t mb,
+                                                     int32_t nb) {
+  if (trace && blockIdx.x < TW_TRACE_CTAS) {
+    uint64_t *row = trace + blockIdx.x * TW_TRACE_FIELDS;
+    row[field] = TW_TR_TILE(mb, nb);
+    row[field + 1] = tw_globaltimer();
   }
 }
 

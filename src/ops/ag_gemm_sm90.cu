@@ -89,7 +89,8 @@ struct AgWait : NoWait {
       map = &p.peer_map[(mb * kBlockM) / p.m_local];
     }
   }
-  __device__ static void before_tile(const Params &p, int32_t mb, int32_t) {
+  __device__ static void before_tile(const Params &p, int32_t mb, int32_t nb) {
+    tw_trace_tile(p.dc.trace, TW_TR_CLAIMED, mb, nb);
     if (all_own(p, mb))
       return;
     const uint64_t e = epoch(p);

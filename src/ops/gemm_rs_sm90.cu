@@ -93,7 +93,8 @@ struct RsWait : NoWait {
     int32_t wait_all; /* direct / pull: every rank's previous call must be over first */
     int32_t pad;
   };
-  __device__ __forceinline__ static void before_tile(const Params &p, int32_t mb, int32_t) {
+  __device__ __forceinline__ static void before_tile(const Params &p, int32_t mb, int32_t nb) {
+    tw_trace_tile(p.dc.trace, TW_TR_CLAIMED, mb, nb);
     const int32_t row0 = mb * kBlockM;
     const int32_t last = min(row0 + kBlockM, p.m) - 1;
     if (p.wait_all)
@@ -122,6 +123,7 @@ template <class P> struct RsEpi {
     int32_t sig;  /* TW_RS_SIGNAL bits: 1 signal from warp 1, 2 no separate
                      fence, 4 gpu scope (every rank on this GPU) */
     int32_t pad;
+    uint64_t *trace; /* dc.trace (TW_TRACE): the signalled tile goes into TW_TR_DONE */
   };
   /* The consumer thread of warpgroup 0 that signals (after both warpgroups' bulk waits). */
   __device__ __forceinline__ static int signal_thread(const Params &p) {
@@ -172,6 +174,7 @@ template <class P> struct RsEpi {
     }
   }
   __device__ __forceinline__ static void signal(const Params &p, int32_t mb, int32_t nb) {
+    tw_trace_tile(p.trace, TW_TR_DONE, mb, nb);
     const int32_t row0 = mb * kBlockM;
     const int32_t last = min(row0 + kBlockM, p.m) - 1;
     if (!(p.sig & 2)) {
@@ -557,6 +560,7 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   p.band = plan.band;
   p.gemm.epi.n_blocks = o.n_blocks;
   p.gemm.epi.band = plan.band;
+  p.gemm.epi.trace = comm->dev.trace;
   {
     int sig = (int)tw_env_int(TW_RS_SIGNAL_ID) & 7;
     if (comm->ranks_on_device != world)

@@ -1,6 +1,7 @@
 /* Comm lifetime, queries, errors and the public symmetric-heap calls. */
 #include "comm.h"
 #include "trace.h"
+#include "watchdog.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -187,11 +188,21 @@ static tw_status_t setup_rank(tw_comm_t comm) {
   for (int p = 0; p < comm->world; p++)
     comm->dev.peer_ctrl[p] = tw_heap_peer_ptr(comm, ctrl, p);
   comm->dev.err = comm->err_dev;
-  if (tw_env_int(TW_TRACE_ID)) {
+  comm->trace_print = tw_env_int(TW_TRACE_ID) != 0;
+  if (comm->trace_print || tw_env_int(TW_WATCHDOG_S_ID) > 0) {
     const size_t bytes = TW_TRACE_BYTES;
-    TW_CUDA(cudaMalloc((void **)&comm->dev.trace, bytes));
-    TW_CUDA(cudaMemset(comm->dev.trace, 0, bytes));
+    if (tw_env_int(TW_WATCHDOG_S_ID) > 0) { /* rows the host can read while a kernel runs */
+      TW_CUDA(cudaHostAlloc((void **)&comm->trace_live, bytes,
+                            cudaHostAllocMapped | cudaHostAllocPortable));
+      memset(comm->trace_live, 0, bytes);
+      TW_CUDA(cudaHostGetDevicePointer((void **)&comm->dev.trace, comm->trace_live, 0));
+    } else {
+      TW_CUDA(cudaMalloc((void **)&comm->dev.trace, bytes));
+      TW_CUDA(cudaMemset(comm->dev.trace, 0, bytes));
+    }
     TW_CUDA(cudaHostAlloc((void **)&comm->trace_host, bytes, cudaHostAllocPortable));
+    if (comm->trace_live)
+      tw_watchdog_add(comm);
   }
   cudaSetDevice(prev);
   return TW_SUCCESS;
@@ -216,22 +227,34 @@ tw_status_t tw_launch_begin(tw_comm_t comm, tw_stream_t user, cudaStream_t *laun
 }
 
 /* Host callback (no CUDA calls): the comm itself is the argument, so graph replays of a
- * captured call print too; the stream orders the copy before it. */
+ * captured call print too; the stream orders the copy before it. With the rows in host-mapped
+ * memory (TW_WATCHDOG_S) the callback copies and clears them itself: the kernel's writes are
+ * visible once it has completed, and the stream's next work waits for the callback. */
 static void CUDART_CB trace_print(void *p) {
   tw_comm_t comm = (tw_comm_t)p;
   char line[512];
-  if (tw_trace_format(comm->trace_host, comm->rank, ++comm->trace_calls, line, sizeof(line)))
+  if (comm->trace_live) {
+    memcpy(comm->trace_host, comm->trace_live, TW_TRACE_BYTES);
+    memset(comm->trace_live, 0, TW_TRACE_BYTES);
+  }
+  ++comm->trace_calls;
+  if (comm->trace_print &&
+      tw_trace_format(comm->trace_host, comm->rank, comm->trace_calls, line, sizeof(line)))
     fprintf(stderr, "%s\n", line);
+  __atomic_fetch_add(&comm->calls_done, 1, __ATOMIC_RELEASE);
 }
 
 /* TW_TRACE: copy the kernel's trace out, clear it, print it when the stream gets there. */
 static tw_status_t trace_after(tw_comm_t comm, cudaStream_t s) {
-  tw_status_t st = tw_cuda_check(
-      cudaMemcpyAsync(comm->trace_host, comm->dev.trace, TW_TRACE_BYTES, cudaMemcpyDeviceToHost, s),
-      "TW_TRACE: cudaMemcpyAsync");
-  if (st == TW_SUCCESS)
-    st = tw_cuda_check(cudaMemsetAsync(comm->dev.trace, 0, TW_TRACE_BYTES, s),
-                       "TW_TRACE: cudaMemsetAsync");
+  tw_status_t st = TW_SUCCESS;
+  if (!comm->trace_live) {
+    st = tw_cuda_check(cudaMemcpyAsync(comm->trace_host, comm->dev.trace, TW_TRACE_BYTES,
+                                       cudaMemcpyDeviceToHost, s),
+                       "TW_TRACE: cudaMemcpyAsync");
+    if (st == TW_SUCCESS)
+      st = tw_cuda_check(cudaMemsetAsync(comm->dev.trace, 0, TW_TRACE_BYTES, s),
+                         "TW_TRACE: cudaMemsetAsync");
+  }
   if (st == TW_SUCCESS)
     st = tw_cuda_check(cudaLaunchHostFunc(s, trace_print, comm), "TW_TRACE: cudaLaunchHostFunc");
   return st;
@@ -239,6 +262,7 @@ static tw_status_t trace_after(tw_comm_t comm, cudaStream_t s) {
 
 tw_status_t tw_launch_end(tw_comm_t comm, tw_stream_t user) {
   if (comm->dev.trace) {
+    __atomic_fetch_add(&comm->calls_enqueued, 1, __ATOMIC_RELEASE);
     tw_status_t st =
         trace_after(comm, comm->launch_stream ? comm->launch_stream : (cudaStream_t)user);
     if (st != TW_SUCCESS)
@@ -300,8 +324,13 @@ tw_status_t tw_comm_ce_stream(tw_comm_t comm) {
 }
 
 static void release_rank(tw_comm_t comm) {
-  if (comm->dev.trace)
+  if (comm->trace_live) {
+    tw_watchdog_remove(comm);
+    cudaFreeHost(comm->trace_live);
+  } else if (comm->dev.trace) {
     cudaFree(comm->dev.trace);
+  }
+  comm->trace_live = NULL;
   comm->dev.trace = NULL;
   if (comm->trace_host)
     cudaFreeHost(comm->trace_host);

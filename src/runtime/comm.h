@@ -89,9 +89,15 @@ struct tw_comm {
   cudaStream_t ce_stream;
   cudaEvent_t ce_in, ce_done;
   uint64_t ce_epoch;
-  /* TW_TRACE=1: the kernels' trace (dev.trace) and its pinned copy, printed after each call. */
+  /* TW_TRACE=1: the kernels' trace (dev.trace) and its pinned copy, printed after each call.
+   * TW_WATCHDOG_S: dev.trace is the device view of trace_live (host-mapped), which the
+   * watchdog reads while kernels run; calls_enqueued / calls_done (atomic builtins) count the
+   * calls given to the stream and those whose trace callback ran. */
   uint64_t *trace_host;
   uint64_t trace_calls;
+  uint64_t *trace_live;
+  int trace_print;
+  uint64_t calls_enqueued, calls_done;
   char last_error[TW_ERRMSG_LEN];
 };
 

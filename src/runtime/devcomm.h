@@ -80,22 +80,38 @@ typedef struct tw_dev_comm {
   tw_ctrl_t *peer_ctrl[TW_MAX_WORLD]; /* peers' control blocks (NULL: not load/store reachable) */
   tw_err_block_t *err;                /* host-mapped */
   uint64_t
-      *trace; /* TW_TRACE=1: [TW_TRACE_CTAS + 1][TW_TRACE_FIELDS] in device memory; else NULL */
+      *trace; /* TW_TRACE=1: [TW_TRACE_CTAS + 1][TW_TRACE_FIELDS], in device memory, or
+                 in host-mapped memory with TW_WATCHDOG_S (read while kernels run); else NULL */
 } tw_dev_comm_t;
 
 /* TW_TRACE: per CTA (rows 0..TW_TRACE_CTAS-1) globaltimer stamps and wait totals of the
- * comm's last kernel; row TW_TRACE_CTAS holds {channel + 1}. Printed after each call. */
+ * comm's last kernel; row TW_TRACE_CTAS holds {channel + 1}. Printed after each call. The
+ * fields from TW_TR_WAITING on say where the CTA is now, for the watchdog's report on a call
+ * that does not finish (TW_WATCHDOG_S; runtime/watchdog.c). */
 #define TW_TRACE_CTAS 256
-#define TW_TRACE_FIELDS 8
+#define TW_TRACE_FIELDS 12
 #define TW_TRACE_BYTES ((size_t)(TW_TRACE_CTAS + 1) * TW_TRACE_FIELDS * sizeof(uint64_t))
 enum {
-  TW_TR_START = 0,    /* the CTA began */
-  TW_TR_COMM_END = 1, /* its communication / reduce role before the GEMM ended (if it had one) */
-  TW_TR_GEMM_END = 2, /* its GEMM loop ended */
-  TW_TR_END = 3,      /* it finished (after any work after the GEMM and exit barriers) */
-  TW_TR_WAIT_NS = 4,  /* thread 0's time spinning in bounded waits */
-  TW_TR_WAITS = 5     /* thread 0's waits that had to spin */
+  TW_TR_START = 0,      /* the CTA began */
+  TW_TR_COMM_END = 1,   /* its communication / reduce role before the GEMM ended (if it had one) */
+  TW_TR_GEMM_END = 2,   /* its GEMM loop ended */
+  TW_TR_END = 3,        /* it finished (after any work after the GEMM and exit barriers) */
+  TW_TR_WAIT_NS = 4,    /* thread 0's time spinning in bounded waits */
+  TW_TR_WAITS = 5,      /* thread 0's waits that had to spin */
+  TW_TR_WAITING = 6,    /* the bounded wait thread 0 spins in now: TW_TR_WAIT_DESC (0: none) */
+  TW_TR_WAIT_SINCE = 7, /* its start (globaltimer) */
+  TW_TR_CLAIMED = 8,    /* the last GEMM tile its producer claimed: TW_TR_TILE(mb, nb) */
+  TW_TR_CLAIMED_AT = 9, /* when (globaltimer) */
+  TW_TR_DONE = 10,      /* the last GEMM tile its consumers finished (stored, signalled) */
+  TW_TR_DONE_AT = 11    /* when */
 };
+/* A wait on `item` (-1: none) of channel `op` for `peer` (-1: unknown); bit 62: it expired. */
+#define TW_TR_WAIT_DESC(op, peer, item)                                                            \
+  ((1ull << 63) | ((uint64_t)((op)&0xff) << 48) | ((uint64_t)((peer)&0xffff) << 32) |              \
+   (uint64_t)(uint32_t)(item))
+#define TW_TR_WAIT_EXPIRED (1ull << 62)
+/* A tile (row block, column block), stored + 1 so that 0 means none. */
+#define TW_TR_TILE(mb, nb) ((((uint64_t)(uint32_t)(mb)) << 32 | (uint32_t)(nb)) + 1)
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,6 @@
 #include "trace.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -10,10 +11,14 @@ static int cmp_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, size_t len) {
+static const char *channel_name(uint64_t ch1) {
   static const char *names[TW_NUM_CHANNELS] = {"barrier", "allgather", "ag_gemm",
                                                "gemm_rs", "gemm_ar",   "moe",
                                                "attn",    "test",      "ag_gemm(ce)"};
+  return ch1 >= 1 && ch1 <= TW_NUM_CHANNELS ? names[ch1 - 1] : "?";
+}
+
+int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, size_t len) {
   if (len)
     buf[0] = 0;
   const uint64_t ch1 = rows[TW_TRACE_CTAS * TW_TRACE_FIELDS];
@@ -48,10 +53,96 @@ int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, si
            "tw trace: %s rank %d call %llu: %d CTAs; us from the first start: comm/reduce-first "
            "end med %.1f max %.1f (%d CTAs), GEMM end min %.1f med %.1f max %.1f, end max %.1f; "
            "waits %.1f us in %llu (CTA max %.1f)",
-           ch1 >= 1 && ch1 <= TW_NUM_CHANNELS ? names[ch1 - 1] : "?", rank,
-           (unsigned long long)call, ctas, ncomm ? comm[ncomm / 2] * 1e-3 : 0.0,
-           ncomm ? comm[ncomm - 1] * 1e-3 : 0.0, ncomm, ngemm ? gemm[0] * 1e-3 : 0.0,
-           ngemm ? gemm[ngemm / 2] * 1e-3 : 0.0, ngemm ? gemm[ngemm - 1] * 1e-3 : 0.0,
-           end_max * 1e-3, wait * 1e-3, (unsigned long long)waits, wait_max * 1e-3);
+           channel_name(ch1), rank, (unsigned long long)call, ctas,
+           ncomm ? comm[ncomm / 2] * 1e-3 : 0.0, ncomm ? comm[ncomm - 1] * 1e-3 : 0.0, ncomm,
+           ngemm ? gemm[0] * 1e-3 : 0.0, ngemm ? gemm[ngemm / 2] * 1e-3 : 0.0,
+           ngemm ? gemm[ngemm - 1] * 1e-3 : 0.0, end_max * 1e-3, wait * 1e-3,
+           (unsigned long long)waits, wait_max * 1e-3);
+  return 1;
+}
+
+/* Appends to buf at *pos (stops quietly when full). */
+static void put(char *buf, size_t len, size_t *pos, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void put(char *buf, size_t len, size_t *pos, const char *fmt, ...) {
+  if (*pos >= len)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  const int n = vsnprintf(buf + *pos, len - *pos, fmt, ap);
+  va_end(ap);
+  if (n > 0)
+    *pos = *pos + (size_t)n < len ? *pos + (size_t)n : len;
+}
+
+/* ms from stamp t to the newest one (0 when t is unset). */
+static double age_ms(uint64_t newest, uint64_t t) {
+  return t && newest > t ? (double)(newest - t) * 1e-6 : 0.0;
+}
+
+int tw_trace_format_live(const volatile uint64_t *live, int rank, uint64_t call, double stalled_s,
+                         char *buf, size_t len) {
+  enum { kShow = 32 };
+  static const int stamps[] = {TW_TR_START,      TW_TR_COMM_END,   TW_TR_GEMM_END, TW_TR_END,
+                               TW_TR_WAIT_SINCE, TW_TR_CLAIMED_AT, TW_TR_DONE_AT};
+  const size_t words = (size_t)(TW_TRACE_CTAS + 1) * TW_TRACE_FIELDS;
+  uint64_t *rows = (uint64_t *)malloc(words * sizeof(uint64_t));
+  size_t pos = 0;
+  if (len)
+    buf[0] = 0;
+  if (!rows)
+    return 0;
+  for (size_t i = 0; i < words; i++) /* one snapshot: the device keeps writing */
+    rows[i] = live[i];
+  uint64_t newest = 0;
+  int started = 0, finished = 0, gemm_done = 0;
+  for (int c = 0; c < TW_TRACE_CTAS; c++) {
+    const uint64_t *r = rows + c * TW_TRACE_FIELDS;
+    if (!r[TW_TR_START])
+      continue;
+    started++;
+    finished += r[TW_TR_END] != 0;
+    gemm_done += r[TW_TR_GEMM_END] != 0;
+    for (size_t k = 0; k < sizeof(stamps) / sizeof(stamps[0]); k++)
+      if (r[stamps[k]] > newest)
+        newest = r[stamps[k]];
+  }
+  put(buf, len, &pos,
+      "tw watchdog: rank %d: call %llu on %s has not finished after %.1f s; %d CTAs started, "
+      "%d finished, %d past the GEMM loop (\"ago\": before the newest stamp)\n",
+      rank, (unsigned long long)call, channel_name(rows[TW_TRACE_CTAS * TW_TRACE_FIELDS]),
+      stalled_s, started, finished, gemm_done);
+  int shown = 0, hidden = 0;
+  for (int c = 0; c < TW_TRACE_CTAS; c++) {
+    const uint64_t *r = rows + c * TW_TRACE_FIELDS;
+    if (!r[TW_TR_START] || r[TW_TR_END])
+      continue;
+    if (shown == kShow) {
+      hidden++;
+      continue;
+    }
+    shown++;
+    put(buf, len, &pos, "  cta %d:", c);
+    const uint64_t w = r[TW_TR_WAITING];
+    if (w)
+      put(buf, len, &pos, " %s ch %s peer %d item %d for %.1f ms;",
+          (w & TW_TR_WAIT_EXPIRED) ? "gave up waiting on" : "waits on",
+          channel_name(((w >> 48) & 0xff) + 1), (int)(int16_t)((w >> 32) & 0xffff),
+          (int)(int32_t)(uint32_t)w, age_ms(newest, r[TW_TR_WAIT_SINCE]));
+    const uint64_t claimed = r[TW_TR_CLAIMED], done = r[TW_TR_DONE];
+    if (claimed)
+      put(buf, len, &pos, " claimed tile (%u, %u) %.1f ms ago;", (unsigned)((claimed - 1) >> 32),
+          (unsigned)((claimed - 1) & 0xffffffffu), age_ms(newest, r[TW_TR_CLAIMED_AT]));
+    if (done)
+      put(buf, len, &pos, " finished tile (%u, %u) %.1f ms ago;", (unsigned)((done - 1) >> 32),
+          (unsigned)((done - 1) & 0xffffffffu), age_ms(newest, r[TW_TR_DONE_AT]));
+    put(buf, len, &pos, "%s\n",
+        r[TW_TR_GEMM_END] ? " past its GEMM loop"
+        : !claimed        ? " no GEMM tile yet"
+                          : "");
+  }
+  if (hidden)
+    put(buf, len, &pos, "  and %d more unfinished CTAs\n", hidden);
+  free(rows);
   return 1;
 }

@@ -1,10 +1,16 @@
 /* TW_TRACE summaries (src/runtime/trace.c) from synthetic per-CTA rows. */
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "comm.h"
 #include "devcomm.h"
 #include "trace.h"
 #include "tw_test.h"
+#include "watchdog.h"
 
 static uint64_t rows[(TW_TRACE_CTAS + 1) * TW_TRACE_FIELDS];
 
@@ -39,5 +45,74 @@ int main(void) {
               "truncated line: \"%s\"", small);
   TEST_ASSERT(tw_trace_format(rows, 0, 1, line, sizeof(line)) == 1 && strstr(line, "trace: ? "),
               "unknown channel: \"%s\"", line);
+
+  /* The watchdog's live report: CTA 0 finished; CTA 1 waits (gemm_rs, peer 2, item 17) and
+   * has claimed tile (3, 5) and finished (2, 5); CTA 2's wait expired; 40 more unfinished CTAs
+   * with a start stamp only (32 lines, then "and N more"). */
+  memset(rows, 0, sizeof(rows));
+  rows[TW_TRACE_CTAS * TW_TRACE_FIELDS] = TW_CH_GEMM_RS + 1;
+  for (int c = 0; c < 43; c++)
+    rows[c * TW_TRACE_FIELDS + TW_TR_START] = base;
+  rows[TW_TR_END] = base + 1000;
+  uint64_t *r1 = rows + 1 * TW_TRACE_FIELDS, *r2 = rows + 2 * TW_TRACE_FIELDS;
+  r1[TW_TR_WAITING] = TW_TR_WAIT_DESC(TW_CH_GEMM_RS, 2, 17);
+  r1[TW_TR_WAIT_SINCE] = base + 2000000; /* 8 ms before the newest stamp (10 ms) */
+  r1[TW_TR_CLAIMED] = TW_TR_TILE(3, 5);
+  r1[TW_TR_CLAIMED_AT] = base + 10000000;
+  r1[TW_TR_DONE] = TW_TR_TILE(2, 5);
+  r1[TW_TR_DONE_AT] = base + 9000000;
+  r2[TW_TR_WAITING] = TW_TR_WAIT_DESC(TW_CH_GEMM_RS, -1, -1) | TW_TR_WAIT_EXPIRED;
+  r2[TW_TR_WAIT_SINCE] = base;
+  r2[TW_TR_GEMM_END] = base + 500;
+  static char report[16384];
+  TEST_ASSERT(tw_trace_format_live(rows, 1, 42, 12.5, report, sizeof(report)) == 1, "a report");
+  printf("%s", report);
+  const char *want_live[] = {
+      "tw watchdog: rank 1: call 42 on gemm_rs has not finished after 12.5 s; 43 CTAs started, 1 "
+      "finished, 1 past the GEMM loop",
+      "  cta 1: waits on ch gemm_rs peer 2 item 17 for 8.0 ms; claimed tile (3, 5) 0.0 ms ago; "
+      "finished tile (2, 5) 1.0 ms ago;\n",
+      "  cta 2: gave up waiting on ch gemm_rs peer -1 item -1 for 10.0 ms; past its GEMM loop\n",
+      "  cta 3: no GEMM tile yet\n", "  and 10 more unfinished CTAs\n"};
+  for (size_t i = 0; i < sizeof(want_live) / sizeof(want_live[0]); i++)
+    TEST_ASSERT(strstr(report, want_live[i]) != NULL, "\"%s\" not in the report", want_live[i]);
+  TEST_ASSERT(strstr(report, "cta 0:") == NULL, "a finished CTA is not listed");
+  TEST_ASSERT(strstr(report, "cta 32:") != NULL && strstr(report, "cta 33:") == NULL,
+              "32 CTAs listed (1 .. 32)");
+  /* The watchdog thread (TW_WATCHDOG_S=1) on a comm whose call 3 does not finish: one report
+   * on stderr after about a second, not more. The comm is a fake: rows, counters and rank. */
+  setenv("TW_WATCHDOG_S", "1", 1);
+  struct tw_comm *fake = (struct tw_comm *)calloc(1, sizeof(struct tw_comm));
+  TEST_REQUIRE(fake != NULL, "calloc");
+  fake->rank = 5;
+  fake->trace_live = rows;
+  fake->calls_enqueued = 3, fake->calls_done = 2;
+  fflush(stderr);
+  FILE *cap = tmpfile();
+  TEST_REQUIRE(cap != NULL, "tmpfile");
+  const int saved = dup(2);
+  dup2(fileno(cap), 2);
+  tw_watchdog_add(fake);
+  struct timespec nap = {2, 200 * 1000 * 1000};
+  nanosleep(&nap, NULL);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  tw_watchdog_remove(fake);
+  static char got[32768];
+  rewind(cap);
+  const size_t n = fread(got, 1, sizeof(got) - 1, cap);
+  got[n] = 0;
+  fclose(cap);
+  TEST_ASSERT(strstr(got, "tw watchdog: rank 5: call 3 on gemm_rs has not finished after") != NULL,
+              "the watchdog reported the stalled call: \"%.200s\"", got);
+  const char *second = strstr(got, "tw watchdog:");
+  TEST_ASSERT(second && !strstr(second + 1, "tw watchdog:"), "one report per stall");
+  free(fake);
+
+  char tiny[40]; /* truncates safely */
+  TEST_ASSERT(tw_trace_format_live(rows, 1, 42, 1.0, tiny, sizeof(tiny)) == 1 &&
+                  strlen(tiny) == sizeof(tiny) - 1,
+              "truncated report: \"%s\"", tiny);
   return tw_test_finish();
 }
