@@ -8,7 +8,9 @@
  * on the GPU against the unfused pipeline; a CUDA graph replay; bad arguments.
  * The same with bf16 partials (TW_PARTIALS_BF16), against tw_gemm with bf16 output
  * and the same rank-ordered fp32 sum.
- * `--small` runs a reduced set (for compute-sanitizer).
+ * `--small` runs a reduced set (for compute-sanitizer). TW_TEST_DEVICES=distinct puts rank r on
+ * GPU r % (number of GPUs) (the fp32 reference is then summed on rank 0's GPU from copies; the
+ * graph replay runs on one GPU only).
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -47,8 +49,14 @@ typedef struct {
   void *ws[TW_MAX_WORLD];       /* fused workspace, symmetric */
   const void *partial_peers[TW_MAX_WORLD * TW_MAX_WORLD];
   void *out2_peers[TW_MAX_WORLD * TW_MAX_WORLD];
-  unsigned long long *bad;
+  unsigned long long *bad[TW_MAX_WORLD]; /* a counter per rank, on its GPU */
+  int devices[TW_MAX_WORLD];
+  int multi_gpu; /* ranks on distinct GPUs (TW_TEST_DEVICES=distinct) */
 } fixture;
+
+static void use(const fixture *f, int r) { CUDA_OK(cudaSetDevice(f->devices[r])); }
+
+static void sync_all(const fixture *f) { tw_test_sync_devices(f->devices, f->world); }
 
 static size_t out_bytes(const fixture *f, int all_reduce) {
   return (size_t)(all_reduce ? f->m : f->m / f->world) * f->n * 2;
@@ -57,8 +65,8 @@ static size_t out_bytes(const fixture *f, int all_reduce) {
 static void setup(fixture *f, int world, int64_t m_local, int64_t n, int64_t k) {
   memset(f, 0, sizeof(*f));
   f->world = world, f->m = m_local * world, f->n = n, f->k = k;
-  int devices[TW_MAX_WORLD] = {0};
-  tw_status_t st = tw_comm_init_all(f->comms, world, devices, NULL);
+  f->multi_gpu = tw_test_devices(world, f->devices);
+  tw_status_t st = tw_comm_init_all(f->comms, world, f->devices, NULL);
   TEST_REQUIRE(st == TW_SUCCESS, "init_all(%d): %s", world, tw_last_error());
   TEST_TW_OK(tw_comm_sm_budget(f->comms[0], &f->budget));
   size_t ws_bytes = 0;
@@ -70,6 +78,7 @@ static void setup(fixture *f, int world, int64_t m_local, int64_t n, int64_t k) 
   if (direct && strcmp(direct, "1") == 0 && ws_bytes < (size_t)world * mn * 4)
     ws_bytes = (size_t)world * mn * 4;
   for (int r = 0; r < world; r++) {
+    use(f, r);
     CUDA_OK(cudaStreamCreateWithFlags(&f->streams[r], cudaStreamNonBlocking));
     CUDA_OK(cudaEventCreateWithFlags(&f->events[r], cudaEventDisableTiming));
     TEST_REQUIRE(tw_mem_alloc(f->comms[r], ws_bytes, &f->ws[r]) == TW_SUCCESS, "alloc ws");
@@ -78,7 +87,10 @@ static void setup(fixture *f, int world, int64_t m_local, int64_t n, int64_t k) 
     CUDA_OK(cudaMalloc(&f->a[r], (size_t)f->m * k * 2));
     CUDA_OK(cudaMalloc(&f->b[r], (size_t)n * k * 2));
     CUDA_OK(cudaMalloc(&f->out[r], mn * 2));
+    CUDA_OK(cudaMalloc(&f->bad[r], sizeof(unsigned long long)));
+    CUDA_OK(cudaMemset(f->bad[r], 0, sizeof(unsigned long long)));
   }
+  use(f, 0);
   for (int r = 0; r < world; r++)
     for (int s = 0; s < world; s++) {
       void *p;
@@ -87,24 +99,24 @@ static void setup(fixture *f, int world, int64_t m_local, int64_t n, int64_t k) 
       TEST_TW_OK(tw_mem_peer_ptr(f->comms[r], f->out2[r], s, &p));
       f->out2_peers[r * world + s] = p;
     }
-  CUDA_OK(cudaMalloc(&f->bad, sizeof(unsigned long long)));
-  CUDA_OK(cudaMemset(f->bad, 0, sizeof(unsigned long long)));
 }
 
 static void teardown(fixture *f) {
-  CUDA_OK(cudaDeviceSynchronize());
+  sync_all(f);
   for (int r = 0; r < f->world; r++) {
-    cudaFree(f->a[r]), cudaFree(f->b[r]), cudaFree(f->out[r]);
+    use(f, r);
+    cudaFree(f->a[r]), cudaFree(f->b[r]), cudaFree(f->out[r]), cudaFree(f->bad[r]);
     TEST_TW_OK(tw_mem_free(f->comms[r], f->ws[r]));
     TEST_TW_OK(tw_mem_free(f->comms[r], f->partial[r]));
     TEST_TW_OK(tw_mem_free(f->comms[r], f->out2[r]));
   }
   for (int r = 0; r < f->world; r++) {
+    use(f, r);
     TEST_TW_OK(tw_comm_destroy(f->comms[r]));
     cudaStreamDestroy(f->streams[r]);
     cudaEventDestroy(f->events[r]);
   }
-  cudaFree(f->bad);
+  use(f, 0);
 }
 
 static tw_gemm_rs_args_t fused_args(const fixture *f, int r) {
@@ -137,8 +149,10 @@ static void enqueue_unfused(fixture *f, int all_reduce) {
     g.a = f->a[r], g.b = f->b[r], g.c = f->partial[r];
     g.m = f->m, g.n = f->n, g.k = f->k;
     g.sm_count = f->budget;
+    use(f, r); /* tw_gemm runs on the current device */
     TEST_TW_OK(tw_gemm(&g, (tw_stream_t)f->streams[r]));
   }
+  use(f, 0);
   cudaError_t e = all_reduce
                       ? tw_ref_all_reduce(f->world, f->partial_peers, bf16 ? 2 : 4, f->out2_peers,
                                           f->m, f->n, f->n, f->budget, f->streams, f->events)
@@ -149,12 +163,23 @@ static void enqueue_unfused(fixture *f, int all_reduce) {
 
 static void fill_inputs(fixture *f, uint64_t seed) {
   for (int r = 0; r < f->world; r++) {
+    use(f, r);
     tw_stream_t s = (tw_stream_t)f->streams[r];
     tw_test_fill_bf16(f->a[r], (size_t)f->m * f->k, seed + 31 * r, s);
     tw_test_fill_bf16(f->b[r], (size_t)f->n * f->k, seed + 1000 + r, s);
     tw_test_poison(f->out[r], (size_t)f->m * f->n * 2, s);
     tw_test_poison(f->out2[r], (size_t)f->m * f->n * 2, s);
   }
+  use(f, 0);
+}
+
+/* `bytes` at p, a buffer of rank r, as a pointer on rank 0's GPU: p itself, or a copy in
+ * `stage` (rank 0's GPU) when rank r is on another GPU. */
+static const void *on_rank0_gpu(const fixture *f, int r, const void *p, size_t bytes, void *stage) {
+  if (f->devices[r] == f->devices[0])
+    return p;
+  CUDA_OK(cudaMemcpy(stage, p, bytes, cudaMemcpyDefault));
+  return stage;
 }
 
 static void check_async_errors(fixture *f) {
@@ -174,30 +199,40 @@ static void test_case(int world, int64_t m_local, int64_t n, int64_t k, int redu
   setup(&f, world, m_local, n, k);
   const size_t mn = (size_t)f.m * n;
   float *ref = NULL, *tmp = NULL;
+  void *stage_a = NULL, *stage_b = NULL, *stage_out = NULL; /* rank 0's GPU */
   CUDA_OK(cudaMalloc(&ref, mn * 4));
   CUDA_OK(cudaMalloc(&tmp, mn * 4));
+  if (f.multi_gpu) {
+    CUDA_OK(cudaMalloc(&stage_a, (size_t)f.m * k * 2));
+    CUDA_OK(cudaMalloc(&stage_b, (size_t)n * k * 2));
+    CUDA_OK(cudaMalloc(&stage_out, mn * 2));
+  }
   for (int ar = 0; ar < 2; ar++) {
     fill_inputs(&f, seed + 77 * ar);
-    CUDA_OK(cudaDeviceSynchronize());
+    sync_all(&f);
     enqueue_fused(&f, ar, reduce_sms);
     enqueue_unfused(&f, ar);
-    CUDA_OK(cudaDeviceSynchronize());
-    /* fp32 reference: sum over ranks of the plain-loop GEMM. */
+    sync_all(&f);
+    /* fp32 reference on rank 0's GPU: sum over ranks of the plain-loop GEMM. */
     for (int r = 0; r < world; r++) {
-      TEST_REQUIRE(tw_ref_gemm_fp32(f.a[r], f.b[r], r ? tmp : ref, f.m, n, k, k, k, n, 0) ==
-                       TW_SUCCESS,
+      const void *a_r = on_rank0_gpu(&f, r, f.a[r], (size_t)f.m * k * 2, stage_a);
+      const void *b_r = on_rank0_gpu(&f, r, f.b[r], (size_t)n * k * 2, stage_b);
+      TEST_REQUIRE(tw_ref_gemm_fp32(a_r, b_r, r ? tmp : ref, f.m, n, k, k, k, n, 0) == TW_SUCCESS,
                    "ref gemm");
       if (r)
         add_into<<<512, 256>>>(ref, tmp, mn);
+      CUDA_OK(cudaDeviceSynchronize()); /* the stages are reused */
     }
-    CUDA_OK(cudaDeviceSynchronize());
     size_t diff = 0, nans = 0;
     double worst = 0;
     for (int r = 0; r < world; r++) {
+      use(&f, r); /* compare on the rank's GPU */
       diff += tw_test_count_diff(f.out[r], f.out2[r], out_bytes(&f, ar));
+      use(&f, 0);
       size_t rows = (size_t)(ar ? f.m : m_local), first = ar ? 0 : (size_t)r * m_local;
       size_t bad = 0;
-      double err = tw_test_rel_err_bf16(f.out[r], ref + first * n, 1, rows * n, &bad);
+      const void *out_r = on_rank0_gpu(&f, r, f.out[r], rows * n * 2, stage_out);
+      double err = tw_test_rel_err_bf16(out_r, ref + first * n, 1, rows * n, &bad);
       nans += bad;
       if (err > worst)
         worst = err;
@@ -213,6 +248,7 @@ static void test_case(int world, int64_t m_local, int64_t n, int64_t k, int redu
   }
   cudaFree(ref);
   cudaFree(tmp);
+  cudaFree(stage_a), cudaFree(stage_b), cudaFree(stage_out);
   teardown(&f);
 }
 
@@ -226,13 +262,20 @@ static void test_back_to_back(int world, int calls, uint64_t seed) {
     fill_inputs(&f, seed + (uint64_t)i * 7919);
     enqueue_fused(&f, ar, 0);
     enqueue_unfused(&f, ar);
-    for (int r = 0; r < world; r++)
-      tw_test_count_diff_async(f.out[r], f.out2[r], out_bytes(&f, ar), f.bad,
+    for (int r = 0; r < world; r++) {
+      use(&f, r);
+      tw_test_count_diff_async(f.out[r], f.out2[r], out_bytes(&f, ar), f.bad[r],
                                (tw_stream_t)f.streams[r]);
+    }
+    use(&f, 0);
   }
-  CUDA_OK(cudaDeviceSynchronize());
+  sync_all(&f);
   unsigned long long bad = 0;
-  CUDA_OK(cudaMemcpy(&bad, f.bad, sizeof(bad), cudaMemcpyDeviceToHost));
+  for (int r = 0; r < world; r++) {
+    unsigned long long bad_r = 0;
+    CUDA_OK(cudaMemcpy(&bad_r, f.bad[r], sizeof(bad_r), cudaMemcpyDeviceToHost));
+    bad += bad_r;
+  }
   TEST_ASSERT(bad == 0, "world %d: %d back-to-back calls: %llu words differ from unfused", world,
               calls, bad);
   check_async_errors(&f);
@@ -251,6 +294,11 @@ static void graph_calls(void *p) {
 static void test_graph(int world, int replays, uint64_t seed) {
   fixture f;
   setup(&f, world, 256, 512, 512);
+  if (f.multi_gpu) { /* poisoning from one stream in the graph: a test for ranks of one GPU */
+    printf("  graph replay: not run with ranks on distinct GPUs\n");
+    teardown(&f);
+    return;
+  }
   fill_inputs(&f, seed);
   CUDA_OK(cudaDeviceSynchronize());
   cudaStream_t s0 = f.streams[0];
@@ -325,7 +373,7 @@ static void test_bad_arguments(void) {
   /* Nothing was launched: valid calls on both ranks still complete. */
   enqueue_fused(&f, 0, 0);
   enqueue_fused(&f, 1, 0);
-  CUDA_OK(cudaDeviceSynchronize());
+  sync_all(&f);
   check_async_errors(&f);
   teardown(&f);
 }
