@@ -11,7 +11,7 @@
 #    bounded wait that expires names its flag, peer and item in the log, and TW_WATCHDOG_S=5
 #    prints, for a call stuck 5 s, what each unfinished CTA does (its wait, its last tiles).
 # 2. If they pass: single columns on virtual ranks (RS and AR) and interleaving on 2 GPUs,
-#    alternated, for the defaults.
+#    alternated, for the defaults; the SM clock and power of the interleaved GEMM+RS.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -72,6 +72,10 @@ if [ "$ngpus" -gt 1 ]; then
         --repeats 20 --warmup 5
     done
   done
+  # The stall reading: with interleaving the fused fp32 GEMM+RS should come down to the power
+  # limit's clock like the GEMM alone (it ran at 1817 MHz / 579 W against 1642 / 634 without).
+  clocks gpus-rs-16384-il1-clocks env TW_RS_INTERLEAVE=1 "$bin/tw-bench" gemm_rs --world 2 $big_rs \
+    --repeats 200 --warmup 5 --no-check
 fi
 tar czf "$out/experiments.tgz" -C "$out" logs && rm -rf "$out/logs"
 printf '%s\n' "${summary[@]}"
