@@ -23,10 +23,11 @@
  * arrival order) and write bf16. tw_gemm_ar then also copies each reduced group
  * to a bf16 area of the workspace and sets a ready flag on every rank, whose
  * reduce CTAs pull it into their own `out`; then they join the GEMM loop (the
- * tile queue lets CTAs join late). GEMM CTAs do not take reduction work after
- * the mainloop: code after gemm_cta_loop runs under the producer's 40-register
- * budget as far as ptxas is concerned, and any reduction loop there spilled
- * (even a one-load-at-a-time one), so the reduce CTA count must keep pace.
+ * tile queue lets CTAs join late). With work stealing (TW_RS_STEAL=1, the
+ * default) the GEMM CTAs then take the reduce and gather work that is left: the
+ * mainloop hands every warp back the entry register split (setmaxnreg) when it
+ * ends, so that code is not compiled under the producer's 40 registers (see
+ * gemm_rs_kernel).
  *
  * Ordering: a rank stores into owner o's staging only after o entered this call
  * (so o's previous call no longer reads it); an owner writes its bf16 area only
