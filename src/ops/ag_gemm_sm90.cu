@@ -241,19 +241,11 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
   memset(&p, 0, sizeof(p));
   const int64_t m_total = a.m_local * comm->world;
   tw_status_t st;
-  st = tw_tma_map_2d(&p.gemm.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a_gathered, a.k, m_total,
-                     a.k, kBlockK, kBlockM, "tw_ag_gemm: cuTensorMapEncodeTiled(a_gathered)");
-  if (st != TW_SUCCESS)
-    return st;
-  st = tw_tma_map_2d(&p.gemm.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b, a.k, a.n, a.ldb,
-                     kBlockK, BN, "tw_ag_gemm: cuTensorMapEncodeTiled(b)");
-  if (st != TW_SUCCESS)
-    return st;
-  st = tw_tma_map_2d(&p.gemm.epi.c_map,
-                     sizeof(Out) == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-                     sizeof(Out), a.c, a.n, m_total, a.ldc, 128 / sizeof(Out), kBoxRows,
-                     "tw_ag_gemm: cuTensorMapEncodeTiled(c)");
+  st = operand_maps(&p.gemm.a_map, &p.gemm.b_map, a.a_gathered, m_total, a.k, a.b, a.n, a.ldb, a.k,
+                    BN, "tw_ag_gemm", "a_gathered");
+  if (st == TW_SUCCESS)
+    st = out_map<Out>(&p.gemm.epi.c_map, a.c, a.n, m_total, a.ldc,
+                      "tw_ag_gemm: cuTensorMapEncodeTiled(c)");
   if (st != TW_SUCCESS)
     return st;
   TileOrder &o = p.gemm.order;

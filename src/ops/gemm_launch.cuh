@@ -1,19 +1,50 @@
 /*
- * Internal (ops layer): launching a fused op's persistent GEMM-core kernel. The kernel runs
- * gemm_cta_loop (src/device/gemm_sm90.cuh): tw::gemm::kThreads threads, one CTA per SM, Smem
- * bytes of dynamic shared memory, whose limit is raised once per device and kernel.
+ * Internal (ops layer): the host side of a GEMM-core kernel (src/device/gemm_sm90.cuh), for
+ * tw_gemm and the fused ops. The operand tensor maps (A, B and a stored output, in the boxes
+ * the core expects), and launching a fused op's persistent kernel: tw::gemm::kThreads threads,
+ * one CTA per SM, Smem bytes of dynamic shared memory, whose limit is raised once per device
+ * and kernel.
  */
 #ifndef TW_OPS_GEMM_LAUNCH_CUH
 #define TW_OPS_GEMM_LAUNCH_CUH
 
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cuda_check.h"
 #include "gemm_sm90.cuh"
+#include "tma_map.h"
 
 namespace tw {
 namespace gemm {
+
+/* GemmParams::a_map and b_map: bf16 A [rows, k] (leading dimension lda) in {kBlockK, kBlockM}
+ * boxes, bf16 B [n, k] (ldb) in {kBlockK, b_box_rows} boxes. Errors name `op` and the operand
+ * (`a_name` for A). */
+inline tw_status_t operand_maps(CUtensorMap *a_map, CUtensorMap *b_map, const void *a, int64_t rows,
+                                int64_t lda, const void *b, int64_t n, int64_t ldb, int64_t k,
+                                int b_box_rows, const char *op, const char *a_name) {
+  char what[96];
+  snprintf(what, sizeof(what), "%s: cuTensorMapEncodeTiled(%s)", op, a_name);
+  tw_status_t st = tw_tma_map_2d(a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a, (uint64_t)k,
+                                 (uint64_t)rows, (uint64_t)lda, kBlockK, kBlockM, what);
+  if (st != TW_SUCCESS)
+    return st;
+  snprintf(what, sizeof(what), "%s: cuTensorMapEncodeTiled(b)", op);
+  return tw_tma_map_2d(b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, b, (uint64_t)k, (uint64_t)n,
+                       (uint64_t)ldb, kBlockK, (uint32_t)b_box_rows, what);
+}
+
+/* EpiTmaStore<Out>'s c_map: Out [rows, cols] (ldc) in {128 / sizeof(Out), kBoxRows} boxes. */
+template <class Out>
+tw_status_t out_map(CUtensorMap *map, const void *c, int64_t cols, int64_t rows, int64_t ldc,
+                    const char *what) {
+  return tw_tma_map_2d(
+      map, sizeof(Out) == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+      sizeof(Out), c, (uint64_t)cols, (uint64_t)rows, (uint64_t)ldc, 128 / sizeof(Out), kBoxRows,
+      what);
+}
 
 /* set_what / launch_what name the two steps in error messages. */
 template <auto Kernel, int Smem, class Params>

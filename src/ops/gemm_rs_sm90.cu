@@ -482,12 +482,8 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   RsParams<P> p;
   memset(&p, 0, sizeof(p));
   tw_status_t st;
-  st = tw_tma_map_2d(&p.gemm.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a, a.k, a.m, a.lda,
-                     kBlockK, kBlockM, "tw_gemm_rs: cuTensorMapEncodeTiled(a)");
-  if (st != TW_SUCCESS)
-    return st;
-  st = tw_tma_map_2d(&p.gemm.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b, a.k, a.n, a.ldb,
-                     kBlockK, kBlockN, "tw_gemm_rs: cuTensorMapEncodeTiled(b)");
+  st = operand_maps(&p.gemm.a_map, &p.gemm.b_map, a.a, a.m, a.lda, a.b, a.n, a.ldb, a.k, kBlockN,
+                    "tw_gemm_rs", "a");
   if (st != TW_SUCCESS)
     return st;
   const size_t slot_bytes = (size_t)m_local * (size_t)a.n * sizeof(P);

@@ -14,6 +14,7 @@
 #include "cuda_check.h"
 #include "driver.h"
 #include "gemm_heuristics.h"
+#include "gemm_launch.cuh"
 #include "gemm_sm90.cuh"
 #include "gemm_sm90.h"
 #include "status.h"
@@ -141,19 +142,11 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   GemmParams<EpiTmaStore<Out>, NoWait> params;
   memset(&params, 0, sizeof(params));
   tw_status_t st;
-  st = tw_tma_map_2d(&params.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a, a.k, a.m, a.lda,
-                     kBlockK, kBlockM, "tw_gemm: cuTensorMapEncodeTiled(a)");
-  if (st != TW_SUCCESS)
-    return st;
-  st = tw_tma_map_2d(&params.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b, a.k, a.n, a.ldb,
-                     kBlockK, pair ? bn / 2 : bn, "tw_gemm: cuTensorMapEncodeTiled(b)");
-  if (st != TW_SUCCESS)
-    return st;
-  st = tw_tma_map_2d(&params.epi.c_map,
-                     sizeof(Out) == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-                     sizeof(Out), a.c, a.n, a.m, a.ldc, 128 / sizeof(Out), kBoxRows,
-                     "tw_gemm: cuTensorMapEncodeTiled(c)");
+  st = operand_maps(&params.a_map, &params.b_map, a.a, a.m, a.lda, a.b, a.n, a.ldb, a.k,
+                    pair ? bn / 2 : bn, "tw_gemm", "a");
+  if (st == TW_SUCCESS)
+    st =
+        out_map<Out>(&params.epi.c_map, a.c, a.n, a.m, a.ldc, "tw_gemm: cuTensorMapEncodeTiled(c)");
   if (st != TW_SUCCESS)
     return st;
   TileOrder &o = params.order;

@@ -189,9 +189,10 @@ static tw_status_t setup_rank(tw_comm_t comm) {
     comm->dev.peer_ctrl[p] = tw_heap_peer_ptr(comm, ctrl, p);
   comm->dev.err = comm->err_dev;
   comm->trace_print = tw_env_int(TW_TRACE_ID) != 0;
-  if (comm->trace_print || tw_env_int(TW_WATCHDOG_S_ID) > 0) {
+  const int watchdog = tw_env_int(TW_WATCHDOG_S_ID) > 0;
+  if (comm->trace_print || watchdog) {
     const size_t bytes = TW_TRACE_BYTES;
-    if (tw_env_int(TW_WATCHDOG_S_ID) > 0) { /* rows the host can read while a kernel runs */
+    if (watchdog) { /* rows the host can read while a kernel runs */
       TW_CUDA(cudaHostAlloc((void **)&comm->trace_live, bytes,
                             cudaHostAllocMapped | cudaHostAllocPortable));
       memset(comm->trace_live, 0, bytes);

@@ -41,7 +41,9 @@ extern "C" void tw_test_poison(void *dst, size_t bytes, tw_stream_t stream) {
   cudaMemsetAsync(dst, 0xFF, bytes, (cudaStream_t)stream);
 }
 
-static __global__ void count_diff_kernel(const uint8_t *a, const uint8_t *b, size_t n,
+/* Elements of T that differ between a and b, added to *count. */
+template <class T>
+static __global__ void count_diff_kernel(const T *a, const T *b, size_t n,
                                          unsigned long long *count) {
   unsigned long long local = 0;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
@@ -51,20 +53,10 @@ static __global__ void count_diff_kernel(const uint8_t *a, const uint8_t *b, siz
     atomicAdd(count, local);
 }
 
-static __global__ void count_diff_words_kernel(const uint32_t *a, const uint32_t *b, size_t words,
-                                               unsigned long long *count) {
-  unsigned long long local = 0;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words;
-       i += (size_t)gridDim.x * blockDim.x)
-    local += a[i] != b[i];
-  if (local)
-    atomicAdd(count, local);
-}
-
 extern "C" void tw_test_count_diff_async(const void *a, const void *b, size_t bytes,
                                          unsigned long long *counter, tw_stream_t stream) {
-  count_diff_words_kernel<<<64, 256, 0, (cudaStream_t)stream>>>(
-      (const uint32_t *)a, (const uint32_t *)b, bytes / 4, counter);
+  count_diff_kernel<<<64, 256, 0, (cudaStream_t)stream>>>((const uint32_t *)a, (const uint32_t *)b,
+                                                          bytes / 4, counter);
 }
 
 extern "C" size_t tw_test_count_diff(const void *a, const void *b, size_t bytes) {

@@ -79,8 +79,10 @@ int main(void) {
   TEST_ASSERT(strstr(report, "cta 0:") == NULL, "a finished CTA is not listed");
   TEST_ASSERT(strstr(report, "cta 32:") != NULL && strstr(report, "cta 33:") == NULL,
               "32 CTAs listed (1 .. 32)");
-  /* The watchdog thread (TW_WATCHDOG_S=1) on a comm whose call 3 does not finish: one report
-   * on stderr after about a second, not more. The comm is a fake: rows, counters and rank. */
+  /* The watchdog thread (TW_WATCHDOG_S=1) on a comm whose call 3 does not finish: a report on
+   * stderr once the call has stalled a second (polled for up to 20 s, so a slow machine only
+   * waits longer), and no second one for the same stall 1.5 s later. The comm is a fake: rows,
+   * counters and rank. */
   setenv("TW_WATCHDOG_S", "1", 1);
   struct tw_comm *fake = (struct tw_comm *)calloc(1, sizeof(struct tw_comm));
   TEST_REQUIRE(fake != NULL, "calloc");
@@ -93,21 +95,27 @@ int main(void) {
   const int saved = dup(2);
   dup2(fileno(cap), 2);
   tw_watchdog_add(fake);
-  struct timespec nap = {2, 200 * 1000 * 1000};
-  nanosleep(&nap, NULL);
+  static char got[32768];
+  const struct timespec nap = {0, 100 * 1000 * 1000};
+  int reported = 0;
+  for (int i = 0; i < 200 && !reported; i++) {
+    nanosleep(&nap, NULL);
+    reported = lseek(fileno(cap), 0, SEEK_END) > 0; /* stderr shares this file offset */
+  }
+  for (int i = 0; i < 15; i++) /* a second report of this stall would come in this time */
+    nanosleep(&nap, NULL);
   fflush(stderr);
   dup2(saved, 2);
   close(saved);
   tw_watchdog_remove(fake);
-  static char got[32768];
   rewind(cap);
   const size_t n = fread(got, 1, sizeof(got) - 1, cap);
   got[n] = 0;
   fclose(cap);
   TEST_ASSERT(strstr(got, "tw watchdog: rank 5: call 3 on gemm_rs has not finished after") != NULL,
               "the watchdog reported the stalled call: \"%.200s\"", got);
-  const char *second = strstr(got, "tw watchdog:");
-  TEST_ASSERT(second && !strstr(second + 1, "tw watchdog:"), "one report per stall");
+  const char *first = strstr(got, "tw watchdog:");
+  TEST_ASSERT(first && !strstr(first + 1, "tw watchdog:"), "one report per stall");
   free(fake);
 
   char tiny[40]; /* truncates safely */

@@ -31,13 +31,15 @@ static int stamps_on(void) {
   return e && *e == '1';
 }
 
-static void stamp(const char *what, cudaStream_t stream) {
+/* Once the stream has drained: "start" or "end" of timing N (counted up at each end). */
+static void stamp(int end, cudaStream_t stream) {
   static int timing = 0;
   BENCH_CUDA(cudaStreamSynchronize(stream));
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  fprintf(stderr, "tw-bench stamp %d %s %.3f\n", what[0] == 's' ? timing : timing++, what,
+  fprintf(stderr, "tw-bench stamp %d %s %.3f\n", timing, end ? "end" : "start",
           (double)ts.tv_sec + ts.tv_nsec * 1e-9);
+  timing += end;
 }
 
 static void *xcalloc(size_t count, size_t size) {
@@ -112,7 +114,7 @@ double bench_time_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStream_t st
     fn(ctx, iter++);
   BENCH_CUDA(cudaGetLastError());
   if (stamps_on())
-    stamp("start", stream);
+    stamp(0, stream);
   for (int i = 0; i < repeats; i++) {
     BENCH_CUDA(cudaEventRecord(start[i], stream));
     fn(ctx, iter++);
@@ -121,7 +123,7 @@ double bench_time_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStream_t st
   BENCH_CUDA(cudaGetLastError());
   double median = summarize(start, stop, repeats, p10, p90);
   if (stamps_on())
-    stamp("end", stream);
+    stamp(1, stream);
 
   destroy_events(stop, repeats);
   destroy_events(start, repeats);
@@ -188,7 +190,7 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
   }
   BENCH_CUDA(cudaGetLastError());
   if (stamps_on())
-    stamp("start", main);
+    stamp(0, main);
   for (int i = 0; i < repeats; i++) {
     BENCH_CUDA(cudaEventRecord(start[i], main));
     fork_join(fn, ctx, iter++, main, start[i], sides, nstreams, main_device);
@@ -197,7 +199,7 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
   BENCH_CUDA(cudaGetLastError());
   double median = summarize(start, stop, repeats, p10, p90);
   if (stamps_on())
-    stamp("end", main);
+    stamp(1, main);
 
   BENCH_CUDA(cudaEventDestroy(warm_fork));
   destroy_events(stop, repeats);
