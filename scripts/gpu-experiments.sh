@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# The open questions of docs/PERF.md as one short device run (about 3 minutes):
+# The open questions of docs/PERF.md as one short device run (about 3 minutes; up to 12 if the hang comes back):
 #   scripts/gpu-experiments.sh            logs under $OUT (default ./gpu-experiments-out),
 #                                         bundled into experiments.tgz, a summary printed last
 #   TW_BUILD_DIR=build-dev                where tw-bench and libtilewire.so are (default build)
+#   TW_DIAG_LIBS="1 2 4 8 16 32"          measurement builds of libtilewire.so in
+#                                         $TW_BUILD_DIR/diagN/ (-DTW_RS_DIAG=N, gemm_rs_sm90.cu)
 # Killed by a signal, it still bundles what it has and prints the summary so far.
-# Fifth session (docs/PERF.md, fourth session, "open"):
-# 1. The stalls: 8 virtual ranks, tw_gemm_ar with single-column bands (TW_RS_BAND=1) at
-#    flux-tp8 and M=16384 (the suite's 8-rank GEMM+AR step did not finish with them), and
-#    test_gemm_rs with TW_RS_INTERLEAVE=1 (hung 4 runs of 4): with TW_WAIT_TIMEOUT_MS=3000 a
-#    bounded wait that expires names its flag, peer and item in the log, and TW_WATCHDOG_S=5
-#    prints, for a call stuck 5 s, what each unfinished CTA does (its wait, its last tiles).
-# 2. If they pass: single columns on virtual ranks (RS and AR) and interleaving on 2 GPUs,
-#    alternated, for the defaults; the SM clock and power of the interleaved GEMM+RS.
+# Sixth session (docs/PERF.md, fifth session, "open"):
+# 1. The hang: `tw-bench gemm_ar` on 8 virtual ranks stopped for good at the small-m shape
+#    (M=1024 N=8192 K=2048) in the fifth session's last suite, as the same step did once in the
+#    fourth. Four full sweeps with TW_WATCHDOG_S=30 (a stuck call reports what each CTA waits
+#    in) and the bounded pipeline waits (an expired one traps and names the barrier), then
+#    test_gemm_rs with TW_RS_INTERLEAVE=1 twice.
+# 2. With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses
+#    its time, each bit removing one cost (first batch of the fifth session).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -28,10 +30,14 @@ run() { # run NAME LIMIT CMD...: log, and a summary line of the fused rows' medi
   timeout "$limit" "$@" >"$out/logs/$name.log" 2>&1
   local rc=$?
   summary+=("$(printf '%-28s rc=%-3s %s' "$name" "$rc" "$(grep -E '^(ag_gemm|gemm_rs|gemm_ar) ' \
-    "$out/logs/$name.log" | grep -E ' (fused|fused-nogather|copy-engine|tilewire[a-z0-9-]*|gemm-alone|nccl-bf16\+cublas) ' |
-    awk '{for (i = 1; i <= NF; i++) if ($i ~ /^(fused|fused-nogather|copy-engine|tilewire[a-z0-9-]*|gemm-alone|nccl-bf16\+cublas)$/) printf "%s %s  ", $i, $(i + 1)}')")")
+    "$out/logs/$name.log" | grep -E ' (fused|fused-nogather|copy-engine|tilewire[a-z0-9-]*|gemm-alone|unfused-tw|nccl-bf16\+cublas) ' |
+    awk '{for (i = 1; i <= NF; i++) if ($i ~ /^(fused|fused-nogather|copy-engine|tilewire[a-z0-9-]*|gemm-alone|unfused-tw|nccl-bf16\+cublas)$/) printf "%s %s  ", $i, $(i + 1)}')")")
+  # A stall report (watchdog, expired wait, trapped pipeline) goes into the summary too.
+  local stall
+  stall=$(grep -m 3 -E 'watchdog|internal stall|DEVICE_TIMEOUT|timed out|waited for flag' "$out/logs/$name.log")
+  [ -n "$stall" ] && summary+=("$(sed 's/^/    /' <<<"$stall")")
+  return 0
 }
-big_ag="--m 16384 --n 2048 --k 16384 --repeats 20 --warmup 5"
 big_rs="--m 16384 --n 16384 --k 2048"
 flux_rs="--m 4096 --n 12288 --k 6144"
 clocks() { # clocks NAME CMD...: the command with stamps, sampled; per-variant clocks in the summary
@@ -50,32 +56,32 @@ for l in sys.stdin: print("%.3f, %s" % (time.time(), l.strip()), flush=True)' >"
   summary+=("$(sed "s/^/  $name: /" "$out/logs/$name.clocks")")
 }
 trap 'tar czf "$out/experiments.tgz" -C "$out" logs; printf "%s\n" "${summary[@]}"; exit 1' TERM INT
-export TW_WAIT_TIMEOUT_MS=3000
-for shape in flux big; do
-  args=$flux_rs
-  [ $shape = big ] && args=$big_rs
-  run "vranks-ar-$shape-band1" 90 env TW_BENCH_VIRTUAL=1 TW_RS_BAND=1 TW_WATCHDOG_S=5 "$bin/tw-bench" \
-    gemm_ar $args --repeats 10 --warmup 3
+for i in 1 2 3 4; do
+  run "hang-vranks-gemm_ar-$i" 150 env TW_BENCH_VIRTUAL=1 TW_WATCHDOG_S=30 "$bin/tw-bench" gemm_ar \
+    --repeats 20 --warmup 5
 done
-run "test_gemm_rs-interleave" 60 env TW_RS_INTERLEAVE=1 TW_TEST_VERBOSE=1 TW_WATCHDOG_S=5 \
-  stdbuf -oL -eL "$bin/test_gemm_rs"
 for i in 1 2; do
-  for band in 0 1; do
-    run "vranks-rs-flux-band$band-$i" 90 env TW_BENCH_VIRTUAL=1 TW_RS_BAND=$band "$bin/tw-bench" gemm_rs \
-      $flux_rs --repeats 10 --warmup 3
-  done
+  run "hang-test_gemm_rs-interleave-$i" 90 env TW_RS_INTERLEAVE=1 TW_TEST_VERBOSE=1 \
+    TW_WATCHDOG_S=30 stdbuf -oL -eL "$bin/test_gemm_rs"
 done
-if [ "$ngpus" -gt 1 ]; then
-  for i in 1 2; do
-    for il in 0 1; do
-      run "gpus-rs-16384-il$il-$i" 90 env TW_RS_INTERLEAVE=$il "$bin/tw-bench" gemm_rs --world 2 $big_rs \
-        --repeats 20 --warmup 5
+libs=${TW_DIAG_LIBS-}
+for d in ${libs:+0 $libs}; do
+  lib="$root/$bin"
+  [ "$d" = 0 ] || lib="$root/$bin/diag$d"
+  [ -e "$lib/libtilewire.so.0" ] || continue
+  check=--no-check
+  [ "$d" = 0 ] && check=
+  if [ "$ngpus" -gt 1 ]; then
+    for shape in big flux; do
+      args=$flux_rs
+      [ $shape = big ] && args=$big_rs
+      run "gpus-rs-$shape-diag$d" 60 env LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" "$bin/tw-bench" \
+        gemm_rs --world 2 $args --repeats 20 --warmup 5 $check
     done
-  done
-  # The stall reading: with interleaving the fused fp32 GEMM+RS should come down to the power
-  # limit's clock like the GEMM alone (it ran at 1817 MHz / 579 W against 1642 / 634 without).
-  clocks gpus-rs-16384-il1-clocks env TW_RS_INTERLEAVE=1 "$bin/tw-bench" gemm_rs --world 2 $big_rs \
-    --repeats 200 --warmup 5 --no-check
-fi
+  fi
+  [ "$d" = 1 ] && continue # on one GPU every store is local already
+  run "vranks-rs-big-diag$d" 90 env LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" TW_BENCH_VIRTUAL=1 \
+    "$bin/tw-bench" gemm_rs $big_rs --repeats 10 --warmup 3 $check
+done
 tar czf "$out/experiments.tgz" -C "$out" logs && rm -rf "$out/logs"
 printf '%s\n' "${summary[@]}"

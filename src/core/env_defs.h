@@ -43,10 +43,11 @@ TW_ENV(TW_RS_INTERLEAVE, bool, "0",
        "tw_gemm_ar with m / world a multiple of 128 interleave the owners' row blocks in each "
        "band sweep (every world consecutive tiles go to world owners, so peer stores spread over "
        "the whole GEMM); 0 sweeps one owner's rows after another.")
-TW_ENV(TW_RS_SIGNAL, int, "7",
+TW_ENV(TW_RS_SIGNAL, int, "5",
        "How tw_gemm_rs / tw_gemm_ar's GEMM epilogue signals a stored tile (for measurement): bit "
-       "0 from a warp without bulk stores in flight, bit 1 without a separate fence before the "
-       "release red, bit 2 at GPU scope where every rank is on this GPU; 0 is the first design.")
+       "0 posts it from a warp without bulk stores in flight, bit 1 drops the separate fence "
+       "before the release red, bit 2 at GPU scope where every rank is on this GPU; 0 is the "
+       "first design. The fence and red run on the signal warp (docs/ARCHITECTURE.md).")
 TW_ENV(TW_AG_OWN_COPY_CE, bool, "0",
        "tw_ag_gemm (SM mode, not in place, shards of whole 128-row blocks): 1 copies the rank's "
        "own shard into a_gathered with a copy engine beside the kernel, 0 with the kernel's "

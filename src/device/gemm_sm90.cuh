@@ -164,15 +164,30 @@ __device__ __forceinline__ void queue_leave(TileQueue *queue, int32_t participan
   }
 }
 
+// Bound on every mbarrier wait of the loop where GemmParams::mbar_timeout_ns is 0. A wait can
+// legitimately last as long as the producer's readiness hook (a bounded flag wait in the fused
+// ops, which set the field above their flag bound) plus a tile.
+constexpr uint64_t kMbarTimeoutDefaultNs = 30ull * 1000 * 1000 * 1000;
+
+// What an expired mbarrier wait was (Wait::mbar_stuck's code): role * 16 + stage.
+enum {
+  kStuckProducerEmpty = 1, // the producer waited for the consumers to free a stage
+  kStuckConsumerFull = 2,  // a consumer (or the store-through warp) waited for a stage's loads
+  kStuckSignalFull = 3,    // the signal warp waited for the consumers' next tile
+  kStuckSignalPost = 4     // a consumer waited for a free entry of the signal ring
+};
+
 template <class Epi, class Wait> struct GemmParams {
+  using WaitType = Wait;
   CUtensorMap a_map; // bf16 [M, K] (dims {K, M}), box {64, 128}, 128B swizzle
   CUtensorMap b_map; // bf16 [N, K] (dims {K, N}), box {64, BN} ({64, BN / 2} for pairs), 128B sw.
   typename Epi::Params epi;
   typename Wait::Params wait;
   TileOrder order;
-  TileQueue *queue;     // kDynamic only
-  int32_t participants; // kDynamic only: CTAs that run the loop once each
-  int32_t k_blocks;     // ceil(K / 64)
+  TileQueue *queue;         // kDynamic only
+  int32_t participants;     // kDynamic only: CTAs that run the loop once each
+  int32_t k_blocks;         // ceil(K / 64)
+  uint64_t mbar_timeout_ns; // bound on each mbarrier wait (0: kMbarTimeoutDefaultNs)
 };
 
 // ---- stock hooks -----------------------------------------------------------------------------
@@ -185,6 +200,10 @@ struct NoWait {
   // that need no wait. Custom Wait policies inherit this default from NoWait.
   template <class P>
   __device__ static void a_source(const P &, int32_t, const CUtensorMap *&, int32_t &) {}
+  // (s) An mbarrier wait of the loop outlived GemmParams::mbar_timeout_ns (an internal stall:
+  // the loop cannot go on). `code`: kStuck* * 16 + stage. Must not return: the default traps;
+  // a fused op's hook records where first (its comm's error block) and aborts the comm.
+  template <class P> __device__ static void mbar_stuck(const P &, int32_t) { __trap(); }
 };
 
 // TMA store of the tile into `c_map` (the local C, or a peer's buffer mapped here).
@@ -212,6 +231,17 @@ template <class OutT> struct EpiTmaReduceAdd : EpiTmaStore<OutT> {
 
 // ---- shared memory layout --------------------------------------------------------------------
 
+constexpr int kSigDepth = 4; // tiles whose signal may wait for the signal warp
+
+// Epi::kSignalWarp (kSignal epilogues, optional, false if absent): the consumers hand each
+// finished tile to warp 1 of the producer warpgroup, idle otherwise, which calls Epi::signal
+// for it. A signal that fences at system scope then stalls that warp instead of a consumer
+// warp (and with it the warpgroup's next wgmma).
+template <class E, class = void> struct SignalWarpOf { static constexpr bool value = false; };
+template <class E> struct SignalWarpOf<E, decltype(void(E::kSignalWarp))> {
+  static constexpr bool value = E::kSignalWarp;
+};
+
 template <int Stages, int EpiBytes, int BN = kBlockN> struct SmemLayout {
   static constexpr int kTileB = BN * kBlockK * 2;
   static constexpr int kA = 0;
@@ -220,7 +250,10 @@ template <int Stages, int EpiBytes, int BN = kBlockN> struct SmemLayout {
   static constexpr int kFull = kC + 2 * EpiBytes;
   static constexpr int kEmpty = kFull + Stages * 8;
   static constexpr int kSlot = kEmpty + Stages * 8;
-  static constexpr int kEnd = kSlot + Stages * 4;
+  static constexpr int kSigFull = (kSlot + Stages * 4 + 7) / 8 * 8; // the signal ring (kSigDepth)
+  static constexpr int kSigEmpty = kSigFull + kSigDepth * 8;
+  static constexpr int kSigSlot = kSigEmpty + kSigDepth * 8; // {mb, nb} per entry
+  static constexpr int kEnd = kSigSlot + kSigDepth * 8;
   static constexpr int kDynamicBytes = kEnd + 1024; // slack to align the base to 1024
   static_assert(EpiBytes % kBoxBytes == 0, "epilogue buffer holds whole boxes");
 };
@@ -294,14 +327,44 @@ template <int EpiBytes, int BN, class Out> constexpr int epi_passes() {
 // completed. `Pending` groups of this thread may still be in flight (the next tile's), so the
 // stores of a tile overlap the next tile's mainloop instead of stalling the consumers: with
 // fp32 tiles stored to a peer over NVLink the wait cost tw_gemm_rs up to half its GEMM speed.
+// The consumers' end of the signal ring (SignalWarpOf<Epi>): entry i, its phase.
+struct SigRing {
+  uint64_t *full, *empty;
+  int32_t *slot;
+  int i;
+  uint32_t phase;
+  // false: no free entry within timeout_ns.
+  __device__ __forceinline__ bool post(int32_t mb, int32_t nb, uint64_t timeout_ns) {
+    if (!ptx::mbar_wait_for(&empty[i], phase ^ 1, timeout_ns))
+      return false;
+    slot[2 * i] = mb;
+    slot[2 * i + 1] = nb;
+    ptx::mbar_arrive(&full[i]); // release: the stores' completion seen by this thread goes along
+    if (++i == kSigDepth) {
+      i = 0;
+      phase ^= 1;
+    }
+    return true;
+  }
+};
+
+template <class Params> __device__ __forceinline__ uint64_t mbar_timeout(const Params &p) {
+  return p.mbar_timeout_ns ? p.mbar_timeout_ns : kMbarTimeoutDefaultNs;
+}
+
 template <int Pending, class Epi, class Params>
 __device__ __forceinline__ void signal_after_stores(const Params &p, int wg, int wg_thread,
-                                                    int32_t mb, int32_t nb) {
+                                                    int32_t mb, int32_t nb, SigRing &ring) {
   if (wg_thread == 0)
     ptx::bulk_wait<Pending>(); // writes performed, not just read out
   ptx::named_bar_sync(kBarConsumers, 256);
-  if (wg == 0 && wg_thread == Epi::signal_thread(p.epi))
-    Epi::signal(p.epi, mb, nb);
+  if (wg == 0 && wg_thread == Epi::signal_thread(p.epi)) {
+    if constexpr (SignalWarpOf<Epi>::value) {
+      if (!ring.post(mb, nb, mbar_timeout(p)))
+        Params::WaitType::mbar_stuck(p.wait, kStuckSignalPost * 16 + ring.i);
+    } else
+      Epi::signal(p.epi, mb, nb);
+  }
 }
 
 } // namespace detail
@@ -326,15 +389,31 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + L::kFull);
   uint64_t *empty = reinterpret_cast<uint64_t *>(smem + L::kEmpty);
   volatile int32_t *slot = reinterpret_cast<volatile int32_t *>(smem + L::kSlot);
+  constexpr bool kSigWarp = SignalWarpOf<Epi>::value;
+  static_assert(!kSigWarp || Epi::kSignal, "a signal warp serves kSignal epilogues");
+  uint64_t *sig_full = reinterpret_cast<uint64_t *>(smem + L::kSigFull);
+  uint64_t *sig_empty = reinterpret_cast<uint64_t *>(smem + L::kSigEmpty);
+  int32_t *sig_slot = reinterpret_cast<int32_t *>(smem + L::kSigSlot);
   const int wg = threadIdx.x / 128;
   const int wg_thread = threadIdx.x % 128;
   const int32_t k_blocks = p.k_blocks;
+  const uint64_t timeout_ns = detail::mbar_timeout(p);
+  // Every mbarrier wait is bounded; an expired one is an internal stall: reported, never a hang.
+  auto wait = [&](uint64_t *bar, uint32_t parity, int32_t code) {
+    if (!ptx::mbar_wait_for(bar, parity, timeout_ns))
+      Wait::mbar_stuck(p.wait, code);
+  };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < Stages; s++) {
       ptx::mbar_init(&full[s], 1);
       ptx::mbar_init(&empty[s], 8 * kCluster); // one arrival per consumer warp of the cluster
     }
+    if constexpr (kSigWarp)
+      for (int s = 0; s < kSigDepth; s++) {
+        ptx::mbar_init(&sig_full[s], 1);
+        ptx::mbar_init(&sig_empty[s], 1);
+      }
     ptx::mbar_init_fence();
   }
   if constexpr (kPair)
@@ -366,7 +445,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         int32_t a_row = mb * kBlockM;
         Wait::a_source(p.wait, mb, a_map, a_row);
         for (int32_t kb = 0; kb < k_blocks; kb++) {
-          ptx::mbar_wait(&empty[stage], phase ^ 1);
+          wait(&empty[stage], phase ^ 1, kStuckProducerEmpty * 16 + stage);
           if (kb == 0)
             slot[stage] = t;
           ptx::mbar_arrive_expect_tx(&full[stage], kTileABytes + kTileB);
@@ -388,11 +467,29 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
           t += ctas;
       }
       // End marker: a stage with no data whose slot says -1.
-      ptx::mbar_wait(&empty[stage], phase ^ 1);
+      wait(&empty[stage], phase ^ 1, kStuckProducerEmpty * 16 + stage);
       slot[stage] = -1;
       ptx::mbar_arrive(&full[stage]);
       if constexpr (kDynamic)
         queue_leave(p.queue, p.participants);
+    }
+    if constexpr (kSigWarp) {
+      if (wg_thread == 32) { // the signal warp: each tile the consumers post, until mb < 0
+        int i = 0;
+        uint32_t phase = 0;
+        for (;;) {
+          wait(&sig_full[i], phase, kStuckSignalFull * 16 + i);
+          const int32_t mb = sig_slot[2 * i], nb = sig_slot[2 * i + 1];
+          if (mb < 0)
+            break;
+          Epi::signal(p.epi, mb, nb);
+          ptx::mbar_arrive(&sig_empty[i]);
+          if (++i == kSigDepth) {
+            i = 0;
+            phase ^= 1;
+          }
+        }
+      }
     }
     if constexpr (kRestoreRegs)
       ptx::setmaxnreg_inc<168>(); // back to the entry split, for code after the loop
@@ -415,8 +512,9 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
     int stage = 0;
     uint32_t phase = 0;
     int32_t sig_mb = -1, sig_nb = 0; // kSignal: the tile whose signal is still owed
+    detail::SigRing ring{sig_full, sig_empty, sig_slot, 0, 0};
     for (;;) {
-      ptx::mbar_wait(&full[stage], phase);
+      wait(&full[stage], phase, kStuckConsumerFull * 16 + stage);
       const int32_t t = slot[stage];
       if (t < 0)
         break;
@@ -427,7 +525,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       int prev_stage = stage;
       for (int32_t kb = 0; kb < k_blocks; kb++) {
         if (kb > 0)
-          ptx::mbar_wait(&full[stage], phase);
+          wait(&full[stage], phase, kStuckConsumerFull * 16 + stage);
         const uint64_t da =
             ptx::wgmma_desc_sw128(smem + L::kA + stage * kTileABytes + cwg * kBoxRows * 128);
         const uint64_t db = ptx::wgmma_desc_sw128(smem + L::kB + stage * kTileB);
@@ -455,13 +553,17 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       if constexpr (Epi::kSignal) { // the previous tile's signal, this tile's stores in flight
         if (sig_mb >= 0)
           detail::signal_after_stores<detail::epi_passes<EpiBytes, BN, typename Epi::Out>(), Epi>(
-              p, cwg, wg_thread, sig_mb, sig_nb);
+              p, cwg, wg_thread, sig_mb, sig_nb, ring);
         sig_mb = mb, sig_nb = nb;
       }
     }
     if constexpr (Epi::kSignal)
       if (sig_mb >= 0)
-        detail::signal_after_stores<0, Epi>(p, cwg, wg_thread, sig_mb, sig_nb);
+        detail::signal_after_stores<0, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);
+    if constexpr (kSigWarp)
+      if (cwg == 0 && wg_thread == Epi::signal_thread(p.epi))
+        if (!ring.post(-1, 0, timeout_ns)) // the signal warp may leave
+          Wait::mbar_stuck(p.wait, kStuckSignalPost * 16 + ring.i);
     if (wg_thread == 0)
       ptx::bulk_wait<0>(); // shared memory must outlive the last stores
     if constexpr (kRestoreRegs)

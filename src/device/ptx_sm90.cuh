@@ -11,9 +11,6 @@
 
 #include <cuda.h>
 #include <stdint.h>
-#ifdef TW_MBAR_TIMEOUT_DEBUG
-#include <cstdio>
-#endif
 
 namespace tw {
 namespace ptx {
@@ -47,39 +44,30 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
 
 __device__ __forceinline__ uint64_t globaltimer_ns();
 
-// Spins until the phase with the given parity has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
-#ifdef TW_MBAR_TIMEOUT_DEBUG // diagnostic builds: report a wait over 5 s, then trap
-  uint64_t t0 = 0;
-  for (uint32_t i = 0;; i++) {
-    uint32_t done;
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(smem_u32(bar)), "r"(parity)
-                 : "memory");
-    if (done)
-      return;
-    if ((i & 1023) == 1023) {
-      const uint64_t now = globaltimer_ns();
-      if (!t0)
-        t0 = now;
-      else if (now - t0 > 5000000000ull) {
-        printf("mbar_wait stuck: block %d thread %d smem bar 0x%x parity %u\n", (int)blockIdx.x,
-               (int)threadIdx.x, smem_u32(bar), parity);
-        __trap();
-      }
-    }
-  }
-#endif
-  asm volatile("{\n"
-               ".reg .pred done;\n"
-               "wait_%=:\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-               "@!done bra wait_%=;\n"
-               "}\n" ::"r"(smem_u32(bar)),
-               "r"(parity)
+// One try_wait on the phase with the given parity (the hardware suspends the thread for a
+// while before it reports the phase incomplete).
+__device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+               "selp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(done)
+               : "r"(smem_u32(bar)), "r"(parity)
                : "memory");
+  return done != 0;
+}
+
+// Spins until the phase with the given parity has completed (true) or timeout_ns have passed
+// (false: the caller reports it). The clock is read only once the first try has failed.
+__device__ __forceinline__ bool mbar_wait_for(uint64_t *bar, uint32_t parity, uint64_t timeout_ns) {
+  if (mbar_try_wait(bar, parity))
+    return true;
+  const uint64_t t0 = globaltimer_ns();
+  for (;;) {
+    if (mbar_try_wait(bar, parity))
+      return true;
+    if (globaltimer_ns() - t0 > timeout_ns)
+      return false;
+  }
 }
 
 // ---- clusters ---------------------------------------------------------------------------

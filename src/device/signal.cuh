@@ -129,6 +129,16 @@ tw_record_wait_failure(const tw_dev_comm_t &dc, uint32_t status, int op, const u
   }
 }
 
+/* An internal stall: an mbarrier wait of the GEMM pipeline expired (`code`: the GEMM core's
+ * kStuck* * 16 + stage). Recorded in the comm's error block (peer TW_ERR_PEER_PIPELINE), every
+ * reachable rank told to stop waiting, then a trap: this CTA cannot finish its loop. */
+static __device__ __forceinline__ void tw_pipeline_stall(const tw_dev_comm_t &dc, int op,
+                                                         int code) {
+  tw_record_wait_failure(dc, TW_ERR_DEVICE_TIMEOUT, op, (const uint64_t *)dc.ctrl, 0, 0,
+                         TW_ERR_PEER_PIPELINE, code);
+  __trap();
+}
+
 static __device__ __forceinline__ bool tw_aborted(const tw_dev_comm_t &dc) {
   return tw_ld_relaxed_sys_u32(&dc.ctrl->abort) != 0u;
 }

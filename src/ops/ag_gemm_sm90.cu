@@ -105,6 +105,9 @@ struct AgWait : NoWait {
     }
     tw_fence_proxy_async_global();
   }
+  __device__ static void mbar_stuck(const Params &p, int32_t code) {
+    tw_pipeline_stall(p.dc, p.ch, code);
+  }
 };
 
 template <class Out> struct AgParams {
@@ -258,6 +261,7 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
   p.gemm.queue = (TileQueue *)comm->ctrl->tile_queue[ch];
   p.gemm.participants = plan.ctas;
   p.gemm.k_blocks = (int32_t)((a.k + kBlockK - 1) / kBlockK);
+  p.gemm.mbar_timeout_ns = fused_mbar_timeout_ns(comm->dev.timeout_ns);
   p.gemm.wait.dc = comm->dev;
   p.gemm.wait.m_local = (int32_t)a.m_local;
   p.gemm.wait.rows_per_chunk = plan.rows_per_chunk;

@@ -19,6 +19,13 @@
 namespace tw {
 namespace gemm {
 
+/* GemmParams::mbar_timeout_ns of a fused op: above the flag bound (TW_WAIT_TIMEOUT_MS) that a
+ * producer's readiness hook may spend before a tile's loads, plus a tile. The fused ops' hooks
+ * report an expired pipeline wait with tw_pipeline_stall (src/device/signal.cuh). */
+inline uint64_t fused_mbar_timeout_ns(uint64_t flag_timeout_ns) {
+  return 2 * flag_timeout_ns + 10ull * 1000 * 1000 * 1000;
+}
+
 /* GemmParams::a_map and b_map: bf16 A [rows, k] (leading dimension lda) in {kBlockK, kBlockM}
  * boxes, bf16 B [n, k] (ldb) in {kBlockK, b_box_rows} boxes. Errors name `op` and the operand
  * (`a_name` for A). */

@@ -53,6 +53,17 @@ extern "C" {
 
 using namespace tw::gemm;
 
+/* Measurement-only builds (-DTW_RS_DIAG=bits; results are WRONG, run tw-bench --no-check): each
+ * bit removes one cost of the fused GEMM phase so its share of the time shows.
+ * 1: every tile's partials go to this rank's own slot (no NVLink / peer stores);
+ * 2: tile counts by a relaxed atomic, no release fence; 4: no partial stores at all;
+ * 8: the reduce and gather CTAs wait for the counts but move no data;
+ * 16: the plain GEMM's grouped tile order (rows rotated) instead of bands (the reduction
+ * then waits long); 32: the tile signals from a consumer thread (no signal warp). */
+#ifndef TW_RS_DIAG
+#define TW_RS_DIAG 0
+#endif
+
 namespace {
 
 constexpr int kStages = 3;
@@ -103,6 +114,9 @@ struct RsWait : NoWait {
     else
       wait_entered(p.dc, p.ch, row0 / p.m_local, last / p.m_local, tw_op_begin(p.dc, p.ch));
   }
+  __device__ static void mbar_stuck(const Params &p, int32_t code) {
+    tw_pipeline_stall(p.dc, p.ch, code);
+  }
 };
 
 /* After a tile's accumulation: boxes of partials (P: float, or bf16 with
@@ -110,6 +124,9 @@ struct RsWait : NoWait {
 template <class P> struct RsEpi {
   using Out = P;
   static constexpr bool kSignal = true;
+  /* The system-scope release of every tile's count runs on the producer warpgroup's warp 1,
+   * not on a consumer warp (where it stalled the warpgroup's next wgmma): see docs/PERF.md. */
+  static constexpr bool kSignalWarp = !(TW_RS_DIAG & 32);
   struct Params {
     CUtensorMap slot_map[kMaxWorld];  /* owner o's slot for this rank: P [m_local, n] */
     uint64_t *owner_flags[kMaxWorld]; /* owner o's flags of the channel */
@@ -131,6 +148,10 @@ template <class P> struct RsEpi {
     return (p.sig & 1) ? 32 : 0;
   }
   __device__ __forceinline__ static void add(const Params &p, uint64_t *flag) {
+    if (TW_RS_DIAG & 2) {
+      atomicAdd(reinterpret_cast<unsigned long long *>(flag), 1ull);
+      return;
+    }
     if (p.sig & 4)
       tw_red_release_gpu_add(flag, 1);
     else
@@ -143,7 +164,7 @@ template <class P> struct RsEpi {
   }
   __device__ __forceinline__ static void issue_box(const Params &p, const void *box, int32_t col,
                                                    int32_t row) {
-    if (row >= p.m)
+    if (row >= p.m || (TW_RS_DIAG & 4))
       return;
     if (p.pull) { /* owners read it from here when they reduce */
       tw::ptx::tma_store_2d(&p.slot_map[0], box, col, row);
@@ -178,7 +199,7 @@ template <class P> struct RsEpi {
     tw_trace_tile(p.trace, TW_TR_DONE, mb, nb);
     const int32_t row0 = mb * kBlockM;
     const int32_t last = min(row0 + kBlockM, p.m) - 1;
-    if (!(p.sig & 2)) {
+    if (!(p.sig & 2) && !(TW_RS_DIAG & 2)) {
       if (p.sig & 4)
         tw_fence_acq_rel_gpu();
       else
@@ -254,6 +275,8 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16 *src) {
  * per thread a CTA had only world x 6 KiB in flight and a reduce CTA moved ~12 GB/s. */
 template <int kItems, class P>
 __device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int me, int32_t u) {
+  if (TW_RS_DIAG & 8)
+    return;
   int32_t r0, r1, c0, c1;
   unit_rect(p, me, u, r0, r1, c0, c1);
   const int32_t quads = (c1 - c0) / 4;
@@ -305,6 +328,8 @@ __device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int
  * loads in flight per thread. */
 template <int kItems, class P>
 __device__ __forceinline__ void gather_unit(const RsParams<P> &p, int32_t o, int32_t u) {
+  if (TW_RS_DIAG & 8)
+    return;
   int32_t r0, r1, c0, c1;
   unit_rect(p, o, u, r0, r1, c0, c1);
   const int32_t vecs = (c1 - c0) / 8;
@@ -490,13 +515,14 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   const size_t reduced_offset = slot_bytes * (size_t)world;
   for (int o = 0; o < world; o++) {
     char *owner_ws = (char *)tw_heap_peer_ptr(comm, a.workspace, o);
+    char *store_ws = (TW_RS_DIAG & 1) ? (char *)a.workspace : owner_ws;
     st = tw_tma_map_2d(&p.gemm.epi.slot_map[o], kMapType, sizeof(P),
-                       owner_ws + slot_bytes * (size_t)rank, a.n, m_local, a.n, 128 / sizeof(P),
+                       store_ws + slot_bytes * (size_t)rank, a.n, m_local, a.n, 128 / sizeof(P),
                        kBoxRows, "tw_gemm_rs: cuTensorMapEncodeTiled(staging)");
     if (st != TW_SUCCESS)
       return st;
     p.gemm.epi.owner_flags[o] = &comm->dev.peer_ctrl[o]->flags[ch][0];
-    p.gemm.epi.slot[o] = (P *)(owner_ws + slot_bytes * (size_t)rank);
+    p.gemm.epi.slot[o] = (P *)(store_ws + slot_bytes * (size_t)rank);
     p.reduced_peer[o] = (const __nv_bfloat16 *)(owner_ws + reduced_offset);
   }
   p.gemm.epi.n = (int32_t)a.n;
@@ -540,9 +566,14 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   o.group_m = interleave ? world : o.m_blocks;
   o.group_n = plan.band;
   o.rotate_mb = plan.direct ? 0 : tw_rs_mb_first((rank + 1) % world, (int32_t)m_local);
+  if (TW_RS_DIAG & 16) {
+    o.order = kOrderRotated;
+    o.group_m = o.m_blocks < 16 ? o.m_blocks : 16;
+  }
   p.gemm.queue = (TileQueue *)comm->ctrl->tile_queue[ch];
   p.gemm.participants = plan.ctas;
   p.gemm.k_blocks = (int32_t)((a.k + kBlockK - 1) / kBlockK);
+  p.gemm.mbar_timeout_ns = fused_mbar_timeout_ns(comm->dev.timeout_ns);
   p.gemm.wait.dc = comm->dev;
   p.gemm.wait.ch = ch;
   p.gemm.wait.m_local = (int32_t)m_local;

@@ -622,6 +622,34 @@ static const char *channel_name(int ch) {
   return (ch >= 0 && ch < TW_NUM_CHANNELS) ? names[ch] : "unknown";
 }
 
+void tw_err_block_format(const volatile tw_err_block_t *e, int wait_timeout_ms, char *buf,
+                         size_t len) {
+  const uint32_t code = e->status;
+  if (e->peer == TW_ERR_PEER_PIPELINE) {
+    static const char *const roles[] = {
+        "?", "producer waiting for a free stage", "consumer waiting for a stage's loads",
+        "signal warp waiting for a tile", "consumer waiting for a signal-ring entry"};
+    const int role = e->what / 16;
+    snprintf(buf, len,
+             "%s: rank %d, op %s, block %d: internal stall in the GEMM pipeline (%s, stage %d) "
+             "for longer than its bound (2 x TW_WAIT_TIMEOUT_MS = %d ms, + 10 s); the kernel "
+             "trapped. Please report it. The comm is unusable: destroy it.",
+             tw_status_string((tw_status_t)code), e->rank, channel_name(e->op), e->block,
+             roles[role >= 1 && role <= 4 ? role : 0], e->what % 16, 2 * wait_timeout_ms);
+    return;
+  }
+  char peer[32] = "unknown";
+  if (e->peer >= 0)
+    snprintf(peer, sizeof(peer), "%d", e->peer);
+  snprintf(buf, len,
+           "%s: rank %d, op %s, block %d, item %d: waited for flag at %#llx (control-block offset "
+           "%#llx) to reach %llu, last saw %llu; peer expected to signal: %s; wait bound %d ms "
+           "(TW_WAIT_TIMEOUT_MS). The comm is unusable: destroy it.",
+           tw_status_string((tw_status_t)code), e->rank, channel_name(e->op), e->block, e->what,
+           (unsigned long long)e->flag_addr, (unsigned long long)e->flag_offset,
+           (unsigned long long)e->expected, (unsigned long long)e->seen, peer, wait_timeout_ms);
+}
+
 tw_status_t tw_comm_async_error(tw_comm_t comm, tw_status_t *async_status) {
   tw_status_t st = tw_comm_check(comm);
   if (st == TW_SUCCESS && !async_status)
@@ -634,17 +662,7 @@ tw_status_t tw_comm_async_error(tw_comm_t comm, tw_status_t *async_status) {
   if (code == TW_SUCCESS)
     return TW_SUCCESS;
   __sync_synchronize();
-  char peer[32] = "unknown";
-  if (e->peer >= 0)
-    snprintf(peer, sizeof(peer), "%d", e->peer);
-  snprintf(comm->last_error, sizeof(comm->last_error),
-           "%s: rank %d, op %s, block %d, item %d: waited for flag at %#llx (control-block offset "
-           "%#llx) to reach %llu, last saw %llu; peer expected to signal: %s; wait bound %d ms "
-           "(TW_WAIT_TIMEOUT_MS). The comm is unusable: destroy it.",
-           tw_status_string((tw_status_t)code), e->rank, channel_name(e->op), e->block, e->what,
-           (unsigned long long)e->flag_addr, (unsigned long long)e->flag_offset,
-           (unsigned long long)e->expected, (unsigned long long)e->seen, peer,
-           comm->config.wait_timeout_ms);
+  tw_err_block_format(e, comm->config.wait_timeout_ms, comm->last_error, sizeof(comm->last_error));
   return TW_SUCCESS;
 }
 

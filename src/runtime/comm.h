@@ -146,6 +146,11 @@ tw_status_t tw_allgather_preload(void);
 tw_status_t tw_gemm_preload(void);
 tw_status_t tw_ag_gemm_preload(void);
 
+/* The message of a recorded device error (tw_comm_async_error's last_error): a flag wait that
+ * expired, or (peer TW_ERR_PEER_PIPELINE) a stalled GEMM pipeline. */
+void tw_err_block_format(const volatile tw_err_block_t *e, int wait_timeout_ms, char *buf,
+                         size_t len);
+
 /* Makes `device` current; returns the previous one in *prev. */
 tw_status_t tw_set_device(int device, int *prev);
 

@@ -56,11 +56,15 @@ typedef struct tw_ctrl {
 
 /* Written by the first kernel wait that fails; host-mapped pinned memory so
  * the host can read it even after the kernel died. `status` is written last. */
+/* tw_err_block_t.peer of an internal stall: an mbarrier wait of the GEMM pipeline expired. */
+#define TW_ERR_PEER_PIPELINE (-3)
+
 typedef struct tw_err_block {
   volatile uint32_t status; /* tw_status_t; 0 = no error */
   int32_t rank;             /* rank whose wait failed */
   int32_t op;               /* tw_channel_t of the op */
-  int32_t peer;             /* rank expected to signal, -1 if unknown */
+  int32_t peer;             /* rank expected to signal, -1 if unknown; TW_ERR_PEER_PIPELINE:
+                               a GEMM pipeline stall (what = the GEMM core's stuck code) */
   uint64_t flag_offset;     /* flag address minus the waiter's ctrl base (or raw address) */
   uint64_t flag_addr;
   uint64_t expected;

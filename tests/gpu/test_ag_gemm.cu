@@ -118,6 +118,8 @@ static void fill_inputs(fixture *f, uint64_t seed, int in_place) {
     use(f, r);
     tw_stream_t s = (tw_stream_t)f->streams[r];
     tw_test_fill_bf16(f->a[r], (size_t)f->m_local * f->k, seed + 31 * r, s);
+    /* The gathered output is poisoned every call: the fused op must write all of it. */
+    tw_test_poison(f->gathered[r], (size_t)f->m_local * f->world * f->k * 2, s);
     if (in_place)
       CUDA_OK(cudaMemcpyAsync((char *)f->gathered[r] + (size_t)r * f->m_local * f->k * 2, f->a[r],
                               (size_t)f->m_local * f->k * 2, cudaMemcpyDeviceToDevice,
@@ -216,6 +218,10 @@ static unsigned long long checked_calls(fixture *f, int calls, uint64_t seed, ui
       enqueue_unfused(f, r); /* leaves rank r's GPU current */
       tw_test_count_diff_async(f->c[r], f->c2[r], c_bytes(f), f->bad[r],
                                (tw_stream_t)f->streams[r]);
+      if (!no_gathered_out) /* the gathered A too */
+        tw_test_count_diff_async(f->gathered[r], f->gathered2[r],
+                                 (size_t)f->m_local * f->world * f->k * 2, f->bad[r],
+                                 (tw_stream_t)f->streams[r]);
     }
   }
   sync_all(f);

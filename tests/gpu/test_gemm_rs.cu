@@ -521,6 +521,16 @@ int main(int argc, char **argv) {
        170,
        4,
        0},
+      /* TW_RS_SIGNAL=7: the signal warp without the separate fence (the default signal bits
+       * before the fifth session). */
+      {"TW_RS_SIGNAL",
+       "7",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}},
+       175,
+       4,
+       0},
       /* TW_PARTIALS_BF16: bf16 partials, fp32 rank-ordered sum; bitwise the unfused pipeline
        * with bf16 GEMM output. The default path, then pull and the direct all-reduce. */
       {NULL,

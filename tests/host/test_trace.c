@@ -122,5 +122,26 @@ int main(void) {
   TEST_ASSERT(tw_trace_format_live(rows, 1, 42, 1.0, tiny, sizeof(tiny)) == 1 &&
                   strlen(tiny) == sizeof(tiny) - 1,
               "truncated report: \"%s\"", tiny);
+
+  /* The messages of recorded device errors (tw_comm_async_error): an expired flag wait, and a
+   * stalled GEMM pipeline (an expired mbarrier wait, which traps). */
+  tw_err_block_t e;
+  memset(&e, 0, sizeof(e));
+  char msg[1024];
+  e.status = TW_ERR_DEVICE_TIMEOUT, e.rank = 3, e.op = TW_CH_GEMM_AR, e.peer = 1;
+  e.flag_offset = 0x40, e.expected = 7, e.seen = 6, e.block = 12, e.what = 5;
+  tw_err_block_format(&e, 10000, msg, sizeof(msg));
+  TEST_ASSERT(strstr(msg, "rank 3, op gemm_ar, block 12, item 5") && strstr(msg, "reach 7") &&
+                  strstr(msg, "last saw 6") && strstr(msg, "signal: 1") && strstr(msg, "10000 ms"),
+              "flag wait message: \"%s\"", msg);
+  e.peer = TW_ERR_PEER_PIPELINE, e.what = 2 * 16 + 1; /* kStuckConsumerFull, stage 1 */
+  tw_err_block_format(&e, 10000, msg, sizeof(msg));
+  TEST_ASSERT(strstr(msg, "rank 3, op gemm_ar, block 12: internal stall in the GEMM pipeline "
+                          "(consumer waiting for a stage's loads, stage 1)") &&
+                  strstr(msg, "20000 ms") && strstr(msg, "trapped"),
+              "pipeline stall message: \"%s\"", msg);
+  e.what = 9 * 16; /* an unknown role still formats */
+  tw_err_block_format(&e, 10000, msg, sizeof(msg));
+  TEST_ASSERT(strstr(msg, "(?, stage 0)") != NULL, "unknown role: \"%s\"", msg);
   return tw_test_finish();
 }
