@@ -14,6 +14,8 @@
 # to $OUT (default ./gpu-suite-out): suite.log, summary.txt, bench-json.tgz (tw-bench --json).
 #   TW_SUITE_DEADLINE_S=400   start no step after 400 s (the rest are listed as SKIP(deadline)),
 #                             so a run under a device time limit still ends with its summary
+#   TW_SUITE_STEP_CAP_S=150   no step runs longer than 150 s (a stuck step then costs that,
+#                             not the rest of the run; the longest normal step, pytest, ~130 s)
 # Killed (SIGTERM / SIGINT, e.g. by an outer `timeout`), it stops the running step and still
 # writes the summary and the bundle: a lent machine returns only a few files.
 set -u
@@ -43,6 +45,9 @@ step() {
   local name=$1 limit=$2
   shift 2
   local t0=$SECONDS rc
+  if [ "${TW_SUITE_STEP_CAP_S:-0}" -gt 0 ] && [ "$limit" -gt "$TW_SUITE_STEP_CAP_S" ]; then
+    limit=$TW_SUITE_STEP_CAP_S
+  fi
   if [ "$deadline" -gt 0 ] && [ $SECONDS -ge "$deadline" ]; then
     summary+=("$(printf '%-34s %-14s' "$name" 'SKIP(deadline)')")
     echo "$name: SKIP(deadline)"
