@@ -12,14 +12,20 @@
  * `group_units` at a time behind one flag (so any shape fits the channel's
  * flag slice); a group is the reduce (and all-gather) work item.
  *
- * Flags of the op's channel on each rank:
- *   [0, groups_max)                         tile counters: every rank adds 1 per
+ * Flags of the op's channel on each rank, in a layout fixed by the comm's world alone
+ * (stride S = tw_rs_flag_stride(world); every plan keeps its groups within S), so calls of
+ * any shapes, and the direct scheme, can follow each other on one comm:
+ *   [0, S)                                  tile counters: every rank adds 1 per
  *       unit it stored into this rank's staging (red.release.sys); the reduce CTA
  *       waits for world * units-in-group, then resets the counter to 0 (no rank
- *       writes it again before this rank's entry into the next call).
- *   [groups_max + o * groups_max + g]       (all-reduce) owner o finished group g:
- *       set to the epoch; this rank then copies it from o's workspace.
+ *       writes it again before this rank's entry into the next call). Every counter
+ *       a call uses ends at 0.
+ *   [S + o * S + g]                         (all-reduce) owner o finished group g:
+ *       set to the epoch (which only grows); this rank then copies it from o's workspace.
  *   TW_CHANNEL_FLAGS - 1 / - 2              reduce / gather work queues.
+ * (Until the fifth session the stride was the call's own group count: a later call with
+ * more groups found an earlier call's ready epochs in its counters and reduced before the
+ * partials landed, e.g. tw-bench's direct all-reduce after the default one, docs/PERF.md.)
  *
  * Workspace (symmetric, per rank): staging [world][m_local][n] of fp32 (of bf16
  * with TW_PARTIALS_BF16, packed the same way; the size asked for is the fp32
@@ -33,6 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "devcomm.h"
 #include "tilewire.h"
 
 #ifdef __cplusplus
@@ -52,14 +59,22 @@ typedef struct tw_gemm_rs_plan_args {
   int all_reduce;
   int band_env;      /* TW_RS_BAND (0: unset) */
   int partial_bytes; /* 4 (fp32 partials) or 2 (TW_PARTIALS_BF16); 0 counts as 4 */
+  int comm_world;    /* the comm's world, which fixes the flag layout (0: world) */
 } tw_gemm_rs_plan_args_t;
+
+/* Counters per channel, and the stride of the all-reduce ready flags: fixed by the comm's
+ * world (see the flag layout above). */
+static inline int tw_rs_flag_stride(int comm_world) {
+  return (TW_CHANNEL_FLAGS - 2) / (1 + comm_world);
+}
 
 typedef struct tw_gemm_rs_plan {
   int ctas;        /* grid: every CTA runs the GEMM loop */
   int band;        /* column blocks per band of the tile order (and of the unit numbering) */
   int reduce_ctas; /* of which start on the reduction */
   int group_units; /* units behind one flag */
-  int groups_max;  /* groups of the owner with the most units */
+  int groups_max;  /* groups of the owner with the most units (<= flag_stride) */
+  int flag_stride; /* tw_rs_flag_stride(comm world): where the ready flags start */
   int direct;      /* tw_gemm_ar's direct scheme (set by the caller of make_plan) */
 } tw_gemm_rs_plan_t;
 

@@ -34,12 +34,11 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
     if (u > units_max)
       units_max = u;
   }
-  /* Counters (groups_max) + all-reduce ready flags (world * groups_max) + 2 queues. */
-  const int64_t slots = TW_CHANNEL_FLAGS - 2;
-  int64_t g = 1;
-  while (((units_max + g - 1) / g) * (1 + world) > slots)
-    g++;
+  /* Counters within the comm's fixed flag stride (gemm_rs.h), whatever this call's shape. */
+  const int64_t stride = tw_rs_flag_stride(a->comm_world > 0 ? a->comm_world : world);
+  const int64_t g = units_max > stride ? (units_max + stride - 1) / stride : 1;
   plan->group_units = (int)g;
+  plan->flag_stride = (int)stride;
   /* Band width of the tile order: B of a band (band x 256 x k bf16) stays in L2 while A
    * streams once per band. Only where A outgrows L2 (2 H200s, 2026-11-29: M=16384 K=2048,
    * A 64 MiB: 2.89 -> 2.65 ms fp32, 2.50 -> 2.19 bf16 partials with bands of 8); where A fits,

@@ -230,7 +230,7 @@ template <class P> struct RsParams {
   const __nv_bfloat16 *reduced_peer[kMaxWorld];
   int64_t ldo;
   int32_t n, m_local, n_blocks, band;
-  int32_t group_units, groups_max;
+  int32_t group_units, groups_max, flag_stride;
   int32_t reduce_ctas, all_reduce;
   int32_t steal; /* TW_RS_STEAL: GEMM CTAs take reduction work after the mainloop */
   /* tw_gemm_ar's direct scheme (TW_AR_DIRECT): every rank stores each fp32 tile into every
@@ -395,7 +395,7 @@ __device__ __forceinline__ void reduce_work(const RsParams<P> &p, uint64_t epoch
         tw_fence_acq_rel_sys();
         for (int q = 0; q < world; q++)
           if (q != me)
-            tw_st_release_sys(tw_peer_flag(dc, q, ch, p.groups_max * (1 + me) + item), epoch);
+            tw_st_release_sys(tw_peer_flag(dc, q, ch, p.flag_stride * (1 + me) + item), epoch);
       }
     }
   }
@@ -422,7 +422,7 @@ __device__ __forceinline__ void gather_work(const RsParams<P> &p, uint64_t epoch
         const int o = (me + 1 + item % (world - 1)) % world;
         const int32_t units = owner_units(p, o);
         if (g * p.group_units < units &&
-            !tw_wait_geq(dc, ch, tw_own_flag(dc, ch, p.groups_max * (1 + o) + g), epoch, o, g))
+            !tw_wait_geq(dc, ch, tw_own_flag(dc, ch, p.flag_stride * (1 + o) + g), epoch, o, g))
           item = items, *s_ok = 0;
       }
       *s_item = item;
@@ -597,6 +597,7 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   }
   p.group_units = plan.group_units;
   p.groups_max = plan.groups_max;
+  p.flag_stride = plan.flag_stride;
   p.reduce_ctas = plan.reduce_ctas;
   p.steal = (int32_t)tw_env_int(TW_RS_STEAL_ID);
   p.all_reduce = plan.direct ? 0 : all_reduce; /* direct: no gather phase */
@@ -705,7 +706,8 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                                a->reduce_sms,
                                direct ? 0 : all_reduce,
                                (int)tw_env_int(TW_RS_BAND_ID),
-                               a->partials == TW_PARTIALS_BF16 ? 2 : 4};
+                               a->partials == TW_PARTIALS_BF16 ? 2 : 4,
+                               world};
   tw_gemm_rs_make_plan(&pa, plan);
   plan->direct = direct;
   return TW_SUCCESS;

@@ -252,35 +252,77 @@ static void test_case(int world, int64_t m_local, int64_t n, int64_t k, int redu
   teardown(&f);
 }
 
+/* One call with fresh inputs (no host sync), checked on the GPU against the unfused pipeline
+ * into the ranks' bad counters. */
+static void checked_call(fixture *f, int ar, int reduce_sms, uint64_t seed) {
+  fill_inputs(f, seed);
+  enqueue_fused(f, ar, reduce_sms);
+  enqueue_unfused(f, ar);
+  for (int r = 0; r < f->world; r++) {
+    use(f, r);
+    tw_test_count_diff_async(f->out[r], f->out2[r], out_bytes(f, ar), f->bad[r],
+                             (tw_stream_t)f->streams[r]);
+  }
+  use(f, 0);
+}
+
+/* The ranks' bad counters summed (after a sync), then zeroed. */
+static unsigned long long take_bad(fixture *f) {
+  sync_all(f);
+  unsigned long long bad = 0;
+  for (int r = 0; r < f->world; r++) {
+    unsigned long long bad_r = 0;
+    use(f, r);
+    CUDA_OK(cudaMemcpy(&bad_r, f->bad[r], sizeof(bad_r), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemset(f->bad[r], 0, sizeof(bad_r)));
+    bad += bad_r;
+  }
+  use(f, 0);
+  return bad;
+}
+
 /* Many calls with fresh inputs, no host sync in between; each call checked on the GPU. */
 static void test_back_to_back(int world, int calls, uint64_t seed) {
   fixture f;
   setup(&f, world, 200, 256, 256);
   double t0 = tw_test_now();
-  for (int i = 0; i < calls; i++) {
-    const int ar = i & 1;
-    fill_inputs(&f, seed + (uint64_t)i * 7919);
-    enqueue_fused(&f, ar, 0);
-    enqueue_unfused(&f, ar);
-    for (int r = 0; r < world; r++) {
-      use(&f, r);
-      tw_test_count_diff_async(f.out[r], f.out2[r], out_bytes(&f, ar), f.bad[r],
-                               (tw_stream_t)f.streams[r]);
-    }
-    use(&f, 0);
-  }
-  sync_all(&f);
-  unsigned long long bad = 0;
-  for (int r = 0; r < world; r++) {
-    unsigned long long bad_r = 0;
-    CUDA_OK(cudaMemcpy(&bad_r, f.bad[r], sizeof(bad_r), cudaMemcpyDeviceToHost));
-    bad += bad_r;
-  }
+  for (int i = 0; i < calls; i++)
+    checked_call(&f, i & 1, 0, seed + (uint64_t)i * 7919);
+  const unsigned long long bad = take_bad(&f);
   TEST_ASSERT(bad == 0, "world %d: %d back-to-back calls: %llu words differ from unfused", world,
               calls, bad);
   check_async_errors(&f);
   printf("  world %d: %d back-to-back checked calls (rs and ar alternating) in %.2f s\n", world,
          calls, tw_test_now() - t0);
+  teardown(&f);
+}
+
+/* Calls of different shapes on one comm (as a model's layers make them): tw_gemm_ar with one
+ * unit group per owner, then with eight, then back. Until the fifth session the all-reduce's
+ * ready flags sat right after the call's own counters, so a call with more groups found the
+ * earlier calls' epochs in its counters and reduced before the partials landed. Enough calls
+ * first that the stale epochs reach the counters' target (world), and as many reduce CTAs as
+ * groups, so they all claim at once. */
+static void test_shape_changes(int world, uint64_t seed) {
+  fixture f;
+  setup(&f, world, 128, 2048, 1024); /* room for the larger shape */
+  const int reduce = f.budget > 8 ? 8 : f.budget - 1;
+  unsigned long long bad[3];
+  int calls = 0;
+  for (int phase = 0; phase < 3; phase++) {
+    f.n = phase == 1 ? 2048 : 256; /* 8 column blocks (8 groups per owner), then 1 */
+    for (int i = 0; i < world + 3; i++, calls++)
+      checked_call(&f, 1, reduce, seed + 131 * (uint64_t)calls);
+    bad[phase] = take_bad(&f);
+  }
+  TEST_ASSERT(bad[0] + bad[1] + bad[2] == 0,
+              "world %d: shapes changing on one comm: %llu / %llu / %llu words differ (n = 256, "
+              "2048, 256)",
+              world, bad[0], bad[1], bad[2]);
+  check_async_errors(&f);
+  printf("  world %d: %d checked all-reduce calls, n 256 -> 2048 -> 256 on one comm\n", world,
+         calls);
+  f.n = 2048; /* teardown frees what setup allocated */
   teardown(&f);
 }
 
@@ -436,6 +478,8 @@ int main(int argc, char **argv) {
       test_case(w, 1000, 512, 256, 3, seed + 50 * w);
   }
   test_back_to_back(small ? 2 : 4, small ? 20 : 1000, seed + 5000);
+  for (int wi = 1; wi < (small ? 2 : 5); wi++) /* worlds 2, 3, 4, 8 */
+    test_shape_changes(worlds[wi], seed + 5500 + wi);
   test_graph(small ? 2 : 4, 10, seed + 6000);
   static const env_cases_t cases[] = {
       /* TW_RS_STEAL=0 (the default is 1): only the reduce CTAs reduce; not a bit changes. */
