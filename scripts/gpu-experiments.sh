@@ -9,7 +9,7 @@
 # Sixth session (docs/PERF.md, fifth session, "open"):
 # 1. The hang: `tw-bench gemm_ar` on 8 virtual ranks stopped for good at the small-m shape
 #    (M=1024 N=8192 K=2048) in the fifth session's last suite, as the same step did once in the
-#    fourth. Four full sweeps with TW_WATCHDOG_S=30 (a stuck call reports what each CTA waits
+#    fourth. Four full sweeps with TW_WATCHDOG_S=15 (a stuck call reports what each CTA waits
 #    in) and the bounded pipeline waits (an expired one traps and names the barrier), then
 #    test_gemm_rs with TW_RS_INTERLEAVE=1 twice.
 # 2. With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses
@@ -57,12 +57,12 @@ for l in sys.stdin: print("%.3f, %s" % (time.time(), l.strip()), flush=True)' >"
 }
 trap 'tar czf "$out/experiments.tgz" -C "$out" logs; printf "%s\n" "${summary[@]}"; exit 1' TERM INT
 for i in 1 2 3 4; do
-  run "hang-vranks-gemm_ar-$i" 150 env TW_BENCH_VIRTUAL=1 TW_WATCHDOG_S=30 "$bin/tw-bench" gemm_ar \
+  run "hang-vranks-gemm_ar-$i" 150 env TW_BENCH_VIRTUAL=1 TW_WATCHDOG_S=15 "$bin/tw-bench" gemm_ar \
     --repeats 20 --warmup 5
 done
 for i in 1 2; do
   run "hang-test_gemm_rs-interleave-$i" 90 env TW_RS_INTERLEAVE=1 TW_TEST_VERBOSE=1 \
-    TW_WATCHDOG_S=30 stdbuf -oL -eL "$bin/test_gemm_rs"
+    TW_WATCHDOG_S=15 stdbuf -oL -eL "$bin/test_gemm_rs"
 done
 libs=${TW_DIAG_LIBS-}
 for d in ${libs:+0 $libs}; do

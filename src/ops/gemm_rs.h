@@ -60,6 +60,7 @@ typedef struct tw_gemm_rs_plan_args {
   int band_env;      /* TW_RS_BAND (0: unset) */
   int partial_bytes; /* 4 (fp32 partials) or 2 (TW_PARTIALS_BF16); 0 counts as 4 */
   int comm_world;    /* the comm's world, which fixes the flag layout (0: world) */
+  int shared_gpu;    /* 1: other ranks run on this rank's GPU (they share its L2) */
 } tw_gemm_rs_plan_args_t;
 
 /* Counters per channel, and the stride of the all-reduce ready flags: fixed by the comm's

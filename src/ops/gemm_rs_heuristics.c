@@ -44,12 +44,16 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * A 64 MiB: 2.89 -> 2.65 ms fp32, 2.50 -> 2.19 bf16 partials with bands of 8); where A fits,
    * wider bands only coarsen the reduction's pipeline (M=4096 N=4096 0.144 -> 0.174 ms,
    * M=8192 0.532 -> 0.599), so single columns stay. */
-  /* Measured, not taken (docs/PERF.md, fourth session): where every rank shares one GPU,
-   * single columns beat bands of 8 (8 virtual ranks: M=16384 22.4 -> 20.8 ms fp32, flux-tp8
-   * 10.8 -> 9.2 ms), but the suite run with that rule did not finish its 8-virtual-rank
-   * GEMM+AR benchmark (device time ran out waiting, cause not found), so the rule waits. */
+  /* Where ranks share one GPU they share its L2 too, and eight bands' B outgrow it: single
+   * columns there (8 virtual ranks: GEMM+RS M=16384 22.4 -> 20.8 ms fp32, flux-tp8 fp32
+   * 10.2 -> 9.1 and bf16 partials 9.6-10.0 -> 8.8, GEMM+AR flux-tp8 12.4 -> 10.9; fourth and
+   * fifth sessions). The fourth session held the rule back when the suite's 8-rank GEMM+AR
+   * step did not finish with it; the fifth saw that step stall without it (docs/PERF.md, "The
+   * hang"), so the stall is not the rule's. */
   const double a_bytes = (double)a->m * (double)a->k * 2.0;
-  int band = a->band_env > 0 ? a->band_env : a_bytes > TW_RS_L2_BYTES ? TW_RS_BAND_DEFAULT : 1;
+  int band = a->band_env > 0                              ? a->band_env
+             : a_bytes > TW_RS_L2_BYTES && !a->shared_gpu ? TW_RS_BAND_DEFAULT
+                                                          : 1;
   if (band > n_blocks)
     band = (int)n_blocks;
   plan->band = band < 1 ? 1 : band;

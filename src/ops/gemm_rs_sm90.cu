@@ -707,7 +707,8 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                                direct ? 0 : all_reduce,
                                (int)tw_env_int(TW_RS_BAND_ID),
                                a->partials == TW_PARTIALS_BF16 ? 2 : 4,
-                               world};
+                               world,
+                               comm->ranks_on_device > 1};
   tw_gemm_rs_make_plan(&pa, plan);
   plan->direct = direct;
   return TW_SUCCESS;
