@@ -38,11 +38,11 @@ TW_ENV(TW_RS_STEAL, bool, "1",
 TW_ENV(TW_RS_BAND, int, "0",
        "Column blocks per band of tw_gemm_rs / tw_gemm_ar's tile order (A is read once per band); "
        "0 lets the heuristic choose.")
-TW_ENV(TW_RS_INTERLEAVE, bool, "0",
-       "Experimental (hung intermittently on virtual ranks, docs/PERF.md): 1 makes tw_gemm_rs / "
-       "tw_gemm_ar with m / world a multiple of 128 interleave the owners' row blocks in each "
-       "band sweep (every world consecutive tiles go to world owners, so peer stores spread over "
-       "the whole GEMM); 0 sweeps one owner's rows after another.")
+TW_ENV(TW_RS_INTERLEAVE, int, "-1",
+       "tw_gemm_rs / tw_gemm_ar with m / world a multiple of 128: 1 interleaves the owners' row "
+       "blocks in each band sweep (every world consecutive tiles go to world owners, so peer "
+       "stores spread over the whole GEMM), 0 sweeps one owner's rows after another, -1 "
+       "interleaves with fp32 partials on distinct GPUs (where the stores wait on NVLink).")
 TW_ENV(TW_RS_SIGNAL, int, "5",
        "How tw_gemm_rs / tw_gemm_ar's GEMM epilogue signals a stored tile (for measurement): bit "
        "0 posts it from a warp without bulk stores in flight, bit 1 drops the separate fence "
