@@ -575,6 +575,25 @@ int main(int argc, char **argv) {
        175,
        4,
        0},
+      /* TW_RS_INTERLEAVE=1 / 0: the owners' row blocks interleaved in each band (the default
+       * for fp32 partials on distinct GPUs only) and not (shapes of whole row blocks per
+       * owner, where it applies; bands of 3 for several bands); same bits. */
+      {"TW_RS_INTERLEAVE",
+       "1",
+       "3",
+       TW_PARTIALS_FP32,
+       {{128, 256, 256, 0}, {1024, 1800, 512, 2}, {256, 1032, 128, 0}},
+       177,
+       4,
+       0},
+      {"TW_RS_INTERLEAVE",
+       "0",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{128, 256, 256, 0}, {1024, 1024, 512, 2}, {256, 1032, 128, 0}},
+       178,
+       2,
+       0},
       /* TW_PARTIALS_BF16: bf16 partials, fp32 rank-ordered sum; bitwise the unfused pipeline
        * with bf16 GEMM output. The default path, then pull and the direct all-reduce. */
       {NULL,
