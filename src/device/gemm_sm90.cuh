@@ -83,6 +83,7 @@ constexpr int kTileABytes = kBlockM * kBlockK * 2;
 // Named barrier ids (0 is __syncthreads).
 constexpr uint32_t kBarConsumerWg0 = 1; // +wg
 constexpr uint32_t kBarConsumers = 3;
+constexpr uint32_t kBarRegs = 4; // kRestoreRegs: every warp, once the consumers returned registers
 
 enum {
   kOrderDefault = 0,
@@ -491,8 +492,17 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         }
       }
     }
-    if constexpr (kRestoreRegs)
-      ptx::setmaxnreg_inc<168>(); // back to the entry split, for code after the loop
+    if constexpr (kRestoreRegs) {
+      // Back to the entry split, for code after the loop, once both consumer warpgroups have
+      // returned their registers (the barrier is also this warpgroup's explicit sync between
+      // its two setmaxnreg, which PTX requires). Until the fifth session the idle warps of
+      // this warpgroup increased right after their decrease and raced the consumers' increase
+      // for the CTA's register pool: a warp that won left the consumers blocked in setmaxnreg
+      // for good while it waited at the next CTA barrier, an unbounded hang, the likely cause
+      // of the intermittent tw_gemm_rs / tw_gemm_ar stalls (docs/PERF.md).
+      ptx::named_bar_sync(kBarRegs, kThreads);
+      ptx::setmaxnreg_inc<168>();
+    }
   } else {
     // ---------------- consumers ----------------
     ptx::setmaxnreg_inc<kConsumerRegs>();
@@ -566,8 +576,13 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
           Wait::mbar_stuck(p.wait, kStuckSignalPost * 16 + ring.i);
     if (wg_thread == 0)
       ptx::bulk_wait<0>(); // shared memory must outlive the last stores
-    if constexpr (kRestoreRegs)
+    if constexpr (kRestoreRegs) {
+      // PTX: a warpgroup's warps synchronize explicitly between two setmaxnreg (a CTA that ran
+      // no tile has met no other barrier since its increase).
+      ptx::named_bar_sync(kBarConsumerWg0 + cwg, 128);
       ptx::setmaxnreg_dec<168>();
+      ptx::named_bar_sync(kBarRegs, kThreads); // registers returned: the producers may take them
+    }
   }
   // No CTA of a pair leaves while its peer may still arrive on its barriers.
   if constexpr (kPair)
