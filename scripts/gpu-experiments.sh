@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The open questions of docs/PERF.md as one short device run (about 3 minutes; up to 12 if the hang comes back):
+# The open questions of docs/PERF.md as one short device run (about 5 minutes; more if the
+# hang comes back):
 #   scripts/gpu-experiments.sh            logs under $OUT (default ./gpu-experiments-out),
 #                                         bundled into experiments.tgz, a summary printed last
 #   TW_BUILD_DIR=build-dev                where tw-bench and libtilewire.so are (default build)
@@ -12,7 +13,10 @@
 #    fourth. Four full sweeps with TW_WATCHDOG_S=15 (a stuck call reports what each CTA waits
 #    in) and the bounded pipeline waits (an expired one traps and names the barrier), then
 #    test_gemm_rs with TW_RS_INTERLEAVE=1 twice.
-# 2. With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses
+# 2. A/B of the defaults taken after the fifth session's device time: interleaved owners on
+#    2 GPUs (TW_RS_INTERLEAVE -1 against 0), single columns on 8 virtual ranks (TW_RS_BAND
+#    unset against 8).
+# 3. With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses
 #    its time, each bit removing one cost (first batch of the fifth session).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -63,6 +67,24 @@ done
 for i in 1 2; do
   run "hang-test_gemm_rs-interleave-$i" 90 env TW_RS_INTERLEAVE=1 TW_TEST_VERBOSE=1 \
     TW_WATCHDOG_S=15 stdbuf -oL -eL "$bin/test_gemm_rs"
+done
+# 3. The defaults taken without a device run, against what they replaced, alternated twice:
+#    interleaved owners (fp32 partials, 2 GPUs) and single-column bands (8 virtual ranks).
+for i in 1 2; do
+  if [ "$ngpus" -gt 1 ]; then
+    for il in -1 0; do
+      for op in gemm_rs gemm_ar; do
+        run "ab-gpus-$op-big-il$il-$i" 90 env TW_RS_INTERLEAVE=$il "$bin/tw-bench" $op --world 2 \
+          $big_rs --repeats 20 --warmup 5
+      done
+    done
+  fi
+  for band in 0 8; do # 0: the plan's (single columns on a shared GPU)
+    for op in gemm_rs gemm_ar; do
+      run "ab-vranks-$op-flux-band$band-$i" 90 env TW_BENCH_VIRTUAL=1 TW_RS_BAND=$band \
+        "$bin/tw-bench" $op $flux_rs --repeats 10 --warmup 3
+    done
+  done
 done
 libs=${TW_DIAG_LIBS-}
 for d in ${libs:+0 $libs}; do
