@@ -102,9 +102,10 @@ struct TileOrder {
   int32_t pad;
 };
 
-// Linear tile index -> (row block, column block).
-__device__ __forceinline__ void tile_coords(const TileOrder &o, int32_t t, int32_t &mb,
-                                            int32_t &nb) {
+// Linear tile index -> (row block, column block). Host-callable: tests/host/test_tile_order.cu
+// checks every order is a bijection.
+__host__ __device__ __forceinline__ void tile_coords(const TileOrder &o, int32_t t, int32_t &mb,
+                                                     int32_t &nb) {
   if (o.order == kOrderRowMajor) {
     mb = t / o.n_blocks;
     nb = t - mb * o.n_blocks;

@@ -1,0 +1,94 @@
+/* The GEMM core's tile orders (tile_coords, src/device/gemm_sm90.cuh) on the host: every order
+ * visits every (row block, column block) exactly once; the bands' orders visit each owner's
+ * units (gemm_rs.h) in ascending order, which the reduce queue follows. The interleaved band
+ * order is tw_gemm_rs's default for fp32 partials on distinct GPUs. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/gemm_sm90.cuh"
+#include "ops/gemm_rs.h"
+#include "tw_test.h"
+
+using tw::gemm::TileOrder;
+
+/* Every tile once; with owners (m_local > 0, bands), each owner's units ascending. */
+static void check_order(const char *what, TileOrder o, int32_t m_local, int32_t world) {
+  const int32_t tiles = o.m_blocks * o.n_blocks;
+  o.num_tiles = tiles;
+  char *seen = (char *)calloc((size_t)tiles, 1);
+  int32_t last_unit[TW_GEMM_RS_MAX_WORLD];
+  for (int i = 0; i < TW_GEMM_RS_MAX_WORLD; i++)
+    last_unit[i] = -1;
+  int bad_range = 0, twice = 0, unordered = 0;
+  for (int32_t t = 0; t < tiles; t++) {
+    int32_t mb = -1, nb = -1;
+    tw::gemm::tile_coords(o, t, mb, nb);
+    if (mb < 0 || mb >= o.m_blocks || nb < 0 || nb >= o.n_blocks) {
+      bad_range++;
+      continue;
+    }
+    if (seen[mb * o.n_blocks + nb]++)
+      twice++;
+    if (m_local > 0) { /* whole row blocks per owner here: one owner per tile */
+      const int32_t owner = mb * TW_GEMM_RS_BLOCK_M / m_local;
+      const int32_t u = tw_rs_unit(mb - tw_rs_mb_first(owner, m_local), nb,
+                                   tw_rs_mb_count(owner, m_local), o.n_blocks, o.group_n);
+      if (owner < world && u <= last_unit[owner])
+        unordered++;
+      if (owner < world)
+        last_unit[owner] = u;
+    }
+  }
+  int missing = 0;
+  for (int32_t i = 0; i < tiles; i++)
+    missing += !seen[i];
+  free(seen);
+  TEST_ASSERT(!bad_range && !twice && !missing,
+              "%s (%d x %d tiles): %d out of range, %d twice, %d missing", what, o.m_blocks,
+              o.n_blocks, bad_range, twice, missing);
+  TEST_ASSERT(!unordered, "%s: %d units out of their owner's order", what, unordered);
+}
+
+int main(void) {
+  char what[128];
+  /* The plain and rotated grouped orders. */
+  for (int32_t mbk = 1; mbk <= 37; mbk += 6)
+    for (int32_t nbk = 1; nbk <= 19; nbk += 3)
+      for (int32_t g = 1; g <= 16; g *= 2) {
+        TileOrder o;
+        memset(&o, 0, sizeof(o));
+        o.m_blocks = mbk, o.n_blocks = nbk, o.group_m = g < mbk ? g : mbk;
+        o.order = tw::gemm::kOrderDefault;
+        snprintf(what, sizeof(what), "default order, group %d", o.group_m);
+        check_order(what, o, 0, 0);
+        o.order = tw::gemm::kOrderRotated;
+        o.rotate_mb = mbk / 3;
+        snprintf(what, sizeof(what), "rotated order, group %d from %d", o.group_m, o.rotate_mb);
+        check_order(what, o, 0, 0);
+      }
+  /* Bands (tw_gemm_rs), rows rotated to owner rank + 1, and interleaved owners. */
+  for (int32_t world = 2; world <= 8; world++)
+    for (int32_t per_owner = 1; per_owner <= 5; per_owner += 2)
+      for (int32_t nbk = 1; nbk <= 21; nbk += 4)
+        for (int32_t band = 1; band <= 8; band *= 2)
+          for (int32_t rank = 0; rank < world; rank++) {
+            const int32_t m_local = per_owner * TW_GEMM_RS_BLOCK_M;
+            TileOrder o;
+            memset(&o, 0, sizeof(o));
+            o.m_blocks = world * per_owner, o.n_blocks = nbk;
+            o.group_n = band < nbk ? band : nbk;
+            o.rotate_mb = tw_rs_mb_first((rank + 1) % world, m_local);
+            o.order = tw::gemm::kOrderBands;
+            o.group_m = o.m_blocks;
+            snprintf(what, sizeof(what), "bands of %d, world %d, rank %d, %d rows per owner",
+                     o.group_n, world, rank, per_owner);
+            check_order(what, o, m_local, world);
+            o.order = tw::gemm::kOrderBandsInterleaved;
+            o.group_m = world;
+            snprintf(what, sizeof(what), "interleaved bands of %d, world %d, rank %d, %d rows",
+                     o.group_n, world, rank, per_owner);
+            check_order(what, o, m_local, world);
+          }
+  return tw_test_finish();
+}
