@@ -13,7 +13,9 @@
  *        (4 per stage), fp32 accumulators in registers (BN / 2 per thread), and
  *        then runs the epilogue on its own 64 rows: registers -> swizzled shared memory ->
  *        Epi::issue_box() (TMA store / TMA reduce-add, 64 rows x 128 bytes per box).
- *   Registers: setmaxnreg 40 (producer) / 232 (consumers); 128*40 + 256*232 <= 64K.
+ *   Registers: setmaxnreg 40 (producer) / 232 (consumers); 128*40 + 256*232 <= 64K. With
+ *        kRestoreRegs every warp returns to 168 at the end (consumers decrease, all meet at a
+ *        CTA-wide named barrier, then WG0 increases: the CTA's register pool is shared).
  *   kCluster == 2 (static schedule only): CTA pairs along M share the B box; each loads half
  *        and multicasts it to both, so L2 serves B once per pair. Empty barriers then count
  *        the consumer warps of both CTAs, and the pair meets at a cluster barrier at both ends.
@@ -37,7 +39,13 @@
  *          `static int signal_thread(const Params&)` of consumer warpgroup 0 calls signal()
  *          (which does the release store / red on the consumer's flag). The signal
  *          is deferred to the end of the CTA's next tile's epilogue (or the end of its loop),
- *          so the stores overlap the next mainloop.
+ *          so the stores overlap the next mainloop. With `static constexpr bool kSignalWarp`
+ *          that thread only posts the tile into a shared-memory ring, and warp 1 of WG0 (idle
+ *          otherwise) calls signal(): a system-scope fence then stalls that warp, not a
+ *          consumer warpgroup's next wgmma.
+ *   Wait   (s) `static void mbar_stuck(const Params&, int code)`: every mbarrier wait of the
+ *          loop is bounded (GemmParams::mbar_timeout_ns); an expired one calls this, which must
+ *          not return (NoWait traps; the fused ops record where in their comm, then trap).
  *   Grid   (c) the loop runs on the CTAs the caller gives it: gemm_cta_loop(p, smem, cta, ctas).
  *   Order  (d) TileOrder: ROW_MAJOR, DEFAULT (groups of group_m row blocks, column-major inside
  *          a group, L2-friendly), ROTATED (the DEFAULT order on row blocks shifted to start
@@ -174,7 +182,7 @@ constexpr uint64_t kMbarTimeoutDefaultNs = 30ull * 1000 * 1000 * 1000;
 // What an expired mbarrier wait was (Wait::mbar_stuck's code): role * 16 + stage.
 enum {
   kStuckProducerEmpty = 1, // the producer waited for the consumers to free a stage
-  kStuckConsumerFull = 2,  // a consumer (or the store-through warp) waited for a stage's loads
+  kStuckConsumerFull = 2,  // a consumer waited for a stage's loads
   kStuckSignalFull = 3,    // the signal warp waited for the consumers' next tile
   kStuckSignalPost = 4     // a consumer waited for a free entry of the signal ring
 };
@@ -325,10 +333,6 @@ template <int EpiBytes, int BN, class Out> constexpr int epi_passes() {
   return BN / ((EpiBytes / kBoxBytes) * (128 / (int)sizeof(Out)));
 }
 
-// kSignal epilogues: tile (mb, nb)'s signal once both consumer warpgroups' stores of it have
-// completed. `Pending` groups of this thread may still be in flight (the next tile's), so the
-// stores of a tile overlap the next tile's mainloop instead of stalling the consumers: with
-// fp32 tiles stored to a peer over NVLink the wait cost tw_gemm_rs up to half its GEMM speed.
 // The consumers' end of the signal ring (SignalWarpOf<Epi>): entry i, its phase.
 struct SigRing {
   uint64_t *full, *empty;
@@ -354,6 +358,10 @@ template <class Params> __device__ __forceinline__ uint64_t mbar_timeout(const P
   return p.mbar_timeout_ns ? p.mbar_timeout_ns : kMbarTimeoutDefaultNs;
 }
 
+// kSignal epilogues: tile (mb, nb)'s signal once both consumer warpgroups' stores of it have
+// completed. `Pending` groups of this thread may still be in flight (the next tile's), so the
+// stores of a tile overlap the next tile's mainloop instead of stalling the consumers: with
+// fp32 tiles stored to a peer over NVLink the wait cost tw_gemm_rs up to half its GEMM speed.
 template <int Pending, class Epi, class Params>
 __device__ __forceinline__ void signal_after_stores(const Params &p, int wg, int wg_thread,
                                                     int32_t mb, int32_t nb, SigRing &ring) {
