@@ -57,10 +57,11 @@ typedef struct tw_gemm_rs_plan_args {
   int sm_budget;      /* CTAs the rank may run */
   int reduce_sms_arg; /* from the args (0: unset) */
   int all_reduce;
-  int band_env;      /* TW_RS_BAND (0: unset) */
-  int partial_bytes; /* 4 (fp32 partials) or 2 (TW_PARTIALS_BF16); 0 counts as 4 */
-  int comm_world;    /* the comm's world, which fixes the flag layout (0: world) */
-  int shared_gpu;    /* 1: other ranks run on this rank's GPU (they share its L2) */
+  int band_env;       /* TW_RS_BAND (0: unset) */
+  int partial_bytes;  /* 4 (fp32 partials) or 2 (TW_PARTIALS_BF16); 0 counts as 4 */
+  int comm_world;     /* the comm's world, which fixes the flag layout (0: world) */
+  int shared_gpu;     /* 1: other ranks run on this rank's GPU (they share its L2) */
+  int interleave_env; /* TW_RS_INTERLEAVE (-1: the plan decides) */
 } tw_gemm_rs_plan_args_t;
 
 /* Counters per channel, and the stride of the all-reduce ready flags: fixed by the comm's
@@ -76,6 +77,7 @@ typedef struct tw_gemm_rs_plan {
   int group_units; /* units behind one flag */
   int groups_max;  /* groups of the owner with the most units (<= flag_stride) */
   int flag_stride; /* tw_rs_flag_stride(comm world): where the ready flags start */
+  int interleave;  /* 1: the owners' row blocks interleaved in each band (not with direct) */
   int direct;      /* tw_gemm_ar's direct scheme (set by the caller of make_plan) */
 } tw_gemm_rs_plan_t;
 

@@ -57,6 +57,15 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   if (band > n_blocks)
     band = (int)n_blocks;
   plan->band = band < 1 ? 1 : band;
+  /* Interleaved owners (every world consecutive tiles to world owners; owners of whole row
+   * blocks only): fp32 partials on distinct GPUs, where a band's stretch of stores to one peer
+   * outran NVLink (2 H200s, fourth and fifth sessions, two alternations each: RS M=16384
+   * 2.60 -> 2.35 ms, AR 3.55 -> 3.30; bf16 partials 2.09 -> 2.15, smaller shapes and virtual
+   * ranks level). The fourth session held it back after test_gemm_rs hung with it on virtual
+   * ranks; the fifth ran that test clean 4 times and saw the same stall without it. */
+  const int want =
+      a->interleave_env >= 0 ? a->interleave_env != 0 : a->partial_bytes != 2 && !a->shared_gpu;
+  plan->interleave = want && world > 1 && m_local % TW_GEMM_RS_BLOCK_M == 0;
   plan->groups_max = (int)((units_max + g - 1) / g);
   plan->ctas = a->sm_budget;
 

@@ -550,20 +550,10 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   o.m_blocks = (int32_t)((a.m + kBlockM - 1) / kBlockM);
   o.n_blocks = (int32_t)((a.n + kBlockN - 1) / kBlockN);
   o.num_tiles = o.m_blocks * o.n_blocks;
-  /* Band sweeps over all row blocks, from owner rank + 1's rows (see the top). Owner by owner,
-   * a band's stores all go to one peer for a stretch and then all stay local: on 2 GPUs at
-   * M=16384 the fp32 stores of the first half of each band outran NVLink (the SMs at full
-   * clock, power down: a stall, not compute). Interleaving (TW_RS_INTERLEAVE; where every
-   * owner has whole row blocks): every world consecutive tiles go to world owners, each
-   * owner's rows still ascending, so the unit order (and the reduce queue that follows it) is
-   * unchanged. Measured (docs/PERF.md, fourth and fifth sessions, two alternations each):
-   * fp32 RS at M=16384 2.60 -> 2.35 ms, AR 3.55 -> 3.30; bf16 partials 2.09 -> 2.15 and the
-   * smaller shapes level; level on virtual ranks. So by default: fp32 partials on distinct
-   * GPUs. (The fourth session held it back after test_gemm_rs hung with it on virtual ranks;
-   * the fifth ran that test clean 4 times and saw the same stall without it.) */
-  const int il_env = (int)tw_env_int(TW_RS_INTERLEAVE_ID);
-  const int il_want = il_env >= 0 ? il_env : (sizeof(P) == 4 && comm->ranks_on_device == 1);
-  const int interleave = !plan.direct && world > 1 && m_local % kBlockM == 0 && il_want;
+  /* Band sweeps over all row blocks, from owner rank + 1's rows (see the top); the owners'
+   * rows interleaved where the plan says (gemm_rs_heuristics.c): each owner's rows still
+   * ascending, so the unit order (and the reduce queue that follows it) is unchanged. */
+  const int interleave = plan.interleave && !plan.direct;
   o.order = interleave ? kOrderBandsInterleaved : kOrderBands;
   o.group_m = interleave ? world : o.m_blocks;
   o.group_n = plan.band;
@@ -710,7 +700,8 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                                (int)tw_env_int(TW_RS_BAND_ID),
                                a->partials == TW_PARTIALS_BF16 ? 2 : 4,
                                world,
-                               comm->ranks_on_device > 1};
+                               comm->ranks_on_device > 1,
+                               (int)tw_env_int(TW_RS_INTERLEAVE_ID)};
   tw_gemm_rs_make_plan(&pa, plan);
   plan->direct = direct;
   return TW_SUCCESS;

@@ -279,6 +279,23 @@ tw_status_t tw_launch_end(tw_comm_t comm, tw_stream_t user) {
   return st;
 }
 
+/* On `device`: a non-blocking stream and two events without timing (a side stream and the
+ * events that order it against the user's stream). */
+static tw_status_t make_stream_events(int device, cudaStream_t *stream, cudaEvent_t *in,
+                                      cudaEvent_t *out, const char *what) {
+  int prev;
+  tw_status_t st = tw_set_device(device, &prev);
+  if (st != TW_SUCCESS)
+    return st;
+  st = tw_cuda_check(cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking), what);
+  if (st == TW_SUCCESS)
+    st = tw_cuda_check(cudaEventCreateWithFlags(in, cudaEventDisableTiming), "cudaEventCreate");
+  if (st == TW_SUCCESS)
+    st = tw_cuda_check(cudaEventCreateWithFlags(out, cudaEventDisableTiming), "cudaEventCreate");
+  cudaSetDevice(prev);
+  return st;
+}
+
 /* Kernels of ranks sharing a GPU wait on each other: each rank gets its own stream,
  * made one after another so that they land on distinct hardware queues (two
  * streams on one queue serialise, and a waiting kernel would block its peer). */
@@ -286,21 +303,9 @@ static tw_status_t make_launch_streams(tw_comm_t *comms, int world) {
   tw_status_t st = TW_SUCCESS;
   for (int r = 0; r < world && st == TW_SUCCESS; r++) {
     tw_comm_t c = comms[r];
-    if (c->ranks_on_device < 2)
-      continue;
-    int prev;
-    st = tw_set_device(c->device, &prev);
-    if (st != TW_SUCCESS)
-      break;
-    st = tw_cuda_check(cudaStreamCreateWithFlags(&c->launch_stream, cudaStreamNonBlocking),
-                       "cudaStreamCreate(rank stream)");
-    if (st == TW_SUCCESS)
-      st = tw_cuda_check(cudaEventCreateWithFlags(&c->launch_in, cudaEventDisableTiming),
-                         "cudaEventCreate");
-    if (st == TW_SUCCESS)
-      st = tw_cuda_check(cudaEventCreateWithFlags(&c->launch_out, cudaEventDisableTiming),
-                         "cudaEventCreate");
-    cudaSetDevice(prev);
+    if (c->ranks_on_device >= 2)
+      st = make_stream_events(c->device, &c->launch_stream, &c->launch_in, &c->launch_out,
+                              "cudaStreamCreate(rank stream)");
   }
   return st;
 }
@@ -308,20 +313,8 @@ static tw_status_t make_launch_streams(tw_comm_t *comms, int world) {
 tw_status_t tw_comm_ce_stream(tw_comm_t comm) {
   if (comm->ce_stream)
     return TW_SUCCESS;
-  int prev;
-  tw_status_t st = tw_set_device(comm->device, &prev);
-  if (st != TW_SUCCESS)
-    return st;
-  st = tw_cuda_check(cudaStreamCreateWithFlags(&comm->ce_stream, cudaStreamNonBlocking),
-                     "cudaStreamCreate(copy-engine stream)");
-  if (st == TW_SUCCESS)
-    st = tw_cuda_check(cudaEventCreateWithFlags(&comm->ce_in, cudaEventDisableTiming),
-                       "cudaEventCreate");
-  if (st == TW_SUCCESS)
-    st = tw_cuda_check(cudaEventCreateWithFlags(&comm->ce_done, cudaEventDisableTiming),
-                       "cudaEventCreate");
-  cudaSetDevice(prev);
-  return st;
+  return make_stream_events(comm->device, &comm->ce_stream, &comm->ce_in, &comm->ce_done,
+                            "cudaStreamCreate(copy-engine stream)");
 }
 
 static void release_rank(tw_comm_t comm) {

@@ -74,6 +74,27 @@ void tw_test_sync_devices(const int *devices, int world) {
   cudaSetDevice(devices[0]);
 }
 
+unsigned long long tw_test_take_counters(unsigned long long *const *counters, const int *devices,
+                                         int world) {
+  tw_test_sync_devices(devices, world);
+  unsigned long long sum = 0;
+  for (int r = 0; r < world; r++) {
+    unsigned long long one = 0;
+    cudaError_t e = cudaSetDevice(devices[r]);
+    if (e == cudaSuccess)
+      e = cudaMemcpy(&one, counters[r], sizeof(one), cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess)
+      e = cudaMemset(counters[r], 0, sizeof(one));
+    if (e != cudaSuccess) {
+      fprintf(stderr, "FATAL: rank %d's counter: %s\n", r, cudaGetErrorString(e));
+      exit(1);
+    }
+    sum += one;
+  }
+  cudaSetDevice(devices[0]);
+  return sum;
+}
+
 double tw_test_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -66,6 +66,10 @@ int tw_test_require_hopper(void);
 int tw_test_devices(int world, int *devices);
 /* cudaDeviceSynchronize on every rank's device, then devices[0] current; exits on an error. */
 void tw_test_sync_devices(const int *devices, int world);
+/* After tw_test_sync_devices: the sum of the ranks' device counters (counters[r] on
+ * devices[r], e.g. tw_test_count_diff_async's), each then zeroed; devices[0] current. */
+unsigned long long tw_test_take_counters(unsigned long long *const *counters, const int *devices,
+                                         int world);
 
 /* Seconds since an arbitrary origin (CLOCK_MONOTONIC). */
 double tw_test_now(void);

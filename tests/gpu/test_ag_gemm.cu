@@ -224,14 +224,8 @@ static unsigned long long checked_calls(fixture *f, int calls, uint64_t seed, ui
                                  (tw_stream_t)f->streams[r]);
     }
   }
-  sync_all(f);
-  unsigned long long bad = 0;
+  const unsigned long long bad = tw_test_take_counters(f->bad, f->devices, f->world);
   for (int r = 0; r < f->world; r++) {
-    unsigned long long one = 0;
-    use(f, r);
-    CUDA_OK(cudaMemcpy(&one, f->bad[r], sizeof(one), cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemset(f->bad[r], 0, sizeof(one)));
-    bad += one;
     tw_status_t async = TW_ERR_INTERNAL;
     TEST_TW_OK(tw_comm_async_error(f->comms[r], &async));
     TEST_ASSERT(async == TW_SUCCESS, "rank %d: %s", r, tw_comm_last_error(f->comms[r]));

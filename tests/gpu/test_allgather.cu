@@ -124,17 +124,7 @@ static void enqueue_iteration(fixture *f, uint64_t seed, uint32_t iter, const ui
 }
 
 static unsigned long long collect_bad(fixture *f) {
-  unsigned long long total = 0;
-  for (int r = 0; r < f->world; r++) {
-    use(f, r);
-    unsigned long long host = 0;
-    CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaMemcpy(&host, f->bad[r], sizeof(host), cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemset(f->bad[r], 0, sizeof(host)));
-    total += host;
-  }
-  use(f, 0);
-  return total;
+  return tw_test_take_counters(f->bad, f->devices, f->world);
 }
 
 static void expect_no_async_error(fixture *f) {

@@ -268,17 +268,7 @@ static void checked_call(fixture *f, int ar, int reduce_sms, uint64_t seed) {
 
 /* The ranks' bad counters summed (after a sync), then zeroed. */
 static unsigned long long take_bad(fixture *f) {
-  sync_all(f);
-  unsigned long long bad = 0;
-  for (int r = 0; r < f->world; r++) {
-    unsigned long long bad_r = 0;
-    use(f, r);
-    CUDA_OK(cudaMemcpy(&bad_r, f->bad[r], sizeof(bad_r), cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemset(f->bad[r], 0, sizeof(bad_r)));
-    bad += bad_r;
-  }
-  use(f, 0);
-  return bad;
+  return tw_test_take_counters(f->bad, f->devices, f->world);
 }
 
 /* Many calls with fresh inputs, no host sync in between; each call checked on the GPU. */

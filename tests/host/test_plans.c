@@ -99,7 +99,7 @@ static void test_gemm_rs_plans(void) {
       for (int ar = 0; ar < 2; ar++) {
         const int w = worlds[wi], budget = 132 / w;
         const int64_t m = ms[mi] * w;
-        tw_gemm_rs_plan_args_t a = {w, m, 4096, 512, budget, 0, ar, 0, 4, 0, 0};
+        tw_gemm_rs_plan_args_t a = {w, m, 4096, 512, budget, 0, ar, 0, 4, 0, 0, -1};
         tw_gemm_rs_plan_t p;
         tw_gemm_rs_make_plan(&a, &p);
         TEST_ASSERT(p.ctas >= 2 && p.ctas <= budget, "ctas %d of %d", p.ctas, budget);
@@ -119,22 +119,44 @@ static void test_gemm_rs_plans(void) {
       }
   /* A shape with more units than the stride groups them; the direct all-reduce (planned as
    * one owner of all rows) keeps the comm's stride too. */
-  tw_gemm_rs_plan_args_t wide = {8, 65536, 65536, 512, 16, 0, 1, 0, 4, 0, 0};
+  tw_gemm_rs_plan_args_t wide = {8, 65536, 65536, 512, 16, 0, 1, 0, 4, 0, 0, -1};
   tw_gemm_rs_plan_t pw;
   tw_gemm_rs_make_plan(&wide, &pw);
   TEST_ASSERT(pw.group_units > 1 && pw.groups_max <= tw_rs_flag_stride(8),
               "m = n = 65536 on 8 ranks: %d groups of %d units", pw.groups_max, pw.group_units);
-  tw_gemm_rs_plan_args_t direct = {1, 65536, 65536, 512, 16, 0, 0, 0, 4, 8, 0};
+  tw_gemm_rs_plan_args_t direct = {1, 65536, 65536, 512, 16, 0, 0, 0, 4, 8, 0, -1};
   tw_gemm_rs_make_plan(&direct, &pw);
   TEST_ASSERT(pw.flag_stride == tw_rs_flag_stride(8) && pw.groups_max <= pw.flag_stride,
               "direct on 8 ranks: stride %d, %d groups", pw.flag_stride, pw.groups_max);
-  tw_gemm_rs_plan_args_t one = {2, 4096, 256, 512, 66, 0, 0, 0, 4, 0, 0}; /* one column block */
+  tw_gemm_rs_plan_args_t one = {2, 4096, 256, 512, 66, 0, 0, 0, 4, 0, 0, -1}; /* one column block */
   tw_gemm_rs_plan_t p;
   tw_gemm_rs_make_plan(&one, &p);
   TEST_ASSERT(p.band == 1, "n = 256: band %d", p.band);
-  tw_gemm_rs_plan_args_t big = {2, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0}; /* A 64 MiB: bands */
+  tw_gemm_rs_plan_args_t big = {2, 16384, 16384, 2048, 132, 0,
+                                0, 0,     4,     0,    0,   -1}; /* A 64 MiB: bands */
   tw_gemm_rs_make_plan(&big, &p);
   TEST_ASSERT(p.band == 8, "M=16384 K=2048: band %d, want 8", p.band);
+  /* Interleaved owners: fp32 partials on distinct GPUs, owners of whole row blocks. */
+  TEST_ASSERT(p.interleave == 1, "fp32 partials, 2 GPUs: interleave %d", p.interleave);
+  {
+    tw_gemm_rs_plan_args_t v = big;
+    tw_gemm_rs_plan_t q;
+    v.partial_bytes = 2;
+    tw_gemm_rs_make_plan(&v, &q);
+    TEST_ASSERT(q.interleave == 0, "bf16 partials: interleave %d", q.interleave);
+    v.partial_bytes = 4, v.shared_gpu = 1;
+    tw_gemm_rs_make_plan(&v, &q);
+    TEST_ASSERT(q.interleave == 0, "shared GPU: interleave %d", q.interleave);
+    v.interleave_env = 1;
+    tw_gemm_rs_make_plan(&v, &q);
+    TEST_ASSERT(q.interleave == 1, "TW_RS_INTERLEAVE=1 wins: %d", q.interleave);
+    v.shared_gpu = 0, v.interleave_env = 0;
+    tw_gemm_rs_make_plan(&v, &q);
+    TEST_ASSERT(q.interleave == 0, "TW_RS_INTERLEAVE=0 wins: %d", q.interleave);
+    v.interleave_env = -1, v.m = 2 * 200; /* m_local 200: tiles straddle owners */
+    tw_gemm_rs_make_plan(&v, &q);
+    TEST_ASSERT(q.interleave == 0, "m_local 200: interleave %d", q.interleave);
+  }
   big.shared_gpu = 1; /* ranks sharing a GPU share its L2: single columns */
   tw_gemm_rs_make_plan(&big, &p);
   TEST_ASSERT(p.band == 1, "M=16384 K=2048 on a shared GPU: band %d, want 1", p.band);
