@@ -91,6 +91,12 @@ static void test_ag_gemm_plans(void) {
   TEST_ASSERT(ag_plan(1, 4096, 6144, 12288, 132, 0, 0).block_n == 256, "flux at world 1: 256 wide");
 }
 
+static int rs_interleave(tw_gemm_rs_plan_args_t a) {
+  tw_gemm_rs_plan_t p;
+  tw_gemm_rs_make_plan(&a, &p);
+  return p.interleave;
+}
+
 static void test_gemm_rs_plans(void) {
   static const int worlds[] = {2, 3, 4, 8};
   static const int64_t ms[] = {8, 96, 4096, 16384};
@@ -138,25 +144,17 @@ static void test_gemm_rs_plans(void) {
   TEST_ASSERT(p.band == 8, "M=16384 K=2048: band %d, want 8", p.band);
   /* Interleaved owners: fp32 partials on distinct GPUs, owners of whole row blocks. */
   TEST_ASSERT(p.interleave == 1, "fp32 partials, 2 GPUs: interleave %d", p.interleave);
-  {
-    tw_gemm_rs_plan_args_t v = big;
-    tw_gemm_rs_plan_t q;
-    v.partial_bytes = 2;
-    tw_gemm_rs_make_plan(&v, &q);
-    TEST_ASSERT(q.interleave == 0, "bf16 partials: interleave %d", q.interleave);
-    v.partial_bytes = 4, v.shared_gpu = 1;
-    tw_gemm_rs_make_plan(&v, &q);
-    TEST_ASSERT(q.interleave == 0, "shared GPU: interleave %d", q.interleave);
-    v.interleave_env = 1;
-    tw_gemm_rs_make_plan(&v, &q);
-    TEST_ASSERT(q.interleave == 1, "TW_RS_INTERLEAVE=1 wins: %d", q.interleave);
-    v.shared_gpu = 0, v.interleave_env = 0;
-    tw_gemm_rs_make_plan(&v, &q);
-    TEST_ASSERT(q.interleave == 0, "TW_RS_INTERLEAVE=0 wins: %d", q.interleave);
-    v.interleave_env = -1, v.m = 2 * 200; /* m_local 200: tiles straddle owners */
-    tw_gemm_rs_make_plan(&v, &q);
-    TEST_ASSERT(q.interleave == 0, "m_local 200: interleave %d", q.interleave);
-  }
+  tw_gemm_rs_plan_args_t v = big;
+  v.partial_bytes = 2;
+  TEST_ASSERT(!rs_interleave(v), "bf16 partials: interleaved");
+  v.partial_bytes = 4, v.shared_gpu = 1;
+  TEST_ASSERT(!rs_interleave(v), "shared GPU: interleaved");
+  v.interleave_env = 1;
+  TEST_ASSERT(rs_interleave(v), "TW_RS_INTERLEAVE=1 wins");
+  v.shared_gpu = 0, v.interleave_env = 0;
+  TEST_ASSERT(!rs_interleave(v), "TW_RS_INTERLEAVE=0 wins");
+  v.interleave_env = -1, v.m = 2 * 200; /* m_local 200: tiles straddle owners */
+  TEST_ASSERT(!rs_interleave(v), "m_local 200: interleaved");
   big.shared_gpu = 1; /* ranks sharing a GPU share its L2: single columns */
   tw_gemm_rs_make_plan(&big, &p);
   TEST_ASSERT(p.band == 1, "M=16384 K=2048 on a shared GPU: band %d, want 1", p.band);
