@@ -293,8 +293,9 @@ TW_API tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args, tw_
  * needed when world == 1); `out` and the operands are ordinary device memory.
  * One persistent launch per rank: GEMM tiles are stored (fp32 by default) straight into
  * their owner's workspace and counted there; the owner's reduce CTAs sum each
- * tile once all ranks delivered it. Collective: every rank calls it with the
- * same shapes; both ops take the same args struct.
+ * tile once all ranks delivered it; tw_gemm_ar's owners then store their reduced rows
+ * into every rank's workspace, from where each rank copies them into `out`. Collective:
+ * every rank calls it with the same shapes; both ops take the same args struct.
  * Experimental (TW_AR_DIRECT=1, meant for small m): tw_gemm_ar stores every tile
  * into every rank's workspace and each rank reduces all of S itself (one hop, no
  * gather phase) when the workspace holds world * m * n * 4 bytes; same result bits.
@@ -333,7 +334,10 @@ typedef struct tw_gemm_rs_args {
   }
 
 TW_API tw_status_t tw_gemm_rs_args_init(tw_gemm_rs_args_t *args);
-/* Workspace bytes tw_gemm_rs and tw_gemm_ar need on this comm for an m x n product. */
+/* Workspace bytes tw_gemm_rs and tw_gemm_ar need on this comm for an m x n product
+ * (world * (m / world) * n * 6: fp32 staging, then every owner's bf16 rows for tw_gemm_ar).
+ * A smaller workspace of at least world * (m / world) * n * 4 + (m / world) * n * 2 bytes
+ * still works; tw_gemm_ar then has every rank load the owners' rows over NVLink (slower). */
 TW_API tw_status_t tw_gemm_rs_workspace_size(tw_comm_t comm, int64_t m, int64_t n, size_t *bytes);
 TW_API tw_status_t tw_gemm_rs(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_stream_t stream);
 TW_API tw_status_t tw_gemm_ar(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_stream_t stream);

@@ -7,17 +7,16 @@
 #   TW_DIAG_LIBS="1 2 4 8 16 32"          measurement builds of libtilewire.so in
 #                                         $TW_BUILD_DIR/diagN/ (-DTW_RS_DIAG=N, gemm_rs_sm90.cu)
 # Killed by a signal, it still bundles what it has and prints the summary so far.
-# Sixth session (docs/PERF.md, fifth session, "open"):
-# 1. The hang: `tw-bench gemm_ar` on 8 virtual ranks stopped for good at the small-m shape
-#    (M=1024 N=8192 K=2048) in the fifth session's last suite, as the same step did once in the
-#    fourth. Four full sweeps with TW_WATCHDOG_S=15 (a stuck call reports what each CTA waits
-#    in) and the bounded pipeline waits (an expired one traps and names the barrier), then
-#    test_gemm_rs with TW_RS_INTERLEAVE=1 twice.
-# 2. A/B of the defaults taken after the fifth session's device time: interleaved owners on
-#    2 GPUs (TW_RS_INTERLEAVE -1 against 0), single columns on 8 virtual ranks (TW_RS_BAND
-#    unset against 8).
-# 3. With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses
-#    its time, each bit removing one cost (first batch of the fifth session).
+#   TW_EXP="flux vranks"                  which groups run, in order (functions exp_NAME below):
+#     hang    four 8-rank gemm_ar sweeps under the watchdog, the interleaved test_gemm_rs twice
+#             (the fifth session's stall; clean in the sixth)
+#     ab      the fifth session's defaults against what they replaced (taken, sixth session)
+#     flux    Flux's shape on 2 GPUs: the unfused bf16 pipeline as a fallback candidate,
+#             interleaved owners and the reduce-CTA count with bf16 partials
+#     vranks  8 virtual ranks: the reduce-CTA count where RS/AR trail the unfused pipeline
+#     bands   8 virtual ranks: band widths 1, 2, 4 (operand traffic of the tile order)
+# With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses its
+# time, each bit removing one cost (first batch of the fifth session).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -60,31 +59,73 @@ for l in sys.stdin: print("%.3f, %s" % (time.time(), l.strip()), flush=True)' >"
   summary+=("$(sed "s/^/  $name: /" "$out/logs/$name.clocks")")
 }
 trap 'tar czf "$out/experiments.tgz" -C "$out" logs; printf "%s\n" "${summary[@]}"; exit 1' TERM INT
-for i in 1 2 3 4; do
-  run "hang-vranks-gemm_ar-$i" 150 env TW_BENCH_VIRTUAL=1 TW_WATCHDOG_S=15 "$bin/tw-bench" gemm_ar \
-    --repeats 20 --warmup 5
-done
-for i in 1 2; do
-  run "hang-test_gemm_rs-interleave-$i" 90 env TW_RS_INTERLEAVE=1 TW_TEST_VERBOSE=1 \
-    TW_WATCHDOG_S=15 stdbuf -oL -eL "$bin/test_gemm_rs"
-done
-# 3. The defaults taken without a device run, against what they replaced, alternated twice:
-#    interleaved owners (fp32 partials, 2 GPUs) and single-column bands (8 virtual ranks).
-for i in 1 2; do
-  if [ "$ngpus" -gt 1 ]; then
-    for il in -1 0; do
+exp_hang() { # the fifth session's stall: four 8-rank gemm_ar sweeps, the interleaved test twice
+  for i in 1 2 3 4; do
+    run "hang-vranks-gemm_ar-$i" 150 env TW_BENCH_VIRTUAL=1 TW_WATCHDOG_S=15 "$bin/tw-bench" \
+      gemm_ar --repeats 20 --warmup 5
+  done
+  for i in 1 2; do
+    run "hang-test_gemm_rs-interleave-$i" 90 env TW_RS_INTERLEAVE=1 TW_TEST_VERBOSE=1 \
+      TW_WATCHDOG_S=15 stdbuf -oL -eL "$bin/test_gemm_rs"
+  done
+}
+exp_ab() { # the fifth session's defaults against what they replaced, alternated twice
+  for i in 1 2; do
+    if [ "$ngpus" -gt 1 ]; then
+      for il in -1 0; do
+        for op in gemm_rs gemm_ar; do
+          run "ab-gpus-$op-big-il$il-$i" 90 env TW_RS_INTERLEAVE=$il "$bin/tw-bench" $op \
+            --world 2 $big_rs --repeats 20 --warmup 5
+        done
+      done
+    fi
+    for band in 0 8; do # 0: the plan's (single columns on a shared GPU)
       for op in gemm_rs gemm_ar; do
-        run "ab-gpus-$op-big-il$il-$i" 90 env TW_RS_INTERLEAVE=$il "$bin/tw-bench" $op --world 2 \
-          $big_rs --repeats 20 --warmup 5
+        run "ab-vranks-$op-flux-band$band-$i" 90 env TW_BENCH_VIRTUAL=1 TW_RS_BAND=$band \
+          "$bin/tw-bench" $op $flux_rs --repeats 10 --warmup 3
       done
     done
-  fi
-  for band in 0 8; do # 0: the plan's (single columns on a shared GPU)
+  done
+}
+exp_flux() { # sixth session: Flux's shape on 2 GPUs, where RS/AR trail the bound (and AR with
+  # bf16 partials trails NCCL bf16 + cuBLAS): the unfused bf16 pipeline as a fallback candidate,
+  # interleaved owners for bf16 partials, the reduce-CTA count with bf16 partials
+  [ "$ngpus" -gt 1 ] || return 0
+  for i in 1 2; do
     for op in gemm_rs gemm_ar; do
-      run "ab-vranks-$op-flux-band$band-$i" 90 env TW_BENCH_VIRTUAL=1 TW_RS_BAND=$band \
-        "$bin/tw-bench" $op $flux_rs --repeats 10 --warmup 3
+      run "flux-gpus-$op-$i" 60 "$bin/tw-bench" $op --world 2 $flux_rs --repeats 30 --warmup 5
+      run "flux-gpus-$op-il1-$i" 60 env TW_RS_INTERLEAVE=1 "$bin/tw-bench" $op --world 2 \
+        $flux_rs --repeats 30 --warmup 5
     done
   done
+  run "flux-gpus-gemm_ar-bf16-r" 90 env TW_BENCH_RS_SWEEP_BF16=1 TW_BENCH_RS_REDUCE_SMS=1,2,6,10 \
+    "$bin/tw-bench" gemm_ar --world 2 $flux_rs --repeats 30 --warmup 5
+}
+exp_vranks() { # sixth session: 8 virtual ranks, where fused RS/AR trail the unfused pipeline:
+  # the reduce-CTA count (fp32 and bf16 partials)
+  for op in gemm_rs gemm_ar; do
+    run "vranks-$op-flux-r" 120 env TW_BENCH_VIRTUAL=1 TW_BENCH_RS_REDUCE_SMS=1,2,4,6 \
+      "$bin/tw-bench" $op $flux_rs --repeats 10 --warmup 3
+  done
+  run "vranks-gemm_rs-big-r" 150 env TW_BENCH_VIRTUAL=1 TW_BENCH_RS_REDUCE_SMS=1,3,6 \
+    "$bin/tw-bench" gemm_rs $big_rs --repeats 5 --warmup 2
+}
+exp_bands() { # sixth session: band width on 8 virtual ranks. Single columns re-read A from HBM
+  # once per column block (16 CTAs in flight: 16 row blocks x 1 column); bands of 2-4 share
+  # each A row block among in-flight tiles while the eight ranks' B bands still fit in L2
+  for band in 1 2 4; do
+    for op in gemm_rs gemm_ar; do
+      run "bands-vranks-$op-flux-band$band" 90 env TW_BENCH_VIRTUAL=1 TW_RS_BAND=$band \
+        TW_BENCH_RS_REDUCE_SMS=1 "$bin/tw-bench" $op $flux_rs --repeats 10 --warmup 3
+    done
+  done
+  for band in 1 2 4; do
+    run "bands-vranks-gemm_rs-big-band$band" 90 env TW_BENCH_VIRTUAL=1 TW_RS_BAND=$band \
+      "$bin/tw-bench" gemm_rs $big_rs --repeats 5 --warmup 2
+  done
+}
+for e in ${TW_EXP:-flux vranks}; do
+  "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}
 for d in ${libs:+0 $libs}; do

@@ -29,9 +29,11 @@
  *
  * Workspace (symmetric, per rank): staging [world][m_local][n] of fp32 (of bf16
  * with TW_PARTIALS_BF16, packed the same way; the size asked for is the fp32
- * one either way) (slot s: rank s's partial of this rank's rows), then bf16
- * [m_local][n] right after the staging (all-reduce: this rank's reduced rows,
- * read by every rank).
+ * one either way) (slot s: rank s's partial of this rank's rows), then, for the
+ * all-reduce, bf16 right after the staging: with the push gather (the default,
+ * tw_gemm_ar_push_workspace_bytes) [world][m_local][n], block o holding owner o's
+ * reduced rows (stored there by o's reduction, copied into `out` by this rank);
+ * otherwise [m_local][n], this rank's reduced rows, loaded by every rank.
  */
 #ifndef TW_OPS_GEMM_RS_H
 #define TW_OPS_GEMM_RS_H
@@ -79,6 +81,7 @@ typedef struct tw_gemm_rs_plan {
   int flag_stride; /* tw_rs_flag_stride(comm world): where the ready flags start */
   int interleave;  /* 1: the owners' row blocks interleaved in each band (not with direct) */
   int direct;      /* tw_gemm_ar's direct scheme (set by the caller of make_plan) */
+  int ar_push;     /* tw_gemm_ar's push gather (set by the caller of make_plan) */
 } tw_gemm_rs_plan_t;
 
 /* Workspace bytes of tw_gemm_ar's direct scheme: fp32 staging [world][m][n]. */
@@ -88,6 +91,9 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *args, tw_gemm_rs_plan_t 
 
 /* Bytes of workspace for an m x n product on `world` ranks. */
 size_t tw_gemm_rs_workspace_bytes(int world, int64_t m, int64_t n);
+/* The staging, then every owner's reduced rows, bf16 [world][m_local][n] (tw_gemm_ar's push
+ * gather); what tw_gemm_rs_workspace_size asks for. */
+size_t tw_gemm_ar_push_workspace_bytes(int world, int64_t m, int64_t n);
 
 #ifdef __CUDACC__
 #define TW_RS_HD static __host__ __device__ __forceinline__

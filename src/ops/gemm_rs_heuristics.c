@@ -13,11 +13,17 @@
 #define TW_RS_REDUCE_GBPS_PER_CTA 60.0
 #define TW_RS_GEMM_TFLOPS_PER_CTA 5.5
 #define TW_RS_BAND_DEFAULT 8
+#define TW_RS_BAND_SHARED 2
 #define TW_RS_L2_BYTES (32.0 * 1024 * 1024) /* about half an H100 / H200 L2 */
 
 size_t tw_gemm_rs_workspace_bytes(int world, int64_t m, int64_t n) {
   const size_t m_local = (size_t)(m / (world > 0 ? world : 1));
   return (size_t)world * m_local * (size_t)n * 4 + m_local * (size_t)n * 2;
+}
+
+size_t tw_gemm_ar_push_workspace_bytes(int world, int64_t m, int64_t n) {
+  const size_t m_local = (size_t)(m / (world > 0 ? world : 1));
+  return (size_t)world * m_local * (size_t)n * 6;
 }
 
 size_t tw_gemm_ar_direct_workspace_bytes(int world, int64_t m, int64_t n) {
@@ -50,10 +56,16 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * fifth sessions). The fourth session held the rule back when the suite's 8-rank GEMM+AR
    * step did not finish with it; the fifth saw that step stall without it (docs/PERF.md, "The
    * hang"), so the stall is not the rule's. */
+  /* Sixth session (8 virtual ranks of 16 CTAs): single columns keep 16 row blocks x 1 column
+   * in flight, so every tile reads its A rows from HBM; bands of 2 (8 x 2 in flight, the eight
+   * ranks' B bands still in L2) halve that: GEMM+RS flux-tp8 9.55 -> 8.88 ms, M=16384 20.7 ->
+   * 19.8, GEMM+AR flux-tp8 (one reduce CTA) 9.97 -> 9.53; bands of 4 level with 2. Where the
+   * ranks' A all fit in L2 together, single columns stay. */
   const double a_bytes = (double)a->m * (double)a->k * 2.0;
-  int band = a->band_env > 0                              ? a->band_env
-             : a_bytes > TW_RS_L2_BYTES && !a->shared_gpu ? TW_RS_BAND_DEFAULT
-                                                          : 1;
+  int band = a->band_env > 0            ? a->band_env
+             : a->shared_gpu            ? (a_bytes * world > TW_RS_L2_BYTES ? TW_RS_BAND_SHARED : 1)
+             : a_bytes > TW_RS_L2_BYTES ? TW_RS_BAND_DEFAULT
+                                        : 1;
   if (band > n_blocks)
     band = (int)n_blocks;
   plan->band = band < 1 ? 1 : band;
@@ -84,9 +96,12 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
         break;
     }
   }
-  /* tw_gemm_ar's reduce CTAs also gather every other owner's rows: with 8 virtual ranks of
-   * 16 SMs, 4 of them measured 1.30x faster than 1 at Flux's shape and 1.06x at 16384^2. */
-  if (a->all_reduce && a->reduce_sms_arg <= 0 && reduce < 4)
+  /* tw_gemm_ar's reduce CTAs also gather every other owner's rows: at least 4 of them where
+   * the ranks have GPUs of their own. Where they share one, the first design measured 4 of
+   * 16 SMs 1.30x faster than 1 at Flux's shape; with work stealing, the signal warp and bands
+   * of 2 one is faster (sixth session, 8 virtual ranks, flux-tp8: 9.53-10.03 ms against
+   * 10.43-11.15 with 4), so there the estimate above stands. */
+  if (a->all_reduce && a->reduce_sms_arg <= 0 && reduce < 4 && !a->shared_gpu)
     reduce = a->sm_budget / 2 < 4 ? a->sm_budget / 2 : 4;
   if (reduce >= a->sm_budget)
     reduce = a->sm_budget - 1;
@@ -94,4 +109,5 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
     reduce = 1;
   plan->reduce_ctas = reduce; /* the caller guarantees sm_budget >= 2 */
   plan->direct = 0;
+  plan->ar_push = 0;
 }

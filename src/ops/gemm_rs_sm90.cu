@@ -227,7 +227,11 @@ template <class P> struct RsParams {
   const P *slab[kMaxWorld];
   __nv_bfloat16 *out;     /* rs: [m_local, n]; ar: [m, n] */
   __nv_bfloat16 *reduced; /* ar: this rank's reduced rows, bf16 [m_local, n] */
-  const __nv_bfloat16 *reduced_peer[kMaxWorld];
+  const __nv_bfloat16 *reduced_peer[kMaxWorld]; /* where the gather reads owner o's rows */
+  /* ar, push (TW_AR_PUSH): rank q's copy of this rank's reduced rows, written by the reduction
+   * itself (stores over NVLink instead of the peers' loads) */
+  __nv_bfloat16 *reduced_push[kMaxWorld];
+  int32_t push;
   int64_t ldo;
   int32_t n, m_local, n_blocks, band;
   int32_t group_units, groups_max, flag_stride;
@@ -318,8 +322,13 @@ __device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int
       packed.y = *reinterpret_cast<uint32_t *>(&hi);
       const int64_t out_row = p.all_reduce ? (int64_t)me * p.m_local + r : r;
       *reinterpret_cast<uint2 *>(p.out + out_row * p.ldo + c) = packed;
-      if (p.all_reduce)
+      if (p.all_reduce && p.push) { /* into every other rank's copy of this rank's rows */
+        for (int q = 0; q < world; q++)
+          if (q != me)
+            *reinterpret_cast<uint2 *>(p.reduced_push[q] + off[j]) = packed;
+      } else if (p.all_reduce) {
         *reinterpret_cast<uint2 *>(p.reduced + off[j]) = packed;
+      }
     }
   }
 }
@@ -525,6 +534,20 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
     p.gemm.epi.slot[o] = (P *)(store_ws + slot_bytes * (size_t)rank);
     p.reduced_peer[o] = (const __nv_bfloat16 *)(owner_ws + reduced_offset);
   }
+  /* tw_gemm_ar with push (the default where the workspace holds it): the area after the
+   * staging is [world][m_local][n] bf16, block o holding owner o's reduced rows; owner o's
+   * reduction writes block o of every other rank's area, and each rank's gather copies from
+   * its own area (local loads). Otherwise the owner keeps its rows in block 0 of its own area
+   * and the others load them from there over NVLink. */
+  p.push = all_reduce && !plan.direct && plan.ar_push;
+  if (p.push) {
+    const size_t block = (size_t)m_local * (size_t)a.n * 2;
+    for (int o = 0; o < world; o++) {
+      p.reduced_peer[o] = (const __nv_bfloat16 *)((char *)a.workspace + reduced_offset + block * o);
+      p.reduced_push[o] = (__nv_bfloat16 *)((char *)tw_heap_peer_ptr(comm, a.workspace, o) +
+                                            reduced_offset + block * (size_t)rank);
+    }
+  }
   p.gemm.epi.n = (int32_t)a.n;
   p.gemm.epi.m_local = (int32_t)m_local;
   p.gemm.epi.m = (int32_t)a.m;
@@ -704,6 +727,11 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                                (int)tw_env_int(TW_RS_INTERLEAVE_ID)};
   tw_gemm_rs_make_plan(&pa, plan);
   plan->direct = direct;
+  /* tw_gemm_ar's push gather (TW_AR_PUSH, the default) where the workspace holds every owner's
+   * reduced rows (tw_gemm_rs_workspace_size asks for that much). */
+  plan->ar_push =
+      all_reduce && !direct && tw_env_int(TW_AR_PUSH_ID) &&
+      tw_heap_avail(comm, a->workspace) >= tw_gemm_ar_push_workspace_bytes(world, a->m, a->n);
   return TW_SUCCESS;
 }
 
@@ -771,7 +799,7 @@ extern "C" tw_status_t tw_gemm_rs_workspace_size(tw_comm_t comm, int64_t m, int6
     return tw_comm_result(comm,
                           tw_fail(TW_ERR_INVALID_ARGUMENT,
                                   "n: %lld; expected a positive multiple of 8", (long long)n));
-  *bytes = tw_gemm_rs_workspace_bytes(comm->world, m, n);
+  *bytes = tw_gemm_ar_push_workspace_bytes(comm->world, m, n);
   return TW_SUCCESS;
 }
 

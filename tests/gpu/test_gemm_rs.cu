@@ -584,6 +584,17 @@ int main(int argc, char **argv) {
        178,
        2,
        0},
+      /* TW_AR_PUSH=0: tw_gemm_ar's ranks load the owners' reduced rows (the gather before the
+       * sixth session, and what a workspace below tw_gemm_rs_workspace_size() gets); the
+       * default has the owners store them into every rank's workspace; same bits. */
+      {"TW_AR_PUSH",
+       "0",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {128, 1032, 128, 0}},
+       179,
+       4,
+       1},
       /* TW_PARTIALS_BF16: bf16 partials, fp32 rank-ordered sum; bitwise the unfused pipeline
        * with bf16 GEMM output. The default path, then pull and the direct all-reduce. */
       {NULL,

@@ -155,9 +155,19 @@ static void test_gemm_rs_plans(void) {
   TEST_ASSERT(!rs_interleave(v), "TW_RS_INTERLEAVE=0 wins");
   v.interleave_env = -1, v.m = 2 * 200; /* m_local 200: tiles straddle owners */
   TEST_ASSERT(!rs_interleave(v), "m_local 200: interleaved");
-  big.shared_gpu = 1; /* ranks sharing a GPU share its L2: single columns */
+  big.shared_gpu = 1; /* ranks sharing a GPU share its L2: bands of 2 */
   tw_gemm_rs_make_plan(&big, &p);
-  TEST_ASSERT(p.band == 1, "M=16384 K=2048 on a shared GPU: band %d, want 1", p.band);
+  TEST_ASSERT(p.band == 2, "M=16384 K=2048 on a shared GPU: band %d, want 2", p.band);
+  tw_gemm_rs_plan_args_t small = big;
+  small.world = 8, small.m = 4096, small.n = 4096, small.k = 512, small.sm_budget = 16;
+  tw_gemm_rs_make_plan(&small, &p); /* 8 ranks' A, 4 MiB each, fit L2 together */
+  TEST_ASSERT(p.band == 1, "M=4096 K=512 on 8 ranks of a shared GPU: band %d, want 1", p.band);
+  small.all_reduce = 1, small.n = 12288, small.k = 6144; /* flux-tp8: the estimate, 1 CTA */
+  tw_gemm_rs_make_plan(&small, &p);
+  TEST_ASSERT(p.reduce_ctas < 4, "GEMM+AR, 8 ranks of a shared GPU: %d reduce CTAs", p.reduce_ctas);
+  small.shared_gpu = 0; /* distinct GPUs: at least 4 */
+  tw_gemm_rs_make_plan(&small, &p);
+  TEST_ASSERT(p.reduce_ctas >= 4, "GEMM+AR, distinct GPUs: %d reduce CTAs", p.reduce_ctas);
   big.shared_gpu = 0;
   tw_gemm_rs_make_plan(&big, &p);
   const int reduce_fp32 = p.reduce_ctas;

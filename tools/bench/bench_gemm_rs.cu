@@ -13,6 +13,9 @@
  *   unfused-cublas  cuBLAS GEMM (fp32 out, the rank's SM budget) then the rank-ordered
  *                   reduce kernels of src/ref/ref_reduce.cu (the speedup baseline)
  *   unfused-tw      the same with tw_gemm (bitwise equal to the fused result)
+ *   unfused-tw-bf16p  tw_gemm with bf16 output, then the same reduce of bf16 partials (the
+ *                   pipeline tilewire-bf16p equals bitwise; its speedup is against the bf16
+ *                   NCCL pipeline)
  *   gemm-alone      cuBLAS GEMM, bf16 out, budget-limited (t_gemm)
  *   reduce-alone    the reduce kernels alone (t_comm)
  * TFLOP/s per rank = 2 m n k / t; overlap = max(t_gemm, t_comm) / t_fused.
@@ -349,6 +352,13 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     t[nv + nextra] = bench_time_multi_ms(run_fused, c, c->streams[0], c->streams, world, o->warmup,
                                          o->repeats, &p10[nv + nextra], &p90[nv + nextra]);
     nextra++;
+    /* The unfused pipeline with bf16 partials (tw_gemm bf16 out, then the rank-ordered
+     * reduce): what a fallback inside the library would cost where the fused op loses. */
+    extra_sms[nextra] = -3;
+    t[nv + nextra] =
+        bench_time_multi_ms(run_unfused_tw, c, c->streams[0], c->streams, world, o->warmup,
+                            o->repeats, &p10[nv + nextra], &p90[nv + nextra]);
+    nextra++;
     c->partials = TW_PARTIALS_FP32;
   }
   /* With NCCL: its pipeline is the baseline and its reduction the communication time. */
@@ -381,7 +391,8 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
       snprintf(row.variant, sizeof(row.variant), "%s", variants[v].name);
     else if (v < nv + nextra)
       snprintf(row.variant, sizeof(row.variant),
-               extra_sms[v - nv] == -2   ? "tilewire-bf16p"
+               extra_sms[v - nv] == -3   ? "unfused-tw-bf16p"
+               : extra_sms[v - nv] == -2 ? "tilewire-bf16p"
                : extra_sms[v - nv] == -1 ? "tilewire-direct"
                : sweep_partials          ? "tilewire-bf16p-r%d"
                                          : "tilewire-r%d",
@@ -394,9 +405,9 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     rs_shape(row.shape, sizeof(row.shape), shape, c);
     row.ms = t[v], row.ms_p10 = p10[v], row.ms_p90 = p90[v];
     const int is_comm = v == 3 || v == nv + nextra + 1 || v == nv + nextra + 3;
-    const int is_fused = v == nv - 1 || (v >= nv && v < nv + nextra);
+    const int is_fused = v == nv - 1 || (v >= nv && v < nv + nextra && extra_sms[v - nv] != -3);
     row.tflops = is_comm ? 0 : flops / (t[v] * 1e-3) / 1e12;
-    const int is_bf16p = v >= nv && v < nv + nextra && extra_sms[v - nv] == -2;
+    const int is_bf16p = v >= nv && v < nv + nextra && extra_sms[v - nv] <= -2;
     row.speedup = (is_bf16p && c->nccl ? t_nccl_bf16 : t_base) / t[v];
     if (is_fused) {
       const double t_c = is_bf16p && c->nccl ? t_nccl_bf16_reduce : t_comm;
