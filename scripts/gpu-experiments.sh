@@ -15,6 +15,7 @@
 #             interleaved owners and the reduce-CTA count with bf16 partials
 #     vranks  8 virtual ranks: the reduce-CTA count where RS/AR trail the unfused pipeline
 #     bands   8 virtual ranks: band widths 1, 2, 4 (operand traffic of the tile order)
+#     push    tw_gemm_ar's push gather: test_gemm_rs on both placements, then the sweeps
 # With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses its
 # time, each bit removing one cost (first batch of the fifth session).
 set -u
@@ -122,6 +123,20 @@ exp_bands() { # sixth session: band width on 8 virtual ranks. Single columns re-
   for band in 1 2 4; do
     run "bands-vranks-gemm_rs-big-band$band" 90 env TW_BENCH_VIRTUAL=1 TW_RS_BAND=$band \
       "$bin/tw-bench" gemm_rs $big_rs --repeats 5 --warmup 2
+  done
+}
+exp_push() { # sixth session: tw_gemm_ar's push gather (default on distinct GPUs only) checked
+  # on both placements, then the 8-rank sweeps again (their spread between runs is 5-10%)
+  run "push-test_gemm_rs-vranks" 150 env TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] && run "push-test_gemm_rs-gpus" 150 env TW_WATCHDOG_S=15 \
+    TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] && run "push-gpus-gemm_ar" 90 "$bin/tw-bench" gemm_ar --world 2 \
+    --repeats 20 --warmup 5
+  for i in 1 2; do
+    for op in gemm_ar gemm_rs ag_gemm; do
+      run "push-vranks-$op-$i" 120 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" $op --repeats 10 \
+        --warmup 3
+    done
   done
 }
 for e in ${TW_EXP:-flux vranks}; do

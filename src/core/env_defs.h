@@ -59,10 +59,11 @@ TW_ENV(TW_AG_VARIANT, int, "-1",
        "tw_ag_gemm kernel variant; -1 lets the plan choose (bit 0 where ranks share a GPU). Bit 0 "
        "= the plain GEMM's 3-stage / 32 KiB epilogue split, bit 1 = static tile schedule instead "
        "of the tile queue (measurement only, slower).")
-TW_ENV(TW_AR_PUSH, bool, "1",
-       "tw_gemm_ar: 1 lets each owner's reduction store its reduced rows into every other rank's "
+TW_ENV(TW_AR_PUSH, int, "-1",
+       "tw_gemm_ar: 1 has each owner's reduction store its reduced rows into every other rank's "
        "workspace (NVLink stores), where the workspace holds tw_gemm_rs_workspace_size() bytes; "
-       "0 has every rank load them from the owner (the first design, for measurement).")
+       "0 has every rank load them from the owner (the first design); -1 pushes where the "
+       "ranks have GPUs of their own.")
 TW_ENV(TW_AR_DIRECT, bool, "0",
        "Experimental: 1 lets tw_gemm_ar use the direct scheme (every rank stores each fp32 tile "
        "into every rank's staging and reduces all rows itself) when the workspace holds world x "

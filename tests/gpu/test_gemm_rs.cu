@@ -584,9 +584,18 @@ int main(int argc, char **argv) {
        178,
        2,
        0},
-      /* TW_AR_PUSH=0: tw_gemm_ar's ranks load the owners' reduced rows (the gather before the
-       * sixth session, and what a workspace below tw_gemm_rs_workspace_size() gets); the
-       * default has the owners store them into every rank's workspace; same bits. */
+      /* TW_AR_PUSH=1 / 0: tw_gemm_ar's owners store their reduced rows into every rank's
+       * workspace (the default on distinct GPUs, forced here where ranks share one), or the
+       * ranks load them from the owners (the default on a shared GPU, and what a workspace
+       * below tw_gemm_rs_workspace_size() gets); same bits. */
+      {"TW_AR_PUSH",
+       "1",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {128, 1032, 128, 0}},
+       176,
+       4,
+       1},
       {"TW_AR_PUSH",
        "0",
        NULL,
