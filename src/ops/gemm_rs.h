@@ -62,7 +62,8 @@ typedef struct tw_gemm_rs_plan_args {
   int band_env;       /* TW_RS_BAND (0: unset) */
   int partial_bytes;  /* 4 (fp32 partials) or 2 (TW_PARTIALS_BF16); 0 counts as 4 */
   int comm_world;     /* the comm's world, which fixes the flag layout (0: world) */
-  int shared_gpu;     /* 1: other ranks run on this rank's GPU (they share its L2) */
+  int shared_gpu;     /* 1: some ranks of the comm share a GPU (and its L2); comm->gpu_shared,
+                         the same on every rank: the band fixes the unit numbering */
   int interleave_env; /* TW_RS_INTERLEAVE (-1: the plan decides) */
 } tw_gemm_rs_plan_args_t;
 

@@ -723,19 +723,21 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                                (int)tw_env_int(TW_RS_BAND_ID),
                                a->partials == TW_PARTIALS_BF16 ? 2 : 4,
                                world,
-                               comm->ranks_on_device > 1,
+                               comm->gpu_shared,
                                (int)tw_env_int(TW_RS_INTERLEAVE_ID)};
   tw_gemm_rs_make_plan(&pa, plan);
   plan->direct = direct;
   /* tw_gemm_ar's push gather (TW_AR_PUSH, the default) where the workspace holds every owner's
-   * reduced rows (tw_gemm_rs_workspace_size asks for that much) and the ranks have GPUs of
-   * their own. On 2 H200s it turned NVLink loads into stores (GEMM+AR M=16384 3.16 -> 2.76 ms
-   * fp32, 2.92 -> 2.62 bf16 partials, flux-tp8 1.23-1.27 -> 1.15-1.21). Where ranks share a
-   * GPU the owner's world - 1 extra copies are HBM traffic that pull does not make (8 virtual
-   * ranks, M=4096: 0.97 ms against 0.89 with pull), so they keep pull. */
+   * reduced rows (tw_gemm_rs_workspace_size asks for that much) and no two ranks share a GPU
+   * (comm->gpu_shared: every rank must choose alike; with ranks_on_device, 3 ranks on 2 GPUs
+   * mixed push and pull and test_gemm_rs failed at world 3, sixth session). On 2 H200s it turned
+   * NVLink loads into stores (GEMM+AR M=16384 3.16 -> 2.76 ms fp32, 2.92 -> 2.62 bf16 partials,
+   * flux-tp8 1.23-1.27 -> 1.15-1.21). Where ranks share a GPU the owner's world - 1 extra copies
+   * are HBM traffic that pull does not make (8 virtual ranks, M=4096: 0.97 ms against 0.89 with
+   * pull), so they keep pull. */
   const int64_t push_env = tw_env_int(TW_AR_PUSH_ID);
   plan->ar_push =
-      all_reduce && !direct && (push_env > 0 || (push_env < 0 && comm->ranks_on_device <= 1)) &&
+      all_reduce && !direct && (push_env > 0 || (push_env < 0 && !comm->gpu_shared)) &&
       tw_heap_avail(comm, a->workspace) >= tw_gemm_ar_push_workspace_bytes(world, a->m, a->n);
   return TW_SUCCESS;
 }

@@ -427,8 +427,11 @@ tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
     c->device = devices[r];
     c->config = cfg;
     c->sm_count = sm_count[r];
-    for (int p = 0; p < world; p++)
+    for (int p = 0; p < world; p++) {
       c->ranks_on_device += memcmp(uuid[p], uuid[r], 16) == 0;
+      for (int q = p + 1; q < world; q++)
+        c->gpu_shared |= memcmp(uuid[p], uuid[q], 16) == 0;
+    }
     TW_CHECK(pick_sm_budget(c));
     tw_assign_nodes(c, host_of, cfg.ranks_per_node);
     g->local[r] = c;
@@ -529,6 +532,9 @@ tw_status_t tw_comm_init_rank(tw_comm_t *out, int world, tw_unique_id_t id, int 
     host_of[p] = peers[p].host_hash;
     g->mappable[p] = peers[p].host_hash == peers[rank].host_hash;
     c->ranks_on_device += g->mappable[p] && memcmp(peers[p].gpu_uuid, self.gpu_uuid, 16) == 0;
+    for (int q = p + 1; q < world; q++)
+      c->gpu_shared |= peers[p].host_hash == peers[q].host_hash &&
+                       memcmp(peers[p].gpu_uuid, peers[q].gpu_uuid, 16) == 0;
   }
   TW_CHECK(pick_sm_budget(c));
   tw_assign_nodes(c, host_of, cfg.ranks_per_node);

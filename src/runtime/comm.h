@@ -72,6 +72,10 @@ struct tw_comm {
   int local_rank, local_size, node, nodes;
   int sm_count;        /* SMs of the device */
   int ranks_on_device; /* ranks sharing this GPU, this one included */
+  /* 1 where two ranks of the comm (on this host) share a GPU: the same on every rank, unlike
+   * ranks_on_device (3 ranks on 2 GPUs: 2, 1, 2), so plans whose choice every rank must make
+   * alike (tw_gemm_rs's unit numbering, tw_gemm_ar's gather) take this one. */
+  int gpu_shared;
   int sm_budget;
   tw_config_t config; /* effective (defaults resolved) */
   uint64_t alloc_seq; /* tw_mem_alloc calls made by this rank */
