@@ -7,7 +7,7 @@
 #   TW_DIAG_LIBS="1 2 4 8 16 32"          measurement builds of libtilewire.so in
 #                                         $TW_BUILD_DIR/diagN/ (-DTW_RS_DIAG=N, gemm_rs_sm90.cu)
 # Killed by a signal, it still bundles what it has and prints the summary so far.
-#   TW_EXP="flux vranks"                  which groups run, in order (functions exp_NAME below):
+#   TW_EXP="r0"                           which groups run, in order (functions exp_NAME below):
 #     hang    four 8-rank gemm_ar sweeps under the watchdog, the interleaved test_gemm_rs twice
 #             (the fifth session's stall; clean in the sixth)
 #     ab      the fifth session's defaults against what they replaced (taken, sixth session)
@@ -16,6 +16,8 @@
 #     vranks  8 virtual ranks: the reduce-CTA count where RS/AR trail the unfused pipeline
 #     bands   8 virtual ranks: band widths 1, 2, 4 (operand traffic of the tile order)
 #     push    tw_gemm_ar's push gather: test_gemm_rs on both placements, then the sweeps
+#     r0      no reduce CTAs at the start (TW_RS_REDUCE_CTAS=0) against the plan's count (the
+#             default group: not yet run)
 # With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses its
 # time, each bit removing one cost (first batch of the fifth session).
 set -u
@@ -34,8 +36,8 @@ run() { # run NAME LIMIT CMD...: log, and a summary line of the fused rows' medi
   timeout "$limit" "$@" >"$out/logs/$name.log" 2>&1
   local rc=$?
   summary+=("$(printf '%-28s rc=%-3s %s' "$name" "$rc" "$(grep -E '^(ag_gemm|gemm_rs|gemm_ar) ' \
-    "$out/logs/$name.log" | grep -E ' (fused|fused-nogather|copy-engine|tilewire[a-z0-9-]*|gemm-alone|unfused-tw|nccl-bf16\+cublas) ' |
-    awk '{for (i = 1; i <= NF; i++) if ($i ~ /^(fused|fused-nogather|copy-engine|tilewire[a-z0-9-]*|gemm-alone|unfused-tw|nccl-bf16\+cublas)$/) printf "%s %s  ", $i, $(i + 1)}')")")
+    "$out/logs/$name.log" | grep -E ' (fused|fused-nogather|copy-engine|tilewire[a-z0-9-]*|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl-bf16\+cublas) ' |
+    awk '{for (i = 1; i <= NF; i++) if ($i ~ /^(fused|fused-nogather|copy-engine|tilewire[a-z0-9-]*|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl-bf16\+cublas)$/) printf "%s %s  ", $i, $(i + 1)}')")")
   # A stall report (watchdog, expired wait, trapped pipeline) goes into the summary too.
   local stall
   stall=$(grep -m 3 -E 'watchdog|internal stall|DEVICE_TIMEOUT|timed out|waited for flag' "$out/logs/$name.log")
@@ -139,7 +141,24 @@ exp_push() { # sixth session: tw_gemm_ar's push gather (default on distinct GPUs
     done
   done
 }
-for e in ${TW_EXP:-flux vranks}; do
+exp_r0() { # after the sixth session: no reduce CTAs at the start (TW_RS_REDUCE_CTAS=0, every CTA
+  # runs the GEMM, then reduces), against the plan's count; every sweep so far found fewer reduce
+  # CTAs faster. test_gemm_rs first (its TW_RS_REDUCE_CTAS=0 case), then alternated sweeps.
+  run "r0-test_gemm_rs-vranks" 150 env TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] && run "r0-test_gemm_rs-gpus" 150 env TW_WATCHDOG_S=15 \
+    TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  for i in 1 2; do
+    for r in -1 0; do
+      for op in gemm_rs gemm_ar; do
+        [ "$ngpus" -gt 1 ] && run "r0-gpus-$op-r$r-$i" 90 env TW_RS_REDUCE_CTAS=$r \
+          "$bin/tw-bench" $op --world 2 --repeats 20 --warmup 5
+        run "r0-vranks-$op-r$r-$i" 120 env TW_RS_REDUCE_CTAS=$r TW_BENCH_VIRTUAL=1 \
+          "$bin/tw-bench" $op --repeats 10 --warmup 3
+      done
+    done
+  done
+}
+for e in ${TW_EXP:-r0}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

@@ -35,6 +35,10 @@ TW_ENV(
 TW_ENV(TW_RS_STEAL, bool, "1",
        "1: the GEMM CTAs of tw_gemm_rs / tw_gemm_ar take reduction work after their tiles "
        "(measured 1.2-2.0x faster on 2 H200s, docs/PERF.md); 0: only the reduce CTAs reduce.")
+TW_ENV(TW_RS_REDUCE_CTAS, int, "-1",
+       "For measurement: CTAs of tw_gemm_rs / tw_gemm_ar that start on the reduction (the args' "
+       "reduce_sms wins); 0 lets every CTA run the GEMM first and reduce after its tiles (only "
+       "with TW_RS_STEAL=1, else 1); -1 lets the plan choose.")
 TW_ENV(TW_RS_BAND, int, "0",
        "Column blocks per band of tw_gemm_rs / tw_gemm_ar's tile order (A is read once per band); "
        "0 lets the heuristic choose.")

@@ -65,6 +65,8 @@ typedef struct tw_gemm_rs_plan_args {
   int shared_gpu;     /* 1: some ranks of the comm share a GPU (and its L2); comm->gpu_shared,
                          the same on every rank: the band fixes the unit numbering */
   int interleave_env; /* TW_RS_INTERLEAVE (-1: the plan decides) */
+  int reduce_env;     /* TW_RS_REDUCE_CTAS (-1: the plan decides; 0: none, with stealing) */
+  int steal;          /* TW_RS_STEAL: the GEMM CTAs take reduction work after their tiles */
 } tw_gemm_rs_plan_args_t;
 
 /* Counters per channel, and the stride of the all-reduce ready flags: fixed by the comm's
@@ -76,7 +78,8 @@ static inline int tw_rs_flag_stride(int comm_world) {
 typedef struct tw_gemm_rs_plan {
   int ctas;        /* grid: every CTA runs the GEMM loop */
   int band;        /* column blocks per band of the tile order (and of the unit numbering) */
-  int reduce_ctas; /* of which start on the reduction */
+  int reduce_ctas; /* of which start on the reduction (0: none, the GEMM CTAs reduce after
+                      their tiles; only with stealing) */
   int group_units; /* units behind one flag */
   int groups_max;  /* groups of the owner with the most units (<= flag_stride) */
   int flag_stride; /* tw_rs_flag_stride(comm world): where the ready flags start */

@@ -103,11 +103,17 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * 10.43-11.15 with 4), so there the estimate above stands. */
   if (a->all_reduce && a->reduce_sms_arg <= 0 && reduce < 4 && !a->shared_gpu)
     reduce = a->sm_budget / 2 < 4 ? a->sm_budget / 2 : 4;
+  /* TW_RS_REDUCE_CTAS (measurement; the args' reduce_sms wins): any count, 0 included where the
+   * GEMM CTAs steal (then every CTA runs the GEMM first and the reduction after its tiles, the
+   * unfused timeline inside one launch; the partials still travel during the GEMM). The sweeps
+   * so far found fewer reduce CTAs faster wherever they went below the estimate (docs/PERF.md). */
+  if (a->reduce_env >= 0 && a->reduce_sms_arg <= 0)
+    reduce = a->reduce_env;
   if (reduce >= a->sm_budget)
     reduce = a->sm_budget - 1;
-  if (reduce < 1)
+  if (reduce < 1 && !(reduce == 0 && a->steal && a->reduce_env == 0 && a->reduce_sms_arg <= 0))
     reduce = 1;
-  plan->reduce_ctas = reduce; /* the caller guarantees sm_budget >= 2 */
+  plan->reduce_ctas = reduce; /* the caller guarantees sm_budget >= 2; 0 only with stealing */
   plan->direct = 0;
   plan->ar_push = 0;
 }

@@ -724,7 +724,9 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                                a->partials == TW_PARTIALS_BF16 ? 2 : 4,
                                world,
                                comm->gpu_shared,
-                               (int)tw_env_int(TW_RS_INTERLEAVE_ID)};
+                               (int)tw_env_int(TW_RS_INTERLEAVE_ID),
+                               (int)tw_env_int(TW_RS_REDUCE_CTAS_ID),
+                               tw_env_int(TW_RS_STEAL_ID) != 0};
   tw_gemm_rs_make_plan(&pa, plan);
   plan->direct = direct;
   /* tw_gemm_ar's push gather (TW_AR_PUSH, the default) where the workspace holds every owner's

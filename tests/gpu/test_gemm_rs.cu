@@ -604,6 +604,16 @@ int main(int argc, char **argv) {
        179,
        4,
        1},
+      /* TW_RS_REDUCE_CTAS=0: no CTA starts on the reduction; every CTA runs its GEMM tiles,
+       * then reduces (and gathers) through the queues; same bits. */
+      {"TW_RS_REDUCE_CTAS",
+       "0",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{100, 264, 200, 0}, {1024, 1024, 512, 0}, {1, 8, 8, 0}},
+       181,
+       4,
+       1},
       /* TW_PARTIALS_BF16: bf16 partials, fp32 rank-ordered sum; bitwise the unfused pipeline
        * with bf16 GEMM output. The default path, then pull and the direct all-reduce. */
       {NULL,

@@ -105,7 +105,7 @@ static void test_gemm_rs_plans(void) {
       for (int ar = 0; ar < 2; ar++) {
         const int w = worlds[wi], budget = 132 / w;
         const int64_t m = ms[mi] * w;
-        tw_gemm_rs_plan_args_t a = {w, m, 4096, 512, budget, 0, ar, 0, 4, 0, 0, -1};
+        tw_gemm_rs_plan_args_t a = {w, m, 4096, 512, budget, 0, ar, 0, 4, 0, 0, -1, -1, 1};
         tw_gemm_rs_plan_t p;
         tw_gemm_rs_make_plan(&a, &p);
         TEST_ASSERT(p.ctas >= 2 && p.ctas <= budget, "ctas %d of %d", p.ctas, budget);
@@ -125,21 +125,22 @@ static void test_gemm_rs_plans(void) {
       }
   /* A shape with more units than the stride groups them; the direct all-reduce (planned as
    * one owner of all rows) keeps the comm's stride too. */
-  tw_gemm_rs_plan_args_t wide = {8, 65536, 65536, 512, 16, 0, 1, 0, 4, 0, 0, -1};
+  tw_gemm_rs_plan_args_t wide = {8, 65536, 65536, 512, 16, 0, 1, 0, 4, 0, 0, -1, -1, 1};
   tw_gemm_rs_plan_t pw;
   tw_gemm_rs_make_plan(&wide, &pw);
   TEST_ASSERT(pw.group_units > 1 && pw.groups_max <= tw_rs_flag_stride(8),
               "m = n = 65536 on 8 ranks: %d groups of %d units", pw.groups_max, pw.group_units);
-  tw_gemm_rs_plan_args_t direct = {1, 65536, 65536, 512, 16, 0, 0, 0, 4, 8, 0, -1};
+  tw_gemm_rs_plan_args_t direct = {1, 65536, 65536, 512, 16, 0, 0, 0, 4, 8, 0, -1, -1, 1};
   tw_gemm_rs_make_plan(&direct, &pw);
   TEST_ASSERT(pw.flag_stride == tw_rs_flag_stride(8) && pw.groups_max <= pw.flag_stride,
               "direct on 8 ranks: stride %d, %d groups", pw.flag_stride, pw.groups_max);
-  tw_gemm_rs_plan_args_t one = {2, 4096, 256, 512, 66, 0, 0, 0, 4, 0, 0, -1}; /* one column block */
+  tw_gemm_rs_plan_args_t one = {2, 4096, 256, 512, 66, 0,  0,
+                                0, 4,    0,   0,   -1, -1, 1}; /* one column block */
   tw_gemm_rs_plan_t p;
   tw_gemm_rs_make_plan(&one, &p);
   TEST_ASSERT(p.band == 1, "n = 256: band %d", p.band);
-  tw_gemm_rs_plan_args_t big = {2, 16384, 16384, 2048, 132, 0,
-                                0, 0,     4,     0,    0,   -1}; /* A 64 MiB: bands */
+  tw_gemm_rs_plan_args_t big = {2, 16384, 16384, 2048, 132, 0,  0,
+                                0, 4,     0,     0,    -1,  -1, 1}; /* A 64 MiB: bands */
   tw_gemm_rs_make_plan(&big, &p);
   TEST_ASSERT(p.band == 8, "M=16384 K=2048: band %d, want 8", p.band);
   /* Interleaved owners: fp32 partials on distinct GPUs, owners of whole row blocks. */
@@ -179,6 +180,23 @@ static void test_gemm_rs_plans(void) {
   big.m = 8192, big.k = 1024; /* A 16 MiB fits L2: single columns */
   tw_gemm_rs_make_plan(&big, &p);
   TEST_ASSERT(p.band == 1, "M=8192 K=1024: band %d, want 1", p.band);
+  /* TW_RS_REDUCE_CTAS: any count; 0 only where the GEMM CTAs steal (else 1). */
+  tw_gemm_rs_plan_args_t r = big;
+  r.reduce_env = 0;
+  tw_gemm_rs_make_plan(&r, &p);
+  TEST_ASSERT(p.reduce_ctas == 0, "TW_RS_REDUCE_CTAS=0 with stealing: %d", p.reduce_ctas);
+  r.steal = 0;
+  tw_gemm_rs_make_plan(&r, &p);
+  TEST_ASSERT(p.reduce_ctas == 1, "TW_RS_REDUCE_CTAS=0 without stealing: %d", p.reduce_ctas);
+  r.steal = 1, r.reduce_env = 3;
+  tw_gemm_rs_make_plan(&r, &p);
+  TEST_ASSERT(p.reduce_ctas == 3, "TW_RS_REDUCE_CTAS=3: %d", p.reduce_ctas);
+  r.reduce_env = 0, r.reduce_sms_arg = 2; /* the args win */
+  tw_gemm_rs_make_plan(&r, &p);
+  TEST_ASSERT(p.reduce_ctas == 2, "reduce_sms 2 with TW_RS_REDUCE_CTAS=0: %d", p.reduce_ctas);
+  r.reduce_sms_arg = 0, r.reduce_env = 500;
+  tw_gemm_rs_make_plan(&r, &p);
+  TEST_ASSERT(p.reduce_ctas == 131, "TW_RS_REDUCE_CTAS=500 of 132: %d", p.reduce_ctas);
   one.band_env = 3;
   one.n = 4096;
   tw_gemm_rs_make_plan(&one, &p);
