@@ -7,7 +7,7 @@
 #   TW_DIAG_LIBS="1 2 4 8 16 32"          measurement builds of libtilewire.so in
 #                                         $TW_BUILD_DIR/diagN/ (-DTW_RS_DIAG=N, gemm_rs_sm90.cu)
 # Killed by a signal, it still bundles what it has and prints the summary so far.
-#   TW_EXP="r0"                           which groups run, in order (functions exp_NAME below):
+#   TW_EXP="r0 w1"                        which groups run, in order (functions exp_NAME below):
 #     hang    four 8-rank gemm_ar sweeps under the watchdog, the interleaved test_gemm_rs twice
 #             (the fifth session's stall; clean in the sixth)
 #     ab      the fifth session's defaults against what they replaced (taken, sixth session)
@@ -16,8 +16,9 @@
 #     vranks  8 virtual ranks: the reduce-CTA count where RS/AR trail the unfused pipeline
 #     bands   8 virtual ranks: band widths 1, 2, 4 (operand traffic of the tile order)
 #     push    tw_gemm_ar's push gather: test_gemm_rs on both placements, then the sweeps
-#     r0      no reduce CTAs at the start (TW_RS_REDUCE_CTAS=0) against the plan's count (the
-#             default group: not yet run)
+#     r0      no reduce CTAs at the start (TW_RS_REDUCE_CTAS=0) against the plan's count
+#     w1      the fused GEMM phase alone (world 1 through the fused kernel) against tw_gemm,
+#             timed and under ncu (r0 and w1: the default, not yet run)
 # With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses its
 # time, each bit removing one cost (first batch of the fifth session).
 set -u
@@ -158,7 +159,25 @@ exp_r0() { # after the sixth session: no reduce CTAs at the start (TW_RS_REDUCE_
     done
   done
 }
-for e in ${TW_EXP:-r0}; do
+exp_w1() { # after the sixth session: the fused GEMM phase's own cost with no peer at all
+  # (TW_RS_FUSED_W1=1: world 1 through the fused kernel), timed against tw_gemm with fp32 output
+  # (the unfused-tw row), then both kernels under ncu (replay works: nothing waits on a peer)
+  for r in -1 0; do
+    for shape in flux big; do
+      args=$flux_rs
+      [ $shape = big ] && args=$big_rs
+      run "w1-$shape-r$r" 60 env TW_RS_FUSED_W1=1 TW_RS_REDUCE_CTAS=$r "$bin/tw-bench" gemm_rs \
+        --world 1 $args --repeats 20 --warmup 5
+    done
+  done
+  if command -v ncu >/dev/null; then
+    # the fused kernel (launches 3-4: timed repeats) and tw_gemm's (the unfused-tw row)
+    run "w1-ncu-big" 300 env TW_RS_FUSED_W1=1 ncu --kernel-name regex:'gemm_rs_kernel|gemm_sm90_kernel' \
+      --launch-skip 2 --launch-count 4 --set full --csv --page details "$bin/tw-bench" gemm_rs \
+      --world 1 $big_rs --repeats 2 --warmup 1 --no-check
+  fi
+}
+for e in ${TW_EXP:-r0 w1}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

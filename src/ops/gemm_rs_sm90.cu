@@ -683,7 +683,9 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
   TW_ARG_CHECK(a->reduce_sms >= 0 && a->reduce_sms < comm->sm_budget,
                "%s: args->reduce_sms: %d; expected 0 (heuristic) or fewer than the rank's %d SMs",
                op, a->reduce_sms, comm->sm_budget);
-  if (world == 1)
+  /* World 1 is the plain GEMM, unless TW_RS_FUSED_W1 asks for the fused kernel (measurement:
+   * with no peer to wait for it can run under ncu's kernel replay). */
+  if (world == 1 && !tw_env_int(TW_RS_FUSED_W1_ID))
     return TW_SUCCESS;
   if (comm->sm_budget < 2)
     return tw_fail(TW_ERR_NOT_SUPPORTED,
@@ -761,7 +763,7 @@ tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_re
   cudaStream_t launch_stream = NULL;
   st = tw_launch_begin(comm, stream, &launch_stream);
   if (st == TW_SUCCESS)
-    st = comm->world == 1 ? run_single(comm, a, launch_stream)
+    st = comm->world == 1 && !tw_env_int(TW_RS_FUSED_W1_ID) ? run_single(comm, a, launch_stream)
          : a.partials == TW_PARTIALS_BF16
              ? run_fused<__nv_bfloat16>(comm, a, plan, all_reduce, launch_stream)
              : run_fused<float>(comm, a, plan, all_reduce, launch_stream);

@@ -646,6 +646,18 @@ int main(int argc, char **argv) {
   g_partials = TW_PARTIALS_BF16;
   test_case(1, 300, 520, 1032, 0, seed + 140); /* world 1: the plain GEMM either way */
   g_partials = TW_PARTIALS_FP32;
+  /* TW_RS_FUSED_W1=1: world 1 through the fused kernel (for profiling); the same bits, fp32
+   * and bf16 partials, with and without reduce CTAs at the start. */
+  setenv("TW_RS_FUSED_W1", "1", 1);
+  test_case(1, 300, 520, 1032, 0, seed + 150);
+  test_case(1, 1024, 1024, 512, 2, seed + 151);
+  setenv("TW_RS_REDUCE_CTAS", "0", 1);
+  test_case(1, 1000, 512, 256, 0, seed + 152);
+  unsetenv("TW_RS_REDUCE_CTAS");
+  g_partials = TW_PARTIALS_BF16;
+  test_case(1, 300, 520, 1032, 0, seed + 153);
+  g_partials = TW_PARTIALS_FP32;
+  unsetenv("TW_RS_FUSED_W1");
   test_bad_arguments();
   return tw_test_finish();
 }
