@@ -85,6 +85,16 @@ static tw_status_t resolve_config(const tw_config_t *user, tw_config_t *out) {
   return TW_SUCCESS;
 }
 
+void tw_assign_gpus(tw_comm_t comm, const uint64_t *host_of, const uint8_t (*uuid)[16]) {
+  const int world = comm->world, r = comm->rank;
+  comm->ranks_on_device = 0, comm->gpu_shared = 0;
+  for (int p = 0; p < world; p++) {
+    comm->ranks_on_device += host_of[p] == host_of[r] && memcmp(uuid[p], uuid[r], 16) == 0;
+    for (int q = p + 1; q < world; q++)
+      comm->gpu_shared |= host_of[p] == host_of[q] && memcmp(uuid[p], uuid[q], 16) == 0;
+  }
+}
+
 /* Node layout: virtual nodes of ranks_per_node consecutive ranks, or by host. */
 void tw_assign_nodes(tw_comm_t comm, const uint64_t *host_of, int ranks_per_node) {
   int world = comm->world, r = comm->rank;
@@ -427,11 +437,7 @@ tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
     c->device = devices[r];
     c->config = cfg;
     c->sm_count = sm_count[r];
-    for (int p = 0; p < world; p++) {
-      c->ranks_on_device += memcmp(uuid[p], uuid[r], 16) == 0;
-      for (int q = p + 1; q < world; q++)
-        c->gpu_shared |= memcmp(uuid[p], uuid[q], 16) == 0;
-    }
+    tw_assign_gpus(c, host_of, (const uint8_t(*)[16])uuid);
     TW_CHECK(pick_sm_budget(c));
     tw_assign_nodes(c, host_of, cfg.ranks_per_node);
     g->local[r] = c;
@@ -528,14 +534,13 @@ tw_status_t tw_comm_init_rank(tw_comm_t *out, int world, tw_unique_id_t id, int 
   c->device = device;
   c->config = cfg;
   c->sm_count = self.sm_count;
+  uint8_t uuid[TW_MAX_WORLD][16];
   for (int p = 0; p < world; p++) {
     host_of[p] = peers[p].host_hash;
     g->mappable[p] = peers[p].host_hash == peers[rank].host_hash;
-    c->ranks_on_device += g->mappable[p] && memcmp(peers[p].gpu_uuid, self.gpu_uuid, 16) == 0;
-    for (int q = p + 1; q < world; q++)
-      c->gpu_shared |= peers[p].host_hash == peers[q].host_hash &&
-                       memcmp(peers[p].gpu_uuid, peers[q].gpu_uuid, 16) == 0;
+    memcpy(uuid[p], peers[p].gpu_uuid, 16);
   }
+  tw_assign_gpus(c, host_of, (const uint8_t(*)[16])uuid);
   TW_CHECK(pick_sm_budget(c));
   tw_assign_nodes(c, host_of, cfg.ranks_per_node);
   g->local[rank] = c;

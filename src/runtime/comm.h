@@ -132,6 +132,10 @@ void tw_heap_free_all_locked(struct tw_comm *comm);
  * the ranks' host hashes, or virtual nodes of ranks_per_node ranks when > 0. */
 void tw_assign_nodes(struct tw_comm *comm, const uint64_t *host_of, int ranks_per_node);
 
+/* Fills ranks_on_device and gpu_shared of comm (rank and world set) from every rank's host
+ * hash and GPU UUID: ranks of one host whose UUIDs match share a GPU. */
+void tw_assign_gpus(struct tw_comm *comm, const uint64_t *host_of, const uint8_t (*uuid)[16]);
+
 /* The stream an op launches its kernel on: the caller's, or (virtual ranks) the
  * rank's own stream made to wait for the caller's. Pair with tw_launch_end. */
 /* Creates comm->ce_stream and its events once (tw_ag_gemm's copy-engine mode). */

@@ -109,11 +109,44 @@ static void test_topology(void) {
   expect_nodes(1, same, 0, 0, 0, 1, 0, 1);
 }
 
+/* ranks_on_device is the rank's own count; gpu_shared is the same on every rank (plans that all
+ * ranks must choose alike take it): 3 ranks on 2 GPUs give 2 / 1 / 2 and 1 everywhere. */
+static void expect_gpus(int world, const uint64_t *hosts, const int *gpu, int rank, int on_device,
+                        int shared) {
+  uint8_t uuid[TW_MAX_WORLD][16];
+  memset(uuid, 0, sizeof(uuid));
+  for (int p = 0; p < world; p++)
+    uuid[p][5] = (uint8_t)(1 + gpu[p]);
+  struct tw_comm c;
+  memset(&c, 0, sizeof(c));
+  c.rank = rank, c.world = world;
+  tw_assign_gpus(&c, hosts, (const uint8_t(*)[16])uuid);
+  TEST_ASSERT(c.ranks_on_device == on_device && c.gpu_shared == shared,
+              "world %d rank %d: %d on its GPU, shared %d; expected %d, %d", world, rank,
+              c.ranks_on_device, c.gpu_shared, on_device, shared);
+}
+
+static void test_gpus(void) {
+  uint64_t one[8] = {7, 7, 7, 7, 7, 7, 7, 7};
+  const int three_on_two[3] = {0, 1, 0};
+  expect_gpus(3, one, three_on_two, 0, 2, 1);
+  expect_gpus(3, one, three_on_two, 1, 1, 1); /* alone on its GPU, yet the comm shares one */
+  const int distinct[4] = {0, 1, 2, 3};
+  expect_gpus(4, one, distinct, 2, 1, 0);
+  const int all_one[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  expect_gpus(8, one, all_one, 7, 8, 1);
+  expect_gpus(1, one, all_one, 0, 1, 0);
+  uint64_t two_hosts[2] = {3, 9}; /* the same GPU index on two hosts is two GPUs */
+  const int same_index[2] = {0, 0};
+  expect_gpus(2, two_hosts, same_index, 0, 1, 0);
+}
+
 int main(void) {
   test_status_strings();
   test_config();
   test_bad_arguments();
   test_no_gpu();
   test_topology();
+  test_gpus();
   return tw_test_finish();
 }
