@@ -71,8 +71,8 @@ TW_ENV(TW_AG_VARIANT, int, "-1",
 TW_ENV(TW_AR_PUSH, int, "-1",
        "tw_gemm_ar: 1 has each owner's reduction store its reduced rows into every other rank's "
        "workspace (NVLink stores), where the workspace holds tw_gemm_rs_workspace_size() bytes; "
-       "0 has every rank load them from the owner (the first design); -1 pushes where the "
-       "ranks have GPUs of their own.")
+       "0 has every rank load them from the owner (the first design); -1 pushes where no two "
+       "ranks of the comm share a GPU.")
 TW_ENV(TW_AR_DIRECT, bool, "0",
        "Experimental: 1 lets tw_gemm_ar use the direct scheme (every rank stores each fp32 tile "
        "into every rank's staging and reduces all rows itself) when the workspace holds world x "
