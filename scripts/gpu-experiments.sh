@@ -172,7 +172,7 @@ exp_w1() { # after the sixth session: the fused GEMM phase's own cost with no pe
   done
   if command -v ncu >/dev/null; then
     # the fused kernel (launches 3-4: timed repeats) and tw_gemm's (the unfused-tw row)
-    run "w1-ncu-big" 300 env TW_RS_FUSED_W1=1 ncu --kernel-name regex:'gemm_rs_kernel|gemm_sm90_kernel' \
+    run "w1-ncu-big" 300 env TW_RS_FUSED_W1=1 ncu --kernel-name-base demangled --kernel-name regex:'gemm_rs_kernel|gemm_sm90_kernel' \
       --launch-skip 2 --launch-count 4 --set full --csv --page details "$bin/tw-bench" gemm_rs \
       --world 1 $big_rs --repeats 2 --warmup 1 --no-check
   fi
