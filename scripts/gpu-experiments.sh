@@ -7,7 +7,7 @@
 #   TW_DIAG_LIBS="1 2 4 8 16 32"          measurement builds of libtilewire.so in
 #                                         $TW_BUILD_DIR/diagN/ (-DTW_RS_DIAG=N, gemm_rs_sm90.cu)
 # Killed by a signal, it still bundles what it has and prints the summary so far.
-#   TW_EXP="r0 w1"                        which groups run, in order (functions exp_NAME below):
+#   TW_EXP="r0 w1 wide"                   which groups run, in order (functions exp_NAME below):
 #     hang    four 8-rank gemm_ar sweeps under the watchdog, the interleaved test_gemm_rs twice
 #             (the fifth session's stall; clean in the sixth)
 #     ab      the fifth session's defaults against what they replaced (taken, sixth session)
@@ -18,7 +18,9 @@
 #     push    tw_gemm_ar's push gather: test_gemm_rs on both placements, then the sweeps
 #     r0      no reduce CTAs at the start (TW_RS_REDUCE_CTAS=0) against the plan's count
 #     w1      the fused GEMM phase alone (world 1 through the fused kernel) against tw_gemm,
-#             timed and under ncu (r0 and w1: the default, not yet run)
+#             timed and under ncu
+#     wide    tw_ag_gemm's copy CTAs with 16 loads in flight (TW_AG_COPY_WIDE=1) against 4
+#             (r0, w1 and wide: the default, not yet run)
 # With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses its
 # time, each bit removing one cost (first batch of the fifth session).
 set -u
@@ -177,7 +179,22 @@ exp_w1() { # after the sixth session: the fused GEMM phase's own cost with no pe
       --world 1 $big_rs --repeats 2 --warmup 1 --no-check
   fi
 }
-for e in ${TW_EXP:-r0 w1}; do
+exp_wide() { # after the sixth session: tw_ag_gemm's copy CTAs with 16 loads in flight per thread
+  # (TW_AG_COPY_WIDE=1): they finish their chunks sooner and join the GEMM. test_ag_gemm first
+  # (its TW_AG_COPY_WIDE case), then alternated sweeps on 2 GPUs and 8 virtual ranks.
+  run "wide-test_ag_gemm-vranks" 150 env TW_WATCHDOG_S=15 "$bin/test_ag_gemm"
+  [ "$ngpus" -gt 1 ] && run "wide-test_ag_gemm-gpus" 150 env TW_WATCHDOG_S=15 \
+    TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
+  for i in 1 2; do
+    for w in 0 1; do
+      [ "$ngpus" -gt 1 ] && run "wide-gpus-ag_gemm-w$w-$i" 90 env TW_AG_COPY_WIDE=$w \
+        "$bin/tw-bench" ag_gemm --world 2 --repeats 20 --warmup 5
+      run "wide-vranks-ag_gemm-w$w-$i" 120 env TW_AG_COPY_WIDE=$w TW_BENCH_VIRTUAL=1 \
+        "$bin/tw-bench" ag_gemm --repeats 10 --warmup 3
+    done
+  done
+}
+for e in ${TW_EXP:-r0 w1 wide}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

@@ -117,9 +117,9 @@ template <class Out> struct AgParams {
   int64_t row_bytes;            /* K * 2 */
   int32_t nchunks;
   int32_t comm_ctas;
-  int32_t own_copy; /* push mode: 1 the comm CTAs also copy the shard into the own slot, 0 a
-                       copy engine does it (tw_ag_gemm) or it is already there */
-  int32_t pad;
+  int32_t own_copy;  /* push mode: 1 the comm CTAs also copy the shard into the own slot, 0 a
+                        copy engine does it (tw_ag_gemm) or it is already there */
+  int32_t copy_wide; /* TW_AG_COPY_WIDE: 16 loads in flight per thread instead of 4 */
 };
 
 /* The whole CTA: this rank's rows of `chunk` into `target`'s a_gathered slot for this rank
@@ -131,7 +131,9 @@ __device__ __forceinline__ void copy_chunk(const AgParams<Out> &p, int target, i
   const int64_t rows = min((int64_t)w.rows_per_chunk, (int64_t)w.m_local - row0);
   char *dst = p.gathered[target] + ((int64_t)w.dc.rank * w.m_local + row0) * p.row_bytes;
   const char *src = p.a + row0 * p.row_bytes;
-  if (dst != src)
+  if (dst != src && p.copy_wide)
+    tw_cta_copy<16>(dst, src, (size_t)(rows * p.row_bytes));
+  else if (dst != src)
     tw_cta_copy(dst, src, (size_t)(rows * p.row_bytes));
   __syncthreads();
 }
@@ -288,6 +290,7 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
   p.nchunks = plan.nchunks;
   p.comm_ctas = plan.comm_ctas;
   p.own_copy = plan.own_copy_ce ? 0 : 1;
+  p.copy_wide = tw_env_int(TW_AG_COPY_WIDE_ID) != 0;
   return launch<Out, BN>(p, plan.variant, plan.ctas, stream);
 }
 

@@ -470,6 +470,16 @@ int main(int argc, char **argv) {
   test_case(2, 1024, 1024, 2048, TW_FP32, 0, 3, seed + 9302);
   test_case(4, 256, 512, 512, TW_BF16, 0, 0, seed + 9304);
   unsetenv("TW_AG_OWN_COPY_CE");
+  /* TW_AG_COPY_WIDE=1: the communication CTAs copy with 16 loads in flight per thread (chunk
+   * tails that are not a multiple of 16 x 384 vectors included); same bits. */
+  setenv("TW_AG_COPY_WIDE", "1", 1);
+  printf("TW_AG_COPY_WIDE=1:\n");
+  test_case(3, 100, 264, 200, TW_BF16, 0, 0, seed + 9400);
+  test_case(2, 1024, 1024, 2048, TW_FP32, 0, 3, seed + 9401);
+  test_case(8, 300, 256, 1032, TW_BF16, 0, 0, seed + 9402);
+  test_no_gather(4, 100, 256, 256, 1, small ? 5 : 20, seed + 9403);
+  test_graph(small ? 2 : 4, 10, 0, seed + 9404);
+  unsetenv("TW_AG_COPY_WIDE");
   test_bad_arguments();
   return tw_test_finish();
 }
