@@ -32,6 +32,10 @@ int tw_env_markdown(FILE *out) {
         "exists for a knob, a non-zero field wins over the environment. `tw-info` prints the\n"
         "value each knob has in the current environment.\n"
         "\n"
+        "Give every process of a comm the same values: the fused ops' knobs (`TW_RS_*`,\n"
+        "`TW_AR_*`, `TW_AG_*`) change how ranks number, store or fetch each other's data, and\n"
+        "ranks that disagree compute wrong results or wait until `TW_WAIT_TIMEOUT_MS`.\n"
+        "\n"
         "| Knob | Type | Default | Description |\n"
         "|---|---|---|---|\n",
         out);
