@@ -13,6 +13,7 @@
  *   unfused-cublas  cuBLAS GEMM (fp32 out, the rank's SM budget) then the rank-ordered
  *                   reduce kernels of src/ref/ref_reduce.cu (the speedup baseline)
  *   unfused-tw      the same with tw_gemm (bitwise equal to the fused result)
+ *   tilewire-bf16p-direct  (gemm_ar, m <= 4096) the direct scheme with bf16 partials
  *   unfused-tw-bf16p  tw_gemm with bf16 output, then the same reduce of bf16 partials (the
  *                   pipeline tilewire-bf16p equals bitwise; its speedup is against the bf16
  *                   NCCL pipeline)
@@ -208,6 +209,24 @@ static int check_bitwise(rs_ctx *c) {
   return !c->failed;
 }
 
+/* The fused op with TW_AR_DIRECT=1 (tw_gemm_ar's direct scheme), checked bitwise like the
+ * default, then timed; the caller's TW_AR_DIRECT is restored. */
+static double time_direct(rs_ctx *c, const bench_opts_t *o, int *ok, double *p10, double *p90) {
+  const char *saved = getenv("TW_AR_DIRECT");
+  char keep[8] = "";
+  if (saved)
+    snprintf(keep, sizeof(keep), "%s", saved);
+  setenv("TW_AR_DIRECT", "1", 1);
+  *ok = o->check ? check_bitwise(c) : 1;
+  const double t = bench_time_multi_ms(run_fused, c, c->streams[0], c->streams, c->world, o->warmup,
+                                       o->repeats, p10, p90);
+  if (saved)
+    setenv("TW_AR_DIRECT", keep, 1);
+  else
+    unsetenv("TW_AR_DIRECT");
+  return t;
+}
+
 static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res,
                   int all_reduce) {
   rs_ctx *c = (rs_ctx *)calloc(1, sizeof(rs_ctx));
@@ -326,22 +345,11 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
   c->reduce_sms = 0;
   c->partials = TW_PARTIALS_FP32;
   /* tw_gemm_ar's direct scheme (TW_AR_DIRECT=1), checked bitwise like the default. */
-  int ok_direct = 1;
+  int ok_direct = 1, ok_direct_bf16 = 1;
   if (direct_row) {
-    const char *saved = getenv("TW_AR_DIRECT");
-    char keep[8] = "";
-    if (saved)
-      snprintf(keep, sizeof(keep), "%s", saved);
-    setenv("TW_AR_DIRECT", "1", 1);
-    ok_direct = o->check ? check_bitwise(c) : 1;
     extra_sms[nextra] = -1;
-    t[nv + nextra] = bench_time_multi_ms(run_fused, c, c->streams[0], c->streams, world, o->warmup,
-                                         o->repeats, &p10[nv + nextra], &p90[nv + nextra]);
+    t[nv + nextra] = time_direct(c, o, &ok_direct, &p10[nv + nextra], &p90[nv + nextra]);
     nextra++;
-    if (saved)
-      setenv("TW_AR_DIRECT", keep, 1);
-    else
-      unsetenv("TW_AR_DIRECT");
   }
   /* bf16 partials (extra row code -2), checked bitwise against unfused-tw with bf16 partials. */
   int ok_bf16p = 1;
@@ -359,6 +367,13 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
         bench_time_multi_ms(run_unfused_tw, c, c->streams[0], c->streams, world, o->warmup,
                             o->repeats, &p10[nv + nextra], &p90[nv + nextra]);
     nextra++;
+    /* The direct scheme with bf16 partials (row tilewire-bf16p-direct): one hop of bf16 tiles,
+     * no gather phase. */
+    if (direct_row) {
+      extra_sms[nextra] = -4;
+      t[nv + nextra] = time_direct(c, o, &ok_direct_bf16, &p10[nv + nextra], &p90[nv + nextra]);
+      nextra++;
+    }
     c->partials = TW_PARTIALS_FP32;
   }
   /* With NCCL: its pipeline is the baseline and its reduction the communication time. */
@@ -391,7 +406,8 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
       snprintf(row.variant, sizeof(row.variant), "%s", variants[v].name);
     else if (v < nv + nextra)
       snprintf(row.variant, sizeof(row.variant),
-               extra_sms[v - nv] == -3   ? "unfused-tw-bf16p"
+               extra_sms[v - nv] == -4   ? "tilewire-bf16p-direct"
+               : extra_sms[v - nv] == -3 ? "unfused-tw-bf16p"
                : extra_sms[v - nv] == -2 ? "tilewire-bf16p"
                : extra_sms[v - nv] == -1 ? "tilewire-direct"
                : sweep_partials          ? "tilewire-bf16p-r%d"
@@ -414,8 +430,9 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
       row.overlap = (t_gemm > t_c ? t_gemm : t_c) / t[v];
     }
     const int is_direct = v >= nv && v < nv + nextra && extra_sms[v - nv] == -1;
+    const int is_direct_bf16 = v >= nv && v < nv + nextra && extra_sms[v - nv] == -4;
     row.ok = (is_fused || v == 1 ? ok : 1) && (!is_direct || ok_direct) &&
-             (!is_bf16p || ok_bf16p) && !c->failed;
+             (!is_bf16p || ok_bf16p) && (!is_direct_bf16 || ok_direct_bf16) && !c->failed;
     bench_add_row(res, &row);
   }
   /* The overlap bound of issue 7, (t_gemm + t_comm) / max(t_gemm, t_comm): of the fp32 NCCL
