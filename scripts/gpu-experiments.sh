@@ -19,7 +19,8 @@
 #     r0      no reduce CTAs at the start (TW_RS_REDUCE_CTAS=0) against the plan's count
 #     w1      the fused GEMM phase alone (world 1 through the fused kernel) against tw_gemm,
 #             timed and under ncu
-#     wide    tw_ag_gemm's copy CTAs with 16 loads in flight (TW_AG_COPY_WIDE=1) against 4
+#     wide    tw_ag_gemm's copy CTAs with 16 loads in flight (TW_AG_COPY_WIDE=1) against 4,
+#             and on 8 virtual ranks peer reads with the gathered output (TW_AG_PEER_GATHER=1)
 #             (r0, w1 and wide: the default, not yet run)
 # With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses its
 # time, each bit removing one cost (first batch of the fifth session).
@@ -180,8 +181,9 @@ exp_w1() { # after the sixth session: the fused GEMM phase's own cost with no pe
   fi
 }
 exp_wide() { # after the sixth session: tw_ag_gemm's copy CTAs with 16 loads in flight per thread
-  # (TW_AG_COPY_WIDE=1): they finish their chunks sooner and join the GEMM. test_ag_gemm first
-  # (its TW_AG_COPY_WIDE case), then alternated sweeps on 2 GPUs and 8 virtual ranks.
+  # (TW_AG_COPY_WIDE=1: they finish their chunks sooner and join the GEMM) and, on 8 virtual
+  # ranks, peer reads with the gathered output (TW_AG_PEER_GATHER=1: the GEMM never waits for
+  # the copies). test_ag_gemm first (its cases for both), then alternated sweeps.
   run "wide-test_ag_gemm-vranks" 150 env TW_WATCHDOG_S=15 "$bin/test_ag_gemm"
   [ "$ngpus" -gt 1 ] && run "wide-test_ag_gemm-gpus" 150 env TW_WATCHDOG_S=15 \
     TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
@@ -189,8 +191,10 @@ exp_wide() { # after the sixth session: tw_ag_gemm's copy CTAs with 16 loads in 
     for w in 0 1; do
       [ "$ngpus" -gt 1 ] && run "wide-gpus-ag_gemm-w$w-$i" 90 env TW_AG_COPY_WIDE=$w \
         "$bin/tw-bench" ag_gemm --world 2 --repeats 20 --warmup 5
-      run "wide-vranks-ag_gemm-w$w-$i" 120 env TW_AG_COPY_WIDE=$w TW_BENCH_VIRTUAL=1 \
-        "$bin/tw-bench" ag_gemm --repeats 10 --warmup 3
+      for g in 0 1; do
+        run "wide-vranks-ag_gemm-w$w-g$g-$i" 120 env TW_AG_COPY_WIDE=$w TW_AG_PEER_GATHER=$g \
+          TW_BENCH_VIRTUAL=1 "$bin/tw-bench" ag_gemm --repeats 10 --warmup 3
+      done
     done
   done
 }

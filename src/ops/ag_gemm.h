@@ -32,6 +32,9 @@ typedef struct tw_ag_gemm_plan {
   int group_m;        /* row blocks per L2 group of the tile order */
   int block_n;        /* output tile width: 256, or 128 where 256-wide tiles fill the waves badly */
   int peer_read;      /* 1: tiles read the peers' slots in place (set by tw_ag_gemm_prepare) */
+  int peer_gather;    /* peer_read with the gathered output: the communication CTAs copy the
+                         peers' slots into this rank's a_gathered beside the GEMM, which never
+                         waits for those copies (TW_AG_PEER_GATHER, experimental) */
   int variant;        /* kernel variant (TW_AG_VARIANT bits): bit 0 wide epilogue, 3 stages */
   int own_copy_ce;    /* push mode: a copy engine fills the own slot (set by tw_ag_gemm_prepare) */
 } tw_ag_gemm_plan_t;

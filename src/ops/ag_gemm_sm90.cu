@@ -117,25 +117,54 @@ template <class Out> struct AgParams {
   int64_t row_bytes;            /* K * 2 */
   int32_t nchunks;
   int32_t comm_ctas;
-  int32_t own_copy;  /* push mode: 1 the comm CTAs also copy the shard into the own slot, 0 a
-                        copy engine does it (tw_ag_gemm) or it is already there */
-  int32_t copy_wide; /* TW_AG_COPY_WIDE: 16 loads in flight per thread instead of 4 */
+  int32_t own_copy;    /* push mode: 1 the comm CTAs also copy the shard into the own slot, 0 a
+                          copy engine does it (tw_ag_gemm) or it is already there */
+  int32_t copy_wide;   /* TW_AG_COPY_WIDE: 16 loads in flight per thread instead of 4 */
+  int32_t peer_gather; /* plan.peer_gather */
+  int32_t pad;
 };
 
 /* The whole CTA: this rank's rows of `chunk` into `target`'s a_gathered slot for this rank
  * (nothing when that is where the shard already is), then a barrier: the copy is done. */
 template <class Out>
-__device__ __forceinline__ void copy_chunk(const AgParams<Out> &p, int target, int chunk) {
-  const AgWait::Params &w = p.gemm.wait;
-  const int64_t row0 = (int64_t)chunk * w.rows_per_chunk;
-  const int64_t rows = min((int64_t)w.rows_per_chunk, (int64_t)w.m_local - row0);
-  char *dst = p.gathered[target] + ((int64_t)w.dc.rank * w.m_local + row0) * p.row_bytes;
-  const char *src = p.a + row0 * p.row_bytes;
+__device__ __forceinline__ void copy_rows(const AgParams<Out> &p, char *dst, const char *src,
+                                          int64_t rows) {
   if (dst != src && p.copy_wide)
     tw_cta_copy<16>(dst, src, (size_t)(rows * p.row_bytes));
   else if (dst != src)
     tw_cta_copy(dst, src, (size_t)(rows * p.row_bytes));
   __syncthreads();
+}
+
+template <class Out>
+__device__ __forceinline__ void copy_chunk(const AgParams<Out> &p, int target, int chunk) {
+  const AgWait::Params &w = p.gemm.wait;
+  const int64_t row0 = (int64_t)chunk * w.rows_per_chunk;
+  const int64_t rows = min((int64_t)w.rows_per_chunk, (int64_t)w.m_local - row0);
+  copy_rows(p, p.gathered[target] + ((int64_t)w.dc.rank * w.m_local + row0) * p.row_bytes,
+            p.a + row0 * p.row_bytes, rows);
+}
+
+/* Peer reads with the gathered output (plan.peer_gather): the CTAs of [0, comm_ctas) copy
+ * chunk `chunk` of peer src's shard from src's own slot (in place, once src flagged it) into
+ * the same rows of this rank's a_gathered. Nothing waits for these copies: the GEMM reads
+ * src's slot itself, and the exit barrier keeps src's slot until this rank is done. false: the
+ * wait timed out or the comm aborted (recorded). */
+template <class Out>
+__device__ __forceinline__ bool gather_peer_chunk(const AgParams<Out> &p, int src, int chunk,
+                                                  uint64_t epoch) {
+  const AgWait::Params &w = p.gemm.wait;
+  int mine = 1;
+  if (threadIdx.x == 0)
+    mine = tw_wait_geq(w.dc, w.ch, tw_own_flag(w.dc, w.ch, tw_ag_gemm_flag_index(src, chunk)),
+                       epoch, src, chunk);
+  if (!__syncthreads_and(mine))
+    return false;
+  const int64_t row0 = (int64_t)chunk * w.rows_per_chunk;
+  const int64_t rows = min((int64_t)w.rows_per_chunk, (int64_t)w.m_local - row0);
+  const int64_t off = ((int64_t)src * w.m_local + row0) * p.row_bytes;
+  copy_rows(p, p.gathered[w.dc.rank] + off, p.gathered[src] + off, rows);
+  return true;
 }
 
 template <class Out, int BN, int V>
@@ -163,6 +192,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           tw_signal_set(tw_peer_flag(dc, q, ch, tw_ag_gemm_flag_index(rank, chunk)), epoch);
     }
     __syncthreads();
+    /* The gathered output, peers in the order their shards come up in this rank's GEMM. */
+    const int items = p.peer_gather ? (world - 1) * p.nchunks : 0;
+    for (int item = blockIdx.x; ok && item < items; item += p.comm_ctas)
+      ok = gather_peer_chunk(p, (rank + 1 + item / p.nchunks) % world, item % p.nchunks, epoch);
   } else if ((int)blockIdx.x < p.comm_ctas) {
     const int world = dc.world, rank = dc.rank;
     const int items = (world - 1 + p.own_copy) * p.nchunks;
@@ -291,6 +324,7 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
   p.comm_ctas = plan.comm_ctas;
   p.own_copy = plan.own_copy_ce ? 0 : 1;
   p.copy_wide = tw_env_int(TW_AG_COPY_WIDE_ID) != 0;
+  p.peer_gather = plan.peer_gather;
   return launch<Out, BN>(p, plan.variant, plan.ctas, stream);
 }
 
@@ -387,10 +421,13 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
   tw_ag_gemm_make_plan(&pa, plan);
   /* Peer reads (see tilewire.h, no_gathered_out): every rank on this GPU, shards of whole
    * 128-row blocks (a tile reads one peer's slot), the SM-driven mode. */
-  plan->peer_read = a->no_gathered_out && a->comm_mode == TW_AG_COMM_SM &&
+  const int peer_gather = !a->no_gathered_out && tw_env_int(TW_AG_PEER_GATHER_ID) != 0;
+  plan->peer_read = (a->no_gathered_out || peer_gather) && a->comm_mode == TW_AG_COMM_SM &&
                     comm->ranks_on_device == world && world <= TW_AG_PEER_READ_MAX_WORLD &&
                     a->m_local % 128 == 0 && tw_env_int(TW_AG_PEER_READ_ID) != 0;
-  if (plan->peer_read) { /* only the own-slot copy (none in place) and the flags */
+  plan->peer_gather = plan->peer_read && peer_gather;
+  /* Peer gather keeps the push's CTA count (the same bytes, off the GEMM's critical path). */
+  if (plan->peer_read && !plan->peer_gather) { /* only the own-slot copy and the flags */
     const int want = a->a == (const void *)own ? 1 : (plan->nchunks < 4 ? plan->nchunks : 4);
     plan->comm_ctas = a->comm_sms > 0 && a->comm_sms < want ? a->comm_sms : want;
     if (plan->comm_ctas >= plan->ctas)

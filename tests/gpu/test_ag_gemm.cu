@@ -480,6 +480,21 @@ int main(int argc, char **argv) {
   test_no_gather(4, 100, 256, 256, 1, small ? 5 : 20, seed + 9403);
   test_graph(small ? 2 : 4, 10, 0, seed + 9404);
   unsetenv("TW_AG_COPY_WIDE");
+  /* TW_AG_PEER_GATHER=1 (every rank on one GPU, shards of whole 128-row blocks): the GEMM reads
+   * the peers' slots in place while the communication CTAs fill a_gathered beside it; the
+   * gathered output is checked (poisoned before every call) like C. m_local 100 falls back to
+   * the push; with the wide copy too; same bits, graphs included. */
+  setenv("TW_AG_PEER_GATHER", "1", 1);
+  printf("TW_AG_PEER_GATHER=1:\n");
+  test_case(2, 128, 256, 256, TW_BF16, 0, 0, seed + 9500);
+  test_case(4, 256, 520, 1032, TW_BF16, 1, 0, seed + 9501);
+  test_case(8, 384, 256, 512, TW_FP32, 0, 3, seed + 9502);
+  test_case(3, 100, 264, 200, TW_BF16, 0, 0, seed + 9503);
+  test_graph(small ? 2 : 4, 10, 0, seed + 9504);
+  setenv("TW_AG_COPY_WIDE", "1", 1);
+  test_case(8, 256, 512, 256, TW_BF16, 0, 0, seed + 9505);
+  unsetenv("TW_AG_COPY_WIDE");
+  unsetenv("TW_AG_PEER_GATHER");
   test_bad_arguments();
   return tw_test_finish();
 }
