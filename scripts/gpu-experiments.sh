@@ -40,8 +40,8 @@ run() { # run NAME LIMIT CMD...: log, and a summary line of the fused rows' medi
   timeout "$limit" "$@" >"$out/logs/$name.log" 2>&1
   local rc=$?
   summary+=("$(printf '%-28s rc=%-3s %s' "$name" "$rc" "$(grep -E '^(ag_gemm|gemm_rs|gemm_ar) ' \
-    "$out/logs/$name.log" | grep -E ' (fused|fused-nogather|copy-engine|tilewire[a-z0-9-]*|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl-bf16\+cublas) ' |
-    awk '{for (i = 1; i <= NF; i++) if ($i ~ /^(fused|fused-nogather|copy-engine|tilewire[a-z0-9-]*|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl-bf16\+cublas)$/) printf "%s %s  ", $i, $(i + 1)}')")")
+    "$out/logs/$name.log" | grep -E ' (fused|fused-nogather|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl-bf16\+cublas) ' |
+    awk '{for (i = 1; i <= NF; i++) if ($i ~ /^(fused|fused-nogather|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl-bf16\+cublas)$/) printf "%s %s  ", $i, $(i + 1)}')")")
   # A stall report (watchdog, expired wait, trapped pipeline) goes into the summary too.
   local stall
   stall=$(grep -m 3 -E 'watchdog|internal stall|DEVICE_TIMEOUT|timed out|waited for flag' "$out/logs/$name.log")
@@ -147,56 +147,50 @@ exp_push() { # sixth session: tw_gemm_ar's push gather (default on distinct GPUs
 }
 exp_r0() { # after the sixth session: no reduce CTAs at the start (TW_RS_REDUCE_CTAS=0, every CTA
   # runs the GEMM, then reduces), against the plan's count; every sweep so far found fewer reduce
-  # CTAs faster. test_gemm_rs first (its TW_RS_REDUCE_CTAS=0 case), then alternated sweeps.
+  # CTAs faster. test_gemm_rs first (its TW_RS_REDUCE_CTAS=0 case), then interleaved A/B rows
+  # (TW_BENCH_AB, tools/bench/bench.h) on every shape.
   run "r0-test_gemm_rs-vranks" 150 env TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
   [ "$ngpus" -gt 1 ] && run "r0-test_gemm_rs-gpus" 150 env TW_WATCHDOG_S=15 \
     TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
-  for i in 1 2; do
-    for r in -1 0; do
-      for op in gemm_rs gemm_ar; do
-        [ "$ngpus" -gt 1 ] && run "r0-gpus-$op-r$r-$i" 90 env TW_RS_REDUCE_CTAS=$r \
-          "$bin/tw-bench" $op --world 2 --repeats 20 --warmup 5
-        run "r0-vranks-$op-r$r-$i" 120 env TW_RS_REDUCE_CTAS=$r TW_BENCH_VIRTUAL=1 \
-          "$bin/tw-bench" $op --repeats 10 --warmup 3
-      done
-    done
+  for op in gemm_rs gemm_ar; do
+    [ "$ngpus" -gt 1 ] && run "r0-gpus-$op" 150 env TW_BENCH_AB=TW_RS_REDUCE_CTAS=-1,0 \
+      "$bin/tw-bench" $op --world 2 --repeats 24 --warmup 5
+    run "r0-vranks-$op" 150 env TW_BENCH_AB=TW_RS_REDUCE_CTAS=-1,0 TW_BENCH_VIRTUAL=1 \
+      "$bin/tw-bench" $op --repeats 12 --warmup 3
   done
 }
 exp_w1() { # after the sixth session: the fused GEMM phase's own cost with no peer at all
   # (TW_RS_FUSED_W1=1: world 1 through the fused kernel), timed against tw_gemm with fp32 output
   # (the unfused-tw row), then both kernels under ncu (replay works: nothing waits on a peer)
-  for r in -1 0; do
-    for shape in flux big; do
-      args=$flux_rs
-      [ $shape = big ] && args=$big_rs
-      run "w1-$shape-r$r" 60 env TW_RS_FUSED_W1=1 TW_RS_REDUCE_CTAS=$r "$bin/tw-bench" gemm_rs \
-        --world 1 $args --repeats 20 --warmup 5
-    done
+  for shape in flux big; do
+    args=$flux_rs
+    [ $shape = big ] && args=$big_rs
+    run "w1-$shape" 60 env TW_RS_FUSED_W1=1 TW_BENCH_AB=TW_RS_REDUCE_CTAS=-1,0 "$bin/tw-bench" \
+      gemm_rs --world 1 $args --repeats 24 --warmup 5
   done
   if command -v ncu >/dev/null; then
     # the fused kernel (launches 3-4: timed repeats) and tw_gemm's (the unfused-tw row)
-    run "w1-ncu-big" 300 env TW_RS_FUSED_W1=1 ncu --kernel-name-base demangled --kernel-name regex:'gemm_rs_kernel|gemm_sm90_kernel' \
-      --launch-skip 2 --launch-count 4 --set full --csv --page details "$bin/tw-bench" gemm_rs \
-      --world 1 $big_rs --repeats 2 --warmup 1 --no-check
+    run "w1-ncu-big" 300 env TW_RS_FUSED_W1=1 ncu --kernel-name-base demangled \
+      --kernel-name regex:'gemm_rs_kernel|gemm_sm90_kernel' --launch-skip 2 --launch-count 4 \
+      --set full --csv --page details "$bin/tw-bench" gemm_rs --world 1 $big_rs --repeats 2 \
+      --warmup 1 --no-check
   fi
 }
 exp_wide() { # after the sixth session: tw_ag_gemm's copy CTAs with 16 loads in flight per thread
   # (TW_AG_COPY_WIDE=1: they finish their chunks sooner and join the GEMM) and, on 8 virtual
   # ranks, peer reads with the gathered output (TW_AG_PEER_GATHER=1: the GEMM never waits for
-  # the copies). test_ag_gemm first (its cases for both), then alternated sweeps.
+  # the copies). test_ag_gemm first (its cases for both), then interleaved A/B rows.
   run "wide-test_ag_gemm-vranks" 150 env TW_WATCHDOG_S=15 "$bin/test_ag_gemm"
   [ "$ngpus" -gt 1 ] && run "wide-test_ag_gemm-gpus" 150 env TW_WATCHDOG_S=15 \
     TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
-  for i in 1 2; do
-    for w in 0 1; do
-      [ "$ngpus" -gt 1 ] && run "wide-gpus-ag_gemm-w$w-$i" 90 env TW_AG_COPY_WIDE=$w \
-        "$bin/tw-bench" ag_gemm --world 2 --repeats 20 --warmup 5
-      for g in 0 1; do
-        run "wide-vranks-ag_gemm-w$w-g$g-$i" 120 env TW_AG_COPY_WIDE=$w TW_AG_PEER_GATHER=$g \
-          TW_BENCH_VIRTUAL=1 "$bin/tw-bench" ag_gemm --repeats 10 --warmup 3
-      done
-    done
-  done
+  [ "$ngpus" -gt 1 ] && run "wide-gpus-ag_gemm" 150 env TW_BENCH_AB=TW_AG_COPY_WIDE=0,1 \
+    "$bin/tw-bench" ag_gemm --world 2 --repeats 24 --warmup 5
+  run "wide-vranks-ag_gemm" 150 env TW_BENCH_AB=TW_AG_COPY_WIDE=0,1 TW_BENCH_VIRTUAL=1 \
+    "$bin/tw-bench" ag_gemm --repeats 12 --warmup 3
+  run "pgather-vranks-ag_gemm" 150 env TW_BENCH_AB=TW_AG_PEER_GATHER=0,1 TW_BENCH_VIRTUAL=1 \
+    "$bin/tw-bench" ag_gemm --repeats 12 --warmup 3
+  run "pgather-wide-vranks-ag_gemm" 150 env TW_AG_COPY_WIDE=1 TW_BENCH_AB=TW_AG_PEER_GATHER=0,1 \
+    TW_BENCH_VIRTUAL=1 "$bin/tw-bench" ag_gemm --repeats 12 --warmup 3
 }
 for e in ${TW_EXP:-r0 w1 wide}; do
   "exp_$e"

@@ -292,6 +292,9 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
     }
     bench_add_row(res, &rows[v]);
   }
+  /* TW_BENCH_AB: interleaved rows of the fused op under each value of one knob (bench.h). */
+  bench_ab_rows(res, &rows[4], "fused", 2.0 * shape->m * c.n * c.k, t_base, t_max, run_fused, &c,
+                rk.streams[0], rk.streams, world, o);
   bench_row_t bound = rows[4];
   snprintf(bound.variant, sizeof(bound.variant), "bound");
   bound.ms = bound.ms_p10 = bound.ms_p90 = t_max;

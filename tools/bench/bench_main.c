@@ -85,6 +85,13 @@ static void usage(FILE *out) {
           "  --list             list the ops in this build\n"
           "  --help             this text\n"
           "\n"
+          "environment:\n"
+          "  TW_BENCH_AB=NAME=v1,v2,...  ag_gemm, gemm_rs, gemm_ar: extra rows of the fused op\n"
+          "                     under each value of the library knob NAME, timed in interleaved\n"
+          "                     rounds (TW_BENCH_AB_ROUNDS, default 6) so the card's drift hits\n"
+          "                     every value alike; one process's ranks only\n"
+          "  TW_BENCH_VIRTUAL=1 every rank on GPU 0; TW_BENCH_STAMPS=1 timing stamps on stderr\n"
+          "\n"
           "exit status: 0 all checks passed, 1 a check or setup failed, 2 no Hopper GPU,\n"
           "3 a CUDA call failed, 64 bad command line.\n");
 }

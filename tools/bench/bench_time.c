@@ -14,6 +14,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "bench.h"
@@ -211,6 +212,69 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
   free(sides);
   BENCH_CUDA(cudaSetDevice(caller_device));
   return median;
+}
+
+void bench_ab_rows(bench_results_t *res, const bench_row_t *tmpl, const char *prefix, double flops,
+                   double t_base, double t_max, void (*fn)(void *ctx, int iter), void *ctx,
+                   cudaStream_t main, cudaStream_t *streams, int nstreams,
+                   const bench_opts_t *opts) {
+  enum { kMaxValues = 6, kMaxRounds = 32 };
+  const char *spec = getenv("TW_BENCH_AB");
+  if (!spec || !*spec)
+    return;
+  char name[64], values[kMaxValues][32];
+  const char *eq = strchr(spec, '=');
+  int nvalues = 0;
+  if (eq && eq > spec && (size_t)(eq - spec) < sizeof(name)) {
+    snprintf(name, sizeof(name), "%.*s", (int)(eq - spec), spec);
+    for (const char *q = eq + 1; *q && nvalues < kMaxValues;) {
+      const char *end = strchr(q, ',');
+      const size_t len = end ? (size_t)(end - q) : strlen(q);
+      if (len > 0 && len < sizeof(values[0]))
+        snprintf(values[nvalues++], sizeof(values[0]), "%.*s", (int)len, q);
+      q = end ? end + 1 : q + len;
+    }
+  }
+  if (nvalues < 1) {
+    fprintf(stderr, "tw-bench: TW_BENCH_AB=\"%s\": expected NAME=v1,v2,...\n", spec);
+    return;
+  }
+  const char *r_env = getenv("TW_BENCH_AB_ROUNDS");
+  int rounds = r_env && atoi(r_env) > 0 ? atoi(r_env) : 6;
+  if (rounds > kMaxRounds)
+    rounds = kMaxRounds;
+  const int per_round = opts->repeats / rounds > 2 ? opts->repeats / rounds : 2;
+  char saved[256] = "";
+  const char *prev = getenv(name);
+  const int had = prev != NULL;
+  if (had)
+    snprintf(saved, sizeof(saved), "%s", prev);
+  double med[kMaxValues][kMaxRounds];
+  for (int r = 0; r < rounds; r++)
+    for (int v = 0; v < nvalues; v++) {
+      setenv(name, values[v], 1);
+      med[v][r] = bench_time_multi_ms(fn, ctx, main, streams, nstreams, 1, per_round, NULL, NULL);
+    }
+  if (had)
+    setenv(name, saved, 1);
+  else
+    unsetenv(name);
+  for (int v = 0; v < nvalues; v++) {
+    qsort(med[v], (size_t)rounds, sizeof(double), compare_double);
+    bench_row_t row = *tmpl;
+    char label[512]; /* cut to the row's width */
+    snprintf(label, sizeof(label), "%s[%s=%s]", prefix, name, values[v]);
+    memcpy(row.variant, label, sizeof(row.variant) - 1);
+    row.variant[sizeof(row.variant) - 1] = '\0';
+    row.ms = quantile(med[v], rounds, 0.5);
+    row.ms_p10 = quantile(med[v], rounds, 0.1);
+    row.ms_p90 = quantile(med[v], rounds, 0.9);
+    row.tflops = flops > 0 ? flops / (row.ms * 1e-3) / 1e12 : 0;
+    row.gbps = 0;
+    row.speedup = t_base > 0 ? t_base / row.ms : 0;
+    row.overlap = t_max > 0 ? t_max / row.ms : 0;
+    bench_add_row(res, &row);
+  }
 }
 
 int bench_rotation_count(size_t bytes) {
