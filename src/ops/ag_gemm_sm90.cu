@@ -124,8 +124,8 @@ template <class Out> struct AgParams {
   int32_t pad;
 };
 
-/* The whole CTA: this rank's rows of `chunk` into `target`'s a_gathered slot for this rank
- * (nothing when that is where the shard already is), then a barrier: the copy is done. */
+/* The whole CTA: `rows` rows from src to dst (nothing when they are the same), then a barrier:
+ * the copy is done. */
 template <class Out>
 __device__ __forceinline__ void copy_rows(const AgParams<Out> &p, char *dst, const char *src,
                                           int64_t rows) {
@@ -136,6 +136,7 @@ __device__ __forceinline__ void copy_rows(const AgParams<Out> &p, char *dst, con
   __syncthreads();
 }
 
+/* This rank's rows of `chunk` into `target`'s a_gathered slot for this rank. */
 template <class Out>
 __device__ __forceinline__ void copy_chunk(const AgParams<Out> &p, int target, int chunk) {
   const AgWait::Params &w = p.gemm.wait;
