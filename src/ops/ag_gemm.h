@@ -35,6 +35,7 @@ typedef struct tw_ag_gemm_plan {
   int peer_gather;    /* peer_read with the gathered output: the communication CTAs copy the
                          peers' slots into this rank's a_gathered beside the GEMM, which never
                          waits for those copies (TW_AG_PEER_GATHER, experimental) */
+  int copy_wide;      /* TW_AG_COPY_WIDE: 16 loads in flight per copying thread, not 4 */
   int variant;        /* kernel variant (TW_AG_VARIANT bits): bit 0 wide epilogue, 3 stages */
   int own_copy_ce;    /* push mode: a copy engine fills the own slot (set by tw_ag_gemm_prepare) */
 } tw_ag_gemm_plan_t;

@@ -324,7 +324,7 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
   p.nchunks = plan.nchunks;
   p.comm_ctas = plan.comm_ctas;
   p.own_copy = plan.own_copy_ce ? 0 : 1;
-  p.copy_wide = tw_env_int(TW_AG_COPY_WIDE_ID) != 0;
+  p.copy_wide = plan.copy_wide;
   p.peer_gather = plan.peer_gather;
   return launch<Out, BN>(p, plan.variant, plan.ctas, stream);
 }
@@ -427,6 +427,7 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
                     comm->ranks_on_device == world && world <= TW_AG_PEER_READ_MAX_WORLD &&
                     a->m_local % 128 == 0 && tw_env_int(TW_AG_PEER_READ_ID) != 0;
   plan->peer_gather = plan->peer_read && peer_gather;
+  plan->copy_wide = tw_env_int(TW_AG_COPY_WIDE_ID) != 0;
   /* Peer gather keeps the push's CTA count (the same bytes, off the GEMM's critical path). */
   if (plan->peer_read && !plan->peer_gather) { /* only the own-slot copy and the flags */
     const int want = a->a == (const void *)own ? 1 : (plan->nchunks < 4 ? plan->nchunks : 4);

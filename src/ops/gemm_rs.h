@@ -84,6 +84,8 @@ typedef struct tw_gemm_rs_plan {
   int groups_max;  /* groups of the owner with the most units (<= flag_stride) */
   int flag_stride; /* tw_rs_flag_stride(comm world): where the ready flags start */
   int interleave;  /* 1: the owners' row blocks interleaved in each band (not with direct) */
+  int steal;       /* the GEMM CTAs take reduction work after their tiles (TW_RS_STEAL) */
+  int single;      /* world 1 as the plain GEMM (set by the caller of make_plan) */
   int direct;      /* tw_gemm_ar's direct scheme (set by the caller of make_plan) */
   int ar_push;     /* tw_gemm_ar's push gather (set by the caller of make_plan) */
 } tw_gemm_rs_plan_t;

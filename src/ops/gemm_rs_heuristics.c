@@ -46,21 +46,17 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   plan->group_units = (int)g;
   plan->flag_stride = (int)stride;
   /* Band width of the tile order: B of a band (band x 256 x k bf16) stays in L2 while A
-   * streams once per band. Only where A outgrows L2 (2 H200s, 2026-11-29: M=16384 K=2048,
-   * A 64 MiB: 2.89 -> 2.65 ms fp32, 2.50 -> 2.19 bf16 partials with bands of 8); where A fits,
-   * wider bands only coarsen the reduction's pipeline (M=4096 N=4096 0.144 -> 0.174 ms,
-   * M=8192 0.532 -> 0.599), so single columns stay. */
-  /* Where ranks share one GPU they share its L2 too, and eight bands' B outgrow it: single
-   * columns there (8 virtual ranks: GEMM+RS M=16384 22.4 -> 20.8 ms fp32, flux-tp8 fp32
-   * 10.2 -> 9.1 and bf16 partials 9.6-10.0 -> 8.8, GEMM+AR flux-tp8 12.4 -> 10.9; fourth and
-   * fifth sessions). The fourth session held the rule back when the suite's 8-rank GEMM+AR
-   * step did not finish with it; the fifth saw that step stall without it (docs/PERF.md, "The
-   * hang"), so the stall is not the rule's. */
-  /* Sixth session (8 virtual ranks of 16 CTAs): single columns keep 16 row blocks x 1 column
-   * in flight, so every tile reads its A rows from HBM; bands of 2 (8 x 2 in flight, the eight
-   * ranks' B bands still in L2) halve that: GEMM+RS flux-tp8 9.55 -> 8.88 ms, M=16384 20.7 ->
-   * 19.8, GEMM+AR flux-tp8 (one reduce CTA) 9.97 -> 9.53; bands of 4 level with 2. Where the
-   * ranks' A all fit in L2 together, single columns stay. */
+   * streams once per band (docs/PERF.md has every measurement below).
+   * - Ranks with GPUs of their own: bands of 8 where A outgrows L2 (2 H200s, M=16384 K=2048,
+   *   A 64 MiB: 2.89 -> 2.65 ms fp32, 2.50 -> 2.19 bf16 partials); where A fits, wider bands
+   *   only coarsen the reduction's pipeline (M=4096 N=4096 0.144 -> 0.174 ms), so single
+   *   columns.
+   * - Ranks sharing a GPU share its L2, and eight ranks' bands of 8 outgrow it (8 virtual
+   *   ranks, flux-tp8 GEMM+RS 10.3 against 9.3 ms for single columns). Single columns keep 16
+   *   row blocks x 1 column in flight on a 16-CTA rank, so every tile loads its A rows from
+   *   HBM; bands of 2 share each A row block between two in-flight tiles while the ranks' B
+   *   bands still fit (flux-tp8 9.55 -> 8.88 ms, M=16384 20.7 -> 19.8; bands of 4 level with
+   *   2), taken where the ranks' A together outgrow L2. */
   const double a_bytes = (double)a->m * (double)a->k * 2.0;
   int band = a->band_env > 0            ? a->band_env
              : a->shared_gpu            ? (a_bytes * world > TW_RS_L2_BYTES ? TW_RS_BAND_SHARED : 1)
@@ -111,9 +107,10 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
     reduce = a->reduce_env;
   if (reduce >= a->sm_budget)
     reduce = a->sm_budget - 1;
-  if (reduce < 1 && !(reduce == 0 && a->steal && a->reduce_env == 0 && a->reduce_sms_arg <= 0))
-    reduce = 1;
-  plan->reduce_ctas = reduce; /* the caller guarantees sm_budget >= 2; 0 only with stealing */
+  const int reduce_min = a->steal ? 0 : 1; /* without stealing someone must reduce */
+  plan->reduce_ctas = reduce < reduce_min ? reduce_min : reduce; /* sm_budget >= 2 (caller) */
+  plan->steal = a->steal != 0;
+  plan->single = 0;
   plan->direct = 0;
   plan->ar_push = 0;
 }

@@ -522,6 +522,13 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
     return st;
   const size_t slot_bytes = (size_t)m_local * (size_t)a.n * sizeof(P);
   const size_t reduced_offset = slot_bytes * (size_t)world;
+  /* tw_gemm_ar's reduced rows, bf16 after the staging. Push (plan.ar_push): the area is
+   * [world][m_local][n], block o holding owner o's rows; owner o's reduction stores block o of
+   * every other rank's area, and each rank's gather copies from its own area (local loads).
+   * Otherwise the owner keeps its rows in block 0 of its own area and the others load them
+   * from there over NVLink. */
+  p.push = all_reduce && !plan.direct && plan.ar_push;
+  const size_t block = (size_t)m_local * (size_t)a.n * 2;
   for (int o = 0; o < world; o++) {
     char *owner_ws = (char *)tw_heap_peer_ptr(comm, a.workspace, o);
     char *store_ws = (TW_RS_DIAG & 1) ? (char *)a.workspace : owner_ws;
@@ -532,21 +539,11 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
       return st;
     p.gemm.epi.owner_flags[o] = &comm->dev.peer_ctrl[o]->flags[ch][0];
     p.gemm.epi.slot[o] = (P *)(store_ws + slot_bytes * (size_t)rank);
-    p.reduced_peer[o] = (const __nv_bfloat16 *)(owner_ws + reduced_offset);
-  }
-  /* tw_gemm_ar with push (the default where the workspace holds it): the area after the
-   * staging is [world][m_local][n] bf16, block o holding owner o's reduced rows; owner o's
-   * reduction writes block o of every other rank's area, and each rank's gather copies from
-   * its own area (local loads). Otherwise the owner keeps its rows in block 0 of its own area
-   * and the others load them from there over NVLink. */
-  p.push = all_reduce && !plan.direct && plan.ar_push;
-  if (p.push) {
-    const size_t block = (size_t)m_local * (size_t)a.n * 2;
-    for (int o = 0; o < world; o++) {
-      p.reduced_peer[o] = (const __nv_bfloat16 *)((char *)a.workspace + reduced_offset + block * o);
-      p.reduced_push[o] = (__nv_bfloat16 *)((char *)tw_heap_peer_ptr(comm, a.workspace, o) +
-                                            reduced_offset + block * (size_t)rank);
-    }
+    p.reduced_peer[o] =
+        (const __nv_bfloat16 *)(p.push ? (char *)a.workspace + reduced_offset + block * o
+                                       : owner_ws + reduced_offset);
+    if (p.push)
+      p.reduced_push[o] = (__nv_bfloat16 *)(owner_ws + reduced_offset + block * (size_t)rank);
   }
   p.gemm.epi.n = (int32_t)a.n;
   p.gemm.epi.m_local = (int32_t)m_local;
@@ -614,7 +611,7 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   p.groups_max = plan.groups_max;
   p.flag_stride = plan.flag_stride;
   p.reduce_ctas = plan.reduce_ctas;
-  p.steal = (int32_t)tw_env_int(TW_RS_STEAL_ID);
+  p.steal = plan.steal;
   p.all_reduce = plan.direct ? 0 : all_reduce; /* direct: no gather phase */
   return launch(p, plan.ctas, stream);
 }
@@ -685,8 +682,10 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                op, a->reduce_sms, comm->sm_budget);
   /* World 1 is the plain GEMM, unless TW_RS_FUSED_W1 asks for the fused kernel (measurement:
    * with no peer to wait for it can run under ncu's kernel replay). */
-  if (world == 1 && !tw_env_int(TW_RS_FUSED_W1_ID))
+  if (world == 1 && !tw_env_int(TW_RS_FUSED_W1_ID)) {
+    plan->single = 1;
     return TW_SUCCESS;
+  }
   if (comm->sm_budget < 2)
     return tw_fail(TW_ERR_NOT_SUPPORTED,
                    "%s: the rank's SM budget is %d; the fused op needs at least 2 (a GEMM CTA and "
@@ -736,9 +735,9 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
    * (comm->gpu_shared: every rank must choose alike; with ranks_on_device, 3 ranks on 2 GPUs
    * mixed push and pull and test_gemm_rs failed at world 3, sixth session). On 2 H200s it turned
    * NVLink loads into stores (GEMM+AR M=16384 3.16 -> 2.76 ms fp32, 2.92 -> 2.62 bf16 partials,
-   * flux-tp8 1.23-1.27 -> 1.15-1.21). Where ranks share a GPU the owner's world - 1 extra copies
-   * are HBM traffic that pull does not make (8 virtual ranks, M=4096: 0.97 ms against 0.89 with
-   * pull), so they keep pull. */
+   * flux-tp8 1.23-1.27 -> 1.15-1.21). Where ranks share a GPU they keep loading, on reasoning
+   * rather than a measured loss: there the owner's world - 1 extra copies are HBM traffic that
+   * loads do not add. */
   const int64_t push_env = tw_env_int(TW_AR_PUSH_ID);
   plan->ar_push =
       all_reduce && !direct && (push_env > 0 || (push_env < 0 && !comm->gpu_shared)) &&
@@ -763,7 +762,7 @@ tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_re
   cudaStream_t launch_stream = NULL;
   st = tw_launch_begin(comm, stream, &launch_stream);
   if (st == TW_SUCCESS)
-    st = comm->world == 1 && !tw_env_int(TW_RS_FUSED_W1_ID) ? run_single(comm, a, launch_stream)
+    st = plan.single ? run_single(comm, a, launch_stream)
          : a.partials == TW_PARTIALS_BF16
              ? run_fused<__nv_bfloat16>(comm, a, plan, all_reduce, launch_stream)
              : run_fused<float>(comm, a, plan, all_reduce, launch_stream);

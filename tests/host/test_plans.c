@@ -184,10 +184,14 @@ static void test_gemm_rs_plans(void) {
   tw_gemm_rs_plan_args_t r = big;
   r.reduce_env = 0;
   tw_gemm_rs_make_plan(&r, &p);
-  TEST_ASSERT(p.reduce_ctas == 0, "TW_RS_REDUCE_CTAS=0 with stealing: %d", p.reduce_ctas);
+  TEST_ASSERT(p.reduce_ctas == 0 && p.steal == 1 && p.single == 0,
+              "TW_RS_REDUCE_CTAS=0 with stealing: %d reduce CTAs, steal %d", p.reduce_ctas,
+              p.steal);
   r.steal = 0;
   tw_gemm_rs_make_plan(&r, &p);
-  TEST_ASSERT(p.reduce_ctas == 1, "TW_RS_REDUCE_CTAS=0 without stealing: %d", p.reduce_ctas);
+  TEST_ASSERT(p.reduce_ctas == 1 && p.steal == 0,
+              "TW_RS_REDUCE_CTAS=0 without stealing: %d reduce CTAs, steal %d", p.reduce_ctas,
+              p.steal);
   r.steal = 1, r.reduce_env = 3;
   tw_gemm_rs_make_plan(&r, &p);
   TEST_ASSERT(p.reduce_ctas == 3, "TW_RS_REDUCE_CTAS=3: %d", p.reduce_ctas);
