@@ -7,7 +7,7 @@
 #   TW_DIAG_LIBS="1 2 4 8 16 32"          measurement builds of libtilewire.so in
 #                                         $TW_BUILD_DIR/diagN/ (-DTW_RS_DIAG=N, gemm_rs_sm90.cu)
 # Killed by a signal, it still bundles what it has and prints the summary so far.
-#   TW_EXP="r0 w1 wide"                   which groups run, in order (functions exp_NAME below):
+#   TW_EXP="wt"                           which groups run, in order (functions exp_NAME below):
 #     hang    four 8-rank gemm_ar sweeps under the watchdog, the interleaved test_gemm_rs twice
 #             (the fifth session's stall; clean in the sixth)
 #     ab      the fifth session's defaults against what they replaced (taken, sixth session)
@@ -19,9 +19,9 @@
 #     r0      no reduce CTAs at the start (TW_RS_REDUCE_CTAS=0) against the plan's count
 #     w1      the fused GEMM phase alone (world 1 through the fused kernel) against tw_gemm,
 #             timed and under ncu
-#     wide    tw_ag_gemm's copy CTAs with 16 loads in flight (TW_AG_COPY_WIDE=1) against 4,
-#             and on 8 virtual ranks peer reads with the gathered output (TW_AG_PEER_GATHER=1)
-#             (r0, w1 and wide: the default, not yet run)
+#     wide    (seventh session) copy CTAs with 16 loads in flight: no gain, knob removed
+#     wt      8 virtual ranks: the write-through gather (TW_AG_PEER_GATHER=1) against the push,
+#             in both A/B orders (the default)
 # With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses its
 # time, each bit removing one cost (first batch of the fifth session).
 set -u
@@ -176,23 +176,26 @@ exp_w1() { # after the sixth session: the fused GEMM phase's own cost with no pe
       --warmup 1 --no-check
   fi
 }
-exp_wide() { # after the sixth session: tw_ag_gemm's copy CTAs with 16 loads in flight per thread
-  # (TW_AG_COPY_WIDE=1: they finish their chunks sooner and join the GEMM) and, on 8 virtual
-  # ranks, peer reads with the gathered output (TW_AG_PEER_GATHER=1: the GEMM never waits for
-  # the copies). test_ag_gemm first (its cases for both), then interleaved A/B rows.
+exp_wide() { # after the sixth session (taken seventh: no gain, the knob removed): copy CTAs
+  # with 16 loads in flight, and the first peer gather (comm CTAs copying the peers' slots)
   run "wide-test_ag_gemm-vranks" 150 env TW_WATCHDOG_S=15 "$bin/test_ag_gemm"
-  [ "$ngpus" -gt 1 ] && run "wide-test_ag_gemm-gpus" 150 env TW_WATCHDOG_S=15 \
-    TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
-  [ "$ngpus" -gt 1 ] && run "wide-gpus-ag_gemm" 150 env TW_BENCH_AB=TW_AG_COPY_WIDE=0,1 \
-    "$bin/tw-bench" ag_gemm --world 2 --repeats 24 --warmup 5
-  run "wide-vranks-ag_gemm" 150 env TW_BENCH_AB=TW_AG_COPY_WIDE=0,1 TW_BENCH_VIRTUAL=1 \
-    "$bin/tw-bench" ag_gemm --repeats 12 --warmup 3
   run "pgather-vranks-ag_gemm" 150 env TW_BENCH_AB=TW_AG_PEER_GATHER=0,1 TW_BENCH_VIRTUAL=1 \
     "$bin/tw-bench" ag_gemm --repeats 12 --warmup 3
-  run "pgather-wide-vranks-ag_gemm" 150 env TW_AG_COPY_WIDE=1 TW_BENCH_AB=TW_AG_PEER_GATHER=0,1 \
-    TW_BENCH_VIRTUAL=1 "$bin/tw-bench" ag_gemm --repeats 12 --warmup 3
 }
-for e in ${TW_EXP:-r0 w1 wide}; do
+exp_wt() { # seventh session: the write-through gather (TW_AG_PEER_GATHER=1: the GEMM reads the
+  # peers' slots in place, column block 0's tiles store the A boxes into a_gathered) on 8 virtual
+  # ranks, test_ag_gemm on both placements first; and no reduce CTAs on shared GPUs (the new
+  # RS/AR default there) against the estimate, twice
+  run "wt-test_ag_gemm-vranks" 150 env TW_WATCHDOG_S=15 "$bin/test_ag_gemm"
+  [ "$ngpus" -gt 1 ] && run "wt-test_ag_gemm-gpus" 150 env TW_WATCHDOG_S=15 \
+    TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
+  run "wt-test_gemm_rs-vranks" 150 env TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
+  run "wt-vranks-ag_gemm" 150 env TW_BENCH_AB=TW_AG_PEER_GATHER=0,1 TW_BENCH_VIRTUAL=1 \
+    "$bin/tw-bench" ag_gemm --repeats 12 --warmup 3
+  run "wt-vranks-ag_gemm-2" 150 env TW_BENCH_AB=TW_AG_PEER_GATHER=1,0 TW_BENCH_VIRTUAL=1 \
+    "$bin/tw-bench" ag_gemm --repeats 12 --warmup 3
+}
+for e in ${TW_EXP:-wt}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

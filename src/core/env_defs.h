@@ -57,16 +57,13 @@ TW_ENV(TW_RS_SIGNAL, int, "5",
        "0 posts it from a warp without bulk stores in flight, bit 1 drops the separate fence "
        "before the release red, bit 2 at GPU scope where every rank is on this GPU; 0 is the "
        "first design. The fence and red run on the signal warp (docs/ARCHITECTURE.md).")
-TW_ENV(TW_AG_PEER_GATHER, bool, "0",
-       "Experimental: tw_ag_gemm with the gathered output where every rank shares one GPU (shards "
-       "of whole 128-row blocks): 1 lets the GEMM read the peers' shards in place, as with "
-       "no_gathered_out, while the communication CTAs copy them into a_gathered beside it (the "
-       "GEMM never waits for those copies); 0 pushes the shards and the GEMM waits for them. Not "
-       "yet measured.")
-TW_ENV(TW_AG_COPY_WIDE, bool, "0",
-       "Experimental: 1 lets tw_ag_gemm's communication CTAs keep 16 loads of 16 bytes in flight "
-       "per thread instead of 4 (a copy CTA's rate is bounded by its bytes in flight); they then "
-       "finish their chunks sooner and join the GEMM. Not yet measured.")
+TW_ENV(TW_AG_PEER_GATHER, int, "-1",
+       "tw_ag_gemm with the gathered output where every rank shares one GPU (shards of whole "
+       "128-row blocks): 1 lets the GEMM read the peers' shards in place, as with "
+       "no_gathered_out, and the tiles of column block 0 store each A box they load into "
+       "a_gathered (write-through: no copy CTAs, no second read); 0 pushes the shards and the "
+       "GEMM waits for them; -1 the write-through where N per rank <= 4096 (measured faster "
+       "there, slower at N=6144).")
 TW_ENV(TW_AG_OWN_COPY_CE, bool, "0",
        "tw_ag_gemm (SM mode, not in place, shards of whole 128-row blocks): 1 copies the rank's "
        "own shard into a_gathered with a copy engine beside the kernel, 0 with the kernel's "

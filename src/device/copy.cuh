@@ -1,21 +1,22 @@
 /*
- * CTA-wide bulk copy for communication roles: 16-byte vectors, kUnroll loads
+ * CTA-wide bulk copy for communication roles: 16-byte vectors, 4 loads
  * in flight per thread before the first store. bytes and both pointers are
  * multiples of 16. Peer pointers (NVLink or, for virtual ranks, the same HBM)
  * are written with plain stores; publish them with a CTA barrier then
  * tw_signal_set (signal.cuh).
  * A copy CTA's rate is bounded by its bytes in flight over the loads' latency
  * (Little's law): 384 threads x 4 x 16 B = 24 KiB, about 15 GB/s per CTA measured
- * across NVLink and 9.4 GB/s where eight ranks share one GPU's HBM. kUnroll 16
- * keeps 96 KiB in flight (64 registers of data per thread).
+ * across NVLink and 9.4 GB/s where eight ranks share one GPU's HBM. 16 loads in
+ * flight per thread (tw_ag_gemm's copy CTAs, seventh session) were no faster: on 2
+ * H200s M=16384 1.726 against 1.724 ms, on 8 virtual ranks level within the noise.
  */
 #ifndef TW_DEVICE_COPY_CUH
 #define TW_DEVICE_COPY_CUH
 
 #include <stdint.h>
 
-template <int kUnroll = 4>
 static __device__ __forceinline__ void tw_cta_copy(void *dst, const void *src, size_t bytes) {
+  constexpr int kUnroll = 4;
   const int4 *s = (const int4 *)src;
   int4 *d = (int4 *)dst;
   const size_t n = bytes / 16;

@@ -28,6 +28,12 @@
  *          (a') `static void a_source(const Params&, int m_block, const CUtensorMap *&map,
  *          int &row)`: may redirect the tile's A loads to another tensor map (kept in Params)
  *          and row, e.g. rows the rank already holds. Inherit NoWait for the default.
+ *          (a'') With `static constexpr bool kWriteThrough = true`, warp 2 of WG0 (idle
+ *          otherwise) follows the stages like a consumer and, for the tiles where
+ *          `static bool a_write_through(const Params&, int m_block, int n_block)` is true,
+ *          stores every A box the tile loads into p.a_map (TMA store from the stage; its
+ *          release of the stage waits for the store to read it out, the consumers do not), so
+ *          A rows a tile reads from elsewhere (a') land in p.a_map as a side effect of the GEMM.
  *   Epi    (b) `using Out` (bf16 or float: the shared-memory box layout);
  *          `static void issue_box(const Params&, const void *smem_box, int col, int row)`,
  *          called by one thread per consumer warpgroup for every 64 x (128 / sizeof(Out))
@@ -210,6 +216,10 @@ struct NoWait {
   // that need no wait. Custom Wait policies inherit this default from NoWait.
   template <class P>
   __device__ static void a_source(const P &, int32_t, const CUtensorMap *&, int32_t &) {}
+  // (a'') Whether the write-through warp stores the tile's A boxes into p.a_map.
+  template <class P> __device__ static bool a_write_through(const P &, int32_t, int32_t) {
+    return false;
+  }
   // (s) An mbarrier wait of the loop outlived GemmParams::mbar_timeout_ns (an internal stall:
   // the loop cannot go on). `code`: kStuck* * 16 + stage. Must not return: the default traps;
   // a fused op's hook records where first (its comm's error block) and aborts the comm.
@@ -250,6 +260,12 @@ constexpr int kSigDepth = 4; // tiles whose signal may wait for the signal warp
 template <class E, class = void> struct SignalWarpOf { static constexpr bool value = false; };
 template <class E> struct SignalWarpOf<E, decltype(void(E::kSignalWarp))> {
   static constexpr bool value = E::kSignalWarp;
+};
+
+// Wait::kWriteThrough (optional, false if absent): the write-through warp of hook (a'').
+template <class W, class = void> struct WriteThroughOf { static constexpr bool value = false; };
+template <class W> struct WriteThroughOf<W, decltype(void(W::kWriteThrough))> {
+  static constexpr bool value = W::kWriteThrough;
 };
 
 template <int Stages, int EpiBytes, int BN = kBlockN> struct SmemLayout {
@@ -401,6 +417,8 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   volatile int32_t *slot = reinterpret_cast<volatile int32_t *>(smem + L::kSlot);
   constexpr bool kSigWarp = SignalWarpOf<Epi>::value;
   static_assert(!kSigWarp || Epi::kSignal, "a signal warp serves kSignal epilogues");
+  constexpr bool kWT = WriteThroughOf<Wait>::value;
+  static_assert(!(kWT && kPair), "the write-through warp serves single CTAs");
   uint64_t *sig_full = reinterpret_cast<uint64_t *>(smem + L::kSigFull);
   uint64_t *sig_empty = reinterpret_cast<uint64_t *>(smem + L::kSigEmpty);
   int32_t *sig_slot = reinterpret_cast<int32_t *>(smem + L::kSigSlot);
@@ -413,11 +431,24 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
     if (!ptx::mbar_wait_for(bar, parity, timeout_ns))
       Wait::mbar_stuck(p.wait, code);
   };
+  // A stage reader's next tile: waits for the stage's loads, then its slot names the tile
+  // (false: the end marker).
+  auto next_tile = [&](int stage, uint32_t phase, int32_t &mb, int32_t &nb) {
+    wait(&full[stage], phase, kStuckConsumerFull * 16 + stage);
+    const int32_t t = slot[stage];
+    if (t < 0)
+      return false;
+    tile_coords(p.order, t, mb, nb);
+    if constexpr (kPair)
+      mb = 2 * mb + (int32_t)rank;
+    return true;
+  };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < Stages; s++) {
       ptx::mbar_init(&full[s], 1);
-      ptx::mbar_init(&empty[s], 8 * kCluster); // one arrival per consumer warp of the cluster
+      // One arrival per consumer warp of the cluster (and the write-through warp's).
+      ptx::mbar_init(&empty[s], 8 * kCluster + (kWT ? 1 : 0));
     }
     if constexpr (kSigWarp)
       for (int s = 0; s < kSigDepth; s++) {
@@ -501,6 +532,41 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         }
       }
     }
+    if constexpr (kWT) {
+      if (wg_thread == 64) { // the write-through warp: every stage, as a consumer warp would
+        int stage = 0;
+        uint32_t phase = 0;
+        int32_t mb, nb;
+        while (next_tile(stage, phase, mb, nb)) {
+          const bool wt = Wait::a_write_through(p.wait, mb, nb);
+          int prev_stage = -1;
+          for (int32_t kb = 0; kb < k_blocks; kb++) {
+            if (kb > 0)
+              wait(&full[stage], phase, kStuckConsumerFull * 16 + stage);
+            if (wt) { // two stores in flight: the previous stage's has read its stage out
+              ptx::tma_store_2d(&p.a_map, smem + L::kA + stage * kTileABytes, kb * kBlockK,
+                                mb * kBlockM);
+              ptx::bulk_commit();
+              if (prev_stage >= 0) {
+                ptx::bulk_wait_read<1>();
+                ptx::mbar_arrive(&empty[prev_stage]);
+              }
+              prev_stage = stage;
+            } else
+              ptx::mbar_arrive(&empty[stage]);
+            if (++stage == Stages) {
+              stage = 0;
+              phase ^= 1;
+            }
+          }
+          if (wt) {
+            ptx::bulk_wait_read<0>();
+            ptx::mbar_arrive(&empty[prev_stage]);
+          }
+        }
+        ptx::bulk_wait<0>(); // the stores are performed before the CTA leaves
+      }
+    }
     if constexpr (kRestoreRegs) {
       // Back to the entry split, for code after the loop, once both consumer warpgroups have
       // returned their registers (the barrier is also this warpgroup's explicit sync between
@@ -532,15 +598,8 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
     uint32_t phase = 0;
     int32_t sig_mb = -1, sig_nb = 0; // kSignal: the tile whose signal is still owed
     detail::SigRing ring{sig_full, sig_empty, sig_slot, 0, 0};
-    for (;;) {
-      wait(&full[stage], phase, kStuckConsumerFull * 16 + stage);
-      const int32_t t = slot[stage];
-      if (t < 0)
-        break;
-      int32_t mb, nb;
-      tile_coords(p.order, t, mb, nb);
-      if constexpr (kPair)
-        mb = 2 * mb + (int32_t)rank;
+    int32_t mb, nb;
+    while (next_tile(stage, phase, mb, nb)) {
       int prev_stage = stage;
       for (int32_t kb = 0; kb < k_blocks; kb++) {
         if (kb > 0)

@@ -32,10 +32,9 @@ typedef struct tw_ag_gemm_plan {
   int group_m;        /* row blocks per L2 group of the tile order */
   int block_n;        /* output tile width: 256, or 128 where 256-wide tiles fill the waves badly */
   int peer_read;      /* 1: tiles read the peers' slots in place (set by tw_ag_gemm_prepare) */
-  int peer_gather;    /* peer_read with the gathered output: the communication CTAs copy the
-                         peers' slots into this rank's a_gathered beside the GEMM, which never
-                         waits for those copies (TW_AG_PEER_GATHER, experimental) */
-  int copy_wide;      /* TW_AG_COPY_WIDE: 16 loads in flight per copying thread, not 4 */
+  int peer_gather;    /* peer_read with the gathered output: column block 0's tiles of peer rows
+                         store the A boxes they load into a_gathered (write-through;
+                         TW_AG_PEER_GATHER) */
   int variant;        /* kernel variant (TW_AG_VARIANT bits): bit 0 wide epilogue, 3 stages */
   int own_copy_ce;    /* push mode: a copy engine fills the own slot (set by tw_ag_gemm_prepare) */
 } tw_ag_gemm_plan_t;
@@ -47,6 +46,13 @@ typedef struct tw_ag_gemm_plan {
 #define TW_AG_EXIT_FLAG(src) (TW_CHANNEL_FLAGS - 2 * TW_MAX_WORLD + (src))
 
 void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *args, tw_ag_gemm_plan_t *plan);
+/* Peer reads and the write-through gather (sets peer_read, peer_gather and, with them,
+ * comm_ctas) on a plan from tw_ag_gemm_make_plan. all_on_gpu: every rank runs on this GPU;
+ * n: columns per rank; own_in_place: the shard already sits in the own slot of a_gathered;
+ * the envs as read (peer_gather_env -1: the plan decides). */
+void tw_ag_gemm_plan_peer(tw_ag_gemm_plan_t *plan, int world, int no_gathered_out, int sm_mode,
+                          int all_on_gpu, int64_t m_local, int64_t n, int own_in_place,
+                          int comm_sms_arg, int peer_read_env, int peer_gather_env);
 
 #ifdef __CUDACC__
 static __host__ __device__ __forceinline__ int tw_ag_gemm_flag_index(int src, int chunk) {

@@ -89,4 +89,29 @@ void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *a, tw_ag_gemm_plan_t *pl
    * against 0.860 ms, M=16384 1.669 against 1.600), so distinct GPUs keep 4 stages. */
   plan->variant = a->variant_env >= 0 ? (a->variant_env & 3) : (a->shared_gpu ? 1 : 0);
   plan->own_copy_ce = 0;
+  plan->peer_read = 0;
+  plan->peer_gather = 0;
+}
+
+void tw_ag_gemm_plan_peer(tw_ag_gemm_plan_t *plan, int world, int no_gathered_out, int sm_mode,
+                          int all_on_gpu, int64_t m_local, int64_t n, int own_in_place,
+                          int comm_sms_arg, int peer_read_env, int peer_gather_env) {
+  /* Peer reads (see tilewire.h, no_gathered_out): every rank on this GPU, shards of whole
+   * 128-row blocks (a tile reads one peer's slot), the SM-driven mode. With the gathered
+   * output the GEMM writes the peers' rows through to a_gathered (the write-through gather)
+   * where the gathered bytes weigh on the GEMM: they are 1 / n of its flops. Seventh session,
+   * 8 virtual ranks, against the push, interleaved A/B in both orders (docs/PERF.md): N=512
+   * per rank 0.387 -> 0.364 ms, N=1024 2.32 -> 2.25, N=2048 (M=16384) 18.5 -> 17.1; at
+   * flux-tp8 (N=6144) it lost, 8.8-9.1 -> 9.7-10.0, where the push is already hidden. */
+  const int peer_gather =
+      !no_gathered_out && (peer_gather_env > 0 || (peer_gather_env < 0 && n <= 4096));
+  plan->peer_read = (no_gathered_out || peer_gather) && sm_mode && all_on_gpu &&
+                    world <= TW_AG_PEER_READ_MAX_WORLD && m_local % 128 == 0 && peer_read_env != 0;
+  plan->peer_gather = plan->peer_read ? peer_gather : 0;
+  if (plan->peer_read) { /* the communication CTAs only copy the own slot and set the flags */
+    const int want = own_in_place ? 1 : (plan->nchunks < 4 ? plan->nchunks : 4);
+    plan->comm_ctas = comm_sms_arg > 0 && comm_sms_arg < want ? comm_sms_arg : want;
+    if (plan->comm_ctas >= plan->ctas)
+      plan->comm_ctas = plan->ctas > 1 ? plan->ctas - 1 : 1;
+  }
 }

@@ -67,9 +67,10 @@ struct AgWait : NoWait {
     int32_t own_first; /* rank * m_local */
     int32_t ch;        /* TW_CH_AG_GEMM, or TW_CH_AG_GEMM_CE (copy-engine mode) */
     int32_t pad;
-    uint64_t host_epoch; /* copy-engine mode: the epoch the host wrote flags with; else 0 */
-    int32_t peer_read;   /* 1: rows of peer s come from peer_map[s] (s's own slot, in place) */
-    int32_t pad2;
+    uint64_t host_epoch;   /* copy-engine mode: the epoch the host wrote flags with; else 0 */
+    int32_t peer_read;     /* 1: rows of peer s come from peer_map[s] (s's own slot, in place) */
+    int32_t write_through; /* peer reads with the gathered output: column block 0's tiles of
+                              peer rows store their A boxes into a_gathered (the GEMM's a_map) */
     CUtensorMap peer_map[TW_AG_PEER_READ_MAX_WORLD]; /* peer s's a_gathered, [m_total, K] */
   };
   /* This call's epoch: kept on the GPU, or (copy-engine mode) counted by the host. */
@@ -88,6 +89,11 @@ struct AgWait : NoWait {
     } else if (p.peer_read) { /* m_local % 128 == 0: the tile's rows are all peer src's */
       map = &p.peer_map[(mb * kBlockM) / p.m_local];
     }
+  }
+  /* Every peer row block is read by one tile of column block 0, which writes it through. */
+  static constexpr bool kWriteThrough = true;
+  __device__ static bool a_write_through(const Params &p, int32_t mb, int32_t nb) {
+    return p.write_through && nb == 0 && !all_own(p, mb);
   }
   __device__ static void before_tile(const Params &p, int32_t mb, int32_t nb) {
     tw_trace_tile(p.dc.trace, TW_TR_CLAIMED, mb, nb);
@@ -117,11 +123,8 @@ template <class Out> struct AgParams {
   int64_t row_bytes;            /* K * 2 */
   int32_t nchunks;
   int32_t comm_ctas;
-  int32_t own_copy;    /* push mode: 1 the comm CTAs also copy the shard into the own slot, 0 a
-                          copy engine does it (tw_ag_gemm) or it is already there */
-  int32_t copy_wide;   /* TW_AG_COPY_WIDE: 16 loads in flight per thread instead of 4 */
-  int32_t peer_gather; /* plan.peer_gather */
-  int32_t pad;
+  int32_t own_copy; /* push mode: 1 the comm CTAs also copy the shard into the own slot, 0 a
+                       copy engine does it (tw_ag_gemm) or it is already there */
 };
 
 /* The whole CTA: `rows` rows from src to dst (nothing when they are the same), then a barrier:
@@ -129,9 +132,7 @@ template <class Out> struct AgParams {
 template <class Out>
 __device__ __forceinline__ void copy_rows(const AgParams<Out> &p, char *dst, const char *src,
                                           int64_t rows) {
-  if (dst != src && p.copy_wide)
-    tw_cta_copy<16>(dst, src, (size_t)(rows * p.row_bytes));
-  else if (dst != src)
+  if (dst != src)
     tw_cta_copy(dst, src, (size_t)(rows * p.row_bytes));
   __syncthreads();
 }
@@ -144,28 +145,6 @@ __device__ __forceinline__ void copy_chunk(const AgParams<Out> &p, int target, i
   const int64_t rows = min((int64_t)w.rows_per_chunk, (int64_t)w.m_local - row0);
   copy_rows(p, p.gathered[target] + ((int64_t)w.dc.rank * w.m_local + row0) * p.row_bytes,
             p.a + row0 * p.row_bytes, rows);
-}
-
-/* Peer reads with the gathered output (plan.peer_gather): the CTAs of [0, comm_ctas) copy
- * chunk `chunk` of peer src's shard from src's own slot (in place, once src flagged it) into
- * the same rows of this rank's a_gathered. Nothing waits for these copies: the GEMM reads
- * src's slot itself, and the exit barrier keeps src's slot until this rank is done. false: the
- * wait timed out or the comm aborted (recorded). */
-template <class Out>
-__device__ __forceinline__ bool gather_peer_chunk(const AgParams<Out> &p, int src, int chunk,
-                                                  uint64_t epoch) {
-  const AgWait::Params &w = p.gemm.wait;
-  int mine = 1;
-  if (threadIdx.x == 0)
-    mine = tw_wait_geq(w.dc, w.ch, tw_own_flag(w.dc, w.ch, tw_ag_gemm_flag_index(src, chunk)),
-                       epoch, src, chunk);
-  if (!__syncthreads_and(mine))
-    return false;
-  const int64_t row0 = (int64_t)chunk * w.rows_per_chunk;
-  const int64_t rows = min((int64_t)w.rows_per_chunk, (int64_t)w.m_local - row0);
-  const int64_t off = ((int64_t)src * w.m_local + row0) * p.row_bytes;
-  copy_rows(p, p.gathered[w.dc.rank] + off, p.gathered[src] + off, rows);
-  return true;
 }
 
 template <class Out, int BN, int V>
@@ -193,10 +172,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           tw_signal_set(tw_peer_flag(dc, q, ch, tw_ag_gemm_flag_index(rank, chunk)), epoch);
     }
     __syncthreads();
-    /* The gathered output, peers in the order their shards come up in this rank's GEMM. */
-    const int items = p.peer_gather ? (world - 1) * p.nchunks : 0;
-    for (int item = blockIdx.x; ok && item < items; item += p.comm_ctas)
-      ok = gather_peer_chunk(p, (rank + 1 + item / p.nchunks) % world, item % p.nchunks, epoch);
   } else if ((int)blockIdx.x < p.comm_ctas) {
     const int world = dc.world, rank = dc.rank;
     const int items = (world - 1 + p.own_copy) * p.nchunks;
@@ -310,6 +285,7 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
   if (st != TW_SUCCESS)
     return st;
   p.gemm.wait.peer_read = plan.peer_read;
+  p.gemm.wait.write_through = plan.peer_gather;
   for (int r = 0; plan.peer_read && r < comm->world; r++) {
     st = tw_tma_map_2d(&p.gemm.wait.peer_map[r], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
                        tw_heap_peer_ptr(comm, a.a_gathered, r), a.k, m_total, a.k, kBlockK, kBlockM,
@@ -324,8 +300,6 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
   p.nchunks = plan.nchunks;
   p.comm_ctas = plan.comm_ctas;
   p.own_copy = plan.own_copy_ce ? 0 : 1;
-  p.copy_wide = plan.copy_wide;
-  p.peer_gather = plan.peer_gather;
   return launch<Out, BN>(p, plan.variant, plan.ctas, stream);
 }
 
@@ -420,21 +394,10 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
                                comm->ranks_on_device > 1,
                                (int)tw_env_int(TW_AG_VARIANT_ID)};
   tw_ag_gemm_make_plan(&pa, plan);
-  /* Peer reads (see tilewire.h, no_gathered_out): every rank on this GPU, shards of whole
-   * 128-row blocks (a tile reads one peer's slot), the SM-driven mode. */
-  const int peer_gather = !a->no_gathered_out && tw_env_int(TW_AG_PEER_GATHER_ID) != 0;
-  plan->peer_read = (a->no_gathered_out || peer_gather) && a->comm_mode == TW_AG_COMM_SM &&
-                    comm->ranks_on_device == world && world <= TW_AG_PEER_READ_MAX_WORLD &&
-                    a->m_local % 128 == 0 && tw_env_int(TW_AG_PEER_READ_ID) != 0;
-  plan->peer_gather = plan->peer_read && peer_gather;
-  plan->copy_wide = tw_env_int(TW_AG_COPY_WIDE_ID) != 0;
-  /* Peer gather keeps the push's CTA count (the same bytes, off the GEMM's critical path). */
-  if (plan->peer_read && !plan->peer_gather) { /* only the own-slot copy and the flags */
-    const int want = a->a == (const void *)own ? 1 : (plan->nchunks < 4 ? plan->nchunks : 4);
-    plan->comm_ctas = a->comm_sms > 0 && a->comm_sms < want ? a->comm_sms : want;
-    if (plan->comm_ctas >= plan->ctas)
-      plan->comm_ctas = plan->ctas > 1 ? plan->ctas - 1 : 1;
-  }
+  tw_ag_gemm_plan_peer(plan, world, a->no_gathered_out, a->comm_mode == TW_AG_COMM_SM,
+                       comm->ranks_on_device == world, a->m_local, a->n, a->a == (const void *)own,
+                       a->comm_sms, (int)tw_env_int(TW_AG_PEER_READ_ID),
+                       (int)tw_env_int(TW_AG_PEER_GATHER_ID));
   /* The own-slot copy by a copy engine (TW_AG_OWN_COPY_CE=1), pushing mode only. Where no
    * tile straddles this shard and a peer's (world 1, or shards of whole 128-row blocks), the
    * own copy only feeds the gathered output (the shard's tiles read `a`), so it can run beside

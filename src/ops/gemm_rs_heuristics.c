@@ -99,10 +99,19 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * 10.43-11.15 with 4), so there the estimate above stands. */
   if (a->all_reduce && a->reduce_sms_arg <= 0 && reduce < 4 && !a->shared_gpu)
     reduce = a->sm_budget / 2 < 4 ? a->sm_budget / 2 : 4;
+  /* Ranks sharing a GPU, with stealing: no reduce CTAs. Every CTA runs its GEMM tiles first
+   * and reduces after them; the GPU's SMs are all busy with some rank's GEMM, so reducing
+   * early only takes them from a GEMM. Seventh session, 8 virtual ranks, interleaved A/B
+   * (docs/PERF.md), the estimate against 0: GEMM+RS fp32 flux-tp8 9.52 -> 8.97 ms,
+   * M=4096 0.664 -> 0.617, 8192 3.19 -> 3.09, 16384 20.4 -> 20.0; GEMM+AR fp32 9.46 -> 9.34,
+   * 0.863 -> 0.781, 3.92 -> 3.67, 23.2 -> 22.5; bf16 partials level or faster everywhere. On
+   * 2 GPUs 0 was mixed (RS flux-tp8 1.058 -> 1.035 ms, M=4096 0.145 -> 0.167): the estimate
+   * stays there. */
+  if (a->shared_gpu && a->steal && a->reduce_sms_arg <= 0)
+    reduce = 0;
   /* TW_RS_REDUCE_CTAS (measurement; the args' reduce_sms wins): any count, 0 included where the
    * GEMM CTAs steal (then every CTA runs the GEMM first and the reduction after its tiles, the
-   * unfused timeline inside one launch; the partials still travel during the GEMM). The sweeps
-   * so far found fewer reduce CTAs faster wherever they went below the estimate (docs/PERF.md). */
+   * unfused timeline inside one launch; the partials still travel during the GEMM). */
   if (a->reduce_env >= 0 && a->reduce_sms_arg <= 0)
     reduce = a->reduce_env;
   if (reduce >= a->sm_budget)

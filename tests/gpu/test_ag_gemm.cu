@@ -414,36 +414,35 @@ static void test_bad_arguments(void) {
   teardown(&f);
 }
 
-/* The communication CTAs' experimental knobs, each alone and both together, over one list of
- * cases; same bits (C and the gathered output, poisoned before every call):
- * - TW_AG_COPY_WIDE=1: 16 loads in flight per thread (chunk tails that are not a multiple of
- *   16 x 384 vectors included);
- * - TW_AG_PEER_GATHER=1 (every rank on one GPU, shards of whole 128-row blocks): the GEMM reads
- *   the peers' slots in place while the CTAs fill a_gathered beside it; m_local 100 and 300
- *   fall back to the push, in place and no_gather cases too; graphs included. */
-static void test_copy_knobs(int small, uint64_t seed) {
+/* TW_AG_PEER_GATHER=1 and 0 (every rank on one GPU, shards of whole 128-row blocks): the GEMM reads
+ * the peers' slots in place and column block 0's tiles write the A boxes they load through to
+ * a_gathered; same bits (C and the gathered output, poisoned before every call). K tails (a
+ * last A box partly out of bounds), one column block, fp32 output; m_local 100 and 300 fall
+ * back to the push (tests/host/test_plans.c checks where the plan takes it); in place,
+ * no_gather and graph cases too. */
+static void test_peer_gather(int small, uint64_t seed) {
   static const struct {
     int world;
     int64_t m_local, n, k;
     tw_dtype_t dtype;
     int in_place, comm_sms;
-  } cases[] = {{2, 128, 256, 256, TW_BF16, 0, 0},   {4, 256, 520, 1032, TW_BF16, 1, 0},
-               {8, 384, 256, 512, TW_FP32, 0, 3},   {8, 256, 512, 256, TW_BF16, 0, 0},
-               {3, 100, 264, 200, TW_BF16, 0, 0},   {8, 300, 256, 1032, TW_BF16, 0, 0},
-               {2, 1024, 1024, 2048, TW_FP32, 0, 3}};
-  static const char *const wide_gather[][2] = {{"1", "0"}, {"0", "1"}, {"1", "1"}};
-  for (int s = 0; s < 3; s++) {
-    setenv("TW_AG_COPY_WIDE", wide_gather[s][0], 1);
-    setenv("TW_AG_PEER_GATHER", wide_gather[s][1], 1);
-    printf("TW_AG_COPY_WIDE=%s TW_AG_PEER_GATHER=%s:\n", wide_gather[s][0], wide_gather[s][1]);
-    const uint64_t base = seed + 100 * (uint64_t)s;
+  } cases[] = {{2, 128, 256, 256, TW_BF16, 0, 0},    {4, 256, 520, 1032, TW_BF16, 1, 0},
+               {8, 384, 256, 512, TW_FP32, 0, 3},    {8, 256, 512, 256, TW_BF16, 0, 0},
+               {3, 100, 264, 200, TW_BF16, 0, 0},    {8, 300, 256, 1032, TW_BF16, 0, 0},
+               {2, 1024, 1024, 2048, TW_FP32, 0, 3}, {3, 256, 136, 1000, TW_BF16, 0, 0}};
+  /* 1 forces it at every N; 0 the push (the default takes the write-through at N <= 4096, so
+   * the other tests cover it too where ranks share the GPU). */
+  static const char *const modes[] = {"1", "0"};
+  for (int m = 0; m < 2; m++) {
+    setenv("TW_AG_PEER_GATHER", modes[m], 1);
+    printf("TW_AG_PEER_GATHER=%s:\n", modes[m]);
+    const uint64_t base = seed + 100 * (uint64_t)m;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
       test_case(cases[i].world, cases[i].m_local, cases[i].n, cases[i].k, cases[i].dtype,
                 cases[i].in_place, cases[i].comm_sms, base + i);
     test_no_gather(4, 100, 256, 256, 1, small ? 5 : 20, base + 50);
     test_graph(small ? 2 : 4, 10, 0, base + 60);
   }
-  unsetenv("TW_AG_COPY_WIDE");
   unsetenv("TW_AG_PEER_GATHER");
 }
 
@@ -503,7 +502,7 @@ int main(int argc, char **argv) {
   test_case(2, 1024, 1024, 2048, TW_FP32, 0, 3, seed + 9302);
   test_case(4, 256, 512, 512, TW_BF16, 0, 0, seed + 9304);
   unsetenv("TW_AG_OWN_COPY_CE");
-  test_copy_knobs(small, seed + 9400);
+  test_peer_gather(small, seed + 9400);
   test_bad_arguments();
   return tw_test_finish();
 }

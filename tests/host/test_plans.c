@@ -89,6 +89,32 @@ static void test_ag_gemm_plans(void) {
   TEST_ASSERT(ag_plan(8, 512, 6144, 12288, 16, 3, 0).comm_ctas == 3, "args.comm_sms wins");
   TEST_ASSERT(ag_plan(1, 4096, 512, 4096, 132, 0, 0).block_n == 128, "N=512 at world 1: 128 wide");
   TEST_ASSERT(ag_plan(1, 4096, 6144, 12288, 132, 0, 0).block_n == 256, "flux at world 1: 256 wide");
+  /* Peer reads: every rank on this GPU, the SM mode, m_local a multiple of 128, world <= 8;
+   * with the gathered output (write-through) under TW_AG_PEER_GATHER=1, or by default (-1)
+   * where N per rank <= 4096. */
+  static const struct {
+    int world, no_gather, sm_mode, all_on_gpu;
+    int64_t m_local;
+    int read_env, gather_env, want_read, want_gather;
+    int64_t n;
+  } peer[] = {{8, 1, 1, 1, 512, 1, 0, 1, 0, 1024},  {8, 0, 1, 1, 512, 1, 0, 0, 0, 1024},
+              {8, 0, 1, 1, 512, 1, 1, 1, 1, 6144},  {8, 0, 1, 1, 100, 1, 1, 0, 0, 1024},
+              {8, 0, 1, 0, 512, 1, 1, 0, 0, 1024},  {8, 0, 0, 1, 512, 1, 1, 0, 0, 1024},
+              {8, 0, 1, 1, 512, 0, 1, 0, 0, 1024},  {4, 1, 1, 1, 100, 1, 0, 0, 0, 1024},
+              {3, 1, 1, 1, 256, 1, 1, 1, 0, 1024},  {8, 0, 1, 1, 2048, 1, -1, 1, 1, 2048},
+              {8, 0, 1, 1, 512, 1, -1, 0, 0, 6144}, {8, 0, 1, 1, 512, 1, -1, 1, 1, 4096},
+              {8, 1, 1, 1, 512, 1, -1, 1, 0, 1024}};
+  for (size_t i = 0; i < sizeof(peer) / sizeof(peer[0]); i++) {
+    tw_ag_gemm_plan_t p = ag_plan(peer[i].world, peer[i].m_local, peer[i].n, 1024, 16, 0, 0);
+    const int comm_before = p.comm_ctas;
+    tw_ag_gemm_plan_peer(&p, peer[i].world, peer[i].no_gather, peer[i].sm_mode, peer[i].all_on_gpu,
+                         peer[i].m_local, peer[i].n, 0, 0, peer[i].read_env, peer[i].gather_env);
+    TEST_ASSERT(p.peer_read == peer[i].want_read && p.peer_gather == peer[i].want_gather,
+                "peer case %zu: peer_read %d peer_gather %d, want %d %d", i, p.peer_read,
+                p.peer_gather, peer[i].want_read, peer[i].want_gather);
+    TEST_ASSERT(p.peer_read ? p.comm_ctas >= 1 && p.comm_ctas <= 4 : p.comm_ctas == comm_before,
+                "peer case %zu: %d communication CTAs", i, p.comm_ctas);
+  }
 }
 
 static int rs_interleave(tw_gemm_rs_plan_args_t a) {
@@ -166,6 +192,16 @@ static void test_gemm_rs_plans(void) {
   small.all_reduce = 1, small.n = 12288, small.k = 6144; /* flux-tp8: the estimate, 1 CTA */
   tw_gemm_rs_make_plan(&small, &p);
   TEST_ASSERT(p.reduce_ctas < 4, "GEMM+AR, 8 ranks of a shared GPU: %d reduce CTAs", p.reduce_ctas);
+  TEST_ASSERT(p.reduce_ctas == 0 && p.steal,
+              "8 ranks of a shared GPU, stealing: %d reduce CTAs, want 0 (GEMM first)",
+              p.reduce_ctas);
+  small.steal = 0; /* without stealing someone must reduce */
+  tw_gemm_rs_make_plan(&small, &p);
+  TEST_ASSERT(p.reduce_ctas >= 1, "shared GPU without stealing: %d reduce CTAs", p.reduce_ctas);
+  small.steal = 1, small.reduce_sms_arg = 3; /* the args win */
+  tw_gemm_rs_make_plan(&small, &p);
+  TEST_ASSERT(p.reduce_ctas == 3, "shared GPU, reduce_sms 3: %d reduce CTAs", p.reduce_ctas);
+  small.reduce_sms_arg = 0;
   small.shared_gpu = 0; /* distinct GPUs: at least 4 */
   tw_gemm_rs_make_plan(&small, &p);
   TEST_ASSERT(p.reduce_ctas >= 4, "GEMM+AR, distinct GPUs: %d reduce CTAs", p.reduce_ctas);
