@@ -17,9 +17,9 @@
 #     bands   8 virtual ranks: band widths 1, 2, 4 (operand traffic of the tile order)
 #     push    tw_gemm_ar's push gather: test_gemm_rs on both placements, then the sweeps
 #     r0      no reduce CTAs at the start (TW_RS_REDUCE_CTAS=0) against the plan's count
+#             (seventh session: taken where ranks share a GPU)
 #     w1      the fused GEMM phase alone (world 1 through the fused kernel) against tw_gemm,
 #             timed and under ncu
-#     wide    (seventh session) copy CTAs with 16 loads in flight: no gain, knob removed
 #     wt      8 virtual ranks: the write-through gather (TW_AG_PEER_GATHER=1) against the push,
 #             in both A/B orders (the default)
 # With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses its
@@ -175,12 +175,6 @@ exp_w1() { # after the sixth session: the fused GEMM phase's own cost with no pe
       --set full --csv --page details "$bin/tw-bench" gemm_rs --world 1 $big_rs --repeats 2 \
       --warmup 1 --no-check
   fi
-}
-exp_wide() { # after the sixth session (taken seventh: no gain, the knob removed): copy CTAs
-  # with 16 loads in flight, and the first peer gather (comm CTAs copying the peers' slots)
-  run "wide-test_ag_gemm-vranks" 150 env TW_WATCHDOG_S=15 "$bin/test_ag_gemm"
-  run "pgather-vranks-ag_gemm" 150 env TW_BENCH_AB=TW_AG_PEER_GATHER=0,1 TW_BENCH_VIRTUAL=1 \
-    "$bin/tw-bench" ag_gemm --repeats 12 --warmup 3
 }
 exp_wt() { # seventh session: the write-through gather (TW_AG_PEER_GATHER=1: the GEMM reads the
   # peers' slots in place, column block 0's tiles store the A boxes into a_gathered) on 8 virtual
