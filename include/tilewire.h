@@ -312,7 +312,7 @@ typedef enum tw_partials {
   TW_PARTIALS_BF16 = 1  /* bf16 partials, fp32 sum */
 } tw_partials_t;
 
-#define TW_GEMM_RS_ARGS_VERSION 2
+#define TW_GEMM_RS_ARGS_VERSION 3
 typedef struct tw_gemm_rs_args {
   size_t size;          /* sizeof(tw_gemm_rs_args_t) */
   uint32_t version;     /* TW_GEMM_RS_ARGS_VERSION */
@@ -325,12 +325,19 @@ typedef struct tw_gemm_rs_args {
   int64_t lda, ldb, ldo; /* 0: packed (k, k, n) */
   int32_t reduce_sms;    /* CTAs that start on the reduction; 0: heuristic */
   int32_t partials;      /* (version 2; 0 before) tw_partials_t: TW_PARTIALS_FP32 (0) */
+  /* (version 3; 0 before) tw_gemm_ar: 1 when `out` is one symmetric allocation (the same
+   * tw_mem_alloc on every rank, at least (m - 1) * ldo + n bf16): each owner then writes its
+   * reduced rows straight into every rank's out, and no rank copies them (faster, and the
+   * workspace's bf16 area goes unused). Every rank must pass the same value. tw_gemm_rs
+   * ignores it. */
+  int32_t out_symmetric;
+  int32_t reserved; /* 0 */
 } tw_gemm_rs_args_t;
 
 #define TW_GEMM_RS_ARGS_INIT                                                                       \
   {                                                                                                \
     sizeof(tw_gemm_rs_args_t), TW_GEMM_RS_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  \
-        0                                                                                          \
+        0, 0, 0                                                                                    \
   }
 
 TW_API tw_status_t tw_gemm_rs_args_init(tw_gemm_rs_args_t *args);

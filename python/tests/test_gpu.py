@@ -440,6 +440,36 @@ def test_gemm_rs_and_ar_virtual_ranks(world, partials):
         _close(comms)
 
 
+@pytest.mark.parametrize("world,partials", [(2, "fp32"), (3, "bf16")])
+def test_gemm_ar_symmetric_out(world, partials):
+    """out_symmetric=True: the owners write every rank's symmetric out; the same bits as the
+    rank-ordered composition."""
+    m, n, a, b = _reduce_case(world, m_per_rank=256, n=520, k=264)
+    comms = tilewire.init_virtual(world)
+    try:
+        ws = [tilewire.gemm_rs_workspace(c, m, n) for c in comms]
+        outs = tilewire.symmetric_empty(comms, (m, n), bf16)
+        for o in outs:
+            o.fill_(float("nan"))
+        ar = tilewire.for_each_rank(comms, lambda c: tilewire.gemm_ar(
+            c, a[c.rank], b[c.rank], ws[c.rank], out=outs[c.rank], partials=partials,
+            out_symmetric=True))
+        torch.cuda.synchronize()
+        exact = _rank_ordered_sum(a, b, partials).to(bf16)
+        for r in range(world):
+            assert ar[r].data_ptr() == outs[r].data_ptr()
+            assert torch.equal(ar[r], exact), "ar rank %d bits" % r
+        for c in comms:
+            assert c.async_error() is None
+        plain = torch.empty(m, n, device="cuda", dtype=bf16)
+        with pytest.raises(ValueError, match="out_symmetric=True needs out"):
+            tilewire.gemm_ar(comms[0], a[0], b[0], ws[0], out=plain, out_symmetric=True)
+        ws.clear()
+        outs.clear()
+    finally:
+        _close(comms)
+
+
 def test_gemm_rs_argument_errors_on_gpu():
     comms = tilewire.init_virtual(2)
     try:

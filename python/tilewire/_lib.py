@@ -35,7 +35,7 @@ TW_UNIQUE_ID_BYTES = 128
 TW_CONFIG_VERSION = 1
 TW_GEMM_ARGS_VERSION = 1
 TW_AG_GEMM_ARGS_VERSION = 2
-TW_GEMM_RS_ARGS_VERSION = 2
+TW_GEMM_RS_ARGS_VERSION = 3
 
 # ---- enums --------------------------------------------------------------------------------
 
@@ -212,6 +212,8 @@ class GemmRsArgs(_Versioned):
         ("ldo", ctypes.c_int64),
         ("reduce_sms", ctypes.c_int32),
         ("partials", ctypes.c_int32),
+        ("out_symmetric", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
     ]
 
 

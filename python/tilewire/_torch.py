@@ -705,7 +705,8 @@ def _check_gemm_reduce(op, comm, a, b, workspace, out, reduce_sms, partials, sca
     return rows, n
 
 
-def _launch_gemm_reduce(function, comm_id, a, b, workspace, out, reduce_sms, partials):
+def _launch_gemm_reduce(function, comm_id, a, b, workspace, out, reduce_sms, partials,
+                        out_symmetric=0):
     op = "tilewire." + function[3:]
     comm = comm_by_id(comm_id)
     for t, name in ((a, "a"), (b, "b"), (out, "out")):
@@ -729,7 +730,7 @@ def _launch_gemm_reduce(function, comm_id, a, b, workspace, out, reduce_sms, par
         out_dtype=_lib.DType.BF16, a=a.data_ptr(), b=b.data_ptr(), out=out.data_ptr(),
         workspace=workspace_ptr, m=m, n=n, k=k, lda=_leading_dim(a, "a", op),
         ldb=_leading_dim(b, "b", op), ldo=_leading_dim(out, "out", op), reduce_sms=reduce_sms,
-        partials=partials,
+        partials=partials, out_symmetric=out_symmetric,
     )
     _lib.call(function, comm.handle, ctypes.byref(args), _stream(a.device))
 
@@ -747,18 +748,24 @@ def _gemm_rs_fake(comm_id, a, b, workspace, out, reduce_sms, partials):
 
 @_custom_op("tilewire::gemm_ar", mutates_args=("workspace", "out"))
 def _gemm_ar_op(comm_id: int, a: torch.Tensor, b: torch.Tensor, workspace: torch.Tensor,
-                out: torch.Tensor, reduce_sms: int, partials: int) -> None:
-    _launch_gemm_reduce("tw_gemm_ar", comm_id, a, b, workspace, out, reduce_sms, partials)
+                out: torch.Tensor, reduce_sms: int, partials: int, out_symmetric: int) -> None:
+    _launch_gemm_reduce("tw_gemm_ar", comm_id, a, b, workspace, out, reduce_sms, partials,
+                        out_symmetric)
 
 
 @_register_fake(_gemm_ar_op)
-def _gemm_ar_fake(comm_id, a, b, workspace, out, reduce_sms, partials):
+def _gemm_ar_fake(comm_id, a, b, workspace, out, reduce_sms, partials, out_symmetric):
     return None
 
 
-def _gemm_reduce(scatter, comm, a, b, workspace, out, reduce_sms, partials):
+def _gemm_reduce(scatter, comm, a, b, workspace, out, reduce_sms, partials, out_symmetric=False):
     op = "tilewire.gemm_rs" if scatter else "tilewire.gemm_ar"
     rows, n = _check_gemm_reduce(op, comm, a, b, workspace, out, reduce_sms, partials, scatter)
+    if not isinstance(out_symmetric, bool):
+        raise ValueError("%s: out_symmetric must be a bool, got %r" % (op, out_symmetric))
+    if out_symmetric and (out is None or not out.is_contiguous() or not is_symmetric(comm, out)):
+        raise ValueError("%s: out_symmetric=True needs out, a contiguous symmetric tensor of "
+                         "rank %d's comm (comm.empty((M, N), torch.bfloat16))" % (op, comm.rank))
     if out is None:
         out = torch.empty((rows, n), dtype=torch.bfloat16, device=a.device)
     if workspace is None:  # world == 1: the op needs none; the custom op wants a tensor
@@ -767,7 +774,10 @@ def _gemm_reduce(scatter, comm, a, b, workspace, out, reduce_sms, partials):
         fn = torch.ops.tilewire.gemm_rs if scatter else torch.ops.tilewire.gemm_ar
     else:
         fn = _gemm_rs_op if scatter else _gemm_ar_op
-    fn(comm.id, a, b, workspace, out, reduce_sms, int(_PARTIALS[partials]))
+    if scatter:
+        fn(comm.id, a, b, workspace, out, reduce_sms, int(_PARTIALS[partials]))
+    else:
+        fn(comm.id, a, b, workspace, out, reduce_sms, int(_PARTIALS[partials]), int(out_symmetric))
     return out
 
 
@@ -786,10 +796,13 @@ def gemm_rs(comm, a, b, workspace, out=None, reduce_sms=0, partials="fp32"):
     return _gemm_reduce(True, comm, a, b, workspace, out, reduce_sms, partials)
 
 
-def gemm_ar(comm, a, b, workspace, out=None, reduce_sms=0, partials="fp32"):
+def gemm_ar(comm, a, b, workspace, out=None, reduce_sms=0, partials="fp32", out_symmetric=False):
     """Fused GEMM + AllReduce (tw_gemm_ar): every rank gets S = sum over ranks of a @ b.T
-    as bf16 [M, N]. Arguments as gemm_rs. Collective. Returns out."""
-    return _gemm_reduce(False, comm, a, b, workspace, out, reduce_sms, partials)
+    as bf16 [M, N]. Arguments as gemm_rs. out_symmetric=True: out is a symmetric tensor
+    (comm.empty((M, N), torch.bfloat16), the same allocation on every rank); each rank then
+    writes its reduced rows straight into every rank's out, with no gather copy (faster; the
+    same value on every rank). Collective. Returns out."""
+    return _gemm_reduce(False, comm, a, b, workspace, out, reduce_sms, partials, out_symmetric)
 
 
 # ---- the next ops: add each here as it lands in tilewire.h ---------------------------------

@@ -119,6 +119,8 @@ int main(void) {
   FIELD(tw_gemm_rs_args_t, ldo);
   FIELD(tw_gemm_rs_args_t, reduce_sms);
   FIELD(tw_gemm_rs_args_t, partials);
+  FIELD(tw_gemm_rs_args_t, out_symmetric);
+  FIELD(tw_gemm_rs_args_t, reserved);
   end_struct();
 
   /* ---- the next ops' argument structs go here as they land ---- */

@@ -88,6 +88,8 @@ typedef struct tw_gemm_rs_plan {
   int single;      /* world 1 as the plain GEMM (set by the caller of make_plan) */
   int direct;      /* tw_gemm_ar's direct scheme (set by the caller of make_plan) */
   int ar_push;     /* tw_gemm_ar's push gather (set by the caller of make_plan) */
+  int ar_out_sym;  /* tw_gemm_ar into symmetric outputs (args.out_symmetric): the owners write
+                      every rank's out, no gather copy (set by the caller of make_plan) */
 } tw_gemm_rs_plan_t;
 
 /* Workspace bytes of tw_gemm_ar's direct scheme: fp32 staging [world][m][n]. */

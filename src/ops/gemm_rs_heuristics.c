@@ -122,4 +122,5 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   plan->single = 0;
   plan->direct = 0;
   plan->ar_push = 0;
+  plan->ar_out_sym = 0;
 }

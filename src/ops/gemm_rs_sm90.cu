@@ -231,6 +231,10 @@ template <class P> struct RsParams {
   /* ar, push (TW_AR_PUSH): rank q's copy of this rank's reduced rows, written by the reduction
    * itself (stores over NVLink instead of the peers' loads) */
   __nv_bfloat16 *reduced_push[kMaxWorld];
+  /* ar, symmetric outputs (args.out_symmetric): rank q's out, mapped here; the reduction writes
+   * every rank's out and the gather only waits for the owners' ready flags */
+  __nv_bfloat16 *out_peer[kMaxWorld];
+  int32_t out_sym;
   int32_t push;
   int64_t ldo;
   int32_t n, m_local, n_blocks, band;
@@ -321,6 +325,11 @@ __device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int
       packed.x = *reinterpret_cast<uint32_t *>(&lo);
       packed.y = *reinterpret_cast<uint32_t *>(&hi);
       const int64_t out_row = p.all_reduce ? (int64_t)me * p.m_local + r : r;
+      if (p.all_reduce && p.out_sym) { /* every rank's out, the next rank's first */
+        for (int q = 1; q <= world; q++)
+          *reinterpret_cast<uint2 *>(p.out_peer[(me + q) % world] + out_row * p.ldo + c) = packed;
+        continue;
+      }
       *reinterpret_cast<uint2 *>(p.out + out_row * p.ldo + c) = packed;
       if (p.all_reduce && p.push) { /* into every other rank's copy of this rank's rows */
         for (int q = 0; q < world; q++)
@@ -443,7 +452,7 @@ __device__ __forceinline__ void gather_work(const RsParams<P> &p, uint64_t epoch
     const int g = item / (world - 1);
     const int o = (me + 1 + item % (world - 1)) % world;
     const int32_t u_end = min(owner_units(p, o), (g + 1) * p.group_units);
-    for (int32_t u = g * p.group_units; u < u_end; u++)
+    for (int32_t u = g * p.group_units; u < u_end && !p.out_sym; u++)
       gather_unit<8>(p, o, u);
   }
   if (threadIdx.x == 0)
@@ -528,6 +537,9 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
    * Otherwise the owner keeps its rows in block 0 of its own area and the others load them
    * from there over NVLink. */
   p.push = all_reduce && !plan.direct && plan.ar_push;
+  p.out_sym = all_reduce && !plan.direct && plan.ar_out_sym;
+  for (int q = 0; p.out_sym && q < world; q++)
+    p.out_peer[q] = (__nv_bfloat16 *)tw_heap_peer_ptr(comm, a.out, q);
   const size_t block = (size_t)m_local * (size_t)a.n * 2;
   for (int o = 0; o < world; o++) {
     char *owner_ws = (char *)tw_heap_peer_ptr(comm, a.workspace, o);
@@ -738,9 +750,22 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
    * flux-tp8 1.23-1.27 -> 1.15-1.21). Where ranks share a GPU they keep loading, on reasoning
    * rather than a measured loss: there the owner's world - 1 extra copies are HBM traffic that
    * loads do not add. */
+  /* Symmetric outputs (args.out_symmetric): the owners store their reduced rows into every
+   * rank's out (NVLink stores, or HBM where ranks share a GPU) and nobody copies them, neither
+   * the push's nor the pull's copy. */
+  if (all_reduce && a->out_symmetric) {
+    TW_ARG_CHECK(a->out_symmetric == 1, "%s: args->out_symmetric: %d; expected 0 or 1", op,
+                 (int)a->out_symmetric);
+    st = tw_heap_lookup(comm, a->out, (size_t)((a->m - 1) * a->ldo + a->n) * 2,
+                        "args->out (out_symmetric)", NULL);
+    if (st != TW_SUCCESS)
+      return st;
+    plan->ar_out_sym = !direct;
+  }
   const int64_t push_env = tw_env_int(TW_AR_PUSH_ID);
   plan->ar_push =
-      all_reduce && !direct && (push_env > 0 || (push_env < 0 && !comm->gpu_shared)) &&
+      all_reduce && !direct && !plan->ar_out_sym &&
+      (push_env > 0 || (push_env < 0 && !comm->gpu_shared)) &&
       tw_heap_avail(comm, a->workspace) >= tw_gemm_ar_push_workspace_bytes(world, a->m, a->n);
   return TW_SUCCESS;
 }

@@ -35,6 +35,9 @@ static __global__ void add_into(float *dst, const float *src, size_t n) {
 
 /* tw_partials_t of every call (fused args and the unfused pipeline). */
 static int g_partials = TW_PARTIALS_FP32;
+/* TW_TEST_OUT_SYMMETRIC=1 (read by this test at each setup): the fused output is a symmetric
+ * allocation passed with args.out_symmetric = 1 (tw_gemm_ar writes every rank's out). */
+static int g_out_sym;
 
 typedef struct {
   int world, budget;
@@ -66,6 +69,8 @@ static void setup(fixture *f, int world, int64_t m_local, int64_t n, int64_t k) 
   memset(f, 0, sizeof(*f));
   f->world = world, f->m = m_local * world, f->n = n, f->k = k;
   f->multi_gpu = tw_test_devices(world, f->devices);
+  const char *sym = getenv("TW_TEST_OUT_SYMMETRIC");
+  g_out_sym = sym && strcmp(sym, "1") == 0;
   tw_status_t st = tw_comm_init_all(f->comms, world, f->devices, NULL);
   TEST_REQUIRE(st == TW_SUCCESS, "init_all(%d): %s", world, tw_last_error());
   TEST_TW_OK(tw_comm_sm_budget(f->comms[0], &f->budget));
@@ -86,7 +91,10 @@ static void setup(fixture *f, int world, int64_t m_local, int64_t n, int64_t k) 
     TEST_REQUIRE(tw_mem_alloc(f->comms[r], mn * 2, &f->out2[r]) == TW_SUCCESS, "alloc");
     CUDA_OK(cudaMalloc(&f->a[r], (size_t)f->m * k * 2));
     CUDA_OK(cudaMalloc(&f->b[r], (size_t)n * k * 2));
-    CUDA_OK(cudaMalloc(&f->out[r], mn * 2));
+    if (g_out_sym)
+      TEST_REQUIRE(tw_mem_alloc(f->comms[r], mn * 2, &f->out[r]) == TW_SUCCESS, "alloc out");
+    else
+      CUDA_OK(cudaMalloc(&f->out[r], mn * 2));
     CUDA_OK(cudaMalloc(&f->bad[r], sizeof(unsigned long long)));
     CUDA_OK(cudaMemset(f->bad[r], 0, sizeof(unsigned long long)));
   }
@@ -105,7 +113,11 @@ static void teardown(fixture *f) {
   sync_all(f);
   for (int r = 0; r < f->world; r++) {
     use(f, r);
-    cudaFree(f->a[r]), cudaFree(f->b[r]), cudaFree(f->out[r]), cudaFree(f->bad[r]);
+    cudaFree(f->a[r]), cudaFree(f->b[r]), cudaFree(f->bad[r]);
+    if (g_out_sym)
+      TEST_TW_OK(tw_mem_free(f->comms[r], f->out[r]));
+    else
+      cudaFree(f->out[r]);
     TEST_TW_OK(tw_mem_free(f->comms[r], f->ws[r]));
     TEST_TW_OK(tw_mem_free(f->comms[r], f->partial[r]));
     TEST_TW_OK(tw_mem_free(f->comms[r], f->out2[r]));
@@ -124,6 +136,7 @@ static tw_gemm_rs_args_t fused_args(const fixture *f, int r) {
   a.a = f->a[r], a.b = f->b[r], a.out = f->out[r], a.workspace = f->ws[r];
   a.m = f->m, a.n = f->n, a.k = f->k;
   a.partials = g_partials;
+  a.out_symmetric = g_out_sym;
   return a;
 }
 
@@ -376,6 +389,11 @@ static void test_bad_arguments(void) {
   a.workspace = f.a[0]; /* not symmetric */
   TEST_TW_FAILS(tw_gemm_ar(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "workspace");
   a = fused_args(&f, 0);
+  a.out_symmetric = 1; /* out from cudaMalloc */
+  TEST_TW_FAILS(tw_gemm_ar(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "out_symmetric");
+  a.out = f.out2[0], a.out_symmetric = 2;
+  TEST_TW_FAILS(tw_gemm_ar(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "out_symmetric");
+  a = fused_args(&f, 0);
   a.m = 4096; /* workspace too small */
   TEST_TW_FAILS(tw_gemm_rs(f.comms[0], &a, s), TW_ERR_INVALID_ARGUMENT, "past the end");
   a = fused_args(&f, 0);
@@ -490,6 +508,24 @@ int main(int argc, char **argv) {
        100,
        4,
        1},
+      /* Symmetric outputs (args.out_symmetric, set by the test): the owners write every
+       * rank's out; same bits, fp32 and bf16 partials (tw_gemm_rs ignores it). */
+      {"TW_TEST_OUT_SYMMETRIC",
+       "1",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}},
+       210,
+       4,
+       1},
+      {"TW_TEST_OUT_SYMMETRIC",
+       "1",
+       NULL,
+       TW_PARTIALS_BF16,
+       {{128, 520, 256, 0}, {300, 1032, 264, 1}, {1, 8, 8, 0}},
+       220,
+       3,
+       0},
       /* TW_AR_DIRECT=1: tw_gemm_ar's direct scheme (small m); the same bits as the unfused
        * pipeline (tw_gemm_rs is unaffected). */
       {"TW_AR_DIRECT",

@@ -14,6 +14,8 @@
  *                   reduce kernels of src/ref/ref_reduce.cu (the speedup baseline)
  *   unfused-tw      the same with tw_gemm (bitwise equal to the fused result)
  *   tilewire-bf16p-direct  (gemm_ar, m <= 4096) the direct scheme with bf16 partials
+ *   tilewire-outsym, tilewire-bf16p-outsym  (gemm_ar) out in the symmetric heap with
+ *                   args.out_symmetric = 1: the owners write every rank's out, no gather copy
  *   unfused-tw-bf16p  tw_gemm with bf16 output, then the same reduce of bf16 partials (the
  *                   pipeline tilewire-bf16p equals bitwise; its speedup is against the bf16
  *                   NCCL pipeline)
@@ -42,8 +44,10 @@ typedef struct rs_ctx {
   cudaEvent_t events[TW_MAX_WORLD];
   tw_ref_blas_t *blas[TW_MAX_WORLD];
   void *a[TW_MAX_WORLD], *b[TW_MAX_WORLD];
-  void *out[TW_MAX_WORLD];  /* fused, [m, n] */
-  void *out2[TW_MAX_WORLD]; /* unfused, symmetric [m, n] */
+  void *out[TW_MAX_WORLD];     /* fused, [m, n] */
+  void *out_sym[TW_MAX_WORLD]; /* gemm_ar: fused into symmetric outputs, [m, n] */
+  int use_out_sym;             /* run_fused writes out_sym with args.out_symmetric = 1 */
+  void *out2[TW_MAX_WORLD];    /* unfused, symmetric [m, n] */
   float *partial[TW_MAX_WORLD];
   void *ws[TW_MAX_WORLD];
   const void *partial_peers[TW_MAX_WORLD * TW_MAX_WORLD];
@@ -58,12 +62,17 @@ static void rs_shape(char *dst, size_t len, const bench_shape_t *shape, const rs
            (long long)c->n, (long long)c->k, c->world, c->budget);
 }
 
+static void *fused_out(const rs_ctx *c, int r) {
+  return c->use_out_sym ? c->out_sym[r] : c->out[r];
+}
+
 static void run_fused(void *p, int iter) {
   (void)iter;
   rs_ctx *c = (rs_ctx *)p;
   for (int r = 0; r < c->world; r++) {
     tw_gemm_rs_args_t a = TW_GEMM_RS_ARGS_INIT;
-    a.a = c->a[r], a.b = c->b[r], a.out = c->out[r], a.workspace = c->ws[r];
+    a.a = c->a[r], a.b = c->b[r], a.out = fused_out(c, r), a.workspace = c->ws[r];
+    a.out_symmetric = c->use_out_sym;
     a.partials = c->partials;
     a.m = c->m, a.n = c->n, a.k = c->k;
     a.reduce_sms = c->reduce_sms;
@@ -183,7 +192,7 @@ static void run_unfused_tw(void *p, int iter) {
 static int check_bitwise(rs_ctx *c) {
   for (int r = 0; r < c->world; r++) {
     BENCH_CUDA(cudaSetDevice(c->devices[r]));
-    tw_test_poison(c->out[r], (size_t)c->m * c->n * 2, (tw_stream_t)c->streams[r]);
+    tw_test_poison(fused_out(c, r), (size_t)c->m * c->n * 2, (tw_stream_t)c->streams[r]);
     tw_test_poison(c->out2[r], (size_t)c->m * c->n * 2, (tw_stream_t)c->streams[r]);
   }
   run_fused(c, 0);
@@ -193,7 +202,7 @@ static int check_bitwise(rs_ctx *c) {
   for (int r = 0; r < c->world; r++) {
     BENCH_CUDA(cudaSetDevice(c->devices[r]));
     BENCH_CUDA(cudaDeviceSynchronize());
-    size_t diff = tw_test_count_diff(c->out[r], c->out2[r], bytes);
+    size_t diff = tw_test_count_diff(fused_out(c, r), c->out2[r], bytes);
     if (diff) {
       fprintf(stderr, "gemm_%s rank %d: fused != unfused in %zu bytes\n",
               c->all_reduce ? "ar" : "rs", r, diff);
@@ -261,7 +270,9 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
   for (int r = 0; r < world; r++) {
     if (tw_mem_alloc(c->comms[r], ws_bytes, &c->ws[r]) != TW_SUCCESS ||
         tw_mem_alloc(c->comms[r], mn * 4, (void **)&c->partial[r]) != TW_SUCCESS ||
-        tw_mem_alloc(c->comms[r], mn * 2, &c->out2[r]) != TW_SUCCESS) {
+        tw_mem_alloc(c->comms[r], mn * 2, &c->out2[r]) != TW_SUCCESS ||
+        (all_reduce && world > 1 &&
+         tw_mem_alloc(c->comms[r], mn * 2, &c->out_sym[r]) != TW_SUCCESS)) {
       fprintf(stderr, "tw_mem_alloc: %s\n", tw_comm_last_error(c->comms[r]));
       return 1;
     }
@@ -376,6 +387,20 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     }
     c->partials = TW_PARTIALS_FP32;
   }
+  /* gemm_ar into symmetric outputs (rows tilewire-outsym, tilewire-bf16p-outsym), checked
+   * bitwise like the default. */
+  int ok_sym[2] = {1, 1};
+  for (int bf16 = 0; all_reduce && world > 1 && bf16 < 2; bf16++) {
+    c->use_out_sym = 1;
+    c->partials = bf16 ? TW_PARTIALS_BF16 : TW_PARTIALS_FP32;
+    ok_sym[bf16] = o->check ? check_bitwise(c) : 1;
+    extra_sms[nextra] = bf16 ? -6 : -5;
+    t[nv + nextra] = bench_time_multi_ms(run_fused, c, c->streams[0], c->streams, world, o->warmup,
+                                         o->repeats, &p10[nv + nextra], &p90[nv + nextra]);
+    nextra++;
+    c->use_out_sym = 0;
+    c->partials = TW_PARTIALS_FP32;
+  }
   /* With NCCL: its pipeline is the baseline and its reduction the communication time. */
   int nnccl = 0;
   double t_nccl = 0, t_nccl_reduce = 0, t_nccl_bf16 = 0, t_nccl_bf16_reduce = 0;
@@ -406,7 +431,9 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
       snprintf(row.variant, sizeof(row.variant), "%s", variants[v].name);
     else if (v < nv + nextra)
       snprintf(row.variant, sizeof(row.variant),
-               extra_sms[v - nv] == -4   ? "tilewire-bf16p-direct"
+               extra_sms[v - nv] == -6   ? "tilewire-bf16p-outsym"
+               : extra_sms[v - nv] == -5 ? "tilewire-outsym"
+               : extra_sms[v - nv] == -4 ? "tilewire-bf16p-direct"
                : extra_sms[v - nv] == -3 ? "unfused-tw-bf16p"
                : extra_sms[v - nv] == -2 ? "tilewire-bf16p"
                : extra_sms[v - nv] == -1 ? "tilewire-direct"
@@ -423,16 +450,16 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     const int is_comm = v == 3 || v == nv + nextra + 1 || v == nv + nextra + 3;
     const int is_fused = v == nv - 1 || (v >= nv && v < nv + nextra && extra_sms[v - nv] != -3);
     row.tflops = is_comm ? 0 : flops / (t[v] * 1e-3) / 1e12;
-    const int is_bf16p = v >= nv && v < nv + nextra && extra_sms[v - nv] <= -2;
+    const int code = v >= nv && v < nv + nextra ? extra_sms[v - nv] : 0;
+    const int is_bf16p = code == -2 || code == -3 || code == -4 || code == -6;
     row.speedup = (is_bf16p && c->nccl ? t_nccl_bf16 : t_base) / t[v];
     if (is_fused) {
       const double t_c = is_bf16p && c->nccl ? t_nccl_bf16_reduce : t_comm;
       row.overlap = (t_gemm > t_c ? t_gemm : t_c) / t[v];
     }
-    const int is_direct = v >= nv && v < nv + nextra && extra_sms[v - nv] == -1;
-    const int is_direct_bf16 = v >= nv && v < nv + nextra && extra_sms[v - nv] == -4;
-    row.ok = (is_fused || v == 1 ? ok : 1) && (!is_direct || ok_direct) &&
-             (!is_bf16p || ok_bf16p) && (!is_direct_bf16 || ok_direct_bf16) && !c->failed;
+    row.ok = (is_fused || v == 1 ? ok : 1) && (code != -1 || ok_direct) &&
+             (!is_bf16p || ok_bf16p) && (code != -4 || ok_direct_bf16) &&
+             (code != -5 || ok_sym[0]) && (code != -6 || ok_sym[1]) && !c->failed;
     bench_add_row(res, &row);
   }
   /* TW_BENCH_AB: interleaved rows of the fused op (fp32 and bf16 partials) under each value of
@@ -471,6 +498,8 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     tw_mem_free(c->comms[r], c->ws[r]);
     tw_mem_free(c->comms[r], c->partial[r]);
     tw_mem_free(c->comms[r], c->out2[r]);
+    if (c->out_sym[r])
+      tw_mem_free(c->comms[r], c->out_sym[r]);
     tw_ref_blas_destroy(c->blas[r]);
     if (c->scratch[r])
       cudaFree(c->scratch[r]);
