@@ -80,10 +80,11 @@ TW_ENV(TW_AR_PUSH, int, "-1",
        "workspace (NVLink stores), where the workspace holds tw_gemm_rs_workspace_size() bytes; "
        "0 has every rank load them from the owner (the first design); -1 pushes where no two "
        "ranks of the comm share a GPU.")
-TW_ENV(TW_AR_DIRECT, bool, "0",
-       "Experimental: 1 lets tw_gemm_ar use the direct scheme (every rank stores each fp32 tile "
-       "into every rank's staging and reduces all rows itself) when the workspace holds world x "
-       "m x n fp32; meant for small m.")
+TW_ENV(TW_AR_DIRECT, int, "-1",
+       "tw_gemm_ar's direct scheme (every rank stores each partial tile into every rank's "
+       "staging and reduces all rows itself), taken when the workspace holds world x m x n "
+       "partials: 1 wherever it fits, 0 never, -1 where measured faster (2 ranks on distinct "
+       "GPUs, bf16 partials, m <= 4096, K >= 4096; the default workspace holds it there).")
 TW_ENV(TW_RS_PULL, bool, "0",
        "Experimental: 1 makes tw_gemm_rs / tw_gemm_ar store each rank's fp32 partial locally "
        "and the owners read their rows from every rank when reducing (instead of the epilogue "

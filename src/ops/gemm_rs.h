@@ -93,7 +93,11 @@ typedef struct tw_gemm_rs_plan {
 } tw_gemm_rs_plan_t;
 
 /* Workspace bytes of tw_gemm_ar's direct scheme: fp32 staging [world][m][n]. */
-size_t tw_gemm_ar_direct_workspace_bytes(int world, int64_t m, int64_t n);
+size_t tw_gemm_ar_direct_workspace_bytes(int world, int64_t m, int64_t n, int partial_bytes);
+/* Whether tw_gemm_ar takes the direct scheme (where the workspace holds it). direct_env:
+ * TW_AR_DIRECT (-1: this rule decides). partial_bytes: 4 or 2. */
+int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partial_bytes, int64_t m,
+                           int64_t k);
 
 void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *args, tw_gemm_rs_plan_t *plan);
 

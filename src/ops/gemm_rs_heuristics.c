@@ -26,8 +26,23 @@ size_t tw_gemm_ar_push_workspace_bytes(int world, int64_t m, int64_t n) {
   return (size_t)world * m_local * (size_t)n * 6;
 }
 
-size_t tw_gemm_ar_direct_workspace_bytes(int world, int64_t m, int64_t n) {
-  return (size_t)world * (size_t)m * (size_t)n * 4;
+size_t tw_gemm_ar_direct_workspace_bytes(int world, int64_t m, int64_t n, int partial_bytes) {
+  return (size_t)world * (size_t)m * (size_t)n * (size_t)(partial_bytes == 2 ? 2 : 4);
+}
+
+int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partial_bytes, int64_t m,
+                           int64_t k) {
+  if (direct_env >= 0)
+    return direct_env != 0;
+  /* Two ranks on distinct GPUs, bf16 partials, long K, small m: the direct scheme moves the
+   * same bytes as reduce-scatter + all-gather in one hop (each rank sends the other its
+   * partial tiles) and has no gather phase; it reduces all m rows on each rank, twice the
+   * reduction, which a long GEMM hides. Measured on 2 H200s (seventh session, three suites),
+   * flux-tp8 (m 4096, K 6144): 1.095 / 1.109 / 1.126 ms against 1.128 / 1.136 / 1.159 for the
+   * default (NCCL bf16 + cuBLAS 1.131-1.143); at K 2048 (m 1024) level (0.134-0.144 against
+   * 0.139-0.141), at K 512 slower (0.190 against 0.150), with fp32 partials slower everywhere.
+   * More ranks multiply its bytes (world - 1 partials of all m rows per rank), so world 2 only. */
+  return world == 2 && !gpu_shared && partial_bytes == 2 && m <= 4096 && k >= 4096;
 }
 
 void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *plan) {

@@ -721,11 +721,15 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
       return tw_fail(TW_ERR_NOT_SUPPORTED,
                      "%s: rank %d is on another node; inter-node %s is not implemented yet", op, r,
                      op);
-  /* tw_gemm_ar's direct scheme (experimental, TW_AR_DIRECT=1), where the workspace holds it:
-   * planned as a reduce-scatter with one owner of all m rows (every rank reduces them all). */
-  const int direct =
-      all_reduce && tw_env_int(TW_AR_DIRECT_ID) &&
-      tw_heap_avail(comm, a->workspace) >= tw_gemm_ar_direct_workspace_bytes(world, a->m, a->n);
+  /* tw_gemm_ar's direct scheme (tw_gemm_ar_want_direct, TW_AR_DIRECT), where the workspace
+   * holds it: planned as a reduce-scatter with one owner of all m rows (every rank reduces them
+   * all). */
+  const int pbytes = a->partials == TW_PARTIALS_BF16 ? 2 : 4;
+  const int direct = all_reduce &&
+                     tw_gemm_ar_want_direct((int)tw_env_int(TW_AR_DIRECT_ID), world,
+                                            comm->gpu_shared, pbytes, a->m, a->k) &&
+                     tw_heap_avail(comm, a->workspace) >=
+                         tw_gemm_ar_direct_workspace_bytes(world, a->m, a->n, pbytes);
   tw_gemm_rs_plan_args_t pa = {direct ? 1 : world,
                                a->m,
                                a->n,
@@ -734,7 +738,7 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                                a->reduce_sms,
                                direct ? 0 : all_reduce,
                                (int)tw_env_int(TW_RS_BAND_ID),
-                               a->partials == TW_PARTIALS_BF16 ? 2 : 4,
+                               pbytes,
                                world,
                                comm->gpu_shared,
                                (int)tw_env_int(TW_RS_INTERLEAVE_ID),

@@ -526,6 +526,16 @@ int main(int argc, char **argv) {
        220,
        3,
        0},
+      /* bf16 partials with a long K: on 2 distinct GPUs the default takes tw_gemm_ar's direct
+       * scheme there (tw_gemm_ar_want_direct); same bits. */
+      {NULL,
+       "",
+       NULL,
+       TW_PARTIALS_BF16,
+       {{256, 264, 4096, 0}, {100, 520, 4104, 1}, {1, 8, 4096, 0}},
+       230,
+       2,
+       0},
       /* TW_AR_DIRECT=1: tw_gemm_ar's direct scheme (small m); the same bits as the unfused
        * pipeline (tw_gemm_rs is unaffected). */
       {"TW_AR_DIRECT",
