@@ -746,14 +746,6 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                                tw_env_int(TW_RS_STEAL_ID) != 0};
   tw_gemm_rs_make_plan(&pa, plan);
   plan->direct = direct;
-  /* tw_gemm_ar's push gather (TW_AR_PUSH, the default) where the workspace holds every owner's
-   * reduced rows (tw_gemm_rs_workspace_size asks for that much) and no two ranks share a GPU
-   * (comm->gpu_shared: every rank must choose alike; with ranks_on_device, 3 ranks on 2 GPUs
-   * mixed push and pull and test_gemm_rs failed at world 3, sixth session). On 2 H200s it turned
-   * NVLink loads into stores (GEMM+AR M=16384 3.16 -> 2.76 ms fp32, 2.92 -> 2.62 bf16 partials,
-   * flux-tp8 1.23-1.27 -> 1.15-1.21). Where ranks share a GPU they keep loading, on reasoning
-   * rather than a measured loss: there the owner's world - 1 extra copies are HBM traffic that
-   * loads do not add. */
   /* Symmetric outputs (args.out_symmetric): the owners store their reduced rows into every
    * rank's out (NVLink stores, or HBM where ranks share a GPU) and nobody copies them, neither
    * the push's nor the pull's copy. */
@@ -766,6 +758,14 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
       return st;
     plan->ar_out_sym = !direct;
   }
+  /* tw_gemm_ar's push gather (TW_AR_PUSH, the default) where the workspace holds every owner's
+   * reduced rows (tw_gemm_rs_workspace_size asks for that much) and no two ranks share a GPU
+   * (comm->gpu_shared: every rank must choose alike; with ranks_on_device, 3 ranks on 2 GPUs
+   * mixed push and pull and test_gemm_rs failed at world 3, sixth session). On 2 H200s it turned
+   * NVLink loads into stores (GEMM+AR M=16384 3.16 -> 2.76 ms fp32, 2.92 -> 2.62 bf16 partials,
+   * flux-tp8 1.23-1.27 -> 1.15-1.21). Where ranks share a GPU they keep loading, on reasoning
+   * rather than a measured loss: there the owner's world - 1 extra copies are HBM traffic that
+   * loads do not add. */
   const int64_t push_env = tw_env_int(TW_AR_PUSH_ID);
   plan->ar_push =
       all_reduce && !direct && !plan->ar_out_sym &&
