@@ -29,13 +29,12 @@
  *          int &row)`: may redirect the tile's A loads to another tensor map (kept in Params)
  *          and row, e.g. rows the rank already holds. Inherit NoWait for the default.
  *          (a'') With `static constexpr bool kWriteThrough = true`, warp 2 of WG0 (idle
- *          otherwise) follows the stages like a consumer and, for the tiles where
- *          `static int a_write_through(const Params&, int m_block, int n_block)` is 1, stores
- *          every A box the tile loads into p.a_map, where it is 2 the boxes kb with
- *          kb % n_blocks == n_block (so a row block's tiles share the stores; TMA store from
- *          the stage; its
- *          release of the stage waits for the store to read it out, the consumers do not), so
- *          A rows a tile reads from elsewhere (a') land in p.a_map as a side effect of the GEMM.
+ *          otherwise) follows the stages like a consumer warp and TMA-stores A boxes from the
+ *          stages into p.a_map: every box of the tile where `static int a_write_through(const
+ *          Params&, int m_block, int n_block)` is 1, the boxes kb with kb % n_blocks ==
+ *          n_block where it is 2 (a row block's tiles then share the stores). Its release of
+ *          a stage waits for the store to read it out (the consumers' do not), so A rows a
+ *          tile reads from elsewhere (a') land in p.a_map as a side effect of the GEMM.
  *   Epi    (b) `using Out` (bf16 or float: the shared-memory box layout);
  *          `static void issue_box(const Params&, const void *smem_box, int col, int row)`,
  *          called by one thread per consumer warpgroup for every 64 x (128 / sizeof(Out))
