@@ -420,6 +420,28 @@ static tw_status_t run_dtype(tw_comm_t comm, const tw_ag_gemm_args_t &a,
                              : run<float, 256>(comm, a, plan, ch, host_epoch, stream);
 }
 
+/* The comm's copy-engine stream joins the caller's: work enqueued on it after this starts once
+ * the caller's stream reached this point (created on first use). */
+static tw_status_t ce_fork(tw_comm_t comm, tw_stream_t user) {
+  tw_status_t st = tw_comm_ce_stream(comm);
+  if (st == TW_SUCCESS)
+    st = tw_cuda_check(cudaEventRecord(comm->ce_in, (cudaStream_t)user), "cudaEventRecord");
+  if (st == TW_SUCCESS)
+    st = tw_cuda_check(cudaStreamWaitEvent(comm->ce_stream, comm->ce_in, 0), "cudaStreamWaitEvent");
+  return st;
+}
+
+/* The caller's stream waits for everything enqueued on the copy-engine stream so far (graph
+ * capture keeps the fork and the join). */
+static tw_status_t ce_join(tw_comm_t comm, tw_stream_t user) {
+  tw_status_t st =
+      tw_cuda_check(cudaEventRecord(comm->ce_done, comm->ce_stream), "cudaEventRecord");
+  if (st == TW_SUCCESS)
+    st = tw_cuda_check(cudaStreamWaitEvent((cudaStream_t)user, comm->ce_done, 0),
+                       "cudaStreamWaitEvent");
+  return st;
+}
+
 /* Copy-engine mode: the shard goes by cudaMemcpyAsync on the comm's side stream, each chunk
  * followed by a flag written by the stream (cuStreamWriteValue64, which fences first); the
  * side stream waits (cuStreamWaitValue64) for a peer's entry into the call before writing
@@ -447,7 +469,7 @@ static tw_status_t copy_engine_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
                    "args->comm_mode: TW_AG_COMM_COPY_ENGINE needs every rank on its own GPU; "
                    "%d ranks share GPU %d (use TW_AG_COMM_SM)",
                    comm->ranks_on_device, comm->device);
-  st = tw_comm_ce_stream(comm);
+  st = tw_comm_ce_stream(comm); /* before the epoch counts this call */
   if (st != TW_SUCCESS)
     return st;
   const uint64_t epoch = ++comm->ce_epoch;
@@ -459,9 +481,7 @@ static tw_status_t copy_engine_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
     plan.nchunks = (int)((a.m_local + plan.rows_per_chunk - 1) / plan.rows_per_chunk);
   }
   /* The copies read the shard: they start once the caller's stream reached this call. */
-  st = tw_cuda_check(cudaEventRecord(comm->ce_in, (cudaStream_t)user), "cudaEventRecord");
-  if (st == TW_SUCCESS)
-    st = tw_cuda_check(cudaStreamWaitEvent(comm->ce_stream, comm->ce_in, 0), "cudaStreamWaitEvent");
+  st = ce_fork(comm, user);
   cudaStream_t launch = NULL;
   if (st == TW_SUCCESS)
     st = tw_launch_begin(comm, user, &launch);
@@ -500,12 +520,7 @@ static tw_status_t copy_engine_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
     }
   }
   /* The call is complete for the caller once the copies (the gathered output) are too. */
-  if (st == TW_SUCCESS)
-    st = tw_cuda_check(cudaEventRecord(comm->ce_done, comm->ce_stream), "cudaEventRecord");
-  if (st == TW_SUCCESS)
-    st = tw_cuda_check(cudaStreamWaitEvent((cudaStream_t)user, comm->ce_done, 0),
-                       "cudaStreamWaitEvent");
-  return st;
+  return st == TW_SUCCESS ? ce_join(comm, user) : st;
 }
 
 extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
@@ -543,20 +558,13 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
     st = copy_engine_call(comm, a, plan, stream);
   } else {
     /* plan.own_copy_ce (tw_ag_gemm_prepare): a copy engine fills the own slot, forked from and
-     * joined back into the caller's stream (graph capture keeps the fork and the join). */
+     * joined back into the caller's stream. */
     if (plan.own_copy_ce) {
-      st = tw_comm_ce_stream(comm);
-      if (st == TW_SUCCESS)
-        st = tw_cuda_check(cudaEventRecord(comm->ce_in, (cudaStream_t)stream), "cudaEventRecord");
-      if (st == TW_SUCCESS)
-        st = tw_cuda_check(cudaStreamWaitEvent(comm->ce_stream, comm->ce_in, 0),
-                           "cudaStreamWaitEvent");
+      st = ce_fork(comm, stream);
       if (st == TW_SUCCESS)
         st = tw_cuda_check(cudaMemcpyAsync((void *)own_slot, a.a, shard_bytes,
                                            cudaMemcpyDeviceToDevice, comm->ce_stream),
                            "tw_ag_gemm: cudaMemcpyAsync(own slot)");
-      if (st == TW_SUCCESS)
-        st = tw_cuda_check(cudaEventRecord(comm->ce_done, comm->ce_stream), "cudaEventRecord");
     }
     cudaStream_t launch = NULL;
     if (st == TW_SUCCESS)
@@ -566,8 +574,7 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
     if (st == TW_SUCCESS)
       st = tw_launch_end(comm, stream);
     if (st == TW_SUCCESS && plan.own_copy_ce)
-      st = tw_cuda_check(cudaStreamWaitEvent((cudaStream_t)stream, comm->ce_done, 0),
-                         "cudaStreamWaitEvent");
+      st = ce_join(comm, stream);
   }
   cudaSetDevice(prev);
   return tw_comm_result(comm, st);

@@ -536,8 +536,8 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
    * every other rank's area, and each rank's gather copies from its own area (local loads).
    * Otherwise the owner keeps its rows in block 0 of its own area and the others load them
    * from there over NVLink. */
-  p.push = all_reduce && !plan.direct && plan.ar_push;
-  p.out_sym = all_reduce && !plan.direct && plan.ar_out_sym;
+  p.push = plan.ar_push;       /* prepare: tw_gemm_ar only, never with the direct scheme */
+  p.out_sym = plan.ar_out_sym; /* likewise */
   for (int q = 0; p.out_sym && q < world; q++)
     p.out_peer[q] = (__nv_bfloat16 *)tw_heap_peer_ptr(comm, a.out, q);
   const size_t block = (size_t)m_local * (size_t)a.n * 2;
@@ -585,9 +585,8 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   /* Band sweeps over all row blocks, from owner rank + 1's rows (see the top); the owners'
    * rows interleaved where the plan says (gemm_rs_heuristics.c): each owner's rows still
    * ascending, so the unit order (and the reduce queue that follows it) is unchanged. */
-  const int interleave = plan.interleave && !plan.direct;
-  o.order = interleave ? kOrderBandsInterleaved : kOrderBands;
-  o.group_m = interleave ? world : o.m_blocks;
+  o.order = plan.interleave ? kOrderBandsInterleaved : kOrderBands; /* never direct: 1 owner */
+  o.group_m = plan.interleave ? world : o.m_blocks;
   o.group_n = plan.band;
   o.rotate_mb = plan.direct ? 0 : tw_rs_mb_first((rank + 1) % world, (int32_t)m_local);
   if (TW_RS_DIAG & 16) {

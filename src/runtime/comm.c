@@ -620,10 +620,8 @@ const char *tw_comm_last_error(tw_comm_t comm) {
 }
 
 static const char *channel_name(int ch) {
-  static const char *names[TW_NUM_CHANNELS] = {"barrier",   "allgather", "ag_gemm",
-                                               "gemm_rs",   "gemm_ar",   "moe",
-                                               "attention", "test",      "ag_gemm (copy engine)"};
-  return (ch >= 0 && ch < TW_NUM_CHANNELS) ? names[ch] : "unknown";
+  const char *name = tw_channel_name(ch);
+  return name ? name : "unknown";
 }
 
 void tw_err_block_format(const volatile tw_err_block_t *e, int wait_timeout_ms, char *buf,

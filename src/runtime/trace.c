@@ -11,11 +11,18 @@ static int cmp_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+const char *tw_channel_name(int ch) {
+  static const char *const names[TW_NUM_CHANNELS] = {
+      "barrier",   "allgather", "ag_gemm",
+      "gemm_rs",   "gemm_ar",   "moe",
+      "attention", "test",      "ag_gemm (copy engine)"};
+  return ch >= 0 && ch < TW_NUM_CHANNELS ? names[ch] : NULL;
+}
+
+/* The trace row's {channel + 1}: its name, "?" when unknown. */
 static const char *channel_name(uint64_t ch1) {
-  static const char *names[TW_NUM_CHANNELS] = {"barrier", "allgather", "ag_gemm",
-                                               "gemm_rs", "gemm_ar",   "moe",
-                                               "attn",    "test",      "ag_gemm(ce)"};
-  return ch1 >= 1 && ch1 <= TW_NUM_CHANNELS ? names[ch1 - 1] : "?";
+  const char *name = ch1 >= 1 && ch1 <= TW_NUM_CHANNELS ? tw_channel_name((int)ch1 - 1) : NULL;
+  return name ? name : "?";
 }
 
 int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, size_t len) {

@@ -7,6 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Channel ch's name (TW_CH_*), NULL when out of range. */
+const char *tw_channel_name(int ch);
+
 /* Writes "tw trace: OP rank R call C: ..." into buf (times in microseconds from the first
  * CTA's start) and returns 1; returns 0 (buf empty) when no CTA left a start stamp.
  * rows: (TW_TRACE_CTAS + 1) x TW_TRACE_FIELDS words, the last row {channel + 1}. */

@@ -160,6 +160,9 @@ static void test_gemm_rs_plans(void) {
   tw_gemm_rs_make_plan(&direct, &pw);
   TEST_ASSERT(pw.flag_stride == tw_rs_flag_stride(8) && pw.groups_max <= pw.flag_stride,
               "direct on 8 ranks: stride %d, %d groups", pw.flag_stride, pw.groups_max);
+  direct.interleave_env = 1; /* run_fused relies on it: a direct plan never interleaves */
+  tw_gemm_rs_make_plan(&direct, &pw);
+  TEST_ASSERT(pw.interleave == 0, "direct (one owner) with TW_RS_INTERLEAVE=1: interleaved");
   tw_gemm_rs_plan_args_t one = {2, 4096, 256, 512, 66, 0,  0,
                                 0, 4,    0,   0,   -1, -1, 1}; /* one column block */
   tw_gemm_rs_plan_t p;
