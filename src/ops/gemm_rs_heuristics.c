@@ -92,8 +92,23 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   plan->groups_max = (int)((units_max + g - 1) / g);
   plan->ctas = a->sm_budget;
 
+  /* In order: the args' reduce_sms; TW_RS_REDUCE_CTAS (measurement: any count, 0 included where
+   * the GEMM CTAs steal; then every CTA runs the GEMM first and the reduction after its tiles,
+   * the unfused timeline inside one launch, the partials still travelling during the GEMM);
+   * none where ranks share a GPU and steal; else the estimate. */
   int reduce = a->reduce_sms_arg;
-  if (reduce <= 0) {
+  if (reduce <= 0 && a->reduce_env >= 0) {
+    reduce = a->reduce_env;
+  } else if (reduce <= 0 && a->shared_gpu && a->steal) {
+    /* Every CTA runs its GEMM tiles first and reduces after them: the GPU's SMs are all busy
+     * with some rank's GEMM, so reducing early only takes them from a GEMM. Seventh session, 8
+     * virtual ranks, interleaved A/B (docs/PERF.md), the estimate against 0: GEMM+RS fp32
+     * flux-tp8 9.52 -> 8.97 ms, M=4096 0.664 -> 0.617, 8192 3.19 -> 3.09, 16384 20.4 -> 20.0;
+     * GEMM+AR fp32 9.46 -> 9.34, 0.863 -> 0.781, 3.92 -> 3.67, 23.2 -> 22.5; bf16 partials
+     * level or faster everywhere. On 2 GPUs 0 was mixed (RS flux-tp8 1.058 -> 1.035 ms, M=4096
+     * 0.145 -> 0.167): the estimate stays there. */
+    reduce = 0;
+  } else if (reduce <= 0) {
     /* Sized by the partials' bytes: with bf16 ones the fp32 count was too many (2 H200s,
      * flux-tp8 GEMM+RS 1.05 ms with the fp32 count of 5, 0.98 with 2; M=16384 2.17 -> 2.12). */
     const double pbytes = a->partial_bytes == 2 ? 2.0 : 4.0;
@@ -106,29 +121,14 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
       if (t_red <= 0.8 * t_gemm)
         break;
     }
+    /* tw_gemm_ar's reduce CTAs also gather every other owner's rows: at least 4 of them where
+     * the ranks have GPUs of their own. Where they share one (without stealing), the first
+     * design measured 4 of 16 SMs 1.30x faster than 1 at Flux's shape; with work stealing,
+     * the signal warp and bands of 2 one was faster (sixth session, 8 virtual ranks,
+     * flux-tp8: 9.53-10.03 ms against 10.43-11.15 with 4), so there the estimate stands. */
+    if (a->all_reduce && reduce < 4 && !a->shared_gpu)
+      reduce = a->sm_budget / 2 < 4 ? a->sm_budget / 2 : 4;
   }
-  /* tw_gemm_ar's reduce CTAs also gather every other owner's rows: at least 4 of them where
-   * the ranks have GPUs of their own. Where they share one, the first design measured 4 of
-   * 16 SMs 1.30x faster than 1 at Flux's shape; with work stealing, the signal warp and bands
-   * of 2 one is faster (sixth session, 8 virtual ranks, flux-tp8: 9.53-10.03 ms against
-   * 10.43-11.15 with 4), so there the estimate above stands. */
-  if (a->all_reduce && a->reduce_sms_arg <= 0 && reduce < 4 && !a->shared_gpu)
-    reduce = a->sm_budget / 2 < 4 ? a->sm_budget / 2 : 4;
-  /* Ranks sharing a GPU, with stealing: no reduce CTAs. Every CTA runs its GEMM tiles first
-   * and reduces after them; the GPU's SMs are all busy with some rank's GEMM, so reducing
-   * early only takes them from a GEMM. Seventh session, 8 virtual ranks, interleaved A/B
-   * (docs/PERF.md), the estimate against 0: GEMM+RS fp32 flux-tp8 9.52 -> 8.97 ms,
-   * M=4096 0.664 -> 0.617, 8192 3.19 -> 3.09, 16384 20.4 -> 20.0; GEMM+AR fp32 9.46 -> 9.34,
-   * 0.863 -> 0.781, 3.92 -> 3.67, 23.2 -> 22.5; bf16 partials level or faster everywhere. On
-   * 2 GPUs 0 was mixed (RS flux-tp8 1.058 -> 1.035 ms, M=4096 0.145 -> 0.167): the estimate
-   * stays there. */
-  if (a->shared_gpu && a->steal && a->reduce_sms_arg <= 0)
-    reduce = 0;
-  /* TW_RS_REDUCE_CTAS (measurement; the args' reduce_sms wins): any count, 0 included where the
-   * GEMM CTAs steal (then every CTA runs the GEMM first and the reduction after its tiles, the
-   * unfused timeline inside one launch; the partials still travel during the GEMM). */
-  if (a->reduce_env >= 0 && a->reduce_sms_arg <= 0)
-    reduce = a->reduce_env;
   if (reduce >= a->sm_budget)
     reduce = a->sm_budget - 1;
   const int reduce_min = a->steal ? 0 : 1; /* without stealing someone must reduce */
