@@ -106,6 +106,15 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
                            cudaStream_t *streams, int nstreams, int warmup, int repeats,
                            double *p10, double *p90);
 
+/* A library knob's environment value, kept while a bench sets it and put back after. */
+typedef struct {
+  char name[64];
+  char value[256];
+  int had; /* it was set */
+} bench_env_saved_t;
+void bench_env_save(bench_env_saved_t *saved, const char *name);
+void bench_env_restore(const bench_env_saved_t *saved);
+
 /* TW_BENCH_AB="NAME=v1,v2,..." (environment knobs the library reads at every call): rows of one
  * fused variant under each value, timed in interleaved rounds (TW_BENCH_AB_ROUNDS, default 6;
  * each round times every value in turn, one warm-up call then max(2, repeats / rounds) calls),

@@ -221,18 +221,13 @@ static int check_bitwise(rs_ctx *c) {
 /* The fused op with TW_AR_DIRECT=1 (tw_gemm_ar's direct scheme), checked bitwise like the
  * default, then timed; the caller's TW_AR_DIRECT is restored. */
 static double time_direct(rs_ctx *c, const bench_opts_t *o, int *ok, double *p10, double *p90) {
-  const char *saved = getenv("TW_AR_DIRECT");
-  char keep[8] = "";
-  if (saved)
-    snprintf(keep, sizeof(keep), "%s", saved);
+  bench_env_saved_t saved;
+  bench_env_save(&saved, "TW_AR_DIRECT");
   setenv("TW_AR_DIRECT", "1", 1);
   *ok = o->check ? check_bitwise(c) : 1;
   const double t = bench_time_multi_ms(run_fused, c, c->streams[0], c->streams, c->world, o->warmup,
                                        o->repeats, p10, p90);
-  if (saved)
-    setenv("TW_AR_DIRECT", keep, 1);
-  else
-    unsetenv("TW_AR_DIRECT");
+  bench_env_restore(&saved);
   return t;
 }
 

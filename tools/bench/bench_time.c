@@ -214,6 +214,20 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
   return median;
 }
 
+void bench_env_save(bench_env_saved_t *saved, const char *name) {
+  const char *value = getenv(name);
+  snprintf(saved->name, sizeof(saved->name), "%s", name);
+  saved->had = value != NULL;
+  snprintf(saved->value, sizeof(saved->value), "%s", value ? value : "");
+}
+
+void bench_env_restore(const bench_env_saved_t *saved) {
+  if (saved->had)
+    setenv(saved->name, saved->value, 1);
+  else
+    unsetenv(saved->name);
+}
+
 void bench_ab_rows(bench_results_t *res, const bench_row_t *tmpl, const char *prefix, double flops,
                    double t_base, double t_max, void (*fn)(void *ctx, int iter), void *ctx,
                    cudaStream_t main, cudaStream_t *streams, int nstreams,
@@ -244,21 +258,15 @@ void bench_ab_rows(bench_results_t *res, const bench_row_t *tmpl, const char *pr
   if (rounds > kMaxRounds)
     rounds = kMaxRounds;
   const int per_round = opts->repeats / rounds > 2 ? opts->repeats / rounds : 2;
-  char saved[256] = "";
-  const char *prev = getenv(name);
-  const int had = prev != NULL;
-  if (had)
-    snprintf(saved, sizeof(saved), "%s", prev);
+  bench_env_saved_t saved;
+  bench_env_save(&saved, name);
   double med[kMaxValues][kMaxRounds];
   for (int r = 0; r < rounds; r++)
     for (int v = 0; v < nvalues; v++) {
       setenv(name, values[v], 1);
       med[v][r] = bench_time_multi_ms(fn, ctx, main, streams, nstreams, 1, per_round, NULL, NULL);
     }
-  if (had)
-    setenv(name, saved, 1);
-  else
-    unsetenv(name);
+  bench_env_restore(&saved);
   for (int v = 0; v < nvalues; v++) {
     qsort(med[v], (size_t)rounds, sizeof(double), compare_double);
     bench_row_t row = *tmpl;
