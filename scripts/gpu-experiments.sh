@@ -7,7 +7,7 @@
 #   TW_DIAG_LIBS="1 2 4 8 16 32"          measurement builds of libtilewire.so in
 #                                         $TW_BUILD_DIR/diagN/ (-DTW_RS_DIAG=N, gemm_rs_sm90.cu)
 # Killed by a signal, it still bundles what it has and prints the summary so far.
-#   TW_EXP="wt"                           which groups run, in order (functions exp_NAME below):
+#   TW_EXP="wt2"                          which groups run, in order (functions exp_NAME below):
 #     hang    four 8-rank gemm_ar sweeps under the watchdog, the interleaved test_gemm_rs twice
 #             (the fifth session's stall; clean in the sixth)
 #     ab      the fifth session's defaults against what they replaced (taken, sixth session)
@@ -21,7 +21,9 @@
 #     w1      the fused GEMM phase alone (world 1 through the fused kernel) against tw_gemm,
 #             timed and under ncu
 #     wt      8 virtual ranks: the write-through gather (TW_AG_PEER_GATHER=1) against the push,
-#             in both A/B orders (the default)
+#             in both A/B orders (taken at N <= 4096, seventh session)
+#     wt2     the spread write-through (TW_AG_PEER_GATHER=2) against 0 and 1 (the default; not
+#             yet run)
 # With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses its
 # time, each bit removing one cost (first batch of the fifth session).
 set -u
@@ -189,7 +191,17 @@ exp_wt() { # seventh session: the write-through gather (TW_AG_PEER_GATHER=1: the
   run "wt-vranks-ag_gemm-2" 150 env TW_BENCH_AB=TW_AG_PEER_GATHER=1,0 TW_BENCH_VIRTUAL=1 \
     "$bin/tw-bench" ag_gemm --repeats 12 --warmup 3
 }
-for e in ${TW_EXP:-wt}; do
+exp_wt2() { # after the seventh session: the spread write-through (TW_AG_PEER_GATHER=2: every
+  # tile of a row block stores its share of the k-blocks; a column-0 write-through tile ran
+  # 2-4.5x a normal one) against the push (0) and column 0's tiles (1), in both orders; the
+  # test first (its peer-gather cases run modes 1, 2 and 0, not yet run on a GPU)
+  run "wt2-test_ag_gemm-vranks" 150 env TW_WATCHDOG_S=15 "$bin/test_ag_gemm"
+  run "wt2-vranks-ag_gemm" 150 env TW_BENCH_AB=TW_AG_PEER_GATHER=0,1,2 TW_BENCH_VIRTUAL=1 \
+    "$bin/tw-bench" ag_gemm --repeats 12 --warmup 3
+  run "wt2-vranks-ag_gemm-2" 150 env TW_BENCH_AB=TW_AG_PEER_GATHER=2,1,0 TW_BENCH_VIRTUAL=1 \
+    "$bin/tw-bench" ag_gemm --repeats 12 --warmup 3
+}
+for e in ${TW_EXP:-wt2}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

@@ -30,10 +30,12 @@
  *          and row, e.g. rows the rank already holds. Inherit NoWait for the default.
  *          (a'') With `static constexpr bool kWriteThrough = true`, warp 2 of WG0 (idle
  *          otherwise) follows the stages like a consumer warp and, for the tiles where
- *          `static bool a_write_through(const Params&, int m_block, int n_block)` is true,
- *          TMA-stores every A box the tile loads from the stage into p.a_map. Its release of
- *          a stage waits for the store to read it out (the consumers' do not), so A rows a
- *          tile reads from elsewhere (a') land in p.a_map as a side effect of the GEMM.
+ *          `static int a_write_through(const Params&, int m_block, int n_block)` is 1,
+ *          TMA-stores every A box the tile loads from the stage into p.a_map; where it is 2,
+ *          only the boxes kb with kb % n_blocks == n_block (a row block's tiles share the
+ *          stores). Its release of a stage waits for the store to read it out (the consumers'
+ *          do not), so A rows a tile reads from elsewhere (a') land in p.a_map as a side
+ *          effect of the GEMM.
  *   Epi    (b) `using Out` (bf16 or float: the shared-memory box layout);
  *          `static void issue_box(const Params&, const void *smem_box, int col, int row)`,
  *          called by one thread per consumer warpgroup for every 64 x (128 / sizeof(Out))
@@ -216,9 +218,10 @@ struct NoWait {
   // that need no wait. Custom Wait policies inherit this default from NoWait.
   template <class P>
   __device__ static void a_source(const P &, int32_t, const CUtensorMap *&, int32_t &) {}
-  // (a'') Whether the write-through warp stores the tile's A boxes into p.a_map.
-  template <class P> __device__ static bool a_write_through(const P &, int32_t, int32_t) {
-    return false;
+  // (a'') Which of the tile's A boxes the write-through warp stores into p.a_map: 0 none, 1
+  // all, 2 those with kb % n_blocks == n_block.
+  template <class P> __device__ static int a_write_through(const P &, int32_t, int32_t) {
+    return 0;
   }
   // (s) An mbarrier wait of the loop outlived GemmParams::mbar_timeout_ns (an internal stall:
   // the loop cannot go on). `code`: kStuck* * 16 + stage. Must not return: the default traps;
@@ -538,12 +541,13 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         uint32_t phase = 0;
         int32_t mb, nb;
         while (next_tile(stage, phase, mb, nb)) {
-          const bool wt = Wait::a_write_through(p.wait, mb, nb);
-          int prev_stage = -1;
+          const int wt = Wait::a_write_through(p.wait, mb, nb);
+          int prev_stage = -1; // a stage whose store may still be reading it
           for (int32_t kb = 0; kb < k_blocks; kb++) {
             if (kb > 0)
               wait(&full[stage], phase, kStuckConsumerFull * 16 + stage);
-            if (wt) { // two stores in flight: the previous stage's has read its stage out
+            if (wt == 1 || (wt == 2 && kb % p.order.n_blocks == nb)) {
+              // two stores in flight: the previous one has read its stage out
               ptx::tma_store_2d(&p.a_map, smem + L::kA + stage * kTileABytes, kb * kBlockK,
                                 mb * kBlockM);
               ptx::bulk_commit();
@@ -552,14 +556,20 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
                 ptx::mbar_arrive(&empty[prev_stage]);
               }
               prev_stage = stage;
-            } else
+            } else {
+              if (prev_stage >= 0) { // never hold a stage past the next one
+                ptx::bulk_wait_read<0>();
+                ptx::mbar_arrive(&empty[prev_stage]);
+                prev_stage = -1;
+              }
               ptx::mbar_arrive(&empty[stage]);
+            }
             if (++stage == Stages) {
               stage = 0;
               phase ^= 1;
             }
           }
-          if (wt) {
+          if (prev_stage >= 0) {
             ptx::bulk_wait_read<0>();
             ptx::mbar_arrive(&empty[prev_stage]);
           }

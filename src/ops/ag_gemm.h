@@ -34,7 +34,8 @@ typedef struct tw_ag_gemm_plan {
   int peer_read;      /* 1: tiles read the peers' slots in place (set by tw_ag_gemm_prepare) */
   int peer_gather;    /* peer_read with the gathered output: column block 0's tiles of peer rows
                          store the A boxes they load into a_gathered (write-through;
-                         TW_AG_PEER_GATHER) */
+                         TW_AG_PEER_GATHER): 1 column block 0's tiles store, 2 every tile its
+                         share of the k-blocks (experimental) */
   int variant;        /* kernel variant (TW_AG_VARIANT bits): bit 0 wide epilogue, 3 stages */
   int own_copy_ce;    /* push mode: a copy engine fills the own slot (set by tw_ag_gemm_prepare) */
 } tw_ag_gemm_plan_t;

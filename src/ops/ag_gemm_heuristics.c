@@ -103,8 +103,15 @@ void tw_ag_gemm_plan_peer(tw_ag_gemm_plan_t *plan, int world, int no_gathered_ou
    * 8 virtual ranks, against the push, interleaved A/B in both orders (docs/PERF.md): N=512
    * per rank 0.387 -> 0.364 ms, N=1024 2.32 -> 2.25, N=2048 (M=16384) 18.5 -> 17.1; at
    * flux-tp8 (N=6144) it lost, 8.8-9.1 -> 9.7-10.0, where the push is already hidden. */
-  const int peer_gather =
-      !no_gathered_out && (peer_gather_env > 0 || (peer_gather_env < 0 && n <= 4096));
+  /* TW_AG_PEER_GATHER=2 (experimental, not yet measured): every tile of a row block stores a
+   * 1 / n_blocks share of its k-blocks instead of column block 0's tile storing all of them.
+   * A write-through tile ran 2-4.5x a normal one (its stores are slow, docs/PERF.md); spread,
+   * no tile carries more than its share. */
+  const int peer_gather = no_gathered_out                    ? 0
+                          : peer_gather_env == 2             ? 2
+                          : peer_gather_env > 0              ? 1
+                          : peer_gather_env < 0 && n <= 4096 ? 1
+                                                             : 0;
   plan->peer_read = (no_gathered_out || peer_gather) && sm_mode && all_on_gpu &&
                     world <= TW_AG_PEER_READ_MAX_WORLD && m_local % 128 == 0 && peer_read_env != 0;
   plan->peer_gather = plan->peer_read ? peer_gather : 0;

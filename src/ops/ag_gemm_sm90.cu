@@ -70,7 +70,8 @@ struct AgWait : NoWait {
     uint64_t host_epoch;   /* copy-engine mode: the epoch the host wrote flags with; else 0 */
     int32_t peer_read;     /* 1: rows of peer s come from peer_map[s] (s's own slot, in place) */
     int32_t write_through; /* peer reads with the gathered output: column block 0's tiles of
-                              peer rows store their A boxes into a_gathered (the GEMM's a_map) */
+                              peer rows store their A boxes into a_gathered (the GEMM's a_map);
+                              2: every tile of the row block stores its share of k-blocks */
     CUtensorMap peer_map[TW_AG_PEER_READ_MAX_WORLD]; /* peer s's a_gathered, [m_total, K] */
   };
   /* This call's epoch: kept on the GPU, or (copy-engine mode) counted by the host. */
@@ -90,10 +91,13 @@ struct AgWait : NoWait {
       map = &p.peer_map[(mb * kBlockM) / p.m_local];
     }
   }
-  /* Every peer row block is read by one tile of column block 0, which writes it through. */
+  /* Every peer row block is written through once: by its tile of column block 0 (mode 1), or
+   * a 1 / n_blocks share of its k-blocks by each of its tiles (mode 2). */
   static constexpr bool kWriteThrough = true;
-  __device__ static bool a_write_through(const Params &p, int32_t mb, int32_t nb) {
-    return p.write_through && nb == 0 && !all_own(p, mb);
+  __device__ static int a_write_through(const Params &p, int32_t mb, int32_t nb) {
+    if (!p.write_through || all_own(p, mb))
+      return 0;
+    return p.write_through == 2 ? 2 : nb == 0 ? 1 : 0;
   }
   __device__ static void before_tile(const Params &p, int32_t mb, int32_t nb) {
     tw_trace_tile(p.dc.trace, TW_TR_CLAIMED, mb, nb);

@@ -414,8 +414,8 @@ static void test_bad_arguments(void) {
   teardown(&f);
 }
 
-/* TW_AG_PEER_GATHER=1 and 0 (every rank on one GPU, shards of whole 128-row blocks): the GEMM reads
- * the peers' slots in place and column block 0's tiles write the A boxes they load through to
+/* TW_AG_PEER_GATHER=1, 2 and 0 (every rank on one GPU, shards of whole 128-row blocks): the GEMM
+ * reads the peers' slots in place and column block 0's tiles write the A boxes they load through to
  * a_gathered; same bits (C and the gathered output, poisoned before every call). K tails (a
  * last A box partly out of bounds), one column block, fp32 output; m_local 100 and 300 fall
  * back to the push (tests/host/test_plans.c checks where the plan takes it); in place,
@@ -432,8 +432,8 @@ static void test_peer_gather(int small, uint64_t seed) {
                {2, 1024, 1024, 2048, TW_FP32, 0, 3}, {3, 256, 136, 1000, TW_BF16, 0, 0}};
   /* 1 forces it at every N; 0 the push (the default takes the write-through at N <= 4096, so
    * the other tests cover it too where ranks share the GPU). */
-  static const char *const modes[] = {"1", "0"};
-  for (int m = 0; m < 2; m++) {
+  static const char *const modes[] = {"1", "2", "0"}; /* 2: every tile stores its share */
+  for (int m = 0; m < 3; m++) {
     setenv("TW_AG_PEER_GATHER", modes[m], 1);
     printf("TW_AG_PEER_GATHER=%s:\n", modes[m]);
     const uint64_t base = seed + 100 * (uint64_t)m;
