@@ -22,8 +22,10 @@
 #             timed and under ncu
 #     wt      8 virtual ranks: the write-through gather (TW_AG_PEER_GATHER=1) against the push,
 #             in both A/B orders (taken at N <= 4096, seventh session)
-#     wt2     the spread write-through (TW_AG_PEER_GATHER=2) against 0 and 1 (the default; not
-#             yet run)
+#     wt2     the spread write-through (TW_AG_PEER_GATHER=2) against 0 and 1 (eighth session:
+#             an option, not a default)
+#     tr8     TW_TRACE of GEMM+RS / GEMM+AR on 8 virtual ranks: GEMM phase, reduction, starts
+#     graph   eager calls with the host's enqueue time against CUDA-graph replays (8 vranks)
 # With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses its
 # time, each bit removing one cost (first batch of the fifth session).
 set -u
@@ -194,12 +196,50 @@ exp_wt() { # seventh session: the write-through gather (TW_AG_PEER_GATHER=1: the
 exp_wt2() { # after the seventh session: the spread write-through (TW_AG_PEER_GATHER=2: every
   # tile of a row block stores its share of the k-blocks; a column-0 write-through tile ran
   # 2-4.5x a normal one) against the push (0) and column 0's tiles (1), in both orders; the
-  # test first (its peer-gather cases run modes 1, 2 and 0, not yet run on a GPU)
+  # test first (its peer-gather cases run modes 1, 2 and 0; eighth session: passed, mode 2 not
+  # taken as a default)
   run "wt2-test_ag_gemm-vranks" 150 env TW_WATCHDOG_S=15 "$bin/test_ag_gemm"
   run "wt2-vranks-ag_gemm" 150 env TW_BENCH_AB=TW_AG_PEER_GATHER=0,1,2 TW_BENCH_VIRTUAL=1 \
     "$bin/tw-bench" ag_gemm --repeats 12 --warmup 3
   run "wt2-vranks-ag_gemm-2" 150 env TW_BENCH_AB=TW_AG_PEER_GATHER=2,1,0 TW_BENCH_VIRTUAL=1 \
     "$bin/tw-bench" ag_gemm --repeats 12 --warmup 3
+}
+spans() { # spans LOG: per traced call, each rank's first start (us after the earliest) and the
+  # call's span (first start to last end) and longest rank (TW_TRACE lines with globaltimer)
+  python3 - "$1" <<'PY'
+import collections, re, sys
+calls = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    m = re.search(r"rank (\d+) call (\d+):.*end max ([\d.]+);.*first start at ([\d.]+) us", line)
+    if m:
+        calls[int(m.group(2))].append((int(m.group(1)), float(m.group(4)), float(m.group(3))))
+for c in sorted(calls)[:12]:
+    v = sorted(calls[c])
+    t0 = min(s for _, s, _ in v)
+    print("    call %d starts %s | span %.0f us | longest rank %.0f us" % (c, " ".join(
+        "%d:%.0f" % (r, s - t0) for r, s, _ in v), max(s + e for _, s, e in v) - t0,
+        max(e for _, _, e in v)))
+PY
+}
+exp_tr8() { # eighth session: where the fused RS/AR time goes on 8 virtual ranks (TW_TRACE):
+  # the GEMM phase and the reduction after it, and whether the ranks start together
+  for spec in "gemm_rs 8192 8192 1024" "gemm_rs 4096 4096 512" "gemm_ar 8192 8192 1024"; do
+    set -- $spec
+    run "tr8-$1-$2" 90 env TW_BENCH_VIRTUAL=1 TW_TRACE=1 "$bin/tw-bench" $1 --world 8 --m $2 \
+      --n $3 --k $4 --repeats 3 --warmup 1 --no-check
+    summary+=("$(spans "$out/logs/tr8-$1-$2.log")")
+  done
+}
+exp_graph() { # eighth session: eager calls (and the host's enqueue time per repeat) against one
+  # repeat captured in a CUDA graph and replayed, 8 virtual ranks
+  for op in gemm_rs gemm_ar ag_gemm; do
+    for g in 0 1; do
+      run "graph$g-$op" 200 env TW_BENCH_GRAPH=$g TW_BENCH_STAMPS=1 TW_BENCH_VIRTUAL=1 \
+        "$bin/tw-bench" $op --world 8 --repeats 15 --warmup 4
+      summary+=("    host enqueue ms per repeat: $(grep 'host enqueue' "$out/logs/graph$g-$op.log" |
+        awk '{printf "%s ", $4}')")
+    done
+  done
 }
 for e in ${TW_EXP:-wt2}; do
   "exp_$e"

@@ -160,6 +160,13 @@ if want bench; then
   "$bin/tw-bench" --list 2>/dev/null | grep -q "^ *gemm_rs" &&
     step "tw-bench gemm_rs (8 vranks, TW_RS_STEAL=0)" 400 env TW_BENCH_VIRTUAL=1 TW_RS_STEAL=0 \
       "$bin/tw-bench" gemm_rs ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-gemm_rs-steal.json"
+  # Every variant captured once into a CUDA graph (all eight ranks' fused calls, forks and
+  # joins) and replayed: graph capture of the whole multi-rank call, and the figures without
+  # the host's enqueue cost.
+  for op in ag_gemm gemm_ar; do
+    step "tw-bench $op --quick (8 vranks, CUDA graph)" 300 env TW_BENCH_VIRTUAL=1 TW_BENCH_GRAPH=1 \
+      "$bin/tw-bench" $op --quick ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-$op-graph.json"
+  done
   if "$bin/tw-bench" --list 2>/dev/null | grep -q '^ *gemm'; then
     step "tw-bench gemm" 500 "$bin/tw-bench" gemm ${TW_SUITE_GEMM_ARGS:-} --json "$out/bench-gemm.json"
     step "tw-bench gemm --sm-budget 116" 500 "$bin/tw-bench" gemm --sm-budget 116 ${TW_SUITE_GEMM_ARGS:-} --json "$out/bench-gemm-116.json"

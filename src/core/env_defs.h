@@ -63,8 +63,8 @@ TW_ENV(TW_AG_PEER_GATHER, int, "-1",
        "no_gathered_out, and the tiles of column block 0 store each A box they load into "
        "a_gathered (write-through: no copy CTAs, no second read); 0 pushes the shards and the "
        "GEMM waits for them; -1 the write-through where N per rank <= 4096 (measured faster "
-       "there, slower at N=6144); 2 (experimental, not yet measured) the write-through with "
-       "every tile of a row block storing its share of the k-blocks.")
+       "there, slower at N=6144); 2 the write-through with every tile of a row block storing its "
+       "share of the k-blocks (measured faster than 1 only at N=1024, docs/PERF.md).")
 TW_ENV(TW_AG_OWN_COPY_CE, bool, "0",
        "tw_ag_gemm (SM mode, not in place, shards of whole 128-row blocks): 1 copies the rank's "
        "own shard into a_gathered with a copy engine beside the kernel, 0 with the kernel's "

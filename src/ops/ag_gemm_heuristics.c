@@ -103,10 +103,12 @@ void tw_ag_gemm_plan_peer(tw_ag_gemm_plan_t *plan, int world, int no_gathered_ou
    * 8 virtual ranks, against the push, interleaved A/B in both orders (docs/PERF.md): N=512
    * per rank 0.387 -> 0.364 ms, N=1024 2.32 -> 2.25, N=2048 (M=16384) 18.5 -> 17.1; at
    * flux-tp8 (N=6144) it lost, 8.8-9.1 -> 9.7-10.0, where the push is already hidden. */
-  /* TW_AG_PEER_GATHER=2 (experimental, not yet measured): every tile of a row block stores a
-   * 1 / n_blocks share of its k-blocks instead of column block 0's tile storing all of them.
-   * A write-through tile ran 2-4.5x a normal one (its stores are slow, docs/PERF.md); spread,
-   * no tile carries more than its share. */
+  /* TW_AG_PEER_GATHER=2 (an option): every tile of a row block stores a 1 / n_blocks share of
+   * its k-blocks instead of column block 0's tile storing all of them. Eighth session, 8 virtual
+   * ranks, A/B rounds in both orders (modes 0 / 1 / 2, ms): flux-tp8 8.77-8.73 / 9.81-9.82 /
+   * 8.95-9.04, N=512 0.39-0.41 / 0.37-0.40 / 0.37-0.40, N=1024 2.31 / 2.25-2.26 / 2.12,
+   * M=16384 18.1-18.4 / 17.0-17.2 / 17.7: better than mode 1 at one shape of four, so not a
+   * default. */
   const int peer_gather = no_gathered_out                    ? 0
                           : peer_gather_env == 2             ? 2
                           : peer_gather_env > 0              ? 1

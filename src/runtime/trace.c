@@ -59,12 +59,12 @@ int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, si
   snprintf(buf, len,
            "tw trace: %s rank %d call %llu: %d CTAs; us from the first start: comm/reduce-first "
            "end med %.1f max %.1f (%d CTAs), GEMM end min %.1f med %.1f max %.1f, end max %.1f; "
-           "waits %.1f us in %llu (CTA max %.1f)",
+           "waits %.1f us in %llu (CTA max %.1f); first start at %.1f us (globaltimer)",
            channel_name(ch1), rank, (unsigned long long)call, ctas,
            ncomm ? comm[ncomm / 2] * 1e-3 : 0.0, ncomm ? comm[ncomm - 1] * 1e-3 : 0.0, ncomm,
            ngemm ? gemm[0] * 1e-3 : 0.0, ngemm ? gemm[ngemm / 2] * 1e-3 : 0.0,
            ngemm ? gemm[ngemm - 1] * 1e-3 : 0.0, end_max * 1e-3, wait * 1e-3,
-           (unsigned long long)waits, wait_max * 1e-3);
+           (unsigned long long)waits, wait_max * 1e-3, (double)t0 * 1e-3);
   return 1;
 }
 

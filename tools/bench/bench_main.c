@@ -90,7 +90,10 @@ static void usage(FILE *out) {
           "                     under each value of the library knob NAME, timed in interleaved\n"
           "                     rounds (TW_BENCH_AB_ROUNDS, default 6) so the card's drift hits\n"
           "                     every value alike; one process's ranks only\n"
-          "  TW_BENCH_VIRTUAL=1 every rank on GPU 0; TW_BENCH_STAMPS=1 timing stamps on stderr\n"
+          "  TW_BENCH_VIRTUAL=1 every rank on GPU 0; TW_BENCH_STAMPS=1 timing stamps and the\n"
+          "                     host's enqueue time per repeat on stderr\n"
+          "  TW_BENCH_GRAPH=1   multi-rank rows replay one repeat captured in a CUDA graph\n"
+          "                     (no host enqueue cost in the figure)\n"
           "\n"
           "exit status: 0 all checks passed, 1 a check or setup failed, 2 no Hopper GPU,\n"
           "3 a CUDA call failed, 64 bad command line.\n");

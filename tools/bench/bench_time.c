@@ -10,7 +10,13 @@
  * TW_BENCH_STAMPS=1: each timing prints "tw-bench stamp N start|end <unix seconds>" to stderr
  * (after the warm-up has drained, and once the repeats have), N counting timings from 0 in
  * row order, so samples of clocks and power taken meanwhile (scripts/gpu-experiments.sh) can be
- * told apart per variant.
+ * told apart per variant, and "tw-bench host enqueue X ms per repeat" (the host's time to
+ * enqueue one repeat: where it reaches the median, the figure is launch-bound).
+ *
+ * TW_BENCH_GRAPH=1 (multi-stream timings): the repeat is captured once into a CUDA graph
+ * (after the warm-up) and the timed repeats replay it, so the host's enqueue cost (tensor
+ * maps, plans, per-rank launches) stays out of the figure. Work that refuses capture (the
+ * copy-engine mode of tw_ag_gemm) fails its row.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +31,17 @@ void bench_cuda_check(cudaError_t err, const char *what, const char *file, int l
   fprintf(stderr, "tw-bench: %s:%d: %s failed: %s (%s)\n", file, line, what, cudaGetErrorName(err),
           cudaGetErrorString(err));
   exit(3);
+}
+
+static int graph_on(void) {
+  const char *e = getenv("TW_BENCH_GRAPH");
+  return e && *e == '1';
+}
+
+static double host_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int stamps_on(void) {
@@ -190,18 +207,39 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
     fork_join(fn, ctx, iter++, main, warm_fork, sides, nstreams, main_device);
   }
   BENCH_CUDA(cudaGetLastError());
+  cudaGraphExec_t exec = NULL;
+  if (graph_on()) { /* one repeat, captured after the warm-up; its fork event is the graph's */
+    cudaGraph_t graph;
+    BENCH_CUDA(cudaStreamBeginCapture(main, cudaStreamCaptureModeRelaxed));
+    BENCH_CUDA(cudaEventRecord(warm_fork, main));
+    fork_join(fn, ctx, iter++, main, warm_fork, sides, nstreams, main_device);
+    BENCH_CUDA(cudaStreamEndCapture(main, &graph));
+    BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    BENCH_CUDA(cudaGraphDestroy(graph));
+    BENCH_CUDA(cudaGraphLaunch(exec, main)); /* an untimed replay: uploads the graph */
+  }
   if (stamps_on())
     stamp(0, main);
+  const double host_t0 = host_seconds();
   for (int i = 0; i < repeats; i++) {
     BENCH_CUDA(cudaEventRecord(start[i], main));
-    fork_join(fn, ctx, iter++, main, start[i], sides, nstreams, main_device);
+    if (exec)
+      BENCH_CUDA(cudaGraphLaunch(exec, main));
+    else
+      fork_join(fn, ctx, iter++, main, start[i], sides, nstreams, main_device);
     BENCH_CUDA(cudaEventRecord(stop[i], main));
   }
+  const double host_ms = (host_seconds() - host_t0) * 1e3 / repeats;
   BENCH_CUDA(cudaGetLastError());
+  if (stamps_on())
+    fprintf(stderr, "tw-bench host enqueue %.3f ms per repeat%s\n", host_ms,
+            exec ? " (graph replays)" : "");
   double median = summarize(start, stop, repeats, p10, p90);
   if (stamps_on())
     stamp(1, main);
 
+  if (exec)
+    BENCH_CUDA(cudaGraphExecDestroy(exec));
   BENCH_CUDA(cudaEventDestroy(warm_fork));
   destroy_events(stop, repeats);
   destroy_events(start, repeats);
