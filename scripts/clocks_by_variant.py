@@ -6,7 +6,8 @@
 SAMPLES: lines "unix_seconds, gpu index, clocks.sm [MHz], power.draw [W]" (scripts/gpu-experiments.sh
 takes them with nvidia-smi every 20 ms); BENCH_LOG: the output of one tw-bench shape run with
 TW_BENCH_STAMPS=1 ("tw-bench stamp N start|end T" per timing, rows printed in timing order).
-Prints, per timing, the variant and the mean SM clock and power of each GPU while it ran.
+Prints, per timing, the variant and the mean SM clock and power of each GPU while it ran, and
+the lowest clock and highest power sampled then (a throttled stretch shows as a low minimum).
 """
 import re
 import sys
@@ -53,8 +54,9 @@ def main():
         cells = []
         for gpu in sorted(per):
             v = per[gpu]
-            cells.append("gpu%d %4.0f MHz %4.0f W (%d)" % (gpu, sum(x[0] for x in v) / len(v),
-                                                         sum(x[1] for x in v) / len(v), len(v)))
+            cells.append("gpu%d %4.0f MHz %4.0f W (%d; min %4.0f MHz, max %4.0f W)" % (
+                gpu, sum(x[0] for x in v) / len(v), sum(x[1] for x in v) / len(v), len(v),
+                min(x[0] for x in v), max(x[1] for x in v)))
         print("%-20s %6.3f s  %s" % (name, s["end"] - s["start"], "  ".join(cells) or "no samples"))
 
 

@@ -26,6 +26,7 @@
 #             an option, not a default)
 #     tr8     TW_TRACE of GEMM+RS / GEMM+AR on 8 virtual ranks: GEMM phase, reduction, starts
 #     graph   eager calls with the host's enqueue time against CUDA-graph replays (8 vranks)
+#     tails   SM clock and power while the fused ag_gemm runs at flux-tp8 (8 vranks): its tails
 # With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses its
 # time, each bit removing one cost (first batch of the fifth session).
 set -u
@@ -240,6 +241,33 @@ exp_graph() { # eighth session: eager calls (and the host's enqueue time per rep
         awk '{printf "%s ", $4}')")
     done
   done
+}
+exp_tails() { # eighth session: the fused ag_gemm's slow tails at flux-tp8 on 8 virtual ranks
+  # (p90 10.5-13.2 ms against medians of 8.6-10.3 in three suites; TW_TRACE showed whole calls
+  # slowed on every rank at once, with no waits): SM clock and power per variant, sampled
+  clocks "tails-ag-flux" env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" ag_gemm --world 8 --m 4096 \
+    --n 6144 --k 12288 --repeats 60 --warmup 5
+  # and the samples themselves during the fused rows, as a time series (ms since the first)
+  python3 - "$out/logs/tails-ag-flux.smi" "$out/logs/tails-ag-flux.log" <<'PY' >"$out/logs/tails-series.txt"
+import re, sys
+st = {}
+for l in open(sys.argv[2]):
+    m = re.match(r"tw-bench stamp (\d+) (start|end) ([0-9.]+)", l)
+    if m:
+        st.setdefault(int(m.group(1)), {})[m.group(2)] = float(m.group(3))
+s = st.get(4, {})  # timing 4: the fused row (unfused, unfused-tw, gemm-alone, allgather, fused)
+pts = []
+for l in open(sys.argv[1]):
+    p = [x.strip() for x in l.split(",")]
+    try:
+        t, g, mhz, w = float(p[0]), int(p[1]), float(p[2].split()[0]), float(p[3].split()[0])
+    except (ValueError, IndexError):
+        continue
+    if g == 0 and s and s["start"] <= t <= s["end"]:
+        pts.append("%.0f:%.0f/%.0f" % ((t - s["start"]) * 1e3, mhz, w))
+print("fused row, GPU 0, ms:MHz/W:", " ".join(pts))
+PY
+  summary+=("$(cut -c1-1500 "$out/logs/tails-series.txt")")
 }
 for e in ${TW_EXP:-wt2}; do
   "exp_$e"
