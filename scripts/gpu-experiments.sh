@@ -63,7 +63,7 @@ clocks() { # clocks NAME CMD...: the command with stamps, sampled; per-variant c
 for l in sys.stdin: print("%.3f, %s" % (time.time(), l.strip()), flush=True)' >"$out/logs/$name.smi" &
   local smi=$!
   sleep 0.5
-  run "$name" 150 env TW_BENCH_STAMPS=1 "$@"
+  run "$name" 150 env TW_BENCH_STAMPS=1 TW_BENCH_ROUNDS=1 "$@" # one timing per row
   kill $smi 2>/dev/null
   pkill -f "nvidia-smi --query-gpu=index,clocks.sm" 2>/dev/null
   wait $smi 2>/dev/null

@@ -106,6 +106,16 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
                            cudaStream_t *streams, int nstreams, int warmup, int repeats,
                            double *p10, double *p90);
 
+/* The main rows of a multi-rank op, fns[0..nfns) on one ctx, timed in interleaved rounds so a
+ * card whose clock drifts (the power-capped H200 does, docs/PERF.md) drifts for every variant
+ * alike: TW_BENCH_ROUNDS rounds (default 4; 1 is one variant after another), each timing every
+ * variant in turn for ceil(repeats / rounds) repeats (the first round after `warmup` calls,
+ * later ones after one). Per variant: the median (p10/p90 optional) of all its repeats. */
+int bench_rounds(int repeats);
+void bench_time_multi_rounds(void (*const *fns)(void *ctx, int iter), int nfns, void *ctx,
+                             cudaStream_t main, cudaStream_t *streams, int nstreams, int warmup,
+                             int repeats, double *ms, double *p10, double *p90);
+
 /* A library knob's environment value, kept while a bench sets it and put back after. */
 typedef struct {
   char name[64];

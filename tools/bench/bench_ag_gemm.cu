@@ -260,8 +260,15 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
     variants[nv].name = "nccl+cublas", variants[nv++].fn = run_nccl_cublas;
     variants[nv].name = "nccl-allgather", variants[nv++].fn = run_nccl_allgather;
   }
-  double ms[8] = {0};
+  double ms[8] = {0}, p10[8] = {0}, p90[8] = {0};
   bench_row_t rows[9];
+  {
+    void (*fns[8])(void *, int);
+    for (int v = 0; v < nv; v++)
+      fns[v] = variants[v].fn;
+    bench_time_multi_rounds(fns, nv, &c, rk.streams[0], rk.streams, world, o->warmup, o->repeats,
+                            ms, p10, p90);
+  }
   for (int v = 0; v < nv; v++) {
     bench_row_t *row = &rows[v];
     memset(row, 0, sizeof(*row));
@@ -270,9 +277,7 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
     snprintf(row->shape, sizeof(row->shape), "M=%lld N=%lld/rank K=%lld w=%d sms=%d%s%s",
              (long long)shape->m, (long long)c.n, (long long)c.k, world, rk.sm_budget,
              shape->label ? " " : "", shape->label ? shape->label : "");
-    ms[v] = bench_time_multi_ms(variants[v].fn, &c, rk.streams[0], rk.streams, world, o->warmup,
-                                o->repeats, &row->ms_p10, &row->ms_p90);
-    row->ms = ms[v];
+    row->ms = ms[v], row->ms_p10 = p10[v], row->ms_p90 = p90[v];
     const int is_comm = v == 3 || (i_nccl >= 0 && v == i_nccl + 1); /* the allgathers */
     if (is_comm)
       row->gbps = (double)shard * world / (ms[v] * 1e-3) * (world - 1) / world / 1e9;

@@ -84,6 +84,11 @@ static double quantile(const double *sorted, int n, double q) {
   return sorted[lo] + frac * (sorted[lo + 1] - sorted[lo]);
 }
 
+/* Pooled samples (bench_time_multi_rounds): while `sink` is set, summarize() appends every
+ * repeat's time there. */
+static double *sink;
+static int sink_len;
+
 /* Waits for the last stop event, turns the event pairs into sorted times and
  * returns the median; frees nothing (the caller owns the events). */
 static double summarize(cudaEvent_t *start, cudaEvent_t *stop, int repeats, double *p10,
@@ -94,6 +99,8 @@ static double summarize(cudaEvent_t *start, cudaEvent_t *stop, int repeats, doub
     float ms = 0.0f;
     BENCH_CUDA(cudaEventElapsedTime(&ms, start[i], stop[i]));
     times[i] = (double)ms;
+    if (sink)
+      sink[sink_len++] = (double)ms;
   }
   qsort(times, (size_t)repeats, sizeof(double), compare_double);
   double median = quantile(times, repeats, 0.5);
@@ -337,4 +344,41 @@ int bench_rotation_count(size_t bytes) {
   if (copies > MAX_COPIES)
     copies = MAX_COPIES;
   return (int)copies;
+}
+
+int bench_rounds(int repeats) {
+  const char *e = getenv("TW_BENCH_ROUNDS");
+  int rounds = e && *e ? atoi(e) : 4;
+  if (rounds < 1)
+    rounds = 1;
+  return rounds > repeats ? (repeats > 0 ? repeats : 1) : rounds;
+}
+
+void bench_time_multi_rounds(void (*const *fns)(void *ctx, int iter), int nfns, void *ctx,
+                             cudaStream_t main, cudaStream_t *streams, int nstreams, int warmup,
+                             int repeats, double *ms, double *p10, double *p90) {
+  const int rounds = bench_rounds(repeats);
+  const int per = (repeats + rounds - 1) / rounds;
+  double *pool = xcalloc((size_t)nfns * (size_t)(rounds * per), sizeof(double));
+  int *len = xcalloc((size_t)nfns, sizeof(int));
+  for (int r = 0; r < rounds; r++)
+    for (int v = 0; v < nfns; v++) {
+      sink = pool + (size_t)v * (size_t)(rounds * per) + len[v];
+      sink_len = 0;
+      bench_time_multi_ms(fns[v], ctx, main, streams, nstreams, r == 0 ? warmup : 1, per, NULL,
+                          NULL);
+      len[v] += sink_len;
+      sink = NULL;
+    }
+  for (int v = 0; v < nfns; v++) {
+    double *t = pool + (size_t)v * (size_t)(rounds * per);
+    qsort(t, (size_t)len[v], sizeof(double), compare_double);
+    ms[v] = quantile(t, len[v], 0.5);
+    if (p10)
+      p10[v] = quantile(t, len[v], 0.1);
+    if (p90)
+      p90[v] = quantile(t, len[v], 0.9);
+  }
+  free(len);
+  free(pool);
 }
