@@ -244,7 +244,12 @@ typedef enum tw_ag_comm_mode {
   /* cudaMemcpyAsync on a side stream, each chunk followed by a stream-written flag, while
    * every CTA computes (no SMs spent on copies). Eager only: a stream under CUDA graph
    * capture is refused with TW_ERR_NOT_SUPPORTED (the flag values are fixed at enqueue). */
-  TW_AG_COMM_COPY_ENGINE = 1
+  TW_AG_COMM_COPY_ENGINE = 1,
+  /* The default (TW_AG_GEMM_ARGS_INIT): the copy engine where it measured faster (2 ranks on
+   * GPUs of their own, the push taking 0.3-0.8 of the GEMM's estimated time, not under graph
+   * capture; TW_AG_AUTO_CE overrides), else the SMs. Ranks decide alike from the shapes and
+   * the comm, so they must all capture, or all not. */
+  TW_AG_COMM_AUTO = 2
 } tw_ag_comm_mode_t;
 
 #define TW_AG_GEMM_ARGS_VERSION 2
@@ -271,8 +276,8 @@ typedef struct tw_ag_gemm_args {
 
 #define TW_AG_GEMM_ARGS_INIT                                                                       \
   {                                                                                                \
-    sizeof(tw_ag_gemm_args_t), TW_AG_GEMM_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  \
-        0                                                                                          \
+    sizeof(tw_ag_gemm_args_t), TW_AG_GEMM_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,     \
+        TW_AG_COMM_AUTO, 0                                                                         \
   }
 
 TW_API tw_status_t tw_ag_gemm_args_init(tw_ag_gemm_args_t *args);

@@ -57,10 +57,11 @@ class TileOrder(enum.IntEnum):
 
 
 class AgCommMode(enum.IntEnum):
-    """tw_ag_comm_mode_t (TW_AG_COMM_SM, TW_AG_COMM_COPY_ENGINE)."""
+    """tw_ag_comm_mode_t (TW_AG_COMM_SM, TW_AG_COMM_COPY_ENGINE, TW_AG_COMM_AUTO)."""
 
     SM = 0
     COPY_ENGINE = 1
+    AUTO = 2
 
 
 class Partials(enum.IntEnum):
@@ -106,12 +107,13 @@ class _Versioned(ctypes.Structure):
     """A struct whose first fields are `size` and `version`, filled as its _INIT macro does."""
 
     _version_ = 0
+    _defaults_ = {}  # fields whose _INIT value is not zero
 
     def __init__(self, **fields):
         super().__init__()
         self.size = ctypes.sizeof(self)
         self.version = self._version_
-        for name, value in fields.items():
+        for name, value in dict(self._defaults_, **fields).items():
             if name not in self._field_names():
                 raise TypeError(
                     "%s has no field %r (fields: %s)"
@@ -171,6 +173,7 @@ class AgGemmArgs(_Versioned):
     """tw_ag_gemm_args_t; ``AgGemmArgs()`` equals TW_AG_GEMM_ARGS_INIT."""
 
     _version_ = TW_AG_GEMM_ARGS_VERSION
+    _defaults_ = {"comm_mode": 2}  # TW_AG_COMM_AUTO
     _fields_ = [
         ("size", ctypes.c_size_t),
         ("version", ctypes.c_uint32),

@@ -38,6 +38,7 @@ typedef struct tw_ag_gemm_plan {
                          share of the k-blocks (experimental) */
   int variant;        /* kernel variant (TW_AG_VARIANT bits): bit 0 wide epilogue, 3 stages */
   int own_copy_ce;    /* push mode: a copy engine fills the own slot (set by tw_ag_gemm_prepare) */
+  int auto_ce;        /* TW_AG_COMM_AUTO took the copy engine (tw_ag_gemm_prepare) */
 } tw_ag_gemm_plan_t;
 
 /* Peer reads: at most this many ranks (one tensor map per rank in the kernel parameters). */
@@ -62,6 +63,12 @@ static __host__ __device__ __forceinline__ int tw_ag_gemm_flag_index(int src, in
 #endif
 
 struct tw_comm;
+/* TW_AG_COMM_AUTO: 1 where the copy-engine mode should run (2 ranks on GPUs of their own, the
+ * push 0.3-0.8 of the GEMM's estimated time; env = TW_AG_AUTO_CE: 0 never, 1 wherever allowed, -1
+ * the rule). The caller still keeps the SMs under graph capture. */
+int tw_ag_gemm_auto_copy_engine(int world, int gpu_shared, int64_t m_local, int64_t n, int64_t k,
+                                int sm_budget, int env);
+
 tw_status_t tw_ag_gemm_prepare(struct tw_comm *comm, const tw_ag_gemm_args_t *in,
                                tw_ag_gemm_args_t *resolved, tw_ag_gemm_plan_t *plan);
 

@@ -91,6 +91,7 @@ void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *a, tw_ag_gemm_plan_t *pl
   plan->own_copy_ce = 0;
   plan->peer_read = 0;
   plan->peer_gather = 0;
+  plan->auto_ce = 0;
 }
 
 void tw_ag_gemm_plan_peer(tw_ag_gemm_plan_t *plan, int world, int no_gathered_out, int sm_mode,
@@ -123,4 +124,29 @@ void tw_ag_gemm_plan_peer(tw_ag_gemm_plan_t *plan, int world, int no_gathered_ou
     if (plan->comm_ctas >= plan->ctas)
       plan->comm_ctas = plan->ctas > 1 ? plan->ctas - 1 : 1;
   }
+}
+
+int tw_ag_gemm_auto_copy_engine(int world, int gpu_shared, int64_t m_local, int64_t n, int64_t k,
+                                int sm_budget, int env) {
+  /* Copy engines exist between GPUs only; and the mode is the AUTO default's to take. */
+  if (world < 2 || gpu_shared || env == 0)
+    return 0;
+  if (env > 0)
+    return 1;
+  /* Measured on 2 GPUs only: with more peers the copy engine serves them one copy at a time,
+   * the SM push all at once, so other worlds keep the SMs until measured. */
+  if (world != 2)
+    return 0;
+  /* Where the push is a large share of a long GEMM, the SM-driven mode holds communication
+   * CTAs for most of the GEMM, and a copy engine costs no SM. Eighth session, 2 H200s, rows of
+   * one run timed in interleaved rounds: M=16384 N=2048/rank K=16384 (push / GEMM estimate
+   * 0.59) 1.475 ms with the copy engine against 1.630 (earlier suites 1.61-1.65 against
+   * 1.59-1.82); flux-tp8 (0.20) level, 0.824 against 0.822; M=8192 N=1024 K=8192 (1.18) and
+   * M=4096 N=512 K=4096 (2.3) slower, 0.322 against 0.296 and 0.137 against 0.099 (the chunk
+   * flags' latency, and pushes that outlast the GEMM). The same estimates as the plan's. */
+  const double bytes = (double)m_local * (double)k * 2.0 * (double)(world - 1);
+  const double flops = 2.0 * (double)m_local * (double)world * (double)n * (double)k;
+  const double t_push = bytes / (TW_PUSH_GBPS * 1e9);
+  const double t_gemm = flops / (TW_GEMM_TFLOPS_PER_CTA * 1e12 * (sm_budget > 0 ? sm_budget : 1));
+  return t_push >= 0.3 * t_gemm && t_push <= 0.8 * t_gemm;
 }

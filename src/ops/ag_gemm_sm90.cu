@@ -342,8 +342,10 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
   const int world = comm->world;
   TW_ARG_CHECK(a->c_dtype == TW_BF16 || a->c_dtype == TW_FP32,
                "args->c_dtype: %d; expected TW_BF16 or TW_FP32", (int)a->c_dtype);
-  TW_ARG_CHECK(a->comm_mode == TW_AG_COMM_SM || a->comm_mode == TW_AG_COMM_COPY_ENGINE,
-               "args->comm_mode: %d; expected TW_AG_COMM_SM or TW_AG_COMM_COPY_ENGINE",
+  TW_ARG_CHECK(a->comm_mode == TW_AG_COMM_SM || a->comm_mode == TW_AG_COMM_COPY_ENGINE ||
+                   a->comm_mode == TW_AG_COMM_AUTO,
+               "args->comm_mode: %d; expected TW_AG_COMM_SM, TW_AG_COMM_COPY_ENGINE or "
+               "TW_AG_COMM_AUTO",
                (int)a->comm_mode);
   TW_ARG_CHECK(a->a && a->b && a->c && a->a_gathered, "args->%s: NULL",
                !a->a   ? "a"
@@ -398,6 +400,13 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
                                comm->ranks_on_device > 1,
                                (int)tw_env_int(TW_AG_VARIANT_ID)};
   tw_ag_gemm_make_plan(&pa, plan);
+  /* TW_AG_COMM_AUTO: the copy engine where it measured faster (ag_gemm_heuristics.c); tw_ag_gemm
+   * keeps the SMs instead under graph capture. Decided alike on every rank (gpu_shared is). */
+  plan->auto_ce = a->comm_mode == TW_AG_COMM_AUTO &&
+                  tw_ag_gemm_auto_copy_engine(world, comm->gpu_shared, a->m_local, a->n, a->k,
+                                              comm->sm_budget, (int)tw_env_int(TW_AG_AUTO_CE_ID));
+  if (a->comm_mode == TW_AG_COMM_AUTO)
+    a->comm_mode = plan->auto_ce ? TW_AG_COMM_COPY_ENGINE : TW_AG_COMM_SM;
   tw_ag_gemm_plan_peer(plan, world, a->no_gathered_out, a->comm_mode == TW_AG_COMM_SM,
                        comm->ranks_on_device == world, a->m_local, a->n, a->a == (const void *)own,
                        a->comm_sms, (int)tw_env_int(TW_AG_PEER_READ_ID),
@@ -537,6 +546,18 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
   st = tw_ag_gemm_prepare(comm, args, &a, &plan);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
+  if (plan.auto_ce) {
+    /* The copy-engine mode is eager only: under capture AUTO keeps the SMs (the plan is the
+     * same for both modes where it can choose the copy engine: no peer reads, no own-slot
+     * copy engine). */
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    st = tw_cuda_check(cudaStreamIsCapturing((cudaStream_t)stream, &capturing),
+                       "cudaStreamIsCapturing");
+    if (st != TW_SUCCESS)
+      return tw_comm_result(comm, st);
+    if (capturing != cudaStreamCaptureStatusNone)
+      a.comm_mode = TW_AG_COMM_SM;
+  }
   int prev;
   st = tw_set_device(comm->device, &prev);
   if (st != TW_SUCCESS)

@@ -356,16 +356,32 @@ static void test_copy_engine(int world, int64_t m_local, int64_t n, int64_t k, i
               gather_diff);
   printf("  copy engine: world %d m_local %lld n %lld k %lld, %d checked calls\n", world,
          (long long)m_local, (long long)n, (long long)k, calls);
-  /* A stream under capture is refused, and nothing is enqueued. */
+  /* The default mode (TW_AG_COMM_AUTO) made to take the copy engine (TW_AG_AUTO_CE=1): the
+   * same results. */
+  setenv("TW_AG_AUTO_CE", "1", 1);
+  const unsigned long long bad_auto =
+      checked_calls(&f, calls, seed + 1, 104723, 0, TW_AG_COMM_AUTO, 0);
+  TEST_ASSERT(bad_auto == 0, "auto (copy engine), world %d: %llu words differ over %d calls", world,
+              bad_auto, calls);
+  /* A stream under capture: the copy-engine mode is refused and nothing is enqueued; the default
+   * mode keeps the SMs there and is captured (the graph is not launched: its peers do not run). */
   cudaStream_t s0 = f.streams[0];
   use(&f, 0);
   CUDA_OK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeThreadLocal));
   tw_ag_gemm_args_t a = fused_args(&f, 0, 0);
   a.comm_mode = TW_AG_COMM_COPY_ENGINE;
   TEST_TW_FAILS(tw_ag_gemm(f.comms[0], &a, (tw_stream_t)s0), TW_ERR_NOT_SUPPORTED, "graph");
+  a.comm_mode = TW_AG_COMM_AUTO;
+  TEST_TW_OK(tw_ag_gemm(f.comms[0], &a, (tw_stream_t)s0));
   cudaGraph_t graph;
   CUDA_OK(cudaStreamEndCapture(s0, &graph));
+  size_t nodes = 0;
+  CUDA_OK(cudaGraphGetNodes(graph, NULL, &nodes));
+  TEST_ASSERT(nodes > 0, "auto under capture: the graph holds %zu nodes", nodes);
   cudaGraphDestroy(graph);
+  unsetenv("TW_AG_AUTO_CE");
+  printf("  auto mode with TW_AG_AUTO_CE=1: %d checked calls by copy engine, SMs under capture\n",
+         calls);
   teardown(&f);
 }
 

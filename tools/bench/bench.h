@@ -112,6 +112,8 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
  * variant in turn for ceil(repeats / rounds) repeats (the first round after `warmup` calls,
  * later ones after one). Per variant: the median (p10/p90 optional) of all its repeats. */
 int bench_rounds(int repeats);
+/* TW_BENCH_GRAPH=1: rows are graph replays (variants that refuse capture are left out). */
+int bench_graph_mode(void);
 void bench_time_multi_rounds(void (*const *fns)(void *ctx, int iter), int nfns, void *ctx,
                              cudaStream_t main, cudaStream_t *streams, int nstreams, int warmup,
                              int repeats, double *ms, double *p10, double *p90);

@@ -3,10 +3,12 @@
  * (default 8; virtual ranks sharing one GPU when there are fewer GPUs, each
  * with its SM budget). Shape: m = total rows (world * m_local), n = columns per
  * rank, k. Variants, each on every rank's stream:
- *   fused         tw_ag_gemm, in place (the shard written into its slot of a_gathered)
+ *   fused         tw_ag_gemm, in place (the shard written into its slot of a_gathered), in the
+ *                 default mode (TW_AG_COMM_AUTO: the copy engine where it measured faster)
+ *   fused-sm      (ranks on distinct GPUs only) the same with TW_AG_COMM_SM
  *   fused-nogather  (ranks sharing a GPU only) tw_ag_gemm with no_gathered_out = 1: the GEMM
  *                 reads the peers' shards in place, nothing is copied
- *   copy-engine   (ranks on distinct GPUs only) tw_ag_gemm with TW_AG_COMM_COPY_ENGINE:
+ *   copy-engine   (ranks on distinct GPUs, not with TW_BENCH_GRAPH) TW_AG_COMM_COPY_ENGINE:
  * cudaMemcpyAsync + stream-written flags on a side stream while every CTA computes (Flux / PyTorch
  * async-TP style) unfused       tw_allgather, then cuBLAS on the gathered A (limited to the rank's
  * SMs) unfused-tw    tw_allgather, then tw_gemm (the same core as the fused op) gemm-alone tw_gemm
@@ -80,7 +82,12 @@ static void run_fused_mode(ag_ctx *c, int comm_mode) {
   }
 }
 
-static void run_fused(void *p, int iter) {
+static void run_fused(void *p, int iter) { /* the library's default mode */
+  (void)iter;
+  run_fused_mode((ag_ctx *)p, TW_AG_COMM_AUTO);
+}
+
+static void run_fused_sm(void *p, int iter) {
   (void)iter;
   run_fused_mode((ag_ctx *)p, TW_AG_COMM_SM);
 }
@@ -236,7 +243,8 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
   for (int r = 0; r < world; r++)
     for (int q = 0; q < r; q++)
       shared |= rk.devices[q] == rk.devices[r];
-  const int ok = o->check ? check(&c, TW_AG_COMM_SM) : 1;
+  const int ok = o->check ? check(&c, TW_AG_COMM_AUTO) : 1;
+  const int ok_sm = o->check && !shared ? check(&c, TW_AG_COMM_SM) : 1;
   const int ok_ce = o->check && !shared ? check(&c, TW_AG_COMM_COPY_ENGINE) : 1;
   const int ok_ng = o->check && shared ? check(&c, BENCH_SM_NO_GATHER) : 1;
   char why[256] = "";
@@ -245,25 +253,27 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
   struct {
     const char *name;
     void (*fn)(void *, int);
-  } variants[8] = {{"unfused", run_unfused},
-                   {"unfused-tw", run_unfused_tw},
-                   {"gemm-alone", run_gemm_alone},
-                   {"allgather", run_allgather},
-                   {"fused", run_fused}};
-  int nv = 5, i_ce = -1, i_nccl = -1, i_ng = -1;
+  } variants[10] = {{"unfused", run_unfused},
+                    {"unfused-tw", run_unfused_tw},
+                    {"gemm-alone", run_gemm_alone},
+                    {"allgather", run_allgather},
+                    {"fused", run_fused}};
+  int nv = 5, i_ce = -1, i_nccl = -1, i_ng = -1, i_sm = -1;
   if (shared) /* ranks share a GPU: the in-place peer reads of no_gathered_out = 1 */
     i_ng = nv, variants[nv].name = "fused-nogather", variants[nv++].fn = run_fused_no_gather;
-  if (!shared)
+  if (!shared) /* the default mode may take the copy engine there: the SM-driven one too */
+    i_sm = nv, variants[nv].name = "fused-sm", variants[nv++].fn = run_fused_sm;
+  if (!shared && !bench_graph_mode()) /* eager only */
     i_ce = nv, variants[nv].name = "copy-engine", variants[nv++].fn = run_copy_engine;
   if (c.nccl) {
     i_nccl = nv;
     variants[nv].name = "nccl+cublas", variants[nv++].fn = run_nccl_cublas;
     variants[nv].name = "nccl-allgather", variants[nv++].fn = run_nccl_allgather;
   }
-  double ms[8] = {0}, p10[8] = {0}, p90[8] = {0};
-  bench_row_t rows[9];
+  double ms[10] = {0}, p10[10] = {0}, p90[10] = {0};
+  bench_row_t rows[11];
   {
-    void (*fns[8])(void *, int);
+    void (*fns[10])(void *, int);
     for (int v = 0; v < nv; v++)
       fns[v] = variants[v].fn;
     bench_time_multi_rounds(fns, nv, &c, rk.streams[0], rk.streams, world, o->warmup, o->repeats,
@@ -291,9 +301,9 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
   const double t_gemm = ms[2], t_max = t_gemm > t_comm ? t_gemm : t_comm;
   for (int v = 0; v < nv; v++) {
     rows[v].speedup = t_base / ms[v];
-    if (v == 4 || v == i_ce || v == i_ng) { /* the fused variants */
+    if (v == 4 || v == i_ce || v == i_ng || v == i_sm) { /* the fused variants */
       rows[v].overlap = t_max / ms[v];
-      rows[v].ok = rows[v].ok && (v == 4 ? ok : v == i_ce ? ok_ce : ok_ng);
+      rows[v].ok = rows[v].ok && (v == 4 ? ok : v == i_ce ? ok_ce : v == i_sm ? ok_sm : ok_ng);
     }
     bench_add_row(res, &rows[v]);
   }

@@ -346,6 +346,8 @@ int bench_rotation_count(size_t bytes) {
   return (int)copies;
 }
 
+int bench_graph_mode(void) { return graph_on(); }
+
 int bench_rounds(int repeats) {
   const char *e = getenv("TW_BENCH_ROUNDS");
   int rounds = e && *e ? atoi(e) : 4;
