@@ -137,6 +137,11 @@ if want multi && [ "$ngpus" -gt 1 ]; then
     "$bin/tw-bench" --list 2>/dev/null | grep -q "^ *$op" &&
       step "tw-bench $op ($ngpus GPUs)" 400 "$bin/tw-bench" $op --world "$ngpus" ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-$op-gpus.json"
   done
+  # Graph replays across the GPUs at the shape where the default mode takes the copy engine
+  # eagerly (checked first) and the SMs under capture.
+  step "tw-bench ag_gemm M=16384 ($ngpus GPUs, CUDA graph)" 200 env TW_BENCH_GRAPH=1 "$bin/tw-bench" \
+    ag_gemm --world "$ngpus" --m 16384 --n 2048 --k 16384 --repeats 10 --warmup 3 \
+    --json "$out/bench-ag_gemm-gpus-graph.json"
 fi
 
 if want trace; then
