@@ -106,11 +106,13 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
                            cudaStream_t *streams, int nstreams, int warmup, int repeats,
                            double *p10, double *p90);
 
-/* The main rows of a multi-rank op, fns[0..nfns) on one ctx, timed in interleaved rounds so a
- * card whose clock drifts (the power-capped H200 does, docs/PERF.md) drifts for every variant
- * alike: TW_BENCH_ROUNDS rounds (default 4; 1 is one variant after another), each timing every
- * variant in turn for ceil(repeats / rounds) repeats (the first round after `warmup` calls,
- * later ones after one). Per variant: the median (p10/p90 optional) of all its repeats. */
+/* The main rows of a multi-rank op, fns[0..nfns) on one ctx: TW_BENCH_ROUNDS rounds (default 1:
+ * one variant after another), each timing every variant in turn for ceil(repeats / rounds)
+ * repeats (the first round after `warmup` calls, later ones after one), so a card whose clock
+ * drifts (the power-capped H200 does, docs/PERF.md) drifts for every variant alike; but each
+ * short block then starts in the power state its predecessor left (eighth session: 4 rounds
+ * moved 8-rank rows by up to 15%), so the default stays one block per variant. Per variant: the
+ * median (p10/p90 optional) of all its repeats. */
 int bench_rounds(int repeats);
 /* TW_BENCH_GRAPH=1: rows are graph replays (variants that refuse capture are left out). */
 int bench_graph_mode(void);

@@ -93,7 +93,7 @@ static void usage(FILE *out) {
           "  TW_BENCH_VIRTUAL=1 every rank on GPU 0; TW_BENCH_STAMPS=1 timing stamps and the\n"
           "                     host's enqueue time per repeat on stderr\n"
           "  TW_BENCH_ROUNDS=R  ag_gemm, gemm_rs, gemm_ar: the main rows (NCCL's included) timed\n"
-          "                     in R interleaved rounds (default 4; 1: one after another)\n"
+          "                     in R interleaved rounds (default 1: one after another)\n"
           "  TW_BENCH_GRAPH=1   multi-rank rows replay one repeat captured in a CUDA graph\n"
           "                     (no host enqueue cost in the figure)\n"
           "\n"

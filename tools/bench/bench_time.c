@@ -350,7 +350,7 @@ int bench_graph_mode(void) { return graph_on(); }
 
 int bench_rounds(int repeats) {
   const char *e = getenv("TW_BENCH_ROUNDS");
-  int rounds = e && *e ? atoi(e) : 4;
+  int rounds = e && *e ? atoi(e) : 1;
   if (rounds < 1)
     rounds = 1;
   return rounds > repeats ? (repeats > 0 ? repeats : 1) : rounds;
