@@ -126,16 +126,18 @@ void tw_ag_gemm_plan_peer(tw_ag_gemm_plan_t *plan, int world, int no_gathered_ou
   }
 }
 
-int tw_ag_gemm_auto_copy_engine(int world, int gpu_shared, int64_t m_local, int64_t n, int64_t k,
-                                int sm_budget, int env) {
+int tw_ag_gemm_auto_copy_engine(int world, int gpu_shared, int multi_process, int64_t m_local,
+                                int64_t n, int64_t k, int sm_budget, int env) {
   /* Copy engines exist between GPUs only; and the mode is the AUTO default's to take. */
   if (world < 2 || gpu_shared || env == 0)
     return 0;
   if (env > 0)
     return 1;
-  /* Measured on 2 GPUs only: with more peers the copy engine serves them one copy at a time,
-   * the SM push all at once, so other worlds keep the SMs until measured. */
-  if (world != 2)
+  /* Measured on 2 GPUs driven by one process only: with more peers the copy engine serves them
+   * one copy at a time, the SM push all at once; and no GPU run has taken the copy-engine mode
+   * with one process per GPU yet (test_mp does it with TW_AG_AUTO_CE=1 from the eighth session
+   * on, not yet run). Both keep the SMs until measured. */
+  if (world != 2 || multi_process)
     return 0;
   /* Where the push is a large share of a long GEMM, the SM-driven mode holds communication
    * CTAs for most of the GEMM, and a copy engine costs no SM. Eighth session, 2 H200s, rows of

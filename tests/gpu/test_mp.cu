@@ -2,7 +2,8 @@
  * Several processes, one rank each, on the local GPUs (all on GPU 0 when there
  * is one: run under MPS, which scripts/gpu-suite.sh starts). Exercises the TCP
  * bootstrap, the fd exchange of the symmetric heap and the allgather across
- * processes, and tw_ag_gemm, tw_gemm_rs and tw_gemm_ar against their unfused pipelines, bitwise.
+ * processes, and tw_ag_gemm, tw_gemm_rs and tw_gemm_ar against their unfused pipelines, bitwise
+ * (with a GPU per rank, every other tw_ag_gemm call in the copy-engine mode).
  * Usage: test_mp [world=4] [iterations=100].
  */
 #include <cuda_runtime.h>
@@ -97,7 +98,9 @@ static int check_gemm_rs(tw_comm_t comm, int rank, int world, int iters, cudaStr
   return failures;
 }
 
-static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int device) {
+/* distinct: every rank on a GPU of its own (then every other ag_gemm call takes the copy-engine
+ * mode, which needs that). */
+static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int device, int distinct) {
   cudaError_t ce = cudaSetDevice(device);
   if (ce != cudaSuccess) {
     fprintf(stderr, "rank %d: cudaSetDevice(%d): %s\n", rank, device, cudaGetErrorString(ce));
@@ -167,6 +170,8 @@ static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int devic
     tw_test_poison(c1, c_bytes, (tw_stream_t)stream);
     tw_ag_gemm_args_t a = TW_AG_GEMM_ARGS_INIT;
     a.a = shard, a.b = b, a.c = c1, a.a_gathered = g1, a.m_local = m_local, a.n = n, a.k = k;
+    if (distinct && i % 2) /* one process per GPU: the copy-engine mode too */
+      a.comm_mode = TW_AG_COMM_COPY_ENGINE;
     st = tw_ag_gemm(comm, &a, (tw_stream_t)stream);
     if (st == TW_SUCCESS)
       st = tw_allgather(comm, shard, g2, shard_bytes, (tw_stream_t)stream);
@@ -245,7 +250,7 @@ int main(int argc, char **argv) {
   for (int r = 0; r < world; r++) {
     pids[r] = fork();
     if (pids[r] == 0)
-      _exit(run_rank(id, r, world, iters, r % ngpus));
+      _exit(run_rank(id, r, world, iters, r % ngpus, world <= ngpus));
   }
   double deadline = tw_test_now() + 240;
   for (int r = 0; r < world; r++) {
