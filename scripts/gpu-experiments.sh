@@ -7,7 +7,7 @@
 #   TW_DIAG_LIBS="1 2 4 8 16 32"          measurement builds of libtilewire.so in
 #                                         $TW_BUILD_DIR/diagN/ (-DTW_RS_DIAG=N, gemm_rs_sm90.cu)
 # Killed by a signal, it still bundles what it has and prints the summary so far.
-#   TW_EXP="wt2"                          which groups run, in order (functions exp_NAME below):
+#   TW_EXP="ce"                           which groups run, in order (functions exp_NAME below):
 #     hang    four 8-rank gemm_ar sweeps under the watchdog, the interleaved test_gemm_rs twice
 #             (the fifth session's stall; clean in the sixth)
 #     ab      the fifth session's defaults against what they replaced (taken, sixth session)
@@ -27,6 +27,8 @@
 #     tr8     TW_TRACE of GEMM+RS / GEMM+AR on 8 virtual ranks: GEMM phase, reduction, starts
 #     graph   eager calls with the host's enqueue time against CUDA-graph replays (8 vranks)
 #     tails   SM clock and power while the fused ag_gemm runs at flux-tp8 (8 vranks): its tails
+#     ce      (the default; not yet run) test_mp with the copy-engine mode on 2 GPUs, one process
+#             per GPU; the copy engine's host enqueue time and both bench methods at M=16384
 # With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses its
 # time, each bit removing one cost (first batch of the fifth session).
 set -u
@@ -269,7 +271,22 @@ print("fused row, GPU 0, ms:MHz/W:", " ".join(pts))
 PY
   summary+=("$(cut -c1-1500 "$out/logs/tails-series.txt")")
 }
-for e in ${TW_EXP:-wt2}; do
+exp_ce() { # after the eighth session: the copy-engine mode with one process per GPU (test_mp now
+  # runs every other tw_ag_gemm call in it; never run on a GPU), whether it is host-bound in long
+  # back-to-back runs (TW_BENCH_STAMPS prints the enqueue time per repeat), and the default mode
+  # against the SM-driven one at M=16384 in both bench methods (one block per variant, 4 rounds)
+  if [ "$ngpus" -gt 1 ]; then
+    run "ce-test_mp-gpus" 200 env TW_WATCHDOG_S=15 "$bin/test_mp" 2 40
+    summary+=("    $(grep -c ' ok$' "$out/logs/ce-test_mp-gpus.log") ranks ok of 2: $(grep -m 2 -E 'FAILED|error|differ' "$out/logs/ce-test_mp-gpus.log" | tr '\n' ' ')")
+    for r in 1 4; do
+      run "ce-ag-16384-rounds$r" 120 env TW_BENCH_ROUNDS=$r TW_BENCH_STAMPS=1 "$bin/tw-bench" \
+        ag_gemm --world 2 --m 16384 --n 2048 --k 16384 --repeats 40 --warmup 5
+      summary+=("    host enqueue ms per repeat: $(grep 'host enqueue' "$out/logs/ce-ag-16384-rounds$r.log" |
+        awk '{printf "%s ", $4}')")
+    done
+  fi
+}
+for e in ${TW_EXP:-ce}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}
