@@ -456,6 +456,16 @@ static tw_status_t ce_join(tw_comm_t comm, tw_stream_t user) {
   return st;
 }
 
+/* Whether the caller's stream is being captured into a CUDA graph (the copy-engine mode is eager
+ * only). */
+static tw_status_t capturing(tw_stream_t stream, int *yes) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  tw_status_t st =
+      tw_cuda_check(cudaStreamIsCapturing((cudaStream_t)stream, &status), "cudaStreamIsCapturing");
+  *yes = st == TW_SUCCESS && status != cudaStreamCaptureStatusNone;
+  return st;
+}
+
 /* Copy-engine mode: the shard goes by cudaMemcpyAsync on the comm's side stream, each chunk
  * followed by a flag written by the stream (cuStreamWriteValue64, which fences first); the
  * side stream waits (cuStreamWaitValue64) for a peer's entry into the call before writing
@@ -466,12 +476,11 @@ static tw_status_t copy_engine_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
   tw_status_t st = tw_driver(&cu);
   if (st != TW_SUCCESS)
     return st;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  st =
-      tw_cuda_check(cudaStreamIsCapturing((cudaStream_t)user, &capturing), "cudaStreamIsCapturing");
+  int captured = 0;
+  st = capturing(user, &captured);
   if (st != TW_SUCCESS)
     return st;
-  if (capturing != cudaStreamCaptureStatusNone)
+  if (captured)
     return tw_fail(TW_ERR_NOT_SUPPORTED,
                    "args->comm_mode: TW_AG_COMM_COPY_ENGINE cannot be captured into a CUDA graph "
                    "(its flag values are fixed when enqueued); use TW_AG_COMM_SM");
@@ -551,12 +560,11 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
     /* The copy-engine mode is eager only: under capture AUTO keeps the SMs (the plan is the
      * same for both modes where it can choose the copy engine: no peer reads, no own-slot
      * copy engine). */
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    st = tw_cuda_check(cudaStreamIsCapturing((cudaStream_t)stream, &capturing),
-                       "cudaStreamIsCapturing");
+    int captured = 0;
+    st = capturing(stream, &captured);
     if (st != TW_SUCCESS)
       return tw_comm_result(comm, st);
-    if (capturing != cudaStreamCaptureStatusNone)
+    if (captured)
       a.comm_mode = TW_AG_COMM_SM;
   }
   int prev;

@@ -131,12 +131,13 @@ void bench_env_restore(const bench_env_saved_t *saved);
 
 /* TW_BENCH_AB="NAME=v1,v2,..." (environment knobs the library reads at every call): rows of one
  * fused variant under each value, timed in interleaved rounds (TW_BENCH_AB_ROUNDS, default 6;
- * each round times every value in turn, one warm-up call then max(2, repeats / rounds) calls),
- * so a card whose clock drifts over a run drifts for every value alike. Per value: the median of
- * its round medians (p10/p90 over the rounds). Rows are `tmpl` with variant "<prefix>[NAME=v]",
- * tflops = flops / t, speedup = t_base / t, overlap = t_max / t (0: none). Every rank must read
- * the same value at each call, so this is for ranks of one process; the knob's previous value
- * is restored. Does nothing when TW_BENCH_AB is unset; a malformed spec is reported. */
+ * each round times every value in turn, one warm-up call then max(2, repeats / rounds) calls;
+ * the loop of bench_time_multi_rounds), so a card whose clock drifts over a run drifts for every
+ * value alike. Per value: the median (p10/p90) of all its repeats. Rows are `tmpl` with variant
+ * "<prefix>[NAME=v]", tflops = flops / t, speedup = t_base / t, overlap = t_max / t (0: none).
+ * Every rank must read the same value at each call, so this is for ranks of one process; the knob's
+ * previous value is restored. Does nothing when TW_BENCH_AB is unset; a malformed spec is reported.
+ */
 void bench_ab_rows(bench_results_t *res, const bench_row_t *tmpl, const char *prefix, double flops,
                    double t_base, double t_max, void (*fn)(void *ctx, int iter), void *ctx,
                    cudaStream_t main, cudaStream_t *streams, int nstreams,

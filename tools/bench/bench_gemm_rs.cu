@@ -325,26 +325,20 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
                   {"tilewire", run_fused}};
   const int nv = (int)(sizeof(variants) / sizeof(variants[0]));
   double t[24], p10[24], p90[24];
-  /* The main rows and NCCL's four in interleaved rounds (bench.h); NCCL's results are placed
-   * after the extra rows below. */
-  double tn[4], p10n[4], p90n[4];
-  {
-    void (*fns[9])(void *, int);
-    double tt[9], pp10[9], pp90[9];
-    for (int v = 0; v < nv; v++)
-      fns[v] = variants[v].fn;
-    const int nn = c->nccl ? 4 : 0;
-    if (nn)
-      fns[nv] = run_nccl_cublas, fns[nv + 1] = run_nccl_reduce, fns[nv + 2] = run_nccl_bf16_cublas,
-      fns[nv + 3] = run_nccl_bf16;
-    bench_time_multi_rounds(fns, nv + nn, c, c->streams[0], c->streams, world, o->warmup,
-                            o->repeats, tt, pp10, pp90);
-    for (int v = 0; v < nv + nn; v++) {
-      double *dt = v < nv ? &t[v] : &tn[v - nv], *d10 = v < nv ? &p10[v] : &p10n[v - nv],
-             *d90 = v < nv ? &p90[v] : &p90n[v - nv];
-      *dt = tt[v], *d10 = pp10[v], *d90 = pp90[v];
-    }
-  }
+  /* The main rows and NCCL's four timed together (bench.h): tm[0, nv) are copied into t now,
+   * tm[nv, nv + 4) after the extra rows below. */
+  void (*fns[9])(void *, int);
+  double tm[9], tm10[9], tm90[9];
+  for (int v = 0; v < nv; v++)
+    fns[v] = variants[v].fn;
+  const int nn = c->nccl ? 4 : 0;
+  if (nn)
+    fns[nv] = run_nccl_cublas, fns[nv + 1] = run_nccl_reduce, fns[nv + 2] = run_nccl_bf16_cublas,
+    fns[nv + 3] = run_nccl_bf16;
+  bench_time_multi_rounds(fns, nv + nn, c, c->streams[0], c->streams, world, o->warmup, o->repeats,
+                          tm, tm10, tm90);
+  for (int v = 0; v < nv; v++)
+    t[v] = tm[v], p10[v] = tm10[v], p90[v] = tm90[v];
   /* TW_BENCH_RS_REDUCE_SMS=2,4,6: extra fused rows with that many reduce CTAs per rank
    * (TW_BENCH_RS_SWEEP_BF16=1: with bf16 partials, rows tilewire-bf16p-rN). */
   int extra_sms[12], nextra = 0;
@@ -416,11 +410,13 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
   /* With NCCL: its pipeline is the baseline and its reduction the communication time. */
   int nnccl = 0;
   double t_nccl = 0, t_nccl_reduce = 0, t_nccl_bf16 = 0, t_nccl_bf16_reduce = 0;
-  if (c->nccl) { /* timed in the main rows' rounds above */
-    for (int i = 0; i < 4; i++)
-      t[nv + nextra + i] = tn[i], p10[nv + nextra + i] = p10n[i], p90[nv + nextra + i] = p90n[i];
-    t_nccl = tn[0], t_nccl_reduce = tn[1], t_nccl_bf16 = tn[2], t_nccl_bf16_reduce = tn[3];
-    nnccl = 4;
+  if (nn) { /* timed with the main rows above */
+    for (int i = 0; i < nn; i++)
+      t[nv + nextra + i] = tm[nv + i], p10[nv + nextra + i] = tm10[nv + i],
+                      p90[nv + nextra + i] = tm90[nv + i];
+    t_nccl = tm[nv], t_nccl_reduce = tm[nv + 1], t_nccl_bf16 = tm[nv + 2],
+    t_nccl_bf16_reduce = tm[nv + 3];
+    nnccl = nn;
   }
   BENCH_CUDA(cudaDeviceSynchronize());
   const double flops = 2.0 * (double)c->m * (double)c->n * (double)c->k;

@@ -273,6 +273,22 @@ void bench_env_restore(const bench_env_saved_t *saved) {
     unsetenv(saved->name);
 }
 
+static void time_rounds(void (*const *fns)(void *ctx, int iter), int nfns, void *ctx,
+                        void (*before)(void *arg, int v), void *arg, cudaStream_t main,
+                        cudaStream_t *streams, int nstreams, int warmup, int rounds, int per,
+                        double *ms, double *p10, double *p90);
+
+/* TW_BENCH_AB's knob and values: value v goes into the environment before its block. */
+typedef struct {
+  const char *name;
+  char (*values)[32];
+} ab_values_t;
+
+static void ab_set_value(void *arg, int v) {
+  const ab_values_t *set = (const ab_values_t *)arg;
+  setenv(set->name, set->values[v], 1);
+}
+
 void bench_ab_rows(bench_results_t *res, const bench_row_t *tmpl, const char *prefix, double flops,
                    double t_base, double t_max, void (*fn)(void *ctx, int iter), void *ctx,
                    cudaStream_t main, cudaStream_t *streams, int nstreams,
@@ -305,23 +321,21 @@ void bench_ab_rows(bench_results_t *res, const bench_row_t *tmpl, const char *pr
   const int per_round = opts->repeats / rounds > 2 ? opts->repeats / rounds : 2;
   bench_env_saved_t saved;
   bench_env_save(&saved, name);
-  double med[kMaxValues][kMaxRounds];
-  for (int r = 0; r < rounds; r++)
-    for (int v = 0; v < nvalues; v++) {
-      setenv(name, values[v], 1);
-      med[v][r] = bench_time_multi_ms(fn, ctx, main, streams, nstreams, 1, per_round, NULL, NULL);
-    }
+  ab_values_t set = {name, values};
+  void (*fns[kMaxValues])(void *, int);
+  double ms[kMaxValues], p10[kMaxValues], p90[kMaxValues];
+  for (int v = 0; v < nvalues; v++)
+    fns[v] = fn;
+  time_rounds(fns, nvalues, ctx, ab_set_value, &set, main, streams, nstreams, 1, rounds, per_round,
+              ms, p10, p90);
   bench_env_restore(&saved);
   for (int v = 0; v < nvalues; v++) {
-    qsort(med[v], (size_t)rounds, sizeof(double), compare_double);
     bench_row_t row = *tmpl;
     char label[512]; /* cut to the row's width */
     snprintf(label, sizeof(label), "%s[%s=%s]", prefix, name, values[v]);
     memcpy(row.variant, label, sizeof(row.variant) - 1);
     row.variant[sizeof(row.variant) - 1] = '\0';
-    row.ms = quantile(med[v], rounds, 0.5);
-    row.ms_p10 = quantile(med[v], rounds, 0.1);
-    row.ms_p90 = quantile(med[v], rounds, 0.9);
+    row.ms = ms[v], row.ms_p10 = p10[v], row.ms_p90 = p90[v];
     row.tflops = flops > 0 ? flops / (row.ms * 1e-3) / 1e12 : 0;
     row.gbps = 0;
     row.speedup = t_base > 0 ? t_base / row.ms : 0;
@@ -356,15 +370,19 @@ int bench_rounds(int repeats) {
   return rounds > repeats ? (repeats > 0 ? repeats : 1) : rounds;
 }
 
-void bench_time_multi_rounds(void (*const *fns)(void *ctx, int iter), int nfns, void *ctx,
-                             cudaStream_t main, cudaStream_t *streams, int nstreams, int warmup,
-                             int repeats, double *ms, double *p10, double *p90) {
-  const int rounds = bench_rounds(repeats);
-  const int per = (repeats + rounds - 1) / rounds;
+/* The one rounds loop: `rounds` rounds, each timing variant v = 0..nfns-1 in turn for `per`
+ * repeats (after `before(arg, v)` where given; the first round after `warmup` calls, later ones
+ * after one); per variant the median (p10/p90 optional) of all its repeats. */
+static void time_rounds(void (*const *fns)(void *ctx, int iter), int nfns, void *ctx,
+                        void (*before)(void *arg, int v), void *arg, cudaStream_t main,
+                        cudaStream_t *streams, int nstreams, int warmup, int rounds, int per,
+                        double *ms, double *p10, double *p90) {
   double *pool = xcalloc((size_t)nfns * (size_t)(rounds * per), sizeof(double));
   int *len = xcalloc((size_t)nfns, sizeof(int));
   for (int r = 0; r < rounds; r++)
     for (int v = 0; v < nfns; v++) {
+      if (before)
+        before(arg, v);
       sink = pool + (size_t)v * (size_t)(rounds * per) + len[v];
       sink_len = 0;
       bench_time_multi_ms(fns[v], ctx, main, streams, nstreams, r == 0 ? warmup : 1, per, NULL,
@@ -383,4 +401,12 @@ void bench_time_multi_rounds(void (*const *fns)(void *ctx, int iter), int nfns, 
   }
   free(len);
   free(pool);
+}
+
+void bench_time_multi_rounds(void (*const *fns)(void *ctx, int iter), int nfns, void *ctx,
+                             cudaStream_t main, cudaStream_t *streams, int nstreams, int warmup,
+                             int repeats, double *ms, double *p10, double *p90) {
+  const int rounds = bench_rounds(repeats);
+  time_rounds(fns, nfns, ctx, NULL, NULL, main, streams, nstreams, warmup, rounds,
+              (repeats + rounds - 1) / rounds, ms, p10, p90);
 }
