@@ -245,10 +245,10 @@ typedef enum tw_ag_comm_mode {
    * every CTA computes (no SMs spent on copies). Eager only: a stream under CUDA graph
    * capture is refused with TW_ERR_NOT_SUPPORTED (the flag values are fixed at enqueue). */
   TW_AG_COMM_COPY_ENGINE = 1,
-  /* The default (TW_AG_GEMM_ARGS_INIT): the copy engine where it measured faster (2 ranks of
-   * one process on GPUs of their own, the push taking 0.3-0.8 of the GEMM's estimated time, not
-   * under graph capture; TW_AG_AUTO_CE overrides), else the SMs. Ranks decide alike from the shapes
-   * and the comm, so they must all capture, or all not. */
+  /* The default (TW_AG_GEMM_ARGS_INIT): the copy engine where it measured faster (2 ranks on
+   * GPUs of their own, one process or one per GPU, the push taking 0.3-0.8 of the GEMM's
+   * estimated time, not under graph capture; TW_AG_AUTO_CE overrides), else the SMs. Ranks
+   * decide alike from the shapes and the comm, so they must all capture, or all not. */
   TW_AG_COMM_AUTO = 2
 } tw_ag_comm_mode_t;
 

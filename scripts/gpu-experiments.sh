@@ -7,7 +7,7 @@
 #   TW_DIAG_LIBS="1 2 4 8 16 32"          measurement builds of libtilewire.so in
 #                                         $TW_BUILD_DIR/diagN/ (-DTW_RS_DIAG=N, gemm_rs_sm90.cu)
 # Killed by a signal, it still bundles what it has and prints the summary so far.
-#   TW_EXP="ce"                           which groups run, in order (functions exp_NAME below):
+#   TW_EXP="warm"                         which groups run, in order (functions exp_NAME below):
 #     hang    four 8-rank gemm_ar sweeps under the watchdog, the interleaved test_gemm_rs twice
 #             (the fifth session's stall; clean in the sixth)
 #     ab      the fifth session's defaults against what they replaced (taken, sixth session)
@@ -27,8 +27,10 @@
 #     tr8     TW_TRACE of GEMM+RS / GEMM+AR on 8 virtual ranks: GEMM phase, reduction, starts
 #     graph   eager calls with the host's enqueue time against CUDA-graph replays (8 vranks)
 #     tails   SM clock and power while the fused ag_gemm runs at flux-tp8 (8 vranks): its tails
-#     ce      (the default; not yet run) test_mp with the copy-engine mode on 2 GPUs, one process
-#             per GPU; the copy engine's host enqueue time and both bench methods at M=16384
+#     ce      test_mp with the copy-engine mode on 2 GPUs, one process per GPU (passed, ninth
+#             session); the copy engine's host enqueue time and both bench methods at M=16384
+#     warm    (the default) TW_BENCH_WARM_MS: do rows of the same mode now agree; the copy-engine
+#             rule in A/B on 2 GPUs; test_mp with the copy engine by default; 8-rank gemm_ar
 # With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses its
 # time, each bit removing one cost (first batch of the fifth session).
 set -u
@@ -47,8 +49,8 @@ run() { # run NAME LIMIT CMD...: log, and a summary line of the fused rows' medi
   timeout "$limit" "$@" >"$out/logs/$name.log" 2>&1
   local rc=$?
   summary+=("$(printf '%-28s rc=%-3s %s' "$name" "$rc" "$(grep -E '^(ag_gemm|gemm_rs|gemm_ar) ' \
-    "$out/logs/$name.log" | grep -E ' (fused|fused-nogather|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl-bf16\+cublas) ' |
-    awk '{for (i = 1; i <= NF; i++) if ($i ~ /^(fused|fused-nogather|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl-bf16\+cublas)$/) printf "%s %s  ", $i, $(i + 1)}')")")
+    "$out/logs/$name.log" | grep -E ' (fused|fused-sm|fused-nogather|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl-bf16\+cublas) ' |
+    awk '{for (i = 1; i <= NF; i++) if ($i ~ /^(fused|fused-sm|fused-nogather|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl-bf16\+cublas)$/) printf "%s %s  ", $i, $(i + 1)}')")")
   # A stall report (watchdog, expired wait, trapped pipeline) goes into the summary too.
   local stall
   stall=$(grep -m 3 -E 'watchdog|internal stall|DEVICE_TIMEOUT|timed out|waited for flag' "$out/logs/$name.log")
@@ -286,7 +288,25 @@ exp_ce() { # after the eighth session: the copy-engine mode with one process per
     done
   fi
 }
-for e in ${TW_EXP:-ce}; do
+exp_warm() { # ninth session: each timing now warms for TW_BENCH_WARM_MS (100) first. Before,
+  # ag_gemm's default-mode row (right after the light allgather row) beat the same mode two rows
+  # later by 7-13% on 2 GPUs. Then the copy-engine rule in interleaved A/B, test_mp (copy engine
+  # now by default with one process per GPU too), and the 8-rank gemm_ar rows under the new method
+  if [ "$ngpus" -gt 1 ]; then
+    run "warm-test_mp-gpus" 200 env TW_WATCHDOG_S=15 "$bin/test_mp" 2 40
+    summary+=("    $(grep -c ' ok$' "$out/logs/warm-test_mp-gpus.log") ranks ok of 2")
+    run "warm-ag-gpus" 150 "$bin/tw-bench" ag_gemm --world 2 --repeats 40 --warmup 5
+    run "warm0-ag-gpus" 150 env TW_BENCH_WARM_MS=0 "$bin/tw-bench" ag_gemm --world 2 --repeats 40 \
+      --warmup 5
+    run "warm300-ag-16384" 60 env TW_BENCH_WARM_MS=300 "$bin/tw-bench" ag_gemm --world 2 \
+      --m 16384 --n 2048 --k 16384 --repeats 40 --warmup 5
+    run "warm-ab-autoce-gpus" 200 env TW_BENCH_AB=TW_AG_AUTO_CE=0,1 "$bin/tw-bench" ag_gemm \
+      --world 2 --repeats 36 --warmup 5
+  fi
+  run "warm-vranks-gemm_ar" 150 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" gemm_ar --repeats 20 \
+    --warmup 5
+}
+for e in ${TW_EXP:-warm}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

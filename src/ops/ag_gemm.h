@@ -63,11 +63,13 @@ static __host__ __device__ __forceinline__ int tw_ag_gemm_flag_index(int src, in
 #endif
 
 struct tw_comm;
-/* TW_AG_COMM_AUTO: 1 where the copy-engine mode should run (2 ranks on GPUs of their own driven
- * by one process, the push 0.3-0.8 of the GEMM's estimated time; env = TW_AG_AUTO_CE: 0 never, 1
- * wherever allowed, -1 the rule). The caller still keeps the SMs under graph capture. */
-int tw_ag_gemm_auto_copy_engine(int world, int gpu_shared, int multi_process, int64_t m_local,
-                                int64_t n, int64_t k, int sm_budget, int env);
+/* TW_AG_COMM_AUTO: 1 where the copy-engine mode should run (2 ranks on GPUs of their own, one
+ * process or one per GPU, the push 0.3-0.8 of the GEMM's estimated time; env = TW_AG_AUTO_CE:
+ * 0 never, 1 wherever allowed, -1 the rule). device_sms: the GPU's SMs, the same on every rank
+ * (not the rank's budget, which may differ), so the ranks decide alike. The caller still keeps
+ * the SMs under graph capture. */
+int tw_ag_gemm_auto_copy_engine(int world, int gpu_shared, int64_t m_local, int64_t n, int64_t k,
+                                int device_sms, int env);
 
 tw_status_t tw_ag_gemm_prepare(struct tw_comm *comm, const tw_ag_gemm_args_t *in,
                                tw_ag_gemm_args_t *resolved, tw_ag_gemm_plan_t *plan);

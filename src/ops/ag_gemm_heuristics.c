@@ -126,29 +126,30 @@ void tw_ag_gemm_plan_peer(tw_ag_gemm_plan_t *plan, int world, int no_gathered_ou
   }
 }
 
-int tw_ag_gemm_auto_copy_engine(int world, int gpu_shared, int multi_process, int64_t m_local,
-                                int64_t n, int64_t k, int sm_budget, int env) {
+int tw_ag_gemm_auto_copy_engine(int world, int gpu_shared, int64_t m_local, int64_t n, int64_t k,
+                                int device_sms, int env) {
   /* Copy engines exist between GPUs only; and the mode is the AUTO default's to take. */
   if (world < 2 || gpu_shared || env == 0)
     return 0;
   if (env > 0)
     return 1;
-  /* Measured on 2 GPUs driven by one process only: with more peers the copy engine serves them
-   * one copy at a time, the SM push all at once; and no GPU run has taken the copy-engine mode
-   * with one process per GPU yet (test_mp does it with TW_AG_AUTO_CE=1 from the eighth session
-   * on, not yet run). Both keep the SMs until measured. */
-  if (world != 2 || multi_process)
+  /* Measured on 2 GPUs only: with more peers the copy engine serves them one copy at a time,
+   * the SM push all at once, so they keep the SMs until measured. One process per GPU takes
+   * the rule too: test_mp ran every other call in the copy-engine mode on 2 H200s, one process
+   * each (ninth session), and the copies are the same peer copies as from one process. */
+  if (world != 2)
     return 0;
   /* Where the push is a large share of a long GEMM, the SM-driven mode holds communication
-   * CTAs for most of the GEMM, and a copy engine costs no SM. Eighth session, 2 H200s, rows of
-   * one run timed in interleaved rounds: M=16384 N=2048/rank K=16384 (push / GEMM estimate
-   * 0.59) 1.475 ms with the copy engine against 1.630 (earlier suites 1.61-1.65 against
-   * 1.59-1.82); flux-tp8 (0.20) level, 0.824 against 0.822; M=8192 N=1024 K=8192 (1.18) and
-   * M=4096 N=512 K=4096 (2.3) slower, 0.322 against 0.296 and 0.137 against 0.099 (the chunk
-   * flags' latency, and pushes that outlast the GEMM). The same estimates as the plan's. */
+   * CTAs for most of the GEMM, and a copy engine costs no SM. Ninth session, 2 H200s,
+   * TW_BENCH_AB=TW_AG_AUTO_CE=0,1 (6 interleaved rounds, each block warmed 100 ms), SMs / copy
+   * engine: M=16384 N=2048/rank K=16384 (push / GEMM estimate 0.59) 1.869 / 1.696 ms; flux-tp8
+   * (0.20) 0.948 / 0.952, level; M=8192 N=1024 K=8192 (1.18) 0.306 / 0.330 and M=4096 N=512
+   * K=4096 (2.3) 0.102 / 0.136, slower (the chunk flags' latency, and pushes that outlast the
+   * GEMM). (The eighth session's 1.475 / 1.630 at M=16384 were timed without the warm-up, in
+   * the clock state the previous row left.) The same estimates as the plan's. */
   const double bytes = (double)m_local * (double)k * 2.0 * (double)(world - 1);
   const double flops = 2.0 * (double)m_local * (double)world * (double)n * (double)k;
   const double t_push = bytes / (TW_PUSH_GBPS * 1e9);
-  const double t_gemm = flops / (TW_GEMM_TFLOPS_PER_CTA * 1e12 * (sm_budget > 0 ? sm_budget : 1));
+  const double t_gemm = flops / (TW_GEMM_TFLOPS_PER_CTA * 1e12 * (device_sms > 0 ? device_sms : 1));
   return t_push >= 0.3 * t_gemm && t_push <= 0.8 * t_gemm;
 }

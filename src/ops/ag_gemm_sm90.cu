@@ -401,11 +401,12 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
                                (int)tw_env_int(TW_AG_VARIANT_ID)};
   tw_ag_gemm_make_plan(&pa, plan);
   /* TW_AG_COMM_AUTO: the copy engine where it measured faster (ag_gemm_heuristics.c); tw_ag_gemm
-   * keeps the SMs instead under graph capture. Decided alike on every rank (gpu_shared is). */
-  plan->auto_ce =
-      a->comm_mode == TW_AG_COMM_AUTO &&
-      tw_ag_gemm_auto_copy_engine(world, comm->gpu_shared, comm->group->nlocal < world, a->m_local,
-                                  a->n, a->k, comm->sm_budget, (int)tw_env_int(TW_AG_AUTO_CE_ID));
+   * keeps the SMs instead under graph capture. Decided alike on every rank: gpu_shared is the
+   * comm's, and the GEMM estimate takes the device's SMs, not the rank's budget (budgets may
+   * differ between ranks: test_mp runs odd ranks on 8 SMs). */
+  plan->auto_ce = a->comm_mode == TW_AG_COMM_AUTO &&
+                  tw_ag_gemm_auto_copy_engine(world, comm->gpu_shared, a->m_local, a->n, a->k,
+                                              comm->sm_count, (int)tw_env_int(TW_AG_AUTO_CE_ID));
   if (a->comm_mode == TW_AG_COMM_AUTO)
     a->comm_mode = plan->auto_ce ? TW_AG_COMM_COPY_ENGINE : TW_AG_COMM_SM;
   tw_ag_gemm_plan_peer(plan, world, a->no_gathered_out, a->comm_mode == TW_AG_COMM_SM,

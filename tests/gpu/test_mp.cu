@@ -249,8 +249,11 @@ int main(int argc, char **argv) {
   pid_t pids[TW_MAX_WORLD];
   for (int r = 0; r < world; r++) {
     pids[r] = fork();
-    if (pids[r] == 0)
-      _exit(run_rank(id, r, world, iters, r % ngpus, world <= ngpus));
+    if (pids[r] == 0) {
+      const int rc = run_rank(id, r, world, iters, r % ngpus, world <= ngpus);
+      fflush(NULL); /* _exit does not flush: the rank's lines were lost where stdout is a file */
+      _exit(rc);
+    }
   }
   double deadline = tw_test_now() + 240;
   for (int r = 0; r < world; r++) {

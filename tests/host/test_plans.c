@@ -297,32 +297,29 @@ static void test_rs_units(void) {
  * (slower with the copy engine); never where ranks share a GPU or at world 1; TW_AG_AUTO_CE. */
 static void test_ag_auto_ce(void) {
   static const struct {
-    int world, shared, multi;
+    int world, shared;
     int64_t m_local, n, k;
     int env, want;
   } cases[] = {
-      {2, 0, 0, 8192, 2048, 16384, -1, 1}, /* M=16384: push 0.59 of the GEMM */
-      {2, 0, 0, 2048, 6144, 12288, -1, 0}, /* flux-tp8: 0.20 */
-      {2, 0, 0, 4096, 1024, 8192, -1, 0},  /* M=8192: 1.2, communication-bound */
-      {2, 0, 0, 2048, 512, 4096, -1, 0},   /* M=4096: 2.3 */
-      {8, 1, 0, 2048, 2048, 16384, -1, 0}, /* ranks sharing a GPU: no copy engine between them */
-      {8, 0, 0, 512, 6144, 12288, -1, 0},  /* 8 GPUs: not measured, the SMs */
-      {2, 0, 1, 8192, 2048, 16384, -1, 0}, /* one process per GPU: not run yet, the SMs */
-      {1, 0, 0, 8192, 2048, 16384, 1, 0},  /* world 1: nothing to move */
-      {2, 0, 0, 2048, 512, 4096, 1, 1},    /* TW_AG_AUTO_CE=1 */
-      {2, 0, 1, 2048, 512, 4096, 1, 1},    /* ... one process per GPU too */
-      {2, 1, 0, 2048, 512, 4096, 1, 0},    /* ... but never on a shared GPU */
-      {2, 0, 0, 8192, 2048, 16384, 0, 0},  /* TW_AG_AUTO_CE=0 */
+      {2, 0, 8192, 2048, 16384, -1, 1}, /* M=16384: push 0.59 of the GEMM */
+      {2, 0, 2048, 6144, 12288, -1, 0}, /* flux-tp8: 0.20 */
+      {2, 0, 4096, 1024, 8192, -1, 0},  /* M=8192: 1.2, communication-bound */
+      {2, 0, 2048, 512, 4096, -1, 0},   /* M=4096: 2.3 */
+      {8, 1, 2048, 2048, 16384, -1, 0}, /* ranks sharing a GPU: no copy engine between them */
+      {8, 0, 512, 6144, 12288, -1, 0},  /* 8 GPUs: not measured, the SMs */
+      {1, 0, 8192, 2048, 16384, 1, 0},  /* world 1: nothing to move */
+      {2, 0, 2048, 512, 4096, 1, 1},    /* TW_AG_AUTO_CE=1 */
+      {2, 1, 2048, 512, 4096, 1, 0},    /* ... but never on a shared GPU */
+      {2, 0, 8192, 2048, 16384, 0, 0},  /* TW_AG_AUTO_CE=0 */
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    const int got =
-        tw_ag_gemm_auto_copy_engine(cases[i].world, cases[i].shared, cases[i].multi,
-                                    cases[i].m_local, cases[i].n, cases[i].k, 132, cases[i].env);
+    const int got = tw_ag_gemm_auto_copy_engine(cases[i].world, cases[i].shared, cases[i].m_local,
+                                                cases[i].n, cases[i].k, 132, cases[i].env);
     TEST_ASSERT(got == cases[i].want,
-                "auto copy engine, world %d shared %d multi-process %d m_local %lld n %lld k %lld "
-                "env %d: %d, want %d",
-                cases[i].world, cases[i].shared, cases[i].multi, (long long)cases[i].m_local,
-                (long long)cases[i].n, (long long)cases[i].k, cases[i].env, got, cases[i].want);
+                "auto copy engine, world %d shared %d m_local %lld n %lld k %lld env %d: %d, want "
+                "%d",
+                cases[i].world, cases[i].shared, (long long)cases[i].m_local, (long long)cases[i].n,
+                (long long)cases[i].k, cases[i].env, got, cases[i].want);
   }
 }
 

@@ -93,9 +93,13 @@ const bench_op_t *bench_op_find(const char *name);
 
 /* ---- timing helpers (bench_time.c) ---------------------------------------- */
 
-/* Calls fn(ctx, i) `warmup` times, then times `repeats` calls, each between two
- * events on `stream`, and returns the median in ms (p10/p90 optional). fn must
- * enqueue its work on `stream` (or join its side streams back into it). */
+/* TW_BENCH_WARM_MS (default 100, 0 for none): how long every timing warms up at least. */
+double bench_warm_ms(void);
+
+/* Calls fn(ctx, i) `warmup` times, then on until bench_warm_ms() have passed since the
+ * first call, then times `repeats` calls, each between two events on `stream`, and returns
+ * the median in ms (p10/p90 optional). fn must enqueue its work on `stream` (or join its side
+ * streams back into it). */
 double bench_time_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStream_t stream, int warmup,
                      int repeats, double *p10, double *p90);
 
@@ -108,10 +112,12 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
 
 /* The main rows of a multi-rank op, fns[0..nfns) on one ctx: TW_BENCH_ROUNDS rounds (default 1:
  * one variant after another), each timing every variant in turn for ceil(repeats / rounds)
- * repeats (the first round after `warmup` calls, later ones after one), so a card whose clock
+ * repeats (the first round after `warmup` calls, later ones after one; each block also warms
+ * for bench_warm_ms()), so a card whose clock
  * drifts (the power-capped H200 does, docs/PERF.md) drifts for every variant alike; but each
  * short block then starts in the power state its predecessor left (eighth session: 4 rounds
- * moved 8-rank rows by up to 15%), so the default stays one block per variant. Per variant: the
+ * moved 8-rank rows by up to 15%, with 5-call warm-ups, before TW_BENCH_WARM_MS), so the
+ * default stays one block per variant. Per variant: the
  * median (p10/p90 optional) of all its repeats. */
 int bench_rounds(int repeats);
 /* TW_BENCH_GRAPH=1: rows are graph replays (variants that refuse capture are left out). */

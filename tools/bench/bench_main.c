@@ -77,7 +77,7 @@ static void usage(FILE *out) {
           "                     (default: the op's)\n"
           "  --sm-budget S      SMs per rank (default: device SMs / ranks sharing it)\n"
           "  --repeats R        timed repeats per variant, median reported (default 50)\n"
-          "  --warmup W         untimed calls first (default 10)\n"
+          "  --warmup W         untimed calls first (default 10; then on for TW_BENCH_WARM_MS)\n"
           "  --no-check         skip verifying results before timing\n"
           "  --quick            the op's small sweep\n"
           "  --json FILE        write {\"meta\": {...}, \"rows\": [...]}\n"
@@ -94,6 +94,9 @@ static void usage(FILE *out) {
           "                     host's enqueue time per repeat on stderr\n"
           "  TW_BENCH_ROUNDS=R  ag_gemm, gemm_rs, gemm_ar: the main rows (NCCL's included) timed\n"
           "                     in R interleaved rounds (default 1: one after another)\n"
+          "  TW_BENCH_WARM_MS=T every timing warms up for at least T ms (default 100; 0: the\n"
+          "                     --warmup calls only), so each variant is timed at the clock\n"
+          "                     its own load settles at on a power-capped card\n"
           "  TW_BENCH_GRAPH=1   multi-rank rows replay one repeat captured in a CUDA graph\n"
           "                     (no host enqueue cost in the figure)\n"
           "\n"
@@ -456,8 +459,8 @@ static void print_table(FILE *out, const bench_results_t *res, const machine_t *
 
   fputc('\n', out);
   header_line(m, out);
-  fprintf(out, "command: %s | repeats %d, warm-up %d, check %s\n\n", cli->command,
-          cli->opts.repeats, cli->opts.warmup, cli->opts.check ? "on" : "off");
+  fprintf(out, "command: %s | repeats %d, warm-up %d calls and %g ms, check %s\n\n", cli->command,
+          cli->opts.repeats, cli->opts.warmup, bench_warm_ms(), cli->opts.check ? "on" : "off");
   for (int c = 0; c < NUM_COLS; c++)
     snprintf(cells[c], CELL, "%s", col_title[c]);
   print_cells(out, cells, width);
@@ -536,10 +539,11 @@ static int write_json(const char *path, const bench_results_t *res, const machin
           m->hopper_count, m->sm_count, m->cc_major, m->cc_minor, m->memory_bytes, m->l2_bytes);
   fprintf(out,
           "    \"driver\": \"%s\",\n    \"runtime\": \"%s\",\n    \"tilewire\": \"%s\",\n"
-          "    \"repeats\": %d,\n    \"warmup\": %d,\n    \"check\": %s,\n    \"quick\": %s,\n"
+          "    \"repeats\": %d,\n    \"warmup\": %d,\n    \"warm_ms\": %g,\n    \"check\": %s,\n   "
+          " \"quick\": %s,\n"
           "    \"world\": %d,\n    \"sm_budget\": %d\n  },\n  \"rows\": [",
-          driver, runtime, tilewire, o->repeats, o->warmup, o->check ? "true" : "false",
-          o->quick ? "true" : "false", o->world, o->sm_budget);
+          driver, runtime, tilewire, o->repeats, o->warmup, bench_warm_ms(),
+          o->check ? "true" : "false", o->quick ? "true" : "false", o->world, o->sm_budget);
   for (int i = 0; i < res->count; i++) {
     const bench_row_t *r = &res->rows[i];
     fputs(i ? ",\n    {\"op\": " : "\n    {\"op\": ", out);

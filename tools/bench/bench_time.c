@@ -17,6 +17,15 @@
  * (after the warm-up) and the timed repeats replay it, so the host's enqueue cost (tensor
  * maps, plans, per-rank launches) stays out of the figure. Work that refuses capture (the
  * copy-engine mode of tw_ag_gemm) fails its row.
+ *
+ * TW_BENCH_WARM_MS (default 100; 0: the warm-up calls alone): after its warm-up calls a timing
+ * keeps calling, in batches with the stream drained between them, until that much time has
+ * passed since its first call. A power-capped card's clock follows the load with a lag of
+ * tens of ms, so a block of a few ms per variant was timed in whatever clock state the
+ * previous variant left: on 2 H200s (ninth session) the default-mode row of ag_gemm at
+ * M=16384, run right after the light allgather row, took 1.42-1.48 ms and the same mode again
+ * two rows later 1.55-1.63. Warming each timing for 100 ms times every variant in the state
+ * its own load settles in.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +51,36 @@ static double host_seconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double bench_warm_ms(void) {
+  const char *e = getenv("TW_BENCH_WARM_MS");
+  const double ms = e && *e ? atof(e) : 100;
+  return ms > 0 ? ms : 0;
+}
+
+/* Calls call(arg, iter++) in batches sized from the time per call so far, draining `stream`
+ * after each batch, until TW_BENCH_WARM_MS have passed since t0 (where `done` calls were made
+ * already); returns the next iter. */
+static int warm_for_time(void (*call)(void *arg, int iter), void *arg, cudaStream_t stream,
+                         int iter, int done, double t0) {
+  const double budget = bench_warm_ms() * 1e-3;
+  if (budget <= 0)
+    return iter;
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  for (int batches = 0; batches < 32; batches++) {
+    const double spent = host_seconds() - t0;
+    if (spent >= budget)
+      break;
+    double batch = done > 0 ? (budget - spent) / (spent / done) + 1 : 1;
+    if (batch > 2048)
+      batch = 2048;
+    for (int i = 0; i < (int)batch; i++)
+      call(arg, iter++);
+    done += (int)batch;
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+  }
+  return iter;
 }
 
 static int stamps_on(void) {
@@ -135,8 +174,10 @@ double bench_time_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStream_t st
   create_events(stop, repeats);
 
   int iter = 0;
+  const double warm_t0 = host_seconds();
   for (int i = 0; i < warmup; i++)
     fn(ctx, iter++);
+  iter = warm_for_time(fn, ctx, stream, iter, warmup, warm_t0);
   BENCH_CUDA(cudaGetLastError());
   if (stamps_on())
     stamp(0, stream);
@@ -179,6 +220,22 @@ static void fork_join(void (*fn)(void *ctx, int iter), void *ctx, int iter, cuda
   BENCH_CUDA(cudaSetDevice(main_device));
 }
 
+/* One warm-up repeat of a multi-stream timing, forked from its own untimed event. */
+typedef struct {
+  void (*fn)(void *ctx, int iter);
+  void *ctx;
+  cudaStream_t main;
+  cudaEvent_t fork;
+  side_stream_t *sides;
+  int nsides, main_device;
+} multi_call_t;
+
+static void multi_call(void *arg, int iter) {
+  const multi_call_t *m = (const multi_call_t *)arg;
+  BENCH_CUDA(cudaEventRecord(m->fork, m->main));
+  fork_join(m->fn, m->ctx, iter, m->main, m->fork, m->sides, m->nsides, m->main_device);
+}
+
 double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStream_t main,
                            cudaStream_t *streams, int nstreams, int warmup, int repeats,
                            double *p10, double *p90) {
@@ -209,10 +266,11 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
   BENCH_CUDA(cudaEventCreateWithFlags(&warm_fork, cudaEventDisableTiming));
 
   int iter = 0;
-  for (int i = 0; i < warmup; i++) {
-    BENCH_CUDA(cudaEventRecord(warm_fork, main));
-    fork_join(fn, ctx, iter++, main, warm_fork, sides, nstreams, main_device);
-  }
+  multi_call_t mc = {fn, ctx, main, warm_fork, sides, nstreams, main_device};
+  const double warm_t0 = host_seconds();
+  for (int i = 0; i < warmup; i++)
+    multi_call(&mc, iter++);
+  iter = warm_for_time(multi_call, &mc, main, iter, warmup, warm_t0);
   BENCH_CUDA(cudaGetLastError());
   cudaGraphExec_t exec = NULL;
   if (graph_on()) { /* one repeat, captured after the warm-up; its fork event is the graph's */
