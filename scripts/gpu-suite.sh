@@ -55,13 +55,17 @@ step() {
   fi
   echo "===== $name: $*" >>"$log"
   # In the background, so a signal to the suite is handled at once (the trap below).
-  timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1 &
+  timeout --kill-after=10 "$limit" "$@" >"$out/step.log" 2>&1 &
   current=$! current_name=$name
   wait $current
   rc=$?
   current=
+  cat "$out/step.log" >>"$log"
   local verdict=PASS
   if [ $rc -eq 77 ]; then verdict=SKIP; elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then verdict="TIMEOUT(${limit}s)"; elif [ $rc -ne 0 ]; then verdict="FAIL(rc=$rc)"; fi
+  # A failed step's whole output also comes back on its own (the suite log can be long).
+  case $verdict in PASS | SKIP) ;; *) cp "$out/step.log" "$out/failed-$(tr -c 'A-Za-z0-9_.-' _ <<<"$name").log" ;; esac
+  rm -f "$out/step.log"
   echo "===== $name: $verdict in $((SECONDS - t0)) s" >>"$log"
   summary+=("$(printf '%-34s %-14s %5ss' "$name" "$verdict" "$((SECONDS - t0))")")
   echo "$name: $verdict"
@@ -83,6 +87,7 @@ on_signal() {
     pkill -TERM -P "$current" 2>/dev/null
     kill -TERM "$current" 2>/dev/null
     summary+=("$(printf '%-34s %-14s %5ss' "$current_name" 'KILLED(signal)' "$SECONDS")")
+    [ -f "$out/step.log" ] && cat "$out/step.log" >>"$log" && mv "$out/step.log" "$out/failed-killed.log"
     echo "===== killed by a signal while a step ran" >>"$log"
   fi
   finish
