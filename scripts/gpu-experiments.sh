@@ -29,7 +29,10 @@
 #     tails   SM clock and power while the fused ag_gemm runs at flux-tp8 (8 vranks): its tails
 #     ce      test_mp with the copy-engine mode on 2 GPUs, one process per GPU (passed, ninth
 #             session); the copy engine's host enqueue time and both bench methods at M=16384
-#     warm    (the default) TW_BENCH_WARM_MS: do rows of the same mode now agree; the copy-engine
+#     diag9   (the default) TW_TRACE of 8-rank GEMM+RS / GEMM+AR at M=8192 (where the fused
+#             all-gather half loses 0.3-0.5 ms); the copy-engine mode at M=16384 in three
+#             processes and traced (its run-to-run spread, 1.65-1.80 ms)
+#     warm    TW_BENCH_WARM_MS: do rows of the same mode now agree; the copy-engine
 #             rule in A/B on 2 GPUs; test_mp with the copy engine by default; 8-rank gemm_ar
 # With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses its
 # time, each bit removing one cost (first batch of the fifth session).
@@ -306,7 +309,22 @@ exp_warm() { # ninth session: each timing now warms for TW_BENCH_WARM_MS (100) f
   run "warm-vranks-gemm_ar" 150 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" gemm_ar --repeats 20 \
     --warmup 5
 }
-for e in ${TW_EXP:-warm}; do
+exp_diag9() { # ninth session's open questions (docs/PERF.md, Ninth session)
+  local rs8="--m 8192 --n 8192 --k 1024 --repeats 3 --warmup 1 --no-check"
+  run "diag9-tr-rs-8192" 90 env TW_BENCH_VIRTUAL=1 TW_TRACE=1 TW_BENCH_WARM_MS=0 "$bin/tw-bench" \
+    gemm_rs $rs8
+  run "diag9-tr-ar-8192" 90 env TW_BENCH_VIRTUAL=1 TW_TRACE=1 TW_BENCH_WARM_MS=0 "$bin/tw-bench" \
+    gemm_ar $rs8
+  if [ "$ngpus" -gt 1 ]; then
+    local ag16="ag_gemm --world 2 --m 16384 --n 2048 --k 16384"
+    for i in 1 2 3; do
+      run "diag9-ce-$i" 60 "$bin/tw-bench" $ag16 --repeats 40 --warmup 5
+    done
+    run "diag9-ce-trace" 60 env TW_TRACE=1 TW_BENCH_WARM_MS=0 "$bin/tw-bench" $ag16 --repeats 8 \
+      --warmup 2 --no-check
+  fi
+}
+for e in ${TW_EXP:-diag9}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

@@ -266,77 +266,107 @@ template <class P> __device__ __forceinline__ int32_t owner_units(const RsParams
   return tw_rs_mb_count(o, p.m_local) * p.n_blocks;
 }
 
-/* Four consecutive partials as fp32 (bf16 partials widen exactly). */
-__device__ __forceinline__ float4 load4(const float *src) {
-  return __ldcg(reinterpret_cast<const float4 *>(src));
+__device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<uint32_t *>(&h);
 }
-__device__ __forceinline__ float4 load4(const __nv_bfloat16 *src) {
-  const uint2 v = __ldcg(reinterpret_cast<const uint2 *>(src));
-  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v.x));
-  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v.y));
-  return make_float4(lo.x, lo.y, hi.x, hi.y);
-}
+
+/* One 16-byte load of partials as kE floats (bf16 partials widen exactly), and kE bf16 sums
+ * packed for one store: fp32 partials come 4 at a time (8-byte stores), bf16 ones 8 at a time
+ * (16-byte stores). Aligned: n and ldo are multiples of 8, staging and out 16-byte aligned.
+ * Ninth session, 16-byte stores for both (items of 8): bf16 partials on 2 H200s 1-9% faster
+ * (GEMM+RS M=4096 0.120 -> 0.109 ms, 8192 0.374 -> 0.352; GEMM+AR 8192 0.534 -> 0.505, small-m
+ * 0.143 -> 0.133), level on 8 virtual ranks; fp32 partials level on 2 GPUs but 3-5% slower on
+ * 8 virtual ranks (RS M=8192 3.08 -> 3.24 ms): two 16-byte loads per thread and item leave
+ * each load instruction half its sectors. So each type keeps one 16-byte load per item. */
+template <class P> struct RsVec;
+template <> struct RsVec<float> {
+  static constexpr int kE = 4;
+  using Packed = uint2;
+  static __device__ __forceinline__ void load(const float *src, float (&f)[kE]) {
+    const float4 v = __ldcg(reinterpret_cast<const float4 *>(src));
+    f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+  }
+  static __device__ __forceinline__ Packed pack(const float (&f)[kE]) {
+    return make_uint2(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]));
+  }
+};
+template <> struct RsVec<__nv_bfloat16> {
+  static constexpr int kE = 8;
+  using Packed = int4;
+  static __device__ __forceinline__ void load(const __nv_bfloat16 *src, float (&f)[kE]) {
+    const int4 v = __ldcg(reinterpret_cast<const int4 *>(src));
+    const uint32_t w[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+      const float2 t = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w[h]));
+      f[2 * h] = t.x, f[2 * h + 1] = t.y;
+    }
+  }
+  static __device__ __forceinline__ Packed pack(const float (&f)[kE]) {
+    return make_int4((int)pack_bf16x2(f[0], f[1]), (int)pack_bf16x2(f[2], f[3]),
+                     (int)pack_bf16x2(f[4], f[5]), (int)pack_bf16x2(f[6], f[7]));
+  }
+};
 
 /* All threads: sum unit u of this rank's rows over the ranks' slots, in rank order (fp32,
  * the same order for every element, so the result is bitwise the unfused reduce's). Each
- * thread keeps kItems float4 of different elements in flight per rank step: with one element
- * per thread a CTA had only world x 6 KiB in flight and a reduce CTA moved ~12 GB/s. */
+ * thread keeps kItems x 16 bytes of fp32 partials (kItems / 2 x 16 bytes of bf16 ones) in
+ * flight per rank step: with one element per thread a CTA had only world x 6 KiB in flight
+ * and a reduce CTA moved ~12 GB/s. */
 template <int kItems, class P>
 __device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int me, int32_t u) {
   if (TW_RS_DIAG & 8)
     return;
+  using V = RsVec<P>;
+  constexpr int kE = V::kE, kN = kItems * 4 / kE; /* elements per item, items in flight */
+  using Packed = typename V::Packed;
   int32_t r0, r1, c0, c1;
   unit_rect(p, me, u, r0, r1, c0, c1);
-  const int32_t quads = (c1 - c0) / 4;
-  const int32_t items = (r1 - r0) * quads;
+  const int32_t vecs = (c1 - c0) / kE;
+  const int32_t items = (r1 - r0) * vecs;
   const int32_t stride = (int32_t)blockDim.x;
-  for (int32_t base = threadIdx.x; base < items; base += kItems * stride) {
-    size_t off[kItems];
-    float4 acc[kItems];
+  for (int32_t base = threadIdx.x; base < items; base += kN * stride) {
+    size_t off[kN];
+    float acc[kN][kE];
 #pragma unroll
-    for (int j = 0; j < kItems; j++) {
+    for (int j = 0; j < kN; j++) {
       const int32_t i = min(base + j * stride, items - 1); /* clamped: loads stay in bounds */
-      off[j] = (size_t)(r0 + i / quads) * p.n + c0 + 4 * (i % quads);
-      acc[j] = load4(p.slab[0] + off[j]);
+      off[j] = (size_t)(r0 + i / vecs) * p.n + c0 + kE * (i % vecs);
+      V::load(p.slab[0] + off[j], acc[j]);
     }
 #pragma unroll 1
     for (int s = 1; s < world; s++) {
       const P *slab = p.slab[s];
-      float4 v[kItems];
+      float v[kN][kE];
 #pragma unroll
-      for (int j = 0; j < kItems; j++)
-        v[j] = load4(slab + off[j]);
+      for (int j = 0; j < kN; j++)
+        V::load(slab + off[j], v[j]);
 #pragma unroll
-      for (int j = 0; j < kItems; j++) {
-        acc[j].x = __fadd_rn(acc[j].x, v[j].x);
-        acc[j].y = __fadd_rn(acc[j].y, v[j].y);
-        acc[j].z = __fadd_rn(acc[j].z, v[j].z);
-        acc[j].w = __fadd_rn(acc[j].w, v[j].w);
-      }
+      for (int j = 0; j < kN; j++)
+#pragma unroll
+        for (int e = 0; e < kE; e++)
+          acc[j][e] = __fadd_rn(acc[j][e], v[j][e]);
     }
 #pragma unroll
-    for (int j = 0; j < kItems; j++) {
+    for (int j = 0; j < kN; j++) {
       if (base + j * stride >= items)
         break;
       const int32_t r = (int32_t)(off[j] / (size_t)p.n), c = (int32_t)(off[j] % (size_t)p.n);
-      __nv_bfloat162 lo = __floats2bfloat162_rn(acc[j].x, acc[j].y);
-      __nv_bfloat162 hi = __floats2bfloat162_rn(acc[j].z, acc[j].w);
-      uint2 packed;
-      packed.x = *reinterpret_cast<uint32_t *>(&lo);
-      packed.y = *reinterpret_cast<uint32_t *>(&hi);
+      const Packed packed = V::pack(acc[j]);
       const int64_t out_row = p.all_reduce ? (int64_t)me * p.m_local + r : r;
       if (p.all_reduce && p.out_sym) { /* every rank's out, the next rank's first */
         for (int q = 1; q <= world; q++)
-          *reinterpret_cast<uint2 *>(p.out_peer[(me + q) % world] + out_row * p.ldo + c) = packed;
+          *reinterpret_cast<Packed *>(p.out_peer[(me + q) % world] + out_row * p.ldo + c) = packed;
         continue;
       }
-      *reinterpret_cast<uint2 *>(p.out + out_row * p.ldo + c) = packed;
+      *reinterpret_cast<Packed *>(p.out + out_row * p.ldo + c) = packed;
       if (p.all_reduce && p.push) { /* into every other rank's copy of this rank's rows */
         for (int q = 0; q < world; q++)
           if (q != me)
-            *reinterpret_cast<uint2 *>(p.reduced_push[q] + off[j]) = packed;
+            *reinterpret_cast<Packed *>(p.reduced_push[q] + off[j]) = packed;
       } else if (p.all_reduce) {
-        *reinterpret_cast<uint2 *>(p.reduced + off[j]) = packed;
+        *reinterpret_cast<Packed *>(p.reduced + off[j]) = packed;
       }
     }
   }
