@@ -274,7 +274,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
 /* One 16-byte load of partials as kE floats (bf16 partials widen exactly), and kE bf16 sums
  * packed for one store: fp32 partials come 4 at a time (8-byte stores), bf16 ones 8 at a time
  * (16-byte stores). Aligned: n and ldo are multiples of 8, staging and out 16-byte aligned.
- * Ninth session, 16-byte stores for both (items of 8): bf16 partials on 2 H200s 1-9% faster
+ * Ninth session, 16-byte stores for both (items of 8): bf16 partials on 2 H200s 0-9% faster
  * (GEMM+RS M=4096 0.120 -> 0.109 ms, 8192 0.374 -> 0.352; GEMM+AR 8192 0.534 -> 0.505, small-m
  * 0.143 -> 0.133), level on 8 virtual ranks; fp32 partials level on 2 GPUs but 3-5% slower on
  * 8 virtual ranks (RS M=8192 3.08 -> 3.24 ms): two 16-byte loads per thread and item leave
