@@ -64,7 +64,7 @@ step() {
   local verdict=PASS
   if [ $rc -eq 77 ]; then verdict=SKIP; elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then verdict="TIMEOUT(${limit}s)"; elif [ $rc -ne 0 ]; then verdict="FAIL(rc=$rc)"; fi
   # A failed step's whole output also comes back on its own (the suite log can be long).
-  case $verdict in PASS | SKIP) ;; *) cp "$out/step.log" "$out/failed-$(tr -c 'A-Za-z0-9_.-' _ <<<"$name").log" ;; esac
+  case $verdict in PASS | SKIP) ;; *) cp "$out/step.log" "$out/failed-$(printf '%s' "$name" | tr -c 'A-Za-z0-9_.-' _).log" ;; esac
   rm -f "$out/step.log"
   echo "===== $name: $verdict in $((SECONDS - t0)) s" >>"$log"
   summary+=("$(printf '%-34s %-14s %5ss' "$name" "$verdict" "$((SECONDS - t0))")")
@@ -151,10 +151,12 @@ fi
 
 if want trace; then
   # TW_TRACE=1: per-call phase lines on stderr (docs/ENV.md); the step checks they appear and
-  # keeps them in the log: where the fused ops spend their time, CTA by CTA.
+  # keeps them in the log: where the fused ops spend their time, CTA by CTA. `tee -a`: a plain
+  # `tee /dev/stderr` reopened the log with O_TRUNC and cut everything before (the ninth
+  # session lost a failed test's output that way).
   for op in ag_gemm gemm_rs gemm_ar; do # world 2: two GPUs, or two virtual ranks on one
     step "TW_TRACE=1 tw-bench $op (world 2)" 120 bash -c "TW_TRACE=1 '$bin/tw-bench' $op --world 2 \
-      --repeats 2 --warmup 1 --no-check 2>&1 | tee /dev/stderr | grep -q 'tw trace: $op'"
+      --repeats 2 --warmup 1 --no-check 2>&1 | tee -a /dev/stderr | grep -q 'tw trace: $op'"
   done
 fi
 if want bench; then
