@@ -67,10 +67,10 @@ TW_ENV(TW_AG_PEER_GATHER, int, "-1",
        "share of the k-blocks (measured faster than 1 only at N=1024, docs/PERF.md).")
 TW_ENV(TW_AG_AUTO_CE, int, "-1",
        "tw_ag_gemm with comm_mode TW_AG_COMM_AUTO (the default), ranks on GPUs of their own, not "
-       "under graph capture: 1 always moves the shards by copy engine, 0 never, -1 with 2 ranks of "
-       "one "
-       "process where the push takes 0.3-0.8 of the GEMM's estimated time (measured faster there "
-       "on 2 H200s).")
+       "under graph capture: 1 always moves the shards by copy engine, 0 never, -1 with 2 ranks "
+       "(one process or one per GPU) where the push takes 0.3-0.8 of the GEMM's estimated time "
+       "(measured faster there on 2 H200s). Set it alike on every rank: ranks in different modes "
+       "wait for each other's flags until TW_WAIT_TIMEOUT_MS and fail.")
 TW_ENV(TW_AG_OWN_COPY_CE, bool, "0",
        "tw_ag_gemm (SM mode, not in place, shards of whole 128-row blocks): 1 copies the rank's "
        "own shard into a_gathered with a copy engine beside the kernel, 0 with the kernel's "
