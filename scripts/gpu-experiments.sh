@@ -7,7 +7,7 @@
 #   TW_DIAG_LIBS="1 2 4 8 16 32"          measurement builds of libtilewire.so in
 #                                         $TW_BUILD_DIR/diagN/ (-DTW_RS_DIAG=N, gemm_rs_sm90.cu)
 # Killed by a signal, it still bundles what it has and prints the summary so far.
-#   TW_EXP="warm"                         which groups run, in order (functions exp_NAME below):
+#   TW_EXP="groups"                       which groups run, in order (functions exp_NAME below):
 #     hang    four 8-rank gemm_ar sweeps under the watchdog, the interleaved test_gemm_rs twice
 #             (the fifth session's stall; clean in the sixth)
 #     ab      the fifth session's defaults against what they replaced (taken, sixth session)
@@ -29,7 +29,9 @@
 #     tails   SM clock and power while the fused ag_gemm runs at flux-tp8 (8 vranks): its tails
 #     ce      test_mp with the copy-engine mode on 2 GPUs, one process per GPU (passed, ninth
 #             session); the copy engine's host enqueue time and both bench methods at M=16384
-#     diag9   (the default) TW_TRACE of 8-rank GEMM+RS / GEMM+AR at M=8192 (where the fused
+#     groups  (the default; not yet run) TW_RS_GROUP_UNITS=0,2,4,8 in A/B: coarser reduce and
+#             gather work items for GEMM+RS / GEMM+AR, on 8 virtual ranks and on 2 GPUs
+#     diag9   TW_TRACE of 8-rank GEMM+RS / GEMM+AR at M=8192 (where the fused
 #             all-gather half loses 0.3-0.5 ms); the copy-engine mode at M=16384 in three
 #             processes and traced (its run-to-run spread, 1.65-1.80 ms)
 #     warm    TW_BENCH_WARM_MS: do rows of the same mode now agree; the copy-engine
@@ -324,7 +326,21 @@ exp_diag9() { # ninth session's open questions (docs/PERF.md, Ninth session)
       --warmup 2 --no-check
   fi
 }
-for e in ${TW_EXP:-diag9}; do
+exp_groups() { # after the ninth session: is the 8-rank GEMM+AR's slow all-gather half the
+  # per-item cost (a claim, a count or flag wait and, for the all-reduce, a sys fence and 7 flag
+  # stores per 64 KiB unit)? test_gemm_rs runs TW_RS_GROUP_UNITS=3 in the suite
+  for op in gemm_ar gemm_rs; do
+    run "groups-vranks-$op" 200 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_GROUP_UNITS=0,2,4,8 \
+      "$bin/tw-bench" $op --repeats 24 --warmup 5
+  done
+  if [ "$ngpus" -gt 1 ]; then
+    for op in gemm_ar gemm_rs; do
+      run "groups-gpus-$op" 200 env TW_BENCH_AB=TW_RS_GROUP_UNITS=0,2,4,8 "$bin/tw-bench" $op \
+        --world 2 --repeats 24 --warmup 5
+    done
+  fi
+}
+for e in ${TW_EXP:-groups}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

@@ -67,6 +67,7 @@ typedef struct tw_gemm_rs_plan_args {
   int interleave_env; /* TW_RS_INTERLEAVE (-1: the plan decides) */
   int reduce_env;     /* TW_RS_REDUCE_CTAS (-1: the plan decides; 0: none, with stealing) */
   int steal;          /* TW_RS_STEAL: the GEMM CTAs take reduction work after their tiles */
+  int group_env;      /* TW_RS_GROUP_UNITS: units per group at least (0: the plan decides) */
 } tw_gemm_rs_plan_args_t;
 
 /* Counters per channel, and the stride of the all-reduce ready flags: fixed by the comm's

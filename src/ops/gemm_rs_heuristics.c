@@ -57,7 +57,15 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   }
   /* Counters within the comm's fixed flag stride (gemm_rs.h), whatever this call's shape. */
   const int64_t stride = tw_rs_flag_stride(a->comm_world > 0 ? a->comm_world : world);
-  const int64_t g = units_max > stride ? (units_max + stride - 1) / stride : 1;
+  int64_t g = units_max > stride ? (units_max + stride - 1) / stride : 1;
+  /* TW_RS_GROUP_UNITS (measurement): coarser work items. Each group costs its reduce CTA a
+   * queue claim and a count wait (and, for tw_gemm_ar, a system-scope fence and world - 1 flag
+   * stores), and each gather item a claim and a flag wait: with one 128 x 256 unit per group a
+   * gather item copies 64 KiB. Ninth session, 8 virtual ranks, M=8192: tw_gemm_ar spent 0.6-0.7
+   * ms more than tw_gemm_rs after the GEMM, with no more spinning; whether that is this
+   * per-item cost is what the knob measures. */
+  if (a->group_env > g)
+    g = a->group_env < units_max ? a->group_env : (units_max > 0 ? units_max : 1);
   plan->group_units = (int)g;
   plan->flag_stride = (int)stride;
   /* Band width of the tile order: B of a band (band x 256 x k bf16) stays in L2 while A

@@ -650,6 +650,16 @@ int main(int argc, char **argv) {
        179,
        4,
        1},
+      /* TW_RS_GROUP_UNITS=3: three units behind each flag (a last group short), where the
+       * plan takes one; the reduce and gather items cover three units; same bits. */
+      {"TW_RS_GROUP_UNITS",
+       "3",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {300, 520, 1032, 0}},
+       186,
+       4,
+       1},
       /* TW_RS_REDUCE_CTAS=0: no CTA starts on the reduction; every CTA runs its GEMM tiles,
        * then reduces (and gathers) through the queues; same bits. */
       {"TW_RS_REDUCE_CTAS",

@@ -132,7 +132,7 @@ static void test_gemm_rs_plans(void) {
       for (int ar = 0; ar < 2; ar++) {
         const int w = worlds[wi], budget = 132 / w;
         const int64_t m = ms[mi] * w;
-        tw_gemm_rs_plan_args_t a = {w, m, 4096, 512, budget, 0, ar, 0, 4, 0, 0, -1, -1, 1};
+        tw_gemm_rs_plan_args_t a = {w, m, 4096, 512, budget, 0, ar, 0, 4, 0, 0, -1, -1, 1, 0};
         tw_gemm_rs_plan_t p;
         tw_gemm_rs_make_plan(&a, &p);
         TEST_ASSERT(p.ctas >= 2 && p.ctas <= budget, "ctas %d of %d", p.ctas, budget);
@@ -152,25 +152,49 @@ static void test_gemm_rs_plans(void) {
       }
   /* A shape with more units than the stride groups them; the direct all-reduce (planned as
    * one owner of all rows) keeps the comm's stride too. */
-  tw_gemm_rs_plan_args_t wide = {8, 65536, 65536, 512, 16, 0, 1, 0, 4, 0, 0, -1, -1, 1};
+  tw_gemm_rs_plan_args_t wide = {8, 65536, 65536, 512, 16, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0};
   tw_gemm_rs_plan_t pw;
   tw_gemm_rs_make_plan(&wide, &pw);
   TEST_ASSERT(pw.group_units > 1 && pw.groups_max <= tw_rs_flag_stride(8),
               "m = n = 65536 on 8 ranks: %d groups of %d units", pw.groups_max, pw.group_units);
-  tw_gemm_rs_plan_args_t direct = {1, 65536, 65536, 512, 16, 0, 0, 0, 4, 8, 0, -1, -1, 1};
+  tw_gemm_rs_plan_args_t direct = {1, 65536, 65536, 512, 16, 0, 0, 0, 4, 8, 0, -1, -1, 1, 0};
   tw_gemm_rs_make_plan(&direct, &pw);
   TEST_ASSERT(pw.flag_stride == tw_rs_flag_stride(8) && pw.groups_max <= pw.flag_stride,
               "direct on 8 ranks: stride %d, %d groups", pw.flag_stride, pw.groups_max);
+  /* TW_RS_GROUP_UNITS: at least that many units per group, never more than the owner has,
+   * groups still within the stride; below the plan's own grouping it changes nothing. */
+  tw_gemm_rs_plan_args_t gr = {8, 8192, 8192, 1024, 16, 0, 1, 0, 4, 0, 1, -1, 0, 1, 0};
+  tw_gemm_rs_make_plan(&gr, &pw);
+  TEST_ASSERT(pw.group_units == 1 && pw.groups_max == 256,
+              "M=8192 on 8 ranks: %d groups of %d units, want 256 of 1", pw.groups_max,
+              pw.group_units);
+  gr.group_env = 3;
+  tw_gemm_rs_make_plan(&gr, &pw);
+  TEST_ASSERT(pw.group_units == 3 && pw.groups_max == 86,
+              "TW_RS_GROUP_UNITS=3: %d groups of %d units, want 86 of 3", pw.groups_max,
+              pw.group_units);
+  gr.group_env = 100000;
+  tw_gemm_rs_make_plan(&gr, &pw);
+  TEST_ASSERT(pw.group_units == 256 && pw.groups_max == 1,
+              "TW_RS_GROUP_UNITS=100000: %d groups of %d units, want 1 of 256", pw.groups_max,
+              pw.group_units);
+  wide.group_env = 2; /* below the plan's grouping of this shape */
+  tw_gemm_rs_plan_t pg;
+  tw_gemm_rs_make_plan(&wide, &pg);
+  wide.group_env = 0;
+  tw_gemm_rs_make_plan(&wide, &pw);
+  TEST_ASSERT(pg.group_units == pw.group_units, "TW_RS_GROUP_UNITS=2 under the plan's %d: %d",
+              pw.group_units, pg.group_units);
   direct.interleave_env = 1; /* run_fused relies on it: a direct plan never interleaves */
   tw_gemm_rs_make_plan(&direct, &pw);
   TEST_ASSERT(pw.interleave == 0, "direct (one owner) with TW_RS_INTERLEAVE=1: interleaved");
-  tw_gemm_rs_plan_args_t one = {2, 4096, 256, 512, 66, 0,  0,
-                                0, 4,    0,   0,   -1, -1, 1}; /* one column block */
+  tw_gemm_rs_plan_args_t one = {2, 4096, 256, 512, 66, 0, 0, 0,
+                                4, 0,    0,   -1,  -1, 1, 0}; /* one column block */
   tw_gemm_rs_plan_t p;
   tw_gemm_rs_make_plan(&one, &p);
   TEST_ASSERT(p.band == 1, "n = 256: band %d", p.band);
-  tw_gemm_rs_plan_args_t big = {2, 16384, 16384, 2048, 132, 0,  0,
-                                0, 4,     0,     0,    -1,  -1, 1}; /* A 64 MiB: bands */
+  tw_gemm_rs_plan_args_t big = {2, 16384, 16384, 2048, 132, 0, 0, 0,
+                                4, 0,     0,     -1,   -1,  1, 0}; /* A 64 MiB: bands */
   tw_gemm_rs_make_plan(&big, &p);
   TEST_ASSERT(p.band == 8, "M=16384 K=2048: band %d, want 8", p.band);
   /* Interleaved owners: fp32 partials on distinct GPUs, owners of whole row blocks. */
