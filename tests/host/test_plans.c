@@ -164,20 +164,18 @@ static void test_gemm_rs_plans(void) {
   /* TW_RS_GROUP_UNITS: at least that many units per group, never more than the owner has,
    * groups still within the stride; below the plan's own grouping it changes nothing. */
   tw_gemm_rs_plan_args_t gr = {8, 8192, 8192, 1024, 16, 0, 1, 0, 4, 0, 1, -1, 0, 1, 0};
-  tw_gemm_rs_make_plan(&gr, &pw);
-  TEST_ASSERT(pw.group_units == 1 && pw.groups_max == 256,
-              "M=8192 on 8 ranks: %d groups of %d units, want 256 of 1", pw.groups_max,
-              pw.group_units);
-  gr.group_env = 3;
-  tw_gemm_rs_make_plan(&gr, &pw);
-  TEST_ASSERT(pw.group_units == 3 && pw.groups_max == 86,
-              "TW_RS_GROUP_UNITS=3: %d groups of %d units, want 86 of 3", pw.groups_max,
-              pw.group_units);
-  gr.group_env = 100000;
-  tw_gemm_rs_make_plan(&gr, &pw);
-  TEST_ASSERT(pw.group_units == 256 && pw.groups_max == 1,
-              "TW_RS_GROUP_UNITS=100000: %d groups of %d units, want 1 of 256", pw.groups_max,
-              pw.group_units);
+  static const int group_cases[][3] = {/* TW_RS_GROUP_UNITS, units per group, groups */
+                                       {0, 1, 256},
+                                       {3, 3, 86},
+                                       {100000, 256, 1}};
+  for (int i = 0; i < 3; i++) {
+    gr.group_env = group_cases[i][0];
+    tw_gemm_rs_make_plan(&gr, &pw);
+    TEST_ASSERT(pw.group_units == group_cases[i][1] && pw.groups_max == group_cases[i][2],
+                "M=8192 on 8 ranks, TW_RS_GROUP_UNITS=%d: %d groups of %d units, want %d of %d",
+                group_cases[i][0], pw.groups_max, pw.group_units, group_cases[i][2],
+                group_cases[i][1]);
+  }
   wide.group_env = 2; /* below the plan's grouping of this shape */
   tw_gemm_rs_plan_t pg;
   tw_gemm_rs_make_plan(&wide, &pg);
