@@ -218,17 +218,31 @@ static int check_bitwise(rs_ctx *c) {
   return !c->failed;
 }
 
+/* The rows after the main ones: row i timed into t / p10 / p90[i], its kind in code[i] (reduce
+ * CTAs, or a negative row code). */
+typedef struct {
+  double *t, *p10, *p90;
+  int code[16]; /* up to 8 reduce-CTA rows, direct, bf16 (2-3), out_symmetric (2) */
+  int n;
+} extra_rows_t;
+
+static void time_extra(rs_ctx *c, const bench_opts_t *o, extra_rows_t *x, int code,
+                       void (*fn)(void *, int)) {
+  x->code[x->n] = code;
+  x->t[x->n] = bench_time_multi_ms(fn, c, c->streams[0], c->streams, c->world, o->warmup,
+                                   o->repeats, &x->p10[x->n], &x->p90[x->n]);
+  x->n++;
+}
+
 /* The fused op with TW_AR_DIRECT=1 (tw_gemm_ar's direct scheme), checked bitwise like the
  * default, then timed; the caller's TW_AR_DIRECT is restored. */
-static double time_direct(rs_ctx *c, const bench_opts_t *o, int *ok, double *p10, double *p90) {
+static void time_direct(rs_ctx *c, const bench_opts_t *o, extra_rows_t *x, int code, int *ok) {
   bench_env_saved_t saved;
   bench_env_save(&saved, "TW_AR_DIRECT");
   setenv("TW_AR_DIRECT", "1", 1);
   *ok = o->check ? check_bitwise(c) : 1;
-  const double t = bench_time_multi_ms(run_fused, c, c->streams[0], c->streams, c->world, o->warmup,
-                                       o->repeats, p10, p90);
+  time_extra(c, o, x, code, run_fused);
   bench_env_restore(&saved);
-  return t;
 }
 
 static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res,
@@ -341,20 +355,16 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     t[v] = tm[v], p10[v] = tm10[v], p90[v] = tm90[v];
   /* TW_BENCH_RS_REDUCE_SMS=2,4,6: extra fused rows with that many reduce CTAs per rank
    * (TW_BENCH_RS_SWEEP_BF16=1: with bf16 partials, rows tilewire-bf16p-rN). */
-  int extra_sms[12], nextra = 0;
+  extra_rows_t x = {t + nv, p10 + nv, p90 + nv, {0}, 0};
   const char *list = getenv("TW_BENCH_RS_REDUCE_SMS");
   const char *sweep_bf16 = getenv("TW_BENCH_RS_SWEEP_BF16");
   const int sweep_partials = sweep_bf16 && *sweep_bf16 == '1' ? TW_PARTIALS_BF16 : TW_PARTIALS_FP32;
   c->partials = sweep_partials;
-  for (const char *q = list; q && *q && nextra < 8;) {
+  for (const char *q = list; q && *q && x.n < 8;) {
     int v = atoi(q);
     if (v > 0 && v < c->budget) {
-      extra_sms[nextra] = v;
       c->reduce_sms = v;
-      t[nv + nextra] =
-          bench_time_multi_ms(run_fused, c, c->streams[0], c->streams, world, o->warmup, o->repeats,
-                              &p10[nv + nextra], &p90[nv + nextra]);
-      nextra++;
+      time_extra(c, o, &x, v, run_fused);
     }
     q = strchr(q, ',');
     q = q ? q + 1 : NULL;
@@ -364,32 +374,21 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
   /* tw_gemm_ar's direct scheme (TW_AR_DIRECT=1), checked bitwise like the default. */
   int ok_direct = 1, ok_direct_bf16 = 1;
   if (direct_row) {
-    extra_sms[nextra] = -1;
-    t[nv + nextra] = time_direct(c, o, &ok_direct, &p10[nv + nextra], &p90[nv + nextra]);
-    nextra++;
+    time_direct(c, o, &x, -1, &ok_direct);
   }
   /* bf16 partials (extra row code -2), checked bitwise against unfused-tw with bf16 partials. */
   int ok_bf16p = 1;
   if (world > 1) {
     c->partials = TW_PARTIALS_BF16;
     ok_bf16p = o->check ? check_bitwise(c) : 1;
-    extra_sms[nextra] = -2;
-    t[nv + nextra] = bench_time_multi_ms(run_fused, c, c->streams[0], c->streams, world, o->warmup,
-                                         o->repeats, &p10[nv + nextra], &p90[nv + nextra]);
-    nextra++;
+    time_extra(c, o, &x, -2, run_fused);
     /* The unfused pipeline with bf16 partials (tw_gemm bf16 out, then the rank-ordered
      * reduce): what a fallback inside the library would cost where the fused op loses. */
-    extra_sms[nextra] = -3;
-    t[nv + nextra] =
-        bench_time_multi_ms(run_unfused_tw, c, c->streams[0], c->streams, world, o->warmup,
-                            o->repeats, &p10[nv + nextra], &p90[nv + nextra]);
-    nextra++;
+    time_extra(c, o, &x, -3, run_unfused_tw);
     /* The direct scheme with bf16 partials (row tilewire-bf16p-direct): one hop of bf16 tiles,
      * no gather phase. */
     if (direct_row) {
-      extra_sms[nextra] = -4;
-      t[nv + nextra] = time_direct(c, o, &ok_direct_bf16, &p10[nv + nextra], &p90[nv + nextra]);
-      nextra++;
+      time_direct(c, o, &x, -4, &ok_direct_bf16);
     }
     c->partials = TW_PARTIALS_FP32;
   }
@@ -400,10 +399,7 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     c->use_out_sym = 1;
     c->partials = bf16 ? TW_PARTIALS_BF16 : TW_PARTIALS_FP32;
     ok_sym[bf16] = o->check ? check_bitwise(c) : 1;
-    extra_sms[nextra] = bf16 ? -6 : -5;
-    t[nv + nextra] = bench_time_multi_ms(run_fused, c, c->streams[0], c->streams, world, o->warmup,
-                                         o->repeats, &p10[nv + nextra], &p90[nv + nextra]);
-    nextra++;
+    time_extra(c, o, &x, bf16 ? -6 : -5, run_fused);
     c->use_out_sym = 0;
     c->partials = TW_PARTIALS_FP32;
   }
@@ -412,8 +408,8 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
   double t_nccl = 0, t_nccl_reduce = 0, t_nccl_bf16 = 0, t_nccl_bf16_reduce = 0;
   if (nn) { /* timed with the main rows above */
     for (int i = 0; i < nn; i++)
-      t[nv + nextra + i] = tm[nv + i], p10[nv + nextra + i] = tm10[nv + i],
-                      p90[nv + nextra + i] = tm90[nv + i];
+      t[nv + x.n + i] = tm[nv + i], p10[nv + x.n + i] = tm10[nv + i],
+                   p90[nv + x.n + i] = tm90[nv + i];
     t_nccl = tm[nv], t_nccl_reduce = tm[nv + 1], t_nccl_bf16 = tm[nv + 2],
     t_nccl_bf16_reduce = tm[nv + 3];
     nnccl = nn;
@@ -422,34 +418,34 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
   const double flops = 2.0 * (double)c->m * (double)c->n * (double)c->k;
   const double t_gemm = t[2], t_comm = c->nccl ? t_nccl_reduce : t[3];
   const double t_base = c->nccl ? t_nccl : t[0];
-  for (int v = 0; v < nv + nextra + nnccl; v++) {
+  for (int v = 0; v < nv + x.n + nnccl; v++) {
     bench_row_t row;
     memset(&row, 0, sizeof(row));
     snprintf(row.op, sizeof(row.op), "gemm_%s", all_reduce ? "ar" : "rs");
     if (v < nv)
       snprintf(row.variant, sizeof(row.variant), "%s", variants[v].name);
-    else if (v < nv + nextra)
+    else if (v < nv + x.n)
       snprintf(row.variant, sizeof(row.variant),
-               extra_sms[v - nv] == -6   ? "tilewire-bf16p-outsym"
-               : extra_sms[v - nv] == -5 ? "tilewire-outsym"
-               : extra_sms[v - nv] == -4 ? "tilewire-bf16p-direct"
-               : extra_sms[v - nv] == -3 ? "unfused-tw-bf16p"
-               : extra_sms[v - nv] == -2 ? "tilewire-bf16p"
-               : extra_sms[v - nv] == -1 ? "tilewire-direct"
-               : sweep_partials          ? "tilewire-bf16p-r%d"
-                                         : "tilewire-r%d",
-               extra_sms[v - nv]);
+               x.code[v - nv] == -6   ? "tilewire-bf16p-outsym"
+               : x.code[v - nv] == -5 ? "tilewire-outsym"
+               : x.code[v - nv] == -4 ? "tilewire-bf16p-direct"
+               : x.code[v - nv] == -3 ? "unfused-tw-bf16p"
+               : x.code[v - nv] == -2 ? "tilewire-bf16p"
+               : x.code[v - nv] == -1 ? "tilewire-direct"
+               : sweep_partials       ? "tilewire-bf16p-r%d"
+                                      : "tilewire-r%d",
+               x.code[v - nv]);
     else {
       static const char *nccl_names[] = {"nccl+cublas", "nccl-reduce", "nccl-bf16+cublas",
                                          "nccl-bf16-reduce"};
-      snprintf(row.variant, sizeof(row.variant), "%s", nccl_names[v - nv - nextra]);
+      snprintf(row.variant, sizeof(row.variant), "%s", nccl_names[v - nv - x.n]);
     }
     rs_shape(row.shape, sizeof(row.shape), shape, c);
     row.ms = t[v], row.ms_p10 = p10[v], row.ms_p90 = p90[v];
-    const int is_comm = v == 3 || v == nv + nextra + 1 || v == nv + nextra + 3;
-    const int is_fused = v == nv - 1 || (v >= nv && v < nv + nextra && extra_sms[v - nv] != -3);
+    const int is_comm = v == 3 || v == nv + x.n + 1 || v == nv + x.n + 3;
+    const int is_fused = v == nv - 1 || (v >= nv && v < nv + x.n && x.code[v - nv] != -3);
     row.tflops = is_comm ? 0 : flops / (t[v] * 1e-3) / 1e12;
-    const int code = v >= nv && v < nv + nextra ? extra_sms[v - nv] : 0;
+    const int code = v >= nv && v < nv + x.n ? x.code[v - nv] : 0;
     const int is_bf16p = code == -2 || code == -3 || code == -4 || code == -6;
     row.speedup = (is_bf16p && c->nccl ? t_nccl_bf16 : t_base) / t[v];
     if (is_fused) {

@@ -59,12 +59,14 @@ double bench_warm_ms(void) {
   return ms > 0 ? ms : 0;
 }
 
-/* Calls call(arg, iter++) in batches sized from the time per call so far, draining `stream`
- * after each batch, until TW_BENCH_WARM_MS have passed since t0 (where `done` calls were made
- * already); returns the next iter. */
-static int warm_for_time(void (*call)(void *arg, int iter), void *arg, cudaStream_t stream,
-                         int iter, int done, double t0) {
-  const double budget = bench_warm_ms() * 1e-3;
+/* The warm-up of one timing: `warmup` calls of call(arg, 0..), then more in batches sized from
+ * the time per call so far, draining `stream` after each batch, until TW_BENCH_WARM_MS have
+ * passed since the first; returns the next iter. */
+static int warm_up(void (*call)(void *arg, int iter), void *arg, cudaStream_t stream, int warmup) {
+  const double t0 = host_seconds(), budget = bench_warm_ms() * 1e-3;
+  int iter = 0;
+  for (; iter < warmup; iter++)
+    call(arg, iter);
   if (budget <= 0)
     return iter;
   BENCH_CUDA(cudaStreamSynchronize(stream));
@@ -72,12 +74,11 @@ static int warm_for_time(void (*call)(void *arg, int iter), void *arg, cudaStrea
     const double spent = host_seconds() - t0;
     if (spent >= budget)
       break;
-    double batch = done > 0 ? (budget - spent) / (spent / done) + 1 : 1;
+    double batch = iter > 0 ? (budget - spent) / (spent / iter) + 1 : 1;
     if (batch > 2048)
       batch = 2048;
     for (int i = 0; i < (int)batch; i++)
       call(arg, iter++);
-    done += (int)batch;
     BENCH_CUDA(cudaStreamSynchronize(stream));
   }
   return iter;
@@ -173,11 +174,7 @@ double bench_time_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStream_t st
   create_events(start, repeats);
   create_events(stop, repeats);
 
-  int iter = 0;
-  const double warm_t0 = host_seconds();
-  for (int i = 0; i < warmup; i++)
-    fn(ctx, iter++);
-  iter = warm_for_time(fn, ctx, stream, iter, warmup, warm_t0);
+  int iter = warm_up(fn, ctx, stream, warmup);
   BENCH_CUDA(cudaGetLastError());
   if (stamps_on())
     stamp(0, stream);
@@ -220,7 +217,8 @@ static void fork_join(void (*fn)(void *ctx, int iter), void *ctx, int iter, cuda
   BENCH_CUDA(cudaSetDevice(main_device));
 }
 
-/* One warm-up repeat of a multi-stream timing, forked from its own untimed event. */
+/* One untimed repeat of a multi-stream timing (warm-up, graph capture), forked from its own
+ * event. */
 typedef struct {
   void (*fn)(void *ctx, int iter);
   void *ctx;
@@ -265,19 +263,14 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
   cudaEvent_t warm_fork;
   BENCH_CUDA(cudaEventCreateWithFlags(&warm_fork, cudaEventDisableTiming));
 
-  int iter = 0;
   multi_call_t mc = {fn, ctx, main, warm_fork, sides, nstreams, main_device};
-  const double warm_t0 = host_seconds();
-  for (int i = 0; i < warmup; i++)
-    multi_call(&mc, iter++);
-  iter = warm_for_time(multi_call, &mc, main, iter, warmup, warm_t0);
+  int iter = warm_up(multi_call, &mc, main, warmup);
   BENCH_CUDA(cudaGetLastError());
   cudaGraphExec_t exec = NULL;
   if (graph_on()) { /* one repeat, captured after the warm-up; its fork event is the graph's */
     cudaGraph_t graph;
     BENCH_CUDA(cudaStreamBeginCapture(main, cudaStreamCaptureModeRelaxed));
-    BENCH_CUDA(cudaEventRecord(warm_fork, main));
-    fork_join(fn, ctx, iter++, main, warm_fork, sides, nstreams, main_device);
+    multi_call(&mc, iter++);
     BENCH_CUDA(cudaStreamEndCapture(main, &graph));
     BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
     BENCH_CUDA(cudaGraphDestroy(graph));
