@@ -477,14 +477,7 @@ static tw_status_t copy_engine_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
   tw_status_t st = tw_driver(&cu);
   if (st != TW_SUCCESS)
     return st;
-  int captured = 0;
-  st = capturing(user, &captured);
-  if (st != TW_SUCCESS)
-    return st;
-  if (captured)
-    return tw_fail(TW_ERR_NOT_SUPPORTED,
-                   "args->comm_mode: TW_AG_COMM_COPY_ENGINE cannot be captured into a CUDA graph "
-                   "(its flag values are fixed when enqueued); use TW_AG_COMM_SM");
+  /* tw_ag_gemm refused (or, for TW_AG_COMM_AUTO, left) this mode under graph capture. */
   /* Ranks sharing a GPU have no copy engine between them (the copies are HBM to HBM on the
    * same chip), and on 3 virtual ranks of one H200 this mode hung in test_ag_gemm (2026-11-29,
    * not understood yet; 2 ranks per GPU and ranks on distinct GPUs passed). Refuse it. */
@@ -557,12 +550,20 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
   st = tw_ag_gemm_prepare(comm, args, &a, &plan);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
-  if (plan.auto_ce) {
-    /* The copy-engine mode is eager only: under capture AUTO keeps the SMs (the plan is the
-     * same for both modes where it can choose the copy engine: no peer reads, no own-slot
-     * copy engine). */
+  const size_t shard_bytes = (size_t)a.m_local * (size_t)a.k * 2;
+  const void *own_slot = (const char *)a.a_gathered + shard_bytes * (size_t)comm->rank;
+  /* World 1 with nothing to gather and nothing to copy: the plain GEMM, whatever the mode. */
+  const int plain = comm->world == 1 && (a.a == own_slot || a.no_gathered_out);
+  if (!plain && a.comm_mode == TW_AG_COMM_COPY_ENGINE) {
+    /* The copy-engine mode is eager only (its flag values are fixed when enqueued): under
+     * capture AUTO keeps the SMs (the plan is the same for both modes where it can choose the
+     * copy engine: no peer reads, no own-slot copy engine); an explicit request fails. */
     int captured = 0;
     st = capturing(stream, &captured);
+    if (st == TW_SUCCESS && captured && !plan.auto_ce)
+      st = tw_fail(TW_ERR_NOT_SUPPORTED,
+                   "args->comm_mode: TW_AG_COMM_COPY_ENGINE cannot be captured into a CUDA graph "
+                   "(its flag values are fixed when enqueued); use TW_AG_COMM_SM");
     if (st != TW_SUCCESS)
       return tw_comm_result(comm, st);
     if (captured)
@@ -572,9 +573,7 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
   st = tw_set_device(comm->device, &prev);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
-  const size_t shard_bytes = (size_t)a.m_local * (size_t)a.k * 2;
-  const void *own_slot = (const char *)a.a_gathered + shard_bytes * (size_t)comm->rank;
-  if (comm->world == 1 && (a.a == own_slot || a.no_gathered_out)) {
+  if (plain) {
     /* Nothing to gather and nothing to copy: the product is the plain GEMM of the shard
      * (the same core and tile order rules, so the same bits as the unfused pipeline), without
      * the fused kernel's handshakes, flags and larger parameter block. */
