@@ -29,8 +29,10 @@
 #     tails   SM clock and power while the fused ag_gemm runs at flux-tp8 (8 vranks): its tails
 #     ce      test_mp with the copy-engine mode on 2 GPUs, one process per GPU (passed, ninth
 #             session); the copy engine's host enqueue time and both bench methods at M=16384
-#     groups  (the default; not yet run) TW_RS_GROUP_UNITS=0,2,4,8 in A/B: coarser reduce and
-#             gather work items for GEMM+RS / GEMM+AR, on 8 virtual ranks and on 2 GPUs
+#     groups  TW_RS_GROUP_UNITS=0,2,4,8 in A/B: coarser reduce and gather work items for
+#             GEMM+RS / GEMM+AR, on 8 virtual ranks and on 2 GPUs (tenth session: taken for
+#             GEMM+AR's gather, up to 4 units while 2 groups per CTA remain)
+#     g10     (the default) the plan's gather groups against single units, GEMM+AR
 #     diag9   TW_TRACE of 8-rank GEMM+RS / GEMM+AR at M=8192 (where the fused
 #             all-gather half loses 0.3-0.5 ms); the copy-engine mode at M=16384 in three
 #             processes and traced (its run-to-run spread, 1.65-1.80 ms)
@@ -340,7 +342,16 @@ exp_groups() { # after the ninth session: is the 8-rank GEMM+AR's slow all-gathe
     done
   fi
 }
-for e in ${TW_EXP:-groups}; do
+exp_g10() { # tenth session: the plan's coarser gather groups (TW_RS_GROUP_UNITS=0) against
+  # single units (1), GEMM+AR on 8 virtual ranks and on 2 GPUs
+  run "g10-vranks-gemm_ar" 200 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_GROUP_UNITS=1,0 \
+    "$bin/tw-bench" gemm_ar --repeats 24 --warmup 5
+  if [ "$ngpus" -gt 1 ]; then
+    run "g10-gpus-gemm_ar" 200 env TW_BENCH_AB=TW_RS_GROUP_UNITS=1,0 "$bin/tw-bench" gemm_ar \
+      --world 2 --repeats 24 --warmup 5
+  fi
+}
+for e in ${TW_EXP:-g10}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

@@ -48,9 +48,11 @@ TW_ENV(TW_RS_BAND, int, "0",
        "Column blocks per band of tw_gemm_rs / tw_gemm_ar's tile order (A is read once per band); "
        "0 lets the heuristic choose.")
 TW_ENV(TW_RS_GROUP_UNITS, int, "0",
-       "For measurement: tw_gemm_rs / tw_gemm_ar put at least this many units (an owner's part "
-       "of a 128 x 256 tile) behind one flag, so each reduce and gather work item covers that "
-       "many; 0 lets the plan choose (1, or more where the call's units outgrow the flag slice).")
+       "For measurement: tw_gemm_rs / tw_gemm_ar put this many units (an owner's part of a 128 "
+       "x 256 tile) behind one flag, so each reduce and gather work item covers that many (at "
+       "least what the flag slice needs); 0 lets the plan choose (tw_gemm_ar with a gather: up "
+       "to 4 while the owner keeps 2 groups per CTA; else 1, or more where the call's units "
+       "outgrow the flag slice).")
 TW_ENV(TW_RS_INTERLEAVE, int, "-1",
        "tw_gemm_rs / tw_gemm_ar with m / world a multiple of 128: 1 interleaves the owners' row "
        "blocks in each band sweep (every world consecutive tiles go to world owners, so peer "
