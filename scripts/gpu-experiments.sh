@@ -32,7 +32,8 @@
 #     groups  TW_RS_GROUP_UNITS=0,2,4,8 in A/B: coarser reduce and gather work items for
 #             GEMM+RS / GEMM+AR, on 8 virtual ranks and on 2 GPUs (tenth session: taken for
 #             GEMM+AR's gather, up to 4 units while 2 groups per CTA remain)
-#     g10     (the default) the plan's gather groups against single units, GEMM+AR
+#     g10     the plan's gather groups against single units, GEMM+AR (taken, tenth session)
+#     sym     (the default) symmetric outputs with TW_RS_GROUP_UNITS=1,2,4
 #     diag9   TW_TRACE of 8-rank GEMM+RS / GEMM+AR at M=8192 (where the fused
 #             all-gather half loses 0.3-0.5 ms); the copy-engine mode at M=16384 in three
 #             processes and traced (its run-to-run spread, 1.65-1.80 ms)
@@ -351,7 +352,16 @@ exp_g10() { # tenth session: the plan's coarser gather groups (TW_RS_GROUP_UNITS
       --world 2 --repeats 24 --warmup 5
   fi
 }
-for e in ${TW_EXP:-g10}; do
+exp_sym() { # tenth session: symmetric outputs (no gather copy, but the same per-group fence,
+  # flag stores and gather waits) with coarser groups too?
+  run "sym-vranks-gemm_ar" 200 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB_OUTSYM=1 \
+    TW_BENCH_AB=TW_RS_GROUP_UNITS=1,2,4 "$bin/tw-bench" gemm_ar --repeats 24 --warmup 5
+  if [ "$ngpus" -gt 1 ]; then
+    run "sym-gpus-gemm_ar" 200 env TW_BENCH_AB_OUTSYM=1 TW_BENCH_AB=TW_RS_GROUP_UNITS=1,2,4 \
+      "$bin/tw-bench" gemm_ar --world 2 --repeats 24 --warmup 5
+  fi
+}
+for e in ${TW_EXP:-sym}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

@@ -50,7 +50,7 @@ TW_ENV(TW_RS_BAND, int, "0",
 TW_ENV(TW_RS_GROUP_UNITS, int, "0",
        "For measurement: tw_gemm_rs / tw_gemm_ar put this many units (an owner's part of a 128 "
        "x 256 tile) behind one flag, so each reduce and gather work item covers that many (at "
-       "least what the flag slice needs); 0 lets the plan choose (tw_gemm_ar with a gather: up "
+       "least what the flag slice needs); 0 lets the plan choose (tw_gemm_ar: up "
        "to 4 while the owner keeps 2 groups per CTA; else 1, or more where the call's units "
        "outgrow the flag slice).")
 TW_ENV(TW_RS_INTERLEAVE, int, "-1",

@@ -58,18 +58,19 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   /* Counters within the comm's fixed flag stride (gemm_rs.h), whatever this call's shape. */
   const int64_t stride = tw_rs_flag_stride(a->comm_world > 0 ? a->comm_world : world);
   int64_t g = units_max > stride ? (units_max + stride - 1) / stride : 1;
-  /* Coarser work items for tw_gemm_ar's gather (the pull or the push, not the direct scheme nor
-   * symmetric outputs): a group is what one reduce item reduces and one gather item copies, and
-   * each costs a queue claim and a flag wait (and, for the reduction, a system-scope fence and
-   * world - 1 flag stores); with one 128 x 256 unit per group a gather item copies 64 KiB. Up
-   * to 4 units per group while the owner keeps at least 2 groups per CTA of the rank. Tenth
-   * session (docs/PERF.md), TW_RS_GROUP_UNITS=0/2/4/8 in A/B, GEMM+AR fp32: 8 virtual ranks
+  /* Coarser work items for tw_gemm_ar (not the direct scheme, planned with all_reduce 0): a
+   * group is what one reduce item reduces and one gather item copies, and each costs a queue
+   * claim and a flag wait, and the reduction a system-scope fence and world - 1 flag stores;
+   * with one 128 x 256 unit per group a gather item copies 64 KiB. Up to 4 units per group
+   * while the owner keeps at least 2 groups per CTA of the rank. Tenth session (docs/PERF.md),
+   * TW_RS_GROUP_UNITS in A/B, GEMM+AR fp32, single units -> the rule's: 8 virtual ranks
    * flux-tp8 9.68 -> 9.47 ms (4), M=4096 0.796 -> 0.745 (2), 8192 3.82 -> 3.61 (4), 16384
    * 23.2 -> 21.9 (4); 2 H200s flux-tp8 1.268 -> 1.230 (2), 8192 0.672 -> 0.647 (2), 16384
-   * 2.99 -> 2.81 (4), with bf16 partials alike; with fewer groups per CTA it lost (2 H200s,
-   * M=4096 N=4096 0.191 -> 0.206 at 2, 0.232 at 4). tw_gemm_rs, which has no gather, was level
-   * or slower at every count, so it keeps single units. */
-  if (a->ar_gather) {
+   * 2.99 -> 2.81 (4); bf16 partials and symmetric outputs (no gather copy, the same waits)
+   * alike. With fewer groups per CTA it lost (2 H200s, M=4096 N=4096: 0.191 -> 0.206 ms at 2
+   * units, 0.232 at 4). tw_gemm_rs, which has no gather, was level or slower at every count,
+   * so it keeps single units. */
+  if (a->all_reduce) {
     int64_t want = 1;
     while (want < 4 && units_max / (want * 2) >= 2 * (int64_t)a->sm_budget)
       want *= 2;

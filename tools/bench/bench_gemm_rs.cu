@@ -458,19 +458,28 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     bench_add_row(res, &row);
   }
   /* TW_BENCH_AB: interleaved rows of the fused op (fp32 and bf16 partials) under each value of
-   * one knob (bench.h). */
-  for (int bf16 = 0; bf16 < (world > 1 ? 2 : 1) && getenv("TW_BENCH_AB"); bf16++) {
+   * one knob (bench.h); with TW_BENCH_AB_OUTSYM=1 also of gemm_ar into symmetric outputs. */
+  const char *ab_sym = getenv("TW_BENCH_AB_OUTSYM");
+  const int ab_rows = !getenv("TW_BENCH_AB")                             ? 0
+                      : world == 1                                       ? 1
+                      : all_reduce && ab_sym && strcmp(ab_sym, "1") == 0 ? 4
+                                                                         : 2;
+  for (int v = 0; v < ab_rows; v++) {
+    const int bf16 = v & 1, sym = v >> 1;
+    static const char *prefixes[] = {"tilewire", "tilewire-bf16p", "tilewire-outsym",
+                                     "tilewire-bf16p-outsym"};
     bench_row_t tmpl;
     memset(&tmpl, 0, sizeof(tmpl));
     snprintf(tmpl.op, sizeof(tmpl.op), "gemm_%s", all_reduce ? "ar" : "rs");
     rs_shape(tmpl.shape, sizeof(tmpl.shape), shape, c);
-    tmpl.ok = (bf16 ? ok_bf16p : ok) && !c->failed;
+    tmpl.ok = (sym ? ok_sym[bf16] : bf16 ? ok_bf16p : ok) && !c->failed;
     const double t_c = bf16 && c->nccl ? t_nccl_bf16_reduce : t_comm;
     c->partials = bf16 ? TW_PARTIALS_BF16 : TW_PARTIALS_FP32;
-    bench_ab_rows(res, &tmpl, bf16 ? "tilewire-bf16p" : "tilewire", flops,
-                  bf16 && c->nccl ? t_nccl_bf16 : t_base, t_gemm > t_c ? t_gemm : t_c, run_fused, c,
-                  c->streams[0], c->streams, world, o);
+    c->use_out_sym = sym;
+    bench_ab_rows(res, &tmpl, prefixes[v], flops, bf16 && c->nccl ? t_nccl_bf16 : t_base,
+                  t_gemm > t_c ? t_gemm : t_c, run_fused, c, c->streams[0], c->streams, world, o);
     c->partials = TW_PARTIALS_FP32;
+    c->use_out_sym = 0;
   }
   /* The overlap bound of issue 7, (t_gemm + t_comm) / max(t_gemm, t_comm): of the fp32 NCCL
    * pipeline (bound) and of the bf16 one (bound-bf16). */

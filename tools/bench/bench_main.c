@@ -90,6 +90,7 @@ static void usage(FILE *out) {
           "                     under each value of the library knob NAME, timed in interleaved\n"
           "                     rounds (TW_BENCH_AB_ROUNDS, default 6) so the card's drift hits\n"
           "                     every value alike; one process's ranks only\n"
+          "  TW_BENCH_AB_OUTSYM=1 gemm_ar: TW_BENCH_AB rows of the symmetric-output mode too\n"
           "  TW_BENCH_VIRTUAL=1 every rank on GPU 0; TW_BENCH_STAMPS=1 timing stamps and the\n"
           "                     host's enqueue time per repeat on stderr\n"
           "  TW_BENCH_ROUNDS=R  ag_gemm, gemm_rs, gemm_ar: the main rows (NCCL's included) timed\n"
