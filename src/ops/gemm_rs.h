@@ -68,6 +68,8 @@ typedef struct tw_gemm_rs_plan_args {
   int reduce_env;     /* TW_RS_REDUCE_CTAS (-1: the plan decides; 0: none, with stealing) */
   int steal;          /* TW_RS_STEAL: the GEMM CTAs take reduction work after their tiles */
   int group_env;      /* TW_RS_GROUP_UNITS: units per group (0: the plan decides) */
+  int plan_sms;       /* comm->plan_sms, the same on every rank: sizes tw_gemm_ar's unit groups,
+                         which every rank numbers alike (0: sm_budget) */
 } tw_gemm_rs_plan_args_t;
 
 /* Counters per channel, and the stride of the all-reduce ready flags: fixed by the comm's

@@ -62,7 +62,8 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * group is what one reduce item reduces and one gather item copies, and each costs a queue
    * claim and a flag wait, and the reduction a system-scope fence and world - 1 flag stores;
    * with one 128 x 256 unit per group a gather item copies 64 KiB. Up to 4 units per group
-   * while the owner keeps at least 2 groups per CTA of the rank. Tenth session (docs/PERF.md),
+   * while the owner keeps at least 2 groups per CTA of the rank (of the rank with the fewest,
+   * plan_sms: every rank must number the groups alike). Tenth session (docs/PERF.md),
    * TW_RS_GROUP_UNITS in A/B, GEMM+AR fp32, single units -> the rule's: 8 virtual ranks
    * flux-tp8 9.68 -> 9.47 ms (4), M=4096 0.796 -> 0.745 (2), 8192 3.82 -> 3.61 (4), 16384
    * 23.2 -> 21.9 (4); 2 H200s flux-tp8 1.268 -> 1.230 (2), 8192 0.672 -> 0.647 (2), 16384
@@ -71,8 +72,9 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * units, 0.232 at 4). tw_gemm_rs, which has no gather, was level or slower at every count,
    * so it keeps single units. */
   if (a->all_reduce) {
+    const int64_t sms = a->plan_sms > 0 ? a->plan_sms : a->sm_budget;
     int64_t want = 1;
-    while (want < 4 && units_max / (want * 2) >= 2 * (int64_t)a->sm_budget)
+    while (want < 4 && units_max / (want * 2) >= 2 * sms)
       want *= 2;
     if (want > g)
       g = want;

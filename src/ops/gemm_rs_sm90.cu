@@ -773,7 +773,8 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                                (int)tw_env_int(TW_RS_INTERLEAVE_ID),
                                (int)tw_env_int(TW_RS_REDUCE_CTAS_ID),
                                tw_env_int(TW_RS_STEAL_ID) != 0,
-                               (int)tw_env_int(TW_RS_GROUP_UNITS_ID)};
+                               (int)tw_env_int(TW_RS_GROUP_UNITS_ID),
+                               comm->plan_sms};
   tw_gemm_rs_make_plan(&pa, plan);
   plan->direct = direct;
   /* Symmetric outputs (args.out_symmetric): the owners store their reduced rows into every

@@ -39,7 +39,9 @@ typedef struct tw_peer_info {
   int32_t pid;
   uint64_t host_hash; /* hash of hostname + boot id: equal => same host */
   int32_t cuda_device;
-  int32_t sm_count;     /* SMs of the rank's GPU */
+  int32_t sm_count;  /* SMs of the rank's GPU */
+  int32_t sm_budget; /* the rank's tw_config.sm_budget after TW_SM_BUDGET (0: its share) */
+  int32_t reserved;
   uint8_t gpu_uuid[16]; /* equal uuid => the ranks share one GPU (virtual ranks / MPS) */
   char hostname[64];
 } tw_peer_info_t;
@@ -50,8 +52,8 @@ tw_status_t tw_bootstrap_create_root(tw_unique_id_t *id);
 
 /* Joins the group: connects to the root, exchanges tw_peer_info_t, sets up the
  * star to rank 0 and this process's unix socket for fd passing.
- * `self` is this rank's info (rank, pid, device, sm_count, gpu_uuid set by the caller; host_hash
- * and hostname filled in by the bootstrap). */
+ * `self` is this rank's info (rank, pid, device, sm_count, sm_budget, gpu_uuid set by the caller;
+ * host_hash and hostname filled in by the bootstrap). */
 tw_status_t tw_bootstrap_init(tw_bootstrap_t **bs, const tw_unique_id_t *id, int rank, int world,
                               int timeout_ms, tw_peer_info_t *self);
 /* Info of every rank, indexed by rank (valid until destroy). */

@@ -85,13 +85,19 @@ static tw_status_t resolve_config(const tw_config_t *user, tw_config_t *out) {
   return TW_SUCCESS;
 }
 
-void tw_assign_gpus(tw_comm_t comm, const uint64_t *host_of, const uint8_t (*uuid)[16]) {
+void tw_assign_gpus(tw_comm_t comm, const uint64_t *host_of, const uint8_t (*uuid)[16],
+                    const int *sm_count, const int *sm_budget_cfg) {
   const int world = comm->world, r = comm->rank;
-  comm->ranks_on_device = 0, comm->gpu_shared = 0;
+  comm->ranks_on_device = 0, comm->gpu_shared = 0, comm->plan_sms = 0;
   for (int p = 0; p < world; p++) {
     comm->ranks_on_device += host_of[p] == host_of[r] && memcmp(uuid[p], uuid[r], 16) == 0;
-    for (int q = p + 1; q < world; q++)
-      comm->gpu_shared |= host_of[p] == host_of[q] && memcmp(uuid[p], uuid[q], 16) == 0;
+    int on_p = 0; /* ranks on p's GPU */
+    for (int q = 0; q < world; q++)
+      on_p += host_of[p] == host_of[q] && memcmp(uuid[p], uuid[q], 16) == 0;
+    comm->gpu_shared |= on_p > 1;
+    const int budget = sm_budget_cfg[p] > 0 ? sm_budget_cfg[p] : sm_count[p] / on_p;
+    if (p == 0 || budget < comm->plan_sms)
+      comm->plan_sms = budget;
   }
 }
 
@@ -382,7 +388,7 @@ tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
   tw_status_t st;
   tw_group_t *g = NULL;
   tw_config_t cfg;
-  int sm_count[TW_MAX_WORLD];
+  int sm_count[TW_MAX_WORLD], budget_cfg[TW_MAX_WORLD];
   uint8_t uuid[TW_MAX_WORLD][16];
   uint64_t host_of[TW_MAX_WORLD] = {0};
   tw_error_clear();
@@ -404,6 +410,7 @@ tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
     st = device_identity(devices[r], &sm_count[r], uuid[r]);
     if (st != TW_SUCCESS)
       return st;
+    budget_cfg[r] = cfg.sm_budget;
   }
   /* Distinct GPUs must reach each other. */
   for (int r = 0; r < world; r++) {
@@ -437,7 +444,7 @@ tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
     c->device = devices[r];
     c->config = cfg;
     c->sm_count = sm_count[r];
-    tw_assign_gpus(c, host_of, (const uint8_t(*)[16])uuid);
+    tw_assign_gpus(c, host_of, (const uint8_t(*)[16])uuid, sm_count, budget_cfg);
     TW_CHECK(pick_sm_budget(c));
     tw_assign_nodes(c, host_of, cfg.ranks_per_node);
     g->local[r] = c;
@@ -519,6 +526,7 @@ tw_status_t tw_comm_init_rank(tw_comm_t *out, int world, tw_unique_id_t id, int 
   st = device_identity(device, &self.sm_count, self.gpu_uuid);
   if (st != TW_SUCCESS)
     return st;
+  self.sm_budget = cfg.sm_budget;
   g = group_new(world);
   if (!g)
     return tw_fail(TW_ERR_SYSTEM, "out of host memory");
@@ -535,12 +543,14 @@ tw_status_t tw_comm_init_rank(tw_comm_t *out, int world, tw_unique_id_t id, int 
   c->config = cfg;
   c->sm_count = self.sm_count;
   uint8_t uuid[TW_MAX_WORLD][16];
+  int sm_count[TW_MAX_WORLD], budget_cfg[TW_MAX_WORLD];
   for (int p = 0; p < world; p++) {
     host_of[p] = peers[p].host_hash;
     g->mappable[p] = peers[p].host_hash == peers[rank].host_hash;
     memcpy(uuid[p], peers[p].gpu_uuid, 16);
+    sm_count[p] = peers[p].sm_count, budget_cfg[p] = peers[p].sm_budget;
   }
-  tw_assign_gpus(c, host_of, (const uint8_t(*)[16])uuid);
+  tw_assign_gpus(c, host_of, (const uint8_t(*)[16])uuid, sm_count, budget_cfg);
   TW_CHECK(pick_sm_budget(c));
   tw_assign_nodes(c, host_of, cfg.ranks_per_node);
   g->local[rank] = c;

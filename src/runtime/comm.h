@@ -77,6 +77,10 @@ struct tw_comm {
    * alike (tw_gemm_rs's unit numbering, tw_gemm_ar's gather) take this one. */
   int gpu_shared;
   int sm_budget;
+  /* The smallest sm_budget of any rank (its configured one, else its share of its GPU's SMs):
+   * the same on every rank, for plan choices that every rank must make alike (tw_gemm_ar's
+   * unit groups). */
+  int plan_sms;
   tw_config_t config; /* effective (defaults resolved) */
   uint64_t alloc_seq; /* tw_mem_alloc calls made by this rank */
   tw_ctrl_t *ctrl;    /* this rank's control block (symmetric offset 0) */
@@ -134,7 +138,8 @@ void tw_assign_nodes(struct tw_comm *comm, const uint64_t *host_of, int ranks_pe
 
 /* Fills ranks_on_device and gpu_shared of comm (rank and world set) from every rank's host
  * hash and GPU UUID: ranks of one host whose UUIDs match share a GPU. */
-void tw_assign_gpus(struct tw_comm *comm, const uint64_t *host_of, const uint8_t (*uuid)[16]);
+void tw_assign_gpus(struct tw_comm *comm, const uint64_t *host_of, const uint8_t (*uuid)[16],
+                    const int *sm_count, const int *sm_budget_cfg);
 
 /* The stream an op launches its kernel on: the caller's, or (virtual ranks) the
  * rank's own stream made to wait for the caller's. Pair with tw_launch_end. */

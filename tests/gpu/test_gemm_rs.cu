@@ -1,6 +1,7 @@
 /*
  * tw_gemm_rs and tw_gemm_ar on virtual ranks (one GPU): for worlds 1, 2, 3, 4, 8
- * and shapes with tails (m / world = 1, 100, 300, ...), the fused output equals,
+ * and shapes with tails (m / world = 1, 100, 300, ...) and one where tw_gemm_ar groups its
+ * units (1024 x 8448), the fused output equals,
  * bitwise, the unfused pipeline built from the same core (tw_gemm with fp32
  * output on every rank, then the rank-ordered reduction of src/ref/ref_reduce.cu),
  * and is within bf16 tolerance of an fp32 reference (tw_ref_gemm_fp32 summed over
@@ -482,8 +483,13 @@ int main(int argc, char **argv) {
     test_case(w, 1, 8, 8, 0, seed + 20 * w);
     test_case(w, 300, 520, 1032, 0, seed + 30 * w);
     test_case(w, 1024, 1024, 512, 0, seed + 40 * w);
-    if (w > 1)
+    if (w > 1) {
       test_case(w, 1000, 512, 256, 3, seed + 50 * w);
+      /* 264 units per owner: tw_gemm_ar's plan puts 2 or 4 behind each flag (2 groups per CTA
+       * of the rank with the fewest SMs; with 3 ranks on 2 GPUs, 66 and 132 SMs, every rank
+       * must count 66 or the groups disagree). */
+      test_case(w, 1024, 8448, 64, 0, seed + 60 * w);
+    }
   }
   test_back_to_back(small ? 2 : 4, small ? 20 : 1000, seed + 5000);
   for (int wi = 1; wi < (small ? 2 : 5); wi++) /* worlds 2, 3, 4, 8 */

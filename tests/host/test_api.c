@@ -109,36 +109,40 @@ static void test_topology(void) {
   expect_nodes(1, same, 0, 0, 0, 1, 0, 1);
 }
 
-/* ranks_on_device is the rank's own count; gpu_shared is the same on every rank (plans that all
- * ranks must choose alike take it): 3 ranks on 2 GPUs give 2 / 1 / 2 and 1 everywhere. */
-static void expect_gpus(int world, const uint64_t *hosts, const int *gpu, int rank, int on_device,
-                        int shared) {
+/* ranks_on_device is the rank's own count; gpu_shared and plan_sms are the same on every rank
+ * (plans that all ranks must choose alike take them): 3 ranks on 2 GPUs give 2 / 1 / 2 and 1
+ * everywhere, and the smallest budget (132 SMs per GPU, shared by 2: 66) everywhere. */
+static void expect_gpus(int world, const uint64_t *hosts, const int *gpu, const int *budget_cfg,
+                        int rank, int on_device, int shared, int plan_sms) {
   uint8_t uuid[TW_MAX_WORLD][16];
+  int sm_count[TW_MAX_WORLD];
   memset(uuid, 0, sizeof(uuid));
   for (int p = 0; p < world; p++)
-    uuid[p][5] = (uint8_t)(1 + gpu[p]);
+    uuid[p][5] = (uint8_t)(1 + gpu[p]), sm_count[p] = 132;
   struct tw_comm c;
   memset(&c, 0, sizeof(c));
   c.rank = rank, c.world = world;
-  tw_assign_gpus(&c, hosts, (const uint8_t(*)[16])uuid);
-  TEST_ASSERT(c.ranks_on_device == on_device && c.gpu_shared == shared,
-              "world %d rank %d: %d on its GPU, shared %d; expected %d, %d", world, rank,
-              c.ranks_on_device, c.gpu_shared, on_device, shared);
+  tw_assign_gpus(&c, hosts, (const uint8_t(*)[16])uuid, sm_count, budget_cfg);
+  TEST_ASSERT(c.ranks_on_device == on_device && c.gpu_shared == shared && c.plan_sms == plan_sms,
+              "world %d rank %d: %d on its GPU, shared %d, plan_sms %d; expected %d, %d, %d", world,
+              rank, c.ranks_on_device, c.gpu_shared, c.plan_sms, on_device, shared, plan_sms);
 }
 
 static void test_gpus(void) {
   uint64_t one[8] = {7, 7, 7, 7, 7, 7, 7, 7};
+  const int none[8] = {0}, one_set[3] = {0, 0, 40};
   const int three_on_two[3] = {0, 1, 0};
-  expect_gpus(3, one, three_on_two, 0, 2, 1);
-  expect_gpus(3, one, three_on_two, 1, 1, 1); /* alone on its GPU, yet the comm shares one */
+  expect_gpus(3, one, three_on_two, none, 0, 2, 1, 66);
+  expect_gpus(3, one, three_on_two, none, 1, 1, 1, 66);    /* alone on its GPU, yet shares */
+  expect_gpus(3, one, three_on_two, one_set, 1, 1, 1, 40); /* rank 2 configured 40 SMs */
   const int distinct[4] = {0, 1, 2, 3};
-  expect_gpus(4, one, distinct, 2, 1, 0);
+  expect_gpus(4, one, distinct, none, 2, 1, 0, 132);
   const int all_one[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  expect_gpus(8, one, all_one, 7, 8, 1);
-  expect_gpus(1, one, all_one, 0, 1, 0);
+  expect_gpus(8, one, all_one, none, 7, 8, 1, 16);
+  expect_gpus(1, one, all_one, none, 0, 1, 0, 132);
   uint64_t two_hosts[2] = {3, 9}; /* the same GPU index on two hosts is two GPUs */
   const int same_index[2] = {0, 0};
-  expect_gpus(2, two_hosts, same_index, 0, 1, 0);
+  expect_gpus(2, two_hosts, same_index, none, 0, 1, 0, 132);
 }
 
 int main(void) {

@@ -132,7 +132,7 @@ static void test_gemm_rs_plans(void) {
       for (int ar = 0; ar < 2; ar++) {
         const int w = worlds[wi], budget = 132 / w;
         const int64_t m = ms[mi] * w;
-        tw_gemm_rs_plan_args_t a = {w, m, 4096, 512, budget, 0, ar, 0, 4, 0, 0, -1, -1, 1, 0};
+        tw_gemm_rs_plan_args_t a = {w, m, 4096, 512, budget, 0, ar, 0, 4, 0, 0, -1, -1, 1, 0, 0};
         tw_gemm_rs_plan_t p;
         tw_gemm_rs_make_plan(&a, &p);
         TEST_ASSERT(p.ctas >= 2 && p.ctas <= budget, "ctas %d of %d", p.ctas, budget);
@@ -152,12 +152,12 @@ static void test_gemm_rs_plans(void) {
       }
   /* A shape with more units than the stride groups them; the direct all-reduce (planned as
    * one owner of all rows) keeps the comm's stride too. */
-  tw_gemm_rs_plan_args_t wide = {8, 65536, 65536, 512, 16, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0};
+  tw_gemm_rs_plan_args_t wide = {8, 65536, 65536, 512, 16, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 0};
   tw_gemm_rs_plan_t pw;
   tw_gemm_rs_make_plan(&wide, &pw);
   TEST_ASSERT(pw.group_units > 1 && pw.groups_max <= tw_rs_flag_stride(8),
               "m = n = 65536 on 8 ranks: %d groups of %d units", pw.groups_max, pw.group_units);
-  tw_gemm_rs_plan_args_t direct = {1, 65536, 65536, 512, 16, 0, 0, 0, 4, 8, 0, -1, -1, 1, 0};
+  tw_gemm_rs_plan_args_t direct = {1, 65536, 65536, 512, 16, 0, 0, 0, 4, 8, 0, -1, -1, 1, 0, 0};
   tw_gemm_rs_make_plan(&direct, &pw);
   TEST_ASSERT(pw.flag_stride == tw_rs_flag_stride(8) && pw.groups_max <= pw.flag_stride,
               "direct on 8 ranks: stride %d, %d groups", pw.flag_stride, pw.groups_max);
@@ -165,7 +165,7 @@ static void test_gemm_rs_plans(void) {
    * TW_RS_GROUP_UNITS: that many units per group, never more than the owner has, groups still
    * within the stride (below what the stride needs it changes nothing); 1 takes the rule back
    * to single units. */
-  tw_gemm_rs_plan_args_t gr = {8, 8192, 8192, 1024, 16, 0, 1, 0, 4, 0, 1, -1, 0, 1, 0};
+  tw_gemm_rs_plan_args_t gr = {8, 8192, 8192, 1024, 16, 0, 1, 0, 4, 0, 1, -1, 0, 1, 0, 0};
   static const int group_cases[][3] = {/* TW_RS_GROUP_UNITS, units per group, groups */
                                        {0, 4, 64},
                                        {1, 1, 256},
@@ -187,11 +187,17 @@ static void test_gemm_rs_plans(void) {
   } ar2[] = {
       {1024, 8192, 1}, {4096, 4096, 1}, {4096, 12288, 2}, {8192, 8192, 2}, {16384, 16384, 4}};
   for (int i = 0; i < 5; i++) {
-    tw_gemm_rs_plan_args_t a2 = {2, ar2[i].m, ar2[i].n, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0};
+    tw_gemm_rs_plan_args_t a2 = {2, ar2[i].m, ar2[i].n, 2048, 132, 0, 1, 0,
+                                 4, 0,        0,        -1,   -1,  1, 0, 0};
     tw_gemm_rs_make_plan(&a2, &pw);
     TEST_ASSERT(pw.group_units == ar2[i].units,
                 "gemm_ar %lldx%lld on 2 GPUs: %d units per group, want %d", (long long)ar2[i].m,
                 (long long)ar2[i].n, pw.group_units, ar2[i].units);
+    a2.sm_budget = 200, a2.plan_sms = 132; /* the groups follow plan_sms, not the rank's own */
+    tw_gemm_rs_make_plan(&a2, &pw);
+    TEST_ASSERT(pw.group_units == ar2[i].units,
+                "gemm_ar %lldx%lld, budget 200, plan_sms 132: %d units per group, want %d",
+                (long long)ar2[i].m, (long long)ar2[i].n, pw.group_units, ar2[i].units);
     a2.all_reduce = 0; /* tw_gemm_rs and the direct scheme: single units */
     tw_gemm_rs_make_plan(&a2, &pw);
     TEST_ASSERT(pw.group_units == 1, "gemm_rs %lldx%lld on 2 GPUs: %d units per group",
@@ -208,12 +214,12 @@ static void test_gemm_rs_plans(void) {
   tw_gemm_rs_make_plan(&direct, &pw);
   TEST_ASSERT(pw.interleave == 0, "direct (one owner) with TW_RS_INTERLEAVE=1: interleaved");
   tw_gemm_rs_plan_args_t one = {2, 4096, 256, 512, 66, 0, 0, 0,
-                                4, 0,    0,   -1,  -1, 1, 0}; /* one column block */
+                                4, 0,    0,   -1,  -1, 1, 0, 0}; /* one column block */
   tw_gemm_rs_plan_t p;
   tw_gemm_rs_make_plan(&one, &p);
   TEST_ASSERT(p.band == 1, "n = 256: band %d", p.band);
   tw_gemm_rs_plan_args_t big = {2, 16384, 16384, 2048, 132, 0, 0, 0,
-                                4, 0,     0,     -1,   -1,  1, 0}; /* A 64 MiB: bands */
+                                4, 0,     0,     -1,   -1,  1, 0, 0}; /* A 64 MiB: bands */
   tw_gemm_rs_make_plan(&big, &p);
   TEST_ASSERT(p.band == 8, "M=16384 K=2048: band %d, want 8", p.band);
   /* Interleaved owners: fp32 partials on distinct GPUs, owners of whole row blocks. */
