@@ -33,7 +33,8 @@
 #             GEMM+RS / GEMM+AR, on 8 virtual ranks and on 2 GPUs (tenth session: taken for
 #             GEMM+AR's gather, up to 4 units while 2 groups per CTA remain)
 #     g10     the plan's gather groups against single units, GEMM+AR (taken, tenth session)
-#     sym     (the default) symmetric outputs with TW_RS_GROUP_UNITS=1,2,4
+#     sym     symmetric outputs with TW_RS_GROUP_UNITS=1,2,4 (taken, tenth session)
+#     push10  (the default) the push gather against the pull with coarser groups, GEMM+AR
 #     diag9   TW_TRACE of 8-rank GEMM+RS / GEMM+AR at M=8192 (where the fused
 #             all-gather half loses 0.3-0.5 ms); the copy-engine mode at M=16384 in three
 #             processes and traced (its run-to-run spread, 1.65-1.80 ms)
@@ -361,7 +362,16 @@ exp_sym() { # tenth session: symmetric outputs (no gather copy, but the same per
       "$bin/tw-bench" gemm_ar --world 2 --repeats 24 --warmup 5
   fi
 }
-for e in ${TW_EXP:-sym}; do
+exp_push10() { # tenth session: with coarser groups, the push gather where ranks share a GPU
+  # (the default there is the pull), and on 2 GPUs (where the push is the default)
+  run "push10-vranks-gemm_ar" 150 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_AR_PUSH=0,1 \
+    "$bin/tw-bench" gemm_ar --repeats 24 --warmup 5
+  if [ "$ngpus" -gt 1 ]; then
+    run "push10-gpus-gemm_ar" 100 env TW_BENCH_AB=TW_AR_PUSH=0,1 "$bin/tw-bench" gemm_ar \
+      --world 2 --repeats 24 --warmup 5
+  fi
+}
+for e in ${TW_EXP:-push10}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}
