@@ -35,6 +35,11 @@ int tw_env_markdown(FILE *out) {
         "Give every process of a comm the same values: the fused ops' knobs (`TW_RS_*`,\n"
         "`TW_AR_*`, `TW_AG_*`) change how ranks number, store or fetch each other's data, and\n"
         "ranks that disagree compute wrong results or wait until `TW_WAIT_TIMEOUT_MS`.\n"
+        "`tw_comm_init_rank` compares the values of those that must agree (chunk size, band,\n"
+        "unit groups, interleave, the pull, push, direct, peer-read and copy-engine choices;\n"
+        "the list is `alike_knobs` in src/runtime/comm.c) across the processes and fails with\n"
+        "`TW_ERR_INVALID_ARGUMENT`, naming the knob, where they differ; changing one in a single\n"
+        "process after init is not caught.\n"
         "\n"
         "| Knob | Type | Default | Description |\n"
         "|---|---|---|---|\n",

@@ -33,6 +33,9 @@ typedef struct tw_bootstrap_id {
   uint16_t reserved;
 } tw_bootstrap_id_t;
 
+/* Room for the knobs that every rank must set alike (comm.c lists them). */
+#define TW_PEER_KNOBS 12
+
 /* What every rank learns about every other at init. */
 typedef struct tw_peer_info {
   int32_t rank;
@@ -44,6 +47,8 @@ typedef struct tw_peer_info {
   int32_t reserved;
   uint8_t gpu_uuid[16]; /* equal uuid => the ranks share one GPU (virtual ranks / MPS) */
   char hostname[64];
+  /* The rank's values of the knobs every rank must set alike (tw_alike_knobs, comm.h). */
+  int64_t knobs[TW_PEER_KNOBS];
 } tw_peer_info_t;
 
 /* Fills id with {magic, nonce, root IPv4 address:port} and starts a detached

@@ -101,6 +101,37 @@ void tw_assign_gpus(tw_comm_t comm, const uint64_t *host_of, const uint8_t (*uui
   }
 }
 
+/* Knobs that fix how ranks number, store or fetch each other's data: chunk and tile numbering,
+ * unit groups, the gather and reduction schemes. A rank that disagrees would wait for flags its
+ * peers never set, or sum partials that had not landed. Knobs that only shape a rank's own
+ * work (CTA counts, signalling, tracing) may differ. */
+static const tw_env_id alike_knobs[] = {
+    TW_AG_CHUNK_BYTES_ID, TW_RS_BAND_ID,   TW_RS_GROUP_UNITS_ID, TW_RS_INTERLEAVE_ID,
+    TW_RS_PULL_ID,        TW_AR_PUSH_ID,   TW_AR_DIRECT_ID,      TW_AG_PEER_GATHER_ID,
+    TW_AG_PEER_READ_ID,   TW_AG_AUTO_CE_ID};
+_Static_assert(sizeof(alike_knobs) / sizeof(alike_knobs[0]) <= TW_PEER_KNOBS,
+               "TW_PEER_KNOBS holds every knob that ranks must set alike");
+enum { n_alike_knobs = (int)(sizeof(alike_knobs) / sizeof(alike_knobs[0])) };
+
+void tw_alike_knobs(int64_t *knobs) {
+  for (int i = 0; i < TW_PEER_KNOBS; i++)
+    knobs[i] = i < n_alike_knobs ? tw_env_int(alike_knobs[i]) : 0;
+}
+
+tw_status_t tw_check_alike_knobs(const int64_t (*knobs)[TW_PEER_KNOBS], int world) {
+  for (int i = 0; i < n_alike_knobs; i++)
+    for (int r = 1; r < world; r++)
+      if (knobs[r][i] != knobs[0][i]) {
+        const char *name = "?";
+        tw_env_describe((int)alike_knobs[i], &name, NULL, NULL, NULL, NULL);
+        return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                       "%s is %lld on rank 0 but %lld on rank %d: every rank must set it alike "
+                       "(it fixes how ranks number and exchange their data; docs/ENV.md)",
+                       name, (long long)knobs[0][i], (long long)knobs[r][i], r);
+      }
+  return TW_SUCCESS;
+}
+
 /* Node layout: virtual nodes of ranks_per_node consecutive ranks, or by host. */
 void tw_assign_nodes(tw_comm_t comm, const uint64_t *host_of, int ranks_per_node) {
   int world = comm->world, r = comm->rank;
@@ -527,12 +558,19 @@ tw_status_t tw_comm_init_rank(tw_comm_t *out, int world, tw_unique_id_t id, int 
   if (st != TW_SUCCESS)
     return st;
   self.sm_budget = cfg.sm_budget;
+  tw_alike_knobs(self.knobs);
   g = group_new(world);
   if (!g)
     return tw_fail(TW_ERR_SYSTEM, "out of host memory");
   g->nlocal = 1;
   TW_CHECK(tw_bootstrap_init(&g->bs, &id, rank, world, cfg.bootstrap_timeout_ms, &self));
   const tw_peer_info_t *peers = tw_bootstrap_peers(g->bs);
+  {
+    int64_t knobs[TW_MAX_WORLD][TW_PEER_KNOBS];
+    for (int p = 0; p < world; p++)
+      memcpy(knobs[p], peers[p].knobs, sizeof(knobs[p]));
+    TW_CHECK(tw_check_alike_knobs((const int64_t(*)[TW_PEER_KNOBS])knobs, world));
+  }
   c = calloc(1, sizeof(*c));
   if (!c)
     TW_FAIL(TW_ERR_SYSTEM, "out of host memory");

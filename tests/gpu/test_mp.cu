@@ -3,7 +3,8 @@
  * is one: run under MPS, which scripts/gpu-suite.sh starts). Exercises the TCP
  * bootstrap, the fd exchange of the symmetric heap and the allgather across
  * processes, and tw_ag_gemm, tw_gemm_rs and tw_gemm_ar against their unfused pipelines, bitwise
- * (with a GPU per rank, every other tw_ag_gemm call in the copy-engine mode).
+ * (with a GPU per rank, every other tw_ag_gemm call in the copy-engine mode); then 2 ranks
+ * whose TW_RS_BAND differs, where tw_comm_init_rank must fail on both, naming the knob.
  * Usage: test_mp [world=4] [iterations=100].
  */
 #include <cuda_runtime.h>
@@ -220,6 +221,72 @@ static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int devic
   return failures ? 1 : 0;
 }
 
+/* A rank whose TW_RS_BAND differs (rank 1 sets it): tw_comm_init_rank fails on every rank,
+ * naming the knob, instead of a later call waiting on flags or summing partials too early. */
+static int run_mismatch(tw_unique_id_t id, int rank, int world, int device) {
+  if (cudaSetDevice(device) != cudaSuccess)
+    return 1;
+  if (rank == 1)
+    setenv("TW_RS_BAND", "3", 1);
+  tw_comm_t comm = NULL;
+  const tw_status_t st = tw_comm_init_rank(&comm, world, id, rank, NULL);
+  const char *why = tw_last_error();
+  if (st == TW_ERR_INVALID_ARGUMENT && why &&
+      strstr(why, "TW_RS_BAND is 0 on rank 0 but 3 on rank 1")) {
+    printf("rank %d: init refused as expected: %s\n", rank, why);
+    return 0;
+  }
+  fprintf(stderr, "rank %d: init with TW_RS_BAND set on rank 1 only: status %d (%s)\n", rank,
+          (int)st, why ? why : "");
+  if (comm)
+    tw_comm_destroy(comm);
+  return 1;
+}
+
+/* Forks `world` ranks running fn and waits for them (killed after 240 s). */
+static void run_ranks(int world, int ngpus, int (*fn)(tw_unique_id_t, int, int, int, void *),
+                      void *arg) {
+  tw_unique_id_t id;
+  TEST_TW_OK(tw_get_unique_id(&id));
+  pid_t pids[TW_MAX_WORLD];
+  for (int r = 0; r < world; r++) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      const int rc = fn(id, r, world, r % ngpus, arg);
+      fflush(NULL); /* _exit does not flush: the rank's lines were lost where stdout is a file */
+      _exit(rc);
+    }
+  }
+  double deadline = tw_test_now() + 240;
+  for (int r = 0; r < world; r++) {
+    int st = 0;
+    pid_t got;
+    while ((got = waitpid(pids[r], &st, WNOHANG)) == 0 && tw_test_now() < deadline)
+      usleep(10000);
+    if (got == 0) {
+      for (int k = 0; k < world; k++)
+        kill(pids[k], SIGKILL);
+      TEST_ASSERT(0, "rank %d did not finish within 240 s: killed", r);
+      break;
+    }
+    TEST_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d exited with status %d", r, st);
+  }
+}
+
+typedef struct {
+  int iters, own_gpu;
+} main_args_t;
+
+static int main_rank(tw_unique_id_t id, int rank, int world, int device, void *arg) {
+  const main_args_t *a = (const main_args_t *)arg;
+  return run_rank(id, rank, world, a->iters, device, a->own_gpu);
+}
+
+static int mismatch_rank(tw_unique_id_t id, int rank, int world, int device, void *arg) {
+  (void)arg;
+  return run_mismatch(id, rank, world, device);
+}
+
 int main(int argc, char **argv) {
   setenv("CUDA_MODULE_LOADING", "EAGER",
          0); /* the ranks' own kernels: see tw_test_require_hopper */
@@ -244,30 +311,8 @@ int main(int argc, char **argv) {
            world, ngpus);
     return 77;
   }
-  tw_unique_id_t id;
-  TEST_TW_OK(tw_get_unique_id(&id));
-  pid_t pids[TW_MAX_WORLD];
-  for (int r = 0; r < world; r++) {
-    pids[r] = fork();
-    if (pids[r] == 0) {
-      const int rc = run_rank(id, r, world, iters, r % ngpus, world <= ngpus);
-      fflush(NULL); /* _exit does not flush: the rank's lines were lost where stdout is a file */
-      _exit(rc);
-    }
-  }
-  double deadline = tw_test_now() + 240;
-  for (int r = 0; r < world; r++) {
-    int st = 0;
-    pid_t got;
-    while ((got = waitpid(pids[r], &st, WNOHANG)) == 0 && tw_test_now() < deadline)
-      usleep(10000);
-    if (got == 0) {
-      for (int k = 0; k < world; k++)
-        kill(pids[k], SIGKILL);
-      TEST_ASSERT(0, "rank %d did not finish within 240 s: killed", r);
-      break;
-    }
-    TEST_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d exited with status %d", r, st);
-  }
+  main_args_t args = {iters, world <= ngpus};
+  run_ranks(world, ngpus, main_rank, &args);
+  run_ranks(2, ngpus, mismatch_rank, NULL);
   return tw_test_finish();
 }
