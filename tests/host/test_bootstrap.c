@@ -35,6 +35,9 @@ static tw_peer_info_t make_self(int rank) {
   self.rank = rank;
   self.pid = (int32_t)getpid();
   self.cuda_device = rank;
+  self.sm_budget = 10 + rank; /* travel with the table: comm.c compares them across ranks */
+  for (int i = 0; i < TW_PEER_KNOBS; i++)
+    self.knobs[i] = 1000 * (int64_t)rank - i;
   return self;
 }
 
@@ -189,6 +192,11 @@ static int flow_rank(const tw_unique_id_t *id, int rank, int world, int timeout_
                r);
     FLOW_CHECK(strcmp(peers[r].hostname, self.hostname) == 0, "rank %d: peers[%d].hostname %s",
                rank, r, peers[r].hostname);
+    FLOW_CHECK(peers[r].sm_budget == 10 + r, "rank %d: peers[%d].sm_budget = %d", rank, r,
+               peers[r].sm_budget);
+    for (int i = 0; i < TW_PEER_KNOBS; i++)
+      FLOW_CHECK(peers[r].knobs[i] == 1000 * (int64_t)r - i, "rank %d: peers[%d].knobs[%d] = %lld",
+                 rank, r, i, (long long)peers[r].knobs[i]);
   }
   FLOW_CHECK(peers[rank].pid == self.pid, "rank %d: own pid %d in the table, expected %d", rank,
              peers[rank].pid, self.pid);
