@@ -57,7 +57,8 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   }
   /* Counters within the comm's fixed flag stride (gemm_rs.h), whatever this call's shape. */
   const int64_t stride = tw_rs_flag_stride(a->comm_world > 0 ? a->comm_world : world);
-  int64_t g = units_max > stride ? (units_max + stride - 1) / stride : 1;
+  const int64_t g_min = units_max > stride ? (units_max + stride - 1) / stride : 1;
+  int64_t g = g_min;
   /* Coarser work items for tw_gemm_ar (not the direct scheme, planned with all_reduce 0): a
    * group is what one reduce item reduces and one gather item copies, and each costs a queue
    * claim and a flag wait, and the reduction a system-scope fence and world - 1 flag stores;
@@ -83,7 +84,6 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * units, never fewer than the flag slice needs. */
   if (a->group_env > 0) {
     const int64_t e = a->group_env < units_max ? a->group_env : (units_max > 0 ? units_max : 1);
-    const int64_t g_min = units_max > stride ? (units_max + stride - 1) / stride : 1;
     g = e > g_min ? e : g_min;
   }
   plan->group_units = (int)g;

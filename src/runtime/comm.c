@@ -118,16 +118,16 @@ void tw_alike_knobs(int64_t *knobs) {
     knobs[i] = i < n_alike_knobs ? tw_env_int(alike_knobs[i]) : 0;
 }
 
-tw_status_t tw_check_alike_knobs(const int64_t (*knobs)[TW_PEER_KNOBS], int world) {
+tw_status_t tw_check_alike_knobs(const tw_peer_info_t *peers, int world) {
   for (int i = 0; i < n_alike_knobs; i++)
     for (int r = 1; r < world; r++)
-      if (knobs[r][i] != knobs[0][i]) {
+      if (peers[r].knobs[i] != peers[0].knobs[i]) {
         const char *name = "?";
         tw_env_describe((int)alike_knobs[i], &name, NULL, NULL, NULL, NULL);
         return tw_fail(TW_ERR_INVALID_ARGUMENT,
                        "%s is %lld on rank 0 but %lld on rank %d: every rank must set it alike "
                        "(it fixes how ranks number and exchange their data; docs/ENV.md)",
-                       name, (long long)knobs[0][i], (long long)knobs[r][i], r);
+                       name, (long long)peers[0].knobs[i], (long long)peers[r].knobs[i], r);
       }
   return TW_SUCCESS;
 }
@@ -565,12 +565,7 @@ tw_status_t tw_comm_init_rank(tw_comm_t *out, int world, tw_unique_id_t id, int 
   g->nlocal = 1;
   TW_CHECK(tw_bootstrap_init(&g->bs, &id, rank, world, cfg.bootstrap_timeout_ms, &self));
   const tw_peer_info_t *peers = tw_bootstrap_peers(g->bs);
-  {
-    int64_t knobs[TW_MAX_WORLD][TW_PEER_KNOBS];
-    for (int p = 0; p < world; p++)
-      memcpy(knobs[p], peers[p].knobs, sizeof(knobs[p]));
-    TW_CHECK(tw_check_alike_knobs((const int64_t(*)[TW_PEER_KNOBS])knobs, world));
-  }
+  TW_CHECK(tw_check_alike_knobs(peers, world));
   c = calloc(1, sizeof(*c));
   if (!c)
     TW_FAIL(TW_ERR_SYSTEM, "out of host memory");

@@ -145,9 +145,9 @@ void tw_assign_gpus(struct tw_comm *comm, const uint64_t *host_of, const uint8_t
  * TW_PEER_KNOBS) (unused slots 0). */
 void tw_alike_knobs(int64_t *knobs);
 /* TW_ERR_INVALID_ARGUMENT, naming the knob and two ranks, where ranks' values differ
- * (knobs[r] is rank r's tw_alike_knobs); every rank sees every rank's values, so all fail
- * alike. */
-tw_status_t tw_check_alike_knobs(const int64_t (*knobs)[TW_PEER_KNOBS], int world);
+ * (peers[r].knobs is rank r's tw_alike_knobs); every rank sees every rank's values, so all
+ * fail alike. */
+tw_status_t tw_check_alike_knobs(const tw_peer_info_t *peers, int world);
 
 /* The stream an op launches its kernel on: the caller's, or (virtual ranks) the
  * rank's own stream made to wait for the caller's. Pair with tw_launch_end. */

@@ -148,27 +148,27 @@ static void test_gpus(void) {
 /* Knobs that every rank must set alike: tw_comm_init_rank compares every rank's values (each
  * rank sees all of them, so all fail alike) and names the first that differs. */
 static void test_alike_knobs(void) {
-  int64_t knobs[3][TW_PEER_KNOBS];
+  tw_peer_info_t peers[3];
+  memset(peers, 0, sizeof(peers));
   unsetenv("TW_RS_BAND");
   unsetenv("TW_AR_PUSH");
-  tw_alike_knobs(knobs[0]);
-  memcpy(knobs[1], knobs[0], sizeof(knobs[0]));
-  memcpy(knobs[2], knobs[0], sizeof(knobs[0]));
-  TEST_TW_OK(tw_check_alike_knobs((const int64_t(*)[TW_PEER_KNOBS])knobs, 3));
+  for (int r = 0; r < 3; r++)
+    tw_alike_knobs(peers[r].knobs);
+  TEST_TW_OK(tw_check_alike_knobs(peers, 3));
   setenv("TW_RS_BAND", "3", 1);
-  tw_alike_knobs(knobs[2]);
-  TEST_TW_FAILS(tw_check_alike_knobs((const int64_t(*)[TW_PEER_KNOBS])knobs, 3),
-                TW_ERR_INVALID_ARGUMENT, "TW_RS_BAND is 0 on rank 0 but 3 on rank 2");
+  tw_alike_knobs(peers[2].knobs);
+  TEST_TW_FAILS(tw_check_alike_knobs(peers, 3), TW_ERR_INVALID_ARGUMENT,
+                "TW_RS_BAND is 0 on rank 0 but 3 on rank 2");
   unsetenv("TW_RS_BAND");
-  TEST_TW_OK(tw_check_alike_knobs((const int64_t(*)[TW_PEER_KNOBS])knobs, 2)); /* ranks 0, 1 */
-  setenv("TW_AR_PUSH", "0", 1);                                                /* -1 by default */
-  tw_alike_knobs(knobs[1]);
-  TEST_TW_FAILS(tw_check_alike_knobs((const int64_t(*)[TW_PEER_KNOBS])knobs, 2),
-                TW_ERR_INVALID_ARGUMENT, "TW_AR_PUSH is -1 on rank 0 but 0 on rank 1");
+  TEST_TW_OK(tw_check_alike_knobs(peers, 2)); /* ranks 0, 1 */
+  setenv("TW_AR_PUSH", "0", 1);               /* -1 by default */
+  tw_alike_knobs(peers[1].knobs);
+  TEST_TW_FAILS(tw_check_alike_knobs(peers, 2), TW_ERR_INVALID_ARGUMENT,
+                "TW_AR_PUSH is -1 on rank 0 but 0 on rank 1");
   unsetenv("TW_AR_PUSH");
   setenv("TW_RS_REDUCE_CTAS", "4", 1); /* a rank's own CTA count may differ */
-  tw_alike_knobs(knobs[1]);
-  TEST_TW_OK(tw_check_alike_knobs((const int64_t(*)[TW_PEER_KNOBS])knobs, 2));
+  tw_alike_knobs(peers[1].knobs);
+  TEST_TW_OK(tw_check_alike_knobs(peers, 2));
   unsetenv("TW_RS_REDUCE_CTAS");
 }
 

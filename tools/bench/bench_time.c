@@ -124,6 +124,16 @@ static double quantile(const double *sorted, int n, double q) {
   return sorted[lo] + frac * (sorted[lo + 1] - sorted[lo]);
 }
 
+/* Sorts t[0..n) and returns its median (p10 / p90 optional). */
+static double sorted_stats(double *t, int n, double *p10, double *p90) {
+  qsort(t, (size_t)n, sizeof(double), compare_double);
+  if (p10)
+    *p10 = quantile(t, n, 0.1);
+  if (p90)
+    *p90 = quantile(t, n, 0.9);
+  return quantile(t, n, 0.5);
+}
+
 /* Pooled samples (bench_time_multi_rounds): while `sink` is set, summarize() appends every
  * repeat's time there. */
 static double *sink;
@@ -142,12 +152,7 @@ static double summarize(cudaEvent_t *start, cudaEvent_t *stop, int repeats, doub
     if (sink)
       sink[sink_len++] = (double)ms;
   }
-  qsort(times, (size_t)repeats, sizeof(double), compare_double);
-  double median = quantile(times, repeats, 0.5);
-  if (p10)
-    *p10 = quantile(times, repeats, 0.1);
-  if (p90)
-    *p90 = quantile(times, repeats, 0.9);
+  const double median = sorted_stats(times, repeats, p10, p90);
   free(times);
   return median;
 }
@@ -442,13 +447,8 @@ static void time_rounds(void (*const *fns)(void *ctx, int iter), int nfns, void 
       sink = NULL;
     }
   for (int v = 0; v < nfns; v++) {
-    double *t = pool + (size_t)v * (size_t)(rounds * per);
-    qsort(t, (size_t)len[v], sizeof(double), compare_double);
-    ms[v] = quantile(t, len[v], 0.5);
-    if (p10)
-      p10[v] = quantile(t, len[v], 0.1);
-    if (p90)
-      p90[v] = quantile(t, len[v], 0.9);
+    ms[v] = sorted_stats(pool + (size_t)v * (size_t)(rounds * per), len[v], p10 ? &p10[v] : NULL,
+                         p90 ? &p90[v] : NULL);
   }
   free(len);
   free(pool);
