@@ -135,6 +135,7 @@ if want multi && [ "$ngpus" -gt 1 ]; then
   step "test_allgather, ranks on distinct GPUs" 300 env TW_TEST_DEVICES=distinct "$bin/test_allgather"
   step "test_ag_gemm, ranks on distinct GPUs" 300 env TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
   step "test_gemm_rs, ranks on distinct GPUs" 300 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  step "test_stall, ranks on distinct GPUs" 200 env TW_TEST_DEVICES=distinct "$bin/test_stall"
   step "tw-bench flag (2 GPUs)" 120 "$bin/tw-bench" flag --json "$out/bench-flag-gpus.json"
   step "tw-bench allgather ($ngpus GPUs)" 300 "$bin/tw-bench" allgather --world "$ngpus" --json "$out/bench-allgather-gpus.json"
   step "tw-bench ag_gemm ($ngpus GPUs)" 400 "$bin/tw-bench" ag_gemm --world "$ngpus" ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-ag_gemm-gpus.json"

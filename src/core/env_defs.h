@@ -102,6 +102,11 @@ TW_ENV(TW_RS_PULL, bool, "0",
        "Experimental: 1 makes tw_gemm_rs / tw_gemm_ar store each rank's fp32 partial locally "
        "and the owners read their rows from every rank when reducing (instead of the epilogue "
        "pushing tiles to their owners).")
+TW_ENV(TW_FAULT_STALL_TILE, int, "-1",
+       "For tests: the GEMM core's producer never loads the first stage of this tile (its index "
+       "in the call's tile order, every GEMM-core kernel of the process) and the pipeline's waits "
+       "give up after 500 ms, so an internal stall must be reported (fused ops: "
+       "tw_comm_async_error) or trap the kernel (tw_gemm), never hang. -1: off.")
 TW_ENV(TW_TRACE, bool, "0",
        "1: every fused kernel records per-CTA phase times and wait totals, and one line per call "
        "and rank goes to stderr when the call completes (costs a copy and a host callback).")

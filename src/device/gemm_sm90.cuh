@@ -206,6 +206,9 @@ template <class Epi, class Wait> struct GemmParams {
   int32_t participants;     // kDynamic only: CTAs that run the loop once each
   int32_t k_blocks;         // ceil(K / 64)
   uint64_t mbar_timeout_ns; // bound on each mbarrier wait (0: kMbarTimeoutDefaultNs)
+  int32_t fault_stall;      // tests (TW_FAULT_STALL_TILE): 1 + the tile (in this CTA loop's tile
+                            // numbering) whose first stage the producer never loads; 0: none
+  int32_t pad_;
 };
 
 // ---- stock hooks -----------------------------------------------------------------------------
@@ -492,16 +495,21 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
           wait(&empty[stage], phase ^ 1, kStuckProducerEmpty * 16 + stage);
           if (kb == 0)
             slot[stage] = t;
-          ptx::mbar_arrive_expect_tx(&full[stage], kTileABytes + kTileB);
-          ptx::tma_load_2d(smem + L::kA + stage * kTileABytes, a_map, &full[stage], kb * kBlockK,
-                           a_row);
-          if constexpr (kPair)
-            ptx::tma_load_2d_multicast(smem + L::kB + stage * kTileB + rank * (kTileB / 2),
-                                       &p.b_map, &full[stage], kb * kBlockK,
-                                       nb * BN + (int32_t)rank * (BN / 2), 0x3);
-          else
-            ptx::tma_load_2d(smem + L::kB + stage * kTileB, &p.b_map, &full[stage], kb * kBlockK,
-                             nb * BN);
+          // tests (TW_FAULT_STALL_TILE): this stage's loads never come, so the waits for it
+          // expire and mbar_stuck reports them
+          const bool withheld = kb == 0 && t + 1 == p.fault_stall;
+          if (!withheld) {
+            ptx::mbar_arrive_expect_tx(&full[stage], kTileABytes + kTileB);
+            ptx::tma_load_2d(smem + L::kA + stage * kTileABytes, a_map, &full[stage], kb * kBlockK,
+                             a_row);
+            if constexpr (kPair)
+              ptx::tma_load_2d_multicast(smem + L::kB + stage * kTileB + rank * (kTileB / 2),
+                                         &p.b_map, &full[stage], kb * kBlockK,
+                                         nb * BN + (int32_t)rank * (BN / 2), 0x3);
+            else
+              ptx::tma_load_2d(smem + L::kB + stage * kTileB, &p.b_map, &full[stage], kb * kBlockK,
+                               nb * BN);
+          }
           if (++stage == Stages) {
             stage = 0;
             phase ^= 1;

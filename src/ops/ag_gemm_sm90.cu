@@ -277,6 +277,7 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
   p.gemm.participants = plan.ctas;
   p.gemm.k_blocks = (int32_t)((a.k + kBlockK - 1) / kBlockK);
   p.gemm.mbar_timeout_ns = fused_mbar_timeout_ns(comm->dev.timeout_ns);
+  apply_fault_stall(p.gemm);
   p.gemm.wait.dc = comm->dev;
   p.gemm.wait.m_local = (int32_t)a.m_local;
   p.gemm.wait.rows_per_chunk = plan.rows_per_chunk;

@@ -627,6 +627,7 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   p.gemm.participants = plan.ctas;
   p.gemm.k_blocks = (int32_t)((a.k + kBlockK - 1) / kBlockK);
   p.gemm.mbar_timeout_ns = fused_mbar_timeout_ns(comm->dev.timeout_ns);
+  apply_fault_stall(p.gemm);
   p.gemm.wait.dc = comm->dev;
   p.gemm.wait.ch = ch;
   p.gemm.wait.m_local = (int32_t)m_local;

@@ -165,6 +165,7 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   const int units = sms / unit;
   const int grid = unit * (o.num_tiles < units ? o.num_tiles : units);
   params.participants = grid;
+  apply_fault_stall(params);
   if (dynamic) {
     st = tw_cuda_check(cudaGetSymbolAddress((void **)&params.queue, g_plain_queue),
                        "tw_gemm: cudaGetSymbolAddress(queue)");

@@ -675,12 +675,17 @@ void tw_err_block_format(const volatile tw_err_block_t *e, int wait_timeout_ms, 
         "?", "producer waiting for a free stage", "consumer waiting for a stage's loads",
         "signal warp waiting for a tile", "consumer waiting for a signal-ring entry"};
     const int role = e->what / 16;
+    char bound[96];
+    if (tw_env_int(TW_FAULT_STALL_TILE_ID) >= 0) /* the test's injected stall (gemm_launch.cuh) */
+      snprintf(bound, sizeof(bound), "500 ms: TW_FAULT_STALL_TILE is set");
+    else
+      snprintf(bound, sizeof(bound), "2 x TW_WAIT_TIMEOUT_MS = %d ms, + 10 s", 2 * wait_timeout_ms);
     snprintf(buf, len,
              "%s: rank %d, op %s, block %d: internal stall in the GEMM pipeline (%s, stage %d) "
-             "for longer than its bound (2 x TW_WAIT_TIMEOUT_MS = %d ms, + 10 s); the kernel "
-             "trapped. Please report it. The comm is unusable: destroy it.",
+             "for longer than its bound (%s); the kernel trapped. Please report it. The comm is "
+             "unusable: destroy it.",
              tw_status_string((tw_status_t)code), e->rank, channel_name(e->op), e->block,
-             roles[role >= 1 && role <= 4 ? role : 0], e->what % 16, 2 * wait_timeout_ms);
+             roles[role >= 1 && role <= 4 ? role : 0], e->what % 16, bound);
     return;
   }
   char peer[32] = "unknown";

@@ -140,6 +140,11 @@ int main(void) {
                           "(consumer waiting for a stage's loads, stage 1)") &&
                   strstr(msg, "20000 ms") && strstr(msg, "trapped"),
               "pipeline stall message: \"%s\"", msg);
+  setenv("TW_FAULT_STALL_TILE", "2", 1); /* the injected stall's bound (test_stall) */
+  tw_err_block_format(&e, 10000, msg, sizeof(msg));
+  TEST_ASSERT(strstr(msg, "(500 ms: TW_FAULT_STALL_TILE is set)") && !strstr(msg, "20000 ms"),
+              "injected stall message: \"%s\"", msg);
+  unsetenv("TW_FAULT_STALL_TILE");
   e.what = 9 * 16; /* an unknown role still formats */
   tw_err_block_format(&e, 10000, msg, sizeof(msg));
   TEST_ASSERT(strstr(msg, "(?, stage 0)") != NULL, "unknown role: \"%s\"", msg);

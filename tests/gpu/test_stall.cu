@@ -1,0 +1,179 @@
+/*
+ * The GEMM core's pipeline waits are bounded (docs/ARCHITECTURE.md, "Pipeline waits are
+ * bounded too"): with TW_FAULT_STALL_TILE=2 the producer of the CTA that takes tile 2 never
+ * loads that tile's first stage, so the consumers' wait for it can only expire. The kernel then
+ * traps, which ends the CUDA context, so every case runs in a child process of its own:
+ *   - tw_gemm: the next synchronisation fails, within seconds;
+ *   - tw_ag_gemm, tw_gemm_rs, tw_gemm_ar on 2 ranks (virtual ranks on one GPU, or with
+ *     TW_TEST_DEVICES=distinct one GPU each): the synchronisation fails too, and
+ *     tw_comm_async_error reports TW_ERR_DEVICE_TIMEOUT with "internal stall in the GEMM
+ *     pipeline", the role and the stage, from the comm's host-mapped error block.
+ * The parent kills a child that outlives its bound (30 s): a hang fails the test, and so does a
+ * child that finishes without the failure. Without a GPU every child exits 77 and so does this.
+ */
+#include <cuda_runtime.h>
+
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tw_test.h"
+
+enum { kWorld = 2, kBoundS = 30 };
+
+typedef enum { OP_GEMM, OP_AG_GEMM, OP_GEMM_RS, OP_GEMM_AR } op_t;
+static const char *const kOpNames[] = {"tw_gemm", "tw_ag_gemm", "tw_gemm_rs", "tw_gemm_ar"};
+
+static void *dev_alloc(size_t bytes) {
+  void *p = NULL;
+  TEST_REQUIRE(cudaMalloc(&p, bytes) == cudaSuccess, "cudaMalloc(%zu)", bytes);
+  return p;
+}
+
+/* The synchronisation after a stalled kernel must fail, within the bound. */
+static void expect_failed_sync(cudaStream_t stream, int device, double t0, const char *what) {
+  cudaSetDevice(device);
+  cudaError_t e = cudaStreamSynchronize(stream);
+  const double waited = tw_test_now() - t0;
+  TEST_ASSERT(e != cudaSuccess, "%s: the stalled kernel finished without an error", what);
+  TEST_ASSERT(waited < 10.0, "%s: failed only after %.1f s", what, waited);
+  printf("  %s: synchronisation failed after %.2f s: %s\n", what, waited, cudaGetErrorString(e));
+}
+
+static int child_gemm(void) {
+  const int64_t m = 1024, n = 1024, k = 1024;
+  void *a = dev_alloc(m * k * 2), *b = dev_alloc(n * k * 2), *c = dev_alloc(m * n * 2);
+  tw_test_fill_bf16(a, m * k, 1, NULL);
+  tw_test_fill_bf16(b, n * k, 2, NULL);
+  TEST_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "inputs");
+  tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
+  g.a = a, g.b = b, g.c = c, g.m = m, g.n = n, g.k = k;
+  const double t0 = tw_test_now();
+  TEST_TW_OK(tw_gemm(&g, NULL));
+  expect_failed_sync(NULL, 0, t0, "tw_gemm");
+  return tw_test_finish();
+}
+
+static int child_fused(op_t op) {
+  int devices[kWorld];
+  const int distinct = tw_test_devices(kWorld, devices);
+  tw_comm_t comms[kWorld];
+  tw_status_t st = tw_comm_init_all(comms, kWorld, devices, NULL);
+  TEST_REQUIRE(st == TW_SUCCESS, "init_all: %s", tw_last_error());
+  const int64_t m_local = 512, n = 1024, k = 1024, m = m_local * kWorld;
+  cudaStream_t streams[kWorld];
+  tw_ag_gemm_args_t ag[kWorld];
+  tw_gemm_rs_args_t rs[kWorld];
+  size_t ws_bytes = 0;
+  TEST_TW_OK(tw_gemm_rs_workspace_size(comms[0], m, n, &ws_bytes));
+  for (int r = 0; r < kWorld; r++) {
+    cudaSetDevice(devices[r]);
+    TEST_REQUIRE(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking) == cudaSuccess,
+                 "stream");
+    if (op == OP_AG_GEMM) {
+      tw_ag_gemm_args_t a = TW_AG_GEMM_ARGS_INIT;
+      a.a = dev_alloc(m_local * k * 2), a.b = dev_alloc(n * k * 2), a.c = dev_alloc(m * n * 2);
+      TEST_TW_OK(tw_mem_alloc(comms[r], (size_t)(m * k * 2), &a.a_gathered));
+      a.m_local = m_local, a.n = n, a.k = k;
+      tw_test_fill_bf16((void *)a.a, m_local * k, 10 + r, NULL);
+      tw_test_fill_bf16((void *)a.b, n * k, 20 + r, NULL);
+      ag[r] = a;
+    } else {
+      tw_gemm_rs_args_t a = TW_GEMM_RS_ARGS_INIT;
+      a.a = dev_alloc(m * k * 2), a.b = dev_alloc(n * k * 2), a.out = dev_alloc(m * n * 2);
+      TEST_TW_OK(tw_mem_alloc(comms[r], ws_bytes, &a.workspace));
+      a.m = m, a.n = n, a.k = k;
+      tw_test_fill_bf16((void *)a.a, m * k, 10 + r, NULL);
+      tw_test_fill_bf16((void *)a.b, n * k, 20 + r, NULL);
+      rs[r] = a;
+    }
+    TEST_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "inputs");
+  }
+  const double t0 = tw_test_now();
+  for (int r = 0; r < kWorld; r++) {
+    cudaSetDevice(devices[r]);
+    tw_stream_t s = (tw_stream_t)streams[r];
+    TEST_TW_OK(op == OP_AG_GEMM   ? tw_ag_gemm(comms[r], &ag[r], s)
+               : op == OP_GEMM_RS ? tw_gemm_rs(comms[r], &rs[r], s)
+                                  : tw_gemm_ar(comms[r], &rs[r], s));
+  }
+  for (int r = 0; r < kWorld; r++) {
+    char what[64];
+    snprintf(what, sizeof(what), "%s rank %d", kOpNames[op], r);
+    expect_failed_sync(streams[r], devices[r], t0, what);
+  }
+  /* Every rank withheld its tile 2 and records its own stall, unless the first trap ended its
+   * kernel before (virtual ranks share one context) or it saw the abort a peer raised first.
+   * At least one says where the pipeline stalled. */
+  int reported = 0;
+  for (int r = 0; r < kWorld; r++) {
+    tw_status_t async = TW_SUCCESS;
+    TEST_TW_OK(tw_comm_async_error(comms[r], &async));
+    const char *msg = tw_comm_last_error(comms[r]);
+    TEST_ASSERT(async == TW_SUCCESS || async == TW_ERR_DEVICE_TIMEOUT || async == TW_ERR_ABORTED,
+                "%s rank %d: async status %s (%s)", kOpNames[op], r, tw_status_string(async),
+                msg);
+    if (async == TW_ERR_DEVICE_TIMEOUT && strstr(msg, "internal stall in the GEMM pipeline") &&
+        strstr(msg, "stage") && strstr(msg, "500 ms: TW_FAULT_STALL_TILE")) {
+      reported++;
+      printf("  %s rank %d (%s): %s\n", kOpNames[op], r, distinct ? "distinct GPUs" : "one GPU",
+             msg);
+    }
+  }
+  TEST_ASSERT(reported >= 1, "%s: no rank reported the pipeline stall", kOpNames[op]);
+  return tw_test_finish();
+}
+
+/* Runs one case in a child; returns its exit code (1 if it hung or died by a signal). */
+static int run_child(op_t op) {
+  fflush(stdout);
+  fflush(stderr);
+  const pid_t pid = fork();
+  TEST_REQUIRE(pid >= 0, "fork");
+  if (pid == 0) {
+    setenv("TW_FAULT_STALL_TILE", "2", 1);
+    setenv("TW_WAIT_TIMEOUT_MS", "3000", 1); /* flag waits give up later than the pipeline's */
+    tw_test_require_hopper();
+    const int rc = op == OP_GEMM ? child_gemm() : child_fused(op);
+    fflush(stdout);
+    fflush(stderr);
+    _exit(rc);
+  }
+  const double t0 = tw_test_now();
+  int status = 0;
+  for (;;) {
+    const pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid)
+      break;
+    if (tw_test_now() - t0 > kBoundS) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      fprintf(stderr, "FAIL %s: still running after %d s (a hang), killed\n", kOpNames[op],
+              kBoundS);
+      return 1;
+    }
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  if (!WIFEXITED(status)) {
+    fprintf(stderr, "FAIL %s: child died by signal %d\n", kOpNames[op],
+            WIFSIGNALED(status) ? WTERMSIG(status) : -1);
+    return 1;
+  }
+  return WEXITSTATUS(status);
+}
+
+int main(void) {
+  /* No CUDA call here before the children run: a CUDA context does not survive fork. */
+  static const op_t ops[] = {OP_GEMM, OP_AG_GEMM, OP_GEMM_RS, OP_GEMM_AR};
+  for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+    printf("%s with TW_FAULT_STALL_TILE=2:\n", kOpNames[ops[i]]);
+    const int rc = run_child(ops[i]);
+    if (rc == 77)
+      return 77; /* the child said why */
+    TEST_ASSERT(rc == 0, "%s: child exit code %d", kOpNames[ops[i]], rc);
+  }
+  return tw_test_finish();
+}
