@@ -34,10 +34,14 @@
 #             GEMM+AR's gather, up to 4 units while 2 groups per CTA remain)
 #     g10     the plan's gather groups against single units, GEMM+AR (taken, tenth session)
 #     sym     symmetric outputs with TW_RS_GROUP_UNITS=1,2,4 (taken, tenth session)
-#     push10  (the default) the push gather against the pull with coarser groups, GEMM+AR
+#     push10  the push gather against the pull with coarser groups, GEMM+AR
 #     diag9   TW_TRACE of 8-rank GEMM+RS / GEMM+AR at M=8192 (where the fused
 #             all-gather half loses 0.3-0.5 ms); the copy-engine mode at M=16384 in three
 #             processes and traced (its run-to-run spread, 1.65-1.80 ms)
+#     prime11 (the default) tw-bench's primed queue: A/B rows of the default value against the
+#             main row on 2 GPUs; the host's enqueue time per repeat (2 GPUs, 8 vranks)
+#     flux11  2 GPUs, flux-tp8: the reduce-CTA count of GEMM+RS / GEMM+AR in
+#             A/B, and a warmed TW_TRACE of both
 #     warm    TW_BENCH_WARM_MS: do rows of the same mode now agree; the copy-engine
 #             rule in A/B on 2 GPUs; test_mp with the copy engine by default; 8-rank gemm_ar
 # With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses its
@@ -371,7 +375,34 @@ exp_push10() { # tenth session: with coarser groups, the push gather where ranks
       --world 2 --repeats 24 --warmup 5
   fi
 }
-for e in ${TW_EXP:-push10}; do
+exp_flux11() { # eleventh session: 2 GPUs, flux-tp8, where fp32 GEMM+RS / GEMM+AR stay at
+  # 0.76-0.82 of the bound: the reduce-CTA count again (the plan: 5 / 7; last swept before the
+  # interleaved order, the signal warp and the groups), and a warmed trace of both
+  [ "$ngpus" -gt 1 ] || return 0
+  run "flux11-rs-reduce" 120 env TW_BENCH_AB=TW_RS_REDUCE_CTAS=0,2,3,5,8 "$bin/tw-bench" gemm_rs \
+    --world 2 $flux_rs --repeats 30 --warmup 5
+  run "flux11-ar-reduce" 120 env TW_BENCH_AB=TW_RS_REDUCE_CTAS=0,2,4,7,10 "$bin/tw-bench" gemm_ar \
+    --world 2 $flux_rs --repeats 30 --warmup 5
+  for op in gemm_rs gemm_ar; do
+    run "flux11-trace-$op" 60 env TW_TRACE=1 "$bin/tw-bench" $op --world 2 $flux_rs --repeats 10 \
+      --warmup 3 --no-check
+    spans "$out/logs/flux11-trace-$op.log" >"$out/logs/flux11-spans-$op.txt" 2>&1
+  done
+}
+exp_prime11() { # eleventh session: tw-bench primes the queue with two untimed calls before its
+  # timed repeats; A/B rows of a value equal to the default must now match the main row (they
+  # ran 2-5% above it), and the host's enqueue time per repeat (TW_BENCH_STAMPS) on 2 GPUs
+  [ "$ngpus" -gt 1 ] || return 0
+  run "prime11-rs" 120 env TW_BENCH_AB=TW_RS_GROUP_UNITS=1,1 "$bin/tw-bench" gemm_rs --world 2 \
+    --repeats 24 --warmup 5
+  run "prime11-ar" 120 env TW_BENCH_AB=TW_AR_PUSH=1,1 "$bin/tw-bench" gemm_ar --world 2 \
+    --repeats 24 --warmup 5
+  run "prime11-stamps-rs" 60 env TW_BENCH_STAMPS=1 TW_BENCH_ROUNDS=1 "$bin/tw-bench" gemm_rs \
+    --world 2 --repeats 24 --warmup 5
+  run "prime11-stamps-ar8" 90 env TW_BENCH_STAMPS=1 TW_BENCH_ROUNDS=1 TW_BENCH_VIRTUAL=1 \
+    "$bin/tw-bench" gemm_ar --repeats 16 --warmup 3
+}
+for e in ${TW_EXP:-prime11}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

@@ -113,8 +113,7 @@ static int child_fused(op_t op) {
     TEST_TW_OK(tw_comm_async_error(comms[r], &async));
     const char *msg = tw_comm_last_error(comms[r]);
     TEST_ASSERT(async == TW_SUCCESS || async == TW_ERR_DEVICE_TIMEOUT || async == TW_ERR_ABORTED,
-                "%s rank %d: async status %s (%s)", kOpNames[op], r, tw_status_string(async),
-                msg);
+                "%s rank %d: async status %s (%s)", kOpNames[op], r, tw_status_string(async), msg);
     if (async == TW_ERR_DEVICE_TIMEOUT && strstr(msg, "internal stall in the GEMM pipeline") &&
         strstr(msg, "stage") && strstr(msg, "500 ms: TW_FAULT_STALL_TILE")) {
       reported++;
