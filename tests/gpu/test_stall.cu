@@ -38,7 +38,8 @@ static void expect_failed_sync(cudaStream_t stream, int device, double t0, const
   cudaError_t e = cudaStreamSynchronize(stream);
   const double waited = tw_test_now() - t0;
   TEST_ASSERT(e != cudaSuccess, "%s: the stalled kernel finished without an error", what);
-  TEST_ASSERT(waited < 10.0, "%s: failed only after %.1f s", what, waited);
+  /* Measured: 3.7 s with one GPU, 7.1 s with two (each context's trap and teardown). */
+  TEST_ASSERT(waited < 20.0, "%s: failed only after %.1f s", what, waited);
   printf("  %s: synchronisation failed after %.2f s: %s\n", what, waited, cudaGetErrorString(e));
 }
 
