@@ -106,7 +106,8 @@ enum {
   kOrderRowMajor = 1,
   kOrderRotated = 2,
   kOrderBands = 3,
-  kOrderBandsInterleaved = 4
+  kOrderBandsInterleaved = 4,
+  kOrderBandsOwnerLag = 5
 };
 
 struct TileOrder {
@@ -115,7 +116,7 @@ struct TileOrder {
   int32_t group_m;   // row blocks per group (DEFAULT, ROTATED); owners (BANDS_INTERLEAVED)
   int32_t rotate_mb; // first row block (ROTATED, BANDS)
   int32_t group_n;   // column blocks per band (BANDS)
-  int32_t pad;
+  int32_t lag;       // BANDS_OWNER_LAG: own tiles the own rows trail the peers' by
 };
 
 // Linear tile index -> (row block, column block). Host-callable: tests/host/test_tile_order.cu
@@ -125,6 +126,48 @@ __host__ __device__ __forceinline__ void tile_coords(const TileOrder &o, int32_t
   if (o.order == kOrderRowMajor) {
     mb = t / o.n_blocks;
     nb = t - mb * o.n_blocks;
+    return;
+  }
+  if (o.order == kOrderBandsOwnerLag) {
+    // group_m owners of R = m_blocks / group_m row blocks each; rotate_mb is the first row of
+    // owner rank + 1, so this rank is the owner at offset group_m - 1. Two sequences in unit
+    // order (gemm_rs.h: bands of group_n columns, row-major inside): P, the peers' tiles as
+    // kOrderBandsInterleaved visits them without this rank's rows, and O, this rank's own
+    // tiles. Merged: the first lag * (world - 1) tiles of P, then rounds of world - 1 tiles of P
+    // and one of O, then the last `lag` tiles of O. Own unit j thus comes at least `lag`
+    // positions (about lag * world, but for the last units) after the peers' tiles of unit j of
+    // this rank in their orders (tests/host/test_tile_order.cu).
+    const int32_t world = o.group_m, w1 = world - 1, rows = o.m_blocks / world;
+    const int32_t units = rows * o.n_blocks, lag = o.lag < units ? o.lag : units;
+    const int32_t first_owner = o.rotate_mb / rows; // owner rank + 1
+    int32_t p = -1, own = -1;
+    if (t < lag * w1) {
+      p = t;
+    } else {
+      const int32_t u = t - lag * w1, round = u / world, pos = u - round * world;
+      if (round >= units - lag)
+        own = units - lag + (u - (units - lag) * world);
+      else if (pos < w1)
+        p = lag * w1 + round * w1 + pos;
+      else
+        own = round;
+    }
+    int32_t owner, unit;
+    if (own >= 0) {
+      owner = (first_owner + w1) % world, unit = own;
+    } else {
+      const int32_t per_band = o.group_n * rows * w1;
+      const int32_t band = p / per_band, first_n = band * o.group_n;
+      const int32_t cols = min(o.group_n, o.n_blocks - first_n);
+      const int32_t in_band = p - band * per_band, q = in_band / cols;
+      owner = (first_owner + q % w1) % world;
+      unit = first_n * rows + (q / w1) * cols + in_band % cols;
+    }
+    const int32_t first = unit / (o.group_n * rows) * o.group_n; // tw_rs_unit_coords
+    const int32_t width = min(o.group_n, o.n_blocks - first);
+    const int32_t rem = unit - first * rows;
+    mb = owner * rows + rem / width;
+    nb = first + rem % width;
     return;
   }
   if (o.order >= kOrderBands) { // bands of group_n columns, row-major inside, rows rotated

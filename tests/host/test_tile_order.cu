@@ -90,5 +90,55 @@ int main(void) {
                      o.group_n, world, rank, per_owner);
             check_order(what, o, m_local, world);
           }
+  /* The own-lag order (tw_gemm_rs with TW_RS_OWNER_EPI): a bijection with every owner's units
+   * ascending, and each own unit at least `lag` positions after the peers' tiles of it in their
+   * orders (the last own units have only that; those in the middle about world * lag): the
+   * margin that lets the own tile's epilogue find the peers' partials landed. */
+  for (int32_t world = 2; world <= 8; world++)
+    for (int32_t per_owner = 1; per_owner <= 5; per_owner += 2)
+      for (int32_t nbk = 1; nbk <= 21; nbk += 4)
+        for (int32_t band = 1; band <= 8; band *= 2)
+          for (int32_t lag = 0; lag <= 40; lag += 13) {
+            const int32_t m_local = per_owner * TW_GEMM_RS_BLOCK_M, units = per_owner * nbk;
+            const int32_t tiles = world * units;
+            /* pos[r][mb * n + nb]: where rank r's order visits the tile */
+            int32_t *pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)world * (size_t)tiles);
+            for (int32_t rank = 0; rank < world; rank++) {
+              TileOrder o;
+              memset(&o, 0, sizeof(o));
+              o.m_blocks = world * per_owner, o.n_blocks = nbk;
+              o.group_n = band < nbk ? band : nbk;
+              o.rotate_mb = tw_rs_mb_first((rank + 1) % world, m_local);
+              o.order = tw::gemm::kOrderBandsOwnerLag;
+              o.group_m = world, o.lag = lag;
+              snprintf(what, sizeof(what),
+                       "own-lag bands of %d, lag %d, world %d, rank %d, %d rows", o.group_n, lag,
+                       world, rank, per_owner);
+              check_order(what, o, m_local, world);
+              for (int32_t t = 0; t < tiles; t++) {
+                int32_t mb, nb;
+                tw::gemm::tile_coords(o, t, mb, nb);
+                if (mb >= 0 && mb < o.m_blocks && nb >= 0 && nb < nbk)
+                  pos[(size_t)rank * tiles + mb * nbk + nb] = t;
+              }
+            }
+            const int32_t g = band < nbk ? band : nbk, eff = lag < units ? lag : units;
+            (void)g;
+            int32_t worst = 1 << 30;
+            for (int32_t r = 0; r < world; r++)
+              for (int32_t mb = r * per_owner; mb < (r + 1) * per_owner; mb++)
+                for (int32_t nb = 0; nb < nbk; nb++)
+                  for (int32_t q = 0; q < world; q++)
+                    if (q != r) {
+                      const int32_t d = pos[(size_t)r * tiles + mb * nbk + nb] -
+                                        pos[(size_t)q * tiles + mb * nbk + nb];
+                      worst = d < worst ? d : worst;
+                    }
+            TEST_ASSERT(eff == 0 || worst >= eff,
+                        "own-lag, world %d, %d rows, %d cols, band %d, lag %d: an own unit only %d "
+                        "positions after a peer's tile of it",
+                        world, per_owner, nbk, g, lag, worst);
+            free(pos);
+          }
   return tw_test_finish();
 }
