@@ -38,7 +38,9 @@
 #     diag9   TW_TRACE of 8-rank GEMM+RS / GEMM+AR at M=8192 (where the fused
 #             all-gather half loses 0.3-0.5 ms); the copy-engine mode at M=16384 in three
 #             processes and traced (its run-to-run spread, 1.65-1.80 ms)
-#     prime11 (the default) tw-bench's primed queue: A/B rows of the default value against the
+#     oe12    (the default; branch exp/owner-epi) GEMM+RS with own tiles reduced in their
+#             epilogue (TW_RS_OWNER_EPI), tests then A/B on 2 GPUs and 2 virtual ranks
+#     prime11 tw-bench's primed queue: A/B rows of the default value against the
 #             main row on 2 GPUs; the host's enqueue time per repeat (2 GPUs, 8 vranks)
 #     flux11  2 GPUs, flux-tp8: the reduce-CTA count of GEMM+RS / GEMM+AR in
 #             A/B, and a warmed TW_TRACE of both
@@ -402,7 +404,24 @@ exp_prime11() { # eleventh session: tw-bench primes the queue with two untimed c
   run "prime11-stamps-ar8" 90 env TW_BENCH_STAMPS=1 TW_BENCH_ROUNDS=1 TW_BENCH_VIRTUAL=1 \
     "$bin/tw-bench" gemm_ar --repeats 16 --warmup 3
 }
-for e in ${TW_EXP:-prime11}; do
+exp_oe12() { # branch exp/owner-epi: GEMM+RS with each rank's own tiles reduced in their
+  # epilogue (TW_RS_OWNER_EPI=1, 2 ranks): the tests first (one GPU, then distinct GPUs), then
+  # A/B against the default in both orders on 2 GPUs and on 2 virtual ranks, and a trace
+  run "oe12-test_gemm_rs" 150 env TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] && run "oe12-test_gemm_rs-gpus" 150 env TW_WATCHDOG_S=15 \
+    TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  if [ "$ngpus" -gt 1 ]; then
+    run "oe12-gpus-rs" 120 env TW_BENCH_AB=TW_RS_OWNER_EPI=0,1 "$bin/tw-bench" gemm_rs --world 2 \
+      --repeats 24 --warmup 5
+    run "oe12-gpus-rs-2" 120 env TW_BENCH_AB=TW_RS_OWNER_EPI=1,0 "$bin/tw-bench" gemm_rs \
+      --world 2 --repeats 24 --warmup 5
+    run "oe12-trace-flux" 60 env TW_TRACE=1 TW_RS_OWNER_EPI=1 "$bin/tw-bench" gemm_rs --world 2 \
+      $flux_rs --repeats 10 --warmup 3 --no-check
+  fi
+  run "oe12-vranks2-rs" 120 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_OWNER_EPI=0,1 \
+    "$bin/tw-bench" gemm_rs --world 2 --repeats 24 --warmup 5
+}
+for e in ${TW_EXP:-oe12}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

@@ -306,6 +306,17 @@ constexpr int kSigDepth = 4; // tiles whose signal may wait for the signal warp
 // finished tile to warp 1 of the producer warpgroup, idle otherwise, which calls Epi::signal
 // for it. A signal that fences at system scope then stalls that warp instead of a consumer
 // warp (and with it the warpgroup's next wgmma).
+// Epi::kOwnerEpi (optional, false if absent; experimental, tw_gemm_rs's TW_RS_OWNER_EPI): a tile
+// where `static bool owner_tile(const GemmParams&, int m_block)` holds is final in this CTA:
+// `static void combine(const GemmParams&, float (&acc)[BN / 2], int m_block, int n_block, int wg,
+// int wg_thread)` adds what other ranks stored for it into the accumulators (it may wait,
+// bounded), and the tile is stored through `typename Epi::OwnerOut` (its own Out and
+// issue_box, taking Epi::Params), with no signal. The previous tile's signal is given first.
+template <class E, class = void> struct OwnerEpiOf { static constexpr bool value = false; };
+template <class E> struct OwnerEpiOf<E, decltype(void(E::kOwnerEpi))> {
+  static constexpr bool value = E::kOwnerEpi;
+};
+
 template <class E, class = void> struct SignalWarpOf { static constexpr bool value = false; };
 template <class E> struct SignalWarpOf<E, decltype(void(E::kSignalWarp))> {
   static constexpr bool value = E::kSignalWarp;
@@ -688,6 +699,18 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         ptx::reg_fence(acc[i]);
       if (lane == 0)
         release(prev_stage);
+      if constexpr (OwnerEpiOf<Epi>::value) {
+        if (Epi::owner_tile(p, mb)) {
+          if (sig_mb >= 0) { // the previous tile's signal, its stores performed
+            detail::signal_after_stores<0, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);
+            sig_mb = -1;
+          }
+          Epi::combine(p, acc, mb, nb, cwg, wg_thread);
+          detail::epilogue<EpiBytes, BN, typename Epi::OwnerOut>(p, acc, cbuf, cwg, wg_thread, mb,
+                                                                 nb);
+          continue;
+        }
+      }
       detail::epilogue<EpiBytes, BN, Epi>(p, acc, cbuf, cwg, wg_thread, mb, nb);
       if constexpr (Epi::kSignal) { // the previous tile's signal, this tile's stores in flight
         if (sig_mb >= 0)

@@ -93,6 +93,8 @@ typedef struct tw_gemm_rs_plan {
   int ar_push;     /* tw_gemm_ar's push gather (set by the caller of make_plan) */
   int ar_out_sym;  /* tw_gemm_ar into symmetric outputs (args.out_symmetric): the owners write
                       every rank's out, no gather copy (set by the caller of make_plan) */
+  int owner_epi;   /* experimental (TW_RS_OWNER_EPI): own tiles reduced in their epilogue, no
+                      reduce CTAs (set by the caller of make_plan) */
 } tw_gemm_rs_plan_t;
 
 /* Workspace bytes of tw_gemm_ar's direct scheme: fp32 staging [world][m][n]. */

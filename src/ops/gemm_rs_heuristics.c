@@ -166,4 +166,5 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   plan->direct = 0;
   plan->ar_push = 0;
   plan->ar_out_sym = 0;
+  plan->owner_epi = 0;
 }

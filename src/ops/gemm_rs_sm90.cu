@@ -137,11 +137,18 @@ template <class P> struct RsEpi {
     int32_t group_units;
     int32_t n_blocks, band; /* unit numbering (gemm_rs.h) */
     int32_t direct;         /* number of ranks every box and count go to (0: the rows' owners) */
-    int32_t pull; /* boxes go to slot_map[0], this rank's own [m, n] partial (global rows) */
-    int32_t sig;  /* TW_RS_SIGNAL bits: 1 signal from warp 1, 2 no separate
-                     fence, 4 gpu scope (every rank on this GPU) */
-    int32_t pad;
-    uint64_t *trace; /* dc.trace (TW_TRACE): the signalled tile goes into TW_TR_DONE */
+    int32_t pull;      /* boxes go to slot_map[0], this rank's own [m, n] partial (global rows) */
+    int32_t sig;       /* TW_RS_SIGNAL bits: 1 signal from warp 1, 2 no separate
+                          fence, 4 gpu scope (every rank on this GPU) */
+    int32_t owner_epi; /* experimental (TW_RS_OWNER_EPI, tw_gemm_rs only): this rank's own
+                          tiles are reduced in their epilogue (kOwnerEpi below) */
+    uint64_t *trace;   /* dc.trace (TW_TRACE): the signalled tile goes into TW_TR_DONE */
+    /* owner_epi: this rank's out (bf16 [m_local, n], ldo), its staging slots (slot s holds rank
+     * s's partial of its rows), its tile counters, and its row blocks [own_mb0, + own_mbs) */
+    CUtensorMap out_map;
+    const P *own_slab[kMaxWorld];
+    uint64_t *own_counters;
+    int32_t own_mb0, own_mbs;
   };
   /* The consumer thread of warpgroup 0 that signals (after both warpgroups' bulk waits). */
   __device__ __forceinline__ static int signal_thread(const Params &p) {
@@ -193,6 +200,77 @@ template <class P> struct RsEpi {
         for (int32_t j = 0; j < 8 && col + kPer16 * j < p.n; j++)
           *reinterpret_cast<int4 *>(p.slot[o] + (size_t)(local + r) * p.n + col + kPer16 * j) =
               *reinterpret_cast<const int4 *>(src + r * 128 + ((j ^ (r & 7)) << 4));
+    }
+  }
+  /* Experimental (TW_RS_OWNER_EPI): an own tile is the last partial of its unit to come (the
+   * tile order lags the own tiles behind the peers', kOrderBandsOwnerLag), so its epilogue adds
+   * the peers' partials, already in this rank's staging, to its accumulators in rank order (the
+   * same fp32 sums, in the same order, as the reduce CTAs: the same bits) and stores the bf16
+   * result into out. No own partial is stored or re-read, and no reduce CTA runs. */
+  static constexpr bool kOwnerEpi = true;
+  struct OwnerOut {
+    using Out = __nv_bfloat16;
+    __device__ __forceinline__ static void issue_box(const Params &p, const void *box, int32_t col,
+                                                     int32_t row) {
+      tw::ptx::tma_store_2d(&p.out_map, box, col, row - p.own_mb0 * kBlockM);
+    }
+  };
+  template <class GP> __device__ __forceinline__ static bool owner_tile(const GP &gp, int32_t mb) {
+    return gp.epi.owner_epi && mb >= gp.epi.own_mb0 && mb < gp.epi.own_mb0 + gp.epi.own_mbs;
+  }
+  /* Consumer warpgroup wg's 64 rows of the tile: wait (one thread, bounded) until the peer
+   * counted its partial of the unit, then add it to the accumulator fragment (rows warp * 16 +
+   * lane / 4 and + 8, columns 8 j + 2 (lane % 4) + 0, 1) in place. Two ranks only: the reduce
+   * CTAs compute slab[0] + slab[1], and a fp32 sum of two terms does not depend on their order,
+   * so own + peer is the same bits on either rank. (More ranks would need the sum of the ranks
+   * before this one first: 128 more registers than the consumers have.) */
+  template <class GP, int N>
+  __device__ __forceinline__ static void combine(const GP &gp, float (&acc)[N], int32_t mb,
+                                                 int32_t nb, int wg, int wg_thread) {
+    const Params &p = gp.epi;
+    const tw_dev_comm_t &dc = gp.wait.dc;
+    const int32_t u = tw_rs_unit(mb - p.own_mb0, nb, p.own_mbs, p.n_blocks, p.band);
+    uint64_t *count = p.own_counters + u / p.group_units;
+    if (wg_thread == 0)
+      tw_wait_geq(dc, gp.wait.ch, count, 1, -1, u);     /* a failure is recorded; the sum is junk */
+    tw::ptx::named_bar_sync(kBarConsumerWg0 + wg, 128); /* the acquire before every load */
+    const int warp = wg_thread >> 5, lane = wg_thread & 31;
+    const int32_t row = (mb - p.own_mb0) * kBlockM + wg * kBoxRows + warp * 16 + (lane >> 2);
+    const int32_t col0 = nb * (N * 2) + 2 * (lane & 3);
+    const P *lo = p.own_slab[1 - dc.rank] + (size_t)row * p.n + col0;
+    const P *hi = lo + (size_t)8 * p.n;
+#pragma unroll
+    for (int j = 0; j < N / 4; j++) {
+      float x[4] = {0.f, 0.f, 0.f, 0.f};
+      if (col0 + 8 * j < p.n) {
+        load2(lo + 8 * j, x[0], x[1]);
+        load2(hi + 8 * j, x[2], x[3]);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        acc[4 * j + e] = __fadd_rn(own_value(acc[4 * j + e]), x[e]);
+    }
+    /* Both warpgroups have passed their waits: the counter is free for the next call (see
+     * gemm_rs.h: every counter a call uses ends at 0). */
+    tw::ptx::named_bar_sync(kBarConsumers, 256);
+    if (wg == 0 && wg_thread == 0)
+      *(volatile uint64_t *)count = 0;
+  }
+  /* This rank's own partial as the reduce CTAs would have read it back from its staging. */
+  __device__ __forceinline__ static float own_value(float x) {
+    if constexpr (sizeof(P) == 2)
+      return __bfloat162float(__float2bfloat16_rn(x));
+    else
+      return x;
+  }
+  __device__ __forceinline__ static void load2(const P *src, float &x, float &y) {
+    if constexpr (sizeof(P) == 2) {
+      const uint32_t w = __ldcg(reinterpret_cast<const unsigned int *>(src));
+      const float2 t = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w));
+      x = t.x, y = t.y;
+    } else {
+      const float2 t = __ldcg(reinterpret_cast<const float2 *>(src));
+      x = t.x, y = t.y;
     }
   }
   __device__ __forceinline__ static void signal(const Params &p, int32_t mb, int32_t nb) {
@@ -506,7 +584,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     s_ok = tw_kernel_enter(dc, ch, epoch);
   }
   __syncthreads();
-  if ((int)blockIdx.x < p.reduce_ctas) {
+  if ((int)blockIdx.x < p.reduce_ctas && !p.gemm.epi.owner_epi) {
     reduce_work<8>(p, epoch, &s_item, &s_ok);
     if (p.all_reduce)
       gather_work(p, epoch, &s_item, &s_ok);
@@ -521,7 +599,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       tw_trace_stamp(dc, TW_TR_GEMM_END);
   }
   if constexpr (kSteal) {
-    if ((int)blockIdx.x >= p.reduce_ctas) {
+    if ((int)blockIdx.x >= p.reduce_ctas && !p.gemm.epi.owner_epi) {
       reduce_work<8>(p, epoch, &s_item, &s_ok);
       if (p.all_reduce)
         gather_work(p, epoch, &s_item, &s_ok);
@@ -618,6 +696,26 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   o.order = plan.interleave ? kOrderBandsInterleaved : kOrderBands; /* never direct: 1 owner */
   o.group_m = plan.interleave ? world : o.m_blocks;
   o.group_n = plan.band;
+  if (plan.owner_epi) {
+    /* Experimental (TW_RS_OWNER_EPI): own tiles trail the peers' by `lag` positions at least
+     * (tests/host/test_tile_order.cu), two waves of this rank's CTAs, so the peers' partials of
+     * an own unit have landed when its epilogue needs them. */
+    const int32_t own_mbs = (int32_t)(m_local / kBlockM);
+    const int32_t units = own_mbs * o.n_blocks;
+    o.order = kOrderBandsOwnerLag;
+    o.group_m = world;
+    o.lag = 2 * plan.ctas < units ? 2 * plan.ctas : units;
+    p.gemm.epi.owner_epi = 1;
+    p.gemm.epi.own_mb0 = rank * own_mbs;
+    p.gemm.epi.own_mbs = own_mbs;
+    p.gemm.epi.own_counters = &comm->dev.ctrl->flags[ch][0]; /* tw_own_flag(dc, ch, 0) */
+    for (int s = 0; s < world; s++)
+      p.gemm.epi.own_slab[s] = (const P *)a.workspace + (size_t)s * (size_t)m_local * (size_t)a.n;
+    st = out_map<__nv_bfloat16>(&p.gemm.epi.out_map, a.out, a.n, m_local, a.ldo,
+                                "tw_gemm_rs: cuTensorMapEncodeTiled(out)");
+    if (st != TW_SUCCESS)
+      return st;
+  }
   o.rotate_mb = plan.direct ? 0 : tw_rs_mb_first((rank + 1) % world, (int32_t)m_local);
   if (TW_RS_DIAG & 16) {
     o.order = kOrderRotated;
@@ -790,6 +888,14 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
       return st;
     plan->ar_out_sym = !direct;
   }
+  /* Experimental (TW_RS_OWNER_EPI=1, tw_gemm_rs on 2 ranks): each rank's own tiles come last
+   * for their units and are reduced in their epilogue (RsEpi::combine); whole row blocks per
+   * owner, the push layout. Ranks may differ in it: the peer's stores and counts are the same
+   * either way. */
+  plan->owner_epi = !all_reduce && !direct && world == 2 && (a->m / world) % 128 == 0 &&
+                    tw_env_int(TW_RS_PULL_ID) == 0 && tw_env_int(TW_RS_OWNER_EPI_ID) != 0;
+  if (plan->owner_epi)
+    plan->reduce_ctas = 0;
   /* tw_gemm_ar's push gather (TW_AR_PUSH, the default) where the workspace holds every owner's
    * reduced rows (tw_gemm_rs_workspace_size asks for that much) and no two ranks share a GPU
    * (comm->gpu_shared: every rank must choose alike; with ranks_on_device, 3 ranks on 2 GPUs

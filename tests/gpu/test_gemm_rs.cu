@@ -666,6 +666,25 @@ int main(int argc, char **argv) {
        186,
        4,
        1},
+      /* TW_RS_OWNER_EPI=1 (experimental): on 2 ranks with whole row blocks per owner, each
+       * rank's own tiles come after the peer's partials of them and are reduced in their
+       * epilogue; same bits. Other worlds and shapes fall back to the default. */
+      {"TW_RS_OWNER_EPI",
+       "1",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{128, 264, 200, 0}, {1024, 1024, 512, 2}, {256, 1032, 128, 0}},
+       187,
+       2,
+       1},
+      {"TW_RS_OWNER_EPI",
+       "1",
+       "3",
+       TW_PARTIALS_BF16,
+       {{128, 264, 200, 0}, {512, 1800, 512, 0}, {100, 264, 200, 0}},
+       188,
+       2,
+       1},
       /* TW_RS_REDUCE_CTAS=0: no CTA starts on the reduction; every CTA runs its GEMM tiles,
        * then reduces (and gathers) through the queues; same bits. */
       {"TW_RS_REDUCE_CTAS",
