@@ -15,6 +15,10 @@ typedef enum tw_env_id {
   TW_ENV_COUNT
 } tw_env_id;
 
+/* TW_FAULT_STALL_TILE (tests): the bound on every GEMM-pipeline wait of the kernels it stalls
+ * (src/ops/gemm_launch.cuh), named by the stall's report (runtime/comm.c). */
+#define TW_FAULT_STALL_BOUND_MS 500
+
 /* Value of an int/bool/size knob: the environment's if it parses, else the
  * default (an unparsable value is warned about once). */
 int64_t tw_env_int(tw_env_id id);

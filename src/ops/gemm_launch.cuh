@@ -31,14 +31,15 @@ inline uint64_t fused_mbar_timeout_ns(uint64_t flag_timeout_ns) {
 }
 
 /* TW_FAULT_STALL_TILE (tests): the producer withholds the loads of that tile's first stage
- * (GemmParams::fault_stall) and every pipeline wait gives up after 500 ms, so a test sees an
- * internal stall reported (fused ops) or the kernel trapped (tw_gemm) within a second. */
+ * (GemmParams::fault_stall) and every pipeline wait gives up after TW_FAULT_STALL_BOUND_MS, so a
+ * test sees an internal stall reported (fused ops) or the kernel trapped (tw_gemm) within
+ * seconds. */
 template <class GP> void apply_fault_stall(GP &params) {
   const int64_t tile = tw_env_int(TW_FAULT_STALL_TILE_ID);
   if (tile < 0 || tile >= INT32_MAX)
     return;
   params.fault_stall = (int32_t)tile + 1;
-  params.mbar_timeout_ns = 500ull * 1000 * 1000;
+  params.mbar_timeout_ns = (uint64_t)TW_FAULT_STALL_BOUND_MS * 1000 * 1000;
 }
 
 /* GemmParams::a_map and b_map: bf16 A [rows, k] (leading dimension lda) in {kBlockK, kBlockM}

@@ -677,7 +677,7 @@ void tw_err_block_format(const volatile tw_err_block_t *e, int wait_timeout_ms, 
     const int role = e->what / 16;
     char bound[96];
     if (tw_env_int(TW_FAULT_STALL_TILE_ID) >= 0) /* the test's injected stall (gemm_launch.cuh) */
-      snprintf(bound, sizeof(bound), "500 ms: TW_FAULT_STALL_TILE is set");
+      snprintf(bound, sizeof(bound), "%d ms: TW_FAULT_STALL_TILE is set", TW_FAULT_STALL_BOUND_MS);
     else
       snprintf(bound, sizeof(bound), "2 x TW_WAIT_TIMEOUT_MS = %d ms, + 10 s", 2 * wait_timeout_ms);
     snprintf(buf, len,

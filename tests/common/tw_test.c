@@ -1,6 +1,8 @@
 #include "tw_test.h"
 
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #include <cuda_runtime_api.h>
@@ -99,6 +101,33 @@ double tw_test_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int tw_test_wait_children(const pid_t *pids, int n, double bound_s, int *status, const char *what) {
+  const double deadline = tw_test_now() + bound_s;
+  int left = n, killed = 0;
+  char *done = (char *)calloc(n > 0 ? (size_t)n : 1, 1);
+  TEST_REQUIRE(done != NULL, "out of host memory");
+  while (left > 0) {
+    for (int i = 0; i < n; i++)
+      if (!done[i] && waitpid(pids[i], &status[i], WNOHANG) == pids[i])
+        done[i] = 1, left--;
+    if (left > 0 && tw_test_now() > deadline) {
+      for (int i = 0; i < n; i++)
+        if (!done[i]) {
+          fprintf(stderr, "%s %d still running after %.0f s: killed\n", what, i, bound_s);
+          kill(pids[i], SIGKILL);
+          waitpid(pids[i], &status[i], 0);
+          done[i] = 1, left--, killed++;
+        }
+    }
+    if (left > 0) {
+      struct timespec ts = {0, 5 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  free(done);
+  return killed;
 }
 
 uint64_t tw_test_seed(void) {

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/types.h>
 
 #include "tilewire.h"
 
@@ -73,6 +74,10 @@ unsigned long long tw_test_take_counters(unsigned long long *const *counters, co
 
 /* Seconds since an arbitrary origin (CLOCK_MONOTONIC). */
 double tw_test_now(void);
+/* Waits for the n child processes pids[0..n), polling, for at most bound_s seconds; any still
+ * running then is named on stderr ("<what> <i> still running after N s: killed"), killed and
+ * reaped. status[i]: process i's wait status. Returns how many had to be killed (hangs). */
+int tw_test_wait_children(const pid_t *pids, int n, double bound_s, int *status, const char *what);
 
 /* Seed for fresh random inputs: TW_TEST_SEED if set, else time-based (printed). */
 uint64_t tw_test_seed(void);

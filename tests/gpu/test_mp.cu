@@ -257,20 +257,12 @@ static void run_ranks(int world, int ngpus, int (*fn)(tw_unique_id_t, int, int, 
       _exit(rc);
     }
   }
-  double deadline = tw_test_now() + 240;
-  for (int r = 0; r < world; r++) {
-    int st = 0;
-    pid_t got;
-    while ((got = waitpid(pids[r], &st, WNOHANG)) == 0 && tw_test_now() < deadline)
-      usleep(10000);
-    if (got == 0) {
-      for (int k = 0; k < world; k++)
-        kill(pids[k], SIGKILL);
-      TEST_ASSERT(0, "rank %d did not finish within 240 s: killed", r);
-      break;
-    }
-    TEST_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d exited with status %d", r, st);
-  }
+  int st[TW_MAX_WORLD];
+  const int killed = tw_test_wait_children(pids, world, 240, st, "rank");
+  TEST_ASSERT(killed == 0, "%d rank(s) did not finish within 240 s: killed", killed);
+  for (int r = 0; r < world; r++)
+    TEST_ASSERT(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "rank %d exited with status %d", r,
+                st[r]);
 }
 
 typedef struct {

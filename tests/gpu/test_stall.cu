@@ -141,22 +141,11 @@ static int run_child(op_t op) {
     fflush(stderr);
     _exit(rc);
   }
-  const double t0 = tw_test_now();
   int status = 0;
-  for (;;) {
-    const pid_t done = waitpid(pid, &status, WNOHANG);
-    if (done == pid)
-      break;
-    if (tw_test_now() - t0 > kBoundS) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      fprintf(stderr, "FAIL %s: still running after %d s (a hang), killed\n", kOpNames[op],
-              kBoundS);
-      return 1;
-    }
-    struct timespec ts = {0, 20 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
+  char what[64];
+  snprintf(what, sizeof(what), "%s child", kOpNames[op]);
+  if (tw_test_wait_children(&pid, 1, kBoundS, &status, what))
+    return 1; /* a hang */
   if (!WIFEXITED(status)) {
     fprintf(stderr, "FAIL %s: child died by signal %d\n", kOpNames[op],
             WIFSIGNALED(status) ? WTERMSIG(status) : -1);

@@ -89,38 +89,10 @@ static int run_procs(const char *name, const tw_unique_id_t *id, int nprocs, ran
     }
   }
   int failed = 0;
-  double start = tw_test_now();
-  int left = nprocs;
   int status[TW_MAX_WORLD + 4];
-  int done[TW_MAX_WORLD + 4] = {0};
-  while (left > 0) {
-    for (int i = 0; i < nprocs; i++) {
-      if (done[i])
-        continue;
-      pid_t got = waitpid(pids[i], &status[i], WNOHANG);
-      if (got == pids[i]) {
-        done[i] = 1;
-        left--;
-      }
-    }
-    if (left > 0 && tw_test_now() - start > CHILD_LIMIT_S) {
-      for (int i = 0; i < nprocs; i++)
-        if (!done[i]) {
-          fprintf(stderr, "%s: process %d hangs; killing it\n", name, i);
-          kill(pids[i], SIGKILL);
-        }
-      for (int i = 0; i < nprocs; i++)
-        if (!done[i]) {
-          waitpid(pids[i], &status[i], 0);
-          done[i] = 1;
-        }
-      left = 0;
-    }
-    if (left > 0) {
-      struct timespec ts = {0, 5 * 1000 * 1000};
-      nanosleep(&ts, NULL);
-    }
-  }
+  char what[112];
+  snprintf(what, sizeof(what), "%.96s: process", name);
+  tw_test_wait_children(pids, nprocs, CHILD_LIMIT_S, status, what); /* a killed one fails below */
   for (int i = 0; i < nprocs; i++) {
     int ok = WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0;
     failed += !ok;
