@@ -38,8 +38,10 @@
 #     diag9   TW_TRACE of 8-rank GEMM+RS / GEMM+AR at M=8192 (where the fused
 #             all-gather half loses 0.3-0.5 ms); the copy-engine mode at M=16384 in three
 #             processes and traced (its run-to-run spread, 1.65-1.80 ms)
-#     oe12    (the default; branch exp/owner-epi) GEMM+RS with own tiles reduced in their
-#             epilogue (TW_RS_OWNER_EPI), tests then A/B on 2 GPUs and 2 virtual ranks
+#     oe12    GEMM+RS with own tiles reduced in their epilogue (TW_RS_OWNER_EPI), tests then
+#             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
+#     oe12d   (the default) the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
+#             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
 #     prime11 tw-bench's primed queue: A/B rows of the default value against the
 #             main row on 2 GPUs; the host's enqueue time per repeat (2 GPUs, 8 vranks)
 #     flux11  2 GPUs, flux-tp8: the reduce-CTA count of GEMM+RS / GEMM+AR in
@@ -421,7 +423,17 @@ exp_oe12() { # branch exp/owner-epi: GEMM+RS with each rank's own tiles reduced 
   run "oe12-vranks2-rs" 120 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_OWNER_EPI=0,1 \
     "$bin/tw-bench" gemm_rs --world 2 --repeats 24 --warmup 5
 }
-for e in ${TW_EXP:-oe12}; do
+exp_oe12d() { # the owner-epilogue rule (tw_gemm_rs_want_owner_epi): rows of the rule against
+  # both fixed values on 2 GPUs (it should match 1 below K 4096 and 0 from it); the plans
+  run "oe12d-plans" 60 env TW_LOG_LEVEL=3 "$bin/tw-bench" gemm_rs --world 2 --quick --no-check
+  local l
+  while read -r l; do summary+=("    ${l#*tw_gemm_rs }"); done < <(grep -E 'tw_gemm_rs rank 0: .*owner_epi' \
+    "$out/logs/oe12d-plans.log" | sort -u | head -8)
+  [ "$ngpus" -gt 1 ] && run "oe12d-gpus-rs" 150 env TW_BENCH_AB=TW_RS_OWNER_EPI=0,-1,1 \
+    "$bin/tw-bench" gemm_rs --world 2 --repeats 20 --warmup 5 --no-check
+  return 0
+}
+for e in ${TW_EXP:-oe12d}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

@@ -102,11 +102,11 @@ TW_ENV(TW_RS_PULL, bool, "0",
        "Experimental: 1 makes tw_gemm_rs / tw_gemm_ar store each rank's fp32 partial locally "
        "and the owners read their rows from every rank when reducing (instead of the epilogue "
        "pushing tiles to their owners).")
-TW_ENV(
-    TW_RS_OWNER_EPI, bool, "0",
-    "Experimental: 1 makes tw_gemm_rs on 2 ranks (m / 2 a multiple of 128) compute each rank's own "
-    "tiles after the peers' partials of them have landed and reduce them in the tile's "
-    "epilogue: no own partial is stored or re-read, no reduce CTA runs.")
+TW_ENV(TW_RS_OWNER_EPI, int, "-1",
+       "tw_gemm_rs on 2 ranks (m / 2 a multiple of 128, one tile per counter): 1 computes each "
+       "rank's own tiles after the peer's partials of them have landed and reduces them in the "
+       "tile's epilogue (no own partial stored or re-read, no reduce CTA), 0 never, -1 with fp32 "
+       "partials and K < 4096 per rank (measured faster there).")
 TW_ENV(TW_FAULT_STALL_TILE, int, "-1",
        "For tests: the GEMM core's producer never loads the first stage of this tile (its index "
        "in the call's tile order, every GEMM-core kernel of the process) and the pipeline's waits "

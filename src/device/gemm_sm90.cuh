@@ -306,7 +306,7 @@ constexpr int kSigDepth = 4; // tiles whose signal may wait for the signal warp
 // finished tile to warp 1 of the producer warpgroup, idle otherwise, which calls Epi::signal
 // for it. A signal that fences at system scope then stalls that warp instead of a consumer
 // warp (and with it the warpgroup's next wgmma).
-// Epi::kOwnerEpi (optional, false if absent; experimental, tw_gemm_rs's TW_RS_OWNER_EPI): a tile
+// Epi::kOwnerEpi (optional, false if absent; tw_gemm_rs on 2 ranks, plan.owner_epi): a tile
 // where `static bool owner_tile(const GemmParams&, int m_block)` holds is final in this CTA:
 // `static void combine(const GemmParams&, float (&acc)[BN / 2], int m_block, int n_block, int wg,
 // int wg_thread)` adds what other ranks stored for it into the accumulators (it may wait,

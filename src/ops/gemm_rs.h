@@ -93,8 +93,8 @@ typedef struct tw_gemm_rs_plan {
   int ar_push;     /* tw_gemm_ar's push gather (set by the caller of make_plan) */
   int ar_out_sym;  /* tw_gemm_ar into symmetric outputs (args.out_symmetric): the owners write
                       every rank's out, no gather copy (set by the caller of make_plan) */
-  int owner_epi;   /* experimental (TW_RS_OWNER_EPI): own tiles reduced in their epilogue, no
-                      reduce CTAs (set by the caller of make_plan) */
+  int owner_epi;   /* 2 ranks: own tiles reduced in their epilogue, no reduce CTAs
+                      (tw_gemm_rs_want_owner_epi; set by the caller of make_plan) */
 } tw_gemm_rs_plan_t;
 
 /* Workspace bytes of tw_gemm_ar's direct scheme: fp32 staging [world][m][n]. */
@@ -103,6 +103,13 @@ size_t tw_gemm_ar_direct_workspace_bytes(int world, int64_t m, int64_t n, int pa
  * TW_AR_DIRECT (-1: this rule decides). partial_bytes: 4 or 2. */
 int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partial_bytes, int64_t m,
                            int64_t k);
+
+/* Whether tw_gemm_rs reduces each rank's own tiles in their epilogue (RsEpi::combine), given
+ * that the call can (2 ranks, whole row blocks per owner, one unit per flag, the push layout).
+ * env: TW_RS_OWNER_EPI (-1: this rule decides). reduce_set: the caller set the reduce CTAs
+ * (args.reduce_sms > 0 or TW_RS_REDUCE_CTAS >= 0), which the rule then leaves running.
+ * partial_bytes: 4 or 2. k: per rank. */
+int tw_gemm_rs_want_owner_epi(int env, int reduce_set, int partial_bytes, int64_t k);
 
 void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *args, tw_gemm_rs_plan_t *plan);
 

@@ -45,6 +45,23 @@ int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partia
   return world == 2 && !gpu_shared && partial_bytes == 2 && m <= 4096 && k >= 4096;
 }
 
+int tw_gemm_rs_want_owner_epi(int env, int reduce_set, int partial_bytes, int64_t k) {
+  if (env >= 0)
+    return env != 0;
+  if (reduce_set)
+    return 0;
+  /* The own tile's epilogue saves its fp32 partial's store and re-read (and the reduce CTAs)
+   * but stalls its consumer warpgroups on the peer's partial: a gain where the GEMM is short
+   * of HBM bandwidth (short K), a loss where it is bound by the tensor cores. Twelfth session
+   * (docs/PERF.md), A/B TW_RS_OWNER_EPI=0/1, ms, 2 H200s | 2 virtual ranks: fp32 partials, m
+   * 4096 n 12288 K 2048 0.513 -> 0.496 | 0.993 -> 0.895, K 3072 0.680 -> 0.657 | 1.327 ->
+   * 1.249, K 4096 0.849 -> 0.866 | 1.604 -> 1.583, K 6144 (flux-tp8) 1.158 -> 1.173 | 2.208
+   * -> 2.282; M=8192 (K 1024) 0.484 -> 0.448 | 0.880 -> 0.758, M=16384 (K 2048) 2.455 ->
+   * 2.288 | 4.976 -> 4.569. bf16 partials, half the bytes to save, lost at every K but 512
+   * (flux-tp8 1.083 -> 1.183, M=8192 0.351 -> 0.375). So fp32 partials below K 4096. */
+  return partial_bytes == 4 && k < 4096;
+}
+
 void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *plan) {
   const int world = a->world;
   const int32_t m_local = (int32_t)(a->m / world);

@@ -48,6 +48,7 @@ extern "C" {
 #include "comm.h"
 #include "cuda_check.h"
 #include "env.h"
+#include "log.h"
 #include "tma_map.h"
 }
 
@@ -140,8 +141,8 @@ template <class P> struct RsEpi {
     int32_t pull;      /* boxes go to slot_map[0], this rank's own [m, n] partial (global rows) */
     int32_t sig;       /* TW_RS_SIGNAL bits: 1 signal from warp 1, 2 no separate
                           fence, 4 gpu scope (every rank on this GPU) */
-    int32_t owner_epi; /* experimental (TW_RS_OWNER_EPI, tw_gemm_rs only): this rank's own
-                          tiles are reduced in their epilogue (kOwnerEpi below) */
+    int32_t owner_epi; /* tw_gemm_rs on 2 ranks (plan.owner_epi): this rank's own tiles are
+                          reduced in their epilogue (kOwnerEpi below) */
     uint64_t *trace;   /* dc.trace (TW_TRACE): the signalled tile goes into TW_TR_DONE */
     /* owner_epi: this rank's out (bf16 [m_local, n], ldo), its staging slots (slot s holds rank
      * s's partial of its rows), its tile counters, and its row blocks [own_mb0, + own_mbs) */
@@ -202,10 +203,10 @@ template <class P> struct RsEpi {
               *reinterpret_cast<const int4 *>(src + r * 128 + ((j ^ (r & 7)) << 4));
     }
   }
-  /* Experimental (TW_RS_OWNER_EPI): an own tile is the last partial of its unit to come (the
-   * tile order lags the own tiles behind the peers', kOrderBandsOwnerLag), so its epilogue adds
-   * the peers' partials, already in this rank's staging, to its accumulators in rank order (the
-   * same fp32 sums, in the same order, as the reduce CTAs: the same bits) and stores the bf16
+  /* plan.owner_epi (tw_gemm_rs_want_owner_epi): an own tile is the last partial of its unit to come
+   * (the tile order lags the own tiles behind the peers', kOrderBandsOwnerLag), so its epilogue
+   * adds the peers' partials, already in this rank's staging, to its accumulators in rank order
+   * (the same fp32 sums, in the same order, as the reduce CTAs: the same bits) and stores the bf16
    * result into out. No own partial is stored or re-read, and no reduce CTA runs. */
   static constexpr bool kOwnerEpi = true;
   struct OwnerOut {
@@ -222,8 +223,9 @@ template <class P> struct RsEpi {
    * counted its partial of the unit, then add it to the accumulator fragment (rows warp * 16 +
    * lane / 4 and + 8, columns 8 j + 2 (lane % 4) + 0, 1) in place. Two ranks only: the reduce
    * CTAs compute slab[0] + slab[1], and a fp32 sum of two terms does not depend on their order,
-   * so own + peer is the same bits on either rank. (More ranks would need the sum of the ranks
-   * before this one first: 128 more registers than the consumers have.) */
+   * so own + peer is the same bits on either rank. (More ranks need the sum of the ranks before
+   * this one first: done element by element, with each element's peer loads together, the
+   * consumers spilled, 2 KiB per thread, twelfth session.) */
   template <class GP, int N>
   __device__ __forceinline__ static void combine(const GP &gp, float (&acc)[N], int32_t mb,
                                                  int32_t nb, int wg, int wg_thread) {
@@ -697,7 +699,7 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   o.group_m = plan.interleave ? world : o.m_blocks;
   o.group_n = plan.band;
   if (plan.owner_epi) {
-    /* Experimental (TW_RS_OWNER_EPI): own tiles trail the peers' by `lag` positions at least
+    /* plan.owner_epi: own tiles trail the peers' by `lag` positions at least
      * (tests/host/test_tile_order.cu), two waves of this rank's CTAs, so the peers' partials of
      * an own unit have landed when its epilogue needs them. */
     const int32_t own_mbs = (int32_t)(m_local / kBlockM);
@@ -888,12 +890,16 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
       return st;
     plan->ar_out_sym = !direct;
   }
-  /* Experimental (TW_RS_OWNER_EPI=1, tw_gemm_rs on 2 ranks): each rank's own tiles come last
-   * for their units and are reduced in their epilogue (RsEpi::combine); whole row blocks per
-   * owner, the push layout. Ranks may differ in it: the peer's stores and counts are the same
-   * either way. */
+  /* tw_gemm_rs on 2 ranks (tw_gemm_rs_want_owner_epi, TW_RS_OWNER_EPI): each rank's own tiles
+   * come after the peer's partials of them and are reduced in their epilogue
+   * (RsEpi::combine). It needs whole row blocks per owner, one unit per counter (the combine
+   * waits for the peer's one count of its unit) and the push layout. Ranks may differ in it:
+   * the peer's stores and counts are the same either way. */
   plan->owner_epi = !all_reduce && !direct && world == 2 && (a->m / world) % 128 == 0 &&
-                    tw_env_int(TW_RS_PULL_ID) == 0 && tw_env_int(TW_RS_OWNER_EPI_ID) != 0;
+                    plan->group_units == 1 && tw_env_int(TW_RS_PULL_ID) == 0 &&
+                    tw_gemm_rs_want_owner_epi(
+                        (int)tw_env_int(TW_RS_OWNER_EPI_ID),
+                        a->reduce_sms > 0 || tw_env_int(TW_RS_REDUCE_CTAS_ID) >= 0, pbytes, a->k);
   if (plan->owner_epi)
     plan->reduce_ctas = 0;
   /* tw_gemm_ar's push gather (TW_AR_PUSH, the default) where the workspace holds every owner's
@@ -910,6 +916,12 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
       all_reduce && !direct && !plan->ar_out_sym &&
       (push_env > 0 || (push_env < 0 && !comm->gpu_shared)) &&
       tw_heap_avail(comm, a->workspace) >= tw_gemm_ar_push_workspace_bytes(world, a->m, a->n);
+  TW_DEBUG("%s rank %d: m %lld n %lld k %lld, %s partials: ctas %d, reduce_ctas %d, band %d, "
+           "group_units %d, interleave %d, direct %d, owner_epi %d, ar_push %d, ar_out_sym %d",
+           op, comm->rank, (long long)a->m, (long long)a->n, (long long)a->k,
+           pbytes == 2 ? "bf16" : "fp32", plan->ctas, plan->reduce_ctas, plan->band,
+           plan->group_units, plan->interleave, plan->direct, plan->owner_epi, plan->ar_push,
+           plan->ar_out_sym);
   return TW_SUCCESS;
 }
 

@@ -657,7 +657,8 @@ int main(int argc, char **argv) {
        4,
        1},
       /* TW_RS_GROUP_UNITS=3: three units behind each flag (a last group short), where the
-       * plan takes one; the reduce and gather items cover three units; same bits. */
+       * plan takes one; the reduce and gather items cover three units; same bits. At world 2
+       * the owner epilogue, which needs one unit per counter, gives way to the reduce CTAs. */
       {"TW_RS_GROUP_UNITS",
        "3",
        NULL,
@@ -666,14 +667,16 @@ int main(int argc, char **argv) {
        186,
        4,
        1},
-      /* TW_RS_OWNER_EPI=1 (experimental): on 2 ranks with whole row blocks per owner, each
-       * rank's own tiles come after the peer's partials of them and are reduced in their
-       * epilogue; same bits. Other worlds and shapes fall back to the default. */
+      /* TW_RS_OWNER_EPI=1: on 2 ranks with whole row blocks per owner and one unit per
+       * counter, each rank's own tiles come after the peer's partials of them and are reduced
+       * in their epilogue, whatever K and the partials (by default: fp32 below K 4096, so the
+       * default cases at world 2 take it too); same bits. Other worlds and shapes fall back to
+       * the reduce CTAs. */
       {"TW_RS_OWNER_EPI",
        "1",
        NULL,
        TW_PARTIALS_FP32,
-       {{128, 264, 200, 0}, {1024, 1024, 512, 2}, {256, 1032, 128, 0}},
+       {{128, 264, 200, 0}, {1024, 1024, 4096, 2}, {256, 1032, 128, 0}},
        187,
        2,
        1},
@@ -683,6 +686,15 @@ int main(int argc, char **argv) {
        TW_PARTIALS_BF16,
        {{128, 264, 200, 0}, {512, 1800, 512, 0}, {100, 264, 200, 0}},
        188,
+       2,
+       1},
+      /* TW_RS_OWNER_EPI=0: the reduce CTAs where the default takes the owner epilogue. */
+      {"TW_RS_OWNER_EPI",
+       "0",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{128, 264, 200, 0}, {1024, 1024, 512, 0}, {256, 1032, 128, 0}},
+       189,
        2,
        1},
       /* TW_RS_REDUCE_CTAS=0: no CTA starts on the reduction; every CTA runs its GEMM tiles,

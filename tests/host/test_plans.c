@@ -300,6 +300,16 @@ static void test_gemm_rs_plans(void) {
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 2, 1024, 2048), "K 2048: not direct");
   TEST_ASSERT(tw_gemm_ar_want_direct(1, 8, 1, 4, 65536, 8), "TW_AR_DIRECT=1 wins");
   TEST_ASSERT(!tw_gemm_ar_want_direct(0, 2, 0, 2, 4096, 6144), "TW_AR_DIRECT=0 wins");
+  /* tw_gemm_rs's owner epilogue on 2 ranks: the env wins; by default fp32 partials with K < 4096
+   * per rank, unless the caller set the reduce CTAs. */
+  TEST_ASSERT(tw_gemm_rs_want_owner_epi(-1, 0, 4, 2048), "M=16384 (K 2048), fp32: owner epilogue");
+  TEST_ASSERT(tw_gemm_rs_want_owner_epi(-1, 0, 4, 3072), "K 3072, fp32: owner epilogue");
+  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(-1, 0, 4, 4096), "K 4096: reduce CTAs");
+  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(-1, 0, 4, 6144), "flux-tp8 (K 6144): reduce CTAs");
+  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(-1, 0, 2, 512), "bf16 partials: reduce CTAs");
+  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(-1, 1, 4, 512), "reduce CTAs set: reduce CTAs");
+  TEST_ASSERT(tw_gemm_rs_want_owner_epi(1, 1, 2, 65536), "TW_RS_OWNER_EPI=1 wins");
+  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(0, 0, 4, 512), "TW_RS_OWNER_EPI=0 wins");
   TEST_ASSERT(tw_gemm_ar_direct_workspace_bytes(2, 4096, 12288, 2) <=
                   tw_gemm_ar_push_workspace_bytes(2, 4096, 12288), /* tw_gemm_rs_workspace_size */
               "direct with bf16 partials fits the default workspace on 2 ranks");
