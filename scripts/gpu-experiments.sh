@@ -42,9 +42,7 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
-#     pf12    (the default) the owner epilogue forced on, with and without the L2 prefetch of
-#             the peer's partials (TW_RS_OWNER_PREFETCH): test_gemm_rs on 2 GPUs, A/B on 2 GPUs
-#     diag12  8 virtual ranks, GEMM+RS at short K (M=4096 K 512, M=8192 K 1024) with the
+#     diag12  (the default) 8 virtual ranks, GEMM+RS at short K (M=4096 K 512, M=8192 K 1024) with the
 #             measurement builds in $TW_BUILD_DIR/diagN (TW_DIAG12="2 4 8")
 #     prime11 tw-bench's primed queue: A/B rows of the default value against the
 #             main row on 2 GPUs; the host's enqueue time per repeat (2 GPUs, 8 vranks)
@@ -437,18 +435,6 @@ exp_oe12d() { # the owner-epilogue rule (tw_gemm_rs_want_owner_epi): rows of the
     "$bin/tw-bench" gemm_rs --world 2 --repeats 20 --warmup 5 --no-check
   return 0
 }
-exp_pf12() { # the owner epilogue's L2 prefetch (twelfth session)
-  run "pf12-test_gemm_rs" 150 env TW_WATCHDOG_S=15 TW_RS_OWNER_PREFETCH=1 "$bin/test_gemm_rs"
-  [ "$ngpus" -gt 1 ] || return 0
-  run "pf12-test_gemm_rs-gpus" 150 env TW_WATCHDOG_S=15 TW_TEST_DEVICES=distinct \
-    TW_RS_OWNER_PREFETCH=1 "$bin/test_gemm_rs"
-  run "pf12-gpus-rs" 150 env TW_RS_OWNER_EPI=1 TW_BENCH_AB=TW_RS_OWNER_PREFETCH=0,1 \
-    "$bin/tw-bench" gemm_rs --world 2 --repeats 20 --warmup 5 --no-check
-  run "pf12-gpus-rs-k4096" 60 env TW_RS_OWNER_EPI=1 TW_BENCH_AB=TW_RS_OWNER_PREFETCH=0,1 \
-    "$bin/tw-bench" gemm_rs --world 2 --m 4096 --n 12288 --k 4096 --repeats 20 --warmup 5 --no-check
-  run "pf12-gpus-oe" 150 env TW_RS_OWNER_PREFETCH=1 TW_BENCH_AB=TW_RS_OWNER_EPI=0,1 \
-    "$bin/tw-bench" gemm_rs --world 2 --repeats 20 --warmup 5 --no-check
-}
 exp_diag12() { # where the 8-rank fused GEMM+RS loses to the unfused pipeline at short K
   local d lib
   for d in 0 ${TW_DIAG12-2 4 8}; do
@@ -461,7 +447,7 @@ exp_diag12() { # where the 8-rank fused GEMM+RS loses to the unfused pipeline at
       "$bin/tw-bench" gemm_rs --m 8192 --n 8192 --k 1024 --repeats 20 --warmup 5 --no-check
   done
 }
-for e in ${TW_EXP:-pf12}; do
+for e in ${TW_EXP:-diag12}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

@@ -312,8 +312,6 @@ constexpr int kSigDepth = 4; // tiles whose signal may wait for the signal warp
 // int wg_thread)` adds what other ranks stored for it into the accumulators (it may wait,
 // bounded), and the tile is stored through `typename Epi::OwnerOut` (its own Out and
 // issue_box, taking Epi::Params), with no signal. The previous tile's signal is given first.
-// The producer calls `static void owner_prefetch(const Epi::Params&, int m_block, int n_block)`
-// once it has issued such a tile's first stage, so combine's inputs can be on their way to L2.
 template <class E, class = void> struct OwnerEpiOf { static constexpr bool value = false; };
 template <class E> struct OwnerEpiOf<E, decltype(void(E::kOwnerEpi))> {
   static constexpr bool value = E::kOwnerEpi;
@@ -565,10 +563,6 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
             else
               ptx::tma_load_2d(smem + L::kB + stage * kTileB, &p.b_map, &full[stage], kb * kBlockK,
                                nb * BN);
-          }
-          if constexpr (OwnerEpiOf<Epi>::value) {
-            if (kb == 0 && Epi::owner_tile(p, mb))
-              Epi::owner_prefetch(p.epi, mb, nb);
           }
           if (++stage == Stages) {
             stage = 0;

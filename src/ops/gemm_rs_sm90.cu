@@ -150,7 +150,6 @@ template <class P> struct RsEpi {
     const P *own_slab[kMaxWorld];
     uint64_t *own_counters;
     int32_t own_mb0, own_mbs;
-    int32_t own_prefetch, rank; /* TW_RS_OWNER_PREFETCH; this rank */
   };
   /* The consumer thread of warpgroup 0 that signals (after both warpgroups' bulk waits). */
   __device__ __forceinline__ static int signal_thread(const Params &p) {
@@ -217,19 +216,6 @@ template <class P> struct RsEpi {
       tw::ptx::tma_store_2d(&p.out_map, box, col, row - p.own_mb0 * kBlockM);
     }
   };
-  /* The producer thread, once an own tile's first stage is issued (TW_RS_OWNER_PREFETCH): the
-   * peer's partial of the tile, row by row, into L2, so combine's loads at the end of the
-   * mainloop hit L2. L2 is the point of coherence: a line fetched before the peer's stores
-   * land is updated by them, and combine reads only after the acquire. */
-  __device__ __forceinline__ static void owner_prefetch(const Params &p, int32_t mb, int32_t nb) {
-    if (!p.own_prefetch)
-      return;
-    const int32_t col0 = nb * kBlockN, cols = min(kBlockN, p.n - col0);
-    const P *src = p.own_slab[1 - p.rank] + (size_t)(mb - p.own_mb0) * kBlockM * p.n + col0;
-    const uint32_t bytes = (uint32_t)cols * (uint32_t)sizeof(P); /* n is a multiple of 8 */
-    for (int32_t r = 0; r < kBlockM; r++)
-      tw::ptx::bulk_prefetch_l2(src + (size_t)r * p.n, bytes);
-  }
   template <class GP> __device__ __forceinline__ static bool owner_tile(const GP &gp, int32_t mb) {
     return gp.epi.owner_epi && mb >= gp.epi.own_mb0 && mb < gp.epi.own_mb0 + gp.epi.own_mbs;
   }
@@ -725,8 +711,6 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
     p.gemm.epi.own_mb0 = rank * own_mbs;
     p.gemm.epi.own_mbs = own_mbs;
     p.gemm.epi.own_counters = &comm->dev.ctrl->flags[ch][0]; /* tw_own_flag(dc, ch, 0) */
-    p.gemm.epi.own_prefetch = tw_env_int(TW_RS_OWNER_PREFETCH_ID) != 0;
-    p.gemm.epi.rank = rank;
     for (int s = 0; s < world; s++)
       p.gemm.epi.own_slab[s] = (const P *)a.workspace + (size_t)s * (size_t)m_local * (size_t)a.n;
     st = out_map<__nv_bfloat16>(&p.gemm.epi.out_map, a.out, a.n, m_local, a.ldo,
