@@ -116,10 +116,13 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    *   row blocks x 1 column in flight on a 16-CTA rank, so every tile loads its A rows from
    *   HBM; bands of 2 share each A row block between two in-flight tiles while the ranks' B
    *   bands still fit (flux-tp8 9.55 -> 8.88 ms, M=16384 20.7 -> 19.8; bands of 4 level with
-   *   2), taken where the ranks' A together outgrow L2. */
+   *   2), taken where the ranks' A together reach half of L2 (twelfth session, A/B on 8 virtual
+   *   ranks at M=4096 K 512, 32 MiB of A in all: bands of 1 / 2 / 4 / 8, GEMM+RS fp32 0.615 /
+   *   0.604 / 0.601 / 0.609 ms, bf16 partials 0.446 / 0.431 / 0.429 / 0.430, GEMM+AR fp32 0.755
+   *   / 0.739 / 0.739 / 0.746; until then it took bands of 2 only above 32 MiB). */
   const double a_bytes = (double)a->m * (double)a->k * 2.0;
-  int band = a->band_env > 0            ? a->band_env
-             : a->shared_gpu            ? (a_bytes * world > TW_RS_L2_BYTES ? TW_RS_BAND_SHARED : 1)
+  int band = a->band_env > 0 ? a->band_env
+             : a->shared_gpu ? (a_bytes * world >= TW_RS_L2_BYTES ? TW_RS_BAND_SHARED : 1)
              : a_bytes > TW_RS_L2_BYTES ? TW_RS_BAND_DEFAULT
                                         : 1;
   if (band > n_blocks)

@@ -240,8 +240,12 @@ static void test_gemm_rs_plans(void) {
   TEST_ASSERT(p.band == 2, "M=16384 K=2048 on a shared GPU: band %d, want 2", p.band);
   tw_gemm_rs_plan_args_t small = big;
   small.world = 8, small.m = 4096, small.n = 4096, small.k = 512, small.sm_budget = 16;
-  tw_gemm_rs_make_plan(&small, &p); /* 8 ranks' A, 4 MiB each, fit L2 together */
-  TEST_ASSERT(p.band == 1, "M=4096 K=512 on 8 ranks of a shared GPU: band %d, want 1", p.band);
+  tw_gemm_rs_make_plan(&small, &p); /* 8 ranks' A, 4 MiB each: half of L2 together */
+  TEST_ASSERT(p.band == 2, "M=4096 K=512 on 8 ranks of a shared GPU: band %d, want 2", p.band);
+  small.k = 256;
+  tw_gemm_rs_make_plan(&small, &p); /* 2 MiB each: 16 MiB together */
+  TEST_ASSERT(p.band == 1, "M=4096 K=256 on 8 ranks of a shared GPU: band %d, want 1", p.band);
+  small.k = 512;
   small.all_reduce = 1, small.n = 12288, small.k = 6144; /* flux-tp8: the estimate, 1 CTA */
   tw_gemm_rs_make_plan(&small, &p);
   TEST_ASSERT(p.reduce_ctas < 4, "GEMM+AR, 8 ranks of a shared GPU: %d reduce CTAs", p.reduce_ctas);
