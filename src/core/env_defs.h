@@ -106,7 +106,8 @@ TW_ENV(TW_RS_OWNER_EPI, int, "-1",
        "tw_gemm_rs on 2 ranks (m / 2 a multiple of 128, one tile per counter): 1 computes each "
        "rank's own tiles after the peer's partials of them have landed and reduces them in the "
        "tile's epilogue (no own partial stored or re-read, no reduce CTA), 0 never, -1 with fp32 "
-       "partials and K < 4096 per rank (measured faster there).")
+       "partials and K < 4096 per rank (measured faster there) unless args.reduce_sms or "
+       "TW_RS_REDUCE_CTAS sets the reduce CTAs.")
 TW_ENV(TW_FAULT_STALL_TILE, int, "-1",
        "For tests: the GEMM core's producer never loads the first stage of this tile (its index "
        "in the call's tile order, every GEMM-core kernel of the process) and the pipeline's waits "

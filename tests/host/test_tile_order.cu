@@ -90,10 +90,10 @@ int main(void) {
                      o.group_n, world, rank, per_owner);
             check_order(what, o, m_local, world);
           }
-  /* The own-lag order (tw_gemm_rs with TW_RS_OWNER_EPI): a bijection with every owner's units
-   * ascending, and each own unit at least `lag` positions after the peers' tiles of it in their
-   * orders (the last own units have only that; those in the middle about world * lag): the
-   * margin that lets the own tile's epilogue find the peers' partials landed. */
+  /* The own-lag order (tw_gemm_rs's owner epilogue on 2 ranks; tested for up to 8): a bijection
+   * with every owner's units ascending, and each own unit at least `lag` positions after the peers'
+   * tiles of it in their orders (the last own units have only that; those in the middle about world
+   * * lag): the margin that lets the own tile's epilogue find the peers' partials landed. */
   for (int32_t world = 2; world <= 8; world++)
     for (int32_t per_owner = 1; per_owner <= 5; per_owner += 2)
       for (int32_t nbk = 1; nbk <= 21; nbk += 4)
@@ -123,7 +123,6 @@ int main(void) {
               }
             }
             const int32_t g = band < nbk ? band : nbk, eff = lag < units ? lag : units;
-            (void)g;
             int32_t worst = 1 << 30;
             for (int32_t r = 0; r < world; r++)
               for (int32_t mb = r * per_owner; mb < (r + 1) * per_owner; mb++)
