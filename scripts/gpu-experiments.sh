@@ -42,8 +42,8 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
-#     diag12  (the default) 8 virtual ranks, GEMM+RS at short K (M=4096 K 512, M=8192 K 1024) with the
-#             measurement builds in $TW_BUILD_DIR/diagN (TW_DIAG12="2 4 8")
+#     diag12  (the default) 8 virtual ranks, GEMM+RS at short K (M=4096 K 512, M=8192 K 1024)
+#             with the measurement builds in $TW_BUILD_DIR/diagN (TW_DIAG12="2 4 8")
 #     prime11 tw-bench's primed queue: A/B rows of the default value against the
 #             main row on 2 GPUs; the host's enqueue time per repeat (2 GPUs, 8 vranks)
 #     flux11  2 GPUs, flux-tp8: the reduce-CTA count of GEMM+RS / GEMM+AR in
@@ -408,9 +408,9 @@ exp_prime11() { # eleventh session: tw-bench primes the queue with two untimed c
   run "prime11-stamps-ar8" 90 env TW_BENCH_STAMPS=1 TW_BENCH_ROUNDS=1 TW_BENCH_VIRTUAL=1 \
     "$bin/tw-bench" gemm_ar --repeats 16 --warmup 3
 }
-exp_oe12() { # branch exp/owner-epi: GEMM+RS with each rank's own tiles reduced in their
-  # epilogue (TW_RS_OWNER_EPI=1, 2 ranks): the tests first (one GPU, then distinct GPUs), then
-  # A/B against the default in both orders on 2 GPUs and on 2 virtual ranks, and a trace
+exp_oe12() { # GEMM+RS with each rank's own tiles reduced in their epilogue (TW_RS_OWNER_EPI,
+  # 2 ranks): the tests first (one GPU, then distinct GPUs), then A/B of 0 against 1 in both
+  # orders on 2 GPUs and on 2 virtual ranks, and a trace with it forced on
   run "oe12-test_gemm_rs" 150 env TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
   [ "$ngpus" -gt 1 ] && run "oe12-test_gemm_rs-gpus" 150 env TW_WATCHDOG_S=15 \
     TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
