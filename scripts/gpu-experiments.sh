@@ -42,7 +42,10 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
-#     diag12  (the default) 8 virtual ranks, GEMM+RS at short K (M=4096 K 512, M=8192 K 1024)
+#     next12  (the default; prepared in the twelfth session, not run) 8 virtual ranks: the plain
+#             GEMM's grouped tile order for GEMM+RS / GEMM+AR at short K (TW_RS_GROUPED in A/B);
+#             2 GPUs: every op with TW_BENCH_BLOCK=1 and 8 (the fork/join once per 8 calls)
+#     diag12  8 virtual ranks, GEMM+RS at short K (M=4096 K 512, M=8192 K 1024)
 #             with the measurement builds in $TW_BUILD_DIR/diagN (TW_DIAG12="2 4 8")
 #     prime11 tw-bench's primed queue: A/B rows of the default value against the
 #             main row on 2 GPUs; the host's enqueue time per repeat (2 GPUs, 8 vranks)
@@ -447,7 +450,22 @@ exp_diag12() { # where the 8-rank fused GEMM+RS loses to the unfused pipeline at
       "$bin/tw-bench" gemm_rs --m 8192 --n 8192 --k 1024 --repeats 20 --warmup 5 --no-check
   done
 }
-for e in ${TW_EXP:-diag12}; do
+exp_next12() { # prepared in the twelfth session (docs/PERF.md, its next experiments)
+  local op shape
+  for op in gemm_rs gemm_ar; do
+    for shape in "--m 4096 --n 4096 --k 512" "--m 8192 --n 8192 --k 1024"; do
+      run "next12-vr-$op-${shape// /}" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_GROUPED=0,1 \
+        "$bin/tw-bench" $op $shape --repeats 24 --warmup 5
+    done
+  done
+  [ "$ngpus" -gt 1 ] || return 0
+  for op in ag_gemm gemm_rs gemm_ar; do
+    run "next12-gpus-$op-block1" 150 "$bin/tw-bench" $op --world 2 --repeats 20 --warmup 5 --no-check
+    run "next12-gpus-$op-block8" 150 env TW_BENCH_BLOCK=8 "$bin/tw-bench" $op --world 2 \
+      --repeats 20 --warmup 5 --no-check
+  done
+}
+for e in ${TW_EXP:-next12}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

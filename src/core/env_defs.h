@@ -108,6 +108,10 @@ TW_ENV(TW_RS_OWNER_EPI, int, "-1",
        "tile's epilogue (no own partial stored or re-read, no reduce CTA), 0 never, -1 with fp32 "
        "partials and K < 4096 per rank (measured faster there) unless args.reduce_sms or "
        "TW_RS_REDUCE_CTAS sets the reduce CTAs.")
+TW_ENV(TW_RS_GROUPED, bool, "0",
+       "Measurement: 1 has tw_gemm_rs / tw_gemm_ar take their tiles in the plain GEMM's grouped "
+       "order (16 row blocks a group, from the rows of owner rank + 1) instead of column bands "
+       "(not with the owner epilogue); the reduction then waits longer for its units.")
 TW_ENV(TW_FAULT_STALL_TILE, int, "-1",
        "For tests: the GEMM core's producer never loads the first stage of this tile (its index "
        "in the call's tile order, every GEMM-core kernel of the process) and the pipeline's waits "

@@ -101,6 +101,9 @@ static void usage(FILE *out) {
           "                     its own load settles at on a power-capped card\n"
           "  TW_BENCH_GRAPH=1   multi-rank rows replay one repeat captured in a CUDA graph\n"
           "                     (no host enqueue cost in the figure)\n"
+          "  TW_BENCH_BLOCK=B   multi-rank rows: each sample is B back-to-back calls between\n"
+          "                     one fork and one join of the ranks' streams, divided by B\n"
+          "                     (default 1; the fork/join starts the ranks apart)\n"
           "\n"
           "exit status: 0 all checks passed, 1 a check or setup failed, 2 no Hopper GPU,\n"
           "3 a CUDA call failed, 64 bad command line.\n");

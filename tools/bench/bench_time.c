@@ -48,6 +48,17 @@ static int graph_on(void) {
   return e && *e == '1';
 }
 
+/* TW_BENCH_BLOCK=B (multi-rank timings, default 1): each timed sample is B calls between one
+ * fork and one join of the ranks' streams, its time divided by B. The ranks' streams then run
+ * the calls back to back, as in a training step, and the cross-GPU fork/join around each
+ * sample (which starts rank 1 about 70 us after rank 0 on 2 H200s, eleventh session) is paid
+ * once per B calls. */
+static int block_calls(void) {
+  const char *e = getenv("TW_BENCH_BLOCK");
+  const int b = e && *e ? atoi(e) : 1;
+  return b < 1 ? 1 : (b > 64 ? 64 : b);
+}
+
 static double host_seconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -156,16 +167,16 @@ static int sink_len;
 
 /* Waits for the last stop event, turns the event pairs into sorted times and
  * returns the median; frees nothing (the caller owns the events). */
-static double summarize(cudaEvent_t *start, cudaEvent_t *stop, int repeats, double *p10,
+static double summarize(cudaEvent_t *start, cudaEvent_t *stop, int repeats, int calls, double *p10,
                         double *p90) {
   BENCH_CUDA(cudaEventSynchronize(stop[repeats - 1]));
   double *times = xcalloc((size_t)repeats, sizeof(double));
   for (int i = 0; i < repeats; i++) {
     float ms = 0.0f;
     BENCH_CUDA(cudaEventElapsedTime(&ms, start[i], stop[i]));
-    times[i] = (double)ms;
+    times[i] = (double)ms / calls;
     if (sink)
-      sink[sink_len++] = (double)ms;
+      sink[sink_len++] = times[i];
   }
   const double median = sorted_stats(times, repeats, p10, p90);
   free(times);
@@ -205,7 +216,7 @@ double bench_time_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStream_t st
     BENCH_CUDA(cudaEventRecord(stop[i], stream));
   }
   BENCH_CUDA(cudaGetLastError());
-  double median = summarize(start, stop, repeats, p10, p90);
+  double median = summarize(start, stop, repeats, 1, p10, p90);
   if (stamps_on())
     stamp(1, stream);
 
@@ -225,11 +236,13 @@ typedef struct side_stream {
   cudaEvent_t joined;
 } side_stream_t;
 
-static void fork_join(void (*fn)(void *ctx, int iter), void *ctx, int iter, cudaStream_t main,
-                      cudaEvent_t forked, side_stream_t *sides, int nsides, int main_device) {
+static void fork_join(void (*fn)(void *ctx, int iter), void *ctx, int iter, int calls,
+                      cudaStream_t main, cudaEvent_t forked, side_stream_t *sides, int nsides,
+                      int main_device) {
   for (int s = 0; s < nsides; s++)
     BENCH_CUDA(cudaStreamWaitEvent(sides[s].stream, forked, 0));
-  fn(ctx, iter);
+  for (int c = 0; c < calls; c++)
+    fn(ctx, iter + c);
   for (int s = 0; s < nsides; s++) {
     BENCH_CUDA(cudaSetDevice(sides[s].device));
     BENCH_CUDA(cudaEventRecord(sides[s].joined, sides[s].stream));
@@ -247,12 +260,13 @@ typedef struct {
   cudaEvent_t fork;
   side_stream_t *sides;
   int nsides, main_device;
+  int calls; /* per fork/join (block_calls) */
 } multi_call_t;
 
 static void multi_call(void *arg, int iter) {
   const multi_call_t *m = (const multi_call_t *)arg;
   BENCH_CUDA(cudaEventRecord(m->fork, m->main));
-  fork_join(m->fn, m->ctx, iter, m->main, m->fork, m->sides, m->nsides, m->main_device);
+  fork_join(m->fn, m->ctx, iter, m->calls, m->main, m->fork, m->sides, m->nsides, m->main_device);
 }
 
 double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStream_t main,
@@ -284,7 +298,8 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
   cudaEvent_t warm_fork;
   BENCH_CUDA(cudaEventCreateWithFlags(&warm_fork, cudaEventDisableTiming));
 
-  multi_call_t mc = {fn, ctx, main, warm_fork, sides, nstreams, main_device};
+  const int calls = block_calls();
+  multi_call_t mc = {fn, ctx, main, warm_fork, sides, nstreams, main_device, calls};
   int iter = warm_up(multi_call, &mc, main, warmup);
   BENCH_CUDA(cudaGetLastError());
   cudaGraphExec_t exec = NULL;
@@ -310,15 +325,16 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
     if (exec)
       BENCH_CUDA(cudaGraphLaunch(exec, main));
     else
-      fork_join(fn, ctx, iter++, main, start[i], sides, nstreams, main_device);
+      fork_join(fn, ctx, iter, calls, main, start[i], sides, nstreams, main_device);
+    iter += calls;
     BENCH_CUDA(cudaEventRecord(stop[i], main));
   }
-  const double host_ms = (host_seconds() - host_t0) * 1e3 / repeats;
+  const double host_ms = (host_seconds() - host_t0) * 1e3 / ((double)repeats * calls);
   BENCH_CUDA(cudaGetLastError());
   if (stamps_on())
     fprintf(stderr, "tw-bench host enqueue %.3f ms per repeat%s\n", host_ms,
             exec ? " (graph replays)" : "");
-  double median = summarize(start, stop, repeats, p10, p90);
+  double median = summarize(start, stop, repeats, calls, p10, p90);
   if (stamps_on())
     stamp(1, main);
 
