@@ -50,6 +50,19 @@ static void check_order(const char *what, TileOrder o, int32_t m_local, int32_t 
   TEST_ASSERT(!unordered, "%s: %d units out of their owner's order", what, unordered);
 }
 
+/* tw_gemm_rs's geometry for rank `rank` of `world`: per_owner row blocks per owner, nbk column
+ * blocks, bands of `band` columns, rows from owner rank + 1's; the caller sets order and group_m.
+ */
+static TileOrder rs_order(int32_t world, int32_t per_owner, int32_t nbk, int32_t band,
+                          int32_t rank) {
+  TileOrder o;
+  memset(&o, 0, sizeof(o));
+  o.m_blocks = world * per_owner, o.n_blocks = nbk;
+  o.group_n = band < nbk ? band : nbk;
+  o.rotate_mb = tw_rs_mb_first((rank + 1) % world, per_owner * TW_GEMM_RS_BLOCK_M);
+  return o;
+}
+
 int main(void) {
   char what[128];
   /* The plain and rotated grouped orders. */
@@ -74,11 +87,7 @@ int main(void) {
         for (int32_t band = 1; band <= 8; band *= 2)
           for (int32_t rank = 0; rank < world; rank++) {
             const int32_t m_local = per_owner * TW_GEMM_RS_BLOCK_M;
-            TileOrder o;
-            memset(&o, 0, sizeof(o));
-            o.m_blocks = world * per_owner, o.n_blocks = nbk;
-            o.group_n = band < nbk ? band : nbk;
-            o.rotate_mb = tw_rs_mb_first((rank + 1) % world, m_local);
+            TileOrder o = rs_order(world, per_owner, nbk, band, rank);
             o.order = tw::gemm::kOrderBands;
             o.group_m = o.m_blocks;
             snprintf(what, sizeof(what), "bands of %d, world %d, rank %d, %d rows per owner",
@@ -104,11 +113,7 @@ int main(void) {
             /* pos[r][mb * n + nb]: where rank r's order visits the tile */
             int32_t *pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)world * (size_t)tiles);
             for (int32_t rank = 0; rank < world; rank++) {
-              TileOrder o;
-              memset(&o, 0, sizeof(o));
-              o.m_blocks = world * per_owner, o.n_blocks = nbk;
-              o.group_n = band < nbk ? band : nbk;
-              o.rotate_mb = tw_rs_mb_first((rank + 1) % world, m_local);
+              TileOrder o = rs_order(world, per_owner, nbk, band, rank);
               o.order = tw::gemm::kOrderBandsOwnerLag;
               o.group_m = world, o.lag = lag;
               snprintf(what, sizeof(what),

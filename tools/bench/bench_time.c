@@ -332,7 +332,7 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
   const double host_ms = (host_seconds() - host_t0) * 1e3 / ((double)repeats * calls);
   BENCH_CUDA(cudaGetLastError());
   if (stamps_on())
-    fprintf(stderr, "tw-bench host enqueue %.3f ms per repeat%s\n", host_ms,
+    fprintf(stderr, "tw-bench host enqueue %.3f ms per call%s\n", host_ms,
             exec ? " (graph replays)" : "");
   double median = summarize(start, stop, repeats, calls, p10, p90);
   if (stamps_on())
