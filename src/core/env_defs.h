@@ -107,7 +107,9 @@ TW_ENV(TW_RS_OWNER_EPI, int, "-1",
        "rank's own tiles after the peer's partials of them have landed and reduces them in the "
        "tile's epilogue (no own partial stored or re-read, no reduce CTA), 0 never, -1 with fp32 "
        "partials and K < 4096 per rank (measured faster there) unless args.reduce_sms or "
-       "TW_RS_REDUCE_CTAS sets the reduce CTAs.")
+       "TW_RS_REDUCE_CTAS sets the reduce CTAs. Experimental: 1 also gives tw_gemm_ar on 2 ranks "
+       "the owner epilogue (the own tile stores its reduced rows for the peer's gather and sets "
+       "its ready flag; single-unit gather items). Every rank must set it alike.")
 TW_ENV(TW_RS_GROUPED, bool, "0",
        "Measurement: 1 has tw_gemm_rs / tw_gemm_ar take their tiles in the plain GEMM's grouped "
        "order (16 row blocks a group, from the rows of owner rank + 1) instead of column bands "

@@ -311,7 +311,8 @@ constexpr int kSigDepth = 4; // tiles whose signal may wait for the signal warp
 // `static void combine(const GemmParams&, float (&acc)[BN / 2], int m_block, int n_block, int wg,
 // int wg_thread)` adds what other ranks stored for it into the accumulators (it may wait,
 // bounded), and the tile is stored through `typename Epi::OwnerOut` (its own Out and
-// issue_box, taking Epi::Params), with no signal. The previous tile's signal is given first.
+// issue_box, taking Epi::Params), signalled only where `static bool owner_signals(const
+// GemmParams&)` holds. The previous tile's signal is given first.
 template <class E, class = void> struct OwnerEpiOf { static constexpr bool value = false; };
 template <class E> struct OwnerEpiOf<E, decltype(void(E::kOwnerEpi))> {
   static constexpr bool value = E::kOwnerEpi;
@@ -706,8 +707,18 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
             sig_mb = -1;
           }
           Epi::combine(p, acc, mb, nb, cwg, wg_thread);
+          // Signalled like any tile once its stores are performed, where the epilogue says so.
+          // The tile's coordinates wait in shared memory, not in registers, across the
+          // epilogue (one more live register spilled the bf16 kernels): thread 0 writes them
+          // after combine's barriers (every thread has read the previous own tile's) and the
+          // epilogue's first warpgroup barrier orders them before every thread's read.
+          __shared__ int32_t own_sig[2][2];
+          volatile int32_t *sig = own_sig[cwg];
+          if (wg_thread == 0)
+            sig[0] = Epi::owner_signals(p) ? mb : -1, sig[1] = nb;
           detail::epilogue<EpiBytes, BN, typename Epi::OwnerOut>(p, acc, cbuf, cwg, wg_thread, mb,
                                                                  nb);
+          sig_mb = sig[0], sig_nb = sig[1];
           continue;
         }
       }

@@ -122,6 +122,10 @@ struct RsWait : NoWait {
 
 /* After a tile's accumulation: boxes of partials (P: float, or bf16 with
  * TW_PARTIALS_BF16) into the owners' staging, then count the unit. */
+/* The call's epoch in every CTA (gemm_rs_kernel sets it before its first barrier), for
+ * RsEpi::signal's ready flags (the owner epilogue of tw_gemm_ar). */
+__shared__ uint64_t s_rs_epoch;
+
 template <class P> struct RsEpi {
   using Out = P;
   static constexpr bool kSignal = true;
@@ -150,6 +154,14 @@ template <class P> struct RsEpi {
     const P *own_slab[kMaxWorld];
     uint64_t *own_counters;
     int32_t own_mb0, own_mbs;
+    /* tw_gemm_ar with the owner epilogue (experimental, TW_RS_OWNER_EPI=1): each own tile's
+     * bf16 boxes also go through peer_map (the peer's block of this rank's reduced rows with the
+     * push, this rank's own reduced rows with the pull, the peer's out with symmetric outputs),
+     * and once they are performed the tile's signal sets the peer's ready flag of the unit
+     * (peer_ready[u] = the call's epoch) instead of counting a partial. */
+    CUtensorMap peer_map;
+    uint64_t *peer_ready;
+    int32_t owner_ar, pad2;
   };
   /* The consumer thread of warpgroup 0 that signals (after both warpgroups' bulk waits). */
   __device__ __forceinline__ static int signal_thread(const Params &p) {
@@ -214,8 +226,14 @@ template <class P> struct RsEpi {
     __device__ __forceinline__ static void issue_box(const Params &p, const void *box, int32_t col,
                                                      int32_t row) {
       tw::ptx::tma_store_2d(&p.out_map, box, col, row - p.own_mb0 * kBlockM);
+      if (p.owner_ar)
+        tw::ptx::tma_store_2d(&p.peer_map, box, col, row - p.own_mb0 * kBlockM);
     }
   };
+  /* Whether an own tile is signalled (tw_gemm_ar: the peer's ready flag) after its stores. */
+  template <class GP> __device__ __forceinline__ static bool owner_signals(const GP &gp) {
+    return gp.epi.owner_ar;
+  }
   template <class GP> __device__ __forceinline__ static bool owner_tile(const GP &gp, int32_t mb) {
     return gp.epi.owner_epi && mb >= gp.epi.own_mb0 && mb < gp.epi.own_mb0 + gp.epi.own_mbs;
   }
@@ -277,6 +295,13 @@ template <class P> struct RsEpi {
   }
   __device__ __forceinline__ static void signal(const Params &p, int32_t mb, int32_t nb) {
     tw_trace_tile(p.trace, TW_TR_DONE, mb, nb);
+    if (p.owner_ar && mb >= p.own_mb0 && mb < p.own_mb0 + p.own_mbs) {
+      /* an own tile of tw_gemm_ar: its reduced rows are at the peer (or here, for the pull) */
+      const int32_t u = tw_rs_unit(mb - p.own_mb0, nb, p.own_mbs, p.n_blocks, p.band);
+      tw_fence_acq_rel_sys();
+      tw_st_release_sys(p.peer_ready + u, s_rs_epoch);
+      return;
+    }
     const int32_t row0 = mb * kBlockM;
     const int32_t last = min(row0 + kBlockM, p.m) - 1;
     if (!(p.sig & 2) && !(TW_RS_DIAG & 2)) {
@@ -583,6 +608,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t epoch = tw_op_begin(dc, ch);
   if (threadIdx.x == 0) {
     s_entered = 0;
+    s_rs_epoch = epoch;
     s_ok = tw_kernel_enter(dc, ch, epoch);
   }
   __syncthreads();
@@ -601,8 +627,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       tw_trace_stamp(dc, TW_TR_GEMM_END);
   }
   if constexpr (kSteal) {
-    if ((int)blockIdx.x >= p.reduce_ctas && !p.gemm.epi.owner_epi) {
-      reduce_work<8>(p, epoch, &s_item, &s_ok);
+    if ((int)blockIdx.x >= p.reduce_ctas) {
+      if (!p.gemm.epi.owner_epi) /* the owner epilogue reduced every own unit */
+        reduce_work<8>(p, epoch, &s_item, &s_ok);
       if (p.all_reduce)
         gather_work(p, epoch, &s_item, &s_ok);
     }
@@ -713,10 +740,27 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
     p.gemm.epi.own_counters = &comm->dev.ctrl->flags[ch][0]; /* tw_own_flag(dc, ch, 0) */
     for (int s = 0; s < world; s++)
       p.gemm.epi.own_slab[s] = (const P *)a.workspace + (size_t)s * (size_t)m_local * (size_t)a.n;
-    st = out_map<__nv_bfloat16>(&p.gemm.epi.out_map, a.out, a.n, m_local, a.ldo,
+    /* tw_gemm_ar's out holds every owner's rows: this rank's start at rank * m_local */
+    const __nv_bfloat16 *own_out =
+        (const __nv_bfloat16 *)a.out + (all_reduce ? (size_t)rank * m_local * (size_t)a.ldo : 0);
+    st = out_map<__nv_bfloat16>(&p.gemm.epi.out_map, own_out, a.n, m_local, a.ldo,
                                 "tw_gemm_rs: cuTensorMapEncodeTiled(out)");
     if (st != TW_SUCCESS)
       return st;
+    if (all_reduce) { /* prepare: 2 ranks, with stealing (the gather runs after the tiles) */
+      const int peer = 1 - rank;
+      const void *dst =
+          p.out_sym ? (const void *)(p.out_peer[peer] + (size_t)rank * m_local * (size_t)a.ldo)
+          : p.push  ? (const void *)p.reduced_push[peer]
+                    : (const void *)((const char *)a.workspace + reduced_offset);
+      st = out_map<__nv_bfloat16>(&p.gemm.epi.peer_map, dst, a.n, m_local, p.out_sym ? a.ldo : a.n,
+                                  "tw_gemm_ar: cuTensorMapEncodeTiled(reduced rows)");
+      if (st != TW_SUCCESS)
+        return st;
+      p.gemm.epi.owner_ar = 1;
+      p.gemm.epi.peer_ready =
+          &comm->dev.peer_ctrl[peer]->flags[ch][(size_t)plan.flag_stride * (size_t)(1 + rank)];
+    }
   }
   o.rotate_mb = plan.direct ? 0 : tw_rs_mb_first((rank + 1) % world, (int32_t)m_local);
   /* TW_RS_GROUPED (measurement; the measurement build bit 16 alike): the plain GEMM's grouped
@@ -898,13 +942,6 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
    * (RsEpi::combine). It needs whole row blocks per owner, one unit per counter (the combine
    * waits for the peer's one count of its unit) and the push layout. Ranks may differ in it:
    * the peer's stores and counts are the same either way. */
-  plan->owner_epi = !all_reduce && !direct && world == 2 && (a->m / world) % 128 == 0 &&
-                    plan->group_units == 1 && tw_env_int(TW_RS_PULL_ID) == 0 &&
-                    tw_gemm_rs_want_owner_epi(
-                        (int)tw_env_int(TW_RS_OWNER_EPI_ID),
-                        a->reduce_sms > 0 || tw_env_int(TW_RS_REDUCE_CTAS_ID) >= 0, pbytes, a->k);
-  if (plan->owner_epi)
-    plan->reduce_ctas = 0;
   /* tw_gemm_ar's push gather (TW_AR_PUSH, the default) where the workspace holds every owner's
    * reduced rows (tw_gemm_rs_workspace_size asks for that much) and no two ranks share a GPU
    * (comm->gpu_shared: every rank must choose alike; with ranks_on_device, 3 ranks on 2 GPUs
@@ -919,6 +956,31 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
       all_reduce && !direct && !plan->ar_out_sym &&
       (push_env > 0 || (push_env < 0 && !comm->gpu_shared)) &&
       tw_heap_avail(comm, a->workspace) >= tw_gemm_ar_push_workspace_bytes(world, a->m, a->n);
+  /* tw_gemm_rs on 2 ranks (tw_gemm_rs_want_owner_epi, TW_RS_OWNER_EPI): each rank's own tiles
+   * come after the peer's partials of them and are reduced in their epilogue
+   * (RsEpi::combine). It needs whole row blocks per owner, one unit per counter (the combine
+   * waits for the peer's one count of its unit) and the push layout. Ranks may differ in it:
+   * the peer's stores and counts are the same either way.
+   * tw_gemm_ar (experimental, TW_RS_OWNER_EPI=1 only): the own tile also stores its reduced
+   * rows where the peer's gather finds them and sets the unit's ready flag. Its gather items
+   * are then single units (the plan's groups of 2-4 give way), so every rank must choose alike:
+   * the env alone decides (an alike knob), never the rule, which reads per-rank arguments;
+   * the gather runs on the GEMM CTAs after their tiles, so stealing is needed. */
+  const int64_t owner_env = tw_env_int(TW_RS_OWNER_EPI_ID);
+  const int64_t own_units = (int64_t)tw_rs_mb_count(0, (int32_t)(a->m / world)) *
+                            ((a->n + TW_GEMM_RS_BLOCK_N - 1) / TW_GEMM_RS_BLOCK_N);
+  plan->owner_epi =
+      !direct && world == 2 && (a->m / world) % 128 == 0 && tw_env_int(TW_RS_PULL_ID) == 0 &&
+      (all_reduce
+           ? owner_env == 1 && plan->steal && own_units <= plan->flag_stride
+           : plan->group_units == 1 &&
+                 tw_gemm_rs_want_owner_epi(
+                     (int)owner_env, a->reduce_sms > 0 || tw_env_int(TW_RS_REDUCE_CTAS_ID) >= 0,
+                     pbytes, a->k));
+  if (plan->owner_epi) {
+    plan->reduce_ctas = 0;
+    plan->group_units = 1, plan->groups_max = (int)own_units;
+  }
   TW_DEBUG("%s rank %d: m %lld n %lld k %lld, %s partials: ctas %d, reduce_ctas %d, band %d, "
            "group_units %d, interleave %d, direct %d, owner_epi %d, ar_push %d, ar_out_sym %d",
            op, comm->rank, (long long)a->m, (long long)a->n, (long long)a->k,
