@@ -42,10 +42,13 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
-#     ar12    (the default; branch exp/ar-owner-epi, not run) GEMM+AR with the owner epilogue
-#             (TW_RS_OWNER_EPI=1): test_gemm_rs with it exported on one GPU and on 2, test_stall
+#     ar12    (thirteenth session, branch exp/ar-owner-epi, merged after) GEMM+AR with the owner
+#             epilogue forced (TW_RS_OWNER_EPI=1): test_gemm_rs on one GPU and on 2, test_stall
 #             on 2, A/B against 0 on 2 GPUs (symmetric outputs too) and on 2 virtual ranks
-#     next12  (prepared in the twelfth session, not run) 8 virtual ranks: the plain
+#     oe13    (the default) the owner-epilogue rule for tw_gemm_rs and tw_gemm_ar (fp32, K <
+#             4096, at least 3 waves of tiles): test_gemm_rs on 1 and 2 GPUs, A/B of the rule
+#             (-1) against 0 and 1 on 2 GPUs (small m too) and 2 virtual ranks, the plans logged
+#     next12  (run in the thirteenth session) 8 virtual ranks: the plain
 #             GEMM's grouped tile order for GEMM+RS / GEMM+AR at short K (TW_RS_GROUPED in A/B);
 #             2 GPUs: every op with TW_BENCH_BLOCK=1 and 8 (the fork/join once per 8 calls)
 #     diag12  8 virtual ranks, GEMM+RS at short K (M=4096 K 512, M=8192 K 1024)
@@ -468,7 +471,7 @@ exp_next12() { # prepared in the twelfth session (docs/PERF.md, its next experim
       --repeats 20 --warmup 5 --no-check
   done
 }
-exp_ar12() { # branch exp/ar-owner-epi: tw_gemm_ar's owner epilogue (twelfth session, not run)
+exp_ar12() { # branch exp/ar-owner-epi (merged in the thirteenth session; exp_oe13 follows it)
   run "ar12-test_gemm_rs" 150 env TW_WATCHDOG_S=15 TW_RS_OWNER_EPI=1 "$bin/test_gemm_rs"
   if [ "$ngpus" -gt 1 ]; then
     run "ar12-test_gemm_rs-gpus" 150 env TW_WATCHDOG_S=15 TW_RS_OWNER_EPI=1 \
@@ -480,7 +483,25 @@ exp_ar12() { # branch exp/ar-owner-epi: tw_gemm_ar's owner epilogue (twelfth ses
   run "ar12-vranks2-ar" 120 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_OWNER_EPI=0,1 \
     "$bin/tw-bench" gemm_ar --world 2 --repeats 20 --warmup 5
 }
-for e in ${TW_EXP:-ar12}; do
+exp_oe13() { # thirteenth session: the owner-epilogue rule for both ops (fp32, K < 4096, >= 3 waves)
+  local small="--m 1024 --n 8192 --k 2048"
+  run "oe13-test_gemm_rs" 150 env TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
+  if [ "$ngpus" -gt 1 ]; then
+    run "oe13-test_gemm_rs-gpus" 150 env TW_WATCHDOG_S=15 TW_TEST_DEVICES=distinct \
+      "$bin/test_gemm_rs"
+    run "oe13-gpus-ar" 150 env TW_BENCH_AB=TW_RS_OWNER_EPI=-1,0,1 TW_BENCH_AB_OUTSYM=1 \
+      "$bin/tw-bench" gemm_ar --world 2 --repeats 20 --warmup 5
+    run "oe13-gpus-rs" 150 env TW_BENCH_AB=TW_RS_OWNER_EPI=-1,0,1 \
+      "$bin/tw-bench" gemm_rs --world 2 --repeats 20 --warmup 5
+    run "oe13-gpus-rs-small" 60 env TW_BENCH_AB=TW_RS_OWNER_EPI=-1,0,1 \
+      "$bin/tw-bench" gemm_rs --world 2 $small --repeats 20 --warmup 5
+  fi
+  run "oe13-vranks2-rs-small" 60 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_OWNER_EPI=-1,0,1 \
+    "$bin/tw-bench" gemm_rs --world 2 $small --repeats 20 --warmup 5
+  run "oe13-plans" 60 env TW_LOG_LEVEL=3 "$bin/tw-bench" gemm_ar --world 2 --repeats 2 \
+    --warmup 1 --no-check
+}
+for e in ${TW_EXP:-oe13}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

@@ -34,7 +34,8 @@ TW_ENV(
     "Row blocks per L2 group in tw_ag_gemm's rank-rotated tile order; 0 lets the heuristic choose.")
 TW_ENV(TW_RS_STEAL, bool, "1",
        "1: the GEMM CTAs of tw_gemm_rs / tw_gemm_ar take reduction work after their tiles "
-       "(measured 1.2-2.0x faster on 2 H200s, docs/PERF.md); 0: only the reduce CTAs reduce.")
+       "(measured 1.2-2.0x faster on 2 H200s, docs/PERF.md); 0: only the reduce CTAs reduce "
+       "(and tw_gemm_ar takes no owner epilogue). Every rank must set it alike.")
 TW_ENV(TW_RS_REDUCE_CTAS, int, "-1",
        "For measurement: CTAs of tw_gemm_rs / tw_gemm_ar that start on the reduction (the args' "
        "reduce_sms wins); 0 lets every CTA run the GEMM first and reduce after its tiles (only "
@@ -103,13 +104,13 @@ TW_ENV(TW_RS_PULL, bool, "0",
        "and the owners read their rows from every rank when reducing (instead of the epilogue "
        "pushing tiles to their owners).")
 TW_ENV(TW_RS_OWNER_EPI, int, "-1",
-       "tw_gemm_rs on 2 ranks (m / 2 a multiple of 128, one tile per counter): 1 computes each "
-       "rank's own tiles after the peer's partials of them have landed and reduces them in the "
-       "tile's epilogue (no own partial stored or re-read, no reduce CTA), 0 never, -1 with fp32 "
-       "partials and K < 4096 per rank (measured faster there) unless args.reduce_sms or "
-       "TW_RS_REDUCE_CTAS sets the reduce CTAs. Experimental: 1 also gives tw_gemm_ar on 2 ranks "
-       "the owner epilogue (the own tile stores its reduced rows for the peer's gather and sets "
-       "its ready flag; single-unit gather items). Every rank must set it alike.")
+       "tw_gemm_rs / tw_gemm_ar on 2 ranks (m / 2 a multiple of 128, one tile per counter): 1 "
+       "computes each rank's own tiles after the peer's partials of them have landed and reduces "
+       "them in the tile's epilogue (no own partial stored or re-read, no reduce CTA; tw_gemm_ar's "
+       "own tile also stores its reduced rows for the peer and sets its ready flag), 0 never, -1 "
+       "with fp32 partials, K < 4096 per rank and at least 3 waves of tiles (measured faster "
+       "there); tw_gemm_rs also not where args.reduce_sms or TW_RS_REDUCE_CTAS sets the reduce "
+       "CTAs. Every rank must set it alike.")
 TW_ENV(TW_RS_GROUPED, bool, "0",
        "Measurement: 1 has tw_gemm_rs / tw_gemm_ar take their tiles in the plain GEMM's grouped "
        "order (16 row blocks a group, from the rows of owner rank + 1) instead of column bands "

@@ -108,8 +108,10 @@ int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partia
  * that the call can (2 ranks, whole row blocks per owner, one unit per flag, the push layout).
  * env: TW_RS_OWNER_EPI (-1: this rule decides). reduce_set: the caller set the reduce CTAs
  * (args.reduce_sms > 0 or TW_RS_REDUCE_CTAS >= 0), which the rule then leaves running.
- * partial_bytes: 4 or 2. k: per rank. */
-int tw_gemm_rs_want_owner_epi(int env, int reduce_set, int partial_bytes, int64_t k);
+ * partial_bytes: 4 or 2. k: per rank. tiles: 128 x 256 tiles of the m x n product; ctas: CTAs
+ * per rank (comm->plan_sms). */
+int tw_gemm_rs_want_owner_epi(int env, int reduce_set, int partial_bytes, int64_t k, int64_t tiles,
+                              int ctas);
 
 void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *args, tw_gemm_rs_plan_t *plan);
 

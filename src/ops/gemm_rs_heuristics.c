@@ -45,7 +45,8 @@ int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partia
   return world == 2 && !gpu_shared && partial_bytes == 2 && m <= 4096 && k >= 4096;
 }
 
-int tw_gemm_rs_want_owner_epi(int env, int reduce_set, int partial_bytes, int64_t k) {
+int tw_gemm_rs_want_owner_epi(int env, int reduce_set, int partial_bytes, int64_t k, int64_t tiles,
+                              int ctas) {
   if (env >= 0)
     return env != 0;
   if (reduce_set)
@@ -58,8 +59,13 @@ int tw_gemm_rs_want_owner_epi(int env, int reduce_set, int partial_bytes, int64_
    * 1.249, K 4096 0.849 -> 0.866 | 1.604 -> 1.583, K 6144 (flux-tp8) 1.158 -> 1.173 | 2.208
    * -> 2.282; M=8192 (K 1024) 0.484 -> 0.448 | 0.880 -> 0.758, M=16384 (K 2048) 2.455 ->
    * 2.288 | 4.976 -> 4.569. bf16 partials, half the bytes to save, lost at every K but 512
-   * (flux-tp8 1.083 -> 1.183, M=8192 0.351 -> 0.375). So fp32 partials below K 4096. */
-  return partial_bytes == 4 && k < 4096;
+   * (flux-tp8 1.083 -> 1.183, M=8192 0.351 -> 0.375). So fp32 partials below K 4096.
+   * The own tiles trail the peer's by two waves of CTAs, so with few tiles they all wait at the
+   * end. Thirteenth session, tw_gemm_ar (2 H200s | 2 virtual ranks, 0 -> 1): m 1024 n 8192 K
+   * 2048, 256 tiles, 1.9 waves of 132 CTAs | 3.9 of 66: 0.159 -> 0.181 | 0.201 -> 0.183; m 4096
+   * n 4096 K 512, 3.9 waves: 0.192 -> 0.181; M=8192 0.647 -> 0.639, M=16384 2.739 -> 2.601. So
+   * at least 3 waves. */
+  return partial_bytes == 4 && k < 4096 && tiles >= 3 * (int64_t)ctas;
 }
 
 void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *plan) {

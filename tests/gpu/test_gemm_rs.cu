@@ -490,6 +490,10 @@ int main(int argc, char **argv) {
        * must count 66 or the groups disagree). */
       test_case(w, 1024, 8448, 64, 0, seed + 60 * w);
     }
+    /* m 2048 n 8192: 512 tiles, at least 3 waves of 132 CTAs, so on 2 ranks the rule takes the
+     * owner epilogue for both ops (fp32 partials, K < 4096); same bits. */
+    if (w == 2)
+      test_case(w, 1024, 8192, 256, 0, seed + 70 * w);
   }
   test_back_to_back(small ? 2 : 4, small ? 20 : 1000, seed + 5000);
   for (int wi = 1; wi < (small ? 2 : 5); wi++) /* worlds 2, 3, 4, 8 */
@@ -669,9 +673,9 @@ int main(int argc, char **argv) {
        1},
       /* TW_RS_OWNER_EPI=1: on 2 ranks with whole row blocks per owner and one unit per
        * counter, each rank's own tiles come after the peer's partials of them and are reduced
-       * in their epilogue, whatever K and the partials (by default: fp32 below K 4096, so the
-       * default cases at world 2 take it too); same bits. Other worlds and shapes fall back to
-       * the reduce CTAs. */
+       * in their epilogue, whatever K, the partials and the tile count (by default: fp32 below
+       * K 4096 with at least 3 waves of tiles, as the m 2048 n 8192 default case); same bits.
+       * Other worlds and shapes fall back to the reduce CTAs. */
       {"TW_RS_OWNER_EPI",
        "1",
        NULL,

@@ -304,16 +304,33 @@ static void test_gemm_rs_plans(void) {
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 2, 1024, 2048), "K 2048: not direct");
   TEST_ASSERT(tw_gemm_ar_want_direct(1, 8, 1, 4, 65536, 8), "TW_AR_DIRECT=1 wins");
   TEST_ASSERT(!tw_gemm_ar_want_direct(0, 2, 0, 2, 4096, 6144), "TW_AR_DIRECT=0 wins");
-  /* tw_gemm_rs's owner epilogue on 2 ranks: the env wins; by default fp32 partials with K < 4096
-   * per rank, unless the caller set the reduce CTAs. */
-  TEST_ASSERT(tw_gemm_rs_want_owner_epi(-1, 0, 4, 2048), "M=16384 (K 2048), fp32: owner epilogue");
-  TEST_ASSERT(tw_gemm_rs_want_owner_epi(-1, 0, 4, 3072), "K 3072, fp32: owner epilogue");
-  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(-1, 0, 4, 4096), "K 4096: reduce CTAs");
-  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(-1, 0, 4, 6144), "flux-tp8 (K 6144): reduce CTAs");
-  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(-1, 0, 2, 512), "bf16 partials: reduce CTAs");
-  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(-1, 1, 4, 512), "reduce CTAs set: reduce CTAs");
-  TEST_ASSERT(tw_gemm_rs_want_owner_epi(1, 1, 2, 65536), "TW_RS_OWNER_EPI=1 wins");
-  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(0, 0, 4, 512), "TW_RS_OWNER_EPI=0 wins");
+  /* The owner epilogue on 2 ranks: the env wins; by default fp32 partials with K < 4096 per
+   * rank and at least 3 waves of tiles, unless the caller set the reduce CTAs. Tiles are
+   * 128 x 256: M=16384 2048 of them, M=8192 64 x 32, m 4096 n 4096 32 x 16, m 1024 n 8192 8 x
+   * 32. */
+  TEST_ASSERT(tw_gemm_rs_want_owner_epi(-1, 0, 4, 2048, 128 * 64, 132),
+              "M=16384 (K 2048), fp32: owner epilogue");
+  TEST_ASSERT(tw_gemm_rs_want_owner_epi(-1, 0, 4, 1024, 64 * 32, 132),
+              "M=8192 (K 1024), fp32: owner epilogue");
+  TEST_ASSERT(tw_gemm_rs_want_owner_epi(-1, 0, 4, 512, 32 * 16, 132),
+              "m 4096 n 4096 (K 512, 3.9 waves): owner epilogue");
+  TEST_ASSERT(tw_gemm_rs_want_owner_epi(-1, 0, 4, 3072, 32 * 48, 132),
+              "K 3072, fp32: owner epilogue");
+  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(-1, 0, 4, 2048, 8 * 32, 132),
+              "small-m on 2 GPUs (1.9 waves): reduce CTAs");
+  TEST_ASSERT(tw_gemm_rs_want_owner_epi(-1, 0, 4, 2048, 8 * 32, 66),
+              "small-m on 2 virtual ranks (3.9 waves of 66): owner epilogue");
+  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(-1, 0, 4, 2048, 395, 132),
+              "395 tiles of 132: reduce CTAs");
+  TEST_ASSERT(tw_gemm_rs_want_owner_epi(-1, 0, 4, 2048, 396, 132),
+              "396 tiles of 132: owner epilogue");
+  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(-1, 0, 4, 4096, 2048, 132), "K 4096: reduce CTAs");
+  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(-1, 0, 4, 6144, 16 * 48, 132),
+              "flux-tp8 (K 6144): reduce CTAs");
+  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(-1, 0, 2, 512, 2048, 132), "bf16 partials: reduce CTAs");
+  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(-1, 1, 4, 512, 2048, 132), "reduce CTAs set: reduce CTAs");
+  TEST_ASSERT(tw_gemm_rs_want_owner_epi(1, 1, 2, 65536, 1, 132), "TW_RS_OWNER_EPI=1 wins");
+  TEST_ASSERT(!tw_gemm_rs_want_owner_epi(0, 0, 4, 512, 2048, 132), "TW_RS_OWNER_EPI=0 wins");
   TEST_ASSERT(tw_gemm_ar_direct_workspace_bytes(2, 4096, 12288, 2) <=
                   tw_gemm_ar_push_workspace_bytes(2, 4096, 12288), /* tw_gemm_rs_workspace_size */
               "direct with bf16 partials fits the default workspace on 2 ranks");
