@@ -42,6 +42,10 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
+#     grp13   8 virtual ranks: the group rule (one group per CTA on a shared GPU): test_gemm_rs,
+#             A/B of the units per group at M=4096 and small m, the GEMM+AR bench
+#     vr13    8 virtual ranks at M=4096 K 512: TW_TRACE of GEMM+RS / GEMM+AR, unit groups of
+#             GEMM+AR in A/B (small m too), GEMM+AR with TW_BENCH_BLOCK=8
 #     ar12    (thirteenth session, branch exp/ar-owner-epi, merged after) GEMM+AR with the owner
 #             epilogue forced (TW_RS_OWNER_EPI=1): test_gemm_rs on one GPU and on 2, test_stall
 #             on 2, A/B against 0 on 2 GPUs (symmetric outputs too) and on 2 virtual ranks
@@ -500,6 +504,28 @@ exp_oe13() { # thirteenth session: the owner-epilogue rule for both ops (fp32, K
     "$bin/tw-bench" gemm_rs --world 2 $small --repeats 20 --warmup 5
   run "oe13-plans" 60 env TW_LOG_LEVEL=3 "$bin/tw-bench" gemm_ar --world 2 --repeats 2 \
     --warmup 1 --no-check
+}
+exp_vr13() { # thirteenth session: 8 virtual ranks, GEMM+AR at short K (behind the unfused pipeline)
+  local op shape small="--m 1024 --n 8192 --k 2048" s4="--m 4096 --n 4096 --k 512"
+  for op in gemm_rs gemm_ar; do # trace lines of every fused row's calls, in row order
+    run "vr13-trace-$op" 60 env TW_TRACE=1 TW_BENCH_VIRTUAL=1 "$bin/tw-bench" $op $s4 \
+      --repeats 3 --warmup 1 --no-check
+  done
+  for shape in "$s4" "$small"; do
+    run "vr13-ar-groups-${shape// /}" 60 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_GROUP_UNITS=1,2,4,8 \
+      "$bin/tw-bench" gemm_ar $shape --repeats 20 --warmup 5
+  done
+  run "vr13-ar-block8" 60 env TW_BENCH_VIRTUAL=1 TW_BENCH_BLOCK=8 "$bin/tw-bench" gemm_ar $s4 \
+    --repeats 20 --warmup 5 --no-check
+}
+exp_grp13() { # thirteenth session: one unit group per CTA where ranks share a GPU (the new rule)
+  local small="--m 1024 --n 8192 --k 2048" s4="--m 4096 --n 4096 --k 512"
+  run "grp13-test_gemm_rs" 150 env TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
+  run "grp13-ar-4096" 60 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_GROUP_UNITS=4,2 \
+    "$bin/tw-bench" gemm_ar $s4 --repeats 20 --warmup 5
+  run "grp13-ar-small" 60 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_GROUP_UNITS=2,1 \
+    "$bin/tw-bench" gemm_ar $small --repeats 20 --warmup 5
+  run "grp13-ar-8vr" 90 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" gemm_ar --repeats 20 --warmup 5
 }
 for e in ${TW_EXP:-oe13}; do
   "exp_$e"

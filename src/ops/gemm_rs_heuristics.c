@@ -94,11 +94,16 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * 2.99 -> 2.81 (4); bf16 partials and symmetric outputs (no gather copy, the same waits)
    * alike. With fewer groups per CTA it lost (2 H200s, M=4096 N=4096: 0.191 -> 0.206 ms at 2
    * units, 0.232 at 4). tw_gemm_rs, which has no gather, was level or slower at every count,
-   * so it keeps single units. */
+   * so it keeps single units. Where ranks share a GPU (comm->gpu_shared, alike on every rank)
+   * one group per CTA is enough: thirteenth session, 8 virtual ranks, GEMM+AR, units per group
+   * 1 / 2 / 4 / 8, ms: m 4096 n 4096 K 512 0.799 / 0.749 / 0.727 / 0.796 (bf16 partials 0.623
+   * / 0.571 / 0.553 / 0.619), m 1024 n 8192 K 2048 0.766 / 0.748 / 0.764 / 0.842 (0.661 /
+   * 0.640 / 0.665 / 0.714); the larger shapes already take 4. */
   if (a->all_reduce) {
     const int64_t sms = a->plan_sms > 0 ? a->plan_sms : a->sm_budget;
+    const int64_t per_cta = a->shared_gpu ? 1 : 2;
     int64_t want = 1;
-    while (want < 4 && units_max / (want * 2) >= 2 * sms)
+    while (want < 4 && units_max / (want * 2) >= per_cta * sms)
       want *= 2;
     if (want > g)
       g = want;

@@ -181,6 +181,26 @@ static void test_gemm_rs_plans(void) {
                 group_cases[i][0], pw.groups_max, pw.group_units, group_cases[i][2],
                 group_cases[i][1]);
   }
+  /* Ranks sharing a GPU keep one group per CTA (16 CTAs each): M=4096 N=4096, 64 units per
+   * owner, in 16 groups of 4; m 1024 n 8192, 32 units, in 16 of 2. On GPUs of their own, 2
+   * groups per CTA. */
+  static const struct {
+    int64_t m, n;
+    int shared, sms, units;
+  } ar8[] = {{4096, 4096, 1, 16, 4},
+             {1024, 8192, 1, 16, 2},
+             {4096, 4096, 0, 16, 2},
+             {1024, 8192, 0, 16, 1},
+             {4096, 4096, 1, 132, 1}};
+  for (int i = 0; i < 5; i++) {
+    tw_gemm_rs_plan_args_t a8 = {8, ar8[i].m, ar8[i].n,      512, ar8[i].sms, 0, 1, 0,
+                                 4, 0,        ar8[i].shared, -1,  0,          1, 0, 0};
+    tw_gemm_rs_make_plan(&a8, &pw);
+    TEST_ASSERT(pw.group_units == ar8[i].units,
+                "gemm_ar %lldx%lld on 8 ranks of %d SMs, shared %d: %d units per group, want %d",
+                (long long)ar8[i].m, (long long)ar8[i].n, ar8[i].sms, ar8[i].shared, pw.group_units,
+                ar8[i].units);
+  }
   static const struct { /* 2 ranks with 132 SMs each: units per owner, units per group */
     int64_t m, n;
     int units;
