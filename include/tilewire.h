@@ -328,10 +328,10 @@ typedef struct tw_gemm_rs_args {
   void *workspace;      /* symmetric, >= tw_gemm_rs_workspace_size() bytes */
   int64_t m, n, k;
   int64_t lda, ldb, ldo; /* 0: packed (k, k, n) */
-  /* CTAs that start on the reduction; 0: heuristic. tw_gemm_rs on 2 ranks then keeps its
-   * reduce CTAs; tw_gemm_ar on 2 ranks, where its owner epilogue applies (fp32 partials, K <
-   * 4096, enough tiles; TW_RS_OWNER_EPI in docs/ENV.md), has no reduction left for them: the
-   * choice must be the same on every rank and this field may differ by rank. */
+  /* CTAs that start on the reduction; 0: heuristic. A nonzero value keeps tw_gemm_rs's reduce
+   * CTAs on 2 ranks (no owner epilogue). tw_gemm_ar ignores it where its owner epilogue applies
+   * (2 ranks, fp32 partials, K < 4096, enough tiles: TW_RS_OWNER_EPI in docs/ENV.md), since
+   * that choice must be the same on every rank and this field may differ by rank. */
   int32_t reduce_sms;
   int32_t partials; /* (version 2; 0 before) tw_partials_t: TW_PARTIALS_FP32 (0) */
   /* (version 3; 0 before) tw_gemm_ar: 1 when `out` is one symmetric allocation (the same

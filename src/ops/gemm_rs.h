@@ -104,10 +104,12 @@ size_t tw_gemm_ar_direct_workspace_bytes(int world, int64_t m, int64_t n, int pa
 int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partial_bytes, int64_t m,
                            int64_t k);
 
-/* Whether tw_gemm_rs reduces each rank's own tiles in their epilogue (RsEpi::combine), given
- * that the call can (2 ranks, whole row blocks per owner, one unit per flag, the push layout).
- * env: TW_RS_OWNER_EPI (-1: this rule decides). reduce_set: the caller set the reduce CTAs
- * (args.reduce_sms > 0 or TW_RS_REDUCE_CTAS >= 0), which the rule then leaves running.
+/* Whether tw_gemm_rs / tw_gemm_ar reduce each rank's own tiles in their epilogue
+ * (RsEpi::combine), given that the call can (2 ranks, whole row blocks per owner, one unit per
+ * flag, the push layout; tw_gemm_ar also stealing). env: TW_RS_OWNER_EPI (-1: this rule
+ * decides). reduce_set: the caller set the reduce CTAs (args.reduce_sms > 0 or
+ * TW_RS_REDUCE_CTAS >= 0), which the rule then leaves running; always 0 for tw_gemm_ar, whose
+ * ranks must all choose alike.
  * partial_bytes: 4 or 2. k: per rank. tiles: 128 x 256 tiles of the m x n product; ctas: CTAs
  * per rank (comm->plan_sms). */
 int tw_gemm_rs_want_owner_epi(int env, int reduce_set, int partial_bytes, int64_t k, int64_t tiles,

@@ -120,12 +120,12 @@ struct RsWait : NoWait {
   }
 };
 
-/* After a tile's accumulation: boxes of partials (P: float, or bf16 with
- * TW_PARTIALS_BF16) into the owners' staging, then count the unit. */
 /* The call's epoch in every CTA (gemm_rs_kernel sets it before its first barrier), for
  * RsEpi::signal's ready flags (the owner epilogue of tw_gemm_ar). */
 __shared__ uint64_t s_rs_epoch;
 
+/* After a tile's accumulation: boxes of partials (P: float, or bf16 with
+ * TW_PARTIALS_BF16) into the owners' staging, then count the unit. */
 template <class P> struct RsEpi {
   using Out = P;
   static constexpr bool kSignal = true;
@@ -154,7 +154,7 @@ template <class P> struct RsEpi {
     const P *own_slab[kMaxWorld];
     uint64_t *own_counters;
     int32_t own_mb0, own_mbs;
-    /* tw_gemm_ar with the owner epilogue (experimental, TW_RS_OWNER_EPI=1): each own tile's
+    /* tw_gemm_ar with the owner epilogue (plan.owner_epi on 2 ranks): each own tile's
      * bf16 boxes also go through peer_map (the peer's block of this rank's reduced rows with the
      * push, this rank's own reduced rows with the pull, the peer's out with symmetric outputs),
      * and once they are performed the tile's signal sets the peer's ready flag of the unit
