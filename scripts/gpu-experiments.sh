@@ -42,6 +42,10 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
+#     diag13  (the default; prepared in the thirteenth session, not run) the consumers' wait for
+#             the previous tile's writes before its signal: the default against a -DTW_RS_DIAG=64
+#             build in $TW_BUILD_DIR/diag64 (signals after the read-out; results wrong), GEMM+RS
+#             and GEMM+AR on 8 virtual ranks at short K and on 2 GPUs
 #     grp13   8 virtual ranks: the group rule (one group per CTA on a shared GPU): test_gemm_rs,
 #             A/B of the units per group at M=4096 and small m, the GEMM+AR bench
 #     vr13    8 virtual ranks at M=4096 K 512: TW_TRACE of GEMM+RS / GEMM+AR, unit groups of
@@ -49,7 +53,7 @@
 #     ar12    (thirteenth session, branch exp/ar-owner-epi, merged after) GEMM+AR with the owner
 #             epilogue forced (TW_RS_OWNER_EPI=1): test_gemm_rs on one GPU and on 2, test_stall
 #             on 2, A/B against 0 on 2 GPUs (symmetric outputs too) and on 2 virtual ranks
-#     oe13    (the default) the owner-epilogue rule for tw_gemm_rs and tw_gemm_ar (fp32, K <
+#     oe13    the owner-epilogue rule for tw_gemm_rs and tw_gemm_ar (fp32, K <
 #             4096, at least 3 waves of tiles): test_gemm_rs on 1 and 2 GPUs, A/B of the rule
 #             (-1) against 0 and 1 on 2 GPUs (small m too) and 2 virtual ranks, the plans logged
 #     next12  (run in the thirteenth session) 8 virtual ranks: the plain
@@ -527,7 +531,25 @@ exp_grp13() { # thirteenth session: one unit group per CTA where ranks share a G
     "$bin/tw-bench" gemm_ar $small --repeats 20 --warmup 5
   run "grp13-ar-8vr" 90 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" gemm_ar --repeats 20 --warmup 5
 }
-for e in ${TW_EXP:-oe13}; do
+exp_diag13() { # prepared in the thirteenth session, not run: what the consumers' wait for the
+  # previous tile's writes costs (a -DTW_RS_DIAG=64 build in $TW_BUILD_DIR/diag64; results wrong)
+  local d lib op shape
+  for d in 0 64; do
+    lib="$root/$bin"
+    [ "$d" = 0 ] || lib="$root/$bin/diag$d"
+    [ -e "$lib/libtilewire.so.0" ] || continue
+    for op in gemm_rs gemm_ar; do
+      for shape in "--m 4096 --n 4096 --k 512" "--m 8192 --n 8192 --k 1024"; do
+        run "diag13-vr-$op-${shape// /}-d$d" 60 env LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" \
+          TW_BENCH_VIRTUAL=1 "$bin/tw-bench" $op $shape --repeats 20 --warmup 5 --no-check
+      done
+      [ "$ngpus" -gt 1 ] || continue
+      run "diag13-gpus-$op-d$d" 90 env LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" "$bin/tw-bench" \
+        $op --world 2 --repeats 20 --warmup 5 --no-check
+    done
+  done
+}
+for e in ${TW_EXP:-diag13}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

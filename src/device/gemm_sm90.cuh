@@ -306,13 +306,13 @@ constexpr int kSigDepth = 4; // tiles whose signal may wait for the signal warp
 // finished tile to warp 1 of the producer warpgroup, idle otherwise, which calls Epi::signal
 // for it. A signal that fences at system scope then stalls that warp instead of a consumer
 // warp (and with it the warpgroup's next wgmma).
-// Epi::kOwnerEpi (optional, false if absent; tw_gemm_rs on 2 ranks, plan.owner_epi): a tile
-// where `static bool owner_tile(const GemmParams&, int m_block)` holds is final in this CTA:
-// `static void combine(const GemmParams&, float (&acc)[BN / 2], int m_block, int n_block, int wg,
-// int wg_thread)` adds what other ranks stored for it into the accumulators (it may wait,
-// bounded), and the tile is stored through `typename Epi::OwnerOut` (its own Out and
-// issue_box, taking Epi::Params), signalled only where `static bool owner_signals(const
-// GemmParams&)` holds. The previous tile's signal is given first.
+// Epi::kOwnerEpi (optional, false if absent; tw_gemm_rs / tw_gemm_ar on 2 ranks,
+// plan.owner_epi): a tile where `static bool owner_tile(const GemmParams&, int m_block)` holds
+// is final in this CTA: `static void combine(const GemmParams&, float (&acc)[BN / 2], int
+// m_block, int n_block, int wg, int wg_thread)` adds what other ranks stored for it into the
+// accumulators (it may wait, bounded), and the tile is stored through `typename Epi::OwnerOut`
+// (its own Out and issue_box, taking Epi::Params), signalled only where `static bool
+// owner_signals(const GemmParams&)` holds. The previous tile's signal is given first.
 template <class E, class = void> struct OwnerEpiOf { static constexpr bool value = false; };
 template <class E> struct OwnerEpiOf<E, decltype(void(E::kOwnerEpi))> {
   static constexpr bool value = E::kOwnerEpi;
@@ -321,6 +321,16 @@ template <class E> struct OwnerEpiOf<E, decltype(void(E::kOwnerEpi))> {
 template <class E, class = void> struct SignalWarpOf { static constexpr bool value = false; };
 template <class E> struct SignalWarpOf<E, decltype(void(E::kSignalWarp))> {
   static constexpr bool value = E::kSignalWarp;
+};
+
+// Epi::kDiagSignalAfterRead (measurement builds only, false if absent): a tile is signalled once
+// its boxes have been read out of shared memory, not once the writes are performed, so the
+// signal may precede the data (results are wrong); it shows what waiting for the writes costs.
+template <class E, class = void> struct DiagSignalAfterReadOf {
+  static constexpr bool value = false;
+};
+template <class E> struct DiagSignalAfterReadOf<E, decltype(void(E::kDiagSignalAfterRead))> {
+  static constexpr bool value = E::kDiagSignalAfterRead;
 };
 
 // Wait::kWriteThrough (optional, false if absent): the write-through warp of hook (a'').
@@ -442,8 +452,12 @@ template <class Params> __device__ __forceinline__ uint64_t mbar_timeout(const P
 template <int Pending, class Epi, class Params>
 __device__ __forceinline__ void signal_after_stores(const Params &p, int wg, int wg_thread,
                                                     int32_t mb, int32_t nb, SigRing &ring) {
-  if (wg_thread == 0)
-    ptx::bulk_wait<Pending>(); // writes performed, not just read out
+  if (wg_thread == 0) {
+    if constexpr (DiagSignalAfterReadOf<Epi>::value)
+      ptx::bulk_wait_read<Pending>();
+    else
+      ptx::bulk_wait<Pending>(); // writes performed, not just read out
+  }
   ptx::named_bar_sync(kBarConsumers, 256);
   if (wg == 0 && wg_thread == Epi::signal_thread(p.epi)) {
     if constexpr (SignalWarpOf<Epi>::value) {

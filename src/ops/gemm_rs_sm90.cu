@@ -60,7 +60,9 @@ using namespace tw::gemm;
  * 2: tile counts by a relaxed atomic, no release fence; 4: no partial stores at all;
  * 8: the reduce and gather CTAs wait for the counts but move no data;
  * 16: the plain GEMM's grouped tile order (rows rotated) instead of bands (the reduction
- * then waits long); 32: the tile signals from a consumer thread (no signal warp). */
+ * then waits long); 32: the tile signals from a consumer thread (no signal warp); 64: a tile is
+ * signalled once its boxes left shared memory, not once its writes are performed (what the
+ * consumers' wait for the writes costs). */
 #ifndef TW_RS_DIAG
 #define TW_RS_DIAG 0
 #endif
@@ -132,6 +134,7 @@ template <class P> struct RsEpi {
   /* The system-scope release of every tile's count runs on the producer warpgroup's warp 1,
    * not on a consumer warp (where it stalled the warpgroup's next wgmma): see docs/PERF.md. */
   static constexpr bool kSignalWarp = !(TW_RS_DIAG & 32);
+  static constexpr bool kDiagSignalAfterRead = (TW_RS_DIAG & 64) != 0;
   struct Params {
     CUtensorMap slot_map[kMaxWorld];  /* owner o's slot for this rank: P [m_local, n] */
     uint64_t *owner_flags[kMaxWorld]; /* owner o's flags of the channel */
