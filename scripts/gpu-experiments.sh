@@ -43,9 +43,10 @@
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
 #     diag13  (the default; prepared in the thirteenth session, not run) the consumers' wait for
-#             the previous tile's writes before its signal: the default against a -DTW_RS_DIAG=64
-#             build in $TW_BUILD_DIR/diag64 (signals after the read-out; results wrong), GEMM+RS
-#             and GEMM+AR on 8 virtual ranks at short K and on 2 GPUs
+#             the previous tile's writes before its signal: the default against -DTW_RS_DIAG=64
+#             (signals after the read-out; results wrong) and 128 (signals two tiles behind;
+#             test_gemm_rs on it first) builds in $TW_BUILD_DIR/diagN, GEMM+RS and GEMM+AR on 8
+#             virtual ranks at short K and on 2 GPUs
 #     grp13   8 virtual ranks: the group rule (one group per CTA on a shared GPU): test_gemm_rs,
 #             A/B of the units per group at M=4096 and small m, the GEMM+AR bench
 #     vr13    8 virtual ranks at M=4096 K 512: TW_TRACE of GEMM+RS / GEMM+AR, unit groups of
@@ -531,21 +532,34 @@ exp_grp13() { # thirteenth session: one unit group per CTA where ranks share a G
     "$bin/tw-bench" gemm_ar $small --repeats 20 --warmup 5
   run "grp13-ar-8vr" 90 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" gemm_ar --repeats 20 --warmup 5
 }
-exp_diag13() { # prepared in the thirteenth session, not run: what the consumers' wait for the
-  # previous tile's writes costs (a -DTW_RS_DIAG=64 build in $TW_BUILD_DIR/diag64; results wrong)
-  local d lib op shape
-  for d in 0 64; do
+exp_diag13() { # prepared in the thirteenth session, not run: the consumers' wait for the
+  # previous tile's writes before its signal. Builds in $TW_BUILD_DIR/diagN: 64 signals after the
+  # read-out (results wrong: --no-check), 128 signals two tiles behind (results correct: the
+  # tests run on it first, then every row is checked)
+  local d lib op shape check
+  for d in 128; do
+    lib="$root/$bin/diag$d"
+    [ -e "$lib/libtilewire.so.0" ] || continue
+    run "diag13-test_gemm_rs-d$d" 150 env LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" \
+      TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
+    [ "$ngpus" -gt 1 ] && run "diag13-test_gemm_rs-gpus-d$d" 150 \
+      env LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" TW_WATCHDOG_S=15 TW_TEST_DEVICES=distinct \
+      "$bin/test_gemm_rs"
+  done
+  for d in 0 ${TW_DIAG13-64 128}; do
     lib="$root/$bin"
     [ "$d" = 0 ] || lib="$root/$bin/diag$d"
     [ -e "$lib/libtilewire.so.0" ] || continue
+    check=
+    [ "$d" = 64 ] && check=--no-check
     for op in gemm_rs gemm_ar; do
       for shape in "--m 4096 --n 4096 --k 512" "--m 8192 --n 8192 --k 1024"; do
         run "diag13-vr-$op-${shape// /}-d$d" 60 env LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" \
-          TW_BENCH_VIRTUAL=1 "$bin/tw-bench" $op $shape --repeats 20 --warmup 5 --no-check
+          TW_BENCH_VIRTUAL=1 "$bin/tw-bench" $op $shape --repeats 20 --warmup 5 $check
       done
       [ "$ngpus" -gt 1 ] || continue
       run "diag13-gpus-$op-d$d" 90 env LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" "$bin/tw-bench" \
-        $op --world 2 --repeats 20 --warmup 5 --no-check
+        $op --world 2 --repeats 20 --warmup 5 $check
     done
   done
 }

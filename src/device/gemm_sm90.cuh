@@ -323,6 +323,15 @@ template <class E> struct SignalWarpOf<E, decltype(void(E::kSignalWarp))> {
   static constexpr bool value = E::kSignalWarp;
 };
 
+// Epi::kSignalLag2 (kSignal epilogues, optional, false if absent; measurement builds so far): a
+// tile is signalled after the epilogues of the two tiles that follow it instead of one, so the
+// consumers' wait for its writes has a whole tile more to complete in. The older owed tile's
+// coordinates wait in shared memory (no register is live across the mainloop for it).
+template <class E, class = void> struct SignalLag2Of { static constexpr bool value = false; };
+template <class E> struct SignalLag2Of<E, decltype(void(E::kSignalLag2))> {
+  static constexpr bool value = E::kSignalLag2;
+};
+
 // Epi::kDiagSignalAfterRead (measurement builds only, false if absent): a tile is signalled once
 // its boxes have been read out of shared memory, not once the writes are performed, so the
 // signal may precede the data (results are wrong); it shows what waiting for the writes costs.
@@ -684,6 +693,17 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
     int stage = 0;
     uint32_t phase = 0;
     int32_t sig_mb = -1, sig_nb = 0; // kSignal: the tile whose signal is still owed
+    // SignalLag2Of<Epi>: the tile owed before it, {mb, nb} per consumer warpgroup (-1: none).
+    // Every thread reads it after the next epilogue; thread 0 rewrites it once every thread of
+    // the warpgroup is past that read (a barrier), so the value each thread sees is the same.
+    constexpr bool kLag2 = SignalLag2Of<Epi>::value;
+    __shared__ int32_t sig_old_smem[2][2];
+    volatile int32_t *sig_old = sig_old_smem[cwg];
+    if constexpr (kLag2) {
+      if (wg_thread == 0)
+        sig_old[0] = -1, sig_old[1] = 0;
+      ptx::named_bar_sync(kBarConsumerWg0 + cwg, 128);
+    }
     detail::SigRing ring{sig_full, sig_empty, sig_slot, 0, 0};
     int32_t mb, nb;
     while (next_tile(stage, phase, mb, nb)) {
@@ -716,6 +736,15 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         release(prev_stage);
       if constexpr (OwnerEpiOf<Epi>::value) {
         if (Epi::owner_tile(p, mb)) {
+          if constexpr (kLag2) { // the older owed tile first, the previous one's stores pending
+            const int32_t omb = sig_old[0], onb = sig_old[1];
+            if (omb >= 0)
+              detail::signal_after_stores<detail::epi_passes<EpiBytes, BN, typename Epi::Out>(),
+                                          Epi>(p, cwg, wg_thread, omb, onb, ring);
+            ptx::named_bar_sync(kBarConsumerWg0 + cwg, 128); // every thread read it
+            if (wg_thread == 0)
+              sig_old[0] = -1;
+          }
           if (sig_mb >= 0) { // the previous tile's signal, its stores performed
             detail::signal_after_stores<0, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);
             sig_mb = -1;
@@ -737,12 +766,27 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         }
       }
       detail::epilogue<EpiBytes, BN, Epi>(p, acc, cbuf, cwg, wg_thread, mb, nb);
-      if constexpr (Epi::kSignal) { // the previous tile's signal, this tile's stores in flight
+      if constexpr (Epi::kSignal && kLag2) { // the tile two back, two tiles' stores in flight
+        constexpr int kPasses = detail::epi_passes<EpiBytes, BN, typename Epi::Out>();
+        const int32_t omb = sig_old[0], onb = sig_old[1];
+        if (omb >= 0)
+          detail::signal_after_stores<2 * kPasses, Epi>(p, cwg, wg_thread, omb, onb, ring);
+        ptx::named_bar_sync(kBarConsumerWg0 + cwg, 128); // every thread read it
+        if (wg_thread == 0)
+          sig_old[0] = sig_mb, sig_old[1] = sig_nb;
+        sig_mb = mb, sig_nb = nb;
+      } else if constexpr (Epi::kSignal) { // the previous tile's signal, this tile's in flight
         if (sig_mb >= 0)
           detail::signal_after_stores<detail::epi_passes<EpiBytes, BN, typename Epi::Out>(), Epi>(
               p, cwg, wg_thread, sig_mb, sig_nb, ring);
         sig_mb = mb, sig_nb = nb;
       }
+    }
+    if constexpr (Epi::kSignal && kLag2) {
+      const int32_t omb = sig_old[0], onb = sig_old[1];
+      if (omb >= 0)
+        detail::signal_after_stores<detail::epi_passes<EpiBytes, BN, typename Epi::Out>(), Epi>(
+            p, cwg, wg_thread, omb, onb, ring);
     }
     if constexpr (Epi::kSignal)
       if (sig_mb >= 0)

@@ -62,7 +62,8 @@ using namespace tw::gemm;
  * 16: the plain GEMM's grouped tile order (rows rotated) instead of bands (the reduction
  * then waits long); 32: the tile signals from a consumer thread (no signal warp); 64: a tile is
  * signalled once its boxes left shared memory, not once its writes are performed (what the
- * consumers' wait for the writes costs). */
+ * consumers' wait for the writes costs). 128 (results stay correct): a tile is signalled two
+ * tiles later instead of one (Epi::kSignalLag2), the candidate fix if 64 shows that wait. */
 #ifndef TW_RS_DIAG
 #define TW_RS_DIAG 0
 #endif
@@ -135,6 +136,7 @@ template <class P> struct RsEpi {
    * not on a consumer warp (where it stalled the warpgroup's next wgmma): see docs/PERF.md. */
   static constexpr bool kSignalWarp = !(TW_RS_DIAG & 32);
   static constexpr bool kDiagSignalAfterRead = (TW_RS_DIAG & 64) != 0;
+  static constexpr bool kSignalLag2 = (TW_RS_DIAG & 128) != 0;
   struct Params {
     CUtensorMap slot_map[kMaxWorld];  /* owner o's slot for this rank: P [m_local, n] */
     uint64_t *owner_flags[kMaxWorld]; /* owner o's flags of the channel */
