@@ -492,8 +492,13 @@ int main(int argc, char **argv) {
     }
     /* m 2048 n 8192: 512 tiles, at least 3 waves of 132 CTAs, so on 2 ranks the rule takes the
      * owner epilogue for both ops (fp32 partials, K < 4096); same bits. */
-    if (w == 2)
+    if (w == 2) {
       test_case(w, 1024, 8192, 256, 0, seed + 70 * w);
+      /* and into symmetric outputs: the own tiles' second store goes into the peer's out */
+      setenv("TW_TEST_OUT_SYMMETRIC", "1", 1);
+      test_case(w, 1024, 8192, 256, 0, seed + 71 * w);
+      unsetenv("TW_TEST_OUT_SYMMETRIC");
+    }
   }
   test_back_to_back(small ? 2 : 4, small ? 20 : 1000, seed + 5000);
   for (int wi = 1; wi < (small ? 2 : 5); wi++) /* worlds 2, 3, 4, 8 */
