@@ -81,6 +81,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "ptx_sm90.cuh"
 
 namespace tw {
@@ -697,6 +699,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
     // Every thread reads it after the next epilogue; thread 0 rewrites it once every thread of
     // the warpgroup is past that read (a barrier), so the value each thread sees is the same.
     constexpr bool kLag2 = SignalLag2Of<Epi>::value;
+    constexpr int kPasses = detail::epi_passes<EpiBytes, BN, typename Epi::Out>();
     __shared__ int32_t sig_old_smem[2][2];
     volatile int32_t *sig_old = sig_old_smem[cwg];
     if constexpr (kLag2) {
@@ -705,6 +708,19 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       ptx::named_bar_sync(kBarConsumerWg0 + cwg, 128);
     }
     detail::SigRing ring{sig_full, sig_empty, sig_slot, 0, 0};
+    // kLag2: signal the older owed tile with up to `pending` newer bulk groups still in flight,
+    // then let thread 0 rewrite the entry (to {mb, nb}): the signal's barrier, or one of the
+    // warpgroup when there is none to give, keeps it from overwriting what a thread still reads.
+    auto flush_old = [&](auto pending, int32_t new_mb, int32_t new_nb) {
+      const int32_t omb = sig_old[0], onb = sig_old[1];
+      if (omb >= 0)
+        detail::signal_after_stores<decltype(pending)::value, Epi>(p, cwg, wg_thread, omb, onb,
+                                                                   ring);
+      else
+        ptx::named_bar_sync(kBarConsumerWg0 + cwg, 128);
+      if (wg_thread == 0)
+        sig_old[0] = new_mb, sig_old[1] = new_nb;
+    };
     int32_t mb, nb;
     while (next_tile(stage, phase, mb, nb)) {
       int prev_stage = stage;
@@ -736,15 +752,8 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         release(prev_stage);
       if constexpr (OwnerEpiOf<Epi>::value) {
         if (Epi::owner_tile(p, mb)) {
-          if constexpr (kLag2) { // the older owed tile first, the previous one's stores pending
-            const int32_t omb = sig_old[0], onb = sig_old[1];
-            if (omb >= 0)
-              detail::signal_after_stores<detail::epi_passes<EpiBytes, BN, typename Epi::Out>(),
-                                          Epi>(p, cwg, wg_thread, omb, onb, ring);
-            ptx::named_bar_sync(kBarConsumerWg0 + cwg, 128); // every thread read it
-            if (wg_thread == 0)
-              sig_old[0] = -1;
-          }
+          if constexpr (kLag2) // the older owed tile first, the previous one's stores pending
+            flush_old(std::integral_constant<int, kPasses>(), -1, 0);
           if (sig_mb >= 0) { // the previous tile's signal, its stores performed
             detail::signal_after_stores<0, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);
             sig_mb = -1;
@@ -767,27 +776,16 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       }
       detail::epilogue<EpiBytes, BN, Epi>(p, acc, cbuf, cwg, wg_thread, mb, nb);
       if constexpr (Epi::kSignal && kLag2) { // the tile two back, two tiles' stores in flight
-        constexpr int kPasses = detail::epi_passes<EpiBytes, BN, typename Epi::Out>();
-        const int32_t omb = sig_old[0], onb = sig_old[1];
-        if (omb >= 0)
-          detail::signal_after_stores<2 * kPasses, Epi>(p, cwg, wg_thread, omb, onb, ring);
-        ptx::named_bar_sync(kBarConsumerWg0 + cwg, 128); // every thread read it
-        if (wg_thread == 0)
-          sig_old[0] = sig_mb, sig_old[1] = sig_nb;
+        flush_old(std::integral_constant<int, 2 * kPasses>(), sig_mb, sig_nb);
         sig_mb = mb, sig_nb = nb;
       } else if constexpr (Epi::kSignal) { // the previous tile's signal, this tile's in flight
         if (sig_mb >= 0)
-          detail::signal_after_stores<detail::epi_passes<EpiBytes, BN, typename Epi::Out>(), Epi>(
-              p, cwg, wg_thread, sig_mb, sig_nb, ring);
+          detail::signal_after_stores<kPasses, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);
         sig_mb = mb, sig_nb = nb;
       }
     }
-    if constexpr (Epi::kSignal && kLag2) {
-      const int32_t omb = sig_old[0], onb = sig_old[1];
-      if (omb >= 0)
-        detail::signal_after_stores<detail::epi_passes<EpiBytes, BN, typename Epi::Out>(), Epi>(
-            p, cwg, wg_thread, omb, onb, ring);
-    }
+    if constexpr (Epi::kSignal && kLag2)
+      flush_old(std::integral_constant<int, kPasses>(), -1, 0);
     if constexpr (Epi::kSignal)
       if (sig_mb >= 0)
         detail::signal_after_stores<0, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);

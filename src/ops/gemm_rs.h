@@ -70,6 +70,8 @@ typedef struct tw_gemm_rs_plan_args {
   int group_env;      /* TW_RS_GROUP_UNITS: units per group (0: the plan decides) */
   int plan_sms;       /* comm->plan_sms, the same on every rank: sizes tw_gemm_ar's unit groups,
                          which every rank numbers alike (0: sm_budget) */
+  int owner_env;      /* TW_RS_OWNER_EPI (-1: tw_gemm_rs_want_owner_epi decides; 0 never) */
+  int pull;           /* TW_RS_PULL: partials stored locally (no owner epilogue then) */
 } tw_gemm_rs_plan_args_t;
 
 /* Counters per channel, and the stride of the all-reduce ready flags: fixed by the comm's
@@ -93,8 +95,8 @@ typedef struct tw_gemm_rs_plan {
   int ar_push;     /* tw_gemm_ar's push gather (set by the caller of make_plan) */
   int ar_out_sym;  /* tw_gemm_ar into symmetric outputs (args.out_symmetric): the owners write
                       every rank's out, no gather copy (set by the caller of make_plan) */
-  int owner_epi;   /* 2 ranks: own tiles reduced in their epilogue, no reduce CTAs
-                      (tw_gemm_rs_want_owner_epi; set by the caller of make_plan) */
+  int owner_epi;   /* 2 ranks: own tiles reduced in their epilogue, no reduce CTAs, one unit
+                      per group (tw_gemm_rs_want_owner_epi) */
 } tw_gemm_rs_plan_t;
 
 /* Workspace bytes of tw_gemm_ar's direct scheme: fp32 staging [world][m][n]. */

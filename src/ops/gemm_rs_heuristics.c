@@ -197,5 +197,30 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   plan->direct = 0;
   plan->ar_push = 0;
   plan->ar_out_sym = 0;
-  plan->owner_epi = 0;
+  /* The owner epilogue on 2 ranks (RsEpi::combine): each rank's own tiles come after the
+   * peer's partials of them and are reduced in their epilogue. It needs whole row blocks per
+   * owner, one unit per counter (the combine waits for the peer's one count of its unit) and
+   * the push layout (not TW_RS_PULL); tw_gemm_ar's direct scheme is planned at world 1.
+   * tw_gemm_rs: ranks may differ in it (the peer's stores and counts are the same either way),
+   * so the rule leaves the reduce CTAs running where this rank's caller set them.
+   * tw_gemm_ar: the own tile also stores its reduced rows where the peer's gather finds them
+   * and sets the unit's ready flag, and the gather items become single units (the groups of
+   * 2-4 above give way), so every rank must choose alike: the choice reads only what every rank
+   * shares (the shapes, the partials, plan_sms and the alike knobs TW_RS_OWNER_EPI,
+   * TW_RS_STEAL, TW_RS_PULL, TW_RS_GROUP_UNITS), not the reduce-CTA count, which may differ by
+   * rank; the gather runs on the GEMM CTAs after their tiles, so it needs stealing. */
+  const int64_t tiles = ((a->m + TW_GEMM_RS_BLOCK_M - 1) / TW_GEMM_RS_BLOCK_M) * n_blocks;
+  const int can =
+      world == 2 && !a->pull && m_local % TW_GEMM_RS_BLOCK_M == 0 &&
+      (a->all_reduce ? plan->steal && units_max <= stride && a->group_env <= 0 : g == 1);
+  const int reduce_set = !a->all_reduce && (a->reduce_sms_arg > 0 || a->reduce_env >= 0);
+  const int sms = a->plan_sms > 0 ? a->plan_sms : a->sm_budget;
+  plan->owner_epi =
+      can && tw_gemm_rs_want_owner_epi(a->owner_env, reduce_set, a->partial_bytes == 2 ? 2 : 4,
+                                       a->k, tiles, sms);
+  if (plan->owner_epi) {
+    plan->reduce_ctas = 0;
+    plan->group_units = 1;
+    plan->groups_max = (int)units_max;
+  }
 }

@@ -150,8 +150,8 @@ template <class P> struct RsEpi {
     int32_t pull;      /* boxes go to slot_map[0], this rank's own [m, n] partial (global rows) */
     int32_t sig;       /* TW_RS_SIGNAL bits: 1 signal from warp 1, 2 no separate
                           fence, 4 gpu scope (every rank on this GPU) */
-    int32_t owner_epi; /* tw_gemm_rs on 2 ranks (plan.owner_epi): this rank's own tiles are
-                          reduced in their epilogue (kOwnerEpi below) */
+    int32_t owner_epi; /* 2 ranks (plan.owner_epi): this rank's own tiles are reduced in
+                          their epilogue (kOwnerEpi below) */
     uint64_t *trace;   /* dc.trace (TW_TRACE): the signalled tile goes into TW_TR_DONE */
     /* owner_epi: this rank's out (bf16 [m_local, n], ldo), its staging slots (slot s holds rank
      * s's partial of its rows), its tile counters, and its row blocks [own_mb0, + own_mbs) */
@@ -927,7 +927,9 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                                (int)tw_env_int(TW_RS_REDUCE_CTAS_ID),
                                tw_env_int(TW_RS_STEAL_ID) != 0,
                                (int)tw_env_int(TW_RS_GROUP_UNITS_ID),
-                               comm->plan_sms};
+                               comm->plan_sms,
+                               (int)tw_env_int(TW_RS_OWNER_EPI_ID),
+                               tw_env_int(TW_RS_PULL_ID) != 0};
   tw_gemm_rs_make_plan(&pa, plan);
   plan->direct = direct;
   /* Symmetric outputs (args.out_symmetric): the owners store their reduced rows into every
@@ -956,36 +958,6 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
       all_reduce && !direct && !plan->ar_out_sym &&
       (push_env > 0 || (push_env < 0 && !comm->gpu_shared)) &&
       tw_heap_avail(comm, a->workspace) >= tw_gemm_ar_push_workspace_bytes(world, a->m, a->n);
-  /* The owner epilogue on 2 ranks (tw_gemm_rs_want_owner_epi, TW_RS_OWNER_EPI): each rank's
-   * own tiles come after the peer's partials of them and are reduced in their epilogue
-   * (RsEpi::combine). It needs whole row blocks per owner, one unit per counter (the combine
-   * waits for the peer's one count of its unit) and the push layout.
-   * tw_gemm_rs: ranks may differ in it (the peer's stores and counts are the same either way),
-   * so the rule may read this rank's args.reduce_sms and TW_RS_REDUCE_CTAS.
-   * tw_gemm_ar: the own tile also stores its reduced rows where the peer's gather finds them
-   * and sets the unit's ready flag, and the gather items are single units (the plan's groups
-   * of 2-4 give way), so every rank must choose alike: the rule reads only what every rank
-   * shares (the shapes, the partials, plan_sms and the alike knobs TW_RS_OWNER_EPI,
-   * TW_RS_STEAL, TW_RS_PULL, TW_RS_GROUP_UNITS), not the reduce-CTA count, which may differ
-   * by rank; the gather runs on the GEMM CTAs after their tiles, so stealing is needed. */
-  const int64_t owner_env = tw_env_int(TW_RS_OWNER_EPI_ID);
-  const int64_t own_units = (int64_t)tw_rs_mb_count(0, (int32_t)(a->m / world)) *
-                            ((a->n + TW_GEMM_RS_BLOCK_N - 1) / TW_GEMM_RS_BLOCK_N);
-  const int64_t tiles = ((a->m + TW_GEMM_RS_BLOCK_M - 1) / TW_GEMM_RS_BLOCK_M) *
-                        ((a->n + TW_GEMM_RS_BLOCK_N - 1) / TW_GEMM_RS_BLOCK_N);
-  const int reduce_set =
-      !all_reduce && (a->reduce_sms > 0 || tw_env_int(TW_RS_REDUCE_CTAS_ID) >= 0);
-  plan->owner_epi =
-      !direct && world == 2 && (a->m / world) % 128 == 0 && tw_env_int(TW_RS_PULL_ID) == 0 &&
-      (all_reduce
-           ? plan->steal && own_units <= plan->flag_stride && tw_env_int(TW_RS_GROUP_UNITS_ID) <= 0
-           : plan->group_units == 1) &&
-      tw_gemm_rs_want_owner_epi((int)owner_env, reduce_set, pbytes, a->k, tiles,
-                                comm->plan_sms > 0 ? comm->plan_sms : comm->sm_budget);
-  if (plan->owner_epi) {
-    plan->reduce_ctas = 0;
-    plan->group_units = 1, plan->groups_max = (int)own_units;
-  }
   TW_DEBUG("%s rank %d: m %lld n %lld k %lld, %s partials: ctas %d, reduce_ctas %d, band %d, "
            "group_units %d, interleave %d, direct %d, owner_epi %d, ar_push %d, ar_out_sym %d",
            op, comm->rank, (long long)a->m, (long long)a->n, (long long)a->k,

@@ -132,7 +132,8 @@ static void test_gemm_rs_plans(void) {
       for (int ar = 0; ar < 2; ar++) {
         const int w = worlds[wi], budget = 132 / w;
         const int64_t m = ms[mi] * w;
-        tw_gemm_rs_plan_args_t a = {w, m, 4096, 512, budget, 0, ar, 0, 4, 0, 0, -1, -1, 1, 0, 0};
+        tw_gemm_rs_plan_args_t a = {w, m, 4096, 512, budget, 0, ar, 0, 4,
+                                    0, 0, -1,   -1,  1,      0, 0,  0, 0};
         tw_gemm_rs_plan_t p;
         tw_gemm_rs_make_plan(&a, &p);
         TEST_ASSERT(p.ctas >= 2 && p.ctas <= budget, "ctas %d of %d", p.ctas, budget);
@@ -152,12 +153,13 @@ static void test_gemm_rs_plans(void) {
       }
   /* A shape with more units than the stride groups them; the direct all-reduce (planned as
    * one owner of all rows) keeps the comm's stride too. */
-  tw_gemm_rs_plan_args_t wide = {8, 65536, 65536, 512, 16, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 0};
+  tw_gemm_rs_plan_args_t wide = {8, 65536, 65536, 512, 16, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 0, 0, 0};
   tw_gemm_rs_plan_t pw;
   tw_gemm_rs_make_plan(&wide, &pw);
   TEST_ASSERT(pw.group_units > 1 && pw.groups_max <= tw_rs_flag_stride(8),
               "m = n = 65536 on 8 ranks: %d groups of %d units", pw.groups_max, pw.group_units);
-  tw_gemm_rs_plan_args_t direct = {1, 65536, 65536, 512, 16, 0, 0, 0, 4, 8, 0, -1, -1, 1, 0, 0};
+  tw_gemm_rs_plan_args_t direct = {1, 65536, 65536, 512, 16, 0, 0, 0, 4,
+                                   8, 0,     -1,    -1,  1,  0, 0, 0, 0};
   tw_gemm_rs_make_plan(&direct, &pw);
   TEST_ASSERT(pw.flag_stride == tw_rs_flag_stride(8) && pw.groups_max <= pw.flag_stride,
               "direct on 8 ranks: stride %d, %d groups", pw.flag_stride, pw.groups_max);
@@ -165,7 +167,7 @@ static void test_gemm_rs_plans(void) {
    * TW_RS_GROUP_UNITS: that many units per group, never more than the owner has, groups still
    * within the stride (below what the stride needs it changes nothing); 1 takes the rule back
    * to single units. */
-  tw_gemm_rs_plan_args_t gr = {8, 8192, 8192, 1024, 16, 0, 1, 0, 4, 0, 1, -1, 0, 1, 0, 0};
+  tw_gemm_rs_plan_args_t gr = {8, 8192, 8192, 1024, 16, 0, 1, 0, 4, 0, 1, -1, 0, 1, 0, 0, 0, 0};
   static const int group_cases[][3] = {/* TW_RS_GROUP_UNITS, units per group, groups */
                                        {0, 4, 64},
                                        {1, 1, 256},
@@ -193,8 +195,8 @@ static void test_gemm_rs_plans(void) {
              {1024, 8192, 0, 16, 1},
              {4096, 4096, 1, 132, 1}};
   for (int i = 0; i < 5; i++) {
-    tw_gemm_rs_plan_args_t a8 = {8, ar8[i].m, ar8[i].n,      512, ar8[i].sms, 0, 1, 0,
-                                 4, 0,        ar8[i].shared, -1,  0,          1, 0, 0};
+    tw_gemm_rs_plan_args_t a8 = {8, ar8[i].m,      ar8[i].n, 512, ar8[i].sms, 0, 1, 0, 4,
+                                 0, ar8[i].shared, -1,       0,   1,          0, 0, 0, 0};
     tw_gemm_rs_make_plan(&a8, &pw);
     TEST_ASSERT(pw.group_units == ar8[i].units,
                 "gemm_ar %lldx%lld on 8 ranks of %d SMs, shared %d: %d units per group, want %d",
@@ -207,8 +209,8 @@ static void test_gemm_rs_plans(void) {
   } ar2[] = {
       {1024, 8192, 1}, {4096, 4096, 1}, {4096, 12288, 2}, {8192, 8192, 2}, {16384, 16384, 4}};
   for (int i = 0; i < 5; i++) {
-    tw_gemm_rs_plan_args_t a2 = {2, ar2[i].m, ar2[i].n, 2048, 132, 0, 1, 0,
-                                 4, 0,        0,        -1,   -1,  1, 0, 0};
+    tw_gemm_rs_plan_args_t a2 = {2, ar2[i].m, ar2[i].n, 2048, 132, 0, 1, 0, 4,
+                                 0, 0,        -1,       -1,   1,   0, 0, 0, 0};
     tw_gemm_rs_make_plan(&a2, &pw);
     TEST_ASSERT(pw.group_units == ar2[i].units,
                 "gemm_ar %lldx%lld on 2 GPUs: %d units per group, want %d", (long long)ar2[i].m,
@@ -233,13 +235,13 @@ static void test_gemm_rs_plans(void) {
   direct.interleave_env = 1; /* run_fused relies on it: a direct plan never interleaves */
   tw_gemm_rs_make_plan(&direct, &pw);
   TEST_ASSERT(pw.interleave == 0, "direct (one owner) with TW_RS_INTERLEAVE=1: interleaved");
-  tw_gemm_rs_plan_args_t one = {2, 4096, 256, 512, 66, 0, 0, 0,
-                                4, 0,    0,   -1,  -1, 1, 0, 0}; /* one column block */
+  tw_gemm_rs_plan_args_t one = {2, 4096, 256, 512, 66, 0, 0, 0, 4,
+                                0, 0,    -1,  -1,  1,  0, 0, 0, 0}; /* one column block */
   tw_gemm_rs_plan_t p;
   tw_gemm_rs_make_plan(&one, &p);
   TEST_ASSERT(p.band == 1, "n = 256: band %d", p.band);
-  tw_gemm_rs_plan_args_t big = {2, 16384, 16384, 2048, 132, 0, 0, 0,
-                                4, 0,     0,     -1,   -1,  1, 0, 0}; /* A 64 MiB: bands */
+  tw_gemm_rs_plan_args_t big = {2, 16384, 16384, 2048, 132, 0, 0, 0, 4,
+                                0, 0,     -1,    -1,   1,   0, 0, 0, 0}; /* A 64 MiB: bands */
   tw_gemm_rs_make_plan(&big, &p);
   TEST_ASSERT(p.band == 8, "M=16384 K=2048: band %d, want 8", p.band);
   /* Interleaved owners: fp32 partials on distinct GPUs, owners of whole row blocks. */
@@ -351,6 +353,66 @@ static void test_gemm_rs_plans(void) {
   TEST_ASSERT(!tw_gemm_rs_want_owner_epi(-1, 1, 4, 512, 2048, 132), "reduce CTAs set: reduce CTAs");
   TEST_ASSERT(tw_gemm_rs_want_owner_epi(1, 1, 2, 65536, 1, 132), "TW_RS_OWNER_EPI=1 wins");
   TEST_ASSERT(!tw_gemm_rs_want_owner_epi(0, 0, 4, 512, 2048, 132), "TW_RS_OWNER_EPI=0 wins");
+  /* The plan takes it where the call can (tw_gemm_rs_make_plan): then no reduce CTA and one
+   * unit per group. The plans above pass owner_env 0 (never) and test the rest. Fields: world,
+   * m, n, k, sm_budget, reduce_sms_arg, all_reduce, band_env, partial_bytes, comm_world,
+   * shared_gpu, interleave_env, reduce_env, steal, group_env, plan_sms, owner_env, pull. */
+  static const struct {
+    tw_gemm_rs_plan_args_t a;
+    int owner_epi;
+    const char *what;
+  } oe[] = {
+      {{2, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0}, 1, "RS M=16384"},
+      {{2, 16384, 16384, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0}, 1, "AR M=16384"},
+      {{2, 16384, 16384, 2048, 132, 4, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0},
+       0,
+       "RS, reduce_sms set"},
+      {{2, 16384, 16384, 2048, 132, 4, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0},
+       1,
+       "AR, reduce_sms set (may differ by rank: not read)"},
+      {{2, 16384, 16384, 2048, 132, 0, 1, 0, 4, 0, 0, -1, 4, 1, 0, 132, -1, 0},
+       1,
+       "AR, TW_RS_REDUCE_CTAS set (not read)"},
+      {{2, 16384, 16384, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 0, 0, 132, -1, 0},
+       0,
+       "AR without stealing"},
+      {{2, 16384, 16384, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 3, 132, -1, 0},
+       0,
+       "AR, TW_RS_GROUP_UNITS=3"},
+      {{2, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 3, 132, -1, 0},
+       0,
+       "RS, TW_RS_GROUP_UNITS=3"},
+      {{2, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 1}, 0, "TW_RS_PULL=1"},
+      {{4, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, 1, 0}, 0, "4 ranks"},
+      {{2, 200, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, 1, 0},
+       0,
+       "m / 2 not whole row blocks"},
+      {{2, 1024, 8192, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0},
+       0,
+       "AR small-m, 1.9 waves"},
+      {{2, 1024, 8192, 2048, 66, 0, 1, 0, 4, 0, 1, -1, -1, 1, 0, 66, -1, 0},
+       1,
+       "AR small-m on 2 virtual ranks, 3.9 waves"},
+      {{2, 8192, 8192, 1024, 132, 0, 0, 0, 2, 0, 0, -1, -1, 1, 0, 132, -1, 0}, 0, "bf16 partials"},
+      {{2, 8192, 8192, 1024, 132, 0, 0, 0, 2, 0, 0, -1, -1, 1, 0, 132, 1, 0},
+       1,
+       "bf16 partials, TW_RS_OWNER_EPI=1"},
+      {{1, 8192, 8192, 1024, 132, 0, 0, 0, 4, 2, 0, -1, -1, 1, 0, 132, 1, 0},
+       0,
+       "world 1 (the direct scheme's plan)"},
+  };
+  for (size_t i = 0; i < sizeof(oe) / sizeof(oe[0]); i++) {
+    tw_gemm_rs_plan_t po;
+    tw_gemm_rs_make_plan(&oe[i].a, &po);
+    TEST_ASSERT(po.owner_epi == oe[i].owner_epi, "%s: owner_epi %d, want %d", oe[i].what,
+                po.owner_epi, oe[i].owner_epi);
+    if (po.owner_epi) {
+      const int units = (int)(oe[i].a.m / 2 / 128) * (int)((oe[i].a.n + 255) / 256);
+      TEST_ASSERT(po.reduce_ctas == 0 && po.group_units == 1 && po.groups_max == units,
+                  "%s: reduce_ctas %d, %d groups of %d units (want 0, %d of 1)", oe[i].what,
+                  po.reduce_ctas, po.groups_max, po.group_units, units);
+    }
+  }
   TEST_ASSERT(tw_gemm_ar_direct_workspace_bytes(2, 4096, 12288, 2) <=
                   tw_gemm_ar_push_workspace_bytes(2, 4096, 12288), /* tw_gemm_rs_workspace_size */
               "direct with bf16 partials fits the default workspace on 2 ranks");
