@@ -42,11 +42,15 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
-#     diag13  (the default; prepared in the thirteenth session, not run) the consumers' wait for
-#             the previous tile's writes before its signal: the default against -DTW_RS_DIAG=64
-#             (signals after the read-out; results wrong) and 128 (signals two tiles behind;
-#             test_gemm_rs on it first) builds in $TW_BUILD_DIR/diagN, GEMM+RS and GEMM+AR on 8
-#             virtual ranks at short K and on 2 GPUs
+#     pull14  (run in the fourteenth session; the pull taken where more than 2 ranks share a
+#             GPU) 8 virtual ranks: TW_RS_PULL=0,1 in A/B (both orders) for GEMM+RS / GEMM+AR
+#             at short K, small m and M=16384; test_gemm_rs with the pull; the -DTW_RS_DIAG=1
+#             build in $TW_BUILD_DIR/diag1 (every partial into the own slot)
+#     diag13  (run in the fourteenth session) the consumers' wait for the previous tile's writes
+#             before its signal: the default against a -DTW_RS_DIAG=64 build (signals after the
+#             read-out; results wrong) in $TW_BUILD_DIR/diag64, GEMM+RS and GEMM+AR on 8 virtual
+#             ranks at short K and on 2 GPUs (the 128 build, signalling two tiles behind, hung
+#             test_gemm_rs and was removed)
 #     grp13   8 virtual ranks: the group rule (one group per CTA on a shared GPU): test_gemm_rs,
 #             A/B of the units per group at M=4096 and small m, the GEMM+AR bench
 #     vr13    8 virtual ranks at M=4096 K 512: TW_TRACE of GEMM+RS / GEMM+AR, unit groups of
@@ -523,6 +527,27 @@ exp_vr13() { # thirteenth session: 8 virtual ranks, GEMM+AR at short K (behind t
   run "vr13-ar-block8" 60 env TW_BENCH_VIRTUAL=1 TW_BENCH_BLOCK=8 "$bin/tw-bench" gemm_ar $s4 \
     --repeats 20 --warmup 5 --no-check
 }
+exp_pull14() { # fourteenth session, 8 virtual ranks: the pull (each rank's whole partial stored
+  # locally in the plain GEMM's layout, the owners reading their rows) against the push at
+  # short K, both orders; the measurement build bit 1 (every partial into the own slot)
+  local s4="--m 4096 --n 4096 --k 512" s8="--m 8192 --n 8192 --k 1024"
+  local small="--m 1024 --n 8192 --k 2048" op shape ab
+  run "pull14-test_gemm_rs" 150 env TW_WATCHDOG_S=15 TW_RS_PULL=1 "$bin/test_gemm_rs"
+  for op in gemm_rs gemm_ar; do
+    for shape in "$s4" "$s8" "$small"; do
+      for ab in 0,1 1,0; do
+        run "pull14-$op-${shape// /}-$ab" 60 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_PULL=$ab \
+          "$bin/tw-bench" $op $shape --repeats 20 --warmup 5
+      done
+    done
+    run "pull14-$op-big" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_PULL=0,1 \
+      "$bin/tw-bench" $op $big_rs --repeats 10 --warmup 3
+  done
+  for shape in "$s4" "$s8"; do
+    run "pull14-diag1-${shape// /}" 60 env LD_LIBRARY_PATH="$root/$bin/diag1:$LD_LIBRARY_PATH" \
+      TW_BENCH_VIRTUAL=1 "$bin/tw-bench" gemm_rs $shape --repeats 20 --warmup 5 --no-check
+  done
+}
 exp_grp13() { # thirteenth session: one unit group per CTA where ranks share a GPU (the new rule)
   local small="--m 1024 --n 8192 --k 2048" s4="--m 4096 --n 4096 --k 512"
   run "grp13-test_gemm_rs" 150 env TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
@@ -532,21 +557,12 @@ exp_grp13() { # thirteenth session: one unit group per CTA where ranks share a G
     "$bin/tw-bench" gemm_ar $small --repeats 20 --warmup 5
   run "grp13-ar-8vr" 90 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" gemm_ar --repeats 20 --warmup 5
 }
-exp_diag13() { # prepared in the thirteenth session, not run: the consumers' wait for the
-  # previous tile's writes before its signal. Builds in $TW_BUILD_DIR/diagN: 64 signals after the
-  # read-out (results wrong: --no-check), 128 signals two tiles behind (results correct: the
-  # tests run on it first, then every row is checked)
+exp_diag13() { # run in the fourteenth session: the consumers' wait for the previous tile's
+  # writes before its signal, against a -DTW_RS_DIAG=64 build in $TW_BUILD_DIR/diag64 that
+  # signals after the read-out (results wrong: --no-check). The signal-two-tiles-behind build
+  # (128) it also ran hung test_gemm_rs and was removed with its GEMM-core trait.
   local d lib op shape check
-  for d in 128; do
-    lib="$root/$bin/diag$d"
-    [ -e "$lib/libtilewire.so.0" ] || continue
-    run "diag13-test_gemm_rs-d$d" 150 env LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" \
-      TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
-    [ "$ngpus" -gt 1 ] && run "diag13-test_gemm_rs-gpus-d$d" 150 \
-      env LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" TW_WATCHDOG_S=15 TW_TEST_DEVICES=distinct \
-      "$bin/test_gemm_rs"
-  done
-  for d in 0 ${TW_DIAG13-64 128}; do
+  for d in 0 ${TW_DIAG13-64}; do
     lib="$root/$bin"
     [ "$d" = 0 ] || lib="$root/$bin/diag$d"
     [ -e "$lib/libtilewire.so.0" ] || continue
@@ -563,7 +579,7 @@ exp_diag13() { # prepared in the thirteenth session, not run: the consumers' wai
     done
   done
 }
-for e in ${TW_EXP:-diag13}; do
+for e in ${TW_EXP:-pull14}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

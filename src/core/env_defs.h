@@ -99,10 +99,11 @@ TW_ENV(TW_AR_DIRECT, int, "-1",
        "staging and reduces all rows itself), taken when the workspace holds world x m x n "
        "partials: 1 wherever it fits, 0 never, -1 where measured faster (2 ranks on distinct "
        "GPUs, bf16 partials, m <= 4096, K >= 4096; the default workspace holds it there).")
-TW_ENV(TW_RS_PULL, bool, "0",
-       "Experimental: 1 makes tw_gemm_rs / tw_gemm_ar store each rank's fp32 partial locally "
-       "and the owners read their rows from every rank when reducing (instead of the epilogue "
-       "pushing tiles to their owners).")
+TW_ENV(TW_RS_PULL, int, "-1",
+       "tw_gemm_rs / tw_gemm_ar: 1 has each rank store its whole partial locally and the owners "
+       "read their rows of it from every rank when reducing (the pull), 0 has the epilogue push "
+       "each tile into its owner's staging (the push), -1 pulls where more than 2 ranks of the "
+       "comm share a GPU (measured faster there). Every rank must set it alike.")
 TW_ENV(TW_RS_OWNER_EPI, int, "-1",
        "tw_gemm_rs / tw_gemm_ar on 2 ranks (m / 2 a multiple of 128, one tile per counter): 1 "
        "computes each rank's own tiles after the peer's partials of them have landed and reduces "

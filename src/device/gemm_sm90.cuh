@@ -81,8 +81,6 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#include <type_traits>
-
 #include "ptx_sm90.cuh"
 
 namespace tw {
@@ -323,15 +321,6 @@ template <class E> struct OwnerEpiOf<E, decltype(void(E::kOwnerEpi))> {
 template <class E, class = void> struct SignalWarpOf { static constexpr bool value = false; };
 template <class E> struct SignalWarpOf<E, decltype(void(E::kSignalWarp))> {
   static constexpr bool value = E::kSignalWarp;
-};
-
-// Epi::kSignalLag2 (kSignal epilogues, optional, false if absent; measurement builds so far): a
-// tile is signalled after the epilogues of the two tiles that follow it instead of one, so the
-// consumers' wait for its writes has a whole tile more to complete in. The older owed tile's
-// coordinates wait in shared memory (no register is live across the mainloop for it).
-template <class E, class = void> struct SignalLag2Of { static constexpr bool value = false; };
-template <class E> struct SignalLag2Of<E, decltype(void(E::kSignalLag2))> {
-  static constexpr bool value = E::kSignalLag2;
 };
 
 // Epi::kDiagSignalAfterRead (measurement builds only, false if absent): a tile is signalled once
@@ -695,32 +684,8 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
     int stage = 0;
     uint32_t phase = 0;
     int32_t sig_mb = -1, sig_nb = 0; // kSignal: the tile whose signal is still owed
-    // SignalLag2Of<Epi>: the tile owed before it, {mb, nb} per consumer warpgroup (-1: none).
-    // Every thread reads it after the next epilogue; thread 0 rewrites it once every thread of
-    // the warpgroup is past that read (a barrier), so the value each thread sees is the same.
-    constexpr bool kLag2 = SignalLag2Of<Epi>::value;
     constexpr int kPasses = detail::epi_passes<EpiBytes, BN, typename Epi::Out>();
-    __shared__ int32_t sig_old_smem[2][2];
-    volatile int32_t *sig_old = sig_old_smem[cwg];
-    if constexpr (kLag2) {
-      if (wg_thread == 0)
-        sig_old[0] = -1, sig_old[1] = 0;
-      ptx::named_bar_sync(kBarConsumerWg0 + cwg, 128);
-    }
     detail::SigRing ring{sig_full, sig_empty, sig_slot, 0, 0};
-    // kLag2: signal the older owed tile with up to `pending` newer bulk groups still in flight,
-    // then let thread 0 rewrite the entry (to {mb, nb}): the signal's barrier, or one of the
-    // warpgroup when there is none to give, keeps it from overwriting what a thread still reads.
-    auto flush_old = [&](auto pending, int32_t new_mb, int32_t new_nb) {
-      const int32_t omb = sig_old[0], onb = sig_old[1];
-      if (omb >= 0)
-        detail::signal_after_stores<decltype(pending)::value, Epi>(p, cwg, wg_thread, omb, onb,
-                                                                   ring);
-      else
-        ptx::named_bar_sync(kBarConsumerWg0 + cwg, 128);
-      if (wg_thread == 0)
-        sig_old[0] = new_mb, sig_old[1] = new_nb;
-    };
     int32_t mb, nb;
     while (next_tile(stage, phase, mb, nb)) {
       int prev_stage = stage;
@@ -752,8 +717,6 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         release(prev_stage);
       if constexpr (OwnerEpiOf<Epi>::value) {
         if (Epi::owner_tile(p, mb)) {
-          if constexpr (kLag2) // the older owed tile first, the previous one's stores pending
-            flush_old(std::integral_constant<int, kPasses>(), -1, 0);
           if (sig_mb >= 0) { // the previous tile's signal, its stores performed
             detail::signal_after_stores<0, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);
             sig_mb = -1;
@@ -775,17 +738,12 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         }
       }
       detail::epilogue<EpiBytes, BN, Epi>(p, acc, cbuf, cwg, wg_thread, mb, nb);
-      if constexpr (Epi::kSignal && kLag2) { // the tile two back, two tiles' stores in flight
-        flush_old(std::integral_constant<int, 2 * kPasses>(), sig_mb, sig_nb);
-        sig_mb = mb, sig_nb = nb;
-      } else if constexpr (Epi::kSignal) { // the previous tile's signal, this tile's in flight
+      if constexpr (Epi::kSignal) { // the previous tile's signal, this tile's in flight
         if (sig_mb >= 0)
           detail::signal_after_stores<kPasses, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);
         sig_mb = mb, sig_nb = nb;
       }
     }
-    if constexpr (Epi::kSignal && kLag2)
-      flush_old(std::integral_constant<int, kPasses>(), -1, 0);
     if constexpr (Epi::kSignal)
       if (sig_mb >= 0)
         detail::signal_after_stores<0, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);

@@ -71,7 +71,7 @@ typedef struct tw_gemm_rs_plan_args {
   int plan_sms;       /* comm->plan_sms, the same on every rank: sizes tw_gemm_ar's unit groups,
                          which every rank numbers alike (0: sm_budget) */
   int owner_env;      /* TW_RS_OWNER_EPI (-1: tw_gemm_rs_want_owner_epi decides; 0 never) */
-  int pull;           /* TW_RS_PULL: partials stored locally (no owner epilogue then) */
+  int pull_env;       /* TW_RS_PULL (-1: the plan decides; 0 never; 1 always) */
 } tw_gemm_rs_plan_args_t;
 
 /* Counters per channel, and the stride of the all-reduce ready flags: fixed by the comm's
@@ -97,6 +97,8 @@ typedef struct tw_gemm_rs_plan {
                       every rank's out, no gather copy (set by the caller of make_plan) */
   int owner_epi;   /* 2 ranks: own tiles reduced in their epilogue, no reduce CTAs, one unit
                       per group (tw_gemm_rs_want_owner_epi) */
+  int pull;        /* each rank's whole partial stored locally, the owners reading their rows
+                      of it from every rank (not with the direct scheme, not at world 1) */
 } tw_gemm_rs_plan_t;
 
 /* Workspace bytes of tw_gemm_ar's direct scheme: fp32 staging [world][m][n]. */

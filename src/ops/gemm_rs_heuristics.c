@@ -197,6 +197,17 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   plan->direct = 0;
   plan->ar_push = 0;
   plan->ar_out_sym = 0;
+  /* The pull (TW_RS_PULL): each rank's epilogue stores its whole partial into its own [m, n]
+   * buffer in the tile's place, as tw_gemm stores its output, and each owner's reduction reads
+   * its rows from every rank. Where more than 2 ranks share a GPU (comm->gpu_shared, alike on
+   * every rank; every store is HBM traffic there either way) it is faster than storing each
+   * box into its owner's staging slot. Fourteenth session, 8 virtual ranks, A/B in both orders
+   * (docs/PERF.md), push -> pull, ms: GEMM+RS fp32 M=4096 K 512 0.607 -> 0.564, M=8192 K 1024
+   * 3.23 -> 3.03, m 1024 n 8192 K 2048 0.681 -> 0.643, M=16384 20.4 -> 19.5; GEMM+AR fp32
+   * 0.721 -> 0.677, 3.60 -> 3.41, 0.743 -> 0.707, 22.0 -> 21.3; bf16 partials level or
+   * faster. On 2 GPUs the push stays (fourth session: pull 3.19 against 2.81 ms at M=16384),
+   * and so it does on 2 ranks sharing a GPU, where the owner epilogue (push layout) wins. */
+  plan->pull = world > 1 && (a->pull_env >= 0 ? a->pull_env != 0 : a->shared_gpu && world > 2);
   /* The owner epilogue on 2 ranks (RsEpi::combine): each rank's own tiles come after the
    * peer's partials of them and are reduced in their epilogue. It needs whole row blocks per
    * owner, one unit per counter (the combine waits for the peer's one count of its unit) and
@@ -211,7 +222,7 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * rank; the gather runs on the GEMM CTAs after their tiles, so it needs stealing. */
   const int64_t tiles = ((a->m + TW_GEMM_RS_BLOCK_M - 1) / TW_GEMM_RS_BLOCK_M) * n_blocks;
   const int can =
-      world == 2 && !a->pull && m_local % TW_GEMM_RS_BLOCK_M == 0 &&
+      world == 2 && !plan->pull && m_local % TW_GEMM_RS_BLOCK_M == 0 &&
       (a->all_reduce ? plan->steal && units_max <= stride && a->group_env <= 0 : g == 1);
   const int reduce_set = !a->all_reduce && (a->reduce_sms_arg > 0 || a->reduce_env >= 0);
   const int sms = a->plan_sms > 0 ? a->plan_sms : a->sm_budget;

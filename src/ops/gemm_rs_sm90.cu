@@ -62,8 +62,7 @@ using namespace tw::gemm;
  * 16: the plain GEMM's grouped tile order (rows rotated) instead of bands (the reduction
  * then waits long); 32: the tile signals from a consumer thread (no signal warp); 64: a tile is
  * signalled once its boxes left shared memory, not once its writes are performed (what the
- * consumers' wait for the writes costs). 128 (results stay correct): a tile is signalled two
- * tiles later instead of one (Epi::kSignalLag2), the candidate fix if 64 shows that wait. */
+ * consumers' wait for the writes costs: nothing measurable, fourteenth session). */
 #ifndef TW_RS_DIAG
 #define TW_RS_DIAG 0
 #endif
@@ -136,7 +135,6 @@ template <class P> struct RsEpi {
    * not on a consumer warp (where it stalled the warpgroup's next wgmma): see docs/PERF.md. */
   static constexpr bool kSignalWarp = !(TW_RS_DIAG & 32);
   static constexpr bool kDiagSignalAfterRead = (TW_RS_DIAG & 64) != 0;
-  static constexpr bool kSignalLag2 = (TW_RS_DIAG & 128) != 0;
   struct Params {
     CUtensorMap slot_map[kMaxWorld];  /* owner o's slot for this rank: P [m_local, n] */
     uint64_t *owner_flags[kMaxWorld]; /* owner o's flags of the channel */
@@ -705,9 +703,9 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   p.gemm.epi.group_units = plan.group_units;
   p.gemm.epi.direct = plan.direct ? world : 0;
   p.direct = plan.direct;
-  /* Pull (experimental, TW_RS_PULL=1): each rank stores its whole partial locally and the
-   * owners read their rows of it from every rank when they reduce. */
-  const int pull = !plan.direct && tw_env_int(TW_RS_PULL_ID) != 0;
+  /* The pull (plan.pull): each rank stores its whole partial locally and the owners read
+   * their rows of it from every rank when they reduce. */
+  const int pull = !plan.direct && plan.pull;
   p.gemm.epi.pull = pull;
   p.gemm.wait.wait_all = plan.direct || pull;
   for (int s = 0; s < world; s++)
@@ -929,7 +927,7 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                                (int)tw_env_int(TW_RS_GROUP_UNITS_ID),
                                comm->plan_sms,
                                (int)tw_env_int(TW_RS_OWNER_EPI_ID),
-                               tw_env_int(TW_RS_PULL_ID) != 0};
+                               (int)tw_env_int(TW_RS_PULL_ID)};
   tw_gemm_rs_make_plan(&pa, plan);
   plan->direct = direct;
   /* Symmetric outputs (args.out_symmetric): the owners store their reduced rows into every
@@ -958,12 +956,12 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
       all_reduce && !direct && !plan->ar_out_sym &&
       (push_env > 0 || (push_env < 0 && !comm->gpu_shared)) &&
       tw_heap_avail(comm, a->workspace) >= tw_gemm_ar_push_workspace_bytes(world, a->m, a->n);
-  TW_DEBUG("%s rank %d: m %lld n %lld k %lld, %s partials: ctas %d, reduce_ctas %d, band %d, "
-           "group_units %d, interleave %d, direct %d, owner_epi %d, ar_push %d, ar_out_sym %d",
-           op, comm->rank, (long long)a->m, (long long)a->n, (long long)a->k,
-           pbytes == 2 ? "bf16" : "fp32", plan->ctas, plan->reduce_ctas, plan->band,
-           plan->group_units, plan->interleave, plan->direct, plan->owner_epi, plan->ar_push,
-           plan->ar_out_sym);
+  TW_DEBUG(
+      "%s rank %d: m %lld n %lld k %lld, %s partials: ctas %d, reduce_ctas %d, band %d, "
+      "group_units %d, interleave %d, direct %d, owner_epi %d, pull %d, ar_push %d, ar_out_sym %d",
+      op, comm->rank, (long long)a->m, (long long)a->n, (long long)a->k,
+      pbytes == 2 ? "bf16" : "fp32", plan->ctas, plan->reduce_ctas, plan->band, plan->group_units,
+      plan->interleave, plan->direct, plan->owner_epi, plan->pull, plan->ar_push, plan->ar_out_sym);
   return TW_SUCCESS;
 }
 

@@ -523,6 +523,15 @@ int main(int argc, char **argv) {
        100,
        4,
        1},
+      /* TW_RS_PULL=0: the push where the default pulls (more than 2 ranks sharing a GPU). */
+      {"TW_RS_PULL",
+       "0",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {300, 520, 1032, 0}},
+       105,
+       4,
+       1},
       /* Symmetric outputs (args.out_symmetric, set by the test): the owners write every
        * rank's out; same bits, fp32 and bf16 partials (tw_gemm_rs ignores it). */
       {"TW_TEST_OUT_SYMMETRIC",

@@ -356,7 +356,7 @@ static void test_gemm_rs_plans(void) {
   /* The plan takes it where the call can (tw_gemm_rs_make_plan): then no reduce CTA and one
    * unit per group. The plans above pass owner_env 0 (never) and test the rest. Fields: world,
    * m, n, k, sm_budget, reduce_sms_arg, all_reduce, band_env, partial_bytes, comm_world,
-   * shared_gpu, interleave_env, reduce_env, steal, group_env, plan_sms, owner_env, pull. */
+   * shared_gpu, interleave_env, reduce_env, steal, group_env, plan_sms, owner_env, pull_env. */
   static const struct {
     tw_gemm_rs_plan_args_t a;
     int owner_epi;
@@ -412,6 +412,43 @@ static void test_gemm_rs_plans(void) {
                   "%s: reduce_ctas %d, %d groups of %d units (want 0, %d of 1)", oe[i].what,
                   po.reduce_ctas, po.groups_max, po.group_units, units);
     }
+  }
+  /* The pull (plan.pull): by default where more than 2 ranks share a GPU (measured there);
+   * TW_RS_PULL 0 / 1 wins; never at world 1 (the direct scheme's plan); on 2 ranks sharing a
+   * GPU the push stays and with it the owner epilogue. */
+  static const struct {
+    tw_gemm_rs_plan_args_t a;
+    int pull, owner_epi;
+    const char *what;
+  } pl[] = {
+      {{8, 4096, 4096, 512, 16, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 16, -1, -1}, 1, 0, "8 shared"},
+      {{8, 4096, 4096, 512, 16, 0, 1, 0, 2, 0, 1, -1, -1, 1, 0, 16, -1, -1}, 1, 0, "8 shared, AR"},
+      {{3, 3072, 4096, 512, 44, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 44, -1, -1}, 1, 0, "3 shared"},
+      {{8, 4096, 4096, 512, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1}, 0, 0, "8 GPUs"},
+      {{2, 16384, 16384, 2048, 66, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 66, -1, -1},
+       0,
+       1,
+       "2 shared: push, owner epilogue"},
+      {{2, 16384, 16384, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1},
+       0,
+       1,
+       "2 GPUs: push, owner epilogue"},
+      {{8, 4096, 4096, 512, 16, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 16, -1, 0}, 0, 0, "TW_RS_PULL=0"},
+      {{2, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 1},
+       1,
+       0,
+       "TW_RS_PULL=1 on 2 GPUs"},
+      {{1, 8192, 8192, 1024, 132, 0, 0, 0, 4, 8, 1, -1, -1, 1, 0, 132, -1, 1},
+       0,
+       0,
+       "world 1 (the direct scheme's plan)"},
+  };
+  for (size_t i = 0; i < sizeof(pl) / sizeof(pl[0]); i++) {
+    tw_gemm_rs_plan_t pp;
+    tw_gemm_rs_make_plan(&pl[i].a, &pp);
+    TEST_ASSERT(pp.pull == pl[i].pull && pp.owner_epi == pl[i].owner_epi,
+                "%s: pull %d owner_epi %d, want %d %d", pl[i].what, pp.pull, pp.owner_epi,
+                pl[i].pull, pl[i].owner_epi);
   }
   TEST_ASSERT(tw_gemm_ar_direct_workspace_bytes(2, 4096, 12288, 2) <=
                   tw_gemm_ar_push_workspace_bytes(2, 4096, 12288), /* tw_gemm_rs_workspace_size */
