@@ -42,6 +42,8 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
+#     knobs14 (run in the fourteenth session: every default stays) 8 virtual ranks with the pull: TW_RS_BAND, TW_RS_GROUPED, TW_RS_REDUCE_CTAS (both
+#             ops), TW_AR_PUSH and TW_RS_GROUP_UNITS (GEMM+AR) in A/B at short K
 #     pull14  (run in the fourteenth session; the pull taken where more than 2 ranks share a
 #             GPU) 8 virtual ranks: TW_RS_PULL=0,1 in A/B (both orders) for GEMM+RS / GEMM+AR
 #             at short K, small m and M=16384; test_gemm_rs with the pull; the -DTW_RS_DIAG=1
@@ -526,6 +528,23 @@ exp_vr13() { # thirteenth session: 8 virtual ranks, GEMM+AR at short K (behind t
   done
   run "vr13-ar-block8" 60 env TW_BENCH_VIRTUAL=1 TW_BENCH_BLOCK=8 "$bin/tw-bench" gemm_ar $s4 \
     --repeats 20 --warmup 5 --no-check
+}
+exp_knobs14() { # fourteenth session, 8 virtual ranks with the pull (the default there now): the
+  # knobs tuned under the push, in A/B at short K (bands, the grouped order, reduce CTAs;
+  # GEMM+AR's push gather and unit groups)
+  local s4="--m 4096 --n 4096 --k 512" s8="--m 8192 --n 8192 --k 1024" op shape ab
+  for shape in "$s4" "$s8"; do
+    for op in gemm_rs gemm_ar; do
+      for ab in TW_RS_BAND=1,2,4 TW_RS_GROUPED=0,1 TW_RS_REDUCE_CTAS=-1,2; do
+        run "knobs14-$op-${shape// /}-${ab%%=*}" 60 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=$ab \
+          "$bin/tw-bench" $op $shape --repeats 15 --warmup 4
+      done
+    done
+    for ab in TW_AR_PUSH=-1,1 TW_RS_GROUP_UNITS=0,2; do
+      run "knobs14-gemm_ar-${shape// /}-${ab%%=*}" 60 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=$ab \
+        "$bin/tw-bench" gemm_ar $shape --repeats 15 --warmup 4
+    done
+  done
 }
 exp_pull14() { # fourteenth session, 8 virtual ranks: the pull (each rank's whole partial stored
   # locally in the plain GEMM's layout, the owners reading their rows) against the push at
