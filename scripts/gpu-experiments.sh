@@ -42,8 +42,9 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
-#     knobs14 (run in the fourteenth session: every default stays) 8 virtual ranks with the pull: TW_RS_BAND, TW_RS_GROUPED, TW_RS_REDUCE_CTAS (both
-#             ops), TW_AR_PUSH and TW_RS_GROUP_UNITS (GEMM+AR) in A/B at short K
+#     knobs14 (run in the fourteenth session: every default stays) 8 virtual ranks with the
+#             pull: TW_RS_BAND, TW_RS_GROUPED, TW_RS_REDUCE_CTAS (both ops), TW_AR_PUSH and
+#             TW_RS_GROUP_UNITS (GEMM+AR) in A/B at short K
 #     pull14  (run in the fourteenth session; the pull taken where more than 2 ranks share a
 #             GPU) 8 virtual ranks: TW_RS_PULL=0,1 in A/B (both orders) for GEMM+RS / GEMM+AR
 #             at short K, small m and M=16384; test_gemm_rs with the pull; the -DTW_RS_DIAG=1
