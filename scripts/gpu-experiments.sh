@@ -42,6 +42,9 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
+#     next15  (the default; prepared in the fourteenth session, not run) 2 GPUs: the reduce-CTA
+#             count at the wave boundary (TW_RS_REDUCE_CTAS=-1,4 at flux-tp8 and GEMM+AR small
+#             m, both orders); 8 virtual ranks: TW_TRACE of GEMM+AR / GEMM+RS at M=4096 K 512
 #     knobs14 (run in the fourteenth session: every default stays) 8 virtual ranks with the
 #             pull: TW_RS_BAND, TW_RS_GROUPED, TW_RS_REDUCE_CTAS (both ops), TW_AR_PUSH and
 #             TW_RS_GROUP_UNITS (GEMM+AR) in A/B at short K
@@ -530,6 +533,29 @@ exp_vr13() { # thirteenth session: 8 virtual ranks, GEMM+AR at short K (behind t
   run "vr13-ar-block8" 60 env TW_BENCH_VIRTUAL=1 TW_BENCH_BLOCK=8 "$bin/tw-bench" gemm_ar $s4 \
     --repeats 20 --warmup 5 --no-check
 }
+exp_next15() { # prepared in the fourteenth session, not run. (1) 2 GPUs: the reduce-CTA count at
+  # the wave boundary (flux-tp8: the plan's 5 / 7 reduce CTAs leave 127 / 125 GEMM CTAs for 1536
+  # tiles, 12.1 / 12.3 waves; 4 leave 128, exactly 12; small-m GEMM+AR: 19 -> 2.3 waves, 4 ->
+  # 2), both orders. (2) 8 virtual ranks: TW_TRACE of GEMM+AR / GEMM+RS at M=4096 K 512 (with
+  # branch exp/trace-gather merged the GEMM+AR lines split the gather's own waits).
+  local s4="--m 4096 --n 4096 --k 512" small="--m 1024 --n 8192 --k 2048" op ab
+  if [ "$ngpus" -gt 1 ]; then
+    for op in gemm_rs gemm_ar; do
+      for ab in -1,4 4,-1; do
+        run "next15-flux-$op-$ab" 60 env TW_BENCH_AB=TW_RS_REDUCE_CTAS=$ab "$bin/tw-bench" $op \
+          $flux_rs --world 2 --repeats 30 --warmup 5
+      done
+    done
+    for ab in -1,4 4,-1; do
+      run "next15-small-gemm_ar-$ab" 60 env TW_BENCH_AB=TW_RS_REDUCE_CTAS=$ab "$bin/tw-bench" \
+        gemm_ar $small --world 2 --repeats 30 --warmup 5
+    done
+  fi
+  for op in gemm_ar gemm_rs; do
+    run "next15-trace-$op" 60 env TW_TRACE=1 TW_BENCH_VIRTUAL=1 "$bin/tw-bench" $op $s4 \
+      --repeats 3 --warmup 1 --no-check
+  done
+}
 exp_knobs14() { # fourteenth session, 8 virtual ranks with the pull (the default there now): the
   # knobs tuned under the push, in A/B at short K (bands, the grouped order, reduce CTAs;
   # GEMM+AR's push gather and unit groups)
@@ -599,7 +625,7 @@ exp_diag13() { # run in the fourteenth session: the consumers' wait for the prev
     done
   done
 }
-for e in ${TW_EXP:-pull14}; do
+for e in ${TW_EXP:-next15}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}
