@@ -160,6 +160,16 @@ static __device__ __forceinline__ void tw_trace_stamp(const tw_dev_comm_t &dc, i
     dc.trace[blockIdx.x * TW_TRACE_FIELDS + field] = tw_globaltimer();
 }
 
+/* Thread 0 of a CTA: stamps TW_TR_GATHER_AT and notes the wait total so far in
+ * TW_TR_GATHER_WAIT0, so that the summary splits the waits before and in the all-gather role. */
+static __device__ __forceinline__ void tw_trace_gather_start(const tw_dev_comm_t &dc) {
+  if (dc.trace && blockIdx.x < TW_TRACE_CTAS) {
+    uint64_t *row = dc.trace + blockIdx.x * TW_TRACE_FIELDS;
+    row[TW_TR_GATHER_WAIT0] = row[TW_TR_WAIT_NS];
+    row[TW_TR_GATHER_AT] = tw_globaltimer();
+  }
+}
+
 /* Thread 0 of block 0, once per kernel: which channel the trace belongs to. */
 static __device__ __forceinline__ void tw_trace_channel(const tw_dev_comm_t &dc, int ch) {
   if (dc.trace && blockIdx.x == 0)

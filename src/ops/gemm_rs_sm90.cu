@@ -617,8 +617,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if ((int)blockIdx.x < p.reduce_ctas && !p.gemm.epi.owner_epi) {
     reduce_work<8>(p, epoch, &s_item, &s_ok);
-    if (p.all_reduce)
+    if (p.all_reduce) {
+      /* TW_TRACE's gather stamp: not in the kernel without stealing, whose consumers then
+       * spilled (8 bytes) */
+      if constexpr (kSteal)
+        if (threadIdx.x == 0)
+          tw_trace_gather_start(dc);
       gather_work(p, epoch, &s_item, &s_ok);
+    }
     if (threadIdx.x == 0)
       tw_trace_stamp(dc, TW_TR_COMM_END);
   }
@@ -633,8 +639,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if ((int)blockIdx.x >= p.reduce_ctas) {
       if (!p.gemm.epi.owner_epi) /* the owner epilogue reduced every own unit */
         reduce_work<8>(p, epoch, &s_item, &s_ok);
-      if (p.all_reduce)
+      if (p.all_reduce) {
+        if (threadIdx.x == 0)
+          tw_trace_gather_start(dc);
         gather_work(p, epoch, &s_item, &s_ok);
+      }
     }
   }
   __syncthreads();

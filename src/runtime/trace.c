@@ -29,9 +29,9 @@ int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, si
   if (len)
     buf[0] = 0;
   const uint64_t ch1 = rows[TW_TRACE_CTAS * TW_TRACE_FIELDS];
-  uint64_t t0 = UINT64_MAX, comm[TW_TRACE_CTAS], gemm[TW_TRACE_CTAS], end_max = 0, wait = 0,
-           waits = 0, wait_max = 0;
-  int ctas = 0, ncomm = 0, ngemm = 0;
+  uint64_t t0 = UINT64_MAX, comm[TW_TRACE_CTAS], gemm[TW_TRACE_CTAS], gather[TW_TRACE_CTAS],
+           end_max = 0, wait = 0, waits = 0, wait_max = 0, gwait = 0, gwait_max = 0;
+  int ctas = 0, ncomm = 0, ngemm = 0, ngather = 0;
   for (int c = 0; c < TW_TRACE_CTAS; c++) {
     const uint64_t start = rows[c * TW_TRACE_FIELDS + TW_TR_START];
     if (start && start < t0)
@@ -51,20 +51,36 @@ int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, si
     wait += r[TW_TR_WAIT_NS], waits += r[TW_TR_WAITS];
     if (r[TW_TR_WAIT_NS] > wait_max)
       wait_max = r[TW_TR_WAIT_NS];
+    if (r[TW_TR_GATHER_AT] >= t0 && r[TW_TR_GATHER_AT]) { /* tw_gemm_ar's all-gather role */
+      gather[ngather++] = r[TW_TR_GATHER_AT] - t0;
+      const uint64_t w = r[TW_TR_WAIT_NS] - r[TW_TR_GATHER_WAIT0];
+      gwait += w;
+      if (w > gwait_max)
+        gwait_max = w;
+    }
   }
   if (!ctas)
     return 0;
   qsort(comm, (size_t)ncomm, sizeof(uint64_t), cmp_u64);
   qsort(gemm, (size_t)ngemm, sizeof(uint64_t), cmp_u64);
-  snprintf(buf, len,
-           "tw trace: %s rank %d call %llu: %d CTAs; us from the first start: comm/reduce-first "
-           "end med %.1f max %.1f (%d CTAs), GEMM end min %.1f med %.1f max %.1f, end max %.1f; "
-           "waits %.1f us in %llu (CTA max %.1f); first start at %.1f us (globaltimer)",
-           channel_name(ch1), rank, (unsigned long long)call, ctas,
-           ncomm ? comm[ncomm / 2] * 1e-3 : 0.0, ncomm ? comm[ncomm - 1] * 1e-3 : 0.0, ncomm,
-           ngemm ? gemm[0] * 1e-3 : 0.0, ngemm ? gemm[ngemm / 2] * 1e-3 : 0.0,
-           ngemm ? gemm[ngemm - 1] * 1e-3 : 0.0, end_max * 1e-3, wait * 1e-3,
-           (unsigned long long)waits, wait_max * 1e-3, (double)t0 * 1e-3);
+  qsort(gather, (size_t)ngather, sizeof(uint64_t), cmp_u64);
+  const int n = snprintf(
+      buf, len,
+      "tw trace: %s rank %d call %llu: %d CTAs; us from the first start: comm/reduce-first "
+      "end med %.1f max %.1f (%d CTAs), GEMM end min %.1f med %.1f max %.1f, end max %.1f; "
+      "waits %.1f us in %llu (CTA max %.1f); first start at %.1f us (globaltimer)",
+      channel_name(ch1), rank, (unsigned long long)call, ctas, ncomm ? comm[ncomm / 2] * 1e-3 : 0.0,
+      ncomm ? comm[ncomm - 1] * 1e-3 : 0.0, ncomm, ngemm ? gemm[0] * 1e-3 : 0.0,
+      ngemm ? gemm[ngemm / 2] * 1e-3 : 0.0, ngemm ? gemm[ngemm - 1] * 1e-3 : 0.0, end_max * 1e-3,
+      wait * 1e-3, (unsigned long long)waits, wait_max * 1e-3, (double)t0 * 1e-3);
+  /* tw_gemm_ar: when the CTAs began the all-gather, and how long they waited in it for the
+   * owners' reduced rows (the rest of the waits came before). */
+  if (ngather && n > 0 && (size_t)n < len)
+    snprintf(buf + n, len - (size_t)n,
+             "; gather start min %.1f med %.1f max %.1f (%d CTAs), waits in it %.1f us (CTA max "
+             "%.1f)",
+             gather[0] * 1e-3, gather[ngather / 2] * 1e-3, gather[ngather - 1] * 1e-3, ngather,
+             gwait * 1e-3, gwait_max * 1e-3);
   return 1;
 }
 

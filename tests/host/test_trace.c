@@ -38,6 +38,21 @@ int main(void) {
                         "waits 12.0 us in 3 (CTA max 6.0)"};
   for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
     TEST_ASSERT(strstr(line, want[i]) != NULL, "\"%s\" not in \"%s\"", want[i], line);
+  /* tw_gemm_ar: CTAs 1 and 2 began the all-gather at 120 / 130 us with 3 / 1 us of waits
+   * behind them (of their 4 / 6): 6 us waited in it, the CTA max 5. No gather: no such part. */
+  TEST_ASSERT(strstr(line, "gather") == NULL, "no gather part without gather stamps: \"%s\"", line);
+  rows[1 * TW_TRACE_FIELDS + TW_TR_GATHER_AT] = base + 121000;
+  rows[1 * TW_TRACE_FIELDS + TW_TR_GATHER_WAIT0] = 3000;
+  rows[2 * TW_TRACE_FIELDS + TW_TR_GATHER_AT] = base + 131000;
+  rows[2 * TW_TRACE_FIELDS + TW_TR_GATHER_WAIT0] = 1000;
+  TEST_ASSERT(tw_trace_format(rows, 3, 8, line, sizeof(line)) == 1, "a line with the gather");
+  printf("  %s\n", line);
+  TEST_ASSERT(strstr(line, "; gather start min 120.0 med 130.0 max 130.0 (2 CTAs), waits in it "
+                           "6.0 us (CTA max 5.0)") != NULL,
+              "gather part in \"%s\"", line);
+  TEST_ASSERT(strstr(line, "waits 12.0 us in 3 (CTA max 6.0)") != NULL, "all waits still: \"%s\"",
+              line);
+  rows[1 * TW_TRACE_FIELDS + TW_TR_GATHER_AT] = rows[2 * TW_TRACE_FIELDS + TW_TR_GATHER_AT] = 0;
   /* An unknown channel still prints, named "?"; a short buffer truncates safely. */
   rows[TW_TRACE_CTAS * TW_TRACE_FIELDS] = 99;
   char small[16];
