@@ -564,6 +564,92 @@ static void test_ag_auto_ce(void) {
   }
 }
 
+/* tw_gemm_rs_make_plan over random shapes, worlds, budgets, partials and knob settings: the
+ * invariants every plan keeps whatever rule chose it (a net under the per-rule tests above).
+ * Deterministic (a fixed xorshift seed); failures print the arguments. */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rng(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return rng_state;
+}
+static int pick(const int *v, int n) { return v[rng() % (uint64_t)n]; }
+
+static void test_gemm_rs_plan_invariants(void) {
+  static const int worlds[] = {2, 3, 4, 5, 6, 7, 8};
+  static const int budgets[] = {2, 3, 16, 18, 33, 44, 66, 116, 132};
+  static const int ks[] = {8, 64, 512, 1024, 2048, 4096, 6144, 12288};
+  static const int envs[] = {-1, -1, -1, 0, 1};
+  int bad = 0;
+  for (int it = 0; it < 20000 && bad < 10; it++) {
+    tw_gemm_rs_plan_args_t a;
+    memset(&a, 0, sizeof(a));
+    a.world = pick(worlds, 7);
+    a.m = (int64_t)a.world * (int64_t)(1 + rng() % 4096);
+    a.n = 8 * (int64_t)(1 + rng() % 4096);
+    a.k = pick(ks, 8);
+    a.sm_budget = pick(budgets, 9);
+    a.reduce_sms_arg = rng() % 4 == 0 ? (int)(rng() % 40) : 0;
+    a.all_reduce = (int)(rng() % 2);
+    a.band_env = rng() % 8 == 0 ? (int)(1 + rng() % 9) : 0;
+    a.partial_bytes = rng() % 2 ? 4 : 2;
+    a.comm_world = a.world + (int)(rng() % 2) * (8 - a.world);
+    a.shared_gpu = (int)(rng() % 2);
+    a.interleave_env = pick(envs, 5);
+    a.reduce_env = rng() % 6 == 0 ? (int)(rng() % 20) : -1;
+    a.steal = rng() % 5 != 0;
+    a.group_env = rng() % 6 == 0 ? (int)(rng() % 9) : 0;
+    a.plan_sms = rng() % 2 ? a.sm_budget : 0;
+    a.owner_env = pick(envs, 5);
+    a.pull_env = pick(envs, 5);
+    tw_gemm_rs_plan_t p;
+    tw_gemm_rs_make_plan(&a, &p);
+    const int64_t m_local = a.m / a.world, n_blocks = (a.n + 255) / 256;
+    const int64_t units_owner_max = ((m_local + 127) / 128 + 1) * n_blocks;
+    const int stride = tw_rs_flag_stride(a.comm_world);
+    const char *why = NULL;
+    if (p.ctas != a.sm_budget)
+      why = "ctas is the budget";
+    else if (p.reduce_ctas < (a.steal ? 0 : 1) || p.reduce_ctas >= p.ctas)
+      why = "reduce CTAs in [steal ? 0 : 1, ctas)";
+    else if (p.band < 1 || p.band > n_blocks)
+      why = "band in [1, column blocks]";
+    else if (p.group_units < 1 || p.groups_max < 1 || p.groups_max > stride ||
+             (int64_t)p.group_units * p.groups_max > 2 * units_owner_max + p.group_units)
+      why = "groups within the flag stride";
+    else if (p.flag_stride != stride)
+      why = "the comm's flag stride";
+    else if (p.steal != (a.steal != 0))
+      why = "stealing as asked";
+    else if (p.pull && (a.pull_env == 0 || (a.pull_env < 0 && !(a.shared_gpu && a.world > 2))))
+      why = "pull only where asked or more than 2 ranks share a GPU";
+    else if (a.pull_env == 1 && !p.pull)
+      why = "TW_RS_PULL=1 pulls";
+    else if (p.owner_epi && (a.world != 2 || p.pull || p.reduce_ctas != 0 || p.group_units != 1 ||
+                             m_local % 128 != 0 || a.owner_env == 0))
+      why = "owner epilogue: 2 ranks, whole row blocks, push, no reduce CTA, single units";
+    else if (p.interleave && (m_local % 128 != 0 || a.interleave_env == 0))
+      why = "interleave: whole row blocks, not when TW_RS_INTERLEAVE=0";
+    else if (p.single || p.direct || p.ar_push || p.ar_out_sym)
+      why = "the caller's fields start at 0";
+    if (why) {
+      bad++;
+      TEST_ASSERT(0,
+                  "%s: world %d m %lld n %lld k %lld budget %d reduce_sms %d ar %d band_env %d "
+                  "pbytes %d comm_world %d shared %d interleave_env %d reduce_env %d steal %d "
+                  "group_env %d plan_sms %d owner_env %d pull_env %d -> ctas %d reduce %d band %d "
+                  "groups %d x %d stride %d pull %d owner_epi %d interleave %d",
+                  why, a.world, (long long)a.m, (long long)a.n, (long long)a.k, a.sm_budget,
+                  a.reduce_sms_arg, a.all_reduce, a.band_env, a.partial_bytes, a.comm_world,
+                  a.shared_gpu, a.interleave_env, a.reduce_env, a.steal, a.group_env, a.plan_sms,
+                  a.owner_env, a.pull_env, p.ctas, p.reduce_ctas, p.band, p.groups_max,
+                  p.group_units, p.flag_stride, p.pull, p.owner_epi, p.interleave);
+    }
+  }
+  TEST_ASSERT(bad == 0, "random plans: %d broke an invariant", bad);
+}
+
 int main(void) {
   test_ag_auto_ce();
   test_gemm_plans();
@@ -571,5 +657,6 @@ int main(void) {
   test_ag_comm_rule();
   test_ag_gemm_plans();
   test_gemm_rs_plans();
+  test_gemm_rs_plan_invariants();
   return tw_test_finish();
 }
