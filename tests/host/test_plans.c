@@ -650,6 +650,65 @@ static void test_gemm_rs_plan_invariants(void) {
   TEST_ASSERT(bad == 0, "random plans: %d broke an invariant", bad);
 }
 
+/* tw_ag_gemm_make_plan + tw_ag_gemm_plan_peer over random shapes, budgets and knobs: the chunks
+ * cover the shard within the flag slice, the communication CTAs leave at least one CTA to the
+ * GEMM (budgets of 2 and up) and serve no more items than exist, peer reads only where every
+ * rank is on this GPU with whole row blocks. */
+static void test_ag_gemm_plan_invariants(void) {
+  static const int budgets[] = {2, 3, 16, 18, 33, 66, 116, 132};
+  int bad = 0;
+  for (int it = 0; it < 20000 && bad < 10; it++) {
+    tw_ag_gemm_plan_args_t a;
+    memset(&a, 0, sizeof(a));
+    a.world = 1 + (int)(rng() % 8);
+    a.m_local = 1 + (int64_t)(rng() % (rng() % 2 ? 70000 : 4096));
+    a.n = 8 * (int64_t)(1 + rng() % 2048);
+    a.k = 8 * (int64_t)(1 + rng() % 2048);
+    a.sm_budget = pick(budgets, 8);
+    a.comm_sms_arg = rng() % 4 == 0 ? (int)(rng() % 140) : 0;
+    a.comm_sms_env = rng() % 6 == 0 ? (int)(rng() % 140) : 0;
+    a.group_m_env = rng() % 6 == 0 ? (int)(1 + rng() % 32) : 0;
+    a.shared_gpu = (int)(rng() % 2);
+    a.variant_env = rng() % 4 == 0 ? (int)(rng() % 4) : -1;
+    tw_ag_gemm_plan_t p;
+    tw_ag_gemm_make_plan(&a, &p);
+    const int no_gathered = (int)(rng() % 2), own_in_place = (int)(rng() % 2);
+    tw_ag_gemm_plan_peer(&p, a.world, no_gathered, (int)(rng() % 2), a.shared_gpu, a.m_local, a.n,
+                         own_in_place, a.comm_sms_arg, rng() % 4 ? -1 : 0, rng() % 4 ? -1 : 1);
+    const char *why = NULL;
+    if (p.ctas != a.sm_budget)
+      why = "ctas is the budget";
+    else if (p.nchunks < 1 || p.nchunks > TW_AG_GEMM_MAX_CHUNKS ||
+             (int64_t)p.nchunks * p.rows_per_chunk < a.m_local ||
+             (int64_t)(p.nchunks - 1) * p.rows_per_chunk >= a.m_local)
+      why = "chunks cover the shard, within the flag slice";
+    else if (p.comm_ctas < 1 || p.comm_ctas >= p.ctas)
+      why = "communication CTAs in [1, ctas)";
+    else if (!p.peer_read && p.comm_ctas > a.world * p.nchunks)
+      why = "no more communication CTAs than items";
+    else if (p.peer_read &&
+             (!a.shared_gpu || a.m_local % 128 != 0 || a.world > TW_AG_PEER_READ_MAX_WORLD))
+      why = "peer reads: every rank on this GPU, whole row blocks";
+    else if (p.peer_gather && (!p.peer_read || no_gathered))
+      why = "the write-through gather only with peer reads and a gathered output";
+    else if (p.group_m < 1 || (p.block_n != 128 && p.block_n != 256) || p.variant < 0 ||
+             p.variant > 3)
+      why = "group, tile width and variant in range";
+    if (why) {
+      bad++;
+      TEST_ASSERT(0,
+                  "%s: world %d m_local %lld n %lld k %lld budget %d comm_sms %d/%d group_env %d "
+                  "shared %d variant_env %d no_gathered %d in_place %d -> comm %d chunks %d x %d "
+                  "peer_read %d peer_gather %d",
+                  why, a.world, (long long)a.m_local, (long long)a.n, (long long)a.k, a.sm_budget,
+                  a.comm_sms_arg, a.comm_sms_env, a.group_m_env, a.shared_gpu, a.variant_env,
+                  no_gathered, own_in_place, p.comm_ctas, p.nchunks, p.rows_per_chunk, p.peer_read,
+                  p.peer_gather);
+    }
+  }
+  TEST_ASSERT(bad == 0, "random ag_gemm plans: %d broke an invariant", bad);
+}
+
 int main(void) {
   test_ag_auto_ce();
   test_gemm_plans();
@@ -658,5 +717,6 @@ int main(void) {
   test_ag_gemm_plans();
   test_gemm_rs_plans();
   test_gemm_rs_plan_invariants();
+  test_ag_gemm_plan_invariants();
   return tw_test_finish();
 }
