@@ -123,6 +123,9 @@ if want mps; then
   if nvidia-cuda-mps-control -d >>"$log" 2>&1; then
     step "test_mp 4 procs (MPS)" 300 "$bin/test_mp" 4 100
     step "test_mp 3 procs (MPS)" 300 "$bin/test_mp" 3 30
+    # world 8 with one process per rank, as on an 8-GPU node under torchrun (the ranks share
+    # the lent GPUs here)
+    step "test_mp 8 procs (MPS)" 300 "$bin/test_mp" 8 20
     want python && step "pytest python (GPU + MPS)" 400 env TILEWIRE_LIB="$root/$bin/libtilewire.so" CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m pytest python/tests -q -rs
     echo quit | nvidia-cuda-mps-control >>"$log" 2>&1
   else
