@@ -81,6 +81,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "band_units.h"
 #include "ptx_sm90.cuh"
 
 namespace tw {
@@ -163,11 +164,9 @@ __host__ __device__ __forceinline__ void tile_coords(const TileOrder &o, int32_t
       owner = (first_owner + q % w1) % world;
       unit = first_n * rows + (q / w1) * cols + in_band % cols;
     }
-    const int32_t first = unit / (o.group_n * rows) * o.group_n; // tw_rs_unit_coords
-    const int32_t width = min(o.group_n, o.n_blocks - first);
-    const int32_t rem = unit - first * rows;
-    mb = owner * rows + rem / width;
-    nb = first + rem % width;
+    int32_t mb_rel;
+    tw_rs_unit_coords(unit, rows, o.n_blocks, o.group_n, &mb_rel, &nb);
+    mb = owner * rows + mb_rel;
     return;
   }
   if (o.order >= kOrderBands) { // bands of group_n columns, row-major inside, rows rotated

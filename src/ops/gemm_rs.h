@@ -42,6 +42,7 @@
 #include <stdint.h>
 
 #include "devcomm.h"
+#include "device/band_units.h"
 #include "tilewire.h"
 
 #ifdef __cplusplus
@@ -140,25 +141,6 @@ TW_RS_HD int32_t tw_rs_mb_first(int32_t o, int32_t m_local) {
 TW_RS_HD int32_t tw_rs_mb_count(int32_t o, int32_t m_local) {
   return (int32_t)((((int64_t)o + 1) * m_local - 1) / TW_GEMM_RS_BLOCK_M) -
          tw_rs_mb_first(o, m_local) + 1;
-}
-
-/* Owner-relative unit number of row block mb_first(o) + mb_rel, column block nb (mbo: the
- * owner's row blocks): bands of `band` column blocks, row-major inside a band. */
-TW_RS_HD int32_t tw_rs_unit(int32_t mb_rel, int32_t nb, int32_t mbo, int32_t n_blocks,
-                            int32_t band) {
-  const int32_t first = nb / band * band;
-  const int32_t width = n_blocks - first < band ? n_blocks - first : band;
-  return first * mbo + mb_rel * width + (nb - first);
-}
-
-/* Its inverse. */
-TW_RS_HD void tw_rs_unit_coords(int32_t u, int32_t mbo, int32_t n_blocks, int32_t band,
-                                int32_t *mb_rel, int32_t *nb) {
-  const int32_t first = u / (band * mbo) * band;
-  const int32_t width = n_blocks - first < band ? n_blocks - first : band;
-  const int32_t rem = u - first * mbo;
-  *mb_rel = rem / width;
-  *nb = first + rem % width;
 }
 
 #ifdef __cplusplus
