@@ -15,7 +15,7 @@
 /* Owner-relative unit number of row block mb_first(o) + mb_rel, column block nb (mbo: the
  * owner's row blocks): bands of `band` column blocks, row-major inside a band. */
 TW_BAND_HD int32_t tw_rs_unit(int32_t mb_rel, int32_t nb, int32_t mbo, int32_t n_blocks,
-                            int32_t band) {
+                              int32_t band) {
   const int32_t first = nb / band * band;
   const int32_t width = n_blocks - first < band ? n_blocks - first : band;
   return first * mbo + mb_rel * width + (nb - first);
@@ -23,7 +23,7 @@ TW_BAND_HD int32_t tw_rs_unit(int32_t mb_rel, int32_t nb, int32_t mbo, int32_t n
 
 /* Its inverse. */
 TW_BAND_HD void tw_rs_unit_coords(int32_t u, int32_t mbo, int32_t n_blocks, int32_t band,
-                                int32_t *mb_rel, int32_t *nb) {
+                                  int32_t *mb_rel, int32_t *nb) {
   const int32_t first = u / (band * mbo) * band;
   const int32_t width = n_blocks - first < band ? n_blocks - first : band;
   const int32_t rem = u - first * mbo;
