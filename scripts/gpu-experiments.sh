@@ -42,6 +42,8 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
+#     wave15  (branch exp/wave-reduce) 2 GPUs: the wave-boundary rule for reduce CTAs (-1)
+#             against the old estimate's counts in A/B, both orders; test_gemm_rs on 2 GPUs
 #     next15  (the default; prepared in the fourteenth session, not run) 2 GPUs: the reduce-CTA
 #             count at the wave boundary (TW_RS_REDUCE_CTAS=-1,4 at flux-tp8 and GEMM+AR small
 #             m, both orders); 8 virtual ranks: TW_TRACE of GEMM+AR / GEMM+RS at M=4096 K 512
@@ -532,6 +534,23 @@ exp_vr13() { # thirteenth session: 8 virtual ranks, GEMM+AR at short K (behind t
   done
   run "vr13-ar-block8" 60 env TW_BENCH_VIRTUAL=1 TW_BENCH_BLOCK=8 "$bin/tw-bench" gemm_ar $s4 \
     --repeats 20 --warmup 5 --no-check
+}
+exp_wave15() { # branch exp/wave-reduce: the reduce-CTA rule at the wave boundary (-1) against the
+  # old estimate's counts, both orders, 2 GPUs: flux-tp8 GEMM+RS 4 / 5, GEMM+AR 4 / 7; bf16
+  # partials (the tilewire-bf16p rows) GEMM+RS M=8192 11 / 14, M=16384 5 / 7, GEMM+AR M=16384
+  # 9 / 11; then test_gemm_rs
+  local spec name old op shape ab
+  [ "$ngpus" -gt 1 ] || return 0
+  for spec in "flux-rs:5:gemm_rs:$flux_rs" "flux-ar:7:gemm_ar:$flux_rs" \
+    "rs8192:14:gemm_rs:--m 8192 --n 8192 --k 1024" "rs16384:7:gemm_rs:$big_rs" \
+    "ar16384:11:gemm_ar:$big_rs"; do
+    IFS=: read -r name old op shape <<<"$spec"
+    for ab in "-1,$old" "$old,-1"; do
+      run "wave15-$name-$ab" 90 env TW_BENCH_AB=TW_RS_REDUCE_CTAS=$ab "$bin/tw-bench" $op $shape \
+        --world 2 --repeats 20 --warmup 5
+    done
+  done
+  run "wave15-test_gemm_rs-gpus" 150 env TW_WATCHDOG_S=15 TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
 }
 exp_next15() { # prepared in the fourteenth session, not run. (1) 2 GPUs: the reduce-CTA count at
   # the wave boundary (flux-tp8: the plan's 5 / 7 reduce CTAs leave 127 / 125 GEMM CTAs for 1536

@@ -187,6 +187,23 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
      * flux-tp8: 9.53-10.03 ms against 10.43-11.15 with 4), so there the estimate stands. */
     if (a->all_reduce && reduce < 4 && !a->shared_gpu)
       reduce = a->sm_budget / 2 < 4 ? a->sm_budget / 2 : 4;
+    /* The wave boundary: where the GEMM CTAs left over run one wave more than a few CTAs
+     * fewer reduce CTAs would (flux-tp8 on 132 SMs: 1536 tiles on 127 CTAs are 12.1 waves, on
+     * 128 exactly 12), trim the estimate to the largest count that saves the wave, no lower
+     * than half of it (nor below GEMM+AR's 4). Eleventh session, 2 H200s, flux-tp8, reduce
+     * CTAs in A/B: GEMM+AR 4 / 7 (the estimate) 1.225 / 1.263 ms; GEMM+RS 3 / 5 1.158 / 1.172
+     * (docs/PERF.md; group next15 measures the rule's counts). */
+    const int64_t tiles = ((a->m + TW_GEMM_RS_BLOCK_M - 1) / TW_GEMM_RS_BLOCK_M) * n_blocks;
+    const int floor_ar = a->all_reduce && !a->shared_gpu ? 4 : 0;
+    const int lo = (reduce + 1) / 2 > floor_ar ? (reduce + 1) / 2 : floor_ar;
+    if (reduce < a->sm_budget) {
+      const int64_t waves = (tiles + a->sm_budget - reduce - 1) / (a->sm_budget - reduce);
+      for (int r = reduce - 1; r >= lo && r >= 1; r--)
+        if ((tiles + a->sm_budget - r - 1) / (a->sm_budget - r) < waves) {
+          reduce = r;
+          break;
+        }
+    }
   }
   if (reduce >= a->sm_budget)
     reduce = a->sm_budget - 1;

@@ -415,43 +415,82 @@ static void test_gemm_rs_plans(void) {
   }
   /* The pull (plan.pull): by default where more than 2 ranks share a GPU (measured there);
    * TW_RS_PULL 0 / 1 wins; never at world 1 (the direct scheme's plan); on 2 ranks sharing a
-   * GPU the push stays and with it the owner epilogue. */
+   * GPU the push stays and with it the owner epilogue. The reduce CTAs at the wave boundary
+   * (trimmed to save a wave of GEMM tiles, to half the estimate at most): flux-tp8 on 2 GPUs,
+   * 1536 tiles, the estimate's 5 (GEMM+RS) / 7 (GEMM+AR) leave 12.1 / 12.3 waves, 4 exactly
+   * 12; small-m GEMM+AR (256 tiles, 19) would need 4, below half: kept; a count the caller
+   * sets stays; where ranks share a GPU none starts. reduce -1: not checked. */
   static const struct {
     tw_gemm_rs_plan_args_t a;
-    int pull, owner_epi;
+    int pull, owner_epi, reduce;
     const char *what;
   } pl[] = {
-      {{8, 4096, 4096, 512, 16, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 16, -1, -1}, 1, 0, "8 shared"},
+      {{8, 4096, 4096, 512, 16, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 16, -1, -1}, 1, 0, 0, "8 shared"},
       {{8, 4096, 4096, 512, 16, 0, 1, 0, 2, 0, 1, -1, -1, 1, 0, 16, -1, -1},
        1,
        0,
+       0,
        "8 shared, AR, bf16"},
-      {{3, 3072, 4096, 512, 44, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 44, -1, -1}, 1, 0, "3 shared"},
-      {{8, 4096, 4096, 512, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1}, 0, 0, "8 GPUs"},
+      {{3, 3072, 4096, 512, 44, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 44, -1, -1}, 1, 0, 0, "3 shared"},
+      {{8, 4096, 4096, 512, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1}, 0, 0, -1, "8 GPUs"},
       {{2, 16384, 16384, 2048, 66, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 66, -1, -1},
        0,
        1,
+       0,
        "2 shared: push, owner epilogue"},
       {{2, 16384, 16384, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1},
        0,
        1,
+       0,
        "2 GPUs: push, owner epilogue"},
-      {{8, 4096, 4096, 512, 16, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 16, -1, 0}, 0, 0, "TW_RS_PULL=0"},
+      {{8, 4096, 4096, 512, 16, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 16, -1, 0},
+       0,
+       0,
+       0,
+       "TW_RS_PULL=0"},
       {{2, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 1},
        1,
        0,
+       -1,
        "TW_RS_PULL=1 on 2 GPUs"},
       {{1, 8192, 8192, 1024, 132, 0, 0, 0, 4, 8, 1, -1, -1, 1, 0, 132, -1, 1},
        0,
        0,
+       -1,
        "world 1 (the direct scheme's plan)"},
+      {{2, 4096, 12288, 6144, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1},
+       0,
+       0,
+       4,
+       "RS flux"},
+      {{2, 4096, 12288, 6144, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1},
+       0,
+       0,
+       4,
+       "AR flux"},
+      {{2, 1024, 8192, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1},
+       0,
+       0,
+       19,
+       "AR small-m"},
+      {{2, 4096, 12288, 6144, 132, 0, 0, 0, 4, 0, 0, -1, 5, 1, 0, 132, -1, -1},
+       0,
+       0,
+       5,
+       "TW_RS_REDUCE_CTAS=5 as set"},
+      {{2, 4096, 12288, 6144, 132, 5, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1},
+       0,
+       0,
+       5,
+       "reduce_sms 5 as set"},
   };
   for (size_t i = 0; i < sizeof(pl) / sizeof(pl[0]); i++) {
     tw_gemm_rs_plan_t pp;
     tw_gemm_rs_make_plan(&pl[i].a, &pp);
-    TEST_ASSERT(pp.pull == pl[i].pull && pp.owner_epi == pl[i].owner_epi,
-                "%s: pull %d owner_epi %d, want %d %d", pl[i].what, pp.pull, pp.owner_epi,
-                pl[i].pull, pl[i].owner_epi);
+    TEST_ASSERT(pp.pull == pl[i].pull && pp.owner_epi == pl[i].owner_epi &&
+                    (pl[i].reduce < 0 || pp.reduce_ctas == pl[i].reduce),
+                "%s: pull %d owner_epi %d reduce_ctas %d, want %d %d %d", pl[i].what, pp.pull,
+                pp.owner_epi, pp.reduce_ctas, pl[i].pull, pl[i].owner_epi, pl[i].reduce);
   }
   TEST_ASSERT(tw_gemm_ar_direct_workspace_bytes(2, 4096, 12288, 2) <=
                   tw_gemm_ar_push_workspace_bytes(2, 4096, 12288), /* tw_gemm_rs_workspace_size */
