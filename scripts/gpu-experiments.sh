@@ -42,7 +42,10 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
-#     wave15  (branch exp/wave-reduce) 2 GPUs: the wave-boundary rule for reduce CTAs (-1)
+#     l2h15   L2 hints in the reduction / gather (-DTW_RS_DIAG=256 build in $TW_BUILD_DIR/diag256)
+#             against the default, alternated, 8 virtual ranks and 2 GPUs; long interleaved
+#             8-rank runs of ag_gemm and GEMM+AR at M=16384
+#     wave15  (run in the fifteenth session: taken, GEMM+AR down to 4) 2 GPUs: the wave-boundary rule for reduce CTAs (-1)
 #             against the old estimate's counts in A/B, both orders; test_gemm_rs on 2 GPUs
 #     next15  (the default; prepared in the fourteenth session, not run) 2 GPUs: the reduce-CTA
 #             count at the wave boundary (TW_RS_REDUCE_CTAS=-1,4 at flux-tp8 and GEMM+AR small
@@ -534,6 +537,37 @@ exp_vr13() { # thirteenth session: 8 virtual ranks, GEMM+AR at short K (behind t
   done
   run "vr13-ar-block8" 60 env TW_BENCH_VIRTUAL=1 TW_BENCH_BLOCK=8 "$bin/tw-bench" gemm_ar $s4 \
     --repeats 20 --warmup 5 --no-check
+}
+exp_l2h15() { # fifteenth session: L2 hints in the reduction and the gather (a -DTW_RS_DIAG=256
+  # build in $TW_BUILD_DIR/diag256, results right): partials read evict-first, out written
+  # streaming, so tw_gemm_ar's reduced rows stay in L2 for the gather. test_gemm_rs with it on
+  # one GPU; then default / 256 alternated twice, 8 virtual ranks at short K and small m, and
+  # 2 GPUs' GEMM+AR sweep; then long interleaved runs of the 8-rank large shapes (the overlap
+  # figures of issues 4 and 5, rounds against the power cap's drift)
+  local s4="--m 4096 --n 4096 --k 512" small="--m 1024 --n 8192 --k 2048" d lib rep op shape
+  local d256="$root/$bin/diag256"
+  [ -e "$d256/libtilewire.so.0" ] || return 0
+  run "l2h15-test_gemm_rs-256" 150 env LD_LIBRARY_PATH="$d256:$LD_LIBRARY_PATH" \
+    TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
+  for rep in 1 2; do
+    for d in 0 256; do
+      lib="$root/$bin"
+      [ "$d" = 0 ] || lib="$d256"
+      for op in gemm_ar gemm_rs; do
+        for shape in "$s4" "$small"; do
+          run "l2h15-vr-$op-${shape// /}-d$d-$rep" 60 env LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" \
+            TW_BENCH_VIRTUAL=1 "$bin/tw-bench" $op $shape --repeats 20 --warmup 5
+        done
+      done
+      [ "$ngpus" -gt 1 ] || continue
+      run "l2h15-gpus-gemm_ar-d$d-$rep" 90 env LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" \
+        "$bin/tw-bench" gemm_ar --world 2 --repeats 20 --warmup 5
+    done
+  done
+  run "l2h15-vr-ag-16384" 120 env TW_BENCH_VIRTUAL=1 TW_BENCH_ROUNDS=4 "$bin/tw-bench" ag_gemm \
+    --m 16384 --n 2048 --k 16384 --repeats 40 --warmup 5
+  run "l2h15-vr-ar-16384" 120 env TW_BENCH_VIRTUAL=1 TW_BENCH_ROUNDS=4 "$bin/tw-bench" gemm_ar \
+    $big_rs --repeats 24 --warmup 3
 }
 exp_wave15() { # branch exp/wave-reduce: the reduce-CTA rule at the wave boundary (-1) against the
   # old estimate's counts, both orders, 2 GPUs: flux-tp8 GEMM+RS 4 / 5, GEMM+AR 4 / 7; bf16

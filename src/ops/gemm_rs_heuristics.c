@@ -189,13 +189,16 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
       reduce = a->sm_budget / 2 < 4 ? a->sm_budget / 2 : 4;
     /* The wave boundary: where the GEMM CTAs left over run one wave more than a few CTAs
      * fewer reduce CTAs would (flux-tp8 on 132 SMs: 1536 tiles on 127 CTAs are 12.1 waves, on
-     * 128 exactly 12), trim the estimate to the largest count that saves the wave, no lower
-     * than half of it (nor below GEMM+AR's 4). Eleventh session, 2 H200s, flux-tp8, reduce
-     * CTAs in A/B: GEMM+AR 4 / 7 (the estimate) 1.225 / 1.263 ms; GEMM+RS 3 / 5 1.158 / 1.172
-     * (docs/PERF.md; group next15 measures the rule's counts). */
+     * 128 exactly 12), trim the estimate to the largest count that saves the wave: GEMM+RS
+     * no lower than half the estimate, GEMM+AR no lower than its 4. Fifteenth session, 2
+     * H200s, A/B in both orders (docs/PERF.md, group wave15), the rule against the estimate,
+     * ms: GEMM+RS flux-tp8 (4 / 5) 1.142 / 1.163 and 1.150 / 1.153; bf16 partials GEMM+AR
+     * M=16384 (9 / 11) 2.534 / 2.553 and 2.528 / 2.576, GEMM+RS M=8192 and 16384 level;
+     * GEMM+AR flux-tp8 (4 / 7) level; GEMM+AR small m (4 / 19, 256 tiles: 2 waves against 3)
+     * 0.151 / 0.158 and 0.151 / 0.159, bf16 partials 0.130 / 0.135 and 0.129 / 0.135. */
     const int64_t tiles = ((a->m + TW_GEMM_RS_BLOCK_M - 1) / TW_GEMM_RS_BLOCK_M) * n_blocks;
     const int floor_ar = a->all_reduce && !a->shared_gpu ? 4 : 0;
-    const int lo = (reduce + 1) / 2 > floor_ar ? (reduce + 1) / 2 : floor_ar;
+    const int lo = a->all_reduce ? floor_ar : (reduce + 1) / 2;
     if (reduce < a->sm_budget) {
       const int64_t waves = (tiles + a->sm_budget - reduce - 1) / (a->sm_budget - reduce);
       for (int r = reduce - 1; r >= lo && r >= 1; r--)

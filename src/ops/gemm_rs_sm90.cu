@@ -386,13 +386,23 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
  * (GEMM+RS M=4096 0.120 -> 0.109 ms, 8192 0.374 -> 0.352; GEMM+AR 8192 0.534 -> 0.505, small-m
  * 0.143 -> 0.133), level on 8 virtual ranks; fp32 partials level on 2 GPUs but 3-5% slower on
  * 8 virtual ranks (RS M=8192 3.08 -> 3.24 ms): two 16-byte loads per thread and item leave
- * each load instruction half its sectors. So each type keeps one 16-byte load per item. */
+ * each load instruction half its sectors. So each type keeps one 16-byte load per item.
+ * Cache hints: the partials are read once (ld.global.cs, evict-first) and the sums go to out as
+ * streaming stores (st.global.cs, as the gather's copies do), so tw_gemm_ar's reduced rows,
+ * read by every rank's gather, stay in L2. Fifteenth session (docs/PERF.md, group l2h15),
+ * default / hints alternated twice: GEMM+AR bf16 partials M=4096 K 512 on 8 virtual ranks
+ * 0.538 / 0.525 and 0.545 / 0.529 ms, on 2 GPUs 0.145 / 0.139 and 0.147 / 0.141; GEMM+RS bf16
+ * partials 0.418 / 0.408 and 0.423 / 0.414 on 8 virtual ranks; fp32 partials and the larger
+ * shapes level. */
+__device__ __forceinline__ void stream_store(uint2 *d, uint2 v) { __stcs(d, v); }
+__device__ __forceinline__ void stream_store(int4 *d, int4 v) { __stcs(d, v); }
+
 template <class P> struct RsVec;
 template <> struct RsVec<float> {
   static constexpr int kE = 4;
   using Packed = uint2;
   static __device__ __forceinline__ void load(const float *src, float (&f)[kE]) {
-    const float4 v = __ldcg(reinterpret_cast<const float4 *>(src));
+    const float4 v = __ldcs(reinterpret_cast<const float4 *>(src));
     f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
   }
   static __device__ __forceinline__ Packed pack(const float (&f)[kE]) {
@@ -403,7 +413,7 @@ template <> struct RsVec<__nv_bfloat16> {
   static constexpr int kE = 8;
   using Packed = int4;
   static __device__ __forceinline__ void load(const __nv_bfloat16 *src, float (&f)[kE]) {
-    const int4 v = __ldcg(reinterpret_cast<const int4 *>(src));
+    const int4 v = __ldcs(reinterpret_cast<const int4 *>(src));
     const uint32_t w[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
 #pragma unroll
     for (int h = 0; h < 4; h++) {
@@ -468,7 +478,7 @@ __device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int
           *reinterpret_cast<Packed *>(p.out_peer[(me + q) % world] + out_row * p.ldo + c) = packed;
         continue;
       }
-      *reinterpret_cast<Packed *>(p.out + out_row * p.ldo + c) = packed;
+      stream_store(reinterpret_cast<Packed *>(p.out + out_row * p.ldo + c), packed);
       if (p.all_reduce && p.push) { /* into every other rank's copy of this rank's rows */
         for (int q = 0; q < world; q++)
           if (q != me)
@@ -506,8 +516,8 @@ __device__ __forceinline__ void gather_unit(const RsParams<P> &p, int32_t o, int
       const int32_t i = base + j * stride;
       if (i >= items)
         break;
-      *reinterpret_cast<int4 *>(dst + (int64_t)(r0 + i / vecs) * p.ldo + c0 + 8 * (i % vecs)) =
-          v[j];
+      __stcs(reinterpret_cast<int4 *>(dst + (int64_t)(r0 + i / vecs) * p.ldo + c0 + 8 * (i % vecs)),
+             v[j]);
     }
   }
 }
