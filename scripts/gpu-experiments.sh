@@ -42,12 +42,12 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
-#     l2h15   L2 hints in the reduction / gather (-DTW_RS_DIAG=256 build in $TW_BUILD_DIR/diag256)
+#     l2h15   (run in the fifteenth session: the hints taken) L2 hints in the reduction / gather (-DTW_RS_DIAG=256 build in $TW_BUILD_DIR/diag256)
 #             against the default, alternated, 8 virtual ranks and 2 GPUs; long interleaved
 #             8-rank runs of ag_gemm and GEMM+AR at M=16384
 #     wave15  (run in the fifteenth session: taken, GEMM+AR down to 4) 2 GPUs: the wave-boundary rule for reduce CTAs (-1)
 #             against the old estimate's counts in A/B, both orders; test_gemm_rs on 2 GPUs
-#     next15  (the default; prepared in the fourteenth session, not run) 2 GPUs: the reduce-CTA
+#     next15  (the default; run in the fifteenth session) 2 GPUs: the reduce-CTA
 #             count at the wave boundary (TW_RS_REDUCE_CTAS=-1,4 at flux-tp8 and GEMM+AR small
 #             m, both orders); 8 virtual ranks: TW_TRACE of GEMM+AR / GEMM+RS at M=4096 K 512
 #     knobs14 (run in the fourteenth session: every default stays) 8 virtual ranks with the
@@ -586,7 +586,7 @@ exp_wave15() { # branch exp/wave-reduce: the reduce-CTA rule at the wave boundar
   done
   run "wave15-test_gemm_rs-gpus" 150 env TW_WATCHDOG_S=15 TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
 }
-exp_next15() { # prepared in the fourteenth session, not run. (1) 2 GPUs: the reduce-CTA count at
+exp_next15() { # prepared in the fourteenth session, run in the fifteenth (docs/PERF.md). (1) 2 GPUs: the reduce-CTA count at
   # the wave boundary (flux-tp8: the plan's 5 / 7 reduce CTAs leave 127 / 125 GEMM CTAs for 1536
   # tiles, 12.1 / 12.3 waves; 4 leave 128, exactly 12; small-m GEMM+AR: 19 -> 2.3 waves, 4 ->
   # 2), both orders. (2) 8 virtual ranks: TW_TRACE of GEMM+AR / GEMM+RS at M=4096 K 512 (with

@@ -73,6 +73,15 @@ step() {
 
 # The summary table, and the JSON results bundled (few files come back from a lent machine).
 finish() {
+  # Issue 7's yardstick for the runs on distinct GPUs (host-side, from the JSON:
+  # python/tilewire/bench.py bound_rows), before the step table.
+  local f
+  for f in "$out"/bench-*-gpus.json; do
+    [ -e "$f" ] || continue
+    PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" python3 -c \
+      'import json, sys; from tilewire import bench; sys.stdout.write(bench.format_bound_table(json.load(open(sys.argv[1]))))' \
+      "$f" 2>/dev/null
+  done | tee "$out/yardstick.txt"
   {
     echo
     echo "== tilewire GPU suite: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F)"

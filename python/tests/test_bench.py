@@ -177,3 +177,57 @@ def test_real_tw_bench_list_parses(root):
         pytest.skip("build/tw-bench not built")
     ops = bench.list_ops(exe)
     assert ops and all(sweep > 0 for _, _, sweep, _ in ops)
+
+
+def _gpus_doc():
+    """A 2-GPU gemm_rs shape as tw-bench writes it: NCCL pipelines, pieces, bound rows."""
+    shape = "M=4096 N=4096 K/rank=512 world=2 sms/rank=132"
+    rows = [
+        _row("gemm_rs", shape, "gemm-alone", 1.0, 1.5),
+        _row("gemm_rs", shape, "nccl+cublas", 1.5, 1.0),
+        _row("gemm_rs", shape, "nccl-reduce", 0.6, 2.5),
+        _row("gemm_rs", shape, "tilewire", 1.2, 1.25, overlap=1.0 / 1.2),
+        _row("gemm_rs", shape, "tilewire-bf16p", 1.1, 1.1, overlap=1.0 / 1.1),
+        _row("gemm_rs", shape, "tilewire[TW_RS_BAND=2]", 1.0, 1.5, overlap=1.0),
+        _row("gemm_rs", shape, "bound", 1.0, 1.6),
+        _row("gemm_rs", shape, "bound-bf16", 1.0, 1.25),
+    ]
+    rows.append(_row("gemm_rs", "M=4096 world=8 sms/rank=16", "tilewire", 1.0, 1.1, overlap=0.9))
+    return {"meta": synthetic()["meta"], "rows": rows}
+
+
+def test_bound_rows_are_issue_7s_yardstick():
+    rows = bench.bound_rows(_gpus_doc())
+    by = {r["variant"]: r for r in rows}
+    # fp32 row against "bound", bf16-partials row against "bound-bf16"; A/B rows and shapes
+    # without NCCL (virtual ranks) are left out
+    assert sorted(by) == ["tilewire", "tilewire-bf16p"]
+    assert by["tilewire"]["of_bound"] == pytest.approx(1.25 / 1.6)
+    assert by["tilewire"]["overlap"] == pytest.approx(1.0 / 1.2)
+    assert by["tilewire-bf16p"]["of_bound"] == pytest.approx(1.1 / 1.25)
+    text = bench.format_bound_table(_gpus_doc())
+    assert "of-bound" in text and "0.78" in text and "0.88" in text
+    assert bench.format_bound_table(synthetic()) == ""
+
+
+def test_plot_prints_the_yardstick(tmp_path, capsys):
+    src = tmp_path / "gpus.json"
+    src.write_text(json.dumps(_gpus_doc()))
+    assert bench.main(["--plot", str(src), "--out", str(tmp_path / "o"), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "multi-GPU yardstick" in out and "of-bound" in out
+    assert "of-bound" in (tmp_path / "o" / "table.txt").read_text()
+
+
+def test_bound_rows_use_each_rows_own_pipeline():
+    # the README's merged file rebases every speedup over fp32 NCCL; the yardstick still takes
+    # the bf16-partials row against the bf16 pipeline's time
+    doc = _gpus_doc()
+    shape = doc["rows"][0]["shape"]
+    doc["rows"].append(_row("gemm_rs", shape, "nccl-bf16+cublas", 1.32, 1.0))
+    for r in doc["rows"]:
+        if r["variant"] == "tilewire-bf16p":
+            r["speedup"] = 1.5 / 1.1  # over fp32 NCCL
+    by = {r["variant"]: r for r in bench.bound_rows(doc)}
+    assert by["tilewire-bf16p"]["speedup"] == pytest.approx(1.32 / 1.1)
+    assert by["tilewire-bf16p"]["of_bound"] == pytest.approx(1.32 / 1.1 / 1.25)

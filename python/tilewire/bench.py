@@ -301,6 +301,71 @@ def format_table(doc):
     return "\n".join(text) + "\n"
 
 
+# ---- issue 7's yardstick ------------------------------------------------------------------
+
+
+def bound_rows(doc):
+    """Per fused row of a shape that has NCCL's bound rows (ranks on distinct GPUs): the
+    yardstick of the multi-GPU issue, its speedup over NCCL + cuBLAS divided by the bound
+    (t_gemm + t_nccl) / max(t_gemm, t_nccl) of the same run ("bound" for fp32 rows,
+    "bound-bf16" for the bf16-partials rows, whose speedup is against the bf16 pipeline), and
+    its overlap max(t_gemm, t_nccl) / t_fused. The two agree only where the NCCL + cuBLAS
+    pipeline takes exactly the sum of its pieces timed alone. Returns dicts with op, shape,
+    variant, ms, speedup, bound, of_bound, overlap."""
+    rows = doc.get("rows", [])
+    out = []
+    for op, shape in _ordered((r.get("op"), r.get("shape")) for r in rows):
+        mine = [r for r in rows if (r.get("op"), r.get("shape")) == (op, shape)]
+        bounds = {r.get("variant"): r.get("speedup") for r in mine
+                  if r.get("variant") in ("bound", "bound-bf16") and _positive(r.get("speedup"))}
+        if not bounds:
+            continue
+        # the pipelines' times, so a file whose speedups were rebased (the README's merged
+        # one: every speedup over fp32 NCCL) still gives each row its own pipeline's ratio
+        base_ms = {r.get("variant"): r.get("ms") for r in mine
+                   if r.get("variant") in ("nccl+cublas", "nccl-bf16+cublas")
+                   and _positive(r.get("ms"))}
+        for r in mine:
+            variant = str(r.get("variant", ""))
+            if variant.startswith("bound") or not _positive(r.get("overlap")):
+                continue
+            if "[" in variant:  # TW_BENCH_AB rows: shorter blocks, compared among themselves
+                continue
+            bf16 = "bf16" in variant
+            bound = bounds.get("bound-bf16" if bf16 else "bound")
+            base = base_ms.get("nccl-bf16+cublas" if bf16 else "nccl+cublas")
+            speedup = base / r["ms"] if base and _positive(r.get("ms")) else r.get("speedup")
+            if not _positive(bound) or not _positive(speedup):
+                continue
+            out.append({"op": op, "shape": shape, "variant": variant, "ms": r.get("ms"),
+                        "speedup": speedup, "bound": bound, "of_bound": speedup / bound,
+                        "overlap": r["overlap"]})
+    return out
+
+
+def format_bound_table(doc):
+    """bound_rows as text, or "" where no shape has NCCL's bound rows."""
+    rows = bound_rows(doc)
+    if not rows:
+        return ""
+    titles = ("op", "shape", "variant", "ms", "speedup", "bound", "of-bound", "overlap")
+    cells = [[r["op"], r["shape"], r["variant"], _ms(r["ms"]), _figure(r["speedup"], 2, "x"),
+              _figure(r["bound"], 2, "x"), _figure(r["of_bound"], 2), _figure(r["overlap"], 2)]
+             for r in rows]
+    width = [max([len(t)] + [len(c[i]) for c in cells]) for i, t in enumerate(titles)]
+
+    def line(row):
+        return "  ".join(c.ljust(w) if i < 3 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(row, width))).rstrip()
+
+    text = ["Against NCCL + cuBLAS (the multi-GPU yardstick): of-bound = speedup / bound, "
+            "bound = (t_gemm + t_nccl) / max(t_gemm, t_nccl);",
+            "overlap = max(t_gemm, t_nccl) / t_fused. bf16p rows: against the bf16 pipeline.",
+            "", line(titles), "-" * (sum(width) + 2 * (len(width) - 1))]
+    text += [line(c) for c in cells]
+    return "\n".join(text) + "\n"
+
+
 # ---- plots --------------------------------------------------------------------------------
 
 
@@ -453,6 +518,9 @@ def _write_outputs(doc, out_dir, want_plots):
     json_path = out_dir / "results.json"
     json_path.write_text(json.dumps(doc, indent=2) + "\n")
     table = format_table(doc)
+    yardstick = format_bound_table(doc)
+    if yardstick:
+        table += "\n" + yardstick
     (out_dir / "table.txt").write_text(table)
     sys.stdout.write("\n" + table)
     written = [json_path, out_dir / "table.txt"]
