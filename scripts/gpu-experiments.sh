@@ -42,6 +42,7 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
+#     final15 (fifteenth session) 8 virtual ranks, GEMM+AR / GEMM+RS at M=4096 K 512 in 6 rounds
 #     l2h15   (run in the fifteenth session: the hints taken) L2 hints in the reduction / gather (-DTW_RS_DIAG=256 build in $TW_BUILD_DIR/diag256)
 #             against the default, alternated, 8 virtual ranks and 2 GPUs; long interleaved
 #             8-rank runs of ag_gemm and GEMM+AR at M=16384
@@ -537,6 +538,14 @@ exp_vr13() { # thirteenth session: 8 virtual ranks, GEMM+AR at short K (behind t
   done
   run "vr13-ar-block8" 60 env TW_BENCH_VIRTUAL=1 TW_BENCH_BLOCK=8 "$bin/tw-bench" gemm_ar $s4 \
     --repeats 20 --warmup 5 --no-check
+}
+exp_final15() { # fifteenth session's last check: 8 virtual ranks at M=4096 K 512 in 6
+  # interleaved rounds (the GEMM+AR target's closest shape, ordinary and symmetric out)
+  local s4="--m 4096 --n 4096 --k 512" op
+  for op in gemm_ar gemm_rs; do
+    run "final15-vr-$op-4096" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_ROUNDS=6 "$bin/tw-bench" $op $s4 \
+      --repeats 60 --warmup 5
+  done
 }
 exp_l2h15() { # fifteenth session: L2 hints in the reduction and the gather (a -DTW_RS_DIAG=256
   # build in $TW_BUILD_DIR/diag256, results right): partials read evict-first, out written
