@@ -42,6 +42,7 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
+#     fp32out15 tw-bench gemm with fp32 output (TW_BENCH_GEMM_FP32=1) at the 2-GPU GEMM+RS shapes
 #     final15 (fifteenth session) 8 virtual ranks, GEMM+AR / GEMM+RS at M=4096 K 512 in 6 rounds
 #     l2h15   (run in the fifteenth session: the hints taken) L2 hints in the reduction / gather (-DTW_RS_DIAG=256 build in $TW_BUILD_DIR/diag256)
 #             against the default, alternated, 8 virtual ranks and 2 GPUs; long interleaved
@@ -538,6 +539,19 @@ exp_vr13() { # thirteenth session: 8 virtual ranks, GEMM+AR at short K (behind t
   done
   run "vr13-ar-block8" 60 env TW_BENCH_VIRTUAL=1 TW_BENCH_BLOCK=8 "$bin/tw-bench" gemm_ar $s4 \
     --repeats 20 --warmup 5 --no-check
+}
+exp_fp32out15() { # fifteenth session: what fp32 output costs the GEMM core against cuBLAS
+  # (the fused GEMM+RS / GEMM+AR epilogue with fp32 partials stores 4 bytes per element):
+  # tw-bench gemm's fp32-out rows at the 2-GPU shapes, 132 SMs and the 128 GEMM CTAs flux-tp8's
+  # plan leaves
+  local shape
+  for shape in "--m 4096 --n 12288 --k 6144" "--m 16384 --n 16384 --k 2048" \
+    "--m 8192 --n 8192 --k 1024" "--m 4096 --n 4096 --k 512"; do
+    run "fp32out15-${shape// /}" 60 env TW_BENCH_GEMM_FP32=1 "$bin/tw-bench" gemm $shape \
+      --repeats 30 --warmup 5
+  done
+  run "fp32out15-flux-128" 60 env TW_BENCH_GEMM_FP32=1 "$bin/tw-bench" gemm --m 4096 --n 12288 \
+    --k 6144 --sm-budget 128 --repeats 30 --warmup 5
 }
 exp_final15() { # fifteenth session's last check: 8 virtual ranks at M=4096 K 512 in 6
   # interleaved rounds (the GEMM+AR target's closest shape, ordinary and symmetric out)

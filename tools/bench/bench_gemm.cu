@@ -3,6 +3,9 @@
  * B[N,K]^T, bf16 in and out, fp32 accumulate. With --sm-budget S both run on S SMs (tw_gemm's
  * sm_count, cuBLAS's cublasSetSmCountTarget). speedup = cuBLAS time / this time.
  * TW_BENCH_GEMM_VARIANTS=1 adds rows for the kernel variants (3-stage, dynamic tile queue).
+ * TW_BENCH_GEMM_FP32=1 adds both with fp32 output (cublas-fp32out, tilewire-fp32out: what the
+ * fused GEMM+RS / GEMM+AR epilogue stores with fp32 partials; their speedup is over
+ * cublas-fp32out; their values are not compared, the bf16 rows' are).
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -94,6 +97,7 @@ typedef struct gemm_ctx {
   int sm_count;
   tw_gemm_sm90_opts_t opts;
   int use_opts;
+  tw_dtype_t c_dtype;
 } gemm_ctx_t;
 
 static void run_tilewire(void *p, int iter) {
@@ -107,6 +111,7 @@ static void run_tilewire(void *p, int iter) {
   args.n = ctx->n;
   args.k = ctx->k;
   args.sm_count = ctx->sm_count;
+  args.c_dtype = ctx->c_dtype;
   tw_status_t st =
       tw_gemm_sm90_launch(&args, (tw_stream_t)ctx->stream, ctx->use_opts ? &ctx->opts : NULL);
   if (st != TW_SUCCESS) {
@@ -119,7 +124,7 @@ static void run_cublas(void *p, int iter) {
   gemm_ctx_t *ctx = (gemm_ctx_t *)p;
   const int i = iter % ctx->copies;
   tw_status_t st =
-      tw_ref_cublas_gemm(ctx->blas, ctx->a[i], ctx->b[i], ctx->c[i], TW_BF16, ctx->m, ctx->n,
+      tw_ref_cublas_gemm(ctx->blas, ctx->a[i], ctx->b[i], ctx->c[i], ctx->c_dtype, ctx->m, ctx->n,
                          ctx->k, ctx->k, ctx->k, ctx->n, ctx->sm_count, ctx->stream);
   if (st != TW_SUCCESS) {
     fprintf(stderr, "tw-bench gemm: cuBLAS: %s\n", tw_last_error());
@@ -154,17 +159,20 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
   ctx.k = shape->k;
   ctx.sm_count = opts->sm_budget;
   ctx.blas = blas;
+  ctx.c_dtype = TW_BF16;
+  const char *fp32_env = getenv("TW_BENCH_GEMM_FP32");
+  const int fp32 = fp32_env && atoi(fp32_env);
   BENCH_CUDA(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
   const size_t a_bytes = (size_t)(ctx.m * ctx.k) * 2, b_bytes = (size_t)(ctx.n * ctx.k) * 2,
-               c_bytes = (size_t)(ctx.m * ctx.n) * 2;
-  ctx.copies = bench_rotation_count(a_bytes + b_bytes + c_bytes);
+               c_bytes = (size_t)(ctx.m * ctx.n) * 2, c_alloc = fp32 ? 2 * c_bytes : c_bytes;
+  ctx.copies = bench_rotation_count(a_bytes + b_bytes + c_alloc);
   ctx.a = (void **)calloc((size_t)ctx.copies, sizeof(void *));
   ctx.b = (void **)calloc((size_t)ctx.copies, sizeof(void *));
   ctx.c = (void **)calloc((size_t)ctx.copies, sizeof(void *));
   for (int i = 0; i < ctx.copies; i++) {
     BENCH_CUDA(cudaMalloc(&ctx.a[i], a_bytes));
     BENCH_CUDA(cudaMalloc(&ctx.b[i], b_bytes));
-    BENCH_CUDA(cudaMalloc(&ctx.c[i], c_bytes));
+    BENCH_CUDA(cudaMalloc(&ctx.c[i], c_alloc));
     fill_kernel<<<1024, 256, 0, ctx.stream>>>((__nv_bfloat16 *)ctx.a[i], a_bytes / 2, 1000 + 2 * i);
     fill_kernel<<<1024, 256, 0, ctx.stream>>>((__nv_bfloat16 *)ctx.b[i], b_bytes / 2, 1001 + 2 * i);
   }
@@ -200,24 +208,29 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
     int cublas, use_opts;
     tw_gemm_sm90_opts_t opts;
     double t[8];
+    tw_dtype_t c_dtype;
   } variant_t;
-  variant_t variants[8] = {
-      {"cublas", 1, 0, {-1, 0, 0}, {0}},
-      {"tilewire", 0, 0, {-1, 0, 0}, {0}},
+  variant_t variants[10] = {
+      {"cublas", 1, 0, {-1, 0, 0}, {0}, TW_BF16},
+      {"tilewire", 0, 0, {-1, 0, 0}, {0}, TW_BF16},
   };
   int nvariants = 2;
   const char *extra = getenv("TW_BENCH_GEMM_VARIANTS");
   if (extra && atoi(extra)) {
     const variant_t extras[] = {
-        {"tw-1cta-4stage", 0, 1, {TW_GEMM_V_S4_E16, 0, 0}, {0}},
-        {"tw-1cta-3stage", 0, 1, {TW_GEMM_V_S3_E32, 0, 0}, {0}},
-        {"tw-pair-4stage", 0, 1, {TW_GEMM_V_S4_E16_C2, 0, 0}, {0}},
-        {"tw-pair-3stage", 0, 1, {TW_GEMM_V_S3_E32_C2, 0, 0}, {0}},
-        {"tw-n128", 0, 1, {TW_GEMM_V_N128_S6, 0, 0}, {0}},
-        {"tw-queue", 0, 1, {-1, 1, 0}, {0}},
+        {"tw-1cta-4stage", 0, 1, {TW_GEMM_V_S4_E16, 0, 0}, {0}, TW_BF16},
+        {"tw-1cta-3stage", 0, 1, {TW_GEMM_V_S3_E32, 0, 0}, {0}, TW_BF16},
+        {"tw-pair-4stage", 0, 1, {TW_GEMM_V_S4_E16_C2, 0, 0}, {0}, TW_BF16},
+        {"tw-pair-3stage", 0, 1, {TW_GEMM_V_S3_E32_C2, 0, 0}, {0}, TW_BF16},
+        {"tw-n128", 0, 1, {TW_GEMM_V_N128_S6, 0, 0}, {0}, TW_BF16},
+        {"tw-queue", 0, 1, {-1, 1, 0}, {0}, TW_BF16},
     };
     for (size_t v = 0; v < sizeof(extras) / sizeof(extras[0]); v++)
       variants[nvariants++] = extras[v];
+  }
+  if (fp32) { /* last: their speedups are over cublas-fp32out */
+    variants[nvariants++] = {"cublas-fp32out", 1, 0, {-1, 0, 0}, {0}, TW_FP32};
+    variants[nvariants++] = {"tilewire-fp32out", 0, 0, {-1, 0, 0}, {0}, TW_FP32};
   }
   const char *rounds_env = getenv("TW_BENCH_GEMM_ROUNDS");
   int rounds = rounds_env ? atoi(rounds_env) : 3;
@@ -226,6 +239,7 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
     for (int v = 0; v < nvariants; v++) {
       ctx.use_opts = variants[v].use_opts;
       ctx.opts = variants[v].opts;
+      ctx.c_dtype = variants[v].c_dtype;
       variants[v].t[r] = bench_time_ms(variants[v].cublas ? run_cublas : run_tilewire, &ctx,
                                        ctx.stream, opts->warmup, opts->repeats, NULL, NULL);
     }
@@ -240,8 +254,8 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
         t[j - 1] = x;
       }
     const double median = rounds % 2 ? t[rounds / 2] : 0.5 * (t[rounds / 2 - 1] + t[rounds / 2]);
-    if (v == 0)
-      t_blas = median;
+    if (v == 0 || !strcmp(variants[v].name, "cublas-fp32out"))
+      t_blas = median; /* the fp32-out rows against cuBLAS with fp32 out */
     add_row(res, variants[v].name, label, median, t[0], t[rounds - 1], flops, t_blas,
             variants[v].cublas ? 1 : ok);
   }
