@@ -160,6 +160,12 @@ if want multi && [ "$ngpus" -gt 1 ]; then
   step "tw-bench ag_gemm M=16384 ($ngpus GPUs, CUDA graph)" 200 env TW_BENCH_GRAPH=1 "$bin/tw-bench" \
     ag_gemm --world "$ngpus" --m 16384 --n 2048 --k 16384 --repeats 10 --warmup 3 \
     --json "$out/bench-ag_gemm-gpus-graph.json"
+  # The same ops as a PyTorch job runs them: one process per GPU (launched as torchrun would),
+  # against torch.matmul + torch.distributed's NCCL collectives (python/tilewire/bench_dist.py)
+  want python && step "tilewire.bench_dist ($ngpus procs, one per GPU)" 400 env \
+    TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
+    CUDA_MODULE_LOADING=EAGER NCCL_NVLS_ENABLE=0 python3 -m tilewire.bench_dist --nproc "$ngpus" \
+    --repeats 20 --json "$out/bench-dist-gpus.json"
 fi
 
 if want trace; then

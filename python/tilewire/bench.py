@@ -322,9 +322,10 @@ def bound_rows(doc):
             continue
         # the pipelines' times, so a file whose speedups were rebased (the README's merged
         # one: every speedup over fp32 NCCL) still gives each row its own pipeline's ratio
-        base_ms = {r.get("variant"): r.get("ms") for r in mine
-                   if r.get("variant") in ("nccl+cublas", "nccl-bf16+cublas")
-                   and _positive(r.get("ms"))}
+        # (tw-bench's cuBLAS pipelines; tilewire.bench_dist's torch ones)
+        base_ms = {r.get("variant").replace("+torch", "+cublas"): r.get("ms") for r in mine
+                   if r.get("variant") in ("nccl+cublas", "nccl-bf16+cublas", "nccl+torch",
+                                           "nccl-bf16+torch") and _positive(r.get("ms"))}
         for r in mine:
             variant = str(r.get("variant", ""))
             if variant.startswith("bound") or not _positive(r.get("overlap")):

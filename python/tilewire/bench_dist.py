@@ -1,0 +1,521 @@
+"""python -m tilewire.bench_dist: the fused ops against PyTorch's own pipeline, one process per
+GPU as torchrun runs a tensor-parallel job (issue 7's one-process-per-GPU benchmark).
+
+    torchrun --nproc-per-node 8 -m tilewire.bench_dist          # under torchrun
+    python -m tilewire.bench_dist --nproc 2 --quick               # launches the ranks itself
+    python -m tilewire.bench_dist --nproc 2 --op gemm_rs --m 4096 --n 12288 --k 6144
+
+Every rank holds its own inputs on its own GPU. Per op and shape, side by side (the names of
+tw-bench's rows, so tilewire.bench reads the JSON):
+  ag_gemm   fused (tilewire.ag_gemm, gathered A kept), nccl+torch (all_gather_into_tensor then
+            torch.matmul), gemm-alone (torch.matmul on the gathered A), nccl-allgather, bound
+  gemm_rs   tilewire / tilewire-bf16p (fp32 / bf16 partials), nccl+torch (the GEMM with fp32
+  gemm_ar   output, then reduce_scatter_tensor / all_reduce in fp32, then bf16: the same math
+            as tilewire's fp32 partials), nccl-bf16+torch (torch.matmul in bf16, then the bf16
+            collective: what a PyTorch row-parallel layer runs), gemm-alone, nccl-reduce,
+            nccl-bf16-reduce, bound, bound-bf16
+Times: CUDA events around each call on every rank, no barrier between calls (the collectives
+and the fused ops synchronise the ranks themselves), after the warm-up calls and about
+--warm-ms of calls (a power-capped card settles its clock; every rank makes the same number of
+calls, each being collective); each figure is the slowest rank's median. speedup: over the fp32 pipeline (bf16p rows over the bf16 one); overlap: max(t_gemm,
+t_comm) / t_fused; bound rows: (t_gemm + t_comm) / max(t_gemm, t_comm) in the speedup column.
+Rank 0 prints tilewire.bench's table and the yardstick (speedup / bound) and writes --json.
+Results are checked (unless --no-check) against the NCCL pipeline's: relative error below 1e-2
+(2e-2 with bf16 partials), and the gathered A bitwise. NCCL_NVLS_ENABLE defaults to 0.
+Exit status: 0 all rows passed, 1 a check or a rank failed, 2 no GPU / torch, 64 bad usage.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+EXIT_FAILED, EXIT_NO_GPU, EXIT_USAGE = 1, 2, 64
+OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
+
+# ---- shapes and rows (no torch: host-tested) -----------------------------------------------
+
+
+def shapes(op, quick=False, one=None):
+    """[(name, m, n, k)]: ag_gemm m = total rows, n = columns per rank, k = K; gemm_rs /
+    gemm_ar m = rows of the product, n = columns, k = K per rank. The issues' sweeps: Flux's
+    TP=8 layers and M in {4096, 8192, 16384} (ag_gemm K=M, N=M/8; gemm_rs/ar N=M, K=M/8)."""
+    if one is not None:
+        return [("",) + tuple(one)]
+    if op == "ag_gemm":
+        if quick:
+            return [("", 2048, 512, 2048), ("", 4096, 512, 4096)]
+        return [("flux-tp8", 4096, 49152 // 8, 12288)] + [("", m, m // 8, m)
+                                                           for m in (4096, 8192, 16384)]
+    full = [("flux-tp8", 4096, 12288, 49152 // 8)] + [("", m, m, m // 8)
+                                                       for m in (4096, 8192, 16384)]
+    quick_set = [("", 2048, 2048, 512), ("", 4096, 4096, 512)]
+    if op == "gemm_ar":
+        full.append(("small-m", 1024, 8192, 2048))
+        quick_set.append(("small-m", 1024, 8192, 2048))
+    return quick_set if quick else full
+
+
+def shape_label(op, shape, world):
+    name, m, n, k = shape
+    if op == "ag_gemm":
+        return "M=%d N=%d/rank K=%d w=%d procs%s" % (m, n, k, world, " " + name if name else "")
+    return "%sM=%d N=%d K/rank=%d world=%d procs" % (name + " " if name else "", m, n, k, world)
+
+
+def check_shape(op, shape, world):
+    """None, or why the shape cannot run on `world` ranks."""
+    _, m, n, k = shape
+    if min(m, n, k) < 1:
+        return "M, N and K must be positive"
+    if n % 8 or k % 8:
+        return "N and K must be multiples of 8"
+    if m % world:
+        return "M=%d must be a multiple of world=%d" % (m, world)
+    return None
+
+
+def _stats(ts):
+    """median, p10, p90 of a list of ms."""
+    s = sorted(ts)
+    if not s:
+        return float("nan"), float("nan"), float("nan")
+
+    def q(f):
+        return s[min(len(s) - 1, int(f * (len(s) - 1) + 0.5))]
+
+    return statistics.median(s), q(0.1), q(0.9)
+
+
+def make_rows(op, label, flops, t, ok):
+    """tw-bench-style rows from `t` {variant: (median, p10, p90) ms} and `ok` {variant: bool}
+    for one shape. Speedups over the fp32 pipeline (bf16p over the bf16 one), overlap and the
+    bound rows as the module doc says."""
+    rows = []
+    fp32_base = "nccl+torch"
+    pieces = {"fp32": ("gemm-alone", "nccl-allgather" if op == "ag_gemm" else "nccl-reduce"),
+              "bf16": ("gemm-alone", "nccl-bf16-reduce")}
+
+    def piece_max(kind):
+        g, c = pieces[kind]
+        if g in t and c in t:
+            return max(t[g][0], t[c][0]), t[g][0] + t[c][0]
+        return None, None
+
+    for variant, (ms, p10, p90) in t.items():
+        bf16 = variant == "tilewire-bf16p"  # the fused bf16 row: against the bf16 pipeline
+        base = t.get("nccl-bf16+torch" if bf16 and "nccl-bf16+torch" in t else fp32_base)
+        fused = variant in ("fused", "tilewire", "tilewire-bf16p")
+        t_max, _ = piece_max("bf16" if bf16 else "fp32")
+        rows.append({
+            "op": op, "shape": label, "variant": variant, "ms": ms, "ms_p10": p10, "ms_p90": p90,
+            "tflops": flops / (ms * 1e-3) / 1e12 if ms > 0 and variant not in (
+                "nccl-allgather", "nccl-reduce", "nccl-bf16-reduce") else 0.0,
+            "gbps": 0.0,
+            "speedup": base[0] / ms if base and ms > 0 else 0.0,
+            "overlap": t_max / ms if fused and t_max and ms > 0 else 0.0,
+            "ok": bool(ok.get(variant, True)),
+        })
+    for kind, name in (("fp32", "bound"), ("bf16", "bound-bf16")):
+        if op == "ag_gemm" and kind == "bf16":
+            continue
+        t_max, t_sum = piece_max(kind)
+        if t_max:
+            rows.append({"op": op, "shape": label, "variant": name, "ms": t_max, "ms_p10": t_max,
+                         "ms_p90": t_max, "tflops": 0.0, "gbps": 0.0, "speedup": t_sum / t_max,
+                         "overlap": 0.0, "ok": True})
+    return rows
+
+
+def launch_env(base, rank, world, port):
+    """The environment torchrun gives rank `rank` of a single-node job."""
+    env = dict(base)
+    env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+               LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env.setdefault("NCCL_NVLS_ENABLE", "0")
+    return env
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="python -m tilewire.bench_dist",
+                                description="tilewire's fused ops against torch.matmul + "
+                                "torch.distributed (NCCL), one process per GPU")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="launch this many ranks (one per GPU) instead of running under torchrun")
+    p.add_argument("--op", action="append", choices=OPS, help="op(s) to run (default: all)")
+    p.add_argument("--quick", action="store_true", help="the small sweep")
+    p.add_argument("--m", type=int)
+    p.add_argument("--n", type=int)
+    p.add_argument("--k", type=int)
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--warm-ms", type=float, default=100.0)
+    p.add_argument("--no-check", action="store_true")
+    p.add_argument("--json", metavar="FILE", help="rank 0 writes the rows here")
+    p.add_argument("--timeout", type=float, default=900.0, help="launcher: seconds per run")
+    return p
+
+
+def _one_shape(args):
+    given = [v for v in (args.m, args.n, args.k) if v is not None]
+    if not given:
+        return None
+    first = given[0]
+    return (args.m or first, args.n or first, args.k or first)
+
+
+# ---- the launcher ----------------------------------------------------------------------------
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(argv, nproc, timeout):
+    """Runs `nproc` ranks of this module as torchrun would; rank 0's output goes to ours, the
+    others' is printed only when they fail. Returns the worst exit status."""
+    port = _free_port()
+    rest = []
+    skip = False
+    for a in argv:  # the ranks get every argument but --nproc
+        if skip:
+            skip = False
+            continue
+        if a == "--nproc":
+            skip = True
+            continue
+        if a.startswith("--nproc="):
+            continue
+        rest.append(a)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    procs = []
+    for rank in range(nproc):
+        env = launch_env(os.environ, rank, nproc, port)
+        env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in [env.get("PYTHONPATH")] if p])
+        procs.append(subprocess.Popen([sys.executable, "-m", "tilewire.bench_dist"] + rest,
+                                      env=env, stdout=None if rank == 0 else subprocess.PIPE,
+                                      stderr=None if rank == 0 else subprocess.STDOUT, text=True))
+    deadline = time.monotonic() + timeout
+    outputs = [""] * nproc
+    status = 0
+    for rank, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            outputs[rank] = out or ""
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            print("tilewire.bench_dist: rank %d did not finish in %.0f s" % (rank, timeout),
+                  file=sys.stderr)
+            return EXIT_FAILED
+        status = max(status, p.returncode if p.returncode >= 0 else EXIT_FAILED)
+    for rank in range(1, nproc):
+        if procs[rank].returncode:
+            sys.stderr.write("---- rank %d (exit %d)\n%s" % (rank, procs[rank].returncode,
+                                                              outputs[rank]))
+    return status
+
+
+# ---- one rank (torch) ------------------------------------------------------------------------
+
+
+class _Rank:
+    def __init__(self, args):
+        import torch
+        import torch.distributed as dist
+
+        import tilewire
+
+        self.torch, self.dist, self.tw = torch, dist, tilewire
+        self.args = args
+        self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_RANK", self.rank))
+        if torch.cuda.device_count() < int(os.environ.get("LOCAL_WORLD_SIZE", self.world)):
+            raise SystemExit("tilewire.bench_dist: one process per GPU: %d ranks on this node, "
+                             "%d GPUs visible (NCCL needs distinct GPUs)"
+                             % (int(os.environ.get("LOCAL_WORLD_SIZE", self.world)),
+                                torch.cuda.device_count()))
+        self.device = torch.device("cuda", local)
+        torch.cuda.set_device(self.device)
+        dist.init_process_group("nccl", device_id=self.device,
+                                timeout=datetime.timedelta(seconds=300))
+        self.comm = tilewire.init()
+        self._mm32 = None
+
+    # -- helpers
+
+    def rand(self, shape, seed):
+        torch = self.torch
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        return torch.randn(shape, device=self.device, dtype=torch.bfloat16, generator=g)
+
+    def mm32(self, a, b):
+        """a @ b.T with fp32 output: torch.mm(out_dtype=...) where this torch has it, else
+        tilewire.gemm (our GEMM core, at cuBLAS parity)."""
+        torch = self.torch
+        if self._mm32 is None:
+            try:
+                torch.mm(a[:8], b[:8].t(), out_dtype=torch.float32)
+                self._mm32 = "torch"
+            except (TypeError, RuntimeError):
+                self._mm32 = "tilewire"
+        if self._mm32 == "torch":
+            return torch.mm(a, b.t(), out_dtype=torch.float32)
+        return self.tw.gemm(a, b, out_dtype=torch.float32)
+
+    def time(self, fn):
+        """(median, p10, p90) ms of the slowest rank."""
+        torch, dist, args = self.torch, self.dist, self.args
+        for _ in range(max(0, args.warmup)):
+            fn()
+        # At least warm_ms of calls, the same count on every rank (each call is collective):
+        # the count comes from a timed probe, the largest any rank needs.
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(2):
+            fn()
+        torch.cuda.synchronize()
+        per_call = max((time.perf_counter() - t0) * 1e3 / 2, 1e-3)
+        calls = torch.tensor([min(100000, int(args.warm_ms / per_call) + 1)], device=self.device)
+        dist.all_reduce(calls, op=dist.ReduceOp.MAX)
+        for _ in range(int(calls.item())):
+            fn()
+        torch.cuda.synchronize()
+        dist.barrier()
+        torch.cuda.synchronize()
+        n = max(1, args.repeats)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for i in range(n):
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        med, p10, p90 = _stats([s.elapsed_time(e) for s, e in zip(starts, ends)])
+        v = torch.tensor([med, p10, p90], device=self.device, dtype=torch.float64)
+        dist.all_reduce(v, op=dist.ReduceOp.MAX)
+        return tuple(float(x) for x in v.tolist())
+
+    def all_ok(self, ok):
+        v = self.torch.tensor([0.0 if ok else 1.0], device=self.device)
+        self.dist.all_reduce(v, op=self.dist.ReduceOp.MAX)
+        return v.item() == 0.0
+
+    @staticmethod
+    def rel_err(got, want):
+        d = (got.float() - want.float()).abs().max().item()
+        r = want.float().abs().max().item()
+        return d / r if r > 0 else d
+
+    # -- the ops
+
+    def ag_gemm(self, shape):
+        torch, dist, tw, world = self.torch, self.dist, self.tw, self.world
+        _, m, n, k = shape
+        m_local = m // world
+        a = self.rand((m_local, k), 100 + self.rank)
+        b = self.rand((n, k), 200 + self.rank)
+        gathered_sym = self.comm.empty((m, k), torch.bfloat16)
+        gathered = torch.empty((m, k), device=self.device, dtype=torch.bfloat16)
+        out = torch.empty((m, n), device=self.device, dtype=torch.bfloat16)
+        ref = torch.empty((m, n), device=self.device, dtype=torch.bfloat16)
+
+        def fused():
+            tw.ag_gemm(self.comm, a, b, gathered_sym, out=out)
+
+        def pipeline():
+            dist.all_gather_into_tensor(gathered, a)
+            torch.matmul(gathered, b.t(), out=ref)
+
+        def gemm_alone():
+            torch.matmul(gathered, b.t(), out=ref)
+
+        def allgather():
+            dist.all_gather_into_tensor(gathered, a)
+
+        ok = {}
+        if not self.args.no_check:
+            fused()
+            pipeline()
+            torch.cuda.synchronize()
+            good = torch.equal(gathered_sym, gathered) and self.rel_err(out, ref) < 1e-2
+            ok["fused"] = self.all_ok(good)
+        t = {"nccl+torch": self.time(pipeline), "gemm-alone": self.time(gemm_alone),
+             "nccl-allgather": self.time(allgather), "fused": self.time(fused)}
+        return t, ok, 2.0 * m * n * k
+
+    def _gemm_reduce(self, op, shape):
+        torch, dist, tw, world = self.torch, self.dist, self.tw, self.world
+        _, m, n, k = shape
+        scatter = op == "gemm_rs"
+        rows = m // world if scatter else m
+        a = self.rand((m, k), 300 + self.rank)
+        b = self.rand((n, k), 400 + self.rank)
+        ws = tw.gemm_rs_workspace(self.comm, m, n)
+        out = torch.empty((rows, n), device=self.device, dtype=torch.bfloat16)
+        out16 = torch.empty((rows, n), device=self.device, dtype=torch.bfloat16)
+        part16 = torch.empty((m, n), device=self.device, dtype=torch.bfloat16)
+        red32 = torch.empty((rows, n), device=self.device, dtype=torch.float32)
+        ref = torch.empty((rows, n), device=self.device, dtype=torch.bfloat16)
+        ref16 = torch.empty((rows, n), device=self.device, dtype=torch.bfloat16)
+        fused_fn = tw.gemm_rs if scatter else tw.gemm_ar
+        holder = {}  # reduce32's fp32 partial, made once (all_reduce sums it in place: values
+        # grow from call to call, which does not change NCCL's time)
+
+        def fused():
+            fused_fn(self.comm, a, b, ws, out=out)
+
+        def fused16():
+            fused_fn(self.comm, a, b, ws, out=out16, partials="bf16")
+
+        def pipeline():
+            p = self.mm32(a, b)
+            if scatter:
+                dist.reduce_scatter_tensor(red32, p)
+                ref.copy_(red32)
+            else:
+                dist.all_reduce(p)
+                ref.copy_(p)
+
+        def pipeline16():
+            torch.matmul(a, b.t(), out=part16)
+            if scatter:
+                dist.reduce_scatter_tensor(ref16, part16)
+            else:
+                dist.all_reduce(part16)
+                ref16.copy_(part16)
+
+        def gemm_alone():
+            torch.matmul(a, b.t(), out=part16)
+
+        def reduce32():
+            p = holder.get("p32")
+            if p is None:
+                p = holder["p32"] = self.mm32(a, b)
+            if scatter:
+                dist.reduce_scatter_tensor(red32, p)
+            else:
+                dist.all_reduce(p)
+
+        def reduce16():
+            if scatter:
+                dist.reduce_scatter_tensor(ref16, part16)
+            else:
+                dist.all_reduce(part16)
+
+        ok = {}
+        if not self.args.no_check:
+            fused()
+            fused16()
+            pipeline()
+            pipeline16()
+            torch.cuda.synchronize()
+            ok["tilewire"] = self.all_ok(self.rel_err(out, ref) < 1e-2)
+            ok["tilewire-bf16p"] = self.all_ok(self.rel_err(out16, ref16) < 2e-2)
+        t = {"nccl+torch": self.time(pipeline), "nccl-bf16+torch": self.time(pipeline16),
+             "gemm-alone": self.time(gemm_alone), "nccl-reduce": self.time(reduce32),
+             "nccl-bf16-reduce": self.time(reduce16), "tilewire": self.time(fused),
+             "tilewire-bf16p": self.time(fused16)}
+        return t, ok, 2.0 * m * n * k
+
+    def run(self):
+        torch, args = self.torch, self.args
+        rows = []
+        ops = args.op or list(OPS)
+        for op in ops:
+            for shape in shapes(op, args.quick, _one_shape(args)):
+                why = check_shape(op, shape, self.world)
+                label = shape_label(op, shape, self.world)
+                if why:
+                    if self.rank == 0:
+                        print("[%s] %s: skipped: %s" % (op, label, why), file=sys.stderr)
+                    continue
+                if self.rank == 0:
+                    print("[%s] %s ..." % (op, label), file=sys.stderr, flush=True)
+                if op == "ag_gemm":
+                    t, ok, flops = self.ag_gemm(shape)
+                else:
+                    t, ok, flops = self._gemm_reduce(op, shape)
+                rows += make_rows(op, label, flops, t, ok)
+                torch.cuda.synchronize()
+                self.dist.barrier()
+        err = self.comm.async_error()
+        if err is not None:
+            raise RuntimeError("tilewire: %s" % err)
+        return rows
+
+    def meta(self, argv):
+        torch = self.torch
+        props = torch.cuda.get_device_properties(self.device)
+        try:
+            nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
+        except Exception:  # noqa: BLE001 - informational
+            nccl = "?"
+        return {"tool": "tilewire.bench_dist",
+                "date": datetime.datetime.now(datetime.timezone.utc).strftime(
+                    "%Y-%m-%d %H:%M:%S +0000"),
+                "command": "python -m tilewire.bench_dist " + " ".join(argv),
+                "host": socket.gethostname(), "gpu": props.name, "gpu_count": self.world,
+                "sm_count": props.multi_processor_count,
+                "compute_capability": "%d.%d" % (props.major, props.minor),
+                "torch": torch.__version__, "nccl": nccl, "fp32_gemm": self._mm32 or "-",
+                "tilewire": self.tw.__version__, "repeats": self.args.repeats,
+                "warmup": self.args.warmup, "warm_ms": self.args.warm_ms,
+                "world": self.world, "processes": self.world}
+
+    def close(self):
+        self.comm.close()
+        self.dist.destroy_process_group()
+
+
+def run_rank(args, argv):
+    try:
+        import torch
+    except ImportError:
+        print("tilewire.bench_dist: needs torch", file=sys.stderr)
+        return EXIT_NO_GPU
+    if not torch.cuda.is_available():
+        print("tilewire.bench_dist: no CUDA GPU", file=sys.stderr)
+        return EXIT_NO_GPU
+    from . import bench
+
+    r = _Rank(args)
+    rows = r.run()
+    doc = {"meta": r.meta(argv), "rows": rows}
+    if r.rank == 0:
+        sys.stdout.write("\n" + bench.format_table(doc))
+        yard = bench.format_bound_table(doc)
+        if yard:
+            sys.stdout.write("\n" + yard)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=2)
+                f.write("\n")
+        sys.stdout.flush()
+    r.close()
+    return 0 if all(row.get("ok", True) for row in rows) else EXIT_FAILED
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parser().parse_args(argv)
+    if args.nproc is not None:
+        if args.nproc < 1:
+            print("tilewire.bench_dist: --nproc must be positive", file=sys.stderr)
+            return EXIT_USAGE
+        return launch(argv, args.nproc, args.timeout)
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        print("tilewire.bench_dist: run it under torchrun, or give --nproc N", file=sys.stderr)
+        return EXIT_USAGE
+    return run_rank(args, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
