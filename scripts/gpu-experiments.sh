@@ -42,14 +42,16 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
-#     fp32out15 tw-bench gemm with fp32 output (TW_BENCH_GEMM_FP32=1) at the 2-GPU GEMM+RS shapes
+#     next16  (the default; prepared in the fifteenth session, not run) 8 virtual ranks: ag_gemm's
+#             gathered output by copy engine beside the no-gather GEMM (fused-ce-gather rows)
+#     fp32out15 (run in the fifteenth session) tw-bench gemm with fp32 output (TW_BENCH_GEMM_FP32=1) at the 2-GPU GEMM+RS shapes
 #     final15 (fifteenth session) 8 virtual ranks, GEMM+AR / GEMM+RS at M=4096 K 512 in 6 rounds
 #     l2h15   (run in the fifteenth session: the hints taken) L2 hints in the reduction / gather (-DTW_RS_DIAG=256 build in $TW_BUILD_DIR/diag256)
 #             against the default, alternated, 8 virtual ranks and 2 GPUs; long interleaved
 #             8-rank runs of ag_gemm and GEMM+AR at M=16384
 #     wave15  (run in the fifteenth session: taken, GEMM+AR down to 4) 2 GPUs: the wave-boundary rule for reduce CTAs (-1)
 #             against the old estimate's counts in A/B, both orders; test_gemm_rs on 2 GPUs
-#     next15  (the default; run in the fifteenth session) 2 GPUs: the reduce-CTA
+#     next15  (run in the fifteenth session) 2 GPUs: the reduce-CTA
 #             count at the wave boundary (TW_RS_REDUCE_CTAS=-1,4 at flux-tp8 and GEMM+AR small
 #             m, both orders); 8 virtual ranks: TW_TRACE of GEMM+AR / GEMM+RS at M=4096 K 512
 #     knobs14 (run in the fourteenth session: every default stays) 8 virtual ranks with the
@@ -540,6 +542,18 @@ exp_vr13() { # thirteenth session: 8 virtual ranks, GEMM+AR at short K (behind t
   run "vr13-ar-block8" 60 env TW_BENCH_VIRTUAL=1 TW_BENCH_BLOCK=8 "$bin/tw-bench" gemm_ar $s4 \
     --repeats 20 --warmup 5 --no-check
 }
+exp_next16() { # prepared in the fifteenth session, not run: on 8 virtual ranks, the gathered
+  # output by copy engine beside the in-place no-gather GEMM (tw-bench ag_gemm's
+  # fused-ce-gather rows, TW_BENCH_AG_CE_GATHER=1, checked bitwise, C and gathered A) against
+  # the default write-through and fused-nogather, in 4 interleaved rounds: if it lands near
+  # fused-nogather (0.96 overlap at M=16384), the library can take it where ranks share a GPU
+  local shape
+  for shape in "--m 16384 --n 2048 --k 16384" "--m 8192 --n 1024 --k 8192" \
+    "--m 4096 --n 6144 --k 12288"; do
+    run "next16-ceg-${shape// /}" 150 env TW_BENCH_VIRTUAL=1 TW_BENCH_AG_CE_GATHER=1 \
+      TW_BENCH_ROUNDS=4 "$bin/tw-bench" ag_gemm $shape --repeats 24 --warmup 3
+  done
+}
 exp_fp32out15() { # fifteenth session: what fp32 output costs the GEMM core against cuBLAS
   # (the fused GEMM+RS / GEMM+AR epilogue with fp32 partials stores 4 bytes per element):
   # tw-bench gemm's fp32-out rows at the 2-GPU shapes, 132 SMs and the 128 GEMM CTAs flux-tp8's
@@ -701,7 +715,7 @@ exp_diag13() { # run in the fourteenth session: the consumers' wait for the prev
     done
   done
 }
-for e in ${TW_EXP:-next15}; do
+for e in ${TW_EXP:-next16}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

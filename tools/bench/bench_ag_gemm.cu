@@ -8,6 +8,10 @@
  *   fused-sm      (ranks on distinct GPUs only) the same with TW_AG_COMM_SM
  *   fused-nogather  (ranks sharing a GPU only) tw_ag_gemm with no_gathered_out = 1: the GEMM
  *                 reads the peers' shards in place, nothing is copied
+ *   fused-ce-gather (ranks sharing a GPU, TW_BENCH_AG_CE_GATHER=1, eager only; a measurement)
+ *                 fused-nogather while a side stream of each rank copies the peers' shards into
+ *                 its a_gathered with cudaMemcpyAsync: what the gathered output would cost if a
+ *                 copy engine wrote it beside the GEMM instead of the GEMM's write-through
  *   copy-engine   (ranks on distinct GPUs, not with TW_BENCH_GRAPH) TW_AG_COMM_COPY_ENGINE:
  * cudaMemcpyAsync + stream-written flags on a side stream while every CTA computes (Flux / PyTorch
  * async-TP style) unfused       tw_allgather, then cuBLAS on the gathered A (limited to the rank's
@@ -36,7 +40,9 @@ typedef struct ag_ctx {
   void *a[TW_MAX_WORLD], *b[TW_MAX_WORLD], *c[TW_MAX_WORLD], *c2[TW_MAX_WORLD];
   void *gathered[TW_MAX_WORLD], *gathered2[TW_MAX_WORLD];
   tw_ref_blas_t *blas[TW_MAX_WORLD];
-  tw_ref_nccl_t *nccl; /* ranks on distinct GPUs and libnccl loadable; else NULL */
+  tw_ref_nccl_t *nccl;             /* ranks on distinct GPUs and libnccl loadable; else NULL */
+  cudaStream_t side[TW_MAX_WORLD]; /* fused-ce-gather's copy streams */
+  cudaEvent_t fork[TW_MAX_WORLD], join[TW_MAX_WORLD];
   int failed;
 } ag_ctx;
 
@@ -95,6 +101,32 @@ static void run_fused_sm(void *p, int iter) {
 static void run_fused_no_gather(void *p, int iter) {
   (void)iter;
   run_fused_mode((ag_ctx *)p, BENCH_SM_NO_GATHER);
+}
+
+/* fused-ce-gather: each rank's side stream copies the peers' shards (in their own slots of
+ * their buffers, untouched by the in-place call) into its a_gathered while the no-gather call
+ * runs; the rank's stream waits for the copies at the end. */
+static void run_fused_ce_gather(void *p, int iter) {
+  (void)iter;
+  ag_ctx *c = (ag_ctx *)p;
+  const size_t shard = (size_t)c->m_local * c->k * 2;
+  for (int r = 0; r < c->rk->world; r++) {
+    bench_ranks_use(c->rk, r);
+    BENCH_CUDA(cudaEventRecord(c->fork[r], c->rk->streams[r]));
+    BENCH_CUDA(cudaStreamWaitEvent(c->side[r], c->fork[r], 0));
+    for (int q = 1; q < c->rk->world; q++) {
+      const int s = (r + q) % c->rk->world;
+      BENCH_CUDA(cudaMemcpyAsync((char *)c->gathered[r] + (size_t)s * shard,
+                                 (const char *)c->gathered[s] + (size_t)s * shard, shard,
+                                 cudaMemcpyDeviceToDevice, c->side[r]));
+    }
+    BENCH_CUDA(cudaEventRecord(c->join[r], c->side[r]));
+  }
+  run_fused_mode(c, BENCH_SM_NO_GATHER);
+  for (int r = 0; r < c->rk->world; r++) {
+    bench_ranks_use(c->rk, r);
+    BENCH_CUDA(cudaStreamWaitEvent(c->rk->streams[r], c->join[r], 0));
+  }
 }
 
 static void run_copy_engine(void *p, int iter) {
@@ -165,7 +197,11 @@ static void run_allgather(void *p, int iter) {
   }
 }
 
-/* Fused C (in the given mode) == unfused-tw C, bitwise, on every rank. */
+/* Pseudo comm mode of this file: fused-ce-gather. */
+#define BENCH_CE_GATHER 101
+
+/* Fused C (in the given mode) == unfused-tw C, bitwise, on every rank; for fused-ce-gather the
+ * gathered A too (against tw_allgather's). */
 static int check(ag_ctx *c, int comm_mode) {
   const bench_ranks_t *rk = c->rk;
   size_t c_bytes = (size_t)c->m_local * rk->world * c->n * 2;
@@ -174,13 +210,33 @@ static int check(ag_ctx *c, int comm_mode) {
     tw_test_poison(c->c[r], c_bytes, (tw_stream_t)rk->streams[r]);
     tw_test_poison(c->c2[r], c_bytes, (tw_stream_t)rk->streams[r]);
   }
-  run_fused_mode(c, comm_mode);
+  const size_t g_bytes = (size_t)c->m_local * rk->world * c->k * 2;
+  if (comm_mode == BENCH_CE_GATHER) {
+    for (int r = 0; r < rk->world; r++) { /* poison the peers' slots it must fill */
+      bench_ranks_use(rk, r);
+      const size_t shard = g_bytes / rk->world;
+      if (r > 0)
+        tw_test_poison(c->gathered[r], (size_t)r * shard, (tw_stream_t)rk->streams[r]);
+      if (r + 1 < rk->world)
+        tw_test_poison((char *)c->gathered[r] + (size_t)(r + 1) * shard,
+                       (size_t)(rk->world - r - 1) * shard, (tw_stream_t)rk->streams[r]);
+    }
+    for (int r = 0; r < rk->world; r++) { /* every rank's poison before any rank's copies */
+      bench_ranks_use(rk, r);
+      BENCH_CUDA(cudaStreamSynchronize(rk->streams[r]));
+    }
+    run_fused_ce_gather(c, 0);
+  } else {
+    run_fused_mode(c, comm_mode);
+  }
   run_unfused_tw(c, 0);
   int ok = !c->failed;
   for (int r = 0; r < rk->world; r++) {
     bench_ranks_use(rk, r);
     BENCH_CUDA(cudaStreamSynchronize(rk->streams[r]));
     size_t diff = tw_test_count_diff(c->c[r], c->c2[r], c_bytes);
+    if (comm_mode == BENCH_CE_GATHER)
+      diff += tw_test_count_diff(c->gathered[r], c->gathered2[r], g_bytes);
     tw_status_t async = TW_SUCCESS;
     tw_comm_async_error(rk->comms[r], &async);
     if (diff || async != TW_SUCCESS) {
@@ -247,6 +303,15 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
   const int ok_sm = o->check && !shared ? check(&c, TW_AG_COMM_SM) : 1;
   const int ok_ce = o->check && !shared ? check(&c, TW_AG_COMM_COPY_ENGINE) : 1;
   const int ok_ng = o->check && shared ? check(&c, BENCH_SM_NO_GATHER) : 1;
+  const char *ce_env = getenv("TW_BENCH_AG_CE_GATHER");
+  const int ce_gather = shared && !bench_graph_mode() && ce_env && atoi(ce_env);
+  for (int r = 0; ce_gather && r < world; r++) {
+    bench_ranks_use(&rk, r);
+    BENCH_CUDA(cudaStreamCreateWithFlags(&c.side[r], cudaStreamNonBlocking));
+    BENCH_CUDA(cudaEventCreateWithFlags(&c.fork[r], cudaEventDisableTiming));
+    BENCH_CUDA(cudaEventCreateWithFlags(&c.join[r], cudaEventDisableTiming));
+  }
+  const int ok_cg = o->check && ce_gather ? check(&c, BENCH_CE_GATHER) : 1;
   char why[256] = "";
   if (tw_ref_nccl_create(&c.nccl, world, rk.devices, why, sizeof(why)) != 0)
     fprintf(stderr, "ag_gemm: no NCCL rows: %s\n", why);
@@ -258,9 +323,11 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
                     {"gemm-alone", run_gemm_alone},
                     {"allgather", run_allgather},
                     {"fused", run_fused}};
-  int nv = 5, i_ce = -1, i_nccl = -1, i_ng = -1, i_sm = -1;
+  int nv = 5, i_ce = -1, i_nccl = -1, i_ng = -1, i_sm = -1, i_cg = -1;
   if (shared) /* ranks share a GPU: the in-place peer reads of no_gathered_out = 1 */
     i_ng = nv, variants[nv].name = "fused-nogather", variants[nv++].fn = run_fused_no_gather;
+  if (ce_gather)
+    i_cg = nv, variants[nv].name = "fused-ce-gather", variants[nv++].fn = run_fused_ce_gather;
   if (!shared) /* the default mode may take the copy engine there: the SM-driven one too */
     i_sm = nv, variants[nv].name = "fused-sm", variants[nv++].fn = run_fused_sm;
   if (!shared && !bench_graph_mode()) /* eager only */
@@ -301,9 +368,13 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
   const double t_gemm = ms[2], t_max = t_gemm > t_comm ? t_gemm : t_comm;
   for (int v = 0; v < nv; v++) {
     rows[v].speedup = t_base / ms[v];
-    if (v == 4 || v == i_ce || v == i_ng || v == i_sm) { /* the fused variants */
+    if (v == 4 || v == i_ce || v == i_ng || v == i_sm || v == i_cg) { /* the fused variants */
       rows[v].overlap = t_max / ms[v];
-      rows[v].ok = rows[v].ok && (v == 4 ? ok : v == i_ce ? ok_ce : v == i_sm ? ok_sm : ok_ng);
+      rows[v].ok = rows[v].ok && (v == 4      ? ok
+                                  : v == i_ce ? ok_ce
+                                  : v == i_sm ? ok_sm
+                                  : v == i_cg ? ok_cg
+                                              : ok_ng);
     }
     bench_add_row(res, &rows[v]);
   }
@@ -324,6 +395,10 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
     tw_ref_blas_destroy(c.blas[r]);
     tw_mem_free(rk.comms[r], c.gathered[r]);
     tw_mem_free(rk.comms[r], c.gathered2[r]);
+    if (ce_gather) {
+      cudaStreamDestroy(c.side[r]);
+      cudaEventDestroy(c.fork[r]), cudaEventDestroy(c.join[r]);
+    }
   }
   bench_ranks_fini(&rk);
   return 0;
