@@ -43,7 +43,8 @@
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
 #     next16  (the default; prepared in the fifteenth session, not run) 8 virtual ranks: ag_gemm's
-#             gathered output by copy engine beside the no-gather GEMM (fused-ce-gather rows)
+#             gathered output by copy engine beside the no-gather GEMM (fused-ce-gather rows);
+#             2 GPUs: ag_gemm's L2 group (TW_AG_GROUP_M=0,4,8 both orders) at flux-tp8, M=16384
 #     fp32out15 (run in the fifteenth session) tw-bench gemm with fp32 output (TW_BENCH_GEMM_FP32=1) at the 2-GPU GEMM+RS shapes
 #     final15 (fifteenth session) 8 virtual ranks, GEMM+AR / GEMM+RS at M=4096 K 512 in 6 rounds
 #     l2h15   (run in the fifteenth session: the hints taken) L2 hints in the reduction / gather (-DTW_RS_DIAG=256 build in $TW_BUILD_DIR/diag256)
@@ -552,6 +553,15 @@ exp_next16() { # prepared in the fifteenth session, not run: on 8 virtual ranks,
     "--m 4096 --n 6144 --k 12288"; do
     run "next16-ceg-${shape// /}" 150 env TW_BENCH_VIRTUAL=1 TW_BENCH_AG_CE_GATHER=1 \
       TW_BENCH_ROUNDS=4 "$bin/tw-bench" ag_gemm $shape --repeats 24 --warmup 3
+  done
+  # 2 GPUs: ag_gemm's L2 group (16 row blocks, one shard, by the plan) never swept there; the
+  # literal yardstick wants flux-tp8 about 1-2% faster (0.941-0.954 ms against 0.935)
+  [ "$ngpus" -gt 1 ] || return 0
+  for shape in "--m 4096 --n 6144 --k 12288" "--m 16384 --n 2048 --k 16384"; do
+    for ab in 0,4,8 8,4,0; do
+      run "next16-group-${shape// /}-$ab" 90 env TW_BENCH_AB=TW_AG_GROUP_M=$ab "$bin/tw-bench" \
+        ag_gemm $shape --world 2 --repeats 24 --warmup 5
+    done
   done
 }
 exp_fp32out15() { # fifteenth session: what fp32 output costs the GEMM core against cuBLAS
