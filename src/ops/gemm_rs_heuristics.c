@@ -72,6 +72,8 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   const int world = a->world;
   const int32_t m_local = (int32_t)(a->m / world);
   const int64_t n_blocks = (a->n + TW_GEMM_RS_BLOCK_N - 1) / TW_GEMM_RS_BLOCK_N;
+  /* 128 x 256 tiles of the m x n product (the wave rule and the owner-epilogue rule) */
+  const int64_t tiles = ((a->m + TW_GEMM_RS_BLOCK_M - 1) / TW_GEMM_RS_BLOCK_M) * n_blocks;
   int64_t units_max = 0;
   for (int o = 0; o < world; o++) {
     int64_t u = (int64_t)tw_rs_mb_count(o, m_local) * n_blocks;
@@ -196,7 +198,6 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
      * M=16384 (9 / 11) 2.534 / 2.553 and 2.528 / 2.576, GEMM+RS M=8192 and 16384 level;
      * GEMM+AR flux-tp8 (4 / 7) level; GEMM+AR small m (4 / 19, 256 tiles: 2 waves against 3)
      * 0.151 / 0.158 and 0.151 / 0.159, bf16 partials 0.130 / 0.135 and 0.129 / 0.135. */
-    const int64_t tiles = ((a->m + TW_GEMM_RS_BLOCK_M - 1) / TW_GEMM_RS_BLOCK_M) * n_blocks;
     const int floor_ar = a->all_reduce && !a->shared_gpu ? 4 : 0;
     const int lo = a->all_reduce ? floor_ar : (reduce + 1) / 2;
     if (reduce < a->sm_budget) {
@@ -240,7 +241,6 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * shares (the shapes, the partials, plan_sms and the alike knobs TW_RS_OWNER_EPI,
    * TW_RS_STEAL, TW_RS_PULL, TW_RS_GROUP_UNITS), not the reduce-CTA count, which may differ by
    * rank; the gather runs on the GEMM CTAs after their tiles, so it needs stealing. */
-  const int64_t tiles = ((a->m + TW_GEMM_RS_BLOCK_M - 1) / TW_GEMM_RS_BLOCK_M) * n_blocks;
   const int can =
       world == 2 && !plan->pull && m_local % TW_GEMM_RS_BLOCK_M == 0 &&
       (a->all_reduce ? plan->steal && units_max <= stride && a->group_env <= 0 : g == 1);

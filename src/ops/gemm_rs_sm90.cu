@@ -394,9 +394,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
  * 0.538 / 0.525 and 0.545 / 0.529 ms, on 2 GPUs 0.145 / 0.139 and 0.147 / 0.141; GEMM+RS bf16
  * partials 0.418 / 0.408 and 0.423 / 0.414 on 8 virtual ranks; fp32 partials and the larger
  * shapes level. */
-__device__ __forceinline__ void stream_store(uint2 *d, uint2 v) { __stcs(d, v); }
-__device__ __forceinline__ void stream_store(int4 *d, int4 v) { __stcs(d, v); }
-
 template <class P> struct RsVec;
 template <> struct RsVec<float> {
   static constexpr int kE = 4;
@@ -478,7 +475,7 @@ __device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int
           *reinterpret_cast<Packed *>(p.out_peer[(me + q) % world] + out_row * p.ldo + c) = packed;
         continue;
       }
-      stream_store(reinterpret_cast<Packed *>(p.out + out_row * p.ldo + c), packed);
+      __stcs(reinterpret_cast<Packed *>(p.out + out_row * p.ldo + c), packed);
       if (p.all_reduce && p.push) { /* into every other rank's copy of this rank's rows */
         for (int q = 0; q < world; q++)
           if (q != me)
