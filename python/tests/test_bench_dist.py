@@ -99,6 +99,7 @@ def test_usage_errors(monkeypatch, capsys):
     assert bench_dist.main(["--quick"]) == bench_dist.EXIT_USAGE
     assert "torchrun" in capsys.readouterr().err
     assert bench_dist.main(["--nproc", "0"]) == bench_dist.EXIT_USAGE
+    assert bench_dist._parser().parse_args(["--host"]).host  # the host-cost mode
     with pytest.raises(SystemExit):
         bench_dist.main(["--op", "nope"])
 

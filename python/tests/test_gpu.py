@@ -486,3 +486,79 @@ def test_gemm_rs_argument_errors_on_gpu():
             tilewire.gemm_rs(comms[0], a[:4], b, plain, partials="fp16")
     finally:
         _close(comms)
+
+
+# ---- the eager path without the dispatcher ------------------------------------------------
+
+
+def test_direct_eager_path_is_taken_only_where_it_may_be():
+    from tilewire import _torch
+
+    if not _torch._FAST_EAGER:
+        pytest.skip("this torch lacks what the direct path checks (it always dispatches)")
+    a, b = _inputs(128, 256, 64)
+    assert _torch._direct_ok((a, b, None), ())
+    w = a.clone().requires_grad_()
+    assert not _torch._direct_ok((w, b), ())  # autograd to record: the dispatcher
+    with torch.no_grad():
+        assert _torch._direct_ok((w, b), ())
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passthrough():
+        assert not _torch._direct_ok((a, b), ())
+    with torch.inference_mode():
+        inf = torch.empty(4, device="cuda")
+    assert not _torch._direct_ok((a, b, inf), (inf,))  # the dispatcher raises for these
+    with torch.inference_mode():
+        assert _torch._direct_ok((a, b, inf), (inf,))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_direct_eager_path_matches_the_dispatcher(world, monkeypatch):
+    """Every op, eager, with and without the dispatcher: the same bits, and the written
+    tensors' version counters bumped alike."""
+    from tilewire import _torch
+
+    m, n, a, b = _reduce_case(world, m_per_rank=128, n=264, k=136)
+    comms = tilewire.init_virtual(world)
+    try:
+        ws = [tilewire.gemm_rs_workspace(c, m, n) for c in comms]
+        gathered, sh, bg = _ag_inputs(comms, 128, 264)
+        results = {}
+        for fast in (True, False):
+            monkeypatch.setattr(_torch, "_FAST_EAGER", fast and _torch._FAST_EAGER)
+            outs = {"rs": [torch.full((m // world, n), float("nan"), device="cuda",
+                                      dtype=bf16) for _ in comms],
+                    "ar": [torch.full((m, n), float("nan"), device="cuda", dtype=bf16)
+                           for _ in comms],
+                    "ag": [torch.full((world * 128, 264), float("nan"), device="cuda",
+                                      dtype=bf16) for _ in comms],
+                    "gemm": [torch.full((m, n), float("nan"), device="cuda", dtype=bf16)
+                             for _ in comms]}
+            versions = {k: [t._version for t in v] for k, v in outs.items()}
+            tilewire.for_each_rank(comms, lambda c: (
+                tilewire.gemm_rs(c, a[c.rank], b[c.rank], ws[c.rank], out=outs["rs"][c.rank]),
+                tilewire.gemm_ar(c, a[c.rank], b[c.rank], ws[c.rank], out=outs["ar"][c.rank]),
+                tilewire.ag_gemm(c, sh[c.rank], bg, gathered[c.rank], out=outs["ag"][c.rank]),
+                tilewire.gemm(a[c.rank], b[c.rank], out=outs["gemm"][c.rank])))
+            torch.cuda.synchronize()
+            for k, v in outs.items():
+                for r, t in enumerate(v):
+                    assert t._version > versions[k][r], "%s rank %d: version not bumped" % (k, r)
+            results[fast] = outs
+        for k in results[True]:
+            for r in range(world):
+                assert torch.equal(results[True][k][r], results[False][k][r]), "%s rank %d" % (
+                    k, r)
+        exact = _rank_ordered_sum(a, b).to(bf16)
+        assert torch.equal(results[True]["ar"][0], exact)
+        for c in comms:
+            assert c.async_error() is None
+        ws.clear()
+        gathered.clear()
+    finally:
+        _close(comms)

@@ -95,6 +95,7 @@ class Comm:
         self.virtual = virtual
         self.id = next(_ids)
         self._allocs = {}  # ptr -> _Allocation
+        self._ws_sizes = {}  # (m, n) -> tw_gemm_rs_workspace_size
         self._pending_frees = []  # allocations whose tensors died during CUDA graph capture
         self._stream = None
         self.rank = self._query("tw_comm_rank")
@@ -251,9 +252,14 @@ class Comm:
         """tw_gemm_rs_workspace_size: bytes of symmetric workspace tw_gemm_rs / tw_gemm_ar
         need on this comm for an m x n product."""
         self._check_open()
-        out = ctypes.c_size_t()
-        _lib.call("tw_gemm_rs_workspace_size", self._handle, int(m), int(n), ctypes.byref(out))
-        return out.value
+        key = (int(m), int(n))
+        size = self._ws_sizes.get(key)
+        if size is None:  # asked on every call by the torch front end: cached per shape
+            out = ctypes.c_size_t()
+            _lib.call("tw_gemm_rs_workspace_size", self._handle, key[0], key[1],
+                      ctypes.byref(out))
+            size = self._ws_sizes[key] = out.value
+        return size
 
     def empty(self, shape, dtype=None):
         """A torch tensor of `shape` and `dtype` (default bfloat16) in symmetric memory

@@ -111,15 +111,20 @@ class _Versioned(ctypes.Structure):
 
     def __init__(self, **fields):
         super().__init__()
+        cls = type(self)
+        names = cls.__dict__.get("_names_")
+        if names is None:  # per class, once (a call's args struct is made on every call)
+            names = cls._names_ = frozenset(cls._field_names())
         self.size = ctypes.sizeof(self)
         self.version = self._version_
-        for name, value in dict(self._defaults_, **fields).items():
-            if name not in self._field_names():
-                raise TypeError(
-                    "%s has no field %r (fields: %s)"
-                    % (type(self).__name__, name, ", ".join(self._field_names()))
-                )
-            setattr(self, name, value)
+        for source in (self._defaults_, fields):
+            for name, value in source.items():
+                if name not in names:
+                    raise TypeError(
+                        "%s has no field %r (fields: %s)"
+                        % (cls.__name__, name, ", ".join(self._field_names()))
+                    )
+                setattr(self, name, value)
 
     @classmethod
     def _field_names(cls):

@@ -63,9 +63,67 @@ def _register_fake(op):
     return wrap
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(device):
-    """The cudaStream_t of torch's current stream on `device`."""
+    """The cudaStream_t of torch's current stream on `device` (a torch.device with an index).
+    torch's raw accessor where it has one (what its own compiled kernels use: a fraction of
+    a microsecond, against several for torch.cuda.current_stream)."""
+    if _raw_stream is not None and device.index is not None:
+        return ctypes.c_void_p(_raw_stream(device.index))
     return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+
+
+# ---- eager calls without the dispatcher ----------------------------------------------------
+#
+# A torch.library.custom_op call costs tens of microseconds of host time in eager mode (the
+# dispatcher, autograd and in-place bookkeeping, measured with python -m tilewire.bench_dist
+# --host), more than the C call it wraps and than a whole torch.matmul. Where nothing needs
+# the dispatcher (no torch.compile tracing, plain tensors, no dispatch or function mode, no
+# autograd to record), the public functions call the op's implementation directly and bump
+# the mutated tensors' version counters as the dispatcher would; anything else goes through
+# torch.ops.tilewire.* as before. TILEWIRE_EAGER_DISPATCH=1 forces the dispatcher path.
+
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (
+    lambda: False)
+try:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+except ImportError:  # an old torch: always the dispatcher
+    _get_current_dispatch_mode = None
+_torch_function_mode = getattr(torch._C, "_is_torch_function_mode_enabled", None)
+# One tensor per call: torch's public wrapper takes a tensor in every version that has it
+# (the private function it wraps takes an iterable of tensors in recent torch: given one
+# tensor it would iterate over its elements).
+_increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+_FAST_EAGER = (_HAVE_CUSTOM_OP and _get_current_dispatch_mode is not None
+               and _torch_function_mode is not None and _increment_version is not None
+               and os.environ.get("TILEWIRE_EAGER_DISPATCH", "0") in ("", "0"))
+
+
+def _direct_ok(tensors, mutated):
+    """True when an op call on `tensors` (None entries ignored) that writes `mutated` can skip
+    the dispatcher (see above)."""
+    if not _FAST_EAGER or _is_compiling() or _get_current_dispatch_mode() is not None \
+            or _torch_function_mode():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
+            return False
+    if not torch.is_inference_mode_enabled():
+        for t in mutated:
+            if t.is_inference():  # the dispatcher raises the right error for these
+                return False
+    return True
+
+
+def _mutated(tensors):
+    """What the dispatcher's in-place bookkeeping does for a mutating op's written tensors
+    (outside inference mode, where tensors have no version counter)."""
+    if not torch.is_inference_mode_enabled():
+        for t in tensors:
+            _increment_version(t)
 
 
 class _on_device:
@@ -456,6 +514,13 @@ def gemm(a, b, out=None, out_dtype=None, sm_count=0):
     (torch.ops.tilewire.gemm / gemm_out).
     """
     dtype = _check_gemm(a, b, out, out_dtype, sm_count)
+    if _direct_ok((a, b, out), () if out is None else (out,)):
+        if out is None:
+            out = torch.empty((a.shape[0], b.shape[0]), dtype=dtype, device=a.device)
+        else:
+            _mutated((out,))
+        _launch_gemm(a, b, out, sm_count)
+        return out
     if out is None:
         if _HAVE_CUSTOM_OP:
             return torch.ops.tilewire.gemm(a, b, dtype, sm_count)
@@ -503,8 +568,7 @@ def _check_allgather(comm, x, out):
     _check_cuda(out, "out", op, device)
 
 
-@_custom_op("tilewire::allgather", mutates_args=("out",))
-def _allgather_op(comm_id: int, x: torch.Tensor, out: torch.Tensor) -> None:
+def _allgather_impl(comm_id, x, out):
     op = "tilewire.allgather"
     comm = comm_by_id(comm_id)
     _check_aligned(x, "x", op)
@@ -517,6 +581,11 @@ def _allgather_op(comm_id: int, x: torch.Tensor, out: torch.Tensor) -> None:
     nbytes = x.numel() * x.element_size()
     _lib.call("tw_allgather", comm.handle, ctypes.c_void_p(x.data_ptr()),
               ctypes.c_void_p(out.data_ptr()), ctypes.c_size_t(nbytes), _stream(x.device))
+
+
+@_custom_op("tilewire::allgather", mutates_args=("out",))
+def _allgather_op(comm_id: int, x: torch.Tensor, out: torch.Tensor) -> None:
+    _allgather_impl(comm_id, x, out)
 
 
 @_register_fake(_allgather_op)
@@ -532,6 +601,10 @@ def allgather(comm, x, out):
     use a stream per rank (for_each_rank). Returns out.
     """
     _check_allgather(comm, x, out)
+    if _direct_ok((x, out), (out,)):
+        _mutated((out,))
+        _allgather_impl(comm.id, x, out)
+        return out
     if _HAVE_CUSTOM_OP:
         torch.ops.tilewire.allgather(comm.id, x, out)
     else:
@@ -602,9 +675,7 @@ def _check_ag_gemm(comm, a, b, a_gathered, out, out_dtype, comm_sms, gathered_ou
     return dtype
 
 
-@_custom_op("tilewire::ag_gemm", mutates_args=("a_gathered", "out"))
-def _ag_gemm_op(comm_id: int, a: torch.Tensor, b: torch.Tensor, a_gathered: torch.Tensor,
-                out: torch.Tensor, comm_sms: int, no_gathered_out: int) -> None:
+def _ag_gemm_impl(comm_id, a, b, a_gathered, out, comm_sms, no_gathered_out):
     op = "tilewire.ag_gemm"
     comm = comm_by_id(comm_id)
     for t, name in ((a, "a"), (b, "b"), (a_gathered, "a_gathered"), (out, "out")):
@@ -622,6 +693,12 @@ def _ag_gemm_op(comm_id: int, a: torch.Tensor, b: torch.Tensor, a_gathered: torc
         ldc=_leading_dim(out, "out", op), comm_sms=comm_sms, no_gathered_out=no_gathered_out,
     )
     _lib.call("tw_ag_gemm", comm.handle, ctypes.byref(args), _stream(a.device))
+
+
+@_custom_op("tilewire::ag_gemm", mutates_args=("a_gathered", "out"))
+def _ag_gemm_op(comm_id: int, a: torch.Tensor, b: torch.Tensor, a_gathered: torch.Tensor,
+                out: torch.Tensor, comm_sms: int, no_gathered_out: int) -> None:
+    _ag_gemm_impl(comm_id, a, b, a_gathered, out, comm_sms, no_gathered_out)
 
 
 @_register_fake(_ag_gemm_op)
@@ -647,6 +724,10 @@ def ag_gemm(comm, a, b, a_gathered, out=None, out_dtype=None, comm_sms=0, gather
     if out is None:
         out = torch.empty((comm.size * a.shape[0], b.shape[0]), dtype=dtype, device=a.device)
     no_gather = 0 if gathered_out else 1
+    if _direct_ok((a, b, a_gathered, out), (a_gathered, out)):
+        _mutated((a_gathered, out))
+        _ag_gemm_impl(comm.id, a, b, a_gathered, out, comm_sms, no_gather)
+        return out
     if _HAVE_CUSTOM_OP:
         torch.ops.tilewire.ag_gemm(comm.id, a, b, a_gathered, out, comm_sms, no_gather)
     else:
@@ -770,6 +851,11 @@ def _gemm_reduce(scatter, comm, a, b, workspace, out, reduce_sms, partials, out_
         out = torch.empty((rows, n), dtype=torch.bfloat16, device=a.device)
     if workspace is None:  # world == 1: the op needs none; the custom op wants a tensor
         workspace = torch.empty(0, dtype=torch.uint8, device=a.device)
+    if _direct_ok((a, b, workspace, out), (workspace, out)):
+        _mutated((workspace, out))
+        _launch_gemm_reduce("tw_gemm_rs" if scatter else "tw_gemm_ar", comm.id, a, b, workspace,
+                            out, reduce_sms, int(_PARTIALS[partials]), int(out_symmetric))
+        return out
     if _HAVE_CUSTOM_OP:
         fn = torch.ops.tilewire.gemm_rs if scatter else torch.ops.tilewire.gemm_ar
     else:

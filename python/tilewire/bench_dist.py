@@ -4,6 +4,7 @@ GPU as torchrun runs a tensor-parallel job (issue 7's one-process-per-GPU benchm
     torchrun --nproc-per-node 8 -m tilewire.bench_dist          # under torchrun
     python -m tilewire.bench_dist --nproc 2 --quick               # launches the ranks itself
     python -m tilewire.bench_dist --nproc 2 --op gemm_rs --m 4096 --n 12288 --k 6144
+    python -m tilewire.bench_dist --nproc 2 --host     # host time per Python call of each op
 
 Every rank holds its own inputs on its own GPU. Per op and shape, side by side (the names of
 tw-bench's rows, so tilewire.bench reads the JSON):
@@ -26,6 +27,7 @@ Exit status: 0 all rows passed, 1 a check or a rank failed, 2 no GPU / torch, 64
 """
 
 import argparse
+import ctypes
 import datetime
 import json
 import os
@@ -156,6 +158,10 @@ def _parser():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--warm-ms", type=float, default=100.0)
     p.add_argument("--no-check", action="store_true")
+    p.add_argument("--host", action="store_true",
+                   help="instead of the sweep: the host time of one Python call of each op and "
+                   "of its torch counterpart at a tiny shape (us per call; rank 0 also prints "
+                   "a cProfile of tilewire.gemm_rs)")
     p.add_argument("--json", metavar="FILE", help="rank 0 writes the rows here")
     p.add_argument("--timeout", type=float, default=900.0, help="launcher: seconds per run")
     return p
@@ -425,6 +431,83 @@ class _Rank:
              "tilewire-bf16p": self.time(fused16)}
         return t, ok, 2.0 * m * n * k
 
+    def host_costs(self, calls=2000):
+        """{name: (host us per call, wall us per call)}: a tiny shape (the GPU's share a few
+        us), `calls` back-to-back calls without a sync timed on the host, then the sync. The
+        host figure is what one call costs the Python thread that issues it; where it exceeds
+        the kernel's time, it is the op's time."""
+        torch, dist, tw, world = self.torch, self.dist, self.tw, self.world
+        from . import _lib, _torch
+
+        m, n, k = 128 * world, 256, 64
+        a = self.rand((m, k), 1)
+        b = self.rand((n, k), 2)
+        shard = self.rand((m // world, k), 3)
+        ws = tw.gemm_rs_workspace(self.comm, m, n)
+        gathered_sym = self.comm.empty((m, k), torch.bfloat16)
+        gathered = torch.empty((m, k), device=self.device, dtype=torch.bfloat16)
+        out_rs = torch.empty((m // world, n), device=self.device, dtype=torch.bfloat16)
+        out_ar = torch.empty((m, n), device=self.device, dtype=torch.bfloat16)
+        part = torch.empty((m, n), device=self.device, dtype=torch.bfloat16)
+        args = _lib.GemmRsArgs(
+            out_dtype=_lib.DType.BF16, a=a.data_ptr(), b=b.data_ptr(), out=out_rs.data_ptr(),
+            workspace=ws.data_ptr(), m=m, n=n, k=k, lda=k, ldb=k, ldo=n)
+        c_fn = _lib.function("tw_gemm_rs")
+        handle = self.comm.handle
+        stream = _torch._stream(self.device)
+        fns = [
+            ("torch.matmul", lambda: torch.matmul(a, b.t(), out=part)),
+            ("nccl reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(out_rs, part)),
+            ("nccl all_gather_into_tensor", lambda: dist.all_gather_into_tensor(gathered, shard)),
+            ("tilewire.gemm", lambda: tw.gemm(a, b, out=part)),
+            ("tilewire.gemm_rs", lambda: tw.gemm_rs(self.comm, a, b, ws, out=out_rs)),
+            ("tilewire.gemm_ar", lambda: tw.gemm_ar(self.comm, a, b, ws, out=out_ar)),
+            ("tilewire.ag_gemm", lambda: tw.ag_gemm(self.comm, shard, b, gathered_sym,
+                                                    out=out_ar)),
+            ("tw_gemm_rs (ctypes, args made once)",
+             lambda: c_fn(handle, ctypes.byref(args), stream)),
+        ]
+        res = {}
+        for name, fn in fns:
+            for _ in range(50):
+                fn()
+            torch.cuda.synchronize()
+            dist.barrier()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            v = torch.tensor([(t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6],
+                             device=self.device, dtype=torch.float64)
+            dist.all_reduce(v, op=dist.ReduceOp.MAX)
+            res[name] = tuple(float(x) for x in v.tolist())
+        if self.rank == 0:
+            import cProfile
+            import io
+            import pstats
+
+            prof = cProfile.Profile()
+        else:
+            prof = None
+        torch.cuda.synchronize()
+        dist.barrier()
+        if prof:
+            prof.enable()
+        for _ in range(500):
+            tw.gemm_rs(self.comm, a, b, ws, out=out_rs)
+        if prof:
+            prof.disable()
+        torch.cuda.synchronize()
+        if prof:
+            s = io.StringIO()
+            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+            print("cProfile of 500 tilewire.gemm_rs calls (rank 0), by own time:\n"
+                  + s.getvalue())
+        return res
+
     def run(self):
         torch, args = self.torch, self.args
         rows = []
@@ -487,6 +570,15 @@ def run_rank(args, argv):
     from . import bench
 
     r = _Rank(args)
+    if args.host:
+        res = r.host_costs()
+        if r.rank == 0:
+            print("host time per call, world %d, tiny shape (us; slowest rank):" % r.world)
+            print("%-40s %10s %10s" % ("call", "host", "wall"))
+            for name, (host, wall) in res.items():
+                print("%-40s %10.1f %10.1f" % (name, host, wall))
+        r.close()
+        return 0
     rows = r.run()
     doc = {"meta": r.meta(argv), "rows": rows}
     if r.rank == 0:
