@@ -42,7 +42,12 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
-#     next16  (the default; prepared in the fifteenth session, not run) 8 virtual ranks: ag_gemm's
+#     next17  (the default; prepared in the sixteenth session, not run) 2 GPUs: decode-sized
+#             shapes (M 16-256, against NCCL + cuBLAS: issue 7's "never slower at any shape"),
+#             one process and one per GPU; the trace of GEMM+AR at M=64 (the latency floor);
+#             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
+#             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
+#     next16  (run in the sixteenth session: both leads closed) 8 virtual ranks: ag_gemm's
 #             gathered output by copy engine beside the no-gather GEMM (fused-ce-gather rows);
 #             2 GPUs: ag_gemm's L2 group (TW_AG_GROUP_M=0,4,8 both orders) at flux-tp8, M=16384
 #     fp32out15 (run in the fifteenth session) tw-bench gemm with fp32 output (TW_BENCH_GEMM_FP32=1) at the 2-GPU GEMM+RS shapes
@@ -106,8 +111,8 @@ run() { # run NAME LIMIT CMD...: log, and a summary line of the fused rows' medi
   timeout "$limit" "$@" >"$out/logs/$name.log" 2>&1
   local rc=$?
   summary+=("$(printf '%-28s rc=%-3s %s' "$name" "$rc" "$(grep -E '^(ag_gemm|gemm_rs|gemm_ar) ' \
-    "$out/logs/$name.log" | grep -E ' (fused|fused-sm|fused-nogather|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl-bf16\+cublas) ' |
-    awk '{for (i = 1; i <= NF; i++) if ($i ~ /^(fused|fused-sm|fused-nogather|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl-bf16\+cublas)$/) printf "%s %s  ", $i, $(i + 1)}')")")
+    "$out/logs/$name.log" | grep -E ' (fused|fused-sm|fused-nogather|fused-inplace|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl\+cublas|nccl-bf16\+cublas|nccl\+torch|nccl-bf16\+torch) ' |
+    awk '{for (i = 1; i <= NF; i++) if ($i ~ /^(fused|fused-sm|fused-nogather|fused-inplace|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl\+cublas|nccl-bf16\+cublas|nccl\+torch|nccl-bf16\+torch)$/) printf "%s %s  ", $i, $(i + 1)}')")")
   # A stall report (watchdog, expired wait, trapped pipeline) goes into the summary too.
   local stall
   stall=$(grep -m 3 -E 'watchdog|internal stall|DEVICE_TIMEOUT|timed out|waited for flag' "$out/logs/$name.log")
@@ -564,6 +569,38 @@ exp_next16() { # prepared in the fifteenth session, not run: on 8 virtual ranks,
     done
   done
 }
+exp_next17() { # prepared in the sixteenth session, not run (2 GPUs only)
+  [ "$ngpus" -gt 1 ] || return 0
+  local m op py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python"
+  # Decode-sized shapes (a TP=8 Llama-70B layer per rank: hidden 8192, attention-out K 1024):
+  # the fused ops against NCCL + cuBLAS where the fused kernel's fixed costs dominate
+  for m in 16 64 256; do
+    for op in gemm_ar gemm_rs; do
+      run "next17-$op-m$m" 90 "$bin/tw-bench" $op --world 2 --m $m --n 8192 --k 1024 \
+        --repeats 50 --warmup 5
+    done
+    run "next17-ag_gemm-m$m" 90 "$bin/tw-bench" ag_gemm --world 2 --m $m --n 1024 --k 8192 \
+      --repeats 50 --warmup 5
+  done
+  for op in gemm_ar gemm_rs; do
+    run "next17-dist-$op-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 --op $op --m 64 \
+      --n 8192 --k 1024 --repeats 50
+  done
+  run "next17-dist-ag_gemm-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 --op ag_gemm \
+    --m 64 --n 1024 --k 8192 --repeats 50
+  # Where a tiny GEMM+AR's ~30 us go (handshakes, reduction, gather)
+  run "next17-trace-gemm_ar-m64" 60 env TW_TRACE=1 TW_BENCH_STAMPS=1 "$bin/tw-bench" gemm_ar \
+    --world 2 --m 64 --n 8192 --k 1024 --repeats 20 --warmup 5
+  # ag_gemm one process per GPU: the own shard's copy (fused-inplace skips it; the copy
+  # engine can make it, TW_AG_OWN_COPY_CE=1)
+  local ce shape
+  for shape in "--m 4096 --n 6144 --k 12288" "--m 16384 --n 2048 --k 16384"; do
+    for ce in 0 1; do
+      run "next17-dist-ag-own$ce-${shape// /}" 150 $py TW_AG_OWN_COPY_CE=$ce python3 -m \
+        tilewire.bench_dist --nproc 2 --op ag_gemm $shape --repeats 30
+    done
+  done
+}
 exp_fp32out15() { # fifteenth session: what fp32 output costs the GEMM core against cuBLAS
   # (the fused GEMM+RS / GEMM+AR epilogue with fp32 partials stores 4 bytes per element):
   # tw-bench gemm's fp32-out rows at the 2-GPU shapes, 132 SMs and the 128 GEMM CTAs flux-tp8's
@@ -725,7 +762,7 @@ exp_diag13() { # run in the fourteenth session: the consumers' wait for the prev
     done
   done
 }
-for e in ${TW_EXP:-next16}; do
+for e in ${TW_EXP:-next17}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}

@@ -61,10 +61,13 @@ def test_rows_speedups_overlaps_and_bounds():
 
 def test_ag_gemm_rows():
     t = {"nccl+torch": (1.2, 1.2, 1.2), "gemm-alone": (1.0, 1.0, 1.0),
-         "nccl-allgather": (0.3, 0.3, 0.3), "fused": (1.05, 1.0, 1.1)}
+         "nccl-allgather": (0.3, 0.3, 0.3), "fused": (1.05, 1.0, 1.1),
+         "fused-inplace": (1.0, 1.0, 1.0)}
     rows = bench_dist.make_rows("ag_gemm", "M=8 N=8/rank K=8 w=2 procs", 1e12, t, {})
     by = {r["variant"]: r for r in rows}
     assert by["fused"]["overlap"] == pytest.approx(1.0 / 1.05)
+    assert by["fused-inplace"]["overlap"] == pytest.approx(1.0)
+    assert by["fused-inplace"]["speedup"] == pytest.approx(1.2)
     assert by["bound"]["speedup"] == pytest.approx(1.3)
     assert "bound-bf16" not in by
 

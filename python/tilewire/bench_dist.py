@@ -8,7 +8,9 @@ GPU as torchrun runs a tensor-parallel job (issue 7's one-process-per-GPU benchm
 
 Every rank holds its own inputs on its own GPU. Per op and shape, side by side (the names of
 tw-bench's rows, so tilewire.bench reads the JSON):
-  ag_gemm   fused (tilewire.ag_gemm, gathered A kept), nccl+torch (all_gather_into_tensor then
+  ag_gemm   fused (tilewire.ag_gemm, gathered A kept), fused-inplace (the same with the shard
+            already in its slot of a_gathered: nothing copied for it; checked bitwise against
+            fused), nccl+torch (all_gather_into_tensor then
             torch.matmul), gemm-alone (torch.matmul on the gathered A), nccl-allgather, bound
   gemm_rs   tilewire / tilewire-bf16p (fp32 / bf16 partials), nccl+torch (the GEMM with fp32
   gemm_ar   output, then reduce_scatter_tensor / all_reduce in fp32, then bf16: the same math
@@ -112,7 +114,7 @@ def make_rows(op, label, flops, t, ok):
     for variant, (ms, p10, p90) in t.items():
         bf16 = variant == "tilewire-bf16p"  # the fused bf16 row: against the bf16 pipeline
         base = t.get("nccl-bf16+torch" if bf16 and "nccl-bf16+torch" in t else fp32_base)
-        fused = variant in ("fused", "tilewire", "tilewire-bf16p")
+        fused = variant in ("fused", "fused-inplace", "tilewire", "tilewire-bf16p")
         t_max, _ = piece_max("bf16" if bf16 else "fp32")
         rows.append({
             "op": op, "shape": label, "variant": variant, "ms": ms, "ms_p10": p10, "ms_p90": p90,
@@ -332,9 +334,18 @@ class _Rank:
         gathered = torch.empty((m, k), device=self.device, dtype=torch.bfloat16)
         out = torch.empty((m, n), device=self.device, dtype=torch.bfloat16)
         ref = torch.empty((m, n), device=self.device, dtype=torch.bfloat16)
+        # fused-inplace: the shard already in its slot of a_gathered (where a layer can write
+        # its output directly), so the op copies nothing for it
+        gathered_in = self.comm.empty((m, k), torch.bfloat16)
+        own = gathered_in[self.rank * m_local:(self.rank + 1) * m_local]
+        own.copy_(a)
+        out_in = torch.empty((m, n), device=self.device, dtype=torch.bfloat16)
 
         def fused():
             tw.ag_gemm(self.comm, a, b, gathered_sym, out=out)
+
+        def fused_inplace():
+            tw.ag_gemm(self.comm, own, b, gathered_in, out=out_in)
 
         def pipeline():
             dist.all_gather_into_tensor(gathered, a)
@@ -349,12 +360,16 @@ class _Rank:
         ok = {}
         if not self.args.no_check:
             fused()
+            fused_inplace()
             pipeline()
             torch.cuda.synchronize()
             good = torch.equal(gathered_sym, gathered) and self.rel_err(out, ref) < 1e-2
             ok["fused"] = self.all_ok(good)
+            ok["fused-inplace"] = self.all_ok(torch.equal(gathered_in, gathered)
+                                              and torch.equal(out_in, out))
         t = {"nccl+torch": self.time(pipeline), "gemm-alone": self.time(gemm_alone),
-             "nccl-allgather": self.time(allgather), "fused": self.time(fused)}
+             "nccl-allgather": self.time(allgather), "fused": self.time(fused),
+             "fused-inplace": self.time(fused_inplace)}
         return t, ok, 2.0 * m * n * k
 
     def _gemm_reduce(self, op, shape):
