@@ -45,6 +45,7 @@
 #     next17  (the default; prepared in the sixteenth session, not run) 2 GPUs: decode-sized
 #             shapes (M 16-256, against NCCL + cuBLAS: issue 7's "never slower at any shape"),
 #             one process and one per GPU; the trace of GEMM+AR at M=64 (the latency floor);
+#             bench_dist --profile (torch.profiler's kernel timeline) at M=64 and flux-tp8;
 #             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
 #     next16  (run in the sixteenth session: both leads closed) 8 virtual ranks: ag_gemm's
@@ -582,12 +583,17 @@ exp_next17() { # prepared in the sixteenth session, not run (2 GPUs only)
     run "next17-ag_gemm-m$m" 90 "$bin/tw-bench" ag_gemm --world 2 --m $m --n 1024 --k 8192 \
       --repeats 50 --warmup 5
   done
+  # one process per GPU, with torch.profiler's kernel timeline (--profile: each call's busy
+  # and idle GPU time): at M=64, and at flux-tp8 (the ~0.1 ms per call that the kernels'
+  # traced spans do not cover)
   for op in gemm_ar gemm_rs; do
     run "next17-dist-$op-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 --op $op --m 64 \
-      --n 8192 --k 1024 --repeats 50
+      --n 8192 --k 1024 --repeats 50 --profile
+    run "next17-dist-$op-flux" 150 $py python3 -m tilewire.bench_dist --nproc 2 --op $op \
+      --m 4096 --n 12288 --k 6144 --repeats 30 --profile
   done
   run "next17-dist-ag_gemm-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 --op ag_gemm \
-    --m 64 --n 1024 --k 8192 --repeats 50
+    --m 64 --n 1024 --k 8192 --repeats 50 --profile
   # Where a tiny GEMM+AR's ~30 us go (handshakes, reduction, gather)
   run "next17-trace-gemm_ar-m64" 60 env TW_TRACE=1 TW_BENCH_STAMPS=1 "$bin/tw-bench" gemm_ar \
     --world 2 --m 64 --n 8192 --k 1024 --repeats 20 --warmup 5

@@ -117,3 +117,32 @@ def test_rows_round_trip_through_the_table(tmp_path):
     text = bench.format_table(json.loads(path.read_text()))
     assert "tilewire-bf16p" in text and "bound-bf16" in text
     assert "of-bound" in bench.format_bound_table(doc)
+
+
+def test_profile_summary_busy_idle_and_kernels():
+    # two calls: a fused kernel each (100 us), 20 us apart; a memset overlapping the first
+    iv = [(0.0, 100.0, "gemm_rs_kernel"), (50.0, 60.0, "memset"),
+          (120.0, 220.0, "gemm_rs_kernel")]
+    p = bench_dist.profile_summary(iv, 2)
+    assert p["period_us"] == pytest.approx(110.0)  # span 220 / 2
+    assert p["busy_us"] == pytest.approx(100.0)  # the memset inside the first kernel
+    assert p["idle_us"] == pytest.approx(10.0)
+    assert p["kernels"]["gemm_rs_kernel"] == (2, pytest.approx(100.0))
+    assert bench_dist.profile_summary([], 2)["period_us"] == 0.0
+    text = bench_dist.format_profiles([("M=8 N=8 K/rank=8 world=2 procs", "tilewire", p)], 2)
+    assert "tilewire" in text and "gemm_rs_kernel 2 x 100.0" in text
+    assert bench_dist.format_profiles([]) == ""
+
+
+def test_device_intervals_keeps_device_events():
+    class R:
+        def __init__(self, s, e):
+            self.start, self.end = s, e
+
+    class E:
+        def __init__(self, kind, name, s, e):
+            self.device_type, self.name, self.time_range = kind, name, R(s, e)
+
+    ev = [E("DeviceType.CPU", "aten::mm", 0, 5), E("DeviceType.CUDA", "k", 1, 3)]
+    assert bench_dist._device_intervals(ev) == [(1.0, 3.0, "k")]
+    assert bench_dist._parser().parse_args(["--profile"]).profile

@@ -5,6 +5,7 @@ GPU as torchrun runs a tensor-parallel job (issue 7's one-process-per-GPU benchm
     python -m tilewire.bench_dist --nproc 2 --quick               # launches the ranks itself
     python -m tilewire.bench_dist --nproc 2 --op gemm_rs --m 4096 --n 12288 --k 6144
     python -m tilewire.bench_dist --nproc 2 --host     # host time per Python call of each op
+    python -m tilewire.bench_dist --nproc 2 --profile  # + each call's busy / idle GPU time
 
 Every rank holds its own inputs on its own GPU. Per op and shape, side by side (the names of
 tw-bench's rows, so tilewire.bench reads the JSON):
@@ -136,6 +137,58 @@ def make_rows(op, label, flops, t, ok):
     return rows
 
 
+def profile_summary(intervals, calls):
+    """{period_us, busy_us, idle_us, kernels: {name: (count, median us)}} from device activity
+    intervals [(start_us, end_us, name)] of `calls` calls (see _Rank.kernel_profile)."""
+    if not intervals or calls < 1:
+        return {"period_us": 0.0, "busy_us": 0.0, "idle_us": 0.0, "kernels": {}}
+    iv = sorted(intervals)
+    busy, cur_s, cur_e = 0.0, iv[0][0], iv[0][1]
+    for s, e, _ in iv[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    span = max(e for _, e, _ in iv) - iv[0][0]
+    by_name = {}
+    for s, e, name in iv:
+        by_name.setdefault(name, []).append(e - s)
+    period = span / calls
+    return {"period_us": period, "busy_us": busy / calls, "idle_us": period - busy / calls,
+            "kernels": {n: (len(d), statistics.median(d)) for n, d in by_name.items()}}
+
+
+def format_profiles(profiles, calls=20):
+    """The --profile table (rank 0)."""
+    if not profiles:
+        return ""
+    lines = ["GPU activity per call (torch.profiler, rank 0, %d back-to-back calls; period = "
+             "span / calls, busy = union of kernels, memcpys and memsets, idle = period - busy):"
+             % calls,
+             "%-52s %-16s %9s %9s %9s  %s" % ("shape", "variant", "period", "busy", "idle",
+                                               "kernels: count x median us")]
+    for label, variant, p in profiles:
+        ks = sorted(p["kernels"].items(), key=lambda kv: -kv[1][0] * kv[1][1])[:3]
+        lines.append("%-52s %-16s %9.1f %9.1f %9.1f  %s" % (
+            label[:52], variant, p["period_us"], p["busy_us"], p["idle_us"],
+            "; ".join("%s %d x %.1f" % (n[:40], c, d) for n, (c, d) in ks)))
+    return "\n".join(lines) + "\n"
+
+
+def _device_intervals(events):
+    """[(start_us, end_us, name)] of a torch.profiler event list's device (CUDA) events."""
+    out = []
+    for e in events:
+        kind = str(getattr(e, "device_type", ""))
+        if "CUDA" not in kind:
+            continue
+        tr = e.time_range
+        out.append((float(tr.start), float(tr.end), str(e.name)))
+    return out
+
+
 def launch_env(base, rank, world, port):
     """The environment torchrun gives rank `rank` of a single-node job."""
     env = dict(base)
@@ -160,6 +213,10 @@ def _parser():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--warm-ms", type=float, default=100.0)
     p.add_argument("--no-check", action="store_true")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile each op's fused and pipeline calls with torch.profiler "
+                   "(CUDA activity: per call the kernels' busy time and the idle time between "
+                   "calls; rank 0 prints it after the table)")
     p.add_argument("--host", action="store_true",
                    help="instead of the sweep: the host time of one Python call of each op and "
                    "of its torch counterpart at a tiny shape (us per call; rank 0 also prints "
@@ -256,6 +313,7 @@ class _Rank:
                                 timeout=datetime.timedelta(seconds=300))
         self.comm = tilewire.init()
         self._mm32 = None
+        self.profiles = []  # --profile: (label, variant, summary), rank 0
 
     # -- helpers
 
@@ -370,6 +428,9 @@ class _Rank:
         t = {"nccl+torch": self.time(pipeline), "gemm-alone": self.time(gemm_alone),
              "nccl-allgather": self.time(allgather), "fused": self.time(fused),
              "fused-inplace": self.time(fused_inplace)}
+        if self.args.profile:
+            self.kernel_profile(shape_label("ag_gemm", shape, world), {
+                "nccl+torch": pipeline, "fused": fused, "fused-inplace": fused_inplace})
         return t, ok, 2.0 * m * n * k
 
     def _gemm_reduce(self, op, shape):
@@ -444,7 +505,35 @@ class _Rank:
              "gemm-alone": self.time(gemm_alone), "nccl-reduce": self.time(reduce32),
              "nccl-bf16-reduce": self.time(reduce16), "tilewire": self.time(fused),
              "tilewire-bf16p": self.time(fused16)}
+        if self.args.profile:
+            self.kernel_profile(shape_label(op, shape, world), {
+                "nccl+torch": pipeline, "nccl-bf16+torch": pipeline16, "tilewire": fused,
+                "tilewire-bf16p": fused16})
         return t, ok, 2.0 * m * n * k
+
+    def kernel_profile(self, label, fns, calls=20):
+        """--profile: per variant, `calls` back-to-back calls under torch.profiler's CUDA
+        activity (CUPTI: every kernel, memcpy and memset of this process, ours included).
+        Appends to self.profiles (label, variant, summary) where summary has the period (span of
+        all GPU activity / calls), busy (the union of the activity's intervals / calls), idle
+        (period - busy) in us and, per kernel name, its count and median duration: the idle
+        time between calls shows without TW_TRACE's own cost. Rank 0's view."""
+        torch, dist = self.torch, self.dist
+        from torch.profiler import ProfilerActivity, profile
+
+        for variant, fn in fns.items():
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+            dist.barrier()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    fn()
+                torch.cuda.synchronize()
+            if self.rank == 0:
+                self.profiles.append((label, variant, profile_summary(
+                    _device_intervals(prof.events()), calls)))
 
     def host_costs(self, calls=2000):
         """{name: (host us per call, wall us per call)}: a tiny shape (the GPU's share a few
@@ -601,6 +690,9 @@ def run_rank(args, argv):
         yard = bench.format_bound_table(doc)
         if yard:
             sys.stdout.write("\n" + yard)
+        prof = format_profiles(r.profiles)
+        if prof:
+            sys.stdout.write("\n" + prof)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(doc, f, indent=2)
