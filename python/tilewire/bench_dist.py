@@ -41,6 +41,7 @@ import sys
 import time
 
 EXIT_FAILED, EXIT_NO_GPU, EXIT_USAGE = 1, 2, 64
+PROFILE_CALLS = 20  # --profile: back-to-back calls per variant
 OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
 
 # ---- shapes and rows (no torch: host-tested) -----------------------------------------------
@@ -160,7 +161,7 @@ def profile_summary(intervals, calls):
             "kernels": {n: (len(d), statistics.median(d)) for n, d in by_name.items()}}
 
 
-def format_profiles(profiles, calls=20):
+def format_profiles(profiles, calls=PROFILE_CALLS):
     """The --profile table (rank 0)."""
     if not profiles:
         return ""
@@ -511,7 +512,7 @@ class _Rank:
                 "tilewire-bf16p": fused16})
         return t, ok, 2.0 * m * n * k
 
-    def kernel_profile(self, label, fns, calls=20):
+    def kernel_profile(self, label, fns, calls=PROFILE_CALLS):
         """--profile: per variant, `calls` back-to-back calls under torch.profiler's CUDA
         activity (CUPTI: every kernel, memcpy and memset of this process, ours included).
         Appends to self.profiles (label, variant, summary) where summary has the period (span of
@@ -588,14 +589,11 @@ class _Rank:
                              device=self.device, dtype=torch.float64)
             dist.all_reduce(v, op=dist.ReduceOp.MAX)
             res[name] = tuple(float(x) for x in v.tolist())
-        if self.rank == 0:
-            import cProfile
-            import io
-            import pstats
+        import cProfile
+        import io
+        import pstats
 
-            prof = cProfile.Profile()
-        else:
-            prof = None
+        prof = cProfile.Profile() if self.rank == 0 else None
         torch.cuda.synchronize()
         dist.barrier()
         if prof:
