@@ -111,9 +111,9 @@ run() { # run NAME LIMIT CMD...: log, and a summary line of the fused rows' medi
   shift 2
   timeout "$limit" "$@" >"$out/logs/$name.log" 2>&1
   local rc=$?
-  summary+=("$(printf '%-28s rc=%-3s %s' "$name" "$rc" "$(grep -E '^(ag_gemm|gemm_rs|gemm_ar) ' \
-    "$out/logs/$name.log" | grep -E ' (fused|fused-sm|fused-nogather|fused-inplace|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl\+cublas|nccl-bf16\+cublas|nccl\+torch|nccl-bf16\+torch) ' |
-    awk '{for (i = 1; i <= NF; i++) if ($i ~ /^(fused|fused-sm|fused-nogather|fused-inplace|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl\+cublas|nccl-bf16\+cublas|nccl\+torch|nccl-bf16\+torch)$/) printf "%s %s  ", $i, $(i + 1)}')")")
+  summary+=("$(printf '%-28s rc=%-3s %s' "$name" "$rc" "$(grep -E '^(ag_gemm|gemm_rs|gemm_ar|gemm) ' \
+    "$out/logs/$name.log" | grep -E ' (fused|fused-sm|fused-nogather|fused-inplace|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl\+cublas|nccl-bf16\+cublas|nccl\+torch|nccl-bf16\+torch|cublas) ' |
+    awk '{for (i = 1; i <= NF; i++) if ($i ~ /^(fused|fused-sm|fused-nogather|fused-inplace|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl\+cublas|nccl-bf16\+cublas|nccl\+torch|nccl-bf16\+torch|cublas)$/) printf "%s %s  ", $i, $(i + 1)}')")")
   # A stall report (watchdog, expired wait, trapped pipeline) goes into the summary too.
   local stall
   stall=$(grep -m 3 -E 'watchdog|internal stall|DEVICE_TIMEOUT|timed out|waited for flag' "$out/logs/$name.log")
@@ -582,6 +582,9 @@ exp_next17() { # prepared in the sixteenth session, not run (2 GPUs only)
     done
     run "next17-ag_gemm-m$m" 90 "$bin/tw-bench" ag_gemm --world 2 --m $m --n 1024 --k 8192 \
       --repeats 50 --warmup 5
+    # the GEMM core there against cuBLAS (128-row tiles with M <= 256 leave most SMs idle)
+    run "next17-gemm-m$m" 60 "$bin/tw-bench" gemm --m $m --n 8192 --k 1024 --repeats 50 \
+      --warmup 5
   done
   # one process per GPU, with torch.profiler's kernel timeline (--profile: each call's busy
   # and idle GPU time): at M=64, and at flux-tp8 (the ~0.1 ms per call that the kernels'
