@@ -167,7 +167,8 @@ if want multi && [ "$ngpus" -gt 1 ]; then
     CUDA_MODULE_LOADING=EAGER NCCL_NVLS_ENABLE=0 python3 -m tilewire.bench_dist --nproc "$ngpus" \
     --repeats 20 --json "$out/bench-dist-gpus.json"
   # Host time per Python call of each op beside torch.matmul and NCCL's (sixteenth session:
-  # the dispatcher cost 60-90 us per call; a benchmark, no threshold)
+  # 85-115 us per call before the eager path skipped torch's dispatcher, 25-40 after; a
+  # benchmark, no threshold)
   want python && step "tilewire.bench_dist --host ($ngpus procs)" 120 env \
     TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
     CUDA_MODULE_LOADING=EAGER NCCL_NVLS_ENABLE=0 python3 -m tilewire.bench_dist --nproc "$ngpus" \
