@@ -2,7 +2,7 @@
  * Host-only microbenchmark: what the TW_* knob reads of one fused call cost (a dozen
  * tw_env_int calls, each a getenv over the process environment). No GPU, not built by CMake:
  *
- *   gcc -O2 -std=c11 -D_GNU_SOURCE -Isrc -Iinclude tools/bench/env_cost.c src/core/env.c \
+ *   gcc -O2 -std=c11 -D_GNU_SOURCE -Isrc -Iinclude tools/host/env_cost.c src/core/env.c \
  *       src/core/log.c src/core/status.c -o /tmp/env_cost -lpthread && /tmp/env_cost
  *
  * Sixteenth session: 0.6 us per 12 reads with 37 variables in the environment, 1.1 us with 117.
