@@ -276,6 +276,16 @@ def test_allgather_2d_in_place():
         _close(comms)
 
 
+def _captured(step):
+    """step() run once eagerly (it creates the per-rank streams), then captured: the graph."""
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 def test_allgather_cuda_graph_capture():
     world, n = 2, 1 << 16
     comms = tilewire.init_virtual(world)
@@ -287,11 +297,7 @@ def test_allgather_cuda_graph_capture():
             tilewire.for_each_rank(comms, lambda c: tilewire.allgather(c, xs[c.rank],
                                                                        outs[c.rank]))
 
-        step()  # warm-up (creates the per-rank streams)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
+        graph = _captured(step)
         for it in range(3):
             for r in range(world):
                 xs[r].copy_(torch.randn(n, device="cuda", dtype=bf16))
@@ -304,6 +310,53 @@ def test_allgather_cuda_graph_capture():
             assert c.async_error() is None
         del graph
         outs.clear()
+    finally:
+        _close(comms)
+
+
+def test_fused_ops_cuda_graph_capture():
+    """gemm_rs, gemm_ar and ag_gemm captured once (eager calls take the direct path, which
+    capture must record like the dispatcher's), replayed with new inputs: every replay equals
+    the eager calls' bits."""
+    world, m, n, k = 2, 256, 264, 136
+    comms = tilewire.init_virtual(world)
+    try:
+        ws = [tilewire.gemm_rs_workspace(c, m, n) for c in comms]
+        gathered = tilewire.symmetric_empty(comms, (m, k), bf16)
+        a = [torch.zeros(m, k, device="cuda", dtype=bf16) for _ in comms]
+        b = [torch.zeros(n, k, device="cuda", dtype=bf16) for _ in comms]
+        sh = [torch.zeros(m // world, k, device="cuda", dtype=bf16) for _ in comms]
+        rs = [torch.empty(m // world, n, device="cuda", dtype=bf16) for _ in comms]
+        ar = [torch.empty(m, n, device="cuda", dtype=bf16) for _ in comms]
+        ag = [torch.empty(m, n, device="cuda", dtype=bf16) for _ in comms]
+
+        def step():
+            tilewire.for_each_rank(comms, lambda c: (
+                tilewire.gemm_rs(c, a[c.rank], b[c.rank], ws[c.rank], out=rs[c.rank]),
+                tilewire.gemm_ar(c, a[c.rank], b[c.rank], ws[c.rank], out=ar[c.rank]),
+                tilewire.ag_gemm(c, sh[c.rank], b[c.rank], gathered[c.rank], out=ag[c.rank])))
+
+        graph = _captured(step)
+        for it in range(3):
+            for r in range(world):
+                a[r].copy_(torch.randn(m, k, device="cuda", dtype=bf16))
+                b[r].copy_(torch.randn(n, k, device="cuda", dtype=bf16))
+                sh[r].copy_(torch.randn(m // world, k, device="cuda", dtype=bf16))
+            graph.replay()
+            torch.cuda.synchronize()
+            replayed = [[t.clone() for t in outs] for outs in (rs, ar, ag)]
+            step()
+            torch.cuda.synchronize()
+            for name, got, eager in zip(("rs", "ar", "ag"), replayed, (rs, ar, ag)):
+                for r in range(world):
+                    assert torch.equal(got[r], eager[r]), "%s replay %d rank %d" % (name, it, r)
+            exact = _rank_ordered_sum(a, b).to(bf16)
+            assert torch.equal(ar[0], exact), "replay %d: gemm_ar bits" % it
+        for c in comms:
+            assert c.async_error() is None
+        del graph
+        ws.clear()
+        gathered.clear()
     finally:
         _close(comms)
 
