@@ -597,9 +597,19 @@ exp_next17() { # prepared in the sixteenth session, not run (2 GPUs only)
   done
   run "next17-dist-ag_gemm-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 --op ag_gemm \
     --m 64 --n 1024 --k 8192 --repeats 50 --profile
-  # Where a tiny GEMM+AR's ~30 us go (handshakes, reduction, gather)
+  # Where a tiny GEMM+AR's ~30 us go (handshakes, reduction, gather); and GEMM+AR at M=16384,
+  # whose bf16-partials rows reach only 0.69-0.73 overlap against the bf16 pipeline (the
+  # fused op 2.34-2.45 ms against a 1.65 ms GEMM: is the gather a serial tail?)
   run "next17-trace-gemm_ar-m64" 60 env TW_TRACE=1 TW_BENCH_STAMPS=1 "$bin/tw-bench" gemm_ar \
     --world 2 --m 64 --n 8192 --k 1024 --repeats 20 --warmup 5
+  run "next17-trace-gemm_ar-16384" 90 env TW_TRACE=1 TW_BENCH_STAMPS=1 "$bin/tw-bench" gemm_ar \
+    --world 2 $big_rs --repeats 10 --warmup 3
+  # If that tail is the reduction's backlog (few reduce CTAs during the GEMM): more of them
+  local ab
+  for ab in -1,16,32 32,16,-1; do
+    run "next17-ar16384-reduce-$ab" 120 env TW_BENCH_AB=TW_RS_REDUCE_CTAS=$ab "$bin/tw-bench" \
+      gemm_ar --world 2 $big_rs --repeats 20 --warmup 5
+  done
   # ag_gemm one process per GPU: the own shard's copy (fused-inplace skips it; the copy
   # engine can make it, TW_AG_OWN_COPY_CE=1)
   local ce shape
