@@ -615,3 +615,97 @@ def test_direct_eager_path_matches_the_dispatcher(world, monkeypatch):
         gathered.clear()
     finally:
         _close(comms)
+
+
+# ---- autograd of the fused ops --------------------------------------------------------------
+
+
+def _leaves(tensors):
+    return [t.detach().clone().requires_grad_() for t in tensors]
+
+
+def _assert_clean(comms, *buffers):
+    """No rank reported an asynchronous error; the symmetric buffers are dropped (before
+    the comms close)."""
+    for c in comms:
+        assert c.async_error() is None
+    for buf in buffers:
+        buf.clear()
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_ag_gemm_backward_is_a_gemm_rs(world):
+    """d/da and d/db of ag_gemm against the float reference: a's gradient is the
+    reduce-scatter of grad_out @ b over ranks, b's grad_out.T @ the gathered a."""
+    m_local, n, k = 128, 264, 136
+    comms = tilewire.init_virtual(world)
+    try:
+        gathered = tilewire.symmetric_empty(comms, (world * m_local, k), bf16)
+        gws = [tilewire.gemm_rs_workspace(c, world * m_local, k) for c in comms]
+        a = _leaves([torch.randn(m_local, k, device="cuda", dtype=bf16) for _ in comms])
+        b = _leaves([torch.randn(n, k, device="cuda", dtype=bf16) for _ in comms])
+        g = [torch.randn(world * m_local, n, device="cuda", dtype=bf16) for _ in comms]
+        outs = tilewire.for_each_rank(comms, lambda c: tilewire.ag_gemm(
+            c, a[c.rank], b[c.rank], gathered[c.rank], grad_workspace=gws[c.rank]))
+        assert all(o.grad_fn is not None for o in outs)
+        tilewire.for_each_rank(comms, lambda c: outs[c.rank].backward(g[c.rank]))
+        torch.cuda.synchronize()
+        full = torch.cat([t.detach() for t in a]).float()
+        d_full = sum(g[s].float() @ b[s].detach().float() for s in range(world))
+        for r in range(world):
+            assert _rel_err(outs[r], full @ b[r].detach().float().t()) < TOL[bf16]
+            want_a = d_full[r * m_local:(r + 1) * m_local]
+            assert _rel_err(a[r].grad, want_a) < 2e-2, "rank %d: d/da" % r
+            assert _rel_err(b[r].grad, g[r].float().t() @ full) < 2e-2, "rank %d: d/db" % r
+        _assert_clean(comms, gathered, gws)
+    finally:
+        _close(comms)
+
+
+@pytest.mark.parametrize("world,partials", [(1, "fp32"), (2, "fp32"), (3, "bf16")])
+def test_gemm_rs_backward_is_an_ag_gemm(world, partials):
+    m, n, k = 128 * world, 264, 136
+    comms = tilewire.init_virtual(world)
+    try:
+        ws = [tilewire.gemm_rs_workspace(c, m, n) for c in comms]
+        a = _leaves([torch.randn(m, k, device="cuda", dtype=bf16) for _ in comms])
+        b = _leaves([torch.randn(n, k, device="cuda", dtype=bf16) for _ in comms])
+        g = [torch.randn(m // world, n, device="cuda", dtype=bf16) for _ in comms]
+        outs = tilewire.for_each_rank(comms, lambda c: tilewire.gemm_rs(
+            c, a[c.rank], b[c.rank], ws[c.rank], partials=partials))
+        tilewire.for_each_rank(comms, lambda c: outs[c.rank].backward(g[c.rank]))
+        torch.cuda.synchronize()
+        g_full = torch.cat(g).float()
+        for r in range(world):
+            assert _rel_err(a[r].grad, g_full @ b[r].detach().float()) < 2e-2, "rank %d" % r
+            assert _rel_err(b[r].grad, g_full.t() @ a[r].detach().float()) < 2e-2, "rank %d" % r
+        _assert_clean(comms, ws)
+    finally:
+        _close(comms)
+
+
+def test_gemm_ar_backward_is_local_and_errors_name_the_argument():
+    world, m, n, k = 2, 256, 264, 136
+    comms = tilewire.init_virtual(world)
+    try:
+        ws = [tilewire.gemm_rs_workspace(c, m, n) for c in comms]
+        a = _leaves([torch.randn(m, k, device="cuda", dtype=bf16) for _ in comms])
+        b = _leaves([torch.randn(n, k, device="cuda", dtype=bf16) for _ in comms])
+        g = torch.randn(m, n, device="cuda", dtype=bf16)  # a replicated loss: the same on all
+        outs = tilewire.for_each_rank(comms, lambda c: tilewire.gemm_ar(
+            c, a[c.rank], b[c.rank], ws[c.rank]))
+        tilewire.for_each_rank(comms, lambda c: outs[c.rank].backward(g))
+        torch.cuda.synchronize()
+        for r in range(world):
+            assert _rel_err(a[r].grad, g.float() @ b[r].detach().float()) < 2e-2
+            assert _rel_err(b[r].grad, g.float().t() @ a[r].detach().float()) < 2e-2
+        # ag_gemm: a requiring grad needs grad_workspace; b's grad needs the gathered a
+        gathered = tilewire.symmetric_empty(comms, (world * 128, k), bf16)
+        shard = torch.randn(128, k, device="cuda", dtype=bf16, requires_grad=True)
+        with pytest.raises(ValueError, match="grad_workspace"):
+            tilewire.ag_gemm(comms[0], shard, b[0].detach(), gathered[0])
+        with pytest.raises(ValueError, match="gathered_out=True"):
+            tilewire.ag_gemm(comms[0], shard.detach(), b[0], gathered[0], gathered_out=False)
+        _assert_clean(comms, ws, gathered)
+    finally:
+        _close(comms)

@@ -709,7 +709,15 @@ def _ag_gemm_fake(comm_id, a, b, a_gathered, out, comm_sms, no_gathered_out):
     return None
 
 
-def ag_gemm(comm, a, b, a_gathered, out=None, out_dtype=None, comm_sms=0, gathered_out=True):
+def _ag_gemm_run(comm_id, a, b, a_gathered, out, comm_sms, no_gather):
+    """The launch (the autograd Function's forward calls it too)."""
+    _call_mutating(lambda *x: torch.ops.tilewire.ag_gemm(*x), _ag_gemm_impl,
+                   (a, b, a_gathered, out), (a_gathered, out),
+                   comm_id, a, b, a_gathered, out, comm_sms, no_gather)
+
+
+def ag_gemm(comm, a, b, a_gathered, out=None, out_dtype=None, comm_sms=0, gathered_out=True,
+            grad_workspace=None):
     """Fused AllGather + GEMM (tw_ag_gemm), the column-parallel linear layer:
     ``out = torch.cat([a of every rank]) @ b.T``, [world * m_local, N].
 
@@ -722,14 +730,24 @@ def ag_gemm(comm, a, b, a_gathered, out=None, out_dtype=None, comm_sms=0, gather
     rank's slice), which lets ranks sharing one GPU read each other's shards in place
     (tilewire.h, no_gathered_out). Collective: every rank calls it with the same shapes and
     the same gathered_out. Returns out.
+
+    Differentiable (autograd records it when a or b requires grad): the backward is the
+    row-parallel pair, a's gradient = gemm_rs(comm, grad_out, b.T) (the reduce-scatter of
+    grad_out @ b over ranks, into grad_workspace: tilewire.gemm_rs_workspace(comm, world *
+    m_local, K), needed when a requires grad) and b's = grad_out.T @ gathered a (torch.matmul
+    on a_gathered, which must then keep the gathered a until the backward: gathered_out=True,
+    and no other call writing a_gathered in between, or autograd reports it modified).
+    Collective in the backward too: every rank runs it.
     """
     dtype = _check_ag_gemm(comm, a, b, a_gathered, out, out_dtype, comm_sms, gathered_out)
     if out is None:
         out = torch.empty((comm.size * a.shape[0], b.shape[0]), dtype=dtype, device=a.device)
     no_gather = 0 if gathered_out else 1
-    _call_mutating(lambda *x: torch.ops.tilewire.ag_gemm(*x), _ag_gemm_impl,
-                   (a, b, a_gathered, out), (a_gathered, out),
-                   comm.id, a, b, a_gathered, out, comm_sms, no_gather)
+    if _records_grad(a, b):
+        _check_ag_gemm_grad(comm, a, b, a_gathered, out, gathered_out, grad_workspace)
+        return _AgGemmFunction.apply(comm.id, a, b, a_gathered, out, comm_sms, no_gather,
+                                     grad_workspace)
+    _ag_gemm_run(comm.id, a, b, a_gathered, out, comm_sms, no_gather)
     return out
 
 
@@ -855,16 +873,31 @@ def _gemm_reduce(scatter, comm, a, b, workspace, out, reduce_sms, partials, out_
                          "rank %d's comm (comm.empty((M, N), torch.bfloat16))" % (op, comm.rank))
     if out is None:
         out = torch.empty((rows, n), dtype=torch.bfloat16, device=a.device)
+    given_workspace = workspace
     if workspace is None:  # world == 1: the op needs none; the custom op wants a tensor
         workspace = torch.empty(0, dtype=torch.uint8, device=a.device)
-    args = (comm.id, a, b, workspace, out, reduce_sms, int(_PARTIALS[partials]))
+    args = (comm.id, a, b, workspace, out, reduce_sms, int(_PARTIALS[partials]),
+            int(out_symmetric))
+    if _records_grad(a, b):
+        if scatter:
+            _check_gemm_rs_grad(comm, a, b, given_workspace, out)
+        else:
+            _check_out_for_grad("tilewire.gemm_ar", out)
+        return _GemmReduceFunction.apply(scatter, *args)
+    _gemm_reduce_run(scatter, *args)
+    return out
+
+
+def _gemm_reduce_run(scatter, comm_id, a, b, workspace, out, reduce_sms, partials, out_symmetric):
+    """The launch (the autograd Function's forward calls it too); gemm_rs takes no
+    out_symmetric."""
+    args = (comm_id, a, b, workspace, out, reduce_sms, partials)
     if scatter:
         _call_mutating(lambda *x: torch.ops.tilewire.gemm_rs(*x), _gemm_rs_impl,
                        (a, b, workspace, out), (workspace, out), *args)
     else:
         _call_mutating(lambda *x: torch.ops.tilewire.gemm_ar(*x), _gemm_ar_impl,
-                       (a, b, workspace, out), (workspace, out), *args, int(out_symmetric))
-    return out
+                       (a, b, workspace, out), (workspace, out), *args, out_symmetric)
 
 
 def gemm_rs(comm, a, b, workspace, out=None, reduce_sms=0, partials="fp32"):
@@ -878,6 +911,11 @@ def gemm_rs(comm, a, b, workspace, out=None, reduce_sms=0, partials="fp32"):
     or "bf16": each rank's partial product rounded to bf16 before it travels (as the bf16
     output of a plain torch matmul would be), still summed in fp32 in rank order; half the
     bytes, faster on NVLink. Same value on every rank. Collective. Returns out.
+
+    Differentiable (autograd records it when a or b requires grad): the backward is the
+    column-parallel pair, all-gathering grad_out [M / world, N] into the workspace (viewed as
+    bf16 [M, N]) while computing a's gradient, gathered grad_out @ b (tilewire.ag_gemm), then
+    b's = gathered grad_out.T @ a (torch.matmul). Collective in the backward too.
     """
     return _gemm_reduce(True, comm, a, b, workspace, out, reduce_sms, partials)
 
@@ -887,8 +925,131 @@ def gemm_ar(comm, a, b, workspace, out=None, reduce_sms=0, partials="fp32", out_
     as bf16 [M, N]. Arguments as gemm_rs. out_symmetric=True: out is a symmetric tensor
     (comm.empty((M, N), torch.bfloat16), the same allocation on every rank); each rank then
     writes its reduced rows straight into every rank's out, with no gather copy (faster; the
-    same value on every rank). Collective. Returns out."""
+    same value on every rank). Collective. Returns out.
+
+    Differentiable: as in Megatron's row-parallel layer, the all-reduce's backward is the
+    identity (every rank's output is the same replicated value and its gradient is taken as
+    that rank's own), so a's gradient is grad_out @ b and b's grad_out.T @ a, both local
+    (torch.matmul); the backward communicates nothing."""
     return _gemm_reduce(False, comm, a, b, workspace, out, reduce_sms, partials, out_symmetric)
+
+
+# ---- autograd: the fused ops' backward passes ---------------------------------------------
+#
+# Tensor parallelism pairs the two fused collectives: the backward of the column-parallel
+# AllGather+GEMM is a GEMM+ReduceScatter and the backward of the row-parallel
+# GEMM+ReduceScatter an AllGather+GEMM, so each backward runs the other fused op for the
+# activation gradient and torch.matmul (cuBLAS handles the transposes) for the weight's.
+# The Functions call the launches above (grad mode is off inside them, so eager calls take the
+# direct path); their outputs are the ops' `out`, marked dirty.
+
+
+def _records_grad(a, b):
+    return torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+
+
+def _bf16_contiguous(t):
+    return (t if t.dtype == torch.bfloat16 else t.to(torch.bfloat16)).contiguous()
+
+
+def _check_out_for_grad(op, out):
+    if out.requires_grad:
+        raise ValueError("%s: out requires grad; with autograd, out must be a plain buffer "
+                         "(or None)" % op)
+
+
+def _check_ag_gemm_grad(comm, a, b, a_gathered, out, gathered_out, grad_workspace):
+    op = "tilewire.ag_gemm"
+    _check_out_for_grad(op, out)
+    if b.requires_grad and not gathered_out:
+        raise ValueError("%s: b requires grad, whose backward reads the gathered a: pass "
+                         "gathered_out=True" % op)
+    if a.requires_grad:
+        m, k = comm.size * a.shape[0], a.shape[1]
+        if grad_workspace is None and comm.size > 1:
+            raise ValueError(
+                "%s: a requires grad, whose backward is a GEMM+ReduceScatter: pass "
+                "grad_workspace=tilewire.gemm_rs_workspace(comm, %d, %d) (allocated once, "
+                "collectively, and reused)" % (op, m, k))
+        if grad_workspace is not None:
+            _check_workspace_size(op, "grad_workspace", comm, grad_workspace, m, k)
+
+
+def _check_gemm_rs_grad(comm, a, b, workspace, out):
+    op = "tilewire.gemm_rs"
+    _check_out_for_grad(op, out)
+    if comm.size > 1:  # the backward gathers grad_out into the workspace, as bf16 [M, N]
+        _check_workspace_size(op, "workspace", comm, workspace, a.shape[0], b.shape[0])
+
+
+def _check_workspace_size(op, name, comm, ws, m, n):
+    need = comm.gemm_rs_workspace_size(m, n)
+    have = ws.numel() * ws.element_size()
+    if not ws.is_contiguous() or have < need or not is_symmetric(comm, ws):
+        raise ValueError("%s: %s must be a contiguous symmetric tensor of at least %d bytes "
+                         "(tilewire.gemm_rs_workspace(comm, %d, %d)), got %d bytes%s"
+                         % (op, name, need, m, n, have,
+                            "" if is_symmetric(comm, ws) else ", not symmetric"))
+
+
+def _bf16_matrix(ws, rows, cols):
+    """The first rows x cols bf16 of a symmetric uint8 workspace, as a matrix view."""
+    return ws.view(-1)[:rows * cols * 2].view(torch.bfloat16).view(rows, cols)
+
+
+class _AgGemmFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, comm_id, a, b, a_gathered, out, comm_sms, no_gather, grad_workspace):
+        _ag_gemm_run(comm_id, a, b, a_gathered, out, comm_sms, no_gather)
+        m, k = out.shape[0], a.shape[1]
+        ctx.comm_id, ctx.grad_workspace, ctx.m, ctx.k = comm_id, grad_workspace, m, k
+        ctx.save_for_backward(b, a_gathered)
+        ctx.mark_dirty(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        b, a_gathered = ctx.saved_tensors
+        comm = comm_by_id(ctx.comm_id)
+        g = _bf16_contiguous(grad_out)
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[1]:  # the reduce-scatter of g @ b: rows of this rank's shard
+            grad_a = gemm_rs(comm, g, b.t().contiguous(), ctx.grad_workspace)
+        if ctx.needs_input_grad[2]:
+            gathered = a_gathered.reshape(-1)[:ctx.m * ctx.k].view(ctx.m, ctx.k)
+            grad_b = torch.matmul(g.t(), gathered)
+        return None, grad_a, grad_b, None, None, None, None, None
+
+
+class _GemmReduceFunction(torch.autograd.Function):
+    """gemm_rs (scatter) and gemm_ar; the arguments after `scatter` are _gemm_reduce_run's."""
+
+    @staticmethod
+    def forward(ctx, scatter, comm_id, a, b, workspace, out, reduce_sms, partials, out_symmetric):
+        _gemm_reduce_run(scatter, comm_id, a, b, workspace, out, reduce_sms, partials,
+                         out_symmetric)
+        ctx.scatter, ctx.comm_id, ctx.workspace = scatter, comm_id, workspace
+        ctx.save_for_backward(a, b)
+        ctx.mark_dirty(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a, b = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        comm = comm_by_id(ctx.comm_id)
+        g = _bf16_contiguous(grad_out)  # gemm_rs: [M / world, N]; gemm_ar: [M, N]
+        if not ctx.scatter or comm.size == 1:  # nothing to gather (gemm_ar: the identity)
+            gathered, grad_a = g, (torch.matmul(g, b) if need_a else None)
+        else:  # the workspace is free once the forward ran: it holds the gathered grad_out
+            gathered = _bf16_matrix(ctx.workspace, a.shape[0], b.shape[0])
+            if need_a:
+                grad_a = ag_gemm(comm, g, b.t().contiguous(), gathered)
+            else:
+                grad_a = None
+                allgather(comm, g, gathered)
+        grad_b = torch.matmul(gathered.t(), a) if need_b else None
+        return None, None, grad_a, grad_b, None, None, None, None, None
 
 
 # ---- the next ops: add each here as it lands in tilewire.h ---------------------------------
