@@ -605,6 +605,12 @@ exp_next17() { # prepared in the sixteenth session, not run (2 GPUs only)
     --world 2 --m 64 --n 8192 --k 1024 --repeats 20 --warmup 5
   run "next17-trace-gemm_ar-16384" 90 env TW_TRACE=1 TW_BENCH_STAMPS=1 "$bin/tw-bench" gemm_ar \
     --world 2 $big_rs --repeats 10 --warmup 3
+  # If that tail is the reduction's backlog (few reduce CTAs during the GEMM): more of them
+  local ab
+  for ab in -1,16,32 32,16,-1; do
+    run "next17-ar16384-reduce-$ab" 120 env TW_BENCH_AB=TW_RS_REDUCE_CTAS=$ab "$bin/tw-bench" \
+      gemm_ar --world 2 $big_rs --repeats 20 --warmup 5
+  done
   # ag_gemm one process per GPU: the own shard's copy (fused-inplace skips it; the copy
   # engine can make it, TW_AG_OWN_COPY_CE=1)
   local ce shape

@@ -126,6 +126,20 @@ def _mutated(tensors):
             _increment_version(t)
 
 
+def _call_mutating(dispatched, impl, tensors, mutated, *args):
+    """One call of a mutating op: its implementation impl(*args) directly where nothing needs
+    the dispatcher (or torch has no custom ops), else dispatched(*args), the call of its
+    torch.ops.tilewire op (spelled out at each call site, as torch.compile traces it).
+    tensors: the call's tensors (None allowed); mutated: those it writes."""
+    if _direct_ok(tensors, mutated):
+        _mutated(mutated)
+        impl(*args)
+    elif _HAVE_CUSTOM_OP:
+        dispatched(*args)
+    else:
+        impl(*args)
+
+
 class _on_device:
     """Makes `index` the current CUDA device for a call that uses the current device."""
 
@@ -514,22 +528,17 @@ def gemm(a, b, out=None, out_dtype=None, sm_count=0):
     (torch.ops.tilewire.gemm / gemm_out).
     """
     dtype = _check_gemm(a, b, out, out_dtype, sm_count)
-    if _direct_ok((a, b, out), () if out is None else (out,)):
-        if out is None:
-            out = torch.empty((a.shape[0], b.shape[0]), dtype=dtype, device=a.device)
-        else:
-            _mutated((out,))
+    if out is not None:
+        _call_mutating(lambda *x: torch.ops.tilewire.gemm_out(*x), _launch_gemm, (a, b, out),
+                       (out,), a, b, out, sm_count)
+        return out
+    if _direct_ok((a, b), ()):
+        out = torch.empty((a.shape[0], b.shape[0]), dtype=dtype, device=a.device)
         _launch_gemm(a, b, out, sm_count)
         return out
-    if out is None:
-        if _HAVE_CUSTOM_OP:
-            return torch.ops.tilewire.gemm(a, b, dtype, sm_count)
-        return _gemm_op(a, b, dtype, sm_count)
     if _HAVE_CUSTOM_OP:
-        torch.ops.tilewire.gemm_out(a, b, out, sm_count)
-    else:
-        _gemm_out_op(a, b, out, sm_count)
-    return out
+        return torch.ops.tilewire.gemm(a, b, dtype, sm_count)
+    return _gemm_op(a, b, dtype, sm_count)
 
 
 # ---- op: allgather ------------------------------------------------------------------------
@@ -601,14 +610,8 @@ def allgather(comm, x, out):
     use a stream per rank (for_each_rank). Returns out.
     """
     _check_allgather(comm, x, out)
-    if _direct_ok((x, out), (out,)):
-        _mutated((out,))
-        _allgather_impl(comm.id, x, out)
-        return out
-    if _HAVE_CUSTOM_OP:
-        torch.ops.tilewire.allgather(comm.id, x, out)
-    else:
-        _allgather_op(comm.id, x, out)
+    _call_mutating(lambda *x: torch.ops.tilewire.allgather(*x), _allgather_impl, (x, out),
+                   (out,), comm.id, x, out)
     return out
 
 
@@ -724,14 +727,9 @@ def ag_gemm(comm, a, b, a_gathered, out=None, out_dtype=None, comm_sms=0, gather
     if out is None:
         out = torch.empty((comm.size * a.shape[0], b.shape[0]), dtype=dtype, device=a.device)
     no_gather = 0 if gathered_out else 1
-    if _direct_ok((a, b, a_gathered, out), (a_gathered, out)):
-        _mutated((a_gathered, out))
-        _ag_gemm_impl(comm.id, a, b, a_gathered, out, comm_sms, no_gather)
-        return out
-    if _HAVE_CUSTOM_OP:
-        torch.ops.tilewire.ag_gemm(comm.id, a, b, a_gathered, out, comm_sms, no_gather)
-    else:
-        _ag_gemm_op(comm.id, a, b, a_gathered, out, comm_sms, no_gather)
+    _call_mutating(lambda *x: torch.ops.tilewire.ag_gemm(*x), _ag_gemm_impl,
+                   (a, b, a_gathered, out), (a_gathered, out),
+                   comm.id, a, b, a_gathered, out, comm_sms, no_gather)
     return out
 
 
@@ -816,10 +814,19 @@ def _launch_gemm_reduce(function, comm_id, a, b, workspace, out, reduce_sms, par
     _lib.call(function, comm.handle, ctypes.byref(args), _stream(a.device))
 
 
+def _gemm_rs_impl(comm_id, a, b, workspace, out, reduce_sms, partials):
+    _launch_gemm_reduce("tw_gemm_rs", comm_id, a, b, workspace, out, reduce_sms, partials)
+
+
+def _gemm_ar_impl(comm_id, a, b, workspace, out, reduce_sms, partials, out_symmetric):
+    _launch_gemm_reduce("tw_gemm_ar", comm_id, a, b, workspace, out, reduce_sms, partials,
+                        out_symmetric)
+
+
 @_custom_op("tilewire::gemm_rs", mutates_args=("workspace", "out"))
 def _gemm_rs_op(comm_id: int, a: torch.Tensor, b: torch.Tensor, workspace: torch.Tensor,
                 out: torch.Tensor, reduce_sms: int, partials: int) -> None:
-    _launch_gemm_reduce("tw_gemm_rs", comm_id, a, b, workspace, out, reduce_sms, partials)
+    _gemm_rs_impl(comm_id, a, b, workspace, out, reduce_sms, partials)
 
 
 @_register_fake(_gemm_rs_op)
@@ -830,8 +837,7 @@ def _gemm_rs_fake(comm_id, a, b, workspace, out, reduce_sms, partials):
 @_custom_op("tilewire::gemm_ar", mutates_args=("workspace", "out"))
 def _gemm_ar_op(comm_id: int, a: torch.Tensor, b: torch.Tensor, workspace: torch.Tensor,
                 out: torch.Tensor, reduce_sms: int, partials: int, out_symmetric: int) -> None:
-    _launch_gemm_reduce("tw_gemm_ar", comm_id, a, b, workspace, out, reduce_sms, partials,
-                        out_symmetric)
+    _gemm_ar_impl(comm_id, a, b, workspace, out, reduce_sms, partials, out_symmetric)
 
 
 @_register_fake(_gemm_ar_op)
@@ -851,19 +857,13 @@ def _gemm_reduce(scatter, comm, a, b, workspace, out, reduce_sms, partials, out_
         out = torch.empty((rows, n), dtype=torch.bfloat16, device=a.device)
     if workspace is None:  # world == 1: the op needs none; the custom op wants a tensor
         workspace = torch.empty(0, dtype=torch.uint8, device=a.device)
-    if _direct_ok((a, b, workspace, out), (workspace, out)):
-        _mutated((workspace, out))
-        _launch_gemm_reduce("tw_gemm_rs" if scatter else "tw_gemm_ar", comm.id, a, b, workspace,
-                            out, reduce_sms, int(_PARTIALS[partials]), int(out_symmetric))
-        return out
-    if _HAVE_CUSTOM_OP:
-        fn = torch.ops.tilewire.gemm_rs if scatter else torch.ops.tilewire.gemm_ar
-    else:
-        fn = _gemm_rs_op if scatter else _gemm_ar_op
+    args = (comm.id, a, b, workspace, out, reduce_sms, int(_PARTIALS[partials]))
     if scatter:
-        fn(comm.id, a, b, workspace, out, reduce_sms, int(_PARTIALS[partials]))
+        _call_mutating(lambda *x: torch.ops.tilewire.gemm_rs(*x), _gemm_rs_impl,
+                       (a, b, workspace, out), (workspace, out), *args)
     else:
-        fn(comm.id, a, b, workspace, out, reduce_sms, int(_PARTIALS[partials]), int(out_symmetric))
+        _call_mutating(lambda *x: torch.ops.tilewire.gemm_ar(*x), _gemm_ar_impl,
+                       (a, b, workspace, out), (workspace, out), *args, int(out_symmetric))
     return out
 
 

@@ -21,8 +21,9 @@ tw-bench's rows, so tilewire.bench reads the JSON):
 Times: CUDA events around each call on every rank, no barrier between calls (the collectives
 and the fused ops synchronise the ranks themselves), after the warm-up calls and about
 --warm-ms of calls (a power-capped card settles its clock; every rank makes the same number of
-calls, each being collective); each figure is the slowest rank's median. speedup: over the fp32 pipeline (bf16p rows over the bf16 one); overlap: max(t_gemm,
-t_comm) / t_fused; bound rows: (t_gemm + t_comm) / max(t_gemm, t_comm) in the speedup column.
+calls, each being collective); each figure is the slowest rank's median. speedup: over the
+fp32 pipeline (bf16p rows over the bf16 one); overlap: max(t_gemm, t_comm) / t_fused; bound
+rows: (t_gemm + t_comm) / max(t_gemm, t_comm) in the speedup column.
 Rank 0 prints tilewire.bench's table and the yardstick (speedup / bound) and writes --json.
 Results are checked (unless --no-check) against the NCCL pipeline's: relative error below 1e-2
 (2e-2 with bf16 partials), and the gathered A bitwise. NCCL_NVLS_ENABLE defaults to 0.
@@ -350,6 +351,13 @@ class _Rank:
         g = torch.Generator(device=self.device).manual_seed(seed)
         return torch.randn(shape, device=self.device, dtype=torch.bfloat16, generator=g)
 
+    def quiesce(self):
+        """Every rank's queued work finished and every rank past this point (before a timed
+        or profiled stretch)."""
+        self.torch.cuda.synchronize()
+        self.dist.barrier()
+        self.torch.cuda.synchronize()
+
     def mm32(self, a, b):
         """a @ b.T with fp32 output: torch.mm(out_dtype=...) where this torch has it, else
         tilewire.gemm (our GEMM core, at cuBLAS parity)."""
@@ -381,9 +389,7 @@ class _Rank:
         dist.all_reduce(calls, op=dist.ReduceOp.MAX)
         for _ in range(int(calls.item())):
             fn()
-        torch.cuda.synchronize()
-        dist.barrier()
-        torch.cuda.synchronize()
+        self.quiesce()
         n = max(1, args.repeats)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
@@ -546,15 +552,13 @@ class _Rank:
         all GPU activity / calls), busy (the union of the activity's intervals / calls), idle
         (period - busy) in us and, per kernel name, its count and median duration: the idle
         time between calls shows without TW_TRACE's own cost. Rank 0's view."""
-        torch, dist = self.torch, self.dist
+        torch = self.torch
         from torch.profiler import ProfilerActivity, profile
 
         for variant, fn in fns.items():
             for _ in range(5):
                 fn()
-            torch.cuda.synchronize()
-            dist.barrier()
-            torch.cuda.synchronize()
+            self.quiesce()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(calls):
                     fn()
@@ -623,9 +627,7 @@ class _Rank:
         for name, fn in fns:
             for _ in range(50):
                 fn()
-            torch.cuda.synchronize()
-            dist.barrier()
-            torch.cuda.synchronize()
+            self.quiesce()
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
@@ -641,8 +643,7 @@ class _Rank:
         import pstats
 
         prof = cProfile.Profile() if self.rank == 0 else None
-        torch.cuda.synchronize()
-        dist.barrier()
+        self.quiesce()
         if prof:
             prof.enable()
         for _ in range(500):
@@ -658,7 +659,7 @@ class _Rank:
         return res
 
     def run(self):
-        torch, args = self.torch, self.args
+        args = self.args
         rows = []
         ops = args.op or list(OPS)
         for op in ops:
@@ -676,8 +677,7 @@ class _Rank:
                 else:
                     t, ok, flops = self._gemm_reduce(op, shape)
                 rows += make_rows(op, label, flops, t, ok)
-                torch.cuda.synchronize()
-                self.dist.barrier()
+                self.quiesce()
         err = self.comm.async_error()
         if err is not None:
             raise RuntimeError("tilewire: %s" % err)
