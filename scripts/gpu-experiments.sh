@@ -48,6 +48,7 @@
 #             bench_dist --profile (torch.profiler's kernel timeline) at M=64 and flux-tp8;
 #             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
+#     memo17  (branch exp/tma-memo, not run) the TMA map memo: GPU tests, host cost off / on
 #     next16  (run in the sixteenth session: both leads closed) 8 virtual ranks: ag_gemm's
 #             gathered output by copy engine beside the no-gather GEMM (fused-ce-gather rows);
 #             2 GPUs: ag_gemm's L2 group (TW_AG_GROUP_M=0,4,8 both orders) at flux-tp8, M=16384
@@ -618,6 +619,22 @@ exp_next17() { # prepared in the sixteenth session, not run (2 GPUs only)
       run "next17-dist-ag-own$ce-${shape// /}" 150 $py TW_AG_OWN_COPY_CE=$ce python3 -m \
         tilewire.bench_dist --nproc 2 --op ag_gemm $shape --repeats 30
     done
+  done
+}
+exp_memo17() { # branch exp/tma-memo (sixteenth session, not run): the per-thread memo of TMA
+  # tensor maps (TW_TMA_MEMO, default on): the GPU tests with it, then the host cost per call
+  # with it off and on (bench_dist --host, 2 GPUs; its cuTensorMapEncodeTiled row says what
+  # one encode costs)
+  run "memo17-test_gemm" 60 "$bin/test_gemm"
+  run "memo17-test_ag_gemm" 120 "$bin/test_ag_gemm"
+  run "memo17-test_gemm_rs" 150 env TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] || return 0
+  local memo
+  for memo in 0 1 0 1; do
+    run "memo17-host-$memo" 120 env TW_TMA_MEMO=$memo TILEWIRE_LIB="$root/$bin/libtilewire.so" \
+      PYTHONPATH="$root/python" python3 -m tilewire.bench_dist --nproc 2 --host
+    summary+=("$(grep -E '^(tilewire\.|tw_|cuTensorMap)' "$out/logs/memo17-host-$memo.log" |
+      awk -v m="$memo" '{printf "  memo=%s %s", m, $0 "\n"}')")
   done
 }
 exp_fp32out15() { # fifteenth session: what fp32 output costs the GEMM core against cuBLAS
