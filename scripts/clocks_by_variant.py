@@ -40,7 +40,7 @@ def main():
             if m:
                 words = line.split()
                 known = [w for w in words if re.match(r"^[a-z][a-z0-9+-]*$", w) and w not in (
-                    "ag_gemm", "gemm_rs", "gemm_ar", "gemm", "allgather", "ok", "flux-tp8", "small-m")]
+                    "ag_gemm", "gemm_rs", "gemm_ar", "gemm", "allgather", "ok", "flux-tp8", "small-m", "decode")]
                 rows.append(known[0] if known else "?")
     for n in sorted(spans):
         s = spans[n]

@@ -42,13 +42,15 @@
 #             A/B on 2 GPUs and 2 virtual ranks (twelfth session: taken for fp32, K < 4096)
 #     oe12d   the owner-epilogue rule: A/B of the rule (-1) against 0 and 1 on
 #             2 GPUs; the plans it makes (TW_LOG_LEVEL=3)
-#     next17  (the default; prepared in the sixteenth session, not run) 2 GPUs: decode-sized
+#     next17  (run in the seventeenth session) 2 GPUs: decode-sized
 #             shapes (M 16-256, against NCCL + cuBLAS: issue 7's "never slower at any shape"),
 #             one process and one per GPU; the trace of GEMM+AR at M=64 (the latency floor);
 #             bench_dist --profile (torch.profiler's kernel timeline) at M=64 and flux-tp8;
 #             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
-#     memo17  (branch exp/tma-memo, not run) the TMA map memo: GPU tests, host cost off / on
+#     decode17 (seventeenth session) decode shapes (M 16/64/256) after the pull where boxes
+#             straddle owners; test_gemm_rs on virtual ranks and distinct GPUs
+#     memo17  (run in the seventeenth session, merged) the TMA map memo: GPU tests, host cost off / on
 #     next16  (run in the sixteenth session: both leads closed) 8 virtual ranks: ag_gemm's
 #             gathered output by copy engine beside the no-gather GEMM (fused-ce-gather rows);
 #             2 GPUs: ag_gemm's L2 group (TW_AG_GROUP_M=0,4,8 both orders) at flux-tp8, M=16384
@@ -571,16 +573,22 @@ exp_next16() { # prepared in the fifteenth session, not run: on 8 virtual ranks,
     done
   done
 }
-exp_next17() { # prepared in the sixteenth session, not run (2 GPUs only)
+# tw-bench gemm_ar and gemm_rs on 2 GPUs at a decode shape: M=$2, n 8192, K 1024 (a TP=8
+# Llama-70B attention-out projection), logs named $1-<op>-m$2
+decode_rs_rows() {
+  local op
+  for op in gemm_ar gemm_rs; do
+    run "$1-$op-m$2" 90 "$bin/tw-bench" $op --world 2 --m "$2" --n 8192 --k 1024 --repeats 50 \
+      --warmup 5
+  done
+}
+exp_next17() { # prepared in the sixteenth session, run in the seventeenth (2 GPUs only)
   [ "$ngpus" -gt 1 ] || return 0
   local m op py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python"
   # Decode-sized shapes (a TP=8 Llama-70B layer per rank: hidden 8192, attention-out K 1024):
   # the fused ops against NCCL + cuBLAS where the fused kernel's fixed costs dominate
   for m in 16 64 256; do
-    for op in gemm_ar gemm_rs; do
-      run "next17-$op-m$m" 90 "$bin/tw-bench" $op --world 2 --m $m --n 8192 --k 1024 \
-        --repeats 50 --warmup 5
-    done
+    decode_rs_rows next17 $m
     run "next17-ag_gemm-m$m" 90 "$bin/tw-bench" ag_gemm --world 2 --m $m --n 1024 --k 8192 \
       --repeats 50 --warmup 5
     # the GEMM core there against cuBLAS (128-row tiles with M <= 256 leave most SMs idle)
@@ -619,6 +627,26 @@ exp_next17() { # prepared in the sixteenth session, not run (2 GPUs only)
       run "next17-dist-ag-own$ce-${shape// /}" 150 $py TW_AG_OWN_COPY_CE=$ce python3 -m \
         tilewire.bench_dist --nproc 2 --op ag_gemm $shape --repeats 30
     done
+  done
+}
+exp_decode17() { # seventeenth session: decode shapes with the pull where boxes straddle owners
+  # (m_local % 64 != 0; before: GEMM+AR M=64 0.123 ms, M=16 0.069, tw_gemm + reduce 0.033)
+  run "decode17-test_gemm_rs" 200 env TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "decode17-test_gemm_rs-distinct" 200 env TW_WATCHDOG_S=15 TW_TEST_DEVICES=distinct \
+    "$bin/test_gemm_rs"
+  local m op py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python"
+  for m in 16 64 256; do
+    decode_rs_rows decode17 $m
+  done
+  # the push at M=64 for comparison (TW_RS_PULL=0: one thread's stores for straddling boxes)
+  run "decode17-gemm_ar-m64-push" 90 env TW_BENCH_AB=TW_RS_PULL=0,1 "$bin/tw-bench" gemm_ar \
+    --world 2 --m 64 --n 8192 --k 1024 --repeats 50 --warmup 5
+  run "decode17-trace-gemm_ar-m64" 60 env TW_TRACE=1 "$bin/tw-bench" gemm_ar --world 2 --m 64 \
+    --n 8192 --k 1024 --repeats 10 --warmup 3
+  for op in gemm_ar gemm_rs; do
+    run "decode17-dist-$op-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 --op $op \
+      --m 64 --n 8192 --k 1024 --repeats 50
   done
 }
 exp_memo17() { # branch exp/tma-memo (sixteenth session, not run): the per-thread memo of TMA

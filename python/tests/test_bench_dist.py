@@ -18,7 +18,8 @@ def test_shapes_are_the_issues_sweeps():
     rs = bench_dist.shapes("gemm_rs")
     assert rs[0] == ("flux-tp8", 4096, 12288, 6144)
     assert [s[1:] for s in rs[1:]] == [(4096, 4096, 512), (8192, 8192, 1024),
-                                       (16384, 16384, 2048)]
+                                       (16384, 16384, 2048), (64, 8192, 1024)]
+    assert rs[-1][0] == "decode" and ("decode", 64, 8192, 1024) in bench_dist.shapes("gemm_ar")
     assert bench_dist.shapes("gemm_ar")[-1] == ("small-m", 1024, 8192, 2048)
     assert all(len(bench_dist.shapes(op, quick=True)) >= 2 for op in bench_dist.OPS)
     assert bench_dist.shapes("gemm_rs", one=(64, 128, 256)) == [("", 64, 128, 256)]

@@ -51,7 +51,8 @@ OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
 def shapes(op, quick=False, one=None):
     """[(name, m, n, k)]: ag_gemm m = total rows, n = columns per rank, k = K; gemm_rs /
     gemm_ar m = rows of the product, n = columns, k = K per rank. The issues' sweeps: Flux's
-    TP=8 layers and M in {4096, 8192, 16384} (ag_gemm K=M, N=M/8; gemm_rs/ar N=M, K=M/8)."""
+    TP=8 layers and M in {4096, 8192, 16384} (ag_gemm K=M, N=M/8; gemm_rs/ar N=M, K=M/8), and
+    for gemm_rs / gemm_ar a decode shape (M=64, N=8192, K 1024 per rank)."""
     if one is not None:
         return [("",) + tuple(one)]
     if op == "ag_gemm":
@@ -62,6 +63,8 @@ def shapes(op, quick=False, one=None):
     full = [("flux-tp8", 4096, 12288, 49152 // 8)] + [("", m, m, m // 8)
                                                        for m in (4096, 8192, 16384)]
     quick_set = [("", 2048, 2048, 512), ("", 4096, 4096, 512)]
+    # 64 tokens of decode through a TP=8 Llama-70B attention-out projection (hidden 8192)
+    full.append(("decode", 64, 8192, 1024))
     if op == "gemm_ar":
         full.append(("small-m", 1024, 8192, 2048))
         quick_set.append(("small-m", 1024, 8192, 2048))

@@ -103,7 +103,9 @@ TW_ENV(TW_RS_PULL, int, "-1",
        "tw_gemm_rs / tw_gemm_ar: 1 has each rank store its whole partial locally and the owners "
        "read their rows of it from every rank when reducing (the pull), 0 has the epilogue push "
        "each tile into its owner's staging (the push), -1 pulls where more than 2 ranks of the "
-       "comm share a GPU (measured faster there). Every rank must set it alike.")
+       "comm share a GPU (measured faster there) or where m / world is not a multiple of 64 "
+       "(decode shapes: owners' rows start inside the epilogue's boxes). Every rank must set it "
+       "alike.")
 TW_ENV(TW_RS_OWNER_EPI, int, "-1",
        "tw_gemm_rs / tw_gemm_ar on 2 ranks (m / 2 a multiple of 128, one tile per counter): 1 "
        "computes each rank's own tiles after the peer's partials of them have landed and reduces "

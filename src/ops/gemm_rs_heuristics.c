@@ -227,8 +227,17 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * 3.23 -> 3.03, m 1024 n 8192 K 2048 0.681 -> 0.643, M=16384 20.4 -> 19.5; GEMM+AR fp32
    * 0.721 -> 0.677, 3.60 -> 3.41, 0.743 -> 0.707, 22.0 -> 21.3; bf16 partials level or
    * faster. On 2 GPUs the push stays (fourth session: pull 3.19 against 2.81 ms at M=16384),
-   * and so it does on 2 ranks sharing a GPU, where the owner epilogue (push layout) wins. */
-  plan->pull = world > 1 && (a->pull_env >= 0 ? a->pull_env != 0 : a->shared_gpu && world > 2);
+   * and so it does on 2 ranks sharing a GPU, where the owner epilogue (push layout) wins.
+   *
+   * Also wherever owners' rows start inside a 64-row box of the epilogue (m_local not a multiple
+   * of 64: decode shapes). With the push such a box's rows of the later owner cannot go by TMA
+   * (a negative row coordinate) and one thread copies them with 16-byte stores over NVLink.
+   * Seventeenth session, 2 H200s, n 8192 K 1024 (docs/PERF.md): GEMM+AR at M=64 took 0.123 ms
+   * against 0.033 for tw_gemm then the reduce, M=16 0.069, while M=256 (whole boxes) 0.065;
+   * the trace put the time in the reduction's waits. The pull stores every box at its own rows. */
+  const int straddle = m_local % (TW_GEMM_RS_BLOCK_M / 2) != 0;
+  plan->pull =
+      world > 1 && (a->pull_env >= 0 ? a->pull_env != 0 : (a->shared_gpu && world > 2) || straddle);
   /* The owner epilogue on 2 ranks (RsEpi::combine): each rank's own tiles come after the
    * peer's partials of them and are reduced in their epilogue. It needs whole row blocks per
    * owner, one unit per counter (the combine waits for the peer's one count of its unit) and

@@ -208,7 +208,8 @@ template <class P> struct RsEpi {
       /* The owner's rows start inside the box: a TMA store would need a negative row
        * coordinate (an illegal instruction here), so this thread copies those rows out of
        * the 128B-swizzled box with 16-byte stores. Only boxes at owner boundaries that are
-       * not 64-row aligned take this path. */
+       * not 64-row aligned take this path, and the plan pulls there unless TW_RS_PULL=0 (one
+       * thread's stores over NVLink made GEMM+AR at M=64 4x slower than tw_gemm + reduce). */
       constexpr int32_t kPer16 = 16 / (int32_t)sizeof(P); /* elements per 16-byte chunk */
       const int32_t r_end = min(kBoxRows, p.m_local - local);
       const uint8_t *src = static_cast<const uint8_t *>(box);

@@ -30,8 +30,9 @@ int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, si
     buf[0] = 0;
   const uint64_t ch1 = rows[TW_TRACE_CTAS * TW_TRACE_FIELDS];
   uint64_t t0 = UINT64_MAX, comm[TW_TRACE_CTAS], gemm[TW_TRACE_CTAS], gather[TW_TRACE_CTAS],
-           end_max = 0, wait = 0, waits = 0, wait_max = 0, gwait = 0, gwait_max = 0;
-  int ctas = 0, ncomm = 0, ngemm = 0, ngather = 0;
+           done[TW_TRACE_CTAS], end_max = 0, wait = 0, waits = 0, wait_max = 0, gwait = 0,
+           gwait_max = 0;
+  int ctas = 0, ncomm = 0, ngemm = 0, ngather = 0, ndone = 0;
   for (int c = 0; c < TW_TRACE_CTAS; c++) {
     const uint64_t start = rows[c * TW_TRACE_FIELDS + TW_TR_START];
     if (start && start < t0)
@@ -46,6 +47,8 @@ int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, si
       comm[ncomm++] = r[TW_TR_COMM_END] - t0;
     if (r[TW_TR_GEMM_END] >= t0 && r[TW_TR_GEMM_END])
       gemm[ngemm++] = r[TW_TR_GEMM_END] - t0;
+    if (r[TW_TR_DONE_AT] >= t0 && r[TW_TR_DONE] && r[TW_TR_DONE_AT]) /* CTAs that had tiles */
+      done[ndone++] = r[TW_TR_DONE_AT] - t0;
     if (r[TW_TR_END] > t0 && r[TW_TR_END] - t0 > end_max)
       end_max = r[TW_TR_END] - t0;
     wait += r[TW_TR_WAIT_NS], waits += r[TW_TR_WAITS];
@@ -64,7 +67,8 @@ int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, si
   qsort(comm, (size_t)ncomm, sizeof(uint64_t), cmp_u64);
   qsort(gemm, (size_t)ngemm, sizeof(uint64_t), cmp_u64);
   qsort(gather, (size_t)ngather, sizeof(uint64_t), cmp_u64);
-  const int n = snprintf(
+  qsort(done, (size_t)ndone, sizeof(uint64_t), cmp_u64);
+  int n = snprintf(
       buf, len,
       "tw trace: %s rank %d call %llu: %d CTAs; us from the first start: comm/reduce-first "
       "end med %.1f max %.1f (%d CTAs), GEMM end min %.1f med %.1f max %.1f, end max %.1f; "
@@ -73,6 +77,11 @@ int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, si
       ncomm ? comm[ncomm - 1] * 1e-3 : 0.0, ncomm, ngemm ? gemm[0] * 1e-3 : 0.0,
       ngemm ? gemm[ngemm / 2] * 1e-3 : 0.0, ngemm ? gemm[ngemm - 1] * 1e-3 : 0.0, end_max * 1e-3,
       wait * 1e-3, (unsigned long long)waits, wait_max * 1e-3, (double)t0 * 1e-3);
+  /* When the CTAs that ran GEMM tiles finished their last one (stored and signalled): the
+   * GEMM end above also counts CTAs that found the tile queue empty. */
+  if (ndone && n > 0 && (size_t)n < len)
+    n += snprintf(buf + n, len - (size_t)n, "; last tile done min %.1f med %.1f max %.1f (%d CTAs)",
+                  done[0] * 1e-3, done[ndone / 2] * 1e-3, done[ndone - 1] * 1e-3, ndone);
   /* tw_gemm_ar: when the CTAs began the all-gather, and how long they waited in it for the
    * owners' reduced rows (the rest of the waits came before). */
   if (ngather && n > 0 && (size_t)n < len)

@@ -489,6 +489,8 @@ int main(int argc, char **argv) {
        * of the rank with the fewest SMs; with 3 ranks on 2 GPUs, 66 and 132 SMs, every rank
        * must count 66 or the groups disagree). */
       test_case(w, 1024, 8448, 64, 0, seed + 60 * w);
+      /* a decode shape: owners' rows start inside a 64-row box, so the plan pulls */
+      test_case(w, 32 / (w > 4 ? 4 : 1), 8192, 1024, 0, seed + 65 * w);
     }
     /* m 2048 n 8192: 512 tiles, at least 3 waves of 132 CTAs, so on 2 ranks the rule takes the
      * owner epilogue for both ops (fp32 partials, K < 4096); same bits. */

@@ -414,6 +414,7 @@ static void test_gemm_rs_plans(void) {
     }
   }
   /* The pull (plan.pull): by default where more than 2 ranks share a GPU (measured there);
+   * and wherever an owner's rows start inside a 64-row box (m_local % 64, decode shapes);
    * TW_RS_PULL 0 / 1 wins; never at world 1 (the direct scheme's plan); on 2 ranks sharing a
    * GPU the push stays and with it the owner epilogue. The reduce CTAs at the wave boundary
    * (trimmed to save a wave of GEMM tiles; GEMM+RS to half the estimate at most, GEMM+AR to
@@ -484,6 +485,21 @@ static void test_gemm_rs_plans(void) {
        0,
        5,
        "reduce_sms 5 as set"},
+      {{2, 64, 8192, 1024, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1},
+       1,
+       0,
+       -1,
+       "AR decode M=64: boxes straddle owners, pull"},
+      {{2, 256, 8192, 1024, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1},
+       0,
+       0,
+       -1,
+       "RS M=256: whole boxes, push"},
+      {{2, 64, 8192, 1024, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0},
+       0,
+       0,
+       -1,
+       "RS M=64 with TW_RS_PULL=0: push"},
   };
   for (size_t i = 0; i < sizeof(pl) / sizeof(pl[0]); i++) {
     tw_gemm_rs_plan_t pp;
@@ -623,8 +639,11 @@ static void test_gemm_rs_plan_invariants(void) {
       why = "the comm's flag stride";
     else if (p.steal != (a.steal != 0))
       why = "stealing as asked";
-    else if (p.pull && (a.pull_env == 0 || (a.pull_env < 0 && !(a.shared_gpu && a.world > 2))))
-      why = "pull only where asked or more than 2 ranks share a GPU";
+    else if (p.pull && (a.pull_env == 0 ||
+                        (a.pull_env < 0 && !(a.shared_gpu && a.world > 2) && m_local % 64 == 0)))
+      why = "pull only where asked, more than 2 ranks share a GPU or boxes straddle owners";
+    else if (a.world > 1 && a.pull_env < 0 && m_local % 64 != 0 && !p.pull)
+      why = "boxes straddling owners pull";
     else if (a.pull_env == 1 && !p.pull)
       why = "TW_RS_PULL=1 pulls";
     else if (p.owner_epi && (a.world != 2 || p.pull || p.reduce_ctas != 0 || p.group_units != 1 ||

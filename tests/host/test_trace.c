@@ -53,6 +53,15 @@ int main(void) {
   TEST_ASSERT(strstr(line, "waits 12.0 us in 3 (CTA max 6.0)") != NULL, "all waits still: \"%s\"",
               line);
   rows[1 * TW_TRACE_FIELDS + TW_TR_GATHER_AT] = rows[2 * TW_TRACE_FIELDS + TW_TR_GATHER_AT] = 0;
+  /* CTAs 0 and 2 finished GEMM tiles at 50 / 90 us (CTA 1 had none): the last-tile part. */
+  TEST_ASSERT(strstr(line, "last tile") == NULL, "no tile part without tiles: \"%s\"", line);
+  rows[0 * TW_TRACE_FIELDS + TW_TR_DONE] = TW_TR_TILE(0, 3);
+  rows[0 * TW_TRACE_FIELDS + TW_TR_DONE_AT] = base + 51000;
+  rows[2 * TW_TRACE_FIELDS + TW_TR_DONE] = TW_TR_TILE(1, 0);
+  rows[2 * TW_TRACE_FIELDS + TW_TR_DONE_AT] = base + 91000;
+  TEST_ASSERT(tw_trace_format(rows, 3, 9, line, sizeof(line)) == 1, "a line with tiles");
+  TEST_ASSERT(strstr(line, "; last tile done min 50.0 med 90.0 max 90.0 (2 CTAs)") != NULL,
+              "last-tile part in \"%s\"", line);
   /* An unknown channel still prints, named "?"; a short buffer truncates safely. */
   rows[TW_TRACE_CTAS * TW_TRACE_FIELDS] = 99;
   char small[16];

@@ -528,21 +528,22 @@ static int run_ar(const bench_opts_t *o, const bench_shape_t *s, bench_results_t
 static const bench_shape_t rs_sweep[] = {{4096, 12288, 6144, "flux-tp8"},
                                          {4096, 4096, 512, NULL},
                                          {8192, 8192, 1024, NULL},
-                                         {16384, 16384, 2048, NULL}};
-static const bench_shape_t rs_quick[] = {{1024, 1024, 256, NULL}, {4096, 4096, 512, NULL}};
-/* gemm_ar adds a small-m (decode-like) shape: 128 rows per rank on 8 ranks. */
-static const bench_shape_t ar_sweep[] = {{4096, 12288, 6144, "flux-tp8"},
-                                         {4096, 4096, 512, NULL},
-                                         {8192, 8192, 1024, NULL},
                                          {16384, 16384, 2048, NULL},
-                                         {1024, 8192, 2048, "small-m"}};
+                                         {64, 8192, 1024, "decode"}};
+static const bench_shape_t rs_quick[] = {{1024, 1024, 256, NULL}, {4096, 4096, 512, NULL}};
+/* decode: 64 tokens through a TP=8 Llama-70B attention-out projection (hidden 8192, K 1024 per
+ * rank; owners' rows start inside 64-row boxes, so the plan pulls). gemm_ar adds a small-m
+ * shape: 128 rows per rank on 8 ranks. */
+static const bench_shape_t ar_sweep[] = {
+    {4096, 12288, 6144, "flux-tp8"}, {4096, 4096, 512, NULL},    {8192, 8192, 1024, NULL},
+    {16384, 16384, 2048, NULL},      {64, 8192, 1024, "decode"}, {1024, 8192, 2048, "small-m"}};
 
 extern "C" const bench_op_t bench_op_gemm_rs = {
     "gemm_rs",
     "fused GEMM+ReduceScatter vs unfused (cuBLAS/tw_gemm + reduce) and the pieces; m = total "
     "rows, k = K per rank, --world ranks (8)",
     rs_sweep,
-    4,
+    5,
     rs_quick,
     2,
     run_rs};
@@ -552,7 +553,7 @@ extern "C" const bench_op_t bench_op_gemm_ar = {
     "fused GEMM+AllReduce vs unfused (cuBLAS/tw_gemm + reduce) and the pieces; m = total rows, "
     "k = K per rank, --world ranks (8)",
     ar_sweep,
-    5,
+    6,
     rs_quick,
     2,
     run_ar};
