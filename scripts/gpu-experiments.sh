@@ -48,7 +48,7 @@
 #             bench_dist --profile (torch.profiler's kernel timeline) at M=64 and flux-tp8;
 #             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
-#     decode17 (seventeenth session) decode shapes (M 16/64/256) after the pull where boxes
+#     decode17 (the default; run in the seventeenth session) decode shapes (M 16/64/256) after the pull where boxes
 #             straddle owners; test_gemm_rs on virtual ranks and distinct GPUs
 #     memo17  (run in the seventeenth session, merged) the TMA map memo: GPU tests, host cost off / on
 #     next16  (run in the sixteenth session: both leads closed) 8 virtual ranks: ag_gemm's
@@ -649,10 +649,10 @@ exp_decode17() { # seventeenth session: decode shapes with the pull where boxes 
       --m 64 --n 8192 --k 1024 --repeats 50
   done
 }
-exp_memo17() { # branch exp/tma-memo (sixteenth session, not run): the per-thread memo of TMA
-  # tensor maps (TW_TMA_MEMO, default on): the GPU tests with it, then the host cost per call
-  # with it off and on (bench_dist --host, 2 GPUs; its cuTensorMapEncodeTiled row says what
-  # one encode costs)
+exp_memo17() { # branch exp/tma-memo (sixteenth session; run and merged in the seventeenth): the
+  # per-thread memo of TMA tensor maps (TW_TMA_MEMO, default on): the GPU tests with it, then
+  # the host cost per call with it off and on (bench_dist --host, 2 GPUs; its
+  # cuTensorMapEncodeTiled row says what one encode costs)
   run "memo17-test_gemm" 60 "$bin/test_gemm"
   run "memo17-test_ag_gemm" 120 "$bin/test_ag_gemm"
   run "memo17-test_gemm_rs" 150 env TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
@@ -826,7 +826,7 @@ exp_diag13() { # run in the fourteenth session: the consumers' wait for the prev
     done
   done
 }
-for e in ${TW_EXP:-next17}; do
+for e in ${TW_EXP:-decode17}; do
   "exp_$e"
 done
 libs=${TW_DIAG_LIBS-}
