@@ -48,8 +48,9 @@
 #             bench_dist --profile (torch.profiler's kernel timeline) at M=64 and flux-tp8;
 #             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
-#     decode17 (the default; run in the seventeenth session) decode shapes (M 16/64/256) after the pull where boxes
-#             straddle owners; test_gemm_rs on virtual ranks and distinct GPUs
+#     decode17 (the default; run in the seventeenth session) decode shapes (M 16/64/256) after
+#             the pull where boxes straddle owners; test_gemm_rs on virtual ranks and distinct
+#             GPUs
 #     memo17  (run in the seventeenth session, merged) the TMA map memo: GPU tests, host cost off / on
 #     next16  (run in the sixteenth session: both leads closed) 8 virtual ranks: ag_gemm's
 #             gathered output by copy engine beside the no-gather GEMM (fused-ce-gather rows);
