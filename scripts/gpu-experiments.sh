@@ -48,6 +48,8 @@
 #             bench_dist --profile (torch.profiler's kernel timeline) at M=64 and flux-tp8;
 #             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
+#     ownce18 (branch exp/own-ce, not run) ag_gemm's own-shard copy by copy engine by rule: tests,
+#             bench_dist A/B against 0 in both orders
 #     decode17 (the default; run in the seventeenth session) decode shapes (M 16/64/256) after
 #             the pull where boxes straddle owners; test_gemm_rs on virtual ranks and distinct
 #             GPUs
@@ -648,6 +650,21 @@ exp_decode17() { # seventeenth session: decode shapes with the pull where boxes 
   for op in gemm_ar gemm_rs; do
     run "decode17-dist-$op-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 --op $op \
       --m 64 --n 8192 --k 1024 --repeats 50
+  done
+}
+exp_ownce18() { # branch exp/own-ce (seventeenth session, not run): the own-shard copy by copy
+  # engine by rule (TW_AG_OWN_COPY_CE=-1: 2 ranks on their own GPUs, push < 0.3 of the GEMM);
+  # the tests on distinct GPUs, then the rule against 0 at the bench_dist shapes, both orders
+  run "ownce18-test_ag_gemm" 150 "$bin/test_ag_gemm"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "ownce18-test_ag_gemm-distinct" 150 env TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
+  local ce shape py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python"
+  for shape in "--m 4096 --n 6144 --k 12288" "--m 8192 --n 1024 --k 8192" \
+    "--m 4096 --n 512 --k 4096"; do
+    for ce in -1 0 0 -1; do
+      run "ownce18-$ce-${shape// /}" 60 $py TW_AG_OWN_COPY_CE=$ce python3 -m \
+        tilewire.bench_dist --nproc 2 --op ag_gemm $shape --repeats 30
+    done
   done
 }
 exp_memo17() { # branch exp/tma-memo (sixteenth session; run and merged in the seventeenth): the

@@ -78,10 +78,13 @@ TW_ENV(TW_AG_AUTO_CE, int, "-1",
        "(one process or one per GPU) where the push takes 0.3-0.8 of the GEMM's estimated time "
        "(measured faster there on 2 H200s). Set it alike on every rank: ranks in different modes "
        "wait for each other's flags until TW_WAIT_TIMEOUT_MS and fail.")
-TW_ENV(TW_AG_OWN_COPY_CE, bool, "0",
+TW_ENV(TW_AG_OWN_COPY_CE, int, "-1",
        "tw_ag_gemm (SM mode, not in place, shards of whole 128-row blocks): 1 copies the rank's "
        "own shard into a_gathered with a copy engine beside the kernel, 0 with the kernel's "
-       "communication CTAs after their pushes (measured mixed, docs/PERF.md).")
+       "communication CTAs after their pushes, -1 takes the copy engine on 2 ranks on GPUs of "
+       "their own where the "
+       "push is under 0.3 of the GEMM's estimated time (measured faster there, slower where the "
+       "push is a large share; docs/PERF.md).")
 TW_ENV(TW_AG_PEER_READ, bool, "1",
        "tw_ag_gemm with no_gathered_out = 1 and every rank on one GPU: 1 reads the peers' "
        "shards in place (no copies), 0 pushes them as on distinct GPUs.")

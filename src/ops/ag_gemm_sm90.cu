@@ -414,7 +414,7 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
                        comm->ranks_on_device == world, a->m_local, a->n, a->a == (const void *)own,
                        a->comm_sms, (int)tw_env_int(TW_AG_PEER_READ_ID),
                        (int)tw_env_int(TW_AG_PEER_GATHER_ID));
-  /* The own-slot copy by a copy engine (TW_AG_OWN_COPY_CE=1), pushing mode only. Where no
+  /* The own-slot copy by a copy engine (tw_ag_gemm_own_copy_ce), pushing mode only. Where no
    * tile straddles this shard and a peer's (world 1, or shards of whole 128-row blocks), the
    * own copy only feeds the gathered output (the shard's tiles read `a`), so it can run beside
    * the kernel. A straddling tile reads its own rows from the slot and waits for their chunk
@@ -422,7 +422,8 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
    * the flags unset). */
   plan->own_copy_ce = a->comm_mode == TW_AG_COMM_SM && !plan->peer_read &&
                       a->a != (const void *)own && (world == 1 || a->m_local % 128 == 0) &&
-                      tw_env_int(TW_AG_OWN_COPY_CE_ID) != 0;
+                      tw_ag_gemm_own_copy_ce(world, comm->gpu_shared, a->m_local, a->n, a->k,
+                                             comm->sm_count, (int)tw_env_int(TW_AG_OWN_COPY_CE_ID));
   return TW_SUCCESS;
 }
 

@@ -550,15 +550,33 @@ static void test_rs_units(void) {
       }
 }
 
+typedef struct {
+  int world, shared;
+  int64_t m_local, n, k;
+  int env, want;
+} ag_rule_case_t;
+
+/* One of ag_gemm's copy-engine rules (same arguments; 132 SMs) against a table of cases. */
+static void check_ag_rule(const char *what,
+                          int (*rule)(int, int, int64_t, int64_t, int64_t, int, int),
+                          const ag_rule_case_t *cases, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const int got = rule(cases[i].world, cases[i].shared, cases[i].m_local, cases[i].n, cases[i].k,
+                         132, cases[i].env);
+    TEST_ASSERT(got == cases[i].want,
+                "%s, world %d shared %d m_local %lld n %lld k %lld env %d: %d, want %d", what,
+                cases[i].world, cases[i].shared, (long long)cases[i].m_local, (long long)cases[i].n,
+                (long long)cases[i].k, cases[i].env, got, cases[i].want);
+  }
+}
+
 /* TW_AG_COMM_AUTO's copy-engine rule at the benchmark shapes on 2 GPUs (measured, docs/PERF.md):
  * the copy engine at M=16384 N=2048 K=16384, the SMs at flux-tp8 (level), M=8192 and M=4096
- * (slower with the copy engine); never where ranks share a GPU or at world 1; TW_AG_AUTO_CE. */
+ * (slower with the copy engine); never where ranks share a GPU or at world 1; TW_AG_AUTO_CE.
+ * Then the own-shard copy's rule in SM mode (TW_AG_OWN_COPY_CE): the copy engine at flux-tp8
+ * (faster), the CTAs at M=8192 and M=4096 (slower with it); 2 ranks on GPUs of their own only. */
 static void test_ag_auto_ce(void) {
-  static const struct {
-    int world, shared;
-    int64_t m_local, n, k;
-    int env, want;
-  } cases[] = {
+  static const ag_rule_case_t mode[] = {
       {2, 0, 8192, 2048, 16384, -1, 1}, /* M=16384: push 0.59 of the GEMM */
       {2, 0, 2048, 6144, 12288, -1, 0}, /* flux-tp8: 0.20 */
       {2, 0, 4096, 1024, 8192, -1, 0},  /* M=8192: 1.2, communication-bound */
@@ -570,15 +588,19 @@ static void test_ag_auto_ce(void) {
       {2, 1, 2048, 512, 4096, 1, 0},    /* ... but never on a shared GPU */
       {2, 0, 8192, 2048, 16384, 0, 0},  /* TW_AG_AUTO_CE=0 */
   };
-  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    const int got = tw_ag_gemm_auto_copy_engine(cases[i].world, cases[i].shared, cases[i].m_local,
-                                                cases[i].n, cases[i].k, 132, cases[i].env);
-    TEST_ASSERT(got == cases[i].want,
-                "auto copy engine, world %d shared %d m_local %lld n %lld k %lld env %d: %d, want "
-                "%d",
-                cases[i].world, cases[i].shared, (long long)cases[i].m_local, (long long)cases[i].n,
-                (long long)cases[i].k, cases[i].env, got, cases[i].want);
-  }
+  check_ag_rule("auto copy engine", tw_ag_gemm_auto_copy_engine, mode,
+                sizeof(mode) / sizeof(mode[0]));
+  static const ag_rule_case_t own[] = {
+      {2, 0, 2048, 6144, 12288, -1, 1}, /* flux-tp8: push 0.20 of the GEMM */
+      {2, 0, 4096, 1024, 8192, -1, 0},  /* M=8192: 1.2 */
+      {2, 0, 2048, 512, 4096, -1, 0},   /* M=4096: 2.3 */
+      {2, 1, 2048, 6144, 12288, -1, 0}, /* 2 ranks sharing a GPU: not measured */
+      {8, 0, 512, 6144, 12288, -1, 0},  /* 8 GPUs: not measured */
+      {2, 0, 2048, 512, 4096, 1, 1},    /* TW_AG_OWN_COPY_CE=1 */
+      {2, 0, 2048, 6144, 12288, 0, 0},  /* TW_AG_OWN_COPY_CE=0 */
+  };
+  check_ag_rule("own copy by copy engine", tw_ag_gemm_own_copy_ce, own,
+                sizeof(own) / sizeof(own[0]));
 }
 
 /* tw_gemm_rs_make_plan over random shapes, worlds, budgets, partials and knob settings: the
