@@ -48,6 +48,8 @@
 #             bench_dist --profile (torch.profiler's kernel timeline) at M=64 and flux-tp8;
 #             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
+#     rsn18   (branch exp/rs-n128, not run) GEMM+RS / GEMM+AR on 128 x 128 tiles at decode shapes:
+#             tests, TW_RS_BLOCK_N A/B both orders, a trace, 8 virtual ranks
 #     decode17 (seventeenth session) decode shapes (M 16/64/256) after the pull where boxes
 #             straddle owners; test_gemm_rs on virtual ranks and distinct GPUs
 #     memo17  (run in the seventeenth session, merged) the TMA map memo: GPU tests, host cost off / on
@@ -648,6 +650,28 @@ exp_decode17() { # seventeenth session: decode shapes with the pull where boxes 
     run "decode17-dist-$op-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 --op $op \
       --m 64 --n 8192 --k 1024 --repeats 50
   done
+}
+exp_rsn18() { # branch exp/rs-n128 (seventeenth session, not run): GEMM+RS / GEMM+AR on 128 x 128
+  # tiles (6 stages) where 128 x 256 ones leave a last wave mostly idle (decode shapes)
+  run "rsn18-test_gemm_rs" 200 env TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "rsn18-test_gemm_rs-distinct" 200 env TW_WATCHDOG_S=15 TW_TEST_DEVICES=distinct \
+    "$bin/test_gemm_rs"
+  local m op ab
+  # the width in A/B, both orders, at the decode shapes (the plan takes 128 at M=16-256)
+  for m in 16 64 256; do
+    for op in gemm_ar gemm_rs; do
+      for ab in 256,128 128,256; do
+        run "rsn18-$op-m$m-$ab" 90 env TW_BENCH_AB=TW_RS_BLOCK_N=$ab "$bin/tw-bench" $op \
+          --world 2 --m $m --n 8192 --k 1024 --repeats 50 --warmup 5
+      done
+    done
+  done
+  run "rsn18-trace-gemm_ar-m64" 60 env TW_TRACE=1 "$bin/tw-bench" gemm_ar --world 2 --m 64 \
+    --n 8192 --k 1024 --repeats 10 --warmup 3 --no-check
+  # 8 virtual ranks at the decode shape (GEMM+AR 0.80x of the unfused pipeline at 7b32e89)
+  run "rsn18-8v-gemm_ar-decode" 120 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_BLOCK_N=256,128 \
+    "$bin/tw-bench" gemm_ar --m 64 --n 8192 --k 1024 --repeats 30 --warmup 5
 }
 exp_memo17() { # branch exp/tma-memo (sixteenth session, not run): the per-thread memo of TMA
   # tensor maps (TW_TMA_MEMO, default on): the GPU tests with it, then the host cost per call
