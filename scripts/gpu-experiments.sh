@@ -667,6 +667,12 @@ exp_rsn18() { # branch exp/rs-n128 (seventeenth session, not run): GEMM+RS / GEM
       done
     done
   done
+  # the direct scheme for bf16 partials at m < 128 (the branch's default there) against the
+  # reduce-scatter + gather, both orders
+  for ab in 0,1 1,0; do
+    run "rsn18-gemm_ar-m64-direct-$ab" 90 env TW_BENCH_AB=TW_AR_DIRECT=$ab "$bin/tw-bench" \
+      gemm_ar --world 2 --m 64 --n 8192 --k 1024 --repeats 50 --warmup 5
+  done
   run "rsn18-trace-gemm_ar-m64" 60 env TW_TRACE=1 "$bin/tw-bench" gemm_ar --world 2 --m 64 \
     --n 8192 --k 1024 --repeats 10 --warmup 3 --no-check
   # 8 virtual ranks at the decode shape (GEMM+AR 0.80x of the unfused pipeline at 7b32e89)

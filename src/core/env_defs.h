@@ -102,7 +102,8 @@ TW_ENV(TW_AR_DIRECT, int, "-1",
        "tw_gemm_ar's direct scheme (every rank stores each partial tile into every rank's "
        "staging and reduces all rows itself), taken when the workspace holds world x m x n "
        "partials: 1 wherever it fits, 0 never, -1 where measured faster (2 ranks on distinct "
-       "GPUs, bf16 partials, m <= 4096, K >= 4096; the default workspace holds it there).")
+       "GPUs, bf16 partials, m <= 4096 with K >= 4096 or m < 128; the default workspace holds it "
+       "there).")
 TW_ENV(TW_RS_PULL, int, "-1",
        "tw_gemm_rs / tw_gemm_ar: 1 has each rank store its whole partial locally and the owners "
        "read their rows of it from every rank when reducing (the pull), 0 has the epilogue push "

@@ -42,8 +42,12 @@ int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partia
    * flux-tp8 (m 4096, K 6144): 1.095 / 1.109 / 1.126 ms against 1.128 / 1.136 / 1.159 for the
    * default (NCCL bf16 + cuBLAS 1.131-1.143); at K 2048 (m 1024) level (0.134-0.144 against
    * 0.139-0.141), at K 512 slower (0.190 against 0.150), with fp32 partials slower everywhere.
-   * More ranks multiply its bytes (world - 1 partials of all m rows per rank), so world 2 only. */
-  return world == 2 && !gpu_shared && partial_bytes == 2 && m <= 4096 && k >= 4096;
+   * More ranks multiply its bytes (world - 1 partials of all m rows per rank), so world 2 only.
+   * Also at decode shapes (m / 2 < 64 rows, any K): no gather phase to wait for. Seventeenth
+   * session, 2 H200s, n 8192 K 1024, tw-bench's bf16-partials rows of one run each, default /
+   * direct, ms: M=64 0.0463 / 0.0429 (decode17), 0.0452 / 0.0421 (the suite); M=16 0.0438 /
+   * 0.0404; M=256 0.0528 / 0.0536 (level, not taken). */
+  return world == 2 && !gpu_shared && partial_bytes == 2 && ((m <= 4096 && k >= 4096) || m < 128);
 }
 
 int tw_gemm_rs_want_owner_epi(int env, int reduce_set, int partial_bytes, int64_t k, int64_t tiles,

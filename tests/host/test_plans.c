@@ -320,12 +320,15 @@ static void test_gemm_rs_plans(void) {
   tw_gemm_rs_make_plan(&r, &p);
   TEST_ASSERT(p.reduce_ctas == 131, "TW_RS_REDUCE_CTAS=500 of 132: %d", p.reduce_ctas);
   /* tw_gemm_ar's direct scheme: the env wins; by default 2 ranks on distinct GPUs, bf16
-   * partials, m <= 4096, K >= 4096 (flux-tp8's GEMM+AR on 2 GPUs) and nothing else. */
+   * partials, m <= 4096 with K >= 4096 (flux-tp8's GEMM+AR on 2 GPUs) or m < 128 (decode). */
   TEST_ASSERT(tw_gemm_ar_want_direct(-1, 2, 0, 2, 4096, 6144), "flux-tp8, 2 GPUs, bf16: direct");
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 4, 4096, 6144), "fp32 partials: not direct");
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 1, 2, 4096, 6144), "shared GPU: not direct");
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 4, 0, 2, 4096, 6144), "4 ranks: not direct");
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 2, 8192, 6144), "m 8192: not direct");
+  TEST_ASSERT(tw_gemm_ar_want_direct(-1, 2, 0, 2, 64, 1024), "decode M=64 bf16, short K: direct");
+  TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 4, 64, 1024), "decode M=64 fp32: not direct");
+  TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 2, 256, 1024), "M=256 short K: not direct");
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 2, 1024, 2048), "K 2048: not direct");
   TEST_ASSERT(tw_gemm_ar_want_direct(1, 8, 1, 4, 65536, 8), "TW_AR_DIRECT=1 wins");
   TEST_ASSERT(!tw_gemm_ar_want_direct(0, 2, 0, 2, 4096, 6144), "TW_AR_DIRECT=0 wins");
