@@ -50,6 +50,8 @@
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
 #     ownce18 (branch exp/own-ce, not run) ag_gemm's own-shard copy by copy engine by rule: tests,
 #             bench_dist A/B against 0 in both orders
+#     rsn18   (branch exp/rs-n128, not run) GEMM+RS / GEMM+AR on 128 x 128 tiles at decode shapes:
+#             tests, TW_RS_BLOCK_N A/B both orders, a trace, 8 virtual ranks
 #     decode17 (the default; run in the seventeenth session) decode shapes (M 16/64/256) after
 #             the pull where boxes straddle owners; test_gemm_rs on virtual ranks and distinct
 #             GPUs
@@ -666,6 +668,34 @@ exp_ownce18() { # branch exp/own-ce (seventeenth session, not run): the own-shar
         tilewire.bench_dist --nproc 2 --op ag_gemm $shape --repeats 30
     done
   done
+}
+exp_rsn18() { # branch exp/rs-n128 (seventeenth session, not run): GEMM+RS / GEMM+AR on 128 x 128
+  # tiles (6 stages) where 128 x 256 ones leave a last wave mostly idle (decode shapes)
+  run "rsn18-test_gemm_rs" 200 env TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "rsn18-test_gemm_rs-distinct" 200 env TW_WATCHDOG_S=15 TW_TEST_DEVICES=distinct \
+    "$bin/test_gemm_rs"
+  local m op ab
+  # the width in A/B, both orders, at the decode shapes (the plan takes 128 at M=16-256)
+  for m in 16 64 256; do
+    for op in gemm_ar gemm_rs; do
+      for ab in 256,128 128,256; do
+        run "rsn18-$op-m$m-$ab" 90 env TW_BENCH_AB=TW_RS_BLOCK_N=$ab "$bin/tw-bench" $op \
+          --world 2 --m $m --n 8192 --k 1024 --repeats 50 --warmup 5
+      done
+    done
+  done
+  # the direct scheme for bf16 partials at m < 128 (the branch's default there) against the
+  # reduce-scatter + gather, both orders
+  for ab in 0,1 1,0; do
+    run "rsn18-gemm_ar-m64-direct-$ab" 90 env TW_BENCH_AB=TW_AR_DIRECT=$ab "$bin/tw-bench" \
+      gemm_ar --world 2 --m 64 --n 8192 --k 1024 --repeats 50 --warmup 5
+  done
+  run "rsn18-trace-gemm_ar-m64" 60 env TW_TRACE=1 "$bin/tw-bench" gemm_ar --world 2 --m 64 \
+    --n 8192 --k 1024 --repeats 10 --warmup 3 --no-check
+  # 8 virtual ranks at the decode shape (GEMM+AR 0.80x of the unfused pipeline at 7b32e89)
+  run "rsn18-8v-gemm_ar-decode" 120 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_BLOCK_N=256,128 \
+    "$bin/tw-bench" gemm_ar --m 64 --n 8192 --k 1024 --repeats 30 --warmup 5
 }
 exp_memo17() { # branch exp/tma-memo (sixteenth session; run and merged in the seventeenth): the
   # per-thread memo of TMA tensor maps (TW_TMA_MEMO, default on): the GPU tests with it, then

@@ -10,16 +10,22 @@ static double wave_efficiency(int64_t tiles, int sms) {
  * per flop); measured, see docs/PERF.md (GEMM core section). */
 #define TW_GEMM_N128_RELATIVE 0.93
 
+int tw_gemm_prefers_n128(int64_t m, int64_t n, int sms) {
+  const int64_t m_blocks = (m + 127) / 128;
+  const int64_t tiles256 = m_blocks * ((n + 255) / 256);
+  const int64_t tiles128 = m_blocks * ((n + 127) / 128);
+  /* 128x256 tiles, 3 stages and a one-pass epilogue measured best where the waves fill; the
+   * 128x128 tile wins where a last, mostly idle wave of big tiles costs more than its extra
+   * operand traffic (e.g. 4096^3 on 116 SMs: 256 big tiles are 2.2 waves, 1024 small 8.8). */
+  return TW_GEMM_N128_RELATIVE * wave_efficiency(tiles128, sms) > wave_efficiency(tiles256, sms);
+}
+
 void tw_gemm_plan_make(int64_t m, int64_t n, int64_t k, int sms, tw_gemm_plan_t *plan) {
   const int64_t m_blocks = (m + 127) / 128;
   const int64_t tiles256 = m_blocks * ((n + 255) / 256);
   const int64_t tiles128 = m_blocks * ((n + 127) / 128);
   (void)k;
-  /* 128x256 tiles, 3 stages and a one-pass epilogue measured best where the waves fill; the
-   * 128x128 tile wins where a last, mostly idle wave of big tiles costs more than its extra
-   * operand traffic (e.g. 4096^3 on 116 SMs: 256 big tiles are 2.2 waves, 1024 small 8.8). */
-  const int small =
-      TW_GEMM_N128_RELATIVE * wave_efficiency(tiles128, sms) > wave_efficiency(tiles256, sms);
+  const int small = tw_gemm_prefers_n128(m, n, sms);
   plan->variant = small ? TW_GEMM_V_N128_S6 : TW_GEMM_V_S3_E32;
   plan->tiles = (int)(small ? tiles128 : tiles256);
   plan->grid = plan->tiles < sms ? plan->tiles : sms;

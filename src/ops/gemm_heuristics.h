@@ -26,6 +26,10 @@ typedef struct tw_gemm_plan {
   int tiles;   /* 128x256 output tiles */
 } tw_gemm_plan_t;
 
+/* Whether 128x128 tiles (6 stages) beat 128x256 ones for an m x n output on `sms` CTAs: where
+ * the big tiles leave a last wave mostly idle (also tw_gemm_rs / tw_gemm_ar's tile choice). */
+int tw_gemm_prefers_n128(int64_t m, int64_t n, int sms);
+
 /* Plans C[m,n] = A[m,k] * B[n,k]^T on `sms` SMs. */
 void tw_gemm_plan_make(int64_t m, int64_t n, int64_t k, int sms, tw_gemm_plan_t *plan);
 
