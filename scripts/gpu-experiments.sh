@@ -48,6 +48,8 @@
 #             bench_dist --profile (torch.profiler's kernel timeline) at M=64 and flux-tp8;
 #             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
+#     distgraph18 (branch exp/dist-graph, not run) bench_dist --graph (CUDA-graph replays: GPU
+#             time per call) at decode shapes and the sweep
 #     ownce18 (branch exp/own-ce, not run) ag_gemm's own-shard copy by copy engine by rule: tests,
 #             bench_dist A/B against 0 in both orders
 #     rsn18   (branch exp/rs-n128, not run) GEMM+RS / GEMM+AR on 128 x 128 tiles at decode shapes:
@@ -654,6 +656,19 @@ exp_decode17() { # seventeenth session: decode shapes with the pull where boxes 
       --m 64 --n 8192 --k 1024 --repeats 50
   done
 }
+exp_distgraph18() { # branch exp/dist-graph (seventeenth session, not run): bench_dist with every
+  # variant replayed from a CUDA graph of 20 calls (--graph 20: the GPU time per call, no host
+  # time), at the decode shape and the full sweep, against the eager rows
+  [ "$ngpus" -gt 1 ] || return 0
+  local op py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python"
+  for op in gemm_ar gemm_rs; do
+    run "distgraph18-$op-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 --op $op \
+      --m 64 --n 8192 --k 1024 --repeats 50 --graph 20
+  done
+  run "distgraph18-ag_gemm-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 --op ag_gemm \
+    --m 64 --n 1024 --k 8192 --repeats 50 --graph 20
+  run "distgraph18-sweep" 300 $py python3 -m tilewire.bench_dist --nproc 2 --repeats 20 \
+    --graph 10
 exp_ownce18() { # branch exp/own-ce (seventeenth session, not run): the own-shard copy by copy
   # engine by rule (TW_AG_OWN_COPY_CE=-1: 2 ranks on their own GPUs, push < 0.3 of the GEMM);
   # the tests on distinct GPUs, then the rule against 0 at the bench_dist shapes, both orders
