@@ -669,6 +669,7 @@ exp_distgraph18() { # branch exp/dist-graph (seventeenth session, not run): benc
     --m 64 --n 1024 --k 8192 --repeats 50 --graph 20
   run "distgraph18-sweep" 300 $py python3 -m tilewire.bench_dist --nproc 2 --repeats 20 \
     --graph 10
+}
 exp_ownce18() { # branch exp/own-ce (seventeenth session, not run): the own-shard copy by copy
   # engine by rule (TW_AG_OWN_COPY_CE=-1: 2 ranks on their own GPUs, push < 0.3 of the GEMM);
   # the tests on distinct GPUs, then the rule against 0 at the bench_dist shapes, both orders
