@@ -48,6 +48,8 @@
 #             bench_dist --profile (torch.profiler's kernel timeline) at M=64 and flux-tp8;
 #             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
+#     splitk18 (branch exp/gemm-splitk, not run) tw_gemm's split_k: test_gemm, tw-bench gemm's
+#             split rows at decode shapes, memcheck
 #     decode17 (the default; run in the seventeenth session) decode shapes (M 16/64/256) after
 #             the pull where boxes straddle owners; test_gemm_rs on virtual ranks and distinct
 #             GPUs
@@ -649,6 +651,18 @@ exp_decode17() { # seventeenth session: decode shapes with the pull where boxes 
     run "decode17-dist-$op-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 --op $op \
       --m 64 --n 8192 --k 1024 --repeats 50
   done
+}
+exp_splitk18() { # branch exp/gemm-splitk (seventeenth session, not run): tw_gemm's split_k
+  # (K slices on clusters of 2/4/8 CTAs, summed in order through distributed shared memory):
+  # test_gemm (the split cases), then tw-bench gemm's split rows at decode shapes against cuBLAS
+  run "splitk18-test_gemm" 120 "$bin/test_gemm"
+  local shape
+  for shape in "--m 64 --n 1024 --k 8192" "--m 16 --n 1024 --k 8192" "--m 64 --n 8192 --k 1024" \
+    "--m 64 --n 8192 --k 3584" "--m 4096 --n 4096 --k 4096"; do
+    run "splitk18-gemm-${shape// /}" 60 env TW_BENCH_GEMM_SPLITK=1 "$bin/tw-bench" gemm $shape \
+      --repeats 50 --warmup 5
+  done
+  run "splitk18-memcheck" 300 compute-sanitizer --tool memcheck "$bin/test_gemm"
 }
 exp_memo17() { # branch exp/tma-memo (sixteenth session; run and merged in the seventeenth): the
   # per-thread memo of TMA tensor maps (TW_TMA_MEMO, default on): the GPU tests with it, then
