@@ -220,7 +220,8 @@ typedef struct tw_gemm_args {
    * of a cluster each multiply a slice of K and the first adds the others' fp32 accumulators to
    * its own in slice order (deterministic, but not the bits of the unsplit product); -1: the
    * library splits where few tiles meet a long K (m x n of at most a few dozen 128 x 128
-   * tiles; the same choice for the same shape and SMs). Fewer slices where K is short. */
+   * tiles), by the shape alone, so the same shape gives the same bits under any sm_count.
+   * Fewer slices where K has fewer 64-wide blocks than slices, or sm_count fewer SMs. */
   int32_t split_k;
 } tw_gemm_args_t;
 

@@ -10,7 +10,8 @@ static double wave_efficiency(int64_t tiles, int sms) {
  * per flop); measured, see docs/PERF.md (GEMM core section). */
 #define TW_GEMM_N128_RELATIVE 0.93
 
-int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k, int sms) {
+int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k) {
+  const int sms = 132; /* nominal (H100 / H200 SXM): the choice must not depend on the budget */
   const int64_t tiles = ((m + 127) / 128) * ((n + 127) / 128);
   const int64_t k_blocks = (k + 63) / 64;
   /* A decode-sized GEMM (M=64 N=1024 K=8192: 8 tiles of 128 x 128) leaves most SMs idle, each

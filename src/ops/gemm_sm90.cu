@@ -324,8 +324,7 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   const int group_m = opts ? opts->group_m : 0;
   // K slices: as asked (or the library's choice), halved until every slice has a K block and a
   // cluster of them fits the SMs given.
-  int split =
-      a.split_k < 0 ? tw_gemm_auto_split(a.m, a.n, a.k, sms) : (a.split_k > 1 ? a.split_k : 1);
+  int split = a.split_k < 0 ? tw_gemm_auto_split(a.m, a.n, a.k) : (a.split_k > 1 ? a.split_k : 1);
   const int64_t k_blocks = (a.k + kBlockK - 1) / kBlockK;
   while (split > 1 && (split > k_blocks || split > sms))
     split /= 2;
