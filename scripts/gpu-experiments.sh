@@ -48,6 +48,8 @@
 #             bench_dist --profile (torch.profiler's kernel timeline) at M=64 and flux-tp8;
 #             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
+#     agdecode18 (branch exp/ag-decode, not run) ag_gemm's unfused split-K path at decode: tests,
+#             TW_AG_UNFUSED_SMALL A/B both orders, bench_dist
 #     splitk18 (branch exp/gemm-splitk, not run) tw_gemm's split_k: test_gemm, tw-bench gemm's
 #             split rows at decode shapes, memcheck
 #     decode17 (the default; run in the seventeenth session) decode shapes (M 16/64/256) after
@@ -663,6 +665,23 @@ exp_splitk18() { # branch exp/gemm-splitk (seventeenth session, not run): tw_gem
       --repeats 50 --warmup 5
   done
   run "splitk18-memcheck" 300 compute-sanitizer --tool memcheck "$bin/test_gemm"
+}
+exp_agdecode18() { # branch exp/ag-decode (on exp/gemm-splitk; seventeenth session, not run):
+  # tw_ag_gemm runs tw_allgather + a split-K tw_gemm where few tiles meet a long K
+  run "agdecode18-test_ag_gemm" 200 "$bin/test_ag_gemm"
+  run "agdecode18-test_gemm" 120 "$bin/test_gemm"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "agdecode18-test_ag_gemm-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
+  run "agdecode18-test_mp" 120 "$bin/test_mp" "$ngpus" 20
+  local m ab py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python"
+  for m in 16 64 256; do
+    for ab in 1,0 0,1; do
+      run "agdecode18-ag_gemm-m$m-$ab" 90 env TW_BENCH_AB=TW_AG_UNFUSED_SMALL=$ab \
+        "$bin/tw-bench" ag_gemm --world 2 --m $m --n 1024 --k 8192 --repeats 50 --warmup 5
+    done
+  done
+  run "agdecode18-dist-ag_gemm-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 \
+    --op ag_gemm --m 64 --n 1024 --k 8192 --repeats 50
 }
 exp_memo17() { # branch exp/tma-memo (sixteenth session; run and merged in the seventeenth): the
   # per-thread memo of TMA tensor maps (TW_TMA_MEMO, default on): the GPU tests with it, then
