@@ -478,9 +478,6 @@ __device__ __forceinline__ void signal_after_stores(const Params &p, int wg, int
 
 } // namespace detail
 
-// Runs the GEMM on this CTA until the tiles run out. All 384 threads call it; `smem_raw` is the
-// dynamic shared memory (SmemLayout::kDynamicBytes). cta/ctas: this CTA's index among the CTAs
-// running the static schedule and their number (ignored with kDynamic).
 namespace detail {
 
 // Split-K, one consumer warpgroup (all 128 threads) after a tile's mainloop. A slice (CTA
@@ -532,6 +529,9 @@ __device__ __forceinline__ bool split_combine(const Params &p, float (&acc)[BN /
 
 } // namespace detail
 
+// Runs the GEMM on this CTA until the tiles run out. All 384 threads call it; `smem_raw` is the
+// dynamic shared memory (SmemLayout::kDynamicBytes). cta/ctas: this CTA's index among the CTAs
+// running the static schedule and their number (ignored with kDynamic).
 template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic, int kCluster = 1,
           int BN = kBlockN, bool kRestoreRegs = false, int kSplit = 1>
 __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, uint8_t *smem_raw,
