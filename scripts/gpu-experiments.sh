@@ -48,6 +48,10 @@
 #             bench_dist --profile (torch.profiler's kernel timeline) at M=64 and flux-tp8;
 #             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
+#     agdecode18 (branch exp/ag-decode, not run) ag_gemm's unfused split-K path at decode: tests,
+#             TW_AG_UNFUSED_SMALL A/B both orders, bench_dist
+#     splitk18 (branch exp/gemm-splitk, not run) tw_gemm's split_k: test_gemm, tw-bench gemm's
+#             split rows at decode shapes, memcheck
 #     distgraph18 (branch exp/dist-graph, not run) bench_dist --graph (CUDA-graph replays: GPU
 #             time per call) at decode shapes and the sweep
 #     ownce18 (branch exp/own-ce, not run) ag_gemm's own-shard copy by copy engine by rule: tests,
@@ -655,6 +659,35 @@ exp_decode17() { # seventeenth session: decode shapes with the pull where boxes 
     run "decode17-dist-$op-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 --op $op \
       --m 64 --n 8192 --k 1024 --repeats 50
   done
+}
+exp_splitk18() { # branch exp/gemm-splitk (seventeenth session, not run): tw_gemm's split_k
+  # (K slices on clusters of 2/4/8 CTAs, summed in order through distributed shared memory):
+  # test_gemm (the split cases), then tw-bench gemm's split rows at decode shapes against cuBLAS
+  run "splitk18-test_gemm" 120 "$bin/test_gemm"
+  local shape
+  for shape in "--m 64 --n 1024 --k 8192" "--m 16 --n 1024 --k 8192" "--m 64 --n 8192 --k 1024" \
+    "--m 64 --n 8192 --k 3584" "--m 4096 --n 4096 --k 4096"; do
+    run "splitk18-gemm-${shape// /}" 60 env TW_BENCH_GEMM_SPLITK=1 "$bin/tw-bench" gemm $shape \
+      --repeats 50 --warmup 5
+  done
+  run "splitk18-memcheck" 300 compute-sanitizer --tool memcheck "$bin/test_gemm"
+}
+exp_agdecode18() { # branch exp/ag-decode (on exp/gemm-splitk; seventeenth session, not run):
+  # tw_ag_gemm runs tw_allgather + a split-K tw_gemm where few tiles meet a long K
+  run "agdecode18-test_ag_gemm" 200 "$bin/test_ag_gemm"
+  run "agdecode18-test_gemm" 120 "$bin/test_gemm"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "agdecode18-test_ag_gemm-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
+  run "agdecode18-test_mp" 120 "$bin/test_mp" "$ngpus" 20
+  local m ab py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python"
+  for m in 16 64 256; do
+    for ab in 1,0 0,1; do
+      run "agdecode18-ag_gemm-m$m-$ab" 90 env TW_BENCH_AB=TW_AG_UNFUSED_SMALL=$ab \
+        "$bin/tw-bench" ag_gemm --world 2 --m $m --n 1024 --k 8192 --repeats 50 --warmup 5
+    done
+  done
+  run "agdecode18-dist-ag_gemm-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 \
+    --op ag_gemm --m 64 --n 1024 --k 8192 --repeats 50
 }
 exp_distgraph18() { # branch exp/dist-graph (seventeenth session, not run): bench_dist with every
   # variant replayed from a CUDA graph of 20 calls (--graph 20: the GPU time per call, no host

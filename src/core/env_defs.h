@@ -89,6 +89,10 @@ TW_ENV(TW_AG_OWN_COPY_CE, int, "-1",
        "their own where the "
        "push is under 0.3 of the GEMM's estimated time (measured faster there, slower where the "
        "push is a large share; docs/PERF.md).")
+TW_ENV(TW_AG_UNFUSED_SMALL, bool, "1",
+       "tw_ag_gemm: 1 runs tw_allgather then tw_gemm with K split over CTA clusters where the "
+       "GEMM has few tiles over a long K (tw_gemm's split_k -1 would split it: decode shapes), 0 "
+       "always the fused kernel. Every rank must set it alike.")
 TW_ENV(TW_AG_PEER_READ, bool, "1",
        "tw_ag_gemm with no_gathered_out = 1 and every rank on one GPU: 1 reads the peers' "
        "shards in place (no copies), 0 pushes them as on distinct GPUs.")

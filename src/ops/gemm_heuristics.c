@@ -20,6 +20,20 @@ int tw_gemm_prefers_n128(int64_t m, int64_t n, int sms) {
   return TW_GEMM_N128_RELATIVE * wave_efficiency(tiles128, sms) > wave_efficiency(tiles256, sms);
 }
 
+int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k) {
+  const int sms = 132; /* nominal (H100 / H200 SXM): the choice must not depend on the budget */
+  const int64_t tiles = ((m + 127) / 128) * ((n + 127) / 128);
+  const int64_t k_blocks = (k + 63) / 64;
+  /* A decode-sized GEMM (M=64 N=1024 K=8192: 8 tiles of 128 x 128) leaves most SMs idle, each
+   * busy one streaming 128 K blocks of B alone; its slices spread that stream over 8x the SMs.
+   * Seventeenth session, 2 H200s: tw_gemm there 0.056 ms against cuBLAS's ~0.026 (which
+   * splits K). Not yet measured with the split (branch exp/gemm-splitk). */
+  int s = 1;
+  while (s < 8 && tiles * s * 2 <= sms && k_blocks >= (int64_t)s * 2 * 8)
+    s *= 2;
+  return s;
+}
+
 void tw_gemm_plan_make(int64_t m, int64_t n, int64_t k, int sms, tw_gemm_plan_t *plan) {
   const int64_t m_blocks = (m + 127) / 128;
   const int64_t tiles256 = m_blocks * ((n + 255) / 256);

@@ -55,6 +55,19 @@ static void test_gemm_plans(void) {
   TEST_ASSERT(p.grid >= 1 && p.grid <= 132, "grid %d", p.grid);
   tw_gemm_plan_make(1, 8, 8, 132, &p);
   TEST_ASSERT(p.grid == 1 && p.group_m == 1, "M=1: grid %d group %d", p.grid, p.group_m);
+  /* split_k = -1 (tw_gemm_auto_split, the shape alone): 8 slices for a decode-sized GEMM (8
+   * narrow tiles, 128 K blocks), 2 at M=64 N=8192 K=1024 (64 tiles: 2 slices fill 128 of 132
+   * SMs, each 8 K blocks), none where the tiles fill the SMs or K is short. */
+  static const struct {
+    int64_t m, n, k;
+    int want;
+  } sp[] = {{64, 1024, 8192, 8}, {64, 8192, 1024, 2}, {4096, 4096, 4096, 1}, {64, 1024, 1024, 2},
+            {64, 1024, 512, 1},  {1, 8, 8, 1},        {1, 8, 4096, 8},       {4160, 1000, 4104, 1}};
+  for (size_t i = 0; i < sizeof(sp) / sizeof(sp[0]); i++) {
+    const int got = tw_gemm_auto_split(sp[i].m, sp[i].n, sp[i].k);
+    TEST_ASSERT(got == sp[i].want, "auto split M=%lld N=%lld K=%lld: %d, want %d",
+                (long long)sp[i].m, (long long)sp[i].n, (long long)sp[i].k, got, sp[i].want);
+  }
 }
 
 static void test_ag_gemm_plans(void) {
