@@ -128,8 +128,9 @@ TW_ENV(TW_RS_OWNER_EPI, int, "-1",
        "CTAs. Every rank must set it alike.")
 TW_ENV(TW_TMA_MEMO, bool, "1",
        "1: each host thread keeps the TMA tensor maps it encoded (128, direct-mapped) and reuses "
-       "one when a call asks for the same pointer, shape, stride and box again; 0: every call "
-       "encodes its maps (the encoding is a pure function of those arguments).")
+       "one when a call asks for the same pointer, shape, stride and box again; 0: no map is kept "
+       "from then on, so every call encodes its maps (the encoding is a pure function of those "
+       "arguments, so a map kept before is still exact).")
 TW_ENV(TW_RS_GROUPED, bool, "0",
        "Measurement: 1 has tw_gemm_rs / tw_gemm_ar take their tiles in the plain GEMM's grouped "
        "order (16 row blocks a group, from the rows of owner rank + 1) instead of column bands "
