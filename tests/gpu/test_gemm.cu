@@ -187,7 +187,8 @@ static void check_errors(const buffers_t *buf) {
   bad = args, bad.split_k = 3;
   TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "split_k");
   tw_gemm_sm90_opts_t queue = {-1, 1, 0};
-  bad = args, bad.split_k = 2;
+  /* K of 2 blocks: a split of 2 stands (K = 64 would halve it to none, and launch) */
+  bad = make_args(buf->a, buf->b, buf->c, TW_BF16, 128, 256, 128), bad.split_k = 2;
   TEST_TW_FAILS(tw_gemm_sm90_launch(&bad, (tw_stream_t)stream, &queue), TW_ERR_INVALID_ARGUMENT,
                 "static schedule");
   tw_gemm_args_t init;
