@@ -25,11 +25,14 @@ int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k) {
   const int64_t tiles = ((m + 127) / 128) * ((n + 127) / 128);
   const int64_t k_blocks = (k + 63) / 64;
   /* A decode-sized GEMM (M=64 N=1024 K=8192: 8 tiles of 128 x 128) leaves most SMs idle, each
-   * busy one streaming 128 K blocks of B alone; its slices spread that stream over 8x the SMs.
-   * Seventeenth session, 2 H200s: tw_gemm there 0.056 ms against cuBLAS's ~0.026 (which
-   * splits K). Not yet measured with the split (branch exp/gemm-splitk). */
+   * busy one streaming 128 K blocks of B alone; its slices spread that stream over more SMs.
+   * Each slice keeps at least 32 K blocks: the slices' sum through distributed shared memory
+   * costs about what 16 blocks of mainloop do. Eighteenth session, H200, tw-bench gemm, ms,
+   * split none / 2 / 4 / 8: M=64 N=1024 K=8192 0.0436 / 0.0340 / 0.0249 / 0.0248 (cuBLAS
+   * 0.0134); M=64 N=8192 K=1024 0.0133 / 0.0160 / 0.0315 / 0.0634; M=1024 N=1024 K=1024
+   * 0.0126 / 0.0146 / 0.0303 / 0.0630; 4096^3 0.200 / 0.285 (not taken: 1024 tiles). */
   int s = 1;
-  while (s < 8 && tiles * s * 2 <= sms && k_blocks >= (int64_t)s * 2 * 8)
+  while (s < 8 && tiles * s * 2 <= sms && k_blocks >= (int64_t)s * 2 * 32)
     s *= 2;
   return s;
 }

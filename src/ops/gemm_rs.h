@@ -107,6 +107,11 @@ typedef struct tw_gemm_rs_plan {
 
 /* Workspace bytes of tw_gemm_ar's direct scheme: fp32 staging [world][m][n]. */
 size_t tw_gemm_ar_direct_workspace_bytes(int world, int64_t m, int64_t n, int partial_bytes);
+/* Below this m, tw_gemm_ar_want_direct takes the direct scheme whatever the partials (2 ranks). */
+#define TW_AR_DIRECT_ANY_M 128
+/* tw_gemm_rs_workspace_size: the push's bytes, or the direct scheme's with fp32 partials where
+ * the rule may take it. */
+size_t tw_gemm_rs_call_workspace_bytes(int world, int64_t m, int64_t n);
 /* Whether tw_gemm_ar takes the direct scheme (where the workspace holds it). direct_env:
  * TW_AR_DIRECT (-1: this rule decides). partial_bytes: 4 or 2. */
 int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partial_bytes, int64_t m,

@@ -46,8 +46,24 @@ int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partia
    * Also at decode shapes (m / 2 < 64 rows, any K): no gather phase to wait for. Seventeenth
    * session, 2 H200s, n 8192 K 1024, tw-bench's bf16-partials rows of one run each, default /
    * direct, ms: M=64 0.0463 / 0.0429 (decode17), 0.0452 / 0.0421 (the suite); M=16 0.0438 /
-   * 0.0404; M=256 0.0528 / 0.0536 (level, not taken). */
-  return world == 2 && !gpu_shared && partial_bytes == 2 && ((m <= 4096 && k >= 4096) || m < 128);
+   * 0.0404; M=256 0.0528 / 0.0536 (level, not taken). With fp32 partials too at m < 128:
+   * eighteenth session, 2 H200s, n 8192 K 1024, A/B TW_AR_DIRECT=0,1 both orders, M=64 0.0432 /
+   * 0.0401 and 0.0431 / 0.0403 ms (bf16 partials 0.0408 / 0.0354, 0.0405 / 0.0354); M=16 0.0411 /
+   * 0.0361; M=256 0.0547 / 0.0652 (slower: not taken). */
+  return world == 2 && !gpu_shared &&
+         ((partial_bytes == 2 && m <= 4096 && k >= 4096) || m < TW_AR_DIRECT_ANY_M);
+}
+
+size_t tw_gemm_rs_call_workspace_bytes(int world, int64_t m, int64_t n) {
+  size_t bytes = tw_gemm_ar_push_workspace_bytes(world, m, n);
+  /* tw_gemm_ar's direct scheme with fp32 partials where the rule may take it (2 ranks, m < 128):
+   * world x m x n fp32, more than the push's world x m_local x n x 6 */
+  if (world == 2 && m < TW_AR_DIRECT_ANY_M) {
+    const size_t direct = tw_gemm_ar_direct_workspace_bytes(world, m, n, 4);
+    if (direct > bytes)
+      bytes = direct;
+  }
+  return bytes;
 }
 
 int tw_gemm_rs_want_owner_epi(int env, int reduce_set, int partial_bytes, int64_t k, int64_t tiles,
@@ -82,10 +98,15 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * (TW_TRACE): the 32 wide tiles finished 17-26 us after the kernel's start while tw_gemm, which
    * takes the narrow tiles there, ran in 11-13 us. Every rank decides alike (the shape and
    * plan_sms). */
+  /* Not where ranks share a GPU: eighteenth session, 8 virtual ranks, GEMM+AR M=64 n 8192 K
+   * 1024, A/B TW_RS_BLOCK_N=256,128: 0.138 / 0.157 ms (bf16 partials 0.133 / 0.157), while on 2
+   * H200s the narrow tiles won at M=16-256 (M=64, both orders: GEMM+AR 0.0493 / 0.0431 and
+   * 0.0498 / 0.0434, GEMM+RS 0.0455 / 0.0381 and 0.0456 / 0.0377). */
   const int plan_ctas = a->plan_sms > 0 ? a->plan_sms : a->sm_budget;
   const int block_n = a->block_n_env == 128 || a->block_n_env == 256 ? a->block_n_env
-                      : tw_gemm_prefers_n128(a->m, a->n, plan_ctas)  ? 128
-                                                                     : TW_GEMM_RS_BLOCK_N;
+                      : !a->shared_gpu && tw_gemm_prefers_n128(a->m, a->n, plan_ctas)
+                          ? 128
+                          : TW_GEMM_RS_BLOCK_N;
   plan->block_n = block_n;
   const int64_t n_blocks = (a->n + block_n - 1) / block_n;
   /* 128 x block_n tiles of the m x n product (the wave rule and the owner-epilogue rule) */

@@ -1072,7 +1072,7 @@ extern "C" tw_status_t tw_gemm_rs_workspace_size(tw_comm_t comm, int64_t m, int6
     return tw_comm_result(comm,
                           tw_fail(TW_ERR_INVALID_ARGUMENT,
                                   "n: %lld; expected a positive multiple of 8", (long long)n));
-  *bytes = tw_gemm_ar_push_workspace_bytes(comm->world, m, n);
+  *bytes = tw_gemm_rs_call_workspace_bytes(comm->world, m, n);
   return TW_SUCCESS;
 }
 

@@ -55,14 +55,15 @@ static void test_gemm_plans(void) {
   TEST_ASSERT(p.grid >= 1 && p.grid <= 132, "grid %d", p.grid);
   tw_gemm_plan_make(1, 8, 8, 132, &p);
   TEST_ASSERT(p.grid == 1 && p.group_m == 1, "M=1: grid %d group %d", p.grid, p.group_m);
-  /* split_k = -1 (tw_gemm_auto_split, the shape alone): 8 slices for a decode-sized GEMM (8
-   * narrow tiles, 128 K blocks), 2 at M=64 N=8192 K=1024 (64 tiles: 2 slices fill 128 of 132
-   * SMs, each 8 K blocks), none where the tiles fill the SMs or K is short. */
+  /* split_k = -1 (tw_gemm_auto_split, the shape alone): 4 slices of 32 K blocks for a
+   * decode-sized GEMM (8 narrow tiles, 128 K blocks), none at M=64 N=8192 K=1024 (64 tiles of
+   * 16 K blocks: the split measured slower), none where the tiles fill the SMs. */
   static const struct {
     int64_t m, n, k;
     int want;
-  } sp[] = {{64, 1024, 8192, 8}, {64, 8192, 1024, 2}, {4096, 4096, 4096, 1}, {64, 1024, 1024, 2},
-            {64, 1024, 512, 1},  {1, 8, 8, 1},        {1, 8, 4096, 8},       {4160, 1000, 4104, 1}};
+  } sp[] = {{64, 1024, 8192, 4}, {64, 8192, 1024, 1},  {4096, 4096, 4096, 1},
+            {64, 1024, 1024, 1}, {512, 2048, 4096, 2}, {1, 8, 8, 1},
+            {1, 8, 4096, 2},     {1, 8, 16384, 8},     {4160, 1000, 4104, 1}};
   for (size_t i = 0; i < sizeof(sp) / sizeof(sp[0]); i++) {
     const int got = tw_gemm_auto_split(sp[i].m, sp[i].n, sp[i].k);
     TEST_ASSERT(got == sp[i].want, "auto split M=%lld N=%lld K=%lld: %d, want %d",
@@ -340,7 +341,15 @@ static void test_gemm_rs_plans(void) {
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 4, 0, 2, 4096, 6144), "4 ranks: not direct");
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 2, 8192, 6144), "m 8192: not direct");
   TEST_ASSERT(tw_gemm_ar_want_direct(-1, 2, 0, 2, 64, 1024), "decode M=64 bf16, short K: direct");
-  TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 4, 64, 1024), "decode M=64 fp32: not direct");
+  TEST_ASSERT(tw_gemm_ar_want_direct(-1, 2, 0, 4, 64, 1024), "decode M=64 fp32: direct");
+  TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 4, 128, 1024), "M=128 fp32: not direct");
+  TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 1, 4, 64, 1024), "decode M=64 shared GPU: not direct");
+  TEST_ASSERT(tw_gemm_rs_call_workspace_bytes(2, 64, 8192) >=
+                  tw_gemm_ar_direct_workspace_bytes(2, 64, 8192, 4),
+              "the workspace size holds the fp32 direct scheme at decode");
+  TEST_ASSERT(tw_gemm_rs_call_workspace_bytes(2, 4096, 12288) ==
+                  tw_gemm_ar_push_workspace_bytes(2, 4096, 12288),
+              "the workspace size is the push's where the fp32 direct scheme is not taken");
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 2, 256, 1024), "M=256 short K: not direct");
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 2, 1024, 2048), "K 2048: not direct");
   TEST_ASSERT(tw_gemm_ar_want_direct(1, 8, 1, 4, 65536, 8), "TW_AR_DIRECT=1 wins");
@@ -553,21 +562,24 @@ static void test_gemm_rs_plans(void) {
    * leave it to the rule. */
   static const struct {
     int64_t m, n;
-    int ctas, env, want;
+    int ctas, shared, env, want;
     const char *what;
   } bn[] = {
-      {64, 8192, 132, 0, 128, "decode M=64 n 8192: 32 wide tiles on 132 CTAs, 64 narrow"},
-      {256, 8192, 132, 0, 128, "M=256: 64 wide tiles, 128 narrow"},
-      {4096, 12288, 132, 0, 256, "flux-tp8: 12 full waves of wide tiles"},
-      {1024, 8192, 132, 0, 256, "small-m: 256 wide tiles, 2 waves"},
-      {16384, 16384, 132, 0, 256, "M=16384"},
-      {64, 8192, 132, 256, 256, "TW_RS_BLOCK_N=256"},
-      {4096, 12288, 132, 128, 128, "TW_RS_BLOCK_N=128"},
-      {64, 8192, 132, 96, 128, "TW_RS_BLOCK_N=96: the rule"},
+      {64, 8192, 132, 0, 0, 128, "decode M=64 n 8192: 32 wide tiles on 132 CTAs, 64 narrow"},
+      {256, 8192, 132, 0, 0, 128, "M=256: 64 wide tiles, 128 narrow"},
+      {4096, 12288, 132, 0, 0, 256, "flux-tp8: 12 full waves of wide tiles"},
+      {1024, 8192, 132, 0, 0, 256, "small-m: 256 wide tiles, 2 waves"},
+      {16384, 16384, 132, 0, 0, 256, "M=16384"},
+      {64, 8192, 16, 1, 0, 256, "decode, 8 ranks sharing a GPU: wide"},
+      {64, 8192, 132, 0, 256, 256, "TW_RS_BLOCK_N=256"},
+      {4096, 12288, 132, 0, 128, 128, "TW_RS_BLOCK_N=128"},
+      {64, 8192, 16, 1, 128, 128, "TW_RS_BLOCK_N=128 on a shared GPU"},
+      {64, 8192, 132, 0, 96, 128, "TW_RS_BLOCK_N=96: the rule"},
   };
   for (size_t i = 0; i < sizeof(bn) / sizeof(bn[0]); i++) {
-    tw_gemm_rs_plan_args_t a = {2, bn[i].m, bn[i].n, 1024, bn[i].ctas, 0, 1,  0,  4,        0,
-                                0, -1,      -1,      1,    0,          0, -1, -1, bn[i].env};
+    tw_gemm_rs_plan_args_t a = {2, bn[i].m, bn[i].n, 1024,         bn[i].ctas, 0,  1,
+                                0, 4,       0,       bn[i].shared, -1,         -1, 1,
+                                0, 0,       -1,      -1,           bn[i].env};
     tw_gemm_rs_plan_t pp;
     tw_gemm_rs_make_plan(&a, &pp);
     TEST_ASSERT(pp.block_n == bn[i].want, "%s: block_n %d, want %d", bn[i].what, pp.block_n,
