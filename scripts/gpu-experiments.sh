@@ -48,6 +48,8 @@
 #             bench_dist --profile (torch.profiler's kernel timeline) at M=64 and flux-tp8;
 #             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
+#     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
+#             (test_gemm, split rows, ag_gemm at decode); the rules' checks
 #     s18     (eighteenth session) exp/next18: the mended tests, then the benchmark parts of
 #             the five groups below in one call
 #     agdecode18 (branch exp/ag-decode, not run) ag_gemm's unfused split-K path at decode: tests,
@@ -714,6 +716,40 @@ exp_s18() { # eighteenth session, exp/next18 after its suite (tests there passed
         tilewire.bench_dist --nproc 2 --op ag_gemm $shape --repeats 30
     done
   done
+}
+exp_s18b() { # eighteenth session, second call (after the suite on exp/next18 with the rules
+  # from s18): branch exp/splitk-tree's library in $TW_BUILD_DIR/tree (the slices' sum as a
+  # binary tree, warpgroups without rows skip it): test_gemm, tw-bench gemm's split rows, and
+  # ag_gemm at decode against this build's; the rules' checks
+  local tree="$bin/tree" shape
+  if [ -x "$tree/test_gemm" ]; then
+    run "s18b-tree-test_gemm" 120 env LD_LIBRARY_PATH="$root/$tree" "$tree/test_gemm"
+    for shape in "--m 64 --n 1024 --k 8192" "--m 16 --n 1024 --k 8192" \
+      "--m 256 --n 1024 --k 8192" "--m 64 --n 8192 --k 1024"; do
+      run "s18b-tree-gemm-${shape// /}" 60 env LD_LIBRARY_PATH="$root/$tree" \
+        TW_BENCH_GEMM_SPLITK=1 "$tree/tw-bench" gemm $shape --repeats 50 --warmup 5
+      run "s18b-base-gemm-${shape// /}" 60 env TW_BENCH_GEMM_SPLITK=1 "$bin/tw-bench" gemm \
+        $shape --repeats 50 --warmup 5
+    done
+  fi
+  # the tile width where ranks share a GPU (the rule now keeps 256 there), the other order
+  run "s18b-8v-gemm_ar-decode" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_BLOCK_N=128,256 \
+    "$bin/tw-bench" gemm_ar --m 64 --n 8192 --k 1024 --repeats 30 --warmup 5
+  [ "$ngpus" -gt 1 ] || return 0
+  if [ -x "$tree/tw-bench" ]; then
+    run "s18b-tree-ag-m64" 60 env LD_LIBRARY_PATH="$root/$tree" "$tree/tw-bench" ag_gemm \
+      --world 2 --m 64 --n 1024 --k 8192 --repeats 50 --warmup 5
+    run "s18b-base-ag-m64" 60 "$bin/tw-bench" ag_gemm --world 2 --m 64 --n 1024 --k 8192 \
+      --repeats 50 --warmup 5
+  fi
+  # GEMM+AR's direct scheme for fp32 partials at m < 128 (now the default there)
+  for ab in 0,1 1,0; do
+    run "s18b-gemm_ar-m16-direct-$ab" 60 env TW_BENCH_AB=TW_AR_DIRECT=$ab "$bin/tw-bench" \
+      gemm_ar --world 2 --m 16 --n 8192 --k 1024 --repeats 50 --warmup 5
+  done
+  run "s18b-graph-gemm_ar-m64" 90 env TILEWIRE_LIB="$root/$bin/libtilewire.so" \
+    PYTHONPATH="$root/python" python3 -m tilewire.bench_dist --nproc 2 --op gemm_ar --m 64 \
+    --n 8192 --k 1024 --repeats 50 --graph 20
 }
 exp_splitk18() { # branch exp/gemm-splitk (seventeenth session, not run): tw_gemm's split_k
   # (K slices on clusters of 2/4/8 CTAs, summed in order through distributed shared memory):
