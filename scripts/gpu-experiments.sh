@@ -723,10 +723,10 @@ exp_s18b() { # eighteenth session, second call (after the suite on exp/next18 wi
   # ag_gemm at decode against this build's; the rules' checks
   local tree="$bin/tree" shape
   if [ -x "$tree/test_gemm" ]; then
-    run "s18b-tree-test_gemm" 120 env LD_LIBRARY_PATH="$root/$tree" "$tree/test_gemm"
+    run "s18b-tree-test_gemm" 120 env LD_LIBRARY_PATH="$root/$tree:$LD_LIBRARY_PATH" "$tree/test_gemm"
     for shape in "--m 64 --n 1024 --k 8192" "--m 16 --n 1024 --k 8192" \
       "--m 256 --n 1024 --k 8192" "--m 64 --n 8192 --k 1024"; do
-      run "s18b-tree-gemm-${shape// /}" 60 env LD_LIBRARY_PATH="$root/$tree" \
+      run "s18b-tree-gemm-${shape// /}" 60 env LD_LIBRARY_PATH="$root/$tree:$LD_LIBRARY_PATH" \
         TW_BENCH_GEMM_SPLITK=1 "$tree/tw-bench" gemm $shape --repeats 50 --warmup 5
       run "s18b-base-gemm-${shape// /}" 60 env TW_BENCH_GEMM_SPLITK=1 "$bin/tw-bench" gemm \
         $shape --repeats 50 --warmup 5
@@ -737,7 +737,7 @@ exp_s18b() { # eighteenth session, second call (after the suite on exp/next18 wi
     "$bin/tw-bench" gemm_ar --m 64 --n 8192 --k 1024 --repeats 30 --warmup 5
   [ "$ngpus" -gt 1 ] || return 0
   if [ -x "$tree/tw-bench" ]; then
-    run "s18b-tree-ag-m64" 60 env LD_LIBRARY_PATH="$root/$tree" "$tree/tw-bench" ag_gemm \
+    run "s18b-tree-ag-m64" 60 env LD_LIBRARY_PATH="$root/$tree:$LD_LIBRARY_PATH" "$tree/tw-bench" ag_gemm \
       --world 2 --m 64 --n 1024 --k 8192 --repeats 50 --warmup 5
     run "s18b-base-ag-m64" 60 "$bin/tw-bench" ag_gemm --world 2 --m 64 --n 1024 --k 8192 \
       --repeats 50 --warmup 5
