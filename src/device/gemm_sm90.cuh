@@ -235,8 +235,8 @@ enum {
   kStuckConsumerFull = 2,  // a consumer waited for a stage's loads
   kStuckSignalFull = 3,    // the signal warp waited for the consumers' next tile
   kStuckSignalPost = 4,    // a consumer waited for a free entry of the signal ring
-  kStuckSplitFull = 5,     // split-K: the leader waited for the other slices' accumulators
-  kStuckSplitFree = 6      // split-K: a slice waited for the leader to read its last tile
+  kStuckSplitFull = 5,     // split-K: a reader waited for its round's sender (+ the round)
+  kStuckSplitFree = 6      // split-K: a sender waited for its last tile's reader (+ the round)
 };
 
 template <class Epi, class Wait> struct GemmParams {
@@ -252,7 +252,7 @@ template <class Epi, class Wait> struct GemmParams {
   uint64_t mbar_timeout_ns; // bound on each mbarrier wait (0: kMbarTimeoutDefaultNs)
   int32_t fault_stall;      // tests (TW_FAULT_STALL_TILE): 1 + the tile (in this CTA loop's tile
                             // numbering) whose first stage the producer never loads; 0: none
-  int32_t pad_;
+  int32_t rows;             // split-K: the product's rows, at most 2^31 - 1 (0: not given)
 };
 
 // ---- stock hooks -----------------------------------------------------------------------------
@@ -480,36 +480,46 @@ __device__ __forceinline__ void signal_after_stores(const Params &p, int wg, int
 
 namespace detail {
 
-// Split-K, one consumer warpgroup (all 128 threads) after a tile's mainloop. A slice (CTA
-// rank > 0 of the cluster) waits until the leader has read its previous tile, writes its
-// accumulators into its epilogue buffer (thread-major in 16-byte chunks: conflict-free) and
-// arrives on the leader's bar[0] (release, cluster scope); returns false. The leader (rank 0)
-// waits for every slice's arrivals (acquire, cluster scope), adds the slices' accumulators to
-// its own in slice order, then tells each slice its buffer is free (bar[1]); returns true.
-// `it`: the warpgroup's tiles so far (the barriers' phases).
+// Split-K, one consumer warpgroup (all 128 threads) after a tile's mainloop: the slices'
+// accumulators summed as a binary tree over distributed shared memory, log2(kSplit) rounds. In
+// round r (half = kSplit >> (r + 1)) slice s in [half, 2 half) waits until its previous tile's
+// buffer was read, writes its accumulators into its epilogue buffer (thread-major in 16-byte
+// chunks: conflict-free), arrives on slice s - half's bar[r] (release, cluster scope) and is done
+// (returns false); slice s < half waits on its bar[r] (acquire, cluster scope), adds slice s +
+// half's accumulators to its own and tells that slice its buffer is free (its bar[kRounds]).
+// Slice 0 ends with the sum ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)) for 8 slices, the same
+// order on every run; returns true. Each barrier completes once per tile (one sender per round,
+// one reader per buffer), so `it` (the warpgroup's tiles so far) gives every phase. Against one
+// reader of every slice in turn: log2(kSplit) buffers on the longest path, not kSplit - 1.
+template <int kSplit> constexpr int split_rounds() {
+  return kSplit >= 8 ? 3 : (kSplit >= 4 ? 2 : 1);
+}
 template <int kSplit, int BN, class Params>
 __device__ __forceinline__ bool split_combine(const Params &p, float (&acc)[BN / 2], uint8_t *cbuf,
-                                              uint64_t (&bar)[2], uint32_t slice, uint32_t it,
+                                              uint64_t *bar, uint32_t slice, uint32_t it,
                                               int wg_thread, uint64_t timeout_ns) {
   constexpr int kChunks = BN / 8; // 16-byte chunks of accumulators per thread
+  constexpr int kRounds = split_rounds<kSplit>();
+  uint64_t *free_bar = &bar[kRounds];
   using WaitT = typename Params::WaitType;
-  if (slice != 0) {
-    if (!ptx::mbar_wait_for<true>(&bar[1], (it & 1) ^ 1, timeout_ns))
-      WaitT::mbar_stuck(p.wait, kStuckSplitFree * 16);
-    float4 *mine = reinterpret_cast<float4 *>(cbuf);
-#pragma unroll
-    for (int j = 0; j < kChunks; j++)
-      mine[j * 128 + wg_thread] =
-          make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-    ptx::mbar_arrive_release_cluster(ptx::mapa_shared(ptx::smem_u32(&bar[0]), 0));
-    return false;
-  }
-  if (!ptx::mbar_wait_for<true>(&bar[0], it & 1, timeout_ns))
-    WaitT::mbar_stuck(p.wait, kStuckSplitFull * 16);
   const uint32_t base = ptx::smem_u32(cbuf) + 16u * (uint32_t)wg_thread;
-#pragma unroll 1
-  for (uint32_t s = 1; s < (uint32_t)kSplit; s++) {
-    const uint32_t remote = ptx::mapa_shared(base, s);
+#pragma unroll
+  for (int r = 0; r < kRounds; r++) {
+    const uint32_t half = (uint32_t)kSplit >> (r + 1);
+    if (slice >= half) { // this round's sender (slices >= 2 half sent in an earlier round)
+      if (!ptx::mbar_wait_for<true>(free_bar, (it & 1) ^ 1, timeout_ns))
+        WaitT::mbar_stuck(p.wait, kStuckSplitFree * 16 + r);
+      float4 *mine = reinterpret_cast<float4 *>(cbuf);
+#pragma unroll
+      for (int j = 0; j < kChunks; j++)
+        mine[j * 128 + wg_thread] =
+            make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+      ptx::mbar_arrive_release_cluster(ptx::mapa_shared(ptx::smem_u32(&bar[r]), slice - half));
+      return false;
+    }
+    if (!ptx::mbar_wait_for<true>(&bar[r], it & 1, timeout_ns))
+      WaitT::mbar_stuck(p.wait, kStuckSplitFull * 16 + r);
+    const uint32_t remote = ptx::mapa_shared(base, slice + half);
 #pragma unroll
     for (int j = 0; j < kChunks; j++) {
       const float4 v = ptx::ld_shared_cluster_f4(remote + 16u * 128u * (uint32_t)j);
@@ -518,12 +528,11 @@ __device__ __forceinline__ bool split_combine(const Params &p, float (&acc)[BN /
       acc[4 * j + 2] = __fadd_rn(acc[4 * j + 2], v.z);
       acc[4 * j + 3] = __fadd_rn(acc[4 * j + 3], v.w);
     }
+    // Every thread of the warpgroup has read the sender's buffer: it may be written again.
+    ptx::named_bar_sync(kBarConsumerWg0 + (int)(threadIdx.x / 128) - 1, 128);
+    if (wg_thread == 0)
+      ptx::mbar_arrive_release_cluster(ptx::mapa_shared(ptx::smem_u32(free_bar), slice + half));
   }
-  // Every thread of the warpgroup has read the slices' buffers: they may be written again.
-  ptx::named_bar_sync(kBarConsumerWg0 + (int)(threadIdx.x / 128) - 1, 128);
-  if (wg_thread == 0)
-    for (uint32_t s = 1; s < (uint32_t)kSplit; s++)
-      ptx::mbar_arrive_release_cluster(ptx::mapa_shared(ptx::smem_u32(&bar[1]), s));
   return true;
 }
 
@@ -574,9 +583,11 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   const uint32_t slice = kSplitK ? ptx::cluster_ctarank() : 0;
   const int32_t kb0 = (int32_t)((int64_t)slice * k_blocks / kSplit);
   const int32_t kb1 = (int32_t)((int64_t)(slice + 1) * k_blocks / kSplit);
-  // split-K: per consumer warpgroup, [0] the leader's "the slices' accumulators are in" (every
-  // thread of every other slice arrives) and [1] a slice's "the leader has read them".
-  __shared__ uint64_t split_bar[2][2];
+  // split-K: per consumer warpgroup, [r] "round r's sender wrote its accumulators" (its 128
+  // threads arrive) for each round of detail::split_combine, then "this slice's accumulators
+  // were read" (one arrival).
+  constexpr int kSplitRounds = detail::split_rounds<kSplit>();
+  __shared__ uint64_t split_bar[2][kSplitRounds + 1];
   const uint64_t timeout_ns = detail::mbar_timeout(p);
   // Every mbarrier wait is bounded; an expired one is an internal stall: reported, never a hang.
   auto wait = [&](uint64_t *bar, uint32_t parity, int32_t code) {
@@ -609,8 +620,9 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       }
     if constexpr (kSplitK)
       for (int w = 0; w < 2; w++) {
-        ptx::mbar_init(&split_bar[w][0], (kSplit - 1) * 128);
-        ptx::mbar_init(&split_bar[w][1], 1);
+        for (int r = 0; r < kSplitRounds; r++)
+          ptx::mbar_init(&split_bar[w][r], 128);
+        ptx::mbar_init(&split_bar[w][kSplitRounds], 1);
       }
     ptx::mbar_init_fence();
   }
@@ -799,9 +811,13 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       if (lane == 0)
         release(prev_stage);
       if constexpr (kSplitK) {
+        // A warpgroup whose 64 rows of the tile all lie past the product's (decode: M=64) has
+        // nothing to sum or store; every slice skips it alike (the same tile, the same rows).
+        if (p.rows > 0 && (int64_t)mb * kBlockM + cwg * (kBlockM / 2) >= p.rows)
+          continue;
         if (!detail::split_combine<kSplit, BN>(p, acc, cbuf, split_bar[cwg], slice, split_it++,
                                                wg_thread, timeout_ns))
-          continue; // a slice: its accumulators are the leader's now
+          continue; // a slice: its accumulators are in another's now
       }
       if constexpr (OwnerEpiOf<Epi>::value) {
         if (Epi::owner_tile(p, mb)) {

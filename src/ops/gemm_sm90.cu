@@ -198,6 +198,7 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   const int units = sms / cluster;
   const int grid = cluster * (o.num_tiles < units ? o.num_tiles : units);
   params.participants = grid;
+  params.rows = a.m < INT32_MAX ? (int32_t)a.m : INT32_MAX;
   apply_fault_stall(params);
   if (split > 1)
     return launch_split<Out>(params, split, grid, device, stream);

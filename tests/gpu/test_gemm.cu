@@ -531,6 +531,11 @@ int main(void) {
   check_split(&buf, 127, 200, 128, 8); /* 2 K blocks: 2 slices */
   check_split(&buf, 64, 8192, 1024, -1);
   check_split(&buf, 4160, 1000, 4104, -1);
+  /* several tiles per cluster (32 tiles on 16 clusters, 8 under 66 SMs), every round's barrier
+   * phases in turn; M=130: the second row block's second warpgroup has no rows (skipped) */
+  check_split(&buf, 130, 2048, 1024, 8);
+  check_split(&buf, 130, 2048, 1024, 4);
+  check_split(&buf, 256, 1024, 2048, 2);
   check_errors(&buf);
   check_strided(&buf);
   check_hooks(&buf);
