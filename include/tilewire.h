@@ -217,8 +217,8 @@ typedef struct tw_gemm_args {
   int32_t tile_order;    /* tw_tile_order_t */
   int64_t rotate_start;  /* with TW_TILE_ORDER_ROTATED: first row of the first tile */
   /* Version 2. K slices per output tile: 0 or 1 none (the default); 2, 4 or 8: that many CTAs
-   * of a cluster each multiply a slice of K and the first adds the others' fp32 accumulators to
-   * its own in slice order (deterministic, but not the bits of the unsplit product); -1: the
+   * of a cluster each multiply a slice of K and their fp32 accumulators are summed in a fixed
+   * tree order (deterministic, but not the bits of the unsplit product); -1: the
    * library splits where few tiles meet a long K (m x n of at most a few dozen 128 x 128
    * tiles), by the shape alone, so the same shape gives the same bits under any sm_count.
    * Fewer slices where K has fewer 64-wide blocks than slices, or sm_count fewer SMs. */

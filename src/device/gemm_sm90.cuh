@@ -551,9 +551,9 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   static_assert(kCluster == 1 || kCluster == 2, "clusters of 1 or 2 CTAs along M");
   static_assert(!(kPair && kDynamic), "the tile queue serves single CTAs");
   // Split-K (kSplit > 1): a cluster of kSplit CTAs runs each tile, CTA s over K blocks
-  // [s * k_blocks / kSplit, (s + 1) * k_blocks / kSplit); CTAs 1.. leave their accumulators in
-  // their epilogue buffer and CTA 0 adds them to its own in slice order (fp32, a fixed order:
-  // the same bits on every run) through distributed shared memory, then stores the tile.
+  // [s * k_blocks / kSplit, (s + 1) * k_blocks / kSplit); their accumulators are summed into
+  // CTA 0's as a binary tree through distributed shared memory (detail::split_combine: fp32, a
+  // fixed order, the same bits on every run), then CTA 0 stores the tile.
   constexpr bool kSplitK = kSplit > 1;
   static_assert(kSplit == 1 || kSplit == 2 || kSplit == 4 || kSplit == 8, "1, 2, 4 or 8 slices");
   static_assert(!kSplitK || (kCluster == 1 && !kDynamic && !Epi::kSignal &&

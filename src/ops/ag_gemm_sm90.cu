@@ -576,8 +576,10 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
    * is the unfused pipeline, tw_allgather then tw_gemm with K split over CTA clusters (split_k
    * -1: the slices by the shape alone, the same bits as that pipeline run by the caller).
    * Seventeenth session, 2 H200s, M=64 N=1024/rank K=8192: the fused op 0.075 ms against 0.046
-   * for NCCL + cuBLAS. Not yet measured with it (branch exp/ag-decode). TW_AG_UNFUSED_SMALL=0
-   * keeps the fused kernel. */
+   * for NCCL + cuBLAS. Eighteenth session, 2 H200s, A/B TW_AG_UNFUSED_SMALL=1,0 both orders,
+   * ms: M=64 0.041 / 0.075, M=16 0.041 / 0.066, M=256 0.069 / 0.109, M=512 N=2048 K=4096 0.049 /
+   * 0.062 (before the split's tree sum, which took M=64 to 0.039). TW_AG_UNFUSED_SMALL=0 keeps
+   * the fused kernel. */
   const int small_unfused = tw_env_int(TW_AG_UNFUSED_SMALL_ID) != 0;
   const int unfused =
       !plain && small_unfused && tw_gemm_auto_split(a.m_local * comm->world, a.n, a.k) > 1;

@@ -26,13 +26,16 @@ int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k) {
   const int64_t k_blocks = (k + 63) / 64;
   /* A decode-sized GEMM (M=64 N=1024 K=8192: 8 tiles of 128 x 128) leaves most SMs idle, each
    * busy one streaming 128 K blocks of B alone; its slices spread that stream over more SMs.
-   * Each slice keeps at least 32 K blocks: the slices' sum through distributed shared memory
-   * costs about what 16 blocks of mainloop do. Eighteenth session, H200, tw-bench gemm, ms,
-   * split none / 2 / 4 / 8: M=64 N=1024 K=8192 0.0436 / 0.0340 / 0.0249 / 0.0248 (cuBLAS
-   * 0.0134); M=64 N=8192 K=1024 0.0133 / 0.0160 / 0.0315 / 0.0634; M=1024 N=1024 K=1024
-   * 0.0126 / 0.0146 / 0.0303 / 0.0630; 4096^3 0.200 / 0.285 (not taken: 1024 tiles). */
+   * Each slice keeps at least 16 K blocks. Eighteenth session, H200, tw-bench gemm, ms, split
+   * none / 2 / 4 / 8, the slices summed as a tree: M=64 N=1024 K=8192 0.0439 / 0.0332 / 0.0234
+   * / 0.0197 (cuBLAS 0.0131); M=16 0.0436 / 0.0328 / 0.0231 / 0.0194; M=256 (16 tiles, at most
+   * 4 slices here) 0.0441 / 0.0345 / 0.0260 / 0.0388; M=64 N=8192 K=1024 (16 K blocks: none)
+   * 0.0132 / 0.0148 / 0.0243 / 0.0340. Clusters of 8 CTAs (about 200 KB of shared memory
+   * each) on more than half the SMs do not all fit at once (a GPC holds whole clusters), so the
+   * grid's cap on resident clusters (launch_plain) gives some two tiles: 8 slices only up to 8
+   * tiles (at M=256, 16 tiles, split 8 took 1.5x split 4's time). */
   int s = 1;
-  while (s < 8 && tiles * s * 2 <= sms && k_blocks >= (int64_t)s * 2 * 32)
+  while (s < 8 && tiles * s * 2 <= (s * 2 == 8 ? sms / 2 : sms) && k_blocks >= (int64_t)s * 2 * 16)
     s *= 2;
   return s;
 }

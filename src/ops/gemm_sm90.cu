@@ -98,7 +98,7 @@ tw_status_t launch_out(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int v
 }
 
 // Split-K (tw_gemm_args_t.split_k): 128 x 128 tiles, 4 stages and a 32 KiB epilogue buffer per
-// consumer warpgroup (it also holds a slice's accumulators for the leader), on clusters of
+// consumer warpgroup (it also holds a slice's accumulators for its reader), on clusters of
 // `split` CTAs.
 constexpr int kSplitStages = 4, kSplitEpiBytes = 32768;
 

@@ -55,15 +55,16 @@ static void test_gemm_plans(void) {
   TEST_ASSERT(p.grid >= 1 && p.grid <= 132, "grid %d", p.grid);
   tw_gemm_plan_make(1, 8, 8, 132, &p);
   TEST_ASSERT(p.grid == 1 && p.group_m == 1, "M=1: grid %d group %d", p.grid, p.group_m);
-  /* split_k = -1 (tw_gemm_auto_split, the shape alone): 4 slices of 32 K blocks for a
+  /* split_k = -1 (tw_gemm_auto_split, the shape alone): 8 slices of 16 K blocks for a
    * decode-sized GEMM (8 narrow tiles, 128 K blocks), none at M=64 N=8192 K=1024 (64 tiles of
-   * 16 K blocks: the split measured slower), none where the tiles fill the SMs. */
+   * 16 K blocks: the split measured slower), 4 at M=256 (16 tiles: 4 slices fill 64 of 132 SMs,
+   * 8 would not fit twice), none where the tiles fill the SMs. */
   static const struct {
     int64_t m, n, k;
     int want;
-  } sp[] = {{64, 1024, 8192, 4}, {64, 8192, 1024, 1},  {4096, 4096, 4096, 1},
-            {64, 1024, 1024, 1}, {512, 2048, 4096, 2}, {1, 8, 8, 1},
-            {1, 8, 4096, 2},     {1, 8, 16384, 8},     {4160, 1000, 4104, 1}};
+  } sp[] = {{64, 1024, 8192, 8},  {64, 8192, 1024, 1},  {4096, 4096, 4096, 1}, {64, 1024, 1024, 1},
+            {256, 1024, 8192, 4}, {512, 2048, 4096, 2}, {1, 8, 8, 1},          {1, 8, 4096, 4},
+            {1, 8, 16384, 8},     {64, 1024, 2048, 2},  {4160, 1000, 4104, 1}};
   for (size_t i = 0; i < sizeof(sp) / sizeof(sp[0]); i++) {
     const int got = tw_gemm_auto_split(sp[i].m, sp[i].n, sp[i].k);
     TEST_ASSERT(got == sp[i].want, "auto split M=%lld N=%lld K=%lld: %d, want %d",
