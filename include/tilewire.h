@@ -203,7 +203,7 @@ typedef enum tw_tile_order {
   TW_TILE_ORDER_ROTATED = 2 /* start at row block `rotate_start` and wrap */
 } tw_tile_order_t;
 
-#define TW_GEMM_ARGS_VERSION 1
+#define TW_GEMM_ARGS_VERSION 2
 typedef struct tw_gemm_args {
   size_t size;        /* sizeof(tw_gemm_args_t) */
   uint32_t version;   /* TW_GEMM_ARGS_VERSION */
@@ -216,10 +216,17 @@ typedef struct tw_gemm_args {
   int32_t sm_count;      /* SMs to use; 0: all the device's */
   int32_t tile_order;    /* tw_tile_order_t */
   int64_t rotate_start;  /* with TW_TILE_ORDER_ROTATED: first row of the first tile */
+  /* Version 2. K slices per output tile: 0 or 1 none (the default); 2, 4 or 8: that many CTAs
+   * of a cluster each multiply a slice of K and their fp32 accumulators are summed in a fixed
+   * tree order (deterministic, but not the bits of the unsplit product); -1: the
+   * library splits where few tiles meet a long K (m x n of at most a few dozen 128 x 128
+   * tiles), by the shape alone, so the same shape gives the same bits under any sm_count.
+   * Fewer slices where K has fewer 64-wide blocks than slices, or sm_count fewer SMs. */
+  int32_t split_k;
 } tw_gemm_args_t;
 
 #define TW_GEMM_ARGS_INIT                                                                          \
-  { sizeof(tw_gemm_args_t), TW_GEMM_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+  { sizeof(tw_gemm_args_t), TW_GEMM_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 TW_API tw_status_t tw_gemm_args_init(tw_gemm_args_t *args);
 /* Standalone GEMM on the current device; errors go to tw_last_error(). */

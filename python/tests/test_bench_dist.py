@@ -153,3 +153,9 @@ def test_tensor_map_encoder_is_optional():
     # without a driver (CI) there is no encoder and --host leaves its row out
     enc = bench_dist._tensor_map_encoder(0, 128, 64)
     assert enc is None or callable(enc)
+
+
+def test_graph_option():
+    p = bench_dist._parser()
+    assert p.parse_args([]).graph == 0
+    assert p.parse_args(["--graph", "10", "--op", "gemm_ar"]).graph == 10

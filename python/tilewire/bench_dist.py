@@ -253,6 +253,10 @@ def _parser():
                    help="instead of the sweep: the host time of one Python call of each op and "
                    "of its torch counterpart at a tiny shape (us per call; rank 0 also prints "
                    "a cProfile of tilewire.gemm_rs)")
+    p.add_argument("--graph", type=int, default=0, metavar="CALLS",
+                   help="time each variant as replays of a CUDA graph of CALLS back-to-back "
+                   "calls (per call: a replay's time / CALLS), as a server replaying captured "
+                   "decode steps runs them: no host time per call (default 0: eager calls)")
     p.add_argument("--json", metavar="FILE", help="rank 0 writes the rows here")
     p.add_argument("--timeout", type=float, default=900.0, help="launcher: seconds per run")
     return p
@@ -345,6 +349,7 @@ class _Rank:
                                 timeout=datetime.timedelta(seconds=300))
         self.comm = tilewire.init()
         self._mm32 = None
+        self._graphs = []  # --graph: the captured graphs, released at close()
         self.profiles = []  # --profile: (label, variant, summary), rank 0
 
     # -- helpers
@@ -375,11 +380,33 @@ class _Rank:
             return torch.mm(a, b.t(), out_dtype=torch.float32)
         return self.tw.gemm(a, b, out_dtype=torch.float32)
 
+    def graphed(self, fn, calls):
+        """A function replaying a CUDA graph of `calls` back-to-back calls of fn (captured on
+        every rank in the same order: NCCL's and tilewire's collectives are captured alike).
+        fn has run eagerly before (warm-up), as torch's capture recipe asks."""
+        torch = self.torch
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        self.quiesce()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        self.quiesce()
+        self._graphs.append(graph)  # kept alive with its memory pool until close()
+        return graph.replay
+
     def time(self, fn):
-        """(median, p10, p90) ms of the slowest rank."""
+        """(median, p10, p90) ms of the slowest rank, per call (--graph: per captured call)."""
         torch, dist, args = self.torch, self.dist, self.args
         for _ in range(max(0, args.warmup)):
             fn()
+        per = 1
+        if args.graph > 0:
+            fn, per = self.graphed(fn, args.graph), args.graph
         # At least warm_ms of calls, the same count on every rank (each call is collective):
         # the count comes from a timed probe, the largest any rank needs.
         torch.cuda.synchronize()
@@ -401,7 +428,7 @@ class _Rank:
             fn()
             ends[i].record()
         torch.cuda.synchronize()
-        med, p10, p90 = _stats([s.elapsed_time(e) for s, e in zip(starts, ends)])
+        med, p10, p90 = _stats([s.elapsed_time(e) / per for s, e in zip(starts, ends)])
         v = torch.tensor([med, p10, p90], device=self.device, dtype=torch.float64)
         dist.all_reduce(v, op=dist.ReduceOp.MAX)
         return tuple(float(x) for x in v.tolist())
@@ -702,10 +729,14 @@ class _Rank:
                 "compute_capability": "%d.%d" % (props.major, props.minor),
                 "torch": torch.__version__, "nccl": nccl, "fp32_gemm": self._mm32 or "-",
                 "tilewire": self.tw.__version__, "repeats": self.args.repeats,
+                "graph_calls": self.args.graph,
                 "warmup": self.args.warmup, "warm_ms": self.args.warm_ms,
                 "world": self.world, "processes": self.world}
 
     def close(self):
+        if self._graphs:  # their replays are done; free their pools before the comm goes
+            self.torch.cuda.synchronize()
+            self._graphs.clear()
         self.comm.close()
         self.dist.destroy_process_group()
 

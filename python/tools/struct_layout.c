@@ -82,6 +82,7 @@ int main(void) {
   FIELD(tw_gemm_args_t, sm_count);
   FIELD(tw_gemm_args_t, tile_order);
   FIELD(tw_gemm_args_t, rotate_start);
+  FIELD(tw_gemm_args_t, split_k);
   end_struct();
 
   STRUCT(tw_ag_gemm_args_t);

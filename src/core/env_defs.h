@@ -54,6 +54,10 @@ TW_ENV(TW_RS_GROUP_UNITS, int, "0",
        "least what the flag slice needs); 0 lets the plan choose (tw_gemm_ar: up "
        "to 4 while the owner keeps 2 groups per CTA; else 1, or more where the call's units "
        "outgrow the flag slice).")
+TW_ENV(TW_RS_BLOCK_N, int, "0",
+       "tw_gemm_rs / tw_gemm_ar: the fused GEMM's tile width, 128 or 256 columns; 0 lets the plan "
+       "choose (128 where 128 x 256 tiles would leave a last wave of CTAs mostly idle, as tw_gemm "
+       "chooses: decode shapes). Every rank must set it alike.")
 TW_ENV(TW_RS_INTERLEAVE, int, "-1",
        "tw_gemm_rs / tw_gemm_ar with m / world a multiple of 128: 1 interleaves the owners' row "
        "blocks in each band sweep (every world consecutive tiles go to world owners, so peer "
@@ -78,10 +82,17 @@ TW_ENV(TW_AG_AUTO_CE, int, "-1",
        "(one process or one per GPU) where the push takes 0.3-0.8 of the GEMM's estimated time "
        "(measured faster there on 2 H200s). Set it alike on every rank: ranks in different modes "
        "wait for each other's flags until TW_WAIT_TIMEOUT_MS and fail.")
-TW_ENV(TW_AG_OWN_COPY_CE, bool, "0",
+TW_ENV(TW_AG_OWN_COPY_CE, int, "-1",
        "tw_ag_gemm (SM mode, not in place, shards of whole 128-row blocks): 1 copies the rank's "
        "own shard into a_gathered with a copy engine beside the kernel, 0 with the kernel's "
-       "communication CTAs after their pushes (measured mixed, docs/PERF.md).")
+       "communication CTAs after their pushes, -1 takes the copy engine on 2 ranks on GPUs of "
+       "their own where the "
+       "push is under 0.3 of the GEMM's estimated time (measured faster there, slower where the "
+       "push is a large share; docs/PERF.md).")
+TW_ENV(TW_AG_UNFUSED_SMALL, bool, "1",
+       "tw_ag_gemm: 1 runs tw_allgather then tw_gemm with K split over CTA clusters where the "
+       "GEMM has few tiles over a long K (tw_gemm's split_k -1 would split it: decode shapes), 0 "
+       "always the fused kernel. Every rank must set it alike.")
 TW_ENV(TW_AG_PEER_READ, bool, "1",
        "tw_ag_gemm with no_gathered_out = 1 and every rank on one GPU: 1 reads the peers' "
        "shards in place (no copies), 0 pushes them as on distinct GPUs.")
@@ -98,7 +109,8 @@ TW_ENV(TW_AR_DIRECT, int, "-1",
        "tw_gemm_ar's direct scheme (every rank stores each partial tile into every rank's "
        "staging and reduces all rows itself), taken when the workspace holds world x m x n "
        "partials: 1 wherever it fits, 0 never, -1 where measured faster (2 ranks on distinct "
-       "GPUs, bf16 partials, m <= 4096, K >= 4096; the default workspace holds it there).")
+       "GPUs, bf16 partials, m <= 4096 with K >= 4096 or m < 128; the default workspace holds it "
+       "there).")
 TW_ENV(TW_RS_PULL, int, "-1",
        "tw_gemm_rs / tw_gemm_ar: 1 has each rank store its whole partial locally and the owners "
        "read their rows of it from every rank when reducing (the pull), 0 has the epilogue push "

@@ -234,7 +234,9 @@ enum {
   kStuckProducerEmpty = 1, // the producer waited for the consumers to free a stage
   kStuckConsumerFull = 2,  // a consumer waited for a stage's loads
   kStuckSignalFull = 3,    // the signal warp waited for the consumers' next tile
-  kStuckSignalPost = 4     // a consumer waited for a free entry of the signal ring
+  kStuckSignalPost = 4,    // a consumer waited for a free entry of the signal ring
+  kStuckSplitFull = 5,     // split-K: a reader waited for its round's sender (+ the round)
+  kStuckSplitFree = 6      // split-K: a sender waited for its last tile's reader (+ the round)
 };
 
 template <class Epi, class Wait> struct GemmParams {
@@ -250,7 +252,7 @@ template <class Epi, class Wait> struct GemmParams {
   uint64_t mbar_timeout_ns; // bound on each mbarrier wait (0: kMbarTimeoutDefaultNs)
   int32_t fault_stall;      // tests (TW_FAULT_STALL_TILE): 1 + the tile (in this CTA loop's tile
                             // numbering) whose first stage the producer never loads; 0: none
-  int32_t pad_;
+  int32_t rows;             // split-K: the product's rows, at most 2^31 - 1 (0: not given)
 };
 
 // ---- stock hooks -----------------------------------------------------------------------------
@@ -358,6 +360,13 @@ template <int Stages, int EpiBytes, int BN = kBlockN> struct SmemLayout {
 
 namespace detail {
 
+// Boxes of 64 x (128 / sizeof(Out)) one epilogue pass fills: as many as the buffer holds, at
+// most a row of the tile (split-K's 32 KiB buffer is larger than a bf16 128-column row).
+template <int EpiBytes, int BN, class Out> constexpr int epi_boxes_per_pass() {
+  return EpiBytes / kBoxBytes < BN / (128 / (int)sizeof(Out)) ? EpiBytes / kBoxBytes
+                                                              : BN / (128 / (int)sizeof(Out));
+}
+
 // Consumer warpgroup `wg` writes its 64 x 256 accumulators as boxes of 64 x (128 / sizeof(Out))
 // in the 128B-swizzled layout TMA expects, EpiBytes at a time, and issues them.
 template <int EpiBytes, int BN, class Epi, class Params>
@@ -365,7 +374,7 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], 
                                          int wg, int wg_thread, int32_t mb, int32_t nb) {
   using Out = typename Epi::Out;
   constexpr int kBoxCols = 128 / (int)sizeof(Out);
-  constexpr int kBoxesPerPass = EpiBytes / kBoxBytes;
+  constexpr int kBoxesPerPass = epi_boxes_per_pass<EpiBytes, BN, Out>();
   constexpr int kColsPerPass = kBoxesPerPass * kBoxCols;
   constexpr int kPasses = BN / kColsPerPass;
   constexpr int kJPerPass = kColsPerPass / 8; // n8 accumulator groups per pass
@@ -416,7 +425,7 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], 
 
 // Bulk groups one tile's epilogue commits per consumer warpgroup.
 template <int EpiBytes, int BN, class Out> constexpr int epi_passes() {
-  return BN / ((EpiBytes / kBoxBytes) * (128 / (int)sizeof(Out)));
+  return BN / (epi_boxes_per_pass<EpiBytes, BN, Out>() * (128 / (int)sizeof(Out)));
 }
 
 // The consumers' end of the signal ring (SignalWarpOf<Epi>): entry i, its phase.
@@ -469,11 +478,71 @@ __device__ __forceinline__ void signal_after_stores(const Params &p, int wg, int
 
 } // namespace detail
 
+namespace detail {
+
+// Split-K, one consumer warpgroup (all 128 threads) after a tile's mainloop: the slices'
+// accumulators summed as a binary tree over distributed shared memory, log2(kSplit) rounds. In
+// round r (half = kSplit >> (r + 1)) slice s in [half, 2 half) waits until its previous tile's
+// buffer was read, writes its accumulators into its epilogue buffer (thread-major in 16-byte
+// chunks: conflict-free), arrives on slice s - half's bar[r] (release, cluster scope) and is done
+// (returns false); slice s < half waits on its bar[r] (acquire, cluster scope), adds slice s +
+// half's accumulators to its own and tells that slice its buffer is free (its bar[kRounds]).
+// Slice 0 ends with the sum ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)) for 8 slices, the same
+// order on every run; returns true. Each barrier completes once per tile (one sender per round,
+// one reader per buffer), so `it` (the warpgroup's tiles so far) gives every phase. Against one
+// reader of every slice in turn: log2(kSplit) buffers on the longest path, not kSplit - 1.
+template <int kSplit> constexpr int split_rounds() {
+  return kSplit >= 8 ? 3 : (kSplit >= 4 ? 2 : 1);
+}
+template <int kSplit, int BN, class Params>
+__device__ __forceinline__ bool split_combine(const Params &p, float (&acc)[BN / 2], uint8_t *cbuf,
+                                              uint64_t *bar, uint32_t slice, uint32_t it,
+                                              int wg_thread, uint64_t timeout_ns) {
+  constexpr int kChunks = BN / 8; // 16-byte chunks of accumulators per thread
+  constexpr int kRounds = split_rounds<kSplit>();
+  uint64_t *free_bar = &bar[kRounds];
+  using WaitT = typename Params::WaitType;
+  const uint32_t base = ptx::smem_u32(cbuf) + 16u * (uint32_t)wg_thread;
+#pragma unroll
+  for (int r = 0; r < kRounds; r++) {
+    const uint32_t half = (uint32_t)kSplit >> (r + 1);
+    if (slice >= half) { // this round's sender (slices >= 2 half sent in an earlier round)
+      if (!ptx::mbar_wait_for<true>(free_bar, (it & 1) ^ 1, timeout_ns))
+        WaitT::mbar_stuck(p.wait, kStuckSplitFree * 16 + r);
+      float4 *mine = reinterpret_cast<float4 *>(cbuf);
+#pragma unroll
+      for (int j = 0; j < kChunks; j++)
+        mine[j * 128 + wg_thread] =
+            make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+      ptx::mbar_arrive_release_cluster(ptx::mapa_shared(ptx::smem_u32(&bar[r]), slice - half));
+      return false;
+    }
+    if (!ptx::mbar_wait_for<true>(&bar[r], it & 1, timeout_ns))
+      WaitT::mbar_stuck(p.wait, kStuckSplitFull * 16 + r);
+    const uint32_t remote = ptx::mapa_shared(base, slice + half);
+#pragma unroll
+    for (int j = 0; j < kChunks; j++) {
+      const float4 v = ptx::ld_shared_cluster_f4(remote + 16u * 128u * (uint32_t)j);
+      acc[4 * j] = __fadd_rn(acc[4 * j], v.x);
+      acc[4 * j + 1] = __fadd_rn(acc[4 * j + 1], v.y);
+      acc[4 * j + 2] = __fadd_rn(acc[4 * j + 2], v.z);
+      acc[4 * j + 3] = __fadd_rn(acc[4 * j + 3], v.w);
+    }
+    // Every thread of the warpgroup has read the sender's buffer: it may be written again.
+    ptx::named_bar_sync(kBarConsumerWg0 + (int)(threadIdx.x / 128) - 1, 128);
+    if (wg_thread == 0)
+      ptx::mbar_arrive_release_cluster(ptx::mapa_shared(ptx::smem_u32(free_bar), slice + half));
+  }
+  return true;
+}
+
+} // namespace detail
+
 // Runs the GEMM on this CTA until the tiles run out. All 384 threads call it; `smem_raw` is the
 // dynamic shared memory (SmemLayout::kDynamicBytes). cta/ctas: this CTA's index among the CTAs
 // running the static schedule and their number (ignored with kDynamic).
 template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic, int kCluster = 1,
-          int BN = kBlockN, bool kRestoreRegs = false>
+          int BN = kBlockN, bool kRestoreRegs = false, int kSplit = 1>
 __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, uint8_t *smem_raw,
                                               int32_t cta, int32_t ctas) {
   using L = SmemLayout<Stages, EpiBytes, BN>;
@@ -481,6 +550,17 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   constexpr bool kPair = kCluster == 2;
   static_assert(kCluster == 1 || kCluster == 2, "clusters of 1 or 2 CTAs along M");
   static_assert(!(kPair && kDynamic), "the tile queue serves single CTAs");
+  // Split-K (kSplit > 1): a cluster of kSplit CTAs runs each tile, CTA s over K blocks
+  // [s * k_blocks / kSplit, (s + 1) * k_blocks / kSplit); their accumulators are summed into
+  // CTA 0's as a binary tree through distributed shared memory (detail::split_combine: fp32, a
+  // fixed order, the same bits on every run), then CTA 0 stores the tile.
+  constexpr bool kSplitK = kSplit > 1;
+  static_assert(kSplit == 1 || kSplit == 2 || kSplit == 4 || kSplit == 8, "1, 2, 4 or 8 slices");
+  static_assert(!kSplitK || (kCluster == 1 && !kDynamic && !Epi::kSignal &&
+                             !OwnerEpiOf<Epi>::value && !WriteThroughOf<Wait>::value),
+                "split-K serves the plain GEMM on a static schedule");
+  static_assert(!kSplitK || EpiBytes >= 128 * (BN / 2) * 4,
+                "a consumer warpgroup's accumulators fit its epilogue buffer");
   // With a CTA pair, `p.order` counts pairs of row blocks; this CTA takes row block
   // 2 * pair + rank and loads half of the shared B box, multicast to both CTAs.
   const uint32_t rank = kPair ? ptx::cluster_ctarank() : 0;
@@ -499,6 +579,15 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   const int wg = threadIdx.x / 128;
   const int wg_thread = threadIdx.x % 128;
   const int32_t k_blocks = p.k_blocks;
+  // This CTA's K blocks (all of them without split-K; the host gives every slice one or more).
+  const uint32_t slice = kSplitK ? ptx::cluster_ctarank() : 0;
+  const int32_t kb0 = (int32_t)((int64_t)slice * k_blocks / kSplit);
+  const int32_t kb1 = (int32_t)((int64_t)(slice + 1) * k_blocks / kSplit);
+  // split-K: per consumer warpgroup, [r] "round r's sender wrote its accumulators" (its 128
+  // threads arrive) for each round of detail::split_combine, then "this slice's accumulators
+  // were read" (one arrival).
+  constexpr int kSplitRounds = detail::split_rounds<kSplit>();
+  __shared__ uint64_t split_bar[2][kSplitRounds + 1];
   const uint64_t timeout_ns = detail::mbar_timeout(p);
   // Every mbarrier wait is bounded; an expired one is an internal stall: reported, never a hang.
   auto wait = [&](uint64_t *bar, uint32_t parity, int32_t code) {
@@ -529,10 +618,16 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         ptx::mbar_init(&sig_full[s], 1);
         ptx::mbar_init(&sig_empty[s], 1);
       }
+    if constexpr (kSplitK)
+      for (int w = 0; w < 2; w++) {
+        for (int r = 0; r < kSplitRounds; r++)
+          ptx::mbar_init(&split_bar[w][r], 128);
+        ptx::mbar_init(&split_bar[w][kSplitRounds], 1);
+      }
     ptx::mbar_init_fence();
   }
-  if constexpr (kPair)
-    ptx::cluster_sync(); // the peer's barriers exist before anything reaches them
+  if constexpr (kPair || kSplitK)
+    ptx::cluster_sync(); // the peers' barriers exist before anything reaches them
   else
     __syncthreads();
 
@@ -559,13 +654,13 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         const CUtensorMap *a_map = &p.a_map;
         int32_t a_row = mb * kBlockM;
         Wait::a_source(p.wait, mb, a_map, a_row);
-        for (int32_t kb = 0; kb < k_blocks; kb++) {
+        for (int32_t kb = kb0; kb < kb1; kb++) {
           wait(&empty[stage], phase ^ 1, kStuckProducerEmpty * 16 + stage);
-          if (kb == 0)
+          if (kb == kb0)
             slot[stage] = t;
           // tests (TW_FAULT_STALL_TILE): this stage's loads never come, so the waits for it
           // expire and mbar_stuck reports them
-          const bool withheld = kb == 0 && t + 1 == p.fault_stall;
+          const bool withheld = kb == kb0 && t + 1 == p.fault_stall;
           if (!withheld) {
             ptx::mbar_arrive_expect_tx(&full[stage], kTileABytes + kTileB);
             ptx::tma_load_2d(smem + L::kA + stage * kTileABytes, a_map, &full[stage], kb * kBlockK,
@@ -686,9 +781,10 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
     constexpr int kPasses = detail::epi_passes<EpiBytes, BN, typename Epi::Out>();
     detail::SigRing ring{sig_full, sig_empty, sig_slot, 0, 0};
     int32_t mb, nb;
+    uint32_t split_it = 0; // split-K: tiles this warpgroup has passed on or gathered
     while (next_tile(stage, phase, mb, nb)) {
       int prev_stage = stage;
-      for (int32_t kb = 0; kb < k_blocks; kb++) {
+      for (int32_t kb = 0; kb < kb1 - kb0; kb++) {
         if (kb > 0)
           wait(&full[stage], phase, kStuckConsumerFull * 16 + stage);
         const uint64_t da =
@@ -714,6 +810,15 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         ptx::reg_fence(acc[i]);
       if (lane == 0)
         release(prev_stage);
+      if constexpr (kSplitK) {
+        // A warpgroup whose 64 rows of the tile all lie past the product's (decode: M=64) has
+        // nothing to sum or store; every slice skips it alike (the same tile, the same rows).
+        if (p.rows > 0 && (int64_t)mb * kBlockM + cwg * (kBlockM / 2) >= p.rows)
+          continue;
+        if (!detail::split_combine<kSplit, BN>(p, acc, cbuf, split_bar[cwg], slice, split_it++,
+                                               wg_thread, timeout_ns))
+          continue; // a slice: its accumulators are in another's now
+      }
       if constexpr (OwnerEpiOf<Epi>::value) {
         if (Epi::owner_tile(p, mb)) {
           if (sig_mb >= 0) { // the previous tile's signal, its stores performed
@@ -760,19 +865,21 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       ptx::named_bar_sync(kBarRegs, kThreads); // registers returned: the producers may take them
     }
   }
-  // No CTA of a pair leaves while its peer may still arrive on its barriers.
-  if constexpr (kPair)
+  // No CTA of a pair leaves while its peer may still arrive on its barriers (split-K: nor
+  // while the leader may still read its accumulators).
+  if constexpr (kPair || kSplitK)
     ptx::cluster_sync();
 }
 
-// kCluster == 2: launch with cluster dimension (2, 1, 1) and an even grid.
+// kCluster == 2: launch with cluster dimension (2, 1, 1) and an even grid; kSplit > 1: cluster
+// dimension (kSplit, 1, 1) and a grid of whole clusters.
 template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic, int kCluster = 1,
-          int BN = kBlockN>
+          int BN = kBlockN, int kSplit = 1>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ GemmParams<Epi, Wait> p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  gemm_cta_loop<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN>(
-      p, smem_raw, blockIdx.x / kCluster, gridDim.x / kCluster);
+  gemm_cta_loop<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, false, kSplit>(
+      p, smem_raw, blockIdx.x / (kCluster * kSplit), gridDim.x / (kCluster * kSplit));
 }
 
 } // namespace gemm

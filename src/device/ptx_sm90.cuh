@@ -45,25 +45,37 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
 __device__ __forceinline__ uint64_t globaltimer_ns();
 
 // One try_wait on the phase with the given parity (the hardware suspends the thread for a
-// while before it reports the phase incomplete).
+// while before it reports the phase incomplete). kClusterAcquire: acquire at cluster scope,
+// so what other CTAs of the cluster wrote before their release.cluster arrivals is visible
+// (their shared memory included); else the default (CTA scope).
+template <bool kClusterAcquire = false>
 __device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, uint32_t parity) {
   uint32_t done;
-  asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-               "selp.u32 %0, 1, 0, p;\n}\n"
-               : "=r"(done)
-               : "r"(smem_u32(bar)), "r"(parity)
-               : "memory");
+  if constexpr (kClusterAcquire)
+    asm volatile("{\n.reg .pred p;\n"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(smem_u32(bar)), "r"(parity)
+                 : "memory");
+  else
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(smem_u32(bar)), "r"(parity)
+                 : "memory");
   return done != 0;
 }
 
 // Spins until the phase with the given parity has completed (true) or timeout_ns have passed
 // (false: the caller reports it). The clock is read only once the first try has failed.
+template <bool kClusterAcquire = false>
 __device__ __forceinline__ bool mbar_wait_for(uint64_t *bar, uint32_t parity, uint64_t timeout_ns) {
-  if (mbar_try_wait(bar, parity))
+  if (mbar_try_wait<kClusterAcquire>(bar, parity))
     return true;
   const uint64_t t0 = globaltimer_ns();
   for (;;) {
-    if (mbar_try_wait(bar, parity))
+    if (mbar_try_wait<kClusterAcquire>(bar, parity))
       return true;
     if (globaltimer_ns() - t0 > timeout_ns)
       return false;
@@ -94,6 +106,31 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint64_t *bar, uint32_t cta)
                "}" ::"r"(smem_u32(bar)),
                "r"(cta)
                : "memory");
+}
+
+// The address of the same shared-memory location (a shared::cta address) in CTA `cta` of the
+// cluster, as a shared::cluster address.
+__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(cta));
+  return remote;
+}
+
+// Arrives on a barrier of another CTA of the cluster (a mapa_shared address), releasing this
+// thread's earlier memory operations (and those ordered before them) at cluster scope.
+__device__ __forceinline__ void mbar_arrive_release_cluster(uint32_t remote_bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote_bar)
+               : "memory");
+}
+
+// 16 bytes of another CTA's shared memory (a mapa_shared address).
+__device__ __forceinline__ float4 ld_shared_cluster_f4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
 }
 
 // ---- TMA --------------------------------------------------------------------------------

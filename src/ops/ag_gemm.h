@@ -71,6 +71,12 @@ struct tw_comm;
 int tw_ag_gemm_auto_copy_engine(int world, int gpu_shared, int64_t m_local, int64_t n, int64_t k,
                                 int device_sms, int env);
 
+/* SM mode, not in place, no straddling tile: 1 where a copy engine should copy the rank's own
+ * shard into a_gathered beside the kernel (env = TW_AG_OWN_COPY_CE: 0 never, 1 always, -1 the
+ * rule: 2 ranks on GPUs of their own, the push under 0.3 of the GEMM's estimated time). */
+int tw_ag_gemm_own_copy_ce(int world, int gpu_shared, int64_t m_local, int64_t n, int64_t k,
+                           int device_sms, int env);
+
 tw_status_t tw_ag_gemm_prepare(struct tw_comm *comm, const tw_ag_gemm_args_t *in,
                                tw_ag_gemm_args_t *resolved, tw_ag_gemm_plan_t *plan);
 

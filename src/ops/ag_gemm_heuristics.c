@@ -126,6 +126,15 @@ void tw_ag_gemm_plan_peer(tw_ag_gemm_plan_t *plan, int world, int no_gathered_ou
   }
 }
 
+/* The push's estimated time over the GEMM's (both from the plan's per-SM rates). */
+static double push_share(int world, int64_t m_local, int64_t n, int64_t k, int device_sms) {
+  const double bytes = (double)m_local * (double)k * 2.0 * (double)(world - 1);
+  const double flops = 2.0 * (double)m_local * (double)world * (double)n * (double)k;
+  const double t_push = bytes / (TW_PUSH_GBPS * 1e9);
+  const double t_gemm = flops / (TW_GEMM_TFLOPS_PER_CTA * 1e12 * (device_sms > 0 ? device_sms : 1));
+  return t_push / t_gemm;
+}
+
 int tw_ag_gemm_auto_copy_engine(int world, int gpu_shared, int64_t m_local, int64_t n, int64_t k,
                                 int device_sms, int env) {
   /* Copy engines exist between GPUs only; and the mode is the AUTO default's to take. */
@@ -147,9 +156,21 @@ int tw_ag_gemm_auto_copy_engine(int world, int gpu_shared, int64_t m_local, int6
    * K=4096 (2.3) 0.102 / 0.136, slower (the chunk flags' latency, and pushes that outlast the
    * GEMM). (The eighth session's 1.475 / 1.630 at M=16384 were timed without the warm-up, in
    * the clock state the previous row left.) The same estimates as the plan's. */
-  const double bytes = (double)m_local * (double)k * 2.0 * (double)(world - 1);
-  const double flops = 2.0 * (double)m_local * (double)world * (double)n * (double)k;
-  const double t_push = bytes / (TW_PUSH_GBPS * 1e9);
-  const double t_gemm = flops / (TW_GEMM_TFLOPS_PER_CTA * 1e12 * (device_sms > 0 ? device_sms : 1));
-  return t_push >= 0.3 * t_gemm && t_push <= 0.8 * t_gemm;
+  const double share = push_share(world, m_local, n, k, device_sms);
+  return share >= 0.3 && share <= 0.8;
+}
+
+int tw_ag_gemm_own_copy_ce(int world, int gpu_shared, int64_t m_local, int64_t n, int64_t k,
+                           int device_sms, int env) {
+  if (env >= 0)
+    return env != 0;
+  /* Where the push is a small share of a long GEMM, a copy engine's own-shard copy beside the
+   * kernel beat the communication CTAs' copy after their pushes; where the push is a large
+   * share it lost. Seventeenth session, 2 H200s, one process per GPU (bench_dist, 30 repeats,
+   * not in place), TW_AG_OWN_COPY_CE=0 / 1, each in both orders, ms: flux-tp8 (push / GEMM
+   * estimate 0.20) 1.020 / 0.950 and 1.007 / 0.957 (next17: 1.002 / 0.946); M=8192 N=1024
+   * K=8192 (1.18) 0.295 / 0.301 and 0.296 / 0.302; M=4096 N=512 K=4096 (2.3) 0.0897 / 0.0932
+   * and 0.0908 / 0.0934; M=16384 (0.59) runs the copy-engine mode, where the knob does not
+   * apply (level). 2 ranks on GPUs of their own only (measured there). */
+  return world == 2 && !gpu_shared && push_share(world, m_local, n, k, device_sms) < 0.3;
 }

@@ -18,6 +18,7 @@
 #include "ag_gemm.h"
 #include "device/copy.cuh"
 #include "device/signal.cuh"
+#include "gemm_heuristics.h"
 #include "gemm_launch.cuh"
 #include "gemm_sm90.cuh"
 
@@ -414,7 +415,7 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
                        comm->ranks_on_device == world, a->m_local, a->n, a->a == (const void *)own,
                        a->comm_sms, (int)tw_env_int(TW_AG_PEER_READ_ID),
                        (int)tw_env_int(TW_AG_PEER_GATHER_ID));
-  /* The own-slot copy by a copy engine (TW_AG_OWN_COPY_CE=1), pushing mode only. Where no
+  /* The own-slot copy by a copy engine (tw_ag_gemm_own_copy_ce), pushing mode only. Where no
    * tile straddles this shard and a peer's (world 1, or shards of whole 128-row blocks), the
    * own copy only feeds the gathered output (the shard's tiles read `a`), so it can run beside
    * the kernel. A straddling tile reads its own rows from the slot and waits for their chunk
@@ -422,7 +423,8 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
    * the flags unset). */
   plan->own_copy_ce = a->comm_mode == TW_AG_COMM_SM && !plan->peer_read &&
                       a->a != (const void *)own && (world == 1 || a->m_local % 128 == 0) &&
-                      tw_env_int(TW_AG_OWN_COPY_CE_ID) != 0;
+                      tw_ag_gemm_own_copy_ce(world, comm->gpu_shared, a->m_local, a->n, a->k,
+                                             comm->sm_count, (int)tw_env_int(TW_AG_OWN_COPY_CE_ID));
   return TW_SUCCESS;
 }
 
@@ -541,6 +543,20 @@ static tw_status_t copy_engine_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
   return st == TW_SUCCESS ? ce_join(comm, user) : st;
 }
 
+/* The plain GEMM of `rows` gathered rows at `a_rows` (packed, K wide) into the call's C, on the
+ * rank's SMs; split_k -1 (K split by the shape where few tiles meet a long K) or 0. */
+static tw_status_t gathered_gemm(tw_comm_t comm, const tw_ag_gemm_args_t &a, const void *a_rows,
+                                 int64_t rows, int split_k, tw_stream_t stream) {
+  tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
+  g.c_dtype = a.c_dtype;
+  g.a = a_rows, g.b = a.b, g.c = a.c;
+  g.m = rows, g.n = a.n, g.k = a.k;
+  g.lda = a.k, g.ldb = a.ldb, g.ldc = a.ldc;
+  g.sm_count = comm->sm_budget;
+  g.split_k = split_k;
+  return tw_gemm(&g, stream);
+}
+
 extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
                                   tw_stream_t stream) {
   tw_status_t st = tw_comm_check(comm);
@@ -555,7 +571,19 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
   const void *own_slot = (const char *)a.a_gathered + shard_bytes * (size_t)comm->rank;
   /* World 1 with nothing to gather and nothing to copy: the plain GEMM, whatever the mode. */
   const int plain = comm->world == 1 && (a.a == own_slot || a.no_gathered_out);
-  if (!plain && a.comm_mode == TW_AG_COMM_COPY_ENGINE) {
+  /* Few output tiles over a long K (decode: M=64 N=1024 K=8192 is 8 tiles of 128 x 128): the
+   * fused kernel's GEMM leaves most SMs idle and its communication overlaps nothing, so the call
+   * is the unfused pipeline, tw_allgather then tw_gemm with K split over CTA clusters (split_k
+   * -1: the slices by the shape alone, the same bits as that pipeline run by the caller).
+   * Seventeenth session, 2 H200s, M=64 N=1024/rank K=8192: the fused op 0.075 ms against 0.046
+   * for NCCL + cuBLAS. Eighteenth session, 2 H200s, A/B TW_AG_UNFUSED_SMALL=1,0 both orders,
+   * ms: M=64 0.041 / 0.075, M=16 0.041 / 0.066, M=256 0.069 / 0.109, M=512 N=2048 K=4096 0.049 /
+   * 0.062 (before the split's tree sum, which took M=64 to 0.039). TW_AG_UNFUSED_SMALL=0 keeps
+   * the fused kernel. */
+  const int small_unfused = tw_env_int(TW_AG_UNFUSED_SMALL_ID) != 0;
+  const int unfused =
+      !plain && small_unfused && tw_gemm_auto_split(a.m_local * comm->world, a.n, a.k) > 1;
+  if (!plain && !unfused && a.comm_mode == TW_AG_COMM_COPY_ENGINE) {
     /* The copy-engine mode is eager only (its flag values are fixed when enqueued): under
      * capture AUTO keeps the SMs (the plan is the same for both modes where it can choose the
      * copy engine: no peer reads, no own-slot copy engine); an explicit request fails. */
@@ -578,17 +606,15 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
     /* Nothing to gather and nothing to copy: the product is the plain GEMM of the shard
      * (the same core and tile order rules, so the same bits as the unfused pipeline), without
      * the fused kernel's handshakes, flags and larger parameter block. */
-    tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
-    g.c_dtype = a.c_dtype;
-    g.a = a.a, g.b = a.b, g.c = a.c;
-    g.m = a.m_local, g.n = a.n, g.k = a.k;
-    g.lda = a.k, g.ldb = a.ldb, g.ldc = a.ldc;
-    g.sm_count = comm->sm_budget;
-    st = tw_gemm(&g, stream);
+    st = gathered_gemm(comm, a, a.a, a.m_local, small_unfused ? -1 : 0, stream);
     if (st == TW_SUCCESS && a.no_gathered_out && a.a != own_slot)
       st = tw_cuda_check(cudaMemcpyAsync((void *)own_slot, a.a, shard_bytes,
                                          cudaMemcpyDeviceToDevice, (cudaStream_t)stream),
                          "tw_ag_gemm: cudaMemcpyAsync(own slot)");
+  } else if (unfused) {
+    st = tw_allgather(comm, a.a, a.a_gathered, shard_bytes, stream);
+    if (st == TW_SUCCESS)
+      st = gathered_gemm(comm, a, a.a_gathered, a.m_local * comm->world, -1, stream);
   } else if (a.comm_mode == TW_AG_COMM_COPY_ENGINE) {
     st = copy_engine_call(comm, a, plan, stream);
   } else {

@@ -10,16 +10,42 @@ static double wave_efficiency(int64_t tiles, int sms) {
  * per flop); measured, see docs/PERF.md (GEMM core section). */
 #define TW_GEMM_N128_RELATIVE 0.93
 
+int tw_gemm_prefers_n128(int64_t m, int64_t n, int sms) {
+  const int64_t m_blocks = (m + 127) / 128;
+  const int64_t tiles256 = m_blocks * ((n + 255) / 256);
+  const int64_t tiles128 = m_blocks * ((n + 127) / 128);
+  /* 128x256 tiles, 3 stages and a one-pass epilogue measured best where the waves fill; the
+   * 128x128 tile wins where a last, mostly idle wave of big tiles costs more than its extra
+   * operand traffic (e.g. 4096^3 on 116 SMs: 256 big tiles are 2.2 waves, 1024 small 8.8). */
+  return TW_GEMM_N128_RELATIVE * wave_efficiency(tiles128, sms) > wave_efficiency(tiles256, sms);
+}
+
+int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k) {
+  const int sms = 132; /* nominal (H100 / H200 SXM): the choice must not depend on the budget */
+  const int64_t tiles = ((m + 127) / 128) * ((n + 127) / 128);
+  const int64_t k_blocks = (k + 63) / 64;
+  /* A decode-sized GEMM (M=64 N=1024 K=8192: 8 tiles of 128 x 128) leaves most SMs idle, each
+   * busy one streaming 128 K blocks of B alone; its slices spread that stream over more SMs.
+   * Each slice keeps at least 16 K blocks. Eighteenth session, H200, tw-bench gemm, ms, split
+   * none / 2 / 4 / 8, the slices summed as a tree: M=64 N=1024 K=8192 0.0439 / 0.0332 / 0.0234
+   * / 0.0197 (cuBLAS 0.0131); M=16 0.0436 / 0.0328 / 0.0231 / 0.0194; M=256 (16 tiles, at most
+   * 4 slices here) 0.0441 / 0.0345 / 0.0260 / 0.0388; M=64 N=8192 K=1024 (16 K blocks: none)
+   * 0.0132 / 0.0148 / 0.0243 / 0.0340. Clusters of 8 CTAs (about 200 KB of shared memory
+   * each) on more than half the SMs do not all fit at once (a GPC holds whole clusters), so the
+   * grid's cap on resident clusters (launch_plain) gives some two tiles: 8 slices only up to 8
+   * tiles (at M=256, 16 tiles, split 8 took 1.5x split 4's time). */
+  int s = 1;
+  while (s < 8 && tiles * s * 2 <= (s * 2 == 8 ? sms / 2 : sms) && k_blocks >= (int64_t)s * 2 * 16)
+    s *= 2;
+  return s;
+}
+
 void tw_gemm_plan_make(int64_t m, int64_t n, int64_t k, int sms, tw_gemm_plan_t *plan) {
   const int64_t m_blocks = (m + 127) / 128;
   const int64_t tiles256 = m_blocks * ((n + 255) / 256);
   const int64_t tiles128 = m_blocks * ((n + 127) / 128);
   (void)k;
-  /* 128x256 tiles, 3 stages and a one-pass epilogue measured best where the waves fill; the
-   * 128x128 tile wins where a last, mostly idle wave of big tiles costs more than its extra
-   * operand traffic (e.g. 4096^3 on 116 SMs: 256 big tiles are 2.2 waves, 1024 small 8.8). */
-  const int small =
-      TW_GEMM_N128_RELATIVE * wave_efficiency(tiles128, sms) > wave_efficiency(tiles256, sms);
+  const int small = tw_gemm_prefers_n128(m, n, sms);
   plan->variant = small ? TW_GEMM_V_N128_S6 : TW_GEMM_V_S3_E32;
   plan->tiles = (int)(small ? tiles128 : tiles256);
   plan->grid = plan->tiles < sms ? plan->tiles : sms;

@@ -26,6 +26,16 @@ typedef struct tw_gemm_plan {
   int tiles;   /* 128x256 output tiles */
 } tw_gemm_plan_t;
 
+/* Whether 128x128 tiles (6 stages) beat 128x256 ones for an m x n output on `sms` CTAs: where
+ * the big tiles leave a last wave mostly idle (also tw_gemm_rs / tw_gemm_ar's tile choice). */
+int tw_gemm_prefers_n128(int64_t m, int64_t n, int sms);
+
+/* K slices per tile for tw_gemm's split_k = -1: 2, 4 or 8 where the m x n output has so few
+ * 128 x 128 tiles that twice the slices still fit an H100 / H200's 132 SMs and each slice keeps
+ * 8 or more K blocks of 64; else 1. A function of the shape alone, so that every caller (any SM
+ * budget) gets the same slices and so the same bits. */
+int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k);
+
 /* Plans C[m,n] = A[m,k] * B[n,k]^T on `sms` SMs. */
 void tw_gemm_plan_make(int64_t m, int64_t n, int64_t k, int sms, tw_gemm_plan_t *plan);
 

@@ -3,7 +3,8 @@
  * gemm_rs_heuristics.c).
  *
  * Geometry. Owner o holds rows [o * m_local, (o + 1) * m_local) of the sum. The
- * GEMM runs on global 128 x 256 tiles (row block mb, column block nb); a tile
+ * GEMM runs on global 128 x block_n tiles (row block mb, column block nb; block_n
+ * 256, or 128 where the plan takes narrow tiles); a tile
  * may straddle two or more owners when m_local is not a multiple of 128. A
  * *unit* is the part of one tile inside one owner's rows; owner o's units are
  * numbered in bands of `band` column blocks, row-major inside a band
@@ -52,7 +53,7 @@ extern "C" {
 /* The fused kernel keeps one TMA map per owner in its parameters. */
 #define TW_GEMM_RS_MAX_WORLD 8
 #define TW_GEMM_RS_BLOCK_M 128
-#define TW_GEMM_RS_BLOCK_N 256
+#define TW_GEMM_RS_BLOCK_N 256 /* the default tile width; 128 where the plan takes narrow tiles */
 
 typedef struct tw_gemm_rs_plan_args {
   int world;
@@ -73,6 +74,7 @@ typedef struct tw_gemm_rs_plan_args {
                          which every rank numbers alike (0: sm_budget) */
   int owner_env;      /* TW_RS_OWNER_EPI (-1: tw_gemm_rs_want_owner_epi decides; 0 never) */
   int pull_env;       /* TW_RS_PULL (-1: the plan decides; 0 never; 1 always) */
+  int block_n_env;    /* TW_RS_BLOCK_N: 128 or 256 (anything else: the plan decides) */
 } tw_gemm_rs_plan_args_t;
 
 /* Counters per channel, and the stride of the all-reduce ready flags: fixed by the comm's
@@ -100,10 +102,16 @@ typedef struct tw_gemm_rs_plan {
                       per group (tw_gemm_rs_want_owner_epi) */
   int pull;        /* each rank's whole partial stored locally, the owners reading their rows
                       of it from every rank (not with the direct scheme, not at world 1) */
+  int block_n;     /* the GEMM tile's (and a unit's) columns: TW_GEMM_RS_BLOCK_N (256) or 128 */
 } tw_gemm_rs_plan_t;
 
 /* Workspace bytes of tw_gemm_ar's direct scheme: fp32 staging [world][m][n]. */
 size_t tw_gemm_ar_direct_workspace_bytes(int world, int64_t m, int64_t n, int partial_bytes);
+/* Below this m, tw_gemm_ar_want_direct takes the direct scheme whatever the partials (2 ranks). */
+#define TW_AR_DIRECT_ANY_M 128
+/* tw_gemm_rs_workspace_size: the push's bytes, or the direct scheme's with fp32 partials where
+ * the rule may take it. */
+size_t tw_gemm_rs_call_workspace_bytes(int world, int64_t m, int64_t n);
 /* Whether tw_gemm_ar takes the direct scheme (where the workspace holds it). direct_env:
  * TW_AR_DIRECT (-1: this rule decides). partial_bytes: 4 or 2. */
 int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partial_bytes, int64_t m,

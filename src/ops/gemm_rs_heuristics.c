@@ -9,6 +9,7 @@
 #include "gemm_rs.h"
 
 #include "devcomm.h"
+#include "gemm_heuristics.h"
 
 #define TW_RS_REDUCE_GBPS_PER_CTA 60.0
 #define TW_RS_GEMM_TFLOPS_PER_CTA 5.5
@@ -41,8 +42,28 @@ int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partia
    * flux-tp8 (m 4096, K 6144): 1.095 / 1.109 / 1.126 ms against 1.128 / 1.136 / 1.159 for the
    * default (NCCL bf16 + cuBLAS 1.131-1.143); at K 2048 (m 1024) level (0.134-0.144 against
    * 0.139-0.141), at K 512 slower (0.190 against 0.150), with fp32 partials slower everywhere.
-   * More ranks multiply its bytes (world - 1 partials of all m rows per rank), so world 2 only. */
-  return world == 2 && !gpu_shared && partial_bytes == 2 && m <= 4096 && k >= 4096;
+   * More ranks multiply its bytes (world - 1 partials of all m rows per rank), so world 2 only.
+   * Also at decode shapes (m / 2 < 64 rows, any K): no gather phase to wait for. Seventeenth
+   * session, 2 H200s, n 8192 K 1024, tw-bench's bf16-partials rows of one run each, default /
+   * direct, ms: M=64 0.0463 / 0.0429 (decode17), 0.0452 / 0.0421 (the suite); M=16 0.0438 /
+   * 0.0404; M=256 0.0528 / 0.0536 (level, not taken). With fp32 partials too at m < 128:
+   * eighteenth session, 2 H200s, n 8192 K 1024, A/B TW_AR_DIRECT=0,1 both orders, M=64 0.0432 /
+   * 0.0401 and 0.0431 / 0.0403 ms (bf16 partials 0.0408 / 0.0354, 0.0405 / 0.0354); M=16 0.0411 /
+   * 0.0361; M=256 0.0547 / 0.0652 (slower: not taken). */
+  return world == 2 && !gpu_shared &&
+         ((partial_bytes == 2 && m <= 4096 && k >= 4096) || m < TW_AR_DIRECT_ANY_M);
+}
+
+size_t tw_gemm_rs_call_workspace_bytes(int world, int64_t m, int64_t n) {
+  size_t bytes = tw_gemm_ar_push_workspace_bytes(world, m, n);
+  /* tw_gemm_ar's direct scheme with fp32 partials where the rule may take it (2 ranks, m < 128):
+   * world x m x n fp32, more than the push's world x m_local x n x 6 */
+  if (world == 2 && m < TW_AR_DIRECT_ANY_M) {
+    const size_t direct = tw_gemm_ar_direct_workspace_bytes(world, m, n, 4);
+    if (direct > bytes)
+      bytes = direct;
+  }
+  return bytes;
 }
 
 int tw_gemm_rs_want_owner_epi(int env, int reduce_set, int partial_bytes, int64_t k, int64_t tiles,
@@ -71,8 +92,24 @@ int tw_gemm_rs_want_owner_epi(int env, int reduce_set, int partial_bytes, int64_
 void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *plan) {
   const int world = a->world;
   const int32_t m_local = (int32_t)(a->m / world);
-  const int64_t n_blocks = (a->n + TW_GEMM_RS_BLOCK_N - 1) / TW_GEMM_RS_BLOCK_N;
-  /* 128 x 256 tiles of the m x n product (the wave rule and the owner-epilogue rule) */
+  /* The tile width: 128 columns (6 stages) where 128 x 256 tiles would leave a last wave of the
+   * rank's CTAs mostly idle, by tw_gemm's own rule (decode shapes: M=64 n 8192 on 132 CTAs is
+   * 32 wide tiles or 64 narrow ones). Seventeenth session, 2 H200s, GEMM+AR M=64 n 8192 K 1024
+   * (TW_TRACE): the 32 wide tiles finished 17-26 us after the kernel's start while tw_gemm, which
+   * takes the narrow tiles there, ran in 11-13 us. Every rank decides alike (the shape and
+   * plan_sms). */
+  /* Not where ranks share a GPU: eighteenth session, 8 virtual ranks, GEMM+AR M=64 n 8192 K
+   * 1024, A/B TW_RS_BLOCK_N=256,128: 0.138 / 0.157 ms (bf16 partials 0.133 / 0.157), while on 2
+   * H200s the narrow tiles won at M=16-256 (M=64, both orders: GEMM+AR 0.0493 / 0.0431 and
+   * 0.0498 / 0.0434, GEMM+RS 0.0455 / 0.0381 and 0.0456 / 0.0377). */
+  const int plan_ctas = a->plan_sms > 0 ? a->plan_sms : a->sm_budget;
+  const int block_n = a->block_n_env == 128 || a->block_n_env == 256 ? a->block_n_env
+                      : !a->shared_gpu && tw_gemm_prefers_n128(a->m, a->n, plan_ctas)
+                          ? 128
+                          : TW_GEMM_RS_BLOCK_N;
+  plan->block_n = block_n;
+  const int64_t n_blocks = (a->n + block_n - 1) / block_n;
+  /* 128 x block_n tiles of the m x n product (the wave rule and the owner-epilogue rule) */
   const int64_t tiles = ((a->m + TW_GEMM_RS_BLOCK_M - 1) / TW_GEMM_RS_BLOCK_M) * n_blocks;
   int64_t units_max = 0;
   for (int o = 0; o < world; o++) {
@@ -102,10 +139,9 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * / 0.571 / 0.553 / 0.619), m 1024 n 8192 K 2048 0.766 / 0.748 / 0.764 / 0.842 (0.661 /
    * 0.640 / 0.665 / 0.714); the larger shapes already take 4. */
   if (a->all_reduce) {
-    const int64_t sms = a->plan_sms > 0 ? a->plan_sms : a->sm_budget;
     const int64_t per_cta = a->shared_gpu ? 1 : 2;
     int64_t want = 1;
-    while (want < 4 && units_max / (want * 2) >= per_cta * sms)
+    while (want < 4 && units_max / (want * 2) >= per_cta * plan_ctas)
       want *= 2;
     if (want > g)
       g = want;
@@ -251,13 +287,12 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * TW_RS_STEAL, TW_RS_PULL, TW_RS_GROUP_UNITS), not the reduce-CTA count, which may differ by
    * rank; the gather runs on the GEMM CTAs after their tiles, so it needs stealing. */
   const int can =
-      world == 2 && !plan->pull && m_local % TW_GEMM_RS_BLOCK_M == 0 &&
+      world == 2 && !plan->pull && m_local % TW_GEMM_RS_BLOCK_M == 0 && block_n == 256 &&
       (a->all_reduce ? plan->steal && units_max <= stride && a->group_env <= 0 : g == 1);
   const int reduce_set = !a->all_reduce && (a->reduce_sms_arg > 0 || a->reduce_env >= 0);
-  const int sms = a->plan_sms > 0 ? a->plan_sms : a->sm_budget;
   plan->owner_epi =
       can && tw_gemm_rs_want_owner_epi(a->owner_env, reduce_set, a->partial_bytes == 2 ? 2 : 4,
-                                       a->k, tiles, sms);
+                                       a->k, tiles, plan_ctas);
   if (plan->owner_epi) {
     plan->reduce_ctas = 0;
     plan->group_units = 1;

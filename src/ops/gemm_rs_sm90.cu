@@ -69,8 +69,17 @@ using namespace tw::gemm;
 
 namespace {
 
-constexpr int kStages = 3;
-constexpr int kEpiBytes = 32768;
+/* Pipeline per tile width: 128 x 256 tiles 3 stages and a 32 KiB epilogue buffer per consumer
+ * warpgroup (a one-pass fp32 epilogue); 128 x 128 tiles (few-tile shapes, plan.block_n) 6
+ * stages and 16 KiB, tw_gemm's TW_GEMM_V_N128_S6. */
+template <int BN> struct RsConfig {
+  static constexpr int kStages = 3;
+  static constexpr int kEpiBytes = 32768;
+};
+template <> struct RsConfig<128> {
+  static constexpr int kStages = 6;
+  static constexpr int kEpiBytes = 16384;
+};
 constexpr int kMaxWorld = TW_GEMM_RS_MAX_WORLD;
 constexpr int kReduceQueue = TW_CHANNEL_FLAGS - 1;
 constexpr int kGatherQueue = TW_CHANNEL_FLAGS - 2;
@@ -347,6 +356,7 @@ template <class P> struct RsParams {
   int32_t push;
   int64_t ldo;
   int32_t n, m_local, n_blocks, band;
+  int32_t block_n; /* the tile's (and a unit's) columns: 256 or 128 (plan.block_n) */
   int32_t group_units, groups_max, flag_stride;
   int32_t reduce_ctas, all_reduce;
   int32_t steal; /* TW_RS_STEAL: GEMM CTAs take reduction work after the mainloop */
@@ -367,8 +377,8 @@ __device__ __forceinline__ void unit_rect(const RsParams<P> &p, int32_t o, int32
   const int64_t base = (int64_t)o * m_local;
   r0 = (int32_t)(max((int64_t)mb * kBlockM, base) - base);
   r1 = (int32_t)(min((int64_t)mb * kBlockM + kBlockM, base + m_local) - base);
-  c0 = nb * kBlockN;
-  c1 = min(n, c0 + kBlockN);
+  c0 = nb * p.block_n;
+  c1 = min(n, c0 + p.block_n);
 }
 
 template <class P> __device__ __forceinline__ int32_t owner_units(const RsParams<P> &p, int32_t o) {
@@ -609,7 +619,7 @@ __device__ __forceinline__ void gather_work(const RsParams<P> &p, uint64_t epoch
  * split when it ends (setmaxnreg), so code after it is no longer compiled under the producer's
  * 40 registers, and the GEMM CTAs then take reduction (and gather) work too, 4 partial loads
  * in flight (7 spilled). Every CTA then takes part in the reduce/gather queues. */
-template <bool kSteal, class P>
+template <bool kSteal, class P, int BN>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_rs_kernel(const __grid_constant__ RsParams<P> p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -636,8 +646,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0)
       tw_trace_stamp(dc, TW_TR_COMM_END);
   }
-  gemm_cta_loop<kStages, kEpiBytes, RsEpi<P>, RsWait, true, 1, kBlockN, kSteal>(p.gemm, smem_raw, 0,
-                                                                                0);
+  gemm_cta_loop<RsConfig<BN>::kStages, RsConfig<BN>::kEpiBytes, RsEpi<P>, RsWait, true, 1, BN,
+                kSteal>(p.gemm, smem_raw, 0, 0);
   if (dc.trace) { /* the consumers' last tile, not the producer's last load */
     __syncthreads();
     if (threadIdx.x == 0)
@@ -661,12 +671,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <class P> tw_status_t launch(const RsParams<P> &params, int grid, cudaStream_t stream) {
-  constexpr int kSmem = SmemLayout<kStages, kEpiBytes>::kDynamicBytes;
+template <class P, int BN>
+tw_status_t launch_bn(const RsParams<P> &params, int grid, cudaStream_t stream) {
+  constexpr int kSmem =
+      SmemLayout<RsConfig<BN>::kStages, RsConfig<BN>::kEpiBytes, BN>::kDynamicBytes;
   const char *set = "tw_gemm_rs: cudaFuncSetAttribute", *go = "tw_gemm_rs: kernel launch";
   return params.steal
-             ? launch_persistent<gemm_rs_kernel<true, P>, kSmem>(params, grid, stream, set, go)
-             : launch_persistent<gemm_rs_kernel<false, P>, kSmem>(params, grid, stream, set, go);
+             ? launch_persistent<gemm_rs_kernel<true, P, BN>, kSmem>(params, grid, stream, set, go)
+             : launch_persistent<gemm_rs_kernel<false, P, BN>, kSmem>(params, grid, stream, set,
+                                                                      go);
+}
+
+template <class P> tw_status_t launch(const RsParams<P> &params, int grid, cudaStream_t stream) {
+  return params.block_n == 128 ? launch_bn<P, 128>(params, grid, stream)
+                               : launch_bn<P, kBlockN>(params, grid, stream);
 }
 
 template <class P>
@@ -682,8 +700,8 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   RsParams<P> p;
   memset(&p, 0, sizeof(p));
   tw_status_t st;
-  st = operand_maps(&p.gemm.a_map, &p.gemm.b_map, a.a, a.m, a.lda, a.b, a.n, a.ldb, a.k, kBlockN,
-                    "tw_gemm_rs", "a");
+  st = operand_maps(&p.gemm.a_map, &p.gemm.b_map, a.a, a.m, a.lda, a.b, a.n, a.ldb, a.k,
+                    plan.block_n, "tw_gemm_rs", "a");
   if (st != TW_SUCCESS)
     return st;
   const size_t slot_bytes = (size_t)m_local * (size_t)a.n * sizeof(P);
@@ -737,7 +755,7 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   }
   TileOrder &o = p.gemm.order;
   o.m_blocks = (int32_t)((a.m + kBlockM - 1) / kBlockM);
-  o.n_blocks = (int32_t)((a.n + kBlockN - 1) / kBlockN);
+  o.n_blocks = (int32_t)((a.n + plan.block_n - 1) / plan.block_n);
   o.num_tiles = o.m_blocks * o.n_blocks;
   /* Band sweeps over all row blocks, from owner rank + 1's rows (see the top); the owners'
    * rows interleaved where the plan says (gemm_rs_heuristics.c): each owner's rows still
@@ -806,6 +824,7 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   p.n = (int32_t)a.n;
   p.m_local = (int32_t)m_local;
   p.n_blocks = o.n_blocks;
+  p.block_n = plan.block_n;
   p.band = plan.band;
   p.gemm.epi.n_blocks = o.n_blocks;
   p.gemm.epi.band = plan.band;
@@ -944,7 +963,8 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                                (int)tw_env_int(TW_RS_GROUP_UNITS_ID),
                                comm->plan_sms,
                                (int)tw_env_int(TW_RS_OWNER_EPI_ID),
-                               (int)tw_env_int(TW_RS_PULL_ID)};
+                               (int)tw_env_int(TW_RS_PULL_ID),
+                               (int)tw_env_int(TW_RS_BLOCK_N_ID)};
   tw_gemm_rs_make_plan(&pa, plan);
   plan->direct = direct;
   /* Symmetric outputs (args.out_symmetric): the owners store their reduced rows into every
@@ -974,11 +994,13 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
       (push_env > 0 || (push_env < 0 && !comm->gpu_shared)) &&
       tw_heap_avail(comm, a->workspace) >= tw_gemm_ar_push_workspace_bytes(world, a->m, a->n);
   TW_DEBUG(
-      "%s rank %d: m %lld n %lld k %lld, %s partials: ctas %d, reduce_ctas %d, band %d, "
-      "group_units %d, interleave %d, direct %d, owner_epi %d, pull %d, ar_push %d, ar_out_sym %d",
+      "%s rank %d: m %lld n %lld k %lld, %s partials: ctas %d, block_n %d, reduce_ctas %d, band "
+      "%d, group_units %d, interleave %d, direct %d, owner_epi %d, pull %d, ar_push %d, "
+      "ar_out_sym %d",
       op, comm->rank, (long long)a->m, (long long)a->n, (long long)a->k,
-      pbytes == 2 ? "bf16" : "fp32", plan->ctas, plan->reduce_ctas, plan->band, plan->group_units,
-      plan->interleave, plan->direct, plan->owner_epi, plan->pull, plan->ar_push, plan->ar_out_sym);
+      pbytes == 2 ? "bf16" : "fp32", plan->ctas, plan->block_n, plan->reduce_ctas, plan->band,
+      plan->group_units, plan->interleave, plan->direct, plan->owner_epi, plan->pull, plan->ar_push,
+      plan->ar_out_sym);
   return TW_SUCCESS;
 }
 
@@ -1013,13 +1035,17 @@ tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_re
 
 extern "C" tw_status_t tw_gemm_rs_preload(void) {
   cudaFuncAttributes attr;
-  cudaError_t e = cudaFuncGetAttributes(&attr, gemm_rs_kernel<false, float>);
-  if (e == cudaSuccess)
-    e = cudaFuncGetAttributes(&attr, gemm_rs_kernel<true, float>);
-  if (e == cudaSuccess)
-    e = cudaFuncGetAttributes(&attr, gemm_rs_kernel<false, __nv_bfloat16>);
-  if (e == cudaSuccess)
-    e = cudaFuncGetAttributes(&attr, gemm_rs_kernel<true, __nv_bfloat16>);
+  const void *kernels[] = {(const void *)gemm_rs_kernel<false, float, kBlockN>,
+                           (const void *)gemm_rs_kernel<true, float, kBlockN>,
+                           (const void *)gemm_rs_kernel<false, __nv_bfloat16, kBlockN>,
+                           (const void *)gemm_rs_kernel<true, __nv_bfloat16, kBlockN>,
+                           (const void *)gemm_rs_kernel<false, float, 128>,
+                           (const void *)gemm_rs_kernel<true, float, 128>,
+                           (const void *)gemm_rs_kernel<false, __nv_bfloat16, 128>,
+                           (const void *)gemm_rs_kernel<true, __nv_bfloat16, 128>};
+  cudaError_t e = cudaSuccess;
+  for (size_t i = 0; i < sizeof(kernels) / sizeof(kernels[0]) && e == cudaSuccess; i++)
+    e = cudaFuncGetAttributes(&attr, kernels[i]);
   return tw_cuda_check(e, "loading the gemm_rs kernels");
 }
 
@@ -1046,7 +1072,7 @@ extern "C" tw_status_t tw_gemm_rs_workspace_size(tw_comm_t comm, int64_t m, int6
     return tw_comm_result(comm,
                           tw_fail(TW_ERR_INVALID_ARGUMENT,
                                   "n: %lld; expected a positive multiple of 8", (long long)n));
-  *bytes = tw_gemm_ar_push_workspace_bytes(comm->world, m, n);
+  *bytes = tw_gemm_rs_call_workspace_bytes(comm->world, m, n);
   return TW_SUCCESS;
 }
 

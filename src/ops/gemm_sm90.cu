@@ -29,11 +29,13 @@ __device__ TileQueue g_plain_queue;
 
 constexpr int kMaxDevices = 64;
 
-template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN>
+template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN,
+          int kSplit = 1>
 tw_status_t launch_plain(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int grid, int device,
                          cudaStream_t stream) {
   auto kernel =
-      gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, NoWait, kDynamic, kCluster, BN>;
+      gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, NoWait, kDynamic, kCluster, BN, kSplit>;
+  constexpr int kClusterSize = kCluster * kSplit;
   constexpr int kSmem = SmemLayout<Stages, EpiBytes, BN>::kDynamicBytes;
   // The shared-memory limit is raised once per device and instantiation.
   static uint64_t configured;
@@ -41,17 +43,18 @@ tw_status_t launch_plain(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int
                                        "tw_gemm: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (st != TW_SUCCESS)
     return st;
-  if (kCluster == 1) {
+  if (kClusterSize == 1) {
     kernel<<<grid, kThreads, kSmem, stream>>>(params);
     return tw_cuda_check(cudaGetLastError(), "tw_gemm: kernel launch");
   }
-  // Pairs that cannot all be resident would run as a second, mostly idle wave.
+  // Clusters (pairs, or split-K's slices) that cannot all be resident would run as a second,
+  // mostly idle wave.
   static std::atomic<int> max_pairs[kMaxDevices];
   cudaLaunchConfig_t config;
   memset(&config, 0, sizeof(config));
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.x = kClusterSize;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   config.gridDim = dim3((unsigned)grid);
@@ -67,11 +70,12 @@ tw_status_t launch_plain(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int
     if (st != TW_SUCCESS)
       return st;
     if (pairs < 1)
-      return tw_fail(TW_ERR_INTERNAL, "tw_gemm: no CTA pair of the GEMM kernel fits an SM pair");
+      return tw_fail(TW_ERR_INTERNAL, "tw_gemm: no cluster of %d CTAs of the GEMM kernel fits",
+                     kClusterSize);
     max_pairs[device % kMaxDevices].store(pairs, std::memory_order_relaxed);
   }
-  if (grid > kCluster * pairs)
-    config.gridDim = dim3((unsigned)(kCluster * pairs));
+  if (grid > kClusterSize * pairs)
+    config.gridDim = dim3((unsigned)(kClusterSize * pairs));
   return tw_cuda_check(cudaLaunchKernelEx(&config, kernel, params),
                        "tw_gemm: cudaLaunchKernelEx (cluster)");
 }
@@ -93,11 +97,31 @@ tw_status_t launch_out(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int v
                  : launch_plain<4, 16384, Out, false>(params, grid, device, stream);
 }
 
-template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN>
+// Split-K (tw_gemm_args_t.split_k): 128 x 128 tiles, 4 stages and a 32 KiB epilogue buffer per
+// consumer warpgroup (it also holds a slice's accumulators for its reader), on clusters of
+// `split` CTAs.
+constexpr int kSplitStages = 4, kSplitEpiBytes = 32768;
+
+template <class Out>
+tw_status_t launch_split(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int split, int grid,
+                         int device, cudaStream_t stream) {
+  if (split == 8)
+    return launch_plain<kSplitStages, kSplitEpiBytes, Out, false, 1, 128, 8>(params, grid, device,
+                                                                             stream);
+  if (split == 4)
+    return launch_plain<kSplitStages, kSplitEpiBytes, Out, false, 1, 128, 4>(params, grid, device,
+                                                                             stream);
+  return launch_plain<kSplitStages, kSplitEpiBytes, Out, false, 1, 128, 2>(params, grid, device,
+                                                                           stream);
+}
+
+template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN,
+          int kSplit = 1>
 cudaError_t preload_one() {
   cudaFuncAttributes attr;
   return cudaFuncGetAttributes(
-      &attr, gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, NoWait, kDynamic, kCluster, BN>);
+      &attr,
+      gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, NoWait, kDynamic, kCluster, BN, kSplit>);
 }
 
 /* Every instantiation launch_out can pick (keep the two lists in step). */
@@ -119,6 +143,12 @@ template <class Out> cudaError_t preload_out() {
     e = r;
   if ((r = preload_one<4, 16384, Out, false>()) != cudaSuccess)
     e = r;
+  if ((r = preload_one<kSplitStages, kSplitEpiBytes, Out, false, 1, 128, 2>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<kSplitStages, kSplitEpiBytes, Out, false, 1, 128, 4>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<kSplitStages, kSplitEpiBytes, Out, false, 1, 128, 8>()) != cudaSuccess)
+    e = r;
   return e;
 }
 
@@ -132,13 +162,14 @@ tw_status_t check_aligned(const void *ptr, const char *name) {
 
 template <class Out>
 tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant, bool dynamic,
-                int group_m, int sms, int device, cudaStream_t stream) {
+                int group_m, int sms, int split, int device, cudaStream_t stream) {
   const bool clustered = variant == TW_GEMM_V_S4_E16_C2 || variant == TW_GEMM_V_S3_E32_C2;
   // The tile queue serves single CTAs; a pair needs two SMs.
   if (clustered && (dynamic || sms < 2))
     variant = variant == TW_GEMM_V_S4_E16_C2 ? TW_GEMM_V_S4_E16 : TW_GEMM_V_S3_E32;
-  const bool pair = variant == TW_GEMM_V_S4_E16_C2 || variant == TW_GEMM_V_S3_E32_C2;
-  const int32_t bn = variant == TW_GEMM_V_N128_S6 ? 128 : kBlockN;
+  const bool pair =
+      split == 1 && (variant == TW_GEMM_V_S4_E16_C2 || variant == TW_GEMM_V_S3_E32_C2);
+  const int32_t bn = split > 1 || variant == TW_GEMM_V_N128_S6 ? 128 : kBlockN;
   GemmParams<EpiTmaStore<Out>, NoWait> params;
   memset(&params, 0, sizeof(params));
   tw_status_t st;
@@ -162,10 +193,15 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   o.rotate_mb =
       a.tile_order == TW_TILE_ORDER_ROTATED ? (int32_t)(a.rotate_start / kBlockM) / unit : 0;
   params.k_blocks = (int32_t)((a.k + kBlockK - 1) / kBlockK);
-  const int units = sms / unit;
-  const int grid = unit * (o.num_tiles < units ? o.num_tiles : units);
+  // A schedule unit: a pair's two CTAs, or split-K's slices of one tile.
+  const int cluster = split > 1 ? split : unit;
+  const int units = sms / cluster;
+  const int grid = cluster * (o.num_tiles < units ? o.num_tiles : units);
   params.participants = grid;
+  params.rows = a.m < INT32_MAX ? (int32_t)a.m : INT32_MAX;
   apply_fault_stall(params);
+  if (split > 1)
+    return launch_split<Out>(params, split, grid, device, stream);
   if (dynamic) {
     st = tw_cuda_check(cudaGetSymbolAddress((void **)&params.queue, g_plain_queue),
                        "tw_gemm: cudaGetSymbolAddress(queue)");
@@ -187,8 +223,10 @@ extern "C" tw_status_t tw_gemm_preload(void) {
 extern "C" tw_status_t tw_gemm_args_init(tw_gemm_args_t *args) {
   if (!args)
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm_args_init: args is NULL");
-  tw_gemm_args_t init = TW_GEMM_ARGS_INIT;
-  *args = init;
+  const tw_gemm_args_t init = TW_GEMM_ARGS_INIT;
+  /* zeroes the tail padding after split_k too (a struct copy may leave it undefined) */
+  memset(args, 0, sizeof(*args));
+  memcpy(args, &init, offsetof(tw_gemm_args_t, split_k) + sizeof(init.split_k));
   return TW_SUCCESS;
 }
 
@@ -258,6 +296,11 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
                    (long long)tiles);
   if (opts && (opts->variant < -1 || opts->variant >= TW_GEMM_V_COUNT))
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: opts->variant is %d", opts->variant);
+  if (a.split_k < -1 || a.split_k == 3 || (a.split_k > 4 && a.split_k != 8))
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "tw_gemm: split_k is %d; expected 0 or 1 (none), 2, 4, 8, or -1 (the library "
+                   "chooses)",
+                   (int)a.split_k);
 
   int device = 0;
   if ((st = tw_cuda_check(cudaGetDevice(&device), "tw_gemm: cudaGetDevice")) != TW_SUCCESS)
@@ -280,10 +323,18 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   const int variant = opts && opts->variant >= 0 ? opts->variant : plan.variant;
   const bool dynamic = opts && opts->dynamic_queue;
   const int group_m = opts ? opts->group_m : 0;
+  // K slices: as asked (or the library's choice), halved until every slice has a K block and a
+  // cluster of them fits the SMs given.
+  int split = a.split_k < 0 ? tw_gemm_auto_split(a.m, a.n, a.k) : (a.split_k > 1 ? a.split_k : 1);
+  const int64_t k_blocks = (a.k + kBlockK - 1) / kBlockK;
+  while (split > 1 && (split > k_blocks || split > sms))
+    split /= 2;
+  if (split > 1 && dynamic)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: split_k runs on a static schedule");
   cudaStream_t s = (cudaStream_t)stream;
   if (a.c_dtype == TW_BF16)
-    return run<__nv_bfloat16>(a, plan, variant, dynamic, group_m, sms, device, s);
-  return run<float>(a, plan, variant, dynamic, group_m, sms, device, s);
+    return run<__nv_bfloat16>(a, plan, variant, dynamic, group_m, sms, split, device, s);
+  return run<float>(a, plan, variant, dynamic, group_m, sms, split, device, s);
 }
 
 extern "C" tw_status_t tw_gemm(const tw_gemm_args_t *args, tw_stream_t stream) {

@@ -98,6 +98,13 @@ static tw_ag_gemm_args_t fused_args(const fixture *f, int r, int in_place) {
   return a;
 }
 
+/* tw_gemm's split_k in the unfused pipeline: the op's GEMM splits K by the shape (-1) where it
+ * runs unfused itself (few tiles, long K) and at world 1, unless TW_AG_UNFUSED_SMALL=0. */
+static int32_t ref_split_k(void) {
+  const char *v = getenv("TW_AG_UNFUSED_SMALL");
+  return v && atoi(v) == 0 ? 0 : -1;
+}
+
 /* Unfused pipeline from the same core: tw_allgather, then tw_gemm. */
 static void enqueue_unfused(fixture *f, int r) {
   use(f, r); /* tw_gemm runs on the current device */
@@ -107,6 +114,7 @@ static void enqueue_unfused(fixture *f, int r) {
   g.c_dtype = f->c_dtype;
   g.a = f->gathered2[r], g.b = f->b[r], g.c = f->c2[r];
   g.m = f->m_local * f->world, g.n = f->n, g.k = f->k;
+  g.split_k = ref_split_k();
   /* Virtual ranks share the GPU: the unfused GEMM keeps to the rank's SM budget like the
    * fused op does (a full-GPU kernel would only delay the other ranks' persistent kernels). */
   TEST_TW_OK(tw_comm_sm_budget(f->comms[r], &g.sm_count));
@@ -479,8 +487,12 @@ int main(int argc, char **argv) {
     test_case(w, 1024, 1024, 2048, TW_BF16, 1, 0, seed + 40 * w);
     test_case(w, 1000, 512, 512, TW_BF16, 0, 3, seed + 50 * w);
   }
-  if (!small)
+  if (!small) {
     test_case(2, 8192, 1024, 1024, TW_BF16, 0, 0, seed + 99); /* more chunks than CTAs */
+    /* decode-sized (8 tiles of 128 x 128, K 8192): tw_allgather then a split-K tw_gemm */
+    for (int wi = 1; wi < 5; wi++)
+      test_case(worlds[wi], 64 / worlds[wi], 1024, 8192, TW_BF16, 0, 0, seed + 98 + wi);
+  }
   test_back_to_back(small ? 2 : 4, small ? 20 : 1000, seed + 5000);
   test_no_gather(2, 256, 264, 200, 1, small ? 10 : 200, seed + 5500);
   if (!small) {
@@ -518,6 +530,15 @@ int main(int argc, char **argv) {
   test_case(2, 1024, 1024, 2048, TW_FP32, 0, 3, seed + 9302);
   test_case(4, 256, 512, 512, TW_BF16, 0, 0, seed + 9304);
   unsetenv("TW_AG_OWN_COPY_CE");
+  /* TW_AG_UNFUSED_SMALL=0: the fused kernel where the op would run unfused (K tails, few
+   * tiles; the peers' shards read in place), against the unsplit pipeline. */
+  setenv("TW_AG_UNFUSED_SMALL", "0", 1);
+  printf("TW_AG_UNFUSED_SMALL=0:\n");
+  for (int wi = 0; wi < (small ? 2 : 5); wi++)
+    test_case(worlds[wi], 300, 520, 1032, TW_FP32, 0, 0, seed + 9500 + wi);
+  test_case(2, 32, 1024, 8192, TW_BF16, 0, 0, seed + 9510);
+  test_no_gather(3, 128, 512, 1032, 0, small ? 10 : 100, seed + 9520);
+  unsetenv("TW_AG_UNFUSED_SMALL");
   test_peer_gather(small, seed + 9400);
   test_bad_arguments();
   return tw_test_finish();

@@ -184,11 +184,51 @@ static void check_errors(const buffers_t *buf) {
   TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "rotate_start");
   bad = args, bad.size = 8;
   TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "size");
+  bad = args, bad.split_k = 3;
+  TEST_TW_FAILS(tw_gemm(&bad, (tw_stream_t)stream), TW_ERR_INVALID_ARGUMENT, "split_k");
+  tw_gemm_sm90_opts_t queue = {-1, 1, 0};
+  /* K of 2 blocks: a split of 2 stands (K = 64 would halve it to none, and launch) */
+  bad = make_args(buf->a, buf->b, buf->c, TW_BF16, 128, 256, 128), bad.split_k = 2;
+  TEST_TW_FAILS(tw_gemm_sm90_launch(&bad, (tw_stream_t)stream, &queue), TW_ERR_INVALID_ARGUMENT,
+                "static schedule");
   tw_gemm_args_t init;
   TEST_TW_OK(tw_gemm_args_init(&init));
   TEST_ASSERT(init.size == sizeof(init) && init.version == TW_GEMM_ARGS_VERSION, "args_init");
   // Nothing was launched by the failing calls: the stream is still healthy.
   TEST_ASSERT(cudaStreamSynchronize(stream) == cudaSuccess, "stream after error paths");
+}
+
+// Split-K (args.split_k): against the fp32 reference (bf16 and fp32 out, poisoned C), the same
+// bits on a second run and under another SM budget (the slices' sum has a fixed order), and
+// -1's choice (tw_gemm_auto_split) where it splits and where it does not; a split asked for
+// beyond the K blocks runs with fewer slices.
+static void check_split(const buffers_t *buf, int64_t m, int64_t n, int64_t k, int split) {
+  tw_test_fill_bf16(buf->a, (size_t)(m * k), seed++, stream);
+  tw_test_fill_bf16(buf->b, (size_t)(n * k), seed++, stream);
+  TEST_TW_OK(tw_ref_gemm_fp32(buf->a, buf->b, buf->ref, m, n, k, k, k, n, stream));
+  const size_t count = (size_t)(m * n);
+  for (int fp32 = 0; fp32 < 2; fp32++) {
+    const size_t bytes = count * (fp32 ? 4 : 2);
+    void *out[2] = {buf->c, buf->c3};
+    for (int run = 0; run < 2; run++) {
+      tw_test_poison(out[run], bytes, stream);
+      tw_gemm_args_t args = make_args(buf->a, buf->b, out[run], fp32 ? TW_FP32 : TW_BF16, m, n, k);
+      args.split_k = split;
+      args.sm_count = run ? 66 : 0; // a second run under half the SMs: fewer clusters at once
+      TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
+    }
+    size_t bad = 0;
+    const double err = fp32 ? rel_err_fp32((const float *)buf->c, buf->ref, count, &bad)
+                            : tw_test_rel_err_bf16(buf->c, buf->ref, 1, count, &bad);
+    TEST_ASSERT(err < (fp32 ? 1e-3 : 1e-2) && bad == 0,
+                "split_k %d %s M=%lld N=%lld K=%lld: rel err %.3g, %zu NaN/unwritten", split,
+                fp32 ? "fp32" : "bf16", (long long)m, (long long)n, (long long)k, err, bad);
+    const size_t diff = tw_test_count_diff(buf->c, buf->c3, bytes);
+    TEST_ASSERT(diff == 0, "split_k %d %s M=%lld N=%lld K=%lld: %zu bytes differ between runs",
+                split, fp32 ? "fp32" : "bf16", (long long)m, (long long)n, (long long)k, diff);
+    printf("split_k %2d M=%-5lld N=%-5lld K=%-5lld  %s rel err %.2e\n", split, (long long)m,
+           (long long)n, (long long)k, fp32 ? "fp32" : "bf16", err);
+  }
 }
 
 // Every schedule must give bitwise the default order's C.
@@ -480,6 +520,22 @@ int main(void) {
       for (int l = 0; l < 3; l++)
         check_shape(&buf, ms[i], ns[j], ks[l]);
   check_shape(&buf, 384, 4096, 1000);
+  // split-K: decode-sized (M=64 N=1024 K=8192: -1 takes 8 slices), every forced count, tails
+  // in M, N and K (slices of unequal K), 1 row, more slices than K blocks, and -1 where it does
+  // not split (a full wave of tiles)
+  check_split(&buf, 64, 1024, 8192, -1);
+  check_split(&buf, 64, 1024, 8192, 2);
+  check_split(&buf, 64, 1024, 8192, 4);
+  check_split(&buf, 200, 264, 2056, 8);
+  check_split(&buf, 1, 8, 4096, 8);
+  check_split(&buf, 127, 200, 128, 8); /* 2 K blocks: 2 slices */
+  check_split(&buf, 64, 8192, 1024, -1);
+  check_split(&buf, 4160, 1000, 4104, -1);
+  /* several tiles per cluster (32 tiles on 16 clusters, 8 under 66 SMs), every round's barrier
+   * phases in turn; M=130: the second row block's second warpgroup has no rows (skipped) */
+  check_split(&buf, 130, 2048, 1024, 8);
+  check_split(&buf, 130, 2048, 1024, 4);
+  check_split(&buf, 256, 1024, 2048, 2);
   check_errors(&buf);
   check_strided(&buf);
   check_hooks(&buf);

@@ -178,6 +178,7 @@ static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int devic
       st = tw_allgather(comm, shard, g2, shard_bytes, (tw_stream_t)stream);
     tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
     g.a = g2, g.b = b, g.c = c2, g.m = m_local * world, g.n = n, g.k = k;
+    g.split_k = -1; /* what tw_ag_gemm's GEMM does where it runs unfused (few tiles, long K) */
     tw_comm_sm_budget(comm, &g.sm_count);
     if (st == TW_SUCCESS)
       st = tw_gemm(&g, (tw_stream_t)stream);

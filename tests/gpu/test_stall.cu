@@ -135,6 +135,9 @@ static int run_child(op_t op) {
   if (pid == 0) {
     setenv("TW_FAULT_STALL_TILE", "2", 1);
     setenv("TW_WAIT_TIMEOUT_MS", "3000", 1); /* flag waits give up later than the pipeline's */
+    /* the fused kernel's report is what is tested: at this shape (64 tiles, K 1024) tw_ag_gemm
+     * would otherwise run tw_allgather + a split-K tw_gemm, whose stall is child_gemm's case */
+    setenv("TW_AG_UNFUSED_SMALL", "0", 1);
     tw_test_require_hopper();
     const int rc = op == OP_GEMM ? child_gemm() : child_fused(op);
     fflush(stdout);

@@ -65,6 +65,17 @@ static void test_bad_arguments(void) {
   TEST_TW_FAILS(tw_allgather(NULL, &v, &v, 16, NULL), TW_ERR_INVALID_ARGUMENT, "comm");
   TEST_TW_FAILS(tw_barrier(NULL, NULL), TW_ERR_INVALID_ARGUMENT, "comm");
   TEST_TW_FAILS(tw_gemm(NULL, NULL), TW_ERR_INVALID_ARGUMENT, "args");
+  /* split_k: 0, 1, 2, 4, 8 or -1; anything else names the argument (checked before the device) */
+  tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
+  static char a[64], b[64], c[64];
+  g.a = a, g.b = b, g.c = c, g.m = 1, g.n = 8, g.k = 8;
+  const int32_t bad_splits[] = {-2, 3, 5, 16};
+  for (size_t i = 0; i < sizeof(bad_splits) / sizeof(bad_splits[0]); i++) {
+    g.split_k = bad_splits[i];
+    TEST_TW_FAILS(tw_gemm(&g, NULL), TW_ERR_INVALID_ARGUMENT, "split_k");
+  }
+  tw_gemm_args_t v2 = TW_GEMM_ARGS_INIT;
+  TEST_ASSERT(v2.split_k == 0 && v2.version == 2, "TW_GEMM_ARGS_INIT: version 2, split_k 0");
 }
 
 static void test_no_gpu(void) {
@@ -79,6 +90,10 @@ static void test_no_gpu(void) {
   tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
   static char a[64], b[64], c[64];
   g.a = a, g.b = b, g.c = c, g.m = 1, g.n = 8, g.k = 8;
+  TEST_TW_FAILS(tw_gemm(&g, NULL), TW_ERR_NO_DEVICE, "");
+  /* a caller built against version 1: its struct ends before split_k, so what lies there is
+   * not read (the call gets as far as the device) */
+  g.size = offsetof(tw_gemm_args_t, split_k), g.version = 1, g.split_k = 3;
   TEST_TW_FAILS(tw_gemm(&g, NULL), TW_ERR_NO_DEVICE, "");
 }
 

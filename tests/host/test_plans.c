@@ -55,6 +55,21 @@ static void test_gemm_plans(void) {
   TEST_ASSERT(p.grid >= 1 && p.grid <= 132, "grid %d", p.grid);
   tw_gemm_plan_make(1, 8, 8, 132, &p);
   TEST_ASSERT(p.grid == 1 && p.group_m == 1, "M=1: grid %d group %d", p.grid, p.group_m);
+  /* split_k = -1 (tw_gemm_auto_split, the shape alone): 8 slices of 16 K blocks for a
+   * decode-sized GEMM (8 narrow tiles, 128 K blocks), none at M=64 N=8192 K=1024 (64 tiles of
+   * 16 K blocks: the split measured slower), 4 at M=256 (16 tiles: 4 slices fill 64 of 132 SMs,
+   * 8 would not fit twice), none where the tiles fill the SMs. */
+  static const struct {
+    int64_t m, n, k;
+    int want;
+  } sp[] = {{64, 1024, 8192, 8},  {64, 8192, 1024, 1},  {4096, 4096, 4096, 1}, {64, 1024, 1024, 1},
+            {256, 1024, 8192, 4}, {512, 2048, 4096, 2}, {1, 8, 8, 1},          {1, 8, 4096, 4},
+            {1, 8, 16384, 8},     {64, 1024, 2048, 2},  {4160, 1000, 4104, 1}};
+  for (size_t i = 0; i < sizeof(sp) / sizeof(sp[0]); i++) {
+    const int got = tw_gemm_auto_split(sp[i].m, sp[i].n, sp[i].k);
+    TEST_ASSERT(got == sp[i].want, "auto split M=%lld N=%lld K=%lld: %d, want %d",
+                (long long)sp[i].m, (long long)sp[i].n, (long long)sp[i].k, got, sp[i].want);
+  }
 }
 
 static void test_ag_gemm_plans(void) {
@@ -132,8 +147,8 @@ static void test_gemm_rs_plans(void) {
       for (int ar = 0; ar < 2; ar++) {
         const int w = worlds[wi], budget = 132 / w;
         const int64_t m = ms[mi] * w;
-        tw_gemm_rs_plan_args_t a = {w, m, 4096, 512, budget, 0, ar, 0, 4,
-                                    0, 0, -1,   -1,  1,      0, 0,  0, 0};
+        tw_gemm_rs_plan_args_t a = {w, m,  4096, 512, budget, 0, ar, 0, 4,  0,
+                                    0, -1, -1,   1,   0,      0, 0,  0, 256};
         tw_gemm_rs_plan_t p;
         tw_gemm_rs_make_plan(&a, &p);
         TEST_ASSERT(p.ctas >= 2 && p.ctas <= budget, "ctas %d of %d", p.ctas, budget);
@@ -153,13 +168,14 @@ static void test_gemm_rs_plans(void) {
       }
   /* A shape with more units than the stride groups them; the direct all-reduce (planned as
    * one owner of all rows) keeps the comm's stride too. */
-  tw_gemm_rs_plan_args_t wide = {8, 65536, 65536, 512, 16, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 0, 0, 0};
+  tw_gemm_rs_plan_args_t wide = {8, 65536, 65536, 512, 16, 0, 1, 0, 4,  0,
+                                 0, -1,    -1,    1,   0,  0, 0, 0, 256};
   tw_gemm_rs_plan_t pw;
   tw_gemm_rs_make_plan(&wide, &pw);
   TEST_ASSERT(pw.group_units > 1 && pw.groups_max <= tw_rs_flag_stride(8),
               "m = n = 65536 on 8 ranks: %d groups of %d units", pw.groups_max, pw.group_units);
-  tw_gemm_rs_plan_args_t direct = {1, 65536, 65536, 512, 16, 0, 0, 0, 4,
-                                   8, 0,     -1,    -1,  1,  0, 0, 0, 0};
+  tw_gemm_rs_plan_args_t direct = {1, 65536, 65536, 512, 16, 0, 0, 0, 4,  8,
+                                   0, -1,    -1,    1,   0,  0, 0, 0, 256};
   tw_gemm_rs_make_plan(&direct, &pw);
   TEST_ASSERT(pw.flag_stride == tw_rs_flag_stride(8) && pw.groups_max <= pw.flag_stride,
               "direct on 8 ranks: stride %d, %d groups", pw.flag_stride, pw.groups_max);
@@ -167,7 +183,8 @@ static void test_gemm_rs_plans(void) {
    * TW_RS_GROUP_UNITS: that many units per group, never more than the owner has, groups still
    * within the stride (below what the stride needs it changes nothing); 1 takes the rule back
    * to single units. */
-  tw_gemm_rs_plan_args_t gr = {8, 8192, 8192, 1024, 16, 0, 1, 0, 4, 0, 1, -1, 0, 1, 0, 0, 0, 0};
+  tw_gemm_rs_plan_args_t gr = {8, 8192, 8192, 1024, 16, 0, 1, 0, 4,  0,
+                               1, -1,   0,    1,    0,  0, 0, 0, 256};
   static const int group_cases[][3] = {/* TW_RS_GROUP_UNITS, units per group, groups */
                                        {0, 4, 64},
                                        {1, 1, 256},
@@ -195,8 +212,9 @@ static void test_gemm_rs_plans(void) {
              {1024, 8192, 0, 16, 1},
              {4096, 4096, 1, 132, 1}};
   for (int i = 0; i < 5; i++) {
-    tw_gemm_rs_plan_args_t a8 = {8, ar8[i].m,      ar8[i].n, 512, ar8[i].sms, 0, 1, 0, 4,
-                                 0, ar8[i].shared, -1,       0,   1,          0, 0, 0, 0};
+    tw_gemm_rs_plan_args_t a8 = {8,  ar8[i].m,      ar8[i].n, 512, ar8[i].sms, 0, 1, 0, 4,
+                                 0,  ar8[i].shared, -1,       0,   1,          0, 0, 0, 0,
+                                 256};
     tw_gemm_rs_make_plan(&a8, &pw);
     TEST_ASSERT(pw.group_units == ar8[i].units,
                 "gemm_ar %lldx%lld on 8 ranks of %d SMs, shared %d: %d units per group, want %d",
@@ -209,8 +227,8 @@ static void test_gemm_rs_plans(void) {
   } ar2[] = {
       {1024, 8192, 1}, {4096, 4096, 1}, {4096, 12288, 2}, {8192, 8192, 2}, {16384, 16384, 4}};
   for (int i = 0; i < 5; i++) {
-    tw_gemm_rs_plan_args_t a2 = {2, ar2[i].m, ar2[i].n, 2048, 132, 0, 1, 0, 4,
-                                 0, 0,        -1,       -1,   1,   0, 0, 0, 0};
+    tw_gemm_rs_plan_args_t a2 = {2, ar2[i].m, ar2[i].n, 2048, 132, 0, 1, 0, 4,  0,
+                                 0, -1,       -1,       1,    0,   0, 0, 0, 256};
     tw_gemm_rs_make_plan(&a2, &pw);
     TEST_ASSERT(pw.group_units == ar2[i].units,
                 "gemm_ar %lldx%lld on 2 GPUs: %d units per group, want %d", (long long)ar2[i].m,
@@ -235,13 +253,13 @@ static void test_gemm_rs_plans(void) {
   direct.interleave_env = 1; /* run_fused relies on it: a direct plan never interleaves */
   tw_gemm_rs_make_plan(&direct, &pw);
   TEST_ASSERT(pw.interleave == 0, "direct (one owner) with TW_RS_INTERLEAVE=1: interleaved");
-  tw_gemm_rs_plan_args_t one = {2, 4096, 256, 512, 66, 0, 0, 0, 4,
-                                0, 0,    -1,  -1,  1,  0, 0, 0, 0}; /* one column block */
+  tw_gemm_rs_plan_args_t one = {2, 4096, 256, 512, 66, 0, 0, 0, 4,  0,
+                                0, -1,   -1,  1,   0,  0, 0, 0, 256}; /* one column block */
   tw_gemm_rs_plan_t p;
   tw_gemm_rs_make_plan(&one, &p);
   TEST_ASSERT(p.band == 1, "n = 256: band %d", p.band);
-  tw_gemm_rs_plan_args_t big = {2, 16384, 16384, 2048, 132, 0, 0, 0, 4,
-                                0, 0,     -1,    -1,   1,   0, 0, 0, 0}; /* A 64 MiB: bands */
+  tw_gemm_rs_plan_args_t big = {2, 16384, 16384, 2048, 132, 0, 0, 0, 4,  0,
+                                0, -1,    -1,    1,    0,   0, 0, 0, 256}; /* A 64 MiB: bands */
   tw_gemm_rs_make_plan(&big, &p);
   TEST_ASSERT(p.band == 8, "M=16384 K=2048: band %d, want 8", p.band);
   /* Interleaved owners: fp32 partials on distinct GPUs, owners of whole row blocks. */
@@ -317,12 +335,23 @@ static void test_gemm_rs_plans(void) {
   tw_gemm_rs_make_plan(&r, &p);
   TEST_ASSERT(p.reduce_ctas == 131, "TW_RS_REDUCE_CTAS=500 of 132: %d", p.reduce_ctas);
   /* tw_gemm_ar's direct scheme: the env wins; by default 2 ranks on distinct GPUs, bf16
-   * partials, m <= 4096, K >= 4096 (flux-tp8's GEMM+AR on 2 GPUs) and nothing else. */
+   * partials, m <= 4096 with K >= 4096 (flux-tp8's GEMM+AR on 2 GPUs) or m < 128 (decode). */
   TEST_ASSERT(tw_gemm_ar_want_direct(-1, 2, 0, 2, 4096, 6144), "flux-tp8, 2 GPUs, bf16: direct");
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 4, 4096, 6144), "fp32 partials: not direct");
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 1, 2, 4096, 6144), "shared GPU: not direct");
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 4, 0, 2, 4096, 6144), "4 ranks: not direct");
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 2, 8192, 6144), "m 8192: not direct");
+  TEST_ASSERT(tw_gemm_ar_want_direct(-1, 2, 0, 2, 64, 1024), "decode M=64 bf16, short K: direct");
+  TEST_ASSERT(tw_gemm_ar_want_direct(-1, 2, 0, 4, 64, 1024), "decode M=64 fp32: direct");
+  TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 4, 128, 1024), "M=128 fp32: not direct");
+  TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 1, 4, 64, 1024), "decode M=64 shared GPU: not direct");
+  TEST_ASSERT(tw_gemm_rs_call_workspace_bytes(2, 64, 8192) >=
+                  tw_gemm_ar_direct_workspace_bytes(2, 64, 8192, 4),
+              "the workspace size holds the fp32 direct scheme at decode");
+  TEST_ASSERT(tw_gemm_rs_call_workspace_bytes(2, 4096, 12288) ==
+                  tw_gemm_ar_push_workspace_bytes(2, 4096, 12288),
+              "the workspace size is the push's where the fp32 direct scheme is not taken");
+  TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 2, 256, 1024), "M=256 short K: not direct");
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 2, 1024, 2048), "K 2048: not direct");
   TEST_ASSERT(tw_gemm_ar_want_direct(1, 8, 1, 4, 65536, 8), "TW_AR_DIRECT=1 wins");
   TEST_ASSERT(!tw_gemm_ar_want_direct(0, 2, 0, 2, 4096, 6144), "TW_AR_DIRECT=0 wins");
@@ -362,42 +391,50 @@ static void test_gemm_rs_plans(void) {
     int owner_epi;
     const char *what;
   } oe[] = {
-      {{2, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0}, 1, "RS M=16384"},
-      {{2, 16384, 16384, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0}, 1, "AR M=16384"},
-      {{2, 16384, 16384, 2048, 132, 4, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0},
+      {{2, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0, 256},
+       1,
+       "RS M=16384"},
+      {{2, 16384, 16384, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0, 256},
+       1,
+       "AR M=16384"},
+      {{2, 16384, 16384, 2048, 132, 4, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0, 256},
        0,
        "RS, reduce_sms set"},
-      {{2, 16384, 16384, 2048, 132, 4, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0},
+      {{2, 16384, 16384, 2048, 132, 4, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0, 256},
        1,
        "AR, reduce_sms set (may differ by rank: not read)"},
-      {{2, 16384, 16384, 2048, 132, 0, 1, 0, 4, 0, 0, -1, 4, 1, 0, 132, -1, 0},
+      {{2, 16384, 16384, 2048, 132, 0, 1, 0, 4, 0, 0, -1, 4, 1, 0, 132, -1, 0, 256},
        1,
        "AR, TW_RS_REDUCE_CTAS set (not read)"},
-      {{2, 16384, 16384, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 0, 0, 132, -1, 0},
+      {{2, 16384, 16384, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 0, 0, 132, -1, 0, 256},
        0,
        "AR without stealing"},
-      {{2, 16384, 16384, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 3, 132, -1, 0},
+      {{2, 16384, 16384, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 3, 132, -1, 0, 256},
        0,
        "AR, TW_RS_GROUP_UNITS=3"},
-      {{2, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 3, 132, -1, 0},
+      {{2, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 3, 132, -1, 0, 256},
        0,
        "RS, TW_RS_GROUP_UNITS=3"},
-      {{2, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 1}, 0, "TW_RS_PULL=1"},
-      {{4, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, 1, 0}, 0, "4 ranks"},
-      {{2, 200, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, 1, 0},
+      {{2, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 1, 256},
+       0,
+       "TW_RS_PULL=1"},
+      {{4, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, 1, 0, 256}, 0, "4 ranks"},
+      {{2, 200, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, 1, 0, 256},
        0,
        "m / 2 not whole row blocks"},
-      {{2, 1024, 8192, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0},
+      {{2, 1024, 8192, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0, 256},
        0,
        "AR small-m, 1.9 waves"},
-      {{2, 1024, 8192, 2048, 66, 0, 1, 0, 4, 0, 1, -1, -1, 1, 0, 66, -1, 0},
+      {{2, 1024, 8192, 2048, 66, 0, 1, 0, 4, 0, 1, -1, -1, 1, 0, 66, -1, 0, 256},
        1,
        "AR small-m on 2 virtual ranks, 3.9 waves"},
-      {{2, 8192, 8192, 1024, 132, 0, 0, 0, 2, 0, 0, -1, -1, 1, 0, 132, -1, 0}, 0, "bf16 partials"},
-      {{2, 8192, 8192, 1024, 132, 0, 0, 0, 2, 0, 0, -1, -1, 1, 0, 132, 1, 0},
+      {{2, 8192, 8192, 1024, 132, 0, 0, 0, 2, 0, 0, -1, -1, 1, 0, 132, -1, 0, 256},
+       0,
+       "bf16 partials"},
+      {{2, 8192, 8192, 1024, 132, 0, 0, 0, 2, 0, 0, -1, -1, 1, 0, 132, 1, 0, 256},
        1,
        "bf16 partials, TW_RS_OWNER_EPI=1"},
-      {{1, 8192, 8192, 1024, 132, 0, 0, 0, 4, 2, 0, -1, -1, 1, 0, 132, 1, 0},
+      {{1, 8192, 8192, 1024, 132, 0, 0, 0, 4, 2, 0, -1, -1, 1, 0, 132, 1, 0, 256},
        0,
        "world 1 (the direct scheme's plan)"},
   };
@@ -427,75 +464,87 @@ static void test_gemm_rs_plans(void) {
     int pull, owner_epi, reduce;
     const char *what;
   } pl[] = {
-      {{8, 4096, 4096, 512, 16, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 16, -1, -1}, 1, 0, 0, "8 shared"},
-      {{8, 4096, 4096, 512, 16, 0, 1, 0, 2, 0, 1, -1, -1, 1, 0, 16, -1, -1},
+      {{8, 4096, 4096, 512, 16, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 16, -1, -1, 256},
+       1,
+       0,
+       0,
+       "8 shared"},
+      {{8, 4096, 4096, 512, 16, 0, 1, 0, 2, 0, 1, -1, -1, 1, 0, 16, -1, -1, 256},
        1,
        0,
        0,
        "8 shared, AR, bf16"},
-      {{3, 3072, 4096, 512, 44, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 44, -1, -1}, 1, 0, 0, "3 shared"},
-      {{8, 4096, 4096, 512, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1}, 0, 0, -1, "8 GPUs"},
-      {{2, 16384, 16384, 2048, 66, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 66, -1, -1},
+      {{3, 3072, 4096, 512, 44, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 44, -1, -1, 256},
+       1,
+       0,
+       0,
+       "3 shared"},
+      {{8, 4096, 4096, 512, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1, 256},
+       0,
+       0,
+       -1,
+       "8 GPUs"},
+      {{2, 16384, 16384, 2048, 66, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 66, -1, -1, 256},
        0,
        1,
        0,
        "2 shared: push, owner epilogue"},
-      {{2, 16384, 16384, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1},
+      {{2, 16384, 16384, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1, 256},
        0,
        1,
        0,
        "2 GPUs: push, owner epilogue"},
-      {{8, 4096, 4096, 512, 16, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 16, -1, 0},
+      {{8, 4096, 4096, 512, 16, 0, 0, 0, 4, 0, 1, -1, -1, 1, 0, 16, -1, 0, 256},
        0,
        0,
        0,
        "TW_RS_PULL=0"},
-      {{2, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 1},
+      {{2, 16384, 16384, 2048, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 1, 256},
        1,
        0,
        -1,
        "TW_RS_PULL=1 on 2 GPUs"},
-      {{1, 8192, 8192, 1024, 132, 0, 0, 0, 4, 8, 1, -1, -1, 1, 0, 132, -1, 1},
+      {{1, 8192, 8192, 1024, 132, 0, 0, 0, 4, 8, 1, -1, -1, 1, 0, 132, -1, 1, 256},
        0,
        0,
        -1,
        "world 1 (the direct scheme's plan)"},
-      {{2, 4096, 12288, 6144, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1},
+      {{2, 4096, 12288, 6144, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1, 256},
        0,
        0,
        4,
        "RS flux"},
-      {{2, 4096, 12288, 6144, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1},
+      {{2, 4096, 12288, 6144, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1, 256},
        0,
        0,
        4,
        "AR flux"},
-      {{2, 1024, 8192, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1},
+      {{2, 1024, 8192, 2048, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1, 256},
        0,
        0,
        4,
        "AR small-m"},
-      {{2, 4096, 12288, 6144, 132, 0, 0, 0, 4, 0, 0, -1, 5, 1, 0, 132, -1, -1},
+      {{2, 4096, 12288, 6144, 132, 0, 0, 0, 4, 0, 0, -1, 5, 1, 0, 132, -1, -1, 256},
        0,
        0,
        5,
        "TW_RS_REDUCE_CTAS=5 as set"},
-      {{2, 4096, 12288, 6144, 132, 5, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1},
+      {{2, 4096, 12288, 6144, 132, 5, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1, 256},
        0,
        0,
        5,
        "reduce_sms 5 as set"},
-      {{2, 64, 8192, 1024, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1},
+      {{2, 64, 8192, 1024, 132, 0, 1, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1, 256},
        1,
        0,
        -1,
        "AR decode M=64: boxes straddle owners, pull"},
-      {{2, 256, 8192, 1024, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1},
+      {{2, 256, 8192, 1024, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, -1, 256},
        0,
        0,
        -1,
        "RS M=256: whole boxes, push"},
-      {{2, 64, 8192, 1024, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0},
+      {{2, 64, 8192, 1024, 132, 0, 0, 0, 4, 0, 0, -1, -1, 1, 0, 132, -1, 0, 256},
        0,
        0,
        -1,
@@ -508,6 +557,34 @@ static void test_gemm_rs_plans(void) {
                     (pl[i].reduce < 0 || pp.reduce_ctas == pl[i].reduce),
                 "%s: pull %d owner_epi %d reduce_ctas %d, want %d %d %d", pl[i].what, pp.pull,
                 pp.owner_epi, pp.reduce_ctas, pl[i].pull, pl[i].owner_epi, pl[i].reduce);
+  }
+  /* The tile width (plan.block_n): 128 columns where 128 x 256 tiles leave a last wave mostly
+   * idle (tw_gemm's rule on plan_sms), else 256; TW_RS_BLOCK_N 128 / 256 wins, other values
+   * leave it to the rule. */
+  static const struct {
+    int64_t m, n;
+    int ctas, shared, env, want;
+    const char *what;
+  } bn[] = {
+      {64, 8192, 132, 0, 0, 128, "decode M=64 n 8192: 32 wide tiles on 132 CTAs, 64 narrow"},
+      {256, 8192, 132, 0, 0, 128, "M=256: 64 wide tiles, 128 narrow"},
+      {4096, 12288, 132, 0, 0, 256, "flux-tp8: 12 full waves of wide tiles"},
+      {1024, 8192, 132, 0, 0, 256, "small-m: 256 wide tiles, 2 waves"},
+      {16384, 16384, 132, 0, 0, 256, "M=16384"},
+      {64, 8192, 16, 1, 0, 256, "decode, 8 ranks sharing a GPU: wide"},
+      {64, 8192, 132, 0, 256, 256, "TW_RS_BLOCK_N=256"},
+      {4096, 12288, 132, 0, 128, 128, "TW_RS_BLOCK_N=128"},
+      {64, 8192, 16, 1, 128, 128, "TW_RS_BLOCK_N=128 on a shared GPU"},
+      {64, 8192, 132, 0, 96, 128, "TW_RS_BLOCK_N=96: the rule"},
+  };
+  for (size_t i = 0; i < sizeof(bn) / sizeof(bn[0]); i++) {
+    tw_gemm_rs_plan_args_t a = {2, bn[i].m, bn[i].n, 1024,         bn[i].ctas, 0,  1,
+                                0, 4,       0,       bn[i].shared, -1,         -1, 1,
+                                0, 0,       -1,      -1,           bn[i].env};
+    tw_gemm_rs_plan_t pp;
+    tw_gemm_rs_make_plan(&a, &pp);
+    TEST_ASSERT(pp.block_n == bn[i].want, "%s: block_n %d, want %d", bn[i].what, pp.block_n,
+                bn[i].want);
   }
   TEST_ASSERT(tw_gemm_ar_direct_workspace_bytes(2, 4096, 12288, 2) <=
                   tw_gemm_ar_push_workspace_bytes(2, 4096, 12288), /* tw_gemm_rs_workspace_size */
@@ -550,15 +627,33 @@ static void test_rs_units(void) {
       }
 }
 
+typedef struct {
+  int world, shared;
+  int64_t m_local, n, k;
+  int env, want;
+} ag_rule_case_t;
+
+/* One of ag_gemm's copy-engine rules (same arguments; 132 SMs) against a table of cases. */
+static void check_ag_rule(const char *what,
+                          int (*rule)(int, int, int64_t, int64_t, int64_t, int, int),
+                          const ag_rule_case_t *cases, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const int got = rule(cases[i].world, cases[i].shared, cases[i].m_local, cases[i].n, cases[i].k,
+                         132, cases[i].env);
+    TEST_ASSERT(got == cases[i].want,
+                "%s, world %d shared %d m_local %lld n %lld k %lld env %d: %d, want %d", what,
+                cases[i].world, cases[i].shared, (long long)cases[i].m_local, (long long)cases[i].n,
+                (long long)cases[i].k, cases[i].env, got, cases[i].want);
+  }
+}
+
 /* TW_AG_COMM_AUTO's copy-engine rule at the benchmark shapes on 2 GPUs (measured, docs/PERF.md):
  * the copy engine at M=16384 N=2048 K=16384, the SMs at flux-tp8 (level), M=8192 and M=4096
- * (slower with the copy engine); never where ranks share a GPU or at world 1; TW_AG_AUTO_CE. */
+ * (slower with the copy engine); never where ranks share a GPU or at world 1; TW_AG_AUTO_CE.
+ * Then the own-shard copy's rule in SM mode (TW_AG_OWN_COPY_CE): the copy engine at flux-tp8
+ * (faster), the CTAs at M=8192 and M=4096 (slower with it); 2 ranks on GPUs of their own only. */
 static void test_ag_auto_ce(void) {
-  static const struct {
-    int world, shared;
-    int64_t m_local, n, k;
-    int env, want;
-  } cases[] = {
+  static const ag_rule_case_t mode[] = {
       {2, 0, 8192, 2048, 16384, -1, 1}, /* M=16384: push 0.59 of the GEMM */
       {2, 0, 2048, 6144, 12288, -1, 0}, /* flux-tp8: 0.20 */
       {2, 0, 4096, 1024, 8192, -1, 0},  /* M=8192: 1.2, communication-bound */
@@ -570,15 +665,19 @@ static void test_ag_auto_ce(void) {
       {2, 1, 2048, 512, 4096, 1, 0},    /* ... but never on a shared GPU */
       {2, 0, 8192, 2048, 16384, 0, 0},  /* TW_AG_AUTO_CE=0 */
   };
-  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    const int got = tw_ag_gemm_auto_copy_engine(cases[i].world, cases[i].shared, cases[i].m_local,
-                                                cases[i].n, cases[i].k, 132, cases[i].env);
-    TEST_ASSERT(got == cases[i].want,
-                "auto copy engine, world %d shared %d m_local %lld n %lld k %lld env %d: %d, want "
-                "%d",
-                cases[i].world, cases[i].shared, (long long)cases[i].m_local, (long long)cases[i].n,
-                (long long)cases[i].k, cases[i].env, got, cases[i].want);
-  }
+  check_ag_rule("auto copy engine", tw_ag_gemm_auto_copy_engine, mode,
+                sizeof(mode) / sizeof(mode[0]));
+  static const ag_rule_case_t own[] = {
+      {2, 0, 2048, 6144, 12288, -1, 1}, /* flux-tp8: push 0.20 of the GEMM */
+      {2, 0, 4096, 1024, 8192, -1, 0},  /* M=8192: 1.2 */
+      {2, 0, 2048, 512, 4096, -1, 0},   /* M=4096: 2.3 */
+      {2, 1, 2048, 6144, 12288, -1, 0}, /* 2 ranks sharing a GPU: not measured */
+      {8, 0, 512, 6144, 12288, -1, 0},  /* 8 GPUs: not measured */
+      {2, 0, 2048, 512, 4096, 1, 1},    /* TW_AG_OWN_COPY_CE=1 */
+      {2, 0, 2048, 6144, 12288, 0, 0},  /* TW_AG_OWN_COPY_CE=0 */
+  };
+  check_ag_rule("own copy by copy engine", tw_ag_gemm_own_copy_ce, own,
+                sizeof(own) / sizeof(own[0]));
 }
 
 /* tw_gemm_rs_make_plan over random shapes, worlds, budgets, partials and knob settings: the
@@ -620,16 +719,24 @@ static void test_gemm_rs_plan_invariants(void) {
     a.plan_sms = rng() % 2 ? a.sm_budget : 0;
     a.owner_env = pick(envs, 5);
     a.pull_env = pick(envs, 5);
+    static const int widths[] = {0, 128, 256, 64};
+    a.block_n_env = widths[rng() % 4];
     tw_gemm_rs_plan_t p;
     tw_gemm_rs_make_plan(&a, &p);
-    const int64_t m_local = a.m / a.world, n_blocks = (a.n + 255) / 256;
+    const int64_t m_local = a.m / a.world, n_blocks = (a.n + p.block_n - 1) / p.block_n;
     const int64_t units_owner_max = ((m_local + 127) / 128 + 1) * n_blocks;
     const int stride = tw_rs_flag_stride(a.comm_world);
     const char *why = NULL;
     if (p.ctas != a.sm_budget)
       why = "ctas is the budget";
-    else if (p.reduce_ctas < (a.steal ? 0 : 1) || p.reduce_ctas >= p.ctas)
-      why = "reduce CTAs in [steal ? 0 : 1, ctas)";
+    else if (p.block_n != 128 && p.block_n != 256)
+      why = "tiles of 128 or 256 columns";
+    else if ((a.block_n_env == 128 || a.block_n_env == 256) && p.block_n != a.block_n_env)
+      why = "TW_RS_BLOCK_N as set";
+    else if (p.owner_epi && p.block_n != 256)
+      why = "the owner epilogue on 256-column tiles";
+    else if (p.reduce_ctas < (a.steal || p.owner_epi ? 0 : 1) || p.reduce_ctas >= p.ctas)
+      why = "reduce CTAs in [steal or the owner epilogue ? 0 : 1, ctas)";
     else if (p.band < 1 || p.band > n_blocks)
       why = "band in [1, column blocks]";
     else if (p.group_units < 1 || p.groups_max < 1 || p.groups_max > stride ||

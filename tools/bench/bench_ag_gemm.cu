@@ -65,6 +65,10 @@ static void do_tw_gemm(ag_ctx *c, int r, void *out) {
   g.a = c->gathered2[r], g.b = c->b[r], g.c = out;
   g.m = c->m_local * c->rk->world, g.n = c->n, g.k = c->k;
   g.sm_count = c->rk->sm_budget;
+  /* K split by the shape where few tiles meet a long K, as tw_ag_gemm's own GEMM then does
+   * (TW_AG_UNFUSED_SMALL=0: the fused kernel, unsplit) */
+  const char *small = getenv("TW_AG_UNFUSED_SMALL");
+  g.split_k = small && atoi(small) == 0 ? 0 : -1;
   if (tw_gemm(&g, (tw_stream_t)c->rk->streams[r]) != TW_SUCCESS) {
     fprintf(stderr, "tw_gemm: %s\n", tw_last_error());
     c->failed = 1;

@@ -98,6 +98,7 @@ typedef struct gemm_ctx {
   tw_gemm_sm90_opts_t opts;
   int use_opts;
   tw_dtype_t c_dtype;
+  int split_k; /* tw_gemm_args_t.split_k of the tilewire rows */
 } gemm_ctx_t;
 
 static void run_tilewire(void *p, int iter) {
@@ -112,12 +113,33 @@ static void run_tilewire(void *p, int iter) {
   args.k = ctx->k;
   args.sm_count = ctx->sm_count;
   args.c_dtype = ctx->c_dtype;
+  args.split_k = ctx->split_k;
   tw_status_t st =
       tw_gemm_sm90_launch(&args, (tw_stream_t)ctx->stream, ctx->use_opts ? &ctx->opts : NULL);
   if (st != TW_SUCCESS) {
     fprintf(stderr, "tw-bench gemm: tw_gemm: %s (%s)\n", tw_status_string(st), tw_last_error());
     exit(1);
   }
+}
+
+static void run_cublas(void *p, int iter);
+
+/* tw_gemm with ctx's settings (bf16 out, poisoned C) against cuBLAS: 1 where they agree. */
+static int check_tilewire(gemm_ctx_t *ctx, size_t c_bytes, const char *label) {
+  void *ref;
+  BENCH_CUDA(cudaMalloc(&ref, c_bytes));
+  BENCH_CUDA(cudaMemsetAsync(ctx->c[0], 0xFF, c_bytes, ctx->stream)); // NaN poison
+  run_tilewire(ctx, 0);
+  BENCH_CUDA(cudaMemcpyAsync(ref, ctx->c[0], c_bytes, cudaMemcpyDeviceToDevice, ctx->stream));
+  run_cublas(ctx, 0);
+  size_t nan = 0;
+  const double err = rel_err(ref, ctx->c[0], c_bytes / 2, ctx->stream, &nan);
+  const int ok = err < 1e-2 && nan == 0;
+  if (!ok)
+    fprintf(stderr, "gemm %s: tilewire (split_k %d) vs cuBLAS rel err %.3g, %zu NaN\n", label,
+            ctx->split_k, err, nan);
+  BENCH_CUDA(cudaFree(ref));
+  return ok;
 }
 
 static void run_cublas(void *p, int iter) {
@@ -184,21 +206,7 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
     snprintf(label, sizeof(label), "M=%lld N=%lld K=%lld", (long long)ctx.m, (long long)ctx.n,
              (long long)ctx.k);
 
-  int ok = 1;
-  if (opts->check) {
-    void *ref;
-    BENCH_CUDA(cudaMalloc(&ref, c_bytes));
-    BENCH_CUDA(cudaMemsetAsync(ctx.c[0], 0xFF, c_bytes, ctx.stream)); // NaN poison
-    run_tilewire(&ctx, 0);
-    BENCH_CUDA(cudaMemcpyAsync(ref, ctx.c[0], c_bytes, cudaMemcpyDeviceToDevice, ctx.stream));
-    run_cublas(&ctx, 0);
-    size_t nan = 0;
-    const double err = rel_err(ref, ctx.c[0], c_bytes / 2, ctx.stream, &nan);
-    ok = err < 1e-2 && nan == 0;
-    if (!ok)
-      fprintf(stderr, "gemm %s: tilewire vs cuBLAS rel err %.3g, %zu NaN\n", label, err, nan);
-    BENCH_CUDA(cudaFree(ref));
-  }
+  const int ok = !opts->check || check_tilewire(&ctx, c_bytes, label);
 
   // Variants are timed in interleaved rounds (cuBLAS, tilewire, extras, cuBLAS, ...) so that
   // clock and power drift during the run falls on all of them alike; each figure is the median
@@ -209,28 +217,41 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
     tw_gemm_sm90_opts_t opts;
     double t[8];
     tw_dtype_t c_dtype;
+    int split_k;
   } variant_t;
-  variant_t variants[10] = {
-      {"cublas", 1, 0, {-1, 0, 0}, {0}, TW_BF16},
-      {"tilewire", 0, 0, {-1, 0, 0}, {0}, TW_BF16},
+  variant_t variants[16] = {
+      {"cublas", 1, 0, {-1, 0, 0}, {0}, TW_BF16, 0},
+      {"tilewire", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0},
   };
   int nvariants = 2;
+  /* TW_BENCH_GEMM_SPLITK=1: tw_gemm with split_k -1 (the library's choice) and 2 / 4 / 8 */
+  const char *splitk = getenv("TW_BENCH_GEMM_SPLITK");
+  if (splitk && atoi(splitk)) {
+    const variant_t splits[] = {
+        {"tilewire-splitk", 0, 0, {-1, 0, 0}, {0}, TW_BF16, -1},
+        {"tilewire-split2", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 2},
+        {"tilewire-split4", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 4},
+        {"tilewire-split8", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 8},
+    };
+    for (size_t v = 0; v < sizeof(splits) / sizeof(splits[0]); v++)
+      variants[nvariants++] = splits[v];
+  }
   const char *extra = getenv("TW_BENCH_GEMM_VARIANTS");
   if (extra && atoi(extra)) {
     const variant_t extras[] = {
-        {"tw-1cta-4stage", 0, 1, {TW_GEMM_V_S4_E16, 0, 0}, {0}, TW_BF16},
-        {"tw-1cta-3stage", 0, 1, {TW_GEMM_V_S3_E32, 0, 0}, {0}, TW_BF16},
-        {"tw-pair-4stage", 0, 1, {TW_GEMM_V_S4_E16_C2, 0, 0}, {0}, TW_BF16},
-        {"tw-pair-3stage", 0, 1, {TW_GEMM_V_S3_E32_C2, 0, 0}, {0}, TW_BF16},
-        {"tw-n128", 0, 1, {TW_GEMM_V_N128_S6, 0, 0}, {0}, TW_BF16},
-        {"tw-queue", 0, 1, {-1, 1, 0}, {0}, TW_BF16},
+        {"tw-1cta-4stage", 0, 1, {TW_GEMM_V_S4_E16, 0, 0}, {0}, TW_BF16, 0},
+        {"tw-1cta-3stage", 0, 1, {TW_GEMM_V_S3_E32, 0, 0}, {0}, TW_BF16, 0},
+        {"tw-pair-4stage", 0, 1, {TW_GEMM_V_S4_E16_C2, 0, 0}, {0}, TW_BF16, 0},
+        {"tw-pair-3stage", 0, 1, {TW_GEMM_V_S3_E32_C2, 0, 0}, {0}, TW_BF16, 0},
+        {"tw-n128", 0, 1, {TW_GEMM_V_N128_S6, 0, 0}, {0}, TW_BF16, 0},
+        {"tw-queue", 0, 1, {-1, 1, 0}, {0}, TW_BF16, 0},
     };
     for (size_t v = 0; v < sizeof(extras) / sizeof(extras[0]); v++)
       variants[nvariants++] = extras[v];
   }
   if (fp32) { /* last: their speedups are over cublas-fp32out */
-    variants[nvariants++] = {"cublas-fp32out", 1, 0, {-1, 0, 0}, {0}, TW_FP32};
-    variants[nvariants++] = {"tilewire-fp32out", 0, 0, {-1, 0, 0}, {0}, TW_FP32};
+    variants[nvariants++] = {"cublas-fp32out", 1, 0, {-1, 0, 0}, {0}, TW_FP32, 0};
+    variants[nvariants++] = {"tilewire-fp32out", 0, 0, {-1, 0, 0}, {0}, TW_FP32, 0};
   }
   const char *rounds_env = getenv("TW_BENCH_GEMM_ROUNDS");
   int rounds = rounds_env ? atoi(rounds_env) : 3;
@@ -240,6 +261,7 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
       ctx.use_opts = variants[v].use_opts;
       ctx.opts = variants[v].opts;
       ctx.c_dtype = variants[v].c_dtype;
+      ctx.split_k = variants[v].split_k;
       variants[v].t[r] = bench_time_ms(variants[v].cublas ? run_cublas : run_tilewire, &ctx,
                                        ctx.stream, opts->warmup, opts->repeats, NULL, NULL);
     }
@@ -256,8 +278,14 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
     const double median = rounds % 2 ? t[rounds / 2] : 0.5 * (t[rounds / 2 - 1] + t[rounds / 2]);
     if (v == 0 || !strcmp(variants[v].name, "cublas-fp32out"))
       t_blas = median; /* the fp32-out rows against cuBLAS with fp32 out */
-    add_row(res, variants[v].name, label, median, t[0], t[rounds - 1], flops, t_blas,
-            variants[v].cublas ? 1 : ok);
+    int row_ok = variants[v].cublas ? 1 : ok;
+    if (variants[v].split_k != 0 && opts->check) { /* its own check (other bits) */
+      ctx.split_k = variants[v].split_k;
+      ctx.c_dtype = TW_BF16;
+      ctx.use_opts = 0;
+      row_ok = check_tilewire(&ctx, c_bytes, label);
+    }
+    add_row(res, variants[v].name, label, median, t[0], t[rounds - 1], flops, t_blas, row_ok);
   }
 
   for (int i = 0; i < ctx.copies; i++) {
