@@ -48,6 +48,7 @@
 #             bench_dist --profile (torch.profiler's kernel timeline) at M=64 and flux-tp8;
 #             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
+#     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
 #     s18     (eighteenth session) exp/next18: the mended tests, then the benchmark parts of
@@ -716,6 +717,27 @@ exp_s18() { # eighteenth session, exp/next18 after its suite (tests there passed
         tilewire.bench_dist --nproc 2 --op ag_gemm $shape --repeats 30
     done
   done
+}
+exp_s18c() { # eighteenth session, last call: main's head after the merge (the tree sum and the
+  # split rule of 16 K blocks per slice, 8 slices up to 8 tiles): the split's tests and figures
+  local py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python" shape
+  run "s18c-test_gemm" 120 "$bin/test_gemm"
+  run "s18c-test_ag_gemm" 150 "$bin/test_ag_gemm"
+  for shape in "--m 64 --n 1024 --k 8192" "--m 256 --n 1024 --k 8192"; do
+    run "s18c-gemm-${shape// /}" 60 env TW_BENCH_GEMM_SPLITK=1 "$bin/tw-bench" gemm $shape \
+      --repeats 50 --warmup 5
+  done
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s18c-test_ag_gemm-distinct" 150 env TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
+  run "s18c-test_mp" 120 "$bin/test_mp" "$ngpus" 20
+  run "s18c-pytest-decode" 150 env TILEWIRE_LIB="$root/$bin/libtilewire.so" python3 -m pytest \
+    python/tests -q -k "decode or split"
+  for shape in "--m 64" "--m 16" "--m 256"; do
+    run "s18c-ag-${shape// /}" 60 "$bin/tw-bench" ag_gemm --world 2 $shape --n 1024 --k 8192 \
+      --repeats 50 --warmup 5
+  done
+  run "s18c-graph-ag_gemm-m64" 90 $py python3 -m tilewire.bench_dist --nproc 2 --op ag_gemm \
+    --m 64 --n 1024 --k 8192 --repeats 50 --graph 20
 }
 exp_s18b() { # eighteenth session, second call (after the suite on exp/next18 with the rules
   # from s18): branch exp/splitk-tree's library in $TW_BUILD_DIR/tree (the slices' sum as a
