@@ -96,12 +96,11 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * rank's CTAs mostly idle, by tw_gemm's own rule (decode shapes: M=64 n 8192 on 132 CTAs is
    * 32 wide tiles or 64 narrow ones). Seventeenth session, 2 H200s, GEMM+AR M=64 n 8192 K 1024
    * (TW_TRACE): the 32 wide tiles finished 17-26 us after the kernel's start while tw_gemm, which
-   * takes the narrow tiles there, ran in 11-13 us. Every rank decides alike (the shape and
-   * plan_sms). */
-  /* Not where ranks share a GPU: eighteenth session, 8 virtual ranks, GEMM+AR M=64 n 8192 K
-   * 1024, A/B TW_RS_BLOCK_N=256,128: 0.138 / 0.157 ms (bf16 partials 0.133 / 0.157), while on 2
-   * H200s the narrow tiles won at M=16-256 (M=64, both orders: GEMM+AR 0.0493 / 0.0431 and
-   * 0.0498 / 0.0434, GEMM+RS 0.0455 / 0.0381 and 0.0456 / 0.0377). */
+   * takes the narrow tiles there, ran in 11-13 us. Every rank decides alike (the shape,
+   * plan_sms and gpu_shared). Not where ranks share a GPU: eighteenth session, 8 virtual ranks,
+   * GEMM+AR M=64 n 8192 K 1024, A/B TW_RS_BLOCK_N=256,128: 0.138 / 0.157 ms (bf16 partials 0.133 /
+   * 0.157), while on 2 H200s the narrow tiles won at M=16-256 (M=64, both orders: GEMM+AR 0.0493 /
+   * 0.0431 and 0.0498 / 0.0434, GEMM+RS 0.0455 / 0.0381 and 0.0456 / 0.0377). */
   const int plan_ctas = a->plan_sms > 0 ? a->plan_sms : a->sm_budget;
   const int block_n = a->block_n_env == 128 || a->block_n_env == 256 ? a->block_n_env
                       : !a->shared_gpu && tw_gemm_prefers_n128(a->m, a->n, plan_ctas)
