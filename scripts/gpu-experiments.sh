@@ -48,6 +48,8 @@
 #             bench_dist --profile (torch.profiler's kernel timeline) at M=64 and flux-tp8;
 #             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
+#     s19     (branch exp/gemm-graph, not run) decode shapes' GPU time: tw-bench gemm under
+#             TW_BENCH_GRAPH=1 (split rows), the fused ops from graphs on 2 GPUs, traces at M=64
 #     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
@@ -716,6 +718,33 @@ exp_s18() { # eighteenth session, exp/next18 after its suite (tests there passed
       run "s18-ownce$ce-${shape// /}" 60 $py TW_AG_OWN_COPY_CE=$ce python3 -m \
         tilewire.bench_dist --nproc 2 --op ag_gemm $shape --repeats 30
     done
+  done
+}
+exp_s19() { # prepared in the eighteenth session (branch exp/gemm-graph, not run): GPU time at
+  # decode shapes, where eager tw-bench rows time the host (cuBLAS 13 us eager, 8.6 us in
+  # bench_dist's graphs): tw-bench gemm under TW_BENCH_GRAPH=1 (16 calls per graph), split rows
+  # against cuBLAS; the fused ops replayed from graphs on 2 GPUs; traces of GEMM+RS / GEMM+AR at
+  # M=64 on 128-wide tiles (where the ~20 us beyond the GEMM go)
+  local shape op m
+  for shape in "--m 64 --n 1024 --k 8192" "--m 16 --n 1024 --k 8192" "--m 256 --n 1024 --k 8192" \
+    "--m 64 --n 8192 --k 1024" "--m 64 --n 8192 --k 3584"; do
+    run "s19-gemm-graph-${shape// /}" 60 env TW_BENCH_GRAPH=1 TW_BENCH_GEMM_SPLITK=1 \
+      "$bin/tw-bench" gemm $shape --repeats 50 --warmup 5
+    run "s19-gemm-eager-${shape// /}" 60 env TW_BENCH_GEMM_SPLITK=1 "$bin/tw-bench" gemm $shape \
+      --repeats 50 --warmup 5
+  done
+  [ "$ngpus" -gt 1 ] || return 0
+  for m in 16 64 256; do
+    for op in gemm_rs gemm_ar; do
+      run "s19-$op-graph-m$m" 90 env TW_BENCH_GRAPH=1 "$bin/tw-bench" $op --world 2 --m $m \
+        --n 8192 --k 1024 --repeats 50 --warmup 5
+    done
+    run "s19-ag-graph-m$m" 90 env TW_BENCH_GRAPH=1 "$bin/tw-bench" ag_gemm --world 2 --m $m \
+      --n 1024 --k 8192 --repeats 50 --warmup 5
+  done
+  for op in gemm_rs gemm_ar; do
+    run "s19-trace-$op-m64" 60 env TW_TRACE=1 "$bin/tw-bench" $op --world 2 --m 64 --n 8192 \
+      --k 1024 --repeats 10 --warmup 3 --no-check
   done
 }
 exp_s18c() { # eighteenth session, last call: main's head after the merge (the tree sum and the

@@ -120,7 +120,8 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
  * default stays one block per variant. Per variant: the
  * median (p10/p90 optional) of all its repeats. */
 int bench_rounds(int repeats);
-/* TW_BENCH_GRAPH=1: rows are graph replays (variants that refuse capture are left out). */
+/* TW_BENCH_GRAPH=1: rows are graph replays (multi-stream timings: variants that refuse capture
+ * are left out; bench_time_ms: 16 calls per replay, its time over 16). */
 int bench_graph_mode(void);
 void bench_time_multi_rounds(void (*const *fns)(void *ctx, int iter), int nfns, void *ctx,
                              cudaStream_t main, cudaStream_t *streams, int nstreams, int warmup,
