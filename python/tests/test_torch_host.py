@@ -52,6 +52,8 @@ def test_gemm_fake_gives_the_output_shape():
         (_cpu(16, 64), _cpu(8, 64), {"out_dtype": torch.float16}, TypeError, "out_dtype"),
         (_cpu(16, 64), _cpu(8, 64), {"sm_count": -1}, ValueError, "sm_count"),
         (_cpu(16, 64), _cpu(8, 64), {"sm_count": "4"}, TypeError, "sm_count"),
+        (_cpu(16, 64), _cpu(8, 64), {"split_k": 3}, ValueError, "split_k"),
+        (_cpu(16, 64), _cpu(8, 64), {"split_k": 2.0}, TypeError, "split_k"),
         (_cpu(16, 64), _cpu(8, 64), {}, ValueError, "a is on cpu; tilewire needs CUDA"),
     ],
 )

@@ -425,7 +425,7 @@ def _check_operands(op, a, b, rows, computes):
     return m, k, n
 
 
-def _check_gemm(a, b, out, out_dtype, sm_count):
+def _check_gemm(a, b, out, out_dtype, sm_count, split_k=0):
     op = "tilewire.gemm"
     m, k, n = _check_operands(op, a, b, "M", "gemm computes a @ b.T")
     if out_dtype is not None:
@@ -437,6 +437,11 @@ def _check_gemm(a, b, out, out_dtype, sm_count):
         raise TypeError("%s: sm_count must be an int, got %r" % (op, sm_count))
     if sm_count < 0:
         raise ValueError("%s: sm_count must be >= 0 (0: every SM), got %d" % (op, sm_count))
+    if isinstance(split_k, bool) or not isinstance(split_k, int):
+        raise TypeError("%s: split_k must be an int, got %r" % (op, split_k))
+    if split_k not in (-1, 0, 1, 2, 4, 8):
+        raise ValueError("%s: split_k must be 0 or 1 (none), 2, 4, 8, or -1 (the library "
+                         "chooses), got %d" % (op, split_k))
     _leading_dim(a, "a", op)
     _leading_dim(b, "b", op)
     dtype = torch.bfloat16 if out_dtype is None else out_dtype
@@ -459,7 +464,7 @@ def _check_gemm(a, b, out, out_dtype, sm_count):
     return dtype
 
 
-def _launch_gemm(a, b, out, sm_count):
+def _launch_gemm(a, b, out, sm_count, split_k=0):
     m, k = a.shape
     n = b.shape[0]
     if m == 0 or n == 0:
@@ -475,70 +480,74 @@ def _launch_gemm(a, b, out, sm_count):
         c_dtype=_lib.DType.BF16 if out.dtype == torch.bfloat16 else _lib.DType.FP32,
         a=a.data_ptr(), b=b.data_ptr(), c=out.data_ptr(), m=m, n=n, k=k,
         lda=_leading_dim(a, "a", op), ldb=_leading_dim(b, "b", op),
-        ldc=_leading_dim(out, "out", op), sm_count=sm_count,
+        ldc=_leading_dim(out, "out", op), sm_count=sm_count, split_k=split_k,
     )
     with _on_device(a.device.index):
         _lib.call("tw_gemm", ctypes.byref(args), _stream(a.device))
 
 
 @_custom_op("tilewire::gemm")
-def _gemm_op(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype,
-             sm_count: int) -> torch.Tensor:
+def _gemm_op(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, sm_count: int,
+             split_k: int) -> torch.Tensor:
     out = torch.empty((a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
-    _launch_gemm(a, b, out, sm_count)
+    _launch_gemm(a, b, out, sm_count, split_k)
     return out
 
 
 @_register_fake(_gemm_op)
-def _gemm_fake(a, b, out_dtype, sm_count):
+def _gemm_fake(a, b, out_dtype, sm_count, split_k):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
 @_custom_op("tilewire::gemm_out", mutates_args=("out",))
-def _gemm_out_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, sm_count: int) -> None:
-    _launch_gemm(a, b, out, sm_count)
+def _gemm_out_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, sm_count: int,
+                 split_k: int) -> None:
+    _launch_gemm(a, b, out, sm_count, split_k)
 
 
 @_register_fake(_gemm_out_op)
-def _gemm_out_fake(a, b, out, sm_count):
+def _gemm_out_fake(a, b, out, sm_count, split_k):
     return None
 
 
 if _HAVE_CUSTOM_OP and hasattr(_gemm_op, "register_autograd"):
 
     def _gemm_setup_context(ctx, inputs, output):
-        a, b, _, _ = inputs
+        a, b, _, _, _ = inputs
         ctx.save_for_backward(a, b)
 
     def _gemm_backward(ctx, grad):
         # Backward with torch's matmul: d(a @ b.T)/da = grad @ b, /db = grad.T @ a.
         a, b = ctx.saved_tensors
         grad = grad.to(a.dtype)
-        return grad @ b, grad.t() @ a, None, None
+        return grad @ b, grad.t() @ a, None, None, None
 
     _gemm_op.register_autograd(_gemm_backward, setup_context=_gemm_setup_context)
 
 
-def gemm(a, b, out=None, out_dtype=None, sm_count=0):
+def gemm(a, b, out=None, out_dtype=None, sm_count=0, split_k=0):
     """``a @ b.T`` with tilewire's Hopper GEMM (tw_gemm): a [M, K] and b [N, K] bfloat16,
     fp32 accumulation, output [M, N] in `out_dtype` (torch.bfloat16, the default, or
     torch.float32; with `out`, its dtype). K and N multiples of 8; rows may be strided
-    (row stride a multiple of 8 elements). sm_count: SMs to use (0: all). Runs on torch's
-    current CUDA stream; CUDA-graph capturable; traceable by torch.compile
-    (torch.ops.tilewire.gemm / gemm_out).
+    (row stride a multiple of 8 elements). sm_count: SMs to use (0: all). split_k: K slices
+    per output tile (tw_gemm_args_t.split_k): 0 or 1 none (the default, the unsplit bits), 2, 4
+    or 8, or -1 to let the library split few tiles over a long K (decode shapes) by the shape
+    alone; a split sums the slices in a fixed order (the same bits on every run, not the unsplit
+    ones). Runs on torch's current CUDA stream; CUDA-graph capturable; traceable by
+    torch.compile (torch.ops.tilewire.gemm / gemm_out).
     """
-    dtype = _check_gemm(a, b, out, out_dtype, sm_count)
+    dtype = _check_gemm(a, b, out, out_dtype, sm_count, split_k)
     if out is not None:
         _call_mutating(lambda *x: torch.ops.tilewire.gemm_out(*x), _launch_gemm, (a, b, out),
-                       (out,), a, b, out, sm_count)
+                       (out,), a, b, out, sm_count, split_k)
         return out
     if _direct_ok((a, b), ()):
         out = torch.empty((a.shape[0], b.shape[0]), dtype=dtype, device=a.device)
-        _launch_gemm(a, b, out, sm_count)
+        _launch_gemm(a, b, out, sm_count, split_k)
         return out
     if _HAVE_CUSTOM_OP:
-        return torch.ops.tilewire.gemm(a, b, dtype, sm_count)
-    return _gemm_op(a, b, dtype, sm_count)
+        return torch.ops.tilewire.gemm(a, b, dtype, sm_count, split_k)
+    return _gemm_op(a, b, dtype, sm_count, split_k)
 
 
 # ---- op: allgather ------------------------------------------------------------------------
