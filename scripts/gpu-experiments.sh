@@ -746,6 +746,16 @@ exp_s19() { # prepared in the eighteenth session (branch exp/gemm-graph, not run
     run "s19-trace-$op-m64" 60 env TW_TRACE=1 "$bin/tw-bench" $op --world 2 --m 64 --n 8192 \
       --k 1024 --repeats 10 --warmup 3 --no-check
   done
+  # flux-tp8, one process per GPU, replayed from graphs of 10 calls: the GPU time per call with
+  # no host or cross-GPU fork/join in it (eager tw-bench leaves ~0.1 ms of the fused GEMM+RS's
+  # 1.13 ms outside the traced kernel spans; of-bound 0.72-0.80 there)
+  local py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python"
+  for op in gemm_rs gemm_ar; do
+    run "s19-dist-graph-$op-flux" 150 $py python3 -m tilewire.bench_dist --nproc 2 --op $op \
+      --m 4096 --n 12288 --k 6144 --repeats 30 --graph 10
+  done
+  run "s19-dist-graph-ag-flux" 150 $py python3 -m tilewire.bench_dist --nproc 2 --op ag_gemm \
+    --m 4096 --n 6144 --k 12288 --repeats 30 --graph 10
 }
 exp_s18c() { # eighteenth session, last call: main's head after the merge (the tree sum and the
   # split rule of 16 K blocks per slice, 8 slices up to 8 tiles): the split's tests and figures
