@@ -57,7 +57,7 @@ TW_ENV(TW_RS_GROUP_UNITS, int, "0",
 TW_ENV(TW_RS_BLOCK_N, int, "0",
        "tw_gemm_rs / tw_gemm_ar: the fused GEMM's tile width, 128 or 256 columns; 0 lets the plan "
        "choose (128 where 128 x 256 tiles would leave a last wave of CTAs mostly idle, as tw_gemm "
-       "chooses: decode shapes). Every rank must set it alike.")
+       "chooses: decode shapes; not where ranks share a GPU). Every rank must set it alike.")
 TW_ENV(TW_RS_INTERLEAVE, int, "-1",
        "tw_gemm_rs / tw_gemm_ar with m / world a multiple of 128: 1 interleaves the owners' row "
        "blocks in each band sweep (every world consecutive tiles go to world owners, so peer "
@@ -109,8 +109,8 @@ TW_ENV(TW_AR_DIRECT, int, "-1",
        "tw_gemm_ar's direct scheme (every rank stores each partial tile into every rank's "
        "staging and reduces all rows itself), taken when the workspace holds world x m x n "
        "partials: 1 wherever it fits, 0 never, -1 where measured faster (2 ranks on distinct "
-       "GPUs, bf16 partials, m <= 4096 with K >= 4096 or m < 128; the default workspace holds it "
-       "there).")
+       "GPUs: bf16 partials at m <= 4096 with K >= 4096, either partials at m < 128; the default "
+       "workspace holds it there).")
 TW_ENV(TW_RS_PULL, int, "-1",
        "tw_gemm_rs / tw_gemm_ar: 1 has each rank store its whole partial locally and the owners "
        "read their rows of it from every rank when reducing (the pull), 0 has the epilogue push "
