@@ -308,9 +308,10 @@ TW_API tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args, tw_
  * tile once all ranks delivered it; tw_gemm_ar's owners then store their reduced rows
  * into every rank's workspace, from where each rank copies them into `out`. Collective:
  * every rank calls it with the same shapes; both ops take the same args struct.
- * Experimental (TW_AR_DIRECT=1, meant for small m): tw_gemm_ar stores every tile
- * into every rank's workspace and each rank reduces all of S itself (one hop, no
- * gather phase) when the workspace holds world * m * n * 4 bytes; same result bits.
+ * Direct scheme (TW_AR_DIRECT; by default on 2 ranks on distinct GPUs at m < 128, and with
+ * bf16 partials at m <= 4096 with K >= 4096): tw_gemm_ar stores every tile into every rank's
+ * workspace and each rank reduces all of S itself (one hop, no gather phase) when the
+ * workspace holds world * m * n partials (4 or 2 bytes each); same result bits.
  * partials = TW_PARTIALS_BF16 (version 2): each rank's partial product is rounded
  * to bf16 before it travels (as the cuBLAS bf16 output of the usual unfused
  * pipeline is), then summed in fp32 in rank order: half the NVLink bytes and
@@ -358,7 +359,8 @@ typedef struct tw_gemm_rs_args {
 
 TW_API tw_status_t tw_gemm_rs_args_init(tw_gemm_rs_args_t *args);
 /* Workspace bytes tw_gemm_rs and tw_gemm_ar need on this comm for an m x n product
- * (world * (m / world) * n * 6: fp32 staging, then every owner's bf16 rows for tw_gemm_ar).
+ * (world * (m / world) * n * 6: fp32 staging, then every owner's bf16 rows for tw_gemm_ar;
+ * on 2 ranks with m < 128 at least 2 * m * n * 4, the direct scheme's fp32 staging).
  * A smaller workspace of at least world * (m / world) * n * 4 + (m / world) * n * 2 bytes
  * still works; tw_gemm_ar then has every rank load the owners' rows over NVLink (slower). */
 TW_API tw_status_t tw_gemm_rs_workspace_size(tw_comm_t comm, int64_t m, int64_t n, size_t *bytes);
