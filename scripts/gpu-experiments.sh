@@ -48,6 +48,8 @@
 #             bench_dist --profile (torch.profiler's kernel timeline) at M=64 and flux-tp8;
 #             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
+#     s19b    (branch exp/split-scatter, not run) split-K with TW_SPLIT_SCATTER=1: test_gemm,
+#             split rows, memcheck
 #     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
@@ -717,6 +719,19 @@ exp_s18() { # eighteenth session, exp/next18 after its suite (tests there passed
         tilewire.bench_dist --nproc 2 --op ag_gemm $shape --repeats 30
     done
   done
+}
+exp_s19b() { # prepared in the eighteenth session (branch exp/split-scatter, not run): split-K
+  # with TW_SPLIT_SCATTER=1 (every slice sums and stores one column band: one round through
+  # distributed shared memory on every path, against the tree's log2(split)): test_gemm (its
+  # scatter cases), memcheck of it, tw-bench gemm's split rows (scatter rows beside the tree's)
+  run "s19b-test_gemm" 120 "$bin/test_gemm"
+  local shape
+  for shape in "--m 64 --n 1024 --k 8192" "--m 16 --n 1024 --k 8192" "--m 256 --n 1024 --k 8192"; do
+    run "s19b-gemm-${shape// /}" 60 env TW_BENCH_GEMM_SPLITK=1 "$bin/tw-bench" gemm $shape \
+      --repeats 50 --warmup 5
+  done
+  run "s19b-memcheck-test_gemm" 400 compute-sanitizer --error-exitcode=1 --tool memcheck \
+    "$bin/test_gemm"
 }
 exp_s18c() { # eighteenth session, last call: main's head after the merge (the tree sum and the
   # split rule of 16 K blocks per slice, 8 slices up to 8 tiles): the split's tests and figures
