@@ -50,6 +50,8 @@
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
 #     s19     (branch exp/gemm-graph, not run) decode shapes' GPU time: tw-bench gemm under
 #             TW_BENCH_GRAPH=1 (split rows), the fused ops from graphs on 2 GPUs, traces at M=64
+#     s19b    (branch exp/split-scatter, not run) split-K with TW_SPLIT_SCATTER=1: test_gemm,
+#             split rows, memcheck
 #     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
@@ -756,6 +758,19 @@ exp_s19() { # prepared in the eighteenth session (branch exp/gemm-graph, not run
   done
   run "s19-dist-graph-ag-flux" 150 $py python3 -m tilewire.bench_dist --nproc 2 --op ag_gemm \
     --m 4096 --n 6144 --k 12288 --repeats 30 --graph 10
+}
+exp_s19b() { # prepared in the eighteenth session (branch exp/split-scatter, not run): split-K
+  # with TW_SPLIT_SCATTER=1 (every slice sums and stores one column band: one round through
+  # distributed shared memory on every path, against the tree's log2(split)): test_gemm (its
+  # scatter cases), memcheck of it, tw-bench gemm's split rows (scatter rows beside the tree's)
+  run "s19b-test_gemm" 120 "$bin/test_gemm"
+  local shape
+  for shape in "--m 64 --n 1024 --k 8192" "--m 16 --n 1024 --k 8192" "--m 256 --n 1024 --k 8192"; do
+    run "s19b-gemm-${shape// /}" 60 env TW_BENCH_GEMM_SPLITK=1 "$bin/tw-bench" gemm $shape \
+      --repeats 50 --warmup 5
+  done
+  run "s19b-memcheck-test_gemm" 400 compute-sanitizer --error-exitcode=1 --tool memcheck \
+    "$bin/test_gemm"
 }
 exp_s18c() { # eighteenth session, last call: main's head after the merge (the tree sum and the
   # split rule of 16 K blocks per slice, 8 slices up to 8 tiles): the split's tests and figures

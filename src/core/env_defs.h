@@ -135,6 +135,11 @@ TW_ENV(TW_RS_GROUPED, bool, "0",
        "Measurement: 1 has tw_gemm_rs / tw_gemm_ar take their tiles in the plain GEMM's grouped "
        "order (16 row blocks a group, from the rows of owner rank + 1) instead of column bands "
        "(not with the owner epilogue); the reduction then waits longer for its units.")
+TW_ENV(TW_SPLIT_SCATTER, bool, "0",
+       "tw_gemm with split_k (measurement): 1 has every slice of a tile sum one column band over "
+       "all slices and store it itself (one round through distributed shared memory on every "
+       "slice's path, slice order), 0 sums the slices as a tree into the first, which stores the "
+       "tile. Different bits from each other.")
 TW_ENV(TW_FAULT_STALL_TILE, int, "-1",
        "For tests: the GEMM core's producer never loads the first stage of this tile (its index "
        "in the call's tile order, every GEMM-core kernel of the process) and the pipeline's waits "

@@ -253,6 +253,13 @@ template <class Epi, class Wait> struct GemmParams {
   int32_t fault_stall;      // tests (TW_FAULT_STALL_TILE): 1 + the tile (in this CTA loop's tile
                             // numbering) whose first stage the producer never loads; 0: none
   int32_t rows;             // split-K: the product's rows, at most 2^31 - 1 (0: not given)
+  // split-K with split_scatter (TW_SPLIT_SCATTER, measurement): every slice sums one column
+  // band of the tile over all slices and stores it to `split_c` (ldc elements per row, n
+  // columns) itself, instead of the tree into slice 0 and its epilogue
+  int32_t split_scatter;
+  int32_t split_n;
+  void *split_c;
+  int64_t split_ldc;
 };
 
 // ---- stock hooks -----------------------------------------------------------------------------
@@ -491,6 +498,88 @@ namespace detail {
 // order on every run; returns true. Each barrier completes once per tile (one sender per round,
 // one reader per buffer), so `it` (the warpgroup's tiles so far) gives every phase. Against one
 // reader of every slice in turn: log2(kSplit) buffers on the longest path, not kSplit - 1.
+// Split-K with GemmParams::split_scatter, one consumer warpgroup (all 128 threads): every slice
+// writes its accumulators into its epilogue buffer (thread-major 16-byte chunks) and arrives on
+// every other slice's bar[0] (release, cluster scope); then, once every other slice arrived on
+// its own bar[0] (acquire), it sums its band of kChunks / kSplit chunks (8 of the tile's
+// columns each) over slices 0, 1, ... in that order (the first version's order, the same bits
+// on every run) and stores them to p.split_c with plain stores (rows past p.rows and columns
+// past p.split_n left out); it then tells every other slice that it has read their buffers (their
+// bar[1], which completes after kSplit - 1 arrivals), and waits for its own bar[1] before it
+// writes its buffer again (the next tile). One round on every slice's path, no epilogue.
+template <int kSplit, int BN, class Out, class Params>
+__device__ __forceinline__ void
+split_scatter(const Params &p, float (&acc)[BN / 2], uint8_t *cbuf, uint64_t *bar, uint32_t slice,
+              uint32_t it, int wg_thread, int wg, int32_t mb, int32_t nb, uint64_t timeout_ns) {
+  constexpr int kChunks = BN / 8;
+  constexpr int kBand = kChunks / kSplit;
+  static_assert(kBand >= 1 && kChunks % kSplit == 0, "every slice a whole band of chunks");
+  using WaitT = typename Params::WaitType;
+  if (!ptx::mbar_wait_for<true>(&bar[1], (it & 1) ^ 1, timeout_ns))
+    WaitT::mbar_stuck(p.wait, kStuckSplitFree * 16 + 8);
+  float4 *mine = reinterpret_cast<float4 *>(cbuf);
+#pragma unroll
+  for (int j = 0; j < kChunks; j++)
+    mine[j * 128 + wg_thread] =
+        make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+  const uint32_t full = ptx::smem_u32(&bar[0]);
+#pragma unroll 1
+  for (uint32_t q = 0; q < (uint32_t)kSplit; q++)
+    if (q != slice)
+      ptx::mbar_arrive_release_cluster(ptx::mapa_shared(full, q));
+  if (!ptx::mbar_wait_for<true>(&bar[0], it & 1, timeout_ns))
+    WaitT::mbar_stuck(p.wait, kStuckSplitFull * 16 + 8);
+  const uint32_t base = ptx::smem_u32(cbuf) + 16u * (uint32_t)wg_thread;
+  const int j0 = (int)slice * kBand;
+  float4 sum[kBand];
+#pragma unroll
+  for (int b = 0; b < kBand; b++)
+    sum[b] = ptx::ld_shared_cluster_f4(ptx::mapa_shared(base, 0) + 16u * 128u * (uint32_t)(j0 + b));
+#pragma unroll 1
+  for (uint32_t q = 1; q < (uint32_t)kSplit; q++) {
+    const uint32_t remote = ptx::mapa_shared(base, q);
+#pragma unroll
+    for (int b = 0; b < kBand; b++) {
+      const float4 v = ptx::ld_shared_cluster_f4(remote + 16u * 128u * (uint32_t)(j0 + b));
+      sum[b].x = __fadd_rn(sum[b].x, v.x);
+      sum[b].y = __fadd_rn(sum[b].y, v.y);
+      sum[b].z = __fadd_rn(sum[b].z, v.z);
+      sum[b].w = __fadd_rn(sum[b].w, v.w);
+    }
+  }
+  // Every thread of the warpgroup has read the other slices' buffers: they may be written again.
+  ptx::named_bar_sync(kBarConsumerWg0 + wg, 128);
+  if (wg_thread == 0) {
+    const uint32_t freed = ptx::smem_u32(&bar[1]);
+    for (uint32_t q = 0; q < (uint32_t)kSplit; q++)
+      if (q != slice)
+        ptx::mbar_arrive_release_cluster(ptx::mapa_shared(freed, q));
+  }
+  // Chunk j of thread t: rows r and r + 8 of the warpgroup's 64, columns 8 j + 2 (t % 4) + {0, 1}
+  // (the wgmma accumulator layout, as in the epilogue).
+  const int warp = wg_thread >> 5, lane = wg_thread & 31;
+  const int64_t row0 = (int64_t)mb * kBlockM + wg * (kBlockM / 2) + warp * 16 + (lane >> 2);
+  Out *c = static_cast<Out *>(p.split_c);
+#pragma unroll
+  for (int b = 0; b < kBand; b++) {
+    const int64_t col = (int64_t)nb * BN + 8 * (j0 + b) + 2 * (lane & 3);
+    if (col >= p.split_n)
+      continue;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int64_t row = row0 + 8 * h;
+      if (row >= p.rows)
+        continue;
+      const float lo = h ? sum[b].z : sum[b].x, hi = h ? sum[b].w : sum[b].y;
+      Out *dst = c + row * p.split_ldc + col;
+      if constexpr (sizeof(Out) == 2)
+        *reinterpret_cast<__nv_bfloat162 *>(dst) = __floats2bfloat162_rn(lo, hi);
+      else
+        *reinterpret_cast<float2 *>(dst) = make_float2(lo, hi);
+    }
+  }
+}
+
 template <int kSplit> constexpr int split_rounds() {
   return kSplit >= 8 ? 3 : (kSplit >= 4 ? 2 : 1);
 }
@@ -588,6 +677,9 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   // were read" (one arrival).
   constexpr int kSplitRounds = detail::split_rounds<kSplit>();
   __shared__ uint64_t split_bar[2][kSplitRounds + 1];
+  // split_scatter: per consumer warpgroup, [0] "every other slice wrote its accumulators"
+  // ((kSplit - 1) x 128 arrivals) and [1] "every other slice read this one's" (kSplit - 1)
+  __shared__ uint64_t scatter_bar[2][2];
   const uint64_t timeout_ns = detail::mbar_timeout(p);
   // Every mbarrier wait is bounded; an expired one is an internal stall: reported, never a hang.
   auto wait = [&](uint64_t *bar, uint32_t parity, int32_t code) {
@@ -623,6 +715,8 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         for (int r = 0; r < kSplitRounds; r++)
           ptx::mbar_init(&split_bar[w][r], 128);
         ptx::mbar_init(&split_bar[w][kSplitRounds], 1);
+        ptx::mbar_init(&scatter_bar[w][0], (kSplit - 1) * 128);
+        ptx::mbar_init(&scatter_bar[w][1], kSplit - 1);
       }
     ptx::mbar_init_fence();
   }
@@ -815,6 +909,12 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         // nothing to sum or store; every slice skips it alike (the same tile, the same rows).
         if (p.rows > 0 && (int64_t)mb * kBlockM + cwg * (kBlockM / 2) >= p.rows)
           continue;
+        if (p.split_scatter) {
+          detail::split_scatter<kSplit, BN, typename Epi::Out>(p, acc, cbuf, scatter_bar[cwg],
+                                                               slice, split_it++, wg_thread, cwg,
+                                                               mb, nb, timeout_ns);
+          continue; // the tile's columns are stored, by every slice its band
+        }
         if (!detail::split_combine<kSplit, BN>(p, acc, cbuf, split_bar[cwg], slice, split_it++,
                                                wg_thread, timeout_ns))
           continue; // a slice: its accumulators are in another's now

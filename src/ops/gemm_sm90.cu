@@ -199,6 +199,10 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   const int grid = cluster * (o.num_tiles < units ? o.num_tiles : units);
   params.participants = grid;
   params.rows = a.m < INT32_MAX ? (int32_t)a.m : INT32_MAX;
+  params.split_scatter = split > 1 && tw_env_int(TW_SPLIT_SCATTER_ID) != 0;
+  params.split_n = (int32_t)a.n;
+  params.split_c = a.c;
+  params.split_ldc = a.ldc;
   apply_fault_stall(params);
   if (split > 1)
     return launch_split<Out>(params, split, grid, device, stream);

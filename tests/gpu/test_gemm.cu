@@ -536,6 +536,17 @@ int main(void) {
   check_split(&buf, 130, 2048, 1024, 8);
   check_split(&buf, 130, 2048, 1024, 4);
   check_split(&buf, 256, 1024, 2048, 2);
+  /* TW_SPLIT_SCATTER=1 (read per call): every slice sums and stores a column band itself */
+  setenv("TW_SPLIT_SCATTER", "1", 1);
+  check_split(&buf, 64, 1024, 8192, 8);
+  check_split(&buf, 64, 1024, 8192, 4);
+  check_split(&buf, 200, 264, 2056, 8); /* the last column block's bands past n: not stored */
+  check_split(&buf, 1, 8, 4096, 8);
+  check_split(&buf, 127, 200, 128, 8);
+  check_split(&buf, 130, 2048, 1024, 8);
+  check_split(&buf, 256, 1024, 2048, 2);
+  check_split(&buf, 130, 2048, 1024, 4); /* every check_split: bf16 and fp32 out */
+  unsetenv("TW_SPLIT_SCATTER");
   check_errors(&buf);
   check_strided(&buf);
   check_hooks(&buf);
