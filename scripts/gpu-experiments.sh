@@ -758,6 +758,14 @@ exp_s19() { # prepared in the eighteenth session (branch exp/gemm-graph, not run
   done
   run "s19-dist-graph-ag-flux" 150 $py python3 -m tilewire.bench_dist --nproc 2 --op ag_gemm \
     --m 4096 --n 6144 --k 12288 --repeats 30 --graph 10
+  # the same from one process (tw-bench): every row, NCCL's too, replayed from graphs, and eager
+  # with 8 calls per fork / join (the cross-GPU fork / join starts the ranks ~70 us apart)
+  for op in gemm_rs gemm_ar; do
+    run "s19-graph-$op-flux" 120 env TW_BENCH_GRAPH=1 "$bin/tw-bench" $op --world 2 $flux_rs \
+      --repeats 20 --warmup 5
+    run "s19-block8-$op-flux" 120 env TW_BENCH_BLOCK=8 "$bin/tw-bench" $op --world 2 $flux_rs \
+      --repeats 20 --warmup 5
+  done
 }
 exp_s19b() { # prepared in the eighteenth session (branch exp/split-scatter, not run): split-K
   # with TW_SPLIT_SCATTER=1 (every slice sums and stores one column band: one round through
