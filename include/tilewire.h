@@ -243,7 +243,10 @@ TW_API tw_status_t tw_gemm(const tw_gemm_args_t *args, tw_stream_t stream);
  * CTAs push the shard into every rank's a_gathered in row chunks with per-chunk
  * flags, then join the GEMM; compute CTAs start on the local shard (rank-rotated
  * tile order) and wait per tile only for the rows it reads. Collective: every
- * rank calls it with the same shapes.
+ * rank calls it with the same shapes. Where the gathered product has few output tiles over a
+ * long K (decode: tw_gemm's split_k -1 would split it), the call is tw_allgather then
+ * tw_gemm with split_k -1 instead (measured faster there; TW_AG_UNFUSED_SMALL=0 keeps the
+ * fused kernel), and then and at world 1 the result bits are that pipeline's.
  */
 /* How tw_ag_gemm moves the shards. */
 typedef enum tw_ag_comm_mode {
