@@ -3,7 +3,7 @@
  * bounded too"): with TW_FAULT_STALL_TILE=2 the producer of the CTA that takes tile 2 never
  * loads that tile's first stage, so the consumers' wait for it can only expire. The kernel then
  * traps, which ends the CUDA context, so every case runs in a child process of its own:
- *   - tw_gemm: the next synchronisation fails, within seconds;
+ *   - tw_gemm, unsplit and with split_k 8: the next synchronisation fails, within seconds;
  *   - tw_ag_gemm, tw_gemm_rs, tw_gemm_ar on 2 ranks (virtual ranks on one GPU, or with
  *     TW_TEST_DEVICES=distinct one GPU each): the synchronisation fails too, and
  *     tw_comm_async_error reports TW_ERR_DEVICE_TIMEOUT with "internal stall in the GEMM
@@ -23,8 +23,9 @@
 
 enum { kWorld = 2, kBoundS = 30 };
 
-typedef enum { OP_GEMM, OP_AG_GEMM, OP_GEMM_RS, OP_GEMM_AR } op_t;
-static const char *const kOpNames[] = {"tw_gemm", "tw_ag_gemm", "tw_gemm_rs", "tw_gemm_ar"};
+typedef enum { OP_GEMM, OP_GEMM_SPLIT, OP_AG_GEMM, OP_GEMM_RS, OP_GEMM_AR } op_t;
+static const char *const kOpNames[] = {"tw_gemm", "tw_gemm split_k 8", "tw_ag_gemm", "tw_gemm_rs",
+                                       "tw_gemm_ar"};
 
 static void *dev_alloc(size_t bytes) {
   void *p = NULL;
@@ -43,17 +44,20 @@ static void expect_failed_sync(cudaStream_t stream, int device, double t0, const
   printf("  %s: synchronisation failed after %.2f s: %s\n", what, waited, cudaGetErrorString(e));
 }
 
-static int child_gemm(void) {
-  const int64_t m = 1024, n = 1024, k = 1024;
+/* split: K over clusters of 8 CTAs (decode-sized: 8 tiles of 128 x 128, K 8192); the stalled
+ * slice's consumers trap, and its reader's wait for its accumulators is bounded alike. */
+static int child_gemm(int split) {
+  const int64_t m = split ? 64 : 1024, n = 1024, k = split ? 8192 : 1024;
   void *a = dev_alloc(m * k * 2), *b = dev_alloc(n * k * 2), *c = dev_alloc(m * n * 2);
   tw_test_fill_bf16(a, m * k, 1, NULL);
   tw_test_fill_bf16(b, n * k, 2, NULL);
   TEST_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "inputs");
   tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
   g.a = a, g.b = b, g.c = c, g.m = m, g.n = n, g.k = k;
+  g.split_k = split;
   const double t0 = tw_test_now();
   TEST_TW_OK(tw_gemm(&g, NULL));
-  expect_failed_sync(NULL, 0, t0, "tw_gemm");
+  expect_failed_sync(NULL, 0, t0, kOpNames[split ? OP_GEMM_SPLIT : OP_GEMM]);
   return tw_test_finish();
 }
 
@@ -139,7 +143,9 @@ static int run_child(op_t op) {
      * would otherwise run tw_allgather + a split-K tw_gemm, whose stall is child_gemm's case */
     setenv("TW_AG_UNFUSED_SMALL", "0", 1);
     tw_test_require_hopper();
-    const int rc = op == OP_GEMM ? child_gemm() : child_fused(op);
+    const int rc = op == OP_GEMM         ? child_gemm(0)
+                   : op == OP_GEMM_SPLIT ? child_gemm(8)
+                                         : child_fused(op);
     fflush(stdout);
     fflush(stderr);
     _exit(rc);
@@ -159,7 +165,7 @@ static int run_child(op_t op) {
 
 int main(void) {
   /* No CUDA call here before the children run: a CUDA context does not survive fork. */
-  static const op_t ops[] = {OP_GEMM, OP_AG_GEMM, OP_GEMM_RS, OP_GEMM_AR};
+  static const op_t ops[] = {OP_GEMM, OP_GEMM_SPLIT, OP_AG_GEMM, OP_GEMM_RS, OP_GEMM_AR};
   for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
     printf("%s with TW_FAULT_STALL_TILE=2:\n", kOpNames[ops[i]]);
     const int rc = run_child(ops[i]);
