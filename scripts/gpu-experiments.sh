@@ -56,17 +56,8 @@
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
 #     s18     (eighteenth session) exp/next18: the mended tests, then the benchmark parts of
-#             the five groups below in one call
-#     agdecode18 (branch exp/ag-decode, not run) ag_gemm's unfused split-K path at decode: tests,
-#             TW_AG_UNFUSED_SMALL A/B both orders, bench_dist
-#     splitk18 (branch exp/gemm-splitk, not run) tw_gemm's split_k: test_gemm, tw-bench gemm's
-#             split rows at decode shapes, memcheck
-#     distgraph18 (branch exp/dist-graph, not run) bench_dist --graph (CUDA-graph replays: GPU
-#             time per call) at decode shapes and the sweep
-#     ownce18 (branch exp/own-ce, not run) ag_gemm's own-shard copy by copy engine by rule: tests,
-#             bench_dist A/B against 0 in both orders
-#     rsn18   (branch exp/rs-n128, not run) GEMM+RS / GEMM+AR on 128 x 128 tiles at decode shapes:
-#             tests, TW_RS_BLOCK_N A/B both orders, a trace, 8 virtual ranks
+#             the groups written for its five branches (removed: this one ran them, and the
+#             suite their tests)
 #     decode17 (the default; run in the seventeenth session) decode shapes (M 16/64/256) after
 #             the pull where boxes straddle owners; test_gemm_rs on virtual ranks and distinct
 #             GPUs
@@ -670,8 +661,9 @@ exp_decode17() { # seventeenth session: decode shapes with the pull where boxes 
   done
 }
 exp_s18() { # eighteenth session, exp/next18 after its suite (tests there passed but for two
-  # test bugs, mended): the benchmark parts of agdecode18, rsn18, ownce18, distgraph18 and
-  # splitk18 in one call, the mended tests first
+  # test bugs, mended): the benchmark parts of the groups written for exp/ag-decode, exp/rs-n128,
+  # exp/own-ce, exp/dist-graph and exp/gemm-splitk (since removed) in one call, the mended
+  # tests first
   run "s18-test_gemm" 120 "$bin/test_gemm"
   run "s18-test_stall" 90 "$bin/test_stall"
   local shape m op ab ce py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python"
@@ -834,92 +826,6 @@ exp_s18b() { # eighteenth session, second call (after the suite on exp/next18 wi
   run "s18b-graph-gemm_ar-m64" 90 env TILEWIRE_LIB="$root/$bin/libtilewire.so" \
     PYTHONPATH="$root/python" python3 -m tilewire.bench_dist --nproc 2 --op gemm_ar --m 64 \
     --n 8192 --k 1024 --repeats 50 --graph 20
-}
-exp_splitk18() { # branch exp/gemm-splitk (seventeenth session, not run): tw_gemm's split_k
-  # (K slices on clusters of 2/4/8 CTAs, summed in order through distributed shared memory):
-  # test_gemm (the split cases), then tw-bench gemm's split rows at decode shapes against cuBLAS
-  run "splitk18-test_gemm" 120 "$bin/test_gemm"
-  local shape
-  for shape in "--m 64 --n 1024 --k 8192" "--m 16 --n 1024 --k 8192" "--m 64 --n 8192 --k 1024" \
-    "--m 64 --n 8192 --k 3584" "--m 4096 --n 4096 --k 4096"; do
-    run "splitk18-gemm-${shape// /}" 60 env TW_BENCH_GEMM_SPLITK=1 "$bin/tw-bench" gemm $shape \
-      --repeats 50 --warmup 5
-  done
-  run "splitk18-memcheck" 300 compute-sanitizer --tool memcheck "$bin/test_gemm"
-}
-exp_agdecode18() { # branch exp/ag-decode (on exp/gemm-splitk; seventeenth session, not run):
-  # tw_ag_gemm runs tw_allgather + a split-K tw_gemm where few tiles meet a long K
-  run "agdecode18-test_ag_gemm" 200 "$bin/test_ag_gemm"
-  run "agdecode18-test_gemm" 120 "$bin/test_gemm"
-  [ "$ngpus" -gt 1 ] || return 0
-  run "agdecode18-test_ag_gemm-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
-  run "agdecode18-test_mp" 120 "$bin/test_mp" "$ngpus" 20
-  local m ab py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python"
-  for m in 16 64 256; do
-    for ab in 1,0 0,1; do
-      run "agdecode18-ag_gemm-m$m-$ab" 90 env TW_BENCH_AB=TW_AG_UNFUSED_SMALL=$ab \
-        "$bin/tw-bench" ag_gemm --world 2 --m $m --n 1024 --k 8192 --repeats 50 --warmup 5
-    done
-  done
-  run "agdecode18-dist-ag_gemm-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 \
-    --op ag_gemm --m 64 --n 1024 --k 8192 --repeats 50
-}
-exp_distgraph18() { # branch exp/dist-graph (seventeenth session, not run): bench_dist with every
-  # variant replayed from a CUDA graph of 20 calls (--graph 20: the GPU time per call, no host
-  # time), at the decode shape and the full sweep, against the eager rows
-  [ "$ngpus" -gt 1 ] || return 0
-  local op py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python"
-  for op in gemm_ar gemm_rs; do
-    run "distgraph18-$op-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 --op $op \
-      --m 64 --n 8192 --k 1024 --repeats 50 --graph 20
-  done
-  run "distgraph18-ag_gemm-m64" 120 $py python3 -m tilewire.bench_dist --nproc 2 --op ag_gemm \
-    --m 64 --n 1024 --k 8192 --repeats 50 --graph 20
-  run "distgraph18-sweep" 300 $py python3 -m tilewire.bench_dist --nproc 2 --repeats 20 \
-    --graph 10
-}
-exp_ownce18() { # branch exp/own-ce (seventeenth session, not run): the own-shard copy by copy
-  # engine by rule (TW_AG_OWN_COPY_CE=-1: 2 ranks on their own GPUs, push < 0.3 of the GEMM);
-  # the tests on distinct GPUs, then the rule against 0 at the bench_dist shapes, both orders
-  run "ownce18-test_ag_gemm" 150 "$bin/test_ag_gemm"
-  [ "$ngpus" -gt 1 ] || return 0
-  run "ownce18-test_ag_gemm-distinct" 150 env TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
-  local ce shape py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python"
-  for shape in "--m 4096 --n 6144 --k 12288" "--m 8192 --n 1024 --k 8192" \
-    "--m 4096 --n 512 --k 4096"; do
-    for ce in -1 0 0 -1; do
-      run "ownce18-$ce-${shape// /}" 60 $py TW_AG_OWN_COPY_CE=$ce python3 -m \
-        tilewire.bench_dist --nproc 2 --op ag_gemm $shape --repeats 30
-    done
-  done
-}
-exp_rsn18() { # branch exp/rs-n128 (seventeenth session, not run): GEMM+RS / GEMM+AR on 128 x 128
-  # tiles (6 stages) where 128 x 256 ones leave a last wave mostly idle (decode shapes)
-  run "rsn18-test_gemm_rs" 200 env TW_WATCHDOG_S=15 "$bin/test_gemm_rs"
-  [ "$ngpus" -gt 1 ] || return 0
-  run "rsn18-test_gemm_rs-distinct" 200 env TW_WATCHDOG_S=15 TW_TEST_DEVICES=distinct \
-    "$bin/test_gemm_rs"
-  local m op ab
-  # the width in A/B, both orders, at the decode shapes (the plan takes 128 at M=16-256)
-  for m in 16 64 256; do
-    for op in gemm_ar gemm_rs; do
-      for ab in 256,128 128,256; do
-        run "rsn18-$op-m$m-$ab" 90 env TW_BENCH_AB=TW_RS_BLOCK_N=$ab "$bin/tw-bench" $op \
-          --world 2 --m $m --n 8192 --k 1024 --repeats 50 --warmup 5
-      done
-    done
-  done
-  # the direct scheme for bf16 partials at m < 128 (the branch's default there) against the
-  # reduce-scatter + gather, both orders
-  for ab in 0,1 1,0; do
-    run "rsn18-gemm_ar-m64-direct-$ab" 90 env TW_BENCH_AB=TW_AR_DIRECT=$ab "$bin/tw-bench" \
-      gemm_ar --world 2 --m 64 --n 8192 --k 1024 --repeats 50 --warmup 5
-  done
-  run "rsn18-trace-gemm_ar-m64" 60 env TW_TRACE=1 "$bin/tw-bench" gemm_ar --world 2 --m 64 \
-    --n 8192 --k 1024 --repeats 10 --warmup 3 --no-check
-  # 8 virtual ranks at the decode shape (GEMM+AR 0.80x of the unfused pipeline at 7b32e89)
-  run "rsn18-8v-gemm_ar-decode" 120 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_BLOCK_N=256,128 \
-    "$bin/tw-bench" gemm_ar --m 64 --n 8192 --k 1024 --repeats 30 --warmup 5
 }
 exp_memo17() { # branch exp/tma-memo (sixteenth session; run and merged in the seventeenth): the
   # per-thread memo of TMA tensor maps (TW_TMA_MEMO, default on): the GPU tests with it, then
