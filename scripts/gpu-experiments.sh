@@ -50,6 +50,7 @@
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
 #     s19     (branch exp/gemm-graph, not run) decode shapes' GPU time: tw-bench gemm under
 #             TW_BENCH_GRAPH=1 (split rows), the fused ops from graphs on 2 GPUs, traces at M=64
+#     s19m    memcheck of test_gemm (its scatter cases), about 400 s
 #     s19b    (branch exp/split-scatter, not run) split-K with TW_SPLIT_SCATTER=1: test_gemm,
 #             split rows, memcheck
 #     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
@@ -769,6 +770,8 @@ exp_s19b() { # prepared in the eighteenth session (branch exp/split-scatter, not
     run "s19b-gemm-${shape// /}" 60 env TW_BENCH_GEMM_SPLITK=1 "$bin/tw-bench" gemm $shape \
       --repeats 50 --warmup 5
   done
+}
+exp_s19m() { # memcheck of test_gemm with the scatter cases (split from s19b to fit one call)
   run "s19b-memcheck-test_gemm" 400 compute-sanitizer --error-exitcode=1 --tool memcheck \
     "$bin/test_gemm"
 }
