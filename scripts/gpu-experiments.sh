@@ -50,9 +50,9 @@
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
 #     s19     (branch exp/gemm-graph, not run) decode shapes' GPU time: tw-bench gemm under
 #             TW_BENCH_GRAPH=1 (split rows), the fused ops from graphs on 2 GPUs, traces at M=64
-#     s19m    memcheck of test_gemm (its scatter cases), about 400 s
 #     s19b    (branch exp/split-scatter, not run) split-K with TW_SPLIT_SCATTER=1: test_gemm,
-#             split rows, memcheck
+#             split rows
+#     s19m    memcheck of test_gemm (its scatter cases), about 400 s
 #     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
