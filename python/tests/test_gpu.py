@@ -181,7 +181,10 @@ def test_gemm_opcheck():
     if not hasattr(torch.library, "opcheck"):
         pytest.skip("torch.library.opcheck needs torch >= 2.4")
     a, b = _inputs(128, 64, 64, seed=8)
+    # split_k defaults to 0 in the schema, so calls written before it existed still bind
     torch.library.opcheck(torch.ops.tilewire.gemm.default, (a, b, bf16, 0))
+    a, b = _inputs(64, 128, 4096, seed=8)
+    torch.library.opcheck(torch.ops.tilewire.gemm.default, (a, b, bf16, 0, 4))
 
 
 def test_gemm_autograd():

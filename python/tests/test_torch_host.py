@@ -28,6 +28,9 @@ def test_ops_are_registered():
     # torch numbers the alias sets (a!, a2!, ...); what matters is that `out` is mutated.
     assert re.search(r"Tensor\(a\d*!\) out", schema), schema
     assert tilewire.gemm is _torch.gemm
+    for op in (torch.ops.tilewire.gemm, torch.ops.tilewire.gemm_out):
+        schema = str(op.default._schema)
+        assert "split_k=0" in schema, schema
 
 
 def test_gemm_fake_gives_the_output_shape():
@@ -35,6 +38,8 @@ def test_gemm_fake_gives_the_output_shape():
     b = torch.empty(48, 64, dtype=bf16, device="meta")
     out = _torch._gemm_fake(a, b, torch.float32, 0)
     assert out.shape == (100, 48) and out.dtype == torch.float32
+    out = _torch._gemm_fake(a, b, torch.bfloat16, 0, 8)
+    assert out.shape == (100, 48) and out.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize(

@@ -488,25 +488,25 @@ def _launch_gemm(a, b, out, sm_count, split_k=0):
 
 @_custom_op("tilewire::gemm")
 def _gemm_op(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, sm_count: int,
-             split_k: int) -> torch.Tensor:
+             split_k: int = 0) -> torch.Tensor:
     out = torch.empty((a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
     _launch_gemm(a, b, out, sm_count, split_k)
     return out
 
 
 @_register_fake(_gemm_op)
-def _gemm_fake(a, b, out_dtype, sm_count, split_k):
+def _gemm_fake(a, b, out_dtype, sm_count, split_k=0):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
 @_custom_op("tilewire::gemm_out", mutates_args=("out",))
 def _gemm_out_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, sm_count: int,
-                 split_k: int) -> None:
+                 split_k: int = 0) -> None:
     _launch_gemm(a, b, out, sm_count, split_k)
 
 
 @_register_fake(_gemm_out_op)
-def _gemm_out_fake(a, b, out, sm_count, split_k):
+def _gemm_out_fake(a, b, out, sm_count, split_k=0):
     return None
 
 
