@@ -311,6 +311,12 @@ TW_API tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args, tw_
  * tile once all ranks delivered it; tw_gemm_ar's owners then store their reduced rows
  * into every rank's workspace, from where each rank copies them into `out`. Collective:
  * every rank calls it with the same shapes; both ops take the same args struct.
+ * Decode shapes (TW_RS_UNFUSED_SMALL; by default on ranks that do not share a GPU, tw_gemm_rs
+ * at m <= 512 and tw_gemm_ar at m <= 256): the call is the unfused pipeline instead, three
+ * launches on the stream (a wait until every rank has released this rank's workspace, tw_gemm
+ * of the whole partial into the workspace, one reduce kernel that sums this rank's rows in rank
+ * order and, for tw_gemm_ar, stores them into every rank's workspace or symmetric out); the
+ * same bits, faster where the GEMM is a few tiles (docs/PERF.md).
  * Direct scheme (TW_AR_DIRECT; by default on 2 ranks on distinct GPUs at m < 128, and with
  * bf16 partials at m <= 4096 with K >= 4096): tw_gemm_ar stores every tile into every rank's
  * workspace and each rank reduces all of S itself (one hop, no gather phase) when the

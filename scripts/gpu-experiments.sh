@@ -53,6 +53,9 @@
 #     s19b    (branch exp/split-scatter, not run) split-K with TW_SPLIT_SCATTER=1: test_gemm,
 #             split rows
 #     s19m    memcheck of test_gemm (its scatter cases), about 400 s
+#     s19c    the unfused pipeline in tw_gemm_rs / tw_gemm_ar (decode): tests, A/B, graphs
+#     s19d    the same after its fp32 loads were made contiguous: test_gemm_rs, A/B, graphs
+#     s19e    the rule taken from them: tests on both placements, A/B, bench_dist graphs
 #     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
@@ -712,6 +715,74 @@ exp_s18() { # eighteenth session, exp/next18 after its suite (tests there passed
     for ce in -1 0 0 -1; do
       run "s18-ownce$ce-${shape// /}" 60 $py TW_AG_OWN_COPY_CE=$ce python3 -m \
         tilewire.bench_dist --nproc 2 --op ag_gemm $shape --repeats 30
+    done
+  done
+}
+unfused_ab() { # $1: the group: TW_RS_UNFUSED_SMALL=0,1 in A/B at decode shapes on 2 GPUs
+  local m op
+  for m in 16 64 256 512; do
+    for op in gemm_rs gemm_ar; do
+      run "$1-$op-ab-m$m" 90 env TW_BENCH_AB=TW_RS_UNFUSED_SMALL=0,1 "$bin/tw-bench" $op \
+        --world 2 --m $m --n 8192 --k 1024 --repeats 30 --warmup 5
+    done
+  done
+}
+unfused_graph() { # $1: the group: GEMM+RS / GEMM+AR at decode shapes from CUDA graphs
+  local py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python" m op
+  for m in 16 64 256; do
+    for op in gemm_rs gemm_ar; do
+      run "$1-$op-graph-m$m" 90 env TW_BENCH_GRAPH=1 "$bin/tw-bench" $op --world 2 --m $m \
+        --n 8192 --k 1024 --repeats 50 --warmup 5
+    done
+  done
+  for op in gemm_rs gemm_ar; do
+    run "$1-dist-graph-$op-m64" 90 $py python3 -m tilewire.bench_dist --nproc 2 --op $op \
+      --m 64 --n 8192 --k 1024 --repeats 50 --graph 20
+  done
+}
+exp_s19c() { # nineteenth session: the unfused pipeline inside tw_gemm_rs / tw_gemm_ar
+  # (TW_RS_UNFUSED_SMALL: tw_gemm into the workspace, then one reduce kernel; the default at
+  # m <= 256 on distinct GPUs): its tests, then A/B against the fused kernel at decode shapes,
+  # eager and from graphs, one process and one per GPU
+  run "s19c-test_plans" 30 "$bin/test_plans"
+  run "s19c-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  run "s19c-test_stall" 150 "$bin/test_stall"
+  run "s19c-memcheck-test_gemm_rs" 300 compute-sanitizer --error-exitcode=1 --tool memcheck \
+    "$bin/test_gemm_rs" --small
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s19c-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  run "s19c-test_stall-distinct" 150 env TW_TEST_DEVICES=distinct "$bin/test_stall"
+  run "s19c-test_mp" 120 "$bin/test_mp" "$ngpus" 50
+  run "s19c-pytest-rs" 150 env TILEWIRE_LIB="$root/$bin/libtilewire.so" python3 -m pytest \
+    python/tests -q -k "gemm_rs or gemm_ar or dist"
+  unfused_ab s19c
+  unfused_graph s19c
+}
+exp_s19d() { # nineteenth session, after s19c: the unfused reduce kernel's fp32 loads made
+  # contiguous (one 16-byte load per rank and thread): its tests on both placements and the
+  # decode A/B again
+  run "s19d-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s19d-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  unfused_ab s19d
+  unfused_graph s19d
+}
+exp_s19e() { # nineteenth session, last call: the rule from s19c/s19d (tw_gemm_rs unfused at
+  # m <= 512, tw_gemm_ar then at 64 <= m <= 256, distinct GPUs; the lower bound was dropped
+  # after its M=16 graph A/B): the tests on both placements, one process per GPU, the decode
+  # A/B once more and the graph rows one process per GPU
+  local py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python" m op
+  run "s19e-test_plans" 30 "$bin/test_plans"
+  run "s19e-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s19e-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  run "s19e-test_stall-distinct" 150 env TW_TEST_DEVICES=distinct "$bin/test_stall"
+  run "s19e-test_mp" 120 "$bin/test_mp" "$ngpus" 50
+  unfused_ab s19e
+  for m in 16 256; do
+    for op in gemm_rs gemm_ar; do
+      run "s19e-dist-graph-$op-m$m" 90 $py python3 -m tilewire.bench_dist --nproc 2 --op $op \
+        --m $m --n 8192 --k 1024 --repeats 50 --graph 20
     done
   done
 }

@@ -111,6 +111,13 @@ TW_ENV(TW_AR_DIRECT, int, "-1",
        "partials: 1 wherever it fits, 0 never, -1 where measured faster (2 ranks on distinct "
        "GPUs: bf16 partials at m <= 4096 with K >= 4096, either partials at m < 128; the default "
        "workspace holds it there).")
+TW_ENV(TW_RS_UNFUSED_SMALL, int, "-1",
+       "tw_gemm_rs / tw_gemm_ar: 1 runs the unfused pipeline in the call (tw_gemm of the whole "
+       "partial into the workspace, then one reduce kernel that waits for every rank's partial, "
+       "sums its rows in rank order and, for tw_gemm_ar, pushes them to every rank) wherever the "
+       "workspace holds it, 0 always the fused kernel, -1 on ranks that do not share a GPU at "
+       "decode shapes, tw_gemm_rs at m <= 512 and tw_gemm_ar at m <= 256 (measured faster "
+       "there). Same bits either way. Every rank must set it alike.")
 TW_ENV(TW_RS_PULL, int, "-1",
        "tw_gemm_rs / tw_gemm_ar: 1 has each rank store its whole partial locally and the owners "
        "read their rows of it from every rank when reducing (the pull), 0 has the epilogue push "

@@ -103,6 +103,8 @@ typedef struct tw_gemm_rs_plan {
   int pull;        /* each rank's whole partial stored locally, the owners reading their rows
                       of it from every rank (not with the direct scheme, not at world 1) */
   int block_n;     /* the GEMM tile's (and a unit's) columns: TW_GEMM_RS_BLOCK_N (256) or 128 */
+  int unfused;     /* tw_gemm into the workspace, then the reduce kernel, no fused kernel
+                      (tw_gemm_rs_want_unfused; set by the caller of make_plan) */
 } tw_gemm_rs_plan_t;
 
 /* Workspace bytes of tw_gemm_ar's direct scheme: fp32 staging [world][m][n]. */
@@ -116,6 +118,18 @@ size_t tw_gemm_rs_call_workspace_bytes(int world, int64_t m, int64_t n);
  * TW_AR_DIRECT (-1: this rule decides). partial_bytes: 4 or 2. */
 int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partial_bytes, int64_t m,
                            int64_t k);
+
+/* Where tw_gemm_rs_want_unfused takes the unfused pipeline on distinct GPUs: tw_gemm_rs at
+ * m <= TW_RS_UNFUSED_MAX_M, tw_gemm_ar at m <= TW_AR_UNFUSED_MAX_M. */
+#define TW_RS_UNFUSED_MAX_M 512
+#define TW_AR_UNFUSED_MAX_M 256
+/* Whether tw_gemm_rs (all_reduce 0) / tw_gemm_ar (1) run the unfused pipeline in the call
+ * (tw_gemm into the workspace, then the reduce kernel; gemm_rs_sm90.cu), where the workspace
+ * holds it. env: TW_RS_UNFUSED_SMALL (-1: this rule decides). */
+int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int all_reduce);
+/* Workspace bytes of the unfused pipeline: this rank's partial [m][n] (4 or 2 bytes), then for
+ * tw_gemm_ar into a plain `out` every rank's reduced rows, bf16 [m][n]. */
+size_t tw_gemm_rs_unfused_workspace_bytes(int64_t m, int64_t n, int partial_bytes, int gather);
 
 /* Whether tw_gemm_rs / tw_gemm_ar reduce each rank's own tiles in their epilogue
  * (RsEpi::combine), given that the call can (2 ranks, whole row blocks per owner, one unit per

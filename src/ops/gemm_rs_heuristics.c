@@ -54,6 +54,36 @@ int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partia
          ((partial_bytes == 2 && m <= 4096 && k >= 4096) || m < TW_AR_DIRECT_ANY_M);
 }
 
+int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int all_reduce) {
+  if (world < 2 || env == 0)
+    return 0;
+  if (env > 0)
+    return 1;
+  /* Decode shapes: the GEMM is a few tiles (m <= 512 is 1-4 row blocks), so the fused kernel
+   * has little to overlap its communication with, while its entry waits put the ranks' launch
+   * skew in front of the GEMM. Nineteenth session, 2 H200s, n 8192 K 1024, ms, fused / unfused:
+   *   bench_dist --graph 20 (one process per GPU, CUDA graphs: how decode runs), GEMM+RS M=64
+   *   0.0271 / 0.0231; GEMM+AR M=64 0.0291 / 0.0265, M=16 0.0282 / 0.0238 (bf16 partials
+   *   0.0252 / 0.0230; A/B both orders);
+   *   tw-bench from graphs (TW_BENCH_GRAPH=1, one process): GEMM+RS M=256 0.0541 / 0.0447,
+   *   GEMM+AR M=64 0.0450 / 0.0363;
+   *   eager A/B (TW_BENCH_AB=TW_RS_UNFUSED_SMALL=0,1), two runs, GEMM+RS fp32 M=16 0.0423 /
+   *   0.0396 and 0.0417 / 0.0337, M=64 0.0408 / 0.0434 and 0.0398 / 0.0363, M=256 0.0532 /
+   *   0.0473 and 0.0534 / 0.0472, M=512 0.0800 / 0.0682 and 0.0744 / 0.0684 (bf16 partials
+   *   alike); GEMM+AR M=16 0.0393 / 0.0451 and 0.0391 / 0.0363, M=64 0.0432 / 0.0443 and 0.0428 /
+   *   0.0391, M=256 level (0.057), M=512 0.0875 / 0.0916 and 0.0894 / 0.0908 (slower: not taken).
+   * So tw_gemm_rs at m <= 512, tw_gemm_ar at m <= 256. Ranks sharing a GPU keep the fused kernel
+   * (not measured). */
+  if (gpu_shared)
+    return 0;
+  return m <= (all_reduce ? TW_AR_UNFUSED_MAX_M : TW_RS_UNFUSED_MAX_M);
+}
+
+size_t tw_gemm_rs_unfused_workspace_bytes(int64_t m, int64_t n, int partial_bytes, int gather) {
+  return (size_t)m * (size_t)n * (size_t)(partial_bytes == 2 ? 2 : 4) +
+         (gather ? (size_t)m * (size_t)n * 2 : 0);
+}
+
 size_t tw_gemm_rs_call_workspace_bytes(int world, int64_t m, int64_t n) {
   size_t bytes = tw_gemm_ar_push_workspace_bytes(world, m, n);
   /* tw_gemm_ar's direct scheme with fp32 partials where the rule may take it (2 ranks, m < 128):

@@ -615,6 +615,24 @@ __device__ __forceinline__ void gather_work(const RsParams<P> &p, uint64_t epoch
     queue_leave(queue, p.steal ? (int32_t)gridDim.x : p.reduce_ctas);
 }
 
+/* Thread 0 of every CTA, last thing (tw_op_finish): the grid's last CTA also tells every rank
+ * that this rank no longer reads its buffers in call `epoch` (done[ch][rank] = epoch), so that
+ * the unfused pipeline's GEMM, which writes the workspace before any handshake, may follow on
+ * the same workspace (unfused_wait_kernel). */
+__device__ __forceinline__ void finish_released(const tw_dev_comm_t &dc, int ch, uint64_t epoch) {
+  tw_fence_acq_rel_sys();
+  const unsigned arrived = atomicAdd(&dc.ctrl->exit_count[ch], 1u);
+  if (arrived == gridDim.x * gridDim.y * gridDim.z - 1) {
+    dc.ctrl->exit_count[ch] = 0;
+    tw_fence_acq_rel_sys();
+    for (int q = 0; q < dc.world; q++)
+      if (dc.peer_ctrl[q])
+        tw_st_release_sys(&dc.peer_ctrl[q]->done[ch][dc.rank], epoch);
+    *(volatile uint64_t *)&dc.ctrl->epoch[ch] = epoch;
+    __threadfence();
+  }
+}
+
 /* kSteal (TW_RS_STEAL=1, experimental): the mainloop hands every warp back the entry register
  * split when it ends (setmaxnreg), so code after it is no longer compiled under the producer's
  * 40 registers, and the GEMM CTAs then take reduction (and gather) work too, 4 partial loads
@@ -667,7 +685,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (threadIdx.x == 0) {
     tw_trace_stamp(dc, TW_TR_END);
-    tw_op_finish(dc, ch, epoch);
+    finish_released(dc, ch, epoch);
   }
 }
 
@@ -844,6 +862,232 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   return launch(p, plan.ctas, stream);
 }
 
+/* ---- the unfused pipeline (plan.unfused: decode shapes) -------------------------------------
+ * Three launches on the rank's stream: unfused_wait_kernel (every rank has released this rank's
+ * workspace after its previous call), tw_gemm of the whole partial [m][n] into the workspace
+ * (fp32, or bf16 with TW_PARTIALS_BF16), then unfused_reduce_kernel on channel ch:
+ *   entry(e) to every rank (this rank's partial is complete), wait for every rank's entry(e);
+ *   sum rows [rank * m_local, +m_local) of the partials in rank order (fp32, the reference's
+ *   __fadd_rn chain from partial 0), round to bf16, store into `out` (rs), or into every rank's
+ *   gather area (the workspace after the partial) or every rank's symmetric `out` (ar);
+ *   the grid's last CTA then sets done[ch][rank] = e on every rank: this rank no longer reads
+ *   their partials and its rows are in their memory.
+ *   ar into a plain `out`: every CTA waits for every rank's done(e), then copies the gather
+ *   area into `out`. Otherwise the last CTA waits for them alone, so that the call ends only
+ *   once no rank reads this rank's workspace (the fused kernel, which may follow, stores into
+ *   a rank's workspace once that rank alone has entered).
+ * The same bits as the fused kernel and the reference pipeline (tw_gemm per rank, then the
+ * rank-ordered sum). */
+constexpr int kUnfusedThreads = 256;
+
+template <class P> struct UnfusedParams {
+  tw_dev_comm_t dc;
+  const P *partial[kMaxWorld];   /* rank s's partial [m][n], mapped for this rank */
+  __nv_bfloat16 *dst[kMaxWorld]; /* rs: dst[0] = out; ar: every rank's gather area or out */
+  const __nv_bfloat16 *gather;   /* ar into a plain out: this rank's gather area [m][n] */
+  __nv_bfloat16 *out;
+  int64_t ld_dst, ldo;
+  int64_t dst_row0; /* rs: rank * m_local (out's first row); ar: 0 */
+  int32_t ch, m_local, m, n, ndst, copy;
+};
+
+/* One 16-byte load of partials as floats: 4 fp32 or 8 bf16 (kVec<P>), so that a warp's loads
+ * are 512 contiguous bytes (two 16-byte loads per thread at a 32-byte stride fetched every
+ * remote sector twice: the first version, 0.0674 against 0.0451 ms at M=256). */
+template <class P> constexpr int kVec = 16 / (int)sizeof(P);
+__device__ __forceinline__ void load_vec(const float *p, float v[4]) {
+  const float4 a = __ldcg(reinterpret_cast<const float4 *>(p));
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+}
+__device__ __forceinline__ void load_vec(const __nv_bfloat16 *p, float v[8]) {
+  const uint4 u = __ldcg(reinterpret_cast<const uint4 *>(p));
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w[i]));
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+/* kVec<P> sums as bf16 into dst (8 or 16 bytes). */
+template <int V> __device__ __forceinline__ void store_bf16(__nv_bfloat16 *dst, const float *acc) {
+  uint32_t w[V / 2];
+#pragma unroll
+  for (int j = 0; j < V / 2; j++) {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
+    w[j] = *reinterpret_cast<const uint32_t *>(&b);
+  }
+  if constexpr (V == 8)
+    *reinterpret_cast<uint4 *>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+  else
+    *reinterpret_cast<uint2 *>(dst) = make_uint2(w[0], w[1]);
+}
+
+/* One thread: the peers' previous calls on both channels of this op family (which may share the
+ * workspace) are over, so none of them reads this rank's workspace any more. */
+__global__ void unfused_wait_kernel(const tw_dev_comm_t dc, int ch) {
+  if (threadIdx.x != 0 || !tw_op_usable(dc, ch))
+    return;
+  const int chans[2] = {TW_CH_GEMM_RS, TW_CH_GEMM_AR};
+  for (int c = 0; c < 2; c++) {
+    const uint64_t prev = *(volatile uint64_t *)&dc.ctrl->epoch[chans[c]];
+    for (int q = 0; q < dc.world; q++)
+      if (q != dc.rank && !tw_wait_geq(dc, ch, &dc.ctrl->done[chans[c]][q], prev, q, -1))
+        return;
+  }
+}
+
+template <class P>
+__global__ void __launch_bounds__(kUnfusedThreads)
+    unfused_reduce_kernel(const __grid_constant__ UnfusedParams<P> p) {
+  __shared__ int s_ok, s_last;
+  const tw_dev_comm_t &dc = p.dc;
+  const int ch = p.ch, world = dc.world, rank = dc.rank;
+  const uint64_t epoch = tw_op_begin(dc, ch);
+  if (threadIdx.x == 0) {
+    bool ok = tw_kernel_enter(dc, ch, epoch);
+    for (int s = 0; ok && s < world; s++)
+      if (s != rank)
+        ok = tw_wait_entry(dc, ch, s, epoch);
+    s_ok = ok;
+  }
+  __syncthreads();
+  if (!s_ok)
+    return;
+  constexpr int V = kVec<P>;
+  const int64_t vecs = p.n / V, items = (int64_t)p.m_local * vecs;
+  const int64_t row0 = (int64_t)rank * p.m_local;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < items;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = row0 + i / vecs, c = V * (i % vecs);
+    const size_t off = (size_t)r * (size_t)p.n + (size_t)c;
+    /* every rank's loads in flight at once, then the sum in rank order */
+    float v[kMaxWorld][V];
+#pragma unroll
+    for (int s = 0; s < kMaxWorld; s++)
+      if (s < world)
+        load_vec(p.partial[s] + off, v[s]);
+#pragma unroll
+    for (int s = 1; s < kMaxWorld; s++)
+      if (s < world)
+#pragma unroll
+        for (int j = 0; j < V; j++)
+          v[0][j] = __fadd_rn(v[0][j], v[s][j]);
+    const size_t dst_off = (size_t)(r - p.dst_row0) * (size_t)p.ld_dst + (size_t)c;
+    for (int q = 0; q < p.ndst; q++)
+      store_bf16<V>(p.dst[q] + dst_off, v[0]);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    s_last = 0;
+    tw_fence_acq_rel_sys(); /* this CTA's loads and stores, before its count */
+    const unsigned arrived = atomicAdd(&dc.ctrl->exit_count[ch], 1u);
+    if (arrived == gridDim.x - 1) {
+      s_last = 1;
+      dc.ctrl->exit_count[ch] = 0; /* before the signal: the copy's CTAs count again after it */
+      tw_fence_acq_rel_sys();
+      for (int q = 0; q < world; q++)
+        tw_st_release_sys(&dc.peer_ctrl[q]->done[ch][rank], epoch);
+    }
+  }
+  __syncthreads();
+  if (!p.copy) {
+    /* rs, or ar into symmetric outputs: the last CTA waits until no rank reads this rank's
+     * partial any more (and every rank's rows are in this rank's out), then ends the call */
+    if (threadIdx.x == 0 && s_last) {
+      bool ok = true;
+      for (int q = 0; ok && q < world; q++)
+        if (q != rank)
+          ok = tw_wait_geq(dc, ch, &dc.ctrl->done[ch][q], epoch, q, -1);
+      tw_trace_stamp(dc, TW_TR_END);
+      if (ok) {
+        *(volatile uint64_t *)&dc.ctrl->epoch[ch] = epoch;
+        __threadfence();
+      }
+    }
+    return;
+  }
+  /* ar into a plain out: every rank's rows are in this rank's gather area once every rank's
+   * last CTA has signalled (this rank's too) */
+  if (threadIdx.x == 0) {
+    bool ok = true;
+    for (int q = 0; ok && q < world; q++)
+      ok = tw_wait_geq(dc, ch, &dc.ctrl->done[ch][q], epoch, q, -1);
+    s_ok = ok;
+  }
+  __syncthreads();
+  if (!s_ok)
+    return;
+  const int64_t vecs8 = p.n / 8, all = (int64_t)p.m * vecs8;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < all;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / vecs8, c = 8 * (i % vecs8);
+    *reinterpret_cast<uint4 *>(p.out + (size_t)r * (size_t)p.ldo + (size_t)c) =
+        __ldcg(reinterpret_cast<const uint4 *>(p.gather + (size_t)r * (size_t)p.n + (size_t)c));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    tw_trace_stamp(dc, TW_TR_END);
+    tw_op_finish(dc, ch, epoch);
+  }
+}
+
+/* The unfused pipeline's three launches (see above) on `stream`, the rank's launch stream. */
+template <class P>
+tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_rs_plan_t &plan,
+                        int all_reduce, cudaStream_t stream) {
+  const int world = comm->world, rank = comm->rank;
+  const int ch = all_reduce ? TW_CH_GEMM_AR : TW_CH_GEMM_RS;
+  unfused_wait_kernel<<<1, 32, 0, stream>>>(comm->dev, ch);
+  tw_status_t st = tw_cuda_check(cudaGetLastError(), "tw_gemm_rs: launching the wait kernel");
+  if (st != TW_SUCCESS)
+    return st;
+  tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
+  g.c_dtype = sizeof(P) == 2 ? TW_BF16 : TW_FP32;
+  g.a = a.a, g.b = a.b, g.c = a.workspace;
+  g.m = a.m, g.n = a.n, g.k = a.k;
+  g.lda = a.lda, g.ldb = a.ldb, g.ldc = a.n;
+  g.sm_count = comm->sm_budget;
+  st = tw_gemm(&g, (tw_stream_t)stream);
+  if (st != TW_SUCCESS)
+    return st;
+  UnfusedParams<P> p;
+  memset(&p, 0, sizeof(p));
+  p.dc = comm->dev;
+  p.ch = ch;
+  p.m_local = (int32_t)(a.m / world);
+  p.m = (int32_t)a.m;
+  p.n = (int32_t)a.n;
+  const size_t partial_bytes = (size_t)a.m * (size_t)a.n * sizeof(P);
+  for (int s = 0; s < world; s++)
+    p.partial[s] = (const P *)tw_heap_peer_ptr(comm, a.workspace, s);
+  if (!all_reduce) {
+    p.ndst = 1;
+    p.dst[0] = (__nv_bfloat16 *)a.out;
+    p.ld_dst = a.ldo;
+    p.dst_row0 = (int64_t)rank * p.m_local;
+  } else {
+    p.ndst = world;
+    p.copy = !plan.ar_out_sym;
+    for (int q = 0; q < world; q++)
+      p.dst[q] =
+          plan.ar_out_sym
+              ? (__nv_bfloat16 *)tw_heap_peer_ptr(comm, a.out, q)
+              : (__nv_bfloat16 *)((char *)tw_heap_peer_ptr(comm, a.workspace, q) + partial_bytes);
+    p.ld_dst = plan.ar_out_sym ? a.ldo : a.n;
+    p.gather = (const __nv_bfloat16 *)((const char *)a.workspace + partial_bytes);
+    p.out = (__nv_bfloat16 *)a.out;
+    p.ldo = a.ldo;
+  }
+  const int64_t items = p.copy ? a.m * (a.n / 8) : a.m / world * (a.n / kVec<P>);
+  int64_t grid = (items + kUnfusedThreads - 1) / kUnfusedThreads;
+  if (grid > comm->sm_budget)
+    grid = comm->sm_budget;
+  if (grid < 1)
+    grid = 1;
+  unfused_reduce_kernel<P><<<(unsigned)grid, kUnfusedThreads, 0, stream>>>(p);
+  return tw_cuda_check(cudaGetLastError(), "tw_gemm_rs: launching the reduce kernel");
+}
+
 /* World 1: the sum is the product itself; the plain GEMM core writes it as bf16 (the same
  * rounding of the same fp32 accumulators as the fused path would do). */
 tw_status_t run_single(tw_comm_t comm, const tw_gemm_rs_args_t &a, cudaStream_t stream) {
@@ -979,6 +1223,15 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
       return st;
     plan->ar_out_sym = !direct;
   }
+  /* The unfused pipeline (tw_gemm_rs_want_unfused) where the workspace holds this rank's
+   * partial (and, for tw_gemm_ar into a plain out, every rank's reduced rows after it). */
+  plan->unfused =
+      tw_gemm_rs_want_unfused((int)tw_env_int(TW_RS_UNFUSED_SMALL_ID), world, comm->gpu_shared,
+                              a->m, all_reduce) &&
+      tw_heap_avail(comm, a->workspace) >=
+          tw_gemm_rs_unfused_workspace_bytes(a->m, a->n, pbytes, all_reduce && !a->out_symmetric);
+  if (plan->unfused)
+    plan->ar_out_sym = all_reduce && a->out_symmetric; /* checked above, direct or not */
   /* tw_gemm_ar's push gather (TW_AR_PUSH, the default) where the workspace holds every owner's
    * reduced rows (tw_gemm_rs_workspace_size asks for that much) and no two ranks share a GPU
    * (comm->gpu_shared: every rank must choose alike; with ranks_on_device, 3 ranks on 2 GPUs
@@ -990,17 +1243,17 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
    * / 0.852, 8192 3.54 / 3.86, 16384 21.4 / 22.6; bf16 partials alike). */
   const int64_t push_env = tw_env_int(TW_AR_PUSH_ID);
   plan->ar_push =
-      all_reduce && !direct && !plan->ar_out_sym &&
+      all_reduce && !direct && !plan->unfused && !plan->ar_out_sym &&
       (push_env > 0 || (push_env < 0 && !comm->gpu_shared)) &&
       tw_heap_avail(comm, a->workspace) >= tw_gemm_ar_push_workspace_bytes(world, a->m, a->n);
   TW_DEBUG(
       "%s rank %d: m %lld n %lld k %lld, %s partials: ctas %d, block_n %d, reduce_ctas %d, band "
       "%d, group_units %d, interleave %d, direct %d, owner_epi %d, pull %d, ar_push %d, "
-      "ar_out_sym %d",
+      "ar_out_sym %d, unfused %d",
       op, comm->rank, (long long)a->m, (long long)a->n, (long long)a->k,
       pbytes == 2 ? "bf16" : "fp32", plan->ctas, plan->block_n, plan->reduce_ctas, plan->band,
       plan->group_units, plan->interleave, plan->direct, plan->owner_epi, plan->pull, plan->ar_push,
-      plan->ar_out_sym);
+      plan->ar_out_sym, plan->unfused);
   return TW_SUCCESS;
 }
 
@@ -1022,6 +1275,10 @@ tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_re
   st = tw_launch_begin(comm, stream, &launch_stream);
   if (st == TW_SUCCESS)
     st = plan.single ? run_single(comm, a, launch_stream)
+         : plan.unfused
+             ? (a.partials == TW_PARTIALS_BF16
+                    ? run_unfused<__nv_bfloat16>(comm, a, plan, all_reduce, launch_stream)
+                    : run_unfused<float>(comm, a, plan, all_reduce, launch_stream))
          : a.partials == TW_PARTIALS_BF16
              ? run_fused<__nv_bfloat16>(comm, a, plan, all_reduce, launch_stream)
              : run_fused<float>(comm, a, plan, all_reduce, launch_stream);
@@ -1042,7 +1299,10 @@ extern "C" tw_status_t tw_gemm_rs_preload(void) {
                            (const void *)gemm_rs_kernel<false, float, 128>,
                            (const void *)gemm_rs_kernel<true, float, 128>,
                            (const void *)gemm_rs_kernel<false, __nv_bfloat16, 128>,
-                           (const void *)gemm_rs_kernel<true, __nv_bfloat16, 128>};
+                           (const void *)gemm_rs_kernel<true, __nv_bfloat16, 128>,
+                           (const void *)unfused_wait_kernel,
+                           (const void *)unfused_reduce_kernel<float>,
+                           (const void *)unfused_reduce_kernel<__nv_bfloat16>};
   cudaError_t e = cudaSuccess;
   for (size_t i = 0; i < sizeof(kernels) / sizeof(kernels[0]) && e == cudaSuccess; i++)
     e = cudaFuncGetAttributes(&attr, kernels[i]);

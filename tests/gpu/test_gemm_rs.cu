@@ -330,6 +330,28 @@ static void test_shape_changes(int world, uint64_t seed) {
   teardown(&f);
 }
 
+/* The unfused pipeline (TW_RS_UNFUSED_SMALL=1) and the fused kernel in turn on one comm and
+ * one workspace, tw_gemm_rs and tw_gemm_ar alternating, no host sync: the unfused GEMM stores
+ * into a workspace that the previous fused call's peers may still read (the pull, where more
+ * than 2 ranks share a GPU), and the fused kernel stores into workspaces that the previous
+ * unfused call's peers read. */
+static void test_unfused_mixed(int world, int calls, uint64_t seed) {
+  fixture f;
+  setup(&f, world, 100, 1032, 264);
+  for (int i = 0; i < calls; i++) {
+    setenv("TW_RS_UNFUSED_SMALL", (i / 2) % 2 ? "1" : "0", 1); /* read when enqueued */
+    checked_call(&f, i & 1, 0, seed + (uint64_t)i * 104729);
+  }
+  unsetenv("TW_RS_UNFUSED_SMALL");
+  const unsigned long long bad = take_bad(&f);
+  TEST_ASSERT(bad == 0, "world %d: %d calls, fused and unfused in turn: %llu words differ", world,
+              calls, bad);
+  check_async_errors(&f);
+  printf("  world %d: %d checked calls, the fused kernel and the unfused pipeline in turn\n", world,
+         calls);
+  teardown(&f);
+}
+
 /* What the graph holds: tw_gemm_rs then tw_gemm_ar on every rank's stream. */
 static void graph_calls(void *p) {
   fixture *f = (fixture *)p;
@@ -781,9 +803,50 @@ int main(int argc, char **argv) {
        130,
        2,
        0},
+      /* TW_RS_UNFUSED_SMALL=1: tw_gemm into the workspace, then the reduce kernel, at every
+       * shape (the default takes it at m <= 256 on distinct GPUs); same bits, fp32 and bf16
+       * partials; =0: the fused kernel where the default would not. */
+      {"TW_RS_UNFUSED_SMALL",
+       "1",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{100, 264, 200, 0}, {32, 8192, 1024, 0}, {1, 8, 8, 0}},
+       260,
+       4,
+       1},
+      {"TW_RS_UNFUSED_SMALL",
+       "1",
+       NULL,
+       TW_PARTIALS_BF16,
+       {{128, 520, 256, 0}, {300, 1032, 264, 1}, {1, 8, 8, 0}},
+       270,
+       3,
+       0},
+      {"TW_RS_UNFUSED_SMALL",
+       "0",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{16, 264, 200, 0}, {32, 8192, 1024, 0}, {1, 8, 8, 0}},
+       280,
+       2,
+       1},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
     run_env_cases(&cases[i], small, seed);
+  /* the unfused pipeline into symmetric outputs (tw_gemm_ar pushes into every rank's out) */
+  setenv("TW_RS_UNFUSED_SMALL", "1", 1);
+  static const env_cases_t unfused_sym = {"TW_TEST_OUT_SYMMETRIC",
+                                          "1",
+                                          NULL,
+                                          TW_PARTIALS_FP32,
+                                          {{100, 264, 200, 0}, {32, 8192, 1024, 0}, {1, 8, 8, 0}},
+                                          290,
+                                          3,
+                                          1};
+  run_env_cases(&unfused_sym, small, seed);
+  unsetenv("TW_RS_UNFUSED_SMALL");
+  for (int wi = 1; wi < (small ? 2 : 5); wi++) /* worlds 2, 3, 4, 8 */
+    test_unfused_mixed(worlds[wi], small ? 16 : 64, seed + 7000 + wi);
   g_partials = TW_PARTIALS_BF16;
   test_case(1, 300, 520, 1032, 0, seed + 140); /* world 1: the plain GEMM either way */
   g_partials = TW_PARTIALS_FP32;

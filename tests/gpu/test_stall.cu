@@ -8,6 +8,8 @@
  *     TW_TEST_DEVICES=distinct one GPU each): the synchronisation fails too, and
  *     tw_comm_async_error reports TW_ERR_DEVICE_TIMEOUT with "internal stall in the GEMM
  *     pipeline", the role and the stage, from the comm's host-mapped error block.
+ *   - the unfused tw_gemm_rs / tw_gemm_ar (decode shapes) with a peer that never calls: the
+ *     wait for its entry gives up after TW_WAIT_TIMEOUT_MS and the comm names it.
  * The parent kills a child that outlives its bound (30 s): a hang fails the test, and so does a
  * child that finishes without the failure. Without a GPU every child exits 77 and so does this.
  */
@@ -23,9 +25,22 @@
 
 enum { kWorld = 2, kBoundS = 30 };
 
-typedef enum { OP_GEMM, OP_GEMM_SPLIT, OP_AG_GEMM, OP_GEMM_RS, OP_GEMM_AR } op_t;
-static const char *const kOpNames[] = {"tw_gemm", "tw_gemm split_k 8", "tw_ag_gemm", "tw_gemm_rs",
-                                       "tw_gemm_ar"};
+typedef enum {
+  OP_GEMM,
+  OP_GEMM_SPLIT,
+  OP_AG_GEMM,
+  OP_GEMM_RS,
+  OP_GEMM_AR,
+  OP_RS_ABSENT,
+  OP_AR_ABSENT
+} op_t;
+static const char *const kOpNames[] = {"tw_gemm",
+                                       "tw_gemm split_k 8",
+                                       "tw_ag_gemm",
+                                       "tw_gemm_rs",
+                                       "tw_gemm_ar",
+                                       "tw_gemm_rs unfused, peer absent",
+                                       "tw_gemm_ar unfused, peer absent"};
 
 static void *dev_alloc(size_t bytes) {
   void *p = NULL;
@@ -61,12 +76,18 @@ static int child_gemm(int split) {
   return tw_test_finish();
 }
 
-static int child_fused(op_t op) {
-  int devices[kWorld];
+/* kWorld ranks on distinct GPUs (TW_TEST_DEVICES=distinct) or one; returns whether distinct. */
+static int init_pair(int devices[kWorld], tw_comm_t comms[kWorld]) {
   const int distinct = tw_test_devices(kWorld, devices);
-  tw_comm_t comms[kWorld];
   tw_status_t st = tw_comm_init_all(comms, kWorld, devices, NULL);
   TEST_REQUIRE(st == TW_SUCCESS, "init_all: %s", tw_last_error());
+  return distinct;
+}
+
+static int child_fused(op_t op) {
+  int devices[kWorld];
+  tw_comm_t comms[kWorld];
+  const int distinct = init_pair(devices, comms);
   const int64_t m_local = 512, n = 1024, k = 1024, m = m_local * kWorld;
   cudaStream_t streams[kWorld];
   tw_ag_gemm_args_t ag[kWorld];
@@ -130,6 +151,48 @@ static int child_fused(op_t op) {
   return tw_test_finish();
 }
 
+/* The unfused pipeline (TW_RS_UNFUSED_SMALL=1, decode-sized) on 2 ranks of which only rank 0
+ * calls: its reduce kernel's wait for rank 1's entry gives up after TW_WAIT_TIMEOUT_MS (no
+ * TW_FAULT_STALL_TILE here), the call's stream still completes, and the comm reports the flag,
+ * the op and the peer that never signalled. */
+static int child_absent(op_t op) {
+  int devices[kWorld];
+  tw_comm_t comms[kWorld];
+  const int distinct = init_pair(devices, comms);
+  const int64_t m = 64, n = 1024, k = 1024;
+  size_t ws_bytes = 0;
+  TEST_TW_OK(tw_gemm_rs_workspace_size(comms[0], m, n, &ws_bytes));
+  void *ws[kWorld];
+  for (int r = 0; r < kWorld; r++)
+    TEST_TW_OK(tw_mem_alloc(comms[r], ws_bytes, &ws[r]));
+  cudaSetDevice(devices[0]);
+  tw_gemm_rs_args_t a = TW_GEMM_RS_ARGS_INIT;
+  a.a = dev_alloc(m * k * 2), a.b = dev_alloc(n * k * 2), a.out = dev_alloc(m * n * 2);
+  a.workspace = ws[0];
+  a.m = m, a.n = n, a.k = k;
+  tw_test_fill_bf16((void *)a.a, m * k, 10, NULL);
+  tw_test_fill_bf16((void *)a.b, n * k, 20, NULL);
+  TEST_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "inputs");
+  const double t0 = tw_test_now();
+  TEST_TW_OK(op == OP_RS_ABSENT ? tw_gemm_rs(comms[0], &a, NULL) : tw_gemm_ar(comms[0], &a, NULL));
+  const cudaError_t e = cudaDeviceSynchronize();
+  const double waited = tw_test_now() - t0;
+  TEST_ASSERT(e == cudaSuccess, "%s: the call's kernels failed: %s", kOpNames[op],
+              cudaGetErrorString(e));
+  TEST_ASSERT(waited < 20.0, "%s: returned only after %.1f s", kOpNames[op], waited);
+  tw_status_t async = TW_SUCCESS;
+  TEST_TW_OK(tw_comm_async_error(comms[0], &async));
+  const char *msg = tw_comm_last_error(comms[0]);
+  TEST_ASSERT(async == TW_ERR_DEVICE_TIMEOUT, "%s: async status %s (%s)", kOpNames[op],
+              tw_status_string(async), msg);
+  TEST_ASSERT(strstr(msg, "peer expected to signal: 1") &&
+                  strstr(msg, op == OP_RS_ABSENT ? "op gemm_rs" : "op gemm_ar"),
+              "%s: the report names neither the op nor the absent peer: %s", kOpNames[op], msg);
+  printf("  %s (%s), after %.2f s: %s\n", kOpNames[op], distinct ? "distinct GPUs" : "one GPU",
+         waited, msg);
+  return tw_test_finish();
+}
+
 /* Runs one case in a child; returns its exit code (1 if it hung or died by a signal). */
 static int run_child(op_t op) {
   fflush(stdout);
@@ -137,14 +200,21 @@ static int run_child(op_t op) {
   const pid_t pid = fork();
   TEST_REQUIRE(pid >= 0, "fork");
   if (pid == 0) {
-    setenv("TW_FAULT_STALL_TILE", "2", 1);
-    setenv("TW_WAIT_TIMEOUT_MS", "3000", 1); /* flag waits give up later than the pipeline's */
+    const int absent = op == OP_RS_ABSENT || op == OP_AR_ABSENT;
+    if (absent) {
+      setenv("TW_RS_UNFUSED_SMALL", "1", 1);
+      setenv("TW_WAIT_TIMEOUT_MS", "2000", 1);
+    } else {
+      setenv("TW_FAULT_STALL_TILE", "2", 1);
+      setenv("TW_WAIT_TIMEOUT_MS", "3000", 1); /* flag waits give up later than the pipeline's */
+    }
     /* the fused kernel's report is what is tested: at this shape (64 tiles, K 1024) tw_ag_gemm
      * would otherwise run tw_allgather + a split-K tw_gemm, whose stall is child_gemm's case */
     setenv("TW_AG_UNFUSED_SMALL", "0", 1);
     tw_test_require_hopper();
     const int rc = op == OP_GEMM         ? child_gemm(0)
                    : op == OP_GEMM_SPLIT ? child_gemm(8)
+                   : absent              ? child_absent(op)
                                          : child_fused(op);
     fflush(stdout);
     fflush(stderr);
@@ -165,9 +235,10 @@ static int run_child(op_t op) {
 
 int main(void) {
   /* No CUDA call here before the children run: a CUDA context does not survive fork. */
-  static const op_t ops[] = {OP_GEMM, OP_GEMM_SPLIT, OP_AG_GEMM, OP_GEMM_RS, OP_GEMM_AR};
+  static const op_t ops[] = {OP_GEMM,    OP_GEMM_SPLIT, OP_AG_GEMM,  OP_GEMM_RS,
+                             OP_GEMM_AR, OP_RS_ABSENT,  OP_AR_ABSENT};
   for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
-    printf("%s with TW_FAULT_STALL_TILE=2:\n", kOpNames[ops[i]]);
+    printf("%s%s:\n", kOpNames[ops[i]], ops[i] < OP_RS_ABSENT ? " with TW_FAULT_STALL_TILE=2" : "");
     const int rc = run_child(ops[i]);
     if (rc == 77)
       return 77; /* the child said why */

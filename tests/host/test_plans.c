@@ -352,6 +352,33 @@ static void test_gemm_rs_plans(void) {
                   tw_gemm_ar_push_workspace_bytes(2, 4096, 12288),
               "the workspace size is the push's where the fp32 direct scheme is not taken");
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 2, 256, 1024), "M=256 short K: not direct");
+  /* the unfused pipeline: m <= 256 on distinct GPUs, forced by TW_RS_UNFUSED_SMALL=1, never at
+   * world 1 or with =0 */
+  for (int ar = 0; ar < 2; ar++) {
+    TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 2, 0, 64, ar), "decode M=64, 2 GPUs: unfused");
+    TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 8, 0, 256, ar), "M=256, 8 GPUs: unfused");
+    TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 2, 0, 1024, ar), "M=1024: fused");
+    TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 64, ar), "shared GPU: fused");
+    TEST_ASSERT(tw_gemm_rs_want_unfused(1, 8, 1, 16384, ar), "TW_RS_UNFUSED_SMALL=1: unfused");
+    TEST_ASSERT(!tw_gemm_rs_want_unfused(0, 2, 0, 64, ar), "TW_RS_UNFUSED_SMALL=0: fused");
+    TEST_ASSERT(!tw_gemm_rs_want_unfused(1, 1, 0, 64, ar), "world 1: the plain GEMM");
+  }
+  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 2, 0, 16, 0), "GEMM+RS M=16: unfused");
+  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 2, 0, 16, 1), "GEMM+AR M=16: unfused");
+  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 2, 0, 264, 1), "GEMM+AR M=264: fused");
+  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 2, 0, 512, 0), "GEMM+RS M=512: unfused");
+  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 2, 0, 512, 1), "GEMM+AR M=512: fused");
+  TEST_ASSERT(tw_gemm_rs_unfused_workspace_bytes(64, 8192, 4, 1) == (size_t)64 * 8192 * 6,
+              "unfused workspace, fp32 partials and the gather area");
+  TEST_ASSERT(tw_gemm_rs_unfused_workspace_bytes(64, 8192, 2, 0) == (size_t)64 * 8192 * 2,
+              "unfused workspace, bf16 partials");
+  /* what tw_gemm_rs_workspace_size asks for holds it wherever the rule takes it */
+  for (int w = 2; w <= 8; w++)
+    for (int64_t m = w; m <= TW_RS_UNFUSED_MAX_M; m += w)
+      TEST_ASSERT(tw_gemm_rs_call_workspace_bytes(w, m, 264) >=
+                      tw_gemm_rs_unfused_workspace_bytes(m, 264, 4, 1),
+                  "world %d m %lld: the asked-for workspace holds the unfused pipeline", w,
+                  (long long)m);
   TEST_ASSERT(!tw_gemm_ar_want_direct(-1, 2, 0, 2, 1024, 2048), "K 2048: not direct");
   TEST_ASSERT(tw_gemm_ar_want_direct(1, 8, 1, 4, 65536, 8), "TW_AR_DIRECT=1 wins");
   TEST_ASSERT(!tw_gemm_ar_want_direct(0, 2, 0, 2, 4096, 6144), "TW_AR_DIRECT=0 wins");
