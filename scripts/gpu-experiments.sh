@@ -48,9 +48,9 @@
 #             bench_dist --profile (torch.profiler's kernel timeline) at M=64 and flux-tp8;
 #             bench_dist's ag_gemm with the shard in place and TW_AG_OWN_COPY_CE=0,1 at
 #             flux-tp8 and M=16384 (one process per GPU loses ~6% at flux-tp8)
-#     s19     (branch exp/gemm-graph, not run) decode shapes' GPU time: tw-bench gemm under
+#     s19     (nineteenth session, run) decode shapes' GPU time: tw-bench gemm under
 #             TW_BENCH_GRAPH=1 (split rows), the fused ops from graphs on 2 GPUs, traces at M=64
-#     s19b    (branch exp/split-scatter, not run) split-K with TW_SPLIT_SCATTER=1: test_gemm,
+#     s19b    (nineteenth session, run) split-K with TW_SPLIT_SCATTER=1: test_gemm,
 #             split rows
 #     s19m    memcheck of test_gemm (its scatter cases), about 400 s
 #     s19c    the unfused pipeline in tw_gemm_rs / tw_gemm_ar (decode): tests, A/B, graphs
@@ -786,7 +786,7 @@ exp_s19e() { # nineteenth session, last call: the rule from s19c/s19d (tw_gemm_r
     done
   done
 }
-exp_s19() { # prepared in the eighteenth session (branch exp/gemm-graph, not run): GPU time at
+exp_s19() { # prepared in the eighteenth session, run in the nineteenth (docs/PERF.md): GPU time at
   # decode shapes, where eager tw-bench rows time the host (cuBLAS 13 us eager, 8.6 us in
   # bench_dist's graphs): tw-bench gemm under TW_BENCH_GRAPH=1 (16 calls per graph), split rows
   # against cuBLAS; the fused ops replayed from graphs on 2 GPUs; traces of GEMM+RS / GEMM+AR at
@@ -831,7 +831,7 @@ exp_s19() { # prepared in the eighteenth session (branch exp/gemm-graph, not run
       --repeats 20 --warmup 5
   done
 }
-exp_s19b() { # prepared in the eighteenth session (branch exp/split-scatter, not run): split-K
+exp_s19b() { # prepared in the eighteenth session, run in the nineteenth (docs/PERF.md): split-K
   # with TW_SPLIT_SCATTER=1 (every slice sums and stores one column band: one round through
   # distributed shared memory on every path, against the tree's log2(split)): test_gemm (its
   # scatter cases), memcheck of it, tw-bench gemm's split rows (scatter rows beside the tree's)
