@@ -141,6 +141,10 @@ if want mps; then
     summary+=("$(printf '%-34s %-14s' 'mps daemon' 'FAIL(start)')")
   fi
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+elif want python; then
+  # `python` without `mps` (nineteenth session: `gpu-suite.sh python` alone ran no pytest): the
+  # GPU tests without an MPS daemon, whose multi-process cases then skip
+  step "pytest python (GPU)" 400 env TILEWIRE_LIB="$root/$bin/libtilewire.so" CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m pytest python/tests -q -rs
 fi
 if want multi && [ "$ngpus" -gt 1 ]; then
   step "test_mp $ngpus procs, one per GPU" 300 "$bin/test_mp" "$ngpus" 100
