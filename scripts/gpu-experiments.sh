@@ -704,12 +704,8 @@ exp_s18() { # eighteenth session, exp/next18 after its suite (tests there passed
   run "s18-8v-gemm_ar-decode" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_BLOCK_N=256,128 \
     "$bin/tw-bench" gemm_ar --m 64 --n 8192 --k 1024 --repeats 30 --warmup 5
   # GPU time per call (CUDA-graph replays) one process per GPU at decode
-  for op in gemm_ar gemm_rs; do
-    run "s18-graph-$op-m64" 90 $py python3 -m tilewire.bench_dist --nproc 2 --op $op \
-      --m 64 --n 8192 --k 1024 --repeats 50 --graph 20
-  done
-  run "s18-graph-ag_gemm-m64" 90 $py python3 -m tilewire.bench_dist --nproc 2 --op ag_gemm \
-    --m 64 --n 1024 --k 8192 --repeats 50 --graph 20
+  dist_graph s18-graph m64 90 "--repeats 50 --graph 20" "--m 64 --n 8192 --k 1024" \
+    "--m 64 --n 1024 --k 8192"
   # the own-shard copy by copy engine by rule against 0, both orders
   for shape in "--m 4096 --n 6144 --k 12288" "--m 4096 --n 512 --k 4096"; do
     for ce in -1 0 0 -1; do
@@ -815,13 +811,8 @@ exp_s19() { # prepared in the eighteenth session, run in the nineteenth (docs/PE
   # flux-tp8, one process per GPU, replayed from graphs of 10 calls: the GPU time per call with
   # no host or cross-GPU fork/join in it (eager tw-bench leaves ~0.1 ms of the fused GEMM+RS's
   # 1.13 ms outside the traced kernel spans; of-bound 0.72-0.80 there)
-  local py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python"
-  for op in gemm_rs gemm_ar; do
-    run "s19-dist-graph-$op-flux" 150 $py python3 -m tilewire.bench_dist --nproc 2 --op $op \
-      --m 4096 --n 12288 --k 6144 --repeats 30 --graph 10
-  done
-  run "s19-dist-graph-ag-flux" 150 $py python3 -m tilewire.bench_dist --nproc 2 --op ag_gemm \
-    --m 4096 --n 6144 --k 12288 --repeats 30 --graph 10
+  dist_graph s19-dist-graph flux 150 "--repeats 30 --graph 10" "--m 4096 --n 12288 --k 6144" \
+    "--m 4096 --n 6144 --k 12288"
   # the same from one process (tw-bench): every row, NCCL's too, replayed from graphs, and eager
   # with 8 calls per fork / join (the cross-GPU fork / join starts the ranks ~70 us apart)
   for op in gemm_rs gemm_ar; do

@@ -237,16 +237,41 @@ static __device__ __forceinline__ uint64_t tw_op_begin(const tw_dev_comm_t &dc, 
 }
 
 /* One thread per CTA, after the CTA's last signal: the last CTA of the grid
- * stores the epoch, so the next call on the stream sees epoch + 1. */
-static __device__ __forceinline__ void tw_op_finish(const tw_dev_comm_t &dc, int ch,
-                                                    uint64_t epoch) {
-  __threadfence();
+ * stores the epoch, so the next call on the stream sees epoch + 1. With `release`, that CTA
+ * first tells every reachable rank that this rank no longer reads its buffers in call `epoch`
+ * (done[ch][rank] = epoch; tw_wait_released waits for it). */
+static __device__ __forceinline__ void tw_op_finish(const tw_dev_comm_t &dc, int ch, uint64_t epoch,
+                                                    bool release = false) {
+  if (release)
+    tw_fence_acq_rel_sys();
+  else
+    __threadfence();
   unsigned done = atomicAdd(&dc.ctrl->exit_count[ch], 1u);
   if (done == gridDim.x * gridDim.y * gridDim.z - 1) {
     dc.ctrl->exit_count[ch] = 0;
+    if (release) {
+      tw_fence_acq_rel_sys();
+      for (int q = 0; q < dc.world; q++)
+        if (dc.peer_ctrl[q])
+          tw_st_release_sys(&dc.peer_ctrl[q]->done[ch][dc.rank], epoch);
+    }
     *(volatile uint64_t *)&dc.ctrl->epoch[ch] = epoch;
     __threadfence();
   }
+}
+
+/* One thread: waits until every peer has released this rank's buffers after its previous
+ * call on each of the `n` channels `chans` (done[c][peer] >= this rank's epoch on c; the
+ * calls of a channel are the same on every rank). Failures are recorded under `op`. */
+static __device__ __forceinline__ bool tw_wait_released(const tw_dev_comm_t &dc, int op,
+                                                        const int *chans, int n) {
+  for (int i = 0; i < n; i++) {
+    const uint64_t prev = *(volatile uint64_t *)&dc.ctrl->epoch[chans[i]];
+    for (int q = 0; q < dc.world; q++)
+      if (q != dc.rank && !tw_wait_geq(dc, op, &dc.ctrl->done[chans[i]][q], prev, q, -1))
+        return false;
+  }
+  return true;
 }
 
 /* One thread: tells every reachable rank that this rank entered call `epoch` on ch

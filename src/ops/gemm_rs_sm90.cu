@@ -615,24 +615,6 @@ __device__ __forceinline__ void gather_work(const RsParams<P> &p, uint64_t epoch
     queue_leave(queue, p.steal ? (int32_t)gridDim.x : p.reduce_ctas);
 }
 
-/* Thread 0 of every CTA, last thing (tw_op_finish): the grid's last CTA also tells every rank
- * that this rank no longer reads its buffers in call `epoch` (done[ch][rank] = epoch), so that
- * the unfused pipeline's GEMM, which writes the workspace before any handshake, may follow on
- * the same workspace (unfused_wait_kernel). */
-__device__ __forceinline__ void finish_released(const tw_dev_comm_t &dc, int ch, uint64_t epoch) {
-  tw_fence_acq_rel_sys();
-  const unsigned arrived = atomicAdd(&dc.ctrl->exit_count[ch], 1u);
-  if (arrived == gridDim.x * gridDim.y * gridDim.z - 1) {
-    dc.ctrl->exit_count[ch] = 0;
-    tw_fence_acq_rel_sys();
-    for (int q = 0; q < dc.world; q++)
-      if (dc.peer_ctrl[q])
-        tw_st_release_sys(&dc.peer_ctrl[q]->done[ch][dc.rank], epoch);
-    *(volatile uint64_t *)&dc.ctrl->epoch[ch] = epoch;
-    __threadfence();
-  }
-}
-
 /* kSteal (TW_RS_STEAL=1, experimental): the mainloop hands every warp back the entry register
  * split when it ends (setmaxnreg), so code after it is no longer compiled under the producer's
  * 40 registers, and the GEMM CTAs then take reduction (and gather) work too, 4 partial loads
@@ -685,7 +667,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (threadIdx.x == 0) {
     tw_trace_stamp(dc, TW_TR_END);
-    finish_released(dc, ch, epoch);
+    /* release: the unfused pipeline's GEMM, which writes the workspace before any handshake,
+     * may follow on the same workspace (unfused_wait_kernel) */
+    tw_op_finish(dc, ch, epoch, true);
   }
 }
 
@@ -925,15 +909,9 @@ template <int V> __device__ __forceinline__ void store_bf16(__nv_bfloat16 *dst, 
 /* One thread: the peers' previous calls on both channels of this op family (which may share the
  * workspace) are over, so none of them reads this rank's workspace any more. */
 __global__ void unfused_wait_kernel(const tw_dev_comm_t dc, int ch) {
-  if (threadIdx.x != 0 || !tw_op_usable(dc, ch))
-    return;
   const int chans[2] = {TW_CH_GEMM_RS, TW_CH_GEMM_AR};
-  for (int c = 0; c < 2; c++) {
-    const uint64_t prev = *(volatile uint64_t *)&dc.ctrl->epoch[chans[c]];
-    for (int q = 0; q < dc.world; q++)
-      if (q != dc.rank && !tw_wait_geq(dc, ch, &dc.ctrl->done[chans[c]][q], prev, q, -1))
-        return;
-  }
+  if (threadIdx.x == 0 && tw_op_usable(dc, ch))
+    tw_wait_released(dc, ch, chans, 2);
 }
 
 template <class P>
