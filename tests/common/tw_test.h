@@ -99,6 +99,10 @@ size_t tw_test_count_diff(const void *a, const void *b, size_t bytes);
  * (synchronises). */
 double tw_test_rel_err_bf16(const void *a, const void *ref, int ref_is_fp32, size_t n,
                             size_t *nan_count);
+/* Same, over max(|scale|) (fp32, n elements) instead of max(|ref|): for a sum of rounded terms
+ * the error scales with the sum of their magnitudes, not with the (possibly cancelled) sum. */
+double tw_test_rel_err_bf16_scaled(const void *a, const void *ref, int ref_is_fp32,
+                                   const float *scale, size_t n, size_t *nan_count);
 
 /* Captures into one CUDA graph: prologue(ctx) (may be NULL) on streams[0], then the work
  * fn(ctx) enqueues on streams[0..n) (one device): streams 1..n-1 fork from streams[0] after

@@ -70,7 +70,7 @@ extern "C" size_t tw_test_count_diff(const void *a, const void *b, size_t bytes)
 }
 
 static __global__ void rel_err_kernel(const __nv_bfloat16 *a, const void *ref, int ref_is_fp32,
-                                      size_t n, float *max_diff, float *max_ref,
+                                      const float *scale, size_t n, float *max_diff, float *max_ref,
                                       unsigned long long *nans) {
   float md = 0.f, mr = 0.f;
   unsigned long long bad = 0;
@@ -84,7 +84,7 @@ static __global__ void rel_err_kernel(const __nv_bfloat16 *a, const void *ref, i
       continue;
     }
     md = fmaxf(md, fabsf(x - r));
-    mr = fmaxf(mr, fabsf(r));
+    mr = fmaxf(mr, fabsf(scale ? scale[i] : r));
   }
   // non-negative floats order like their bit patterns
   atomicMax((int *)max_diff, __float_as_int(md));
@@ -93,8 +93,8 @@ static __global__ void rel_err_kernel(const __nv_bfloat16 *a, const void *ref, i
     atomicAdd(nans, bad);
 }
 
-extern "C" double tw_test_rel_err_bf16(const void *a, const void *ref, int ref_is_fp32, size_t n,
-                                       size_t *nan_count) {
+extern "C" double tw_test_rel_err_bf16_scaled(const void *a, const void *ref, int ref_is_fp32,
+                                              const float *scale, size_t n, size_t *nan_count) {
   float *stats;
   unsigned long long *nans;
   float host[2] = {0, 0};
@@ -103,8 +103,8 @@ extern "C" double tw_test_rel_err_bf16(const void *a, const void *ref, int ref_i
   cudaMalloc(&nans, sizeof(*nans));
   cudaMemset(stats, 0, 2 * sizeof(float));
   cudaMemset(nans, 0, sizeof(*nans));
-  rel_err_kernel<<<1024, 256>>>((const __nv_bfloat16 *)a, ref, ref_is_fp32, n, stats, stats + 1,
-                                nans);
+  rel_err_kernel<<<1024, 256>>>((const __nv_bfloat16 *)a, ref, ref_is_fp32, scale, n, stats,
+                                stats + 1, nans);
   cudaMemcpy(host, stats, sizeof(host), cudaMemcpyDeviceToHost);
   cudaMemcpy(&host_nans, nans, sizeof(host_nans), cudaMemcpyDeviceToHost);
   cudaFree(stats);
@@ -112,6 +112,11 @@ extern "C" double tw_test_rel_err_bf16(const void *a, const void *ref, int ref_i
   if (nan_count)
     *nan_count = (size_t)host_nans;
   return host[1] > 0 ? (double)host[0] / (double)host[1] : (double)host[0];
+}
+
+extern "C" double tw_test_rel_err_bf16(const void *a, const void *ref, int ref_is_fp32, size_t n,
+                                       size_t *nan_count) {
+  return tw_test_rel_err_bf16_scaled(a, ref, ref_is_fp32, NULL, n, nan_count);
 }
 
 extern "C" struct CUgraphExec_st *tw_test_capture(struct CUstream_st **streams, int n,
