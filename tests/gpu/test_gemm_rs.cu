@@ -858,6 +858,9 @@ int main(int argc, char **argv) {
                                           3,
                                           1};
   run_env_cases(&unfused_sym, small, seed);
+  /* 1000 back-to-back calls of the unfused pipeline with fresh inputs (rs and ar alternating),
+   * on 2 ranks: the distinct GPUs under TW_TEST_DEVICES=distinct */
+  test_back_to_back(2, small ? 20 : 1000, seed + 7500);
   unsetenv("TW_RS_UNFUSED_SMALL");
   for (int wi = 1; wi < (small ? 2 : 5); wi++) /* worlds 2, 3, 4, 8 */
     test_unfused_mixed(worlds[wi], small ? 16 : 64, seed + 7000 + wi);
