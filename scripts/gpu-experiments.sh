@@ -56,6 +56,11 @@
 #     s19c    the unfused pipeline in tw_gemm_rs / tw_gemm_ar (decode): tests, A/B, graphs
 #     s19d    the same after its fp32 loads were made contiguous: test_gemm_rs, A/B, graphs
 #     s19e    the rule taken from them: tests on both placements, A/B, bench_dist graphs
+#     s20     (twentieth session; the group lives on exp/next20 at 9ee4092) 128 x 64 tiles
+#             (TW_GEMM_N64), the unfused pipeline's release wait in the GEMM against its own
+#             kernel, the push protocol (TW_RS_UNFUSED_PUSH): tests, gemm rows, A/B, graphs
+#     s21     (twentieth session) main after ReleasedWait's merge: the unfused pipeline's tests on
+#             both placements, test_mp, memcheck of test_gemm_rs --small, the wait A/B from graphs
 #     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
@@ -714,6 +719,43 @@ exp_s18() { # eighteenth session, exp/next18 after its suite (tests there passed
     done
   done
 }
+unfused_tests() { # $1: the group: the unfused decode pipeline's tests (test_plans, test_gemm_rs,
+  # test_stall, memcheck of test_gemm_rs --small), then on 2 GPUs the distinct placements,
+  # test_mp one process per GPU and pytest's ops; fails where there is one GPU
+  run "$1-test_plans" 30 "$bin/test_plans"
+  run "$1-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  run "$1-test_stall" 150 "$bin/test_stall"
+  run "$1-memcheck-test_gemm_rs" 300 compute-sanitizer --error-exitcode=1 --tool memcheck \
+    "$bin/test_gemm_rs" --small
+  [ "$ngpus" -gt 1 ] || return 1
+  run "$1-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  run "$1-test_stall-distinct" 150 env TW_TEST_DEVICES=distinct "$bin/test_stall"
+  run "$1-test_mp" 120 "$bin/test_mp" "$ngpus" 50
+  run "$1-pytest-rs" 150 env TILEWIRE_LIB="$root/$bin/libtilewire.so" python3 -m pytest \
+    python/tests -q -k "gemm_rs or gemm_ar or dist"
+}
+exp_s21() { # twentieth session: main with ReleasedWait (s20 measured it, the push and the
+  # 128 x 64 tiles were dropped): its tests on both placements, memcheck of the unfused path,
+  # and the release-wait A/B from graphs once more
+  unfused_tests s21 || return 0
+  local v
+  for v in 0 1; do
+    TW_RS_UNFUSED_WAIT_KERNEL=$v dist_graph "s21-dist-graph-wk$v" m16 90 \
+      "--repeats 50 --graph 20" "--m 16 --n 8192 --k 1024" ""
+  done
+}
+dist_graph() { # NAME TAG LIMIT "BENCH ARGS" "RS/AR SHAPE" ["AG SHAPE"]: tilewire.bench_dist one
+  # process per GPU (graph replays in the bench args): gemm_rs and gemm_ar at the first shape,
+  # ag_gemm at the second where given; logs NAME-OP-TAG
+  local name=$1 tag=$2 limit=$3 args=$4 rs=$5 ag=${6:-} op
+  local py="env TILEWIRE_LIB=$root/$bin/libtilewire.so PYTHONPATH=$root/python"
+  for op in gemm_rs gemm_ar; do
+    run "$name-$op-$tag" "$limit" $py python3 -m tilewire.bench_dist --nproc 2 --op $op $rs $args
+  done
+  [ -z "$ag" ] ||
+    run "$name-ag_gemm-$tag" "$limit" $py python3 -m tilewire.bench_dist --nproc 2 --op ag_gemm \
+      $ag $args
+}
 unfused_ab() { # $1: the group: TW_RS_UNFUSED_SMALL=0,1 in A/B at decode shapes on 2 GPUs
   local m op
   for m in 16 64 256 512; do
@@ -740,17 +782,7 @@ exp_s19c() { # nineteenth session: the unfused pipeline inside tw_gemm_rs / tw_g
   # (TW_RS_UNFUSED_SMALL: tw_gemm into the workspace, then one reduce kernel; the default at
   # m <= 256 on distinct GPUs): its tests, then A/B against the fused kernel at decode shapes,
   # eager and from graphs, one process and one per GPU
-  run "s19c-test_plans" 30 "$bin/test_plans"
-  run "s19c-test_gemm_rs" 200 "$bin/test_gemm_rs"
-  run "s19c-test_stall" 150 "$bin/test_stall"
-  run "s19c-memcheck-test_gemm_rs" 300 compute-sanitizer --error-exitcode=1 --tool memcheck \
-    "$bin/test_gemm_rs" --small
-  [ "$ngpus" -gt 1 ] || return 0
-  run "s19c-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
-  run "s19c-test_stall-distinct" 150 env TW_TEST_DEVICES=distinct "$bin/test_stall"
-  run "s19c-test_mp" 120 "$bin/test_mp" "$ngpus" 50
-  run "s19c-pytest-rs" 150 env TILEWIRE_LIB="$root/$bin/libtilewire.so" python3 -m pytest \
-    python/tests -q -k "gemm_rs or gemm_ar or dist"
+  unfused_tests s19c || return 0
   unfused_ab s19c
   unfused_graph s19c
 }

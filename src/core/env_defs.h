@@ -118,6 +118,10 @@ TW_ENV(TW_RS_UNFUSED_SMALL, int, "-1",
        "workspace holds it, 0 always the fused kernel, -1 on ranks that do not share a GPU at "
        "decode shapes, tw_gemm_rs at m <= 512 and tw_gemm_ar at m <= 256 (measured faster "
        "there). Same bits either way. Every rank must set it alike.")
+TW_ENV(TW_RS_UNFUSED_WAIT_KERNEL, bool, "0",
+       "tw_gemm_rs / tw_gemm_ar's unfused pipeline: 1 waits for the peers' release of the "
+       "workspace in a kernel of its own before the GEMM (one launch more, the first version), 0 "
+       "in the GEMM's CTAs before their first tile. Same bits (measurement knob).")
 TW_ENV(TW_RS_PULL, int, "-1",
        "tw_gemm_rs / tw_gemm_ar: 1 has each rank store its whole partial locally and the owners "
        "read their rows of it from every rank when reducing (the pull), 0 has the epilogue push "

@@ -43,6 +43,7 @@
 #include "gemm_launch.cuh"
 #include "gemm_rs.h"
 #include "gemm_sm90.cuh"
+#include "gemm_sm90.h"
 
 extern "C" {
 #include "comm.h"
@@ -668,7 +669,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     tw_trace_stamp(dc, TW_TR_END);
     /* release: the unfused pipeline's GEMM, which writes the workspace before any handshake,
-     * may follow on the same workspace (unfused_wait_kernel) */
+     * may follow on the same workspace (ReleasedWait, unfused_wait_kernel) */
     tw_op_finish(dc, ch, epoch, true);
   }
 }
@@ -847,9 +848,10 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
 }
 
 /* ---- the unfused pipeline (plan.unfused: decode shapes) -------------------------------------
- * Three launches on the rank's stream: unfused_wait_kernel (every rank has released this rank's
- * workspace after its previous call), tw_gemm of the whole partial [m][n] into the workspace
- * (fp32, or bf16 with TW_PARTIALS_BF16), then unfused_reduce_kernel on channel ch:
+ * Two launches on the rank's stream: tw_gemm of the whole partial [m][n] into the workspace
+ * (fp32, or bf16 with TW_PARTIALS_BF16) whose CTAs first wait until every rank has released this
+ * rank's workspace after its previous call (gemm_released.cuh; TW_RS_UNFUSED_WAIT_KERNEL=1: a
+ * kernel of its own before it, unfused_wait_kernel), then unfused_reduce_kernel on channel ch:
  *   entry(e) to every rank (this rank's partial is complete), wait for every rank's entry(e);
  *   sum rows [rank * m_local, +m_local) of the partials in rank order (fp32, the reference's
  *   __fadd_rn chain from partial 0), round to bf16, store into `out` (rs), or into every rank's
@@ -1009,23 +1011,32 @@ __global__ void __launch_bounds__(kUnfusedThreads)
   }
 }
 
-/* The unfused pipeline's three launches (see above) on `stream`, the rank's launch stream. */
+/* The unfused pipeline's launches (see above: two, three with TW_RS_UNFUSED_WAIT_KERNEL=1) on
+ * `stream`, the rank's launch stream. */
 template <class P>
 tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_rs_plan_t &plan,
                         int all_reduce, cudaStream_t stream) {
   const int world = comm->world, rank = comm->rank;
   const int ch = all_reduce ? TW_CH_GEMM_AR : TW_CH_GEMM_RS;
-  unfused_wait_kernel<<<1, 32, 0, stream>>>(comm->dev, ch);
-  tw_status_t st = tw_cuda_check(cudaGetLastError(), "tw_gemm_rs: launching the wait kernel");
-  if (st != TW_SUCCESS)
-    return st;
+  /* The peers' release of this workspace: waited for inside the GEMM (each CTA's producer
+   * before its first tile, gemm_released.cuh), or with TW_RS_UNFUSED_WAIT_KERNEL=1 by a kernel
+   * of its own before it (the first version: one launch more). */
+  const int wait_kernel = tw_env_int(TW_RS_UNFUSED_WAIT_KERNEL_ID) != 0;
+  tw_status_t st = TW_SUCCESS;
+  if (wait_kernel) {
+    unfused_wait_kernel<<<1, 32, 0, stream>>>(comm->dev, ch);
+    st = tw_cuda_check(cudaGetLastError(), "tw_gemm_rs: launching the wait kernel");
+    if (st != TW_SUCCESS)
+      return st;
+  }
   tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
   g.c_dtype = sizeof(P) == 2 ? TW_BF16 : TW_FP32;
   g.a = a.a, g.b = a.b, g.c = a.workspace;
   g.m = a.m, g.n = a.n, g.k = a.k;
   g.lda = a.lda, g.ldb = a.ldb, g.ldc = a.n;
   g.sm_count = comm->sm_budget;
-  st = tw_gemm(&g, (tw_stream_t)stream);
+  tw_gemm_sm90_opts_t opts = {-1, 0, 0, &comm->dev, ch};
+  st = tw_gemm_sm90_launch(&g, (tw_stream_t)stream, wait_kernel ? NULL : &opts);
   if (st != TW_SUCCESS)
     return st;
   UnfusedParams<P> p;

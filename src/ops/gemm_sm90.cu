@@ -10,11 +10,13 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <type_traits>
 
 #include "cuda_check.h"
 #include "driver.h"
 #include "gemm_heuristics.h"
 #include "gemm_launch.cuh"
+#include "gemm_released.cuh"
 #include "gemm_sm90.cuh"
 #include "gemm_sm90.h"
 #include "status.h"
@@ -30,11 +32,11 @@ __device__ TileQueue g_plain_queue;
 constexpr int kMaxDevices = 64;
 
 template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN,
-          int kSplit = 1>
-tw_status_t launch_plain(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int grid, int device,
+          int kSplit = 1, class Wait = NoWait>
+tw_status_t launch_plain(const GemmParams<EpiTmaStore<Out>, Wait> &params, int grid, int device,
                          cudaStream_t stream) {
   auto kernel =
-      gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, NoWait, kDynamic, kCluster, BN, kSplit>;
+      gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, Wait, kDynamic, kCluster, BN, kSplit>;
   constexpr int kClusterSize = kCluster * kSplit;
   constexpr int kSmem = SmemLayout<Stages, EpiBytes, BN>::kDynamicBytes;
   // The shared-memory limit is raised once per device and instantiation.
@@ -97,6 +99,17 @@ tw_status_t launch_out(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int v
                  : launch_plain<4, 16384, Out, false>(params, grid, device, stream);
 }
 
+// The unfused pipeline's GEMM (opts->released): the 1-CTA static variants the plan picks.
+template <class Out>
+tw_status_t launch_released(const GemmParams<EpiTmaStore<Out>, ReleasedWait> &params, int variant,
+                            int grid, int device, cudaStream_t stream) {
+  if (variant == TW_GEMM_V_N128_S6)
+    return launch_plain<6, 16384, Out, false, 1, 128, 1, ReleasedWait>(params, grid, device,
+                                                                       stream);
+  return launch_plain<3, 32768, Out, false, 1, kBlockN, 1, ReleasedWait>(params, grid, device,
+                                                                         stream);
+}
+
 // Split-K (tw_gemm_args_t.split_k): 128 x 128 tiles, 4 stages and a 32 KiB epilogue buffer per
 // consumer warpgroup (it also holds a slice's accumulators for its reader), on clusters of
 // `split` CTAs.
@@ -116,15 +129,16 @@ tw_status_t launch_split(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int
 }
 
 template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN,
-          int kSplit = 1>
+          int kSplit = 1, class Wait = NoWait>
 cudaError_t preload_one() {
   cudaFuncAttributes attr;
   return cudaFuncGetAttributes(
       &attr,
-      gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, NoWait, kDynamic, kCluster, BN, kSplit>);
+      gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, Wait, kDynamic, kCluster, BN, kSplit>);
 }
 
-/* Every instantiation launch_out can pick (keep the two lists in step). */
+/* Every instantiation launch_out, launch_split and launch_released can pick (keep the lists in
+ * step). */
 template <class Out> cudaError_t preload_out() {
   cudaError_t e = cudaSuccess, r;
   if ((r = preload_one<6, 16384, Out, true, 1, 128>()) != cudaSuccess)
@@ -149,6 +163,11 @@ template <class Out> cudaError_t preload_out() {
     e = r;
   if ((r = preload_one<kSplitStages, kSplitEpiBytes, Out, false, 1, 128, 8>()) != cudaSuccess)
     e = r;
+  /* launch_released's */
+  if ((r = preload_one<6, 16384, Out, false, 1, 128, 1, ReleasedWait>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<3, 32768, Out, false, 1, kBlockN, 1, ReleasedWait>()) != cudaSuccess)
+    e = r;
   return e;
 }
 
@@ -160,9 +179,13 @@ tw_status_t check_aligned(const void *ptr, const char *name) {
   return TW_SUCCESS;
 }
 
-template <class Out>
+inline void set_wait_order(NoWait::Params &, const TileOrder &) {}
+inline void set_wait_order(ReleasedWait::Params &w, const TileOrder &o) { w.order = o; }
+
+template <class Out, class Wait = NoWait>
 tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant, bool dynamic,
-                int group_m, int sms, int split, int device, cudaStream_t stream) {
+                int group_m, int sms, int split, int device, cudaStream_t stream,
+                const typename Wait::Params &wait = typename Wait::Params()) {
   const bool clustered = variant == TW_GEMM_V_S4_E16_C2 || variant == TW_GEMM_V_S3_E32_C2;
   // The tile queue serves single CTAs; a pair needs two SMs.
   if (clustered && (dynamic || sms < 2))
@@ -170,8 +193,9 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   const bool pair =
       split == 1 && (variant == TW_GEMM_V_S4_E16_C2 || variant == TW_GEMM_V_S3_E32_C2);
   const int32_t bn = split > 1 || variant == TW_GEMM_V_N128_S6 ? 128 : kBlockN;
-  GemmParams<EpiTmaStore<Out>, NoWait> params;
+  GemmParams<EpiTmaStore<Out>, Wait> params;
   memset(&params, 0, sizeof(params));
+  params.wait = wait;
   tw_status_t st;
   st = operand_maps(&params.a_map, &params.b_map, a.a, a.m, a.lda, a.b, a.n, a.ldb, a.k,
                     pair ? bn / 2 : bn, "tw_gemm", "a");
@@ -204,15 +228,20 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   params.split_c = a.c;
   params.split_ldc = a.ldc;
   apply_fault_stall(params);
-  if (split > 1)
-    return launch_split<Out>(params, split, grid, device, stream);
-  if (dynamic) {
-    st = tw_cuda_check(cudaGetSymbolAddress((void **)&params.queue, g_plain_queue),
-                       "tw_gemm: cudaGetSymbolAddress(queue)");
-    if (st != TW_SUCCESS)
-      return st;
+  set_wait_order(params.wait, o);
+  if constexpr (!std::is_same<Wait, NoWait>::value) {
+    return launch_released<Out>(params, variant, grid, device, stream);
+  } else {
+    if (split > 1)
+      return launch_split<Out>(params, split, grid, device, stream);
+    if (dynamic) {
+      st = tw_cuda_check(cudaGetSymbolAddress((void **)&params.queue, g_plain_queue),
+                         "tw_gemm: cudaGetSymbolAddress(queue)");
+      if (st != TW_SUCCESS)
+        return st;
+    }
+    return launch_out<Out>(params, variant, dynamic, grid, device, stream);
   }
-  return launch_out<Out>(params, variant, dynamic, grid, device, stream);
 }
 
 } // namespace
@@ -336,6 +365,22 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   if (split > 1 && dynamic)
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: split_k runs on a static schedule");
   cudaStream_t s = (cudaStream_t)stream;
+  if (opts && opts->released) {
+    // the unfused pipeline's GEMM: unsplit, static, one CTA per tile
+    if (dynamic || split > 1 || (variant != TW_GEMM_V_S3_E32 && variant != TW_GEMM_V_N128_S6))
+      return tw_fail(TW_ERR_INTERNAL,
+                     "tw_gemm: the released wait serves unsplit 1-CTA static variants (variant "
+                     "%d, split %d, dynamic %d)",
+                     variant, split, (int)dynamic);
+    ReleasedWait::Params w;
+    memset(&w, 0, sizeof(w));
+    w.dc = *opts->released;
+    w.ch = opts->released_ch;
+    if (a.c_dtype == TW_BF16)
+      return run<__nv_bfloat16, ReleasedWait>(a, plan, variant, dynamic, group_m, sms, 1, device, s,
+                                              w);
+    return run<float, ReleasedWait>(a, plan, variant, dynamic, group_m, sms, 1, device, s, w);
+  }
   if (a.c_dtype == TW_BF16)
     return run<__nv_bfloat16>(a, plan, variant, dynamic, group_m, sms, split, device, s);
   return run<float>(a, plan, variant, dynamic, group_m, sms, split, device, s);

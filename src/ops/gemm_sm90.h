@@ -8,10 +8,17 @@
 extern "C" {
 #endif
 
+struct tw_dev_comm;
+
 typedef struct tw_gemm_sm90_opts {
   int variant;       /* tw_gemm_variant_t, or -1: the heuristic's choice */
   int dynamic_queue; /* 1: claim tiles from the global atomic queue instead of a static stride */
   int group_m;       /* row blocks per L2 group; 0: the heuristic's choice */
+  /* tw_gemm_rs / tw_gemm_ar's unfused pipeline (NULL otherwise): each CTA first waits until
+   * every peer of this comm released the rank's workspace (gemm_released.cuh); unsplit, static
+   * schedule, 1-CTA variants only. released_ch: the call's channel (tw_channel_t). */
+  const struct tw_dev_comm *released;
+  int released_ch;
 } tw_gemm_sm90_opts_t;
 
 /* tw_gemm with explicit variant choices (opts may be NULL: same as tw_gemm). The queue of

@@ -847,17 +847,30 @@ int main(int argc, char **argv) {
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
     run_env_cases(&cases[i], small, seed);
-  /* the unfused pipeline into symmetric outputs (tw_gemm_ar pushes into every rank's out) */
+  /* the unfused pipeline into symmetric outputs (tw_gemm_ar pushes into every rank's out), and
+   * with the peers' release waited for by a kernel of its own (the first version) instead of in
+   * the GEMM's CTAs; same bits */
   setenv("TW_RS_UNFUSED_SMALL", "1", 1);
-  static const env_cases_t unfused_sym = {"TW_TEST_OUT_SYMMETRIC",
-                                          "1",
-                                          NULL,
-                                          TW_PARTIALS_FP32,
-                                          {{100, 264, 200, 0}, {32, 8192, 1024, 0}, {1, 8, 8, 0}},
-                                          290,
-                                          3,
-                                          1};
-  run_env_cases(&unfused_sym, small, seed);
+  static const env_cases_t unfused_cases[] = {
+      {"TW_TEST_OUT_SYMMETRIC",
+       "1",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{100, 264, 200, 0}, {32, 8192, 1024, 0}, {1, 8, 8, 0}},
+       290,
+       3,
+       1},
+      {"TW_RS_UNFUSED_WAIT_KERNEL",
+       "1",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{100, 264, 200, 0}, {32, 8192, 1024, 0}, {1, 8, 8, 0}},
+       295,
+       3,
+       1},
+  };
+  for (size_t i = 0; i < sizeof(unfused_cases) / sizeof(unfused_cases[0]); i++)
+    run_env_cases(&unfused_cases[i], small, seed);
   /* 1000 back-to-back calls of the unfused pipeline with fresh inputs (rs and ar alternating),
    * on 2 ranks: the distinct GPUs under TW_TEST_DEVICES=distinct */
   test_back_to_back(2, small ? 20 : 1000, seed + 7500);
