@@ -61,9 +61,10 @@
 #             kernel, the push protocol (TW_RS_UNFUSED_PUSH): tests, gemm rows, A/B, graphs
 #     s21     (twentieth session) main after ReleasedWait's merge: the unfused pipeline's tests on
 #             both placements, test_mp, memcheck of test_gemm_rs --small, the wait A/B from graphs
-#     s22     (branch exp/swap-ab, not run) swap-AB decode tiles (TW_GEMM_SWAP): test_gemm,
+#     s22     (branch exp/next21, not run) swap-AB decode tiles (TW_GEMM_SWAP): test_gemm,
 #             test_ag_gemm and test_gemm_rs (the bits across the ops), the gemm rows from
-#             graphs and eager, the ops in A/B, bench_dist graphs, ncu of the decode GEMM
+#             graphs and eager, the ops in A/B, bench_dist graphs, ncu of the decode GEMM;
+#             the decode pipeline's reduce kernel by programmatic dependent launch in A/B
 #     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
@@ -754,6 +755,17 @@ exp_s22() { # prepared in the twentieth session (exp/swap-ab, not run): tw_gemm 
       TW_GEMM_SWAP=$v dist_graph "s22-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
     done
+  done
+  # exp/next21: the reduce kernel by programmatic dependent launch (TW_RS_UNFUSED_PDL)
+  for m in 16 64; do
+    for op in gemm_rs gemm_ar; do
+      run "s22-$op-pdl-m$m" 90 env TW_BENCH_AB=TW_RS_UNFUSED_PDL=0,1 "$bin/tw-bench" $op \
+        --world 2 --m $m --n 8192 --k 1024 --repeats 30 --warmup 5
+    done
+  done
+  for v in 0 1 1 0; do
+    TW_RS_UNFUSED_PDL=$v dist_graph "s22-dist-graph-pdl$v" m16 60 "--repeats 50 --graph 20" \
+      "--m 16 --n 8192 --k 1024" ""
   done
 }
 unfused_tests() { # $1: the group: the unfused decode pipeline's tests (test_plans, test_gemm_rs,

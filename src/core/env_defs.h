@@ -122,6 +122,11 @@ TW_ENV(TW_RS_UNFUSED_WAIT_KERNEL, bool, "0",
        "tw_gemm_rs / tw_gemm_ar's unfused pipeline: 1 waits for the peers' release of the "
        "workspace in a kernel of its own before the GEMM (one launch more, the first version), 0 "
        "in the GEMM's CTAs before their first tile. Same bits (measurement knob).")
+TW_ENV(TW_RS_UNFUSED_PDL, bool, "1",
+       "tw_gemm_rs / tw_gemm_ar's unfused pipeline on GPUs of their own: 1 launches the reduce "
+       "kernel with programmatic dependent launch (its CTAs start on idle SMs during the GEMM and "
+       "wait for its completion in griddepcontrol.wait), 0 after the GEMM as usual. Same bits "
+       "(measurement knob; not yet run on a GPU).")
 TW_ENV(TW_RS_PULL, int, "-1",
        "tw_gemm_rs / tw_gemm_ar: 1 has each rank store its whole partial locally and the owners "
        "read their rows of it from every rank when reducing (the pull), 0 has the epilogue push "

@@ -1062,6 +1062,10 @@ template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic, int kC
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ GemmParams<Epi, Wait> p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // A dependent launched with programmatic serialization (the decode GEMM+RS pipeline's reduce
+  // kernel) may take idle SMs now; it waits for this grid's completion before it reads C.
+  if (threadIdx.x == 0)
+    ptx::griddep_launch_dependents();
   gemm_cta_loop<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, false, kSplit>(
       p, smem_raw, blockIdx.x / (kCluster * kSplit), gridDim.x / (kCluster * kSplit));
 }

@@ -258,6 +258,18 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(const void *smem) {
   return desc;
 }
 
+// Programmatic dependent launch: a kernel launched after this one with
+// cudaLaunchAttributeProgrammaticStreamSerialization may be scheduled once every CTA of this
+// grid has issued launch_dependents (or ended); griddep_wait makes the executing thread wait
+// until the grids it depends on have completed and their memory is visible (at once where it
+// was launched without the attribute).
+__device__ __forceinline__ void griddep_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void griddep_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
