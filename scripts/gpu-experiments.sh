@@ -750,7 +750,7 @@ exp_s22() { # prepared in the twentieth session (exp/swap-ab, not run): tw_gemm 
     run "s22-ag-ab-m$m" 90 env TW_BENCH_AB=TW_GEMM_SWAP=0,-1 "$bin/tw-bench" ag_gemm --world 2 \
       --m $m --n 1024 --k 8192 --repeats 30 --warmup 5
   done
-  for v in 0 -1 -1 0; do
+  for v in 0 -1; do
     for m in 16 64; do
       TW_GEMM_SWAP=$v dist_graph "s22-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
@@ -763,7 +763,7 @@ exp_s22() { # prepared in the twentieth session (exp/swap-ab, not run): tw_gemm 
         --world 2 --m $m --n 8192 --k 1024 --repeats 30 --warmup 5
     done
   done
-  for v in 0 1 1 0; do
+  for v in 0 1; do
     TW_RS_UNFUSED_PDL=$v dist_graph "s22-dist-graph-pdl$v" m16 60 "--repeats 50 --graph 20" \
       "--m 16 --n 8192 --k 1024" ""
   done
