@@ -737,6 +737,13 @@ exp_s22() { # prepared in the twentieth session (exp/swap-ab, not run): tw_gemm 
   done
   run "s22-gemm-eager-m16" 60 env TW_BENCH_GEMM_SPLITK=1 "$bin/tw-bench" gemm --m 16 --n 8192 \
     --k 1024 --repeats 50 --warmup 5
+  # the fp32 epilogue's shared stores, odd rows rotated (exp/next21): bank conflicts under ncu
+  # (4.2-way before, docs/PERF.md) and the fp32-out rows' time (PERF's earlier suites)
+  run "s22-ncu-fp32out" 120 env TW_BENCH_WARM_MS=0 TW_BENCH_GEMM_FP32=1 ncu --clock-control none \
+    --kernel-name-base demangled -k "regex:gemm_sm90_kernel.*EpiTmaStore<float>" \
+    --section MemoryWorkloadAnalysis_Tables --section SpeedOfLight -c 2 \
+    "$bin/tw-bench" gemm --m 4096 --n 4096 --k 4096 --repeats 2 --warmup 1 --no-check
+  run "s22-gemm-fp32out" 60 env TW_BENCH_GEMM_FP32=1 "$bin/tw-bench" gemm --quick
   run "s22-ncu-m16" 90 env TW_BENCH_WARM_MS=0 ncu --clock-control none \
     -k "regex:gemm|nvjet" --section SpeedOfLight --section LaunchStats -c 8 "$bin/tw-bench" \
     gemm --m 16 --n 8192 --k 1024 --repeats 3 --warmup 1 --no-check
