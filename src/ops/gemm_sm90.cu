@@ -225,6 +225,16 @@ tw_status_t check_aligned(const void *ptr, const char *name) {
   return TW_SUCCESS;
 }
 
+// The unfused pipeline's wait hook (opts.released): the comm and the call's channel; the order
+// comes with the schedule.
+inline ReleasedWait::Params released_params(const tw_gemm_sm90_opts_t &opts) {
+  ReleasedWait::Params w;
+  memset(&w, 0, sizeof(w));
+  w.dc = *opts.released;
+  w.ch = opts.released_ch;
+  return w;
+}
+
 inline void set_wait_order(NoWait::Params &, const TileOrder &) {}
 inline void set_wait_order(ReleasedWait::Params &w, const TileOrder &o) { w.order = o; }
 
@@ -464,10 +474,7 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
       if (split > 1)
         return tw_fail(TW_ERR_INTERNAL,
                        "tw_gemm: the released wait serves unsplit GEMMs (split %d)", split);
-      ReleasedWait::Params w;
-      memset(&w, 0, sizeof(w));
-      w.dc = *opts->released;
-      w.ch = opts->released_ch;
+      const ReleasedWait::Params w = released_params(*opts);
       if (a.c_dtype == TW_BF16)
         return run_swap<__nv_bfloat16, ReleasedWait>(a, swap_mt, sms, 1, device, s, w);
       return run_swap<float, ReleasedWait>(a, swap_mt, sms, 1, device, s, w);
@@ -483,10 +490,7 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
                      "tw_gemm: the released wait serves unsplit 1-CTA static variants (variant "
                      "%d, split %d, dynamic %d)",
                      variant, split, (int)dynamic);
-    ReleasedWait::Params w;
-    memset(&w, 0, sizeof(w));
-    w.dc = *opts->released;
-    w.ch = opts->released_ch;
+    const ReleasedWait::Params w = released_params(*opts);
     if (a.c_dtype == TW_BF16)
       return run<__nv_bfloat16, ReleasedWait>(a, plan, variant, dynamic, group_m, sms, 1, device, s,
                                               w);
