@@ -960,18 +960,11 @@ __global__ void __launch_bounds__(kUnfusedThreads)
       store_bf16<V>(p.dst[q] + dst_off, v[0]);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    s_last = 0;
-    tw_fence_acq_rel_sys(); /* this CTA's loads and stores, before its count */
-    const unsigned arrived = atomicAdd(&dc.ctrl->exit_count[ch], 1u);
-    if (arrived == gridDim.x - 1) {
-      s_last = 1;
-      dc.ctrl->exit_count[ch] = 0; /* before the signal: the copy's CTAs count again after it */
-      tw_fence_acq_rel_sys();
-      for (int q = 0; q < world; q++)
-        tw_st_release_sys(&dc.peer_ctrl[q]->done[ch][rank], epoch);
-    }
-  }
+  /* this CTA's loads and stores before its count; the last CTA releases the peers' partials
+   * and has put its rows in their memory (done[ch][rank] = e everywhere); the count is reset
+   * before that, so the copy's CTAs count again after it */
+  if (threadIdx.x == 0)
+    s_last = tw_op_exit(dc, ch, epoch, true);
   __syncthreads();
   if (!p.copy) {
     /* rs, or ar into symmetric outputs: the last CTA waits until no rank reads this rank's
@@ -982,10 +975,8 @@ __global__ void __launch_bounds__(kUnfusedThreads)
         if (q != rank)
           ok = tw_wait_geq(dc, ch, &dc.ctrl->done[ch][q], epoch, q, -1);
       tw_trace_stamp(dc, TW_TR_END);
-      if (ok) {
-        *(volatile uint64_t *)&dc.ctrl->epoch[ch] = epoch;
-        __threadfence();
-      }
+      if (ok)
+        tw_op_end(dc, ch, epoch);
     }
     return;
   }
