@@ -61,6 +61,10 @@
 #             kernel, the push protocol (TW_RS_UNFUSED_PUSH): tests, gemm rows, A/B, graphs
 #     s21     (twentieth session) main after ReleasedWait's merge: the unfused pipeline's tests on
 #             both placements, test_mp, memcheck of test_gemm_rs --small, the wait A/B from graphs
+#     s22     (branch exp/next21, not run) swap-AB decode tiles (TW_GEMM_SWAP): test_gemm,
+#             test_ag_gemm and test_gemm_rs (the bits across the ops), the gemm rows from
+#             graphs and eager, the ops in A/B, bench_dist graphs, ncu of the decode GEMM;
+#             the decode pipeline's reduce kernel by programmatic dependent launch in A/B
 #     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
@@ -717,6 +721,58 @@ exp_s18() { # eighteenth session, exp/next18 after its suite (tests there passed
       run "s18-ownce$ce-${shape// /}" 60 $py TW_AG_OWN_COPY_CE=$ce python3 -m \
         tilewire.bench_dist --nproc 2 --op ag_gemm $shape --repeats 30
     done
+  done
+}
+exp_s22() { # prepared in the twentieth session (exp/swap-ab, not run): tw_gemm at m <= 64 on
+  # swapped tiles (C^T = B A^T, wgmma n16 / n64) against the 128-row tiles: bits first, then
+  # time (cuBLAS's decode kernels are swapped: ncu, PERF's twentieth session)
+  local shape m op v
+  run "s22-test_gemm" 150 "$bin/test_gemm"
+  run "s22-test_ag_gemm" 150 "$bin/test_ag_gemm"
+  run "s22-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  for shape in "--m 16 --n 8192 --k 1024" "--m 64 --n 8192 --k 1024" "--m 64 --n 1024 --k 8192" \
+    "--m 16 --n 1024 --k 8192" "--m 32 --n 28672 --k 4096" "--m 64 --n 8192 --k 3584"; do
+    run "s22-gemm-graph-${shape// /}" 60 env TW_BENCH_GRAPH=1 TW_BENCH_GEMM_SPLITK=1 \
+      "$bin/tw-bench" gemm $shape --repeats 50 --warmup 5
+  done
+  run "s22-gemm-eager-m16" 60 env TW_BENCH_GEMM_SPLITK=1 "$bin/tw-bench" gemm --m 16 --n 8192 \
+    --k 1024 --repeats 50 --warmup 5
+  # the fp32 epilogue's shared stores, odd rows rotated (exp/next21): bank conflicts under ncu
+  # (4.2-way before, docs/PERF.md) and the fp32-out rows' time (PERF's earlier suites)
+  run "s22-ncu-fp32out" 120 env TW_BENCH_WARM_MS=0 TW_BENCH_GEMM_FP32=1 ncu --clock-control none \
+    --kernel-name-base demangled -k "regex:gemm_sm90_kernel.*EpiTmaStore<float>" \
+    --section MemoryWorkloadAnalysis_Tables --section SpeedOfLight -c 2 \
+    "$bin/tw-bench" gemm --m 4096 --n 4096 --k 4096 --repeats 2 --warmup 1 --no-check
+  run "s22-gemm-fp32out" 60 env TW_BENCH_GEMM_FP32=1 "$bin/tw-bench" gemm --quick
+  run "s22-ncu-m16" 90 env TW_BENCH_WARM_MS=0 ncu --clock-control none \
+    -k "regex:gemm|nvjet" --section SpeedOfLight --section LaunchStats -c 8 "$bin/tw-bench" \
+    gemm --m 16 --n 8192 --k 1024 --repeats 3 --warmup 1 --no-check
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s22-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  for m in 16 64; do
+    for op in gemm_rs gemm_ar; do
+      run "s22-$op-ab-m$m" 90 env TW_BENCH_AB=TW_GEMM_SWAP=0,-1 "$bin/tw-bench" $op --world 2 \
+        --m $m --n 8192 --k 1024 --repeats 30 --warmup 5
+    done
+    run "s22-ag-ab-m$m" 90 env TW_BENCH_AB=TW_GEMM_SWAP=0,-1 "$bin/tw-bench" ag_gemm --world 2 \
+      --m $m --n 1024 --k 8192 --repeats 30 --warmup 5
+  done
+  for v in 0 -1; do
+    for m in 16 64; do
+      TW_GEMM_SWAP=$v dist_graph "s22-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
+        "--m $m --n 8192 --k 1024" ""
+    done
+  done
+  # exp/next21: the reduce kernel by programmatic dependent launch (TW_RS_UNFUSED_PDL)
+  for m in 16 64; do
+    for op in gemm_rs gemm_ar; do
+      run "s22-$op-pdl-m$m" 90 env TW_BENCH_AB=TW_RS_UNFUSED_PDL=0,1 "$bin/tw-bench" $op \
+        --world 2 --m $m --n 8192 --k 1024 --repeats 30 --warmup 5
+    done
+  done
+  for v in 0 1; do
+    TW_RS_UNFUSED_PDL=$v dist_graph "s22-dist-graph-pdl$v" m16 60 "--repeats 50 --graph 20" \
+      "--m 16 --n 8192 --k 1024" ""
   done
 }
 unfused_tests() { # $1: the group: the unfused decode pipeline's tests (test_plans, test_gemm_rs,

@@ -50,6 +50,8 @@ GEMM_SHAPES = [
     (1000, 1032, 520),
     (8, 8, 4096),
     (4096, 4096, 4096),
+    (16, 8192, 1024),  # decode: swap-AB tiles of 16 rows (TW_GEMM_SWAP)
+    (33, 1000, 520),  # 64-row swap tiles, m and n tails
 ]
 
 

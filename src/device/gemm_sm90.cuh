@@ -306,6 +306,15 @@ template <class OutT> struct EpiTmaReduceAdd : EpiTmaStore<OutT> {
   }
 };
 
+// Swap-AB (decode shapes, tw_gemm with m <= 64): the loop computes C^T = B * A^T, its "A"
+// operand the product's B (128 of its N rows a tile) and its "B" operand the product's few A
+// rows (BN = 16 or 64), so no wgmma row is wasted on rows past M. The epilogue stores each
+// consumer warpgroup's 64 x BN accumulators transposed: boxes of BN rows x 128 bytes of C,
+// c_map box {128 / sizeof(Out), BN}, issued at (C column, C row) (detail::epilogue_t).
+template <class OutT> struct EpiTmaStoreT : EpiTmaStore<OutT> {
+  static constexpr bool kTransposed = true;
+};
+
 // ---- shared memory layout --------------------------------------------------------------------
 
 constexpr int kSigDepth = 4; // tiles whose signal may wait for the signal warp
@@ -339,6 +348,12 @@ template <class E, class = void> struct DiagSignalAfterReadOf {
 };
 template <class E> struct DiagSignalAfterReadOf<E, decltype(void(E::kDiagSignalAfterRead))> {
   static constexpr bool value = E::kDiagSignalAfterRead;
+};
+
+// Epi::kTransposed (optional, false if absent): EpiTmaStoreT's transposed store.
+template <class E, class = void> struct TransposedOf { static constexpr bool value = false; };
+template <class E> struct TransposedOf<E, decltype(void(E::kTransposed))> {
+  static constexpr bool value = E::kTransposed;
 };
 
 // Wait::kWriteThrough (optional, false if absent): the write-through warp of hook (a'').
@@ -409,13 +424,26 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], 
         asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + off + (r + 8) * 128),
                      "r"(*reinterpret_cast<uint32_t *>(&hi)));
       } else {
-        const int box = jj >> 2;
-        const int byte = ((jj & 3) << 5) | ((lane & 3) << 3);
+        // A half-warp's 8-byte stores cover rows r..r+3, 32 bytes each: with the same group jj
+        // on every row, rows r and r ^ 1 land on the same two 16-byte chunks after the swizzle
+        // (ncu: 4.2-way conflicts, 51% of the epilogue's store wavefronts). Odd rows store
+        // group jj ^ 2 at the same step (the swizzle then puts the 4 rows on 4 chunk pairs);
+        // every value still goes to its own address, so C is unchanged.
+        static_assert(kJPerPass % 4 == 0, "fp32 passes hold whole boxes of 4 groups");
+        const bool odd = r & 1;
+        const int jw = odd ? (jj ^ 2) : jj;         // the group this thread stores now
+        const int jo = pass * kJPerPass + (jj ^ 2); // its accumulators, for odd rows
+        const float v0 = odd ? acc[4 * jo + 0] : acc[4 * j + 0];
+        const float v1 = odd ? acc[4 * jo + 1] : acc[4 * j + 1];
+        const float v2 = odd ? acc[4 * jo + 2] : acc[4 * j + 2];
+        const float v3 = odd ? acc[4 * jo + 3] : acc[4 * j + 3];
+        const int box = jw >> 2;
+        const int byte = ((jw & 3) << 5) | ((lane & 3) << 3);
         const uint32_t off = box * kBoxBytes + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15));
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + off + r * 128),
-                     "f"(acc[4 * j + 0]), "f"(acc[4 * j + 1]));
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + off + (r + 8) * 128),
-                     "f"(acc[4 * j + 2]), "f"(acc[4 * j + 3]));
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + off + r * 128), "f"(v0),
+                     "f"(v1));
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + off + (r + 8) * 128), "f"(v2),
+                     "f"(v3));
       }
     }
     ptx::fence_async_shared();
@@ -430,9 +458,71 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], 
   }
 }
 
-// Bulk groups one tile's epilogue commits per consumer warpgroup.
+// Swap-AB's epilogue (Epi::kTransposed): consumer warpgroup `wg` holds C^T's 64 x BN block at
+// C columns mb * 128 + wg * 64 + [0, 64) and C rows nb * BN + [0, BN); it writes it as 64 /
+// (128 / sizeof(Out)) boxes of BN C rows x 128 bytes in the 128B-swizzled layout and issues
+// them. In the wgmma layout (as in epilogue()) accumulator 4 j + q of a thread holds C column
+// r + 8 (q >> 1) (r = 16 warp + lane / 4) and C row 8 j + 2 (lane & 3) + (q & 1), so each
+// thread stores scalars; the block is small (at most 64 x 64).
+template <int EpiBytes, int BN, class Epi, class Params>
+__device__ __forceinline__ void epilogue_t(const Params &p, float (&acc)[BN / 2], uint8_t *cbuf,
+                                           int wg, int wg_thread, int32_t mb, int32_t nb) {
+  using Out = typename Epi::Out;
+  constexpr int kBoxCols = 128 / (int)sizeof(Out); // C columns per box
+  constexpr int kBoxes = kBoxRows / kBoxCols;      // per warpgroup: 1 (bf16) or 2 (fp32)
+  constexpr int kBoxBytesT = BN * 128;
+  static_assert(kBoxes * kBoxBytesT <= EpiBytes, "the transposed boxes fit the buffer");
+  static_assert(kBoxBytesT % 1024 == 0, "every box starts on a swizzle atom");
+  const int warp = wg_thread >> 5, lane = wg_thread & 31;
+  const int r = warp * 16 + (lane >> 2); // C columns r and r + 8 of the warpgroup's 64
+  const uint32_t base = ptx::smem_u32(cbuf);
+  if (wg_thread == 0)
+    ptx::bulk_wait_read<0>(); // the previous tile's boxes left shared memory
+  ptx::named_bar_sync(kBarConsumerWg0 + wg, 128);
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++) {
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      const int col = r + (q >> 1) * 8;                 // C column in the warpgroup's 64
+      const int row = 8 * j + 2 * (lane & 3) + (q & 1); // C row in the tile's BN
+      const int box = col / kBoxCols, byte = (col % kBoxCols) * (int)sizeof(Out);
+      const uint32_t off =
+          box * kBoxBytesT + row * 128 + ((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15));
+      if constexpr (sizeof(Out) == 2) {
+        const __nv_bfloat16 v = __float2bfloat16_rn(acc[4 * j + q]);
+        asm volatile("st.shared.b16 [%0], %1;" ::"r"(base + off),
+                     "h"(*reinterpret_cast<const uint16_t *>(&v)));
+      } else {
+        asm volatile("st.shared.f32 [%0], %1;" ::"r"(base + off), "f"(acc[4 * j + q]));
+      }
+    }
+  }
+  ptx::fence_async_shared();
+  ptx::named_bar_sync(kBarConsumerWg0 + wg, 128);
+  if (wg_thread == 0) {
+#pragma unroll
+    for (int b = 0; b < kBoxes; b++)
+      Epi::issue_box(p.epi, cbuf + b * kBoxBytesT, mb * kBlockM + wg * kBoxRows + b * kBoxCols,
+                     nb * BN);
+    ptx::bulk_commit();
+  }
+}
+
+// The tile's epilogue: transposed for swap-AB (EpiTmaStoreT), else as the core's.
+template <int EpiBytes, int BN, class Epi, class Params>
+__device__ __forceinline__ void epilogue_any(const Params &p, float (&acc)[BN / 2], uint8_t *cbuf,
+                                             int wg, int wg_thread, int32_t mb, int32_t nb) {
+  if constexpr (TransposedOf<Epi>::value)
+    epilogue_t<EpiBytes, BN, Epi>(p, acc, cbuf, wg, wg_thread, mb, nb);
+  else
+    epilogue<EpiBytes, BN, Epi>(p, acc, cbuf, wg, wg_thread, mb, nb);
+}
+
+// Bulk groups one tile's epilogue commits per consumer warpgroup (one for the transposed
+// epilogue, whose BN may be narrower than a box: no pass count applies there).
 template <int EpiBytes, int BN, class Out> constexpr int epi_passes() {
-  return BN / (epi_boxes_per_pass<EpiBytes, BN, Out>() * (128 / (int)sizeof(Out)));
+  constexpr int cols = epi_boxes_per_pass<EpiBytes, BN, Out>() * (128 / (int)sizeof(Out));
+  return cols > 0 ? BN / cols : 1;
 }
 
 // The consumers' end of the signal ring (SignalWarpOf<Epi>): entry i, its phase.
@@ -650,6 +740,11 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
                 "split-K serves the plain GEMM on a static schedule");
   static_assert(!kSplitK || EpiBytes >= 128 * (BN / 2) * 4,
                 "a consumer warpgroup's accumulators fit its epilogue buffer");
+  // Swap-AB's transposed store serves the plain GEMM (tw_gemm, and the unfused pipeline's
+  // released wait); split_scatter writes C untransposed, so the host never sets it there.
+  constexpr bool kTransposedEpi = TransposedOf<Epi>::value;
+  static_assert(!kTransposedEpi || (!Epi::kSignal && !OwnerEpiOf<Epi>::value && !kPair),
+                "the transposed epilogue serves the plain GEMM");
   // With a CTA pair, `p.order` counts pairs of row blocks; this CTA takes row block
   // 2 * pair + rank and loads half of the shared B box, multicast to both CTAs.
   const uint32_t rank = kPair ? ptx::cluster_ctarank() : 0;
@@ -909,11 +1004,13 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         // nothing to sum or store; every slice skips it alike (the same tile, the same rows).
         if (p.rows > 0 && (int64_t)mb * kBlockM + cwg * (kBlockM / 2) >= p.rows)
           continue;
-        if (p.split_scatter) {
-          detail::split_scatter<kSplit, BN, typename Epi::Out>(p, acc, cbuf, scatter_bar[cwg],
-                                                               slice, split_it++, wg_thread, cwg,
-                                                               mb, nb, timeout_ns);
-          continue; // the tile's columns are stored, by every slice its band
+        if constexpr (!kTransposedEpi) {
+          if (p.split_scatter) {
+            detail::split_scatter<kSplit, BN, typename Epi::Out>(p, acc, cbuf, scatter_bar[cwg],
+                                                                 slice, split_it++, wg_thread, cwg,
+                                                                 mb, nb, timeout_ns);
+            continue; // the tile's columns are stored, by every slice its band
+          }
         }
         if (!detail::split_combine<kSplit, BN>(p, acc, cbuf, split_bar[cwg], slice, split_it++,
                                                wg_thread, timeout_ns))
@@ -941,7 +1038,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
           continue;
         }
       }
-      detail::epilogue<EpiBytes, BN, Epi>(p, acc, cbuf, cwg, wg_thread, mb, nb);
+      detail::epilogue_any<EpiBytes, BN, Epi>(p, acc, cbuf, cwg, wg_thread, mb, nb);
       if constexpr (Epi::kSignal) { // the previous tile's signal, this tile's in flight
         if (sig_mb >= 0)
           detail::signal_after_stores<kPasses, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);
@@ -978,6 +1075,10 @@ template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic, int kC
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ GemmParams<Epi, Wait> p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // A dependent launched with programmatic serialization (the decode GEMM+RS pipeline's reduce
+  // kernel) may take idle SMs now; it waits for this grid's completion before it reads C.
+  if (threadIdx.x == 0)
+    ptx::griddep_launch_dependents();
   gemm_cta_loop<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, false, kSplit>(
       p, smem_raw, blockIdx.x / (kCluster * kSplit), gridDim.x / (kCluster * kSplit));
 }

@@ -258,6 +258,18 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(const void *smem) {
   return desc;
 }
 
+// Programmatic dependent launch: a kernel launched after this one with
+// cudaLaunchAttributeProgrammaticStreamSerialization may be scheduled once every CTA of this
+// grid has issued launch_dependents (or ended); griddep_wait makes the executing thread wait
+// until the grids it depends on have completed and their memory is visible (at once where it
+// was launched without the attribute).
+__device__ __forceinline__ void griddep_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void griddep_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
@@ -334,15 +346,52 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t d
                : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-// wgmma m64nNk16 for the tile widths the GEMM core compiles (N = 128 or 256).
+// D[64x16] (+)= A[64x16] * B[16x16]^T (swap-AB decode tiles: B is the product's few rows); as
+// wgmma_m64n256k16_bf16 with 8 accumulators.
+__device__ __forceinline__ void wgmma_m64n16k16_bf16(float (&d)[8], uint64_t desc_a,
+                                                     uint64_t desc_b, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7"
+               "}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                 "+f"(d[7])
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// D[64x64] (+)= A[64x16] * B[64x16]^T (swap-AB decode tiles: B is the product's few rows); as
+// wgmma_m64n256k16_bf16 with 32 accumulators.
+__device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t desc_a,
+                                                     uint64_t desc_b, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+               "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+               "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                 "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+                 "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+                 "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+                 "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+                 "+f"(d[31])
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// wgmma m64nNk16 for the tile widths the GEMM core compiles (N = 16 or 64: the swap-AB tiles
+// of decode shapes; 128 or 256).
 template <int N>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                            int scale_d) {
-  static_assert(N == 128 || N == 256, "m64n128k16 or m64n256k16");
+  static_assert(N == 16 || N == 64 || N == 128 || N == 256,
+                "m64n16k16, m64n64k16, m64n128k16 or m64n256k16");
   if constexpr (N == 256)
     wgmma_m64n256k16_bf16(d, desc_a, desc_b, scale_d);
-  else
+  else if constexpr (N == 128)
     wgmma_m64n128k16_bf16(d, desc_a, desc_b, scale_d);
+  else if constexpr (N == 64)
+    wgmma_m64n64k16_bf16(d, desc_a, desc_b, scale_d);
+  else
+    wgmma_m64n16k16_bf16(d, desc_a, desc_b, scale_d);
 }
 
 } // namespace ptx

@@ -236,28 +236,42 @@ static __device__ __forceinline__ uint64_t tw_op_begin(const tw_dev_comm_t &dc, 
   return *(volatile uint64_t *)&dc.ctrl->epoch[ch] + 1;
 }
 
-/* One thread per CTA, after the CTA's last signal: the last CTA of the grid
- * stores the epoch, so the next call on the stream sees epoch + 1. With `release`, that CTA
- * first tells every reachable rank that this rank no longer reads its buffers in call `epoch`
- * (done[ch][rank] = epoch; tw_wait_released waits for it). */
-static __device__ __forceinline__ void tw_op_finish(const tw_dev_comm_t &dc, int ch, uint64_t epoch,
-                                                    bool release = false) {
+/* One thread per CTA, after the CTA's last signal: counts the CTA out of call `epoch` on ch and
+ * returns true in the grid's last CTA (the count is reset for the next kernel). With `release`,
+ * that CTA first tells every reachable rank that this rank no longer reads its buffers in the
+ * call (done[ch][rank] = epoch; tw_wait_released waits for it). */
+static __device__ __forceinline__ bool tw_op_exit(const tw_dev_comm_t &dc, int ch, uint64_t epoch,
+                                                  bool release) {
   if (release)
     tw_fence_acq_rel_sys();
   else
     __threadfence();
   unsigned done = atomicAdd(&dc.ctrl->exit_count[ch], 1u);
-  if (done == gridDim.x * gridDim.y * gridDim.z - 1) {
-    dc.ctrl->exit_count[ch] = 0;
-    if (release) {
-      tw_fence_acq_rel_sys();
-      for (int q = 0; q < dc.world; q++)
-        if (dc.peer_ctrl[q])
-          tw_st_release_sys(&dc.peer_ctrl[q]->done[ch][dc.rank], epoch);
-    }
-    *(volatile uint64_t *)&dc.ctrl->epoch[ch] = epoch;
-    __threadfence();
+  if (done != gridDim.x * gridDim.y * gridDim.z - 1)
+    return false;
+  dc.ctrl->exit_count[ch] = 0;
+  if (release) {
+    tw_fence_acq_rel_sys();
+    for (int q = 0; q < dc.world; q++)
+      if (dc.peer_ctrl[q])
+        tw_st_release_sys(&dc.peer_ctrl[q]->done[ch][dc.rank], epoch);
   }
+  return true;
+}
+
+/* One thread: call `epoch` on ch is over for this rank; the next call on the stream sees
+ * epoch + 1. */
+static __device__ __forceinline__ void tw_op_end(const tw_dev_comm_t &dc, int ch, uint64_t epoch) {
+  *(volatile uint64_t *)&dc.ctrl->epoch[ch] = epoch;
+  __threadfence();
+}
+
+/* One thread per CTA, after the CTA's last signal: the last CTA of the grid (tw_op_exit, with
+ * `release` as there) ends the call (tw_op_end). */
+static __device__ __forceinline__ void tw_op_finish(const tw_dev_comm_t &dc, int ch, uint64_t epoch,
+                                                    bool release = false) {
+  if (tw_op_exit(dc, ch, epoch, release))
+    tw_op_end(dc, ch, epoch);
 }
 
 /* One thread: waits until every peer has released this rank's buffers after its previous

@@ -40,6 +40,16 @@ int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k) {
   return s;
 }
 
+int tw_gemm_swap_bn(int env, int64_t m) {
+  /* A decode product (m <= 64) on 128-row tiles wastes at least half of every wgmma and of
+   * every A box on rows past m; swapped, its few rows are the wgmma's N (16 or 64) and B's rows
+   * fill the 128. cuBLAS's nvjet kernels at these shapes are swapped too (ncu, twentieth
+   * session: M=16 N=8192 K=1024 runs nvjet_sm90_tst_64x16_..._TNT, 7.6 us against our 11.1). */
+  if (env == 0 || m > 64)
+    return 0;
+  return m <= 16 ? 16 : 64;
+}
+
 void tw_gemm_plan_make(int64_t m, int64_t n, int64_t k, int sms, tw_gemm_plan_t *plan) {
   const int64_t m_blocks = (m + 127) / 128;
   const int64_t tiles256 = m_blocks * ((n + 255) / 256);

@@ -36,6 +36,10 @@ int tw_gemm_prefers_n128(int64_t m, int64_t n, int sms);
  * budget) gets the same slices and so the same bits. */
 int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k);
 
+/* Swap-AB's tile width for an m-row product under TW_GEMM_SWAP = env (-1: the rule, 1: on, 0:
+ * never): 16 for m <= 16, 64 for m <= 64, 0 (no swap) above. */
+int tw_gemm_swap_bn(int env, int64_t m);
+
 /* Plans C[m,n] = A[m,k] * B[n,k]^T on `sms` SMs. */
 void tw_gemm_plan_make(int64_t m, int64_t n, int64_t k, int sms, tw_gemm_plan_t *plan);
 

@@ -59,14 +59,15 @@ inline tw_status_t operand_maps(CUtensorMap *a_map, CUtensorMap *b_map, const vo
                        (uint64_t)ldb, kBlockK, (uint32_t)b_box_rows, what);
 }
 
-/* EpiTmaStore<Out>'s c_map: Out [rows, cols] (ldc) in {128 / sizeof(Out), kBoxRows} boxes. */
+/* EpiTmaStore<Out>'s c_map: Out [rows, cols] (ldc) in {128 / sizeof(Out), box_rows} boxes
+ * (kBoxRows; EpiTmaStoreT's: the swap-AB tile's rows). */
 template <class Out>
 tw_status_t out_map(CUtensorMap *map, const void *c, int64_t cols, int64_t rows, int64_t ldc,
-                    const char *what) {
+                    const char *what, int box_rows = kBoxRows) {
   return tw_tma_map_2d(
       map, sizeof(Out) == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-      sizeof(Out), c, (uint64_t)cols, (uint64_t)rows, (uint64_t)ldc, 128 / sizeof(Out), kBoxRows,
-      what);
+      sizeof(Out), c, (uint64_t)cols, (uint64_t)rows, (uint64_t)ldc, 128 / sizeof(Out),
+      (uint32_t)box_rows, what);
 }
 
 /* set_what / launch_what name the two steps in error messages. */

@@ -920,6 +920,9 @@ template <class P>
 __global__ void __launch_bounds__(kUnfusedThreads)
     unfused_reduce_kernel(const __grid_constant__ UnfusedParams<P> p) {
   __shared__ int s_ok, s_last;
+  /* launched with programmatic serialization (TW_RS_UNFUSED_PDL): the GEMM's partial is
+   * complete and visible from here on (at once otherwise) */
+  tw::ptx::griddep_wait();
   const tw_dev_comm_t &dc = p.dc;
   const int ch = p.ch, world = dc.world, rank = dc.rank;
   const uint64_t epoch = tw_op_begin(dc, ch);
@@ -957,18 +960,11 @@ __global__ void __launch_bounds__(kUnfusedThreads)
       store_bf16<V>(p.dst[q] + dst_off, v[0]);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    s_last = 0;
-    tw_fence_acq_rel_sys(); /* this CTA's loads and stores, before its count */
-    const unsigned arrived = atomicAdd(&dc.ctrl->exit_count[ch], 1u);
-    if (arrived == gridDim.x - 1) {
-      s_last = 1;
-      dc.ctrl->exit_count[ch] = 0; /* before the signal: the copy's CTAs count again after it */
-      tw_fence_acq_rel_sys();
-      for (int q = 0; q < world; q++)
-        tw_st_release_sys(&dc.peer_ctrl[q]->done[ch][rank], epoch);
-    }
-  }
+  /* this CTA's loads and stores before its count; the last CTA releases the peers' partials
+   * and has put its rows in their memory (done[ch][rank] = e everywhere); the count is reset
+   * before that, so the copy's CTAs count again after it */
+  if (threadIdx.x == 0)
+    s_last = tw_op_exit(dc, ch, epoch, true);
   __syncthreads();
   if (!p.copy) {
     /* rs, or ar into symmetric outputs: the last CTA waits until no rank reads this rank's
@@ -979,10 +975,8 @@ __global__ void __launch_bounds__(kUnfusedThreads)
         if (q != rank)
           ok = tw_wait_geq(dc, ch, &dc.ctrl->done[ch][q], epoch, q, -1);
       tw_trace_stamp(dc, TW_TR_END);
-      if (ok) {
-        *(volatile uint64_t *)&dc.ctrl->epoch[ch] = epoch;
-        __threadfence();
-      }
+      if (ok)
+        tw_op_end(dc, ch, epoch);
     }
     return;
   }
@@ -1073,8 +1067,22 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
     grid = comm->sm_budget;
   if (grid < 1)
     grid = 1;
-  unfused_reduce_kernel<P><<<(unsigned)grid, kUnfusedThreads, 0, stream>>>(p);
-  return tw_cuda_check(cudaGetLastError(), "tw_gemm_rs: launching the reduce kernel");
+  /* TW_RS_UNFUSED_PDL: launched while the GEMM runs (programmatic dependent launch), so its
+   * launch and the CTAs' start overlap the GEMM's tail; never where ranks share a GPU (its
+   * early CTAs would hold SMs another rank's GEMM needs) */
+  const bool pdl = tw_env_int(TW_RS_UNFUSED_PDL_ID) != 0 && !comm->gpu_shared;
+  cudaLaunchConfig_t config;
+  memset(&config, 0, sizeof(config));
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.gridDim = dim3((unsigned)grid);
+  config.blockDim = dim3(kUnfusedThreads);
+  config.stream = stream;
+  config.attrs = pdl ? attr : NULL;
+  config.numAttrs = pdl ? 1 : 0;
+  return tw_cuda_check(cudaLaunchKernelEx(&config, unfused_reduce_kernel<P>, p),
+                       "tw_gemm_rs: launching the reduce kernel");
 }
 
 /* World 1: the sum is the product itself; the plain GEMM core writes it as bf16 (the same

@@ -32,11 +32,10 @@ __device__ TileQueue g_plain_queue;
 constexpr int kMaxDevices = 64;
 
 template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN,
-          int kSplit = 1, class Wait = NoWait>
-tw_status_t launch_plain(const GemmParams<EpiTmaStore<Out>, Wait> &params, int grid, int device,
+          int kSplit = 1, class Wait = NoWait, class Epi = EpiTmaStore<Out>>
+tw_status_t launch_plain(const GemmParams<Epi, Wait> &params, int grid, int device,
                          cudaStream_t stream) {
-  auto kernel =
-      gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, Wait, kDynamic, kCluster, BN, kSplit>;
+  auto kernel = gemm_sm90_kernel<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, kSplit>;
   constexpr int kClusterSize = kCluster * kSplit;
   constexpr int kSmem = SmemLayout<Stages, EpiBytes, BN>::kDynamicBytes;
   // The shared-memory limit is raised once per device and instantiation.
@@ -128,17 +127,60 @@ tw_status_t launch_split(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int
                                                                            stream);
 }
 
+// Swap-AB (decode shapes, tw_gemm_swap_bn): tiles of 128 of B's rows x MT (16 or 64) of A's,
+// a 16 KiB epilogue buffer per consumer warpgroup (the transposed boxes, and split-K's
+// accumulators), as many stages as fit beside it; split-K's slices on clusters as above.
+constexpr int kSwapEpiBytes = 16384;
+template <int MT> constexpr int swap_stages() { return MT == 16 ? 10 : 7; }
+
+template <class Out, int MT, class Wait>
+tw_status_t launch_swap(const GemmParams<EpiTmaStoreT<Out>, Wait> &params, int split, int grid,
+                        int device, cudaStream_t stream) {
+  constexpr int S = swap_stages<MT>();
+  using E = EpiTmaStoreT<Out>;
+  if constexpr (std::is_same<Wait, NoWait>::value) {
+    if (split == 8)
+      return launch_plain<S, kSwapEpiBytes, Out, false, 1, MT, 8, Wait, E>(params, grid, device,
+                                                                           stream);
+    if (split == 4)
+      return launch_plain<S, kSwapEpiBytes, Out, false, 1, MT, 4, Wait, E>(params, grid, device,
+                                                                           stream);
+    if (split == 2)
+      return launch_plain<S, kSwapEpiBytes, Out, false, 1, MT, 2, Wait, E>(params, grid, device,
+                                                                           stream);
+  }
+  return launch_plain<S, kSwapEpiBytes, Out, false, 1, MT, 1, Wait, E>(params, grid, device,
+                                                                       stream);
+}
+
 template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN,
-          int kSplit = 1, class Wait = NoWait>
+          int kSplit = 1, class Wait = NoWait, class Epi = EpiTmaStore<Out>>
 cudaError_t preload_one() {
   cudaFuncAttributes attr;
   return cudaFuncGetAttributes(
-      &attr,
-      gemm_sm90_kernel<Stages, EpiBytes, EpiTmaStore<Out>, Wait, kDynamic, kCluster, BN, kSplit>);
+      &attr, gemm_sm90_kernel<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, kSplit>);
 }
 
-/* Every instantiation launch_out, launch_split and launch_released can pick (keep the lists in
- * step). */
+/* launch_swap's, for one tile width. */
+template <class Out, int MT> cudaError_t preload_swap() {
+  constexpr int S = swap_stages<MT>();
+  using E = EpiTmaStoreT<Out>;
+  cudaError_t e = cudaSuccess, r;
+  if ((r = preload_one<S, kSwapEpiBytes, Out, false, 1, MT, 1, NoWait, E>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<S, kSwapEpiBytes, Out, false, 1, MT, 2, NoWait, E>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<S, kSwapEpiBytes, Out, false, 1, MT, 4, NoWait, E>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<S, kSwapEpiBytes, Out, false, 1, MT, 8, NoWait, E>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<S, kSwapEpiBytes, Out, false, 1, MT, 1, ReleasedWait, E>()) != cudaSuccess)
+    e = r;
+  return e;
+}
+
+/* Every instantiation launch_out, launch_split, launch_released and launch_swap can pick (keep
+ * the lists in step). */
 template <class Out> cudaError_t preload_out() {
   cudaError_t e = cudaSuccess, r;
   if ((r = preload_one<6, 16384, Out, true, 1, 128>()) != cudaSuccess)
@@ -168,6 +210,10 @@ template <class Out> cudaError_t preload_out() {
     e = r;
   if ((r = preload_one<3, 32768, Out, false, 1, kBlockN, 1, ReleasedWait>()) != cudaSuccess)
     e = r;
+  if ((r = preload_swap<Out, 16>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_swap<Out, 64>()) != cudaSuccess)
+    e = r;
   return e;
 }
 
@@ -179,8 +225,69 @@ tw_status_t check_aligned(const void *ptr, const char *name) {
   return TW_SUCCESS;
 }
 
+// The unfused pipeline's wait hook (opts.released): the comm and the call's channel; the order
+// comes with the schedule.
+inline ReleasedWait::Params released_params(const tw_gemm_sm90_opts_t &opts) {
+  ReleasedWait::Params w;
+  memset(&w, 0, sizeof(w));
+  w.dc = *opts.released;
+  w.ch = opts.released_ch;
+  return w;
+}
+
 inline void set_wait_order(NoWait::Params &, const TileOrder &) {}
 inline void set_wait_order(ReleasedWait::Params &w, const TileOrder &o) { w.order = o; }
+
+// The rest of a static schedule once params.order is set: K blocks, the grid (whole clusters of
+// `cluster` CTAs, one schedule unit each, at most one per tile), the rows split-K may skip past
+// (`rows`: the loop's rows, the product's N for swap-AB), the fault knob and the wait hook's
+// copy of the order. Returns the grid.
+template <class GP> int schedule(GP &params, int64_t k, int64_t rows, int cluster, int sms) {
+  const TileOrder &o = params.order;
+  params.k_blocks = (int32_t)((k + kBlockK - 1) / kBlockK);
+  const int units = sms / cluster;
+  const int grid = cluster * (o.num_tiles < units ? o.num_tiles : units);
+  params.participants = grid;
+  params.rows = rows < INT32_MAX ? (int32_t)rows : INT32_MAX;
+  apply_fault_stall(params);
+  set_wait_order(params.wait, o);
+  return grid;
+}
+
+// Swap-AB (tw_gemm_swap_bn: m <= 64): the loop computes C^T = B * A^T in tiles of 128 of B's
+// rows x mt (16 or 64) of A's, its "A" operand map over B, its "B" operand map over A, and
+// stores C transposed (EpiTmaStoreT). Tile orders only move work between CTAs (the same bits),
+// so the default order serves; split-K sums the same slices in the same tree as run()'s.
+template <class Out, class Wait = NoWait>
+tw_status_t run_swap(const tw_gemm_args_t &a, int mt, int sms, int split, int device,
+                     cudaStream_t stream,
+                     const typename Wait::Params &wait = typename Wait::Params()) {
+  GemmParams<EpiTmaStoreT<Out>, Wait> params;
+  memset(&params, 0, sizeof(params));
+  params.wait = wait;
+  tw_status_t st = tw_tma_map_2d(&params.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b,
+                                 (uint64_t)a.k, (uint64_t)a.n, (uint64_t)a.ldb, kBlockK, kBlockM,
+                                 "tw_gemm: cuTensorMapEncodeTiled(b, swapped)");
+  if (st == TW_SUCCESS)
+    st = tw_tma_map_2d(&params.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a, (uint64_t)a.k,
+                       (uint64_t)a.m, (uint64_t)a.lda, kBlockK, (uint32_t)mt,
+                       "tw_gemm: cuTensorMapEncodeTiled(a, swapped)");
+  if (st == TW_SUCCESS)
+    st = out_map<Out>(&params.epi.c_map, a.c, a.n, a.m, a.ldc,
+                      "tw_gemm: cuTensorMapEncodeTiled(c, swapped)", mt);
+  if (st != TW_SUCCESS)
+    return st;
+  TileOrder &o = params.order;
+  o.m_blocks = (int32_t)((a.n + kBlockM - 1) / kBlockM);
+  o.n_blocks = (int32_t)((a.m + mt - 1) / mt);
+  o.num_tiles = o.m_blocks * o.n_blocks;
+  o.order = kOrderDefault;
+  o.group_m = 1;
+  const int grid = schedule(params, a.k, a.n, split, sms);
+  if (mt == 16)
+    return launch_swap<Out, 16, Wait>(params, split, grid, device, stream);
+  return launch_swap<Out, 64, Wait>(params, split, grid, device, stream);
+}
 
 template <class Out, class Wait = NoWait>
 tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant, bool dynamic,
@@ -216,19 +323,12 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   o.group_m = g < 1 ? 1 : (g > o.m_blocks ? o.m_blocks : g);
   o.rotate_mb =
       a.tile_order == TW_TILE_ORDER_ROTATED ? (int32_t)(a.rotate_start / kBlockM) / unit : 0;
-  params.k_blocks = (int32_t)((a.k + kBlockK - 1) / kBlockK);
   // A schedule unit: a pair's two CTAs, or split-K's slices of one tile.
-  const int cluster = split > 1 ? split : unit;
-  const int units = sms / cluster;
-  const int grid = cluster * (o.num_tiles < units ? o.num_tiles : units);
-  params.participants = grid;
-  params.rows = a.m < INT32_MAX ? (int32_t)a.m : INT32_MAX;
+  const int grid = schedule(params, a.k, a.m, split > 1 ? split : unit, sms);
   params.split_scatter = split > 1 && tw_env_int(TW_SPLIT_SCATTER_ID) != 0;
   params.split_n = (int32_t)a.n;
   params.split_c = a.c;
   params.split_ldc = a.ldc;
-  apply_fault_stall(params);
-  set_wait_order(params.wait, o);
   if constexpr (!std::is_same<Wait, NoWait>::value) {
     return launch_released<Out>(params, variant, grid, device, stream);
   } else {
@@ -365,6 +465,24 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   if (split > 1 && dynamic)
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: split_k runs on a static schedule");
   cudaStream_t s = (cudaStream_t)stream;
+  // Swap-AB at decode shapes (TW_GEMM_SWAP, read per call), where no variant or queue is forced.
+  // TW_SPLIT_SCATTER's slices store C untransposed: they keep 128-row tiles.
+  const int swap_mt = tw_gemm_swap_bn((int)tw_env_int(TW_GEMM_SWAP_ID), a.m);
+  if (swap_mt && (!opts || (opts->variant < 0 && !opts->dynamic_queue)) &&
+      !(split > 1 && tw_env_int(TW_SPLIT_SCATTER_ID) != 0)) {
+    if (opts && opts->released) {
+      if (split > 1)
+        return tw_fail(TW_ERR_INTERNAL,
+                       "tw_gemm: the released wait serves unsplit GEMMs (split %d)", split);
+      const ReleasedWait::Params w = released_params(*opts);
+      if (a.c_dtype == TW_BF16)
+        return run_swap<__nv_bfloat16, ReleasedWait>(a, swap_mt, sms, 1, device, s, w);
+      return run_swap<float, ReleasedWait>(a, swap_mt, sms, 1, device, s, w);
+    }
+    if (a.c_dtype == TW_BF16)
+      return run_swap<__nv_bfloat16>(a, swap_mt, sms, split, device, s);
+    return run_swap<float>(a, swap_mt, sms, split, device, s);
+  }
   if (opts && opts->released) {
     // the unfused pipeline's GEMM: unsplit, static, one CTA per tile
     if (dynamic || split > 1 || (variant != TW_GEMM_V_S3_E32 && variant != TW_GEMM_V_N128_S6))
@@ -372,10 +490,7 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
                      "tw_gemm: the released wait serves unsplit 1-CTA static variants (variant "
                      "%d, split %d, dynamic %d)",
                      variant, split, (int)dynamic);
-    ReleasedWait::Params w;
-    memset(&w, 0, sizeof(w));
-    w.dc = *opts->released;
-    w.ch = opts->released_ch;
+    const ReleasedWait::Params w = released_params(*opts);
     if (a.c_dtype == TW_BF16)
       return run<__nv_bfloat16, ReleasedWait>(a, plan, variant, dynamic, group_m, sms, 1, device, s,
                                               w);

@@ -101,12 +101,17 @@ typedef struct buffers {
   float *ref;
 } buffers_t;
 
-// One shape: bf16 and fp32 out against the fp32 reference; bf16 against cuBLAS.
-static void check_shape(const buffers_t *buf, int64_t m, int64_t n, int64_t k) {
+// Fresh random A [m, k] and B [n, k] and their fp32 product in buf->ref; returns m * n.
+static size_t fill_with_ref(const buffers_t *buf, int64_t m, int64_t n, int64_t k) {
   tw_test_fill_bf16(buf->a, (size_t)(m * k), seed++, stream);
   tw_test_fill_bf16(buf->b, (size_t)(n * k), seed++, stream);
   TEST_TW_OK(tw_ref_gemm_fp32(buf->a, buf->b, buf->ref, m, n, k, k, k, n, stream));
-  const size_t count = (size_t)(m * n);
+  return (size_t)(m * n);
+}
+
+// One shape: bf16 and fp32 out against the fp32 reference; bf16 against cuBLAS.
+static void check_shape(const buffers_t *buf, int64_t m, int64_t n, int64_t k) {
+  const size_t count = fill_with_ref(buf, m, n, k);
   size_t bad = 0;
 
   tw_test_poison(buf->c, count * 2, stream);
@@ -203,10 +208,7 @@ static void check_errors(const buffers_t *buf) {
 // -1's choice (tw_gemm_auto_split) where it splits and where it does not; a split asked for
 // beyond the K blocks runs with fewer slices.
 static void check_split(const buffers_t *buf, int64_t m, int64_t n, int64_t k, int split) {
-  tw_test_fill_bf16(buf->a, (size_t)(m * k), seed++, stream);
-  tw_test_fill_bf16(buf->b, (size_t)(n * k), seed++, stream);
-  TEST_TW_OK(tw_ref_gemm_fp32(buf->a, buf->b, buf->ref, m, n, k, k, k, n, stream));
-  const size_t count = (size_t)(m * n);
+  const size_t count = fill_with_ref(buf, m, n, k);
   for (int fp32 = 0; fp32 < 2; fp32++) {
     const size_t bytes = count * (fp32 ? 4 : 2);
     void *out[2] = {buf->c, buf->c3};
@@ -229,6 +231,68 @@ static void check_split(const buffers_t *buf, int64_t m, int64_t n, int64_t k, i
     printf("split_k %2d M=%-5lld N=%-5lld K=%-5lld  %s rel err %.2e\n", split, (long long)m,
            (long long)n, (long long)k, fp32 ? "fp32" : "bf16", err);
   }
+}
+
+// Swap-AB into a strided bf16 C (ldc = n + 8): equal to the packed C in buf->c, and the 8
+// padding columns of every row keep their poison.
+static void check_swap_strided(const buffers_t *buf, int64_t m, int64_t n, int64_t k, int split) {
+  const int64_t ldc = n + 8;
+  tw_gemm_args_t args = make_args(buf->a, buf->b, buf->c2, TW_BF16, m, n, k);
+  args.split_k = split;
+  args.ldc = ldc;
+  tw_test_poison(buf->c2, (size_t)(m * ldc) * 2, stream);
+  TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
+  unsigned long long *nbad = NULL, host = 0;
+  CUDA_OK(cudaMalloc(&nbad, sizeof(*nbad)));
+  CUDA_OK(cudaMemsetAsync(nbad, 0, sizeof(*nbad), stream));
+  strided_diff_kernel<<<256, 256, 0, stream>>>((const uint16_t *)buf->c2, (const uint16_t *)buf->c,
+                                               m, n, ldc, nbad);
+  CUDA_OK(cudaMemcpyAsync(&host, nbad, sizeof(host), cudaMemcpyDeviceToHost, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  cudaFree(nbad);
+  TEST_ASSERT(host == 0, "swap-AB split_k %d M=%lld N=%lld K=%lld ldc %lld: %llu elements wrong",
+              split, (long long)m, (long long)n, (long long)k, (long long)ldc, host);
+}
+
+// Swap-AB (tw_gemm at m <= 64 by default, TW_GEMM_SWAP read per call): C^T = B A^T on tiles of
+// 128 of B's rows, C stored transposed. Against 128-row tiles (TW_GEMM_SWAP=0) bitwise (the same
+// products summed in the same k order; split-K: the same slices and tree), bf16 and fp32 out,
+// all SMs and 66, and into a strided C whose padding must keep its poison; and the fp32
+// reference.
+static void check_swap(const buffers_t *buf, int64_t m, int64_t n, int64_t k, int split) {
+  const size_t count = fill_with_ref(buf, m, n, k);
+  for (int fp32 = 0; fp32 < 2; fp32++) {
+    const size_t bytes = count * (fp32 ? 4 : 2);
+    tw_gemm_args_t args = make_args(buf->a, buf->b, buf->c, fp32 ? TW_FP32 : TW_BF16, m, n, k);
+    args.split_k = split;
+    tw_test_poison(buf->c, bytes, stream);
+    setenv("TW_GEMM_SWAP", "0", 1);
+    TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
+    unsetenv("TW_GEMM_SWAP");
+    for (int run = 0; run < 2; run++) {
+      args.c = buf->c3;
+      args.sm_count = run ? 66 : 0;
+      tw_test_poison(buf->c3, bytes, stream);
+      TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
+      const size_t diff = tw_test_count_diff(buf->c, buf->c3, bytes);
+      TEST_ASSERT(diff == 0,
+                  "swap-AB split_k %d %s M=%lld N=%lld K=%lld sm_count %d: %zu bytes differ "
+                  "from 128-row tiles",
+                  split, fp32 ? "fp32" : "bf16", (long long)m, (long long)n, (long long)k,
+                  (int)args.sm_count, diff);
+    }
+    size_t bad = 0;
+    const double err = fp32 ? rel_err_fp32((const float *)buf->c3, buf->ref, count, &bad)
+                            : tw_test_rel_err_bf16(buf->c3, buf->ref, 1, count, &bad);
+    TEST_ASSERT(err < (fp32 ? 1e-3 : 1e-2) && bad == 0,
+                "swap-AB split_k %d %s M=%lld N=%lld K=%lld: rel err %.3g, %zu NaN/unwritten",
+                split, fp32 ? "fp32" : "bf16", (long long)m, (long long)n, (long long)k, err, bad);
+
+    if (!fp32)
+      check_swap_strided(buf, m, n, k, split); /* against buf->c, the 128-row tiles' bf16 C */
+  }
+  printf("swap-AB split_k %2d M=%-5lld N=%-5lld K=%-5lld: bitwise the 128-row tiles'\n", split,
+         (long long)m, (long long)n, (long long)k);
 }
 
 // Every schedule must give bitwise the default order's C.
@@ -547,6 +611,19 @@ int main(void) {
   check_split(&buf, 256, 1024, 2048, 2);
   check_split(&buf, 130, 2048, 1024, 4); /* every check_split: bf16 and fp32 out */
   unsetenv("TW_SPLIT_SCATTER");
+  /* swap-AB: tile widths 16 (m <= 16) and 64, m tails inside a tile, n tails inside a 128-row
+   * block and its 64-row halves, short and long K, and the slices */
+  check_swap(&buf, 16, 8192, 1024, 0);
+  check_swap(&buf, 64, 8192, 1024, 0);
+  check_swap(&buf, 1, 8, 8, 0);
+  check_swap(&buf, 7, 200, 72, 0);    /* 2 row blocks, the second's upper warpgroup past n */
+  check_swap(&buf, 17, 1000, 520, 0); /* m 17: the 64-wide tile, 47 rows past m */
+  check_swap(&buf, 40, 136, 4104, 0);
+  check_swap(&buf, 64, 1024, 8192, 8);
+  check_swap(&buf, 16, 1024, 8192, 4);
+  check_swap(&buf, 33, 264, 2056, 2);
+  check_swap(&buf, 64, 1024, 8192, -1);
+  check_swap(&buf, 9, 2048, 1024, 8); /* 16 tiles on 16 clusters; 8 under 66 SMs */
   check_errors(&buf);
   check_strided(&buf);
   check_hooks(&buf);

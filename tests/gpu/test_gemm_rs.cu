@@ -868,6 +868,16 @@ int main(int argc, char **argv) {
        295,
        3,
        1},
+      /* the reduce kernel after the GEMM as usual (elsewhere, on GPUs of their own, launched
+       * during it: programmatic dependent launch) */
+      {"TW_RS_UNFUSED_PDL",
+       "0",
+       NULL,
+       TW_PARTIALS_BF16,
+       {{100, 264, 200, 0}, {32, 8192, 1024, 0}, {1, 8, 8, 0}},
+       297,
+       3,
+       1},
   };
   for (size_t i = 0; i < sizeof(unfused_cases) / sizeof(unfused_cases[0]); i++)
     run_env_cases(&unfused_cases[i], small, seed);

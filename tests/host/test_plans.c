@@ -70,6 +70,18 @@ static void test_gemm_plans(void) {
     TEST_ASSERT(got == sp[i].want, "auto split M=%lld N=%lld K=%lld: %d, want %d",
                 (long long)sp[i].m, (long long)sp[i].n, (long long)sp[i].k, got, sp[i].want);
   }
+  /* swap-AB's tile width (TW_GEMM_SWAP): 16 up to m 16, 64 up to 64, none above or when off */
+  static const struct {
+    int env;
+    int64_t m;
+    int want;
+  } sw[] = {{-1, 1, 16}, {-1, 16, 16}, {-1, 17, 64}, {-1, 64, 64}, {-1, 65, 0}, {-1, 4096, 0},
+            {0, 1, 0},   {0, 64, 0},   {1, 16, 16},  {1, 64, 64},  {1, 128, 0}};
+  for (size_t i = 0; i < sizeof(sw) / sizeof(sw[0]); i++) {
+    const int got = tw_gemm_swap_bn(sw[i].env, sw[i].m);
+    TEST_ASSERT(got == sw[i].want, "swap width env %d m %lld: %d, want %d", sw[i].env,
+                (long long)sw[i].m, got, sw[i].want);
+  }
 }
 
 static void test_ag_gemm_plans(void) {
