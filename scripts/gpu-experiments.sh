@@ -65,6 +65,9 @@
 #             test_ag_gemm and test_gemm_rs (the bits across the ops), the gemm rows from
 #             graphs and eager, the ops in A/B, bench_dist graphs, ncu of the decode GEMM;
 #             the decode pipeline's reduce kernel by programmatic dependent launch in A/B
+#     s24     (branch exp/swap64, not run) swap-AB on 64-row tiles: test_gemm (bits against
+#             the 128-row tiles, both swap heights forced), test_ag_gemm, test_gemm_rs, gemm
+#             rows from graphs, ncu at M=16, memcheck of test_gemm --small; 2 GPUs: bench_dist
 #     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
@@ -773,6 +776,34 @@ exp_s22() { # prepared in the twentieth session (exp/swap-ab, not run): tw_gemm 
   for v in 0 1; do
     TW_RS_UNFUSED_PDL=$v dist_graph "s22-dist-graph-pdl$v" m16 60 "--repeats 50 --graph 20" \
       "--m 16 --n 8192 --k 1024" ""
+  done
+}
+exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tiles (TW_GEMM_SWAP=2,
+  # the rule's choice where 128-row tiles fill at most half the SMs): the bits across the ops,
+  # the gemm rows from graphs with both swap heights forced, ncu of the decode GEMM
+  local shape
+  run "s24-test_gemm" 150 "$bin/test_gemm"
+  run "s24-test_ag_gemm" 150 "$bin/test_ag_gemm"
+  run "s24-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  run "s24-test_plans" 30 "$bin/test_plans"
+  for shape in "--m 16 --n 8192 --k 1024" "--m 64 --n 8192 --k 1024" "--m 1 --n 8192 --k 1024" \
+    "--m 64 --n 8192 --k 3584" "--m 16 --n 4096 --k 4096" "--m 32 --n 28672 --k 4096"; do
+    run "s24-gemm-graph-${shape// /}" 60 env TW_BENCH_GRAPH=1 "$bin/tw-bench" gemm $shape \
+      --repeats 50 --warmup 5
+  done
+  run "s24-gemm-eager-m16" 60 "$bin/tw-bench" gemm --m 16 --n 8192 --k 1024 --repeats 50 \
+    --warmup 5
+  run "s24-ncu-m16" 90 env TW_BENCH_WARM_MS=0 ncu --clock-control none \
+    -k "regex:gemm|nvjet" --section SpeedOfLight --section LaunchStats -c 10 "$bin/tw-bench" \
+    gemm --m 16 --n 8192 --k 1024 --repeats 3 --warmup 1 --no-check
+  run "s24-memcheck-test_gemm" 200 compute-sanitizer --error-exitcode=1 --tool memcheck \
+    "$bin/test_gemm" --small
+  [ "$ngpus" -gt 1 ] || return 0
+  for m in 16 64; do
+    for v in 1 -1; do
+      TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
+        "--m $m --n 8192 --k 1024" ""
+    done
   done
 }
 unfused_tests() { # $1: the group: the unfused decode pipeline's tests (test_plans, test_gemm_rs,

@@ -152,10 +152,12 @@ TW_ENV(TW_RS_GROUPED, bool, "0",
        "order (16 row blocks a group, from the rows of owner rank + 1) instead of column bands "
        "(not with the owner epilogue); the reduction then waits longer for its units.")
 TW_ENV(TW_GEMM_SWAP, int, "-1",
-       "tw_gemm (and the decode GEMM+RS / GEMM+AR pipeline through it) at m <= 64: -1 (the rule) "
-       "or 1 computes C^T = B A^T on tiles of 128 of B's rows x 16 (m <= 16) or 64 of A's, so no "
-       "wgmma row is spent past m, and stores C transposed; 0 keeps 128-row tiles. The same bits "
-       "(test_gemm checks it); on an H200 M=16 N=8192 K=1024 0.0077 ms against 0.0103.")
+       "tw_gemm (and the decode GEMM+RS / GEMM+AR pipeline through it) at m <= 64: 1 computes "
+       "C^T = B A^T on tiles of 128 of B's rows x 16 (m <= 16) or 64 of A's, so no wgmma row is "
+       "spent past m, and stores C transposed; 2 the same on tiles of 64 of B's rows (twice the "
+       "CTAs; unsplit only); -1 (the rule) swaps, on 64-row tiles where unsplit 128-row tiles "
+       "would fill at most half the SMs; 0 keeps 128-row tiles. The same bits (test_gemm checks "
+       "it); on an H200 M=16 N=8192 K=1024 the 128-row swap took 0.0077 ms against 0.0103.")
 TW_ENV(TW_SPLIT_SCATTER, bool, "0",
        "tw_gemm with split_k (measurement): 1 has every slice of a tile sum one column band over "
        "all slices and store it itself (one round through distributed shared memory on every "

@@ -82,6 +82,20 @@ static void test_gemm_plans(void) {
     TEST_ASSERT(got == sw[i].want, "swap width env %d m %lld: %d, want %d", sw[i].env,
                 (long long)sw[i].m, got, sw[i].want);
   }
+  /* its 64-row tiles: by the rule where 128-row tiles fill at most half the SMs, unsplit */
+  static const struct {
+    int env;
+    int64_t m, n;
+    int split, sms, want;
+  } sh[] = {{-1, 16, 8192, 1, 132, 1}, {-1, 64, 8192, 1, 132, 1},  {-1, 16, 8192, 1, 66, 0},
+            {-1, 16, 8448, 1, 132, 1}, {-1, 16, 8576, 1, 132, 0},  {-1, 32, 28672, 1, 132, 0},
+            {-1, 16, 8192, 8, 132, 0}, {-1, 128, 1024, 1, 132, 0}, {2, 16, 28672, 1, 132, 1},
+            {2, 16, 8192, 4, 132, 0},  {1, 16, 8192, 1, 132, 0},   {0, 16, 8192, 1, 132, 0}};
+  for (size_t i = 0; i < sizeof(sh) / sizeof(sh[0]); i++) {
+    const int got = tw_gemm_swap_half(sh[i].env, sh[i].m, sh[i].n, sh[i].split, sh[i].sms);
+    TEST_ASSERT(got == sh[i].want, "swap 64-row tiles env %d m %lld n %lld split %d sms %d: %d",
+                sh[i].env, (long long)sh[i].m, (long long)sh[i].n, sh[i].split, sh[i].sms, got);
+  }
 }
 
 static void test_ag_gemm_plans(void) {
