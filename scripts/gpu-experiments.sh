@@ -61,13 +61,16 @@
 #             kernel, the push protocol (TW_RS_UNFUSED_PUSH): tests, gemm rows, A/B, graphs
 #     s21     (twentieth session) main after ReleasedWait's merge: the unfused pipeline's tests on
 #             both placements, test_mp, memcheck of test_gemm_rs --small, the wait A/B from graphs
-#     s22     (branch exp/next21, not run) swap-AB decode tiles (TW_GEMM_SWAP): test_gemm,
+#     s22     (twenty-first session, run and merged) swap-AB decode tiles (TW_GEMM_SWAP): test_gemm,
 #             test_ag_gemm and test_gemm_rs (the bits across the ops), the gemm rows from
 #             graphs and eager, the ops in A/B, bench_dist graphs, ncu of the decode GEMM;
 #             the decode pipeline's reduce kernel by programmatic dependent launch in A/B
 #     s24     (branch exp/swap64, not run) swap-AB on 64-row tiles: test_gemm (bits against
 #             the 128-row tiles, both swap heights forced), test_ag_gemm, test_gemm_rs, gemm
 #             rows from graphs, ncu at M=16, memcheck of test_gemm --small; 2 GPUs: bench_dist
+#     s23     (branch exp/ll, not run) the unfused decode pipeline through the low-latency area
+#             (TW_RS_UNFUSED_LL): its tests on both placements, A/B against the pull from graphs
+#             and eager
 #     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
@@ -803,6 +806,30 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     for v in 1 -1; do
       TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
+    done
+  done
+}
+exp_s23() { # twenty-first session (exp/ll, not run): the unfused decode pipeline's rows through
+  # the comm's low-latency area (TW_RS_UNFUSED_LL, flags in the data words): its tests on both
+  # placements, then A/B against the pull from graphs (alternating) and eager
+  unfused_tests s23 || return 0
+  local v m op round
+  for round in a b; do
+    for v in 0 -1; do
+      for m in 16 64; do
+        TW_RS_UNFUSED_LL=$v dist_graph "s23-dist-graph-ll$v$round" "m$m" 60 \
+          "--repeats 50 --graph 20" "--m $m --n 8192 --k 1024" ""
+      done
+    done
+  done
+  TW_RS_UNFUSED_LL=0 dist_graph "s23-dist-graph-ll0" m128 60 "--repeats 50 --graph 20" \
+    "--m 128 --n 8192 --k 1024" ""
+  TW_RS_UNFUSED_LL=-1 dist_graph "s23-dist-graph-ll-1" m128 60 "--repeats 50 --graph 20" \
+    "--m 128 --n 8192 --k 1024" ""
+  for m in 16 64; do
+    for op in gemm_rs gemm_ar; do
+      run "s23-$op-ab-m$m" 90 env TW_BENCH_AB=TW_RS_UNFUSED_LL=0,-1 "$bin/tw-bench" $op \
+        --world 2 --m $m --n 8192 --k 1024 --repeats 30 --warmup 5
     done
   done
 }

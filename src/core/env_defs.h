@@ -127,6 +127,19 @@ TW_ENV(TW_RS_UNFUSED_PDL, bool, "1",
        "kernel with programmatic dependent launch (its CTAs start on idle SMs during the GEMM and "
        "wait for its completion in griddepcontrol.wait), 0 after the GEMM as usual. Same bits "
        "(measurement knob).")
+TW_ENV(TW_RS_UNFUSED_LL, int, "-1",
+       "tw_gemm_rs / tw_gemm_ar's unfused pipeline: 1 or -1 exchanges the rows in the comm's "
+       "low-latency area where the call's rows fit (TW_LL_BYTES): each rank stores its peers' "
+       "rows of its partial into their area as 16-byte words that carry the call's flag with "
+       "the data, so no handshake, no fence and no remote load lies on the path; 0 the pull "
+       "(an entry handshake, the owners load the peers' partials, a release at the end). Same "
+       "bits. Every rank must set it alike.")
+TW_ENV(TW_LL_BYTES, size, "16M",
+       "Bytes of each rank's low-latency area (in its symmetric heap, taken at tw_comm_init): "
+       "where the unfused decode pipeline of tw_gemm_rs / tw_gemm_ar exchanges rows with flags "
+       "in the data (TW_RS_UNFUSED_LL). A call whose rows need more (2 x world x m/world x n x "
+       "partial bytes x 2, plus m x n x 4 for tw_gemm_ar) takes the pull. 0: none. Every rank "
+       "must set it alike.")
 TW_ENV(TW_RS_PULL, int, "-1",
        "tw_gemm_rs / tw_gemm_ar: 1 has each rank store its whole partial locally and the owners "
        "read their rows of it from every rank when reducing (the pull), 0 has the epilogue push "

@@ -398,6 +398,22 @@ static void test_gemm_rs_plans(void) {
               "unfused workspace, fp32 partials and the gather area");
   TEST_ASSERT(tw_gemm_rs_unfused_workspace_bytes(64, 8192, 2, 0) == (size_t)64 * 8192 * 2,
               "unfused workspace, bf16 partials");
+  /* the low-latency exchange: two halves of world slots of m / world rows, 2 bytes per data
+   * byte, plus tw_gemm_ar's bf16 gather slots */
+  TEST_ASSERT(tw_gemm_rs_ll_bytes(2, 16, 8192, 4, 0) == (size_t)2 * 2 * 8 * 8192 * 4 * 2,
+              "ll bytes, rs M=16 fp32");
+  TEST_ASSERT(tw_gemm_rs_ll_bytes(2, 64, 8192, 2, 1) ==
+                  (size_t)2 * (2 * 32 * 8192 * 2 * 2 + 2 * 32 * 8192 * 2 * 2),
+              "ll bytes, ar M=64 bf16 partials");
+  TEST_ASSERT(tw_gemm_rs_ll_bytes(1, 16, 8192, 4, 1) == 0, "ll bytes, world 1");
+  const size_t ll16m = (size_t)16 << 20;
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 64, 8192, 4, 1, ll16m), "decode M=64 AR fits 16 MiB");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 64, 8192, 4, 1, ll16m), "decode M=64 AR, 8 ranks, fits");
+  TEST_ASSERT(tw_gemm_rs_want_ll(1, 2, 128, 8192, 4, 0, ll16m), "RS M=128 fp32: 16 MiB, fits");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 256, 8192, 4, 0, ll16m), "RS M=256 fp32: 32 MiB");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 128, 8192, 4, 1, ll16m), "AR M=128 fp32: 24 MiB");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(0, 2, 16, 8192, 4, 0, ll16m), "TW_RS_UNFUSED_LL=0: the pull");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 16, 8192, 4, 0, 0), "no area: the pull");
   /* what tw_gemm_rs_workspace_size asks for holds it wherever the rule takes it */
   for (int w = 2; w <= 8; w++)
     for (int64_t m = w; m <= TW_RS_UNFUSED_MAX_M; m += w)
