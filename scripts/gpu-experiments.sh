@@ -71,6 +71,7 @@
 #     s23     (branch exp/ll, not run) the unfused decode pipeline through the low-latency area
 #             (TW_RS_UNFUSED_LL): its tests on both placements, A/B against the pull from graphs
 #             and eager
+#     s25     (branch exp/next22) s23 and s24 trimmed into one 2-GPU call
 #     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
@@ -808,6 +809,38 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
         "--m $m --n 8192 --k 1024" ""
     done
   done
+}
+exp_s25() { # twenty-first session, exp/next22 (exp/ll + exp/swap64) in one call of ~500 s on 2
+  # GPUs: both branches' tests (the one-GPU halves of s23 already ran), the 64-row swap tiles'
+  # gemm rows, then from graphs swap 128 / 64 rows and the low-latency exchange against the pull
+  local shape m v op
+  run "s25-test_gemm" 150 "$bin/test_gemm"
+  run "s25-test_ag_gemm" 150 "$bin/test_ag_gemm"
+  run "s25-test_plans" 30 "$bin/test_plans"
+  run "s25-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  for shape in "--m 16 --n 8192 --k 1024" "--m 64 --n 8192 --k 1024" \
+    "--m 64 --n 8192 --k 3584" "--m 16 --n 4096 --k 4096"; do
+    run "s25-gemm-graph-${shape// /}" 60 env TW_BENCH_GRAPH=1 "$bin/tw-bench" gemm $shape \
+      --repeats 50 --warmup 5
+  done
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s25-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  run "s25-test_stall-distinct" 150 env TW_TEST_DEVICES=distinct "$bin/test_stall"
+  run "s25-test_mp" 120 "$bin/test_mp" "$ngpus" 50
+  for m in 16 64; do
+    for v in "TW_GEMM_SWAP=1 TW_RS_UNFUSED_LL=0" "TW_RS_UNFUSED_LL=0" "TW_RS_UNFUSED_LL=-1" \
+      "TW_GEMM_SWAP=1 TW_RS_UNFUSED_LL=-1"; do
+      # the assignments before the function call are its processes' environment
+      eval "$v dist_graph \"s25-dist-graph-${v// /-}\" m$m 60 \"--repeats 50 --graph 20\" \
+        \"--m $m --n 8192 --k 1024\" \"\""
+    done
+  done
+  for op in gemm_rs gemm_ar; do
+    run "s25-$op-ab-m16" 90 env TW_BENCH_AB=TW_RS_UNFUSED_LL=0,-1 "$bin/tw-bench" $op \
+      --world 2 --m 16 --n 8192 --k 1024 --repeats 30 --warmup 5
+  done
+  run "s25-pytest-rs" 150 env TILEWIRE_LIB="$root/$bin/libtilewire.so" python3 -m pytest \
+    python/tests -q -k "gemm_rs or gemm_ar or dist"
 }
 exp_s23() { # twenty-first session (exp/ll, not run): the unfused decode pipeline's rows through
   # the comm's low-latency area (TW_RS_UNFUSED_LL, flags in the data words): its tests on both
