@@ -135,7 +135,9 @@ int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int a
  * for tw_gemm_ar (all_reduce) world slots of the owners' reduced bf16 rows, also x2. */
 size_t tw_gemm_rs_ll_bytes(int world, int64_t m, int64_t n, int partial_bytes, int all_reduce);
 /* Whether the unfused pipeline exchanges through the low-latency area of ll_bytes bytes.
- * env: TW_RS_UNFUSED_LL (-1 and 1: wherever the call's rows fit; 0: never). */
+ * env: TW_RS_UNFUSED_LL (1: wherever the call's rows fit; -1: there, where a rank's words for
+ * one peer are at most TW_LL_RULE_SLOT_BYTES; 0: never). */
+#define TW_LL_RULE_SLOT_BYTES ((size_t)1 << 20)
 int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_bytes, int all_reduce,
                        size_t ll_bytes);
 /* Workspace bytes of the unfused pipeline: this rank's partial [m][n] (4 or 2 bytes), then for

@@ -90,9 +90,19 @@ size_t tw_gemm_rs_ll_bytes(int world, int64_t m, int64_t n, int partial_bytes, i
 
 int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_bytes, int all_reduce,
                        size_t ll_bytes) {
-  if (env == 0 || world < 2)
+  if (env == 0 || world < 2 ||
+      tw_gemm_rs_ll_bytes(world, m, n, partial_bytes, all_reduce) > ll_bytes)
     return 0;
-  return tw_gemm_rs_ll_bytes(world, m, n, partial_bytes, all_reduce) <= ll_bytes;
+  if (env > 0)
+    return 1;
+  /* The words carry as many flag bytes as data bytes: where a rank's rows for one peer pass
+   * TW_LL_RULE_SLOT_BYTES, the pull's remote loads of half the bytes win. Twenty-first session,
+   * 2 H200s, bench_dist from graphs, n 8192 K 1024, ms, pull / area: M=16 (256 KiB of words per
+   * peer fp32) GEMM+RS 0.0178 / 0.0144, GEMM+AR 0.0202 / 0.0160, bf16 partials 0.0177 / 0.0137
+   * and 0.0197 / 0.0155; M=64 bf16 partials (1 MiB) 0.0193 / 0.0162 and 0.0227 / 0.0199; M=64
+   * fp32 (2 MiB) 0.0208 / 0.0218 and 0.0244 / 0.0257 (slower: not taken). */
+  const size_t slot = (size_t)(m / world) * (size_t)n * (size_t)(partial_bytes == 2 ? 2 : 4) * 2;
+  return slot <= TW_LL_RULE_SLOT_BYTES;
 }
 
 size_t tw_gemm_rs_unfused_workspace_bytes(int64_t m, int64_t n, int partial_bytes, int gather) {

@@ -407,8 +407,11 @@ static void test_gemm_rs_plans(void) {
               "ll bytes, ar M=64 bf16 partials");
   TEST_ASSERT(tw_gemm_rs_ll_bytes(1, 16, 8192, 4, 1) == 0, "ll bytes, world 1");
   const size_t ll16m = (size_t)16 << 20;
-  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 64, 8192, 4, 1, ll16m), "decode M=64 AR fits 16 MiB");
-  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 64, 8192, 4, 1, ll16m), "decode M=64 AR, 8 ranks, fits");
+  TEST_ASSERT(tw_gemm_rs_want_ll(1, 2, 64, 8192, 4, 1, ll16m), "=1: M=64 AR fits 16 MiB");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 64, 8192, 4, 1, ll16m), "rule: M=64 fp32, 2 MiB a peer");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 64, 8192, 2, 1, ll16m), "rule: M=64 bf16, 1 MiB a peer");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 16, 8192, 4, 0, ll16m), "rule: M=16 fp32");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 64, 8192, 4, 1, ll16m), "rule: M=64 AR, 8 ranks");
   TEST_ASSERT(tw_gemm_rs_want_ll(1, 2, 128, 8192, 4, 0, ll16m), "RS M=128 fp32: 16 MiB, fits");
   TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 256, 8192, 4, 0, ll16m), "RS M=256 fp32: 32 MiB");
   TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 128, 8192, 4, 1, ll16m), "AR M=128 fp32: 24 MiB");
