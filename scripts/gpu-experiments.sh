@@ -61,10 +61,17 @@
 #             kernel, the push protocol (TW_RS_UNFUSED_PUSH): tests, gemm rows, A/B, graphs
 #     s21     (twentieth session) main after ReleasedWait's merge: the unfused pipeline's tests on
 #             both placements, test_mp, memcheck of test_gemm_rs --small, the wait A/B from graphs
-#     s22     (branch exp/next21, not run) swap-AB decode tiles (TW_GEMM_SWAP): test_gemm,
+#     s22     (twenty-first session, run and merged) swap-AB decode tiles (TW_GEMM_SWAP): test_gemm,
 #             test_ag_gemm and test_gemm_rs (the bits across the ops), the gemm rows from
 #             graphs and eager, the ops in A/B, bench_dist graphs, ncu of the decode GEMM;
 #             the decode pipeline's reduce kernel by programmatic dependent launch in A/B
+#     s24     (branch exp/swap64, not run) swap-AB on 64-row tiles: test_gemm (bits against
+#             the 128-row tiles, both swap heights forced), test_ag_gemm, test_gemm_rs, gemm
+#             rows from graphs, ncu at M=16, memcheck of test_gemm --small; 2 GPUs: bench_dist
+#     s23     (branch exp/ll, not run) the unfused decode pipeline through the low-latency area
+#             (TW_RS_UNFUSED_LL): its tests on both placements, A/B against the pull from graphs
+#             and eager
+#     s25     (branch exp/next22) s23 and s24 trimmed into one 2-GPU call
 #     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
@@ -773,6 +780,90 @@ exp_s22() { # prepared in the twentieth session (exp/swap-ab, not run): tw_gemm 
   for v in 0 1; do
     TW_RS_UNFUSED_PDL=$v dist_graph "s22-dist-graph-pdl$v" m16 60 "--repeats 50 --graph 20" \
       "--m 16 --n 8192 --k 1024" ""
+  done
+}
+exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tiles (TW_GEMM_SWAP=2,
+  # the rule's choice where 128-row tiles fill at most half the SMs): the bits across the ops,
+  # the gemm rows from graphs with both swap heights forced, ncu of the decode GEMM
+  local shape
+  run "s24-test_gemm" 150 "$bin/test_gemm"
+  run "s24-test_ag_gemm" 150 "$bin/test_ag_gemm"
+  run "s24-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  run "s24-test_plans" 30 "$bin/test_plans"
+  for shape in "--m 16 --n 8192 --k 1024" "--m 64 --n 8192 --k 1024" "--m 1 --n 8192 --k 1024" \
+    "--m 64 --n 8192 --k 3584" "--m 16 --n 4096 --k 4096" "--m 32 --n 28672 --k 4096"; do
+    run "s24-gemm-graph-${shape// /}" 60 env TW_BENCH_GRAPH=1 "$bin/tw-bench" gemm $shape \
+      --repeats 50 --warmup 5
+  done
+  run "s24-gemm-eager-m16" 60 "$bin/tw-bench" gemm --m 16 --n 8192 --k 1024 --repeats 50 \
+    --warmup 5
+  run "s24-ncu-m16" 90 env TW_BENCH_WARM_MS=0 ncu --clock-control none \
+    -k "regex:gemm|nvjet" --section SpeedOfLight --section LaunchStats -c 10 "$bin/tw-bench" \
+    gemm --m 16 --n 8192 --k 1024 --repeats 3 --warmup 1 --no-check
+  run "s24-memcheck-test_gemm" 200 compute-sanitizer --error-exitcode=1 --tool memcheck \
+    "$bin/test_gemm" --small
+  [ "$ngpus" -gt 1 ] || return 0
+  for m in 16 64; do
+    for v in 1 -1; do
+      TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
+        "--m $m --n 8192 --k 1024" ""
+    done
+  done
+}
+exp_s25() { # twenty-first session, exp/next22 (exp/ll + exp/swap64) in one call of ~500 s on 2
+  # GPUs: both branches' tests (the one-GPU halves of s23 already ran), the 64-row swap tiles'
+  # gemm rows, then from graphs swap 128 / 64 rows and the low-latency exchange against the pull
+  local shape m v op
+  run "s25-test_gemm" 150 "$bin/test_gemm"
+  run "s25-test_ag_gemm" 150 "$bin/test_ag_gemm"
+  run "s25-test_plans" 30 "$bin/test_plans"
+  run "s25-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  for shape in "--m 16 --n 8192 --k 1024" "--m 64 --n 8192 --k 1024" \
+    "--m 64 --n 8192 --k 3584" "--m 16 --n 4096 --k 4096"; do
+    run "s25-gemm-graph-${shape// /}" 60 env TW_BENCH_GRAPH=1 "$bin/tw-bench" gemm $shape \
+      --repeats 50 --warmup 5
+  done
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s25-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  run "s25-test_stall-distinct" 150 env TW_TEST_DEVICES=distinct "$bin/test_stall"
+  run "s25-test_mp" 120 "$bin/test_mp" "$ngpus" 50
+  for m in 16 64; do
+    for v in "TW_GEMM_SWAP=1 TW_RS_UNFUSED_LL=0" "TW_RS_UNFUSED_LL=0" "TW_RS_UNFUSED_LL=-1" \
+      "TW_GEMM_SWAP=1 TW_RS_UNFUSED_LL=-1"; do
+      # the assignments before the function call are its processes' environment
+      eval "$v dist_graph \"s25-dist-graph-${v// /-}\" m$m 60 \"--repeats 50 --graph 20\" \
+        \"--m $m --n 8192 --k 1024\" \"\""
+    done
+  done
+  for op in gemm_rs gemm_ar; do
+    run "s25-$op-ab-m16" 90 env TW_BENCH_AB=TW_RS_UNFUSED_LL=0,-1 "$bin/tw-bench" $op \
+      --world 2 --m 16 --n 8192 --k 1024 --repeats 30 --warmup 5
+  done
+  run "s25-pytest-rs" 150 env TILEWIRE_LIB="$root/$bin/libtilewire.so" python3 -m pytest \
+    python/tests -q -k "gemm_rs or gemm_ar or dist"
+}
+exp_s23() { # twenty-first session (exp/ll, not run): the unfused decode pipeline's rows through
+  # the comm's low-latency area (TW_RS_UNFUSED_LL, flags in the data words): its tests on both
+  # placements, then A/B against the pull from graphs (alternating) and eager
+  unfused_tests s23 || return 0
+  local v m op round
+  for round in a b; do
+    for v in 0 -1; do
+      for m in 16 64; do
+        TW_RS_UNFUSED_LL=$v dist_graph "s23-dist-graph-ll$v$round" "m$m" 60 \
+          "--repeats 50 --graph 20" "--m $m --n 8192 --k 1024" ""
+      done
+    done
+  done
+  TW_RS_UNFUSED_LL=0 dist_graph "s23-dist-graph-ll0" m128 60 "--repeats 50 --graph 20" \
+    "--m 128 --n 8192 --k 1024" ""
+  TW_RS_UNFUSED_LL=-1 dist_graph "s23-dist-graph-ll-1" m128 60 "--repeats 50 --graph 20" \
+    "--m 128 --n 8192 --k 1024" ""
+  for m in 16 64; do
+    for op in gemm_rs gemm_ar; do
+      run "s23-$op-ab-m$m" 90 env TW_BENCH_AB=TW_RS_UNFUSED_LL=0,-1 "$bin/tw-bench" $op \
+        --world 2 --m $m --n 8192 --k 1024 --repeats 30 --warmup 5
+    done
   done
 }
 unfused_tests() { # $1: the group: the unfused decode pipeline's tests (test_plans, test_gemm_rs,

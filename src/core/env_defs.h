@@ -127,6 +127,20 @@ TW_ENV(TW_RS_UNFUSED_PDL, bool, "1",
        "kernel with programmatic dependent launch (its CTAs start on idle SMs during the GEMM and "
        "wait for its completion in griddepcontrol.wait), 0 after the GEMM as usual. Same bits "
        "(measurement knob).")
+TW_ENV(TW_RS_UNFUSED_LL, int, "-1",
+       "tw_gemm_rs / tw_gemm_ar's unfused pipeline: 1 exchanges the rows in the comm's "
+       "low-latency area where the call's rows fit (TW_LL_BYTES): each rank stores its peers' "
+       "rows of its partial into their area as 16-byte words that carry the call's flag with "
+       "the data, so no handshake, no fence and no remote load lies on the path; -1 there where "
+       "a rank's words for one peer are at most 1 MiB (measured faster; M=16 n 8192 on 2 H200s "
+       "GEMM+RS 0.0178 -> 0.0144 ms); 0 the pull (an entry handshake, the owners load the "
+       "peers' partials, a release at the end). Same bits. Every rank must set it alike.")
+TW_ENV(TW_LL_BYTES, size, "16M",
+       "Bytes of each rank's low-latency area (in its symmetric heap, taken at tw_comm_init): "
+       "where the unfused decode pipeline of tw_gemm_rs / tw_gemm_ar exchanges rows with flags "
+       "in the data (TW_RS_UNFUSED_LL). A call whose rows need more (2 x world x m/world x n x "
+       "partial bytes x 2, plus m x n x 4 for tw_gemm_ar) takes the pull. 0: none. Every rank "
+       "must set it alike.")
 TW_ENV(TW_RS_PULL, int, "-1",
        "tw_gemm_rs / tw_gemm_ar: 1 has each rank store its whole partial locally and the owners "
        "read their rows of it from every rank when reducing (the pull), 0 has the epilogue push "
@@ -152,10 +166,12 @@ TW_ENV(TW_RS_GROUPED, bool, "0",
        "order (16 row blocks a group, from the rows of owner rank + 1) instead of column bands "
        "(not with the owner epilogue); the reduction then waits longer for its units.")
 TW_ENV(TW_GEMM_SWAP, int, "-1",
-       "tw_gemm (and the decode GEMM+RS / GEMM+AR pipeline through it) at m <= 64: -1 (the rule) "
-       "or 1 computes C^T = B A^T on tiles of 128 of B's rows x 16 (m <= 16) or 64 of A's, so no "
-       "wgmma row is spent past m, and stores C transposed; 0 keeps 128-row tiles. The same bits "
-       "(test_gemm checks it); on an H200 M=16 N=8192 K=1024 0.0077 ms against 0.0103.")
+       "tw_gemm (and the decode GEMM+RS / GEMM+AR pipeline through it) at m <= 64: 1 computes "
+       "C^T = B A^T on tiles of 128 of B's rows x 16 (m <= 16) or 64 of A's, so no wgmma row is "
+       "spent past m, and stores C transposed; 2 the same on tiles of 64 of B's rows (twice the "
+       "CTAs; unsplit only); -1 (the rule) swaps, on 64-row tiles where unsplit 128-row tiles "
+       "would fill at most half the SMs; 0 keeps 128-row tiles. The same bits (test_gemm checks "
+       "it); on an H200 M=16 N=8192 K=1024 the 128-row swap took 0.0077 ms against 0.0103.")
 TW_ENV(TW_SPLIT_SCATTER, bool, "0",
        "tw_gemm with split_k (measurement): 1 has every slice of a tile sum one column band over "
        "all slices and store it itself (one round through distributed shared memory on every "

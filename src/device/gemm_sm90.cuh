@@ -95,7 +95,6 @@ constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 constexpr int kBoxRows = 64;        // output box: rows per consumer warpgroup
 constexpr int kBoxBytes = 64 * 128; // one 128B-swizzled output box
-constexpr int kTileABytes = kBlockM * kBlockK * 2;
 
 // Named barrier ids (0 is __syncthreads).
 constexpr uint32_t kBarConsumerWg0 = 1; // +wg
@@ -362,10 +361,14 @@ template <class W> struct WriteThroughOf<W, decltype(void(W::kWriteThrough))> {
   static constexpr bool value = W::kWriteThrough;
 };
 
-template <int Stages, int EpiBytes, int BN = kBlockN> struct SmemLayout {
-  static constexpr int kTileB = BN * kBlockK * 2;
+// kTileM 64 (swap-AB's 64-row tiles): A tiles of 64 rows, B tiles of 2 x BN rows (each consumer
+// warpgroup multiplies the 64 rows by its BN of them).
+template <int Stages, int EpiBytes, int BN = kBlockN, int kTileM = kBlockM> struct SmemLayout {
+  static_assert(kTileM == kBlockM || kTileM == 64, "tiles of 128 or 64 rows");
+  static constexpr int kTileA = kTileM * kBlockK * 2;
+  static constexpr int kTileB = BN * (kTileM == 64 ? 2 : 1) * kBlockK * 2;
   static constexpr int kA = 0;
-  static constexpr int kB = kA + Stages * kTileABytes;
+  static constexpr int kB = kA + Stages * kTileA;
   static constexpr int kC = kB + Stages * kTileB; // EpiBytes per consumer warpgroup
   static constexpr int kFull = kC + 2 * EpiBytes;
   static constexpr int kEmpty = kFull + Stages * 8;
@@ -459,12 +462,13 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], 
 }
 
 // Swap-AB's epilogue (Epi::kTransposed): consumer warpgroup `wg` holds C^T's 64 x BN block at
-// C columns mb * 128 + wg * 64 + [0, 64) and C rows nb * BN + [0, BN); it writes it as 64 /
+// C columns mb * 128 + wg * 64 + [0, 64) and C rows nb * BN + [0, BN) (64-row tiles, kTileM 64:
+// C columns mb * 64 + [0, 64) and C rows (2 nb + wg) * BN + [0, BN)); it writes it as 64 /
 // (128 / sizeof(Out)) boxes of BN C rows x 128 bytes in the 128B-swizzled layout and issues
 // them. In the wgmma layout (as in epilogue()) accumulator 4 j + q of a thread holds C column
 // r + 8 (q >> 1) (r = 16 warp + lane / 4) and C row 8 j + 2 (lane & 3) + (q & 1), so each
 // thread stores scalars; the block is small (at most 64 x 64).
-template <int EpiBytes, int BN, class Epi, class Params>
+template <int EpiBytes, int BN, class Epi, int kTileM, class Params>
 __device__ __forceinline__ void epilogue_t(const Params &p, float (&acc)[BN / 2], uint8_t *cbuf,
                                            int wg, int wg_thread, int32_t mb, int32_t nb) {
   using Out = typename Epi::Out;
@@ -502,18 +506,19 @@ __device__ __forceinline__ void epilogue_t(const Params &p, float (&acc)[BN / 2]
   if (wg_thread == 0) {
 #pragma unroll
     for (int b = 0; b < kBoxes; b++)
-      Epi::issue_box(p.epi, cbuf + b * kBoxBytesT, mb * kBlockM + wg * kBoxRows + b * kBoxCols,
-                     nb * BN);
+      Epi::issue_box(p.epi, cbuf + b * kBoxBytesT,
+                     mb * kTileM + (kTileM == 64 ? 0 : wg * kBoxRows) + b * kBoxCols,
+                     kTileM == 64 ? (nb * 2 + wg) * BN : nb * BN);
     ptx::bulk_commit();
   }
 }
 
 // The tile's epilogue: transposed for swap-AB (EpiTmaStoreT), else as the core's.
-template <int EpiBytes, int BN, class Epi, class Params>
+template <int EpiBytes, int BN, class Epi, int kTileM = kBlockM, class Params>
 __device__ __forceinline__ void epilogue_any(const Params &p, float (&acc)[BN / 2], uint8_t *cbuf,
                                              int wg, int wg_thread, int32_t mb, int32_t nb) {
   if constexpr (TransposedOf<Epi>::value)
-    epilogue_t<EpiBytes, BN, Epi>(p, acc, cbuf, wg, wg_thread, mb, nb);
+    epilogue_t<EpiBytes, BN, Epi, kTileM>(p, acc, cbuf, wg, wg_thread, mb, nb);
   else
     epilogue<EpiBytes, BN, Epi>(p, acc, cbuf, wg, wg_thread, mb, nb);
 }
@@ -721,11 +726,15 @@ __device__ __forceinline__ bool split_combine(const Params &p, float (&acc)[BN /
 // dynamic shared memory (SmemLayout::kDynamicBytes). cta/ctas: this CTA's index among the CTAs
 // running the static schedule and their number (ignored with kDynamic).
 template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic, int kCluster = 1,
-          int BN = kBlockN, bool kRestoreRegs = false, int kSplit = 1>
+          int BN = kBlockN, bool kRestoreRegs = false, int kSplit = 1, int kTileM = kBlockM>
 __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, uint8_t *smem_raw,
                                               int32_t cta, int32_t ctas) {
-  using L = SmemLayout<Stages, EpiBytes, BN>;
+  using L = SmemLayout<Stages, EpiBytes, BN, kTileM>;
+  constexpr int kTileA = L::kTileA;
   constexpr int kTileB = L::kTileB;
+  // 64-row tiles (swap-AB at decode shapes where 128-row tiles would leave most SMs idle): both
+  // consumer warpgroups multiply the tile's 64 A rows, each by its BN of the 2 x BN B rows.
+  constexpr bool kHalfM = kTileM == 64;
   constexpr bool kPair = kCluster == 2;
   static_assert(kCluster == 1 || kCluster == 2, "clusters of 1 or 2 CTAs along M");
   static_assert(!(kPair && kDynamic), "the tile queue serves single CTAs");
@@ -745,6 +754,8 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   constexpr bool kTransposedEpi = TransposedOf<Epi>::value;
   static_assert(!kTransposedEpi || (!Epi::kSignal && !OwnerEpiOf<Epi>::value && !kPair),
                 "the transposed epilogue serves the plain GEMM");
+  static_assert(!kHalfM || (kTransposedEpi && !kSplitK && !kDynamic),
+                "64-row tiles serve swap-AB's unsplit static schedule");
   // With a CTA pair, `p.order` counts pairs of row blocks; this CTA takes row block
   // 2 * pair + rank and loads half of the shared B box, multicast to both CTAs.
   const uint32_t rank = kPair ? ptx::cluster_ctarank() : 0;
@@ -841,7 +852,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
           mb = 2 * mb + (int32_t)rank;
         Wait::before_tile(p.wait, mb, nb);
         const CUtensorMap *a_map = &p.a_map;
-        int32_t a_row = mb * kBlockM;
+        int32_t a_row = mb * kTileM;
         Wait::a_source(p.wait, mb, a_map, a_row);
         for (int32_t kb = kb0; kb < kb1; kb++) {
           wait(&empty[stage], phase ^ 1, kStuckProducerEmpty * 16 + stage);
@@ -851,8 +862,8 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
           // expire and mbar_stuck reports them
           const bool withheld = kb == kb0 && t + 1 == p.fault_stall;
           if (!withheld) {
-            ptx::mbar_arrive_expect_tx(&full[stage], kTileABytes + kTileB);
-            ptx::tma_load_2d(smem + L::kA + stage * kTileABytes, a_map, &full[stage], kb * kBlockK,
+            ptx::mbar_arrive_expect_tx(&full[stage], kTileA + kTileB);
+            ptx::tma_load_2d(smem + L::kA + stage * kTileA, a_map, &full[stage], kb * kBlockK,
                              a_row);
             if constexpr (kPair)
               ptx::tma_load_2d_multicast(smem + L::kB + stage * kTileB + rank * (kTileB / 2),
@@ -860,7 +871,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
                                          nb * BN + (int32_t)rank * (BN / 2), 0x3);
             else
               ptx::tma_load_2d(smem + L::kB + stage * kTileB, &p.b_map, &full[stage], kb * kBlockK,
-                               nb * BN);
+                               nb * BN * (kHalfM ? 2 : 1));
           }
           if (++stage == Stages) {
             stage = 0;
@@ -908,8 +919,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
               wait(&full[stage], phase, kStuckConsumerFull * 16 + stage);
             if (wt == 1 || (wt == 2 && kb % p.order.n_blocks == nb)) {
               // two stores in flight: the previous one has read its stage out
-              ptx::tma_store_2d(&p.a_map, smem + L::kA + stage * kTileABytes, kb * kBlockK,
-                                mb * kBlockM);
+              ptx::tma_store_2d(&p.a_map, smem + L::kA + stage * kTileA, kb * kBlockK, mb * kTileM);
               ptx::bulk_commit();
               if (prev_stage >= 0) {
                 ptx::bulk_wait_read<1>();
@@ -976,9 +986,10 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       for (int32_t kb = 0; kb < kb1 - kb0; kb++) {
         if (kb > 0)
           wait(&full[stage], phase, kStuckConsumerFull * 16 + stage);
-        const uint64_t da =
-            ptx::wgmma_desc_sw128(smem + L::kA + stage * kTileABytes + cwg * kBoxRows * 128);
-        const uint64_t db = ptx::wgmma_desc_sw128(smem + L::kB + stage * kTileB);
+        const uint64_t da = ptx::wgmma_desc_sw128(smem + L::kA + stage * kTileA +
+                                                  (kHalfM ? 0 : cwg * kBoxRows * 128));
+        const uint64_t db =
+            ptx::wgmma_desc_sw128(smem + L::kB + stage * kTileB + (kHalfM ? cwg * BN * 128 : 0));
         ptx::wgmma_fence();
 #pragma unroll
         for (int k = 0; k < kBlockK / 16; k++)
@@ -1038,7 +1049,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
           continue;
         }
       }
-      detail::epilogue_any<EpiBytes, BN, Epi>(p, acc, cbuf, cwg, wg_thread, mb, nb);
+      detail::epilogue_any<EpiBytes, BN, Epi, kTileM>(p, acc, cbuf, cwg, wg_thread, mb, nb);
       if constexpr (Epi::kSignal) { // the previous tile's signal, this tile's in flight
         if (sig_mb >= 0)
           detail::signal_after_stores<kPasses, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);
@@ -1071,7 +1082,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
 // kCluster == 2: launch with cluster dimension (2, 1, 1) and an even grid; kSplit > 1: cluster
 // dimension (kSplit, 1, 1) and a grid of whole clusters.
 template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic, int kCluster = 1,
-          int BN = kBlockN, int kSplit = 1>
+          int BN = kBlockN, int kSplit = 1, int kTileM = kBlockM>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ GemmParams<Epi, Wait> p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -1079,7 +1090,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // kernel) may take idle SMs now; it waits for this grid's completion before it reads C.
   if (threadIdx.x == 0)
     ptx::griddep_launch_dependents();
-  gemm_cta_loop<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, false, kSplit>(
+  gemm_cta_loop<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, false, kSplit, kTileM>(
       p, smem_raw, blockIdx.x / (kCluster * kSplit), gridDim.x / (kCluster * kSplit));
 }
 

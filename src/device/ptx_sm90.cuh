@@ -359,6 +359,32 @@ __device__ __forceinline__ void wgmma_m64n16k16_bf16(float (&d)[8], uint64_t des
                : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
+// D[64x8] (+)= A[64x16] * B[8x16]^T (swap-AB's 64-row tiles at m <= 16: each consumer
+// warpgroup takes 8 of the product's rows); as wgmma_m64n256k16_bf16 with 4 accumulators.
+__device__ __forceinline__ void wgmma_m64n8k16_bf16(float (&d)[4], uint64_t desc_a, uint64_t desc_b,
+                                                    int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3"
+               "}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// D[64x32] (+)= A[64x16] * B[32x16]^T (swap-AB's 64-row tiles at m <= 64: 32 of the product's
+// rows per consumer warpgroup); as wgmma_m64n256k16_bf16 with 16 accumulators.
+__device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], uint64_t desc_a,
+                                                     uint64_t desc_b, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+               "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                 "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+                 "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
 // D[64x64] (+)= A[64x16] * B[64x16]^T (swap-AB decode tiles: B is the product's few rows); as
 // wgmma_m64n256k16_bf16 with 32 accumulators.
 __device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t desc_a,
@@ -377,14 +403,18 @@ __device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t de
                : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-// wgmma m64nNk16 for the tile widths the GEMM core compiles (N = 16 or 64: the swap-AB tiles
-// of decode shapes; 128 or 256).
+// wgmma m64nNk16 for the tile widths the GEMM core compiles (N = 8, 16, 32 or 64: the swap-AB
+// tiles of decode shapes; 128 or 256).
 template <int N>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                            int scale_d) {
-  static_assert(N == 16 || N == 64 || N == 128 || N == 256,
-                "m64n16k16, m64n64k16, m64n128k16 or m64n256k16");
-  if constexpr (N == 256)
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 256,
+                "m64n8k16, m64n16k16, m64n32k16, m64n64k16, m64n128k16 or m64n256k16");
+  if constexpr (N == 8)
+    wgmma_m64n8k16_bf16(d, desc_a, desc_b, scale_d);
+  else if constexpr (N == 32)
+    wgmma_m64n32k16_bf16(d, desc_a, desc_b, scale_d);
+  else if constexpr (N == 256)
     wgmma_m64n256k16_bf16(d, desc_a, desc_b, scale_d);
   else if constexpr (N == 128)
     wgmma_m64n128k16_bf16(d, desc_a, desc_b, scale_d);

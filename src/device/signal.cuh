@@ -218,6 +218,65 @@ static __device__ __forceinline__ bool tw_wait_geq(const tw_dev_comm_t &dc, int 
   }
 }
 
+/* ---- low-latency words (comm.h's low-latency area) ------------------------------------------
+ * A 16-byte word {d0, flag, d1, flag}: 8 data bytes, each 4 beside the call's flag, stored with
+ * one 16-byte store whose 8-byte halves each land whole. A reader that sees the flag in both
+ * halves has the data of that call: no fence on the writer's side, no acquire on the reader's,
+ * one NVLink latency from store to use. Flags are tw_ll_flag(seq) of a comm-wide call sequence;
+ * a word's previous content is an older call's (or zero), never the same flag. */
+static __device__ __forceinline__ uint32_t tw_ll_flag(uint64_t seq) {
+  return (uint32_t)(seq % 0xffffffffull) + 1u; /* never 0 (the area's initial content) */
+}
+
+static __device__ __forceinline__ void tw_ll_store(uint4 *word, uint32_t d0, uint32_t d1,
+                                                   uint32_t flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(word), "r"(d0), "r"(flag),
+               "r"(d1), "r"(flag)
+               : "memory");
+}
+
+static __device__ __forceinline__ uint4 tw_ll_load(const uint4 *word) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(word)
+               : "memory");
+  return v;
+}
+
+/* Any thread: spins until `word` holds `flag` in both halves and returns its data as {d0, d1};
+ * false on timeout or abort (recorded under op, naming `peer`, the writer, and `item`). */
+static __device__ __forceinline__ bool tw_ll_wait(const tw_dev_comm_t &dc, int op,
+                                                  const uint4 *word, uint32_t flag, int peer,
+                                                  int item, uint2 *data) {
+  uint4 v = tw_ll_load(word);
+  if (v.y != flag || v.w != flag) {
+    const uint64_t start = tw_globaltimer();
+    for (uint32_t spin = 1;; spin++) {
+      if (spin > 64)
+        __nanosleep(64);
+      v = tw_ll_load(word);
+      if (v.y == flag && v.w == flag)
+        break;
+      if ((spin & 15) == 0) {
+        const bool aborted = tw_aborted(dc);
+        if (aborted || tw_globaltimer() - start > dc.timeout_ns) {
+          tw_record_wait_failure(dc, aborted ? TW_ERR_ABORTED : TW_ERR_DEVICE_TIMEOUT, op,
+                                 (const uint64_t *)word, flag, v.y, peer, item);
+          return false;
+        }
+      }
+    }
+  }
+  *data = make_uint2(v.x, v.z);
+  return true;
+}
+
+/* One thread: a relaxed system-scope store of a 64-bit flag (no fence before it). */
+static __device__ __forceinline__ void tw_st_relaxed_sys(uint64_t *p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 /* Thread 0 (the GEMM producer) or a consumer thread: tile (mb, nb) reached `field`
  * (TW_TR_CLAIMED or TW_TR_DONE) of this CTA's row of `trace` (dc.trace), for the watchdog. */
 static __device__ __forceinline__ void tw_trace_tile(uint64_t *trace, int field, int32_t mb,

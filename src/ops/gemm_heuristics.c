@@ -50,6 +50,20 @@ int tw_gemm_swap_bn(int env, int64_t m) {
   return m <= 16 ? 16 : 64;
 }
 
+int tw_gemm_swap_half(int env, int64_t m, int64_t n, int split, int sms) {
+  const int mt = tw_gemm_swap_bn(env, m);
+  if (!mt || split > 1 || env == 1)
+    return 0;
+  if (env == 2)
+    return 1;
+  /* Where 128-row tiles fill at most half the SMs (decode, N <= ~8K per product), 64-row tiles
+   * put twice the CTAs on B's stream, each with half the rows: cuBLAS's decode kernels run 64 x
+   * 16 tiles on 128 CTAs at M=16 N=8192 (ncu, twentieth session: 7.6 us against our 8.5-8.8 on
+   * 64 CTAs of 128 rows). */
+  const int64_t tiles128 = ((n + 127) / 128) * ((m + mt - 1) / mt);
+  return tiles128 * 2 <= (int64_t)sms;
+}
+
 void tw_gemm_plan_make(int64_t m, int64_t n, int64_t k, int sms, tw_gemm_plan_t *plan) {
   const int64_t m_blocks = (m + 127) / 128;
   const int64_t tiles256 = m_blocks * ((n + 255) / 256);

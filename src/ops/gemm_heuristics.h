@@ -36,9 +36,13 @@ int tw_gemm_prefers_n128(int64_t m, int64_t n, int sms);
  * budget) gets the same slices and so the same bits. */
 int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k);
 
-/* Swap-AB's tile width for an m-row product under TW_GEMM_SWAP = env (-1: the rule, 1: on, 0:
- * never): 16 for m <= 16, 64 for m <= 64, 0 (no swap) above. */
+/* Swap-AB's tile width for an m-row product under TW_GEMM_SWAP = env (-1: the rule, 1 or 2: on,
+ * 0: never): 16 for m <= 16, 64 for m <= 64, 0 (no swap) above. */
 int tw_gemm_swap_bn(int env, int64_t m);
+/* Whether swap-AB runs tiles of 64 of B's rows (each consumer warpgroup taking half the tile's
+ * width of A's rows) instead of 128: env 2 wherever unsplit, 1 or 0 never, -1 unsplit where the
+ * n x m product has at most sms / 2 tiles of 128 rows. The same bits either way. */
+int tw_gemm_swap_half(int env, int64_t m, int64_t n, int split, int sms);
 
 /* Plans C[m,n] = A[m,k] * B[n,k]^T on `sms` SMs. */
 void tw_gemm_plan_make(int64_t m, int64_t n, int64_t k, int sms, tw_gemm_plan_t *plan);

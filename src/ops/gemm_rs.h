@@ -105,6 +105,8 @@ typedef struct tw_gemm_rs_plan {
   int block_n;     /* the GEMM tile's (and a unit's) columns: TW_GEMM_RS_BLOCK_N (256) or 128 */
   int unfused;     /* tw_gemm into the workspace, then the reduce kernel, no fused kernel
                       (tw_gemm_rs_want_unfused; set by the caller of make_plan) */
+  int ll;          /* the unfused pipeline exchanges rows through the comm's low-latency area
+                      (tw_gemm_rs_want_ll; set by the caller of make_plan) */
 } tw_gemm_rs_plan_t;
 
 /* Workspace bytes of tw_gemm_ar's direct scheme: fp32 staging [world][m][n]. */
@@ -127,6 +129,17 @@ int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partia
  * (tw_gemm into the workspace, then the reduce kernel; gemm_rs_sm90.cu), where the workspace
  * holds it. env: TW_RS_UNFUSED_SMALL (-1: this rule decides). */
 int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int all_reduce);
+/* Bytes of the low-latency area (comm.h) the unfused pipeline's exchange through it takes
+ * (TW_RS_UNFUSED_LL): two calls' halves (odd and even sequence numbers), each world slots of a
+ * rank's m / world rows of partials as 16-byte words of 8 data bytes and two flags (x2), then
+ * for tw_gemm_ar (all_reduce) world slots of the owners' reduced bf16 rows, also x2. */
+size_t tw_gemm_rs_ll_bytes(int world, int64_t m, int64_t n, int partial_bytes, int all_reduce);
+/* Whether the unfused pipeline exchanges through the low-latency area of ll_bytes bytes.
+ * env: TW_RS_UNFUSED_LL (1: wherever the call's rows fit; -1: there, where a rank's words for
+ * one peer are at most TW_LL_RULE_SLOT_BYTES; 0: never). */
+#define TW_LL_RULE_SLOT_BYTES ((size_t)1 << 20)
+int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_bytes, int all_reduce,
+                       size_t ll_bytes);
 /* Workspace bytes of the unfused pipeline: this rank's partial [m][n] (4 or 2 bytes), then for
  * tw_gemm_ar into a plain `out` every rank's reduced rows, bf16 [m][n]. */
 size_t tw_gemm_rs_unfused_workspace_bytes(int64_t m, int64_t n, int partial_bytes, int gather);

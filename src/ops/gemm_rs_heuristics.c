@@ -79,6 +79,32 @@ int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int a
   return m <= (all_reduce ? TW_AR_UNFUSED_MAX_M : TW_RS_UNFUSED_MAX_M);
 }
 
+size_t tw_gemm_rs_ll_bytes(int world, int64_t m, int64_t n, int partial_bytes, int all_reduce) {
+  if (world < 2)
+    return 0;
+  const size_t rows = (size_t)(m / world) * (size_t)n; /* one slot's elements */
+  const size_t rs = (size_t)world * rows * (size_t)(partial_bytes == 2 ? 2 : 4) * 2;
+  const size_t ag = all_reduce ? (size_t)world * rows * 2 * 2 : 0;
+  return 2 * (rs + ag);
+}
+
+int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_bytes, int all_reduce,
+                       size_t ll_bytes) {
+  if (env == 0 || world < 2 ||
+      tw_gemm_rs_ll_bytes(world, m, n, partial_bytes, all_reduce) > ll_bytes)
+    return 0;
+  if (env > 0)
+    return 1;
+  /* The words carry as many flag bytes as data bytes: where a rank's rows for one peer pass
+   * TW_LL_RULE_SLOT_BYTES, the pull's remote loads of half the bytes win. Twenty-first session,
+   * 2 H200s, bench_dist from graphs, n 8192 K 1024, ms, pull / area: M=16 (256 KiB of words per
+   * peer fp32) GEMM+RS 0.0178 / 0.0144, GEMM+AR 0.0202 / 0.0160, bf16 partials 0.0177 / 0.0137
+   * and 0.0197 / 0.0155; M=64 bf16 partials (1 MiB) 0.0193 / 0.0162 and 0.0227 / 0.0199; M=64
+   * fp32 (2 MiB) 0.0208 / 0.0218 and 0.0244 / 0.0257 (slower: not taken). */
+  const size_t slot = (size_t)(m / world) * (size_t)n * (size_t)(partial_bytes == 2 ? 2 : 4) * 2;
+  return slot <= TW_LL_RULE_SLOT_BYTES;
+}
+
 size_t tw_gemm_rs_unfused_workspace_bytes(int64_t m, int64_t n, int partial_bytes, int gather) {
   return (size_t)m * (size_t)n * (size_t)(partial_bytes == 2 ? 2 : 4) +
          (gather ? (size_t)m * (size_t)n * 2 : 0);
@@ -283,6 +309,7 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   plan->direct = 0;
   plan->ar_push = 0;
   plan->ar_out_sym = 0;
+  plan->ll = 0;
   /* The pull (TW_RS_PULL): each rank's epilogue stores its whole partial into its own [m, n]
    * buffer in the tile's place, as tw_gemm stores its output, and each owner's reduction reads
    * its rows from every rank. Where more than 2 ranks share a GPU (comm->gpu_shared, alike on

@@ -1005,6 +1005,228 @@ __global__ void __launch_bounds__(kUnfusedThreads)
   }
 }
 
+/* ---- the unfused pipeline's exchange through the low-latency area (plan.ll) ------------------
+ * Instead of unfused_reduce_kernel (TW_RS_UNFUSED_LL; where the rows fit the comm's area):
+ *   call sequence q = ctrl->ll_seq + 1 (every LL call of the comm, either channel, counts alike on
+ *   every rank), flag tw_ll_flag(q), half q & 1 of every rank's area;
+ *   1. done[ch][rank] = e on every rank at once: this rank reads no peer's workspace in the call
+ *      (the next call's release wait, ReleasedWait, passes without waiting for its end);
+ *   2. push: each 16-byte vector of this rank's partial in a peer's rows goes into that peer's
+ *      area, slot `rank`, as two low-latency words (tw_ll_store: the flag rides with the data);
+ *   3. reduce: each vector of this rank's rows: its own partial from the workspace, the peers'
+ *      from this rank's area (tw_ll_wait), summed in rank order from partial 0 (the reference's
+ *      __fadd_rn chain), rounded to bf16; rs: stored into `out`; ar: into `out` and, as
+ *      low-latency words, into every peer's area (gather slot `rank`);
+ *   4. ar: every peer's reduced rows from this rank's gather slots into `out`;
+ *   5. the grid's last CTA stores ll_seq = q and ends the call (tw_op_end).
+ * Why a half per parity of q suffices: a rank writes a peer's half q & 1 in call q only after it
+ * has all of call q - 1's words, which that peer stored after its call q - 2 (the same half)
+ * had read everything: its stream runs its calls in order. Nothing reads a peer's workspace, so
+ * the call ends without waiting for anyone, and the workspace is free when it ends. */
+template <class P> struct LlParams {
+  tw_dev_comm_t dc;
+  const P *partial;         /* this rank's partial [m][n] (the workspace) */
+  uint8_t *area[kMaxWorld]; /* every rank's low-latency area, mapped for this rank */
+  __nv_bfloat16 *out;
+  int64_t ldo;
+  uint64_t half_bytes, gather_off; /* one parity's bytes; its gather slots' offset in it */
+  int32_t ch, m_local, n, all_reduce;
+};
+
+/* 16 data bytes as two low-latency words (32 bytes), or back. */
+__device__ __forceinline__ void ll_put16(uint4 *w, uint4 d, uint32_t flag) {
+  tw_ll_store(w, d.x, d.y, flag);
+  tw_ll_store(w + 1, d.z, d.w, flag);
+}
+
+/* kVec<P> sums as bf16 words: 4 values (8 bytes, fp32 partials) or 8 (16 bytes, bf16). */
+template <int V> __device__ __forceinline__ void pack_bf16(const float *acc, uint32_t *w) {
+#pragma unroll
+  for (int j = 0; j < V / 2; j++) {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
+    w[j] = *reinterpret_cast<const uint32_t *>(&b);
+  }
+}
+
+template <class P>
+__global__ void __launch_bounds__(kUnfusedThreads)
+    ll_reduce_kernel(const __grid_constant__ LlParams<P> p) {
+  __shared__ int s_last;
+  tw::ptx::griddep_wait(); /* programmatic launch: the GEMM's partial is complete from here */
+  const tw_dev_comm_t &dc = p.dc;
+  const int ch = p.ch, world = dc.world, rank = dc.rank;
+  const uint64_t epoch = tw_op_begin(dc, ch);
+  const uint64_t seq = *(volatile uint64_t *)&dc.ctrl->ll_seq + 1;
+  const uint32_t flag = tw_ll_flag(seq);
+  const uint64_t half = (seq & 1) * p.half_bytes;
+  bool ok = tw_op_usable(dc, ch);
+  if (threadIdx.x == 0) {
+    tw_trace_stamp(dc, TW_TR_START);
+    tw_trace_channel(dc, ch);
+    if (blockIdx.x == 0 && ok)
+      for (int q = 0; q < world; q++)
+        if (q != rank && dc.peer_ctrl[q])
+          tw_st_relaxed_sys(&dc.peer_ctrl[q]->done[ch][rank], epoch);
+  }
+  constexpr int V = kVec<P>;
+  const int64_t vecs = p.n / V, items = (int64_t)p.m_local * vecs;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  const uint64_t slot_bytes = (uint64_t)items * 32;  /* partials: 32 B per vector */
+  constexpr uint64_t kGatherItem = V == 8 ? 32 : 16; /* bf16 sums: 16 or 8 B */
+  /* 2. push this rank's partial rows of every peer into its area */
+  for (int64_t i = first; ok && i < items; i += stride) {
+    const int64_t r = i / vecs, c = V * (i % vecs);
+    for (int d = 0; d < world; d++) {
+      if (d == rank)
+        continue;
+      const uint4 v = __ldcg(reinterpret_cast<const uint4 *>(
+          p.partial + (size_t)(d * p.m_local + r) * (size_t)p.n + (size_t)c));
+      ll_put16(reinterpret_cast<uint4 *>(p.area[d] + half + (uint64_t)rank * slot_bytes +
+                                         (uint64_t)i * 32),
+               v, flag);
+    }
+  }
+  /* 3. this rank's rows: the sum in rank order */
+  const uint8_t *mine = p.area[rank] + half;
+  for (int64_t i = first; ok && i < items; i += stride) {
+    const int64_t r = i / vecs, c = V * (i % vecs);
+    float v[kMaxWorld][V];
+#pragma unroll
+    for (int s = 0; s < kMaxWorld; s++) {
+      if (s >= world)
+        continue;
+      if (s == rank) {
+        load_vec(p.partial + (size_t)(rank * p.m_local + r) * (size_t)p.n + (size_t)c, v[s]);
+        continue;
+      }
+      const uint4 *w =
+          reinterpret_cast<const uint4 *>(mine + (uint64_t)s * slot_bytes + (uint64_t)i * 32);
+      uint2 lo, hi;
+      ok = ok && tw_ll_wait(dc, ch, w, flag, s, (int)i, &lo) &&
+           tw_ll_wait(dc, ch, w + 1, flag, s, (int)i, &hi);
+      if (!ok)
+        break;
+      const uint4 raw = make_uint4(lo.x, lo.y, hi.x, hi.y);
+      const P *vals = reinterpret_cast<const P *>(&raw);
+#pragma unroll
+      for (int j = 0; j < V; j++)
+        v[s][j] = (float)vals[j];
+    }
+    if (!ok)
+      break;
+#pragma unroll
+    for (int s = 1; s < kMaxWorld; s++)
+      if (s < world)
+#pragma unroll
+        for (int j = 0; j < V; j++)
+          v[0][j] = __fadd_rn(v[0][j], v[s][j]);
+    uint32_t w[V / 2];
+    pack_bf16<V>(v[0], w);
+    const int64_t orow = p.all_reduce ? (int64_t)rank * p.m_local + r : r;
+    __nv_bfloat16 *o = p.out + (size_t)orow * (size_t)p.ldo + (size_t)c;
+    if constexpr (V == 8)
+      *reinterpret_cast<uint4 *>(o) = make_uint4(w[0], w[1], w[2], w[3]);
+    else
+      *reinterpret_cast<uint2 *>(o) = make_uint2(w[0], w[1]);
+    if (p.all_reduce)
+      for (int d = 0; d < world; d++) {
+        if (d == rank)
+          continue;
+        uint4 *g = reinterpret_cast<uint4 *>(p.area[d] + half + p.gather_off +
+                                             (uint64_t)rank * items * kGatherItem +
+                                             (uint64_t)i * kGatherItem);
+        if constexpr (V == 8)
+          ll_put16(g, make_uint4(w[0], w[1], w[2], w[3]), flag);
+        else
+          tw_ll_store(g, w[0], w[1], flag);
+      }
+  }
+  /* 4. tw_gemm_ar: every peer's reduced rows into out */
+  if (p.all_reduce) {
+    const int64_t all = (int64_t)(world - 1) * items;
+    for (int64_t j = first; ok && j < all; j += stride) {
+      const int64_t k = j / items, i = j % items;
+      const int s = (int)k + ((int)k >= rank ? 1 : 0); /* the peers in order, this rank skipped */
+      const int64_t r = i / vecs, c = V * (i % vecs);
+      const uint4 *g = reinterpret_cast<const uint4 *>(
+          mine + p.gather_off + (uint64_t)s * items * kGatherItem + (uint64_t)i * kGatherItem);
+      __nv_bfloat16 *o = p.out + (size_t)((int64_t)s * p.m_local + r) * (size_t)p.ldo + (size_t)c;
+      uint2 lo, hi;
+      ok = tw_ll_wait(dc, ch, g, flag, s, (int)i, &lo);
+      if (V == 8 && ok)
+        ok = tw_ll_wait(dc, ch, g + 1, flag, s, (int)i, &hi);
+      if (!ok)
+        break;
+      if constexpr (V == 8)
+        *reinterpret_cast<uint4 *>(o) = make_uint4(lo.x, lo.y, hi.x, hi.y);
+      else
+        *reinterpret_cast<uint2 *>(o) = lo;
+    }
+  }
+  /* 5. the last CTA ends the call (after a failure too: nothing waits for this one's end) */
+  __syncthreads();
+  if (threadIdx.x == 0)
+    s_last = tw_op_exit(dc, ch, epoch, false);
+  __syncthreads();
+  if (threadIdx.x == 0 && s_last) {
+    *(volatile uint64_t *)&dc.ctrl->ll_seq = seq;
+    tw_trace_stamp(dc, TW_TR_END);
+    tw_op_end(dc, ch, epoch);
+  }
+}
+
+/* The unfused pipeline's second kernel on `stream`: one thread per item, at most one CTA per SM
+ * of the rank's budget. TW_RS_UNFUSED_PDL: launched while the GEMM runs (programmatic dependent
+ * launch), so its launch and the CTAs' start overlap the GEMM's tail; never where ranks share a
+ * GPU (its early CTAs would hold SMs another rank's GEMM needs). */
+template <class Params>
+tw_status_t launch_after_gemm(tw_comm_t comm, int64_t items, cudaStream_t stream,
+                              void (*kernel)(Params), const Params &p) {
+  int64_t grid = (items + kUnfusedThreads - 1) / kUnfusedThreads;
+  if (grid > comm->sm_budget)
+    grid = comm->sm_budget;
+  if (grid < 1)
+    grid = 1;
+  const bool pdl = tw_env_int(TW_RS_UNFUSED_PDL_ID) != 0 && !comm->gpu_shared;
+  cudaLaunchConfig_t config;
+  memset(&config, 0, sizeof(config));
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.gridDim = dim3((unsigned)grid);
+  config.blockDim = dim3(kUnfusedThreads);
+  config.stream = stream;
+  config.attrs = pdl ? attr : NULL;
+  config.numAttrs = pdl ? 1 : 0;
+  return tw_cuda_check(cudaLaunchKernelEx(&config, kernel, p),
+                       "tw_gemm_rs: launching the reduce kernel");
+}
+
+/* plan.ll: ll_reduce_kernel after the GEMM (run_unfused). */
+template <class P>
+tw_status_t launch_ll(tw_comm_t comm, const tw_gemm_rs_args_t &a, int all_reduce, int ch,
+                      cudaStream_t stream) {
+  const int world = comm->world;
+  LlParams<P> p;
+  memset(&p, 0, sizeof(p));
+  p.dc = comm->dev;
+  p.ch = ch;
+  p.partial = (const P *)a.workspace;
+  for (int s = 0; s < world; s++)
+    p.area[s] = (uint8_t *)tw_heap_peer_ptr(comm, comm->ll, s);
+  p.out = (__nv_bfloat16 *)a.out;
+  p.ldo = a.ldo;
+  p.m_local = (int32_t)(a.m / world);
+  p.n = (int32_t)a.n;
+  p.all_reduce = all_reduce;
+  p.half_bytes = tw_gemm_rs_ll_bytes(world, a.m, a.n, (int)sizeof(P), all_reduce) / 2;
+  p.gather_off = (uint64_t)world * (uint64_t)p.m_local * (uint64_t)a.n * sizeof(P) * 2;
+  const int64_t items = (int64_t)p.m_local * (a.n / kVec<P>);
+  return launch_after_gemm(comm, all_reduce ? (world - 1) * items : items, stream,
+                           ll_reduce_kernel<P>, p);
+}
+
 /* The unfused pipeline's launches (see above: two, three with TW_RS_UNFUSED_WAIT_KERNEL=1) on
  * `stream`, the rank's launch stream. */
 template <class P>
@@ -1033,6 +1255,8 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
   st = tw_gemm_sm90_launch(&g, (tw_stream_t)stream, wait_kernel ? NULL : &opts);
   if (st != TW_SUCCESS)
     return st;
+  if (plan.ll)
+    return launch_ll<P>(comm, a, all_reduce, ch, stream);
   UnfusedParams<P> p;
   memset(&p, 0, sizeof(p));
   p.dc = comm->dev;
@@ -1062,27 +1286,7 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
     p.ldo = a.ldo;
   }
   const int64_t items = p.copy ? a.m * (a.n / 8) : a.m / world * (a.n / kVec<P>);
-  int64_t grid = (items + kUnfusedThreads - 1) / kUnfusedThreads;
-  if (grid > comm->sm_budget)
-    grid = comm->sm_budget;
-  if (grid < 1)
-    grid = 1;
-  /* TW_RS_UNFUSED_PDL: launched while the GEMM runs (programmatic dependent launch), so its
-   * launch and the CTAs' start overlap the GEMM's tail; never where ranks share a GPU (its
-   * early CTAs would hold SMs another rank's GEMM needs) */
-  const bool pdl = tw_env_int(TW_RS_UNFUSED_PDL_ID) != 0 && !comm->gpu_shared;
-  cudaLaunchConfig_t config;
-  memset(&config, 0, sizeof(config));
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.gridDim = dim3((unsigned)grid);
-  config.blockDim = dim3(kUnfusedThreads);
-  config.stream = stream;
-  config.attrs = pdl ? attr : NULL;
-  config.numAttrs = pdl ? 1 : 0;
-  return tw_cuda_check(cudaLaunchKernelEx(&config, unfused_reduce_kernel<P>, p),
-                       "tw_gemm_rs: launching the reduce kernel");
+  return launch_after_gemm(comm, items, stream, unfused_reduce_kernel<P>, p);
 }
 
 /* World 1: the sum is the product itself; the plain GEMM core writes it as bf16 (the same
@@ -1229,6 +1433,9 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
           tw_gemm_rs_unfused_workspace_bytes(a->m, a->n, pbytes, all_reduce && !a->out_symmetric);
   if (plan->unfused)
     plan->ar_out_sym = all_reduce && a->out_symmetric; /* checked above, direct or not */
+  /* its rows through the comm's low-latency area where they fit (TW_RS_UNFUSED_LL) */
+  plan->ll = plan->unfused && tw_gemm_rs_want_ll((int)tw_env_int(TW_RS_UNFUSED_LL_ID), world, a->m,
+                                                 a->n, pbytes, all_reduce, comm->ll_bytes);
   /* tw_gemm_ar's push gather (TW_AR_PUSH, the default) where the workspace holds every owner's
    * reduced rows (tw_gemm_rs_workspace_size asks for that much) and no two ranks share a GPU
    * (comm->gpu_shared: every rank must choose alike; with ranks_on_device, 3 ranks on 2 GPUs
@@ -1246,11 +1453,11 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
   TW_DEBUG(
       "%s rank %d: m %lld n %lld k %lld, %s partials: ctas %d, block_n %d, reduce_ctas %d, band "
       "%d, group_units %d, interleave %d, direct %d, owner_epi %d, pull %d, ar_push %d, "
-      "ar_out_sym %d, unfused %d",
+      "ar_out_sym %d, unfused %d, ll %d",
       op, comm->rank, (long long)a->m, (long long)a->n, (long long)a->k,
       pbytes == 2 ? "bf16" : "fp32", plan->ctas, plan->block_n, plan->reduce_ctas, plan->band,
       plan->group_units, plan->interleave, plan->direct, plan->owner_epi, plan->pull, plan->ar_push,
-      plan->ar_out_sym, plan->unfused);
+      plan->ar_out_sym, plan->unfused, plan->ll);
   return TW_SUCCESS;
 }
 
@@ -1299,7 +1506,9 @@ extern "C" tw_status_t tw_gemm_rs_preload(void) {
                            (const void *)gemm_rs_kernel<true, __nv_bfloat16, 128>,
                            (const void *)unfused_wait_kernel,
                            (const void *)unfused_reduce_kernel<float>,
-                           (const void *)unfused_reduce_kernel<__nv_bfloat16>};
+                           (const void *)unfused_reduce_kernel<__nv_bfloat16>,
+                           (const void *)ll_reduce_kernel<float>,
+                           (const void *)ll_reduce_kernel<__nv_bfloat16>};
   cudaError_t e = cudaSuccess;
   for (size_t i = 0; i < sizeof(kernels) / sizeof(kernels[0]) && e == cudaSuccess; i++)
     e = cudaFuncGetAttributes(&attr, kernels[i]);

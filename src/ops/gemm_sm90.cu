@@ -32,12 +32,13 @@ __device__ TileQueue g_plain_queue;
 constexpr int kMaxDevices = 64;
 
 template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN,
-          int kSplit = 1, class Wait = NoWait, class Epi = EpiTmaStore<Out>>
+          int kSplit = 1, class Wait = NoWait, class Epi = EpiTmaStore<Out>, int kTileM = kBlockM>
 tw_status_t launch_plain(const GemmParams<Epi, Wait> &params, int grid, int device,
                          cudaStream_t stream) {
-  auto kernel = gemm_sm90_kernel<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, kSplit>;
+  auto kernel =
+      gemm_sm90_kernel<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, kSplit, kTileM>;
   constexpr int kClusterSize = kCluster * kSplit;
-  constexpr int kSmem = SmemLayout<Stages, EpiBytes, BN>::kDynamicBytes;
+  constexpr int kSmem = SmemLayout<Stages, EpiBytes, BN, kTileM>::kDynamicBytes;
   // The shared-memory limit is raised once per device and instantiation.
   static uint64_t configured;
   tw_status_t st = tw_kernel_smem_once((const void *)kernel, kSmem, &configured,
@@ -132,6 +133,11 @@ tw_status_t launch_split(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int
 // accumulators), as many stages as fit beside it; split-K's slices on clusters as above.
 constexpr int kSwapEpiBytes = 16384;
 template <int MT> constexpr int swap_stages() { return MT == 16 ? 10 : 7; }
+// 64-row tiles (tw_gemm_swap_half): each consumer warpgroup takes MT / 2 of A's rows, so its
+// transposed boxes are MT / 2 C rows x 128 bytes (at most 8 KiB for both fp32 boxes); a stage is
+// 8 KiB of B's rows and 2 or 8 KiB of A's, so 16 or 12 fit.
+constexpr int kSwapHalfEpiBytes = 8192;
+template <int MT> constexpr int swap_half_stages() { return MT == 16 ? 16 : 12; }
 
 template <class Out, int MT, class Wait>
 tw_status_t launch_swap(const GemmParams<EpiTmaStoreT<Out>, Wait> &params, int split, int grid,
@@ -153,12 +159,19 @@ tw_status_t launch_swap(const GemmParams<EpiTmaStoreT<Out>, Wait> &params, int s
                                                                        stream);
 }
 
+template <class Out, int MT, class Wait>
+tw_status_t launch_swap_half(const GemmParams<EpiTmaStoreT<Out>, Wait> &params, int grid,
+                             int device, cudaStream_t stream) {
+  return launch_plain<swap_half_stages<MT>(), kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, Wait,
+                      EpiTmaStoreT<Out>, 64>(params, grid, device, stream);
+}
+
 template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN,
-          int kSplit = 1, class Wait = NoWait, class Epi = EpiTmaStore<Out>>
+          int kSplit = 1, class Wait = NoWait, class Epi = EpiTmaStore<Out>, int kTileM = kBlockM>
 cudaError_t preload_one() {
   cudaFuncAttributes attr;
   return cudaFuncGetAttributes(
-      &attr, gemm_sm90_kernel<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, kSplit>);
+      &attr, gemm_sm90_kernel<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, kSplit, kTileM>);
 }
 
 /* launch_swap's, for one tile width. */
@@ -175,6 +188,13 @@ template <class Out, int MT> cudaError_t preload_swap() {
   if ((r = preload_one<S, kSwapEpiBytes, Out, false, 1, MT, 8, NoWait, E>()) != cudaSuccess)
     e = r;
   if ((r = preload_one<S, kSwapEpiBytes, Out, false, 1, MT, 1, ReleasedWait, E>()) != cudaSuccess)
+    e = r;
+  constexpr int SH = swap_half_stages<MT>();
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, NoWait, E, 64>()) !=
+      cudaSuccess)
+    e = r;
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, ReleasedWait, E, 64>()) !=
+      cudaSuccess)
     e = r;
   return e;
 }
@@ -258,32 +278,41 @@ template <class GP> int schedule(GP &params, int64_t k, int64_t rows, int cluste
 // rows x mt (16 or 64) of A's, its "A" operand map over B, its "B" operand map over A, and
 // stores C transposed (EpiTmaStoreT). Tile orders only move work between CTAs (the same bits),
 // so the default order serves; split-K sums the same slices in the same tree as run()'s.
+// half (tw_gemm_swap_half, unsplit): tiles of 64 of B's rows, twice as many, each consumer
+// warpgroup taking mt / 2 of A's rows (the same products in the same k order: the same bits).
 template <class Out, class Wait = NoWait>
-tw_status_t run_swap(const tw_gemm_args_t &a, int mt, int sms, int split, int device,
+tw_status_t run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int split, int device,
                      cudaStream_t stream,
                      const typename Wait::Params &wait = typename Wait::Params()) {
   GemmParams<EpiTmaStoreT<Out>, Wait> params;
   memset(&params, 0, sizeof(params));
   params.wait = wait;
+  const int tile_m = half ? 64 : kBlockM;
   tw_status_t st = tw_tma_map_2d(&params.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b,
-                                 (uint64_t)a.k, (uint64_t)a.n, (uint64_t)a.ldb, kBlockK, kBlockM,
-                                 "tw_gemm: cuTensorMapEncodeTiled(b, swapped)");
+                                 (uint64_t)a.k, (uint64_t)a.n, (uint64_t)a.ldb, kBlockK,
+                                 (uint32_t)tile_m, "tw_gemm: cuTensorMapEncodeTiled(b, swapped)");
   if (st == TW_SUCCESS)
     st = tw_tma_map_2d(&params.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a, (uint64_t)a.k,
                        (uint64_t)a.m, (uint64_t)a.lda, kBlockK, (uint32_t)mt,
                        "tw_gemm: cuTensorMapEncodeTiled(a, swapped)");
   if (st == TW_SUCCESS)
     st = out_map<Out>(&params.epi.c_map, a.c, a.n, a.m, a.ldc,
-                      "tw_gemm: cuTensorMapEncodeTiled(c, swapped)", mt);
+                      "tw_gemm: cuTensorMapEncodeTiled(c, swapped)", half ? mt / 2 : mt);
   if (st != TW_SUCCESS)
     return st;
   TileOrder &o = params.order;
-  o.m_blocks = (int32_t)((a.n + kBlockM - 1) / kBlockM);
+  o.m_blocks = (int32_t)((a.n + tile_m - 1) / tile_m);
   o.n_blocks = (int32_t)((a.m + mt - 1) / mt);
   o.num_tiles = o.m_blocks * o.n_blocks;
   o.order = kOrderDefault;
   o.group_m = 1;
   const int grid = schedule(params, a.k, a.n, split, sms);
+  if (half && split == 1)
+    return mt == 16 ? launch_swap_half<Out, 16, Wait>(params, grid, device, stream)
+                    : launch_swap_half<Out, 64, Wait>(params, grid, device, stream);
+  if (half)
+    return tw_fail(TW_ERR_INTERNAL, "tw_gemm: 64-row swap-AB tiles serve unsplit GEMMs (split %d)",
+                   split);
   if (mt == 16)
     return launch_swap<Out, 16, Wait>(params, split, grid, device, stream);
   return launch_swap<Out, 64, Wait>(params, split, grid, device, stream);
@@ -467,21 +496,23 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   cudaStream_t s = (cudaStream_t)stream;
   // Swap-AB at decode shapes (TW_GEMM_SWAP, read per call), where no variant or queue is forced.
   // TW_SPLIT_SCATTER's slices store C untransposed: they keep 128-row tiles.
-  const int swap_mt = tw_gemm_swap_bn((int)tw_env_int(TW_GEMM_SWAP_ID), a.m);
+  const int swap_env = (int)tw_env_int(TW_GEMM_SWAP_ID);
+  const int swap_mt = tw_gemm_swap_bn(swap_env, a.m);
   if (swap_mt && (!opts || (opts->variant < 0 && !opts->dynamic_queue)) &&
       !(split > 1 && tw_env_int(TW_SPLIT_SCATTER_ID) != 0)) {
+    const bool half = tw_gemm_swap_half(swap_env, a.m, a.n, split, sms) != 0;
     if (opts && opts->released) {
       if (split > 1)
         return tw_fail(TW_ERR_INTERNAL,
                        "tw_gemm: the released wait serves unsplit GEMMs (split %d)", split);
       const ReleasedWait::Params w = released_params(*opts);
       if (a.c_dtype == TW_BF16)
-        return run_swap<__nv_bfloat16, ReleasedWait>(a, swap_mt, sms, 1, device, s, w);
-      return run_swap<float, ReleasedWait>(a, swap_mt, sms, 1, device, s, w);
+        return run_swap<__nv_bfloat16, ReleasedWait>(a, swap_mt, half, sms, 1, device, s, w);
+      return run_swap<float, ReleasedWait>(a, swap_mt, half, sms, 1, device, s, w);
     }
     if (a.c_dtype == TW_BF16)
-      return run_swap<__nv_bfloat16>(a, swap_mt, sms, split, device, s);
-    return run_swap<float>(a, swap_mt, sms, split, device, s);
+      return run_swap<__nv_bfloat16>(a, swap_mt, half, sms, split, device, s);
+    return run_swap<float>(a, swap_mt, half, sms, split, device, s);
   }
   if (opts && opts->released) {
     // the unfused pipeline's GEMM: unsplit, static, one CTA per tile

@@ -106,10 +106,10 @@ void tw_assign_gpus(tw_comm_t comm, const uint64_t *host_of, const uint8_t (*uui
  * peers never set, or sum partials that had not landed. Knobs that only shape a rank's own
  * work (CTA counts, signalling, tracing) may differ. */
 static const tw_env_id alike_knobs[] = {
-    TW_AG_CHUNK_BYTES_ID, TW_RS_BAND_ID,         TW_RS_GROUP_UNITS_ID, TW_RS_INTERLEAVE_ID,
-    TW_RS_PULL_ID,        TW_AR_PUSH_ID,         TW_AR_DIRECT_ID,      TW_AG_PEER_GATHER_ID,
-    TW_AG_PEER_READ_ID,   TW_AG_AUTO_CE_ID,      TW_RS_OWNER_EPI_ID,   TW_RS_STEAL_ID,
-    TW_RS_BLOCK_N_ID,     TW_AG_UNFUSED_SMALL_ID};
+    TW_AG_CHUNK_BYTES_ID, TW_RS_BAND_ID,          TW_RS_GROUP_UNITS_ID, TW_RS_INTERLEAVE_ID,
+    TW_RS_PULL_ID,        TW_AR_PUSH_ID,          TW_AR_DIRECT_ID,      TW_AG_PEER_GATHER_ID,
+    TW_AG_PEER_READ_ID,   TW_AG_AUTO_CE_ID,       TW_RS_OWNER_EPI_ID,   TW_RS_STEAL_ID,
+    TW_RS_BLOCK_N_ID,     TW_AG_UNFUSED_SMALL_ID, TW_RS_UNFUSED_LL_ID,  TW_LL_BYTES_ID};
 _Static_assert(sizeof(alike_knobs) / sizeof(alike_knobs[0]) <= TW_PEER_KNOBS,
                "TW_PEER_KNOBS holds every knob that ranks must set alike");
 enum { n_alike_knobs = (int)(sizeof(alike_knobs) / sizeof(alike_knobs[0])) };
@@ -226,6 +226,19 @@ static tw_status_t setup_rank(tw_comm_t comm) {
     goto fail;
   comm->ctrl = (tw_ctrl_t *)ctrl;
   TW_CUDA(cudaMemset(ctrl, 0, sizeof(tw_ctrl_t)));
+  /* The low-latency area: allocated by every rank right after ctrl (the same size everywhere:
+   * TW_LL_BYTES is a knob every rank sets alike, heap_bytes the group's) */
+  comm->ll_bytes = comm->world > 1 ? (size_t)tw_env_int(TW_LL_BYTES_ID) : 0;
+  if (comm->ll_bytes > comm->config.heap_bytes / 4)
+    comm->ll_bytes = 0;
+  if (comm->ll_bytes) {
+    pthread_mutex_lock(&g->mu);
+    st = tw_heap_alloc_locked(comm, comm->ll_bytes, &comm->ll);
+    pthread_mutex_unlock(&g->mu);
+    if (st != TW_SUCCESS)
+      goto fail;
+    TW_CUDA(cudaMemset(comm->ll, 0, comm->ll_bytes));
+  }
   TW_CUDA(cudaDeviceSynchronize());
   memset(&comm->dev, 0, sizeof(comm->dev));
   comm->dev.rank = comm->rank;
@@ -693,12 +706,15 @@ void tw_err_block_format(const volatile tw_err_block_t *e, int wait_timeout_ms, 
   if (e->peer >= 0)
     snprintf(peer, sizeof(peer), "%d", e->peer);
   snprintf(buf, len,
-           "%s: rank %d, op %s, block %d, item %d: waited for flag at %#llx (control-block offset "
+           "%s: rank %d, op %s, block %d, item %d: waited for flag at %#llx (%s offset "
            "%#llx) to reach %llu, last saw %llu; peer expected to signal: %s; wait bound %d ms "
            "(TW_WAIT_TIMEOUT_MS). The comm is unusable: destroy it.",
            tw_status_string((tw_status_t)code), e->rank, channel_name(e->op), e->block, e->what,
-           (unsigned long long)e->flag_addr, (unsigned long long)e->flag_offset,
-           (unsigned long long)e->expected, (unsigned long long)e->seen, peer, wait_timeout_ms);
+           (unsigned long long)e->flag_addr,
+           e->flag_offset < sizeof(tw_ctrl_t) ? "control-block"
+                                              : "beyond the control block (a low-latency word):",
+           (unsigned long long)e->flag_offset, (unsigned long long)e->expected,
+           (unsigned long long)e->seen, peer, wait_timeout_ms);
 }
 
 tw_status_t tw_comm_async_error(tw_comm_t comm, tw_status_t *async_status) {
@@ -743,11 +759,12 @@ tw_status_t tw_mem_free(tw_comm_t comm, void *ptr) {
     return tw_comm_result(comm, st);
   if (!ptr)
     return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "ptr: NULL"));
-  if (ptr == (void *)comm->ctrl)
-    return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT,
-                                        "ptr: %p is the comm's control block, not a tw_mem_alloc "
-                                        "allocation",
-                                        ptr));
+  if (ptr == (void *)comm->ctrl || (comm->ll && ptr == comm->ll))
+    return tw_comm_result(
+        comm, tw_fail(TW_ERR_INVALID_ARGUMENT,
+                      "ptr: %p is the comm's %s, not a tw_mem_alloc "
+                      "allocation",
+                      ptr, ptr == (void *)comm->ctrl ? "control block" : "low-latency area"));
   pthread_mutex_lock(&comm->group->mu);
   st = tw_heap_free_locked(comm, ptr);
   pthread_mutex_unlock(&comm->group->mu);

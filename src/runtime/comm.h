@@ -84,6 +84,11 @@ struct tw_comm {
   tw_config_t config; /* effective (defaults resolved) */
   uint64_t alloc_seq; /* tw_mem_alloc calls made by this rank */
   tw_ctrl_t *ctrl;    /* this rank's control block (symmetric offset 0) */
+  /* The low-latency area (TW_LL_BYTES; the allocation after ctrl, 0 bytes at world 1 or where
+   * the heap is under 4 x TW_LL_BYTES): peers store 16-byte words with the call's flag in the
+   * data into it (tw_gemm_rs / tw_gemm_ar's unfused pipeline, TW_RS_UNFUSED_LL). */
+  void *ll;
+  size_t ll_bytes;
   tw_err_block_t *err_host;
   tw_err_block_t *err_dev;
   tw_dev_comm_t dev; /* handed to kernels by value */

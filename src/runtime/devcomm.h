@@ -43,6 +43,7 @@ typedef struct tw_ctrl {
   uint32_t exit_count[TW_NUM_CHANNELS]; /* local: CTAs done with the current call */
   uint32_t abort;                       /* set (remotely too) once any rank timed out */
   uint32_t err_claim;                   /* local: first error wins */
+  uint64_t ll_seq; /* local: calls that exchanged rows through the low-latency area (comm.h) */
   /* entry[ch][src] = epoch: rank src has entered call `epoch` on channel ch,
    * so everything before it in src's stream (reads of its buffers) is done. */
   uint64_t entry[TW_NUM_CHANNELS][TW_MAX_WORLD];

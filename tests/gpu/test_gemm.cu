@@ -269,17 +269,23 @@ static void check_swap(const buffers_t *buf, int64_t m, int64_t n, int64_t k, in
     setenv("TW_GEMM_SWAP", "0", 1);
     TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
     unsetenv("TW_GEMM_SWAP");
-    for (int run = 0; run < 2; run++) {
+    /* the rule on every SM and on 66, then the swap's 128-row and 64-row tiles forced
+     * (TW_GEMM_SWAP=1, 2; 64-row tiles only unsplit: with slices =2 is =1) */
+    static const char *const swap_env[4] = {NULL, NULL, "1", "2"};
+    for (int run = 0; run < 4; run++) {
       args.c = buf->c3;
-      args.sm_count = run ? 66 : 0;
+      args.sm_count = run == 1 ? 66 : 0;
       tw_test_poison(buf->c3, bytes, stream);
+      if (swap_env[run])
+        setenv("TW_GEMM_SWAP", swap_env[run], 1);
       TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
+      unsetenv("TW_GEMM_SWAP");
       const size_t diff = tw_test_count_diff(buf->c, buf->c3, bytes);
       TEST_ASSERT(diff == 0,
-                  "swap-AB split_k %d %s M=%lld N=%lld K=%lld sm_count %d: %zu bytes differ "
-                  "from 128-row tiles",
+                  "swap-AB split_k %d %s M=%lld N=%lld K=%lld sm_count %d TW_GEMM_SWAP=%s: %zu "
+                  "bytes differ from 128-row tiles",
                   split, fp32 ? "fp32" : "bf16", (long long)m, (long long)n, (long long)k,
-                  (int)args.sm_count, diff);
+                  (int)args.sm_count, swap_env[run] ? swap_env[run] : "(rule)", diff);
     }
     size_t bad = 0;
     const double err = fp32 ? rel_err_fp32((const float *)buf->c3, buf->ref, count, &bad)
@@ -291,8 +297,9 @@ static void check_swap(const buffers_t *buf, int64_t m, int64_t n, int64_t k, in
     if (!fp32)
       check_swap_strided(buf, m, n, k, split); /* against buf->c, the 128-row tiles' bf16 C */
   }
-  printf("swap-AB split_k %2d M=%-5lld N=%-5lld K=%-5lld: bitwise the 128-row tiles'\n", split,
-         (long long)m, (long long)n, (long long)k);
+  printf("swap-AB split_k %2d M=%-5lld N=%-5lld K=%-5lld: bitwise the 128-row tiles' (rule, 66 "
+         "SMs, 128- and 64-row swap tiles)\n",
+         split, (long long)m, (long long)n, (long long)k);
 }
 
 // Every schedule must give bitwise the default order's C.
@@ -623,7 +630,10 @@ int main(void) {
   check_swap(&buf, 16, 1024, 8192, 4);
   check_swap(&buf, 33, 264, 2056, 2);
   check_swap(&buf, 64, 1024, 8192, -1);
-  check_swap(&buf, 9, 2048, 1024, 8); /* 16 tiles on 16 clusters; 8 under 66 SMs */
+  check_swap(&buf, 9, 2048, 1024, 8);  /* 16 tiles on 16 clusters; 8 under 66 SMs */
+  check_swap(&buf, 12, 200, 1000, 0);  /* 64-row tiles: 4, the last 8 rows past n; K tail */
+  check_swap(&buf, 48, 8256, 520, 0);  /* 64-row tiles by the rule: 129 on 129 CTAs */
+  check_swap(&buf, 16, 16384, 264, 0); /* TW_GEMM_SWAP=2: 256 64-row tiles, two rounds */
   check_errors(&buf);
   check_strided(&buf);
   check_hooks(&buf);

@@ -348,15 +348,18 @@ static void test_shape_changes(int world, uint64_t seed) {
  * one workspace, tw_gemm_rs and tw_gemm_ar alternating, no host sync: the unfused GEMM stores
  * into a workspace that the previous fused call's peers may still read (the pull, where more
  * than 2 ranks share a GPU), and the fused kernel stores into workspaces that the previous
- * unfused call's peers read. */
+ * unfused call's peers read. The unfused calls exchange through the low-latency area and by
+ * the pull in turn (TW_RS_UNFUSED_LL). */
 static void test_unfused_mixed(int world, int calls, uint64_t seed) {
   fixture f;
   setup(&f, world, 100, 1032, 264);
   for (int i = 0; i < calls; i++) {
     setenv("TW_RS_UNFUSED_SMALL", (i / 2) % 2 ? "1" : "0", 1); /* read when enqueued */
+    setenv("TW_RS_UNFUSED_LL", (i / 4) % 2 ? "0" : "1", 1);    /* the pull or the area in turn */
     checked_call(&f, i & 1, 0, seed + (uint64_t)i * 104729);
   }
   unsetenv("TW_RS_UNFUSED_SMALL");
+  unsetenv("TW_RS_UNFUSED_LL");
   const unsigned long long bad = take_bad(&f);
   TEST_ASSERT(bad == 0, "world %d: %d calls, fused and unfused in turn: %llu words differ", world,
               calls, bad);
@@ -878,6 +881,24 @@ int main(int argc, char **argv) {
        297,
        3,
        1},
+      /* the pull (the default exchanges through the comm's low-latency area where the rows
+       * fit: here at world 2-4 for the first two shapes, world 8 for the first) */
+      {"TW_RS_UNFUSED_LL",
+       "0",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{100, 264, 200, 0}, {32, 8192, 1024, 0}, {1, 8, 8, 0}},
+       298,
+       3,
+       1},
+      {"TW_RS_UNFUSED_LL",
+       "0",
+       NULL,
+       TW_PARTIALS_BF16,
+       {{64, 1032, 264, 0}, {8, 8192, 520, 0}, {1, 8, 8, 0}},
+       299,
+       2,
+       0},
   };
   for (size_t i = 0; i < sizeof(unfused_cases) / sizeof(unfused_cases[0]); i++)
     run_env_cases(&unfused_cases[i], small, seed);

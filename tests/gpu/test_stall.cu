@@ -9,7 +9,8 @@
  *     tw_comm_async_error reports TW_ERR_DEVICE_TIMEOUT with "internal stall in the GEMM
  *     pipeline", the role and the stage, from the comm's host-mapped error block.
  *   - the unfused tw_gemm_rs / tw_gemm_ar (decode shapes) with a peer that never calls: the
- *     wait for its entry gives up after TW_WAIT_TIMEOUT_MS and the comm names it.
+ *     wait for its rows in the low-latency area (or, with TW_RS_UNFUSED_LL=0, for its entry)
+ *     gives up after TW_WAIT_TIMEOUT_MS and the comm names it.
  * The parent kills a child that outlives its bound (30 s): a hang fails the test, and so does a
  * child that finishes without the failure. Without a GPU every child exits 77 and so does this.
  */
@@ -32,7 +33,9 @@ typedef enum {
   OP_GEMM_RS,
   OP_GEMM_AR,
   OP_RS_ABSENT,
-  OP_AR_ABSENT
+  OP_AR_ABSENT,
+  OP_RS_ABSENT_PULL,
+  OP_AR_ABSENT_PULL
 } op_t;
 static const char *const kOpNames[] = {"tw_gemm",
                                        "tw_gemm split_k 8",
@@ -40,7 +43,9 @@ static const char *const kOpNames[] = {"tw_gemm",
                                        "tw_gemm_rs",
                                        "tw_gemm_ar",
                                        "tw_gemm_rs unfused, peer absent",
-                                       "tw_gemm_ar unfused, peer absent"};
+                                       "tw_gemm_ar unfused, peer absent",
+                                       "tw_gemm_rs unfused (the pull), peer absent",
+                                       "tw_gemm_ar unfused (the pull), peer absent"};
 
 static void *dev_alloc(size_t bytes) {
   void *p = NULL;
@@ -174,7 +179,8 @@ static int child_absent(op_t op) {
   tw_test_fill_bf16((void *)a.b, n * k, 20, NULL);
   TEST_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "inputs");
   const double t0 = tw_test_now();
-  TEST_TW_OK(op == OP_RS_ABSENT ? tw_gemm_rs(comms[0], &a, NULL) : tw_gemm_ar(comms[0], &a, NULL));
+  const int rs = op == OP_RS_ABSENT || op == OP_RS_ABSENT_PULL;
+  TEST_TW_OK(rs ? tw_gemm_rs(comms[0], &a, NULL) : tw_gemm_ar(comms[0], &a, NULL));
   const cudaError_t e = cudaDeviceSynchronize();
   const double waited = tw_test_now() - t0;
   TEST_ASSERT(e == cudaSuccess, "%s: the call's kernels failed: %s", kOpNames[op],
@@ -186,7 +192,7 @@ static int child_absent(op_t op) {
   TEST_ASSERT(async == TW_ERR_DEVICE_TIMEOUT, "%s: async status %s (%s)", kOpNames[op],
               tw_status_string(async), msg);
   TEST_ASSERT(strstr(msg, "peer expected to signal: 1") &&
-                  strstr(msg, op == OP_RS_ABSENT ? "op gemm_rs" : "op gemm_ar"),
+                  strstr(msg, rs ? "op gemm_rs" : "op gemm_ar"),
               "%s: the report names neither the op nor the absent peer: %s", kOpNames[op], msg);
   printf("  %s (%s), after %.2f s: %s\n", kOpNames[op], distinct ? "distinct GPUs" : "one GPU",
          waited, msg);
@@ -200,9 +206,11 @@ static int run_child(op_t op) {
   const pid_t pid = fork();
   TEST_REQUIRE(pid >= 0, "fork");
   if (pid == 0) {
-    const int absent = op == OP_RS_ABSENT || op == OP_AR_ABSENT;
+    const int absent = op >= OP_RS_ABSENT;
     if (absent) {
       setenv("TW_RS_UNFUSED_SMALL", "1", 1);
+      if (op >= OP_RS_ABSENT_PULL)
+        setenv("TW_RS_UNFUSED_LL", "0", 1);
       setenv("TW_WAIT_TIMEOUT_MS", "2000", 1);
     } else {
       setenv("TW_FAULT_STALL_TILE", "2", 1);
@@ -235,8 +243,9 @@ static int run_child(op_t op) {
 
 int main(void) {
   /* No CUDA call here before the children run: a CUDA context does not survive fork. */
-  static const op_t ops[] = {OP_GEMM,    OP_GEMM_SPLIT, OP_AG_GEMM,  OP_GEMM_RS,
-                             OP_GEMM_AR, OP_RS_ABSENT,  OP_AR_ABSENT};
+  static const op_t ops[] = {OP_GEMM,      OP_GEMM_SPLIT,     OP_AG_GEMM,
+                             OP_GEMM_RS,   OP_GEMM_AR,        OP_RS_ABSENT,
+                             OP_AR_ABSENT, OP_RS_ABSENT_PULL, OP_AR_ABSENT_PULL};
   for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
     printf("%s%s:\n", kOpNames[ops[i]], ops[i] < OP_RS_ABSENT ? " with TW_FAULT_STALL_TILE=2" : "");
     const int rc = run_child(ops[i]);

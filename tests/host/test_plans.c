@@ -82,6 +82,20 @@ static void test_gemm_plans(void) {
     TEST_ASSERT(got == sw[i].want, "swap width env %d m %lld: %d, want %d", sw[i].env,
                 (long long)sw[i].m, got, sw[i].want);
   }
+  /* its 64-row tiles: by the rule where 128-row tiles fill at most half the SMs, unsplit */
+  static const struct {
+    int env;
+    int64_t m, n;
+    int split, sms, want;
+  } sh[] = {{-1, 16, 8192, 1, 132, 1}, {-1, 64, 8192, 1, 132, 1},  {-1, 16, 8192, 1, 66, 0},
+            {-1, 16, 8448, 1, 132, 1}, {-1, 16, 8576, 1, 132, 0},  {-1, 32, 28672, 1, 132, 0},
+            {-1, 16, 8192, 8, 132, 0}, {-1, 128, 1024, 1, 132, 0}, {2, 16, 28672, 1, 132, 1},
+            {2, 16, 8192, 4, 132, 0},  {1, 16, 8192, 1, 132, 0},   {0, 16, 8192, 1, 132, 0}};
+  for (size_t i = 0; i < sizeof(sh) / sizeof(sh[0]); i++) {
+    const int got = tw_gemm_swap_half(sh[i].env, sh[i].m, sh[i].n, sh[i].split, sh[i].sms);
+    TEST_ASSERT(got == sh[i].want, "swap 64-row tiles env %d m %lld n %lld split %d sms %d: %d",
+                sh[i].env, (long long)sh[i].m, (long long)sh[i].n, sh[i].split, sh[i].sms, got);
+  }
 }
 
 static void test_ag_gemm_plans(void) {
@@ -384,6 +398,25 @@ static void test_gemm_rs_plans(void) {
               "unfused workspace, fp32 partials and the gather area");
   TEST_ASSERT(tw_gemm_rs_unfused_workspace_bytes(64, 8192, 2, 0) == (size_t)64 * 8192 * 2,
               "unfused workspace, bf16 partials");
+  /* the low-latency exchange: two halves of world slots of m / world rows, 2 bytes per data
+   * byte, plus tw_gemm_ar's bf16 gather slots */
+  TEST_ASSERT(tw_gemm_rs_ll_bytes(2, 16, 8192, 4, 0) == (size_t)2 * 2 * 8 * 8192 * 4 * 2,
+              "ll bytes, rs M=16 fp32");
+  TEST_ASSERT(tw_gemm_rs_ll_bytes(2, 64, 8192, 2, 1) ==
+                  (size_t)2 * (2 * 32 * 8192 * 2 * 2 + 2 * 32 * 8192 * 2 * 2),
+              "ll bytes, ar M=64 bf16 partials");
+  TEST_ASSERT(tw_gemm_rs_ll_bytes(1, 16, 8192, 4, 1) == 0, "ll bytes, world 1");
+  const size_t ll16m = (size_t)16 << 20;
+  TEST_ASSERT(tw_gemm_rs_want_ll(1, 2, 64, 8192, 4, 1, ll16m), "=1: M=64 AR fits 16 MiB");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 64, 8192, 4, 1, ll16m), "rule: M=64 fp32, 2 MiB a peer");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 64, 8192, 2, 1, ll16m), "rule: M=64 bf16, 1 MiB a peer");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 16, 8192, 4, 0, ll16m), "rule: M=16 fp32");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 64, 8192, 4, 1, ll16m), "rule: M=64 AR, 8 ranks");
+  TEST_ASSERT(tw_gemm_rs_want_ll(1, 2, 128, 8192, 4, 0, ll16m), "RS M=128 fp32: 16 MiB, fits");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 256, 8192, 4, 0, ll16m), "RS M=256 fp32: 32 MiB");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 128, 8192, 4, 1, ll16m), "AR M=128 fp32: 24 MiB");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(0, 2, 16, 8192, 4, 0, ll16m), "TW_RS_UNFUSED_LL=0: the pull");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 16, 8192, 4, 0, 0), "no area: the pull");
   /* what tw_gemm_rs_workspace_size asks for holds it wherever the rule takes it */
   for (int w = 2; w <= 8; w++)
     for (int64_t m = w; m <= TW_RS_UNFUSED_MAX_M; m += w)

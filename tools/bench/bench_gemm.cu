@@ -239,8 +239,11 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
   int nvariants = 2;
   /* decode shapes (m <= 64, where tw_gemm swaps A and B by default): the 128-row tiles beside */
   const int swapped = ctx.m <= 64;
-  if (swapped)
+  if (swapped) { /* and the swap's two tile heights, 128 and 64 of B's rows, forced */
     variants[nvariants++] = {"tilewire-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "0"};
+    variants[nvariants++] = {"tilewire-swap128", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "1"};
+    variants[nvariants++] = {"tilewire-swap64", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "2"};
+  }
   /* TW_BENCH_GEMM_SPLITK=1: tw_gemm with split_k -1 (the library's choice) and 2 / 4 / 8, the
    * slices summed as a tree, then 4 / 8 with TW_SPLIT_SCATTER=1 (every slice its band) */
   const char *splitk = getenv("TW_BENCH_GEMM_SPLITK");
