@@ -226,8 +226,9 @@ static tw_status_t setup_rank(tw_comm_t comm) {
     goto fail;
   comm->ctrl = (tw_ctrl_t *)ctrl;
   TW_CUDA(cudaMemset(ctrl, 0, sizeof(tw_ctrl_t)));
-  /* The low-latency area: allocated by every rank right after ctrl (the same size everywhere:
-   * TW_LL_BYTES is a knob every rank sets alike, heap_bytes the group's) */
+  /* The low-latency area: allocated by every rank right after ctrl, the same size everywhere
+   * where the ranks agree on TW_LL_BYTES (checked at init) and on heap_bytes (processes that
+   * give different ones and so differ on the area fail the allocations' collective check) */
   comm->ll_bytes = comm->world > 1 ? (size_t)tw_env_int(TW_LL_BYTES_ID) : 0;
   if (comm->ll_bytes > comm->config.heap_bytes / 4)
     comm->ll_bytes = 0;
