@@ -71,7 +71,9 @@
 #     s23     (branch exp/ll, not run) the unfused decode pipeline through the low-latency area
 #             (TW_RS_UNFUSED_LL): its tests on both placements, A/B against the pull from graphs
 #             and eager
-#     s25     (branch exp/next22) s23 and s24 trimmed into one 2-GPU call
+#     s25     (branch exp/next22, run and merged) s23 and s24 trimmed into one 2-GPU call
+#     s26     (branch exp/next23, not run) the GEMM's epilogue storing the low-latency words
+#             (TW_RS_LL_EPI): tests on both placements, memcheck, A/B from graphs and eager
 #     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
@@ -808,6 +810,25 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
       TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
     done
+  done
+}
+exp_s26() { # (branch exp/next23, not run) the GEMM's epilogue storing the low-latency words
+  # itself (TW_RS_LL_EPI) and tw_ll_wait's trace row: tests on both placements, the watchdog's
+  # view, A/B from graphs (alternating) and eager
+  local m v op round
+  run "s26-test_gemm" 150 "$bin/test_gemm"
+  unfused_tests s26 || return 0
+  for round in a b; do
+    for v in 0 1; do
+      for m in 16 64; do
+        TW_RS_LL_EPI=$v dist_graph "s26-dist-graph-epi$v$round" "m$m" 60 \
+          "--repeats 50 --graph 20" "--m $m --n 8192 --k 1024" ""
+      done
+    done
+  done
+  for op in gemm_rs gemm_ar; do
+    run "s26-$op-ab-m16" 90 env TW_BENCH_AB=TW_RS_LL_EPI=0,1 "$bin/tw-bench" $op \
+      --world 2 --m 16 --n 8192 --k 1024 --repeats 30 --warmup 5
   done
 }
 exp_s25() { # twenty-first session, exp/next22 (exp/ll + exp/swap64) in one call of ~500 s on 2

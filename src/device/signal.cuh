@@ -256,6 +256,12 @@ static __device__ __forceinline__ void tw_ll_store(uint4 *word, uint32_t d0, uin
                : "memory");
 }
 
+/* 16 data bytes as two low-latency words (32 bytes). */
+static __device__ __forceinline__ void tw_ll_put16(uint4 *words, uint4 d, uint32_t flag) {
+  tw_ll_store(words, d.x, d.y, flag);
+  tw_ll_store(words + 1, d.z, d.w, flag);
+}
+
 static __device__ __forceinline__ uint4 tw_ll_load(const uint4 *word) {
   uint4 v;
   asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"

@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "device/signal.cuh"
+#include "gemm_heuristics.h"
 #include "gemm_launch.cuh"
 #include "gemm_rs.h"
 #include "gemm_sm90.cuh"
@@ -1031,13 +1032,9 @@ template <class P> struct LlParams {
   int64_t ldo;
   uint64_t half_bytes, gather_off; /* one parity's bytes; its gather slots' offset in it */
   int32_t ch, m_local, n, all_reduce;
+  int32_t from_gemm; /* the GEMM stored every rank's words itself (TW_RS_LL_EPI, gemm_ll.cuh):
+                        this rank's own rows too, so no push here and no wait for the GEMM */
 };
-
-/* 16 data bytes as two low-latency words (32 bytes), or back. */
-__device__ __forceinline__ void ll_put16(uint4 *w, uint4 d, uint32_t flag) {
-  tw_ll_store(w, d.x, d.y, flag);
-  tw_ll_store(w + 1, d.z, d.w, flag);
-}
 
 /* kVec<P> sums as bf16 words: 4 values (8 bytes, fp32 partials) or 8 (16 bytes, bf16). */
 template <int V> __device__ __forceinline__ void pack_bf16(const float *acc, uint32_t *w) {
@@ -1052,7 +1049,10 @@ template <class P>
 __global__ void __launch_bounds__(kUnfusedThreads)
     ll_reduce_kernel(const __grid_constant__ LlParams<P> p) {
   __shared__ int s_last;
-  tw::ptx::griddep_wait(); /* programmatic launch: the GEMM's partial is complete from here */
+  /* programmatic launch: the GEMM's partial is complete from here (from_gemm: its words carry
+   * their flags, so nothing waits for the GEMM's end) */
+  if (!p.from_gemm)
+    tw::ptx::griddep_wait();
   const tw_dev_comm_t &dc = p.dc;
   const int ch = p.ch, world = dc.world, rank = dc.rank;
   const uint64_t epoch = tw_op_begin(dc, ch);
@@ -1075,16 +1075,16 @@ __global__ void __launch_bounds__(kUnfusedThreads)
   const uint64_t slot_bytes = (uint64_t)items * 32;  /* partials: 32 B per vector */
   constexpr uint64_t kGatherItem = V == 8 ? 32 : 16; /* bf16 sums: 16 or 8 B */
   /* 2. push this rank's partial rows of every peer into its area */
-  for (int64_t i = first; ok && i < items; i += stride) {
+  for (int64_t i = first; ok && !p.from_gemm && i < items; i += stride) {
     const int64_t r = i / vecs, c = V * (i % vecs);
     for (int d = 0; d < world; d++) {
       if (d == rank)
         continue;
       const uint4 v = __ldcg(reinterpret_cast<const uint4 *>(
           p.partial + (size_t)(d * p.m_local + r) * (size_t)p.n + (size_t)c));
-      ll_put16(reinterpret_cast<uint4 *>(p.area[d] + half + (uint64_t)rank * slot_bytes +
-                                         (uint64_t)i * 32),
-               v, flag);
+      tw_ll_put16(reinterpret_cast<uint4 *>(p.area[d] + half + (uint64_t)rank * slot_bytes +
+                                            (uint64_t)i * 32),
+                  v, flag);
     }
   }
   /* 3. this rank's rows: the sum in rank order */
@@ -1096,7 +1096,7 @@ __global__ void __launch_bounds__(kUnfusedThreads)
     for (int s = 0; s < kMaxWorld; s++) {
       if (s >= world)
         continue;
-      if (s == rank) {
+      if (s == rank && !p.from_gemm) {
         load_vec(p.partial + (size_t)(rank * p.m_local + r) * (size_t)p.n + (size_t)c, v[s]);
         continue;
       }
@@ -1137,7 +1137,7 @@ __global__ void __launch_bounds__(kUnfusedThreads)
                                              (uint64_t)rank * items * kGatherItem +
                                              (uint64_t)i * kGatherItem);
         if constexpr (V == 8)
-          ll_put16(g, make_uint4(w[0], w[1], w[2], w[3]), flag);
+          tw_ll_put16(g, make_uint4(w[0], w[1], w[2], w[3]), flag);
         else
           tw_ll_store(g, w[0], w[1], flag);
       }
@@ -1206,12 +1206,13 @@ tw_status_t launch_after_gemm(tw_comm_t comm, int64_t items, cudaStream_t stream
 /* plan.ll: ll_reduce_kernel after the GEMM (run_unfused). */
 template <class P>
 tw_status_t launch_ll(tw_comm_t comm, const tw_gemm_rs_args_t &a, int all_reduce, int ch,
-                      cudaStream_t stream) {
+                      bool from_gemm, cudaStream_t stream) {
   const int world = comm->world;
   LlParams<P> p;
   memset(&p, 0, sizeof(p));
   p.dc = comm->dev;
   p.ch = ch;
+  p.from_gemm = from_gemm;
   p.partial = (const P *)a.workspace;
   for (int s = 0; s < world; s++)
     p.area[s] = (uint8_t *)tw_heap_peer_ptr(comm, comm->ll, s);
@@ -1251,12 +1252,29 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
   g.m = a.m, g.n = a.n, g.k = a.k;
   g.lda = a.lda, g.ldb = a.ldb, g.ldc = a.n;
   g.sm_count = comm->sm_budget;
-  tw_gemm_sm90_opts_t opts = {-1, 0, 0, &comm->dev, ch};
-  st = tw_gemm_sm90_launch(&g, (tw_stream_t)stream, wait_kernel ? NULL : &opts);
+  tw_gemm_sm90_opts_t opts = {-1, 0, 0, &comm->dev, ch, NULL};
+  /* TW_RS_LL_EPI: the swap-AB GEMM stores the words itself (gemm_ll.cuh), its own rows too; it
+   * writes no workspace, so it waits for no release either */
+  tw_gemm_ll_epi_t ll;
+  const bool ll_epi = plan.ll && tw_env_int(TW_RS_LL_EPI_ID) != 0 &&
+                      tw_gemm_swap_bn((int)tw_env_int(TW_GEMM_SWAP_ID), a.m) != 0;
+  if (ll_epi) {
+    memset(&ll, 0, sizeof(ll));
+    for (int s = 0; s < world; s++)
+      ll.area[s] = (uint8_t *)tw_heap_peer_ptr(comm, comm->ll, s);
+    ll.ll_seq = &comm->ctrl->ll_seq;
+    ll.half_bytes = tw_gemm_rs_ll_bytes(world, a.m, a.n, (int)sizeof(P), all_reduce) / 2;
+    ll.m_local = (int32_t)(a.m / world);
+    ll.slot_bytes = (uint64_t)ll.m_local * (uint64_t)a.n * sizeof(P) * 2;
+    ll.rank = rank;
+    opts.released = NULL;
+    opts.ll = &ll;
+  }
+  st = tw_gemm_sm90_launch(&g, (tw_stream_t)stream, wait_kernel && !ll_epi ? NULL : &opts);
   if (st != TW_SUCCESS)
     return st;
   if (plan.ll)
-    return launch_ll<P>(comm, a, all_reduce, ch, stream);
+    return launch_ll<P>(comm, a, all_reduce, ch, ll_epi, stream);
   UnfusedParams<P> p;
   memset(&p, 0, sizeof(p));
   p.dc = comm->dev;
