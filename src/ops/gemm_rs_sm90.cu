@@ -1164,6 +1164,10 @@ __global__ void __launch_bounds__(kUnfusedThreads)
         *reinterpret_cast<uint2 *>(o) = lo;
     }
   }
+  /* from_gemm: this grid does not end before the GEMM's (whatever follows on the stream finds
+   * both done); by now the GEMM has stored its last words, so this costs its exit alone */
+  if (p.from_gemm)
+    tw::ptx::griddep_wait();
   /* 5. the last CTA ends the call (after a failure too: nothing waits for this one's end) */
   __syncthreads();
   if (threadIdx.x == 0)
