@@ -73,7 +73,8 @@
 #             and eager
 #     s25     (branch exp/next22, run and merged) s23 and s24 trimmed into one 2-GPU call
 #     s26     (branch exp/next23, not run) the GEMM's epilogue storing the low-latency words
-#             (TW_RS_LL_EPI): tests on both placements, memcheck, A/B from graphs and eager
+#             (TW_RS_LL_EPI) and tw_allgather through the area (TW_AG_LL): tests on both
+#             placements, memcheck, A/B from graphs and eager
 #     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
@@ -817,7 +818,25 @@ exp_s26() { # (branch exp/next23, not run) the GEMM's epilogue storing the low-l
   # view, A/B from graphs (alternating) and eager
   local m v op round
   run "s26-test_gemm" 150 "$bin/test_gemm"
+  run "s26-test_allgather" 150 "$bin/test_allgather"
+  [ "$ngpus" -gt 1 ] &&
+    run "s26-test_allgather-distinct" 150 env TW_TEST_DEVICES=distinct "$bin/test_allgather"
+  run "s26-test_ag_gemm" 150 "$bin/test_ag_gemm"
   unfused_tests s26 || return 0
+  # tw_allgather through the area (TW_AG_LL) at decode shards: ag_gemm from graphs, alternating
+  for round in a b; do
+    for v in 0 -1; do
+      for m in 16 64; do
+        TW_AG_LL=$v run "s26-dist-graph-agll$v$round-m$m" 60 env \
+          TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python" python3 -m \
+          tilewire.bench_dist --nproc 2 --op ag_gemm --m $m --n 1024 --k 8192 --repeats 50 \
+          --graph 20
+      done
+    done
+  done
+  for v in 0 1; do # tw_allgather alone (=1: through the area wherever it fits, here <= 2 MiB)
+    run "s26-allgather-ll$v" 90 env TW_AG_LL=$v "$bin/tw-bench" allgather --world 2
+  done
   for round in a b; do
     for v in 0 1; do
       for m in 16 64; do

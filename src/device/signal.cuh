@@ -300,6 +300,12 @@ static __device__ __forceinline__ bool tw_ll_wait(const tw_dev_comm_t &dc, int o
   return true;
 }
 
+/* The call's sequence number of the low-latency area (every exchange through it counts, any
+ * op): all threads may read it; tw_ll_call_end stores it back. */
+static __device__ __forceinline__ uint64_t tw_ll_next_seq(const tw_dev_comm_t &dc) {
+  return *(const volatile uint64_t *)&dc.ctrl->ll_seq + 1;
+}
+
 /* One thread: a relaxed system-scope store of a 64-bit flag (no fence before it). */
 static __device__ __forceinline__ void tw_st_relaxed_sys(uint64_t *p, uint64_t v) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
@@ -415,6 +421,23 @@ static __device__ __forceinline__ uint64_t *tw_peer_flag(const tw_dev_comm_t &dc
 static __device__ __forceinline__ uint64_t *tw_own_flag(const tw_dev_comm_t &dc, int ch,
                                                         int index) {
   return &dc.ctrl->flags[ch][index];
+}
+
+/* Every thread of every CTA, last, in a kernel that exchanged through the area on channel ch:
+ * the grid's last CTA stores the sequence and ends the call (after a failure too: nothing
+ * waits for its end). */
+static __device__ __forceinline__ void tw_ll_call_end(const tw_dev_comm_t &dc, int ch,
+                                                      uint64_t epoch, uint64_t seq) {
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    last = tw_op_exit(dc, ch, epoch, false);
+  __syncthreads();
+  if (threadIdx.x == 0 && last) {
+    *(volatile uint64_t *)&dc.ctrl->ll_seq = seq;
+    tw_trace_stamp(dc, TW_TR_END);
+    tw_op_end(dc, ch, epoch);
+  }
 }
 
 #endif

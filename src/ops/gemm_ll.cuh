@@ -41,7 +41,7 @@ template <class OutT> struct EpiLlPushT {
   template <int kBoxes, int kBoxBytes, int kRows>
   __device__ static void store_boxes(const Params &p, const uint8_t *boxes, int wg_thread,
                                      int32_t col, int32_t row) {
-    constexpr int kV = 16 / (int)sizeof(Out);       /* values in a chunk */
+    constexpr int kV = 16 / (int)sizeof(Out);        /* values in a chunk */
     constexpr int kBoxCols = 128 / (int)sizeof(Out); /* C columns in a box */
     const uint64_t seq = *(const volatile uint64_t *)p.ll_seq + 1;
     const uint32_t flag = tw_ll_flag(seq);
@@ -53,7 +53,7 @@ template <class OutT> struct EpiLlPushT {
       if (c >= kChunks)
         break;
       const int b = c / (kRows * 8), r = (c / 8) % kRows, c16 = c % 8;
-      const int32_t t = row + r;                        /* the product's row (token) */
+      const int32_t t = row + r;                         /* the product's row (token) */
       const int32_t v = (col + b * kBoxCols) / kV + c16; /* its 16-byte vector */
       if (t >= p.m || v >= p.vecs)
         continue;

@@ -1048,7 +1048,6 @@ template <int V> __device__ __forceinline__ void pack_bf16(const float *acc, uin
 template <class P>
 __global__ void __launch_bounds__(kUnfusedThreads)
     ll_reduce_kernel(const __grid_constant__ LlParams<P> p) {
-  __shared__ int s_last;
   /* programmatic launch: the GEMM's partial is complete from here (from_gemm: its words carry
    * their flags, so nothing waits for the GEMM's end) */
   if (!p.from_gemm)
@@ -1056,7 +1055,7 @@ __global__ void __launch_bounds__(kUnfusedThreads)
   const tw_dev_comm_t &dc = p.dc;
   const int ch = p.ch, world = dc.world, rank = dc.rank;
   const uint64_t epoch = tw_op_begin(dc, ch);
-  const uint64_t seq = *(volatile uint64_t *)&dc.ctrl->ll_seq + 1;
+  const uint64_t seq = tw_ll_next_seq(dc);
   const uint32_t flag = tw_ll_flag(seq);
   const uint64_t half = (seq & 1) * p.half_bytes;
   bool ok = tw_op_usable(dc, ch);
@@ -1168,16 +1167,8 @@ __global__ void __launch_bounds__(kUnfusedThreads)
    * both done); by now the GEMM has stored its last words, so this costs its exit alone */
   if (p.from_gemm)
     tw::ptx::griddep_wait();
-  /* 5. the last CTA ends the call (after a failure too: nothing waits for this one's end) */
-  __syncthreads();
-  if (threadIdx.x == 0)
-    s_last = tw_op_exit(dc, ch, epoch, false);
-  __syncthreads();
-  if (threadIdx.x == 0 && s_last) {
-    *(volatile uint64_t *)&dc.ctrl->ll_seq = seq;
-    tw_trace_stamp(dc, TW_TR_END);
-    tw_op_end(dc, ch, epoch);
-  }
+  /* 5. the last CTA ends the call */
+  tw_ll_call_end(dc, ch, epoch, seq);
 }
 
 /* The unfused pipeline's second kernel on `stream`: one thread per item, at most one CTA per SM
