@@ -845,6 +845,12 @@ exp_s26() { # (branch exp/next23, not run) the GEMM's epilogue storing the low-l
       done
     done
   done
+  # M=64 fp32 partials (2 MiB of words a peer): the rule pulls; with the epilogue's words the
+  # area may win there too
+  for v in 0 1; do
+    TW_RS_UNFUSED_LL=1 TW_RS_LL_EPI=$v dist_graph "s26-dist-graph-ll1-epi$v" m64 60 \
+      "--repeats 50 --graph 20" "--m 64 --n 8192 --k 1024" ""
+  done
   for op in gemm_rs gemm_ar; do
     run "s26-$op-ab-m16" 90 env TW_BENCH_AB=TW_RS_LL_EPI=0,1 "$bin/tw-bench" $op \
       --world 2 --m 16 --n 8192 --k 1024 --repeats 30 --warmup 5
