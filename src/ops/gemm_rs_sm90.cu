@@ -411,9 +411,13 @@ template <class P> struct RsVec;
 template <> struct RsVec<float> {
   static constexpr int kE = 4;
   using Packed = uint2;
+  /* 16 bytes of partials (as loaded, or as carried by low-latency words) as floats */
+  static __device__ __forceinline__ void unpack(const uint4 &u, float (&f)[kE]) {
+    f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
+  }
   static __device__ __forceinline__ void load(const float *src, float (&f)[kE]) {
-    const float4 v = __ldcs(reinterpret_cast<const float4 *>(src));
-    f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+    unpack(__ldcs(reinterpret_cast<const uint4 *>(src)), f);
   }
   static __device__ __forceinline__ Packed pack(const float (&f)[kE]) {
     return make_uint2(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]));
@@ -422,14 +426,16 @@ template <> struct RsVec<float> {
 template <> struct RsVec<__nv_bfloat16> {
   static constexpr int kE = 8;
   using Packed = int4;
-  static __device__ __forceinline__ void load(const __nv_bfloat16 *src, float (&f)[kE]) {
-    const int4 v = __ldcs(reinterpret_cast<const int4 *>(src));
-    const uint32_t w[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
+  static __device__ __forceinline__ void unpack(const uint4 &u, float (&f)[kE]) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int h = 0; h < 4; h++) {
       const float2 t = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w[h]));
       f[2 * h] = t.x, f[2 * h + 1] = t.y;
     }
+  }
+  static __device__ __forceinline__ void load(const __nv_bfloat16 *src, float (&f)[kE]) {
+    unpack(__ldcs(reinterpret_cast<const uint4 *>(src)), f);
   }
   static __device__ __forceinline__ Packed pack(const float (&f)[kE]) {
     return make_int4((int)pack_bf16x2(f[0], f[1]), (int)pack_bf16x2(f[2], f[3]),
@@ -881,32 +887,19 @@ template <class P> struct UnfusedParams {
 /* One 16-byte load of partials as floats: 4 fp32 or 8 bf16 (kVec<P>), so that a warp's loads
  * are 512 contiguous bytes (two 16-byte loads per thread at a 32-byte stride fetched every
  * remote sector twice: the first version, 0.0674 against 0.0451 ms at M=256). */
-template <class P> constexpr int kVec = 16 / (int)sizeof(P);
-__device__ __forceinline__ void load_vec(const float *p, float v[4]) {
-  const float4 a = __ldcg(reinterpret_cast<const float4 *>(p));
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+template <class P> constexpr int kVec = RsVec<P>::kE;
+template <class P> __device__ __forceinline__ void load_vec(const P *p, float (&v)[kVec<P>]) {
+  RsVec<P>::unpack(__ldcg(reinterpret_cast<const uint4 *>(p)), v);
 }
-__device__ __forceinline__ void load_vec(const __nv_bfloat16 *p, float v[8]) {
-  const uint4 u = __ldcg(reinterpret_cast<const uint4 *>(p));
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+/* v[0] += v[1] + ... + v[world - 1], in rank order from partial 0 (the reference's chain) */
+template <int V>
+__device__ __forceinline__ void sum_rank_order(float (&v)[kMaxWorld][V], int world) {
 #pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w[i]));
-    v[2 * i] = f.x, v[2 * i + 1] = f.y;
-  }
-}
-/* kVec<P> sums as bf16 into dst (8 or 16 bytes). */
-template <int V> __device__ __forceinline__ void store_bf16(__nv_bfloat16 *dst, const float *acc) {
-  uint32_t w[V / 2];
+  for (int s = 1; s < kMaxWorld; s++)
+    if (s < world)
 #pragma unroll
-  for (int j = 0; j < V / 2; j++) {
-    const __nv_bfloat162 b = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-    w[j] = *reinterpret_cast<const uint32_t *>(&b);
-  }
-  if constexpr (V == 8)
-    *reinterpret_cast<uint4 *>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-  else
-    *reinterpret_cast<uint2 *>(dst) = make_uint2(w[0], w[1]);
+      for (int j = 0; j < V; j++)
+        v[0][j] = __fadd_rn(v[0][j], v[s][j]);
 }
 
 /* One thread: the peers' previous calls on both channels of this op family (which may share the
@@ -950,15 +943,11 @@ __global__ void __launch_bounds__(kUnfusedThreads)
     for (int s = 0; s < kMaxWorld; s++)
       if (s < world)
         load_vec(p.partial[s] + off, v[s]);
-#pragma unroll
-    for (int s = 1; s < kMaxWorld; s++)
-      if (s < world)
-#pragma unroll
-        for (int j = 0; j < V; j++)
-          v[0][j] = __fadd_rn(v[0][j], v[s][j]);
+    sum_rank_order<V>(v, world);
+    const typename RsVec<P>::Packed sum = RsVec<P>::pack(v[0]);
     const size_t dst_off = (size_t)(r - p.dst_row0) * (size_t)p.ld_dst + (size_t)c;
     for (int q = 0; q < p.ndst; q++)
-      store_bf16<V>(p.dst[q] + dst_off, v[0]);
+      *reinterpret_cast<typename RsVec<P>::Packed *>(p.dst[q] + dst_off) = sum;
   }
   __syncthreads();
   /* this CTA's loads and stores before its count; the last CTA releases the peers' partials
@@ -1036,15 +1025,6 @@ template <class P> struct LlParams {
                         this rank's own rows too, so no push here and no wait for the GEMM */
 };
 
-/* kVec<P> sums as bf16 words: 4 values (8 bytes, fp32 partials) or 8 (16 bytes, bf16). */
-template <int V> __device__ __forceinline__ void pack_bf16(const float *acc, uint32_t *w) {
-#pragma unroll
-  for (int j = 0; j < V / 2; j++) {
-    const __nv_bfloat162 b = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-    w[j] = *reinterpret_cast<const uint32_t *>(&b);
-  }
-}
-
 template <class P>
 __global__ void __launch_bounds__(kUnfusedThreads)
     ll_reduce_kernel(const __grid_constant__ LlParams<P> p) {
@@ -1106,28 +1086,15 @@ __global__ void __launch_bounds__(kUnfusedThreads)
            tw_ll_wait(dc, ch, w + 1, flag, s, (int)i, &hi);
       if (!ok)
         break;
-      const uint4 raw = make_uint4(lo.x, lo.y, hi.x, hi.y);
-      const P *vals = reinterpret_cast<const P *>(&raw);
-#pragma unroll
-      for (int j = 0; j < V; j++)
-        v[s][j] = (float)vals[j];
+      RsVec<P>::unpack(make_uint4(lo.x, lo.y, hi.x, hi.y), v[s]);
     }
     if (!ok)
       break;
-#pragma unroll
-    for (int s = 1; s < kMaxWorld; s++)
-      if (s < world)
-#pragma unroll
-        for (int j = 0; j < V; j++)
-          v[0][j] = __fadd_rn(v[0][j], v[s][j]);
-    uint32_t w[V / 2];
-    pack_bf16<V>(v[0], w);
+    sum_rank_order<V>(v, world);
+    const typename RsVec<P>::Packed sum = RsVec<P>::pack(v[0]);
     const int64_t orow = p.all_reduce ? (int64_t)rank * p.m_local + r : r;
-    __nv_bfloat16 *o = p.out + (size_t)orow * (size_t)p.ldo + (size_t)c;
-    if constexpr (V == 8)
-      *reinterpret_cast<uint4 *>(o) = make_uint4(w[0], w[1], w[2], w[3]);
-    else
-      *reinterpret_cast<uint2 *>(o) = make_uint2(w[0], w[1]);
+    *reinterpret_cast<typename RsVec<P>::Packed *>(p.out + (size_t)orow * (size_t)p.ldo +
+                                                   (size_t)c) = sum;
     if (p.all_reduce)
       for (int d = 0; d < world; d++) {
         if (d == rank)
@@ -1136,9 +1103,9 @@ __global__ void __launch_bounds__(kUnfusedThreads)
                                              (uint64_t)rank * items * kGatherItem +
                                              (uint64_t)i * kGatherItem);
         if constexpr (V == 8)
-          tw_ll_put16(g, make_uint4(w[0], w[1], w[2], w[3]), flag);
+          tw_ll_put16(g, make_uint4(sum.x, sum.y, sum.z, sum.w), flag);
         else
-          tw_ll_store(g, w[0], w[1], flag);
+          tw_ll_store(g, sum.x, sum.y, flag);
       }
   }
   /* 4. tw_gemm_ar: every peer's reduced rows into out */
@@ -1201,7 +1168,7 @@ tw_status_t launch_after_gemm(tw_comm_t comm, int64_t items, cudaStream_t stream
 /* plan.ll: ll_reduce_kernel after the GEMM (run_unfused). */
 template <class P>
 tw_status_t launch_ll(tw_comm_t comm, const tw_gemm_rs_args_t &a, int all_reduce, int ch,
-                      bool from_gemm, cudaStream_t stream) {
+                      bool from_gemm, uint8_t *const *area, cudaStream_t stream) {
   const int world = comm->world;
   LlParams<P> p;
   memset(&p, 0, sizeof(p));
@@ -1210,7 +1177,7 @@ tw_status_t launch_ll(tw_comm_t comm, const tw_gemm_rs_args_t &a, int all_reduce
   p.from_gemm = from_gemm;
   p.partial = (const P *)a.workspace;
   for (int s = 0; s < world; s++)
-    p.area[s] = (uint8_t *)tw_heap_peer_ptr(comm, comm->ll, s);
+    p.area[s] = area[s];
   p.out = (__nv_bfloat16 *)a.out;
   p.ldo = a.ldo;
   p.m_local = (int32_t)(a.m / world);
@@ -1251,12 +1218,13 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
   /* TW_RS_LL_EPI: the swap-AB GEMM stores the words itself (gemm_ll.cuh), its own rows too; it
    * writes no workspace, so it waits for no release either */
   tw_gemm_ll_epi_t ll;
+  memset(&ll, 0, sizeof(ll));
+  if (plan.ll) /* every rank's area, mapped here (the GEMM's words and the reduce kernel's) */
+    for (int s = 0; s < world; s++)
+      ll.area[s] = (uint8_t *)tw_heap_peer_ptr(comm, comm->ll, s);
   const bool ll_epi = plan.ll && tw_env_int(TW_RS_LL_EPI_ID) != 0 &&
                       tw_gemm_swap_bn((int)tw_env_int(TW_GEMM_SWAP_ID), a.m) != 0;
   if (ll_epi) {
-    memset(&ll, 0, sizeof(ll));
-    for (int s = 0; s < world; s++)
-      ll.area[s] = (uint8_t *)tw_heap_peer_ptr(comm, comm->ll, s);
     ll.ll_seq = &comm->ctrl->ll_seq;
     ll.half_bytes = tw_gemm_rs_ll_bytes(world, a.m, a.n, (int)sizeof(P), all_reduce) / 2;
     ll.m_local = (int32_t)(a.m / world);
@@ -1269,7 +1237,7 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
   if (st != TW_SUCCESS)
     return st;
   if (plan.ll)
-    return launch_ll<P>(comm, a, all_reduce, ch, ll_epi, stream);
+    return launch_ll<P>(comm, a, all_reduce, ch, ll_epi, ll.area, stream);
   UnfusedParams<P> p;
   memset(&p, 0, sizeof(p));
   p.dc = comm->dev;
