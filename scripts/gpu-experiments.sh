@@ -71,7 +71,10 @@
 #     s23     (branch exp/ll, not run) the unfused decode pipeline through the low-latency area
 #             (TW_RS_UNFUSED_LL): its tests on both placements, A/B against the pull from graphs
 #             and eager
-#     s25     (branch exp/next22) s23 and s24 trimmed into one 2-GPU call
+#     s25     (branch exp/next22, run and merged) s23 and s24 trimmed into one 2-GPU call
+#     s26     (run in the twenty-second session: merged) the GEMM's epilogue storing the low-latency words
+#             (TW_RS_LL_EPI) and tw_allgather through the area (TW_AG_LL): tests on both
+#             placements, memcheck, A/B from graphs and eager
 #     s18c    (eighteenth session) main after the merge: split-K's tests and decode figures
 #     s18b    (eighteenth session) exp/splitk-tree's build in $TW_BUILD_DIR/tree against this one
 #             (test_gemm, split rows, ag_gemm at decode); the rules' checks
@@ -808,6 +811,49 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
       TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
     done
+  done
+}
+exp_s26() { # (run in the twenty-second session, merged) the GEMM's epilogue storing the low-latency words
+  # itself (TW_RS_LL_EPI) and tw_ll_wait's trace row: tests on both placements, the watchdog's
+  # view, A/B from graphs (alternating) and eager
+  local m v op round
+  run "s26-test_gemm" 150 "$bin/test_gemm"
+  run "s26-test_allgather" 150 "$bin/test_allgather"
+  [ "$ngpus" -gt 1 ] &&
+    run "s26-test_allgather-distinct" 150 env TW_TEST_DEVICES=distinct "$bin/test_allgather"
+  run "s26-test_ag_gemm" 150 "$bin/test_ag_gemm"
+  unfused_tests s26 || return 0
+  # tw_allgather through the area (TW_AG_LL) at decode shards: ag_gemm from graphs, alternating
+  for round in a b; do
+    for v in 0 -1; do
+      for m in 16 64; do
+        TW_AG_LL=$v run "s26-dist-graph-agll$v$round-m$m" 60 env \
+          TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python" python3 -m \
+          tilewire.bench_dist --nproc 2 --op ag_gemm --m $m --n 1024 --k 8192 --repeats 50 \
+          --graph 20
+      done
+    done
+  done
+  for v in 0 1; do # tw_allgather alone (=1: through the area wherever it fits, here <= 2 MiB)
+    run "s26-allgather-ll$v" 90 env TW_AG_LL=$v "$bin/tw-bench" allgather --world 2
+  done
+  for round in a b; do
+    for v in 0 1; do
+      for m in 16 64; do
+        TW_RS_LL_EPI=$v dist_graph "s26-dist-graph-epi$v$round" "m$m" 60 \
+          "--repeats 50 --graph 20" "--m $m --n 8192 --k 1024" ""
+      done
+    done
+  done
+  # M=64 fp32 partials (2 MiB of words a peer): the rule pulls; with the epilogue's words the
+  # area may win there too
+  for v in 0 1; do
+    TW_RS_UNFUSED_LL=1 TW_RS_LL_EPI=$v dist_graph "s26-dist-graph-ll1-epi$v" m64 60 \
+      "--repeats 50 --graph 20" "--m 64 --n 8192 --k 1024" ""
+  done
+  for op in gemm_rs gemm_ar; do
+    run "s26-$op-ab-m16" 90 env TW_BENCH_AB=TW_RS_LL_EPI=0,1 "$bin/tw-bench" $op \
+      --world 2 --m 16 --n 8192 --k 1024 --repeats 30 --warmup 5
   done
 }
 exp_s25() { # twenty-first session, exp/next22 (exp/ll + exp/swap64) in one call of ~500 s on 2

@@ -350,6 +350,15 @@ template <class E> struct DiagSignalAfterReadOf<E, decltype(void(E::kDiagSignalA
 };
 
 // Epi::kTransposed (optional, false if absent): EpiTmaStoreT's transposed store.
+// Epi::kWarpgroupStore (transposed epilogues, optional): the consumer warpgroup stores its
+// boxes itself from shared memory (`template <int kBoxes, int kBoxBytes, int kRows> static void
+// store_boxes(const Params&, const uint8_t *boxes, int wg_thread, int32_t col, int32_t row)`,
+// all 128 threads, col / row: the first box's C column and C row) instead of a TMA store.
+template <class E, class = void> struct WarpgroupStoreOf { static constexpr bool value = false; };
+template <class E> struct WarpgroupStoreOf<E, decltype(void(E::kWarpgroupStore))> {
+  static constexpr bool value = E::kWarpgroupStore;
+};
+
 template <class E, class = void> struct TransposedOf { static constexpr bool value = false; };
 template <class E> struct TransposedOf<E, decltype(void(E::kTransposed))> {
   static constexpr bool value = E::kTransposed;
@@ -501,15 +510,22 @@ __device__ __forceinline__ void epilogue_t(const Params &p, float (&acc)[BN / 2]
       }
     }
   }
-  ptx::fence_async_shared();
-  ptx::named_bar_sync(kBarConsumerWg0 + wg, 128);
-  if (wg_thread == 0) {
+  const int32_t col0 = mb * kTileM + (kTileM == 64 ? 0 : wg * kBoxRows);
+  const int32_t row0 = kTileM == 64 ? (nb * 2 + wg) * BN : nb * BN;
+  if constexpr (WarpgroupStoreOf<Epi>::value) {
+    // the warpgroup reads the boxes back (generic proxy) and stores them itself; the next
+    // tile's first barrier above keeps its writes behind these reads
+    ptx::named_bar_sync(kBarConsumerWg0 + wg, 128);
+    Epi::template store_boxes<kBoxes, kBoxBytesT, BN>(p.epi, cbuf, wg_thread, col0, row0);
+  } else {
+    ptx::fence_async_shared();
+    ptx::named_bar_sync(kBarConsumerWg0 + wg, 128);
+    if (wg_thread == 0) {
 #pragma unroll
-    for (int b = 0; b < kBoxes; b++)
-      Epi::issue_box(p.epi, cbuf + b * kBoxBytesT,
-                     mb * kTileM + (kTileM == 64 ? 0 : wg * kBoxRows) + b * kBoxCols,
-                     kTileM == 64 ? (nb * 2 + wg) * BN : nb * BN);
-    ptx::bulk_commit();
+      for (int b = 0; b < kBoxes; b++)
+        Epi::issue_box(p.epi, cbuf + b * kBoxBytesT, col0 + b * kBoxCols, row0);
+      ptx::bulk_commit();
+    }
   }
 }
 

@@ -178,6 +178,40 @@ static __device__ __forceinline__ void tw_trace_channel(const tw_dev_comm_t &dc,
 
 /* ---- waits ----------------------------------------------------------------------------------- */
 
+/* A bounded wait's trace row (TW_TRACE / TW_WATCHDOG_S): thread 0 of a CTA notes where it waits
+ * (op, peer, item) and since when, so the watchdog can name it; the end adds its time. The row
+ * is NULL without a trace or in other threads. */
+static __device__ __forceinline__ uint64_t *
+tw_trace_wait_begin(const tw_dev_comm_t &dc, int op, int peer, int item, uint64_t start) {
+  uint64_t *row = dc.trace && threadIdx.x == 0 && blockIdx.x < TW_TRACE_CTAS
+                      ? dc.trace + blockIdx.x * TW_TRACE_FIELDS
+                      : (uint64_t *)0;
+  if (row) {
+    row[TW_TR_WAIT_SINCE] = start;
+    row[TW_TR_WAITING] = TW_TR_WAIT_DESC(op, peer, item);
+  }
+  return row;
+}
+
+static __device__ __forceinline__ void tw_trace_wait_end(uint64_t *row, uint64_t start) {
+  if (row) {
+    row[TW_TR_WAIT_NS] += tw_globaltimer() - start;
+    row[TW_TR_WAITS] += 1;
+    row[TW_TR_WAITING] = 0;
+  }
+}
+
+/* A wait gave up (timeout or abort): marks its row expired and records the failure. */
+static __device__ __forceinline__ void tw_wait_failed(const tw_dev_comm_t &dc, uint64_t *row,
+                                                      bool aborted, int op, const uint64_t *flag,
+                                                      uint64_t target, uint64_t seen, int peer,
+                                                      int item) {
+  if (row)
+    row[TW_TR_WAITING] = TW_TR_WAIT_DESC(op, peer, item) | TW_TR_WAIT_EXPIRED;
+  tw_record_wait_failure(dc, aborted ? TW_ERR_ABORTED : TW_ERR_DEVICE_TIMEOUT, op, flag, target,
+                         seen, peer, item);
+}
+
 /* One thread: spins until *flag >= target. false on timeout or abort (recorded). */
 static __device__ __forceinline__ bool tw_wait_geq(const tw_dev_comm_t &dc, int op,
                                                    const uint64_t *flag, uint64_t target, int peer,
@@ -186,13 +220,7 @@ static __device__ __forceinline__ bool tw_wait_geq(const tw_dev_comm_t &dc, int 
   if (seen >= target)
     return true;
   const uint64_t start = tw_globaltimer();
-  uint64_t *row = dc.trace && threadIdx.x == 0 && blockIdx.x < TW_TRACE_CTAS
-                      ? dc.trace + blockIdx.x * TW_TRACE_FIELDS
-                      : (uint64_t *)0;
-  if (row) { /* where this CTA waits, for the watchdog (TW_WATCHDOG_S) */
-    row[TW_TR_WAIT_SINCE] = start;
-    row[TW_TR_WAITING] = TW_TR_WAIT_DESC(op, peer, item);
-  }
+  uint64_t *row = tw_trace_wait_begin(dc, op, peer, item, start);
   uint32_t backoff = 32;
   for (;;) {
     __nanosleep(backoff);
@@ -200,19 +228,12 @@ static __device__ __forceinline__ bool tw_wait_geq(const tw_dev_comm_t &dc, int 
       backoff <<= 1;
     seen = tw_ld_acquire_sys(flag);
     if (seen >= target) {
-      if (row) {
-        row[TW_TR_WAIT_NS] += tw_globaltimer() - start;
-        row[TW_TR_WAITS] += 1;
-        row[TW_TR_WAITING] = 0;
-      }
+      tw_trace_wait_end(row, start);
       return true;
     }
     const bool aborted = tw_aborted(dc);
     if (aborted || tw_globaltimer() - start > dc.timeout_ns) {
-      if (row)
-        row[TW_TR_WAITING] = TW_TR_WAIT_DESC(op, peer, item) | TW_TR_WAIT_EXPIRED;
-      tw_record_wait_failure(dc, aborted ? TW_ERR_ABORTED : TW_ERR_DEVICE_TIMEOUT, op, flag, target,
-                             seen, peer, item);
+      tw_wait_failed(dc, row, aborted, op, flag, target, seen, peer, item);
       return false;
     }
   }
@@ -235,6 +256,12 @@ static __device__ __forceinline__ void tw_ll_store(uint4 *word, uint32_t d0, uin
                : "memory");
 }
 
+/* 16 data bytes as two low-latency words (32 bytes). */
+static __device__ __forceinline__ void tw_ll_put16(uint4 *words, uint4 d, uint32_t flag) {
+  tw_ll_store(words, d.x, d.y, flag);
+  tw_ll_store(words + 1, d.z, d.w, flag);
+}
+
 static __device__ __forceinline__ uint4 tw_ll_load(const uint4 *word) {
   uint4 v;
   asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -252,6 +279,7 @@ static __device__ __forceinline__ bool tw_ll_wait(const tw_dev_comm_t &dc, int o
   uint4 v = tw_ll_load(word);
   if (v.y != flag || v.w != flag) {
     const uint64_t start = tw_globaltimer();
+    uint64_t *row = tw_trace_wait_begin(dc, op, peer, item, start);
     for (uint32_t spin = 1;; spin++) {
       if (spin > 64)
         __nanosleep(64);
@@ -261,15 +289,21 @@ static __device__ __forceinline__ bool tw_ll_wait(const tw_dev_comm_t &dc, int o
       if ((spin & 15) == 0) {
         const bool aborted = tw_aborted(dc);
         if (aborted || tw_globaltimer() - start > dc.timeout_ns) {
-          tw_record_wait_failure(dc, aborted ? TW_ERR_ABORTED : TW_ERR_DEVICE_TIMEOUT, op,
-                                 (const uint64_t *)word, flag, v.y, peer, item);
+          tw_wait_failed(dc, row, aborted, op, (const uint64_t *)word, flag, v.y, peer, item);
           return false;
         }
       }
     }
+    tw_trace_wait_end(row, start);
   }
   *data = make_uint2(v.x, v.z);
   return true;
+}
+
+/* The call's sequence number of the low-latency area (every exchange through it counts, any
+ * op): all threads may read it; tw_ll_call_end stores it back. */
+static __device__ __forceinline__ uint64_t tw_ll_next_seq(const tw_dev_comm_t &dc) {
+  return *(const volatile uint64_t *)&dc.ctrl->ll_seq + 1;
 }
 
 /* One thread: a relaxed system-scope store of a 64-bit flag (no fence before it). */
@@ -387,6 +421,23 @@ static __device__ __forceinline__ uint64_t *tw_peer_flag(const tw_dev_comm_t &dc
 static __device__ __forceinline__ uint64_t *tw_own_flag(const tw_dev_comm_t &dc, int ch,
                                                         int index) {
   return &dc.ctrl->flags[ch][index];
+}
+
+/* Every thread of every CTA, last, in a kernel that exchanged through the area on channel ch:
+ * the grid's last CTA stores the sequence and ends the call (after a failure too: nothing
+ * waits for its end). */
+static __device__ __forceinline__ void tw_ll_call_end(const tw_dev_comm_t &dc, int ch,
+                                                      uint64_t epoch, uint64_t seq) {
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    last = tw_op_exit(dc, ch, epoch, false);
+  __syncthreads();
+  if (threadIdx.x == 0 && last) {
+    *(volatile uint64_t *)&dc.ctrl->ll_seq = seq;
+    tw_trace_stamp(dc, TW_TR_END);
+    tw_op_end(dc, ch, epoch);
+  }
 }
 
 #endif

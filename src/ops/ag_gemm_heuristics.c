@@ -7,6 +7,7 @@
  * flags.
  */
 #include "ag_gemm.h"
+#include "allgather.h"
 #include "gemm_heuristics.h"
 
 /* Copy rate of one CTA, as the plan needs it (docs/PERF.md, 2026-11-29 sweeps): 15 GB/s over
@@ -173,4 +174,20 @@ int tw_ag_gemm_own_copy_ce(int world, int gpu_shared, int64_t m_local, int64_t n
    * and 0.0908 / 0.0934; M=16384 (0.59) runs the copy-engine mode, where the knob does not
    * apply (level). 2 ranks on GPUs of their own only (measured there). */
   return world == 2 && !gpu_shared && push_share(world, m_local, n, k, device_sms) < 0.3;
+}
+
+size_t tw_ag_ll_bytes(int world, size_t bytes) {
+  return world < 2 ? 0 : 2 * (size_t)world * bytes * 2;
+}
+
+int tw_ag_want_ll(int env, int world, int gpu_shared, size_t bytes, size_t ll_bytes) {
+  if (env == 0 || world < 2 || tw_ag_ll_bytes(world, bytes) > ll_bytes)
+    return 0;
+  if (env > 0)
+    return 1;
+  /* Decode shards (tw_ag_gemm's tw_allgather at M <= 64, K 8192: 128-512 KiB): one NVLink
+   * latency instead of the entry handshake, the copy and the fenced flags; the threshold is the
+   * unfused GEMM+RS pipeline's (1 MiB of words per peer, twenty-first session). Ranks sharing a
+   * GPU keep the SM push (not measured). */
+  return !gpu_shared && bytes <= TW_AG_LL_RULE_BYTES;
 }

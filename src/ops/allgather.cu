@@ -73,6 +73,65 @@ __global__ void __launch_bounds__(TW_AG_THREADS, 1)
   }
 }
 
+/* tw_allgather through the comm's low-latency area (TW_AG_LL; the words and their sequence as
+ * the unfused GEMM+RS pipeline's, gemm_rs_sm90.cu): call sequence q = ctrl->ll_seq + 1, flag
+ * tw_ll_flag(q), half q & 1 of every area. Each thread stores 16-byte vectors of this rank's
+ * shard into every peer's area (slot `rank`, two words a vector) and into its own recv slot,
+ * then copies every peer's vectors from its own area into recv as their words arrive. No entry
+ * handshake, fence or flag store: a rank writes a peer's half q & 1 only after it has all of
+ * call q - 1's words from that peer, stored after that peer's call q - 2 (the same half) had
+ * read its area. Nobody touches another rank's recv, so recv need not be symmetric here. */
+constexpr int kAgLlThreads = 256;
+
+typedef struct {
+  const uint4 *send;
+  uint4 *recv;                 /* this rank's, [world][vecs] */
+  uint8_t *area[TW_MAX_WORLD]; /* every rank's low-latency area, mapped here */
+  uint64_t half_bytes;         /* world slots of vecs x 32 bytes */
+  int64_t vecs;                /* 16-byte vectors per rank */
+} tw_ag_ll_params_t;
+
+__global__ void __launch_bounds__(kAgLlThreads)
+    tw_allgather_ll_kernel(const __grid_constant__ tw_dev_comm_t dc,
+                           const __grid_constant__ tw_ag_ll_params_t p) {
+  const int world = dc.world, rank = dc.rank;
+  const uint64_t epoch = tw_op_begin(dc, TW_CH_ALLGATHER);
+  const uint64_t seq = tw_ll_next_seq(dc);
+  const uint32_t flag = tw_ll_flag(seq);
+  const uint64_t half = (seq & 1) * p.half_bytes, slot = (uint64_t)p.vecs * 32;
+  bool ok = tw_op_usable(dc, TW_CH_ALLGATHER);
+  if (threadIdx.x == 0) {
+    tw_trace_stamp(dc, TW_TR_START);
+    tw_trace_channel(dc, TW_CH_ALLGATHER);
+  }
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  uint4 *own = p.recv + (int64_t)rank * p.vecs;
+  for (int64_t i = first; ok && i < p.vecs; i += stride) {
+    const uint4 v = __ldcg(p.send + i);
+    for (int d = 0; d < world; d++)
+      if (d != rank)
+        tw_ll_put16(
+            reinterpret_cast<uint4 *>(p.area[d] + half + (uint64_t)rank * slot + (uint64_t)i * 32),
+            v, flag);
+    if (own != p.send)
+      own[i] = v;
+  }
+  const uint8_t *mine = p.area[rank] + half;
+  const int64_t all = (int64_t)(world - 1) * p.vecs;
+  for (int64_t j = first; ok && j < all; j += stride) {
+    const int64_t k = j / p.vecs, i = j % p.vecs;
+    const int s = (int)k + ((int)k >= rank ? 1 : 0); /* the peers in order, this rank skipped */
+    const uint4 *w = reinterpret_cast<const uint4 *>(mine + (uint64_t)s * slot + (uint64_t)i * 32);
+    uint2 lo, hi;
+    ok = tw_ll_wait(dc, TW_CH_ALLGATHER, w, flag, s, (int)i, &lo) &&
+         tw_ll_wait(dc, TW_CH_ALLGATHER, w + 1, flag, s, (int)i, &hi);
+    if (ok)
+      p.recv[(int64_t)s * p.vecs + i] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+  }
+  tw_ll_call_end(dc, TW_CH_ALLGATHER, epoch, seq);
+}
+
 __global__ void tw_barrier_kernel(const __grid_constant__ tw_dev_comm_t dc) {
   const uint64_t epoch = tw_op_begin(dc, TW_CH_BARRIER);
   const int p = threadIdx.x;
@@ -88,6 +147,8 @@ __global__ void tw_barrier_kernel(const __grid_constant__ tw_dev_comm_t dc) {
 extern "C" tw_status_t tw_allgather_preload(void) {
   cudaFuncAttributes attr;
   cudaError_t e = cudaFuncGetAttributes(&attr, tw_allgather_kernel);
+  if (e == cudaSuccess)
+    e = cudaFuncGetAttributes(&attr, tw_allgather_ll_kernel);
   if (e == cudaSuccess)
     e = cudaFuncGetAttributes(&attr, tw_barrier_kernel);
   return tw_cuda_check(e, "loading the allgather kernels");
@@ -168,10 +229,30 @@ extern "C" tw_status_t tw_allgather(tw_comm_t comm, const void *send, void *recv
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
   cudaStream_t launch = NULL;
-  st = tw_sm_exclusive_smem((const void *)tw_allgather_kernel, &smem);
+  const int ll = tw_ag_want_ll((int)tw_env_int(TW_AG_LL_ID), comm->world, comm->gpu_shared, bytes,
+                               comm->ll_bytes);
+  if (!ll)
+    st = tw_sm_exclusive_smem((const void *)tw_allgather_kernel, &smem);
   if (st == TW_SUCCESS)
     st = tw_launch_begin(comm, stream, &launch);
-  if (st == TW_SUCCESS) {
+  if (st == TW_SUCCESS && ll) {
+    tw_ag_ll_params_t p;
+    memset(&p, 0, sizeof(p));
+    p.send = (const uint4 *)send;
+    p.recv = (uint4 *)recv;
+    for (int r = 0; r < comm->world; r++)
+      p.area[r] = (uint8_t *)tw_heap_peer_ptr(comm, comm->ll, r);
+    p.half_bytes = tw_ag_ll_bytes(comm->world, bytes) / 2;
+    p.vecs = (int64_t)(bytes / 16);
+    const int64_t items = (int64_t)(comm->world - 1) * p.vecs;
+    int64_t grid = (items + kAgLlThreads - 1) / kAgLlThreads;
+    if (grid > max_ctas)
+      grid = max_ctas;
+    if (grid < 1)
+      grid = 1;
+    tw_allgather_ll_kernel<<<(unsigned)grid, kAgLlThreads, 0, launch>>>(comm->dev, p);
+    st = tw_cuda_check(cudaGetLastError(), "launching tw_allgather_ll_kernel");
+  } else if (st == TW_SUCCESS) {
     tw_allgather_kernel<<<plan.ctas, TW_AG_THREADS, smem, launch>>>(comm->dev, plan);
     st = tw_cuda_check(cudaGetLastError(), "launching tw_allgather_kernel");
   }

@@ -31,6 +31,15 @@ static __host__ __device__ __forceinline__ int tw_ag_flag_index(int src, int chu
 }
 #endif
 
+/* Bytes of the comm's low-latency area (comm.h) an allgather of `bytes` per rank takes through
+ * it: two halves of world slots of 2 x bytes (16-byte words of 8 data bytes). */
+size_t tw_ag_ll_bytes(int world, size_t bytes);
+/* Whether tw_allgather exchanges through the low-latency area of ll_bytes bytes. env: TW_AG_LL
+ * (1: wherever it fits; -1: there, on ranks that do not share a GPU, for at most
+ * TW_AG_LL_RULE_BYTES per rank; 0: never). */
+#define TW_AG_LL_RULE_BYTES ((size_t)512 << 10)
+int tw_ag_want_ll(int env, int world, int gpu_shared, size_t bytes, size_t ll_bytes);
+
 struct tw_comm;
 /* Validates the arguments (naming the bad one) and chooses chunks for max_ctas CTAs. */
 tw_status_t tw_ag_make_plan(struct tw_comm *comm, const void *send, void *recv, size_t bytes,

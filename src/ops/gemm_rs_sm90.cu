@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "device/signal.cuh"
+#include "gemm_heuristics.h"
 #include "gemm_launch.cuh"
 #include "gemm_rs.h"
 #include "gemm_sm90.cuh"
@@ -410,9 +411,13 @@ template <class P> struct RsVec;
 template <> struct RsVec<float> {
   static constexpr int kE = 4;
   using Packed = uint2;
+  /* 16 bytes of partials (as loaded, or as carried by low-latency words) as floats */
+  static __device__ __forceinline__ void unpack(const uint4 &u, float (&f)[kE]) {
+    f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
+  }
   static __device__ __forceinline__ void load(const float *src, float (&f)[kE]) {
-    const float4 v = __ldcs(reinterpret_cast<const float4 *>(src));
-    f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+    unpack(__ldcs(reinterpret_cast<const uint4 *>(src)), f);
   }
   static __device__ __forceinline__ Packed pack(const float (&f)[kE]) {
     return make_uint2(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]));
@@ -421,14 +426,16 @@ template <> struct RsVec<float> {
 template <> struct RsVec<__nv_bfloat16> {
   static constexpr int kE = 8;
   using Packed = int4;
-  static __device__ __forceinline__ void load(const __nv_bfloat16 *src, float (&f)[kE]) {
-    const int4 v = __ldcs(reinterpret_cast<const int4 *>(src));
-    const uint32_t w[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
+  static __device__ __forceinline__ void unpack(const uint4 &u, float (&f)[kE]) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int h = 0; h < 4; h++) {
       const float2 t = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w[h]));
       f[2 * h] = t.x, f[2 * h + 1] = t.y;
     }
+  }
+  static __device__ __forceinline__ void load(const __nv_bfloat16 *src, float (&f)[kE]) {
+    unpack(__ldcs(reinterpret_cast<const uint4 *>(src)), f);
   }
   static __device__ __forceinline__ Packed pack(const float (&f)[kE]) {
     return make_int4((int)pack_bf16x2(f[0], f[1]), (int)pack_bf16x2(f[2], f[3]),
@@ -880,32 +887,19 @@ template <class P> struct UnfusedParams {
 /* One 16-byte load of partials as floats: 4 fp32 or 8 bf16 (kVec<P>), so that a warp's loads
  * are 512 contiguous bytes (two 16-byte loads per thread at a 32-byte stride fetched every
  * remote sector twice: the first version, 0.0674 against 0.0451 ms at M=256). */
-template <class P> constexpr int kVec = 16 / (int)sizeof(P);
-__device__ __forceinline__ void load_vec(const float *p, float v[4]) {
-  const float4 a = __ldcg(reinterpret_cast<const float4 *>(p));
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+template <class P> constexpr int kVec = RsVec<P>::kE;
+template <class P> __device__ __forceinline__ void load_vec(const P *p, float (&v)[kVec<P>]) {
+  RsVec<P>::unpack(__ldcg(reinterpret_cast<const uint4 *>(p)), v);
 }
-__device__ __forceinline__ void load_vec(const __nv_bfloat16 *p, float v[8]) {
-  const uint4 u = __ldcg(reinterpret_cast<const uint4 *>(p));
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+/* v[0] += v[1] + ... + v[world - 1], in rank order from partial 0 (the reference's chain) */
+template <int V>
+__device__ __forceinline__ void sum_rank_order(float (&v)[kMaxWorld][V], int world) {
 #pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w[i]));
-    v[2 * i] = f.x, v[2 * i + 1] = f.y;
-  }
-}
-/* kVec<P> sums as bf16 into dst (8 or 16 bytes). */
-template <int V> __device__ __forceinline__ void store_bf16(__nv_bfloat16 *dst, const float *acc) {
-  uint32_t w[V / 2];
+  for (int s = 1; s < kMaxWorld; s++)
+    if (s < world)
 #pragma unroll
-  for (int j = 0; j < V / 2; j++) {
-    const __nv_bfloat162 b = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-    w[j] = *reinterpret_cast<const uint32_t *>(&b);
-  }
-  if constexpr (V == 8)
-    *reinterpret_cast<uint4 *>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-  else
-    *reinterpret_cast<uint2 *>(dst) = make_uint2(w[0], w[1]);
+      for (int j = 0; j < V; j++)
+        v[0][j] = __fadd_rn(v[0][j], v[s][j]);
 }
 
 /* One thread: the peers' previous calls on both channels of this op family (which may share the
@@ -949,15 +943,11 @@ __global__ void __launch_bounds__(kUnfusedThreads)
     for (int s = 0; s < kMaxWorld; s++)
       if (s < world)
         load_vec(p.partial[s] + off, v[s]);
-#pragma unroll
-    for (int s = 1; s < kMaxWorld; s++)
-      if (s < world)
-#pragma unroll
-        for (int j = 0; j < V; j++)
-          v[0][j] = __fadd_rn(v[0][j], v[s][j]);
+    sum_rank_order<V>(v, world);
+    const typename RsVec<P>::Packed sum = RsVec<P>::pack(v[0]);
     const size_t dst_off = (size_t)(r - p.dst_row0) * (size_t)p.ld_dst + (size_t)c;
     for (int q = 0; q < p.ndst; q++)
-      store_bf16<V>(p.dst[q] + dst_off, v[0]);
+      *reinterpret_cast<typename RsVec<P>::Packed *>(p.dst[q] + dst_off) = sum;
   }
   __syncthreads();
   /* this CTA's loads and stores before its count; the last CTA releases the peers' partials
@@ -1031,32 +1021,21 @@ template <class P> struct LlParams {
   int64_t ldo;
   uint64_t half_bytes, gather_off; /* one parity's bytes; its gather slots' offset in it */
   int32_t ch, m_local, n, all_reduce;
+  int32_t from_gemm; /* the GEMM stored every rank's words itself (TW_RS_LL_EPI, gemm_ll.cuh):
+                        this rank's own rows too, so no push here and no wait for the GEMM */
 };
-
-/* 16 data bytes as two low-latency words (32 bytes), or back. */
-__device__ __forceinline__ void ll_put16(uint4 *w, uint4 d, uint32_t flag) {
-  tw_ll_store(w, d.x, d.y, flag);
-  tw_ll_store(w + 1, d.z, d.w, flag);
-}
-
-/* kVec<P> sums as bf16 words: 4 values (8 bytes, fp32 partials) or 8 (16 bytes, bf16). */
-template <int V> __device__ __forceinline__ void pack_bf16(const float *acc, uint32_t *w) {
-#pragma unroll
-  for (int j = 0; j < V / 2; j++) {
-    const __nv_bfloat162 b = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-    w[j] = *reinterpret_cast<const uint32_t *>(&b);
-  }
-}
 
 template <class P>
 __global__ void __launch_bounds__(kUnfusedThreads)
     ll_reduce_kernel(const __grid_constant__ LlParams<P> p) {
-  __shared__ int s_last;
-  tw::ptx::griddep_wait(); /* programmatic launch: the GEMM's partial is complete from here */
+  /* programmatic launch: the GEMM's partial is complete from here (from_gemm: its words carry
+   * their flags, so nothing waits for the GEMM's end) */
+  if (!p.from_gemm)
+    tw::ptx::griddep_wait();
   const tw_dev_comm_t &dc = p.dc;
   const int ch = p.ch, world = dc.world, rank = dc.rank;
   const uint64_t epoch = tw_op_begin(dc, ch);
-  const uint64_t seq = *(volatile uint64_t *)&dc.ctrl->ll_seq + 1;
+  const uint64_t seq = tw_ll_next_seq(dc);
   const uint32_t flag = tw_ll_flag(seq);
   const uint64_t half = (seq & 1) * p.half_bytes;
   bool ok = tw_op_usable(dc, ch);
@@ -1075,16 +1054,16 @@ __global__ void __launch_bounds__(kUnfusedThreads)
   const uint64_t slot_bytes = (uint64_t)items * 32;  /* partials: 32 B per vector */
   constexpr uint64_t kGatherItem = V == 8 ? 32 : 16; /* bf16 sums: 16 or 8 B */
   /* 2. push this rank's partial rows of every peer into its area */
-  for (int64_t i = first; ok && i < items; i += stride) {
+  for (int64_t i = first; ok && !p.from_gemm && i < items; i += stride) {
     const int64_t r = i / vecs, c = V * (i % vecs);
     for (int d = 0; d < world; d++) {
       if (d == rank)
         continue;
       const uint4 v = __ldcg(reinterpret_cast<const uint4 *>(
           p.partial + (size_t)(d * p.m_local + r) * (size_t)p.n + (size_t)c));
-      ll_put16(reinterpret_cast<uint4 *>(p.area[d] + half + (uint64_t)rank * slot_bytes +
-                                         (uint64_t)i * 32),
-               v, flag);
+      tw_ll_put16(reinterpret_cast<uint4 *>(p.area[d] + half + (uint64_t)rank * slot_bytes +
+                                            (uint64_t)i * 32),
+                  v, flag);
     }
   }
   /* 3. this rank's rows: the sum in rank order */
@@ -1096,7 +1075,7 @@ __global__ void __launch_bounds__(kUnfusedThreads)
     for (int s = 0; s < kMaxWorld; s++) {
       if (s >= world)
         continue;
-      if (s == rank) {
+      if (s == rank && !p.from_gemm) {
         load_vec(p.partial + (size_t)(rank * p.m_local + r) * (size_t)p.n + (size_t)c, v[s]);
         continue;
       }
@@ -1107,28 +1086,15 @@ __global__ void __launch_bounds__(kUnfusedThreads)
            tw_ll_wait(dc, ch, w + 1, flag, s, (int)i, &hi);
       if (!ok)
         break;
-      const uint4 raw = make_uint4(lo.x, lo.y, hi.x, hi.y);
-      const P *vals = reinterpret_cast<const P *>(&raw);
-#pragma unroll
-      for (int j = 0; j < V; j++)
-        v[s][j] = (float)vals[j];
+      RsVec<P>::unpack(make_uint4(lo.x, lo.y, hi.x, hi.y), v[s]);
     }
     if (!ok)
       break;
-#pragma unroll
-    for (int s = 1; s < kMaxWorld; s++)
-      if (s < world)
-#pragma unroll
-        for (int j = 0; j < V; j++)
-          v[0][j] = __fadd_rn(v[0][j], v[s][j]);
-    uint32_t w[V / 2];
-    pack_bf16<V>(v[0], w);
+    sum_rank_order<V>(v, world);
+    const typename RsVec<P>::Packed sum = RsVec<P>::pack(v[0]);
     const int64_t orow = p.all_reduce ? (int64_t)rank * p.m_local + r : r;
-    __nv_bfloat16 *o = p.out + (size_t)orow * (size_t)p.ldo + (size_t)c;
-    if constexpr (V == 8)
-      *reinterpret_cast<uint4 *>(o) = make_uint4(w[0], w[1], w[2], w[3]);
-    else
-      *reinterpret_cast<uint2 *>(o) = make_uint2(w[0], w[1]);
+    *reinterpret_cast<typename RsVec<P>::Packed *>(p.out + (size_t)orow * (size_t)p.ldo +
+                                                   (size_t)c) = sum;
     if (p.all_reduce)
       for (int d = 0; d < world; d++) {
         if (d == rank)
@@ -1137,9 +1103,9 @@ __global__ void __launch_bounds__(kUnfusedThreads)
                                              (uint64_t)rank * items * kGatherItem +
                                              (uint64_t)i * kGatherItem);
         if constexpr (V == 8)
-          ll_put16(g, make_uint4(w[0], w[1], w[2], w[3]), flag);
+          tw_ll_put16(g, make_uint4(sum.x, sum.y, sum.z, sum.w), flag);
         else
-          tw_ll_store(g, w[0], w[1], flag);
+          tw_ll_store(g, sum.x, sum.y, flag);
       }
   }
   /* 4. tw_gemm_ar: every peer's reduced rows into out */
@@ -1164,16 +1130,12 @@ __global__ void __launch_bounds__(kUnfusedThreads)
         *reinterpret_cast<uint2 *>(o) = lo;
     }
   }
-  /* 5. the last CTA ends the call (after a failure too: nothing waits for this one's end) */
-  __syncthreads();
-  if (threadIdx.x == 0)
-    s_last = tw_op_exit(dc, ch, epoch, false);
-  __syncthreads();
-  if (threadIdx.x == 0 && s_last) {
-    *(volatile uint64_t *)&dc.ctrl->ll_seq = seq;
-    tw_trace_stamp(dc, TW_TR_END);
-    tw_op_end(dc, ch, epoch);
-  }
+  /* from_gemm: this grid does not end before the GEMM's (whatever follows on the stream finds
+   * both done); by now the GEMM has stored its last words, so this costs its exit alone */
+  if (p.from_gemm)
+    tw::ptx::griddep_wait();
+  /* 5. the last CTA ends the call */
+  tw_ll_call_end(dc, ch, epoch, seq);
 }
 
 /* The unfused pipeline's second kernel on `stream`: one thread per item, at most one CTA per SM
@@ -1206,15 +1168,16 @@ tw_status_t launch_after_gemm(tw_comm_t comm, int64_t items, cudaStream_t stream
 /* plan.ll: ll_reduce_kernel after the GEMM (run_unfused). */
 template <class P>
 tw_status_t launch_ll(tw_comm_t comm, const tw_gemm_rs_args_t &a, int all_reduce, int ch,
-                      cudaStream_t stream) {
+                      bool from_gemm, uint8_t *const *area, cudaStream_t stream) {
   const int world = comm->world;
   LlParams<P> p;
   memset(&p, 0, sizeof(p));
   p.dc = comm->dev;
   p.ch = ch;
+  p.from_gemm = from_gemm;
   p.partial = (const P *)a.workspace;
   for (int s = 0; s < world; s++)
-    p.area[s] = (uint8_t *)tw_heap_peer_ptr(comm, comm->ll, s);
+    p.area[s] = area[s];
   p.out = (__nv_bfloat16 *)a.out;
   p.ldo = a.ldo;
   p.m_local = (int32_t)(a.m / world);
@@ -1251,12 +1214,30 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
   g.m = a.m, g.n = a.n, g.k = a.k;
   g.lda = a.lda, g.ldb = a.ldb, g.ldc = a.n;
   g.sm_count = comm->sm_budget;
-  tw_gemm_sm90_opts_t opts = {-1, 0, 0, &comm->dev, ch};
-  st = tw_gemm_sm90_launch(&g, (tw_stream_t)stream, wait_kernel ? NULL : &opts);
+  tw_gemm_sm90_opts_t opts = {-1, 0, 0, &comm->dev, ch, NULL};
+  /* TW_RS_LL_EPI: the swap-AB GEMM stores the words itself (gemm_ll.cuh), its own rows too; it
+   * writes no workspace, so it waits for no release either */
+  tw_gemm_ll_epi_t ll;
+  memset(&ll, 0, sizeof(ll));
+  if (plan.ll) /* every rank's area, mapped here (the GEMM's words and the reduce kernel's) */
+    for (int s = 0; s < world; s++)
+      ll.area[s] = (uint8_t *)tw_heap_peer_ptr(comm, comm->ll, s);
+  const bool ll_epi = plan.ll && tw_env_int(TW_RS_LL_EPI_ID) != 0 &&
+                      tw_gemm_swap_bn((int)tw_env_int(TW_GEMM_SWAP_ID), a.m) != 0;
+  if (ll_epi) {
+    ll.ll_seq = &comm->ctrl->ll_seq;
+    ll.half_bytes = tw_gemm_rs_ll_bytes(world, a.m, a.n, (int)sizeof(P), all_reduce) / 2;
+    ll.m_local = (int32_t)(a.m / world);
+    ll.slot_bytes = (uint64_t)ll.m_local * (uint64_t)a.n * sizeof(P) * 2;
+    ll.rank = rank;
+    opts.released = NULL;
+    opts.ll = &ll;
+  }
+  st = tw_gemm_sm90_launch(&g, (tw_stream_t)stream, wait_kernel && !ll_epi ? NULL : &opts);
   if (st != TW_SUCCESS)
     return st;
   if (plan.ll)
-    return launch_ll<P>(comm, a, all_reduce, ch, stream);
+    return launch_ll<P>(comm, a, all_reduce, ch, ll_epi, ll.area, stream);
   UnfusedParams<P> p;
   memset(&p, 0, sizeof(p));
   p.dc = comm->dev;

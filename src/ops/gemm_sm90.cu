@@ -16,6 +16,7 @@
 #include "driver.h"
 #include "gemm_heuristics.h"
 #include "gemm_launch.cuh"
+#include "gemm_ll.cuh"
 #include "gemm_released.cuh"
 #include "gemm_sm90.cuh"
 #include "gemm_sm90.h"
@@ -139,12 +140,11 @@ template <int MT> constexpr int swap_stages() { return MT == 16 ? 10 : 7; }
 constexpr int kSwapHalfEpiBytes = 8192;
 template <int MT> constexpr int swap_half_stages() { return MT == 16 ? 16 : 12; }
 
-template <class Out, int MT, class Wait>
-tw_status_t launch_swap(const GemmParams<EpiTmaStoreT<Out>, Wait> &params, int split, int grid,
-                        int device, cudaStream_t stream) {
+template <class Out, int MT, class Wait, class E = EpiTmaStoreT<Out>>
+tw_status_t launch_swap(const GemmParams<E, Wait> &params, int split, int grid, int device,
+                        cudaStream_t stream) {
   constexpr int S = swap_stages<MT>();
-  using E = EpiTmaStoreT<Out>;
-  if constexpr (std::is_same<Wait, NoWait>::value) {
+  if constexpr (std::is_same<Wait, NoWait>::value && std::is_same<E, EpiTmaStoreT<Out>>::value) {
     if (split == 8)
       return launch_plain<S, kSwapEpiBytes, Out, false, 1, MT, 8, Wait, E>(params, grid, device,
                                                                            stream);
@@ -159,11 +159,11 @@ tw_status_t launch_swap(const GemmParams<EpiTmaStoreT<Out>, Wait> &params, int s
                                                                        stream);
 }
 
-template <class Out, int MT, class Wait>
-tw_status_t launch_swap_half(const GemmParams<EpiTmaStoreT<Out>, Wait> &params, int grid,
-                             int device, cudaStream_t stream) {
-  return launch_plain<swap_half_stages<MT>(), kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, Wait,
-                      EpiTmaStoreT<Out>, 64>(params, grid, device, stream);
+template <class Out, int MT, class Wait, class E = EpiTmaStoreT<Out>>
+tw_status_t launch_swap_half(const GemmParams<E, Wait> &params, int grid, int device,
+                             cudaStream_t stream) {
+  return launch_plain<swap_half_stages<MT>(), kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, Wait, E,
+                      64>(params, grid, device, stream);
 }
 
 template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN,
@@ -194,6 +194,13 @@ template <class Out, int MT> cudaError_t preload_swap() {
       cudaSuccess)
     e = r;
   if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, ReleasedWait, E, 64>()) !=
+      cudaSuccess)
+    e = r;
+  /* the unfused pipeline's epilogue into the low-latency area (both heights, unsplit) */
+  using LE = EpiLlPushT<Out>;
+  if ((r = preload_one<S, kSwapEpiBytes, Out, false, 1, MT, 1, NoWait, LE>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, NoWait, LE, 64>()) !=
       cudaSuccess)
     e = r;
   return e;
@@ -280,11 +287,14 @@ template <class GP> int schedule(GP &params, int64_t k, int64_t rows, int cluste
 // so the default order serves; split-K sums the same slices in the same tree as run()'s.
 // half (tw_gemm_swap_half, unsplit): tiles of 64 of B's rows, twice as many, each consumer
 // warpgroup taking mt / 2 of A's rows (the same products in the same k order: the same bits).
-template <class Out, class Wait = NoWait>
+// E = EpiLlPushT<Out> (opts.ll, unsplit): the tiles go into the owners' low-latency areas as
+// words (gemm_ll.cuh) instead of into c.
+template <class Out, class Wait = NoWait, class E = EpiTmaStoreT<Out>>
 tw_status_t run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int split, int device,
                      cudaStream_t stream,
-                     const typename Wait::Params &wait = typename Wait::Params()) {
-  GemmParams<EpiTmaStoreT<Out>, Wait> params;
+                     const typename Wait::Params &wait = typename Wait::Params(),
+                     const tw_gemm_ll_epi_t *ll = NULL) {
+  GemmParams<E, Wait> params;
   memset(&params, 0, sizeof(params));
   params.wait = wait;
   const int tile_m = half ? 64 : kBlockM;
@@ -295,9 +305,22 @@ tw_status_t run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int sp
     st = tw_tma_map_2d(&params.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a, (uint64_t)a.k,
                        (uint64_t)a.m, (uint64_t)a.lda, kBlockK, (uint32_t)mt,
                        "tw_gemm: cuTensorMapEncodeTiled(a, swapped)");
-  if (st == TW_SUCCESS)
+  if constexpr (std::is_same<E, EpiLlPushT<Out>>::value) {
+    if (!ll || split != 1)
+      return tw_fail(TW_ERR_INTERNAL, "tw_gemm: the low-latency epilogue serves unsplit GEMMs");
+    for (int r = 0; r < TW_MAX_WORLD; r++)
+      params.epi.area[r] = ll->area[r];
+    params.epi.ll_seq = ll->ll_seq;
+    params.epi.half_bytes = ll->half_bytes;
+    params.epi.slot_bytes = ll->slot_bytes;
+    params.epi.rank = ll->rank;
+    params.epi.m = (int32_t)a.m;
+    params.epi.m_local = ll->m_local;
+    params.epi.vecs = (int32_t)(a.n / (16 / (int64_t)sizeof(Out)));
+  } else if (st == TW_SUCCESS) {
     st = out_map<Out>(&params.epi.c_map, a.c, a.n, a.m, a.ldc,
                       "tw_gemm: cuTensorMapEncodeTiled(c, swapped)", half ? mt / 2 : mt);
+  }
   if (st != TW_SUCCESS)
     return st;
   TileOrder &o = params.order;
@@ -308,14 +331,14 @@ tw_status_t run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int sp
   o.group_m = 1;
   const int grid = schedule(params, a.k, a.n, split, sms);
   if (half && split == 1)
-    return mt == 16 ? launch_swap_half<Out, 16, Wait>(params, grid, device, stream)
-                    : launch_swap_half<Out, 64, Wait>(params, grid, device, stream);
+    return mt == 16 ? launch_swap_half<Out, 16, Wait, E>(params, grid, device, stream)
+                    : launch_swap_half<Out, 64, Wait, E>(params, grid, device, stream);
   if (half)
     return tw_fail(TW_ERR_INTERNAL, "tw_gemm: 64-row swap-AB tiles serve unsplit GEMMs (split %d)",
                    split);
   if (mt == 16)
-    return launch_swap<Out, 16, Wait>(params, split, grid, device, stream);
-  return launch_swap<Out, 64, Wait>(params, split, grid, device, stream);
+    return launch_swap<Out, 16, Wait, E>(params, split, grid, device, stream);
+  return launch_swap<Out, 64, Wait, E>(params, split, grid, device, stream);
 }
 
 template <class Out, class Wait = NoWait>
@@ -501,6 +524,16 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   if (swap_mt && (!opts || (opts->variant < 0 && !opts->dynamic_queue)) &&
       !(split > 1 && tw_env_int(TW_SPLIT_SCATTER_ID) != 0)) {
     const bool half = tw_gemm_swap_half(swap_env, a.m, a.n, split, sms) != 0;
+    if (opts && opts->ll) {
+      if (split > 1 || opts->released)
+        return tw_fail(TW_ERR_INTERNAL,
+                       "tw_gemm: the low-latency epilogue serves unsplit GEMMs with no wait");
+      if (a.c_dtype == TW_BF16)
+        return run_swap<__nv_bfloat16, NoWait, EpiLlPushT<__nv_bfloat16>>(
+            a, swap_mt, half, sms, 1, device, s, NoWait::Params(), opts->ll);
+      return run_swap<float, NoWait, EpiLlPushT<float>>(a, swap_mt, half, sms, 1, device, s,
+                                                        NoWait::Params(), opts->ll);
+    }
     if (opts && opts->released) {
       if (split > 1)
         return tw_fail(TW_ERR_INTERNAL,
@@ -514,6 +547,10 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
       return run_swap<__nv_bfloat16>(a, swap_mt, half, sms, split, device, s);
     return run_swap<float>(a, swap_mt, half, sms, split, device, s);
   }
+  if (opts && opts->ll)
+    return tw_fail(TW_ERR_INTERNAL,
+                   "tw_gemm: the low-latency epilogue serves swap-AB GEMMs (m %lld, TW_GEMM_SWAP)",
+                   (long long)a.m);
   if (opts && opts->released) {
     // the unfused pipeline's GEMM: unsplit, static, one CTA per tile
     if (dynamic || split > 1 || (variant != TW_GEMM_V_S3_E32 && variant != TW_GEMM_V_N128_S6))

@@ -19,7 +19,20 @@ typedef struct tw_gemm_sm90_opts {
    * schedule, 1-CTA variants only. released_ch: the call's channel (tw_channel_t). */
   const struct tw_dev_comm *released;
   int released_ch;
+  /* tw_gemm_rs / tw_gemm_ar's unfused pipeline through the low-latency area (NULL otherwise,
+   * TW_RS_LL_EPI): the swap-AB GEMM (m <= 64, unsplit) stores its partial as low-latency words
+   * into the owners' areas (gemm_ll.cuh) instead of into c; with `released` NULL. */
+  const struct tw_gemm_ll_epi *ll;
 } tw_gemm_sm90_opts_t;
+
+/* Where tw_gemm_sm90_opts_t.ll's epilogue stores (gemm_ll.cuh): every rank's area, this rank's
+ * ll_seq, one parity's bytes, one slot's bytes, this rank, m / world. */
+typedef struct tw_gemm_ll_epi {
+  uint8_t *area[TW_MAX_WORLD];
+  const uint64_t *ll_seq;
+  uint64_t half_bytes, slot_bytes;
+  int32_t rank, m_local;
+} tw_gemm_ll_epi_t;
 
 /* tw_gemm with explicit variant choices (opts may be NULL: same as tw_gemm). The queue of
  * dynamic_queue is one per device and process: do not run two such calls concurrently. */

@@ -34,7 +34,7 @@ typedef struct tw_bootstrap_id {
 } tw_bootstrap_id_t;
 
 /* Room for the knobs that every rank must set alike (comm.c lists them). */
-#define TW_PEER_KNOBS 16
+#define TW_PEER_KNOBS 20
 
 /* What every rank learns about every other at init. */
 typedef struct tw_peer_info {

@@ -109,7 +109,8 @@ static const tw_env_id alike_knobs[] = {
     TW_AG_CHUNK_BYTES_ID, TW_RS_BAND_ID,          TW_RS_GROUP_UNITS_ID, TW_RS_INTERLEAVE_ID,
     TW_RS_PULL_ID,        TW_AR_PUSH_ID,          TW_AR_DIRECT_ID,      TW_AG_PEER_GATHER_ID,
     TW_AG_PEER_READ_ID,   TW_AG_AUTO_CE_ID,       TW_RS_OWNER_EPI_ID,   TW_RS_STEAL_ID,
-    TW_RS_BLOCK_N_ID,     TW_AG_UNFUSED_SMALL_ID, TW_RS_UNFUSED_LL_ID,  TW_LL_BYTES_ID};
+    TW_RS_BLOCK_N_ID,     TW_AG_UNFUSED_SMALL_ID, TW_RS_UNFUSED_LL_ID,  TW_LL_BYTES_ID,
+    TW_AG_LL_ID};
 _Static_assert(sizeof(alike_knobs) / sizeof(alike_knobs[0]) <= TW_PEER_KNOBS,
                "TW_PEER_KNOBS holds every knob that ranks must set alike");
 enum { n_alike_knobs = (int)(sizeof(alike_knobs) / sizeof(alike_knobs[0])) };

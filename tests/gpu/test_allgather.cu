@@ -151,18 +151,28 @@ static void test_correctness(int world, size_t bytes, int in_place, uint64_t see
   teardown(&f, in_place);
 }
 
-static void test_back_to_back(int world, size_t bytes, int calls, uint64_t seed) {
+/* mix: the low-latency area (TW_AG_LL=1) and the SM push (=0) in turn, two calls each */
+static void test_back_to_back_mix(int world, size_t bytes, int calls, uint64_t seed, int mix) {
   fixture f;
   setup(&f, world, bytes, 0, 10000);
   double t0 = tw_test_now();
-  for (int i = 0; i < calls; i++)
+  for (int i = 0; i < calls; i++) {
+    if (mix)
+      setenv("TW_AG_LL", (i / 2) % 2 ? "0" : "1", 1); /* read when enqueued */
     enqueue_iteration(&f, seed, (uint32_t)i, NULL);
+  }
+  if (mix)
+    unsetenv("TW_AG_LL");
   unsigned long long bad = collect_bad(&f);
   TEST_ASSERT(bad == 0, "world %d: %d back-to-back calls: %llu words wrong", world, calls, bad);
   printf("  world %d: %d back-to-back calls of %zu bytes in %.1f ms\n", world, calls, bytes,
          1e3 * (tw_test_now() - t0));
   expect_no_async_error(&f);
   teardown(&f, 0);
+}
+
+static void test_back_to_back(int world, size_t bytes, int calls, uint64_t seed) {
+  test_back_to_back_mix(world, bytes, calls, seed, 0);
 }
 
 typedef struct {
@@ -212,11 +222,12 @@ static void test_graph(int world, size_t bytes, int replays, uint64_t seed) {
   teardown(&f, 0);
 }
 
-/* Rank 1 never calls: rank 0's wait for its entry must time out, not hang. */
-static void test_withheld_signal(void) {
+/* Rank 1 never calls: rank 0's wait for its entry (its words, with TW_AG_LL=1) must time out,
+ * not hang. */
+static void test_withheld_signal(size_t bytes) {
   fixture f;
   const int timeout_ms = 500;
-  setup(&f, 2, 1 << 20, 0, timeout_ms);
+  setup(&f, 2, bytes, 0, timeout_ms);
   double t0 = tw_test_now();
   TEST_TW_OK(tw_allgather(f.comms[0], f.send[0], f.recv[0], f.bytes, (tw_stream_t)f.streams[0]));
   cudaError_t err = cudaStreamSynchronize(f.streams[0]);
@@ -306,6 +317,23 @@ int main(int argc, char **argv) {
   test_graph(small ? 2 : 8, (1u << 20), 10, seed + 2000);
   test_barrier(small ? 2 : 8);
   test_bad_arguments();
-  test_withheld_signal();
+  test_withheld_signal(1 << 20);
+  /* through the low-latency area (TW_AG_LL=1; the default takes it for shards up to 512 KiB on
+   * GPUs of their own): every world, in place or not, tails; calls mixed with the SM push on one
+   * comm; graph replays; a peer that never calls */
+  setenv("TW_AG_LL", "1", 1);
+  static const size_t ll_sizes[] = {16, 4096 + 16, (256u << 10) + 48, 512u << 10};
+  for (int wi = 1; wi < 5; wi++) {
+    for (int si = 0; si < (small ? 2 : 4); si++) {
+      test_correctness(worlds[wi], ll_sizes[si], 0, seed + 3000 + wi * 16 + si);
+      test_correctness(worlds[wi], ll_sizes[si], 1, seed + 3000 + wi * 16 + si + 7);
+    }
+    printf("world %d: correctness through the low-latency area done\n", worlds[wi]);
+  }
+  test_graph(small ? 2 : 8, 65536, 10, seed + 3500);
+  test_withheld_signal(65536);
+  unsetenv("TW_AG_LL");
+  test_back_to_back_mix(small ? 2 : 4, 65536 + 16, small ? 16 : 200, seed + 3600, 1);
+  test_back_to_back_mix(3, 4096 + 32, small ? 16 : 200, seed + 3700, 1);
   return tw_test_finish();
 }

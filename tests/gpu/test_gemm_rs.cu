@@ -300,9 +300,9 @@ static unsigned long long take_bad(fixture *f) {
 }
 
 /* Many calls with fresh inputs, no host sync in between; each call checked on the GPU. */
-static void test_back_to_back(int world, int calls, uint64_t seed) {
+static void test_back_to_back_at(int world, int calls, int64_t m_local, uint64_t seed) {
   fixture f;
-  setup(&f, world, 200, 256, 256);
+  setup(&f, world, m_local, 256, 256);
   double t0 = tw_test_now();
   for (int i = 0; i < calls; i++)
     checked_call(&f, i & 1, 0, seed + (uint64_t)i * 7919);
@@ -310,9 +310,14 @@ static void test_back_to_back(int world, int calls, uint64_t seed) {
   TEST_ASSERT(bad == 0, "world %d: %d back-to-back calls: %llu words differ from unfused", world,
               calls, bad);
   check_async_errors(&f);
-  printf("  world %d: %d back-to-back checked calls (rs and ar alternating) in %.2f s\n", world,
-         calls, tw_test_now() - t0);
+  printf("  world %d m_local %lld: %d back-to-back checked calls (rs and ar alternating) in %.2f "
+         "s\n",
+         world, (long long)m_local, calls, tw_test_now() - t0);
   teardown(&f);
+}
+
+static void test_back_to_back(int world, int calls, uint64_t seed) {
+  test_back_to_back_at(world, calls, 200, seed);
 }
 
 /* Calls of different shapes on one comm (as a model's layers make them): tw_gemm_ar with one
@@ -899,12 +904,41 @@ int main(int argc, char **argv) {
        299,
        2,
        0},
+      /* through the area at swap-AB shapes (m <= 64 up to world 4): the GEMM's epilogue stores
+       * the words (the default) or the reduce kernel pushes the partial (=0); both partials */
+      {"TW_RS_LL_EPI",
+       "1",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{8, 1032, 264, 0}, {16, 8192, 520, 0}, {3, 1000, 72, 0}},
+       300,
+       2,
+       1},
+      {"TW_RS_LL_EPI",
+       "1",
+       NULL,
+       TW_PARTIALS_BF16,
+       {{16, 8192, 1032, 0}, {5, 520, 4104, 0}, {1, 8, 8, 0}},
+       301,
+       2,
+       1},
+      {"TW_RS_LL_EPI",
+       "0",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{8, 1032, 264, 0}, {16, 8192, 520, 0}, {3, 1000, 72, 0}},
+       302,
+       2,
+       0},
   };
   for (size_t i = 0; i < sizeof(unfused_cases) / sizeof(unfused_cases[0]); i++)
     run_env_cases(&unfused_cases[i], small, seed);
   /* 1000 back-to-back calls of the unfused pipeline with fresh inputs (rs and ar alternating),
    * on 2 ranks: the distinct GPUs under TW_TEST_DEVICES=distinct */
   test_back_to_back(2, small ? 20 : 1000, seed + 7500);
+  /* and at a swap-AB shape (m 32: the GEMM's epilogue stores the low-latency words), so the
+   * area's two halves turn over hundreds of times with fresh data */
+  test_back_to_back_at(2, small ? 20 : 500, 16, seed + 7600);
   unsetenv("TW_RS_UNFUSED_SMALL");
   for (int wi = 1; wi < (small ? 2 : 5); wi++) /* worlds 2, 3, 4, 8 */
     test_unfused_mixed(worlds[wi], small ? 16 : 64, seed + 7000 + wi);

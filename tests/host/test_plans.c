@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ops/ag_gemm.h"
+#include "ops/allgather.h"
 #include "ops/gemm_heuristics.h"
 #include "ops/gemm_rs.h"
 #include "tw_test.h"
@@ -417,6 +418,16 @@ static void test_gemm_rs_plans(void) {
   TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 128, 8192, 4, 1, ll16m), "AR M=128 fp32: 24 MiB");
   TEST_ASSERT(!tw_gemm_rs_want_ll(0, 2, 16, 8192, 4, 0, ll16m), "TW_RS_UNFUSED_LL=0: the pull");
   TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 16, 8192, 4, 0, 0), "no area: the pull");
+  /* tw_allgather through the area: 2 halves x world slots x 2 bytes per shard byte */
+  TEST_ASSERT(tw_ag_ll_bytes(2, 512u << 10) == (size_t)4 << 20, "ag ll bytes, 2 ranks 512 KiB");
+  TEST_ASSERT(tw_ag_ll_bytes(1, 4096) == 0, "ag ll bytes, world 1");
+  TEST_ASSERT(tw_ag_want_ll(-1, 2, 0, 512u << 10, ll16m), "ag rule: 512 KiB on 2 GPUs");
+  TEST_ASSERT(!tw_ag_want_ll(-1, 2, 0, (512u << 10) + 16, ll16m), "ag rule: past 512 KiB");
+  TEST_ASSERT(!tw_ag_want_ll(-1, 2, 1, 4096, ll16m), "ag rule: shared GPU keeps the SM push");
+  TEST_ASSERT(tw_ag_want_ll(1, 8, 1, 512u << 10, ll16m), "TW_AG_LL=1: 8 x 512 KiB fits 16 MiB");
+  TEST_ASSERT(!tw_ag_want_ll(1, 8, 0, (512u << 10) + 16, ll16m), "TW_AG_LL=1: does not fit");
+  TEST_ASSERT(!tw_ag_want_ll(0, 2, 0, 4096, ll16m), "TW_AG_LL=0");
+  TEST_ASSERT(!tw_ag_want_ll(1, 1, 0, 4096, ll16m), "world 1");
   /* what tw_gemm_rs_workspace_size asks for holds it wherever the rule takes it */
   for (int w = 2; w <= 8; w++)
     for (int64_t m = w; m <= TW_RS_UNFUSED_MAX_M; m += w)

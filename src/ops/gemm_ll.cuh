@@ -1,0 +1,70 @@
+/*
+ * Internal: a GEMM-core epilogue for tw_gemm_rs / tw_gemm_ar's unfused pipeline through the
+ * comm's low-latency area (gemm_rs_sm90.cu, TW_RS_LL_EPI). The swap-AB GEMM of a decode product
+ * (m <= 64) writes each finished tile's partial straight into its owners' areas as low-latency
+ * words (signal.cuh: 8 data bytes and the call's flag twice per 16 bytes), this rank's own rows
+ * into its own area, instead of TMA-storing the partial into the workspace for the reduce kernel
+ * to read and push. The reduce kernel then only waits for words: it needs neither the GEMM's
+ * end nor the workspace, and the words leave as each tile ends.
+ *
+ * Layout (the reduce kernel's, ll_reduce_kernel): half (q & 1) of the area, q = ctrl->ll_seq + 1
+ * (the reduce kernel of the call stores q back at its end, after every word of the call has
+ * arrived, this rank's own included, so every CTA here reads the same q); slot `rank` of owner
+ * d holds d's rows [d * m_local, +m_local) of this rank's partial, item i = (row - d * m_local)
+ * * vecs + column / V at 32 bytes an item, V = 16 / sizeof(Out) values.
+ */
+#pragma once
+
+#include "device/signal.cuh"
+#include "gemm_sm90.cuh"
+
+namespace tw {
+namespace gemm {
+
+template <class OutT> struct EpiLlPushT {
+  using Out = OutT;
+  static constexpr bool kSignal = false;
+  static constexpr bool kTransposed = true;
+  static constexpr bool kWarpgroupStore = true;
+  struct Params {
+    uint8_t *area[TW_MAX_WORLD]; /* every rank's low-latency area, mapped for this rank */
+    const uint64_t *ll_seq;      /* this rank's ctrl->ll_seq */
+    uint64_t half_bytes;         /* one parity's bytes */
+    uint64_t slot_bytes;         /* one slot's: m_local x vecs items of 32 bytes */
+    int32_t rank, m, m_local, vecs;
+  };
+  __device__ static void prefetch(const Params &) {}
+  __device__ static void signal(const Params &, int32_t, int32_t) {}
+  // The warpgroup's boxes (kBoxes of kRows C rows x 128 bytes, 128B-swizzled, the first at C
+  // column col, C row row): each thread takes 16-byte chunks (one item) and stores them into the
+  // owner's area as two words. Rows past m and columns past n are padding: not stored.
+  template <int kBoxes, int kBoxBytes, int kRows>
+  __device__ static void store_boxes(const Params &p, const uint8_t *boxes, int wg_thread,
+                                     int32_t col, int32_t row) {
+    constexpr int kV = 16 / (int)sizeof(Out);        /* values in a chunk */
+    constexpr int kBoxCols = 128 / (int)sizeof(Out); /* C columns in a box */
+    const uint64_t seq = *(const volatile uint64_t *)p.ll_seq + 1;
+    const uint32_t flag = tw_ll_flag(seq);
+    const uint64_t half = (seq & 1) * p.half_bytes + (uint64_t)p.rank * p.slot_bytes;
+    constexpr int kChunks = kBoxes * kRows * 8;
+#pragma unroll
+    for (int j = 0; j < (kChunks + 127) / 128; j++) {
+      const int c = wg_thread + 128 * j;
+      if (c >= kChunks)
+        break;
+      const int b = c / (kRows * 8), r = (c / 8) % kRows, c16 = c % 8;
+      const int32_t t = row + r;                         /* the product's row (token) */
+      const int32_t v = (col + b * kBoxCols) / kV + c16; /* its 16-byte vector */
+      if (t >= p.m || v >= p.vecs)
+        continue;
+      const uint4 d = *reinterpret_cast<const uint4 *>(boxes + b * kBoxBytes + r * 128 +
+                                                       ((c16 ^ (r & 7)) << 4));
+      const int32_t owner = t / p.m_local;
+      const uint64_t item = (uint64_t)(t - owner * p.m_local) * (uint64_t)p.vecs + (uint64_t)v;
+      tw_ll_put16(reinterpret_cast<uint4 *>(p.area[owner] + half + item * 32), d, flag);
+    }
+  }
+};
+
+} // namespace gemm
+} // namespace tw
