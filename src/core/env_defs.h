@@ -141,14 +141,16 @@ TW_ENV(TW_RS_LL_EPI, bool, "1",
        "store each tile's rows as low-latency words into the owners' areas (its own rows into "
        "its own), so the reduce kernel only waits for words; 0 has the GEMM store the partial "
        "into the workspace and the reduce kernel push it. Same bits; ranks may differ "
-       "(measurement knob; not yet run on a GPU).")
+       "(measured: M=16 GEMM+RS from graphs on 2 H200s 0.0143 -> 0.0132 ms, bf16 partials "
+       "0.0137 -> 0.0109).")
 TW_ENV(TW_AG_LL, int, "-1",
        "tw_allgather (and tw_ag_gemm's decode path through it): 1 exchanges the shards through "
        "the comm's low-latency area where they fit (TW_LL_BYTES): each rank stores its shard "
        "into every peer's area as 16-byte words carrying the call's flag, each copies the words "
        "into its recv; -1 there on ranks that do not share a GPU for at most 512 KiB per rank; 0 "
        "never (the SM push: entry handshake, copies, fenced flags). Every rank must set it "
-       "alike (not yet run on a GPU).")
+       "alike (measured: tw_ag_gemm's decode path M=16 from graphs on 2 H200s 0.0200 -> 0.0162 "
+       "ms).")
 TW_ENV(TW_LL_BYTES, size, "16M",
        "Bytes of each rank's low-latency area (in its symmetric heap, taken at tw_comm_init): "
        "where the unfused decode pipeline of tw_gemm_rs / tw_gemm_ar exchanges rows with flags "
