@@ -822,6 +822,7 @@ exp_s27() { # (branch exp/next24, not run) tw_ag_gemm's decode GEMM launched as 
   local m v round
   run "s27-test_gemm" 200 "$bin/test_gemm"
   run "s27-test_ag_gemm" 200 "$bin/test_ag_gemm"
+  run "s27-test_gemm_rs" 200 "$bin/test_gemm_rs" # the core's loop changed for every GEMM
   for m in 32 128; do # the decode products of M=16 / 64 per rank on 2: tw_gemm vs cuBLAS
     run "s27-gemm-graph-m$m" 60 env TW_BENCH_GRAPH=1 "$bin/tw-bench" gemm --m $m --n 1024 \
       --k 8192 --repeats 50 --warmup 5
@@ -829,6 +830,7 @@ exp_s27() { # (branch exp/next24, not run) tw_ag_gemm's decode GEMM launched as 
   [ "$ngpus" -gt 1 ] || return 0
   run "s27-test_ag_gemm-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
   run "s27-test_allgather-distinct" 150 env TW_TEST_DEVICES=distinct "$bin/test_allgather"
+  run "s27-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
   run "s27-memcheck-test_ag_gemm-distinct" 150 env TW_TEST_DEVICES=distinct compute-sanitizer \
     --error-exitcode=1 --tool memcheck "$bin/test_ag_gemm" --small
   ag_decode_ab s27-dist-graph-pdl TW_AG_PDL "0 1"
