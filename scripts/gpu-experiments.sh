@@ -72,7 +72,7 @@
 #             (TW_RS_UNFUSED_LL): its tests on both placements, A/B against the pull from graphs
 #             and eager
 #     s25     (branch exp/next22, run and merged) s23 and s24 trimmed into one 2-GPU call
-#     s27     (branch exp/next24, not run) tw_ag_gemm's decode GEMM as a programmatic dependent
+#     s27     (run in the twenty-second session: merged) tw_ag_gemm's decode GEMM as a programmatic dependent
 #             of its allgather (TW_AG_PDL), its CTAs streaming B into L2 meanwhile: test_gemm's
 #             after_grid cases, test_ag_gemm on both placements, memcheck, A/B from graphs
 #             (alternating) and eager, tw_gemm alone at the decode product from graphs
@@ -817,7 +817,7 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
-exp_s27() { # (branch exp/next24, not run) tw_ag_gemm's decode GEMM launched as a programmatic
+exp_s27() { # (run in the twenty-second session, merged) tw_ag_gemm's decode GEMM launched as a programmatic
   # dependent of its allgather (TW_AG_PDL): tests, then A/B from graphs (alternating) and eager
   local m v round
   run "s27-test_gemm" 200 "$bin/test_gemm"
