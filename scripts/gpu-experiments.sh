@@ -72,6 +72,10 @@
 #             (TW_RS_UNFUSED_LL): its tests on both placements, A/B against the pull from graphs
 #             and eager
 #     s25     (branch exp/next22, run and merged) s23 and s24 trimmed into one 2-GPU call
+#     s27     (run in the twenty-second session: merged) tw_ag_gemm's decode GEMM as a programmatic dependent
+#             of its allgather (TW_AG_PDL), its CTAs streaming B into L2 meanwhile: test_gemm's
+#             after_grid cases, test_ag_gemm on both placements, memcheck, A/B from graphs
+#             (alternating) and eager, tw_gemm alone at the decode product from graphs
 #     s26     (run in the twenty-second session: merged) the GEMM's epilogue storing the low-latency words
 #             (TW_RS_LL_EPI) and tw_allgather through the area (TW_AG_LL): tests on both
 #             placements, memcheck, A/B from graphs and eager
@@ -813,6 +817,30 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
+exp_s27() { # (run in the twenty-second session, merged) tw_ag_gemm's decode GEMM launched as a programmatic
+  # dependent of its allgather (TW_AG_PDL): tests, then A/B from graphs (alternating) and eager
+  local m v round
+  run "s27-test_gemm" 200 "$bin/test_gemm"
+  run "s27-test_ag_gemm" 200 "$bin/test_ag_gemm"
+  run "s27-test_gemm_rs" 200 "$bin/test_gemm_rs" # the core's loop changed for every GEMM
+  for m in 32 128; do # the decode products of M=16 / 64 per rank on 2: tw_gemm vs cuBLAS
+    run "s27-gemm-graph-m$m" 60 env TW_BENCH_GRAPH=1 "$bin/tw-bench" gemm --m $m --n 1024 \
+      --k 8192 --repeats 50 --warmup 5
+  done
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s27-test_ag_gemm-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
+  run "s27-test_allgather-distinct" 150 env TW_TEST_DEVICES=distinct "$bin/test_allgather"
+  run "s27-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  run "s27-memcheck-test_ag_gemm-distinct" 150 env TW_TEST_DEVICES=distinct compute-sanitizer \
+    --error-exitcode=1 --tool memcheck "$bin/test_ag_gemm" --small
+  ag_decode_ab s27-dist-graph-pdl TW_AG_PDL "0 1"
+  for m in 16 64; do
+    run "s27-ag_gemm-ab-m$m" 90 env TW_BENCH_AB=TW_AG_PDL=0,1 "$bin/tw-bench" ag_gemm \
+      --world 2 --m $m --n 1024 --k 8192 --repeats 30 --warmup 5
+  done
+  run "s27-pytest-ag" 120 env TILEWIRE_LIB="$root/$bin/libtilewire.so" python3 -m pytest \
+    python/tests -q -k "ag_gemm or dist"
+}
 exp_s26() { # (run in the twenty-second session, merged) the GEMM's epilogue storing the low-latency words
   # itself (TW_RS_LL_EPI) and tw_ll_wait's trace row: tests on both placements, the watchdog's
   # view, A/B from graphs (alternating) and eager
@@ -824,16 +852,7 @@ exp_s26() { # (run in the twenty-second session, merged) the GEMM's epilogue sto
   run "s26-test_ag_gemm" 150 "$bin/test_ag_gemm"
   unfused_tests s26 || return 0
   # tw_allgather through the area (TW_AG_LL) at decode shards: ag_gemm from graphs, alternating
-  for round in a b; do
-    for v in 0 -1; do
-      for m in 16 64; do
-        TW_AG_LL=$v run "s26-dist-graph-agll$v$round-m$m" 60 env \
-          TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python" python3 -m \
-          tilewire.bench_dist --nproc 2 --op ag_gemm --m $m --n 1024 --k 8192 --repeats 50 \
-          --graph 20
-      done
-    done
-  done
+  ag_decode_ab s26-dist-graph-agll TW_AG_LL "0 -1"
   for v in 0 1; do # tw_allgather alone (=1: through the area wherever it fits, here <= 2 MiB)
     run "s26-allgather-ll$v" 90 env TW_AG_LL=$v "$bin/tw-bench" allgather --world 2
   done
@@ -935,6 +954,20 @@ exp_s21() { # twentieth session: main with ReleasedWait (s20 measured it, the pu
   for v in 0 1; do
     TW_RS_UNFUSED_WAIT_KERNEL=$v dist_graph "s21-dist-graph-wk$v" m16 90 \
       "--repeats 50 --graph 20" "--m 16 --n 8192 --k 1024" ""
+  done
+}
+ag_decode_ab() { # PREFIX KNOB "VALUES": tw_ag_gemm at decode shards (M 16 / 64, n 1024/rank, K
+  # 8192) from CUDA graphs, one process per GPU, under each value in two alternating rounds;
+  # logs PREFIX<value><round>-m<M>
+  local round v m
+  for round in a b; do
+    for v in $3; do
+      for m in 16 64; do
+        run "$1$v$round-m$m" 60 env "$2=$v" TILEWIRE_LIB="$root/$bin/libtilewire.so" \
+          PYTHONPATH="$root/python" python3 -m tilewire.bench_dist --nproc 2 --op ag_gemm \
+          --m $m --n 1024 --k 8192 --repeats 50 --graph 20
+      done
+    done
   done
 }
 dist_graph() { # NAME TAG LIMIT "BENCH ARGS" "RS/AR SHAPE" ["AG SHAPE"]: tilewire.bench_dist one

@@ -259,7 +259,16 @@ template <class Epi, class Wait> struct GemmParams {
   int32_t split_n;
   void *split_c;
   int64_t split_ldc;
+  // Launched as a programmatic dependent of the grid before it in the stream, which writes one
+  // operand (kAfterGridA: the loop's A; kAfterGridB: the loop's B) and lets its dependents
+  // start early: the producer first brings the other operand's boxes of this CTA's first tile
+  // (at most kAfterGridPrefetch K blocks) into L2, then waits for that grid (griddepcontrol.wait)
+  // before its first load. 0: launched as usual.
+  int32_t after_grid;
 };
+
+constexpr int32_t kAfterGridA = 1, kAfterGridB = 2;
+constexpr int32_t kAfterGridPrefetch = 16;
 
 // ---- stock hooks -----------------------------------------------------------------------------
 
@@ -854,6 +863,22 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       ptx::tma_prefetch_map(&p.a_map);
       ptx::tma_prefetch_map(&p.b_map);
       Epi::prefetch(p.epi);
+      if (p.after_grid) {
+        // The operand the previous grid does not write streams into L2 while it runs; only the
+        // loads of the one it writes wait for its end (nothing else here reads its output).
+        if (!kDynamic && !kPair && cta < p.order.num_tiles) {
+          int32_t mb, nb;
+          tile_coords(p.order, cta, mb, nb);
+          const int32_t kb_end = kb1 - kb0 > kAfterGridPrefetch ? kb0 + kAfterGridPrefetch : kb1;
+          for (int32_t kb = kb0; kb < kb_end; kb++) {
+            if (p.after_grid == kAfterGridA)
+              ptx::tma_prefetch_2d(&p.b_map, kb * kBlockK, nb * BN * (kHalfM ? 2 : 1));
+            else
+              ptx::tma_prefetch_2d(&p.a_map, kb * kBlockK, mb * kTileM);
+          }
+        }
+        ptx::griddep_wait();
+      }
       int stage = 0;
       uint32_t phase = 0;
       int32_t t = cta;

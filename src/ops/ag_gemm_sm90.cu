@@ -21,6 +21,7 @@
 #include "gemm_heuristics.h"
 #include "gemm_launch.cuh"
 #include "gemm_sm90.cuh"
+#include "gemm_sm90.h"
 
 extern "C" {
 #include "comm.h"
@@ -544,9 +545,11 @@ static tw_status_t copy_engine_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
 }
 
 /* The plain GEMM of `rows` gathered rows at `a_rows` (packed, K wide) into the call's C, on the
- * rank's SMs; split_k -1 (K split by the shape where few tiles meet a long K) or 0. */
+ * rank's SMs; split_k -1 (K split by the shape where few tiles meet a long K) or 0. after_grid:
+ * launched as a programmatic dependent of the allgather just enqueued (tw_gemm_sm90_opts_t). */
 static tw_status_t gathered_gemm(tw_comm_t comm, const tw_ag_gemm_args_t &a, const void *a_rows,
-                                 int64_t rows, int split_k, tw_stream_t stream) {
+                                 int64_t rows, int split_k, tw_stream_t stream,
+                                 int after_grid = 0) {
   tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
   g.c_dtype = a.c_dtype;
   g.a = a_rows, g.b = a.b, g.c = a.c;
@@ -554,7 +557,13 @@ static tw_status_t gathered_gemm(tw_comm_t comm, const tw_ag_gemm_args_t &a, con
   g.lda = a.k, g.ldb = a.ldb, g.ldc = a.ldc;
   g.sm_count = comm->sm_budget;
   g.split_k = split_k;
-  return tw_gemm(&g, stream);
+  if (!after_grid)
+    return tw_gemm(&g, stream);
+  tw_gemm_sm90_opts_t opts;
+  memset(&opts, 0, sizeof(opts));
+  opts.variant = -1;
+  opts.after_grid = 1;
+  return tw_gemm_sm90_launch(&g, stream, &opts);
 }
 
 extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
@@ -612,9 +621,14 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
                                          cudaMemcpyDeviceToDevice, (cudaStream_t)stream),
                          "tw_ag_gemm: cudaMemcpyAsync(own slot)");
   } else if (unfused) {
+    /* TW_AG_PDL: on GPUs of their own the GEMM's CTAs start beside the allgather's (which
+     * wait only on their peers' allgathers, never on this GPU's other work) and stream B into
+     * L2 meanwhile; on a shared GPU they could hold the SMs a co-resident rank's allgather
+     * needs, so they start after it there. */
+    const int pdl = !comm->gpu_shared && tw_env_int(TW_AG_PDL_ID) != 0;
     st = tw_allgather(comm, a.a, a.a_gathered, shard_bytes, stream);
     if (st == TW_SUCCESS)
-      st = gathered_gemm(comm, a, a.a_gathered, a.m_local * comm->world, -1, stream);
+      st = gathered_gemm(comm, a, a.a_gathered, a.m_local * comm->world, -1, stream, pdl);
   } else if (a.comm_mode == TW_AG_COMM_COPY_ENGINE) {
     st = copy_engine_call(comm, a, plan, stream);
   } else {

@@ -11,6 +11,7 @@
 
 #include "allgather.h"
 #include "device/copy.cuh"
+#include "device/ptx_sm90.cuh"
 #include "device/signal.cuh"
 
 extern "C" {
@@ -25,9 +26,19 @@ static __device__ __forceinline__ int item_peer(int item, int nchunks, int rank,
   return (rank + 1 + item / nchunks) % world;
 }
 
+/* Both allgather kernels let a kernel launched after them as a programmatic dependent start at
+ * once (tw_ag_gemm's decode GEMM, TW_AG_PDL: its CTAs take the SMs this grid leaves idle and
+ * stream B into L2, then wait for this grid's end before they load the gathered rows). Every CTA
+ * of this grid is resident by the time the dependent starts, so it cannot keep one off. */
+static __device__ __forceinline__ void allow_dependents() {
+  if (threadIdx.x == 0)
+    tw::ptx::griddep_launch_dependents();
+}
+
 __global__ void __launch_bounds__(TW_AG_THREADS, 1)
     tw_allgather_kernel(const __grid_constant__ tw_dev_comm_t dc,
                         const __grid_constant__ tw_ag_plan_t plan) {
+  allow_dependents();
   const uint64_t epoch = tw_op_begin(dc, TW_CH_ALLGATHER);
   /* Decisions are made by thread 0 and spread with __syncthreads_and, so every thread of
    * the CTA leaves a loop at the same iteration (no shared flag read while it is written). */
@@ -94,6 +105,7 @@ typedef struct {
 __global__ void __launch_bounds__(kAgLlThreads)
     tw_allgather_ll_kernel(const __grid_constant__ tw_dev_comm_t dc,
                            const __grid_constant__ tw_ag_ll_params_t p) {
+  allow_dependents();
   const int world = dc.world, rank = dc.rank;
   const uint64_t epoch = tw_op_begin(dc, TW_CH_ALLGATHER);
   const uint64_t seq = tw_ll_next_seq(dc);

@@ -46,26 +46,39 @@ tw_status_t launch_plain(const GemmParams<Epi, Wait> &params, int grid, int devi
                                        "tw_gemm: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (st != TW_SUCCESS)
     return st;
-  if (kClusterSize == 1) {
+  if (kClusterSize == 1 && !params.after_grid) {
     kernel<<<grid, kThreads, kSmem, stream>>>(params);
     return tw_cuda_check(cudaGetLastError(), "tw_gemm: kernel launch");
   }
-  // Clusters (pairs, or split-K's slices) that cannot all be resident would run as a second,
-  // mostly idle wave.
-  static std::atomic<int> max_pairs[kMaxDevices];
   cudaLaunchConfig_t config;
   memset(&config, 0, sizeof(config));
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kClusterSize;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[2];
+  memset(attr, 0, sizeof(attr));
   config.gridDim = dim3((unsigned)grid);
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kSmem;
   config.stream = stream;
   config.attrs = attr;
+  // GemmParams::after_grid: a programmatic dependent of the grid before it in the stream (the
+  // attribute last, so that the occupancy query below sees the cluster's alone)
+  cudaLaunchAttribute pdl;
+  memset(&pdl, 0, sizeof(pdl));
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  if (kClusterSize == 1) {
+    attr[0] = pdl;
+    config.numAttrs = 1;
+    return tw_cuda_check(cudaLaunchKernelEx(&config, kernel, params),
+                         "tw_gemm: cudaLaunchKernelEx (programmatic dependent)");
+  }
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kClusterSize;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
   config.numAttrs = 1;
+  // Clusters (pairs, or split-K's slices) that cannot all be resident would run as a second,
+  // mostly idle wave.
+  static std::atomic<int> max_pairs[kMaxDevices];
   int pairs = max_pairs[device % kMaxDevices].load(std::memory_order_relaxed);
   if (pairs == 0) {
     st = tw_cuda_check(cudaOccupancyMaxActiveClusters(&pairs, kernel, &config),
@@ -79,6 +92,8 @@ tw_status_t launch_plain(const GemmParams<Epi, Wait> &params, int grid, int devi
   }
   if (grid > kClusterSize * pairs)
     config.gridDim = dim3((unsigned)(kClusterSize * pairs));
+  if (params.after_grid)
+    attr[config.numAttrs++] = pdl;
   return tw_cuda_check(cudaLaunchKernelEx(&config, kernel, params),
                        "tw_gemm: cudaLaunchKernelEx (cluster)");
 }
@@ -293,10 +308,11 @@ template <class Out, class Wait = NoWait, class E = EpiTmaStoreT<Out>>
 tw_status_t run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int split, int device,
                      cudaStream_t stream,
                      const typename Wait::Params &wait = typename Wait::Params(),
-                     const tw_gemm_ll_epi_t *ll = NULL) {
+                     const tw_gemm_ll_epi_t *ll = NULL, bool after_grid = false) {
   GemmParams<E, Wait> params;
   memset(&params, 0, sizeof(params));
   params.wait = wait;
+  params.after_grid = after_grid ? kAfterGridB : 0; // the previous grid writes a: the loop's B
   const int tile_m = half ? 64 : kBlockM;
   tw_status_t st = tw_tma_map_2d(&params.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b,
                                  (uint64_t)a.k, (uint64_t)a.n, (uint64_t)a.ldb, kBlockK,
@@ -344,7 +360,8 @@ tw_status_t run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int sp
 template <class Out, class Wait = NoWait>
 tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant, bool dynamic,
                 int group_m, int sms, int split, int device, cudaStream_t stream,
-                const typename Wait::Params &wait = typename Wait::Params()) {
+                const typename Wait::Params &wait = typename Wait::Params(),
+                bool after_grid = false) {
   const bool clustered = variant == TW_GEMM_V_S4_E16_C2 || variant == TW_GEMM_V_S3_E32_C2;
   // The tile queue serves single CTAs; a pair needs two SMs.
   if (clustered && (dynamic || sms < 2))
@@ -355,6 +372,7 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   GemmParams<EpiTmaStore<Out>, Wait> params;
   memset(&params, 0, sizeof(params));
   params.wait = wait;
+  params.after_grid = after_grid ? kAfterGridA : 0;
   tw_status_t st;
   st = operand_maps(&params.a_map, &params.b_map, a.a, a.m, a.lda, a.b, a.n, a.ldb, a.k,
                     pair ? bn / 2 : bn, "tw_gemm", "a");
@@ -517,6 +535,11 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   if (split > 1 && dynamic)
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: split_k runs on a static schedule");
   cudaStream_t s = (cudaStream_t)stream;
+  const bool after_grid = opts && opts->after_grid;
+  if (after_grid && (opts->released || opts->ll))
+    return tw_fail(TW_ERR_INTERNAL,
+                   "tw_gemm: opts->after_grid serves the plain GEMM (no released wait, no "
+                   "low-latency epilogue)");
   // Swap-AB at decode shapes (TW_GEMM_SWAP, read per call), where no variant or queue is forced.
   // TW_SPLIT_SCATTER's slices store C untransposed: they keep 128-row tiles.
   const int swap_env = (int)tw_env_int(TW_GEMM_SWAP_ID);
@@ -544,8 +567,10 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
       return run_swap<float, ReleasedWait>(a, swap_mt, half, sms, 1, device, s, w);
     }
     if (a.c_dtype == TW_BF16)
-      return run_swap<__nv_bfloat16>(a, swap_mt, half, sms, split, device, s);
-    return run_swap<float>(a, swap_mt, half, sms, split, device, s);
+      return run_swap<__nv_bfloat16>(a, swap_mt, half, sms, split, device, s, NoWait::Params(),
+                                     NULL, after_grid);
+    return run_swap<float>(a, swap_mt, half, sms, split, device, s, NoWait::Params(), NULL,
+                           after_grid);
   }
   if (opts && opts->ll)
     return tw_fail(TW_ERR_INTERNAL,
@@ -565,8 +590,10 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
     return run<float, ReleasedWait>(a, plan, variant, dynamic, group_m, sms, 1, device, s, w);
   }
   if (a.c_dtype == TW_BF16)
-    return run<__nv_bfloat16>(a, plan, variant, dynamic, group_m, sms, split, device, s);
-  return run<float>(a, plan, variant, dynamic, group_m, sms, split, device, s);
+    return run<__nv_bfloat16>(a, plan, variant, dynamic, group_m, sms, split, device, s,
+                              NoWait::Params(), after_grid);
+  return run<float>(a, plan, variant, dynamic, group_m, sms, split, device, s, NoWait::Params(),
+                    after_grid);
 }
 
 extern "C" tw_status_t tw_gemm(const tw_gemm_args_t *args, tw_stream_t stream) {

@@ -23,6 +23,13 @@ typedef struct tw_gemm_sm90_opts {
    * TW_RS_LL_EPI): the swap-AB GEMM (m <= 64, unsplit) stores its partial as low-latency words
    * into the owners' areas (gemm_ll.cuh) instead of into c; with `released` NULL. */
   const struct tw_gemm_ll_epi *ll;
+  /* 1: launched as a programmatic dependent of the kernel before it in the stream, which
+   * writes args->a and lets its dependents start early (griddepcontrol.launch_dependents): the
+   * CTAs bring their share of b into L2 while that kernel runs and wait for its end before
+   * they load a (GemmParams::after_grid). Only where that kernel's CTAs cannot wait on work
+   * that this GEMM's CTAs would keep off the SMs (tw_ag_gemm's decode path on GPUs of their
+   * own). The plain GEMM only (no `released`, no `ll`). 0: launched as usual. */
+  int after_grid;
 } tw_gemm_sm90_opts_t;
 
 /* Where tw_gemm_sm90_opts_t.ll's epilogue stores (gemm_ll.cuh): every rank's area, this rank's

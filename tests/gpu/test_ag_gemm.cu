@@ -243,14 +243,16 @@ static unsigned long long checked_calls(fixture *f, int calls, uint64_t seed, ui
 }
 
 /* Many calls with fresh inputs, no host sync in between; each call checked on the GPU. */
-static void test_back_to_back(int world, int calls, uint64_t seed) {
+static void test_back_to_back(int world, int calls, int64_t m_local, int64_t n, int64_t k,
+                              uint64_t seed) {
   fixture f;
-  setup(&f, world, 200, 256, 256, TW_BF16, 0);
+  setup(&f, world, m_local, n, k, TW_BF16, 0);
   double t0 = tw_test_now();
   const unsigned long long bad = checked_calls(&f, calls, seed, 7919, 0, TW_AG_COMM_SM, 0);
   TEST_ASSERT(bad == 0, "world %d: %d back-to-back calls: %llu words differ from unfused", world,
               calls, bad);
-  printf("  world %d: %d back-to-back checked calls in %.2f s\n", world, calls, tw_test_now() - t0);
+  printf("  world %d: %d back-to-back checked calls (m_local %lld n %lld k %lld) in %.2f s\n",
+         world, calls, (long long)m_local, (long long)n, (long long)k, tw_test_now() - t0);
   teardown(&f);
 }
 
@@ -493,7 +495,20 @@ int main(int argc, char **argv) {
     for (int wi = 1; wi < 5; wi++)
       test_case(worlds[wi], 64 / worlds[wi], 1024, 8192, TW_BF16, 0, 0, seed + 98 + wi);
   }
-  test_back_to_back(small ? 2 : 4, small ? 20 : 1000, seed + 5000);
+  test_back_to_back(small ? 2 : 4, small ? 20 : 1000, 200, 256, 256, seed + 5000);
+  /* TW_AG_PDL (read per call): the decode path's GEMM launched as a programmatic dependent of
+   * the allgather (ranks on GPUs of their own; where they share one the rule keeps the plain
+   * launch), 0 and 1: bitwise the unfused pipeline, both allgathers (the low-latency area at
+   * 256 KiB shards, the SM push at 1 MiB), in place too, and back-to-back decode calls */
+  for (int v = 0; v < 2; v++) {
+    setenv("TW_AG_PDL", v ? "1" : "0", 1);
+    printf("TW_AG_PDL=%d:\n", v);
+    test_case(2, 16, 1024, 8192, TW_BF16, 0, 0, seed + 9600 + v);
+    test_case(2, 64, 1024, 8192, TW_FP32, 1, 0, seed + 9610 + v);
+    test_case(3, 32, 2048, 4096, TW_BF16, 0, 0, seed + 9620 + v);
+    test_back_to_back(2, small ? 10 : 200, 16, 1024, 8192, seed + 9630 + v);
+  }
+  unsetenv("TW_AG_PDL");
   test_no_gather(2, 256, 264, 200, 1, small ? 10 : 200, seed + 5500);
   if (!small) {
     test_no_gather(3, 128, 512, 1032, 0, 100, seed + 5600);

@@ -302,6 +302,81 @@ static void check_swap(const buffers_t *buf, int64_t m, int64_t n, int64_t k, in
          split, (long long)m, (long long)n, (long long)k);
 }
 
+// A late writer of A: lets a programmatic dependent start at once, spins `spin_ns`, then
+// copies src into dst (the GEMM's A, poisoned before it).
+static __global__ void late_writer_kernel(uint4 *dst, const uint4 *src, size_t vecs,
+                                          unsigned long long spin_ns) {
+  if (threadIdx.x == 0) {
+    tw::ptx::griddep_launch_dependents();
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    while (t - t0 < spin_ns);
+  }
+  __syncthreads();
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < vecs;
+       i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+
+// opts.after_grid (tw_ag_gemm's decode GEMM after its allgather): the GEMM launched as a
+// programmatic dependent of a kernel that writes A 200 us after letting it start must read the
+// written A, never the poison (NaN) before it: bitwise the C of a plain launch after A is
+// final, bf16 and fp32 out; eagerly and replayed from a CUDA graph (after the poison again).
+static void check_after_grid(const buffers_t *buf, int64_t m, int64_t n, int64_t k, int split,
+                             int variant, int dynamic) {
+  const size_t count = fill_with_ref(buf, m, n, k);
+  const size_t a_bytes = (size_t)(m * k) * 2;
+  __nv_bfloat16 *a_final = (__nv_bfloat16 *)buf->cref_bf16; /* scratch: A's final values */
+  CUDA_OK(cudaMemcpyAsync(a_final, buf->a, a_bytes, cudaMemcpyDeviceToDevice, stream));
+  tw_gemm_sm90_opts_t plain = {variant, dynamic, 0}, after = {variant, dynamic, 0};
+  after.after_grid = 1;
+  for (int fp32 = 0; fp32 < 2; fp32++) {
+    const size_t bytes = count * (fp32 ? 4 : 2);
+    tw_gemm_args_t args = make_args(buf->a, buf->b, buf->c, fp32 ? TW_FP32 : TW_BF16, m, n, k);
+    args.split_k = split;
+    tw_test_poison(buf->c, bytes, stream);
+    TEST_TW_OK(tw_gemm_sm90_launch(&args, (tw_stream_t)stream, &plain));
+    args.c = buf->c3;
+    for (int graph = 0; graph < 2; graph++) {
+      cudaGraphExec_t exec = NULL;
+      if (graph)
+        CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      for (int rep = 0; rep < (graph ? 1 : 2); rep++) {
+        if (!graph) {
+          tw_test_poison(buf->a, a_bytes, stream);
+          tw_test_poison(buf->c3, bytes, stream);
+        }
+        late_writer_kernel<<<8, 256, 0, stream>>>((uint4 *)buf->a, (const uint4 *)a_final,
+                                                  a_bytes / 16, 200000ull);
+        TEST_TW_OK(tw_gemm_sm90_launch(&args, (tw_stream_t)stream, &after));
+      }
+      if (graph) {
+        cudaGraph_t g;
+        CUDA_OK(cudaStreamEndCapture(stream, &g));
+        CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
+        cudaGraphDestroy(g);
+        for (int rep = 0; rep < 2; rep++) {
+          tw_test_poison(buf->a, a_bytes, stream);
+          tw_test_poison(buf->c3, bytes, stream);
+          CUDA_OK(cudaGraphLaunch(exec, stream));
+        }
+        cudaGraphExecDestroy(exec);
+      }
+      const size_t diff = tw_test_count_diff(buf->c, buf->c3, bytes);
+      TEST_ASSERT(diff == 0,
+                  "after_grid %s M=%lld N=%lld K=%lld split_k %d variant %d dynamic %d%s: %zu "
+                  "bytes differ from the plain launch's",
+                  fp32 ? "fp32" : "bf16", (long long)m, (long long)n, (long long)k, split, variant,
+                  dynamic, graph ? " (graph)" : "", diff);
+    }
+  }
+  printf("after_grid M=%-5lld N=%-5lld K=%-5lld split_k %2d variant %2d dynamic %d: bitwise the "
+         "plain launch's (eager, graph)\n",
+         (long long)m, (long long)n, (long long)k, split, variant, dynamic);
+}
+
 // Every schedule must give bitwise the default order's C.
 static void check_schedules(const buffers_t *buf, int64_t m, int64_t n, int64_t k) {
   tw_test_fill_bf16(buf->a, (size_t)(m * k), seed++, stream);
@@ -634,6 +709,15 @@ int main(void) {
   check_swap(&buf, 12, 200, 1000, 0);  /* 64-row tiles: 4, the last 8 rows past n; K tail */
   check_swap(&buf, 48, 8256, 520, 0);  /* 64-row tiles by the rule: 129 on 129 CTAs */
   check_swap(&buf, 16, 16384, 264, 0); /* TW_GEMM_SWAP=2: 256 64-row tiles, two rounds */
+  /* opts.after_grid: swap-AB with slices (16- and 64-wide), 128-row tiles with slices (tw_ag_gemm
+   * at M=64 per rank on 2), 64-row swap tiles, the plain 1-CTA launch, a CTA pair, the queue */
+  check_after_grid(&buf, 16, 1024, 8192, -1, -1, 0);
+  check_after_grid(&buf, 32, 1024, 8192, -1, -1, 0);
+  check_after_grid(&buf, 128, 1024, 8192, -1, -1, 0);
+  check_after_grid(&buf, 16, 8192, 1024, 0, -1, 0);
+  check_after_grid(&buf, 300, 520, 1032, 0, -1, 0);
+  check_after_grid(&buf, 1000, 1000, 1032, 0, TW_GEMM_V_S3_E32_C2, 0);
+  check_after_grid(&buf, 1000, 1000, 1032, 0, TW_GEMM_V_S4_E16, 1);
   check_errors(&buf);
   check_strided(&buf);
   check_hooks(&buf);
