@@ -72,6 +72,10 @@
 #             (TW_RS_UNFUSED_LL): its tests on both placements, A/B against the pull from graphs
 #             and eager
 #     s25     (branch exp/next22, run and merged) s23 and s24 trimmed into one 2-GPU call
+#     s28     (twenty-second session, measurements) the decode GEMM: co-resident clusters of
+#             8 and 16 (scripts/probes/probe_clusters.cu, built into $TW_BUILD_DIR), tw_gemm's
+#             split rows from graphs at tw_ag_gemm's decode products, ncu of them and of
+#             cuBLAS's; tw_ag_gemm at M=128 / 256 through the low-latency area (TW_AG_LL=1)
 #     s27     (run in the twenty-second session: merged) tw_ag_gemm's decode GEMM as a programmatic dependent
 #             of its allgather (TW_AG_PDL), its CTAs streaming B into L2 meanwhile: test_gemm's
 #             after_grid cases, test_ag_gemm on both placements, memcheck, A/B from graphs
@@ -814,6 +818,26 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     for v in 1 -1; do
       TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
+    done
+  done
+}
+exp_s28() { # (twenty-second session) measurements for the decode GEMM's next step
+  local m v
+  [ -x "$bin/probe_clusters" ] && run "s28-probe-clusters" 30 "$bin/probe_clusters"
+  for m in 16 32 64 128; do
+    run "s28-gemm-split-graph-m$m" 60 env TW_BENCH_GRAPH=1 TW_BENCH_GEMM_SPLITK=1 \
+      "$bin/tw-bench" gemm --m $m --n 1024 --k 8192 --repeats 50 --warmup 5
+  done
+  run "s28-ncu-m32" 240 env TW_BENCH_WARM_MS=0 TW_BENCH_GEMM_SPLITK=1 ncu --clock-control none \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+    --section LaunchStats --section Occupancy --section SchedulerStats -c 40 "$bin/tw-bench" \
+    gemm --m 32 --n 1024 --k 8192 --repeats 1 --warmup 1 --no-check
+  [ "$ngpus" -gt 1 ] || return 0
+  for m in 128 256; do # shards of 1 / 2 MiB: over the area's 512 KiB rule
+    for v in -1 1; do
+      run "s28-dist-graph-agll$v-m$m" 60 env TW_AG_LL=$v TILEWIRE_LIB="$root/$bin/libtilewire.so" \
+        PYTHONPATH="$root/python" python3 -m tilewire.bench_dist --nproc 2 --op ag_gemm \
+        --m $m --n 1024 --k 8192 --repeats 50 --graph 20
     done
   done
 }
