@@ -83,6 +83,8 @@ int main(void) {
   FIELD(tw_gemm_args_t, tile_order);
   FIELD(tw_gemm_args_t, rotate_start);
   FIELD(tw_gemm_args_t, split_k);
+  FIELD(tw_gemm_args_t, workspace);
+  FIELD(tw_gemm_args_t, workspace_bytes);
   end_struct();
 
   STRUCT(tw_ag_gemm_args_t);

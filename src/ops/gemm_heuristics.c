@@ -64,6 +64,32 @@ int tw_gemm_swap_half(int env, int64_t m, int64_t n, int split, int sms) {
   return tiles128 * 2 <= (int64_t)sms;
 }
 
+size_t tw_gemm_ws_bytes(int64_t tiles, int split, int cols) {
+  /* per warpgroup 128 threads x cols / 2 fp32 accumulators */
+  return TW_GEMM_WS_COUNTERS + (size_t)tiles * (size_t)split * 2 * 128 * (size_t)(cols / 2) * 4;
+}
+
+int tw_gemm_ws_split(int64_t m, int64_t n, int64_t k, int swap_mt, size_t *bytes) {
+  const int sms = 132; /* nominal, as tw_gemm_auto_split: the bits must not follow the budget */
+  /* The cluster tree's slices (so the same K ranges, the same tree, the same bits), on 64-row
+   * tiles of B's rows (bitwise the 128-row tiles' products) as single CTAs: twice the CTAs where
+   * they still fit the SMs at once. Clusters of 8 CTAs fit 15 at once on an H200 (twenty-second
+   * session, scripts/probes/probe_clusters.cu), so the tree itself stops at 64 CTAs on 8 tiles.
+   * Swapped products only (unswapped 128 x 128 tiles through the workspace spilled registers:
+   * not built). */
+  if (!swap_mt)
+    return 0;
+  const int s = tw_gemm_auto_split(m, n, k);
+  const int64_t row_blocks = (m + swap_mt - 1) / swap_mt;
+  const int64_t tiles64 = ((n + 63) / 64) * row_blocks;
+  const int64_t tiles128 = ((n + 127) / 128) * row_blocks;
+  if (s < 2 || tiles64 * s > sms || tiles64 <= tiles128)
+    return 0;
+  if (bytes)
+    *bytes = tw_gemm_ws_bytes(tiles64, s, swap_mt / 2);
+  return s;
+}
+
 void tw_gemm_plan_make(int64_t m, int64_t n, int64_t k, int sms, tw_gemm_plan_t *plan) {
   const int64_t m_blocks = (m + 127) / 128;
   const int64_t tiles256 = m_blocks * ((n + 255) / 256);
