@@ -231,7 +231,7 @@ typedef struct tw_gemm_args {
    * then run as single CTAs on half-height tiles whose fp32 partials meet in the workspace (the
    * last slice of a tile to finish sums them in the cluster tree's order): the same bits as
    * without it, on twice the CTAs a cluster tree fits. Calls that may run at once need
-   * workspaces of their own. Ignored unless split_k is -1. */
+   * workspaces of their own. Used only with split_k -1 (checked whenever given). */
   void *workspace;
   size_t workspace_bytes;
 } tw_gemm_args_t;
