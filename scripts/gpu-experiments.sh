@@ -839,6 +839,12 @@ exp_s29() { # (branch exp/next25, not run) split-K through a workspace: the tree
   done
   [ "$ngpus" -gt 1 ] || return 0
   run "s29-test_ag_gemm-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
+  # the decode path with TW_TRACE (a host callback between the allgather and the GEMM that is
+  # launched as its programmatic dependent: not run before) and with the watchdog's rows
+  run "s29-trace-ag-decode" 90 env TW_TRACE=1 "$bin/tw-bench" ag_gemm --world 2 --m 16 \
+    --n 1024 --k 8192 --repeats 10 --warmup 2
+  run "s29-watchdog-ag-decode" 90 env TW_WATCHDOG_S=5 "$bin/tw-bench" ag_gemm --world 2 \
+    --m 16 --n 1024 --k 8192 --repeats 10 --warmup 2
   ag_knob_ab s29 TW_AG_GEMM_WS ws
   run "s29-pytest-gemm" 150 env TILEWIRE_LIB="$root/$bin/libtilewire.so" python3 -m pytest \
     python/tests -q -k "gemm or dist"
