@@ -227,11 +227,11 @@ typedef struct tw_gemm_args {
   int32_t split_k;
   /* Version 3. Scratch for split_k -1 (NULL: none): device memory of workspace_bytes >=
    * TW_GEMM_WORKSPACE_BYTES, 256-byte aligned, zero before its first use (cudaMemset once;
-   * every call leaves it zero again). Where -1 splits a decode product (m <= 64), the slices
-   * then run as single CTAs on half-height tiles whose fp32 partials meet in the workspace (the
-   * last slice of a tile to finish sums them in the cluster tree's order): the same bits as
-   * without it, on twice the CTAs a cluster tree fits. Calls that may run at once need
-   * workspaces of their own. Used only with split_k -1 (checked whenever given). */
+   * every call leaves it zero again). Where -1 splits K (few tiles over a long K), the slices
+   * then run as single CTAs on tiles of half the width (64 of B's rows) whose fp32 partials meet
+   * in the workspace (the last slice of a tile to finish sums them in the cluster tree's order):
+   * the same bits as without it, on twice the CTAs a cluster tree fits. Calls that may run at once
+   * need workspaces of their own. Used only with split_k -1 (checked whenever given). */
   void *workspace;
   size_t workspace_bytes;
 } tw_gemm_args_t;

@@ -73,7 +73,7 @@
 #             and eager
 #     s25     (branch exp/next22, run and merged) s23 and s24 trimmed into one 2-GPU call
 #     s29     (branch exp/next25, not run) split-K through a workspace (tw_gemm_args_t.workspace,
-#             TW_AG_GEMM_WS): the cluster tree's slices as single CTAs on 64-row swap tiles:
+#             TW_AG_GEMM_WS): the cluster tree's slices as single CTAs on tiles of 64 B rows:
 #             tests (bitwise the tree), memcheck, tw_gemm's rows from graphs, tw_ag_gemm's
 #             decode path in A/B from graphs (alternating) and eager
 #     s28     (twenty-second session, measurements) the decode GEMM: co-resident clusters of
@@ -833,7 +833,7 @@ exp_s29() { # (branch exp/next25, not run) split-K through a workspace: the tree
   run "s29-test_ag_gemm" 200 "$bin/test_ag_gemm"
   run "s29-memcheck-test_gemm" 300 compute-sanitizer --error-exitcode=1 --tool memcheck \
     "$bin/test_gemm"
-  for m in 16 32 64; do
+  for m in 16 32 64 128; do
     run "s29-gemm-split-graph-m$m" 60 env TW_BENCH_GRAPH=1 TW_BENCH_GEMM_SPLITK=1 \
       "$bin/tw-bench" gemm --m $m --n 1024 --k 8192 --repeats 50 --warmup 5
   done

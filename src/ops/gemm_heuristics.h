@@ -46,9 +46,10 @@ int tw_gemm_swap_bn(int env, int64_t m);
 int tw_gemm_swap_half(int env, int64_t m, int64_t n, int split, int sms);
 
 /* Split-K through a workspace (tw_gemm_args_t.workspace, split_k -1): tw_gemm_auto_split's
- * slices (so the same bits) run as single CTAs on 64-row tiles of B's rows, twice the CTAs of the
- * cluster tree, where those still fit 132 SMs at once; else 0. By the shape alone (swap_mt:
- * tw_gemm_swap_bn's width; 0, unswapped: never). *bytes: the workspace it uses. */
+ * slices (so the same bits) run as single CTAs on tiles of 64 of B's rows (swapped: 64 x swap_mt;
+ * unswapped: 128 x 64), twice the CTAs of the cluster tree, where those still fit 132 SMs at
+ * once; else 0. By the shape alone (swap_mt: tw_gemm_swap_bn's width, 0 unswapped). *bytes: the
+ * workspace it uses. */
 int tw_gemm_ws_split(int64_t m, int64_t n, int64_t k, int swap_mt, size_t *bytes);
 /* Bytes of workspace for `split` slices of `tiles` tiles of `cols` accumulator columns per
  * consumer warpgroup: a 4 KiB counter block, then every (tile, slice, warpgroup)'s partial. */

@@ -184,10 +184,9 @@ tw_status_t launch_swap_half(const GemmParams<E, Wait> &params, int grid, int de
 }
 
 // Split-K through a workspace (tw_gemm_args_t.workspace, tw_gemm_ws_split): slices as single
-// CTAs, summed by the last to finish (detail::split_ws_combine); swapped products only, on
-// 64-row tiles with 2, 4 or 8 slices (the stages and epilogue buffer of launch_swap_half: the
-// accumulators go to global memory, not through it). Unswapped 128 x 128 tiles with 8 or 16
-// slices spilled registers in the 6-stage configuration (twenty-second session): not built.
+// CTAs, summed by the last to finish (detail::split_ws_combine), on tiles of half the tree's:
+// swapped, 64-row tiles with 2, 4 or 8 slices (the stages and epilogue buffer of
+// launch_swap_half: the accumulators go to global memory, not through it).
 template <class Out, int MT>
 tw_status_t launch_swap_ws(const GemmParams<EpiTmaStoreT<Out>, NoWait> &params, int split, int grid,
                            int device, cudaStream_t stream) {
@@ -203,6 +202,23 @@ tw_status_t launch_swap_ws(const GemmParams<EpiTmaStoreT<Out>, NoWait> &params, 
     return launch_plain<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 2, NoWait, E, 64, true>(
         params, grid, device, stream);
   return tw_fail(TW_ERR_INTERNAL, "tw_gemm: %d slices through the workspace (swapped)", split);
+}
+// Unswapped: 128 x 64 tiles (twice the 128 x 128 tiles' count; the same products, so the same
+// bits), 6 stages and 16 KiB epilogue buffers, 2, 4 or 8 slices.
+template <class Out>
+tw_status_t launch_split_ws(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int split, int grid,
+                            int device, cudaStream_t stream) {
+  using E = EpiTmaStore<Out>;
+  if (split == 8)
+    return launch_plain<6, 16384, Out, false, 1, 64, 8, NoWait, E, kBlockM, true>(params, grid,
+                                                                                  device, stream);
+  if (split == 4)
+    return launch_plain<6, 16384, Out, false, 1, 64, 4, NoWait, E, kBlockM, true>(params, grid,
+                                                                                  device, stream);
+  if (split == 2)
+    return launch_plain<6, 16384, Out, false, 1, 64, 2, NoWait, E, kBlockM, true>(params, grid,
+                                                                                  device, stream);
+  return tw_fail(TW_ERR_INTERNAL, "tw_gemm: %d slices through the workspace", split);
 }
 template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN,
           int kSplit = 1, class Wait = NoWait, class Epi = EpiTmaStore<Out>, int kTileM = kBlockM,
@@ -280,6 +296,16 @@ template <class Out> cudaError_t preload_out() {
   if ((r = preload_one<kSplitStages, kSplitEpiBytes, Out, false, 1, 128, 4>()) != cudaSuccess)
     e = r;
   if ((r = preload_one<kSplitStages, kSplitEpiBytes, Out, false, 1, 128, 8>()) != cudaSuccess)
+    e = r;
+  /* launch_split_ws's */
+  if ((r = preload_one<6, 16384, Out, false, 1, 64, 8, NoWait, EpiTmaStore<Out>, kBlockM,
+                       true>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<6, 16384, Out, false, 1, 64, 4, NoWait, EpiTmaStore<Out>, kBlockM,
+                       true>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<6, 16384, Out, false, 1, 64, 2, NoWait, EpiTmaStore<Out>, kBlockM,
+                       true>()) != cudaSuccess)
     e = r;
   /* launch_released's */
   if ((r = preload_one<6, 16384, Out, false, 1, 128, 1, ReleasedWait>()) != cudaSuccess)
@@ -415,18 +441,23 @@ template <class Out, class Wait = NoWait>
 tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant, bool dynamic,
                 int group_m, int sms, int split, int device, cudaStream_t stream,
                 const typename Wait::Params &wait = typename Wait::Params(),
-                bool after_grid = false) {
+                bool after_grid = false, const WsPlan *ws = NULL) {
   const bool clustered = variant == TW_GEMM_V_S4_E16_C2 || variant == TW_GEMM_V_S3_E32_C2;
   // The tile queue serves single CTAs; a pair needs two SMs.
   if (clustered && (dynamic || sms < 2))
     variant = variant == TW_GEMM_V_S4_E16_C2 ? TW_GEMM_V_S4_E16 : TW_GEMM_V_S3_E32;
   const bool pair =
       split == 1 && (variant == TW_GEMM_V_S4_E16_C2 || variant == TW_GEMM_V_S3_E32_C2);
-  const int32_t bn = split > 1 || variant == TW_GEMM_V_N128_S6 ? 128 : kBlockN;
+  // ws: 128 x 64 tiles, the slices as single CTAs (launch_split_ws)
+  const int32_t bn = ws ? 64 : (split > 1 || variant == TW_GEMM_V_N128_S6 ? 128 : kBlockN);
   GemmParams<EpiTmaStore<Out>, Wait> params;
   memset(&params, 0, sizeof(params));
   params.wait = wait;
   params.after_grid = after_grid ? kAfterGridA : 0;
+  if (ws) {
+    params.split_ws = ws->part;
+    params.split_cnt = ws->cnt;
+  }
   tw_status_t st;
   st = operand_maps(&params.a_map, &params.b_map, a.a, a.m, a.lda, a.b, a.n, a.ldb, a.k,
                     pair ? bn / 2 : bn, "tw_gemm", "a");
@@ -449,13 +480,17 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
       a.tile_order == TW_TILE_ORDER_ROTATED ? (int32_t)(a.rotate_start / kBlockM) / unit : 0;
   // A schedule unit: a pair's two CTAs, or split-K's slices of one tile.
   const int grid = schedule(params, a.k, a.m, split > 1 ? split : unit, sms);
-  params.split_scatter = split > 1 && tw_env_int(TW_SPLIT_SCATTER_ID) != 0;
+  params.split_scatter = split > 1 && !ws && tw_env_int(TW_SPLIT_SCATTER_ID) != 0;
   params.split_n = (int32_t)a.n;
   params.split_c = a.c;
   params.split_ldc = a.ldc;
   if constexpr (!std::is_same<Wait, NoWait>::value) {
+    if (ws)
+      return tw_fail(TW_ERR_INTERNAL, "tw_gemm: the workspace's slices serve the plain GEMM");
     return launch_released<Out>(params, variant, grid, device, stream);
   } else {
+    if (ws)
+      return launch_split_ws<Out>(params, split, grid, device, stream);
     if (split > 1)
       return launch_split<Out>(params, split, grid, device, stream);
     if (dynamic) {
@@ -606,9 +641,9 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   // TW_SPLIT_SCATTER's slices store C untransposed: they keep 128-row tiles.
   const int swap_env = (int)tw_env_int(TW_GEMM_SWAP_ID);
   const int swap_mt = tw_gemm_swap_bn(swap_env, a.m);
-  // split_k -1 with a workspace: the tree's slices as single CTAs on 64-row tiles, twice the
-  // CTAs (tw_gemm_ws_split, by the shape; the same bits as the tree's).
-  if (swap_mt && a.split_k < 0 && a.workspace && !dynamic &&
+  // split_k -1 with a workspace: the tree's slices as single CTAs on tiles of half its width,
+  // twice the CTAs (tw_gemm_ws_split, by the shape; the same bits as the tree's).
+  if (a.split_k < 0 && a.workspace && !dynamic &&
       !(opts && (opts->variant >= 0 || opts->released || opts->ll)) &&
       tw_env_int(TW_SPLIT_SCATTER_ID) == 0) {
     size_t need = 0;
@@ -618,11 +653,17 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
         return tw_fail(TW_ERR_INTERNAL, "tw_gemm: the workspace's split needs %zu bytes", need);
       const WsPlan ws = {ws_split, (float *)((char *)a.workspace + TW_GEMM_WS_COUNTERS),
                          (uint32_t *)a.workspace};
+      if (swap_mt)
+        return a.c_dtype == TW_BF16
+                   ? run_swap<__nv_bfloat16>(a, swap_mt, true, sms, ws_split, device, s,
+                                             NoWait::Params(), NULL, after_grid, &ws)
+                   : run_swap<float>(a, swap_mt, true, sms, ws_split, device, s, NoWait::Params(),
+                                     NULL, after_grid, &ws);
       return a.c_dtype == TW_BF16
-                 ? run_swap<__nv_bfloat16>(a, swap_mt, true, sms, ws_split, device, s,
-                                           NoWait::Params(), NULL, after_grid, &ws)
-                 : run_swap<float>(a, swap_mt, true, sms, ws_split, device, s, NoWait::Params(),
-                                   NULL, after_grid, &ws);
+                 ? run<__nv_bfloat16>(a, plan, variant, false, group_m, sms, ws_split, device, s,
+                                      NoWait::Params(), after_grid, &ws)
+                 : run<float>(a, plan, variant, false, group_m, sms, ws_split, device, s,
+                              NoWait::Params(), after_grid, &ws);
     }
   }
   if (swap_mt && (!opts || (opts->variant < 0 && !opts->dynamic_queue)) &&

@@ -770,7 +770,7 @@ int main(void) {
   check_swap(&buf, 48, 8256, 520, 0);  /* 64-row tiles by the rule: 129 on 129 CTAs */
   check_swap(&buf, 16, 16384, 264, 0); /* TW_GEMM_SWAP=2: 256 64-row tiles, two rounds */
   /* split_k -1 with a workspace: 16- and 64-wide swap tiles, 2, 4 and 8 slices, tails in M, N
-   * and K; then the after_grid GEMM through it */
+   * and K */
   CUDA_OK(cudaMalloc(&g_ws, TW_GEMM_WORKSPACE_BYTES));
   CUDA_OK(cudaMemset(g_ws, 0, TW_GEMM_WORKSPACE_BYTES));
   check_split_ws(&buf, 16, 1024, 8192, 8);
@@ -780,6 +780,15 @@ int main(void) {
   check_split_ws(&buf, 1, 200, 4096, 4);   /* 4 tiles, the last 8 rows of B past n */
   check_split_ws(&buf, 40, 136, 2056, 2);  /* 2 slices, K tail */
   check_split_ws(&buf, 64, 2048, 3072, 2); /* 2 slices on 32 tiles */
+  /* unswapped: 128 x 64 tiles (M past 64, or TW_GEMM_SWAP=0), M=130: the second row block's
+   * second warpgroup past m; tails in M, N and K */
+  check_split_ws(&buf, 128, 1024, 8192, 8);
+  check_split_ws(&buf, 256, 1024, 8192, 4);
+  check_split_ws(&buf, 130, 1024, 4096, 4);
+  check_split_ws(&buf, 100, 520, 4104, 4);
+  setenv("TW_GEMM_SWAP", "0", 1);
+  check_split_ws(&buf, 64, 1024, 8192, 8);
+  unsetenv("TW_GEMM_SWAP");
   /* opts.after_grid: swap-AB with slices (16- and 64-wide), 128-row tiles with slices (tw_ag_gemm
    * at M=64 per rank on 2), 64-row swap tiles, the plain 1-CTA launch, a CTA pair, the queue */
   check_after_grid(&buf, 16, 1024, 8192, -1, -1, 0);

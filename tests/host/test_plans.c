@@ -97,8 +97,8 @@ static void test_gemm_plans(void) {
     TEST_ASSERT(got == sh[i].want, "swap 64-row tiles env %d m %lld n %lld split %d sms %d: %d",
                 sh[i].env, (long long)sh[i].m, (long long)sh[i].n, sh[i].split, sh[i].sms, got);
   }
-  /* split-K through a workspace: the tree's slices on 64-row swap tiles where twice the CTAs
-   * still fit 132 SMs; never unswapped, unsplit, or where the n x m product is one 64-row tile */
+  /* split-K through a workspace: the tree's slices on tiles of 64 of B's rows where twice the
+   * CTAs still fit 132 SMs; never unsplit, or where n is one 64-row tile */
   static const struct {
     int64_t m, n, k;
     int mt, want;
@@ -111,11 +111,16 @@ static void test_gemm_plans(void) {
             {40, 136, 2056, 64, 2, 4096 + 3 * 2 * 2 * 128 * 16 * 4},
             {64, 2048, 3072, 64, 2, 4096 + 32 * 2 * 2 * 128 * 16 * 4},
             {64, 3072, 8192, 64, 0, 0}, /* the tree's 4 slices x 48 tiles: over 132 */
-            {64, 1024, 8192, 0, 0, 0},  /* unswapped */
+            {64, 1024, 8192, 0, 8, 4096 + 16 * 8 * 2 * 128 * 32 * 4}, /* unswapped: 128 x 64 */
+            {128, 1024, 8192, 0, 8, 4096 + 16 * 8 * 2 * 128 * 32 * 4},
+            {256, 1024, 8192, 0, 4, 4096 + 32 * 4 * 2 * 128 * 32 * 4},
+            {100, 520, 4104, 0, 4, 4096 + 9 * 4 * 2 * 128 * 32 * 4},
+            {130, 1024, 4096, 0, 4, 4096 + 32 * 4 * 2 * 128 * 32 * 4},
+            {512, 1024, 8192, 0, 0, 0}, /* the tree's 2 slices x 64 tiles: over 132 */
             {16, 8192, 1024, 16, 0, 0}, /* unsplit (16 K blocks) */
             {1, 8, 4096, 16, 0, 0},     /* one 64-row tile */
             {16, 4096, 8192, 16, 0, 0}, /* 64 tiles x 2 slices: over 132 */
-            {128, 1024, 8192, 0, 0, 0}};
+            {4096, 4096, 4096, 0, 0, 0}};
   for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) {
     size_t bytes = 0;
     const int got = tw_gemm_ws_split(ws[i].m, ws[i].n, ws[i].k, ws[i].mt, &bytes);
