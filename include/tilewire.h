@@ -108,6 +108,11 @@ TW_API tw_status_t tw_config_init(tw_config_t *cfg);
 
 /* ---- comm lifetime ---------------------------------------------------- */
 
+/* A comm's operations (collectives, fused ops) run one at a time, in the order they are
+ * enqueued on the device: enqueue one comm's calls on one stream, or order the streams (as
+ * with an NCCL communicator); every rank enqueues the same calls in the same order. Calls on
+ * different comms may run at once. */
+
 /* Creates an id and starts, in this process, the bootstrap root that the
  * ranks of one tw_comm_init_rank group meet at. */
 TW_API tw_status_t tw_get_unique_id(tw_unique_id_t *id);
