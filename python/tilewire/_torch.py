@@ -472,11 +472,12 @@ def _gemm_workspace(device, stream):
     of a decode product then run as single CTAs, twice the cluster tree's, with the same bits):
     TW_GEMM_WORKSPACE_BYTES zeroed once on that stream and kept, one per stream so that calls
     on different streams never share one. None while that stream captures a CUDA graph and has
-    none yet (tw_gemm then sums through a cluster: the same bits)."""
+    none yet, or once 64 streams hold one (tw_gemm then sums through a cluster: the same
+    bits)."""
     key = (device.index, stream.value)
     ws = _gemm_ws.get(key)
     if ws is None:
-        if torch.cuda.is_current_stream_capturing():
+        if torch.cuda.is_current_stream_capturing() or len(_gemm_ws) >= 64:
             return None
         ws = torch.zeros(_lib.TW_GEMM_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         _gemm_ws[key] = ws
