@@ -497,16 +497,16 @@ def _launch_gemm(a, b, out, sm_count, split_k=0):
     _check_aligned(b, "b", op)
     _check_aligned(out, "out", op)
     stream = _stream(a.device)
-    ws = _gemm_workspace(a.device, stream) if split_k == -1 else None
-    args = _lib.GemmArgs(
-        c_dtype=_lib.DType.BF16 if out.dtype == torch.bfloat16 else _lib.DType.FP32,
-        a=a.data_ptr(), b=b.data_ptr(), c=out.data_ptr(), m=m, n=n, k=k,
-        lda=_leading_dim(a, "a", op), ldb=_leading_dim(b, "b", op),
-        ldc=_leading_dim(out, "out", op), sm_count=sm_count, split_k=split_k,
-        workspace=ws.data_ptr() if ws is not None else None,
-        workspace_bytes=ws.numel() if ws is not None else 0,
-    )
-    with _on_device(a.device.index):
+    with _on_device(a.device.index):  # the capture check below reads the current device
+        ws = _gemm_workspace(a.device, stream) if split_k == -1 else None
+        args = _lib.GemmArgs(
+            c_dtype=_lib.DType.BF16 if out.dtype == torch.bfloat16 else _lib.DType.FP32,
+            a=a.data_ptr(), b=b.data_ptr(), c=out.data_ptr(), m=m, n=n, k=k,
+            lda=_leading_dim(a, "a", op), ldb=_leading_dim(b, "b", op),
+            ldc=_leading_dim(out, "out", op), sm_count=sm_count, split_k=split_k,
+            workspace=ws.data_ptr() if ws is not None else None,
+            workspace_bytes=ws.numel() if ws is not None else 0,
+        )
         _lib.call("tw_gemm", ctypes.byref(args), stream)
 
 
