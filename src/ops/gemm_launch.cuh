@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "cuda_check.h"
 #include "gemm_sm90.cuh"
@@ -28,6 +29,17 @@ namespace gemm {
  * report an expired pipeline wait with tw_pipeline_stall (src/device/signal.cuh). */
 inline uint64_t fused_mbar_timeout_ns(uint64_t flag_timeout_ns) {
   return 2 * flag_timeout_ns + 10ull * 1000 * 1000 * 1000;
+}
+
+/* Programmatic dependent launch: the attribute that lets a kernel start once every CTA of the
+ * kernel before it in the stream has issued griddepcontrol.launch_dependents (or ended); the
+ * dependent waits for that kernel in griddepcontrol.wait before it reads its output. */
+inline cudaLaunchAttribute pdl_attribute() {
+  cudaLaunchAttribute a;
+  memset(&a, 0, sizeof(a));
+  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a.val.programmaticStreamSerializationAllowed = 1;
+  return a;
 }
 
 /* TW_FAULT_STALL_TILE (tests): the producer withholds the loads of that tile's first stage

@@ -1153,9 +1153,7 @@ tw_status_t launch_after_gemm(tw_comm_t comm, int64_t items, cudaStream_t stream
   const bool pdl = tw_env_int(TW_RS_UNFUSED_PDL_ID) != 0 && !comm->gpu_shared;
   cudaLaunchConfig_t config;
   memset(&config, 0, sizeof(config));
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[1] = {pdl_attribute()};
   config.gridDim = dim3((unsigned)grid);
   config.blockDim = dim3(kUnfusedThreads);
   config.stream = stream;

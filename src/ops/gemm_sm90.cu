@@ -63,12 +63,8 @@ tw_status_t launch_plain(const GemmParams<Epi, Wait> &params, int grid, int devi
   config.attrs = attr;
   // GemmParams::after_grid: a programmatic dependent of the grid before it in the stream (the
   // attribute last, so that the occupancy query below sees the cluster's alone)
-  cudaLaunchAttribute pdl;
-  memset(&pdl, 0, sizeof(pdl));
-  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl.val.programmaticStreamSerializationAllowed = 1;
   if (kClusterSize == 1) {
-    attr[0] = pdl;
+    attr[0] = pdl_attribute();
     config.numAttrs = 1;
     return tw_cuda_check(cudaLaunchKernelEx(&config, kernel, params),
                          "tw_gemm: cudaLaunchKernelEx (programmatic dependent)");
@@ -95,7 +91,7 @@ tw_status_t launch_plain(const GemmParams<Epi, Wait> &params, int grid, int devi
   if (grid > kClusterSize * pairs)
     config.gridDim = dim3((unsigned)(kClusterSize * pairs));
   if (params.after_grid)
-    attr[config.numAttrs++] = pdl;
+    attr[config.numAttrs++] = pdl_attribute();
   return tw_cuda_check(cudaLaunchKernelEx(&config, kernel, params),
                        "tw_gemm: cudaLaunchKernelEx (cluster)");
 }

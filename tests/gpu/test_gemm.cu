@@ -368,11 +368,9 @@ static __global__ void late_writer_kernel(uint4 *dst, const uint4 *src, size_t v
                                           unsigned long long spin_ns) {
   if (threadIdx.x == 0) {
     tw::ptx::griddep_launch_dependents();
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    while (t - t0 < spin_ns);
+    const uint64_t t0 = tw::ptx::globaltimer_ns();
+    while (tw::ptx::globaltimer_ns() - t0 < spin_ns) {
+    }
   }
   __syncthreads();
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < vecs;
