@@ -208,7 +208,9 @@ typedef enum tw_tile_order {
   TW_TILE_ORDER_ROTATED = 2 /* start at row block `rotate_start` and wrap */
 } tw_tile_order_t;
 
-#define TW_GEMM_ARGS_VERSION 2
+#define TW_GEMM_ARGS_VERSION 3
+/* Bytes of tw_gemm_args_t.workspace (version 3): enough for every split it may choose. */
+#define TW_GEMM_WORKSPACE_BYTES ((size_t)9 << 20)
 typedef struct tw_gemm_args {
   size_t size;        /* sizeof(tw_gemm_args_t) */
   uint32_t version;   /* TW_GEMM_ARGS_VERSION */
@@ -228,10 +230,22 @@ typedef struct tw_gemm_args {
    * tiles), by the shape alone, so the same shape gives the same bits under any sm_count.
    * Fewer slices where K has fewer 64-wide blocks than slices, or sm_count fewer SMs. */
   int32_t split_k;
+  /* Version 3. Scratch for split_k -1 (NULL: none): device memory of workspace_bytes >=
+   * TW_GEMM_WORKSPACE_BYTES, 256-byte aligned, zero before its first use (cudaMemset once;
+   * every call leaves it zero again). Where -1 splits K (few tiles over a long K), the slices
+   * then run as single CTAs on tiles of half the width (64 of B's rows) whose fp32 partials meet
+   * in the workspace (the last slice of a tile to finish sums them in the cluster tree's order):
+   * the same bits as without it, on twice the CTAs a cluster tree fits. Calls that may run at once
+   * need workspaces of their own. Used only with split_k -1 (checked whenever given). */
+  void *workspace;
+  size_t workspace_bytes;
 } tw_gemm_args_t;
 
 #define TW_GEMM_ARGS_INIT                                                                          \
-  { sizeof(tw_gemm_args_t), TW_GEMM_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+  {                                                                                                \
+    sizeof(tw_gemm_args_t), TW_GEMM_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  \
+        0, 0                                                                                       \
+  }
 
 TW_API tw_status_t tw_gemm_args_init(tw_gemm_args_t *args);
 /* Standalone GEMM on the current device; errors go to tw_last_error(). */

@@ -72,6 +72,10 @@
 #             (TW_RS_UNFUSED_LL): its tests on both placements, A/B against the pull from graphs
 #             and eager
 #     s25     (branch exp/next22, run and merged) s23 and s24 trimmed into one 2-GPU call
+#     s29     (branch exp/next25, not run) split-K through a workspace (tw_gemm_args_t.workspace,
+#             TW_AG_GEMM_WS): the cluster tree's slices as single CTAs on tiles of 64 B rows:
+#             tests (bitwise the tree), memcheck, tw_gemm's rows from graphs, tw_ag_gemm's
+#             decode path in A/B from graphs (alternating) and eager
 #     s28     (twenty-second session, measurements) the decode GEMM: co-resident clusters of
 #             8 and 16 (scripts/probes/probe_clusters.cu, built into $TW_BUILD_DIR), tw_gemm's
 #             split rows from graphs at tw_ag_gemm's decode products, ncu of them and of
@@ -821,6 +825,30 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
+exp_s29() { # (branch exp/next25, not run) split-K through a workspace: the tree's slices as
+  # single CTAs on 64-row swap tiles, twice the CTAs, the same bits
+  local m
+  run "s29-test_plans" 30 "$bin/test_plans"
+  run "s29-test_gemm" 200 "$bin/test_gemm"
+  run "s29-test_ag_gemm" 200 "$bin/test_ag_gemm"
+  run "s29-memcheck-test_gemm" 300 compute-sanitizer --error-exitcode=1 --tool memcheck \
+    "$bin/test_gemm"
+  for m in 16 32 64 128; do
+    run "s29-gemm-split-graph-m$m" 60 env TW_BENCH_GRAPH=1 TW_BENCH_GEMM_SPLITK=1 \
+      "$bin/tw-bench" gemm --m $m --n 1024 --k 8192 --repeats 50 --warmup 5
+  done
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s29-test_ag_gemm-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
+  # the decode path with TW_TRACE (a host callback between the allgather and the GEMM that is
+  # launched as its programmatic dependent: not run before) and with the watchdog's rows
+  run "s29-trace-ag-decode" 90 env TW_TRACE=1 "$bin/tw-bench" ag_gemm --world 2 --m 16 \
+    --n 1024 --k 8192 --repeats 10 --warmup 2
+  run "s29-watchdog-ag-decode" 90 env TW_WATCHDOG_S=5 "$bin/tw-bench" ag_gemm --world 2 \
+    --m 16 --n 1024 --k 8192 --repeats 10 --warmup 2
+  ag_knob_ab s29 TW_AG_GEMM_WS ws
+  run "s29-pytest-gemm" 150 env TILEWIRE_LIB="$root/$bin/libtilewire.so" python3 -m pytest \
+    python/tests -q -k "gemm or dist"
+}
 exp_s28() { # (twenty-second session) measurements for the decode GEMM's next step
   local m v
   [ -x "$bin/probe_clusters" ] && run "s28-probe-clusters" 30 "$bin/probe_clusters"
@@ -857,11 +885,7 @@ exp_s27() { # (run in the twenty-second session, merged) tw_ag_gemm's decode GEM
   run "s27-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
   run "s27-memcheck-test_ag_gemm-distinct" 150 env TW_TEST_DEVICES=distinct compute-sanitizer \
     --error-exitcode=1 --tool memcheck "$bin/test_ag_gemm" --small
-  ag_decode_ab s27-dist-graph-pdl TW_AG_PDL "0 1"
-  for m in 16 64; do
-    run "s27-ag_gemm-ab-m$m" 90 env TW_BENCH_AB=TW_AG_PDL=0,1 "$bin/tw-bench" ag_gemm \
-      --world 2 --m $m --n 1024 --k 8192 --repeats 30 --warmup 5
-  done
+  ag_knob_ab s27 TW_AG_PDL pdl
   run "s27-pytest-ag" 120 env TILEWIRE_LIB="$root/$bin/libtilewire.so" python3 -m pytest \
     python/tests -q -k "ag_gemm or dist"
 }
@@ -978,6 +1002,15 @@ exp_s21() { # twentieth session: main with ReleasedWait (s20 measured it, the pu
   for v in 0 1; do
     TW_RS_UNFUSED_WAIT_KERNEL=$v dist_graph "s21-dist-graph-wk$v" m16 90 \
       "--repeats 50 --graph 20" "--m 16 --n 8192 --k 1024" ""
+  done
+}
+ag_knob_ab() { # GROUP KNOB TAG: a 0/1 knob of tw_ag_gemm's decode path, from graphs in two
+  # alternating rounds (GROUP-dist-graph-TAG<v><round>-m<M>) and eager (GROUP-ag_gemm-ab-m<M>)
+  local m
+  ag_decode_ab "$1-dist-graph-$3" "$2" "0 1"
+  for m in 16 64; do
+    run "$1-ag_gemm-ab-m$m" 90 env TW_BENCH_AB="$2=0,1" "$bin/tw-bench" ag_gemm --world 2 \
+      --m $m --n 1024 --k 8192 --repeats 30 --warmup 5
   done
 }
 ag_decode_ab() { # PREFIX KNOB "VALUES": tw_ag_gemm at decode shards (M 16 / 64, n 1024/rank, K

@@ -104,6 +104,19 @@ def test_gemm_split_k(split_k):
     assert torch.equal(torch.ops.tilewire.gemm(a, b, bf16, 0, split_k), first)
 
 
+def test_gemm_split_k_workspace_bits():
+    """split_k -1 runs a decode product's slices through a per-stream workspace as single CTAs
+    (tw_gemm_args_t.workspace); the library's 8 slices there, given explicitly, sum through a
+    cluster: the same bits, bf16 and fp32 out, swapped (M=16, 64) and not (M=128)"""
+    for m in (16, 64, 128):
+        a, b = _inputs(m, 1024, 8192, seed=11 + m)
+        for dtype in (bf16, torch.float32):
+            ws = tilewire.gemm(a, b, out_dtype=dtype, split_k=-1)
+            tree = tilewire.gemm(a, b, out_dtype=dtype, split_k=8)
+            assert torch.equal(ws, tree), "M=%d %s" % (m, dtype)
+            assert torch.equal(tilewire.gemm(a, b, out_dtype=dtype, split_k=-1), ws)
+
+
 def test_gemm_split_k_refused_values():
     a, b = _inputs(64, 64, 64)
     with pytest.raises(ValueError, match="split_k"):

@@ -33,7 +33,8 @@ TW_VERSION_CODE = TW_VERSION_MAJOR * 10000 + TW_VERSION_MINOR * 100 + TW_VERSION
 TW_MAX_WORLD = 64
 TW_UNIQUE_ID_BYTES = 128
 TW_CONFIG_VERSION = 1
-TW_GEMM_ARGS_VERSION = 2
+TW_GEMM_ARGS_VERSION = 3
+TW_GEMM_WORKSPACE_BYTES = 9 << 20  # tw_gemm_args_t.workspace's size (version 3)
 TW_AG_GEMM_ARGS_VERSION = 2
 TW_GEMM_RS_ARGS_VERSION = 3
 
@@ -172,6 +173,8 @@ class GemmArgs(_Versioned):
         ("tile_order", ctypes.c_int32),  # tw_tile_order_t
         ("rotate_start", ctypes.c_int64),
         ("split_k", ctypes.c_int32),  # version 2: K slices per tile (0/1 none, 2/4/8, -1 auto)
+        ("workspace", ctypes.c_void_p),  # version 3: scratch for split_k -1 (NULL: none)
+        ("workspace_bytes", ctypes.c_size_t),
     ]
 
 

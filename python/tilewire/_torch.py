@@ -464,6 +464,26 @@ def _check_gemm(a, b, out, out_dtype, sm_count, split_k=0):
     return dtype
 
 
+_gemm_ws = {}  # (device index, cudaStream_t) -> tw_gemm's split-K workspace on that stream
+
+
+def _gemm_workspace(device, stream):
+    """tw_gemm's workspace for split_k -1 on `stream` (tw_gemm_args_t.workspace: the K slices
+    of a decode product then run as single CTAs, twice the cluster tree's, with the same bits):
+    TW_GEMM_WORKSPACE_BYTES zeroed once on that stream and kept, one per stream so that calls
+    on different streams never share one. None while that stream captures a CUDA graph and has
+    none yet, or once 64 streams hold one (tw_gemm then sums through a cluster: the same
+    bits)."""
+    key = (device.index, stream.value)
+    ws = _gemm_ws.get(key)
+    if ws is None:
+        if torch.cuda.is_current_stream_capturing() or len(_gemm_ws) >= 64:
+            return None
+        ws = torch.zeros(_lib.TW_GEMM_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        _gemm_ws[key] = ws
+    return ws
+
+
 def _launch_gemm(a, b, out, sm_count, split_k=0):
     m, k = a.shape
     n = b.shape[0]
@@ -476,14 +496,18 @@ def _launch_gemm(a, b, out, sm_count, split_k=0):
     _check_aligned(a, "a", op)
     _check_aligned(b, "b", op)
     _check_aligned(out, "out", op)
-    args = _lib.GemmArgs(
-        c_dtype=_lib.DType.BF16 if out.dtype == torch.bfloat16 else _lib.DType.FP32,
-        a=a.data_ptr(), b=b.data_ptr(), c=out.data_ptr(), m=m, n=n, k=k,
-        lda=_leading_dim(a, "a", op), ldb=_leading_dim(b, "b", op),
-        ldc=_leading_dim(out, "out", op), sm_count=sm_count, split_k=split_k,
-    )
-    with _on_device(a.device.index):
-        _lib.call("tw_gemm", ctypes.byref(args), _stream(a.device))
+    stream = _stream(a.device)
+    with _on_device(a.device.index):  # the capture check below reads the current device
+        ws = _gemm_workspace(a.device, stream) if split_k == -1 else None
+        args = _lib.GemmArgs(
+            c_dtype=_lib.DType.BF16 if out.dtype == torch.bfloat16 else _lib.DType.FP32,
+            a=a.data_ptr(), b=b.data_ptr(), c=out.data_ptr(), m=m, n=n, k=k,
+            lda=_leading_dim(a, "a", op), ldb=_leading_dim(b, "b", op),
+            ldc=_leading_dim(out, "out", op), sm_count=sm_count, split_k=split_k,
+            workspace=ws.data_ptr() if ws is not None else None,
+            workspace_bytes=ws.numel() if ws is not None else 0,
+        )
+        _lib.call("tw_gemm", ctypes.byref(args), stream)
 
 
 @_custom_op("tilewire::gemm")
@@ -533,7 +557,8 @@ def gemm(a, b, out=None, out_dtype=None, sm_count=0, split_k=0):
     per output tile (tw_gemm_args_t.split_k): 0 or 1 none (the default, the unsplit bits), 2, 4
     or 8, or -1 to let the library split few tiles over a long K (decode shapes) by the shape
     alone; a split sums the slices in a fixed order (the same bits on every run, not the unsplit
-    ones). Runs on torch's current CUDA stream; CUDA-graph capturable; traceable by
+    ones). With -1 a workspace per stream (9 MiB, kept) lets the slices run on twice the CTAs,
+    with the same bits. Runs on torch's current CUDA stream; CUDA-graph capturable; traceable by
     torch.compile (torch.ops.tilewire.gemm / gemm_out).
     """
     dtype = _check_gemm(a, b, out, out_dtype, sm_count, split_k)

@@ -83,6 +83,8 @@ int main(void) {
   FIELD(tw_gemm_args_t, tile_order);
   FIELD(tw_gemm_args_t, rotate_start);
   FIELD(tw_gemm_args_t, split_k);
+  FIELD(tw_gemm_args_t, workspace);
+  FIELD(tw_gemm_args_t, workspace_bytes);
   end_struct();
 
   STRUCT(tw_ag_gemm_args_t);
@@ -171,6 +173,7 @@ int main(void) {
   VALUE(TW_UNIQUE_ID_BYTES);
   VALUE(TW_CONFIG_VERSION);
   VALUE(TW_GEMM_ARGS_VERSION);
+  VALUE(TW_GEMM_WORKSPACE_BYTES);
   VALUE(TW_AG_GEMM_ARGS_VERSION);
   VALUE(TW_GEMM_RS_ARGS_VERSION);
   printf("\n  }\n}\n");

@@ -100,6 +100,12 @@ TW_ENV(TW_AG_PDL, bool, "1",
        "the allgather's end before they load the gathered rows), 0 after it as usual. Same "
        "bits; ranks may differ (measured from graphs on 2 H200s: M=16 0.0161 -> 0.0155 ms, "
        "M=64 0.0209 -> 0.0205).")
+TW_ENV(TW_AG_GEMM_WS, bool, "1",
+       "tw_ag_gemm's decode path: 1 gives its split-K tw_gemm the comm's workspace "
+       "(tw_gemm_args_t.workspace), so that the slices run as single CTAs on tiles of 64 of B's "
+       "rows, twice the CTAs of the cluster tree (the same bits); 0 the cluster tree. Ranks may "
+       "differ "
+       "(measurement knob; not yet run on a GPU).")
 TW_ENV(TW_AG_PEER_READ, bool, "1",
        "tw_ag_gemm with no_gathered_out = 1 and every rank on one GPU: 1 reads the peers' "
        "shards in place (no copies), 0 pushes them as on distinct GPUs.")

@@ -265,6 +265,12 @@ template <class Epi, class Wait> struct GemmParams {
   // (at most kAfterGridPrefetch K blocks) into L2, then waits for that grid (griddepcontrol.wait)
   // before its first load. 0: launched as usual.
   int32_t after_grid;
+  // Split-K through global memory (kSplitWs): each slice stores its fp32 accumulators at
+  // split_ws, [tile][slice][consumer warpgroup][BN / 8 chunks][128 threads] float4s, and counts
+  // itself in split_cnt[tile * 2 + warpgroup] (zero before the call, zero again after it); the
+  // last to arrive sums every slice's in the cluster tree's order and stores the tile.
+  float *split_ws;
+  uint32_t *split_cnt;
 };
 
 constexpr int32_t kAfterGridA = 1, kAfterGridB = 2;
@@ -745,13 +751,74 @@ __device__ __forceinline__ bool split_combine(const Params &p, float (&acc)[BN /
   return true;
 }
 
+// The value slice s holds after R rounds of split_combine's tree, from the slices' partials at
+// part + slice * stride: V(R, s) = V(R - 1, s) + V(R - 1, s + kSplit >> R) (the receiver's
+// first), V(0, s) = partial s. Depth first, so about R values are live, not kSplit.
+template <int kSplit, int R> struct WsTree {
+  __device__ static __forceinline__ float4 at(const float4 *part, size_t stride, int s) {
+    const float4 a = WsTree<kSplit, R - 1>::at(part, stride, s);
+    const float4 b = WsTree<kSplit, R - 1>::at(part, stride, s + (kSplit >> R));
+    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z),
+                       __fadd_rn(a.w, b.w));
+  }
+};
+template <int kSplit> struct WsTree<kSplit, 0> {
+  __device__ static __forceinline__ float4 at(const float4 *part, size_t stride, int s) {
+    return __ldcg(part + (size_t)s * stride);
+  }
+};
+
+// Split-K through global memory (GemmParams::split_ws): this slice's accumulators go to the
+// workspace; the warpgroup's count for the tile says whether it came last, and the last sums
+// all kSplit slices' partials in split_combine's tree order (round r: slice s < kSplit >> (r + 1)
+// takes s + (kSplit >> (r + 1))), so its bits are the cluster tree's. Returns true where this
+// warpgroup stores the tile. No wait: nobody waits for anybody.
+template <int kSplit, int BN, class Params>
+__device__ __forceinline__ bool split_ws_combine(const Params &p, float (&acc)[BN / 2],
+                                                 int32_t tile, uint32_t slice, int cwg,
+                                                 int wg_thread, volatile int32_t *last) {
+  constexpr int kChunks = BN / 8; // 16-byte chunks of accumulators per thread
+  constexpr size_t kRegion = (size_t)kChunks * 128;
+  float4 *ws = reinterpret_cast<float4 *>(p.split_ws);
+  float4 *mine = ws + ((size_t)tile * kSplit * 2 + (size_t)slice * 2 + (size_t)cwg) * kRegion;
+#pragma unroll
+  for (int j = 0; j < kChunks; j++)
+    __stcg(&mine[j * 128 + wg_thread],
+           make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+  __threadfence(); // this thread's partial before the count that publishes it
+  ptx::named_bar_sync(kBarConsumerWg0 + cwg, 128);
+  if (wg_thread == 0) {
+    uint32_t *count = &p.split_cnt[tile * 2 + cwg];
+    const bool is_last = atomicAdd(count, 1u) == (uint32_t)(kSplit - 1);
+    if (is_last) {
+      atomicExch(count, 0u); // for the next call (stream-ordered after this kernel)
+      __threadfence();       // every slice's partial before this warpgroup's reads
+    }
+    *last = is_last;
+  }
+  ptx::named_bar_sync(kBarConsumerWg0 + cwg, 128);
+  if (!*last)
+    return false;
+  const float4 *base = ws + ((size_t)tile * kSplit * 2 + (size_t)cwg) * kRegion;
+#pragma unroll
+  for (int j = 0; j < kChunks; j++) { // unrolled: acc stays in registers
+    const float4 v =
+        WsTree<kSplit, split_rounds<kSplit>()>::at(base + j * 128 + wg_thread, 2 * kRegion, 0);
+    acc[4 * j] = v.x, acc[4 * j + 1] = v.y, acc[4 * j + 2] = v.z, acc[4 * j + 3] = v.w;
+  }
+  return true;
+}
+
 } // namespace detail
 
 // Runs the GEMM on this CTA until the tiles run out. All 384 threads call it; `smem_raw` is the
 // dynamic shared memory (SmemLayout::kDynamicBytes). cta/ctas: this CTA's index among the CTAs
 // running the static schedule and their number (ignored with kDynamic).
+// kSplitWs: kSplit > 1 slices summed through global memory (GemmParams::split_ws) instead of a
+// cluster's shared memory: no cluster, CTA i runs slice i % kSplit.
 template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic, int kCluster = 1,
-          int BN = kBlockN, bool kRestoreRegs = false, int kSplit = 1, int kTileM = kBlockM>
+          int BN = kBlockN, bool kRestoreRegs = false, int kSplit = 1, int kTileM = kBlockM,
+          bool kSplitWs = false>
 __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, uint8_t *smem_raw,
                                               int32_t cta, int32_t ctas) {
   using L = SmemLayout<Stages, EpiBytes, BN, kTileM>;
@@ -767,10 +834,13 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   // [s * k_blocks / kSplit, (s + 1) * k_blocks / kSplit); their accumulators are summed into
   // CTA 0's as a binary tree through distributed shared memory (detail::split_combine: fp32, a
   // fixed order, the same bits on every run), then CTA 0 stores the tile.
-  constexpr bool kSplitK = kSplit > 1;
+  // kSplitWs: the same slices, summed through global memory by the last to finish
+  // (detail::split_ws_combine: the same tree, so the same bits), with no cluster.
+  constexpr bool kWs = kSplitWs && kSplit > 1;
+  constexpr bool kSplitK = kSplit > 1 && !kSplitWs; // the cluster's tree
   static_assert(kSplit == 1 || kSplit == 2 || kSplit == 4 || kSplit == 8, "1, 2, 4 or 8 slices");
-  static_assert(!kSplitK || (kCluster == 1 && !kDynamic && !Epi::kSignal &&
-                             !OwnerEpiOf<Epi>::value && !WriteThroughOf<Wait>::value),
+  static_assert(!(kSplitK || kWs) || (kCluster == 1 && !kDynamic && !Epi::kSignal &&
+                                      !OwnerEpiOf<Epi>::value && !WriteThroughOf<Wait>::value),
                 "split-K serves the plain GEMM on a static schedule");
   static_assert(!kSplitK || EpiBytes >= 128 * (BN / 2) * 4,
                 "a consumer warpgroup's accumulators fit its epilogue buffer");
@@ -800,7 +870,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   const int wg_thread = threadIdx.x % 128;
   const int32_t k_blocks = p.k_blocks;
   // This CTA's K blocks (all of them without split-K; the host gives every slice one or more).
-  const uint32_t slice = kSplitK ? ptx::cluster_ctarank() : 0;
+  const uint32_t slice = kSplitK ? ptx::cluster_ctarank() : (kWs ? blockIdx.x % kSplit : 0);
   const int32_t kb0 = (int32_t)((int64_t)slice * k_blocks / kSplit);
   const int32_t kb1 = (int32_t)((int64_t)(slice + 1) * k_blocks / kSplit);
   // split-K: per consumer warpgroup, [r] "round r's sender wrote its accumulators" (its 128
@@ -1051,6 +1121,15 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         ptx::reg_fence(acc[i]);
       if (lane == 0)
         release(prev_stage);
+      if constexpr (kWs) {
+        // As below; with 64-row tiles both warpgroups share the tile's rows.
+        if (p.rows > 0 && (int64_t)mb * kTileM + (kHalfM ? 0 : cwg * (kBlockM / 2)) >= p.rows)
+          continue;
+        __shared__ int32_t ws_last[2];
+        if (!detail::split_ws_combine<kSplit, BN>(p, acc, mb * p.order.n_blocks + nb, slice, cwg,
+                                                  wg_thread, &ws_last[cwg]))
+          continue; // another slice stores the tile
+      }
       if constexpr (kSplitK) {
         // A warpgroup whose 64 rows of the tile all lie past the product's (decode: M=64) has
         // nothing to sum or store; every slice skips it alike (the same tile, the same rows).
@@ -1123,7 +1202,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
 // kCluster == 2: launch with cluster dimension (2, 1, 1) and an even grid; kSplit > 1: cluster
 // dimension (kSplit, 1, 1) and a grid of whole clusters.
 template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic, int kCluster = 1,
-          int BN = kBlockN, int kSplit = 1, int kTileM = kBlockM>
+          int BN = kBlockN, int kSplit = 1, int kTileM = kBlockM, bool kSplitWs = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ GemmParams<Epi, Wait> p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -1131,8 +1210,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // kernel) may take idle SMs now; it waits for this grid's completion before it reads C.
   if (threadIdx.x == 0)
     ptx::griddep_launch_dependents();
-  gemm_cta_loop<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, false, kSplit, kTileM>(
-      p, smem_raw, blockIdx.x / (kCluster * kSplit), gridDim.x / (kCluster * kSplit));
+  gemm_cta_loop<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, false, kSplit, kTileM,
+                kSplitWs>(p, smem_raw, blockIdx.x / (kCluster * kSplit),
+                          gridDim.x / (kCluster * kSplit));
 }
 
 } // namespace gemm

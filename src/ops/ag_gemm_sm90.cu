@@ -557,6 +557,10 @@ static tw_status_t gathered_gemm(tw_comm_t comm, const tw_ag_gemm_args_t &a, con
   g.lda = a.k, g.ldb = a.ldb, g.ldc = a.ldc;
   g.sm_count = comm->sm_budget;
   g.split_k = split_k;
+  if (split_k < 0 && tw_env_int(TW_AG_GEMM_WS_ID) != 0) { /* the same bits, more CTAs */
+    g.workspace = comm->gemm_ws;
+    g.workspace_bytes = TW_GEMM_WORKSPACE_BYTES;
+  }
   if (!after_grid)
     return tw_gemm(&g, stream);
   tw_gemm_sm90_opts_t opts;

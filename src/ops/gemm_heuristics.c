@@ -64,6 +64,29 @@ int tw_gemm_swap_half(int env, int64_t m, int64_t n, int split, int sms) {
   return tiles128 * 2 <= (int64_t)sms;
 }
 
+size_t tw_gemm_ws_bytes(int64_t tiles, int split, int cols) {
+  /* per warpgroup 128 threads x cols / 2 fp32 accumulators */
+  return TW_GEMM_WS_COUNTERS + (size_t)tiles * (size_t)split * 2 * 128 * (size_t)(cols / 2) * 4;
+}
+
+int tw_gemm_ws_split(int64_t m, int64_t n, int64_t k, int swap_mt, size_t *bytes) {
+  const int sms = 132; /* nominal, as tw_gemm_auto_split: the bits must not follow the budget */
+  /* The cluster tree's slices (so the same K ranges, the same tree, the same bits) as single
+   * CTAs on tiles of half the tree's width of B's rows: swapped, 64 of B's rows x swap_mt of
+   * A's; unswapped, 128 of A's rows x 64 of B's (either bitwise the wider tiles' products).
+   * Twice the CTAs where they still fit the SMs at once: clusters of 8 CTAs fit 15 at once on
+   * an H200 (twenty-second session, scripts/probes/probe_clusters.cu), so the tree itself stops
+   * at 64 CTAs on 8 tiles. */
+  const int s = tw_gemm_auto_split(m, n, k);
+  const int64_t rows = swap_mt ? (m + swap_mt - 1) / swap_mt : (m + 127) / 128;
+  const int64_t tiles = ((n + 63) / 64) * rows, tree_tiles = ((n + 127) / 128) * rows;
+  if (s < 2 || tiles * s > sms || tiles <= tree_tiles)
+    return 0;
+  if (bytes)
+    *bytes = tw_gemm_ws_bytes(tiles, s, swap_mt ? swap_mt / 2 : 64);
+  return s;
+}
+
 void tw_gemm_plan_make(int64_t m, int64_t n, int64_t k, int sms, tw_gemm_plan_t *plan) {
   const int64_t m_blocks = (m + 127) / 128;
   const int64_t tiles256 = m_blocks * ((n + 255) / 256);

@@ -2,6 +2,7 @@
 #ifndef TW_OPS_GEMM_HEURISTICS_H
 #define TW_OPS_GEMM_HEURISTICS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -43,6 +44,17 @@ int tw_gemm_swap_bn(int env, int64_t m);
  * width of A's rows) instead of 128: env 2 wherever unsplit, 1 or 0 never, -1 unsplit where the
  * n x m product has at most sms / 2 tiles of 128 rows. The same bits either way. */
 int tw_gemm_swap_half(int env, int64_t m, int64_t n, int split, int sms);
+
+/* Split-K through a workspace (tw_gemm_args_t.workspace, split_k -1): tw_gemm_auto_split's
+ * slices (so the same bits) run as single CTAs on tiles of 64 of B's rows (swapped: 64 x swap_mt;
+ * unswapped: 128 x 64), twice the CTAs of the cluster tree, where those still fit 132 SMs at
+ * once; else 0. By the shape alone (swap_mt: tw_gemm_swap_bn's width, 0 unswapped). *bytes: the
+ * workspace it uses. */
+int tw_gemm_ws_split(int64_t m, int64_t n, int64_t k, int swap_mt, size_t *bytes);
+/* Bytes of workspace for `split` slices of `tiles` tiles of `cols` accumulator columns per
+ * consumer warpgroup: a 4 KiB counter block, then every (tile, slice, warpgroup)'s partial. */
+size_t tw_gemm_ws_bytes(int64_t tiles, int split, int cols);
+#define TW_GEMM_WS_COUNTERS 4096
 
 /* Plans C[m,n] = A[m,k] * B[n,k]^T on `sms` SMs. */
 void tw_gemm_plan_make(int64_t m, int64_t n, int64_t k, int sms, tw_gemm_plan_t *plan);

@@ -33,12 +33,14 @@ __device__ TileQueue g_plain_queue;
 constexpr int kMaxDevices = 64;
 
 template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN,
-          int kSplit = 1, class Wait = NoWait, class Epi = EpiTmaStore<Out>, int kTileM = kBlockM>
+          int kSplit = 1, class Wait = NoWait, class Epi = EpiTmaStore<Out>, int kTileM = kBlockM,
+          bool kSplitWs = false>
 tw_status_t launch_plain(const GemmParams<Epi, Wait> &params, int grid, int device,
                          cudaStream_t stream) {
-  auto kernel =
-      gemm_sm90_kernel<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, kSplit, kTileM>;
-  constexpr int kClusterSize = kCluster * kSplit;
+  auto kernel = gemm_sm90_kernel<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, kSplit,
+                                 kTileM, kSplitWs>;
+  // split-K through global memory (kSplitWs) runs its slices as single CTAs
+  constexpr int kClusterSize = kSplitWs ? kCluster : kCluster * kSplit;
   constexpr int kSmem = SmemLayout<Stages, EpiBytes, BN, kTileM>::kDynamicBytes;
   // The shared-memory limit is raised once per device and instantiation.
   static uint64_t configured;
@@ -177,12 +179,50 @@ tw_status_t launch_swap_half(const GemmParams<E, Wait> &params, int grid, int de
                       64>(params, grid, device, stream);
 }
 
+// Split-K through a workspace (tw_gemm_args_t.workspace, tw_gemm_ws_split): slices as single
+// CTAs, summed by the last to finish (detail::split_ws_combine), on tiles of half the tree's:
+// swapped, 64-row tiles with 2, 4 or 8 slices (the stages and epilogue buffer of
+// launch_swap_half: the accumulators go to global memory, not through it).
+template <class Out, int MT>
+tw_status_t launch_swap_ws(const GemmParams<EpiTmaStoreT<Out>, NoWait> &params, int split, int grid,
+                           int device, cudaStream_t stream) {
+  constexpr int SH = swap_half_stages<MT>();
+  using E = EpiTmaStoreT<Out>;
+  if (split == 8)
+    return launch_plain<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 8, NoWait, E, 64, true>(
+        params, grid, device, stream);
+  if (split == 4)
+    return launch_plain<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 4, NoWait, E, 64, true>(
+        params, grid, device, stream);
+  if (split == 2)
+    return launch_plain<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 2, NoWait, E, 64, true>(
+        params, grid, device, stream);
+  return tw_fail(TW_ERR_INTERNAL, "tw_gemm: %d slices through the workspace (swapped)", split);
+}
+// Unswapped: 128 x 64 tiles (twice the 128 x 128 tiles' count; the same products, so the same
+// bits), 6 stages and 16 KiB epilogue buffers, 2, 4 or 8 slices.
+template <class Out>
+tw_status_t launch_split_ws(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int split, int grid,
+                            int device, cudaStream_t stream) {
+  using E = EpiTmaStore<Out>;
+  if (split == 8)
+    return launch_plain<6, 16384, Out, false, 1, 64, 8, NoWait, E, kBlockM, true>(params, grid,
+                                                                                  device, stream);
+  if (split == 4)
+    return launch_plain<6, 16384, Out, false, 1, 64, 4, NoWait, E, kBlockM, true>(params, grid,
+                                                                                  device, stream);
+  if (split == 2)
+    return launch_plain<6, 16384, Out, false, 1, 64, 2, NoWait, E, kBlockM, true>(params, grid,
+                                                                                  device, stream);
+  return tw_fail(TW_ERR_INTERNAL, "tw_gemm: %d slices through the workspace", split);
+}
 template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN,
-          int kSplit = 1, class Wait = NoWait, class Epi = EpiTmaStore<Out>, int kTileM = kBlockM>
+          int kSplit = 1, class Wait = NoWait, class Epi = EpiTmaStore<Out>, int kTileM = kBlockM,
+          bool kSplitWs = false>
 cudaError_t preload_one() {
   cudaFuncAttributes attr;
-  return cudaFuncGetAttributes(
-      &attr, gemm_sm90_kernel<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, kSplit, kTileM>);
+  return cudaFuncGetAttributes(&attr, gemm_sm90_kernel<Stages, EpiBytes, Epi, Wait, kDynamic,
+                                                       kCluster, BN, kSplit, kTileM, kSplitWs>);
 }
 
 /* launch_swap's, for one tile width. */
@@ -214,6 +254,16 @@ template <class Out, int MT> cudaError_t preload_swap() {
   if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, NoWait, LE, 64>()) !=
       cudaSuccess)
     e = r;
+  /* launch_swap_ws's */
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 8, NoWait, E, 64, true>()) !=
+      cudaSuccess)
+    e = r;
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 4, NoWait, E, 64, true>()) !=
+      cudaSuccess)
+    e = r;
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 2, NoWait, E, 64, true>()) !=
+      cudaSuccess)
+    e = r;
   return e;
 }
 
@@ -242,6 +292,16 @@ template <class Out> cudaError_t preload_out() {
   if ((r = preload_one<kSplitStages, kSplitEpiBytes, Out, false, 1, 128, 4>()) != cudaSuccess)
     e = r;
   if ((r = preload_one<kSplitStages, kSplitEpiBytes, Out, false, 1, 128, 8>()) != cudaSuccess)
+    e = r;
+  /* launch_split_ws's */
+  if ((r = preload_one<6, 16384, Out, false, 1, 64, 8, NoWait, EpiTmaStore<Out>, kBlockM,
+                       true>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<6, 16384, Out, false, 1, 64, 4, NoWait, EpiTmaStore<Out>, kBlockM,
+                       true>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<6, 16384, Out, false, 1, 64, 2, NoWait, EpiTmaStore<Out>, kBlockM,
+                       true>()) != cudaSuccess)
     e = r;
   /* launch_released's */
   if ((r = preload_one<6, 16384, Out, false, 1, 128, 1, ReleasedWait>()) != cudaSuccess)
@@ -292,6 +352,14 @@ template <class GP> int schedule(GP &params, int64_t k, int64_t rows, int cluste
   return grid;
 }
 
+// Split-K through the caller's workspace (tw_gemm_ws_split): the slices, the partials (after
+// the counter block) and the counters.
+struct WsPlan {
+  int split;
+  float *part;
+  uint32_t *cnt;
+};
+
 // Swap-AB (tw_gemm_swap_bn: m <= 64): the loop computes C^T = B * A^T in tiles of 128 of B's
 // rows x mt (16 or 64) of A's, its "A" operand map over B, its "B" operand map over A, and
 // stores C transposed (EpiTmaStoreT). Tile orders only move work between CTAs (the same bits),
@@ -301,14 +369,19 @@ template <class GP> int schedule(GP &params, int64_t k, int64_t rows, int cluste
 // E = EpiLlPushT<Out> (opts.ll, unsplit): the tiles go into the owners' low-latency areas as
 // words (gemm_ll.cuh) instead of into c.
 template <class Out, class Wait = NoWait, class E = EpiTmaStoreT<Out>>
-tw_status_t run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int split, int device,
-                     cudaStream_t stream,
-                     const typename Wait::Params &wait = typename Wait::Params(),
-                     const tw_gemm_ll_epi_t *ll = NULL, bool after_grid = false) {
+tw_status_t
+run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int split, int device,
+         cudaStream_t stream, const typename Wait::Params &wait = typename Wait::Params(),
+         const tw_gemm_ll_epi_t *ll = NULL, bool after_grid = false, const WsPlan *ws = NULL) {
   GemmParams<E, Wait> params;
   memset(&params, 0, sizeof(params));
   params.wait = wait;
   params.after_grid = after_grid ? kAfterGridB : 0; // the previous grid writes a: the loop's B
+  if (ws) { // 64-row tiles, the slices as single CTAs (launch_swap_ws)
+    half = true;
+    params.split_ws = ws->part;
+    params.split_cnt = ws->cnt;
+  }
   const int tile_m = half ? 64 : kBlockM;
   tw_status_t st = tw_tma_map_2d(&params.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b,
                                  (uint64_t)a.k, (uint64_t)a.n, (uint64_t)a.ldb, kBlockK,
@@ -342,6 +415,13 @@ tw_status_t run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int sp
   o.order = kOrderDefault;
   o.group_m = 1;
   const int grid = schedule(params, a.k, a.n, split, sms);
+  if constexpr (std::is_same<Wait, NoWait>::value && std::is_same<E, EpiTmaStoreT<Out>>::value) {
+    if (ws)
+      return mt == 16 ? launch_swap_ws<Out, 16>(params, split, grid, device, stream)
+                      : launch_swap_ws<Out, 64>(params, split, grid, device, stream);
+  }
+  if (ws)
+    return tw_fail(TW_ERR_INTERNAL, "tw_gemm: the workspace's slices serve the plain GEMM");
   if (half && split == 1)
     return mt == 16 ? launch_swap_half<Out, 16, Wait, E>(params, grid, device, stream)
                     : launch_swap_half<Out, 64, Wait, E>(params, grid, device, stream);
@@ -357,18 +437,23 @@ template <class Out, class Wait = NoWait>
 tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant, bool dynamic,
                 int group_m, int sms, int split, int device, cudaStream_t stream,
                 const typename Wait::Params &wait = typename Wait::Params(),
-                bool after_grid = false) {
+                bool after_grid = false, const WsPlan *ws = NULL) {
   const bool clustered = variant == TW_GEMM_V_S4_E16_C2 || variant == TW_GEMM_V_S3_E32_C2;
   // The tile queue serves single CTAs; a pair needs two SMs.
   if (clustered && (dynamic || sms < 2))
     variant = variant == TW_GEMM_V_S4_E16_C2 ? TW_GEMM_V_S4_E16 : TW_GEMM_V_S3_E32;
   const bool pair =
       split == 1 && (variant == TW_GEMM_V_S4_E16_C2 || variant == TW_GEMM_V_S3_E32_C2);
-  const int32_t bn = split > 1 || variant == TW_GEMM_V_N128_S6 ? 128 : kBlockN;
+  // ws: 128 x 64 tiles, the slices as single CTAs (launch_split_ws)
+  const int32_t bn = ws ? 64 : (split > 1 || variant == TW_GEMM_V_N128_S6 ? 128 : kBlockN);
   GemmParams<EpiTmaStore<Out>, Wait> params;
   memset(&params, 0, sizeof(params));
   params.wait = wait;
   params.after_grid = after_grid ? kAfterGridA : 0;
+  if (ws) {
+    params.split_ws = ws->part;
+    params.split_cnt = ws->cnt;
+  }
   tw_status_t st;
   st = operand_maps(&params.a_map, &params.b_map, a.a, a.m, a.lda, a.b, a.n, a.ldb, a.k,
                     pair ? bn / 2 : bn, "tw_gemm", "a");
@@ -391,13 +476,17 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
       a.tile_order == TW_TILE_ORDER_ROTATED ? (int32_t)(a.rotate_start / kBlockM) / unit : 0;
   // A schedule unit: a pair's two CTAs, or split-K's slices of one tile.
   const int grid = schedule(params, a.k, a.m, split > 1 ? split : unit, sms);
-  params.split_scatter = split > 1 && tw_env_int(TW_SPLIT_SCATTER_ID) != 0;
+  params.split_scatter = split > 1 && !ws && tw_env_int(TW_SPLIT_SCATTER_ID) != 0;
   params.split_n = (int32_t)a.n;
   params.split_c = a.c;
   params.split_ldc = a.ldc;
   if constexpr (!std::is_same<Wait, NoWait>::value) {
+    if (ws)
+      return tw_fail(TW_ERR_INTERNAL, "tw_gemm: the workspace's slices serve the plain GEMM");
     return launch_released<Out>(params, variant, grid, device, stream);
   } else {
+    if (ws)
+      return launch_split_ws<Out>(params, split, grid, device, stream);
     if (split > 1)
       return launch_split<Out>(params, split, grid, device, stream);
     if (dynamic) {
@@ -423,9 +512,9 @@ extern "C" tw_status_t tw_gemm_args_init(tw_gemm_args_t *args) {
   if (!args)
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm_args_init: args is NULL");
   const tw_gemm_args_t init = TW_GEMM_ARGS_INIT;
-  /* zeroes the tail padding after split_k too (a struct copy may leave it undefined) */
+  /* zeroes the padding too (a struct copy may leave it undefined) */
   memset(args, 0, sizeof(*args));
-  memcpy(args, &init, offsetof(tw_gemm_args_t, split_k) + sizeof(init.split_k));
+  memcpy(args, &init, offsetof(tw_gemm_args_t, workspace_bytes) + sizeof(init.workspace_bytes));
   return TW_SUCCESS;
 }
 
@@ -495,6 +584,14 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
                    (long long)tiles);
   if (opts && (opts->variant < -1 || opts->variant >= TW_GEMM_V_COUNT))
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: opts->variant is %d", opts->variant);
+  if (a.workspace && (uintptr_t)a.workspace % 256)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: workspace (%p) is not 256-byte aligned",
+                   a.workspace);
+  if (a.workspace && a.workspace_bytes < TW_GEMM_WORKSPACE_BYTES)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "tw_gemm: workspace_bytes is %zu; expected at least TW_GEMM_WORKSPACE_BYTES "
+                   "(%zu)",
+                   a.workspace_bytes, (size_t)TW_GEMM_WORKSPACE_BYTES);
   if (a.split_k < -1 || a.split_k == 3 || (a.split_k > 4 && a.split_k != 8))
     return tw_fail(TW_ERR_INVALID_ARGUMENT,
                    "tw_gemm: split_k is %d; expected 0 or 1 (none), 2, 4, 8, or -1 (the library "
@@ -540,6 +637,31 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   // TW_SPLIT_SCATTER's slices store C untransposed: they keep 128-row tiles.
   const int swap_env = (int)tw_env_int(TW_GEMM_SWAP_ID);
   const int swap_mt = tw_gemm_swap_bn(swap_env, a.m);
+  // split_k -1 with a workspace: the tree's slices as single CTAs on tiles of half its width,
+  // twice the CTAs (tw_gemm_ws_split, by the shape; the same bits as the tree's).
+  if (a.split_k < 0 && a.workspace && !dynamic &&
+      !(opts && (opts->variant >= 0 || opts->released || opts->ll)) &&
+      tw_env_int(TW_SPLIT_SCATTER_ID) == 0) {
+    size_t need = 0;
+    const int ws_split = tw_gemm_ws_split(a.m, a.n, a.k, swap_mt, &need);
+    if (ws_split > 1 && ws_split == split) { /* split: the tree's, after the budget's halving */
+      if (need > a.workspace_bytes)
+        return tw_fail(TW_ERR_INTERNAL, "tw_gemm: the workspace's split needs %zu bytes", need);
+      const WsPlan ws = {ws_split, (float *)((char *)a.workspace + TW_GEMM_WS_COUNTERS),
+                         (uint32_t *)a.workspace};
+      if (swap_mt)
+        return a.c_dtype == TW_BF16
+                   ? run_swap<__nv_bfloat16>(a, swap_mt, true, sms, ws_split, device, s,
+                                             NoWait::Params(), NULL, after_grid, &ws)
+                   : run_swap<float>(a, swap_mt, true, sms, ws_split, device, s, NoWait::Params(),
+                                     NULL, after_grid, &ws);
+      return a.c_dtype == TW_BF16
+                 ? run<__nv_bfloat16>(a, plan, variant, false, group_m, sms, ws_split, device, s,
+                                      NoWait::Params(), after_grid, &ws)
+                 : run<float>(a, plan, variant, false, group_m, sms, ws_split, device, s,
+                              NoWait::Params(), after_grid, &ws);
+    }
+  }
   if (swap_mt && (!opts || (opts->variant < 0 && !opts->dynamic_queue)) &&
       !(split > 1 && tw_env_int(TW_SPLIT_SCATTER_ID) != 0)) {
     const bool half = tw_gemm_swap_half(swap_env, a.m, a.n, split, sms) != 0;

@@ -268,6 +268,8 @@ static tw_status_t setup_rank(tw_comm_t comm) {
     if (comm->trace_live)
       tw_watchdog_add(comm);
   }
+  TW_CUDA(cudaMalloc(&comm->gemm_ws, TW_GEMM_WORKSPACE_BYTES));
+  TW_CUDA(cudaMemset(comm->gemm_ws, 0, TW_GEMM_WORKSPACE_BYTES));
   cudaSetDevice(prev);
   return TW_SUCCESS;
 fail:
@@ -409,6 +411,9 @@ static void release_rank(tw_comm_t comm) {
   if (comm->err_host)
     cudaFreeHost(comm->err_host);
   comm->err_host = NULL;
+  if (comm->gemm_ws)
+    cudaFree(comm->gemm_ws);
+  comm->gemm_ws = NULL;
 }
 
 static void group_release(tw_group_t *g) {

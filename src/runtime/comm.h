@@ -89,6 +89,9 @@ struct tw_comm {
    * data into it (tw_gemm_rs / tw_gemm_ar's unfused pipeline, TW_RS_UNFUSED_LL). */
   void *ll;
   size_t ll_bytes;
+  /* tw_ag_gemm's decode GEMM: tw_gemm's split-K workspace (TW_GEMM_WORKSPACE_BYTES, zeroed at
+   * init; TW_AG_GEMM_WS) */
+  void *gemm_ws;
   tw_err_block_t *err_host;
   tw_err_block_t *err_dev;
   tw_dev_comm_t dev; /* handed to kernels by value */

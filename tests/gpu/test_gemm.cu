@@ -302,6 +302,66 @@ static void check_swap(const buffers_t *buf, int64_t m, int64_t n, int64_t k, in
          split, (long long)m, (long long)n, (long long)k);
 }
 
+// split_k -1 with a workspace (tw_gemm_args_t.workspace): the tree's slices as single CTAs on
+// 64-row tiles must give bitwise the cluster tree's C (bf16 and fp32 out), under 66 SMs too
+// (tiles per CTA), from a CUDA graph, and after 100 back-to-back calls; the workspace's counters
+// are zero again after every call; and the fp32 reference.
+static void *g_ws; /* TW_GEMM_WORKSPACE_BYTES, zeroed once */
+// `slices`: tw_gemm_ws_split's for the shape (test_plans checks the rule), for the messages.
+static void check_split_ws(const buffers_t *buf, int64_t m, int64_t n, int64_t k, int slices) {
+  const size_t count = fill_with_ref(buf, m, n, k);
+  for (int fp32 = 0; fp32 < 2; fp32++) {
+    const size_t bytes = count * (fp32 ? 4 : 2);
+    tw_gemm_args_t args = make_args(buf->a, buf->b, buf->c, fp32 ? TW_FP32 : TW_BF16, m, n, k);
+    args.split_k = -1;
+    tw_test_poison(buf->c, bytes, stream);
+    TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream)); /* the cluster tree */
+    args.c = buf->c3;
+    args.workspace = g_ws, args.workspace_bytes = TW_GEMM_WORKSPACE_BYTES;
+    for (int run = 0; run < 4; run++) {
+      args.sm_count = run == 1 ? 66 : 0;
+      tw_test_poison(buf->c3, bytes, stream);
+      if (run == 2) { /* from a graph, replayed twice */
+        cudaGraph_t g;
+        cudaGraphExec_t exec;
+        CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
+        CUDA_OK(cudaStreamEndCapture(stream, &g));
+        CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
+        CUDA_OK(cudaGraphLaunch(exec, stream));
+        CUDA_OK(cudaGraphLaunch(exec, stream));
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(g);
+      } else {
+        for (int i = 0; i < (run == 3 ? 100 : 1); i++)
+          TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
+      }
+      const size_t diff = tw_test_count_diff(buf->c, buf->c3, bytes);
+      TEST_ASSERT(diff == 0,
+                  "workspace split %d %s M=%lld N=%lld K=%lld run %d: %zu bytes differ from the "
+                  "cluster tree's",
+                  slices, fp32 ? "fp32" : "bf16", (long long)m, (long long)n, (long long)k, run,
+                  diff);
+      uint32_t counters[1024]; /* the counter block's 4 KiB (gemm_heuristics.h) */
+      CUDA_OK(cudaMemcpy(counters, g_ws, sizeof(counters), cudaMemcpyDeviceToHost));
+      size_t nonzero = 0;
+      for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++)
+        nonzero += counters[i] != 0;
+      TEST_ASSERT(nonzero == 0, "workspace split M=%lld N=%lld: %zu counters left nonzero",
+                  (long long)m, (long long)n, nonzero);
+    }
+    size_t bad = 0;
+    const double err = fp32 ? rel_err_fp32((const float *)buf->c3, buf->ref, count, &bad)
+                            : tw_test_rel_err_bf16(buf->c3, buf->ref, 1, count, &bad);
+    TEST_ASSERT(err < (fp32 ? 1e-3 : 1e-2) && bad == 0,
+                "workspace split %s M=%lld N=%lld K=%lld: rel err %.3g, %zu NaN/unwritten",
+                fp32 ? "fp32" : "bf16", (long long)m, (long long)n, (long long)k, err, bad);
+  }
+  printf("workspace split %d M=%-5lld N=%-5lld K=%-5lld: bitwise the cluster tree's (66 SMs, "
+         "graph, 100 calls), counters zero\n",
+         slices, (long long)m, (long long)n, (long long)k);
+}
+
 // A late writer of A: lets a programmatic dependent start at once, spins `spin_ns`, then
 // copies src into dst (the GEMM's A, poisoned before it).
 static __global__ void late_writer_kernel(uint4 *dst, const uint4 *src, size_t vecs,
@@ -707,6 +767,26 @@ int main(void) {
   check_swap(&buf, 12, 200, 1000, 0);  /* 64-row tiles: 4, the last 8 rows past n; K tail */
   check_swap(&buf, 48, 8256, 520, 0);  /* 64-row tiles by the rule: 129 on 129 CTAs */
   check_swap(&buf, 16, 16384, 264, 0); /* TW_GEMM_SWAP=2: 256 64-row tiles, two rounds */
+  /* split_k -1 with a workspace: 16- and 64-wide swap tiles, 2, 4 and 8 slices, tails in M, N
+   * and K */
+  CUDA_OK(cudaMalloc(&g_ws, TW_GEMM_WORKSPACE_BYTES));
+  CUDA_OK(cudaMemset(g_ws, 0, TW_GEMM_WORKSPACE_BYTES));
+  check_split_ws(&buf, 16, 1024, 8192, 8);
+  check_split_ws(&buf, 32, 1024, 8192, 8);
+  check_split_ws(&buf, 64, 1024, 8192, 8);
+  check_split_ws(&buf, 9, 2048, 4096, 4);  /* 4 slices on 32 tiles */
+  check_split_ws(&buf, 1, 200, 4096, 4);   /* 4 tiles, the last 8 rows of B past n */
+  check_split_ws(&buf, 40, 136, 2056, 2);  /* 2 slices, K tail */
+  check_split_ws(&buf, 64, 2048, 3072, 2); /* 2 slices on 32 tiles */
+  /* unswapped: 128 x 64 tiles (M past 64, or TW_GEMM_SWAP=0), M=130: the second row block's
+   * second warpgroup past m; tails in M, N and K */
+  check_split_ws(&buf, 128, 1024, 8192, 8);
+  check_split_ws(&buf, 256, 1024, 8192, 4);
+  check_split_ws(&buf, 130, 1024, 4096, 4);
+  check_split_ws(&buf, 100, 520, 4104, 4);
+  setenv("TW_GEMM_SWAP", "0", 1);
+  check_split_ws(&buf, 64, 1024, 8192, 8);
+  unsetenv("TW_GEMM_SWAP");
   /* opts.after_grid: swap-AB with slices (16- and 64-wide), 128-row tiles with slices (tw_ag_gemm
    * at M=64 per rank on 2), 64-row swap tiles, the plain 1-CTA launch, a CTA pair, the queue */
   check_after_grid(&buf, 16, 1024, 8192, -1, -1, 0);
@@ -733,6 +813,7 @@ int main(void) {
   cudaFree(buf.c3);
   cudaFree(buf.cref_bf16);
   cudaFree(buf.ref);
+  cudaFree(g_ws);
   cudaStreamDestroy(stream);
   return tw_test_finish();
 }

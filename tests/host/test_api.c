@@ -74,8 +74,16 @@ static void test_bad_arguments(void) {
     g.split_k = bad_splits[i];
     TEST_TW_FAILS(tw_gemm(&g, NULL), TW_ERR_INVALID_ARGUMENT, "split_k");
   }
-  tw_gemm_args_t v2 = TW_GEMM_ARGS_INIT;
-  TEST_ASSERT(v2.split_k == 0 && v2.version == 2, "TW_GEMM_ARGS_INIT: version 2, split_k 0");
+  tw_gemm_args_t v3 = TW_GEMM_ARGS_INIT;
+  TEST_ASSERT(v3.split_k == 0 && v3.version == 3 && v3.workspace == NULL && v3.workspace_bytes == 0,
+              "TW_GEMM_ARGS_INIT: version 3, split_k 0, no workspace");
+  /* the workspace: 256-byte aligned and at least TW_GEMM_WORKSPACE_BYTES, named when not */
+  static _Alignas(256) char ws[512];
+  g.split_k = -1;
+  g.workspace = ws + 16, g.workspace_bytes = TW_GEMM_WORKSPACE_BYTES;
+  TEST_TW_FAILS(tw_gemm(&g, NULL), TW_ERR_INVALID_ARGUMENT, "workspace");
+  g.workspace = ws, g.workspace_bytes = sizeof(ws);
+  TEST_TW_FAILS(tw_gemm(&g, NULL), TW_ERR_INVALID_ARGUMENT, "workspace_bytes");
 }
 
 static void test_no_gpu(void) {
@@ -94,6 +102,10 @@ static void test_no_gpu(void) {
   /* a caller built against version 1: its struct ends before split_k, so what lies there is
    * not read (the call gets as far as the device) */
   g.size = offsetof(tw_gemm_args_t, split_k), g.version = 1, g.split_k = 3;
+  TEST_TW_FAILS(tw_gemm(&g, NULL), TW_ERR_NO_DEVICE, "");
+  /* version 2: its struct ends before the workspace, which is not read either */
+  g.size = offsetof(tw_gemm_args_t, workspace), g.version = 2, g.split_k = -1;
+  g.workspace = (void *)1, g.workspace_bytes = 1;
   TEST_TW_FAILS(tw_gemm(&g, NULL), TW_ERR_NO_DEVICE, "");
 }
 

@@ -97,6 +97,41 @@ static void test_gemm_plans(void) {
     TEST_ASSERT(got == sh[i].want, "swap 64-row tiles env %d m %lld n %lld split %d sms %d: %d",
                 sh[i].env, (long long)sh[i].m, (long long)sh[i].n, sh[i].split, sh[i].sms, got);
   }
+  /* split-K through a workspace: the tree's slices on tiles of 64 of B's rows where twice the
+   * CTAs still fit 132 SMs; never unsplit, or where n is one 64-row tile */
+  static const struct {
+    int64_t m, n, k;
+    int mt, want;
+    size_t bytes;
+  } ws[] = {{16, 1024, 8192, 16, 8, 4096 + 16 * 8 * 2 * 128 * 4 * 4},
+            {32, 1024, 8192, 64, 8, 4096 + 16 * 8 * 2 * 128 * 16 * 4},
+            {64, 1024, 8192, 64, 8, 4096 + 16 * 8 * 2 * 128 * 16 * 4},
+            {9, 2048, 4096, 16, 4, 4096 + 32 * 4 * 2 * 128 * 4 * 4},
+            {1, 200, 4096, 16, 4, 4096 + 4 * 4 * 2 * 128 * 4 * 4},
+            {40, 136, 2056, 64, 2, 4096 + 3 * 2 * 2 * 128 * 16 * 4},
+            {64, 2048, 3072, 64, 2, 4096 + 32 * 2 * 2 * 128 * 16 * 4},
+            {64, 3072, 8192, 64, 0, 0}, /* the tree's 4 slices x 48 tiles: over 132 */
+            {64, 1024, 8192, 0, 8, 4096 + 16 * 8 * 2 * 128 * 32 * 4}, /* unswapped: 128 x 64 */
+            {128, 1024, 8192, 0, 8, 4096 + 16 * 8 * 2 * 128 * 32 * 4},
+            {256, 1024, 8192, 0, 4, 4096 + 32 * 4 * 2 * 128 * 32 * 4},
+            {100, 520, 4104, 0, 4, 4096 + 9 * 4 * 2 * 128 * 32 * 4},
+            {130, 1024, 4096, 0, 4, 4096 + 32 * 4 * 2 * 128 * 32 * 4},
+            {512, 1024, 8192, 0, 0, 0}, /* the tree's 2 slices x 64 tiles: over 132 */
+            {16, 8192, 1024, 16, 0, 0}, /* unsplit (16 K blocks) */
+            {1, 8, 4096, 16, 0, 0},     /* one 64-row tile */
+            {16, 4096, 8192, 16, 0, 0}, /* 64 tiles x 2 slices: over 132 */
+            {4096, 4096, 4096, 0, 0, 0}};
+  for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) {
+    size_t bytes = 0;
+    const int got = tw_gemm_ws_split(ws[i].m, ws[i].n, ws[i].k, ws[i].mt, &bytes);
+    TEST_ASSERT(got == ws[i].want &&
+                    (!got || (bytes == ws[i].bytes &&
+                              got == tw_gemm_auto_split(ws[i].m, ws[i].n, ws[i].k) &&
+                              bytes <= TW_GEMM_WORKSPACE_BYTES)),
+                "workspace split m %lld n %lld k %lld mt %d: %d (%zu bytes), want %d (%zu)",
+                (long long)ws[i].m, (long long)ws[i].n, (long long)ws[i].k, ws[i].mt, got, bytes,
+                ws[i].want, ws[i].bytes);
+  }
 }
 
 static void test_ag_gemm_plans(void) {

@@ -98,7 +98,8 @@ typedef struct gemm_ctx {
   tw_gemm_sm90_opts_t opts;
   int use_opts;
   tw_dtype_t c_dtype;
-  int split_k; /* tw_gemm_args_t.split_k of the tilewire rows */
+  int split_k; /* tw_gemm_args_t.split_k of the tilewire rows; -2: -1 with the workspace */
+  void *ws;    /* TW_GEMM_WORKSPACE_BYTES, zeroed */
 } gemm_ctx_t;
 
 static void run_tilewire(void *p, int iter) {
@@ -113,7 +114,9 @@ static void run_tilewire(void *p, int iter) {
   args.k = ctx->k;
   args.sm_count = ctx->sm_count;
   args.c_dtype = ctx->c_dtype;
-  args.split_k = ctx->split_k;
+  args.split_k = ctx->split_k == -2 ? -1 : ctx->split_k;
+  if (ctx->split_k == -2)
+    args.workspace = ctx->ws, args.workspace_bytes = TW_GEMM_WORKSPACE_BYTES;
   tw_status_t st =
       tw_gemm_sm90_launch(&args, (tw_stream_t)ctx->stream, ctx->use_opts ? &ctx->opts : NULL);
   if (st != TW_SUCCESS) {
@@ -209,6 +212,8 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
     fill_kernel<<<1024, 256, 0, ctx.stream>>>((__nv_bfloat16 *)ctx.a[i], a_bytes / 2, 1000 + 2 * i);
     fill_kernel<<<1024, 256, 0, ctx.stream>>>((__nv_bfloat16 *)ctx.b[i], b_bytes / 2, 1001 + 2 * i);
   }
+  BENCH_CUDA(cudaMalloc(&ctx.ws, TW_GEMM_WORKSPACE_BYTES));
+  BENCH_CUDA(cudaMemsetAsync(ctx.ws, 0, TW_GEMM_WORKSPACE_BYTES, ctx.stream));
   char label[96];
   if (ctx.sm_count)
     snprintf(label, sizeof(label), "M=%lld N=%lld K=%lld sms=%d", (long long)ctx.m,
@@ -244,12 +249,15 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
     variants[nvariants++] = {"tilewire-swap128", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "1"};
     variants[nvariants++] = {"tilewire-swap64", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "2"};
   }
-  /* TW_BENCH_GEMM_SPLITK=1: tw_gemm with split_k -1 (the library's choice) and 2 / 4 / 8, the
-   * slices summed as a tree, then 4 / 8 with TW_SPLIT_SCATTER=1 (every slice its band) */
+  /* TW_BENCH_GEMM_SPLITK=1: tw_gemm with split_k -1 (the library's choice; with and without a
+   * workspace) and 2 / 4 / 8, the slices summed as a tree, then 4 / 8 with TW_SPLIT_SCATTER=1
+   * (every slice its band) */
   const char *splitk = getenv("TW_BENCH_GEMM_SPLITK");
   if (splitk && atoi(splitk)) {
     const variant_t splits[] = {
         {"tilewire-splitk", 0, 0, {-1, 0, 0}, {0}, TW_BF16, -1, 0, NULL},
+        /* -1 with a workspace: the same slices as single CTAs on 64-row swap tiles */
+        {"tilewire-splitk-ws", 0, 0, {-1, 0, 0}, {0}, TW_BF16, -2, 0, NULL},
         {"tilewire-split2", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 2, 0, NULL},
         {"tilewire-split4", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 4, 0, NULL},
         {"tilewire-split8", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 8, 0, NULL},
@@ -333,6 +341,7 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
     cudaFree(ctx.b[i]);
     cudaFree(ctx.c[i]);
   }
+  cudaFree(ctx.ws);
   free(ctx.a);
   free(ctx.b);
   free(ctx.c);
