@@ -95,6 +95,9 @@ class Comm:
         self.virtual = virtual
         self.id = next(_ids)
         self._allocs = {}  # ptr -> _Allocation
+        # bumped whenever an allocation is made or freed: the eager fast lane (_torch.py) keys
+        # its "this tensor is symmetric" answers on it
+        self.alloc_generation = 0
         self._ws_sizes = {}  # (m, n) -> tw_gemm_rs_workspace_size
         self._pending_frees = []  # allocations whose tensors died during CUDA graph capture
         self._stream = None
@@ -180,6 +183,7 @@ class Comm:
         _lib.call("tw_mem_alloc", self._handle, ctypes.c_size_t(nbytes), ctypes.byref(ptr))
         alloc = _Allocation(self, ptr.value, nbytes)
         self._allocs[ptr.value] = alloc
+        self.alloc_generation += 1
         return ptr.value
 
     def free(self, ptr):
@@ -194,6 +198,7 @@ class Comm:
     def _free(self, alloc):
         alloc.live = False
         self._allocs.pop(alloc.ptr, None)
+        self.alloc_generation += 1
         _lib.call("tw_mem_free", self._handle, ctypes.c_void_p(alloc.ptr))
 
     def _release(self, alloc):
@@ -292,6 +297,7 @@ class Comm:
         for a in live:
             a.live = False
         self._allocs.clear()
+        self.alloc_generation += 1
         self._pending_frees = []
         handle, self._handle = self._handle, None
         with _registry_lock:

@@ -633,6 +633,18 @@ class _Rank:
                                   c=part.data_ptr(), m=m, n=n, k=k, lda=k, ldb=k, ldc=n)
         c_ar, c_ag, c_gemm = (_lib.function(f) for f in ("tw_gemm_ar", "tw_ag_gemm", "tw_gemm"))
         encode = _tensor_map_encoder(a.data_ptr(), m, k)
+        lane = _torch._LANE_ON
+
+        def whole_way(fn):  # the same call with the fast lane off (docs/ARCHITECTURE.md)
+            def run():
+                _torch._LANE_ON = False
+                try:
+                    fn()
+                finally:
+                    _torch._LANE_ON = lane
+            return run
+
+        weight = torch.nn.Parameter(b.clone(), requires_grad=False)
         fns = [
             ("torch.matmul", lambda: torch.matmul(a, b.t(), out=part)),
             ("nccl reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(out_rs, part)),
@@ -642,6 +654,12 @@ class _Rank:
             ("tilewire.gemm_ar", lambda: tw.gemm_ar(self.comm, a, b, ws, out=out_ar)),
             ("tilewire.ag_gemm", lambda: tw.ag_gemm(self.comm, shard, b, gathered_sym,
                                                     out=out_ar)),
+            ("tilewire.gemm, b an nn.Parameter", lambda: tw.gemm(a, weight, out=part)),
+            ("tilewire.gemm, fast lane off", whole_way(lambda: tw.gemm(a, b, out=part))),
+            ("tilewire.gemm_rs, fast lane off",
+             whole_way(lambda: tw.gemm_rs(self.comm, a, b, ws, out=out_rs))),
+            ("tilewire.ag_gemm, fast lane off",
+             whole_way(lambda: tw.ag_gemm(self.comm, shard, b, gathered_sym, out=out_ar))),
             ("tw_gemm_rs (ctypes, args made once)",
              lambda: c_fn(handle, ctypes.byref(args), stream)),
             ("tw_gemm_ar (ctypes, args made once)",
