@@ -72,10 +72,12 @@
 #             (TW_RS_UNFUSED_LL): its tests on both placements, A/B against the pull from graphs
 #             and eager
 #     s25     (branch exp/next22, run and merged) s23 and s24 trimmed into one 2-GPU call
-#     s29     (branch exp/next25, not run) split-K through a workspace (tw_gemm_args_t.workspace,
+#     s29     (branch exp/next25, run and merged) split-K through a workspace (tw_gemm_args_t.workspace,
 #             TW_AG_GEMM_WS): the cluster tree's slices as single CTAs on tiles of 64 B rows:
 #             tests (bitwise the tree), memcheck, tw_gemm's rows from graphs, tw_ag_gemm's
 #             decode path in A/B from graphs (alternating) and eager
+#     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
+#             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
 #     s28     (twenty-second session, measurements) the decode GEMM: co-resident clusters of
 #             8 and 16 (scripts/probes/probe_clusters.cu, built into $TW_BUILD_DIR), tw_gemm's
 #             split rows from graphs at tw_ag_gemm's decode products, ncu of them and of
@@ -825,7 +827,26 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
-exp_s29() { # (branch exp/next25, not run) split-K through a workspace: the tree's slices as
+exp_s30() { # (twenty-third session) the PyTorch view: eager decode one process per GPU with
+  # the fast lane off and on (many repeats: the eager rows are host-bound and jittery), and the
+  # kernels' own time at flux-tp8 under torch.profiler (where ~0.1 ms per call was unexplained)
+  [ "$ngpus" -gt 1 ] || return 0
+  local op lane
+  for op in gemm_rs gemm_ar ag_gemm; do
+    for lane in 0 1; do
+      run "s30-dist-eager-$op-lane$lane" 90 env TILEWIRE_FAST_LANE=$lane \
+        TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python" python3 -m \
+        tilewire.bench_dist --nproc 2 --op $op --m 64 --n $([ $op = ag_gemm ] && echo 1024 ||
+          echo 8192) --k $([ $op = ag_gemm ] && echo 8192 || echo 1024) --repeats 300
+    done
+  done
+  for op in gemm_rs gemm_ar; do
+    run "s30-dist-profile-$op-flux" 150 env TILEWIRE_LIB="$root/$bin/libtilewire.so" \
+      PYTHONPATH="$root/python" python3 -m tilewire.bench_dist --nproc 2 --op $op $flux_rs \
+      --repeats 20 --profile
+  done
+}
+exp_s29() { # (branch exp/next25, run and merged in the twenty-third session) split-K through a workspace: the tree's slices as
   # single CTAs on 64-row swap tiles, twice the CTAs, the same bits
   local m
   run "s29-test_plans" 30 "$bin/test_plans"
