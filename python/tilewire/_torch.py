@@ -162,11 +162,24 @@ def _call_mutating(dispatched, impl, tensors, mutated, *args):
 # same signature passed the same checks, so it copies the struct, sets the data pointers that
 # may change (checked 16-byte aligned), and calls the library, which still validates every
 # argument. Anything else (a new signature, a misaligned pointer, a call the direct path
-# refuses) goes the whole way. TILEWIRE_FAST_LANE=0 turns the lane off.
+# refuses) goes the whole way. TILEWIRE_FAST_LANE=0 turns the lane off. Not while
+# torch.compile traces (dynamo cannot trace the signature's hash; the traced op is the
+# custom op anyway).
 
 _LANE_MAX = 1024
 _lane = {}
 _LANE_ON = _FAST_EAGER and os.environ.get("TILEWIRE_FAST_LANE", "1") in ("", "1")
+
+
+def _lane_open(*tensors):
+    """The lane may be tried: it is on, torch.compile is not tracing, and every tensor given
+    (None: not given) is plain (a non-tensor goes the whole way, which raises)."""
+    if not _LANE_ON or _is_compiling():
+        return False
+    for t in tensors:
+        if t is not None and type(t) not in _PLAIN:
+            return False
+    return True
 
 
 def _meta(t):
@@ -650,8 +663,7 @@ def gemm(a, b, out=None, out_dtype=None, sm_count=0, split_k=0):
     torch.compile (torch.ops.tilewire.gemm / gemm_out).
     """
     key = None
-    if _LANE_ON and type(a) in _PLAIN and type(b) in _PLAIN and (out is None
-                                                                  or type(out) in _PLAIN):
+    if _lane_open(a, b, out):
         key = _lane_key("gemm", _meta(a), _meta(b), _meta(out), out_dtype, sm_count,
                         type(sm_count), split_k, type(split_k))
         hit = _lane.get(key) if key is not None else None
@@ -894,8 +906,7 @@ def ag_gemm(comm, a, b, a_gathered, out=None, out_dtype=None, comm_sms=0, gather
     Collective in the backward too: every rank runs it.
     """
     key = None
-    if _LANE_ON and type(comm) is Comm and type(a) in _PLAIN and type(b) in _PLAIN \
-            and type(a_gathered) in _PLAIN and (out is None or type(out) in _PLAIN):
+    if type(comm) is Comm and _lane_open(a, b, a_gathered, out):
         key = _lane_key("ag_gemm", comm.id, comm.alloc_generation, _meta(a), _meta(b),
                         _meta(a_gathered), a_gathered.data_ptr(), _meta(out), out_dtype,
                         comm_sms, type(comm_sms), gathered_out, type(gathered_out))
@@ -1053,9 +1064,7 @@ def _reduce_lane(hit, comm, a, b, workspace, out):
 def _gemm_reduce(scatter, comm, a, b, workspace, out, reduce_sms, partials, out_symmetric=False):
     op = "tilewire.gemm_rs" if scatter else "tilewire.gemm_ar"
     key = None
-    if _LANE_ON and type(comm) is Comm and type(a) in _PLAIN and type(b) in _PLAIN \
-            and (workspace is None or type(workspace) in _PLAIN) \
-            and (out is None or type(out) in _PLAIN):
+    if type(comm) is Comm and _lane_open(a, b, workspace, out):
         key = _lane_key(op, comm.id, comm.alloc_generation, _meta(a), _meta(b),
                         _meta(workspace), None if workspace is None else workspace.data_ptr(),
                         _meta(out), out.data_ptr() if out_symmetric is True and out is not None
