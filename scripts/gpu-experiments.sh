@@ -78,6 +78,8 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s31     (twenty-third session) 8 virtual ranks: the unfused pipeline in the call
+#             (TW_RS_UNFUSED_SMALL=1) against the fused kernel, every shape, both orders
 #     s28     (twenty-second session, measurements) the decode GEMM: co-resident clusters of
 #             8 and 16 (scripts/probes/probe_clusters.cu, built into $TW_BUILD_DIR), tw_gemm's
 #             split rows from graphs at tw_ag_gemm's decode products, ncu of them and of
@@ -825,6 +827,17 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
       TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
     done
+  done
+}
+exp_s31() { # (twenty-third session) 8 virtual ranks: the unfused pipeline inside the call
+  # (TW_RS_UNFUSED_SMALL=1) against the default (the fused kernel where ranks share a GPU), every
+  # default shape, both orders; the 8-rank GEMM+AR at M=4096 K 512 lost to tw_gemm + reduce
+  local op
+  for op in gemm_ar gemm_rs; do
+    run "s31-$op-8v-ab" 200 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_UNFUSED_SMALL=-1,1 \
+      "$bin/tw-bench" $op --repeats 15 --warmup 3
+    run "s31-$op-8v-ba" 200 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_UNFUSED_SMALL=1,-1 \
+      "$bin/tw-bench" $op --repeats 15 --warmup 3
   done
 }
 exp_s30() { # (twenty-third session) the PyTorch view: eager decode one process per GPU with
