@@ -78,6 +78,9 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s32     (branch exp/next26, not run) the owner epilogue's L2 prefetch of the peer's
+#             partials (TW_RS_OWNER_PREFETCH): test_gemm_rs on both placements, A/B at flux-tp8
+#             (owner epilogue forced) and M=8192 / 16384, both orders
 #     s31     (twenty-third session) 8 virtual ranks: the unfused pipeline in the call
 #             (TW_RS_UNFUSED_SMALL=1) against the fused kernel, every shape, both orders
 #     s28     (twenty-second session, measurements) the decode GEMM: co-resident clusters of
@@ -826,6 +829,29 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     for v in 1 -1; do
       TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
+    done
+  done
+}
+exp_s32() { # (branch exp/next26, not run) the owner epilogue with the peer's partials
+  # prefetched into L2 late in each own tile's loads (TW_RS_OWNER_PREFETCH, default 1 there):
+  # tests, then A/B against no prefetch where the owner epilogue runs (the default at M=8192 and
+  # 16384 K < 4096; forced at flux-tp8, where it lost 1-3% without the prefetch), and the owner
+  # epilogue with the prefetch against the reduce CTAs (the default) at flux-tp8; both orders
+  local op ab
+  run "s32-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  run "s32-test_plans" 30 "$bin/test_plans"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s32-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  for op in gemm_rs gemm_ar; do
+    for ab in 0,1 1,0; do
+      run "s32-$op-flux-epi1-pf$ab" 90 env TW_RS_OWNER_EPI=1 TW_BENCH_AB=TW_RS_OWNER_PREFETCH=$ab \
+        "$bin/tw-bench" $op --world 2 $flux_rs --repeats 20 --warmup 5
+      run "s32-$op-flux-epi$ab" 90 env TW_BENCH_AB=TW_RS_OWNER_EPI=$ab \
+        "$bin/tw-bench" $op --world 2 $flux_rs --repeats 20 --warmup 5
+      run "s32-$op-m8192-pf$ab" 90 env TW_BENCH_AB=TW_RS_OWNER_PREFETCH=$ab \
+        "$bin/tw-bench" $op --world 2 --m 8192 --n 8192 --k 1024 --repeats 20 --warmup 5
+      run "s32-$op-m16384-pf$ab" 120 env TW_BENCH_AB=TW_RS_OWNER_PREFETCH=$ab \
+        "$bin/tw-bench" $op --world 2 $big_rs --repeats 20 --warmup 5
     done
   done
 }
