@@ -854,6 +854,18 @@ exp_s32() { # (branch exp/next26, not run) the owner epilogue with the peer's pa
         "$bin/tw-bench" $op --world 2 $big_rs --repeats 20 --warmup 5
     done
   done
+  # the kernels' own time at flux-tp8 (torch.profiler, one process per GPU): the default, and
+  # the owner epilogue without and with the prefetch
+  local label epi pf
+  for label in default:-1:1 epi-pf0:1:0 epi-pf1:1:1; do
+    IFS=: read -r label epi pf <<<"$label"
+    run "s32-dist-profile-gemm_rs-flux-$label" 150 env TW_RS_OWNER_EPI=$epi \
+      TW_RS_OWNER_PREFETCH=$pf TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python" \
+      python3 -m tilewire.bench_dist --nproc 2 --op gemm_rs $flux_rs --repeats 20 --profile
+  done
+  # where the fused GEMM+RS's time goes at flux-tp8 (TW_TRACE: GEMM end against kernel end)
+  run "s32-trace-gemm_rs-flux" 90 env TW_TRACE=1 "$bin/tw-bench" gemm_rs --world 2 $flux_rs \
+    --repeats 10 --warmup 3
 }
 exp_s31() { # (twenty-third session) 8 virtual ranks: the unfused pipeline inside the call
   # (TW_RS_UNFUSED_SMALL=1) against the default (the fused kernel where ranks share a GPU), every
