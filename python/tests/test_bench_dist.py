@@ -159,3 +159,17 @@ def test_graph_option():
     p = bench_dist._parser()
     assert p.parse_args([]).graph == 0
     assert p.parse_args(["--graph", "10", "--op", "gemm_ar"]).graph == 10
+
+
+def test_timed_calls_fill_min_ms_for_short_calls():
+    # long calls: exactly --repeats
+    assert bench_dist.timed_calls(20, 20.0, 2.0) == 20
+    # eager decode calls of 0.05 ms: enough to fill 20 ms
+    assert bench_dist.timed_calls(20, 20.0, 0.05) == 400
+    assert bench_dist.timed_calls(20, 20.0, 0.03) == 667  # rounded up
+    # capped, and never fewer than --repeats
+    assert bench_dist.timed_calls(20, 20.0, 0.001) == 2000
+    assert bench_dist.timed_calls(3000, 20.0, 0.001) == 3000
+    # --min-ms 0: exactly --repeats (at least one)
+    assert bench_dist.timed_calls(20, 0.0, 0.05) == 20
+    assert bench_dist.timed_calls(0, 0.0, 0.05) == 1

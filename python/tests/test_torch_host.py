@@ -112,3 +112,105 @@ def test_init_single_process_without_gpu(monkeypatch):
     with pytest.raises(tilewire.TilewireError) as info:
         tilewire.init()
     assert info.value.status in (tilewire.Status.ERR_NO_DEVICE, tilewire.Status.ERR_CUDA)
+
+
+# ---- the eager fast lane, with the library call stubbed (CPU tensors) -----------------------
+
+
+@pytest.fixture
+def stubbed_gemm(monkeypatch):
+    """tilewire.gemm on CPU tensors with the C call recorded instead of made: returns the list
+    of (function, args struct copy) calls. The device checks, stream and device queries are
+    stubbed; everything else (the checks, the lane) is the real code."""
+    if not (_torch._FAST_EAGER and _torch._LANE_ON):
+        pytest.skip("the fast lane is off (TILEWIRE_FAST_LANE=0, or no direct eager path)")
+    import contextlib
+    import ctypes
+
+    calls = []
+
+    def fake_call(name, *args, comm=None):
+        struct = ctypes.cast(args[0], ctypes.POINTER(_torch._lib.GemmArgs)).contents
+        calls.append((name, _torch._lib.GemmArgs.from_buffer_copy(struct)))
+
+    monkeypatch.setattr(_torch._lib, "call", fake_call)
+    monkeypatch.setattr(_torch, "_check_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(_torch, "_stream", lambda device: ctypes.c_void_p(0))
+    monkeypatch.setattr(_torch, "_current_device", lambda: None)  # CPU tensors: index None
+    monkeypatch.setattr(_torch, "_on_device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(_torch, "_lane", {})
+    return calls
+
+
+def test_fast_lane_reuses_checked_arguments(stubbed_gemm):
+    calls = stubbed_gemm
+    a, b = torch.randn(16, 64).to(bf16), torch.randn(24, 64).to(bf16)
+    out = torch.empty(16, 24, dtype=bf16)
+    tilewire.gemm(a, b, out=out)  # the whole way: fills the lane
+    assert len(_torch._lane) == 1 and len(calls) == 1
+    first = calls[-1][1]
+    a2 = torch.randn(16, 64).to(bf16)  # new data pointer, same signature: a hit
+    v = out._version
+    tilewire.gemm(a2, b, out=out)
+    assert len(_torch._lane) == 1 and len(calls) == 2
+    hit = calls[-1][1]
+    assert hit.a == a2.data_ptr() and hit.b == b.data_ptr() and hit.c == out.data_ptr()
+    assert out._version == v + 1  # written: bumped as the dispatcher would
+    for f in ("m", "n", "k", "lda", "ldb", "ldc", "c_dtype", "sm_count", "split_k", "size",
+              "version"):
+        assert getattr(hit, f) == getattr(first, f), f
+    fresh = tilewire.gemm(a2, b)  # out allocated: its own signature, then hits
+    fresh2 = tilewire.gemm(a, b)
+    assert len(_torch._lane) == 2 and calls[-1][1].c == fresh2.data_ptr()
+    assert fresh.shape == (16, 24) and fresh.dtype == bf16
+    # a weight that is an nn.Parameter takes the direct path and the lane
+    w = torch.nn.Parameter(b.clone(), requires_grad=False)
+    tilewire.gemm(a, w, out=out)
+    tilewire.gemm(a, w, out=out)
+    assert calls[-1][1].b == w.data_ptr()
+
+
+def test_fast_lane_never_skips_a_check(stubbed_gemm):
+    calls = stubbed_gemm
+    a, b = torch.randn(16, 64).to(bf16), torch.randn(24, 64).to(bf16)
+    out = torch.empty(16, 24, dtype=bf16)
+    tilewire.gemm(a, b, out=out, sm_count=1)
+    tilewire.gemm(a, b, out=out, sm_count=1)
+    n = len(calls)
+    # True == 1 and hashes alike: the signature carries the type, so the check still runs
+    with pytest.raises(TypeError, match="sm_count must be an int"):
+        tilewire.gemm(a, b, out=out, sm_count=True)
+    # same shape, strides and dtype, but a data pointer off 16 bytes: the whole way refuses it
+    bad = torch.empty(16 * 24 + 8, dtype=bf16)[1:1 + 16 * 24].view(16, 24)
+    with pytest.raises(ValueError, match="not 16-byte aligned"):
+        tilewire.gemm(a, b, out=bad, sm_count=1)
+    with pytest.raises(TypeError, match="out_dtype"):  # unhashable: no signature at all
+        tilewire.gemm(a, b, out_dtype=[bf16])
+    assert len(calls) == n  # none of them reached the library
+    # a tensor subclass goes through the dispatcher (no CPU kernel for the op here), not the
+    # lane
+    class Sub(torch.Tensor):
+        pass
+
+    with pytest.raises(NotImplementedError):
+        tilewire.gemm(a.as_subclass(Sub), b, out=out, sm_count=1)
+    assert len(calls) == n
+
+
+def test_fast_lane_is_off_while_the_direct_path_is(stubbed_gemm, monkeypatch):
+    calls = stubbed_gemm
+    a, b = torch.randn(16, 64).to(bf16), torch.randn(24, 64).to(bf16)
+    out = torch.empty(16, 24, dtype=bf16)
+    tilewire.gemm(a, b, out=out)
+    tilewire.gemm(a, b, out=out)  # a hit
+    n = len(calls)
+    assert n == 2 and len(_torch._lane) == 1
+    # autograd to record, or TILEWIRE_EAGER_DISPATCH=1's state: the dispatcher (which has no
+    # CPU kernel for the op: NotImplementedError), never the lane
+    w = b.clone().requires_grad_()
+    with pytest.raises(NotImplementedError):
+        tilewire.gemm(a, w, out=out)
+    monkeypatch.setattr(_torch, "_FAST_EAGER", False)
+    with pytest.raises(NotImplementedError):
+        tilewire.gemm(a, b, out=out)
+    assert len(calls) == n

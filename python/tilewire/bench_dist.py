@@ -21,7 +21,9 @@ tw-bench's rows, so tilewire.bench reads the JSON):
 Times: CUDA events around each call on every rank, no barrier between calls (the collectives
 and the fused ops synchronise the ranks themselves), after the warm-up calls and about
 --warm-ms of calls (a power-capped card settles its clock; every rank makes the same number of
-calls, each being collective); each figure is the slowest rank's median. speedup: over the
+calls, each being collective); each figure is the slowest rank's median over --repeats calls,
+or over as many as fill --min-ms where calls are short (eager decode calls are host-bound and
+jittery; at most 2000). speedup: over the
 fp32 pipeline (bf16p rows over the bf16 one); overlap: max(t_gemm, t_comm) / t_fused; bound
 rows: (t_gemm + t_comm) / max(t_gemm, t_comm) in the speedup column.
 Rank 0 prints tilewire.bench's table and the yardstick (speedup / bound) and writes --json.
@@ -142,6 +144,16 @@ def make_rows(op, label, flops, t, ok):
     return rows
 
 
+def timed_calls(repeats, min_ms, per_call_ms, cap=2000):
+    """How many calls a row times: `repeats`, or more where they would take under min_ms
+    (short eager calls are host-bound and jittery, so their median needs more samples), at most
+    `cap` (never fewer than `repeats`)."""
+    n = max(1, int(repeats))
+    if min_ms > 0 and per_call_ms > 0:
+        n = max(n, min(cap, int(-(-min_ms // per_call_ms))))
+    return n
+
+
 def profile_summary(intervals, calls):
     """{period_us, busy_us, idle_us, kernels: {name: (count, median us)}} from device activity
     intervals [(start_us, end_us, name)] of `calls` calls (see _Rank.kernel_profile)."""
@@ -244,6 +256,9 @@ def _parser():
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--warm-ms", type=float, default=100.0)
+    p.add_argument("--min-ms", type=float, default=20.0,
+                   help="time at least this many ms of calls: more than --repeats where calls "
+                   "are short (at most 2000 calls; 0: exactly --repeats)")
     p.add_argument("--no-check", action="store_true")
     p.add_argument("--profile", action="store_true",
                    help="also profile each op's fused and pipeline calls with torch.profiler "
@@ -415,12 +430,14 @@ class _Rank:
             fn()
         torch.cuda.synchronize()
         per_call = max((time.perf_counter() - t0) * 1e3 / 2, 1e-3)
-        calls = torch.tensor([min(100000, int(args.warm_ms / per_call) + 1)], device=self.device)
+        # and the timed count (timed_calls), alike on every rank
+        calls = torch.tensor([min(100000, int(args.warm_ms / per_call) + 1),
+                              timed_calls(args.repeats, args.min_ms, per_call)], device=self.device)
         dist.all_reduce(calls, op=dist.ReduceOp.MAX)
-        for _ in range(int(calls.item())):
+        warm, n = (int(x) for x in calls.tolist())
+        for _ in range(warm):
             fn()
         self.quiesce()
-        n = max(1, args.repeats)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         for i in range(n):
@@ -749,6 +766,7 @@ class _Rank:
                 "tilewire": self.tw.__version__, "repeats": self.args.repeats,
                 "graph_calls": self.args.graph,
                 "warmup": self.args.warmup, "warm_ms": self.args.warm_ms,
+                "min_ms": self.args.min_ms,
                 "world": self.world, "processes": self.world}
 
     def close(self):
