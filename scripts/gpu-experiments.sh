@@ -863,6 +863,15 @@ exp_s32() { # (branch exp/next26, not run) the owner epilogue with the peer's pa
       TW_RS_OWNER_PREFETCH=$pf TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python" \
       python3 -m tilewire.bench_dist --nproc 2 --op gemm_rs $flux_rs --repeats 20 --profile
   done
+  # 8 virtual ranks at decode: tw_gemm_ar's new shared-GPU rule (the unfused pipeline at
+  # m <= 64) against the fused kernel, M=16 / 64 / 256, both orders
+  local m
+  for m in 16 64 256; do
+    for ab in 0,-1 -1,0; do
+      run "s32-gemm_ar-8v-m$m-unf$ab" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_UNFUSED_SMALL=$ab \
+        "$bin/tw-bench" gemm_ar --m $m --n 8192 --k 1024 --repeats 30 --warmup 5
+    done
+  done
   # where the fused GEMM+RS's time goes at flux-tp8 (TW_TRACE: GEMM end against kernel end)
   run "s32-trace-gemm_rs-flux" 90 env TW_TRACE=1 "$bin/tw-bench" gemm_rs --world 2 $flux_rs \
     --repeats 10 --warmup 3
