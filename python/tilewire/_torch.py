@@ -186,14 +186,13 @@ def _meta(t):
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
-def _lane_key(*parts):
-    """The signature tuple, or None where a part is unhashable (that call goes the whole way
-    and raises what it should)."""
+def _lane_find(*parts):
+    """(the signature tuple, the lane's entry for it or None), hashing it once; (None, None)
+    where a part is unhashable (that call goes the whole way and raises what it should)."""
     try:
-        hash(parts)
+        return parts, _lane.get(parts)
     except TypeError:
-        return None
-    return parts
+        return None, None
 
 
 def _lane_put(key, entry):
@@ -202,8 +201,7 @@ def _lane_put(key, entry):
         return
     if len(_lane) >= _LANE_MAX:
         _lane.clear()
-    args = entry[0]
-    _lane[key] = (type(args).from_buffer_copy(args),) + tuple(entry[1:])
+    _lane[key] = (_lane_args(entry[0]),) + tuple(entry[1:])
 
 
 def _lane_args(tmpl):
@@ -664,9 +662,8 @@ def gemm(a, b, out=None, out_dtype=None, sm_count=0, split_k=0):
     """
     key = None
     if _lane_open(a, b, out):
-        key = _lane_key("gemm", _meta(a), _meta(b), _meta(out), out_dtype, sm_count,
-                        type(sm_count), split_k, type(split_k))
-        hit = _lane.get(key) if key is not None else None
+        key, hit = _lane_find("gemm", _meta(a), _meta(b), _meta(out), out_dtype, sm_count,
+                              type(sm_count), split_k, type(split_k))
         if hit is not None:
             done = _gemm_lane(hit, a, b, out, split_k)
             if done is not None:
@@ -907,10 +904,9 @@ def ag_gemm(comm, a, b, a_gathered, out=None, out_dtype=None, comm_sms=0, gather
     """
     key = None
     if type(comm) is Comm and _lane_open(a, b, a_gathered, out):
-        key = _lane_key("ag_gemm", comm.id, comm.alloc_generation, _meta(a), _meta(b),
-                        _meta(a_gathered), a_gathered.data_ptr(), _meta(out), out_dtype,
-                        comm_sms, type(comm_sms), gathered_out, type(gathered_out))
-        hit = _lane.get(key) if key is not None else None
+        key, hit = _lane_find("ag_gemm", comm.id, comm.alloc_generation, _meta(a), _meta(b),
+                              _meta(a_gathered), a_gathered.data_ptr(), _meta(out), out_dtype,
+                              comm_sms, type(comm_sms), gathered_out, type(gathered_out))
         if hit is not None:
             done = _ag_gemm_lane(hit, comm, a, b, a_gathered, out)
             if done is not None:
@@ -1065,12 +1061,12 @@ def _gemm_reduce(scatter, comm, a, b, workspace, out, reduce_sms, partials, out_
     op = "tilewire.gemm_rs" if scatter else "tilewire.gemm_ar"
     key = None
     if type(comm) is Comm and _lane_open(a, b, workspace, out):
-        key = _lane_key(op, comm.id, comm.alloc_generation, _meta(a), _meta(b),
-                        _meta(workspace), None if workspace is None else workspace.data_ptr(),
-                        _meta(out), out.data_ptr() if out_symmetric is True and out is not None
-                        else None, reduce_sms, type(reduce_sms), partials, out_symmetric,
-                        type(out_symmetric))
-        hit = _lane.get(key) if key is not None else None
+        sym_out = out.data_ptr() if out_symmetric is True and out is not None else None
+        key, hit = _lane_find(op, comm.id, comm.alloc_generation, _meta(a), _meta(b),
+                              _meta(workspace),
+                              None if workspace is None else workspace.data_ptr(), _meta(out),
+                              sym_out, reduce_sms, type(reduce_sms), partials, out_symmetric,
+                              type(out_symmetric))
         if hit is not None:
             done = _reduce_lane(hit, comm, a, b, workspace, out)
             if done is not None:

@@ -343,6 +343,14 @@ template <class OutT> struct EpiTmaStoreT : EpiTmaStore<OutT> {
 
 constexpr int kSigDepth = 4; // tiles whose signal may wait for the signal warp
 
+// An optional policy flag: Name<P>::value is P::member where the policy declares it, else
+// false (the flags below).
+#define TW_OPTIONAL_FLAG(Name, member)                                                             \
+  template <class P, class = void> struct Name { static constexpr bool value = false; };           \
+  template <class P> struct Name<P, decltype(void(P::member))> {                                   \
+    static constexpr bool value = P::member;                                                       \
+  };
+
 // Epi::kSignalWarp (kSignal epilogues, optional, false if absent): the consumers hand each
 // finished tile to warp 1 of the producer warpgroup, idle otherwise, which calls Epi::signal
 // for it. A signal that fences at system scope then stalls that warp instead of a consumer
@@ -354,46 +362,24 @@ constexpr int kSigDepth = 4; // tiles whose signal may wait for the signal warp
 // accumulators (it may wait, bounded), and the tile is stored through `typename Epi::OwnerOut`
 // (its own Out and issue_box, taking Epi::Params), signalled only where `static bool
 // owner_signals(const GemmParams&)` holds. The previous tile's signal is given first.
-template <class E, class = void> struct OwnerEpiOf { static constexpr bool value = false; };
-template <class E> struct OwnerEpiOf<E, decltype(void(E::kOwnerEpi))> {
-  static constexpr bool value = E::kOwnerEpi;
-};
-
-template <class E, class = void> struct SignalWarpOf { static constexpr bool value = false; };
-template <class E> struct SignalWarpOf<E, decltype(void(E::kSignalWarp))> {
-  static constexpr bool value = E::kSignalWarp;
-};
+TW_OPTIONAL_FLAG(OwnerEpiOf, kOwnerEpi)
+TW_OPTIONAL_FLAG(SignalWarpOf, kSignalWarp)
 
 // Epi::kDiagSignalAfterRead (measurement builds only, false if absent): a tile is signalled once
 // its boxes have been read out of shared memory, not once the writes are performed, so the
 // signal may precede the data (results are wrong); it shows what waiting for the writes costs.
-template <class E, class = void> struct DiagSignalAfterReadOf {
-  static constexpr bool value = false;
-};
-template <class E> struct DiagSignalAfterReadOf<E, decltype(void(E::kDiagSignalAfterRead))> {
-  static constexpr bool value = E::kDiagSignalAfterRead;
-};
+TW_OPTIONAL_FLAG(DiagSignalAfterReadOf, kDiagSignalAfterRead)
 
 // Epi::kTransposed (optional, false if absent): EpiTmaStoreT's transposed store.
 // Epi::kWarpgroupStore (transposed epilogues, optional): the consumer warpgroup stores its
 // boxes itself from shared memory (`template <int kBoxes, int kBoxBytes, int kRows> static void
 // store_boxes(const Params&, const uint8_t *boxes, int wg_thread, int32_t col, int32_t row)`,
 // all 128 threads, col / row: the first box's C column and C row) instead of a TMA store.
-template <class E, class = void> struct WarpgroupStoreOf { static constexpr bool value = false; };
-template <class E> struct WarpgroupStoreOf<E, decltype(void(E::kWarpgroupStore))> {
-  static constexpr bool value = E::kWarpgroupStore;
-};
-
-template <class E, class = void> struct TransposedOf { static constexpr bool value = false; };
-template <class E> struct TransposedOf<E, decltype(void(E::kTransposed))> {
-  static constexpr bool value = E::kTransposed;
-};
+TW_OPTIONAL_FLAG(WarpgroupStoreOf, kWarpgroupStore)
+TW_OPTIONAL_FLAG(TransposedOf, kTransposed)
 
 // Wait::kWriteThrough (optional, false if absent): the write-through warp of hook (a'').
-template <class W, class = void> struct WriteThroughOf { static constexpr bool value = false; };
-template <class W> struct WriteThroughOf<W, decltype(void(W::kWriteThrough))> {
-  static constexpr bool value = W::kWriteThrough;
-};
+TW_OPTIONAL_FLAG(WriteThroughOf, kWriteThrough)
 
 // kTileM 64 (swap-AB's 64-row tiles): A tiles of 64 rows, B tiles of 2 x BN rows (each consumer
 // warpgroup multiplies the 64 rows by its BN of them).
