@@ -78,9 +78,10 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
-#     s32     (branch exp/next26, not run) the owner epilogue's L2 prefetch of the peer's
-#             partials (TW_RS_OWNER_PREFETCH): test_gemm_rs on both placements, A/B at flux-tp8
-#             (owner epilogue forced) and M=8192 / 16384, both orders
+#     s32     (twenty-fourth session, on exp/next26 6dc6626) the owner epilogue's L2 prefetch
+#             of the peer's partials (TW_RS_OWNER_PREFETCH): test_gemm_rs on both placements,
+#             A/B at flux-tp8 (owner epilogue forced) and M=8192 / 16384, both orders. The
+#             prefetch measured slower and was taken out: its A/B rows need that build
 #     s31     (twenty-third session) 8 virtual ranks: the unfused pipeline in the call
 #             (TW_RS_UNFUSED_SMALL=1) against the fused kernel, every shape, both orders
 #     s28     (twenty-second session, measurements) the decode GEMM: co-resident clusters of
@@ -832,7 +833,7 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
-exp_s32() { # (branch exp/next26, not run) the owner epilogue with the peer's partials
+exp_s32() { # (twenty-fourth session; the prefetch since removed) the owner epilogue with the peer's partials
   # prefetched into L2 late in each own tile's loads (TW_RS_OWNER_PREFETCH, default 1 there):
   # tests, then A/B against no prefetch where the owner epilogue runs (the default at M=8192 and
   # 16384 K < 4096; forced at flux-tp8, where it lost 1-3% without the prefetch), and the owner

@@ -186,11 +186,6 @@ TW_ENV(TW_RS_OWNER_EPI, int, "-1",
        "with fp32 partials, K < 4096 per rank and at least 3 waves of tiles (measured faster "
        "there); tw_gemm_rs also not where args.reduce_sms or TW_RS_REDUCE_CTAS sets the reduce "
        "CTAs. Every rank must set it alike.")
-TW_ENV(TW_RS_OWNER_PREFETCH, bool, "1",
-       "tw_gemm_rs / tw_gemm_ar with the owner epilogue (TW_RS_OWNER_EPI): 1 has each own "
-       "tile's producer bring the peer's partial of the tile into L2 eight k-blocks before the "
-       "epilogue reads it (a cp.async.bulk prefetch per row), 0 leaves the epilogue's loads to "
-       "go to HBM. Same bits either way; ranks may differ.")
 TW_ENV(TW_TMA_MEMO, bool, "1",
        "1: each host thread keeps the TMA tensor maps it encoded (128, direct-mapped) and reuses "
        "one when a call asks for the same pointer, shape, stride and box again; 0: no map is kept "

@@ -36,10 +36,6 @@
  *          stores). Its release of a stage waits for the store to read it out (the consumers'
  *          do not), so A rows a tile reads from elsewhere (a') land in p.a_map as a side
  *          effect of the GEMM.
- *          (l) With `static constexpr int kLateBlocks > 0`, `static void late_tile(const
- *          Params&, int m_block, int n_block)` is called by the producer thread once per tile,
- *          just before it issues k-block kb1 - kLateBlocks: a place to prefetch (into L2) what
- *          the tile's epilogue will read.
  *   Epi    (b) `using Out` (bf16 or float: the shared-memory box layout);
  *          `static void issue_box(const Params&, const void *smem_box, int col, int row)`,
  *          called by one thread per consumer warpgroup for every 64 x (128 / sizeof(Out))
@@ -290,12 +286,6 @@ struct NoWait {
   // that need no wait. Custom Wait policies inherit this default from NoWait.
   template <class P>
   __device__ static void a_source(const P &, int32_t, const CUtensorMap *&, int32_t &) {}
-  // (l) Late in a tile's loads: the producer thread calls late_tile(p, mb, nb) once per tile,
-  // just before it issues the tile's k-block kb1 - kLateBlocks (kb0 where the tile has fewer),
-  // i.e. some k-blocks ahead of the tile's epilogue; a hook may prefetch what the epilogue will
-  // read. kLateBlocks 0: never called.
-  static constexpr int kLateBlocks = 0;
-  template <class P> __device__ static void late_tile(const P &, int32_t, int32_t) {}
   // (a'') Which of the tile's A boxes the write-through warp stores into p.a_map: 0 none, 1
   // all, 2 those with kb % n_blocks == n_block.
   template <class P> __device__ static int a_write_through(const P &, int32_t, int32_t) {
@@ -965,9 +955,6 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
           wait(&empty[stage], phase ^ 1, kStuckProducerEmpty * 16 + stage);
           if (kb == kb0)
             slot[stage] = t;
-          if constexpr (Wait::kLateBlocks > 0)
-            if (kb == (kb1 - kb0 > Wait::kLateBlocks ? kb1 - Wait::kLateBlocks : kb0))
-              Wait::late_tile(p.wait, mb, nb);
           // tests (TW_FAULT_STALL_TILE): this stage's loads never come, so the waits for it
           // expire and mbar_stuck reports them
           const bool withheld = kb == kb0 && t + 1 == p.fault_stall;

@@ -147,15 +147,6 @@ __device__ __forceinline__ void tma_prefetch_2d(const CUtensorMap *map, int32_t 
                : "memory");
 }
 
-// A hint: bring [p, p + bytes) into L2 (p and bytes multiples of 16; no shared memory, no
-// barrier). Lines prefetched before another agent writes them stay coherent: L2 is the point of
-// coherence of this GPU's memory, NVLink writes from peers included.
-__device__ __forceinline__ void bulk_prefetch_l2(const void *p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<uint64_t>(p)),
-               "r"(bytes)
-               : "memory");
-}
-
 // 2D tile load global -> shared, completing `bytes` on bar; c0 is the inner (contiguous)
 // coordinate.
 __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar,

@@ -77,7 +77,10 @@ int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int a
    * -1,1 and 1,-1, n 8192 K 1024, ms, fused / unfused): GEMM+AR M=64 0.141 / 0.121 and 0.143 /
    * 0.121 (bf16 partials 0.135 / 0.121 and 0.140 / 0.171); GEMM+RS M=64 0.103 / 0.115 and 0.121
    * / 0.135; every larger shape slower unfused (GEMM+AR M=4096 K 512 0.665 / 0.905). So there
-   * tw_gemm_ar at m <= 64 only (branch exp/next26, to be confirmed at M=16-256: group s32). */
+   * tw_gemm_ar at m <= 64 only. Group s32 (twenty-fourth session, same shapes, TW_BENCH_AB=
+   * TW_RS_UNFUSED_SMALL=0,-1 and -1,0 with this rule): GEMM+AR M=64 0.158 / 0.117 and 0.153 /
+   * 0.128; M=16 0.137 / 0.160 and 0.140 / 0.136 (within the noise of 8 ranks on one GPU); M=256
+   * level (0.20). */
   if (gpu_shared)
     return all_reduce && m <= TW_AR_UNFUSED_SHARED_MAX_M;
   return m <= (all_reduce ? TW_AR_UNFUSED_MAX_M : TW_RS_UNFUSED_MAX_M);

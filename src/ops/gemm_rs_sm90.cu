@@ -117,13 +117,7 @@ struct RsWait : NoWait {
     int32_t m;
     int32_t world;
     int32_t wait_all; /* direct / pull: every rank's previous call must be over first */
-    /* plan.owner_epi with TW_RS_OWNER_PREFETCH: the peer's partial of this rank's rows (its
-     * staging slab, [own_mbs * 128][n] of P) and the bytes of one tile row of it and of one
-     * whole row; own tiles prefetch their part into L2 late in their loads (late_tile). */
-    const char *peer_slab;
-    int32_t own_mb0, own_mbs;
-    int32_t tile_row_bytes, row_bytes;
-    int32_t owner_prefetch, pad;
+    int32_t pad;
   };
   __device__ __forceinline__ static void before_tile(const Params &p, int32_t mb, int32_t nb) {
     tw_trace_tile(p.dc.trace, TW_TR_CLAIMED, mb, nb);
@@ -136,21 +130,6 @@ struct RsWait : NoWait {
   }
   __device__ static void mbar_stuck(const Params &p, int32_t code) {
     tw_pipeline_stall(p.dc, p.ch, code);
-  }
-  /* The owner epilogue (RsEpi::combine) loads the peer's partial of an own tile right after its
-   * wait, with the tensor cores idle. With TW_RS_OWNER_PREFETCH the producer brings those bytes
-   * into L2 about kLateBlocks k-blocks before the epilogue (a hint: lines the peer writes
-   * afterwards stay coherent in L2, and combine's loads follow its acquire as before). */
-  static constexpr int kLateBlocks = 8;
-  __device__ __forceinline__ static void late_tile(const Params &p, int32_t mb, int32_t nb) {
-    if (!p.owner_prefetch || mb < p.own_mb0 || mb >= p.own_mb0 + p.own_mbs)
-      return;
-    const char *base = p.peer_slab + (size_t)(mb - p.own_mb0) * kBlockM * (size_t)p.row_bytes +
-                       (size_t)nb * (size_t)p.tile_row_bytes;
-    const int32_t left = p.row_bytes - nb * p.tile_row_bytes; /* the last column block's tail */
-    const uint32_t bytes = (uint32_t)min(p.tile_row_bytes, left);
-    for (int32_t r = 0; r < kBlockM; r++)
-      tw::ptx::bulk_prefetch_l2(base + (size_t)r * p.row_bytes, bytes);
   }
 };
 
@@ -809,14 +788,6 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
     p.gemm.epi.own_counters = &comm->dev.ctrl->flags[ch][0]; /* tw_own_flag(dc, ch, 0) */
     for (int s = 0; s < world; s++)
       p.gemm.epi.own_slab[s] = (const P *)a.workspace + (size_t)s * (size_t)m_local * (size_t)a.n;
-    /* TW_RS_OWNER_PREFETCH: the producer brings the peer's partial of each own tile into L2
-     * late in the tile's loads (RsWait::late_tile) */
-    p.gemm.wait.owner_prefetch = tw_env_int(TW_RS_OWNER_PREFETCH_ID) != 0;
-    p.gemm.wait.peer_slab = (const char *)p.gemm.epi.own_slab[1 - rank];
-    p.gemm.wait.own_mb0 = rank * own_mbs;
-    p.gemm.wait.own_mbs = own_mbs;
-    p.gemm.wait.tile_row_bytes = (int32_t)(plan.block_n * (int)sizeof(P));
-    p.gemm.wait.row_bytes = (int32_t)(a.n * (int64_t)sizeof(P));
     /* tw_gemm_ar's out holds every owner's rows: this rank's start at rank * m_local */
     const __nv_bfloat16 *own_out =
         (const __nv_bfloat16 *)a.out + (all_reduce ? (size_t)rank * m_local * (size_t)a.ldo : 0);

@@ -770,17 +770,6 @@ int main(int argc, char **argv) {
        188,
        2,
        1},
-      /* TW_RS_OWNER_PREFETCH=0: the owner epilogue (the default at m 1024 per rank, n 8192,
-       * K 256 on 2 ranks) without its L2 prefetch of the peer's partials; the cases above run
-       * it with the prefetch (the default); same bits. */
-      {"TW_RS_OWNER_PREFETCH",
-       "0",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{1024, 8192, 256, 0}, {128, 264, 200, 0}, {1024, 1024, 512, 0}},
-       191,
-       2,
-       1},
       /* TW_RS_OWNER_EPI=0: the reduce CTAs where the default takes the owner epilogue. */
       {"TW_RS_OWNER_EPI",
        "0",
