@@ -78,6 +78,9 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s33     (branch exp/next26, not run) the owner epilogue's tile order with the reduce
+#             CTAs (TW_RS_LAG_ORDER): test_gemm_rs on both placements, A/B at flux-tp8, M=8192
+#             and M=16384, both orders, and a trace at flux-tp8
 #     s32     (twenty-fourth session, on exp/next26 6dc6626) the owner epilogue's L2 prefetch
 #             of the peer's partials (TW_RS_OWNER_PREFETCH): test_gemm_rs on both placements,
 #             A/B at flux-tp8 (owner epilogue forced) and M=8192 / 16384, both orders. The
@@ -832,6 +835,27 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
         "--m $m --n 8192 --k 1024" ""
     done
   done
+}
+exp_s33() { # (branch exp/next26, not run) the owner epilogue's tile order with the reduce CTAs
+  # (TW_RS_LAG_ORDER=1, measurement): tests on both placements, then A/B against the default
+  # bands at flux-tp8, M=8192 K 1024 and M=16384 (fp32 and bf16 partials), both orders, and a
+  # TW_TRACE run at flux-tp8 with it (the tail after the GEMM end against s32's 75-85 us)
+  local op ab
+  run "s33-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s33-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  for op in gemm_rs gemm_ar; do
+    for ab in 0,1 1,0; do
+      run "s33-$op-flux-lag$ab" 90 env TW_BENCH_AB=TW_RS_LAG_ORDER=$ab \
+        "$bin/tw-bench" $op --world 2 $flux_rs --repeats 20 --warmup 5
+      run "s33-$op-m8192-lag$ab" 90 env TW_BENCH_AB=TW_RS_LAG_ORDER=$ab TW_RS_OWNER_EPI=0 \
+        "$bin/tw-bench" $op --world 2 --m 8192 --n 8192 --k 1024 --repeats 20 --warmup 5
+    done
+  done
+  run "s33-gemm_rs-m16384-lag0,1" 120 env TW_BENCH_AB=TW_RS_LAG_ORDER=0,1 TW_RS_OWNER_EPI=0 \
+    "$bin/tw-bench" gemm_rs --world 2 $big_rs --repeats 20 --warmup 5
+  run "s33-trace-gemm_rs-flux-lag1" 90 env TW_TRACE=1 TW_RS_LAG_ORDER=1 "$bin/tw-bench" gemm_rs \
+    --world 2 $flux_rs --repeats 10 --warmup 3
 }
 exp_s32() { # (twenty-fourth session; the prefetch since removed) the owner epilogue with the peer's partials
   # prefetched into L2 late in each own tile's loads (TW_RS_OWNER_PREFETCH, default 1 there):
