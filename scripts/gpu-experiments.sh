@@ -78,9 +78,10 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
-#     s33     (branch exp/next26, not run) the owner epilogue's tile order with the reduce
-#             CTAs (TW_RS_LAG_ORDER): test_gemm_rs on both placements, A/B at flux-tp8, M=8192
-#             and M=16384, both orders, and a trace at flux-tp8
+#     s33     (twenty-fourth session, on exp/next26 556e39b) the owner epilogue's tile order
+#             with the reduce CTAs (TW_RS_LAG_ORDER): test_gemm_rs on both placements, A/B at
+#             flux-tp8, M=8192 and M=16384, both orders, and a trace at flux-tp8. Slower
+#             everywhere and taken out: its A/B rows need that build
 #     s32     (twenty-fourth session, on exp/next26 6dc6626) the owner epilogue's L2 prefetch
 #             of the peer's partials (TW_RS_OWNER_PREFETCH): test_gemm_rs on both placements,
 #             A/B at flux-tp8 (owner epilogue forced) and M=8192 / 16384, both orders. The
@@ -836,7 +837,7 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
-exp_s33() { # (branch exp/next26, not run) the owner epilogue's tile order with the reduce CTAs
+exp_s33() { # (twenty-fourth session; the knob since removed) the owner epilogue's tile order with the reduce CTAs
   # (TW_RS_LAG_ORDER=1, measurement): tests on both placements, then A/B against the default
   # bands at flux-tp8, M=8192 K 1024 and M=16384 (fp32 and bf16 partials), both orders, and a
   # TW_TRACE run at flux-tp8 with it (the tail after the GEMM end against s32's 75-85 us)

@@ -195,11 +195,6 @@ TW_ENV(TW_RS_GROUPED, bool, "0",
        "Measurement: 1 has tw_gemm_rs / tw_gemm_ar take their tiles in the plain GEMM's grouped "
        "order (16 row blocks a group, from the rows of owner rank + 1) instead of column bands "
        "(not with the owner epilogue); the reduction then waits longer for its units.")
-TW_ENV(TW_RS_LAG_ORDER, bool, "0",
-       "Measurement: 1 has tw_gemm_rs / tw_gemm_ar (m / world a multiple of 128, not the direct "
-       "scheme) take their tiles in the owner epilogue's order without the owner epilogue: each "
-       "rank's own tiles trail the peers' by two waves, so the last tiles' partials stay local "
-       "and the reduce CTAs' tail needs no NVLink. Same bits; ranks may differ.")
 TW_ENV(TW_GEMM_SWAP, int, "-1",
        "tw_gemm (and the decode GEMM+RS / GEMM+AR pipeline through it) at m <= 64: 1 computes "
        "C^T = B A^T on tiles of 128 of B's rows x 16 (m <= 16) or 64 of A's, so no wgmma row is "

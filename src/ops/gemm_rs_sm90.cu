@@ -773,20 +773,15 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   o.order = plan.interleave ? kOrderBandsInterleaved : kOrderBands; /* never direct: 1 owner */
   o.group_m = plan.interleave ? world : o.m_blocks;
   o.group_n = plan.band;
-  /* plan.owner_epi: own tiles trail the peers' by `lag` positions at least
-   * (tests/host/test_tile_order.cu), two waves of this rank's CTAs, so the peers' partials of
-   * an own unit have landed when its epilogue needs them. TW_RS_LAG_ORDER (measurement): the
-   * same order with the reduce CTAs, so the last tiles' partials are local. */
-  const int32_t own_mbs = (int32_t)(m_local / kBlockM);
-  const int lag_order = plan.owner_epi || (world > 1 && !plan.direct && m_local % kBlockM == 0 &&
-                                           tw_env_int(TW_RS_LAG_ORDER_ID) != 0);
-  if (lag_order) {
+  if (plan.owner_epi) {
+    /* plan.owner_epi: own tiles trail the peers' by `lag` positions at least
+     * (tests/host/test_tile_order.cu), two waves of this rank's CTAs, so the peers' partials of
+     * an own unit have landed when its epilogue needs them. */
+    const int32_t own_mbs = (int32_t)(m_local / kBlockM);
     const int32_t units = own_mbs * o.n_blocks;
     o.order = kOrderBandsOwnerLag;
     o.group_m = world;
     o.lag = 2 * plan.ctas < units ? 2 * plan.ctas : units;
-  }
-  if (plan.owner_epi) {
     p.gemm.epi.owner_epi = 1;
     p.gemm.epi.own_mb0 = rank * own_mbs;
     p.gemm.epi.own_mbs = own_mbs;
@@ -819,7 +814,7 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   /* TW_RS_GROUPED (measurement; the measurement build bit 16 alike): the plain GEMM's grouped
    * order. Any order is correct, the reduction waiting for counts; the owner epilogue needs its
    * own (kOrderBandsOwnerLag). */
-  if (((TW_RS_DIAG & 16) || tw_env_int(TW_RS_GROUPED_ID) != 0) && !lag_order) {
+  if (((TW_RS_DIAG & 16) || tw_env_int(TW_RS_GROUPED_ID) != 0) && !plan.owner_epi) {
     o.order = kOrderRotated;
     o.group_m = o.m_blocks < 16 ? o.m_blocks : 16;
   }

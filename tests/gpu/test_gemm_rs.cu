@@ -789,25 +789,6 @@ int main(int argc, char **argv) {
        190,
        2,
        0},
-      /* TW_RS_LAG_ORDER=1 (measurement): the owner epilogue's tile order (own tiles two waves
-       * behind the peers') with the reduce CTAs, fp32 and bf16 partials; shapes without whole row
-       * blocks per owner keep the bands; same bits. */
-      {"TW_RS_LAG_ORDER",
-       "1",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{384, 1032, 256, 0}, {1024, 1024, 512, 2}, {100, 264, 200, 0}},
-       192,
-       3,
-       0},
-      {"TW_RS_LAG_ORDER",
-       "1",
-       NULL,
-       TW_PARTIALS_BF16,
-       {{1024, 1024, 512, 0}, {256, 1800, 256, 2}, {100, 264, 200, 0}},
-       193,
-       2,
-       1},
       /* TW_RS_REDUCE_CTAS=0: no CTA starts on the reduction; every CTA runs its GEMM tiles,
        * then reduces (and gathers) through the queues; same bits. */
       {"TW_RS_REDUCE_CTAS",
