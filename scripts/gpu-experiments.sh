@@ -78,6 +78,14 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s33     (twenty-fourth session, on exp/next26 556e39b) the owner epilogue's tile order
+#             with the reduce CTAs (TW_RS_LAG_ORDER): test_gemm_rs on both placements, A/B at
+#             flux-tp8, M=8192 and M=16384, both orders, and a trace at flux-tp8. Slower
+#             everywhere and taken out: its A/B rows need that build
+#     s32     (twenty-fourth session, on exp/next26 6dc6626) the owner epilogue's L2 prefetch
+#             of the peer's partials (TW_RS_OWNER_PREFETCH): test_gemm_rs on both placements,
+#             A/B at flux-tp8 (owner epilogue forced) and M=8192 / 16384, both orders. The
+#             prefetch measured slower and was taken out: its A/B rows need that build
 #     s31     (twenty-third session) 8 virtual ranks: the unfused pipeline in the call
 #             (TW_RS_UNFUSED_SMALL=1) against the fused kernel, every shape, both orders
 #     s28     (twenty-second session, measurements) the decode GEMM: co-resident clusters of
@@ -828,6 +836,71 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
         "--m $m --n 8192 --k 1024" ""
     done
   done
+}
+exp_s33() { # (twenty-fourth session; the knob since removed) the owner epilogue's tile order with the reduce CTAs
+  # (TW_RS_LAG_ORDER=1, measurement): tests on both placements, then A/B against the default
+  # bands at flux-tp8, M=8192 K 1024 and M=16384 (fp32 and bf16 partials), both orders, and a
+  # TW_TRACE run at flux-tp8 with it (the tail after the GEMM end against s32's 75-85 us)
+  local op ab
+  run "s33-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s33-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  for op in gemm_rs gemm_ar; do
+    for ab in 0,1 1,0; do
+      run "s33-$op-flux-lag$ab" 90 env TW_BENCH_AB=TW_RS_LAG_ORDER=$ab \
+        "$bin/tw-bench" $op --world 2 $flux_rs --repeats 20 --warmup 5
+      run "s33-$op-m8192-lag$ab" 90 env TW_BENCH_AB=TW_RS_LAG_ORDER=$ab TW_RS_OWNER_EPI=0 \
+        "$bin/tw-bench" $op --world 2 --m 8192 --n 8192 --k 1024 --repeats 20 --warmup 5
+    done
+  done
+  run "s33-gemm_rs-m16384-lag0,1" 120 env TW_BENCH_AB=TW_RS_LAG_ORDER=0,1 TW_RS_OWNER_EPI=0 \
+    "$bin/tw-bench" gemm_rs --world 2 $big_rs --repeats 20 --warmup 5
+  run "s33-trace-gemm_rs-flux-lag1" 90 env TW_TRACE=1 TW_RS_LAG_ORDER=1 "$bin/tw-bench" gemm_rs \
+    --world 2 $flux_rs --repeats 10 --warmup 3
+}
+exp_s32() { # (twenty-fourth session; the prefetch since removed) the owner epilogue with the peer's partials
+  # prefetched into L2 late in each own tile's loads (TW_RS_OWNER_PREFETCH, default 1 there):
+  # tests, then A/B against no prefetch where the owner epilogue runs (the default at M=8192 and
+  # 16384 K < 4096; forced at flux-tp8, where it lost 1-3% without the prefetch), and the owner
+  # epilogue with the prefetch against the reduce CTAs (the default) at flux-tp8; both orders
+  local op ab
+  run "s32-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  run "s32-test_plans" 30 "$bin/test_plans"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s32-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  for op in gemm_rs gemm_ar; do
+    for ab in 0,1 1,0; do
+      run "s32-$op-flux-epi1-pf$ab" 90 env TW_RS_OWNER_EPI=1 TW_BENCH_AB=TW_RS_OWNER_PREFETCH=$ab \
+        "$bin/tw-bench" $op --world 2 $flux_rs --repeats 20 --warmup 5
+      run "s32-$op-flux-epi$ab" 90 env TW_BENCH_AB=TW_RS_OWNER_EPI=$ab \
+        "$bin/tw-bench" $op --world 2 $flux_rs --repeats 20 --warmup 5
+      run "s32-$op-m8192-pf$ab" 90 env TW_BENCH_AB=TW_RS_OWNER_PREFETCH=$ab \
+        "$bin/tw-bench" $op --world 2 --m 8192 --n 8192 --k 1024 --repeats 20 --warmup 5
+      run "s32-$op-m16384-pf$ab" 120 env TW_BENCH_AB=TW_RS_OWNER_PREFETCH=$ab \
+        "$bin/tw-bench" $op --world 2 $big_rs --repeats 20 --warmup 5
+    done
+  done
+  # the kernels' own time at flux-tp8 (torch.profiler, one process per GPU): the default, and
+  # the owner epilogue without and with the prefetch
+  local label epi pf
+  for label in default:-1:1 epi-pf0:1:0 epi-pf1:1:1; do
+    IFS=: read -r label epi pf <<<"$label"
+    run "s32-dist-profile-gemm_rs-flux-$label" 150 env TW_RS_OWNER_EPI=$epi \
+      TW_RS_OWNER_PREFETCH=$pf TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python" \
+      python3 -m tilewire.bench_dist --nproc 2 --op gemm_rs $flux_rs --repeats 20 --profile
+  done
+  # 8 virtual ranks at decode: tw_gemm_ar's new shared-GPU rule (the unfused pipeline at
+  # m <= 64) against the fused kernel, M=16 / 64 / 256, both orders
+  local m
+  for m in 16 64 256; do
+    for ab in 0,-1 -1,0; do
+      run "s32-gemm_ar-8v-m$m-unf$ab" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_UNFUSED_SMALL=$ab \
+        "$bin/tw-bench" gemm_ar --m $m --n 8192 --k 1024 --repeats 30 --warmup 5
+    done
+  done
+  # where the fused GEMM+RS's time goes at flux-tp8 (TW_TRACE: GEMM end against kernel end)
+  run "s32-trace-gemm_rs-flux" 90 env TW_TRACE=1 "$bin/tw-bench" gemm_rs --world 2 $flux_rs \
+    --repeats 10 --warmup 3
 }
 exp_s31() { # (twenty-third session) 8 virtual ranks: the unfused pipeline inside the call
   # (TW_RS_UNFUSED_SMALL=1) against the default (the fused kernel where ranks share a GPU), every

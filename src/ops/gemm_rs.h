@@ -125,6 +125,8 @@ int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partia
  * m <= TW_RS_UNFUSED_MAX_M, tw_gemm_ar at m <= TW_AR_UNFUSED_MAX_M. */
 #define TW_RS_UNFUSED_MAX_M 512
 #define TW_AR_UNFUSED_MAX_M 256
+/* Where ranks share a GPU: tw_gemm_ar at m <= TW_AR_UNFUSED_SHARED_MAX_M (tw_gemm_rs never). */
+#define TW_AR_UNFUSED_SHARED_MAX_M 64
 /* Whether tw_gemm_rs (all_reduce 0) / tw_gemm_ar (1) run the unfused pipeline in the call
  * (tw_gemm into the workspace, then the reduce kernel; gemm_rs_sm90.cu), where the workspace
  * holds it. env: TW_RS_UNFUSED_SMALL (-1: this rule decides). */

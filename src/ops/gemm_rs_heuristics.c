@@ -72,10 +72,17 @@ int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int a
    *   0.0473 and 0.0534 / 0.0472, M=512 0.0800 / 0.0682 and 0.0744 / 0.0684 (bf16 partials
    *   alike); GEMM+AR M=16 0.0393 / 0.0451 and 0.0391 / 0.0363, M=64 0.0432 / 0.0443 and 0.0428 /
    *   0.0391, M=256 level (0.057), M=512 0.0875 / 0.0916 and 0.0894 / 0.0908 (slower: not taken).
-   * So tw_gemm_rs at m <= 512, tw_gemm_ar at m <= 256. Ranks sharing a GPU keep the fused kernel
-   * (not measured). */
+   * So tw_gemm_rs at m <= 512, tw_gemm_ar at m <= 256.
+   * Ranks sharing a GPU (twenty-third session, 8 virtual ranks, TW_BENCH_AB=TW_RS_UNFUSED_SMALL
+   * -1,1 and 1,-1, n 8192 K 1024, ms, fused / unfused): GEMM+AR M=64 0.141 / 0.121 and 0.143 /
+   * 0.121 (bf16 partials 0.135 / 0.121 and 0.140 / 0.171); GEMM+RS M=64 0.103 / 0.115 and 0.121
+   * / 0.135; every larger shape slower unfused (GEMM+AR M=4096 K 512 0.665 / 0.905). So there
+   * tw_gemm_ar at m <= 64 only. Group s32 (twenty-fourth session, same shapes, TW_BENCH_AB=
+   * TW_RS_UNFUSED_SMALL=0,-1 and -1,0 with this rule): GEMM+AR M=64 0.158 / 0.117 and 0.153 /
+   * 0.128; M=16 0.137 / 0.160 and 0.140 / 0.136 (within the noise of 8 ranks on one GPU); M=256
+   * level (0.20). */
   if (gpu_shared)
-    return 0;
+    return all_reduce && m <= TW_AR_UNFUSED_SHARED_MAX_M;
   return m <= (all_reduce ? TW_AR_UNFUSED_MAX_M : TW_RS_UNFUSED_MAX_M);
 }
 

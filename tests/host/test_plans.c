@@ -420,7 +420,9 @@ static void test_gemm_rs_plans(void) {
     TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 2, 0, 64, ar), "decode M=64, 2 GPUs: unfused");
     TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 8, 0, 256, ar), "M=256, 8 GPUs: unfused");
     TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 2, 0, 1024, ar), "M=1024: fused");
-    TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 64, ar), "shared GPU: fused");
+    TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 8, 1, 64, ar) == ar,
+                "shared GPU, M=64: GEMM+AR unfused, GEMM+RS fused");
+    TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 128, ar), "shared GPU, M=128: fused");
     TEST_ASSERT(tw_gemm_rs_want_unfused(1, 8, 1, 16384, ar), "TW_RS_UNFUSED_SMALL=1: unfused");
     TEST_ASSERT(!tw_gemm_rs_want_unfused(0, 2, 0, 64, ar), "TW_RS_UNFUSED_SMALL=0: fused");
     TEST_ASSERT(!tw_gemm_rs_want_unfused(1, 1, 0, 64, ar), "world 1: the plain GEMM");
