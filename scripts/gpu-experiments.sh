@@ -78,9 +78,10 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
-#     s34     (branch exp/next27, not run) the owner epilogue's lag (TW_RS_OWNER_LAG):
-#             test_gemm_rs on both placements, A/B 200 / 50 / 100 at flux-tp8 (owner epilogue
-#             forced), M=8192 and 16384, and the owner epilogue at lag 50 against the reduce CTAs
+#     s34     (twenty-fourth session, on exp/next27) the owner epilogue's lag
+#             (TW_RS_OWNER_LAG): test_gemm_rs on both placements, A/B 200 / 50 / 100 at
+#             flux-tp8 (owner epilogue forced), M=8192 and 16384, and the owner epilogue at lag
+#             50 against the reduce CTAs. Shorter lags were slower; the knob was taken out
 #     s33     (twenty-fourth session, on exp/next26 556e39b) the owner epilogue's tile order
 #             with the reduce CTAs (TW_RS_LAG_ORDER): test_gemm_rs on both placements, A/B at
 #             flux-tp8, M=8192 and M=16384, both orders, and a trace at flux-tp8. Slower
@@ -840,7 +841,7 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
-exp_s34() { # (branch exp/next27, not run) the owner epilogue's lag (TW_RS_OWNER_LAG, percent of
+exp_s34() { # (twenty-fourth session; the knob since removed) the owner epilogue's lag (TW_RS_OWNER_LAG, percent of
   # a wave; 200 the default): s33's trace put the lag order's cost at 50-60 us of GEMM phase at
   # flux-tp8 (two opening waves whose partials all go to the peer); tests, then A/B of 200
   # against 50 (and 100) where the owner epilogue runs, both orders, and the owner epilogue with

@@ -186,11 +186,6 @@ TW_ENV(TW_RS_OWNER_EPI, int, "-1",
        "with fp32 partials, K < 4096 per rank and at least 3 waves of tiles (measured faster "
        "there); tw_gemm_rs also not where args.reduce_sms or TW_RS_REDUCE_CTAS sets the reduce "
        "CTAs. Every rank must set it alike.")
-TW_ENV(TW_RS_OWNER_LAG, int, "200",
-       "Measurement: how far the owner epilogue's own tiles trail the peers' in the tile order "
-       "(TW_RS_OWNER_EPI), in percent of a wave of the rank's CTAs (at least one tile). Less "
-       "shortens the opening stretch of tiles that all go to the peer; the epilogue may then "
-       "wait longer for the peer's partial. Same bits; ranks may differ.")
 TW_ENV(TW_TMA_MEMO, bool, "1",
        "1: each host thread keeps the TMA tensor maps it encoded (128, direct-mapped) and reuses "
        "one when a call asks for the same pointer, shape, stride and box again; 0: no map is kept "

@@ -781,9 +781,7 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
     const int32_t units = own_mbs * o.n_blocks;
     o.order = kOrderBandsOwnerLag;
     o.group_m = world;
-    /* TW_RS_OWNER_LAG (measurement): the lag in percent of a wave of this rank's CTAs */
-    const int64_t lag = (int64_t)plan.ctas * tw_env_int(TW_RS_OWNER_LAG_ID) / 100;
-    o.lag = lag < 1 ? 1 : lag < units ? (int32_t)lag : units;
+    o.lag = 2 * plan.ctas < units ? 2 * plan.ctas : units;
     p.gemm.epi.owner_epi = 1;
     p.gemm.epi.own_mb0 = rank * own_mbs;
     p.gemm.epi.own_mbs = own_mbs;

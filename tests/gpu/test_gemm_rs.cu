@@ -770,17 +770,6 @@ int main(int argc, char **argv) {
        188,
        2,
        1},
-      /* TW_RS_OWNER_LAG=10 (measurement): the owner epilogue's own tiles a tenth of a wave
-       * behind the peers' (the default: two waves), so their epilogues wait for the peer's
-       * partials; same bits. */
-      {"TW_RS_OWNER_LAG",
-       "10",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{1024, 1024, 512, 0}, {1024, 1032, 256, 0}, {256, 1032, 128, 0}},
-       194,
-       2,
-       1},
       /* TW_RS_OWNER_EPI=0: the reduce CTAs where the default takes the owner epilogue. */
       {"TW_RS_OWNER_EPI",
        "0",
