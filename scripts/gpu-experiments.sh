@@ -78,6 +78,10 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s34     (twenty-fourth session, on exp/next27) the owner epilogue's lag
+#             (TW_RS_OWNER_LAG): test_gemm_rs on both placements, A/B 200 / 50 / 100 at
+#             flux-tp8 (owner epilogue forced), M=8192 and 16384, and the owner epilogue at lag
+#             50 against the reduce CTAs. Shorter lags were slower; the knob was taken out
 #     s33     (twenty-fourth session, on exp/next26 556e39b) the owner epilogue's tile order
 #             with the reduce CTAs (TW_RS_LAG_ORDER): test_gemm_rs on both placements, A/B at
 #             flux-tp8, M=8192 and M=16384, both orders, and a trace at flux-tp8. Slower
@@ -835,6 +839,30 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
       TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
     done
+  done
+}
+exp_s34() { # (twenty-fourth session; the knob since removed) the owner epilogue's lag (TW_RS_OWNER_LAG, percent of
+  # a wave; 200 the default): s33's trace put the lag order's cost at 50-60 us of GEMM phase at
+  # flux-tp8 (two opening waves whose partials all go to the peer); tests, then A/B of 200
+  # against 50 (and 100) where the owner epilogue runs, both orders, and the owner epilogue with
+  # lag 50 against the reduce CTAs at flux-tp8
+  local op ab
+  run "s34-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s34-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  for op in gemm_rs gemm_ar; do
+    for ab in 200,50 50,200 200,100; do
+      run "s34-$op-flux-epi1-lag$ab" 90 env TW_RS_OWNER_EPI=1 TW_BENCH_AB=TW_RS_OWNER_LAG=$ab \
+        "$bin/tw-bench" $op --world 2 $flux_rs --repeats 20 --warmup 5
+    done
+    for ab in 200,50 50,200; do
+      run "s34-$op-m8192-lag$ab" 90 env TW_BENCH_AB=TW_RS_OWNER_LAG=$ab \
+        "$bin/tw-bench" $op --world 2 --m 8192 --n 8192 --k 1024 --repeats 20 --warmup 5
+    done
+    run "s34-$op-m16384-lag200,50" 120 env TW_BENCH_AB=TW_RS_OWNER_LAG=200,50 \
+      "$bin/tw-bench" $op --world 2 $big_rs --repeats 20 --warmup 5
+    run "s34-$op-flux-lag50-epi0,1" 90 env TW_RS_OWNER_LAG=50 TW_BENCH_AB=TW_RS_OWNER_EPI=0,1 \
+      "$bin/tw-bench" $op --world 2 $flux_rs --repeats 20 --warmup 5
   done
 }
 exp_s33() { # (twenty-fourth session; the knob since removed) the owner epilogue's tile order with the reduce CTAs
