@@ -11,6 +11,7 @@ docs/plots/nvlink-2xH200-OP.png with `python -m tilewire.bench --plot`.
 """
 import argparse
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -57,7 +58,7 @@ def main():
     combined = out / "nvlink-2xH200.json"
     combined.write_text(json.dumps(doc, indent=1) + "\n")
     tmp = out / ".nvlink-plots"
-    env = {"PYTHONPATH": str(ROOT / "python")}
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
     subprocess.run([sys.executable, "-m", "tilewire.bench", "--plot", str(combined),
                     "--out", str(tmp)], check=True, env=env)
     for png in sorted(tmp.glob("*.png")):
