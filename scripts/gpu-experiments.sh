@@ -78,6 +78,8 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s35     (twenty-fourth session, measurements) flux-tp8 GEMM+RS's tail: the reduce CTAs
+#             4 against 8 and 0, both orders, and traces at 0 and 8
 #     s34     (twenty-fourth session, on exp/next27) the owner epilogue's lag
 #             (TW_RS_OWNER_LAG): test_gemm_rs on both placements, A/B 200 / 50 / 100 at
 #             flux-tp8 (owner epilogue forced), M=8192 and 16384, and the owner epilogue at lag
@@ -839,6 +841,20 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
       TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
     done
+  done
+}
+exp_s35() { # (twenty-fourth session, measurements) flux-tp8 GEMM+RS's tail after the GEMM
+  # (75-85 us in s32's trace): the reduce CTAs 4 (the plan) against 8 and 0 (every CTA reduces
+  # after its tiles), both orders, and TW_TRACE=1 runs at 0 and 8 and with bf16 partials
+  local ab n
+  [ "$ngpus" -gt 1 ] || return 0
+  for ab in 4,8 8,4 4,0 0,4; do
+    run "s35-gemm_rs-flux-red$ab" 90 env TW_BENCH_AB=TW_RS_REDUCE_CTAS=$ab \
+      "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 20 --warmup 5
+  done
+  for n in 0 8; do
+    run "s35-trace-gemm_rs-flux-red$n" 90 env TW_TRACE=1 TW_RS_REDUCE_CTAS=$n "$bin/tw-bench" \
+      gemm_rs --world 2 $flux_rs --repeats 10 --warmup 3
   done
 }
 exp_s34() { # (twenty-fourth session; the knob since removed) the owner epilogue's lag (TW_RS_OWNER_LAG, percent of
