@@ -78,6 +78,11 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s36     (twenty-fourth session, on exp/next29 f63c5ec) the reduce warps
+#             (TW_RS_REDUCE_WARPS): test_gemm_rs on both placements, A/B at flux-tp8 (both
+#             orders, and with no reduce CTA), M=8192 and 16384 with the reduce CTAs, a trace,
+#             and 8 virtual ranks. Slower; the code stays on exp/next29: its A/B rows need that
+#             build
 #     s35     (twenty-fourth session, measurements) flux-tp8 GEMM+RS's tail: the reduce CTAs
 #             4 against 8 and 0, both orders, and traces at 0 and 8
 #     s34     (twenty-fourth session, on exp/next27) the owner epilogue's lag
@@ -553,7 +558,7 @@ exp_diag12() { # where the 8-rank fused GEMM+RS loses to the unfused pipeline at
     [ "$d" = 0 ] || lib="$root/$bin/diag$d"
     [ -e "$lib/libtilewire.so.0" ] || continue
     run "diag12-vr-4096-d$d" 60 env LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" TW_BENCH_VIRTUAL=1 \
-      "$bin/tw-bench" gemm_rs --m 4096 --n 4096 --k 512 --repeats 20 --warmup 5 --no-check
+      "$bin/tw-bench" gemm_rs --world 8 --m 4096 --n 4096 --k 512 --repeats 20 --warmup 5 --no-check
     run "diag12-vr-8192-d$d" 60 env LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" TW_BENCH_VIRTUAL=1 \
       "$bin/tw-bench" gemm_rs --m 8192 --n 8192 --k 1024 --repeats 20 --warmup 5 --no-check
   done
@@ -842,6 +847,35 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
         "--m $m --n 8192 --k 1024" ""
     done
   done
+}
+exp_s36() { # (twenty-fourth session; the code stays on exp/next29) the reduce warps (TW_RS_REDUCE_WARPS=1: warps 2-3 of
+  # every GEMM CTA's producer warpgroup reduce ready units during the tiles; tw_gemm_rs, fp32
+  # partials): tests on both placements, then A/B against the default (both orders at flux-tp8,
+  # where s35 put 74 us of reduction after the tiles), with no reduce CTA, at M=8192 / 16384 with
+  # the reduce CTAs (TW_RS_OWNER_EPI=0), a trace at flux-tp8, and 8 virtual ranks
+  local ab
+  run "s36-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  if [ "$ngpus" -gt 1 ]; then
+    run "s36-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+    for ab in 0,1 1,0; do
+      run "s36-gemm_rs-flux-rw$ab" 90 env TW_BENCH_AB=TW_RS_REDUCE_WARPS=$ab \
+        "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 20 --warmup 5
+    done
+    run "s36-gemm_rs-flux-red0-rw0,1" 90 env TW_RS_REDUCE_CTAS=0 TW_BENCH_AB=TW_RS_REDUCE_WARPS=0,1 \
+      "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 20 --warmup 5
+    run "s36-gemm_rs-m8192-epi0-rw0,1" 90 env TW_RS_OWNER_EPI=0 TW_BENCH_AB=TW_RS_REDUCE_WARPS=0,1 \
+      "$bin/tw-bench" gemm_rs --world 2 --m 8192 --n 8192 --k 1024 --repeats 20 --warmup 5
+    run "s36-gemm_rs-m16384-epi0-rw0,1" 120 env TW_RS_OWNER_EPI=0 \
+      TW_BENCH_AB=TW_RS_REDUCE_WARPS=0,1 "$bin/tw-bench" gemm_rs --world 2 $big_rs --repeats 20 \
+      --warmup 5
+    run "s36-trace-gemm_rs-flux-rw1" 90 env TW_TRACE=1 TW_RS_REDUCE_WARPS=1 "$bin/tw-bench" \
+      gemm_rs --world 2 $flux_rs --repeats 10 --warmup 3
+  fi
+  run "s36-gemm_rs-8v-m4096-rw0,1" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_REDUCE_WARPS=0,1 \
+    "$bin/tw-bench" gemm_rs --world 8 --m 4096 --n 4096 --k 512 --repeats 20 --warmup 5
+  run "s36-gemm_rs-8v-m16384-rw0,1" 150 env TW_BENCH_VIRTUAL=1 \
+    TW_BENCH_AB=TW_RS_REDUCE_WARPS=0,1 "$bin/tw-bench" gemm_rs --world 8 $big_rs --repeats 10 \
+    --warmup 3
 }
 exp_s35() { # (twenty-fourth session, measurements) flux-tp8 GEMM+RS's tail after the GEMM
   # (75-85 us in s32's trace): the reduce CTAs 4 (the plan) against 8 and 0 (every CTA reduces
