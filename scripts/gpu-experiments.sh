@@ -78,6 +78,13 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s38     (branch exp/next30, not run) TW_TRACE's reduce counts (who reduced the unit
+#             groups) at flux-tp8, GEMM+RS and GEMM+AR, the plan's reduce CTAs and none
+#     s37     (twenty-fourth session, on exp/next30 before the trace counters) 12 partial loads
+#             in flight per reducing thread (TW_RS_REDUCE_LOADS): test_gemm_rs on both
+#             placements, A/B at flux-tp8 and M=16384 (GEMM+RS, GEMM+AR), a trace, and 8
+#             virtual ranks. Level or slower; the knob was taken out: its A/B rows need that
+#             build
 #     s36     (twenty-fourth session, on exp/next29 f63c5ec) the reduce warps
 #             (TW_RS_REDUCE_WARPS): test_gemm_rs on both placements, A/B at flux-tp8 (both
 #             orders, and with no reduce CTA), M=8192 and 16384 with the reduce CTAs, a trace,
@@ -846,6 +853,43 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
       TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
     done
+  done
+}
+exp_s38() { # (branch exp/next30, not run) TW_TRACE's reduce counts at flux-tp8 (who reduced
+  # the unit groups: the reduce CTAs during the GEMM or every CTA after its tiles), GEMM+RS and
+  # GEMM+AR, the plan's reduce CTAs and none; test_trace runs on the host
+  local op n
+  [ "$ngpus" -gt 1 ] || return 0
+  for op in gemm_rs gemm_ar; do
+    for n in -1 0; do
+      run "s38-trace-$op-flux-red$n" 90 env TW_TRACE=1 TW_RS_REDUCE_CTAS=$n "$bin/tw-bench" $op \
+        --world 2 $flux_rs --repeats 10 --warmup 3
+    done
+  done
+}
+exp_s37() { # (twenty-fourth session; the knob since removed) 12 partial loads in flight per reducing thread
+  # instead of 8 (TW_RS_REDUCE_LOADS=12): s35/s36 showed flux-tp8's 4 reduce CTAs trailing the
+  # GEMM once they start (their one wait, about 180 us, is for the first group); tests on both
+  # placements, A/B both orders at flux-tp8, M=16384 (bf16 partials take the reduce CTAs there),
+  # a trace, and 8 virtual ranks at M=4096 K 512
+  local op ab
+  run "s37-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  if [ "$ngpus" -gt 1 ]; then
+    run "s37-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+    for op in gemm_rs gemm_ar; do
+      for ab in 8,12 12,8; do
+        run "s37-$op-flux-ld$ab" 90 env TW_BENCH_AB=TW_RS_REDUCE_LOADS=$ab \
+          "$bin/tw-bench" $op --world 2 $flux_rs --repeats 20 --warmup 5
+      done
+      run "s37-$op-m16384-ld8,12" 120 env TW_BENCH_AB=TW_RS_REDUCE_LOADS=8,12 \
+        "$bin/tw-bench" $op --world 2 $big_rs --repeats 10 --warmup 3
+    done
+    run "s37-trace-gemm_rs-flux-ld12" 90 env TW_TRACE=1 TW_RS_REDUCE_LOADS=12 "$bin/tw-bench" \
+      gemm_rs --world 2 $flux_rs --repeats 10 --warmup 3
+  fi
+  for op in gemm_rs gemm_ar; do
+    run "s37-$op-8v-m4096-ld8,12" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_REDUCE_LOADS=8,12 \
+      "$bin/tw-bench" $op --world 8 --m 4096 --n 4096 --k 512 --repeats 20 --warmup 5
   done
 }
 exp_s36() { # (twenty-fourth session; the code stays on exp/next29) the reduce warps (TW_RS_REDUCE_WARPS=1: warps 2-3 of
