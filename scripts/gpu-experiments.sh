@@ -78,8 +78,9 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
-#     s38     (branch exp/next30, not run) TW_TRACE's reduce counts (who reduced the unit
-#             groups) at flux-tp8, GEMM+RS and GEMM+AR, the plan's reduce CTAs and none
+#     s38     (branch exp/next30, not run) the reduction's index arithmetic
+#             (TW_RS_REDUCE_FASTIDX) A/B at flux-tp8, M=16384 and on 8 virtual ranks, tests on
+#             both placements, and TW_TRACE's reduce counts at flux-tp8
 #     s37     (twenty-fourth session, on exp/next30 before the trace counters) 12 partial loads
 #             in flight per reducing thread (TW_RS_REDUCE_LOADS): test_gemm_rs on both
 #             placements, A/B at flux-tp8 and M=16384 (GEMM+RS, GEMM+AR), a trace, and 8
@@ -855,42 +856,65 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
-exp_s38() { # (branch exp/next30, not run) TW_TRACE's reduce counts at flux-tp8 (who reduced
-  # the unit groups: the reduce CTAs during the GEMM or every CTA after its tiles), GEMM+RS and
-  # GEMM+AR, the plan's reduce CTAs and none; test_trace runs on the host
-  local op n
+# test_gemm_rs on both placements, then TW_BENCH_AB=KNOB=A,B and B,A at flux-tp8 for GEMM+RS
+# and GEMM+AR on 2 GPUs: rs_ab_flux PREFIX KNOB A B (groups s37, s38)
+rs_ab_flux() {
+  local pre=$1 knob=$2 a=$3 b=$4 op ab
+  run "$pre-test_gemm_rs" 200 "$bin/test_gemm_rs"
   [ "$ngpus" -gt 1 ] || return 0
+  run "$pre-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
   for op in gemm_rs gemm_ar; do
-    for n in -1 0; do
-      run "s38-trace-$op-flux-red$n" 90 env TW_TRACE=1 TW_RS_REDUCE_CTAS=$n "$bin/tw-bench" $op \
-        --world 2 $flux_rs --repeats 10 --warmup 3
+    for ab in $a,$b $b,$a; do
+      run "$pre-$op-flux-$ab" 90 env TW_BENCH_AB=$knob=$ab \
+        "$bin/tw-bench" $op --world 2 $flux_rs --repeats 20 --warmup 5
     done
   done
+}
+# TW_BENCH_AB=KNOB=A,B for GEMM+RS and GEMM+AR on 8 virtual ranks at M=4096 K 512:
+# rs_ab_8v PREFIX KNOB A,B
+rs_ab_8v() {
+  local op
+  for op in gemm_rs gemm_ar; do
+    run "$1-$op-8v-m4096-$3" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=$2=$3 \
+      "$bin/tw-bench" $op --world 8 --m 4096 --n 4096 --k 512 --repeats 20 --warmup 5
+  done
+}
+exp_s38() { # (branch exp/next30, not run) the reduction's index arithmetic
+  # (TW_RS_REDUCE_FASTIDX=1, the branch's default: rows and columns stepped by the stride, no
+  # division an item; fp32 partials) against the first design's (0), and TW_TRACE's reduce counts
+  # (who reduced the unit groups); s35-s37 found flux-tp8's 4 reduce CTAs trailing the GEMM with
+  # no gain from more loads in flight: the per-item divisions may bound them
+  local op n
+  rs_ab_flux s38 TW_RS_REDUCE_FASTIDX 0 1
+  if [ "$ngpus" -gt 1 ]; then
+    for op in gemm_rs gemm_ar; do
+      run "s38-$op-m16384-epi0-fi0,1" 120 env TW_RS_OWNER_EPI=0 \
+        TW_BENCH_AB=TW_RS_REDUCE_FASTIDX=0,1 "$bin/tw-bench" $op --world 2 $big_rs --repeats 10 \
+        --warmup 3
+      for n in -1 0; do
+        run "s38-trace-$op-flux-red$n" 90 env TW_TRACE=1 TW_RS_REDUCE_CTAS=$n "$bin/tw-bench" $op \
+          --world 2 $flux_rs --repeats 10 --warmup 3
+      done
+    done
+  fi
+  rs_ab_8v s38 TW_RS_REDUCE_FASTIDX 0,1
 }
 exp_s37() { # (twenty-fourth session; the knob since removed) 12 partial loads in flight per reducing thread
   # instead of 8 (TW_RS_REDUCE_LOADS=12): s35/s36 showed flux-tp8's 4 reduce CTAs trailing the
   # GEMM once they start (their one wait, about 180 us, is for the first group); tests on both
   # placements, A/B both orders at flux-tp8, M=16384 (bf16 partials take the reduce CTAs there),
   # a trace, and 8 virtual ranks at M=4096 K 512
-  local op ab
-  run "s37-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  local op
+  rs_ab_flux s37 TW_RS_REDUCE_LOADS 8 12
   if [ "$ngpus" -gt 1 ]; then
-    run "s37-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
     for op in gemm_rs gemm_ar; do
-      for ab in 8,12 12,8; do
-        run "s37-$op-flux-ld$ab" 90 env TW_BENCH_AB=TW_RS_REDUCE_LOADS=$ab \
-          "$bin/tw-bench" $op --world 2 $flux_rs --repeats 20 --warmup 5
-      done
       run "s37-$op-m16384-ld8,12" 120 env TW_BENCH_AB=TW_RS_REDUCE_LOADS=8,12 \
         "$bin/tw-bench" $op --world 2 $big_rs --repeats 10 --warmup 3
     done
     run "s37-trace-gemm_rs-flux-ld12" 90 env TW_TRACE=1 TW_RS_REDUCE_LOADS=12 "$bin/tw-bench" \
       gemm_rs --world 2 $flux_rs --repeats 10 --warmup 3
   fi
-  for op in gemm_rs gemm_ar; do
-    run "s37-$op-8v-m4096-ld8,12" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_REDUCE_LOADS=8,12 \
-      "$bin/tw-bench" $op --world 8 --m 4096 --n 4096 --k 512 --repeats 20 --warmup 5
-  done
+  rs_ab_8v s37 TW_RS_REDUCE_LOADS 8,12
 }
 exp_s36() { # (twenty-fourth session; the code stays on exp/next29) the reduce warps (TW_RS_REDUCE_WARPS=1: warps 2-3 of
   # every GEMM CTA's producer warpgroup reduce ready units during the tiles; tw_gemm_rs, fp32
