@@ -78,6 +78,8 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s39     (branch exp/next31, not run) the bulk-copy reduction (TW_RS_REDUCE_BULK): tests,
+#             A/B at flux-tp8, M=16384 and on 8 virtual ranks, a trace
 #     s38     (branch exp/next30, not run) the reduction's index arithmetic
 #             (TW_RS_REDUCE_FASTIDX) A/B at flux-tp8, M=16384 and on 8 virtual ranks, tests on
 #             both placements, and TW_TRACE's reduce counts at flux-tp8
@@ -856,18 +858,45 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
-# test_gemm_rs on both placements, then TW_BENCH_AB=KNOB=A,B and B,A at flux-tp8 for GEMM+RS
-# and GEMM+AR on 2 GPUs: rs_ab_flux PREFIX KNOB A B (groups s37, s38)
+exp_s39() { # (branch exp/next31, not run) bulk-copy reduction (TW_RS_REDUCE_BULK=1: the reducing
+  # CTAs copy each unit's fp32 partial rows into shared memory, 3 chunks in flight, and sum them
+  # there) against 16-byte loads into registers; run after s38 on the same build (exp/next31
+  # holds exp/next30): tests, A/B both orders at flux-tp8, M=16384 with the reduce CTAs, a
+  # trace with the reduce counts, 8 virtual ranks
+  rs_ab_flux s39 TW_RS_REDUCE_BULK 0 1
+  rs_ab_big s39 TW_RS_REDUCE_BULK 0,1
+  if [ "$ngpus" -gt 1 ]; then
+    run "s39-trace-gemm_rs-flux-bulk1" 90 env TW_TRACE=1 TW_RS_REDUCE_BULK=1 "$bin/tw-bench" \
+      gemm_rs --world 2 $flux_rs --repeats 10 --warmup 3
+  fi
+  rs_ab_8v s39 TW_RS_REDUCE_BULK 0,1
+}
+# test_gemm_rs on both placements (the first call of an invocation), then TW_BENCH_AB=KNOB=A,B
+# and B,A at flux-tp8 for GEMM+RS and GEMM+AR on 2 GPUs: rs_ab_flux PREFIX KNOB A B
 rs_ab_flux() {
   local pre=$1 knob=$2 a=$3 b=$4 op ab
-  run "$pre-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  if [ -z "${rs_tests_done:-}" ]; then # once per invocation: every group here runs one build
+    rs_tests_done=1
+    run "$pre-test_gemm_rs" 200 "$bin/test_gemm_rs"
+    [ "$ngpus" -gt 1 ] &&
+      run "$pre-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  fi
   [ "$ngpus" -gt 1 ] || return 0
-  run "$pre-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
   for op in gemm_rs gemm_ar; do
     for ab in $a,$b $b,$a; do
       run "$pre-$op-flux-$ab" 90 env TW_BENCH_AB=$knob=$ab \
         "$bin/tw-bench" $op --world 2 $flux_rs --repeats 20 --warmup 5
     done
+  done
+}
+# TW_BENCH_AB=KNOB=A,B for GEMM+RS and GEMM+AR on 2 GPUs at M=16384 with the reduce CTAs
+# (TW_RS_OWNER_EPI=0): rs_ab_big PREFIX KNOB A,B
+rs_ab_big() {
+  local op
+  [ "$ngpus" -gt 1 ] || return 0
+  for op in gemm_rs gemm_ar; do
+    run "$1-$op-m16384-epi0-$3" 120 env TW_RS_OWNER_EPI=0 TW_BENCH_AB=$2=$3 \
+      "$bin/tw-bench" $op --world 2 $big_rs --repeats 10 --warmup 3
   done
 }
 # TW_BENCH_AB=KNOB=A,B for GEMM+RS and GEMM+AR on 8 virtual ranks at M=4096 K 512:
@@ -886,11 +915,9 @@ exp_s38() { # (branch exp/next30, not run) the reduction's index arithmetic
   # no gain from more loads in flight: the per-item divisions may bound them
   local op n
   rs_ab_flux s38 TW_RS_REDUCE_FASTIDX 0 1
+  rs_ab_big s38 TW_RS_REDUCE_FASTIDX 0,1
   if [ "$ngpus" -gt 1 ]; then
     for op in gemm_rs gemm_ar; do
-      run "s38-$op-m16384-epi0-fi0,1" 120 env TW_RS_OWNER_EPI=0 \
-        TW_BENCH_AB=TW_RS_REDUCE_FASTIDX=0,1 "$bin/tw-bench" $op --world 2 $big_rs --repeats 10 \
-        --warmup 3
       for n in -1 0; do
         run "s38-trace-$op-flux-red$n" 90 env TW_TRACE=1 TW_RS_REDUCE_CTAS=$n "$bin/tw-bench" $op \
           --world 2 $flux_rs --repeats 10 --warmup 3
