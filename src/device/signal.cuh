@@ -301,9 +301,17 @@ static __device__ __forceinline__ bool tw_ll_wait(const tw_dev_comm_t &dc, int o
 }
 
 /* The call's sequence number of the low-latency area (every exchange through it counts, any
- * op): all threads may read it; tw_ll_call_end stores it back. */
+ * op), from the comm's ctrl->ll_seq: all threads may read it; tw_ll_call_end stores it back. */
+static __device__ __forceinline__ uint64_t tw_ll_seq_after(const uint64_t *ll_seq) {
+  return *(const volatile uint64_t *)ll_seq + 1;
+}
 static __device__ __forceinline__ uint64_t tw_ll_next_seq(const tw_dev_comm_t &dc) {
-  return *(const volatile uint64_t *)&dc.ctrl->ll_seq + 1;
+  return tw_ll_seq_after(&dc.ctrl->ll_seq);
+}
+
+/* Call seq's half of an area (halves of half_bytes, alternating by call): its byte offset. */
+static __device__ __forceinline__ uint64_t tw_ll_half(uint64_t seq, uint64_t half_bytes) {
+  return (seq & 1) * half_bytes;
 }
 
 /* One thread: a relaxed system-scope store of a 64-bit flag (no fence before it). */

@@ -43,9 +43,9 @@ template <class OutT> struct EpiLlPushT {
                                      int32_t col, int32_t row) {
     constexpr int kV = 16 / (int)sizeof(Out);        /* values in a chunk */
     constexpr int kBoxCols = 128 / (int)sizeof(Out); /* C columns in a box */
-    const uint64_t seq = *(const volatile uint64_t *)p.ll_seq + 1;
+    const uint64_t seq = tw_ll_seq_after(p.ll_seq);
     const uint32_t flag = tw_ll_flag(seq);
-    const uint64_t half = (seq & 1) * p.half_bytes + (uint64_t)p.rank * p.slot_bytes;
+    const uint64_t half = tw_ll_half(seq, p.half_bytes) + (uint64_t)p.rank * p.slot_bytes;
     constexpr int kChunks = kBoxes * kRows * 8;
 #pragma unroll
     for (int j = 0; j < (kChunks + 127) / 128; j++) {

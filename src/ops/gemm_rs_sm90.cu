@@ -1037,7 +1037,7 @@ __global__ void __launch_bounds__(kUnfusedThreads)
   const uint64_t epoch = tw_op_begin(dc, ch);
   const uint64_t seq = tw_ll_next_seq(dc);
   const uint32_t flag = tw_ll_flag(seq);
-  const uint64_t half = (seq & 1) * p.half_bytes;
+  const uint64_t half = tw_ll_half(seq, p.half_bytes);
   bool ok = tw_op_usable(dc, ch);
   if (threadIdx.x == 0) {
     tw_trace_stamp(dc, TW_TR_START);

@@ -179,41 +179,25 @@ tw_status_t launch_swap_half(const GemmParams<E, Wait> &params, int grid, int de
                       64>(params, grid, device, stream);
 }
 
-// Split-K through a workspace (tw_gemm_args_t.workspace, tw_gemm_ws_split): slices as single
-// CTAs, summed by the last to finish (detail::split_ws_combine), on tiles of half the tree's:
-// swapped, 64-row tiles with 2, 4 or 8 slices (the stages and epilogue buffer of
-// launch_swap_half: the accumulators go to global memory, not through it).
-template <class Out, int MT>
-tw_status_t launch_swap_ws(const GemmParams<EpiTmaStoreT<Out>, NoWait> &params, int split, int grid,
-                           int device, cudaStream_t stream) {
-  constexpr int SH = swap_half_stages<MT>();
-  using E = EpiTmaStoreT<Out>;
+// Split-K through a workspace (tw_gemm_args_t.workspace, tw_gemm_ws_split): 2, 4 or 8 slices
+// as single CTAs, summed by the last to finish (detail::split_ws_combine), on tiles of half the
+// tree's: swapped, 64-row tiles (the stages and epilogue buffer of launch_swap_half: the
+// accumulators go to global memory, not through it); unswapped, 128 x 64 tiles (twice the
+// 128 x 128 tiles' count; the same products, so the same bits), 6 stages and 16 KiB epilogue
+// buffers (kWsStages, kWsEpiBytes).
+constexpr int kWsStages = 6, kWsEpiBytes = 16384;
+template <int Stages, int EpiBytes, class Out, int BN, class E, int kTileM>
+tw_status_t launch_ws(const GemmParams<E, NoWait> &params, int split, int grid, int device,
+                      cudaStream_t stream) {
   if (split == 8)
-    return launch_plain<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 8, NoWait, E, 64, true>(
+    return launch_plain<Stages, EpiBytes, Out, false, 1, BN, 8, NoWait, E, kTileM, true>(
         params, grid, device, stream);
   if (split == 4)
-    return launch_plain<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 4, NoWait, E, 64, true>(
+    return launch_plain<Stages, EpiBytes, Out, false, 1, BN, 4, NoWait, E, kTileM, true>(
         params, grid, device, stream);
   if (split == 2)
-    return launch_plain<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 2, NoWait, E, 64, true>(
+    return launch_plain<Stages, EpiBytes, Out, false, 1, BN, 2, NoWait, E, kTileM, true>(
         params, grid, device, stream);
-  return tw_fail(TW_ERR_INTERNAL, "tw_gemm: %d slices through the workspace (swapped)", split);
-}
-// Unswapped: 128 x 64 tiles (twice the 128 x 128 tiles' count; the same products, so the same
-// bits), 6 stages and 16 KiB epilogue buffers, 2, 4 or 8 slices.
-template <class Out>
-tw_status_t launch_split_ws(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int split, int grid,
-                            int device, cudaStream_t stream) {
-  using E = EpiTmaStore<Out>;
-  if (split == 8)
-    return launch_plain<6, 16384, Out, false, 1, 64, 8, NoWait, E, kBlockM, true>(params, grid,
-                                                                                  device, stream);
-  if (split == 4)
-    return launch_plain<6, 16384, Out, false, 1, 64, 4, NoWait, E, kBlockM, true>(params, grid,
-                                                                                  device, stream);
-  if (split == 2)
-    return launch_plain<6, 16384, Out, false, 1, 64, 2, NoWait, E, kBlockM, true>(params, grid,
-                                                                                  device, stream);
   return tw_fail(TW_ERR_INTERNAL, "tw_gemm: %d slices through the workspace", split);
 }
 template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN,
@@ -223,6 +207,22 @@ cudaError_t preload_one() {
   cudaFuncAttributes attr;
   return cudaFuncGetAttributes(&attr, gemm_sm90_kernel<Stages, EpiBytes, Epi, Wait, kDynamic,
                                                        kCluster, BN, kSplit, kTileM, kSplitWs>);
+}
+
+/* launch_ws's, for one tile. */
+template <int Stages, int EpiBytes, class Out, int BN, class E, int kTileM>
+cudaError_t preload_ws() {
+  cudaError_t e = cudaSuccess, r;
+  if ((r = preload_one<Stages, EpiBytes, Out, false, 1, BN, 8, NoWait, E, kTileM, true>()) !=
+      cudaSuccess)
+    e = r;
+  if ((r = preload_one<Stages, EpiBytes, Out, false, 1, BN, 4, NoWait, E, kTileM, true>()) !=
+      cudaSuccess)
+    e = r;
+  if ((r = preload_one<Stages, EpiBytes, Out, false, 1, BN, 2, NoWait, E, kTileM, true>()) !=
+      cudaSuccess)
+    e = r;
+  return e;
 }
 
 /* launch_swap's, for one tile width. */
@@ -254,15 +254,8 @@ template <class Out, int MT> cudaError_t preload_swap() {
   if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, NoWait, LE, 64>()) !=
       cudaSuccess)
     e = r;
-  /* launch_swap_ws's */
-  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 8, NoWait, E, 64, true>()) !=
-      cudaSuccess)
-    e = r;
-  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 4, NoWait, E, 64, true>()) !=
-      cudaSuccess)
-    e = r;
-  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 2, NoWait, E, 64, true>()) !=
-      cudaSuccess)
+  /* launch_ws's, swapped */
+  if ((r = preload_ws<SH, kSwapHalfEpiBytes, Out, MT / 2, E, 64>()) != cudaSuccess)
     e = r;
   return e;
 }
@@ -293,15 +286,8 @@ template <class Out> cudaError_t preload_out() {
     e = r;
   if ((r = preload_one<kSplitStages, kSplitEpiBytes, Out, false, 1, 128, 8>()) != cudaSuccess)
     e = r;
-  /* launch_split_ws's */
-  if ((r = preload_one<6, 16384, Out, false, 1, 64, 8, NoWait, EpiTmaStore<Out>, kBlockM,
-                       true>()) != cudaSuccess)
-    e = r;
-  if ((r = preload_one<6, 16384, Out, false, 1, 64, 4, NoWait, EpiTmaStore<Out>, kBlockM,
-                       true>()) != cudaSuccess)
-    e = r;
-  if ((r = preload_one<6, 16384, Out, false, 1, 64, 2, NoWait, EpiTmaStore<Out>, kBlockM,
-                       true>()) != cudaSuccess)
+  /* launch_ws's, unswapped */
+  if ((r = preload_ws<kWsStages, kWsEpiBytes, Out, 64, EpiTmaStore<Out>, kBlockM>()) != cudaSuccess)
     e = r;
   /* launch_released's */
   if ((r = preload_one<6, 16384, Out, false, 1, 128, 1, ReleasedWait>()) != cudaSuccess)
@@ -377,7 +363,7 @@ run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int split, int dev
   memset(&params, 0, sizeof(params));
   params.wait = wait;
   params.after_grid = after_grid ? kAfterGridB : 0; // the previous grid writes a: the loop's B
-  if (ws) { // 64-row tiles, the slices as single CTAs (launch_swap_ws)
+  if (ws) { // 64-row tiles, the slices as single CTAs (launch_ws)
     half = true;
     params.split_ws = ws->part;
     params.split_cnt = ws->cnt;
@@ -417,8 +403,10 @@ run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int split, int dev
   const int grid = schedule(params, a.k, a.n, split, sms);
   if constexpr (std::is_same<Wait, NoWait>::value && std::is_same<E, EpiTmaStoreT<Out>>::value) {
     if (ws)
-      return mt == 16 ? launch_swap_ws<Out, 16>(params, split, grid, device, stream)
-                      : launch_swap_ws<Out, 64>(params, split, grid, device, stream);
+      return mt == 16 ? launch_ws<swap_half_stages<16>(), kSwapHalfEpiBytes, Out, 16 / 2,
+                                  EpiTmaStoreT<Out>, 64>(params, split, grid, device, stream)
+                      : launch_ws<swap_half_stages<64>(), kSwapHalfEpiBytes, Out, 64 / 2,
+                                  EpiTmaStoreT<Out>, 64>(params, split, grid, device, stream);
   }
   if (ws)
     return tw_fail(TW_ERR_INTERNAL, "tw_gemm: the workspace's slices serve the plain GEMM");
@@ -444,7 +432,7 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
     variant = variant == TW_GEMM_V_S4_E16_C2 ? TW_GEMM_V_S4_E16 : TW_GEMM_V_S3_E32;
   const bool pair =
       split == 1 && (variant == TW_GEMM_V_S4_E16_C2 || variant == TW_GEMM_V_S3_E32_C2);
-  // ws: 128 x 64 tiles, the slices as single CTAs (launch_split_ws)
+  // ws: 128 x 64 tiles, the slices as single CTAs (launch_ws)
   const int32_t bn = ws ? 64 : (split > 1 || variant == TW_GEMM_V_N128_S6 ? 128 : kBlockN);
   GemmParams<EpiTmaStore<Out>, Wait> params;
   memset(&params, 0, sizeof(params));
@@ -486,7 +474,8 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
     return launch_released<Out>(params, variant, grid, device, stream);
   } else {
     if (ws)
-      return launch_split_ws<Out>(params, split, grid, device, stream);
+      return launch_ws<kWsStages, kWsEpiBytes, Out, 64, EpiTmaStore<Out>, kBlockM>(
+          params, split, grid, device, stream);
     if (split > 1)
       return launch_split<Out>(params, split, grid, device, stream);
     if (dynamic) {
