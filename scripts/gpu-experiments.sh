@@ -78,11 +78,17 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
-#     s39     (branch exp/next31, not run) the bulk-copy reduction (TW_RS_REDUCE_BULK): tests,
-#             A/B at flux-tp8, M=16384 and on 8 virtual ranks, a trace
-#     s38     (branch exp/next30, not run) the reduction's index arithmetic
-#             (TW_RS_REDUCE_FASTIDX) A/B at flux-tp8, M=16384 and on 8 virtual ranks, tests on
-#             both placements, and TW_TRACE's reduce counts at flux-tp8
+#     s42     (twenty-fifth session) main with TW_TRACE's reduce counts: test_gemm_rs on both
+#             placements, traces at flux-tp8 with the plan's reduce CTAs and 8
+#     s41     (twenty-fifth session, branch exp/next32, since lost: TW_RS_REDUCE_BULK is in no
+#             later build) TW_TRACE's reduce counts (who reduced
+#             the unit groups) at flux-tp8, registers / bulk, 4 and 8 reduce CTAs; the tests
+#     s40     (twenty-fifth session, branch exp/next32, likewise) the bulk-copy reduction rebuilt
+#             (TW_RS_REDUCE_BULK, a copy warp and summing warps): tests on both placements,
+#             A/B 0 / 1 at flux-tp8 both orders, 1 / 2, the reduce-CTA count with it, M=16384,
+#             traces, 8 virtual ranks
+#     s39, s38 (twenty-fourth session's branches exp/next31 / exp/next30, lost before they ran;
+#             s40 rebuilds s39's design; their knobs are not in any build now)
 #     s37     (twenty-fourth session, on exp/next30 before the trace counters) 12 partial loads
 #             in flight per reducing thread (TW_RS_REDUCE_LOADS): test_gemm_rs on both
 #             placements, A/B at flux-tp8 and M=16384 (GEMM+RS, GEMM+AR), a trace, and 8
@@ -858,7 +864,63 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
-exp_s39() { # (branch exp/next31, not run) bulk-copy reduction (TW_RS_REDUCE_BULK=1: the reducing
+exp_s42() { # main's TW_TRACE reduce counts (the register path; s41 ran them with the bulk code)
+  run "s42-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s42-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  rs_traces s42 "-1 8"
+}
+# TW_TRACE=1 at flux-tp8 on 2 GPUs, GEMM+RS and GEMM+AR, for each reduce-CTA count:
+# rs_traces PREFIX "COUNTS"
+rs_traces() {
+  local op n
+  for op in gemm_rs gemm_ar; do
+    for n in $2; do
+      run "$1-trace-$op-flux-red$n" 90 env TW_TRACE=1 TW_RS_REDUCE_CTAS=$n "$bin/tw-bench" $op \
+        --world 2 $flux_rs --repeats 10 --warmup 3
+    done
+  done
+}
+exp_s41() { # (branch exp/next32) who reduces flux-tp8's unit groups: TW_TRACE's counts of the
+  # groups the reduce CTAs took before their tiles and the CTAs took after theirs
+  local op v n
+  run "s41-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s41-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  for op in gemm_rs gemm_ar; do
+    for v in 0 1; do
+      for n in -1 8; do
+        [ "$op" = gemm_ar ] && [ "$n" = 8 ] && continue
+        run "s41-trace-$op-flux-bulk$v-red$n" 90 env TW_TRACE=1 TW_RS_REDUCE_BULK=$v \
+          TW_RS_REDUCE_CTAS=$n "$bin/tw-bench" $op --world 2 $flux_rs --repeats 10 --warmup 3
+      done
+    done
+  done
+}
+exp_s40() { # (branch exp/next32) the bulk-copy reduction (TW_RS_REDUCE_BULK): 1 the reduce
+  # CTAs, 2 every reducing CTA; warp 0 copies each unit's fp32 partial rows of every rank into
+  # six 32 KiB shared-memory buffers (five chunks in flight), the other 11 warps sum them
+  local op ab
+  rs_ab_flux s40 TW_RS_REDUCE_BULK 0 1
+  if [ "$ngpus" -gt 1 ]; then
+    for op in gemm_rs gemm_ar; do
+      run "s40-$op-flux-1,2" 90 env TW_BENCH_AB=TW_RS_REDUCE_BULK=1,2 \
+        "$bin/tw-bench" $op --world 2 $flux_rs --repeats 20 --warmup 5
+    done
+    for ab in 4,2,8 8,2,4; do
+      run "s40-gemm_rs-flux-bulk1-red$ab" 90 env TW_RS_REDUCE_BULK=1 \
+        TW_BENCH_AB=TW_RS_REDUCE_CTAS=$ab "$bin/tw-bench" gemm_rs --world 2 $flux_rs \
+        --repeats 20 --warmup 5
+    done
+    for v in 0 1; do
+      run "s40-trace-gemm_rs-flux-bulk$v" 90 env TW_TRACE=1 TW_RS_REDUCE_BULK=$v \
+        "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 10 --warmup 3
+    done
+  fi
+  rs_ab_big s40 TW_RS_REDUCE_BULK 0,1
+  rs_ab_8v s40 TW_RS_REDUCE_BULK 0,1
+}
+exp_s39() { # (branch exp/next31, lost before it ran) bulk-copy reduction (TW_RS_REDUCE_BULK=1: the reducing
   # CTAs copy each unit's fp32 partial rows into shared memory, 3 chunks in flight, and sum them
   # there) against 16-byte loads into registers; run after s38 on the same build (exp/next31
   # holds exp/next30): tests, A/B both orders at flux-tp8, M=16384 with the reduce CTAs, a
@@ -908,22 +970,14 @@ rs_ab_8v() {
       "$bin/tw-bench" $op --world 8 --m 4096 --n 4096 --k 512 --repeats 20 --warmup 5
   done
 }
-exp_s38() { # (branch exp/next30, not run) the reduction's index arithmetic
+exp_s38() { # (branch exp/next30, lost before it ran) the reduction's index arithmetic
   # (TW_RS_REDUCE_FASTIDX=1, the branch's default: rows and columns stepped by the stride, no
   # division an item; fp32 partials) against the first design's (0), and TW_TRACE's reduce counts
   # (who reduced the unit groups); s35-s37 found flux-tp8's 4 reduce CTAs trailing the GEMM with
   # no gain from more loads in flight: the per-item divisions may bound them
-  local op n
   rs_ab_flux s38 TW_RS_REDUCE_FASTIDX 0 1
   rs_ab_big s38 TW_RS_REDUCE_FASTIDX 0,1
-  if [ "$ngpus" -gt 1 ]; then
-    for op in gemm_rs gemm_ar; do
-      for n in -1 0; do
-        run "s38-trace-$op-flux-red$n" 90 env TW_TRACE=1 TW_RS_REDUCE_CTAS=$n "$bin/tw-bench" $op \
-          --world 2 $flux_rs --repeats 10 --warmup 3
-      done
-    done
-  fi
+  [ "$ngpus" -gt 1 ] && rs_traces s38 "-1 0"
   rs_ab_8v s38 TW_RS_REDUCE_FASTIDX 0,1
 }
 exp_s37() { # (twenty-fourth session; the knob since removed) 12 partial loads in flight per reducing thread

@@ -160,6 +160,13 @@ static __device__ __forceinline__ void tw_trace_stamp(const tw_dev_comm_t &dc, i
     dc.trace[blockIdx.x * TW_TRACE_FIELDS + field] = tw_globaltimer();
 }
 
+/* Thread 0 of a CTA: sets `field` of this CTA's trace row to a count. */
+static __device__ __forceinline__ void tw_trace_count(const tw_dev_comm_t &dc, int field,
+                                                      uint64_t n) {
+  if (dc.trace && blockIdx.x < TW_TRACE_CTAS)
+    dc.trace[blockIdx.x * TW_TRACE_FIELDS + field] = n;
+}
+
 /* Thread 0 of a CTA: stamps TW_TR_GATHER_AT and notes the wait total so far in
  * TW_TR_GATHER_WAIT0, so that the summary splits the waits before and in the all-gather role. */
 static __device__ __forceinline__ void tw_trace_gather_start(const tw_dev_comm_t &dc) {

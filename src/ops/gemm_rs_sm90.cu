@@ -538,16 +538,18 @@ __device__ __forceinline__ void gather_unit(const RsParams<P> &p, int32_t o, int
   }
 }
 
-/* Reduce role: claims this rank's unit groups in order until none are left. */
+/* Reduce role: claims this rank's unit groups in order until none are left. `trace_field`:
+ * where TW_TRACE counts them (TW_TR_REDUCED, or TW_TR_REDUCED_AFTER after the CTA's tiles). */
 template <int kItems, class P>
 __device__ __forceinline__ void reduce_work(const RsParams<P> &p, uint64_t epoch, int *s_item,
-                                            int *s_ok) {
+                                            int *s_ok, int trace_field) {
   const tw_dev_comm_t &dc = p.gemm.wait.dc;
   const int ch = p.gemm.wait.ch;
   const int me = p.direct ? 0 : dc.rank, world = dc.world; /* me: the geometry's owner */
   TileQueue *queue = reinterpret_cast<TileQueue *>(tw_own_flag(dc, ch, kReduceQueue));
   const int32_t units = owner_units(p, me);
   const int32_t groups = (units + p.group_units - 1) / p.group_units;
+  uint32_t reduced = 0;
   for (;;) {
     __syncthreads(); /* everyone read the previous s_item */
     if (threadIdx.x == 0) {
@@ -568,6 +570,7 @@ __device__ __forceinline__ void reduce_work(const RsParams<P> &p, uint64_t epoch
     const int item = *s_item;
     if (item >= groups)
       break;
+    reduced++;
     const int32_t u_end = min(units, (item + 1) * p.group_units);
     for (int32_t u = item * p.group_units; u < u_end; u++)
       reduce_unit<kItems>(p, world, me, u);
@@ -581,8 +584,10 @@ __device__ __forceinline__ void reduce_work(const RsParams<P> &p, uint64_t epoch
       }
     }
   }
-  if (threadIdx.x == 0)
+  if (threadIdx.x == 0) {
     queue_leave(queue, p.steal ? (int32_t)gridDim.x : p.reduce_ctas);
+    tw_trace_count(dc, trace_field, reduced);
+  }
 }
 
 /* All-gather role (tw_gemm_ar): copies every other owner's reduced groups as they are ready. */
@@ -642,7 +647,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   if ((int)blockIdx.x < p.reduce_ctas && !p.gemm.epi.owner_epi) {
-    reduce_work<8>(p, epoch, &s_item, &s_ok);
+    reduce_work<8>(p, epoch, &s_item, &s_ok, TW_TR_REDUCED);
     if (p.all_reduce) {
       /* TW_TRACE's gather stamp: not in the kernel without stealing, whose consumers then
        * spilled (8 bytes) */
@@ -664,7 +669,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kSteal) {
     if ((int)blockIdx.x >= p.reduce_ctas) {
       if (!p.gemm.epi.owner_epi) /* the owner epilogue reduced every own unit */
-        reduce_work<8>(p, epoch, &s_item, &s_ok);
+        reduce_work<8>(p, epoch, &s_item, &s_ok, TW_TR_REDUCED_AFTER);
       if (p.all_reduce) {
         if (threadIdx.x == 0)
           tw_trace_gather_start(dc);

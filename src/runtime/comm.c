@@ -692,9 +692,14 @@ void tw_err_block_format(const volatile tw_err_block_t *e, int wait_timeout_ms, 
                          size_t len) {
   const uint32_t code = e->status;
   if (e->peer == TW_ERR_PEER_PIPELINE) {
-    static const char *const roles[] = {
-        "?", "producer waiting for a free stage", "consumer waiting for a stage's loads",
-        "signal warp waiting for a tile", "consumer waiting for a signal-ring entry"};
+    static const char *const roles[] = {"?",
+                                        "producer waiting for a free stage",
+                                        "consumer waiting for a stage's loads",
+                                        "signal warp waiting for a tile",
+                                        "consumer waiting for a signal-ring entry",
+                                        "split-K reader waiting for its sender",
+                                        "split-K sender waiting for its reader"};
+    const int nroles = (int)(sizeof(roles) / sizeof(roles[0]));
     const int role = e->what / 16;
     char bound[96];
     if (tw_env_int(TW_FAULT_STALL_TILE_ID) >= 0) /* the test's injected stall (gemm_launch.cuh) */
@@ -706,7 +711,7 @@ void tw_err_block_format(const volatile tw_err_block_t *e, int wait_timeout_ms, 
              "for longer than its bound (%s); the kernel trapped. Please report it. The comm is "
              "unusable: destroy it.",
              tw_status_string((tw_status_t)code), e->rank, channel_name(e->op), e->block,
-             roles[role >= 1 && role <= 4 ? role : 0], e->what % 16, bound);
+             roles[role >= 1 && role < nroles ? role : 0], e->what % 16, bound);
     return;
   }
   char peer[32] = "unknown";

@@ -31,7 +31,7 @@ int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, si
   const uint64_t ch1 = rows[TW_TRACE_CTAS * TW_TRACE_FIELDS];
   uint64_t t0 = UINT64_MAX, comm[TW_TRACE_CTAS], gemm[TW_TRACE_CTAS], gather[TW_TRACE_CTAS],
            done[TW_TRACE_CTAS], end_max = 0, wait = 0, waits = 0, wait_max = 0, gwait = 0,
-           gwait_max = 0;
+           gwait_max = 0, reduced = 0, reduced_after = 0;
   int ctas = 0, ncomm = 0, ngemm = 0, ngather = 0, ndone = 0;
   for (int c = 0; c < TW_TRACE_CTAS; c++) {
     const uint64_t start = rows[c * TW_TRACE_FIELDS + TW_TR_START];
@@ -52,6 +52,7 @@ int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, si
     if (r[TW_TR_END] > t0 && r[TW_TR_END] - t0 > end_max)
       end_max = r[TW_TR_END] - t0;
     wait += r[TW_TR_WAIT_NS], waits += r[TW_TR_WAITS];
+    reduced += r[TW_TR_REDUCED], reduced_after += r[TW_TR_REDUCED_AFTER];
     if (r[TW_TR_WAIT_NS] > wait_max)
       wait_max = r[TW_TR_WAIT_NS];
     if (r[TW_TR_GATHER_AT] >= t0 && r[TW_TR_GATHER_AT]) { /* tw_gemm_ar's all-gather role */
@@ -85,11 +86,17 @@ int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, si
   /* tw_gemm_ar: when the CTAs began the all-gather, and how long they waited in it for the
    * owners' reduced rows (the rest of the waits came before). */
   if (ngather && n > 0 && (size_t)n < len)
-    snprintf(buf + n, len - (size_t)n,
-             "; gather start min %.1f med %.1f max %.1f (%d CTAs), waits in it %.1f us (CTA max "
-             "%.1f)",
-             gather[0] * 1e-3, gather[ngather / 2] * 1e-3, gather[ngather - 1] * 1e-3, ngather,
-             gwait * 1e-3, gwait_max * 1e-3);
+    n += snprintf(
+        buf + n, len - (size_t)n,
+        "; gather start min %.1f med %.1f max %.1f (%d CTAs), waits in it %.1f us (CTA max "
+        "%.1f)",
+        gather[0] * 1e-3, gather[ngather / 2] * 1e-3, gather[ngather - 1] * 1e-3, ngather,
+        gwait * 1e-3, gwait_max * 1e-3);
+  /* tw_gemm_rs / tw_gemm_ar: who reduced the unit groups, the CTAs that started on the
+   * reduction or those that reduced after their tiles */
+  if ((reduced || reduced_after) && n > 0 && (size_t)n < len)
+    snprintf(buf + n, len - (size_t)n, "; groups reduced %llu before the tiles, %llu after",
+             (unsigned long long)reduced, (unsigned long long)reduced_after);
   return 1;
 }
 

@@ -62,6 +62,16 @@ int main(void) {
   TEST_ASSERT(tw_trace_format(rows, 3, 9, line, sizeof(line)) == 1, "a line with tiles");
   TEST_ASSERT(strstr(line, "; last tile done min 50.0 med 90.0 max 90.0 (2 CTAs)") != NULL,
               "last-tile part in \"%s\"", line);
+  /* Reduce counts: CTA 0 reduced 5 groups before its tiles, CTAs 1 and 2 3 and 4 after. */
+  TEST_ASSERT(strstr(line, "groups reduced") == NULL, "no reduce part without counts: \"%s\"",
+              line);
+  rows[0 * TW_TRACE_FIELDS + TW_TR_REDUCED] = 5;
+  rows[1 * TW_TRACE_FIELDS + TW_TR_REDUCED_AFTER] = 3;
+  rows[2 * TW_TRACE_FIELDS + TW_TR_REDUCED_AFTER] = 4;
+  TEST_ASSERT(tw_trace_format(rows, 3, 10, line, sizeof(line)) == 1, "a line with counts");
+  TEST_ASSERT(strstr(line, "; last tile done min 50.0") != NULL &&
+                  strstr(line, "; groups reduced 5 before the tiles, 7 after") != NULL,
+              "reduce part in \"%s\"", line);
   /* An unknown channel still prints, named "?"; a short buffer truncates safely. */
   rows[TW_TRACE_CTAS * TW_TRACE_FIELDS] = 99;
   char small[16];
@@ -169,6 +179,10 @@ int main(void) {
   TEST_ASSERT(strstr(msg, "(500 ms: TW_FAULT_STALL_TILE is set)") && !strstr(msg, "20000 ms"),
               "injected stall message: \"%s\"", msg);
   unsetenv("TW_FAULT_STALL_TILE");
+  e.what = 5 * 16 + 2; /* kStuckSplitFull, round 2 */
+  tw_err_block_format(&e, 10000, msg, sizeof(msg));
+  TEST_ASSERT(strstr(msg, "(split-K reader waiting for its sender, stage 2)") != NULL,
+              "split-K stall message: \"%s\"", msg);
   e.what = 9 * 16; /* an unknown role still formats */
   tw_err_block_format(&e, 10000, msg, sizeof(msg));
   TEST_ASSERT(strstr(msg, "(?, stage 0)") != NULL, "unknown role: \"%s\"", msg);
