@@ -616,11 +616,17 @@ __device__ __forceinline__ void reduce_work(const RsParams<P> &p, uint64_t epoch
   TileQueue *queue = reinterpret_cast<TileQueue *>(tw_own_flag(dc, ch, kReduceQueue));
   const int32_t units = owner_units(p, me);
   const int32_t groups = (units + p.group_units - 1) / p.group_units;
+  /* The reduce CTAs (trace_field TW_TR_REDUCED: they reduce beside the GEMM) claim their next
+   * group as they start one, so the claim's round trip to L2 overlaps the reduction; after the
+   * tiles a CTA claims one group at a time, lest the last groups wait behind a busy CTA. */
+  const bool ahead = trace_field == TW_TR_REDUCED;
+  int next = -1; /* thread 0: the group claimed ahead (-1: none) */
   uint32_t reduced = 0;
   for (;;) {
     __syncthreads(); /* everyone read the previous s_item */
     if (threadIdx.x == 0) {
-      int item = *s_ok ? (int)atomicAdd(&queue->next, 1u) : groups;
+      int item = !*s_ok ? groups : next >= 0 ? next : (int)atomicAdd(&queue->next, 1u);
+      next = ahead && item < groups ? (int)atomicAdd(&queue->next, 1u) : -1;
       if (item < groups && p.all_reduce && !wait_entered(dc, ch, 0, world - 1, epoch))
         item = groups, *s_ok = 0;
       if (item < groups) {
