@@ -78,6 +78,10 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s43     (twenty-fifth session, branch exp/next33) the reduction's item walk
+#             (TW_RS_REDUCE_WALK): tests, A/B on 2 virtual ranks at flux-tp8 with 4 reduce CTAs
+#             and traces with the counts, 8 virtual ranks; with 2 GPUs A/B at flux-tp8 both
+#             orders, M=16384, traces
 #     s42     (twenty-fifth session) main with TW_TRACE's reduce counts: test_gemm_rs on both
 #             placements, traces at flux-tp8 with the plan's reduce CTAs and 8
 #     s41     (twenty-fifth session, branch exp/next32, since lost: TW_RS_REDUCE_BULK is in no
@@ -863,6 +867,33 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
         "--m $m --n 8192 --k 1024" ""
     done
   done
+}
+exp_s43() { # (branch exp/next33) ItemWalk (TW_RS_REDUCE_WALK=1, the default) against a
+  # division per item (0): the micro-benchmark put the divisions at 44 against 76 GB/s a CTA
+  # beside a GEMM, and flux-tp8's reduce CTAs ran at 25
+  local op v ab
+  if [ "$ngpus" -lt 2 ]; then
+    run "s43-test_gemm_rs" 200 "$bin/test_gemm_rs"
+    rs_tests_done=1 # rs_ab_flux's tests: done
+    for ab in 0,1 1,0; do
+      run "s43-gemm_rs-2v-flux-red4-$ab" 120 env TW_BENCH_VIRTUAL=1 TW_RS_REDUCE_CTAS=4 \
+        TW_BENCH_AB=TW_RS_REDUCE_WALK=$ab "$bin/tw-bench" gemm_rs --world 2 $flux_rs \
+        --repeats 20 --warmup 5
+    done
+    for v in 0 1; do
+      run "s43-trace-gemm_rs-2v-flux-red4-walk$v" 90 env TW_TRACE=1 TW_RS_REDUCE_CTAS=4 \
+        TW_RS_REDUCE_WALK=$v "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 5 --warmup 2
+    done
+  fi
+  rs_ab_flux s43 TW_RS_REDUCE_WALK 0 1
+  rs_ab_big s43 TW_RS_REDUCE_WALK 0,1
+  if [ "$ngpus" -gt 1 ]; then
+    for v in 0 1; do
+      run "s43-trace-gemm_rs-flux-walk$v" 90 env TW_TRACE=1 TW_RS_REDUCE_WALK=$v \
+        "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 10 --warmup 3
+    done
+  fi
+  rs_ab_8v s43 TW_RS_REDUCE_WALK 0,1
 }
 exp_s42() { # main's TW_TRACE reduce counts (the register path; s41 ran them with the bulk code)
   run "s42-test_gemm_rs" 200 "$bin/test_gemm_rs"

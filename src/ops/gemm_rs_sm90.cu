@@ -362,6 +362,7 @@ template <class P> struct RsParams {
   int32_t group_units, groups_max, flag_stride;
   int32_t reduce_ctas, all_reduce;
   int32_t steal; /* TW_RS_STEAL: GEMM CTAs take reduction work after the mainloop */
+  int32_t walk;  /* TW_RS_REDUCE_WALK: the reduction and gather step their items (ItemWalk) */
   /* tw_gemm_ar's direct scheme (TW_AR_DIRECT): every rank stores each fp32 tile into every
    * rank's staging and every rank reduces all m rows itself; the kernel then runs as a
    * reduce-scatter with one owner of m_local = m rows (all_reduce 0, no gather phase). */
@@ -443,72 +444,130 @@ template <> struct RsVec<__nv_bfloat16> {
   }
 };
 
-/* All threads: sum unit u of this rank's rows over the ranks' slots, in rank order (fp32,
- * the same order for every element, so the result is bitwise the unfused reduce's). Each
- * thread keeps kItems x 16 bytes of fp32 partials (kItems / 2 x 16 bytes of bf16 ones) in
- * flight per rank step: with one element per thread a CTA had only world x 6 KiB in flight
- * and a reduce CTA moved ~12 GB/s. */
-template <int kItems, class P>
+/* One packed group of sums of this rank's row r (slab-relative), column c (off = r * n + c):
+ * into out, and for tw_gemm_ar into every rank's out (symmetric outputs), every other rank's
+ * copy of this rank's rows (the push) or this rank's reduced rows (the pull's gather reads
+ * them). */
+template <class Packed, class P>
+__device__ __forceinline__ void store_sum(const RsParams<P> &p, int world, int me, size_t off,
+                                          int32_t r, int32_t c, const Packed &packed) {
+  const int64_t out_row = p.all_reduce ? (int64_t)me * p.m_local + r : r;
+  if (p.all_reduce && p.out_sym) { /* every rank's out, the next rank's first */
+    for (int q = 1; q <= world; q++)
+      *reinterpret_cast<Packed *>(p.out_peer[(me + q) % world] + out_row * p.ldo + c) = packed;
+    return;
+  }
+  __stcs(reinterpret_cast<Packed *>(p.out + out_row * p.ldo + c), packed);
+  if (p.all_reduce && p.push) { /* into every other rank's copy of this rank's rows */
+    for (int q = 0; q < world; q++)
+      if (q != me)
+        *reinterpret_cast<Packed *>(p.reduced_push[q] + off) = packed;
+  } else if (p.all_reduce) {
+    *reinterpret_cast<Packed *>(p.reduced + off) = packed;
+  }
+}
+
+/* The 16-byte items of a unit's rect that one thread visits: item i is row i / vecs, vector
+ * i % vecs, for i = the thread's index, + the CTA's size, ... Stepped by one addition and a
+ * compare an item; the divisions happen once a unit. (Twenty-fifth session: with a division
+ * and remainder an item for the load and a 64-bit one for the store, a reduce CTA's loop ran
+ * at 56 GB/s alone and 44 beside a GEMM, against 94 and 76 without: tools/micro/rbench.cu.) */
+struct ItemWalk {
+  int32_t row, col, step_r, step_c, vecs;
+  __device__ __forceinline__ ItemWalk(int32_t vecs_, int32_t first, int32_t stride) : vecs(vecs_) {
+    row = first / vecs;
+    col = first - row * vecs;
+    step_r = stride / vecs;
+    step_c = stride - step_r * vecs;
+  }
+  __device__ __forceinline__ void next() {
+    row += step_r;
+    col += step_c;
+    if (col >= vecs)
+      col -= vecs, row++;
+  }
+};
+
+/* acc[j] += the partials at off[j] of slabs 1, 2, ..., world - 1, in that order (fp32: the same
+ * order for every element, so the result is bitwise the unfused reduce's). */
+template <int kN, class P>
+__device__ __forceinline__ void add_ranks(const RsParams<P> &p, int world, const size_t (&off)[kN],
+                                          float (&acc)[kN][RsVec<P>::kE]) {
+  using V = RsVec<P>;
+#pragma unroll 1
+  for (int s = 1; s < world; s++) {
+    const P *slab = p.slab[s];
+    float v[kN][V::kE];
+#pragma unroll
+    for (int j = 0; j < kN; j++)
+      V::load(slab + off[j], v[j]);
+#pragma unroll
+    for (int j = 0; j < kN; j++)
+#pragma unroll
+      for (int e = 0; e < V::kE; e++)
+        acc[j][e] = __fadd_rn(acc[j][e], v[j][e]);
+  }
+}
+
+/* All threads: sum unit u of this rank's rows over the ranks' slots, in rank order. Each thread
+ * keeps kItems x 16 bytes of fp32 partials (kItems / 2 x 16 bytes of bf16 ones) in flight per
+ * rank step: with one element per thread a CTA had only world x 6 KiB in flight and a reduce
+ * CTA moved ~12 GB/s. kWalk: the items' rows and vectors by ItemWalk; else a division per
+ * item (bf16 partials, whose stealing kernel spills 4 bytes with the walk, and
+ * TW_RS_REDUCE_WALK=0). */
+template <int kItems, bool kWalk, class P>
 __device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int me, int32_t u) {
   if (TW_RS_DIAG & 8)
     return;
   using V = RsVec<P>;
   constexpr int kE = V::kE, kN = kItems * 4 / kE; /* elements per item, items in flight */
-  using Packed = typename V::Packed;
   int32_t r0, r1, c0, c1;
   unit_rect(p, me, u, r0, r1, c0, c1);
   const int32_t vecs = (c1 - c0) / kE;
   const int32_t items = (r1 - r0) * vecs;
   const int32_t stride = (int32_t)blockDim.x;
-  for (int32_t base = threadIdx.x; base < items; base += kN * stride) {
-    size_t off[kN];
-    float acc[kN][kE];
+  if constexpr (kWalk) {
+    ItemWalk w(vecs, (int32_t)threadIdx.x, stride);
+    for (int32_t base = threadIdx.x; base < items; base += kN * stride) {
+      size_t off[kN];
+      int32_t rr[kN], cc[kN]; /* slab row and column of each item */
+      float acc[kN][kE];
 #pragma unroll
-    for (int j = 0; j < kN; j++) {
-      const int32_t i = min(base + j * stride, items - 1); /* clamped: loads stay in bounds */
-      off[j] = (size_t)(r0 + i / vecs) * p.n + c0 + kE * (i % vecs);
-      V::load(p.slab[0] + off[j], acc[j]);
-    }
-#pragma unroll 1
-    for (int s = 1; s < world; s++) {
-      const P *slab = p.slab[s];
-      float v[kN][kE];
-#pragma unroll
-      for (int j = 0; j < kN; j++)
-        V::load(slab + off[j], v[j]);
-#pragma unroll
-      for (int j = 0; j < kN; j++)
-#pragma unroll
-        for (int e = 0; e < kE; e++)
-          acc[j][e] = __fadd_rn(acc[j][e], v[j][e]);
-    }
-#pragma unroll
-    for (int j = 0; j < kN; j++) {
-      if (base + j * stride >= items)
-        break;
-      const int32_t r = (int32_t)(off[j] / (size_t)p.n), c = (int32_t)(off[j] % (size_t)p.n);
-      const Packed packed = V::pack(acc[j]);
-      const int64_t out_row = p.all_reduce ? (int64_t)me * p.m_local + r : r;
-      if (p.all_reduce && p.out_sym) { /* every rank's out, the next rank's first */
-        for (int q = 1; q <= world; q++)
-          *reinterpret_cast<Packed *>(p.out_peer[(me + q) % world] + out_row * p.ldo + c) = packed;
-        continue;
+      for (int j = 0; j < kN; j++) {
+        const bool in = base + j * stride < items; /* else the last item: loads stay in bounds */
+        rr[j] = r0 + (in ? w.row : r1 - r0 - 1);
+        cc[j] = c0 + kE * (in ? w.col : vecs - 1);
+        w.next();
+        off[j] = (size_t)rr[j] * p.n + cc[j];
+        V::load(p.slab[0] + off[j], acc[j]);
       }
-      __stcs(reinterpret_cast<Packed *>(p.out + out_row * p.ldo + c), packed);
-      if (p.all_reduce && p.push) { /* into every other rank's copy of this rank's rows */
-        for (int q = 0; q < world; q++)
-          if (q != me)
-            *reinterpret_cast<Packed *>(p.reduced_push[q] + off[j]) = packed;
-      } else if (p.all_reduce) {
-        *reinterpret_cast<Packed *>(p.reduced + off[j]) = packed;
+      add_ranks(p, world, off, acc);
+#pragma unroll
+      for (int j = 0; j < kN && base + j * stride < items; j++)
+        store_sum(p, world, me, off[j], rr[j], cc[j], V::pack(acc[j]));
+    }
+  } else {
+    for (int32_t base = threadIdx.x; base < items; base += kN * stride) {
+      size_t off[kN];
+      float acc[kN][kE];
+#pragma unroll
+      for (int j = 0; j < kN; j++) {
+        const int32_t i = min(base + j * stride, items - 1); /* clamped: loads stay in bounds */
+        off[j] = (size_t)(r0 + i / vecs) * p.n + c0 + kE * (i % vecs);
+        V::load(p.slab[0] + off[j], acc[j]);
       }
+      add_ranks(p, world, off, acc);
+#pragma unroll
+      for (int j = 0; j < kN && base + j * stride < items; j++)
+        store_sum(p, world, me, off[j], (int32_t)(off[j] / (size_t)p.n),
+                  (int32_t)(off[j] % (size_t)p.n), V::pack(acc[j]));
     }
   }
 }
 
 /* All threads: copy unit u of owner o's reduced rows into this rank's out, kItems 16-byte
- * loads in flight per thread. */
-template <int kItems, class P>
+ * loads in flight per thread (kWalk as in reduce_unit). */
+template <int kItems, bool kWalk, class P>
 __device__ __forceinline__ void gather_unit(const RsParams<P> &p, int32_t o, int32_t u) {
   if (TW_RS_DIAG & 8)
     return;
@@ -519,21 +578,29 @@ __device__ __forceinline__ void gather_unit(const RsParams<P> &p, int32_t o, int
   const __nv_bfloat16 *src = p.reduced_peer[o];
   __nv_bfloat16 *dst = p.out + (int64_t)o * p.m_local * p.ldo;
   const int32_t stride = (int32_t)blockDim.x;
+  ItemWalk w(vecs, (int32_t)threadIdx.x, stride);
   for (int32_t base = threadIdx.x; base < items; base += kItems * stride) {
     int4 v[kItems];
+    int32_t rr[kItems], cc[kItems];
 #pragma unroll
     for (int j = 0; j < kItems; j++) {
-      const int32_t i = min(base + j * stride, items - 1);
-      v[j] = __ldcg(reinterpret_cast<const int4 *>(src + (size_t)(r0 + i / vecs) * p.n + c0 +
-                                                   8 * (i % vecs)));
+      if constexpr (kWalk) {
+        const bool in = base + j * stride < items;
+        rr[j] = r0 + (in ? w.row : r1 - r0 - 1);
+        cc[j] = c0 + 8 * (in ? w.col : vecs - 1);
+        w.next();
+      } else {
+        const int32_t i = min(base + j * stride, items - 1);
+        rr[j] = r0 + i / vecs;
+        cc[j] = c0 + 8 * (i % vecs);
+      }
+      v[j] = __ldcg(reinterpret_cast<const int4 *>(src + (size_t)rr[j] * p.n + cc[j]));
     }
 #pragma unroll
     for (int j = 0; j < kItems; j++) {
-      const int32_t i = base + j * stride;
-      if (i >= items)
+      if (base + j * stride >= items)
         break;
-      __stcs(reinterpret_cast<int4 *>(dst + (int64_t)(r0 + i / vecs) * p.ldo + c0 + 8 * (i % vecs)),
-             v[j]);
+      __stcs(reinterpret_cast<int4 *>(dst + (int64_t)rr[j] * p.ldo + cc[j]), v[j]);
     }
   }
 }
@@ -549,11 +616,17 @@ __device__ __forceinline__ void reduce_work(const RsParams<P> &p, uint64_t epoch
   TileQueue *queue = reinterpret_cast<TileQueue *>(tw_own_flag(dc, ch, kReduceQueue));
   const int32_t units = owner_units(p, me);
   const int32_t groups = (units + p.group_units - 1) / p.group_units;
+  /* The reduce CTAs (trace_field TW_TR_REDUCED: they reduce beside the GEMM) claim their next
+   * group as they start one, so the claim's round trip to L2 overlaps the reduction; after the
+   * tiles a CTA claims one group at a time, lest the last groups wait behind a busy CTA. */
+  const bool ahead = trace_field == TW_TR_REDUCED;
+  int next = -1; /* thread 0: the group claimed ahead (-1: none) */
   uint32_t reduced = 0;
   for (;;) {
     __syncthreads(); /* everyone read the previous s_item */
     if (threadIdx.x == 0) {
-      int item = *s_ok ? (int)atomicAdd(&queue->next, 1u) : groups;
+      int item = !*s_ok ? groups : next >= 0 ? next : (int)atomicAdd(&queue->next, 1u);
+      next = ahead && item < groups ? (int)atomicAdd(&queue->next, 1u) : -1;
       if (item < groups && p.all_reduce && !wait_entered(dc, ch, 0, world - 1, epoch))
         item = groups, *s_ok = 0;
       if (item < groups) {
@@ -573,7 +646,10 @@ __device__ __forceinline__ void reduce_work(const RsParams<P> &p, uint64_t epoch
     reduced++;
     const int32_t u_end = min(units, (item + 1) * p.group_units);
     for (int32_t u = item * p.group_units; u < u_end; u++)
-      reduce_unit<kItems>(p, world, me, u);
+      if (sizeof(P) == 4 && p.walk) /* bf16 partials: the kernels spill 4 bytes with it */
+        reduce_unit<kItems, sizeof(P) == 4>(p, world, me, u);
+      else
+        reduce_unit<kItems, false>(p, world, me, u);
     if (p.all_reduce) {
       __syncthreads();
       if (threadIdx.x == 0) {
@@ -622,7 +698,10 @@ __device__ __forceinline__ void gather_work(const RsParams<P> &p, uint64_t epoch
     const int o = (me + 1 + item % (world - 1)) % world;
     const int32_t u_end = min(owner_units(p, o), (g + 1) * p.group_units);
     for (int32_t u = g * p.group_units; u < u_end && !p.out_sym; u++)
-      gather_unit<8>(p, o, u);
+      if (sizeof(P) == 4 && p.walk) /* as in reduce_work */
+        gather_unit<8, sizeof(P) == 4>(p, o, u);
+      else
+        gather_unit<8, false>(p, o, u);
   }
   if (threadIdx.x == 0)
     queue_leave(queue, p.steal ? (int32_t)gridDim.x : p.reduce_ctas);
@@ -855,6 +934,7 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   p.flag_stride = plan.flag_stride;
   p.reduce_ctas = plan.reduce_ctas;
   p.steal = plan.steal;
+  p.walk = tw_env_int(TW_RS_REDUCE_WALK_ID) != 0;
   p.all_reduce = plan.direct ? 0 : all_reduce; /* direct: no gather phase */
   return launch(p, plan.ctas, stream);
 }
