@@ -4,19 +4,27 @@
  * reduce CTAs: 128 rows x 256 columns, row stride n = 12288 floats; 320 KiB moved a unit), first
  * alone, then on a second stream beside three tw_gemm calls of flux-tp8's GEMM (M=4096 N=12288
  * K=6144, fp32 out) on the other 132 - C SMs. Variants: 16-byte register loads with 8 items in
- * flight a thread and no division an item (16 spilled, and measured 90 / 76 GB/s); one 1-D bulk copy a row into shared memory; 2-D TMA
- * boxes of 16 or 8 rows; and the register loop with the per-item division and 64-bit remainder
- * tw_gemm_rs had before ItemWalk. Prints GB/s a CTA. RB_RANDOM=1: random operands (else zeros).
- * Twenty-fifth session, H200 (docs/PERF.md): 94 / 84 / 31 / 58 GB/s alone (registers, TMA 16
- * rows, bulk 1-D, divisions), 74 / 72 / 28 / 43 beside the GEMM. Not a test: run it by hand. */
-#include <cuda_bf16.h>
-#include <cstdio>
+ * flight a thread and no division an item (16 spilled, and measured 90 / 76 GB/s); one 1-D bulk
+ * copy a row into shared memory; 2-D TMA boxes of 16 or 8 rows; and the register loop with the
+ * per-item division and 64-bit remainder tw_gemm_rs had before ItemWalk. Prints GB/s a CTA.
+ * RB_RANDOM=1: random operands (else zeros). Twenty-fifth session, H200 (docs/PERF.md): 94 / 84 /
+ * 31 / 58 GB/s alone (registers, TMA 16 rows, bulk 1-D, divisions), 74 / 72 / 28 / 43 beside the
+ * GEMM. Not a test: run it by hand. */
+#include "tilewire.h"
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cuda.h>
-#include "tilewire.h"
+#include <cuda_bf16.h>
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
+#define CK(x)                                                                                      \
+  do {                                                                                             \
+    cudaError_t e = (x);                                                                           \
+    if (e != cudaSuccess) {                                                                        \
+      printf("%s: %s\n", #x, cudaGetErrorString(e));                                               \
+      exit(1);                                                                                     \
+    }                                                                                              \
+  } while (0)
 
 constexpr int kRows = 128, kCols = 256;
 
@@ -27,9 +35,9 @@ __device__ __forceinline__ uint32_t pack(float a, float b) {
 
 // Register path: unit u of the CTA's units; 8 items in flight per thread per slab.
 template <int kIn>
-__global__ void __launch_bounds__(384) reg_kernel(const float *s0, const float *s1,
-                                                  __nv_bfloat16 *out, int n, int units_per_cta,
-                                                  int col_units) {
+__global__ void __launch_bounds__(384)
+    reg_kernel(const float *s0, const float *s1, __nv_bfloat16 *out, int n, int units_per_cta,
+               int col_units) {
   for (int k = 0; k < units_per_cta; k++) {
     const int u = blockIdx.x * units_per_cta + k;
     const int r0 = (u / col_units) * kRows, c0 = (u % col_units) * kCols;
@@ -48,38 +56,85 @@ __global__ void __launch_bounds__(384) reg_kernel(const float *s0, const float *
         b[j] = __ldcs(reinterpret_cast<const float4 *>(s1 + off[j]));
 #pragma unroll
       for (int j = 0; j < kIn; j++) {
-        if (base + j * (int)blockDim.x >= items) break;
-        uint2 p = make_uint2(pack(a[j].x + b[j].x, a[j].y + b[j].y), pack(a[j].z + b[j].z, a[j].w + b[j].w));
+        if (base + j * (int)blockDim.x >= items)
+          break;
+        uint2 p = make_uint2(pack(a[j].x + b[j].x, a[j].y + b[j].y),
+                             pack(a[j].z + b[j].z, a[j].w + b[j].w));
         __stcs(reinterpret_cast<uint2 *>(out + off[j]), p);
       }
     }
   }
 }
 
-__device__ __forceinline__ uint32_t su32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void bar_init(uint64_t *b, uint32_t c) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(b)), "r"(c) : "memory"); }
-__device__ __forceinline__ void bar_expect(uint64_t *b, uint32_t bytes) { asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(su32(b)), "r"(bytes) : "memory"); }
-__device__ __forceinline__ void bar_arrive(uint64_t *b) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(b)) : "memory"); }
+__device__ __forceinline__ uint32_t su32(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void bar_init(uint64_t *b, uint32_t c) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(b)), "r"(c) : "memory");
+}
+__device__ __forceinline__ void bar_expect(uint64_t *b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(su32(b)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bar_arrive(uint64_t *b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(b)) : "memory");
+}
 __device__ __forceinline__ void bar_wait(uint64_t *b, uint32_t par) {
   uint32_t done = 0;
   while (!done)
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(su32(b)), "r"(par) : "memory");
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], "
+                 "%2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(su32(b)), "r"(par)
+                 : "memory");
 }
 __device__ __forceinline__ void bulk(void *dst, const void *src, uint32_t bytes, uint64_t *b) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(su32(dst)), "l"(src), "r"(bytes), "r"(su32(b)) : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(su32(dst)),
+      "l"(src), "r"(bytes), "r"(su32(b))
+      : "memory");
+}
+
+// Warps 1..11 of the shared-memory paths: sum each chunk of both slabs and store it.
+template <int NB>
+__device__ __forceinline__ void sum_chunks(const uint8_t *smem, uint64_t *full, uint64_t *empty,
+                                           __nv_bfloat16 *out, int n, int units_per_cta,
+                                           int col_units, int rows) {
+  const int chunk_bytes = 2 * rows * kCols * 4, chunks = units_per_cta * (kRows / rows);
+  const int t = threadIdx.x - 32, lane = threadIdx.x % 32;
+  for (int q = 0; q < chunks; q++) {
+    const int b = q % NB;
+    bar_wait(&full[b], (q / NB) & 1);
+    const int u = blockIdx.x * units_per_cta + q / (kRows / rows);
+    const int r0 = (u / col_units) * kRows + (q % (kRows / rows)) * rows,
+              c0 = (u % col_units) * kCols;
+    const float4 *buf = reinterpret_cast<const float4 *>(smem + (size_t)b * chunk_bytes);
+    const int items = rows * (kCols / 4);
+    for (int i = t; i < items; i += 352) {
+      float4 a = buf[i], c = buf[items + i];
+      const int row = i / (kCols / 4), col = 4 * (i % (kCols / 4));
+      uint2 p = make_uint2(pack(a.x + c.x, a.y + c.y), pack(a.z + c.z, a.w + c.w));
+      __stcs(reinterpret_cast<uint2 *>(out + (size_t)(r0 + row) * n + c0 + col), p);
+    }
+    __syncwarp();
+    if (lane == 0)
+      bar_arrive(&empty[b]);
+  }
 }
 
 // Bulk path: warp 0 copies chunks of `rows` rows of both slabs (1 KiB a row) into NB buffers;
 // warps 1..11 sum and store.
 template <int NB>
-__global__ void __launch_bounds__(384) bulk_kernel(const float *s0, const float *s1,
-                                                   __nv_bfloat16 *out, int n, int units_per_cta,
-                                                   int col_units, int rows) {
+__global__ void __launch_bounds__(384)
+    bulk_kernel(const float *s0, const float *s1, __nv_bfloat16 *out, int n, int units_per_cta,
+                int col_units, int rows) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ uint64_t full[NB], empty[NB];
   const int chunk_bytes = 2 * rows * kCols * 4;
   if (threadIdx.x == 0) {
-    for (int b = 0; b < NB; b++) bar_init(&full[b], 1), bar_init(&empty[b], 11);
+    for (int b = 0; b < NB; b++)
+      bar_init(&full[b], 1), bar_init(&empty[b], 11);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -88,54 +143,44 @@ __global__ void __launch_bounds__(384) bulk_kernel(const float *s0, const float 
   if (warp == 0) {
     for (int q = 0; q < chunks; q++) {
       const int b = q % NB;
-      if (q >= NB) bar_wait(&empty[b], (q / NB - 1) & 1);
+      if (q >= NB)
+        bar_wait(&empty[b], (q / NB - 1) & 1);
       const int u = blockIdx.x * units_per_cta + q / (kRows / rows);
-      const int r0 = (u / col_units) * kRows + (q % (kRows / rows)) * rows, c0 = (u % col_units) * kCols;
-      if (lane == 0) bar_expect(&full[b], chunk_bytes);
+      const int r0 = (u / col_units) * kRows + (q % (kRows / rows)) * rows,
+                c0 = (u % col_units) * kCols;
+      if (lane == 0)
+        bar_expect(&full[b], chunk_bytes);
       __syncwarp();
       uint8_t *buf = smem + (size_t)b * chunk_bytes;
       for (int j = lane; j < 2 * rows; j += 32) {
         const int s = j / rows, row = j % rows;
-        bulk(buf + (size_t)j * kCols * 4, (s ? s1 : s0) + (size_t)(r0 + row) * n + c0, kCols * 4, &full[b]);
+        bulk(buf + (size_t)j * kCols * 4, (s ? s1 : s0) + (size_t)(r0 + row) * n + c0, kCols * 4,
+             &full[b]);
       }
     }
   } else {
-    const int t = threadIdx.x - 32;
-    for (int q = 0; q < chunks; q++) {
-      const int b = q % NB;
-      bar_wait(&full[b], (q / NB) & 1);
-      const int u = blockIdx.x * units_per_cta + q / (kRows / rows);
-      const int r0 = (u / col_units) * kRows + (q % (kRows / rows)) * rows, c0 = (u % col_units) * kCols;
-      const float4 *buf = reinterpret_cast<const float4 *>(smem + (size_t)b * chunk_bytes);
-      const int items = rows * (kCols / 4);
-      for (int i = t; i < items; i += 352) {
-        float4 a = buf[i], c = buf[items + i];
-        const int row = i / (kCols / 4), col = 4 * (i % (kCols / 4));
-        uint2 p = make_uint2(pack(a.x + c.x, a.y + c.y), pack(a.z + c.z, a.w + c.w));
-        __stcs(reinterpret_cast<uint2 *>(out + (size_t)(r0 + row) * n + c0 + col), p);
-      }
-      __syncwarp();
-      if (lane == 0) bar_arrive(&empty[b]);
-    }
+    sum_chunks<NB>(smem, full, empty, out, n, units_per_cta, col_units, rows);
   }
 }
 
-
 // 2D TMA path: one tensor-map load per slab a chunk (box 256 columns x rows rows).
-__device__ __forceinline__ void tma2d(void *dst, const CUtensorMap *map, uint64_t *b, int c0, int r0) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
-               ::"r"(su32(dst)), "l"(map), "r"(su32(b)), "r"(c0), "r"(r0) : "memory");
+__device__ __forceinline__ void tma2d(void *dst, const CUtensorMap *map, uint64_t *b, int c0,
+                                      int r0) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+               "[%0], [%1, {%3, %4}], [%2];" ::"r"(su32(dst)),
+               "l"(map), "r"(su32(b)), "r"(c0), "r"(r0)
+               : "memory");
 }
 template <int NB>
-__global__ void __launch_bounds__(384) tma_kernel(const __grid_constant__ CUtensorMap m0,
-                                                  const __grid_constant__ CUtensorMap m1,
-                                                  __nv_bfloat16 *out, int n, int units_per_cta,
-                                                  int col_units, int rows) {
+__global__ void __launch_bounds__(384)
+    tma_kernel(const __grid_constant__ CUtensorMap m0, const __grid_constant__ CUtensorMap m1,
+               __nv_bfloat16 *out, int n, int units_per_cta, int col_units, int rows) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ uint64_t full[NB], empty[NB];
   const int chunk_bytes = 2 * rows * kCols * 4;
   if (threadIdx.x == 0) {
-    for (int b = 0; b < NB; b++) bar_init(&full[b], 1), bar_init(&empty[b], 11);
+    for (int b = 0; b < NB; b++)
+      bar_init(&full[b], 1), bar_init(&empty[b], 11);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -145,40 +190,26 @@ __global__ void __launch_bounds__(384) tma_kernel(const __grid_constant__ CUtens
     if (lane == 0)
       for (int q = 0; q < chunks; q++) {
         const int b = q % NB;
-        if (q >= NB) bar_wait(&empty[b], (q / NB - 1) & 1);
+        if (q >= NB)
+          bar_wait(&empty[b], (q / NB - 1) & 1);
         const int u = blockIdx.x * units_per_cta + q / (kRows / rows);
-        const int r0 = (u / col_units) * kRows + (q % (kRows / rows)) * rows, c0 = (u % col_units) * kCols;
+        const int r0 = (u / col_units) * kRows + (q % (kRows / rows)) * rows,
+                  c0 = (u % col_units) * kCols;
         bar_expect(&full[b], chunk_bytes);
         uint8_t *buf = smem + (size_t)b * chunk_bytes;
         tma2d(buf, &m0, &full[b], c0, r0);
         tma2d(buf + chunk_bytes / 2, &m1, &full[b], c0, r0);
       }
   } else {
-    const int t = threadIdx.x - 32;
-    for (int q = 0; q < chunks; q++) {
-      const int b = q % NB;
-      bar_wait(&full[b], (q / NB) & 1);
-      const int u = blockIdx.x * units_per_cta + q / (kRows / rows);
-      const int r0 = (u / col_units) * kRows + (q % (kRows / rows)) * rows, c0 = (u % col_units) * kCols;
-      const float4 *buf = reinterpret_cast<const float4 *>(smem + (size_t)b * chunk_bytes);
-      const int items = rows * (kCols / 4);
-      for (int i = t; i < items; i += 352) {
-        float4 a = buf[i], c = buf[items + i];
-        const int row = i / (kCols / 4), col = 4 * (i % (kCols / 4));
-        uint2 p = make_uint2(pack(a.x + c.x, a.y + c.y), pack(a.z + c.z, a.w + c.w));
-        __stcs(reinterpret_cast<uint2 *>(out + (size_t)(r0 + row) * n + c0 + col), p);
-      }
-      __syncwarp();
-      if (lane == 0) bar_arrive(&empty[b]);
-    }
+    sum_chunks<NB>(smem, full, empty, out, n, units_per_cta, col_units, rows);
   }
 }
 
-// tw_gemm_rs's reduce_unit arithmetic before ItemWalk: runtime vecs (32-bit division and remainder for
-// the load offset) and the store's row and column from the 64-bit offset (64-bit division).
-__global__ void __launch_bounds__(384) division_kernel(const float *s0, const float *s1,
-                                                        __nv_bfloat16 *out, int n, int units_per_cta,
-                                                        int col_units, int cols) {
+// tw_gemm_rs's reduce_unit arithmetic before ItemWalk: runtime vecs (32-bit division and remainder
+// for the load offset) and the store's row and column from the 64-bit offset (64-bit division).
+__global__ void __launch_bounds__(384)
+    division_kernel(const float *s0, const float *s1, __nv_bfloat16 *out, int n, int units_per_cta,
+                    int col_units, int cols) {
   for (int k = 0; k < units_per_cta; k++) {
     const int u = blockIdx.x * units_per_cta + k;
     const int r0 = (u / col_units) * kRows, c0 = (u % col_units) * kCols;
@@ -197,9 +228,11 @@ __global__ void __launch_bounds__(384) division_kernel(const float *s0, const fl
         b[j] = __ldcs(reinterpret_cast<const float4 *>(s1 + off[j]));
 #pragma unroll
       for (int j = 0; j < 8; j++) {
-        if (base + j * (int)blockDim.x >= items) break;
+        if (base + j * (int)blockDim.x >= items)
+          break;
         const int r = (int)(off[j] / (size_t)n), c = (int)(off[j] % (size_t)n);
-        uint2 p = make_uint2(pack(a[j].x + b[j].x, a[j].y + b[j].y), pack(a[j].z + b[j].z, a[j].w + b[j].w));
+        uint2 p = make_uint2(pack(a[j].x + b[j].x, a[j].y + b[j].y),
+                             pack(a[j].z + b[j].z, a[j].w + b[j].w));
         __stcs(reinterpret_cast<uint2 *>(out + (size_t)r * n + c), p);
       }
     }
@@ -207,8 +240,12 @@ __global__ void __launch_bounds__(384) division_kernel(const float *s0, const fl
 }
 
 __global__ void fill_kernel(__nv_bfloat16 *p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    uint32_t x = (uint32_t)i * 2654435761u ^ seed; x ^= x >> 13; x *= 0x5bd1e995u; x ^= x >> 15;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
     p[i] = __float2bfloat16(((int)(x & 0xffff) - 32768) * (1.0f / 32768));
   }
 }
@@ -218,28 +255,49 @@ static CUtensorMap make_map(const float *base, int m, int n, int rows) {
   cuuint64_t strides[1] = {(cuuint64_t)n * 4};
   cuuint32_t box[2] = {256, (cuuint32_t)rows};
   cuuint32_t es[2] = {1, 1};
-  CUresult r = cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, (void *)base, dims, strides, box, es,
-                                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) { printf("cuTensorMapEncodeTiled: %d\n", (int)r); exit(1); }
+  CUresult r =
+      cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, (void *)base, dims, strides,
+                             box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    printf("cuTensorMapEncodeTiled: %d\n", (int)r);
+    exit(1);
+  }
   return map;
 }
 
 int main() {
   const int m = 4096, n = 12288, k = 6144;
   const int col_units = n / kCols;
-  float *s0, *s1, *c; __nv_bfloat16 *out, *a, *b;
-  CK(cudaMalloc(&s0, (size_t)m * n * 4)); CK(cudaMalloc(&s1, (size_t)m * n * 4));
-  CK(cudaMalloc(&out, (size_t)m * n * 2)); CK(cudaMalloc(&c, (size_t)m * n * 4));
-  CK(cudaMalloc(&a, (size_t)m * k * 2)); CK(cudaMalloc(&b, (size_t)n * k * 2));
-  CK(cudaMemset(s0, 0, (size_t)m * n * 4)); CK(cudaMemset(s1, 0, (size_t)m * n * 4));
+  float *s0, *s1, *c;
+  __nv_bfloat16 *out, *a, *b;
+  CK(cudaMalloc(&s0, (size_t)m * n * 4));
+  CK(cudaMalloc(&s1, (size_t)m * n * 4));
+  CK(cudaMalloc(&out, (size_t)m * n * 2));
+  CK(cudaMalloc(&c, (size_t)m * n * 4));
+  CK(cudaMalloc(&a, (size_t)m * k * 2));
+  CK(cudaMalloc(&b, (size_t)n * k * 2));
+  CK(cudaMemset(s0, 0, (size_t)m * n * 4));
+  CK(cudaMemset(s1, 0, (size_t)m * n * 4));
   const int rnd = getenv("RB_RANDOM") != NULL;
-  CK(cudaMemset(a, 0, (size_t)m * k * 2)); CK(cudaMemset(b, 0, (size_t)n * k * 2));
-  if (rnd) { fill_kernel<<<1024, 256>>>(a, (size_t)m * k, 1); fill_kernel<<<1024, 256>>>(b, (size_t)n * k, 2);
-             fill_kernel<<<1024, 256>>>((__nv_bfloat16 *)s0, (size_t)m * n * 2, 3); fill_kernel<<<1024, 256>>>((__nv_bfloat16 *)s1, (size_t)m * n * 2, 4); CK(cudaDeviceSynchronize()); }
+  CK(cudaMemset(a, 0, (size_t)m * k * 2));
+  CK(cudaMemset(b, 0, (size_t)n * k * 2));
+  if (rnd) {
+    fill_kernel<<<1024, 256>>>(a, (size_t)m * k, 1);
+    fill_kernel<<<1024, 256>>>(b, (size_t)n * k, 2);
+    fill_kernel<<<1024, 256>>>((__nv_bfloat16 *)s0, (size_t)m * n * 2, 3);
+    fill_kernel<<<1024, 256>>>((__nv_bfloat16 *)s1, (size_t)m * n * 2, 4);
+    CK(cudaDeviceSynchronize());
+  }
   printf("GEMM operands %s\n", rnd ? "random" : "zero");
-  cudaStream_t sg, sr; CK(cudaStreamCreateWithFlags(&sg, cudaStreamNonBlocking)); CK(cudaStreamCreateWithFlags(&sr, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1, g0, g1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1)); CK(cudaEventCreate(&g0)); CK(cudaEventCreate(&g1));
+  cudaStream_t sg, sr;
+  CK(cudaStreamCreateWithFlags(&sg, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&sr, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1, g0, g1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaEventCreate(&g0));
+  CK(cudaEventCreate(&g1));
   const double unit_bytes = kRows * kCols * (4.0 * 2 + 2);
   CK(cudaFuncSetAttribute(bulk_kernel<6>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   CK(cudaFuncSetAttribute(tma_kernel<6>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
@@ -247,8 +305,19 @@ int main() {
   const CUtensorMap m0 = make_map(s0, m, n, 16), m1 = make_map(s1, m, n, 16);
   const CUtensorMap q0 = make_map(s0, m, n, 8), q1 = make_map(s1, m, n, 8);
   tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
-  g.c_dtype = TW_FP32; g.a = a; g.b = b; g.c = c; g.m = m; g.n = n; g.k = k;
-  const char *names[] = {"registers 8", "(unused)", "bulk 1-D 6x32K", "tma 2-D 6x32K (16 rows)", "tma 2-D 12x16K (8 rows)", "division per item"};
+  g.c_dtype = TW_FP32;
+  g.a = a;
+  g.b = b;
+  g.c = c;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  const char *names[] = {"registers 8",
+                         "(unused)",
+                         "bulk 1-D 6x32K",
+                         "tma 2-D 6x32K (16 rows)",
+                         "tma 2-D 12x16K (8 rows)",
+                         "division per item"};
   for (int with_gemm = 0; with_gemm < 2; with_gemm++)
     for (int ctas = 4; ctas <= 8; ctas += 4) {
       const int per = 24;
@@ -261,26 +330,39 @@ int main() {
           if (with_gemm) {
             CK(cudaEventRecord(g0, sg));
             for (int i = 0; i < 3; i++)
-              if (tw_gemm(&g, (tw_stream_t)sg) != TW_SUCCESS) { printf("tw_gemm: %s\n", tw_last_error()); return 1; }
+              if (tw_gemm(&g, (tw_stream_t)sg) != TW_SUCCESS) {
+                printf("tw_gemm: %s\n", tw_last_error());
+                return 1;
+              }
             CK(cudaEventRecord(g1, sg));
           }
           CK(cudaEventRecord(e0, sr));
-          if (v == 0) reg_kernel<8><<<ctas, 384, 0, sr>>>(s0, s1, out, n, per, col_units);
-          if (v == 2) bulk_kernel<6><<<ctas, 384, 6 * 32768, sr>>>(s0, s1, out, n, per, col_units, 16);
-          if (v == 3) tma_kernel<6><<<ctas, 384, 6 * 32768, sr>>>(m0, m1, out, n, per, col_units, 16);
-          if (v == 5) division_kernel<<<ctas, 384, 0, sr>>>(s0, s1, out, n, per, col_units, kCols);
-          if (v == 4) tma_kernel<12><<<ctas, 384, 12 * 16384, sr>>>(q0, q1, out, n, per, col_units, 8);
+          if (v == 0)
+            reg_kernel<8><<<ctas, 384, 0, sr>>>(s0, s1, out, n, per, col_units);
+          if (v == 2)
+            bulk_kernel<6><<<ctas, 384, 6 * 32768, sr>>>(s0, s1, out, n, per, col_units, 16);
+          if (v == 3)
+            tma_kernel<6><<<ctas, 384, 6 * 32768, sr>>>(m0, m1, out, n, per, col_units, 16);
+          if (v == 5)
+            division_kernel<<<ctas, 384, 0, sr>>>(s0, s1, out, n, per, col_units, kCols);
+          if (v == 4)
+            tma_kernel<12><<<ctas, 384, 12 * 16384, sr>>>(q0, q1, out, n, per, col_units, 8);
           CK(cudaEventRecord(e1, sr));
           CK(cudaDeviceSynchronize());
-          float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-          if (ms < best) best = ms;
-          if (with_gemm) CK(cudaEventElapsedTime(&gms, g0, g1));
+          float ms;
+          CK(cudaEventElapsedTime(&ms, e0, e1));
+          if (ms < best)
+            best = ms;
+          if (with_gemm)
+            CK(cudaEventElapsedTime(&gms, g0, g1));
         }
         CK(cudaGetLastError());
         const double bytes = unit_bytes * per * ctas;
-        printf("%s ctas %d %-26s %.3f ms %.1f GB/s per CTA%s", with_gemm ? "beside 3 GEMMs" : "alone         ", ctas, names[v], best,
+        printf("%s ctas %d %-26s %.3f ms %.1f GB/s per CTA%s",
+               with_gemm ? "beside 3 GEMMs" : "alone         ", ctas, names[v], best,
                bytes / best * 1e-6 / ctas, with_gemm ? "" : "\n");
-        if (with_gemm) printf("  (3 GEMMs %.3f ms)\n", gms);
+        if (with_gemm)
+          printf("  (3 GEMMs %.3f ms)\n", gms);
       }
     }
   return 0;
