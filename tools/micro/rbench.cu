@@ -4,12 +4,13 @@
  * reduce CTAs: 128 rows x 256 columns, row stride n = 12288 floats; 320 KiB moved a unit), first
  * alone, then on a second stream beside three tw_gemm calls of flux-tp8's GEMM (M=4096 N=12288
  * K=6144, fp32 out) on the other 132 - C SMs. Variants: 16-byte register loads with 8 items in
- * flight a thread and no division an item (16 spilled, and measured 90 / 76 GB/s); one 1-D bulk
- * copy a row into shared memory; 2-D TMA boxes of 16 or 8 rows; and the register loop with the
- * per-item division and 64-bit remainder tw_gemm_rs had before ItemWalk. Prints GB/s a CTA.
- * RB_RANDOM=1: random operands (else zeros). Twenty-fifth session, H200 (docs/PERF.md): 94 / 84 /
- * 31 / 58 GB/s alone (registers, TMA 16 rows, bulk 1-D, divisions), 74 / 72 / 28 / 43 beside the
- * GEMM. Not a test: run it by hand. */
+ * flight a thread and no division an item (16 spilled, and measured 90 / 76 GB/s); the same with
+ * tw_gemm_rs's claim of each unit (queue atomic, count acquire and reset, two CTA barriers); one
+ * 1-D bulk copy a row into shared memory; 2-D TMA boxes of 16 or 8 rows; and the register loop
+ * with the per-item division and 64-bit remainder tw_gemm_rs had before ItemWalk. Prints GB/s a
+ * CTA. RB_RANDOM=1: random operands (else zeros). Twenty-fifth session, H200, random operands,
+ * 4 CTAs (docs/PERF.md): alone 94 / 69 / 31 / 84 / 58 GB/s (registers, claimed, bulk 1-D, TMA 16
+ * rows, divisions), beside the GEMM 74 / 54 / 28 / 72 / 38. Not a test: run it by hand. */
 #include "tilewire.h"
 #include <cstdint>
 #include <cstdio>
@@ -33,36 +34,67 @@ __device__ __forceinline__ uint32_t pack(float a, float b) {
   return *reinterpret_cast<uint32_t *>(&h);
 }
 
-// Register path: unit u of the CTA's units; 8 items in flight per thread per slab.
+// Register path: one unit, 8 items in flight per thread per slab, no division an item.
+template <int kIn>
+__device__ __forceinline__ void reg_unit(const float *s0, const float *s1, __nv_bfloat16 *out,
+                                         int n, int u, int col_units) {
+  const int r0 = (u / col_units) * kRows, c0 = (u % col_units) * kCols;
+  const int vecs = kCols / 4, items = kRows * vecs;
+  for (int base = threadIdx.x; base < items; base += kIn * blockDim.x) {
+    float4 a[kIn], b[kIn];
+    size_t off[kIn];
+#pragma unroll
+    for (int j = 0; j < kIn; j++) {
+      int i = min(base + j * (int)blockDim.x, items - 1);
+      off[j] = (size_t)(r0 + i / vecs) * n + c0 + 4 * (i % vecs);
+      a[j] = __ldcs(reinterpret_cast<const float4 *>(s0 + off[j]));
+    }
+#pragma unroll
+    for (int j = 0; j < kIn; j++)
+      b[j] = __ldcs(reinterpret_cast<const float4 *>(s1 + off[j]));
+#pragma unroll
+    for (int j = 0; j < kIn; j++) {
+      if (base + j * (int)blockDim.x >= items)
+        break;
+      uint2 p = make_uint2(pack(a[j].x + b[j].x, a[j].y + b[j].y),
+                           pack(a[j].z + b[j].z, a[j].w + b[j].w));
+      __stcs(reinterpret_cast<uint2 *>(out + off[j]), p);
+    }
+  }
+}
+
 template <int kIn>
 __global__ void __launch_bounds__(384)
     reg_kernel(const float *s0, const float *s1, __nv_bfloat16 *out, int n, int units_per_cta,
                int col_units) {
-  for (int k = 0; k < units_per_cta; k++) {
-    const int u = blockIdx.x * units_per_cta + k;
-    const int r0 = (u / col_units) * kRows, c0 = (u % col_units) * kCols;
-    const int vecs = kCols / 4, items = kRows * vecs;
-    for (int base = threadIdx.x; base < items; base += kIn * blockDim.x) {
-      float4 a[kIn], b[kIn];
-      size_t off[kIn];
-#pragma unroll
-      for (int j = 0; j < kIn; j++) {
-        int i = min(base + j * (int)blockDim.x, items - 1);
-        off[j] = (size_t)(r0 + i / vecs) * n + c0 + 4 * (i % vecs);
-        a[j] = __ldcs(reinterpret_cast<const float4 *>(s0 + off[j]));
+  for (int k = 0; k < units_per_cta; k++)
+    reg_unit<kIn>(s0, s1, out, n, blockIdx.x * units_per_cta + k, col_units);
+}
+
+// The register path with tw_gemm_rs's claim of each unit: thread 0 takes the next unit from a
+// queue (atomicAdd), reads its count with ld.acquire.sys (already complete), resets it, and
+// the CTA meets at a barrier before and after.
+__global__ void __launch_bounds__(384)
+    claim_kernel(const float *s0, const float *s1, __nv_bfloat16 *out, int n, int units,
+                 int col_units, unsigned *queue, unsigned long long *counts) {
+  __shared__ int s_u;
+  for (;;) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int u = (int)atomicAdd(queue, 1u);
+      if (u < units) {
+        unsigned long long v;
+        asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(counts + u) : "memory");
+        if (v < 2)
+          u = units;
+        *(volatile unsigned long long *)(counts + u) = 2; /* the reset's store (kept complete) */
       }
-#pragma unroll
-      for (int j = 0; j < kIn; j++)
-        b[j] = __ldcs(reinterpret_cast<const float4 *>(s1 + off[j]));
-#pragma unroll
-      for (int j = 0; j < kIn; j++) {
-        if (base + j * (int)blockDim.x >= items)
-          break;
-        uint2 p = make_uint2(pack(a[j].x + b[j].x, a[j].y + b[j].y),
-                             pack(a[j].z + b[j].z, a[j].w + b[j].w));
-        __stcs(reinterpret_cast<uint2 *>(out + off[j]), p);
-      }
+      s_u = u;
     }
+    __syncthreads();
+    if (s_u >= units)
+      break;
+    reg_unit<8>(s0, s1, out, n, s_u, col_units);
   }
 }
 
@@ -312,8 +344,18 @@ int main() {
   g.m = m;
   g.n = n;
   g.k = k;
+  unsigned *queue;
+  unsigned long long *counts;
+  CK(cudaMalloc(&queue, sizeof(unsigned)));
+  CK(cudaMalloc(&counts, 4096 * sizeof(unsigned long long)));
+  {
+    unsigned long long two[4096];
+    for (int i = 0; i < 4096; i++)
+      two[i] = 2;
+    CK(cudaMemcpy(counts, two, sizeof(two), cudaMemcpyHostToDevice));
+  }
   const char *names[] = {"registers 8",
-                         "(unused)",
+                         "registers, claimed a unit",
                          "bulk 1-D 6x32K",
                          "tma 2-D 6x32K (16 rows)",
                          "tma 2-D 12x16K (8 rows)",
@@ -323,8 +365,6 @@ int main() {
       const int per = 24;
       g.sm_count = 132 - ctas;
       for (int v = 0; v < 6; v++) {
-        if (v == 1)
-          continue; /* 16 items in flight spilled (and measured no faster: 90 / 76 GB/s) */
         float best = 1e30f, gms = 0;
         for (int rep = 0; rep < 5; rep++) {
           if (with_gemm) {
@@ -336,7 +376,12 @@ int main() {
               }
             CK(cudaEventRecord(g1, sg));
           }
+          if (v == 1)
+            CK(cudaMemsetAsync(queue, 0, sizeof(unsigned), sr));
           CK(cudaEventRecord(e0, sr));
+          if (v == 1)
+            claim_kernel<<<ctas, 384, 0, sr>>>(s0, s1, out, n, per * ctas, col_units, queue,
+                                               counts);
           if (v == 0)
             reg_kernel<8><<<ctas, 384, 0, sr>>>(s0, s1, out, n, per, col_units);
           if (v == 2)
