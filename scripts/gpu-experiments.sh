@@ -78,6 +78,13 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s47     (twenty-fifth session, exp/next34's build, run; TW_RS_REDUCE_BY_WARP measured slower
+#             and taken out, so its A/B rows need that build) s43 and s46 trimmed into one
+#             call: tests on both placements, the walk's A/B at flux-tp8 both orders and traces,
+#             the warp-granular groups' A/B and a trace, the walk at M=16384
+#     s46     (twenty-fifth session, branch exp/next34, not run; its knob since taken out) warp-granular groups in the reduce CTAs
+#             (TW_RS_REDUCE_BY_WARP): tests, counts and A/B on 2 virtual ranks at flux-tp8 with
+#             4 reduce CTAs; with 2 GPUs the A/B at flux-tp8 both orders and traces
 #     s43     (twenty-fifth session, branch exp/next33) the reduction's item walk
 #             (TW_RS_REDUCE_WALK): tests, A/B on 2 virtual ranks at flux-tp8 with 4 reduce CTAs
 #             and traces with the counts, 8 virtual ranks; with 2 GPUs A/B at flux-tp8 both
@@ -866,6 +873,49 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
       TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
     done
+  done
+}
+exp_s47() { # (exp/next34's build, 2 GPUs) the walk and the warp-granular groups at flux-tp8
+  local op v ab
+  rs_ab_flux s47 TW_RS_REDUCE_WALK 0 1
+  [ "$ngpus" -gt 1 ] || return 0
+  for v in 0 1; do
+    run "s47-trace-gemm_rs-flux-walk$v" 90 env TW_TRACE=1 TW_RS_REDUCE_WALK=$v \
+      "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 10 --warmup 3
+  done
+  for ab in gemm_rs:0,1 gemm_rs:1,0 gemm_ar:0,1; do
+    run "s47-${ab%%:*}-flux-bw${ab#*:}" 90 env TW_BENCH_AB=TW_RS_REDUCE_BY_WARP=${ab#*:} \
+      "$bin/tw-bench" ${ab%%:*} --world 2 $flux_rs --repeats 20 --warmup 5
+  done
+  run "s47-trace-gemm_rs-flux-bw1" 90 env TW_TRACE=1 TW_RS_REDUCE_BY_WARP=1 "$bin/tw-bench" \
+    gemm_rs --world 2 $flux_rs --repeats 10 --warmup 3
+  rs_ab_big s47 TW_RS_REDUCE_WALK 0,1
+}
+exp_s46() { # (branch exp/next34) TW_RS_REDUCE_BY_WARP=1: each warp of a reduce CTA claims and
+  # reduces groups of its own, against the CTA-wide claim (0)
+  local op v ab n
+  run "s46-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  rs_tests_done=1
+  for n in 1 4; do
+    for v in 0 1; do
+      run "s46-trace-gemm_rs-2v-flux-red$n-bw$v" 90 env TW_BENCH_VIRTUAL=1 TW_TRACE=1 \
+        TW_RS_REDUCE_CTAS=$n TW_RS_REDUCE_BY_WARP=$v "$bin/tw-bench" gemm_rs --world 2 $flux_rs \
+        --repeats 4 --warmup 2
+    done
+  done
+  for op in gemm_rs gemm_ar; do
+    for ab in 0,1 1,0; do
+      run "s46-$op-2v-flux-red4-$ab" 120 env TW_BENCH_VIRTUAL=1 TW_RS_REDUCE_CTAS=4 \
+        TW_BENCH_AB=TW_RS_REDUCE_BY_WARP=$ab "$bin/tw-bench" $op --world 2 $flux_rs \
+        --repeats 20 --warmup 5
+    done
+  done
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s46-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  rs_ab_flux s46 TW_RS_REDUCE_BY_WARP 0 1
+  for v in 0 1; do
+    run "s46-trace-gemm_rs-flux-bw$v" 90 env TW_TRACE=1 TW_RS_REDUCE_BY_WARP=$v \
+      "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 10 --warmup 3
   done
 }
 exp_s43() { # (branch exp/next33) ItemWalk (TW_RS_REDUCE_WALK=1, the default) against a

@@ -516,7 +516,8 @@ __device__ __forceinline__ void add_ranks(const RsParams<P> &p, int world, const
  * item (bf16 partials, whose stealing kernel spills 4 bytes with the walk, and
  * TW_RS_REDUCE_WALK=0). */
 template <int kItems, bool kWalk, class P>
-__device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int me, int32_t u) {
+__device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int me, int32_t u,
+                                            int32_t tid, int32_t stride) {
   if (TW_RS_DIAG & 8)
     return;
   using V = RsVec<P>;
@@ -525,10 +526,9 @@ __device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int
   unit_rect(p, me, u, r0, r1, c0, c1);
   const int32_t vecs = (c1 - c0) / kE;
   const int32_t items = (r1 - r0) * vecs;
-  const int32_t stride = (int32_t)blockDim.x;
   if constexpr (kWalk) {
-    ItemWalk w(vecs, (int32_t)threadIdx.x, stride);
-    for (int32_t base = threadIdx.x; base < items; base += kN * stride) {
+    ItemWalk w(vecs, tid, stride);
+    for (int32_t base = tid; base < items; base += kN * stride) {
       size_t off[kN];
       int32_t rr[kN], cc[kN]; /* slab row and column of each item */
       float acc[kN][kE];
@@ -547,7 +547,7 @@ __device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int
         store_sum(p, world, me, off[j], rr[j], cc[j], V::pack(acc[j]));
     }
   } else {
-    for (int32_t base = threadIdx.x; base < items; base += kN * stride) {
+    for (int32_t base = tid; base < items; base += kN * stride) {
       size_t off[kN];
       float acc[kN][kE];
 #pragma unroll
@@ -605,6 +605,56 @@ __device__ __forceinline__ void gather_unit(const RsParams<P> &p, int32_t o, int
   }
 }
 
+/* One thread, once group `item` of this rank's reduced rows is stored by the CTA:
+ * the other ranks' ready flags of it (tw_gemm_ar's gather waits for them). */
+template <class P>
+__device__ __forceinline__ void signal_reduced(const RsParams<P> &p, int me, int item,
+                                               uint64_t epoch) {
+  const tw_dev_comm_t &dc = p.gemm.wait.dc;
+  tw_fence_acq_rel_sys();
+  for (int q = 0; q < dc.world; q++)
+    if (q != me)
+      tw_st_release_sys(tw_peer_flag(dc, q, p.gemm.wait.ch, p.flag_stride * (1 + me) + item),
+                        epoch);
+}
+
+/* One thread: waits until group `item` of this rank's units has all its partials (then resets
+ * its count for the next call). `groups` when item is past the end or the wait failed (*s_ok is
+ * then 0); with `entered`, first that every rank entered the call (tw_gemm_ar: the owners'
+ * ready flags of the previous call are consumed). */
+template <class P>
+__device__ __forceinline__ int wait_group(const RsParams<P> &p, uint64_t epoch, int item,
+                                          int groups, int32_t units, int *s_ok, bool entered) {
+  const tw_dev_comm_t &dc = p.gemm.wait.dc;
+  const int ch = p.gemm.wait.ch;
+  if (item >= groups || !*s_ok)
+    return groups;
+  if (entered && !wait_entered(dc, ch, 0, dc.world - 1, epoch)) {
+    *s_ok = 0;
+    return groups;
+  }
+  const int32_t in_group = min(p.group_units, units - item * p.group_units);
+  uint64_t *count = tw_own_flag(dc, ch, item);
+  if (!tw_wait_geq(dc, ch, count, (uint64_t)dc.world * in_group, -1, item)) {
+    *s_ok = 0;
+    return groups;
+  }
+  *(volatile uint64_t *)count = 0; /* all adds of this call are in; see gemm_rs.h */
+  return item;
+}
+
+/* The units of group `item`, by threads tid, tid + stride, ... of the CTA. */
+template <int kItems, class P>
+__device__ __forceinline__ void reduce_group(const RsParams<P> &p, int world, int me, int item,
+                                             int32_t units, int32_t tid, int32_t stride) {
+  const int32_t u_end = min(units, (item + 1) * p.group_units);
+  for (int32_t u = item * p.group_units; u < u_end; u++)
+    if (sizeof(P) == 4 && p.walk) /* bf16 partials: the kernels spill 4 bytes with it */
+      reduce_unit<kItems, sizeof(P) == 4>(p, world, me, u, tid, stride);
+    else
+      reduce_unit<kItems, false>(p, world, me, u, tid, stride);
+}
+
 /* Reduce role: claims this rank's unit groups in order until none are left. `trace_field`:
  * where TW_TRACE counts them (TW_TR_REDUCED, or TW_TR_REDUCED_AFTER after the CTA's tiles). */
 template <int kItems, class P>
@@ -627,37 +677,18 @@ __device__ __forceinline__ void reduce_work(const RsParams<P> &p, uint64_t epoch
     if (threadIdx.x == 0) {
       int item = !*s_ok ? groups : next >= 0 ? next : (int)atomicAdd(&queue->next, 1u);
       next = ahead && item < groups ? (int)atomicAdd(&queue->next, 1u) : -1;
-      if (item < groups && p.all_reduce && !wait_entered(dc, ch, 0, world - 1, epoch))
-        item = groups, *s_ok = 0;
-      if (item < groups) {
-        const int32_t in_group = min(p.group_units, units - item * p.group_units);
-        uint64_t *count = tw_own_flag(dc, ch, item);
-        if (tw_wait_geq(dc, ch, count, (uint64_t)world * in_group, -1, item))
-          *(volatile uint64_t *)count = 0; /* all adds of this call are in; see gemm_rs.h */
-        else
-          item = groups, *s_ok = 0;
-      }
-      *s_item = item;
+      *s_item = wait_group(p, epoch, item, groups, units, s_ok, p.all_reduce);
     }
     __syncthreads();
     const int item = *s_item;
     if (item >= groups)
       break;
     reduced++;
-    const int32_t u_end = min(units, (item + 1) * p.group_units);
-    for (int32_t u = item * p.group_units; u < u_end; u++)
-      if (sizeof(P) == 4 && p.walk) /* bf16 partials: the kernels spill 4 bytes with it */
-        reduce_unit<kItems, sizeof(P) == 4>(p, world, me, u);
-      else
-        reduce_unit<kItems, false>(p, world, me, u);
+    reduce_group<kItems>(p, world, me, item, units, (int32_t)threadIdx.x, (int32_t)blockDim.x);
     if (p.all_reduce) {
       __syncthreads();
-      if (threadIdx.x == 0) {
-        tw_fence_acq_rel_sys();
-        for (int q = 0; q < world; q++)
-          if (q != me)
-            tw_st_release_sys(tw_peer_flag(dc, q, ch, p.flag_stride * (1 + me) + item), epoch);
-      }
+      if (threadIdx.x == 0)
+        signal_reduced(p, me, item, epoch);
     }
   }
   if (threadIdx.x == 0) {
