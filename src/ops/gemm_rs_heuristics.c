@@ -4,7 +4,11 @@
  * with the GEMM, estimated from per-SM rates: a GEMM CTA does about 5.5 TFLOP/s,
  * a reduce CTA moves about 60 GB/s (a copy CTA measured 40 GB/s; the reduce CTA
  * keeps world loads in flight per thread). GEMM CTAs join the reduction when the
- * tile queue runs dry, so the estimate only needs to be close.
+ * tile queue runs dry, so the estimate only needs to be close. Measured since (twenty-fifth
+ * session, TW_TRACE's counts, docs/PERF.md): beside flux-tp8's GEMM on 2 H200s a reduce CTA
+ * moved 25 GB/s with fp32 partials, 32 with ItemWalk; the counts the wave-boundary trim below
+ * leaves were measured best in A/B runs all the same, so the constant stays until a rate-based
+ * estimate is measured against them.
  */
 #include "gemm_rs.h"
 
