@@ -7,7 +7,9 @@
  * flight a thread and no division an item (16 spilled, and measured 90 / 76 GB/s); the same with
  * tw_gemm_rs's claim of each unit (queue atomic, count acquire and reset, two CTA barriers); one
  * 1-D bulk copy a row into shared memory; 2-D TMA boxes of 16 or 8 rows; and the register loop
- * with the per-item division and 64-bit remainder tw_gemm_rs had before ItemWalk. Prints GB/s a
+ * with the per-item division and 64-bit remainder tw_gemm_rs had before ItemWalk; and the
+ * register loop in a CTA holding 200 KiB of shared memory, as the fused kernel's CTAs do (the
+ * L1 left beside it may bound the loads in flight: not run yet). Prints GB/s a
  * CTA. RB_RANDOM=1: random operands (else zeros). Twenty-fifth session, H200, random operands,
  * 4 CTAs (docs/PERF.md): alone 94 / 69 / 31 / 84 / 58 GB/s (registers, claimed, bulk 1-D, TMA 16
  * rows, divisions), beside the GEMM 74 / 54 / 28 / 72 / 38. Not a test: run it by hand. */
@@ -332,6 +334,7 @@ int main() {
   CK(cudaEventCreate(&g1));
   const double unit_bytes = kRows * kCols * (4.0 * 2 + 2);
   CK(cudaFuncSetAttribute(bulk_kernel<6>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+  CK(cudaFuncSetAttribute(reg_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   CK(cudaFuncSetAttribute(tma_kernel<6>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   CK(cudaFuncSetAttribute(tma_kernel<12>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   const CUtensorMap m0 = make_map(s0, m, n, 16), m1 = make_map(s1, m, n, 16);
@@ -359,12 +362,13 @@ int main() {
                          "bulk 1-D 6x32K",
                          "tma 2-D 6x32K (16 rows)",
                          "tma 2-D 12x16K (8 rows)",
-                         "division per item"};
+                         "division per item",
+                         "registers, 200 KiB smem"};
   for (int with_gemm = 0; with_gemm < 2; with_gemm++)
     for (int ctas = 4; ctas <= 8; ctas += 4) {
       const int per = 24;
       g.sm_count = 132 - ctas;
-      for (int v = 0; v < 6; v++) {
+      for (int v = 0; v < 7; v++) {
         float best = 1e30f, gms = 0;
         for (int rep = 0; rep < 5; rep++) {
           if (with_gemm) {
@@ -384,6 +388,8 @@ int main() {
                                                counts);
           if (v == 0)
             reg_kernel<8><<<ctas, 384, 0, sr>>>(s0, s1, out, n, per, col_units);
+          if (v == 6) /* the fused kernel's shared-memory carveout, unused: what L1 is left */
+            reg_kernel<8><<<ctas, 384, 200 * 1024, sr>>>(s0, s1, out, n, per, col_units);
           if (v == 2)
             bulk_kernel<6><<<ctas, 384, 6 * 32768, sr>>>(s0, s1, out, n, per, col_units, 16);
           if (v == 3)
