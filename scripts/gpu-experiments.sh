@@ -78,6 +78,10 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s48     (twenty-fifth session, docs/patches/rs-reduce-tma.patch applied, not run) the reduce
+#             CTAs' partials by 2-D TMA boxes (TW_RS_REDUCE_TMA) and tw-rbench's carveout row:
+#             tests on both placements, counts and A/B on 2 virtual ranks (4 reduce CTAs), A/B at
+#             flux-tp8 and M=16384 on 2 GPUs, traces
 #     s47     (twenty-fifth session, exp/next34's build, run; TW_RS_REDUCE_BY_WARP measured slower
 #             and taken out, so its A/B rows need that build) s43 and s46 trimmed into one
 #             call: tests on both placements, the walk's A/B at flux-tp8 both orders and traces,
@@ -874,6 +878,29 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
         "--m $m --n 8192 --k 1024" ""
     done
   done
+}
+exp_s48() { # (patch rs-reduce-tma) TW_RS_REDUCE_TMA=1 against the register loads; first
+  # tw-rbench (is a CTA holding 200 KiB of shared memory short of loads in flight?)
+  local op v ab
+  [ -x "$bin/tw-rbench" ] && run "s48-rbench" 60 env RB_RANDOM=1 "$bin/tw-rbench"
+  run "s48-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  rs_tests_done=1
+  for v in 0 1; do
+    run "s48-trace-gemm_rs-2v-flux-red4-tma$v" 90 env TW_BENCH_VIRTUAL=1 TW_TRACE=1 \
+      TW_RS_REDUCE_CTAS=4 TW_RS_REDUCE_TMA=$v "$bin/tw-bench" gemm_rs --world 2 $flux_rs \
+      --repeats 4 --warmup 2
+  done
+  run "s48-gemm_rs-2v-flux-red4-0,1" 120 env TW_BENCH_VIRTUAL=1 TW_RS_REDUCE_CTAS=4 \
+    TW_BENCH_AB=TW_RS_REDUCE_TMA=0,1 "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 20 \
+    --warmup 5
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s48-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  rs_ab_flux s48 TW_RS_REDUCE_TMA 0 1
+  for v in 0 1; do
+    run "s48-trace-gemm_rs-flux-tma$v" 90 env TW_TRACE=1 TW_RS_REDUCE_TMA=$v "$bin/tw-bench" \
+      gemm_rs --world 2 $flux_rs --repeats 10 --warmup 3
+  done
+  rs_ab_big s48 TW_RS_REDUCE_TMA 0,1
 }
 exp_s47() { # (exp/next34's build, 2 GPUs) the walk and the warp-granular groups at flux-tp8
   local op v ab
