@@ -83,27 +83,18 @@
 #             tests on both placements, counts and A/B on 2 virtual ranks (4 reduce CTAs), A/B at
 #             flux-tp8 and M=16384 on 2 GPUs, traces
 #     s47     (twenty-fifth session, exp/next34's build, run; TW_RS_REDUCE_BY_WARP measured slower
-#             and taken out, so its A/B rows need that build) s43 and s46 trimmed into one
+#             and taken out, so its A/B rows need that build) s43 and the warp-granular A/B in one
 #             call: tests on both placements, the walk's A/B at flux-tp8 both orders and traces,
 #             the warp-granular groups' A/B and a trace, the walk at M=16384
-#     s46     (twenty-fifth session, branch exp/next34, not run; its knob since taken out) warp-granular groups in the reduce CTAs
-#             (TW_RS_REDUCE_BY_WARP): tests, counts and A/B on 2 virtual ranks at flux-tp8 with
-#             4 reduce CTAs; with 2 GPUs the A/B at flux-tp8 both orders and traces
 #     s43     (twenty-fifth session, branch exp/next33) the reduction's item walk
 #             (TW_RS_REDUCE_WALK): tests, A/B on 2 virtual ranks at flux-tp8 with 4 reduce CTAs
 #             and traces with the counts, 8 virtual ranks; with 2 GPUs A/B at flux-tp8 both
 #             orders, M=16384, traces
 #     s42     (twenty-fifth session) main with TW_TRACE's reduce counts: test_gemm_rs on both
 #             placements, traces at flux-tp8 with the plan's reduce CTAs and 8
-#     s41     (twenty-fifth session, branch exp/next32, since lost: TW_RS_REDUCE_BULK is in no
-#             later build) TW_TRACE's reduce counts (who reduced
-#             the unit groups) at flux-tp8, registers / bulk, 4 and 8 reduce CTAs; the tests
-#     s40     (twenty-fifth session, branch exp/next32, likewise) the bulk-copy reduction rebuilt
-#             (TW_RS_REDUCE_BULK, a copy warp and summing warps): tests on both placements,
-#             A/B 0 / 1 at flux-tp8 both orders, 1 / 2, the reduce-CTA count with it, M=16384,
-#             traces, 8 virtual ranks
-#     s39, s38 (twenty-fourth session's branches exp/next31 / exp/next30, lost before they ran;
-#             s40 rebuilds s39's design; their knobs are not in any build now)
+#     s38-s41, s46 (twenty-fourth / twenty-fifth sessions; their functions removed: the knobs
+#             they measured, TW_RS_REDUCE_FASTIDX, TW_RS_REDUCE_BULK and TW_RS_REDUCE_BY_WARP, are
+#             in no build on main; designs and figures in docs/PERF.md)
 #     s37     (twenty-fourth session, on exp/next30 before the trace counters) 12 partial loads
 #             in flight per reducing thread (TW_RS_REDUCE_LOADS): test_gemm_rs on both
 #             placements, A/B at flux-tp8 and M=16384 (GEMM+RS, GEMM+AR), a trace, and 8
@@ -918,33 +909,6 @@ exp_s47() { # (exp/next34's build, 2 GPUs) the walk and the warp-granular groups
     gemm_rs --world 2 $flux_rs --repeats 10 --warmup 3
   rs_ab_big s47 TW_RS_REDUCE_WALK 0,1
 }
-exp_s46() { # (branch exp/next34) TW_RS_REDUCE_BY_WARP=1: each warp of a reduce CTA claims and
-  # reduces groups of its own, against the CTA-wide claim (0)
-  local op v ab n
-  run "s46-test_gemm_rs" 200 "$bin/test_gemm_rs"
-  rs_tests_done=1
-  for n in 1 4; do
-    for v in 0 1; do
-      run "s46-trace-gemm_rs-2v-flux-red$n-bw$v" 90 env TW_BENCH_VIRTUAL=1 TW_TRACE=1 \
-        TW_RS_REDUCE_CTAS=$n TW_RS_REDUCE_BY_WARP=$v "$bin/tw-bench" gemm_rs --world 2 $flux_rs \
-        --repeats 4 --warmup 2
-    done
-  done
-  for op in gemm_rs gemm_ar; do
-    for ab in 0,1 1,0; do
-      run "s46-$op-2v-flux-red4-$ab" 120 env TW_BENCH_VIRTUAL=1 TW_RS_REDUCE_CTAS=4 \
-        TW_BENCH_AB=TW_RS_REDUCE_BY_WARP=$ab "$bin/tw-bench" $op --world 2 $flux_rs \
-        --repeats 20 --warmup 5
-    done
-  done
-  [ "$ngpus" -gt 1 ] || return 0
-  run "s46-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
-  rs_ab_flux s46 TW_RS_REDUCE_BY_WARP 0 1
-  for v in 0 1; do
-    run "s46-trace-gemm_rs-flux-bw$v" 90 env TW_TRACE=1 TW_RS_REDUCE_BY_WARP=$v \
-      "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 10 --warmup 3
-  done
-}
 exp_s43() { # (branch exp/next33) ItemWalk (TW_RS_REDUCE_WALK=1, the default) against a
   # division per item (0): the micro-benchmark put the divisions at 44 against 76 GB/s a CTA
   # beside a GEMM, and flux-tp8's reduce CTAs ran at 25
@@ -989,58 +953,6 @@ rs_traces() {
     done
   done
 }
-exp_s41() { # (branch exp/next32) who reduces flux-tp8's unit groups: TW_TRACE's counts of the
-  # groups the reduce CTAs took before their tiles and the CTAs took after theirs
-  local op v n
-  run "s41-test_gemm_rs" 200 "$bin/test_gemm_rs"
-  [ "$ngpus" -gt 1 ] || return 0
-  run "s41-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
-  for op in gemm_rs gemm_ar; do
-    for v in 0 1; do
-      for n in -1 8; do
-        [ "$op" = gemm_ar ] && [ "$n" = 8 ] && continue
-        run "s41-trace-$op-flux-bulk$v-red$n" 90 env TW_TRACE=1 TW_RS_REDUCE_BULK=$v \
-          TW_RS_REDUCE_CTAS=$n "$bin/tw-bench" $op --world 2 $flux_rs --repeats 10 --warmup 3
-      done
-    done
-  done
-}
-exp_s40() { # (branch exp/next32) the bulk-copy reduction (TW_RS_REDUCE_BULK): 1 the reduce
-  # CTAs, 2 every reducing CTA; warp 0 copies each unit's fp32 partial rows of every rank into
-  # six 32 KiB shared-memory buffers (five chunks in flight), the other 11 warps sum them
-  local op ab
-  rs_ab_flux s40 TW_RS_REDUCE_BULK 0 1
-  if [ "$ngpus" -gt 1 ]; then
-    for op in gemm_rs gemm_ar; do
-      run "s40-$op-flux-1,2" 90 env TW_BENCH_AB=TW_RS_REDUCE_BULK=1,2 \
-        "$bin/tw-bench" $op --world 2 $flux_rs --repeats 20 --warmup 5
-    done
-    for ab in 4,2,8 8,2,4; do
-      run "s40-gemm_rs-flux-bulk1-red$ab" 90 env TW_RS_REDUCE_BULK=1 \
-        TW_BENCH_AB=TW_RS_REDUCE_CTAS=$ab "$bin/tw-bench" gemm_rs --world 2 $flux_rs \
-        --repeats 20 --warmup 5
-    done
-    for v in 0 1; do
-      run "s40-trace-gemm_rs-flux-bulk$v" 90 env TW_TRACE=1 TW_RS_REDUCE_BULK=$v \
-        "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 10 --warmup 3
-    done
-  fi
-  rs_ab_big s40 TW_RS_REDUCE_BULK 0,1
-  rs_ab_8v s40 TW_RS_REDUCE_BULK 0,1
-}
-exp_s39() { # (branch exp/next31, lost before it ran) bulk-copy reduction (TW_RS_REDUCE_BULK=1: the reducing
-  # CTAs copy each unit's fp32 partial rows into shared memory, 3 chunks in flight, and sum them
-  # there) against 16-byte loads into registers; run after s38 on the same build (exp/next31
-  # holds exp/next30): tests, A/B both orders at flux-tp8, M=16384 with the reduce CTAs, a
-  # trace with the reduce counts, 8 virtual ranks
-  rs_ab_flux s39 TW_RS_REDUCE_BULK 0 1
-  rs_ab_big s39 TW_RS_REDUCE_BULK 0,1
-  if [ "$ngpus" -gt 1 ]; then
-    run "s39-trace-gemm_rs-flux-bulk1" 90 env TW_TRACE=1 TW_RS_REDUCE_BULK=1 "$bin/tw-bench" \
-      gemm_rs --world 2 $flux_rs --repeats 10 --warmup 3
-  fi
-  rs_ab_8v s39 TW_RS_REDUCE_BULK 0,1
-}
 # test_gemm_rs on both placements (the first call of an invocation), then TW_BENCH_AB=KNOB=A,B
 # and B,A at flux-tp8 for GEMM+RS and GEMM+AR on 2 GPUs: rs_ab_flux PREFIX KNOB A B
 rs_ab_flux() {
@@ -1077,16 +989,6 @@ rs_ab_8v() {
     run "$1-$op-8v-m4096-$3" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=$2=$3 \
       "$bin/tw-bench" $op --world 8 --m 4096 --n 4096 --k 512 --repeats 20 --warmup 5
   done
-}
-exp_s38() { # (branch exp/next30, lost before it ran) the reduction's index arithmetic
-  # (TW_RS_REDUCE_FASTIDX=1, the branch's default: rows and columns stepped by the stride, no
-  # division an item; fp32 partials) against the first design's (0), and TW_TRACE's reduce counts
-  # (who reduced the unit groups); s35-s37 found flux-tp8's 4 reduce CTAs trailing the GEMM with
-  # no gain from more loads in flight: the per-item divisions may bound them
-  rs_ab_flux s38 TW_RS_REDUCE_FASTIDX 0 1
-  rs_ab_big s38 TW_RS_REDUCE_FASTIDX 0,1
-  [ "$ngpus" -gt 1 ] && rs_traces s38 "-1 0"
-  rs_ab_8v s38 TW_RS_REDUCE_FASTIDX 0,1
 }
 exp_s37() { # (twenty-fourth session; the knob since removed) 12 partial loads in flight per reducing thread
   # instead of 8 (TW_RS_REDUCE_LOADS=12): s35/s36 showed flux-tp8's 4 reduce CTAs trailing the

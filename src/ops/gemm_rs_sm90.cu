@@ -516,8 +516,7 @@ __device__ __forceinline__ void add_ranks(const RsParams<P> &p, int world, const
  * item (bf16 partials, whose stealing kernel spills 4 bytes with the walk, and
  * TW_RS_REDUCE_WALK=0). */
 template <int kItems, bool kWalk, class P>
-__device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int me, int32_t u,
-                                            int32_t tid, int32_t stride) {
+__device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int me, int32_t u) {
   if (TW_RS_DIAG & 8)
     return;
   using V = RsVec<P>;
@@ -526,6 +525,7 @@ __device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int
   unit_rect(p, me, u, r0, r1, c0, c1);
   const int32_t vecs = (c1 - c0) / kE;
   const int32_t items = (r1 - r0) * vecs;
+  const int32_t tid = (int32_t)threadIdx.x, stride = (int32_t)blockDim.x;
   if constexpr (kWalk) {
     ItemWalk w(vecs, tid, stride);
     for (int32_t base = tid; base < items; base += kN * stride) {
@@ -643,16 +643,16 @@ __device__ __forceinline__ int wait_group(const RsParams<P> &p, uint64_t epoch, 
   return item;
 }
 
-/* The units of group `item`, by threads tid, tid + stride, ... of the CTA. */
+/* All threads: the units of group `item`. */
 template <int kItems, class P>
 __device__ __forceinline__ void reduce_group(const RsParams<P> &p, int world, int me, int item,
-                                             int32_t units, int32_t tid, int32_t stride) {
+                                             int32_t units) {
   const int32_t u_end = min(units, (item + 1) * p.group_units);
   for (int32_t u = item * p.group_units; u < u_end; u++)
     if (sizeof(P) == 4 && p.walk) /* bf16 partials: the kernels spill 4 bytes with it */
-      reduce_unit<kItems, sizeof(P) == 4>(p, world, me, u, tid, stride);
+      reduce_unit<kItems, sizeof(P) == 4>(p, world, me, u);
     else
-      reduce_unit<kItems, false>(p, world, me, u, tid, stride);
+      reduce_unit<kItems, false>(p, world, me, u);
 }
 
 /* Reduce role: claims this rank's unit groups in order until none are left. `trace_field`:
@@ -684,7 +684,7 @@ __device__ __forceinline__ void reduce_work(const RsParams<P> &p, uint64_t epoch
     if (item >= groups)
       break;
     reduced++;
-    reduce_group<kItems>(p, world, me, item, units, (int32_t)threadIdx.x, (int32_t)blockDim.x);
+    reduce_group<kItems>(p, world, me, item, units);
     if (p.all_reduce) {
       __syncthreads();
       if (threadIdx.x == 0)

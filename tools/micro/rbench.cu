@@ -3,16 +3,17 @@
  * C CTAs (4 or 8) each reduce 24 units of two fp32 slabs into bf16 (the work unit of tw_gemm_rs's
  * reduce CTAs: 128 rows x 256 columns, row stride n = 12288 floats; 320 KiB moved a unit), first
  * alone, then on a second stream beside three tw_gemm calls of flux-tp8's GEMM (M=4096 N=12288
- * K=6144, fp32 out) on the other 132 - C SMs. Variants: 16-byte register loads with 8 items in
- * flight a thread and no division an item (16 spilled, and measured 90 / 76 GB/s); the same with
- * tw_gemm_rs's claim of each unit (queue atomic, count acquire and reset, two CTA barriers); one
- * 1-D bulk copy a row into shared memory; 2-D TMA boxes of 16 or 8 rows; and the register loop
- * with the per-item division and 64-bit remainder tw_gemm_rs had before ItemWalk; and the
- * register loop in a CTA holding 200 KiB of shared memory, as the fused kernel's CTAs do (the
- * L1 left beside it may bound the loads in flight: not run yet). Prints GB/s a
- * CTA. RB_RANDOM=1: random operands (else zeros). Twenty-fifth session, H200, random operands,
- * 4 CTAs (docs/PERF.md): alone 94 / 69 / 31 / 84 / 58 GB/s (registers, claimed, bulk 1-D, TMA 16
- * rows, divisions), beside the GEMM 74 / 54 / 28 / 72 / 38. Not a test: run it by hand. */
+ * K=6144, fp32 out) on the other 132 - C SMs. Variants: 16-byte register loads, 8 items in flight
+ * a thread, no division an item (16 spilled, and measured 90 / 76 GB/s); the same with
+ * tw_gemm_rs's claim of each unit (queue atomic, count acquire and reset, two CTA barriers); 2-D
+ * TMA boxes of 16 or 8 rows; the register loop with the per-item division and 64-bit remainder
+ * tw_gemm_rs had before ItemWalk; and the register loop in a CTA holding 200 KiB of shared
+ * memory, as the fused kernel's CTAs do (the L1 left beside it may bound the loads in flight: not
+ * run yet). Prints GB/s a CTA. RB_RANDOM=1: random operands (else zeros). Twenty-fifth session,
+ * H200, random operands, 4 CTAs (docs/PERF.md): alone 94 / 69 / 84 / 58 GB/s (registers,
+ * claimed, TMA 16 rows, divisions), beside the GEMM 74 / 54 / 72 / 38; a 1-D bulk copy a 1 KiB
+ * row, since dropped from here, 31 / 28. Not a test: run it by hand. */
+#include "device/ptx_sm90.cuh"
 #include "tilewire.h"
 #include <cstdint>
 #include <cstdio>
@@ -36,12 +37,15 @@ __device__ __forceinline__ uint32_t pack(float a, float b) {
   return *reinterpret_cast<uint32_t *>(&h);
 }
 
-// Register path: one unit, 8 items in flight per thread per slab, no division an item.
-template <int kIn>
+// Register path: one unit, 8 items in flight per thread per slab. kDivide: the items' vectors
+// a runtime count (a 32-bit division and remainder an item) and the store's row and column from
+// the 64-bit offset (a 64-bit one), as tw_gemm_rs's reduce_unit did before ItemWalk; else no
+// division an item (the count a power of two known at compile time).
+template <int kIn, bool kDivide>
 __device__ __forceinline__ void reg_unit(const float *s0, const float *s1, __nv_bfloat16 *out,
-                                         int n, int u, int col_units) {
+                                         int n, int u, int col_units, int cols) {
   const int r0 = (u / col_units) * kRows, c0 = (u % col_units) * kCols;
-  const int vecs = kCols / 4, items = kRows * vecs;
+  const int vecs = (kDivide ? cols : kCols) / 4, items = kRows * vecs;
   for (int base = threadIdx.x; base < items; base += kIn * blockDim.x) {
     float4 a[kIn], b[kIn];
     size_t off[kIn];
@@ -58,19 +62,20 @@ __device__ __forceinline__ void reg_unit(const float *s0, const float *s1, __nv_
     for (int j = 0; j < kIn; j++) {
       if (base + j * (int)blockDim.x >= items)
         break;
+      const size_t at = kDivide ? (size_t)(off[j] / (size_t)n) * n + off[j] % (size_t)n : off[j];
       uint2 p = make_uint2(pack(a[j].x + b[j].x, a[j].y + b[j].y),
                            pack(a[j].z + b[j].z, a[j].w + b[j].w));
-      __stcs(reinterpret_cast<uint2 *>(out + off[j]), p);
+      __stcs(reinterpret_cast<uint2 *>(out + at), p);
     }
   }
 }
 
-template <int kIn>
+template <bool kDivide>
 __global__ void __launch_bounds__(384)
     reg_kernel(const float *s0, const float *s1, __nv_bfloat16 *out, int n, int units_per_cta,
-               int col_units) {
+               int col_units, int cols) {
   for (int k = 0; k < units_per_cta; k++)
-    reg_unit<kIn>(s0, s1, out, n, blockIdx.x * units_per_cta + k, col_units);
+    reg_unit<8, kDivide>(s0, s1, out, n, blockIdx.x * units_per_cta + k, col_units, cols);
 }
 
 // The register path with tw_gemm_rs's claim of each unit: thread 0 takes the next unit from a
@@ -96,38 +101,15 @@ __global__ void __launch_bounds__(384)
     __syncthreads();
     if (s_u >= units)
       break;
-    reg_unit<8>(s0, s1, out, n, s_u, col_units);
+    reg_unit<8, false>(s0, s1, out, n, s_u, col_units, kCols);
   }
 }
 
-__device__ __forceinline__ uint32_t su32(const void *p) {
-  return (uint32_t)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void bar_init(uint64_t *b, uint32_t c) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(b)), "r"(c) : "memory");
-}
-__device__ __forceinline__ void bar_expect(uint64_t *b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(su32(b)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bar_arrive(uint64_t *b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(b)) : "memory");
-}
-__device__ __forceinline__ void bar_wait(uint64_t *b, uint32_t par) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], "
-                 "%2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(su32(b)), "r"(par)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk(void *dst, const void *src, uint32_t bytes, uint64_t *b) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(su32(dst)),
-      "l"(src), "r"(bytes), "r"(su32(b))
-      : "memory");
+using namespace tw::ptx;
+
+__device__ __forceinline__ void bar_wait(uint64_t *bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
 }
 
 // Warps 1..11 of the shared-memory paths: sum each chunk of both slabs and store it.
@@ -153,58 +135,12 @@ __device__ __forceinline__ void sum_chunks(const uint8_t *smem, uint64_t *full, 
     }
     __syncwarp();
     if (lane == 0)
-      bar_arrive(&empty[b]);
+      mbar_arrive(&empty[b]);
   }
 }
 
-// Bulk path: warp 0 copies chunks of `rows` rows of both slabs (1 KiB a row) into NB buffers;
-// warps 1..11 sum and store.
-template <int NB>
-__global__ void __launch_bounds__(384)
-    bulk_kernel(const float *s0, const float *s1, __nv_bfloat16 *out, int n, int units_per_cta,
-                int col_units, int rows) {
-  extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ uint64_t full[NB], empty[NB];
-  const int chunk_bytes = 2 * rows * kCols * 4;
-  if (threadIdx.x == 0) {
-    for (int b = 0; b < NB; b++)
-      bar_init(&full[b], 1), bar_init(&empty[b], 11);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  const int chunks = units_per_cta * (kRows / rows);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (warp == 0) {
-    for (int q = 0; q < chunks; q++) {
-      const int b = q % NB;
-      if (q >= NB)
-        bar_wait(&empty[b], (q / NB - 1) & 1);
-      const int u = blockIdx.x * units_per_cta + q / (kRows / rows);
-      const int r0 = (u / col_units) * kRows + (q % (kRows / rows)) * rows,
-                c0 = (u % col_units) * kCols;
-      if (lane == 0)
-        bar_expect(&full[b], chunk_bytes);
-      __syncwarp();
-      uint8_t *buf = smem + (size_t)b * chunk_bytes;
-      for (int j = lane; j < 2 * rows; j += 32) {
-        const int s = j / rows, row = j % rows;
-        bulk(buf + (size_t)j * kCols * 4, (s ? s1 : s0) + (size_t)(r0 + row) * n + c0, kCols * 4,
-             &full[b]);
-      }
-    }
-  } else {
-    sum_chunks<NB>(smem, full, empty, out, n, units_per_cta, col_units, rows);
-  }
-}
-
-// 2D TMA path: one tensor-map load per slab a chunk (box 256 columns x rows rows).
-__device__ __forceinline__ void tma2d(void *dst, const CUtensorMap *map, uint64_t *b, int c0,
-                                      int r0) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-               "[%0], [%1, {%3, %4}], [%2];" ::"r"(su32(dst)),
-               "l"(map), "r"(su32(b)), "r"(c0), "r"(r0)
-               : "memory");
-}
+// 2-D TMA path: warp 0's lane 0 loads one box a slab a chunk (256 columns x rows rows) into
+// NB buffers; warps 1..11 sum and store.
 template <int NB>
 __global__ void __launch_bounds__(384)
     tma_kernel(const __grid_constant__ CUtensorMap m0, const __grid_constant__ CUtensorMap m1,
@@ -214,8 +150,8 @@ __global__ void __launch_bounds__(384)
   const int chunk_bytes = 2 * rows * kCols * 4;
   if (threadIdx.x == 0) {
     for (int b = 0; b < NB; b++)
-      bar_init(&full[b], 1), bar_init(&empty[b], 11);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      mbar_init(&full[b], 1), mbar_init(&empty[b], 11);
+    mbar_init_fence();
   }
   __syncthreads();
   const int chunks = units_per_cta * (kRows / rows);
@@ -229,47 +165,13 @@ __global__ void __launch_bounds__(384)
         const int u = blockIdx.x * units_per_cta + q / (kRows / rows);
         const int r0 = (u / col_units) * kRows + (q % (kRows / rows)) * rows,
                   c0 = (u % col_units) * kCols;
-        bar_expect(&full[b], chunk_bytes);
+        mbar_arrive_expect_tx(&full[b], chunk_bytes);
         uint8_t *buf = smem + (size_t)b * chunk_bytes;
-        tma2d(buf, &m0, &full[b], c0, r0);
-        tma2d(buf + chunk_bytes / 2, &m1, &full[b], c0, r0);
+        tma_load_2d(buf, &m0, &full[b], c0, r0);
+        tma_load_2d(buf + chunk_bytes / 2, &m1, &full[b], c0, r0);
       }
   } else {
     sum_chunks<NB>(smem, full, empty, out, n, units_per_cta, col_units, rows);
-  }
-}
-
-// tw_gemm_rs's reduce_unit arithmetic before ItemWalk: runtime vecs (32-bit division and remainder
-// for the load offset) and the store's row and column from the 64-bit offset (64-bit division).
-__global__ void __launch_bounds__(384)
-    division_kernel(const float *s0, const float *s1, __nv_bfloat16 *out, int n, int units_per_cta,
-                    int col_units, int cols) {
-  for (int k = 0; k < units_per_cta; k++) {
-    const int u = blockIdx.x * units_per_cta + k;
-    const int r0 = (u / col_units) * kRows, c0 = (u % col_units) * kCols;
-    const int vecs = cols / 4, items = kRows * vecs;
-    for (int base = threadIdx.x; base < items; base += 8 * blockDim.x) {
-      float4 a[8], b[8];
-      size_t off[8];
-#pragma unroll
-      for (int j = 0; j < 8; j++) {
-        int i = min(base + j * (int)blockDim.x, items - 1);
-        off[j] = (size_t)(r0 + i / vecs) * n + c0 + 4 * (i % vecs);
-        a[j] = __ldcs(reinterpret_cast<const float4 *>(s0 + off[j]));
-      }
-#pragma unroll
-      for (int j = 0; j < 8; j++)
-        b[j] = __ldcs(reinterpret_cast<const float4 *>(s1 + off[j]));
-#pragma unroll
-      for (int j = 0; j < 8; j++) {
-        if (base + j * (int)blockDim.x >= items)
-          break;
-        const int r = (int)(off[j] / (size_t)n), c = (int)(off[j] % (size_t)n);
-        uint2 p = make_uint2(pack(a[j].x + b[j].x, a[j].y + b[j].y),
-                             pack(a[j].z + b[j].z, a[j].w + b[j].w));
-        __stcs(reinterpret_cast<uint2 *>(out + (size_t)r * n + c), p);
-      }
-    }
   }
 }
 
@@ -333,8 +235,8 @@ int main() {
   CK(cudaEventCreate(&g0));
   CK(cudaEventCreate(&g1));
   const double unit_bytes = kRows * kCols * (4.0 * 2 + 2);
-  CK(cudaFuncSetAttribute(bulk_kernel<6>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-  CK(cudaFuncSetAttribute(reg_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+  CK(cudaFuncSetAttribute(reg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          200 * 1024));
   CK(cudaFuncSetAttribute(tma_kernel<6>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   CK(cudaFuncSetAttribute(tma_kernel<12>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   const CUtensorMap m0 = make_map(s0, m, n, 16), m1 = make_map(s1, m, n, 16);
@@ -359,7 +261,6 @@ int main() {
   }
   const char *names[] = {"registers 8",
                          "registers, claimed a unit",
-                         "bulk 1-D 6x32K",
                          "tma 2-D 6x32K (16 rows)",
                          "tma 2-D 12x16K (8 rows)",
                          "division per item",
@@ -368,7 +269,7 @@ int main() {
     for (int ctas = 4; ctas <= 8; ctas += 4) {
       const int per = 24;
       g.sm_count = 132 - ctas;
-      for (int v = 0; v < 7; v++) {
+      for (int v = 0; v < 6; v++) {
         float best = 1e30f, gms = 0;
         for (int rep = 0; rep < 5; rep++) {
           if (with_gemm) {
@@ -387,17 +288,15 @@ int main() {
             claim_kernel<<<ctas, 384, 0, sr>>>(s0, s1, out, n, per * ctas, col_units, queue,
                                                counts);
           if (v == 0)
-            reg_kernel<8><<<ctas, 384, 0, sr>>>(s0, s1, out, n, per, col_units);
-          if (v == 6) /* the fused kernel's shared-memory carveout, unused: what L1 is left */
-            reg_kernel<8><<<ctas, 384, 200 * 1024, sr>>>(s0, s1, out, n, per, col_units);
+            reg_kernel<false><<<ctas, 384, 0, sr>>>(s0, s1, out, n, per, col_units, kCols);
           if (v == 2)
-            bulk_kernel<6><<<ctas, 384, 6 * 32768, sr>>>(s0, s1, out, n, per, col_units, 16);
-          if (v == 3)
             tma_kernel<6><<<ctas, 384, 6 * 32768, sr>>>(m0, m1, out, n, per, col_units, 16);
-          if (v == 5)
-            division_kernel<<<ctas, 384, 0, sr>>>(s0, s1, out, n, per, col_units, kCols);
-          if (v == 4)
+          if (v == 3)
             tma_kernel<12><<<ctas, 384, 12 * 16384, sr>>>(q0, q1, out, n, per, col_units, 8);
+          if (v == 4)
+            reg_kernel<true><<<ctas, 384, 0, sr>>>(s0, s1, out, n, per, col_units, kCols);
+          if (v == 5) /* the fused kernel's shared-memory carveout, unused: what L1 is left */
+            reg_kernel<false><<<ctas, 384, 200 * 1024, sr>>>(s0, s1, out, n, per, col_units, kCols);
           CK(cudaEventRecord(e1, sr));
           CK(cudaDeviceSynchronize());
           float ms;
