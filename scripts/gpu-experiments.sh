@@ -78,10 +78,19 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
-#     s48     (twenty-fifth session, docs/patches/rs-reduce-tma.patch applied, not run) the reduce
-#             CTAs' partials by 2-D TMA boxes (TW_RS_REDUCE_TMA) and tw-rbench's carveout row:
-#             tests on both placements, counts and A/B on 2 virtual ranks (4 reduce CTAs), A/B at
-#             flux-tp8 and M=16384 on 2 GPUs, traces
+#     s52     (twenty-sixth session, main with the short-K rule for ranks sharing a GPU) the
+#             rule against the fused kernel on 8 virtual ranks, M=4096 K 512 and M=8192 K 1024
+#     s51     (twenty-sixth session, main) the in-call unfused pipeline (TW_RS_UNFUSED_SMALL=1)
+#             against the fused kernel on 8 virtual ranks at M=4096 K 512 and M=8192 K 1024
+#     s50     (twenty-sixth session, removed: main and a -DTW_RS_LOAD_NOALLOC=1 build) the
+#             partials' loads with L1::no_allocate: tw-rbench's load rows, tests, builds
+#             alternated on 8 virtual ranks (M=4096 K 512) and on 2 GPUs (flux-tp8, M=16384)
+#     s49     (twenty-sixth session, main) flux-tp8 GEMM+RS on 2 GPUs: traces and times with one
+#             fork/join per call and per 8 calls (TW_BENCH_BLOCK); the reduce-CTA count 4 / 8 / 0
+#     s48     (twenty-fifth session, removed: docs/patches/rs-reduce-tma.patch applied; run in the
+#             twenty-sixth) the reduce CTAs' partials by 2-D TMA boxes (TW_RS_REDUCE_TMA) and
+#             tw-rbench's carveout row: tests on both placements, counts and A/B on 2 virtual
+#             ranks (4 reduce CTAs), A/B at flux-tp8 and M=16384 on 2 GPUs, traces
 #     s47     (twenty-fifth session, exp/next34's build, run; TW_RS_REDUCE_BY_WARP measured slower
 #             and taken out, so its A/B rows need that build) s43 and the warp-granular A/B in one
 #             call: tests on both placements, the walk's A/B at flux-tp8 both orders and traces,
@@ -92,9 +101,10 @@
 #             orders, M=16384, traces
 #     s42     (twenty-fifth session) main with TW_TRACE's reduce counts: test_gemm_rs on both
 #             placements, traces at flux-tp8 with the plan's reduce CTAs and 8
-#     s38-s41, s46 (twenty-fourth / twenty-fifth sessions; their functions removed: the knobs
-#             they measured, TW_RS_REDUCE_FASTIDX, TW_RS_REDUCE_BULK and TW_RS_REDUCE_BY_WARP, are
-#             in no build on main; designs and figures in docs/PERF.md)
+#     s38-s41, s46, s48, s50 (twenty-fourth to twenty-sixth sessions; their functions removed:
+#             the knobs and builds they measured, TW_RS_REDUCE_FASTIDX, TW_RS_REDUCE_BULK,
+#             TW_RS_REDUCE_BY_WARP, TW_RS_REDUCE_TMA (docs/patches' rs-reduce-tma.patch) and
+#             -DTW_RS_LOAD_NOALLOC, are in no build on main; designs and figures in docs/PERF.md)
 #     s37     (twenty-fourth session, on exp/next30 before the trace counters) 12 partial loads
 #             in flight per reducing thread (TW_RS_REDUCE_LOADS): test_gemm_rs on both
 #             placements, A/B at flux-tp8 and M=16384 (GEMM+RS, GEMM+AR), a trace, and 8
@@ -870,28 +880,48 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
-exp_s48() { # (patch rs-reduce-tma) TW_RS_REDUCE_TMA=1 against the register loads; first
-  # tw-rbench (is a CTA holding 200 KiB of shared memory short of loads in flight?)
-  local op v ab
-  [ -x "$bin/tw-rbench" ] && run "s48-rbench" 60 env RB_RANDOM=1 "$bin/tw-rbench"
-  run "s48-test_gemm_rs" 200 "$bin/test_gemm_rs"
-  rs_tests_done=1
-  for v in 0 1; do
-    run "s48-trace-gemm_rs-2v-flux-red4-tma$v" 90 env TW_BENCH_VIRTUAL=1 TW_TRACE=1 \
-      TW_RS_REDUCE_CTAS=4 TW_RS_REDUCE_TMA=$v "$bin/tw-bench" gemm_rs --world 2 $flux_rs \
-      --repeats 4 --warmup 2
+exp_s52() { # (main with the short-K rule where ranks share a GPU) the rule (-1) against the
+  # fused kernel (0) on 8 virtual ranks, GEMM+RS and GEMM+AR (symmetric-output rows too)
+  local op
+  for op in gemm_rs gemm_ar; do
+    run "s52-$op-8v-m4096-unf-1,0" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB_OUTSYM=1 \
+      TW_BENCH_AB=TW_RS_UNFUSED_SMALL=-1,0 "$bin/tw-bench" $op --world 8 --m 4096 --n 4096 \
+      --k 512 --repeats 20 --warmup 5
+    run "s52-$op-8v-m8192-unf0,-1" 120 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB_OUTSYM=1 \
+      TW_BENCH_AB=TW_RS_UNFUSED_SMALL=0,-1 "$bin/tw-bench" $op --world 8 --m 8192 --n 8192 \
+      --k 1024 --repeats 10 --warmup 3
   done
-  run "s48-gemm_rs-2v-flux-red4-0,1" 120 env TW_BENCH_VIRTUAL=1 TW_RS_REDUCE_CTAS=4 \
-    TW_BENCH_AB=TW_RS_REDUCE_TMA=0,1 "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 20 \
-    --warmup 5
+}
+exp_s51() { # (main) the unfused pipeline inside the call where 8 ranks share a GPU, at the
+  # sizes where the fused ops trail tilewire's own unfused pipeline (M=4096 K 512, M=8192 K 1024)
+  local op ab
+  for op in gemm_rs gemm_ar; do
+    for ab in 0,1 1,0; do
+      run "s51-$op-8v-m4096-unf$ab" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB_OUTSYM=1 \
+        TW_BENCH_AB=TW_RS_UNFUSED_SMALL=$ab "$bin/tw-bench" $op --world 8 --m 4096 --n 4096 \
+        --k 512 --repeats 20 --warmup 5
+    done
+    run "s51-$op-8v-m8192-unf0,1" 120 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB_OUTSYM=1 \
+      TW_BENCH_AB=TW_RS_UNFUSED_SMALL=0,1 "$bin/tw-bench" $op --world 8 --m 8192 --n 8192 \
+      --k 1024 --repeats 10 --warmup 3
+  done
+}
+exp_s49() { # (main) what a call costs when the ranks' calls run back to back
+  # (TW_BENCH_BLOCK=8) against one fork/join per call, with traces; the reduce-CTA count
+  local b
   [ "$ngpus" -gt 1 ] || return 0
-  run "s48-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
-  rs_ab_flux s48 TW_RS_REDUCE_TMA 0 1
-  for v in 0 1; do
-    run "s48-trace-gemm_rs-flux-tma$v" 90 env TW_TRACE=1 TW_RS_REDUCE_TMA=$v "$bin/tw-bench" \
-      gemm_rs --world 2 $flux_rs --repeats 10 --warmup 3
+  for b in 1 8; do
+    run "s49-trace-gemm_rs-flux-block$b" 90 env TW_TRACE=1 TW_BENCH_BLOCK=$b "$bin/tw-bench" \
+      gemm_rs --world 2 $flux_rs --repeats 4 --warmup 2
+    run "s49-gemm_rs-flux-block$b" 90 env TW_BENCH_BLOCK=$b "$bin/tw-bench" gemm_rs --world 2 \
+      $flux_rs --repeats 20 --warmup 5
   done
-  rs_ab_big s48 TW_RS_REDUCE_TMA 0,1
+  for b in 4,8,0 0,8,4; do
+    run "s49-gemm_rs-flux-red$b" 120 env TW_BENCH_AB=TW_RS_REDUCE_CTAS=$b "$bin/tw-bench" \
+      gemm_rs --world 2 $flux_rs --repeats 20 --warmup 5
+  done
+  run "s49-gemm_ar-flux-red4,8,0" 120 env TW_BENCH_AB=TW_RS_REDUCE_CTAS=4,8,0 "$bin/tw-bench" \
+    gemm_ar --world 2 $flux_rs --repeats 20 --warmup 5
 }
 exp_s47() { # (exp/next34's build, 2 GPUs) the walk and the warp-granular groups at flux-tp8
   local op v ab

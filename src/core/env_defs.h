@@ -134,8 +134,9 @@ TW_ENV(TW_RS_UNFUSED_SMALL, int, "-1",
        "sums its rows in rank order and, for tw_gemm_ar, pushes them to every rank) wherever the "
        "workspace holds it, 0 always the fused kernel, -1 at decode shapes: on ranks that do not "
        "share a GPU tw_gemm_rs at m <= 512 and tw_gemm_ar at m <= 256, where ranks share one "
-       "tw_gemm_ar at m <= 64 (measured faster there). Same bits either way. Every rank must set "
-       "it alike.")
+       "tw_gemm_ar at m <= 64 and, with fp32 partials, K per rank <= 1024 and m >= 4096, "
+       "tw_gemm_rs and tw_gemm_ar into symmetric outputs (measured faster there). Same bits "
+       "either way. Every rank must set it alike.")
 TW_ENV(TW_RS_UNFUSED_WAIT_KERNEL, bool, "0",
        "tw_gemm_rs / tw_gemm_ar's unfused pipeline: 1 waits for the peers' release of the "
        "workspace in a kernel of its own before the GEMM (one launch more, the first version), 0 "

@@ -58,7 +58,8 @@ int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partia
          ((partial_bytes == 2 && m <= 4096 && k >= 4096) || m < TW_AR_DIRECT_ANY_M);
 }
 
-int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int all_reduce) {
+int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int64_t k,
+                            int partial_bytes, int all_reduce, int out_sym) {
   if (world < 2 || env == 0)
     return 0;
   if (env > 0)
@@ -84,9 +85,21 @@ int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int a
    * tw_gemm_ar at m <= 64 only. Group s32 (twenty-fourth session, same shapes, TW_BENCH_AB=
    * TW_RS_UNFUSED_SMALL=0,-1 and -1,0 with this rule): GEMM+AR M=64 0.158 / 0.117 and 0.153 /
    * 0.128; M=16 0.137 / 0.160 and 0.140 / 0.136 (within the noise of 8 ranks on one GPU); M=256
-   * level (0.20). */
+   * level (0.20).
+   * Short K where ranks share a GPU (twenty-sixth session, group s51, 8 virtual ranks, n = m,
+   * TW_BENCH_AB=TW_RS_UNFUSED_SMALL=0,1 and 1,0, ms, fused / unfused): with fp32 partials the
+   * GEMM is a few k-blocks that mostly store partials, so it has little math to hide the
+   * reduction behind, and the fused kernel's stores into the owners' staging and its flags
+   * cost more than they overlap. GEMM+RS M=4096 K 512 0.564 / 0.531 and 0.555 / 0.529, M=8192
+   * K 1024 2.987 / 2.949 (one order); GEMM+AR into symmetric outputs M=4096 0.647 / 0.594 and
+   * 0.651 / 0.591, M=8192 3.237 / 3.143. Not taken: bf16 partials (M=4096 GEMM+RS 0.418 /
+   * 0.499), tw_gemm_ar into a plain out (0.662 / 0.913: the unfused pipeline's gather copy),
+   * longer K (M=16384 K 2048: the fused op 18.8 ms against 19.3 for tilewire's unfused
+   * pipeline in the suite), and m below 4096 (not measured; at M=64 GEMM+RS is faster fused). */
   if (gpu_shared)
-    return all_reduce && m <= TW_AR_UNFUSED_SHARED_MAX_M;
+    return (all_reduce && m <= TW_AR_UNFUSED_SHARED_MAX_M) ||
+           (partial_bytes == 4 && k <= TW_RS_UNFUSED_SHARED_MAX_K &&
+            m >= TW_RS_UNFUSED_SHARED_MIN_M && (!all_reduce || out_sym));
   return m <= (all_reduce ? TW_AR_UNFUSED_MAX_M : TW_RS_UNFUSED_MAX_M);
 }
 

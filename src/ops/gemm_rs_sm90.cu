@@ -1523,7 +1523,7 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
    * partial (and, for tw_gemm_ar into a plain out, every rank's reduced rows after it). */
   plan->unfused =
       tw_gemm_rs_want_unfused((int)tw_env_int(TW_RS_UNFUSED_SMALL_ID), world, comm->gpu_shared,
-                              a->m, all_reduce) &&
+                              a->m, a->k, pbytes, all_reduce, all_reduce && a->out_symmetric) &&
       tw_heap_avail(comm, a->workspace) >=
           tw_gemm_rs_unfused_workspace_bytes(a->m, a->n, pbytes, all_reduce && !a->out_symmetric);
   if (plan->unfused)

@@ -545,6 +545,14 @@ int main(int argc, char **argv) {
       test_case(w, 1024, 8192, 256, 0, seed + 71 * w);
       unsetenv("TW_TEST_OUT_SYMMETRIC");
     }
+    /* m 4096 K 512 on 4 ranks (the plain-out case is above): where they share a GPU the rule
+     * runs the unfused pipeline for GEMM+RS and for GEMM+AR into symmetric outputs with fp32
+     * partials (tw_gemm_rs_want_unfused); same bits. */
+    if (w == 4) {
+      setenv("TW_TEST_OUT_SYMMETRIC", "1", 1);
+      test_case(w, 1024, 1024, 512, 0, seed + 72 * w);
+      unsetenv("TW_TEST_OUT_SYMMETRIC");
+    }
   }
   test_back_to_back(small ? 2 : 4, small ? 20 : 1000, seed + 5000);
   for (int wi = 1; wi < (small ? 2 : 5); wi++) /* worlds 2, 3, 4, 8 */

@@ -417,21 +417,41 @@ static void test_gemm_rs_plans(void) {
   /* the unfused pipeline: m <= 256 on distinct GPUs, forced by TW_RS_UNFUSED_SMALL=1, never at
    * world 1 or with =0 */
   for (int ar = 0; ar < 2; ar++) {
-    TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 2, 0, 64, ar), "decode M=64, 2 GPUs: unfused");
-    TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 8, 0, 256, ar), "M=256, 8 GPUs: unfused");
-    TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 2, 0, 1024, ar), "M=1024: fused");
-    TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 8, 1, 64, ar) == ar,
+    TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 2, 0, 64, 1024, 4, ar, 0),
+                "decode M=64, 2 GPUs: unfused");
+    TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 8, 0, 256, 1024, 4, ar, 0), "M=256, 8 GPUs: unfused");
+    TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 2, 0, 1024, 1024, 4, ar, 0), "M=1024: fused");
+    TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 8, 1, 64, 1024, 4, ar, 0) == ar,
                 "shared GPU, M=64: GEMM+AR unfused, GEMM+RS fused");
-    TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 128, ar), "shared GPU, M=128: fused");
-    TEST_ASSERT(tw_gemm_rs_want_unfused(1, 8, 1, 16384, ar), "TW_RS_UNFUSED_SMALL=1: unfused");
-    TEST_ASSERT(!tw_gemm_rs_want_unfused(0, 2, 0, 64, ar), "TW_RS_UNFUSED_SMALL=0: fused");
-    TEST_ASSERT(!tw_gemm_rs_want_unfused(1, 1, 0, 64, ar), "world 1: the plain GEMM");
+    TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 128, 1024, 4, ar, 0),
+                "shared GPU, M=128: fused");
+    TEST_ASSERT(tw_gemm_rs_want_unfused(1, 8, 1, 16384, 1024, 4, ar, 0),
+                "TW_RS_UNFUSED_SMALL=1: unfused");
+    TEST_ASSERT(!tw_gemm_rs_want_unfused(0, 2, 0, 64, 1024, 4, ar, 0),
+                "TW_RS_UNFUSED_SMALL=0: fused");
+    TEST_ASSERT(!tw_gemm_rs_want_unfused(1, 1, 0, 64, 1024, 4, ar, 0), "world 1: the plain GEMM");
   }
-  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 2, 0, 16, 0), "GEMM+RS M=16: unfused");
-  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 2, 0, 16, 1), "GEMM+AR M=16: unfused");
-  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 2, 0, 264, 1), "GEMM+AR M=264: fused");
-  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 2, 0, 512, 0), "GEMM+RS M=512: unfused");
-  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 2, 0, 512, 1), "GEMM+AR M=512: fused");
+  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 2, 0, 16, 1024, 4, 0, 0), "GEMM+RS M=16: unfused");
+  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 2, 0, 16, 1024, 4, 1, 0), "GEMM+AR M=16: unfused");
+  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 2, 0, 264, 1024, 4, 1, 0), "GEMM+AR M=264: fused");
+  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 2, 0, 512, 1024, 4, 0, 0), "GEMM+RS M=512: unfused");
+  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 2, 0, 512, 1024, 4, 1, 0), "GEMM+AR M=512: fused");
+  /* ranks sharing a GPU, short K, m >= 4096: fp32 partials into out (rs) or symmetric outs */
+  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 8, 1, 4096, 512, 4, 0, 0),
+              "shared GPU, K 512: RS unfused");
+  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 8, 1, 8192, 1024, 4, 1, 1),
+              "shared GPU, K 1024, symmetric out: AR unfused");
+  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 4096, 512, 4, 1, 0),
+              "shared GPU, plain out: AR fused");
+  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 4096, 512, 2, 0, 0),
+              "shared GPU, bf16 partials: fused");
+  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 16384, 2048, 4, 0, 0),
+              "shared GPU, K 2048: fused");
+  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 2048, 512, 4, 0, 0), "shared GPU, m 2048: fused");
+  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 2, 0, 4096, 512, 4, 0, 0),
+              "distinct GPUs, m 4096: fused");
+  TEST_ASSERT(!tw_gemm_rs_want_unfused(0, 8, 1, 4096, 512, 4, 0, 0),
+              "TW_RS_UNFUSED_SMALL=0: fused");
   TEST_ASSERT(tw_gemm_rs_unfused_workspace_bytes(64, 8192, 4, 1) == (size_t)64 * 8192 * 6,
               "unfused workspace, fp32 partials and the gather area");
   TEST_ASSERT(tw_gemm_rs_unfused_workspace_bytes(64, 8192, 2, 0) == (size_t)64 * 8192 * 2,

@@ -41,7 +41,25 @@ __device__ __forceinline__ uint32_t pack(float a, float b) {
 // a runtime count (a 32-bit division and remainder an item) and the store's row and column from
 // the 64-bit offset (a 64-bit one), as tw_gemm_rs's reduce_unit did before ItemWalk; else no
 // division an item (the count a power of two known at compile time).
-template <int kIn, bool kDivide>
+// The 16-byte load of the register path: 0 ld.global.cs (what tw_gemm_rs's reduction uses), 1
+// ld.global.cg (L2 only), 2 ld.global.L1::no_allocate with an L2 evict-first policy (not .nc: the
+// fused kernel's partials are written while it runs).
+template <int kLoad> __device__ __forceinline__ float4 ld16(const float *p) {
+  if constexpr (kLoad == 1)
+    return __ldcg(reinterpret_cast<const float4 *>(p));
+  if constexpr (kLoad == 2) {
+    float4 v;
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(p), "l"(policy));
+    return v;
+  }
+  return __ldcs(reinterpret_cast<const float4 *>(p));
+}
+
+template <int kIn, bool kDivide, int kLoad = 0>
 __device__ __forceinline__ void reg_unit(const float *s0, const float *s1, __nv_bfloat16 *out,
                                          int n, int u, int col_units, int cols) {
   const int r0 = (u / col_units) * kRows, c0 = (u % col_units) * kCols;
@@ -53,11 +71,11 @@ __device__ __forceinline__ void reg_unit(const float *s0, const float *s1, __nv_
     for (int j = 0; j < kIn; j++) {
       int i = min(base + j * (int)blockDim.x, items - 1);
       off[j] = (size_t)(r0 + i / vecs) * n + c0 + 4 * (i % vecs);
-      a[j] = __ldcs(reinterpret_cast<const float4 *>(s0 + off[j]));
+      a[j] = ld16<kLoad>(s0 + off[j]);
     }
 #pragma unroll
     for (int j = 0; j < kIn; j++)
-      b[j] = __ldcs(reinterpret_cast<const float4 *>(s1 + off[j]));
+      b[j] = ld16<kLoad>(s1 + off[j]);
 #pragma unroll
     for (int j = 0; j < kIn; j++) {
       if (base + j * (int)blockDim.x >= items)
@@ -70,12 +88,12 @@ __device__ __forceinline__ void reg_unit(const float *s0, const float *s1, __nv_
   }
 }
 
-template <bool kDivide>
+template <bool kDivide, int kLoad = 0, int kIn = 8>
 __global__ void __launch_bounds__(384)
     reg_kernel(const float *s0, const float *s1, __nv_bfloat16 *out, int n, int units_per_cta,
                int col_units, int cols) {
   for (int k = 0; k < units_per_cta; k++)
-    reg_unit<8, kDivide>(s0, s1, out, n, blockIdx.x * units_per_cta + k, col_units, cols);
+    reg_unit<kIn, kDivide, kLoad>(s0, s1, out, n, blockIdx.x * units_per_cta + k, col_units, cols);
 }
 
 // The register path with tw_gemm_rs's claim of each unit: thread 0 takes the next unit from a
@@ -237,6 +255,12 @@ int main() {
   const double unit_bytes = kRows * kCols * (4.0 * 2 + 2);
   CK(cudaFuncSetAttribute(reg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           200 * 1024));
+  CK(cudaFuncSetAttribute(reg_kernel<false, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          200 * 1024));
+  CK(cudaFuncSetAttribute(reg_kernel<false, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          200 * 1024));
+  CK(cudaFuncSetAttribute(reg_kernel<false, 0, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          200 * 1024));
   CK(cudaFuncSetAttribute(tma_kernel<6>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   CK(cudaFuncSetAttribute(tma_kernel<12>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   const CUtensorMap m0 = make_map(s0, m, n, 16), m1 = make_map(s1, m, n, 16);
@@ -264,12 +288,18 @@ int main() {
                          "tma 2-D 6x32K (16 rows)",
                          "tma 2-D 12x16K (8 rows)",
                          "division per item",
-                         "registers, 200 KiB smem"};
+                         "registers, 200 KiB smem",
+                         "ld.cg, 200 KiB smem",
+                         "L1::no_allocate, 200 KiB",
+                         "4 in flight, 200 KiB smem",
+                         "ld.cg",
+                         "L1::no_allocate"};
+  const int nvariants = (int)(sizeof(names) / sizeof(names[0]));
   for (int with_gemm = 0; with_gemm < 2; with_gemm++)
     for (int ctas = 4; ctas <= 8; ctas += 4) {
       const int per = 24;
       g.sm_count = 132 - ctas;
-      for (int v = 0; v < 6; v++) {
+      for (int v = 0; v < nvariants; v++) {
         float best = 1e30f, gms = 0;
         for (int rep = 0; rep < 5; rep++) {
           if (with_gemm) {
@@ -297,6 +327,19 @@ int main() {
             reg_kernel<true><<<ctas, 384, 0, sr>>>(s0, s1, out, n, per, col_units, kCols);
           if (v == 5) /* the fused kernel's shared-memory carveout, unused: what L1 is left */
             reg_kernel<false><<<ctas, 384, 200 * 1024, sr>>>(s0, s1, out, n, per, col_units, kCols);
+          if (v == 6)
+            reg_kernel<false, 1>
+                <<<ctas, 384, 200 * 1024, sr>>>(s0, s1, out, n, per, col_units, kCols);
+          if (v == 7)
+            reg_kernel<false, 2>
+                <<<ctas, 384, 200 * 1024, sr>>>(s0, s1, out, n, per, col_units, kCols);
+          if (v == 8)
+            reg_kernel<false, 0, 4>
+                <<<ctas, 384, 200 * 1024, sr>>>(s0, s1, out, n, per, col_units, kCols);
+          if (v == 9)
+            reg_kernel<false, 1><<<ctas, 384, 0, sr>>>(s0, s1, out, n, per, col_units, kCols);
+          if (v == 10)
+            reg_kernel<false, 2><<<ctas, 384, 0, sr>>>(s0, s1, out, n, per, col_units, kCols);
           CK(cudaEventRecord(e1, sr));
           CK(cudaDeviceSynchronize());
           float ms;
