@@ -7,12 +7,16 @@
  * a thread, no division an item (16 spilled, and measured 90 / 76 GB/s); the same with
  * tw_gemm_rs's claim of each unit (queue atomic, count acquire and reset, two CTA barriers); 2-D
  * TMA boxes of 16 or 8 rows; the register loop with the per-item division and 64-bit remainder
- * tw_gemm_rs had before ItemWalk; and the register loop in a CTA holding 200 KiB of shared
- * memory, as the fused kernel's CTAs do (the L1 left beside it may bound the loads in flight: not
- * run yet). Prints GB/s a CTA. RB_RANDOM=1: random operands (else zeros). Twenty-fifth session,
+ * tw_gemm_rs had before ItemWalk; the register loop in a CTA holding 200 KiB of shared memory,
+ * as the fused kernel's CTAs do (the L1 left beside it), with ld.global.cs, .cg and
+ * L1::no_allocate loads and with 4 items in flight; and .cg / L1::no_allocate without shared
+ * memory. Prints GB/s a CTA. RB_RANDOM=1: random operands (else zeros). Twenty-fifth session,
  * H200, random operands, 4 CTAs (docs/PERF.md): alone 94 / 69 / 84 / 58 GB/s (registers,
  * claimed, TMA 16 rows, divisions), beside the GEMM 74 / 54 / 72 / 38; a 1-D bulk copy a 1 KiB
- * row, since dropped from here, 31 / 28. Not a test: run it by hand. */
+ * row, since dropped from here, 31 / 28. Twenty-sixth session: with 200 KiB of shared memory the
+ * register loop 71-75 alone and 41-43 beside the GEMM, .cg 85 / 46, L1::no_allocate 102 / 46; the
+ * division row (one loop with a switch since the review mend) no longer reproduces 58 / 38 (90-98
+ * / 61-66). Not a test: run it by hand. */
 #include "device/ptx_sm90.cuh"
 #include "tilewire.h"
 #include <cstdint>
@@ -37,10 +41,6 @@ __device__ __forceinline__ uint32_t pack(float a, float b) {
   return *reinterpret_cast<uint32_t *>(&h);
 }
 
-// Register path: one unit, 8 items in flight per thread per slab. kDivide: the items' vectors
-// a runtime count (a 32-bit division and remainder an item) and the store's row and column from
-// the 64-bit offset (a 64-bit one), as tw_gemm_rs's reduce_unit did before ItemWalk; else no
-// division an item (the count a power of two known at compile time).
 // The 16-byte load of the register path: 0 ld.global.cs (what tw_gemm_rs's reduction uses), 1
 // ld.global.cg (L2 only), 2 ld.global.L1::no_allocate with an L2 evict-first policy (not .nc: the
 // fused kernel's partials are written while it runs).
@@ -59,6 +59,10 @@ template <int kLoad> __device__ __forceinline__ float4 ld16(const float *p) {
   return __ldcs(reinterpret_cast<const float4 *>(p));
 }
 
+// Register path: one unit, kIn items in flight per thread per slab. kDivide: the items' vectors
+// a runtime count (a 32-bit division and remainder an item) and the store's row and column from
+// the 64-bit offset (a 64-bit one), as tw_gemm_rs's reduce_unit did before ItemWalk; else no
+// division an item (the count a power of two known at compile time).
 template <int kIn, bool kDivide, int kLoad = 0>
 __device__ __forceinline__ void reg_unit(const float *s0, const float *s1, __nv_bfloat16 *out,
                                          int n, int u, int col_units, int cols) {
