@@ -15,7 +15,10 @@
 #   TW_SUITE_DEADLINE_S=400   start no step after 400 s (the rest are listed as SKIP(deadline)),
 #                             so a run under a device time limit still ends with its summary
 #   TW_SUITE_STEP_CAP_S=150   no step runs longer than 150 s (a stuck step then costs that,
-#                             not the rest of the run; the longest normal step, pytest, ~130 s)
+#                             not the rest of the run; the longest normal step, pytest, 110-130
+#                             s on 2 H200s, over 200 s on the one-GPU machine (twenty-sixth
+#                             session: 16 CPU cores for test_mp's four torch processes); pytest
+#                             prints its slowest tests and dumps the stacks of one past 150 s)
 # Killed (SIGTERM / SIGINT, e.g. by an outer `timeout`), it stops the running step and still
 # writes the summary and the bundle: a lent machine returns only a few files.
 set -u
@@ -135,7 +138,7 @@ if want mps; then
     # world 8 with one process per rank, as on an 8-GPU node under torchrun (the ranks share
     # the lent GPUs here)
     step "test_mp 8 procs (MPS)" 300 "$bin/test_mp" 8 20
-    want python && step "pytest python (GPU + MPS)" 400 env TILEWIRE_LIB="$root/$bin/libtilewire.so" CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m pytest python/tests -q -rs
+    want python && step "pytest python (GPU + MPS)" 400 env TILEWIRE_LIB="$root/$bin/libtilewire.so" CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m pytest python/tests -q -rs --durations=15 -o faulthandler_timeout=150
     echo quit | nvidia-cuda-mps-control >>"$log" 2>&1
   else
     summary+=("$(printf '%-34s %-14s' 'mps daemon' 'FAIL(start)')")
@@ -144,7 +147,7 @@ if want mps; then
 elif want python; then
   # `python` without `mps` (nineteenth session: `gpu-suite.sh python` alone ran no pytest): the
   # GPU tests without an MPS daemon, whose multi-process cases then skip
-  step "pytest python (GPU)" 400 env TILEWIRE_LIB="$root/$bin/libtilewire.so" CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m pytest python/tests -q -rs
+  step "pytest python (GPU)" 400 env TILEWIRE_LIB="$root/$bin/libtilewire.so" CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m pytest python/tests -q -rs --durations=15 -o faulthandler_timeout=150
 fi
 if want multi && [ "$ngpus" -gt 1 ]; then
   step "test_mp $ngpus procs, one per GPU" 300 "$bin/test_mp" "$ngpus" 100
