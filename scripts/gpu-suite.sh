@@ -16,9 +16,10 @@
 #                             so a run under a device time limit still ends with its summary
 #   TW_SUITE_STEP_CAP_S=150   no step runs longer than 150 s (a stuck step then costs that,
 #                             not the rest of the run; the longest normal step, pytest, 110-130
-#                             s on 2 H200s, over 200 s on the one-GPU machine (twenty-sixth
-#                             session: 16 CPU cores for test_mp's four torch processes); pytest
-#                             prints its slowest tests and dumps the stacks of one past 150 s)
+#                             s on 2 H200s, over 200 s on the one-GPU machine in the twenty-sixth
+#                             session, cause unknown (it has 16 CPU cores for test_mp's four
+#                             torch processes, the 2-GPU one 32); pytest prints its slowest
+#                             tests and dumps the stacks of one past 150 s)
 # Killed (SIGTERM / SIGINT, e.g. by an outer `timeout`), it stops the running step and still
 # writes the summary and the bundle: a lent machine returns only a few files.
 set -u
