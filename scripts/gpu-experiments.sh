@@ -78,6 +78,9 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s53     (twenty-sixth session, docs/patches/ar-peer-out.patch, not run) tw_gemm_ar into plain
+#             outs on virtual ranks through the peers' outs (TW_AR_PEER_OUT): tests, A/B on 8
+#             virtual ranks at M=4096 / 8192, and the unfused pipeline at M=16384
 #     s52     (twenty-sixth session, main with the short-K rule for ranks sharing a GPU) the
 #             rule against the fused kernel on 8 virtual ranks, M=4096 K 512 and M=8192 K 1024
 #     s51     (twenty-sixth session, main) the in-call unfused pipeline (TW_RS_UNFUSED_SMALL=1)
@@ -879,6 +882,24 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
         "--m $m --n 8192 --k 1024" ""
     done
   done
+}
+exp_s53() { # (docs/patches/ar-peer-out.patch applied) tw_gemm_ar into plain outs on virtual
+  # ranks: the unfused pipeline stores into the peers' outs (TW_AR_PEER_OUT=-1) against the
+  # gather copy / the fused kernel (0)
+  local ab
+  run "s53-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] &&
+    run "s53-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  for ab in -1,0 0,-1; do
+    run "s53-gemm_ar-8v-m4096-po$ab" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_AR_PEER_OUT=$ab \
+      "$bin/tw-bench" gemm_ar --world 8 --m 4096 --n 4096 --k 512 --repeats 20 --warmup 5
+  done
+  run "s53-gemm_ar-8v-m8192-po-1,0" 120 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_AR_PEER_OUT=-1,0 \
+    "$bin/tw-bench" gemm_ar --world 8 --m 8192 --n 8192 --k 1024 --repeats 10 --warmup 3
+  # M=16384 K 2048: the unfused pipeline with peer outs (forced) against the fused kernel
+  run "s53-gemm_ar-8v-m16384-unf0,1" 200 env TW_BENCH_VIRTUAL=1 \
+    TW_BENCH_AB=TW_RS_UNFUSED_SMALL=0,1 "$bin/tw-bench" gemm_ar --world 8 --m 16384 --n 16384 \
+    --k 2048 --repeats 5 --warmup 2
 }
 exp_s52() { # (main with the short-K rule where ranks share a GPU) the rule (-1) against the
   # fused kernel (0) on 8 virtual ranks, GEMM+RS and GEMM+AR (symmetric-output rows too)
