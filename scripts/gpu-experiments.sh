@@ -78,6 +78,9 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s54     (twenty-sixth session, docs/patches/rs-bf16-deep.patch, not run) bf16 partials'
+#             reduction with 8 items in flight a thread (TW_RS_BF16_DEEP): tests, A/B and traces
+#             at flux-tp8 on 2 GPUs, M=16384
 #     s53     (twenty-sixth session, docs/patches/ar-peer-out.patch, not run) tw_gemm_ar into plain
 #             outs on virtual ranks through the peers' outs (TW_AR_PEER_OUT): tests, A/B on 8
 #             virtual ranks at M=4096 / 8192, and the unfused pipeline at M=16384
@@ -882,6 +885,29 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
         "--m $m --n 8192 --k 1024" ""
     done
   done
+}
+exp_s54() { # (docs/patches/rs-bf16-deep.patch applied) bf16 partials reduced with 8 items in
+  # flight a thread (TW_RS_BF16_DEEP=1) against 4: tests, traces and A/B at flux-tp8 (2 GPUs)
+  local op v
+  run "s54-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] || {
+    run "s54-gemm_rs-2v-flux-red4-0,1" 120 env TW_BENCH_VIRTUAL=1 TW_RS_REDUCE_CTAS=4 \
+      TW_BENCH_AB=TW_RS_BF16_DEEP=0,1 "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 20 \
+      --warmup 5
+    return 0
+  }
+  run "s54-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  for op in gemm_rs gemm_ar; do
+    for v in 0,1 1,0; do
+      run "s54-$op-flux-$v" 90 env TW_BENCH_AB=TW_RS_BF16_DEEP=$v "$bin/tw-bench" $op --world 2 \
+        $flux_rs --repeats 20 --warmup 5
+    done
+  done
+  for v in 0 1; do
+    run "s54-trace-gemm_rs-flux-deep$v" 90 env TW_TRACE=1 TW_RS_BF16_DEEP=$v "$bin/tw-bench" \
+      gemm_rs --world 2 $flux_rs --repeats 4 --warmup 2
+  done
+  rs_ab_big s54 TW_RS_BF16_DEEP 0,1
 }
 exp_s53() { # (docs/patches/ar-peer-out.patch applied) tw_gemm_ar into plain outs on virtual
   # ranks: the unfused pipeline stores into the peers' outs (TW_AR_PEER_OUT=-1) against the
