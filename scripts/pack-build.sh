@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Packs a build for the GPU machine: the library, tw-bench, tw-info, tw-rbench and the GPU test
-# binaries of BUILD (default build), stripped, as build-dev/ inside one xz archive,
-# build-pack/dev.txz (about 2 MB; the stripped binaries are ~58 MB, which with the tracked tree
-# passes the device tool's 64 MiB carry limit). Carry build-pack and unpack it there first:
+# Packs a build for the GPU machine: the library, tw-bench, tw-info, tw-rbench and the test
+# binaries of BUILD (default build; the suite runs the GPU ones), stripped, as build-dev/ inside
+# one xz archive, build-pack/dev.txz (about 2.4 MB; the stripped binaries are ~60 MB, which with
+# the tracked tree pass the device tool's 64 MiB carry limit). Carry build-pack and unpack it
+# there first:
 #   python3 -c "import tarfile; tarfile.open('build-pack/dev.txz').extractall('.')"
 #   TW_BUILD_DIR=build-dev scripts/gpu-suite.sh ...
 # Usage: scripts/pack-build.sh [BUILD] [EXTRA_BUILD NAME]...
@@ -17,9 +18,8 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/build-dev"
 cp -a "$build"/libtilewire.so* "$stage/build-dev/"
-for b in tw-bench tw-info tw-rbench test_comm test_allgather test_gemm test_ag_gemm test_gemm_rs \
-  test_plans test_ref_nccl test_stall test_tile_order test_tma_memo test_trace test_mp; do
-  if [ -x "$build/$b" ]; then cp "$build/$b" "$stage/build-dev/"; fi
+for b in "$build"/tw-bench "$build"/tw-info "$build"/tw-rbench "$build"/test_*; do
+  if [ -f "$b" ] && [ -x "$b" ]; then cp "$b" "$stage/build-dev/"; fi
 done
 while [ $# -ge 2 ]; do
   mkdir -p "$stage/$2"
