@@ -78,10 +78,14 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
-#     s54     (twenty-sixth session, docs/patches/rs-bf16-deep.patch, not run) bf16 partials'
+#     s56     (twenty-seventh session, main) the short-K rule to K 2048 against the fused
+#             kernel on 8 virtual ranks at M=16384
+#     s55     (twenty-seventh session, main) the in-call unfused pipeline against the fused
+#             kernel on 8 virtual ranks at M=16384 K 2048 and flux-tp8; memcheck test_gemm_rs
+#     s54     (twenty-sixth session; run in the twenty-seventh, the patch dropped) bf16 partials'
 #             reduction with 8 items in flight a thread (TW_RS_BF16_DEEP): tests, A/B and traces
 #             at flux-tp8 on 2 GPUs, M=16384
-#     s53     (twenty-sixth session, docs/patches/ar-peer-out.patch, not run) tw_gemm_ar into plain
+#     s53     (twenty-sixth session; run and merged in the twenty-seventh) tw_gemm_ar into plain
 #             outs on virtual ranks through the peers' outs (TW_AR_PEER_OUT): tests, A/B on 8
 #             virtual ranks at M=4096 / 8192, and the unfused pipeline at M=16384
 #     s52     (twenty-sixth session, main with the short-K rule for ranks sharing a GPU) the
@@ -886,17 +890,46 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
+exp_s56() { # (main with the short-K rule to K 2048) the rule (-1) against the fused kernel (0)
+  # on 8 virtual ranks at M=16384 K 2048, symmetric-output rows too
+  local op
+  for op in gemm_ar gemm_rs; do
+    run "s56-$op-8v-m16384-unf-1,0" 150 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB_OUTSYM=1 \
+      TW_BENCH_AB=TW_RS_UNFUSED_SMALL=-1,0 "$bin/tw-bench" $op --world 8 $big_rs --repeats 5 \
+      --warmup 2
+  done
+}
+exp_s55() { # (main with peer outs) where ranks share a GPU past the short-K rule: the in-call
+  # unfused pipeline (TW_RS_UNFUSED_SMALL=1) against the fused kernel (0) on 8 virtual ranks at
+  # M=16384 K 2048 and flux-tp8, both orders at M=16384, symmetric-output rows too; memcheck of
+  # test_gemm_rs --small (the peer-out stores)
+  local op ab
+  run "s55-memcheck-test_gemm_rs" 300 compute-sanitizer --error-exitcode=1 --tool memcheck \
+    "$bin/test_gemm_rs" --small
+  for op in gemm_ar gemm_rs; do
+    for ab in 0,1 1,0; do
+      run "s55-$op-8v-m16384-unf$ab" 150 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB_OUTSYM=1 \
+        TW_BENCH_AB=TW_RS_UNFUSED_SMALL=$ab "$bin/tw-bench" $op --world 8 $big_rs --repeats 5 \
+        --warmup 2
+    done
+    run "s55-$op-8v-flux-unf0,1" 120 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB_OUTSYM=1 \
+      TW_BENCH_AB=TW_RS_UNFUSED_SMALL=0,1 "$bin/tw-bench" $op --world 8 $flux_rs --repeats 10 \
+      --warmup 3
+  done
+}
 exp_s54() { # (docs/patches/rs-bf16-deep.patch applied) bf16 partials reduced with 8 items in
   # flight a thread (TW_RS_BF16_DEEP=1) against 4: tests, traces and A/B at flux-tp8 (2 GPUs)
-  local op v
-  run "s54-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  local op v tests=1
+  # With both patches applied, s53's test_gemm_rs runs carry this patch's case too.
+  [ -f "$out/logs/s53-test_gemm_rs.log" ] && tests=0
+  [ $tests = 1 ] && run "s54-test_gemm_rs" 200 "$bin/test_gemm_rs"
   [ "$ngpus" -gt 1 ] || {
     run "s54-gemm_rs-2v-flux-red4-0,1" 120 env TW_BENCH_VIRTUAL=1 TW_RS_REDUCE_CTAS=4 \
       TW_BENCH_AB=TW_RS_BF16_DEEP=0,1 "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 20 \
       --warmup 5
     return 0
   }
-  run "s54-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  [ $tests = 1 ] && run "s54-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
   for op in gemm_rs gemm_ar; do
     for v in 0,1 1,0; do
       run "s54-$op-flux-$v" 90 env TW_BENCH_AB=TW_RS_BF16_DEEP=$v "$bin/tw-bench" $op --world 2 \

@@ -226,6 +226,8 @@ if want sanitizer; then
     step "racecheck test_allgather --small" 200 $cs --tool racecheck "$bin/test_allgather" --small
     step "synccheck test_allgather --small" 200 $cs --tool synccheck "$bin/test_allgather" --small
     [ -x "$bin/test_ag_gemm" ] && step "memcheck test_ag_gemm --small" 400 $cs --tool memcheck "$bin/test_ag_gemm" --small
+    # the unfused pipeline's reduce kernel stores into the peers' outs (TW_AR_PEER_OUT)
+    [ -x "$bin/test_gemm_rs" ] && step "memcheck test_gemm_rs --small" 400 $cs --tool memcheck "$bin/test_gemm_rs" --small
   else
     summary+=("$(printf '%-34s %-14s' 'compute-sanitizer' 'SKIP(absent)')")
   fi

@@ -122,6 +122,13 @@ TW_ENV(TW_AR_PUSH, int, "-1",
        "workspace (NVLink stores), where the workspace holds tw_gemm_rs_workspace_size() bytes; "
        "0 has every rank load them from the owner (the first design); -1 pushes where no two "
        "ranks of the comm share a GPU.")
+TW_ENV(TW_AR_PEER_OUT, int, "-1",
+       "tw_gemm_ar into a plain out (out_symmetric 0) where every rank of the comm lives in one "
+       "process on one GPU (virtual ranks): -1 has the unfused pipeline's reduce kernel store "
+       "each rank's reduced rows straight into every rank's out (their addresses exchanged "
+       "through the control blocks at entry) instead of into a gather area that each rank then "
+       "copies, and lets the short-K rule of TW_RS_UNFUSED_SMALL take that pipeline as for "
+       "symmetric outputs; 0 never. Every rank must set it alike.")
 TW_ENV(TW_AR_DIRECT, int, "-1",
        "tw_gemm_ar's direct scheme (every rank stores each partial tile into every rank's "
        "staging and reduces all rows itself), taken when the workspace holds world x m x n "
@@ -134,7 +141,7 @@ TW_ENV(TW_RS_UNFUSED_SMALL, int, "-1",
        "sums its rows in rank order and, for tw_gemm_ar, pushes them to every rank) wherever the "
        "workspace holds it, 0 always the fused kernel, -1 at decode shapes: on ranks that do not "
        "share a GPU tw_gemm_rs at m <= 512 and tw_gemm_ar at m <= 256, where ranks share one "
-       "tw_gemm_ar at m <= 64 and, with fp32 partials, K per rank <= 1024 and m >= 4096, "
+       "tw_gemm_ar at m <= 64 and, with fp32 partials, K per rank <= 2048 and m >= 4096, "
        "tw_gemm_rs and tw_gemm_ar into symmetric outputs (measured faster there). Same bits "
        "either way. Every rank must set it alike.")
 TW_ENV(TW_RS_UNFUSED_WAIT_KERNEL, bool, "0",

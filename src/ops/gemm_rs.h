@@ -107,6 +107,9 @@ typedef struct tw_gemm_rs_plan {
                       (tw_gemm_rs_want_unfused; set by the caller of make_plan) */
   int ll;          /* the unfused pipeline exchanges rows through the comm's low-latency area
                       (tw_gemm_rs_want_ll; set by the caller of make_plan) */
+  int ar_peer_out; /* tw_gemm_ar's unfused pipeline stores every rank's rows into every rank's
+                      plain out, their addresses exchanged at entry (ranks of one process on
+                      one GPU, TW_AR_PEER_OUT; set by the caller of make_plan) */
 } tw_gemm_rs_plan_t;
 
 /* Workspace bytes of tw_gemm_ar's direct scheme: fp32 staging [world][m][n]. */
@@ -127,9 +130,10 @@ int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partia
 #define TW_AR_UNFUSED_MAX_M 256
 /* Where ranks share a GPU: tw_gemm_ar at m <= TW_AR_UNFUSED_SHARED_MAX_M; and with fp32
  * partials, K per rank <= TW_RS_UNFUSED_SHARED_MAX_K and m >= TW_RS_UNFUSED_SHARED_MIN_M,
- * tw_gemm_rs and tw_gemm_ar into symmetric outputs. */
+ * tw_gemm_rs and tw_gemm_ar into symmetric outputs (or into plain outs the unfused pipeline
+ * stores into directly, TW_AR_PEER_OUT). */
 #define TW_AR_UNFUSED_SHARED_MAX_M 64
-#define TW_RS_UNFUSED_SHARED_MAX_K 1024
+#define TW_RS_UNFUSED_SHARED_MAX_K 2048
 #define TW_RS_UNFUSED_SHARED_MIN_M 4096
 /* Whether tw_gemm_rs (all_reduce 0) / tw_gemm_ar (1) run the unfused pipeline in the call
  * (tw_gemm into the workspace, then the reduce kernel; gemm_rs_sm90.cu), where the workspace

@@ -93,9 +93,19 @@ int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int64
    * cost more than they overlap. GEMM+RS M=4096 K 512 0.564 / 0.531 and 0.555 / 0.529, M=8192
    * K 1024 2.987 / 2.949 (one order); GEMM+AR into symmetric outputs M=4096 0.647 / 0.594 and
    * 0.651 / 0.591, M=8192 3.237 / 3.143. Not taken: bf16 partials (M=4096 GEMM+RS 0.418 /
-   * 0.499), tw_gemm_ar into a plain out (0.662 / 0.913: the unfused pipeline's gather copy),
-   * longer K (M=16384 K 2048: the fused op 18.8 ms against 19.3 for tilewire's unfused
-   * pipeline in the suite), and m below 4096 (not measured; at M=64 GEMM+RS is faster fused). */
+   * 0.499), tw_gemm_ar into a plain out (0.662 / 0.913: the unfused pipeline's gather copy;
+   * since the twenty-seventh session taken where the unfused pipeline stores into the peers'
+   * plain outs, TW_AR_PEER_OUT: 0.669 -> 0.605 ms), and m below 4096 (not measured; at M=64
+   * GEMM+RS is faster fused).
+   * K 2048 (twenty-seventh session, group s55, one H200, 8 virtual ranks, M=16384 n 16384,
+   * TW_RS_UNFUSED_SMALL=0,1 and 1,0, ms, fused / unfused): GEMM+AR into a plain out 21.21 /
+   * 20.07 and 21.27 / 20.05, into symmetric outputs 20.50 / 19.87 and 20.54 / 19.91; GEMM+RS
+   * 19.69 / 19.52 and 19.68 / 19.55: there the large shapes run at the card's power limit and
+   * the bytes moved decide, not the overlap. So the limit is K per rank <= 2048. Not taken:
+   * flux-tp8's K 6144 (GEMM+RS 9.044 / 9.256, GEMM+AR 9.239 / 9.259, symmetric 9.265 / 9.327), and
+   * bf16 partials (M=16384: GEMM+RS 17.52 / 17.55, GEMM+AR into symmetric outputs 18.65 / 18.41
+   * and 18.55 / 18.53, level; into a plain out 19.53 / 18.03 and 19.47 / 18.74 faster
+   * unfused, but slower at K <= 1024, above). */
   if (gpu_shared)
     return (all_reduce && m <= TW_AR_UNFUSED_SHARED_MAX_M) ||
            (partial_bytes == 4 && k <= TW_RS_UNFUSED_SHARED_MAX_K &&

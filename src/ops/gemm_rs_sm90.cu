@@ -998,6 +998,9 @@ template <class P> struct UnfusedParams {
   int64_t ld_dst, ldo;
   int64_t dst_row0; /* rs: rank * m_local (out's first row); ar: 0 */
   int32_t ch, m_local, m, n, ndst, copy;
+  int32_t peer_out; /* ar: dst[q] / its row stride are rank q's out, read from this rank's control
+                       block after q's entry (plan.ar_peer_out); this rank's goes to every peer's
+                       before its own entry signal */
 };
 
 /* One 16-byte load of partials as floats: 4 fp32 or 8 bf16 (kVec<P>), so that a warp's loads
@@ -1036,11 +1039,28 @@ __global__ void __launch_bounds__(kUnfusedThreads)
   const tw_dev_comm_t &dc = p.dc;
   const int ch = p.ch, world = dc.world, rank = dc.rank;
   const uint64_t epoch = tw_op_begin(dc, ch);
+  __shared__ __nv_bfloat16 *s_dst[kMaxWorld];
+  __shared__ int64_t s_ld[kMaxWorld];
   if (threadIdx.x == 0) {
+    /* peer outs: this rank's out into every peer's control block before the entry signal
+     * (whose fence orders it); the peers read it once they have seen this rank enter */
+    if (p.peer_out && blockIdx.x == 0 && tw_op_usable(dc, ch))
+      for (int q = 0; q < world; q++)
+        if (q != rank && dc.peer_ctrl[q]) {
+          volatile uint64_t *slot = dc.peer_ctrl[q]->peer_out[ch][rank];
+          slot[0] = (uint64_t)(uintptr_t)p.out;
+          slot[1] = (uint64_t)p.ldo;
+        }
     bool ok = tw_kernel_enter(dc, ch, epoch);
     for (int s = 0; ok && s < world; s++)
       if (s != rank)
         ok = tw_wait_entry(dc, ch, s, epoch);
+    if (ok && p.peer_out)
+      for (int q = 0; q < world; q++) {
+        const volatile uint64_t *slot = dc.ctrl->peer_out[ch][q];
+        s_dst[q] = q == rank ? p.out : (__nv_bfloat16 *)(uintptr_t)slot[0];
+        s_ld[q] = q == rank ? p.ldo : (int64_t)slot[1];
+      }
     s_ok = ok;
   }
   __syncthreads();
@@ -1061,9 +1081,15 @@ __global__ void __launch_bounds__(kUnfusedThreads)
         load_vec(p.partial[s] + off, v[s]);
     sum_rank_order<V>(v, world);
     const typename RsVec<P>::Packed sum = RsVec<P>::pack(v[0]);
-    const size_t dst_off = (size_t)(r - p.dst_row0) * (size_t)p.ld_dst + (size_t)c;
-    for (int q = 0; q < p.ndst; q++)
-      *reinterpret_cast<typename RsVec<P>::Packed *>(p.dst[q] + dst_off) = sum;
+    if (p.peer_out) {
+      for (int q = 0; q < p.ndst; q++)
+        *reinterpret_cast<typename RsVec<P>::Packed *>(s_dst[q] + (size_t)r * (size_t)s_ld[q] +
+                                                       (size_t)c) = sum;
+    } else {
+      const size_t dst_off = (size_t)(r - p.dst_row0) * (size_t)p.ld_dst + (size_t)c;
+      for (int q = 0; q < p.ndst; q++)
+        *reinterpret_cast<typename RsVec<P>::Packed *>(p.dst[q] + dst_off) = sum;
+    }
   }
   __syncthreads();
   /* this CTA's loads and stores before its count; the last CTA releases the peers' partials
@@ -1367,6 +1393,11 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
     p.dst[0] = (__nv_bfloat16 *)a.out;
     p.ld_dst = a.ldo;
     p.dst_row0 = (int64_t)rank * p.m_local;
+  } else if (plan.ar_peer_out) {
+    p.ndst = world;
+    p.peer_out = 1; /* dst[]: on the device, after the entries; no gather copy */
+    p.out = (__nv_bfloat16 *)a.out;
+    p.ldo = a.ldo;
   } else {
     p.ndst = world;
     p.copy = !plan.ar_out_sym;
@@ -1521,16 +1552,23 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
   }
   /* The unfused pipeline (tw_gemm_rs_want_unfused) where the workspace holds this rank's
    * partial (and, for tw_gemm_ar into a plain out, every rank's reduced rows after it). */
-  plan->unfused =
-      tw_gemm_rs_want_unfused((int)tw_env_int(TW_RS_UNFUSED_SMALL_ID), world, comm->gpu_shared,
-                              a->m, a->k, pbytes, all_reduce, all_reduce && a->out_symmetric) &&
-      tw_heap_avail(comm, a->workspace) >=
-          tw_gemm_rs_unfused_workspace_bytes(a->m, a->n, pbytes, all_reduce && !a->out_symmetric);
+  /* tw_gemm_ar into a plain out where every rank lives in this process on this GPU: the
+   * unfused pipeline can store into the peers' outs themselves (TW_AR_PEER_OUT), as into
+   * symmetric outputs, with no gather area */
+  const int peer_out = all_reduce && !a->out_symmetric && comm->one_process &&
+                       comm->ranks_on_device == world && tw_env_int(TW_AR_PEER_OUT_ID) != 0;
+  plan->unfused = tw_gemm_rs_want_unfused((int)tw_env_int(TW_RS_UNFUSED_SMALL_ID), world,
+                                          comm->gpu_shared, a->m, a->k, pbytes, all_reduce,
+                                          all_reduce && (a->out_symmetric || peer_out)) &&
+                  tw_heap_avail(comm, a->workspace) >=
+                      tw_gemm_rs_unfused_workspace_bytes(
+                          a->m, a->n, pbytes, all_reduce && !a->out_symmetric && !peer_out);
   if (plan->unfused)
     plan->ar_out_sym = all_reduce && a->out_symmetric; /* checked above, direct or not */
   /* its rows through the comm's low-latency area where they fit (TW_RS_UNFUSED_LL) */
   plan->ll = plan->unfused && tw_gemm_rs_want_ll((int)tw_env_int(TW_RS_UNFUSED_LL_ID), world, a->m,
                                                  a->n, pbytes, all_reduce, comm->ll_bytes);
+  plan->ar_peer_out = plan->unfused && !plan->ll && peer_out;
   /* tw_gemm_ar's push gather (TW_AR_PUSH, the default) where the workspace holds every owner's
    * reduced rows (tw_gemm_rs_workspace_size asks for that much) and no two ranks share a GPU
    * (comm->gpu_shared: every rank must choose alike; with ranks_on_device, 3 ranks on 2 GPUs
@@ -1548,11 +1586,11 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
   TW_DEBUG(
       "%s rank %d: m %lld n %lld k %lld, %s partials: ctas %d, block_n %d, reduce_ctas %d, band "
       "%d, group_units %d, interleave %d, direct %d, owner_epi %d, pull %d, ar_push %d, "
-      "ar_out_sym %d, unfused %d, ll %d",
+      "ar_out_sym %d, unfused %d, ll %d, ar_peer_out %d",
       op, comm->rank, (long long)a->m, (long long)a->n, (long long)a->k,
       pbytes == 2 ? "bf16" : "fp32", plan->ctas, plan->block_n, plan->reduce_ctas, plan->band,
       plan->group_units, plan->interleave, plan->direct, plan->owner_epi, plan->pull, plan->ar_push,
-      plan->ar_out_sym, plan->unfused, plan->ll);
+      plan->ar_out_sym, plan->unfused, plan->ll, plan->ar_peer_out);
   return TW_SUCCESS;
 }
 

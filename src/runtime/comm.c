@@ -110,7 +110,7 @@ static const tw_env_id alike_knobs[] = {
     TW_RS_PULL_ID,        TW_AR_PUSH_ID,          TW_AR_DIRECT_ID,      TW_AG_PEER_GATHER_ID,
     TW_AG_PEER_READ_ID,   TW_AG_AUTO_CE_ID,       TW_RS_OWNER_EPI_ID,   TW_RS_STEAL_ID,
     TW_RS_BLOCK_N_ID,     TW_AG_UNFUSED_SMALL_ID, TW_RS_UNFUSED_LL_ID,  TW_LL_BYTES_ID,
-    TW_AG_LL_ID};
+    TW_AG_LL_ID,          TW_AR_PEER_OUT_ID};
 _Static_assert(sizeof(alike_knobs) / sizeof(alike_knobs[0]) <= TW_PEER_KNOBS,
                "TW_PEER_KNOBS holds every knob that ranks must set alike");
 enum { n_alike_knobs = (int)(sizeof(alike_knobs) / sizeof(alike_knobs[0])) };
@@ -514,8 +514,10 @@ tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
       goto fail;
   }
   TW_CHECK(tw_heap_group_init(g, cfg.heap_bytes));
-  for (int r = 0; r < world; r++)
+  for (int r = 0; r < world; r++) {
     TW_CHECK(setup_rank(comms[r]));
+    comms[r]->one_process = 1;
+  }
   TW_CHECK(make_launch_streams(comms, world));
   if (comms[0]->ranks_on_device > 8 && !getenv("CUDA_DEVICE_MAX_CONNECTIONS"))
     TW_WARN("%d ranks share GPU %d: set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts, or "

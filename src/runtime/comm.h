@@ -76,6 +76,10 @@ struct tw_comm {
    * ranks_on_device (3 ranks on 2 GPUs: 2, 1, 2), so plans whose choice every rank must make
    * alike (tw_gemm_rs's unit numbering, tw_gemm_ar's gather) take this one. */
   int gpu_shared;
+  /* 1 where every rank of the comm lives in this process (tw_comm_init_all): the same on every
+   * rank; with all of them on one GPU, their ordinary device pointers are valid for each other
+   * (tw_gemm_ar's peer outs, TW_AR_PEER_OUT). */
+  int one_process;
   int sm_budget;
   /* The smallest sm_budget of any rank (its configured one, else its share of its GPU's SMs):
    * the same on every rank, for plan choices that every rank must make alike (tw_gemm_ar's

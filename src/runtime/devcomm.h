@@ -51,6 +51,10 @@ typedef struct tw_ctrl {
    * in call `epoch` (used by pull-based ops before the owner may reuse it). */
   uint64_t done[TW_NUM_CHANNELS][TW_MAX_WORLD];
   uint64_t flags[TW_NUM_CHANNELS][TW_CHANNEL_FLAGS];
+  /* peer_out[ch][src] = {address, row stride in elements} of rank src's out in its current call
+   * on ch, stored by src before its entry signal (tw_gemm_ar's peer outs: ranks of one process
+   * on one GPU, TW_AR_PEER_OUT). */
+  uint64_t peer_out[TW_NUM_CHANNELS][TW_MAX_WORLD][2];
   /* Tile queues of the fused GEMMs ({next ticket, finished CTAs}); zero between calls. */
   uint32_t tile_queue[TW_NUM_CHANNELS][2];
 } tw_ctrl_t;

@@ -547,7 +547,8 @@ int main(int argc, char **argv) {
     }
     /* m 4096 K 512 on 4 ranks (the plain-out case is above): where they share a GPU the rule
      * runs the unfused pipeline for GEMM+RS and for GEMM+AR into symmetric outputs with fp32
-     * partials (tw_gemm_rs_want_unfused); same bits. */
+     * partials (tw_gemm_rs_want_unfused), and into plain outs where they share this process
+     * too (the peers' outs, TW_AR_PEER_OUT); same bits. */
     if (w == 4) {
       setenv("TW_TEST_OUT_SYMMETRIC", "1", 1);
       test_case(w, 1024, 1024, 512, 0, seed + 72 * w);
@@ -902,6 +903,17 @@ int main(int argc, char **argv) {
        TW_PARTIALS_BF16,
        {{100, 264, 200, 0}, {32, 8192, 1024, 0}, {1, 8, 8, 0}},
        297,
+       3,
+       1},
+      /* tw_gemm_ar into plain outs through a gather area and a copy where every rank shares
+       * this process and GPU (the default there stores into the peers' outs, TW_AR_PEER_OUT;
+       * the first two shapes are too large for the low-latency area, so the reduce kernel runs) */
+      {"TW_AR_PEER_OUT",
+       "0",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{300, 1032, 264, 0}, {256, 1024, 512, 0}, {1, 8, 8, 0}},
+       296,
        3,
        1},
       /* the pull (the default exchanges through the comm's low-latency area where the rows

@@ -445,8 +445,16 @@ static void test_gemm_rs_plans(void) {
               "shared GPU, plain out: AR fused");
   TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 4096, 512, 2, 0, 0),
               "shared GPU, bf16 partials: fused");
-  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 16384, 2048, 4, 0, 0),
-              "shared GPU, K 2048: fused");
+  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 8, 1, 16384, 2048, 4, 0, 0),
+              "shared GPU, K 2048: RS unfused");
+  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 8, 1, 16384, 2048, 4, 1, 1),
+              "shared GPU, K 2048, symmetric or peer outs: AR unfused");
+  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 16384, 2049, 4, 0, 0),
+              "shared GPU, K 2049: fused");
+  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 4096, 6144, 4, 1, 1),
+              "shared GPU, flux-tp8's K 6144: fused");
+  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 16384, 2048, 2, 1, 1),
+              "shared GPU, K 2048, bf16 partials: fused");
   TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 2048, 512, 4, 0, 0), "shared GPU, m 2048: fused");
   TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 2, 0, 4096, 512, 4, 0, 0),
               "distinct GPUs, m 4096: fused");
