@@ -78,6 +78,10 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s58     (twenty-seventh session, main, 2 GPUs) SM clock and power per variant at
+#             flux-tp8, GEMM+RS and GEMM+AR
+#     s57     (twenty-seventh session, main) 8 virtual ranks at M=16384: tw_ag_gemm's
+#             communication CTA count; GEMM+AR / GEMM+RS repeated for the overlap's spread
 #     s56     (twenty-seventh session, main) the short-K rule to K 2048 against the fused
 #             kernel on 8 virtual ranks at M=16384
 #     s55     (twenty-seventh session, main) the in-call unfused pipeline against the fused
@@ -889,6 +893,28 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
         "--m $m --n 8192 --k 1024" ""
     done
   done
+}
+exp_s58() { # (main, 2 GPUs) SM clock and power per variant at flux-tp8, GEMM+RS and GEMM+AR:
+  # does the fused kernel wait (clock up, power down, as the fourth session found at M=16384)
+  # or run at the power limit like the GEMM alone?
+  local op
+  [ "$ngpus" -gt 1 ] || return 0
+  for op in gemm_rs gemm_ar; do
+    clocks "s58-clocks-$op-flux" "$bin/tw-bench" $op --world 2 $flux_rs --repeats 400 --warmup 5
+  done
+}
+exp_s57() { # (main) 8 virtual ranks at M=16384: tw_ag_gemm's communication CTAs (0: the plan),
+  # and repeats of GEMM+AR / GEMM+RS for their overlap's spread
+  local i
+  run "s57-ag_gemm-8v-m16384-comm" 150 env TW_BENCH_VIRTUAL=1 \
+    TW_BENCH_AB=TW_AG_COMM_SMS=0,2,4,6,3 "$bin/tw-bench" ag_gemm --world 8 --m 16384 \
+    --n 2048 --k 16384 --repeats 5 --warmup 2
+  for i in 1 2; do
+    run "s57-gemm_ar-8v-m16384-$i" 150 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" gemm_ar --world 8 \
+      $big_rs --repeats 5 --warmup 2
+  done
+  run "s57-gemm_rs-8v-m16384" 150 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" gemm_rs --world 8 \
+    $big_rs --repeats 5 --warmup 2
 }
 exp_s56() { # (main with the short-K rule to K 2048) the rule (-1) against the fused kernel (0)
   # on 8 virtual ranks at M=16384 K 2048, symmetric-output rows too
