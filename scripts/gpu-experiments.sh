@@ -5,7 +5,8 @@
 #                                         bundled into experiments.tgz, a summary printed last
 #   TW_BUILD_DIR=build-dev                where tw-bench and libtilewire.so are (default build)
 #   TW_DIAG_LIBS="1 2 4 8 16 32"          measurement builds of libtilewire.so in
-#                                         $TW_BUILD_DIR/diagN/ (-DTW_RS_DIAG=N, gemm_rs_sm90.cu)
+#                                         $TW_BUILD_DIR/diagN/ (-DTW_RS_DIAG=N, gemm_rs_sm90.cu;
+#                                         scripts/diag-lib.sh makes one in half a minute)
 # Killed by a signal, it still bundles what it has and prints the summary so far.
 #   TW_EXP="groups"                       which groups run, in order (functions exp_NAME below):
 #     hang    four 8-rank gemm_ar sweeps under the watchdog, the interleaved test_gemm_rs twice
