@@ -898,20 +898,11 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
   done
 }
 exp_s59() { # (exp/evict; the knob since removed: measured level) the partials' TMA stores with
-  # an L2 evict-first policy
-  # (TW_RS_STORE_EVICT=1) against none: tests on both placements, A/B both orders at flux-tp8
-  # (2 GPUs), M=16384; main's library (build-main/, packed beside) at flux-tp8 for the
-  # default's cost (the hinted store with a zero fraction)
-  local op v
-  run "s59-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  # an L2 evict-first policy (TW_RS_STORE_EVICT=1) against none: tests on both placements, A/B
+  # both orders at flux-tp8 (2 GPUs), M=16384; main's library (build-main/, packed beside) at
+  # flux-tp8 for the default's cost (the hinted store with a zero fraction)
+  rs_ab_flux s59 TW_RS_STORE_EVICT 0 1
   [ "$ngpus" -gt 1 ] || return 0
-  run "s59-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
-  for op in gemm_rs gemm_ar; do
-    for v in 0,1 1,0; do
-      run "s59-$op-flux-$v" 90 env TW_BENCH_AB=TW_RS_STORE_EVICT=$v "$bin/tw-bench" $op \
-        --world 2 $flux_rs --repeats 20 --warmup 5
-    done
-  done
   [ -x build-main/tw-bench ] && run "s59-gemm_rs-flux-main" 90 env \
     LD_LIBRARY_PATH="$root/build-main:${LD_LIBRARY_PATH:-}" build-main/tw-bench gemm_rs --world 2 \
     $flux_rs --repeats 20 --warmup 5
