@@ -216,7 +216,8 @@
 #     warm    TW_BENCH_WARM_MS: do rows of the same mode now agree; the copy-engine
 #             rule in A/B on 2 GPUs; test_mp with the copy engine by default; 8-rank gemm_ar
 # With TW_DIAG_LIBS="1 2 4 8 16 32" (builds in diagN/): where the fused GEMM phase loses its
-# time, each bit removing one cost (first batch of the fifth session).
+# time, each bit removing one cost (first batch of the fifth session; bit 128, the fp32
+# epilogue's second pass without its wait, since the twenty-seventh).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

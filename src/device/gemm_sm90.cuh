@@ -359,6 +359,10 @@ TW_OPTIONAL_FLAG(SignalWarpOf, kSignalWarp)
 // its boxes have been read out of shared memory, not once the writes are performed, so the
 // signal may precede the data (results are wrong); it shows what waiting for the writes costs.
 TW_OPTIONAL_FLAG(DiagSignalAfterReadOf, kDiagSignalAfterRead)
+// Epi::kDiagPassNoWait (measurement builds only, false if absent): an epilogue pass after the
+// tile's first writes its boxes without waiting for the previous pass's boxes to leave shared
+// memory (results are wrong); it shows what a two-pass epilogue (fp32 partials) waits.
+TW_OPTIONAL_FLAG(DiagPassNoWaitOf, kDiagPassNoWait)
 
 // Epi::kTransposed (optional, false if absent): EpiTmaStoreT's transposed store.
 // Epi::kWarpgroupStore (transposed epilogues, optional): the consumer warpgroup stores its
@@ -421,7 +425,7 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], 
   const uint32_t base = ptx::smem_u32(cbuf);
 #pragma unroll
   for (int pass = 0; pass < kPasses; pass++) {
-    if (wg_thread == 0)
+    if (wg_thread == 0 && !(DiagPassNoWaitOf<Epi>::value && pass > 0))
       ptx::bulk_wait_read<0>(); // the previous boxes left shared memory
     ptx::named_bar_sync(kBarConsumerWg0 + wg, 128);
 #pragma unroll

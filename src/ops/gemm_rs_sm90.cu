@@ -64,7 +64,9 @@ using namespace tw::gemm;
  * 16: the plain GEMM's grouped tile order (rows rotated) instead of bands (the reduction
  * then waits long); 32: the tile signals from a consumer thread (no signal warp); 64: a tile is
  * signalled once its boxes left shared memory, not once its writes are performed (what the
- * consumers' wait for the writes costs: nothing measurable, fourteenth session). */
+ * consumers' wait for the writes costs: nothing measurable, fourteenth session); 128: the
+ * second pass of a tile's fp32 epilogue (64 KiB a warpgroup through a 32 KiB buffer) does not
+ * wait for the first pass's boxes to leave shared memory (what that wait costs). */
 #ifndef TW_RS_DIAG
 #define TW_RS_DIAG 0
 #endif
@@ -146,6 +148,7 @@ template <class P> struct RsEpi {
    * not on a consumer warp (where it stalled the warpgroup's next wgmma): see docs/PERF.md. */
   static constexpr bool kSignalWarp = !(TW_RS_DIAG & 32);
   static constexpr bool kDiagSignalAfterRead = (TW_RS_DIAG & 64) != 0;
+  static constexpr bool kDiagPassNoWait = (TW_RS_DIAG & 128) != 0;
   struct Params {
     CUtensorMap slot_map[kMaxWorld];  /* owner o's slot for this rank: P [m_local, n] */
     uint64_t *owner_flags[kMaxWorld]; /* owner o's flags of the channel */
