@@ -8,7 +8,9 @@
 #                                         $TW_BUILD_DIR/diagN/ (-DTW_RS_DIAG=N, gemm_rs_sm90.cu;
 #                                         scripts/diag-lib.sh makes one in half a minute)
 # Killed by a signal, it still bundles what it has and prints the summary so far.
-#   TW_EXP="groups"                       which groups run, in order (functions exp_NAME below):
+#   TW_DIAG_VRANKS=0                      the measurement builds on 2 GPUs only (not 8 vranks)
+#   TW_EXP="groups"                       which groups run, in order (functions exp_NAME below;
+#                                         none: only the TW_DIAG_LIBS runs):
 #     hang    four 8-rank gemm_ar sweeps under the watchdog, the interleaved test_gemm_rs twice
 #             (the fifth session's stall; clean in the sixth)
 #     ab      the fifth session's defaults against what they replaced (taken, sixth session)
@@ -1879,6 +1881,9 @@ exp_diag13() { # run in the fourteenth session: the consumers' wait for the prev
     done
   done
 }
+exp_none() { # TW_EXP=none: no group (the TW_DIAG_LIBS runs alone)
+  :
+}
 for e in ${TW_EXP:-decode17}; do
   "exp_$e"
 done
@@ -1898,6 +1903,7 @@ for d in ${libs:+0 $libs}; do
     done
   fi
   [ "$d" = 1 ] && continue # on one GPU every store is local already
+  [ "${TW_DIAG_VRANKS:-1}" = 1 ] || continue
   run "vranks-rs-big-diag$d" 90 env LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" TW_BENCH_VIRTUAL=1 \
     "$bin/tw-bench" gemm_rs $big_rs --repeats 10 --warmup 3 $check
 done
