@@ -6,7 +6,9 @@
 #   TW_BUILD_DIR=build-dev                where tw-bench and libtilewire.so are (default build)
 #   TW_DIAG_LIBS="1 2 4 8 16 32"          measurement builds of libtilewire.so in
 #                                         $TW_BUILD_DIR/diagN/ (-DTW_RS_DIAG=N, gemm_rs_sm90.cu;
-#                                         scripts/diag-lib.sh makes one in half a minute)
+#                                         scripts/diag-lib.sh makes one in half a minute); a name
+#                                         varNAME (diagvarNAME/) is a build-time variant: tested
+#                                         with test_gemm_rs and timed with the checks on
 # Killed by a signal, it still bundles what it has and prints the summary so far.
 #   TW_DIAG_VRANKS=0                      the measurement builds on 2 GPUs only (not 8 vranks)
 #   TW_EXP="groups"                       which groups run, in order (functions exp_NAME below;
@@ -1894,6 +1896,14 @@ for d in ${libs:+0 $libs}; do
   [ -e "$lib/libtilewire.so.0" ] || continue
   check=--no-check
   [ "$d" = 0 ] && check=
+  case $d in
+  var*) # a build-time variant (diag-lib.sh 0 ... FLAGS), not a measurement build: checked
+    check=
+    run "test_gemm_rs-diag$d" 200 env LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" "$bin/test_gemm_rs"
+    [ "$ngpus" -gt 1 ] && run "test_gemm_rs-distinct-diag$d" 200 env \
+      LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH" TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+    ;;
+  esac
   if [ "$ngpus" -gt 1 ]; then
     for shape in big flux; do
       args=$flux_rs

@@ -70,6 +70,9 @@ using namespace tw::gemm;
 #ifndef TW_RS_DIAG
 #define TW_RS_DIAG 0
 #endif
+#ifndef TW_RS_EPI_HALVES
+#define TW_RS_EPI_HALVES 0
+#endif
 
 namespace {
 
@@ -149,6 +152,11 @@ template <class P> struct RsEpi {
   static constexpr bool kSignalWarp = !(TW_RS_DIAG & 32);
   static constexpr bool kDiagSignalAfterRead = (TW_RS_DIAG & 64) != 0;
   static constexpr bool kDiagPassNoWait = (TW_RS_DIAG & 128) != 0;
+  /* -DTW_RS_EPI_HALVES=1 (a build for measurement): fp32 partials go out in four passes of
+   * half the epilogue buffer each, every pass after the first waiting only for the boxes of the
+   * pass before the previous one (kEpiHalves, gemm_sm90.cuh), not two passes of the whole
+   * buffer, the second waiting for all of the first's. */
+  static constexpr bool kEpiHalves = TW_RS_EPI_HALVES != 0;
   struct Params {
     CUtensorMap slot_map[kMaxWorld];  /* owner o's slot for this rank: P [m_local, n] */
     uint64_t *owner_flags[kMaxWorld]; /* owner o's flags of the channel */
