@@ -368,6 +368,14 @@ TW_OPTIONAL_FLAG(DiagPassNoWaitOf, kDiagPassNoWait)
 // the pass before the previous one to leave shared memory (the previous pass's still being read
 // out) instead of for every box issued so far. The tile's first pass still waits for all.
 TW_OPTIONAL_FLAG(EpiHalvesOf, kEpiHalves)
+// Epi::kRowStore (optional, false if absent): where Epi::row_store(p.epi) says so at run time,
+// the consumer warpgroup stores each pass's boxes itself from shared memory with 16-byte
+// generic stores (`template <int kBoxes> static void store_pass(const Params&, const uint8_t
+// *boxes, int wg_thread, int32_t col, int32_t row)`, all 128 threads; col / row: the first
+// box's C column and row) instead of TMA stores, so the SM's TMA unit carries only the
+// producer's operand loads. The next pass's barrier keeps its writes behind these reads; the
+// signal (Epi::kSignal) follows the warpgroups' barrier, a generic release then covers them.
+TW_OPTIONAL_FLAG(RowStoreOf, kRowStore)
 
 // Epi::kTransposed (optional, false if absent): EpiTmaStoreT's transposed store.
 // Epi::kWarpgroupStore (transposed epilogues, optional): the consumer warpgroup stores its
@@ -483,6 +491,14 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], 
                      "f"(v1));
         asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + half + off + (r + 8) * 128),
                      "f"(v2), "f"(v3));
+      }
+    }
+    if constexpr (RowStoreOf<Epi>::value) {
+      if (Epi::row_store(p.epi)) {
+        ptx::named_bar_sync(kBarConsumerWg0 + wg, 128); // the pass's boxes are written
+        Epi::template store_pass<kBoxesPerPass>(p.epi, cbuf + half, wg_thread,
+                                                col0 + pass * kColsPerPass, row0);
+        continue;
       }
     }
     ptx::fence_async_shared();
