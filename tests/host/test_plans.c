@@ -431,35 +431,39 @@ static void test_gemm_rs_plans(void) {
                 "TW_RS_UNFUSED_SMALL=0: fused");
     TEST_ASSERT(!tw_gemm_rs_want_unfused(1, 1, 0, 64, 1024, 4, ar, 0), "world 1: the plain GEMM");
   }
-  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 2, 0, 16, 1024, 4, 0, 0), "GEMM+RS M=16: unfused");
-  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 2, 0, 16, 1024, 4, 1, 0), "GEMM+AR M=16: unfused");
-  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 2, 0, 264, 1024, 4, 1, 0), "GEMM+AR M=264: fused");
-  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 2, 0, 512, 1024, 4, 0, 0), "GEMM+RS M=512: unfused");
-  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 2, 0, 512, 1024, 4, 1, 0), "GEMM+AR M=512: fused");
-  /* ranks sharing a GPU, short K, m >= 4096: fp32 partials into out (rs) or symmetric outs */
-  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 8, 1, 4096, 512, 4, 0, 0),
-              "shared GPU, K 512: RS unfused");
-  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 8, 1, 8192, 1024, 4, 1, 1),
-              "shared GPU, K 1024, symmetric out: AR unfused");
-  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 4096, 512, 4, 1, 0),
-              "shared GPU, plain out: AR fused");
-  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 4096, 512, 2, 0, 0),
-              "shared GPU, bf16 partials: fused");
-  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 8, 1, 16384, 2048, 4, 0, 0),
-              "shared GPU, K 2048: RS unfused");
-  TEST_ASSERT(tw_gemm_rs_want_unfused(-1, 8, 1, 16384, 2048, 4, 1, 1),
-              "shared GPU, K 2048, symmetric or peer outs: AR unfused");
-  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 16384, 2049, 4, 0, 0),
-              "shared GPU, K 2049: fused");
-  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 4096, 6144, 4, 1, 1),
-              "shared GPU, flux-tp8's K 6144: fused");
-  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 16384, 2048, 2, 1, 1),
-              "shared GPU, K 2048, bf16 partials: fused");
-  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 8, 1, 2048, 512, 4, 0, 0), "shared GPU, m 2048: fused");
-  TEST_ASSERT(!tw_gemm_rs_want_unfused(-1, 2, 0, 4096, 512, 4, 0, 0),
-              "distinct GPUs, m 4096: fused");
-  TEST_ASSERT(!tw_gemm_rs_want_unfused(0, 8, 1, 4096, 512, 4, 0, 0),
-              "TW_RS_UNFUSED_SMALL=0: fused");
+  /* one case a row: env, world, gpu_shared, m, k, partial bytes, all_reduce, out_sym -> want */
+  static const struct {
+    int env, world, shared;
+    int64_t m, k;
+    int pbytes, ar, sym, want;
+    const char *what;
+  } unfused_cases[] = {
+      {-1, 2, 0, 16, 1024, 4, 0, 0, 1, "GEMM+RS M=16: unfused"},
+      {-1, 2, 0, 16, 1024, 4, 1, 0, 1, "GEMM+AR M=16: unfused"},
+      {-1, 2, 0, 264, 1024, 4, 1, 0, 0, "GEMM+AR M=264: fused"},
+      {-1, 2, 0, 512, 1024, 4, 0, 0, 1, "GEMM+RS M=512: unfused"},
+      {-1, 2, 0, 512, 1024, 4, 1, 0, 0, "GEMM+AR M=512: fused"},
+      /* ranks sharing a GPU, K per rank <= 2048, m >= 4096: fp32 partials into out (rs) or
+       * symmetric outs (or peer outs: the caller passes out_sym then) */
+      {-1, 8, 1, 4096, 512, 4, 0, 0, 1, "shared GPU, K 512: RS unfused"},
+      {-1, 8, 1, 8192, 1024, 4, 1, 1, 1, "shared GPU, K 1024, symmetric out: AR unfused"},
+      {-1, 8, 1, 4096, 512, 4, 1, 0, 0, "shared GPU, plain out: AR fused"},
+      {-1, 8, 1, 4096, 512, 2, 0, 0, 0, "shared GPU, bf16 partials: fused"},
+      {-1, 8, 1, 16384, 2048, 4, 0, 0, 1, "shared GPU, K 2048: RS unfused"},
+      {-1, 8, 1, 16384, 2048, 4, 1, 1, 1, "shared GPU, K 2048, symmetric or peer outs: AR unfused"},
+      {-1, 8, 1, 16384, 2049, 4, 0, 0, 0, "shared GPU, K 2049: fused"},
+      {-1, 8, 1, 4096, 6144, 4, 1, 1, 0, "shared GPU, flux-tp8's K 6144: fused"},
+      {-1, 8, 1, 16384, 2048, 2, 1, 1, 0, "shared GPU, K 2048, bf16 partials: fused"},
+      {-1, 8, 1, 2048, 512, 4, 0, 0, 0, "shared GPU, m 2048: fused"},
+      {-1, 2, 0, 4096, 512, 4, 0, 0, 0, "distinct GPUs, m 4096: fused"},
+      {0, 8, 1, 4096, 512, 4, 0, 0, 0, "TW_RS_UNFUSED_SMALL=0: fused"},
+  };
+  for (size_t i = 0; i < sizeof(unfused_cases) / sizeof(unfused_cases[0]); i++) {
+    const int got = tw_gemm_rs_want_unfused(
+        unfused_cases[i].env, unfused_cases[i].world, unfused_cases[i].shared, unfused_cases[i].m,
+        unfused_cases[i].k, unfused_cases[i].pbytes, unfused_cases[i].ar, unfused_cases[i].sym);
+    TEST_ASSERT(!got == !unfused_cases[i].want, unfused_cases[i].what);
+  }
   TEST_ASSERT(tw_gemm_rs_unfused_workspace_bytes(64, 8192, 4, 1) == (size_t)64 * 8192 * 6,
               "unfused workspace, fp32 partials and the gather area");
   TEST_ASSERT(tw_gemm_rs_unfused_workspace_bytes(64, 8192, 2, 0) == (size_t)64 * 8192 * 2,
