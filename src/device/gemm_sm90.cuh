@@ -418,6 +418,21 @@ template <int EpiBytes, int BN, class Out> constexpr int epi_boxes_per_pass() {
   return EpiBytes / kBoxBytes < BN / (128 / (int)sizeof(Out)) ? EpiBytes / kBoxBytes
                                                               : BN / (128 / (int)sizeof(Out));
 }
+// The 16-byte chunks that consumer thread t (of a warpgroup's 128) takes of kBoxes boxes of kRows
+// rows x 128 bytes, 128B-swizzled, kBoxBytes apart: fn(b, r, c16, chunk) for box b, row r,
+// 16-byte column c16 (0-7) and the chunk's address in shared memory (for warpgroup stores).
+template <int kBoxes, int kBoxBytes, int kRows, class F>
+__device__ __forceinline__ void for_box_chunks(const uint8_t *boxes, int t, F &&fn) {
+  constexpr int kChunks = kBoxes * kRows * 8;
+#pragma unroll
+  for (int j = 0; j < (kChunks + 127) / 128; j++) {
+    const int c = t + 128 * j;
+    if (c >= kChunks)
+      break;
+    const int b = c / (kRows * 8), r = (c / 8) % kRows, c16 = c % 8;
+    fn(b, r, c16, boxes + b * kBoxBytes + r * 128 + ((c16 ^ (r & 7)) << 4));
+  }
+}
 // Whether Epi's epilogue runs on the buffer's halves (EpiHalvesOf; fp32 outputs whose tile row
 // needs more than one pass, with an even number of boxes per buffer).
 template <int EpiBytes, int BN, class Epi> constexpr bool epi_halves() {

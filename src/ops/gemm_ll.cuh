@@ -46,23 +46,17 @@ template <class OutT> struct EpiLlPushT {
     const uint64_t seq = tw_ll_seq_after(p.ll_seq);
     const uint32_t flag = tw_ll_flag(seq);
     const uint64_t half = tw_ll_half(seq, p.half_bytes) + (uint64_t)p.rank * p.slot_bytes;
-    constexpr int kChunks = kBoxes * kRows * 8;
-#pragma unroll
-    for (int j = 0; j < (kChunks + 127) / 128; j++) {
-      const int c = wg_thread + 128 * j;
-      if (c >= kChunks)
-        break;
-      const int b = c / (kRows * 8), r = (c / 8) % kRows, c16 = c % 8;
-      const int32_t t = row + r;                         /* the product's row (token) */
-      const int32_t v = (col + b * kBoxCols) / kV + c16; /* its 16-byte vector */
-      if (t >= p.m || v >= p.vecs)
-        continue;
-      const uint4 d = *reinterpret_cast<const uint4 *>(boxes + b * kBoxBytes + r * 128 +
-                                                       ((c16 ^ (r & 7)) << 4));
-      const int32_t owner = t / p.m_local;
-      const uint64_t item = (uint64_t)(t - owner * p.m_local) * (uint64_t)p.vecs + (uint64_t)v;
-      tw_ll_put16(reinterpret_cast<uint4 *>(p.area[owner] + half + item * 32), d, flag);
-    }
+    detail::for_box_chunks<kBoxes, kBoxBytes, kRows>(
+        boxes, wg_thread, [&](int b, int r, int c16, const uint8_t *chunk) {
+          const int32_t t = row + r;                         /* the product's row (token) */
+          const int32_t v = (col + b * kBoxCols) / kV + c16; /* its 16-byte vector */
+          if (t >= p.m || v >= p.vecs)
+            return;
+          const uint4 d = *reinterpret_cast<const uint4 *>(chunk);
+          const int32_t owner = t / p.m_local;
+          const uint64_t item = (uint64_t)(t - owner * p.m_local) * (uint64_t)p.vecs + (uint64_t)v;
+          tw_ll_put16(reinterpret_cast<uint4 *>(p.area[owner] + half + item * 32), d, flag);
+        });
   }
 };
 

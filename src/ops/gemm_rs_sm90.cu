@@ -223,18 +223,15 @@ template <class P> struct RsEpi {
   __device__ __forceinline__ static void store_pass(const Params &p, const uint8_t *boxes, int t,
                                                     int32_t col, int32_t row) {
     constexpr int32_t kPer16 = 16 / (int32_t)sizeof(P);
-    constexpr int kChunks = kBoxes * kBoxRows * 8; /* 16-byte chunks, 8 a box row */
-#pragma unroll 4
-    for (int c = t; c < kChunks; c += 128) {
-      const int b = c / (kBoxRows * 8), r = (c >> 3) % kBoxRows, j = c & 7;
-      const int32_t gr = row + r, gc = col + b * (128 / (int32_t)sizeof(P)) + kPer16 * j;
-      if (gr >= p.m || gc >= p.n || (TW_RS_DIAG & 4))
-        continue;
-      const int32_t o = gr / p.m_local;
-      const int4 v =
-          *reinterpret_cast<const int4 *>(boxes + b * kBoxBytes + r * 128 + ((j ^ (r & 7)) << 4));
-      *reinterpret_cast<int4 *>(p.slot[o] + (size_t)(gr - o * p.m_local) * (size_t)p.n + gc) = v;
-    }
+    detail::for_box_chunks<kBoxes, kBoxBytes, kBoxRows>(
+        boxes, t, [&](int b, int r, int c16, const uint8_t *chunk) {
+          const int32_t gr = row + r, gc = col + b * (128 / (int32_t)sizeof(P)) + kPer16 * c16;
+          if (gr >= p.m || gc >= p.n || (TW_RS_DIAG & 4))
+            return;
+          const int32_t o = gr / p.m_local;
+          *reinterpret_cast<int4 *>(p.slot[o] + (size_t)(gr - o * p.m_local) * (size_t)p.n + gc) =
+              *reinterpret_cast<const int4 *>(chunk);
+        });
   }
   __device__ __forceinline__ static void issue_box(const Params &p, const void *box, int32_t col,
                                                    int32_t row) {
