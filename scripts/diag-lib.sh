@@ -2,7 +2,7 @@
 # A measurement build of libtilewire.so in half a minute: gemm_rs_sm90.cu alone recompiled with
 # -DTW_RS_DIAG=D (src/ops/gemm_rs_sm90.cu says what each bit removes; results are wrong, run
 # tw-bench --no-check) and linked with BUILD's other objects, into OUT (default BUILD-diagD/).
-# FLAGS: more nvcc flags for it (a build-time variant: D 0 and -DTW_RS_EPI_HALVES=1).
+# FLAGS: more nvcc flags for it (a build-time variant: D 0 and -DNAME=1 for a macro the file reads).
 #   scripts/diag-lib.sh D [BUILD] [OUT] [FLAGS...]
 # Then pack them beside the build for the device, where gpu-experiments.sh finds them:
 #   scripts/pack-build.sh BUILD BUILD-diag4 build-dev/diag4 ...

@@ -902,6 +902,73 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
+exp_s63() { # (main) 8 virtual ranks at M=16384, the overlap's spread: every main row timed in
+  # 5 interleaved rounds (TW_BENCH_ROUNDS), twice per op, so the fused op and the GEMM alone
+  # see the card's drift alike (single runs gave GEMM+AR 0.86-0.93, ag_gemm 0.80-0.87)
+  local op i
+  for i in 1 2; do
+    for op in gemm_ar gemm_rs; do
+      run "s63-$op-8v-m16384-r5-$i" 200 env TW_BENCH_VIRTUAL=1 TW_BENCH_ROUNDS=5 \
+        "$bin/tw-bench" $op --world 8 $big_rs --repeats 6 --warmup 2
+    done
+    run "s63-ag_gemm-8v-m16384-r5-$i" 200 env TW_BENCH_VIRTUAL=1 TW_BENCH_ROUNDS=5 \
+      "$bin/tw-bench" ag_gemm --world 8 --m 16384 --n 2048 --k 16384 --repeats 6 --warmup 2
+  done
+}
+exp_s62() { # (main, 2 GPUs) s60's lead, interleaved: more reduce CTAs for bf16 partials at
+  # M=16384 (GEMM+AR's plan: 9, GEMM+RS's: 5) and at flux-tp8 (4 and 3), both orders. The
+  # fp32 rows of GEMM+AR at M=16384 run the owner epilogue (no reduce CTAs): a control.
+  [ "$ngpus" -gt 1 ] || return 0
+  local ab
+  for ab in -1,16,24 24,16,-1; do
+    run "s62-gemm_ar-big-red$ab" 150 env TW_BENCH_AB=TW_RS_REDUCE_CTAS=$ab "$bin/tw-bench" \
+      gemm_ar --world 2 $big_rs --repeats 10 --warmup 3
+  done
+  for ab in -1,8,16 16,8,-1; do
+    run "s62-gemm_rs-big-red$ab" 150 env TW_BENCH_AB=TW_RS_REDUCE_CTAS=$ab "$bin/tw-bench" \
+      gemm_rs --world 2 $big_rs --repeats 10 --warmup 3
+  done
+  for ab in -1,8 8,-1; do
+    run "s62-gemm_ar-flux-red$ab" 90 env TW_BENCH_AB=TW_RS_REDUCE_CTAS=$ab "$bin/tw-bench" \
+      gemm_ar --world 2 $flux_rs --repeats 20 --warmup 5
+  done
+}
+exp_s61() { # (main, 2 GPUs) s60's tilewire-bf16p row of GEMM+RS at flux-tp8 ran 1.29-1.34 ms
+  # after the reduce-CTA rows, 1.07 without them: is it the rows before it, or the count (3)?
+  [ "$ngpus" -gt 1 ] || return 0
+  local l
+  run "s61-gemm_rs-flux-plain" 60 "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 20 --warmup 5
+  for l in 3 4 48 3,48; do
+    run "s61-gemm_rs-flux-bf16p-red$l" 60 env TW_BENCH_RS_SWEEP_BF16=1 TW_BENCH_RS_REDUCE_SMS=$l \
+      "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 20 --warmup 5
+  done
+  run "s61-gemm_rs-flux-plain-again" 60 "$bin/tw-bench" gemm_rs --world 2 $flux_rs --repeats 20 \
+    --warmup 5
+  run "s61-trace-gemm_rs-flux-bf16p-red48" 60 env TW_TRACE=1 TW_BENCH_STAMPS=1 \
+    TW_BENCH_RS_SWEEP_BF16=1 TW_BENCH_RS_REDUCE_SMS=48 "$bin/tw-bench" gemm_rs --world 2 $flux_rs \
+    --repeats 10 --warmup 3
+}
+exp_s60() { # (main, 2 GPUs) bf16 partials at M=16384 and flux-tp8: the reduce CTAs' count
+  # (TW_BENCH_RS_REDUCE_SMS rows, both orders). The twenty-eighth session's trace of GEMM+AR
+  # bf16p at M=16384: the GEMM phase at the GEMM alone's 1.70 ms, 9 reduce CTAs reduced a third
+  # of the groups by then, and the rest (reduction + gather over NVLink) is a 0.67 ms tail
+  local op shape
+  [ "$ngpus" -gt 1 ] || return 0
+  for op in gemm_ar gemm_rs; do
+    for shape in big flux; do
+      local args=$big_rs
+      [ $shape = flux ] && args=$flux_rs
+      run "s60-$op-$shape-bf16p-red-up" 120 env TW_BENCH_RS_SWEEP_BF16=1 \
+        TW_BENCH_RS_REDUCE_SMS=4,8,16,24,32,48 "$bin/tw-bench" $op --world 2 $args --repeats 20 \
+        --warmup 5
+      run "s60-$op-$shape-bf16p-red-down" 120 env TW_BENCH_RS_SWEEP_BF16=1 \
+        TW_BENCH_RS_REDUCE_SMS=48,32,24,16,8,4 "$bin/tw-bench" $op --world 2 $args --repeats 20 \
+        --warmup 5
+    done
+  done
+  run "s60-trace-gemm_ar-big-red32" 90 env TW_TRACE=1 TW_BENCH_STAMPS=1 TW_RS_REDUCE_CTAS=32 \
+    "$bin/tw-bench" gemm_ar --world 2 $big_rs --repeats 10 --warmup 3
+}
 exp_s59() { # (exp/evict; the knob since removed: measured level) the partials' TMA stores with
   # an L2 evict-first policy (TW_RS_STORE_EVICT=1) against none: tests on both placements, A/B
   # both orders at flux-tp8 (2 GPUs), M=16384; main's library (build-main/, packed beside) at

@@ -363,19 +363,6 @@ TW_OPTIONAL_FLAG(DiagSignalAfterReadOf, kDiagSignalAfterRead)
 // tile's first writes its boxes without waiting for the previous pass's boxes to leave shared
 // memory (results are wrong); it shows what a two-pass epilogue (fp32 partials) waits.
 TW_OPTIONAL_FLAG(DiagPassNoWaitOf, kDiagPassNoWait)
-// Epi::kEpiHalves (optional, false if absent; fp32 outputs only): the epilogue buffer is used
-// as two halves in turn, a pass of half the buffer each, so a pass waits only for the boxes of
-// the pass before the previous one to leave shared memory (the previous pass's still being read
-// out) instead of for every box issued so far. The tile's first pass still waits for all.
-TW_OPTIONAL_FLAG(EpiHalvesOf, kEpiHalves)
-// Epi::kRowStore (optional, false if absent): where Epi::row_store(p.epi) says so at run time,
-// the consumer warpgroup stores each pass's boxes itself from shared memory with 16-byte
-// generic stores (`template <int kBoxes> static void store_pass(const Params&, const uint8_t
-// *boxes, int wg_thread, int32_t col, int32_t row)`, all 128 threads; col / row: the first
-// box's C column and row) instead of TMA stores, so the SM's TMA unit carries only the
-// producer's operand loads. The next pass's barrier keeps its writes behind these reads; the
-// signal (Epi::kSignal) follows the warpgroups' barrier, a generic release then covers them.
-TW_OPTIONAL_FLAG(RowStoreOf, kRowStore)
 
 // Epi::kTransposed (optional, false if absent): EpiTmaStoreT's transposed store.
 // Epi::kWarpgroupStore (transposed epilogues, optional): the consumer warpgroup stores its
@@ -433,13 +420,6 @@ __device__ __forceinline__ void for_box_chunks(const uint8_t *boxes, int t, F &&
     fn(b, r, c16, boxes + b * kBoxBytes + r * 128 + ((c16 ^ (r & 7)) << 4));
   }
 }
-// Whether Epi's epilogue runs on the buffer's halves (EpiHalvesOf; fp32 outputs whose tile row
-// needs more than one pass, with an even number of boxes per buffer).
-template <int EpiBytes, int BN, class Epi> constexpr bool epi_halves() {
-  using Out = typename Epi::Out;
-  return EpiHalvesOf<Epi>::value && sizeof(Out) == 4 && (EpiBytes / kBoxBytes) % 2 == 0 &&
-         epi_boxes_per_pass<EpiBytes, BN, Out>() < BN / (128 / (int)sizeof(Out));
-}
 
 // Consumer warpgroup `wg` writes its 64 x 256 accumulators as boxes of 64 x (128 / sizeof(Out))
 // in the 128B-swizzled layout TMA expects, EpiBytes at a time, and issues them.
@@ -448,8 +428,7 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], 
                                          int wg, int wg_thread, int32_t mb, int32_t nb) {
   using Out = typename Epi::Out;
   constexpr int kBoxCols = 128 / (int)sizeof(Out);
-  constexpr bool kHalves = epi_halves<EpiBytes, BN, Epi>();
-  constexpr int kBoxesPerPass = epi_boxes_per_pass<EpiBytes, BN, Out>() / (kHalves ? 2 : 1);
+  constexpr int kBoxesPerPass = epi_boxes_per_pass<EpiBytes, BN, Out>();
   constexpr int kColsPerPass = kBoxesPerPass * kBoxCols;
   constexpr int kPasses = BN / kColsPerPass;
   constexpr int kJPerPass = kColsPerPass / 8; // n8 accumulator groups per pass
@@ -461,17 +440,8 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], 
   const uint32_t base = ptx::smem_u32(cbuf);
 #pragma unroll
   for (int pass = 0; pass < kPasses; pass++) {
-    // kHalves: pass p fills half p & 1 (an even number of passes a tile), once the boxes of
-    // pass p - 2 left it; the tile's first pass waits for all (the previous tile's, or an
-    // owner tile's whole-buffer pass)
-    const uint32_t half =
-        kHalves ? (uint32_t)(pass & 1) * (uint32_t)(kBoxesPerPass * kBoxBytes) : 0;
-    if (wg_thread == 0 && !(DiagPassNoWaitOf<Epi>::value && pass > 0)) {
-      if (kHalves && pass > 0)
-        ptx::bulk_wait_read<1>(); // the boxes of pass - 2 left this half
-      else
-        ptx::bulk_wait_read<0>(); // the previous boxes left shared memory
-    }
+    if (wg_thread == 0 && !(DiagPassNoWaitOf<Epi>::value && pass > 0))
+      ptx::bulk_wait_read<0>(); // the previous boxes left shared memory
     ptx::named_bar_sync(kBarConsumerWg0 + wg, 128);
 #pragma unroll
     for (int jj = 0; jj < kJPerPass; jj++) {
@@ -502,18 +472,10 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], 
         const int box = jw >> 2;
         const int byte = ((jw & 3) << 5) | ((lane & 3) << 3);
         const uint32_t off = box * kBoxBytes + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15));
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + half + off + r * 128), "f"(v0),
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + off + r * 128), "f"(v0),
                      "f"(v1));
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + half + off + (r + 8) * 128),
-                     "f"(v2), "f"(v3));
-      }
-    }
-    if constexpr (RowStoreOf<Epi>::value) {
-      if (Epi::row_store(p.epi)) {
-        ptx::named_bar_sync(kBarConsumerWg0 + wg, 128); // the pass's boxes are written
-        Epi::template store_pass<kBoxesPerPass>(p.epi, cbuf + half, wg_thread,
-                                                col0 + pass * kColsPerPass, row0);
-        continue;
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + off + (r + 8) * 128), "f"(v2),
+                     "f"(v3));
       }
     }
     ptx::fence_async_shared();
@@ -521,8 +483,8 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], 
     if (wg_thread == 0) {
 #pragma unroll
       for (int b = 0; b < kBoxesPerPass; b++)
-        Epi::issue_box(p.epi, cbuf + half + b * kBoxBytes,
-                       col0 + (pass * kBoxesPerPass + b) * kBoxCols, row0);
+        Epi::issue_box(p.epi, cbuf + b * kBoxBytes, col0 + (pass * kBoxesPerPass + b) * kBoxCols,
+                       row0);
       ptx::bulk_commit();
     }
   }
@@ -599,10 +561,8 @@ __device__ __forceinline__ void epilogue_any(const Params &p, float (&acc)[BN / 
 
 // Bulk groups one tile's epilogue commits per consumer warpgroup (one for the transposed
 // epilogue, whose BN may be narrower than a box: no pass count applies there).
-template <int EpiBytes, int BN, class Epi> constexpr int epi_passes() {
-  using Out = typename Epi::Out;
-  constexpr int cols = epi_boxes_per_pass<EpiBytes, BN, Out>() /
-                       (epi_halves<EpiBytes, BN, Epi>() ? 2 : 1) * (128 / (int)sizeof(Out));
+template <int EpiBytes, int BN, class Out> constexpr int epi_passes() {
+  constexpr int cols = epi_boxes_per_pass<EpiBytes, BN, Out>() * (128 / (int)sizeof(Out));
   return cols > 0 ? BN / cols : 1;
 }
 
@@ -1133,7 +1093,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
     int stage = 0;
     uint32_t phase = 0;
     int32_t sig_mb = -1, sig_nb = 0; // kSignal: the tile whose signal is still owed
-    constexpr int kPasses = detail::epi_passes<EpiBytes, BN, Epi>();
+    constexpr int kPasses = detail::epi_passes<EpiBytes, BN, typename Epi::Out>();
     detail::SigRing ring{sig_full, sig_empty, sig_slot, 0, 0};
     int32_t mb, nb;
     uint32_t split_it = 0; // split-K: tiles this warpgroup has passed on or gathered

@@ -70,12 +70,6 @@ using namespace tw::gemm;
 #ifndef TW_RS_DIAG
 #define TW_RS_DIAG 0
 #endif
-#ifndef TW_RS_EPI_HALVES
-#define TW_RS_EPI_HALVES 0
-#endif
-#ifndef TW_RS_ROW_STORE
-#define TW_RS_ROW_STORE 0
-#endif
 
 namespace {
 
@@ -155,16 +149,6 @@ template <class P> struct RsEpi {
   static constexpr bool kSignalWarp = !(TW_RS_DIAG & 32);
   static constexpr bool kDiagSignalAfterRead = (TW_RS_DIAG & 64) != 0;
   static constexpr bool kDiagPassNoWait = (TW_RS_DIAG & 128) != 0;
-  /* -DTW_RS_EPI_HALVES=1 (a build for measurement): fp32 partials go out in four passes of
-   * half the epilogue buffer each, every pass after the first waiting only for the boxes of the
-   * pass before the previous one (kEpiHalves, gemm_sm90.cuh), not two passes of the whole
-   * buffer, the second waiting for all of the first's. */
-  static constexpr bool kEpiHalves = TW_RS_EPI_HALVES != 0;
-  /* -DTW_RS_ROW_STORE=1 (a build for measurement): the partials of push-mode tiles (not the
-   * pull, not the direct scheme) leave by the consumers' own 16-byte stores (kRowStore,
-   * gemm_sm90.cuh), not by TMA: does the TMA unit's share between those stores and the
-   * producer's operand loads hold the GEMM back? */
-  static constexpr bool kRowStore = TW_RS_ROW_STORE != 0 && sizeof(P) == 4; /* fp32 only */
   struct Params {
     CUtensorMap slot_map[kMaxWorld];  /* owner o's slot for this rank: P [m_local, n] */
     uint64_t *owner_flags[kMaxWorld]; /* owner o's flags of the channel */
@@ -214,24 +198,6 @@ template <class P> struct RsEpi {
     for (int o = 0; o < kMaxWorld; o++)
       if (p.owner_flags[o])
         tw::ptx::tma_prefetch_map(&p.slot_map[o]);
-  }
-  __device__ __forceinline__ static bool row_store(const Params &p) { return !p.pull && !p.direct; }
-  /* All 128 threads of a consumer warpgroup (kRowStore): kBoxes boxes of 64 rows x 128 bytes
-   * (128B swizzled) at `boxes`, C columns from col, rows from row (global), each row into its
-   * owner's slot; rows past m and columns past n left out, as TMA drops them. */
-  template <int kBoxes>
-  __device__ __forceinline__ static void store_pass(const Params &p, const uint8_t *boxes, int t,
-                                                    int32_t col, int32_t row) {
-    constexpr int32_t kPer16 = 16 / (int32_t)sizeof(P);
-    detail::for_box_chunks<kBoxes, kBoxBytes, kBoxRows>(
-        boxes, t, [&](int b, int r, int c16, const uint8_t *chunk) {
-          const int32_t gr = row + r, gc = col + b * (128 / (int32_t)sizeof(P)) + kPer16 * c16;
-          if (gr >= p.m || gc >= p.n || (TW_RS_DIAG & 4))
-            return;
-          const int32_t o = gr / p.m_local;
-          *reinterpret_cast<int4 *>(p.slot[o] + (size_t)(gr - o * p.m_local) * (size_t)p.n + gc) =
-              *reinterpret_cast<const int4 *>(chunk);
-        });
   }
   __device__ __forceinline__ static void issue_box(const Params &p, const void *box, int32_t col,
                                                    int32_t row) {
