@@ -902,6 +902,47 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
+exp_s65() { # (main + the shared-GPU rule for tw_gemm_ar at m <= 4096, K <= 2048) tests and
+  # the --quick rows from graphs and eager on 8 virtual ranks; memcheck of test_gemm_rs --small
+  local op
+  run "s65-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  run "s65-memcheck-test_gemm_rs" 150 compute-sanitizer --error-exitcode=1 --tool memcheck \
+    "$bin/test_gemm_rs" --small
+  run "s65-gemm_ar-8v-quick-graph" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_GRAPH=1 "$bin/tw-bench" \
+    gemm_ar --quick --repeats 20 --warmup 5
+  run "s65-gemm_ar-8v-quick" 90 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" gemm_ar --quick \
+    --repeats 20 --warmup 5
+  run "s65-gemm_ar-8v-m1024-n8192-k2048" 90 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" gemm_ar \
+    --world 8 --m 1024 --n 8192 --k 2048 --repeats 20 --warmup 5
+}
+exp_s64() { # (main, one GPU) 8 virtual ranks between decode and m 4096, where the shared-GPU
+  # rule has not been measured: the suite's --quick row (M=1024 N=1024 K 256, from graphs) ran
+  # GEMM+AR fused 0.109 ms against tilewire's unfused pipeline's 0.050. The rule (-1) against
+  # the unfused pipeline in the call (1), both orders, eager; then the quick shapes from graphs
+  # with the unfused pipeline forced (the tilewire rows then are it). Last, the two memchecks
+  # the twenty-eighth session's suite left to its deadline.
+  local op shape ab
+  for shape in "1024 1024 256" "1024 8192 2048" "2048 4096 512" "512 8192 1024" "2048 2048 2048"; do
+    set -- $shape
+    for op in gemm_ar gemm_rs; do
+      for ab in -1,1 1,-1; do
+        run "s64-$op-8v-m$1-n$2-k$3-$ab" 90 env TW_BENCH_VIRTUAL=1 \
+          TW_BENCH_AB=TW_RS_UNFUSED_SMALL=$ab "$bin/tw-bench" $op --world 8 --m $1 --n $2 --k $3 \
+          --repeats 20 --warmup 5
+      done
+    done
+  done
+  for op in gemm_ar gemm_rs; do
+    run "s64-$op-8v-quick-graph" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_GRAPH=1 "$bin/tw-bench" $op \
+      --quick --repeats 20 --warmup 5
+    run "s64-$op-8v-quick-graph-unfused" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_GRAPH=1 \
+      TW_RS_UNFUSED_SMALL=1 "$bin/tw-bench" $op --quick --repeats 20 --warmup 5
+  done
+  run "s64-memcheck-test_ag_gemm" 150 compute-sanitizer --error-exitcode=1 --tool memcheck \
+    "$bin/test_ag_gemm" --small
+  run "s64-memcheck-test_gemm_rs" 150 compute-sanitizer --error-exitcode=1 --tool memcheck \
+    "$bin/test_gemm_rs" --small
+}
 exp_s63() { # (main) 8 virtual ranks at M=16384, the overlap's spread: every main row timed in
   # 5 interleaved rounds (TW_BENCH_ROUNDS), twice per op, so the fused op and the GEMM alone
   # see the card's drift alike (single runs gave GEMM+AR 0.86-0.93, ag_gemm 0.80-0.87)

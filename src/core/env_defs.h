@@ -141,8 +141,10 @@ TW_ENV(TW_RS_UNFUSED_SMALL, int, "-1",
        "sums its rows in rank order and, for tw_gemm_ar, pushes them to every rank) wherever the "
        "workspace holds it, 0 always the fused kernel, -1 at decode shapes: on ranks that do not "
        "share a GPU tw_gemm_rs at m <= 512 and tw_gemm_ar at m <= 256, where ranks share one "
-       "tw_gemm_ar at m <= 64 and, with fp32 partials, K per rank <= 2048 and m >= 4096, "
-       "tw_gemm_rs and tw_gemm_ar into symmetric outputs (measured faster there). Same bits "
+       "tw_gemm_ar at m <= 64, tw_gemm_ar into symmetric outputs at m <= 4096 with K per rank <= "
+       "2048 and, with fp32 partials, K per rank <= 2048 and m >= 4096, tw_gemm_rs and "
+       "tw_gemm_ar into symmetric outputs (measured faster there; plain outs count as "
+       "symmetric where TW_AR_PEER_OUT applies). Same bits "
        "either way. Every rank must set it alike.")
 TW_ENV(TW_RS_UNFUSED_WAIT_KERNEL, bool, "0",
        "tw_gemm_rs / tw_gemm_ar's unfused pipeline: 1 waits for the peers' release of the "

@@ -105,9 +105,25 @@ int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int64
    * flux-tp8's K 6144 (GEMM+RS 9.044 / 9.256, GEMM+AR 9.239 / 9.259, symmetric 9.265 / 9.327), and
    * bf16 partials (M=16384: GEMM+RS 17.52 / 17.55, GEMM+AR into symmetric outputs 18.65 / 18.41
    * and 18.55 / 18.53, level; into a plain out 19.53 / 18.03 and 19.47 / 18.74 faster
-   * unfused, but slower at K <= 1024, above). */
+   * unfused, but slower at K <= 1024, above).
+   * tw_gemm_ar below m 4096 where ranks share a GPU (twenty-eighth session, group s64, one
+   * H200, 8 virtual ranks, TW_BENCH_AB=TW_RS_UNFUSED_SMALL=-1,1 and 1,-1, eager, ms, fused /
+   * unfused, fp32 partials then bf16): with the peer outs the unfused pipeline's all-gather half
+   * is one store per row, and it won at every shape with n >= 2048: m 512 n 8192 K 1024 0.278 /
+   * 0.246 and 0.279 / 0.250 (bf16 0.245 / 0.212, 0.245 / 0.215); m 1024 n 8192 K 2048 0.694 /
+   * 0.646, 0.698 / 0.648 (0.621 / 0.583, 0.625 / 0.587); m 2048 n 4096 K 512 0.368 / 0.333, 0.372
+   * / 0.338 (0.290 / 0.262, 0.294 / 0.263); m 2048 n 2048 K 2048 0.377 / 0.370, 0.380 / 0.374
+   * (0.339 / 0.334, 0.342 / 0.336). At m 1024 n 1024 K 256 (tw-bench's --quick shape) it lost
+   * eager (0.127 / 0.152, 0.125 / 0.131: two launches a rank where the call is launch-bound) and
+   * won from CUDA graphs (0.112 -> 0.081 ms, symmetric out 0.117 -> 0.080), how small calls run;
+   * from graphs M=4096 K 512 bf16 partials 0.514 -> 0.442 (level eager, twenty-seventh session).
+   * So tw_gemm_ar at m <= 4096 and K per rank <= 2048, either partials, into symmetric or peer
+   * outs. tw_gemm_rs there stays fused: mixed (m 1024 n 8192 K 2048 0.632 / 0.615, m 2048 n 2048
+   * K 2048 0.333 / 0.352, m 1024 n 1024 K 256 0.095 / 0.135). */
   if (gpu_shared)
     return (all_reduce && m <= TW_AR_UNFUSED_SHARED_MAX_M) ||
+           (all_reduce && out_sym && m <= TW_RS_UNFUSED_SHARED_MIN_M &&
+            k <= TW_RS_UNFUSED_SHARED_MAX_K) ||
            (partial_bytes == 4 && k <= TW_RS_UNFUSED_SHARED_MAX_K &&
             m >= TW_RS_UNFUSED_SHARED_MIN_M && (!all_reduce || out_sym));
   return m <= (all_reduce ? TW_AR_UNFUSED_MAX_M : TW_RS_UNFUSED_MAX_M);

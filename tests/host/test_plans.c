@@ -448,6 +448,13 @@ static void test_gemm_rs_plans(void) {
       {-1, 8, 1, 4096, 512, 4, 0, 0, 1, "shared GPU, K 512: RS unfused"},
       {-1, 8, 1, 8192, 1024, 4, 1, 1, 1, "shared GPU, K 1024, symmetric out: AR unfused"},
       {-1, 8, 1, 4096, 512, 4, 1, 0, 0, "shared GPU, plain out: AR fused"},
+      /* tw_gemm_ar below m 4096 there: either partials, K <= 2048, symmetric or peer outs */
+      {-1, 8, 1, 1024, 256, 4, 1, 1, 1, "shared GPU, m 1024 K 256, peer outs: AR unfused"},
+      {-1, 8, 1, 512, 1024, 2, 1, 1, 1, "shared GPU, m 512, bf16 partials: AR unfused"},
+      {-1, 8, 1, 4096, 2048, 2, 1, 1, 1, "shared GPU, m 4096 K 2048 bf16: AR unfused"},
+      {-1, 8, 1, 2048, 4096, 4, 1, 1, 0, "shared GPU, m 2048 K 4096: AR fused"},
+      {-1, 8, 1, 1024, 256, 4, 1, 0, 0, "shared GPU, m 1024, gather area: AR fused"},
+      {-1, 8, 1, 1024, 256, 4, 0, 0, 0, "shared GPU, m 1024: RS fused"},
       {-1, 8, 1, 4096, 512, 2, 0, 0, 0, "shared GPU, bf16 partials: fused"},
       {-1, 8, 1, 16384, 2048, 4, 0, 0, 1, "shared GPU, K 2048: RS unfused"},
       {-1, 8, 1, 16384, 2048, 4, 1, 1, 1, "shared GPU, K 2048, symmetric or peer outs: AR unfused"},
