@@ -902,6 +902,31 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
+exp_s66() { # (main + no low-latency area for tw_gemm_ar into every rank's out where ranks share
+  # a GPU) 8 virtual ranks: the new rule (-1) against the area (TW_RS_UNFUSED_LL=1, the old
+  # choice where the rows fit) from graphs and eager, at the --quick shape and decode M=64; the
+  # unfused pipeline's release wait in a kernel of its own (open item of s65); tests
+  local ll sh
+  run "s66-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  run "s66-memcheck-test_gemm_rs" 150 compute-sanitizer --error-exitcode=1 --tool memcheck \
+    "$bin/test_gemm_rs" --small
+  for sh in "1024 1024 256" "64 8192 1024"; do
+    set -- $sh
+    for ll in -1 1; do
+      run "s66-gemm_ar-8v-m$1-graph-ll$ll" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_GRAPH=1 \
+        TW_RS_UNFUSED_LL=$ll "$bin/tw-bench" gemm_ar --world 8 --m $1 --n $2 --k $3 --repeats 30 \
+        --warmup 5
+    done
+    for ll in -1,1 1,-1; do
+      run "s66-gemm_ar-8v-m$1-eager-ll$ll" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB_OUTSYM=1 \
+        TW_BENCH_AB=TW_RS_UNFUSED_LL=$ll "$bin/tw-bench" gemm_ar --world 8 --m $1 --n $2 --k $3 \
+        --repeats 30 --warmup 5
+    done
+  done
+  run "s66-gemm_ar-8v-m1024-graph-waitkernel" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_GRAPH=1 \
+    TW_RS_UNFUSED_WAIT_KERNEL=1 "$bin/tw-bench" gemm_ar --world 8 --m 1024 --n 1024 --k 256 \
+    --repeats 30 --warmup 5
+}
 exp_s65() { # (main + the shared-GPU rule for tw_gemm_ar at m <= 4096, K <= 2048) tests and
   # the --quick rows from graphs and eager on 8 virtual ranks; memcheck of test_gemm_rs --small
   local op

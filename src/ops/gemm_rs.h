@@ -150,10 +150,12 @@ int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int64
 size_t tw_gemm_rs_ll_bytes(int world, int64_t m, int64_t n, int partial_bytes, int all_reduce);
 /* Whether the unfused pipeline exchanges through the low-latency area of ll_bytes bytes.
  * env: TW_RS_UNFUSED_LL (1: wherever the call's rows fit; -1: there, where a rank's words for
- * one peer are at most TW_LL_RULE_SLOT_BYTES; 0: never). */
+ * one peer are at most TW_LL_RULE_SLOT_BYTES, unless shared_stores; 0: never). shared_stores:
+ * ranks sharing a GPU whose tw_gemm_ar pipeline can store its rows straight into every rank's
+ * out (symmetric outputs, or peer outs: TW_AR_PEER_OUT). */
 #define TW_LL_RULE_SLOT_BYTES ((size_t)1 << 20)
 int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_bytes, int all_reduce,
-                       size_t ll_bytes);
+                       size_t ll_bytes, int shared_stores);
 /* Workspace bytes of the unfused pipeline: this rank's partial [m][n] (4 or 2 bytes), then for
  * tw_gemm_ar into a plain `out` every rank's reduced rows, bf16 [m][n]. */
 size_t tw_gemm_rs_unfused_workspace_bytes(int64_t m, int64_t n, int partial_bytes, int gather);

@@ -139,12 +139,18 @@ size_t tw_gemm_rs_ll_bytes(int world, int64_t m, int64_t n, int partial_bytes, i
 }
 
 int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_bytes, int all_reduce,
-                       size_t ll_bytes) {
+                       size_t ll_bytes, int shared_stores) {
   if (env == 0 || world < 2 ||
       tw_gemm_rs_ll_bytes(world, m, n, partial_bytes, all_reduce) > ll_bytes)
     return 0;
   if (env > 0)
     return 1;
+  /* Ranks sharing a GPU, tw_gemm_ar storing its rows into every rank's out: the words would
+   * double the bytes of stores that are HBM traffic anyway (twenty-eighth session, 8 virtual
+   * ranks, GEMM+AR M=1024 N=1024 K 256 from graphs: bf16 partials through the area 0.104-0.108
+   * ms, fp32 partials into the peer outs 0.081-0.083; group s66 has the A/B). */
+  if (shared_stores)
+    return 0;
   /* The words carry as many flag bytes as data bytes: where a rank's rows for one peer pass
    * TW_LL_RULE_SLOT_BYTES, the pull's remote loads of half the bytes win. Twenty-first session,
    * 2 H200s, bench_dist from graphs, n 8192 K 1024, ms, pull / area: M=16 (256 KiB of words per

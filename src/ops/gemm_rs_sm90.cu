@@ -1569,8 +1569,10 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
   if (plan->unfused)
     plan->ar_out_sym = all_reduce && a->out_symmetric; /* checked above, direct or not */
   /* its rows through the comm's low-latency area where they fit (TW_RS_UNFUSED_LL) */
-  plan->ll = plan->unfused && tw_gemm_rs_want_ll((int)tw_env_int(TW_RS_UNFUSED_LL_ID), world, a->m,
-                                                 a->n, pbytes, all_reduce, comm->ll_bytes);
+  plan->ll = plan->unfused &&
+             tw_gemm_rs_want_ll((int)tw_env_int(TW_RS_UNFUSED_LL_ID), world, a->m, a->n, pbytes,
+                                all_reduce, comm->ll_bytes,
+                                comm->gpu_shared && all_reduce && (a->out_symmetric || peer_out));
   plan->ar_peer_out = plan->unfused && !plan->ll && peer_out;
   /* tw_gemm_ar's push gather (TW_AR_PUSH, the default) where the workspace holds every owner's
    * reduced rows (tw_gemm_rs_workspace_size asks for that much) and no two ranks share a GPU

@@ -484,16 +484,19 @@ static void test_gemm_rs_plans(void) {
               "ll bytes, ar M=64 bf16 partials");
   TEST_ASSERT(tw_gemm_rs_ll_bytes(1, 16, 8192, 4, 1) == 0, "ll bytes, world 1");
   const size_t ll16m = (size_t)16 << 20;
-  TEST_ASSERT(tw_gemm_rs_want_ll(1, 2, 64, 8192, 4, 1, ll16m), "=1: M=64 AR fits 16 MiB");
-  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 64, 8192, 4, 1, ll16m), "rule: M=64 fp32, 2 MiB a peer");
-  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 64, 8192, 2, 1, ll16m), "rule: M=64 bf16, 1 MiB a peer");
-  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 16, 8192, 4, 0, ll16m), "rule: M=16 fp32");
-  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 64, 8192, 4, 1, ll16m), "rule: M=64 AR, 8 ranks");
-  TEST_ASSERT(tw_gemm_rs_want_ll(1, 2, 128, 8192, 4, 0, ll16m), "RS M=128 fp32: 16 MiB, fits");
-  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 256, 8192, 4, 0, ll16m), "RS M=256 fp32: 32 MiB");
-  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 128, 8192, 4, 1, ll16m), "AR M=128 fp32: 24 MiB");
-  TEST_ASSERT(!tw_gemm_rs_want_ll(0, 2, 16, 8192, 4, 0, ll16m), "TW_RS_UNFUSED_LL=0: the pull");
-  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 16, 8192, 4, 0, 0), "no area: the pull");
+  TEST_ASSERT(tw_gemm_rs_want_ll(1, 2, 64, 8192, 4, 1, ll16m, 0), "=1: M=64 AR fits 16 MiB");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 64, 8192, 4, 1, ll16m, 0), "rule: M=64 fp32, 2 MiB a peer");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 64, 8192, 2, 1, ll16m, 0), "rule: M=64 bf16, 1 MiB a peer");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 16, 8192, 4, 0, ll16m, 0), "rule: M=16 fp32");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 64, 8192, 4, 1, ll16m, 0), "rule: M=64 AR, 8 ranks");
+  TEST_ASSERT(tw_gemm_rs_want_ll(1, 2, 128, 8192, 4, 0, ll16m, 0), "RS M=128 fp32: 16 MiB, fits");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 256, 8192, 4, 0, ll16m, 0), "RS M=256 fp32: 32 MiB");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 128, 8192, 4, 1, ll16m, 0), "AR M=128 fp32: 24 MiB");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(0, 2, 16, 8192, 4, 0, ll16m, 0), "TW_RS_UNFUSED_LL=0: the pull");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 16, 8192, 4, 0, 0, 0), "no area: the pull");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 8, 64, 8192, 4, 1, ll16m, 1),
+              "rule: shared GPU, AR into every rank's out: no area");
+  TEST_ASSERT(tw_gemm_rs_want_ll(1, 8, 64, 8192, 4, 1, ll16m, 1), "=1: the area even so");
   /* tw_allgather through the area: 2 halves x world slots x 2 bytes per shard byte */
   TEST_ASSERT(tw_ag_ll_bytes(2, 512u << 10) == (size_t)4 << 20, "ag ll bytes, 2 ranks 512 KiB");
   TEST_ASSERT(tw_ag_ll_bytes(1, 4096) == 0, "ag ll bytes, world 1");
