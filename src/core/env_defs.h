@@ -162,7 +162,9 @@ TW_ENV(TW_RS_UNFUSED_LL, int, "-1",
        "the data, so no handshake, no fence and no remote load lies on the path; -1 there where "
        "a rank's words for one peer are at most 1 MiB (measured faster; M=16 n 8192 on 2 H200s "
        "GEMM+RS 0.0178 -> 0.0144 ms), except for tw_gemm_ar where ranks share a GPU and its "
-       "rows can go straight into every rank's out (symmetric outputs or TW_AR_PEER_OUT); 0 the pull (an entry handshake, the owners load the "
+       "rows can go straight into every rank's out (symmetric outputs or TW_AR_PEER_OUT; there "
+       "only bf16 partials at m <= 64 take the area); 0 the pull (an entry handshake, the owners "
+       "load the "
        "peers' partials, a release at the end). Same bits. Every rank must set it alike.")
 TW_ENV(TW_RS_LL_EPI, bool, "1",
        "tw_gemm_rs / tw_gemm_ar's unfused pipeline through the low-latency area "

@@ -150,7 +150,8 @@ int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int64
 size_t tw_gemm_rs_ll_bytes(int world, int64_t m, int64_t n, int partial_bytes, int all_reduce);
 /* Whether the unfused pipeline exchanges through the low-latency area of ll_bytes bytes.
  * env: TW_RS_UNFUSED_LL (1: wherever the call's rows fit; -1: there, where a rank's words for
- * one peer are at most TW_LL_RULE_SLOT_BYTES, unless shared_stores; 0: never). shared_stores:
+ * one peer are at most TW_LL_RULE_SLOT_BYTES, unless shared_stores (then only bf16 partials
+ * at m <= TW_AR_UNFUSED_SHARED_MAX_M); 0: never). shared_stores:
  * ranks sharing a GPU whose tw_gemm_ar pipeline can store its rows straight into every rank's
  * out (symmetric outputs, or peer outs: TW_AR_PEER_OUT). */
 #define TW_LL_RULE_SLOT_BYTES ((size_t)1 << 20)

@@ -145,11 +145,14 @@ int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_byt
     return 0;
   if (env > 0)
     return 1;
-  /* Ranks sharing a GPU, tw_gemm_ar storing its rows into every rank's out: the words would
-   * double the bytes of stores that are HBM traffic anyway (twenty-eighth session, 8 virtual
-   * ranks, GEMM+AR M=1024 N=1024 K 256 from graphs: bf16 partials through the area 0.104-0.108
-   * ms, fp32 partials into the peer outs 0.081-0.083; group s66 has the A/B). */
-  if (shared_stores)
+  /* Ranks sharing a GPU, tw_gemm_ar storing its rows into every rank's out: the words double
+   * the bytes of stores that are HBM traffic anyway. Twenty-eighth session, group s66, one H200,
+   * 8 virtual ranks, from graphs (TW_BENCH_GRAPH=1, 30 repeats), ms, stores into the outs / the
+   * area: M=1024 N=1024 K 256 bf16 partials 0.0789 / 0.103 (symmetric outs 0.0770 / 0.103; fp32
+   * does not fit the area there); decode M=64 n 8192 K 1024 fp32 0.106 / 0.112 (symmetric 0.103 /
+   * 0.113), but bf16 partials 0.100 / 0.0901 (0.100 / 0.0898); eager A/B level within the noise
+   * of eight ranks' launches. So the area stays only for bf16 partials at decode m. */
+  if (shared_stores && (partial_bytes != 2 || m > TW_AR_UNFUSED_SHARED_MAX_M))
     return 0;
   /* The words carry as many flag bytes as data bytes: where a rank's rows for one peer pass
    * TW_LL_RULE_SLOT_BYTES, the pull's remote loads of half the bytes win. Twenty-first session,

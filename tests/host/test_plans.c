@@ -485,7 +485,8 @@ static void test_gemm_rs_plans(void) {
   TEST_ASSERT(tw_gemm_rs_ll_bytes(1, 16, 8192, 4, 1) == 0, "ll bytes, world 1");
   const size_t ll16m = (size_t)16 << 20;
   TEST_ASSERT(tw_gemm_rs_want_ll(1, 2, 64, 8192, 4, 1, ll16m, 0), "=1: M=64 AR fits 16 MiB");
-  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 64, 8192, 4, 1, ll16m, 0), "rule: M=64 fp32, 2 MiB a peer");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 64, 8192, 4, 1, ll16m, 0),
+              "rule: M=64 fp32, 2 MiB a peer");
   TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 64, 8192, 2, 1, ll16m, 0), "rule: M=64 bf16, 1 MiB a peer");
   TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 16, 8192, 4, 0, ll16m, 0), "rule: M=16 fp32");
   TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 64, 8192, 4, 1, ll16m, 0), "rule: M=64 AR, 8 ranks");
@@ -495,7 +496,13 @@ static void test_gemm_rs_plans(void) {
   TEST_ASSERT(!tw_gemm_rs_want_ll(0, 2, 16, 8192, 4, 0, ll16m, 0), "TW_RS_UNFUSED_LL=0: the pull");
   TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 16, 8192, 4, 0, 0, 0), "no area: the pull");
   TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 8, 64, 8192, 4, 1, ll16m, 1),
-              "rule: shared GPU, AR into every rank's out: no area");
+              "rule: shared GPU, AR into every rank's out, fp32: no area");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 64, 8192, 2, 1, ll16m, 1),
+              "rule: shared GPU, AR into every rank's out, bf16 at M=64: the area");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 8, 1024, 1024, 2, 1, ll16m, 1),
+              "rule: shared GPU, AR into every rank's out, bf16 at M=1024: no area");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 1024, 1024, 2, 1, ll16m, 0),
+              "rule: M=1024 bf16 with a gather area: the area (512 KiB a peer)");
   TEST_ASSERT(tw_gemm_rs_want_ll(1, 8, 64, 8192, 4, 1, ll16m, 1), "=1: the area even so");
   /* tw_allgather through the area: 2 halves x world slots x 2 bytes per shard byte */
   TEST_ASSERT(tw_ag_ll_bytes(2, 512u << 10) == (size_t)4 << 20, "ag ll bytes, 2 ranks 512 KiB");
