@@ -144,8 +144,8 @@ TW_ENV(TW_RS_UNFUSED_SMALL, int, "-1",
        "tw_gemm_ar at m <= 64, tw_gemm_ar into symmetric outputs at m <= 4096 with K per rank <= "
        "2048 and, with fp32 partials, K per rank <= 2048 and m >= 4096, tw_gemm_rs and "
        "tw_gemm_ar into symmetric outputs (measured faster there; plain outs count as "
-       "symmetric where TW_AR_PEER_OUT applies). Same bits "
-       "either way. Every rank must set it alike.")
+       "symmetric where TW_AR_PEER_OUT applies). Same bits either way. Every rank must set it "
+       "alike.")
 TW_ENV(TW_RS_UNFUSED_WAIT_KERNEL, bool, "0",
        "tw_gemm_rs / tw_gemm_ar's unfused pipeline: 1 waits for the peers' release of the "
        "workspace in a kernel of its own before the GEMM (one launch more, the first version), 0 "
@@ -164,8 +164,8 @@ TW_ENV(TW_RS_UNFUSED_LL, int, "-1",
        "GEMM+RS 0.0178 -> 0.0144 ms), except for tw_gemm_ar where ranks share a GPU and its "
        "rows can go straight into every rank's out (symmetric outputs or TW_AR_PEER_OUT; there "
        "only bf16 partials at m <= 64 take the area); 0 the pull (an entry handshake, the owners "
-       "load the "
-       "peers' partials, a release at the end). Same bits. Every rank must set it alike.")
+       "load the peers' partials, a release at the end). Same bits. Every rank must set it "
+       "alike.")
 TW_ENV(TW_RS_LL_EPI, bool, "1",
        "tw_gemm_rs / tw_gemm_ar's unfused pipeline through the low-latency area "
        "(TW_RS_UNFUSED_LL), where tw_gemm swaps A and B (m <= 64): 1 has the GEMM's epilogue "

@@ -131,10 +131,11 @@ int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partia
 /* Where ranks share a GPU: tw_gemm_ar at m <= TW_AR_UNFUSED_SHARED_MAX_M; tw_gemm_ar into
  * symmetric outputs (or into plain outs the unfused pipeline stores into directly,
  * TW_AR_PEER_OUT) with K per rank <= TW_RS_UNFUSED_SHARED_MAX_K at m <=
- * TW_RS_UNFUSED_SHARED_MIN_M, either partials; and with fp32 partials, K per rank <=
- * TW_RS_UNFUSED_SHARED_MAX_K and m >= TW_RS_UNFUSED_SHARED_MIN_M, tw_gemm_rs and tw_gemm_ar
- * into such outputs. */
+ * TW_AR_UNFUSED_SHARED_ANY_PARTIALS_MAX_M, either partials; and with fp32 partials, K per rank
+ * <= TW_RS_UNFUSED_SHARED_MAX_K and m >= TW_RS_UNFUSED_SHARED_MIN_M, tw_gemm_rs and
+ * tw_gemm_ar into such outputs. */
 #define TW_AR_UNFUSED_SHARED_MAX_M 64
+#define TW_AR_UNFUSED_SHARED_ANY_PARTIALS_MAX_M 4096
 #define TW_RS_UNFUSED_SHARED_MAX_K 2048
 #define TW_RS_UNFUSED_SHARED_MIN_M 4096
 /* Whether tw_gemm_rs (all_reduce 0) / tw_gemm_ar (1) run the unfused pipeline in the call

@@ -120,12 +120,15 @@ int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int64
    * So tw_gemm_ar at m <= 4096 and K per rank <= 2048, either partials, into symmetric or peer
    * outs. tw_gemm_rs there stays fused: mixed (m 1024 n 8192 K 2048 0.632 / 0.615, m 2048 n 2048
    * K 2048 0.333 / 0.352, m 1024 n 1024 K 256 0.095 / 0.135). */
-  if (gpu_shared)
-    return (all_reduce && m <= TW_AR_UNFUSED_SHARED_MAX_M) ||
-           (all_reduce && out_sym && m <= TW_RS_UNFUSED_SHARED_MIN_M &&
-            k <= TW_RS_UNFUSED_SHARED_MAX_K) ||
-           (partial_bytes == 4 && k <= TW_RS_UNFUSED_SHARED_MAX_K &&
-            m >= TW_RS_UNFUSED_SHARED_MIN_M && (!all_reduce || out_sym));
+  if (gpu_shared) {
+    const int short_k = k <= TW_RS_UNFUSED_SHARED_MAX_K;
+    if (all_reduce && m <= TW_AR_UNFUSED_SHARED_MAX_M)
+      return 1;
+    if (all_reduce && out_sym && short_k && m <= TW_AR_UNFUSED_SHARED_ANY_PARTIALS_MAX_M)
+      return 1;
+    return partial_bytes == 4 && short_k && m >= TW_RS_UNFUSED_SHARED_MIN_M &&
+           (!all_reduce || out_sym);
+  }
   return m <= (all_reduce ? TW_AR_UNFUSED_MAX_M : TW_RS_UNFUSED_MAX_M);
 }
 
