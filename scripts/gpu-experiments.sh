@@ -83,6 +83,17 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s66     (twenty-eighth session, 6ae862e) the low-latency area against stores into every
+#             rank's out for tw_gemm_ar on 8 virtual ranks (M=1024, decode M=64); tests
+#     s65     (twenty-eighth session, c02cf34) the shared-GPU rule for tw_gemm_ar at m <= 4096:
+#             tests and the --quick rows
+#     s64     (twenty-eighth session) 8 virtual ranks between decode and m 4096: the rule
+#             against the unfused pipeline in the call; two memchecks
+#     s63     (twenty-eighth session) 8 virtual ranks at M=16384 in 5 interleaved rounds (the
+#             overlap's spread)
+#     s62     (twenty-eighth session, 2 GPUs) reduce-CTA counts for bf16 partials, interleaved
+#     s61     (twenty-eighth session, 2 GPUs) s60's slow bf16p row, not reproduced
+#     s60     (twenty-eighth session, 2 GPUs) reduce-CTA counts for bf16 partials as extra rows
 #     s59     (twenty-seventh session, exp/evict, dropped) the partials' TMA stores with an L2
 #             evict-first policy (TW_RS_STORE_EVICT): tests, A/B at flux-tp8 and M=16384
 #     s58     (twenty-seventh session, main, 2 GPUs) SM clock and power per variant at
