@@ -83,6 +83,8 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s67     (prepared for the next session) the in-call unfused pipeline's extra ~25 us at
+#             M=1024 on 8 virtual ranks: TW_TRACE, nsys where present
 #     s66     (twenty-eighth session, 6ae862e) the low-latency area against stores into every
 #             rank's out for tw_gemm_ar on 8 virtual ranks (M=1024, decode M=64); tests
 #     s65     (twenty-eighth session, c02cf34) the shared-GPU rule for tw_gemm_ar at m <= 4096:
@@ -912,6 +914,27 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
         "--m $m --n 8192 --k 1024" ""
     done
   done
+}
+exp_s67() { # (next) tw_gemm_ar's unfused pipeline inside the call against the same kernels as
+  # separate calls on 8 virtual ranks at M=1024 N=1024 K 256 from graphs: 0.083 against
+  # 0.054-0.059 ms (twenty-eighth session). Where the ~25 us go: TW_TRACE of the in-call calls
+  # (the reduce kernel's start / end stamps per rank), eager and from graphs; nsys if the
+  # machine has it (kernel gaps per rank's stream)
+  local mode
+  for mode in eager graph; do
+    local g=0
+    [ $mode = graph ] && g=1
+    run "s67-trace-gemm_ar-8v-m1024-$mode" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_GRAPH=$g TW_TRACE=1 \
+      TW_BENCH_WARM_MS=0 "$bin/tw-bench" gemm_ar --world 8 --m 1024 --n 1024 --k 256 --repeats 10 \
+      --warmup 3 --no-check
+  done
+  if command -v nsys >/dev/null 2>&1; then
+    run "s67-nsys-gemm_ar-8v-m1024" 120 nsys profile -o "$out/logs/s67-m1024" --force-overwrite \
+      true env TW_BENCH_VIRTUAL=1 TW_BENCH_GRAPH=1 TW_BENCH_WARM_MS=0 "$bin/tw-bench" gemm_ar \
+      --world 8 --m 1024 --n 1024 --k 256 --repeats 10 --warmup 3 --no-check
+    nsys stats --report cuda_gpu_trace "$out/logs/s67-m1024.nsys-rep" >"$out/logs/s67-nsys-trace.txt" \
+      2>&1 || true
+  fi
 }
 exp_s66() { # (main + no low-latency area for tw_gemm_ar into every rank's out where ranks share
   # a GPU) 8 virtual ranks: the new rule (-1) against the area (TW_RS_UNFUSED_LL=1, the old
