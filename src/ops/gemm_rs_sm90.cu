@@ -1560,19 +1560,19 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
    * symmetric outputs, with no gather area */
   const int peer_out = all_reduce && !a->out_symmetric && comm->one_process &&
                        comm->ranks_on_device == world && tw_env_int(TW_AR_PEER_OUT_ID) != 0;
-  plan->unfused = tw_gemm_rs_want_unfused((int)tw_env_int(TW_RS_UNFUSED_SMALL_ID), world,
-                                          comm->gpu_shared, a->m, a->k, pbytes, all_reduce,
-                                          all_reduce && (a->out_symmetric || peer_out)) &&
-                  tw_heap_avail(comm, a->workspace) >=
-                      tw_gemm_rs_unfused_workspace_bytes(
-                          a->m, a->n, pbytes, all_reduce && !a->out_symmetric && !peer_out);
+  /* tw_gemm_ar's unfused pipeline can store its rows straight into every rank's out */
+  const int stores_all = all_reduce && (a->out_symmetric || peer_out);
+  plan->unfused =
+      tw_gemm_rs_want_unfused((int)tw_env_int(TW_RS_UNFUSED_SMALL_ID), world, comm->gpu_shared,
+                              a->m, a->k, pbytes, all_reduce, stores_all) &&
+      tw_heap_avail(comm, a->workspace) >=
+          tw_gemm_rs_unfused_workspace_bytes(a->m, a->n, pbytes, all_reduce && !stores_all);
   if (plan->unfused)
     plan->ar_out_sym = all_reduce && a->out_symmetric; /* checked above, direct or not */
   /* its rows through the comm's low-latency area where they fit (TW_RS_UNFUSED_LL) */
   plan->ll = plan->unfused &&
              tw_gemm_rs_want_ll((int)tw_env_int(TW_RS_UNFUSED_LL_ID), world, a->m, a->n, pbytes,
-                                all_reduce, comm->ll_bytes,
-                                comm->gpu_shared && all_reduce && (a->out_symmetric || peer_out));
+                                all_reduce, comm->ll_bytes, comm->gpu_shared && stores_all);
   plan->ar_peer_out = plan->unfused && !plan->ll && peer_out;
   /* tw_gemm_ar's push gather (TW_AR_PUSH, the default) where the workspace holds every owner's
    * reduced rows (tw_gemm_rs_workspace_size asks for that much) and no two ranks share a GPU
