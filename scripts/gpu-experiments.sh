@@ -83,7 +83,13 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
-#     s67     (prepared for the next session) the in-call unfused pipeline's extra ~25 us at
+#     s69     (twenty-ninth session, main) 8 virtual ranks at M=16384: tw_ag_gemm with the
+#             gathered output in 5 interleaved rounds, four runs (issue 4's last target)
+#     s68     (twenty-ninth session, main + one item-position helper in reduce_unit and
+#             gather_unit) test_gemm_rs; A/B against f106895's gemm_rs_sm90.cu (diagold/),
+#             alternated, at flux-tp8 and M=16384 on 2 GPUs (the bf16p rows take the changed
+#             division path)
+#     s67     (twenty-ninth session) the in-call unfused pipeline's extra ~25 us at
 #             M=1024 on 8 virtual ranks: TW_TRACE, nsys where present
 #     s66     (twenty-eighth session, 6ae862e) the low-latency area against stores into every
 #             rank's out for tw_gemm_ar on 8 virtual ranks (M=1024, decode M=64); tests
@@ -915,7 +921,35 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
-exp_s67() { # (next) tw_gemm_ar's unfused pipeline inside the call against the same kernels as
+exp_s69() { # (main) issue 4's last target: tw_ag_gemm with the gathered output on 8 virtual
+  # ranks at M=16384, 5 interleaved rounds a run (s63 gave 0.95 / 0.93), four runs
+  local i
+  for i in 1 2 3 4; do
+    run "s69-ag_gemm-8v-m16384-r5-$i" 200 env TW_BENCH_VIRTUAL=1 TW_BENCH_ROUNDS=5 \
+      "$bin/tw-bench" ag_gemm --world 8 --m 16384 --n 2048 --k 16384 --repeats 6 --warmup 2
+  done
+}
+exp_s68() { # (main + one item-position helper for reduce_unit and gather_unit: the division
+  # path stores at the row and column it loaded from, no 64-bit division) test_gemm_rs, then
+  # the new build against f106895's gemm_rs_sm90.cu (diagold/, scripts/diag-lib.sh 0 with the
+  # old file), alternated, on 2 GPUs (8 virtual ranks on one): the bf16p rows take the path
+  run "s68-test_gemm_rs" 300 "$bin/test_gemm_rs"
+  local i lib w=2 v=
+  [ "$ngpus" -gt 1 ] || w=8 v=1
+  for i in 1 2; do
+    for lib in new old; do
+      local l="$root/$bin"
+      [ $lib = old ] && l="$root/$bin/diagold"
+      run "s68-gemm_rs-flux-$lib-$i" 90 env LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH" \
+        TW_BENCH_VIRTUAL=$v "$bin/tw-bench" gemm_rs --world $w $flux_rs --repeats 20 --warmup 5
+      run "s68-gemm_ar-flux-$lib-$i" 90 env LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH" \
+        TW_BENCH_VIRTUAL=$v "$bin/tw-bench" gemm_ar --world $w $flux_rs --repeats 20 --warmup 5
+      run "s68-gemm_ar-big-$lib-$i" 90 env LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH" \
+        TW_BENCH_VIRTUAL=$v "$bin/tw-bench" gemm_ar --world $w $big_rs --repeats 10 --warmup 3
+    done
+  done
+}
+exp_s67() { # (main) tw_gemm_ar's unfused pipeline inside the call against the same kernels as
   # separate calls on 8 virtual ranks at M=1024 N=1024 K 256 from graphs: 0.083 against
   # 0.054-0.059 ms (twenty-eighth session). Where the ~25 us go: TW_TRACE of the in-call calls
   # (the reduce kernel's start / end stamps per rank), eager and from graphs; nsys if the

@@ -470,14 +470,16 @@ __device__ __forceinline__ void store_sum(const RsParams<P> &p, int world, int m
   }
 }
 
-/* The 16-byte items of a unit's rect that one thread visits: item i is row i / vecs, vector
- * i % vecs, for i = the thread's index, + the CTA's size, ... Stepped by one addition and a
- * compare an item; the divisions happen once a unit. (Twenty-fifth session: with a division
- * and remainder an item for the load and a 64-bit one for the store, a reduce CTA's loop ran
- * at 56 GB/s alone and 44 beside a GEMM, against 94 and 76 without: tools/micro/rbench.cu.) */
+/* The 16-byte items of a unit's rect (rows x vecs) that one thread visits: item i is row
+ * i / vecs, vector i % vecs, for i = the thread's index, + the CTA's size, ... at<true> steps
+ * them by one addition and a compare an item, the divisions happen once a unit. (Twenty-fifth
+ * session: with a division and remainder an item for the load and a 64-bit one for the store, a
+ * reduce CTA's loop ran at 56 GB/s alone and 44 beside a GEMM, against 94 and 76 without:
+ * tools/micro/rbench.cu.) at<false> divides per item instead (fewer registers). */
 struct ItemWalk {
-  int32_t row, col, step_r, step_c, vecs;
-  __device__ __forceinline__ ItemWalk(int32_t vecs_, int32_t first, int32_t stride) : vecs(vecs_) {
+  int32_t row, col, step_r, step_c, vecs, rows, items;
+  __device__ __forceinline__ ItemWalk(int32_t rows_, int32_t vecs_, int32_t first, int32_t stride)
+      : vecs(vecs_), rows(rows_), items(rows_ * vecs_) {
     row = first / vecs;
     col = first - row * vecs;
     step_r = stride / vecs;
@@ -488,6 +490,21 @@ struct ItemWalk {
     col += step_c;
     if (col >= vecs)
       col -= vecs, row++;
+  }
+  /* Row (rect-relative) and vector of item i, which must be the walk's next (first, first +
+   * stride, ...: every call steps it). Past the end (i >= items) the last item, so that loads
+   * stay in bounds; the caller stores only items below `items`. */
+  template <bool kWalk> __device__ __forceinline__ void at(int32_t i, int32_t &r, int32_t &v) {
+    if constexpr (kWalk) {
+      const bool in = i < items;
+      r = in ? row : rows - 1;
+      v = in ? col : vecs - 1;
+      next();
+    } else {
+      i = min(i, items - 1);
+      r = i / vecs;
+      v = i - r * vecs;
+    }
   }
 };
 
@@ -526,45 +543,26 @@ __device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int
   constexpr int kE = V::kE, kN = kItems * 4 / kE; /* elements per item, items in flight */
   int32_t r0, r1, c0, c1;
   unit_rect(p, me, u, r0, r1, c0, c1);
-  const int32_t vecs = (c1 - c0) / kE;
-  const int32_t items = (r1 - r0) * vecs;
   const int32_t tid = (int32_t)threadIdx.x, stride = (int32_t)blockDim.x;
-  if constexpr (kWalk) {
-    ItemWalk w(vecs, tid, stride);
-    for (int32_t base = tid; base < items; base += kN * stride) {
-      size_t off[kN];
-      int32_t rr[kN], cc[kN]; /* slab row and column of each item */
-      float acc[kN][kE];
+  ItemWalk w(r1 - r0, (c1 - c0) / kE, tid, stride);
+  const int32_t items = w.items;
+  for (int32_t base = tid; base < items; base += kN * stride) {
+    size_t off[kN];
+    int32_t rr[kN], cc[kN]; /* slab row and column of each item */
+    float acc[kN][kE];
 #pragma unroll
-      for (int j = 0; j < kN; j++) {
-        const bool in = base + j * stride < items; /* else the last item: loads stay in bounds */
-        rr[j] = r0 + (in ? w.row : r1 - r0 - 1);
-        cc[j] = c0 + kE * (in ? w.col : vecs - 1);
-        w.next();
-        off[j] = (size_t)rr[j] * p.n + cc[j];
-        V::load(p.slab[0] + off[j], acc[j]);
-      }
-      add_ranks(p, world, off, acc);
-#pragma unroll
-      for (int j = 0; j < kN && base + j * stride < items; j++)
-        store_sum(p, world, me, off[j], rr[j], cc[j], V::pack(acc[j]));
+    for (int j = 0; j < kN; j++) {
+      int32_t r, v;
+      w.at<kWalk>(base + j * stride, r, v);
+      rr[j] = r0 + r;
+      cc[j] = c0 + kE * v;
+      off[j] = (size_t)rr[j] * p.n + cc[j];
+      V::load(p.slab[0] + off[j], acc[j]);
     }
-  } else {
-    for (int32_t base = tid; base < items; base += kN * stride) {
-      size_t off[kN];
-      float acc[kN][kE];
+    add_ranks(p, world, off, acc);
 #pragma unroll
-      for (int j = 0; j < kN; j++) {
-        const int32_t i = min(base + j * stride, items - 1); /* clamped: loads stay in bounds */
-        off[j] = (size_t)(r0 + i / vecs) * p.n + c0 + kE * (i % vecs);
-        V::load(p.slab[0] + off[j], acc[j]);
-      }
-      add_ranks(p, world, off, acc);
-#pragma unroll
-      for (int j = 0; j < kN && base + j * stride < items; j++)
-        store_sum(p, world, me, off[j], (int32_t)(off[j] / (size_t)p.n),
-                  (int32_t)(off[j] % (size_t)p.n), V::pack(acc[j]));
-    }
+    for (int j = 0; j < kN && base + j * stride < items; j++)
+      store_sum(p, world, me, off[j], rr[j], cc[j], V::pack(acc[j]));
   }
 }
 
@@ -576,27 +574,20 @@ __device__ __forceinline__ void gather_unit(const RsParams<P> &p, int32_t o, int
     return;
   int32_t r0, r1, c0, c1;
   unit_rect(p, o, u, r0, r1, c0, c1);
-  const int32_t vecs = (c1 - c0) / 8;
-  const int32_t items = (r1 - r0) * vecs;
   const __nv_bfloat16 *src = p.reduced_peer[o];
   __nv_bfloat16 *dst = p.out + (int64_t)o * p.m_local * p.ldo;
   const int32_t stride = (int32_t)blockDim.x;
-  ItemWalk w(vecs, (int32_t)threadIdx.x, stride);
+  ItemWalk w(r1 - r0, (c1 - c0) / 8, (int32_t)threadIdx.x, stride);
+  const int32_t items = w.items;
   for (int32_t base = threadIdx.x; base < items; base += kItems * stride) {
     int4 v[kItems];
     int32_t rr[kItems], cc[kItems];
 #pragma unroll
     for (int j = 0; j < kItems; j++) {
-      if constexpr (kWalk) {
-        const bool in = base + j * stride < items;
-        rr[j] = r0 + (in ? w.row : r1 - r0 - 1);
-        cc[j] = c0 + 8 * (in ? w.col : vecs - 1);
-        w.next();
-      } else {
-        const int32_t i = min(base + j * stride, items - 1);
-        rr[j] = r0 + i / vecs;
-        cc[j] = c0 + 8 * (i % vecs);
-      }
+      int32_t r, vec;
+      w.at<kWalk>(base + j * stride, r, vec);
+      rr[j] = r0 + r;
+      cc[j] = c0 + 8 * vec;
       v[j] = __ldcg(reinterpret_cast<const int4 *>(src + (size_t)rr[j] * p.n + cc[j]));
     }
 #pragma unroll
