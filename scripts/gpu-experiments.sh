@@ -83,6 +83,12 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s72     (twenty-ninth session, c6bcbf1) tw_ag_gemm at world 1 against the GEMM alone in 5
+#             interleaved rounds (issue 4's world-1 target; the suite read 1.03 at M=4096 N=512)
+#     s71     (twenty-ninth session, c6bcbf1, 2 GPUs) decode M=64 GEMM+AR / GEMM+RS in 5
+#             interleaved rounds of 40 (the suite's bf16p-outsym decode row: 0.0551 ms, 88% spread)
+#     s70     (twenty-ninth session, c6bcbf1) 8 virtual ranks without work stealing
+#             (TW_RS_STEAL=0): the bf16p rows against f106895's gemm_rs_sm90.cu (diagold/)
 #     s69     (twenty-ninth session, main) 8 virtual ranks at M=16384: tw_ag_gemm with the
 #             gathered output in 5 interleaved rounds, four runs (issue 4's last target)
 #     s68     (twenty-ninth session, main + one item-position helper in reduce_unit and
@@ -918,6 +924,44 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     for v in 1 -1; do
       TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
+    done
+  done
+}
+exp_s72() { # (c6bcbf1) issue 4's world-1 target (within 3% of the GEMM alone): the suite's
+  # single round read fused 0.0348 against 0.0338 ms at M=4096 N=512 (spreads 3-4%); every row
+  # of the issue's shapes in 5 interleaved rounds, twice
+  local i
+  for i in 1 2; do
+    run "s72-ag_gemm-w1-r5-$i" 120 env TW_BENCH_ROUNDS=5 "$bin/tw-bench" ag_gemm --world 1 \
+      --repeats 20 --warmup 5
+  done
+}
+exp_s71() { # (c6bcbf1, 2 GPUs) the suite's 20-repeat decode rows spread 10-88% (p10-p90 of the
+  # median); GEMM+AR bf16p-outsym read 0.0551 ms, 0.73x of NCCL bf16 + cuBLAS: every row in 5
+  # interleaved rounds of 40 calls, twice per op
+  [ "$ngpus" -gt 1 ] || return 0
+  local i op
+  for i in 1 2; do
+    for op in gemm_ar gemm_rs; do
+      run "s71-$op-decode-r5-$i" 90 env TW_BENCH_ROUNDS=5 "$bin/tw-bench" $op --world 2 --m 64 \
+        --n 8192 --k 1024 --repeats 40 --warmup 10
+    done
+  done
+}
+exp_s70() { # (c6bcbf1) the suite's TW_RS_STEAL=0 step on 8 virtual ranks had tilewire-bf16p at
+  # 0.723 / 4.967 / 22.55 ms (M=4096 / 8192 / 16384) against fp32's 0.540 / 2.960 / 19.48: the
+  # new build against f106895's gemm_rs_sm90.cu (diagold/), alternated, both orders
+  local i lib
+  for i in 1 2; do
+    for lib in new old; do
+      local l="$root/$bin"
+      [ $lib = old ] && l="$root/$bin/diagold"
+      run "s70-gemm_rs-8v-steal0-m8192-$lib-$i" 90 env LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH" \
+        TW_BENCH_VIRTUAL=1 TW_RS_STEAL=0 "$bin/tw-bench" gemm_rs --world 8 --m 8192 --n 8192 \
+        --k 1024 --repeats 20 --warmup 5
+      run "s70-gemm_rs-8v-steal0-m4096-$lib-$i" 90 env LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH" \
+        TW_BENCH_VIRTUAL=1 TW_RS_STEAL=0 "$bin/tw-bench" gemm_rs --world 8 --m 4096 --n 4096 \
+        --k 512 --repeats 20 --warmup 5
     done
   done
 }
