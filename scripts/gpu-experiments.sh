@@ -83,6 +83,11 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s74     (twenty-ninth session, c6bcbf1, 2 GPUs) decode from graphs, one process per GPU
+#             (bench_dist --graph 10) at M=16 and 64, twice: s73's one-process rows put the
+#             bf16 partials' GEMM+AR behind NCCL bf16
+#     s73     (twenty-ninth session, c6bcbf1, 2 GPUs) decode GEMM+AR with bf16 partials: the
+#             call against separate calls from graphs; the low-latency knobs interleaved
 #     s72     (twenty-ninth session, c6bcbf1) tw_ag_gemm at world 1 against the GEMM alone in 5
 #             interleaved rounds (issue 4's world-1 target; the suite read 1.03 at M=4096 N=512)
 #     s71     (twenty-ninth session, c6bcbf1, 2 GPUs) decode M=64 GEMM+AR / GEMM+RS in 5
@@ -924,6 +929,34 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     for v in 1 -1; do
       TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
+    done
+  done
+}
+exp_s74() { # (c6bcbf1, 2 GPUs) s73, one process driving both GPUs from graphs: GEMM+AR with
+  # bf16 partials at M=64 0.034-0.036 ms against NCCL bf16 + cuBLAS 0.030. The setting a
+  # PyTorch server has: one process per GPU, replays of 10 captured calls, M=16 and 64, twice
+  [ "$ngpus" -gt 1 ] || return 0
+  local i m
+  for i in 1 2; do
+    for m in 16 64; do
+      run "s74-bench_dist-graph-m$m-$i" 120 env TILEWIRE_LIB="$root/$bin/libtilewire.so" \
+        PYTHONPATH="$root/python" python3 -m tilewire.bench_dist --nproc 2 --op gemm_ar \
+        --op gemm_rs --m $m --n 8192 --k 1024 --graph 10 --repeats 30
+    done
+  done
+}
+exp_s73() { # (c6bcbf1, 2 GPUs) s71: GEMM+AR with bf16 partials at decode, the call 0.0305-0.0311
+  # ms eager against the same kernels as separate calls 0.0270-0.0274. From graphs (GPU time
+  # only: is it the host's launches?), 5 interleaved rounds; then the low-latency area, its
+  # epilogue and PDL as interleaved knob rows, eager and from graphs
+  [ "$ngpus" -gt 1 ] || return 0
+  local g ab
+  for g in 0 1; do
+    run "s73-gemm_ar-decode-graph$g" 90 env TW_BENCH_GRAPH=$g TW_BENCH_ROUNDS=5 "$bin/tw-bench" \
+      gemm_ar --world 2 --m 64 --n 8192 --k 1024 --repeats 40 --warmup 10
+    for ab in TW_RS_UNFUSED_LL=-1,0 TW_RS_LL_EPI=1,0 TW_RS_UNFUSED_PDL=1,0; do
+      run "s73-gemm_ar-decode-graph$g-${ab%%=*}" 90 env TW_BENCH_GRAPH=$g TW_BENCH_AB=$ab \
+        "$bin/tw-bench" gemm_ar --world 2 --m 64 --n 8192 --k 1024 --repeats 40 --warmup 10
     done
   done
 }
