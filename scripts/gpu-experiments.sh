@@ -83,6 +83,9 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s75     (twenty-ninth session, main + TW_RS_UNFUSED_CTAS, the knob dropped) 8 virtual
+#             ranks, the --quick GEMM+AR from graphs with the in-call reduce kernel capped at
+#             1-8 CTAs (s67's reading: its waiting CTAs hold SMs the later ranks' GEMMs need)
 #     s74     (twenty-ninth session, c6bcbf1, 2 GPUs) decode from graphs, one process per GPU
 #             (bench_dist --graph 10) at M=16 and 64, twice: s73's one-process rows put the
 #             bf16 partials' GEMM+AR behind NCCL bf16
@@ -931,6 +934,23 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
         "--m $m --n 8192 --k 1024" ""
     done
   done
+}
+exp_s75() { # (main + TW_RS_UNFUSED_CTAS, a cap on the in-call reduce grid; dropped: fewer CTAs
+  # were slower) s67's reading, tested: if the in-call reduce kernels'
+  # waiting CTAs (16 a rank) hold the SMs the later ranks' GEMMs need, fewer of them should take
+  # the --quick GEMM+AR from graphs (0.083 ms) toward the separate calls' 0.054
+  run "s75-test_gemm_rs-ctas2" 200 env TW_RS_UNFUSED_CTAS=2 "$bin/test_gemm_rs"
+  local ab g
+  for g in 1 0; do
+    for ab in 0,1,2,4,8 8,4,2,1,0; do
+      run "s75-gemm_ar-8v-m1024-graph$g-ctas$ab" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_GRAPH=$g \
+        TW_BENCH_AB=TW_RS_UNFUSED_CTAS=$ab "$bin/tw-bench" gemm_ar --world 8 --m 1024 --n 1024 \
+        --k 256 --repeats 30 --warmup 5
+    done
+  done
+  run "s75-gemm_ar-8v-m4096-graph1" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_GRAPH=1 \
+    TW_BENCH_AB=TW_RS_UNFUSED_CTAS=0,2,4 "$bin/tw-bench" gemm_ar --world 8 --m 4096 --n 4096 \
+    --k 512 --repeats 20 --warmup 5
 }
 exp_s74() { # (c6bcbf1, 2 GPUs) s73, one process driving both GPUs from graphs: GEMM+AR with
   # bf16 partials at M=64 0.034-0.036 ms against NCCL bf16 + cuBLAS 0.030. The setting a
