@@ -83,6 +83,9 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s76     (twenty-ninth session, main + TW_RS_UNFUSED_CTAS as a count, dropped) 8 virtual
+#             ranks: the in-call reduce kernel on 16-128 CTAs a rank (s75: fewer was slower);
+#             its test timed out (1024 spinning CTAs on 132 SMs) and used up the device time
 #     s75     (twenty-ninth session, main + TW_RS_UNFUSED_CTAS, the knob dropped) 8 virtual
 #             ranks, the --quick GEMM+AR from graphs with the in-call reduce kernel capped at
 #             1-8 CTAs (s67's reading: its waiting CTAs hold SMs the later ranks' GEMMs need)
@@ -933,6 +936,23 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
       TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
     done
+  done
+}
+exp_s76() { # (main + TW_RS_UNFUSED_CTAS as a count past the rank's SM budget; dropped: the
+  # ranks' kernels must all be resident, and 8 x 128 waiting CTAs were not) s75 found the
+  # in-call reduce kernel's rate on the path (fewer CTAs slower at every step): more than the
+  # rank's 16, from graphs and eager, at the --quick shape and M=4096 K 512; a test with 128
+  run "s76-test_gemm_rs-ctas128" 200 env TW_RS_UNFUSED_CTAS=128 "$bin/test_gemm_rs"
+  local ab g
+  for g in 1 0; do
+    for ab in 0,32,64,128 128,64,32,0; do
+      run "s76-gemm_ar-8v-m1024-graph$g-ctas$ab" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_GRAPH=$g \
+        TW_BENCH_AB=TW_RS_UNFUSED_CTAS=$ab "$bin/tw-bench" gemm_ar --world 8 --m 1024 --n 1024 \
+        --k 256 --repeats 30 --warmup 5
+    done
+    run "s76-gemm_ar-8v-m4096-graph$g" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_GRAPH=$g \
+      TW_BENCH_AB=TW_RS_UNFUSED_CTAS=0,32,64 "$bin/tw-bench" gemm_ar --world 8 --m 4096 \
+      --n 4096 --k 512 --repeats 20 --warmup 5
   done
 }
 exp_s75() { # (main + TW_RS_UNFUSED_CTAS, a cap on the in-call reduce grid; dropped: fewer CTAs

@@ -1275,9 +1275,12 @@ __global__ void __launch_bounds__(kUnfusedThreads)
 }
 
 /* The unfused pipeline's second kernel on `stream`: one thread per item, at most one CTA per SM
- * of the rank's budget. TW_RS_UNFUSED_PDL: launched while the GEMM runs (programmatic dependent
- * launch), so its launch and the CTAs' start overlap the GEMM's tail; never where ranks share a
- * GPU (its early CTAs would hold SMs another rank's GEMM needs). */
+ * of the rank's budget. The cap is load-bearing where ranks share a GPU: every rank's CTAs spin
+ * in the entry handshake until all ranks have entered, so all ranks' kernels must be resident at
+ * once (twenty-ninth session, group s76: 128 CTAs a rank on 8 virtual ranks timed out in it;
+ * fewer than the budget, s75, only ran slower). TW_RS_UNFUSED_PDL: launched while the GEMM runs
+ * (programmatic dependent launch), so its launch and the CTAs' start overlap the GEMM's tail; never
+ * where ranks share a GPU (its early CTAs would hold SMs another rank's GEMM needs). */
 template <class Params>
 tw_status_t launch_after_gemm(tw_comm_t comm, int64_t items, cudaStream_t stream,
                               void (*kernel)(Params), const Params &p) {
