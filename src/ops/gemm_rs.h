@@ -141,9 +141,10 @@ int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partia
 /* Whether tw_gemm_rs (all_reduce 0) / tw_gemm_ar (1) run the unfused pipeline in the call
  * (tw_gemm into the workspace, then the reduce kernel; gemm_rs_sm90.cu), where the workspace
  * holds it. env: TW_RS_UNFUSED_SMALL (-1: this rule decides); k: K per rank; partial_bytes: 4
- * or 2; out_sym: tw_gemm_ar's args.out_symmetric. Every input is the same on every rank. */
+ * or 2; stores_all: tw_gemm_ar's pipeline stores its rows into every rank's out (symmetric
+ * outputs, or peer outs: TW_AR_PEER_OUT). Every input is the same on every rank. */
 int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int64_t k,
-                            int partial_bytes, int all_reduce, int out_sym);
+                            int partial_bytes, int all_reduce, int stores_all);
 /* Bytes of the low-latency area (comm.h) the unfused pipeline's exchange through it takes
  * (TW_RS_UNFUSED_LL): two calls' halves (odd and even sequence numbers), each world slots of a
  * rank's m / world rows of partials as 16-byte words of 8 data bytes and two flags (x2), then

@@ -59,7 +59,7 @@ int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partia
 }
 
 int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int64_t k,
-                            int partial_bytes, int all_reduce, int out_sym) {
+                            int partial_bytes, int all_reduce, int stores_all) {
   if (world < 2 || env == 0)
     return 0;
   if (env > 0)
@@ -124,10 +124,10 @@ int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int64
     const int short_k = k <= TW_RS_UNFUSED_SHARED_MAX_K;
     if (all_reduce && m <= TW_AR_UNFUSED_SHARED_MAX_M)
       return 1;
-    if (all_reduce && out_sym && short_k && m <= TW_AR_UNFUSED_SHARED_ANY_PARTIALS_MAX_M)
+    if (all_reduce && stores_all && short_k && m <= TW_AR_UNFUSED_SHARED_ANY_PARTIALS_MAX_M)
       return 1;
     return partial_bytes == 4 && short_k && m >= TW_RS_UNFUSED_SHARED_MIN_M &&
-           (!all_reduce || out_sym);
+           (!all_reduce || stores_all);
   }
   return m <= (all_reduce ? TW_AR_UNFUSED_MAX_M : TW_RS_UNFUSED_MAX_M);
 }

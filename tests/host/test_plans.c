@@ -431,11 +431,12 @@ static void test_gemm_rs_plans(void) {
                 "TW_RS_UNFUSED_SMALL=0: fused");
     TEST_ASSERT(!tw_gemm_rs_want_unfused(1, 1, 0, 64, 1024, 4, ar, 0), "world 1: the plain GEMM");
   }
-  /* one case a row: env, world, gpu_shared, m, k, partial bytes, all_reduce, out_sym -> want */
+  /* one case a row: env, world, gpu_shared, m, k, partial bytes, all_reduce, stores_all (into
+   * every rank's out: symmetric or peer outs) -> want */
   static const struct {
     int env, world, shared;
     int64_t m, k;
-    int pbytes, ar, sym, want;
+    int pbytes, ar, stores_all, want;
     const char *what;
   } unfused_cases[] = {
       {-1, 2, 0, 16, 1024, 4, 0, 0, 1, "GEMM+RS M=16: unfused"},
@@ -444,7 +445,7 @@ static void test_gemm_rs_plans(void) {
       {-1, 2, 0, 512, 1024, 4, 0, 0, 1, "GEMM+RS M=512: unfused"},
       {-1, 2, 0, 512, 1024, 4, 1, 0, 0, "GEMM+AR M=512: fused"},
       /* ranks sharing a GPU, K per rank <= 2048, m >= 4096: fp32 partials into out (rs) or
-       * symmetric outs (or peer outs: the caller passes out_sym then) */
+       * symmetric or peer outs (stores_all) */
       {-1, 8, 1, 4096, 512, 4, 0, 0, 1, "shared GPU, K 512: RS unfused"},
       {-1, 8, 1, 8192, 1024, 4, 1, 1, 1, "shared GPU, K 1024, symmetric out: AR unfused"},
       {-1, 8, 1, 4096, 512, 4, 1, 0, 0, "shared GPU, plain out: AR fused"},
@@ -466,9 +467,10 @@ static void test_gemm_rs_plans(void) {
       {0, 8, 1, 4096, 512, 4, 0, 0, 0, "TW_RS_UNFUSED_SMALL=0: fused"},
   };
   for (size_t i = 0; i < sizeof(unfused_cases) / sizeof(unfused_cases[0]); i++) {
-    const int got = tw_gemm_rs_want_unfused(
-        unfused_cases[i].env, unfused_cases[i].world, unfused_cases[i].shared, unfused_cases[i].m,
-        unfused_cases[i].k, unfused_cases[i].pbytes, unfused_cases[i].ar, unfused_cases[i].sym);
+    const int got = tw_gemm_rs_want_unfused(unfused_cases[i].env, unfused_cases[i].world,
+                                            unfused_cases[i].shared, unfused_cases[i].m,
+                                            unfused_cases[i].k, unfused_cases[i].pbytes,
+                                            unfused_cases[i].ar, unfused_cases[i].stores_all);
     TEST_ASSERT(!got == !unfused_cases[i].want, unfused_cases[i].what);
   }
   TEST_ASSERT(tw_gemm_rs_unfused_workspace_bytes(64, 8192, 4, 1) == (size_t)64 * 8192 * 6,
