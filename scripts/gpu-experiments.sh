@@ -83,6 +83,10 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s77     (thirtieth session, main + swap-AB CTA pairs, TW_GEMM_SWAP_PAIR) tests (test_gemm,
+#             test_gemm_rs on both placements, memcheck); tw_gemm at decode shapes from graphs
+#             with the pair row; the decode pipelines A/B from graphs and one process per GPU;
+#             unfused_reduce_kernel's one store loop against HEAD's two (diagold/)
 #     s76     (twenty-ninth session, main + TW_RS_UNFUSED_CTAS as a count, dropped) 8 virtual
 #             ranks: the in-call reduce kernel on 16-128 CTAs a rank (s75: fewer was slower);
 #             its test timed out (1024 spinning CTAs on 132 SMs) and used up the device time
@@ -281,6 +285,19 @@ run() { # run NAME LIMIT CMD...: log, and a summary line of the fused rows' medi
   stall=$(grep -m 3 -E 'watchdog|internal stall|DEVICE_TIMEOUT|timed out|waited for flag' "$out/logs/$name.log")
   [ -n "$stall" ] && summary+=("$(sed 's/^/    /' <<<"$stall")")
   return 0
+}
+run_new_old() { # run_new_old NAME LIMIT CMD...: CMD with this build's library, then with the
+  # old one beside it (diagold/: scripts/diag-lib.sh 0 with an older gemm_rs_sm90.cu), twice,
+  # alternated; logs NAME-new-1, NAME-old-1, NAME-new-2, NAME-old-2
+  local name=$1 limit=$2 i lib
+  shift 2
+  for i in 1 2; do
+    for lib in new old; do
+      local l="$root/$bin"
+      [ $lib = old ] && l="$root/$bin/diagold"
+      run "$name-$lib-$i" "$limit" env LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH" "$@"
+    done
+  done
 }
 big_rs="--m 16384 --n 16384 --k 2048"
 flux_rs="--m 4096 --n 12288 --k 6144"
@@ -938,6 +955,47 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
+exp_s77() { # (main + swap-AB's 64-row tiles on CTA pairs, TW_GEMM_SWAP_PAIR, default 0) the
+  # decode GEMM core at 1.05x cuBLAS (0.0076 against 0.0072 ms at M=64 N=8192 K=1024); cuBLAS's
+  # decode kernels run clusters that share the tokens by multicast. Tests first, then tw_gemm
+  # from graphs (tilewire-swap64 against tilewire-swap64-pair in the same rounds), the decode
+  # pipelines with the knob interleaved, one process per GPU alternated; last, the reduce
+  # kernel's one store loop against HEAD's gemm_rs_sm90.cu (diagold/) on 8 virtual ranks
+  run "s77-test_gemm" 120 "$bin/test_gemm"
+  run "s77-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] && run "s77-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct \
+    "$bin/test_gemm_rs"
+  run "s77-memcheck-test_gemm_rs-small" 200 compute-sanitizer --tool memcheck --error-exitcode=1 \
+    "$bin/test_gemm_rs" --small
+  local shape
+  for shape in "--m 64 --n 8192 --k 1024" "--m 16 --n 8192 --k 1024" "--m 64 --n 8192 --k 3584" \
+    "--m 16 --n 4096 --k 4096" "--m 32 --n 4096 --k 1024"; do
+    run "s77-gemm-graph-${shape// /}" 60 env TW_BENCH_GRAPH=1 TW_BENCH_GEMM_ROUNDS=5 \
+      "$bin/tw-bench" gemm $shape --repeats 50 --warmup 5
+  done
+  if [ "$ngpus" -gt 1 ]; then
+    local op m g
+    for op in gemm_rs gemm_ar; do
+      for m in 64 16; do
+        for g in 1 0; do
+          run "s77-$op-m$m-graph$g-pair" 90 env TW_BENCH_GRAPH=$g TW_BENCH_AB=TW_GEMM_SWAP_PAIR=0,1 \
+            "$bin/tw-bench" $op --world 2 --m $m --n 8192 --k 1024 --repeats 40 --warmup 10
+        done
+      done
+    done
+    local p
+    for p in 0 1 1 0; do
+      run "s77-bench_dist-graph-m64-pair$p" 120 env TW_GEMM_SWAP_PAIR=$p \
+        TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python" python3 -m \
+        tilewire.bench_dist --nproc 2 --op gemm_ar --op gemm_rs --m 64 --n 8192 --k 1024 \
+        --graph 10 --repeats 30
+    done
+  fi
+  run_new_old "s77-gemm_ar-8v-quick-graph" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_GRAPH=1 \
+    "$bin/tw-bench" gemm_ar --world 8 --m 1024 --n 1024 --k 256 --repeats 30 --warmup 5
+  run_new_old "s77-gemm_rs-8v-m4096" 90 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" gemm_rs --world 8 \
+    --m 4096 --n 4096 --k 512 --repeats 20 --warmup 5
+}
 exp_s76() { # (main + TW_RS_UNFUSED_CTAS as a count past the rank's SM budget; dropped: the
   # ranks' kernels must all be resident, and 8 x 128 waiting CTAs were not) s75 found the
   # in-call reduce kernel's rate on the path (fewer CTAs slower at every step): more than the
@@ -1024,18 +1082,10 @@ exp_s71() { # (c6bcbf1, 2 GPUs) the suite's 20-repeat decode rows spread 10-88% 
 exp_s70() { # (c6bcbf1) the suite's TW_RS_STEAL=0 step on 8 virtual ranks had tilewire-bf16p at
   # 0.723 / 4.967 / 22.55 ms (M=4096 / 8192 / 16384) against fp32's 0.540 / 2.960 / 19.48: the
   # new build against f106895's gemm_rs_sm90.cu (diagold/), alternated, both orders
-  local i lib
-  for i in 1 2; do
-    for lib in new old; do
-      local l="$root/$bin"
-      [ $lib = old ] && l="$root/$bin/diagold"
-      run "s70-gemm_rs-8v-steal0-m8192-$lib-$i" 90 env LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH" \
-        TW_BENCH_VIRTUAL=1 TW_RS_STEAL=0 "$bin/tw-bench" gemm_rs --world 8 --m 8192 --n 8192 \
-        --k 1024 --repeats 20 --warmup 5
-      run "s70-gemm_rs-8v-steal0-m4096-$lib-$i" 90 env LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH" \
-        TW_BENCH_VIRTUAL=1 TW_RS_STEAL=0 "$bin/tw-bench" gemm_rs --world 8 --m 4096 --n 4096 \
-        --k 512 --repeats 20 --warmup 5
-    done
+  local m
+  for m in 8192 4096; do
+    run_new_old "s70-gemm_rs-8v-steal0-m$m" 90 env TW_BENCH_VIRTUAL=1 TW_RS_STEAL=0 \
+      "$bin/tw-bench" gemm_rs --world 8 --m $m --n $m --k $((m / 8)) --repeats 20 --warmup 5
   done
 }
 exp_s69() { # (main) issue 4's last target: tw_ag_gemm with the gathered output on 8 virtual
@@ -1051,20 +1101,14 @@ exp_s68() { # (main + one item-position helper for reduce_unit and gather_unit: 
   # the new build against f106895's gemm_rs_sm90.cu (diagold/, scripts/diag-lib.sh 0 with the
   # old file), alternated, on 2 GPUs (8 virtual ranks on one): the bf16p rows take the path
   run "s68-test_gemm_rs" 300 "$bin/test_gemm_rs"
-  local i lib w=2 v=
+  local w=2 v=
   [ "$ngpus" -gt 1 ] || w=8 v=1
-  for i in 1 2; do
-    for lib in new old; do
-      local l="$root/$bin"
-      [ $lib = old ] && l="$root/$bin/diagold"
-      run "s68-gemm_rs-flux-$lib-$i" 90 env LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH" \
-        TW_BENCH_VIRTUAL=$v "$bin/tw-bench" gemm_rs --world $w $flux_rs --repeats 20 --warmup 5
-      run "s68-gemm_ar-flux-$lib-$i" 90 env LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH" \
-        TW_BENCH_VIRTUAL=$v "$bin/tw-bench" gemm_ar --world $w $flux_rs --repeats 20 --warmup 5
-      run "s68-gemm_ar-big-$lib-$i" 90 env LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH" \
-        TW_BENCH_VIRTUAL=$v "$bin/tw-bench" gemm_ar --world $w $big_rs --repeats 10 --warmup 3
-    done
-  done
+  run_new_old "s68-gemm_rs-flux" 90 env TW_BENCH_VIRTUAL=$v "$bin/tw-bench" gemm_rs --world $w \
+    $flux_rs --repeats 20 --warmup 5
+  run_new_old "s68-gemm_ar-flux" 90 env TW_BENCH_VIRTUAL=$v "$bin/tw-bench" gemm_ar --world $w \
+    $flux_rs --repeats 20 --warmup 5
+  run_new_old "s68-gemm_ar-big" 90 env TW_BENCH_VIRTUAL=$v "$bin/tw-bench" gemm_ar --world $w \
+    $big_rs --repeats 10 --warmup 3
 }
 exp_s67() { # (main) tw_gemm_ar's unfused pipeline inside the call against the same kernels as
   # separate calls on 8 virtual ranks at M=1024 N=1024 K 256 from graphs: 0.083 against

@@ -1049,11 +1049,18 @@ __global__ void __launch_bounds__(kUnfusedThreads)
     for (int s = 0; ok && s < world; s++)
       if (s != rank)
         ok = tw_wait_entry(dc, ch, s, epoch);
+    /* the destinations: every rank's out (peer outs, rows at their place in it), or p.dst[]
+     * (rows from p.dst_row0 on, p.ld_dst apart) */
     if (ok && p.peer_out)
       for (int q = 0; q < world; q++) {
         const volatile uint64_t *slot = dc.ctrl->peer_out[ch][q];
         s_dst[q] = q == rank ? p.out : (__nv_bfloat16 *)(uintptr_t)slot[0];
         s_ld[q] = q == rank ? p.ldo : (int64_t)slot[1];
+      }
+    else
+      for (int q = 0; q < p.ndst; q++) {
+        s_dst[q] = p.dst[q];
+        s_ld[q] = p.ld_dst;
       }
     s_ok = ok;
   }
@@ -1063,6 +1070,7 @@ __global__ void __launch_bounds__(kUnfusedThreads)
   constexpr int V = kVec<P>;
   const int64_t vecs = p.n / V, items = (int64_t)p.m_local * vecs;
   const int64_t row0 = (int64_t)rank * p.m_local;
+  const int64_t dst_row0 = p.peer_out ? 0 : p.dst_row0;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < items;
        i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = row0 + i / vecs, c = V * (i % vecs);
@@ -1075,15 +1083,9 @@ __global__ void __launch_bounds__(kUnfusedThreads)
         load_vec(p.partial[s] + off, v[s]);
     sum_rank_order<V>(v, world);
     const typename RsVec<P>::Packed sum = RsVec<P>::pack(v[0]);
-    if (p.peer_out) {
-      for (int q = 0; q < p.ndst; q++)
-        *reinterpret_cast<typename RsVec<P>::Packed *>(s_dst[q] + (size_t)r * (size_t)s_ld[q] +
-                                                       (size_t)c) = sum;
-    } else {
-      const size_t dst_off = (size_t)(r - p.dst_row0) * (size_t)p.ld_dst + (size_t)c;
-      for (int q = 0; q < p.ndst; q++)
-        *reinterpret_cast<typename RsVec<P>::Packed *>(p.dst[q] + dst_off) = sum;
-    }
+    for (int q = 0; q < p.ndst; q++)
+      *reinterpret_cast<typename RsVec<P>::Packed *>(
+          s_dst[q] + (size_t)(r - dst_row0) * (size_t)s_ld[q] + (size_t)c) = sum;
   }
   __syncthreads();
   /* this CTA's loads and stores before its count; the last CTA releases the peers' partials
