@@ -219,12 +219,6 @@ TW_ENV(TW_GEMM_SWAP, int, "-1",
        "CTAs; unsplit only); -1 (the rule) swaps, on 64-row tiles where unsplit 128-row tiles "
        "would fill at most half the SMs; 0 keeps 128-row tiles. The same bits (test_gemm checks "
        "it); on an H200 M=16 N=8192 K=1024 the 128-row swap took 0.0077 ms against 0.0103.")
-TW_ENV(TW_GEMM_SWAP_PAIR, int, "0",
-       "Swap-AB on 64-row tiles (TW_GEMM_SWAP): 1 runs them on CTA pairs (clusters of 2 along B's "
-       "rows), each CTA loading one consumer warpgroup's half of the tile's A rows (the decode "
-       "tokens) and multicasting it to both, so L2 serves A once per pair; -1 (the rule) pairs "
-       "where the product has at least two 64-row tiles and the budget two SMs; 0 single CTAs. "
-       "Only the loads move: the same bits (test_gemm checks it).")
 TW_ENV(TW_SPLIT_SCATTER, bool, "0",
        "tw_gemm with split_k (measurement): 1 has every slice of a tile sum one column band over "
        "all slices and store it itself (one round through distributed shared memory on every "

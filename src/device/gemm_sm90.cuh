@@ -19,8 +19,6 @@
  *   kCluster == 2 (static schedule only): CTA pairs along M share the B box; each loads half
  *        and multicasts it to both, so L2 serves B once per pair. Empty barriers then count
  *        the consumer warps of both CTAs, and the pair meets at a cluster barrier at both ends.
- *        Swap-AB's 64-row tiles pair the same way (B is then the decode tokens, the half one
- *        consumer warpgroup's BN rows of them).
  *
  * Hooks (compile-time policies; the plain GEMM instantiates no-op ones, so pays nothing):
  *   Wait   (a) `static void before_tile(const Params&, int m_block, int n_block)`, called by the
@@ -854,16 +852,10 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   // Swap-AB's transposed store serves the plain GEMM (tw_gemm, and the unfused pipeline's
   // released wait); split_scatter writes C untransposed, so the host never sets it there.
   constexpr bool kTransposedEpi = TransposedOf<Epi>::value;
-  static_assert(!kTransposedEpi || (!Epi::kSignal && !OwnerEpiOf<Epi>::value),
+  static_assert(!kTransposedEpi || (!Epi::kSignal && !OwnerEpiOf<Epi>::value && !kPair),
                 "the transposed epilogue serves the plain GEMM");
   static_assert(!kHalfM || (kTransposedEpi && !kSplitK && !kDynamic),
                 "64-row tiles serve swap-AB's unsplit static schedule");
-  // Swap-AB's CTA pairs are 64-row tiles only: the pair's two row blocks of B's rows share the
-  // tile's A rows (the decode tokens), each CTA loading one consumer warpgroup's half.
-  static_assert(!kPair || !kTransposedEpi || kHalfM, "swap-AB pairs run 64-row tiles");
-  // Rows of the B box per stage (64-row tiles: both consumer warpgroups' BN); a pair's CTA loads
-  // half of them, at this offset in the stage, and multicasts it.
-  constexpr int kBRows = BN * (kHalfM ? 2 : 1);
   // With a CTA pair, `p.order` counts pairs of row blocks; this CTA takes row block
   // 2 * pair + rank and loads half of the shared B box, multicast to both CTAs.
   const uint32_t rank = kPair ? ptx::cluster_ctarank() : 0;
@@ -949,15 +941,13 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       if (p.after_grid) {
         // The operand the previous grid does not write streams into L2 while it runs; only the
         // loads of the one it writes wait for its end (nothing else here reads its output).
-        if (!kDynamic && cta < p.order.num_tiles) {
+        if (!kDynamic && !kPair && cta < p.order.num_tiles) {
           int32_t mb, nb;
           tile_coords(p.order, cta, mb, nb);
-          if constexpr (kPair)
-            mb = 2 * mb + (int32_t)rank;
           const int32_t kb_end = kb1 - kb0 > kAfterGridPrefetch ? kb0 + kAfterGridPrefetch : kb1;
           for (int32_t kb = kb0; kb < kb_end; kb++) {
             if (p.after_grid == kAfterGridA)
-              ptx::tma_prefetch_2d(&p.b_map, kb * kBlockK, nb * kBRows);
+              ptx::tma_prefetch_2d(&p.b_map, kb * kBlockK, nb * BN * (kHalfM ? 2 : 1));
             else
               ptx::tma_prefetch_2d(&p.a_map, kb * kBlockK, mb * kTileM);
           }
@@ -994,10 +984,10 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
             if constexpr (kPair)
               ptx::tma_load_2d_multicast(smem + L::kB + stage * kTileB + rank * (kTileB / 2),
                                          &p.b_map, &full[stage], kb * kBlockK,
-                                         nb * kBRows + (int32_t)rank * (kBRows / 2), 0x3);
+                                         nb * BN + (int32_t)rank * (BN / 2), 0x3);
             else
               ptx::tma_load_2d(smem + L::kB + stage * kTileB, &p.b_map, &full[stage], kb * kBlockK,
-                               nb * kBRows);
+                               nb * BN * (kHalfM ? 2 : 1));
           }
           if (++stage == Stages) {
             stage = 0;

@@ -64,13 +64,6 @@ int tw_gemm_swap_half(int env, int64_t m, int64_t n, int split, int sms) {
   return tiles128 * 2 <= (int64_t)sms;
 }
 
-int tw_gemm_swap_pair(int env, int64_t m, int64_t n, int sms) {
-  if (env == 0 || tw_gemm_swap_bn(-1, m) == 0 || sms < 2)
-    return 0;
-  /* The rule: wherever there is a pair of 64-row tiles to share A's rows. */
-  return env == 1 || (n + 63) / 64 >= 2;
-}
-
 size_t tw_gemm_ws_bytes(int64_t tiles, int split, int cols) {
   /* per warpgroup 128 threads x cols / 2 fp32 accumulators */
   return TW_GEMM_WS_COUNTERS + (size_t)tiles * (size_t)split * 2 * 128 * (size_t)(cols / 2) * 4;

@@ -45,11 +45,6 @@ int tw_gemm_swap_bn(int env, int64_t m);
  * n x m product has at most sms / 2 tiles of 128 rows. The same bits either way. */
 int tw_gemm_swap_half(int env, int64_t m, int64_t n, int split, int sms);
 
-/* Whether swap-AB's 64-row tiles (where tw_gemm_swap_half chose them) run on CTA pairs that
- * share the tile's A rows by multicast, under TW_GEMM_SWAP_PAIR = env (1 on, 0 off, -1 the rule:
- * at least two 64-row tiles of the n x m product and two SMs). 0 wherever m > 64 or sms < 2. */
-int tw_gemm_swap_pair(int env, int64_t m, int64_t n, int sms);
-
 /* Split-K through a workspace (tw_gemm_args_t.workspace, split_k -1): tw_gemm_auto_split's
  * slices (so the same bits) run as single CTAs on tiles of 64 of B's rows (swapped: 64 x swap_mt;
  * unswapped: 128 x 64), twice the CTAs of the cluster tree, where those still fit 132 SMs at

@@ -20,15 +20,11 @@ struct ReleasedWait : NoWait {
     tw_dev_comm_t dc;
     TileOrder order; /* the loop's, to know each CTA's first tile */
     int32_t ch;      /* the call's channel: where a failed wait is recorded */
-    int32_t unit;    /* CTAs per schedule unit: 2 for swap-AB's CTA pairs (the order counts
-                        pairs of row blocks, CTA rank r of a pair takes row block 2 mb + r), else
-                        1 (0 reads as 1) */
+    int32_t pad;
   };
   __device__ static void before_tile(const Params &p, int32_t mb, int32_t nb) {
-    const int32_t unit = p.unit > 1 ? p.unit : 1;
     int32_t mb0, nb0;
-    tile_coords(p.order, (int32_t)blockIdx.x / unit, mb0, nb0);
-    mb0 = mb0 * unit + (int32_t)blockIdx.x % unit;
+    tile_coords(p.order, (int32_t)blockIdx.x, mb0, nb0);
     if (mb != mb0 || nb != nb0 || !tw_op_usable(p.dc, p.ch))
       return;
     const int chans[2] = {TW_CH_GEMM_RS, TW_CH_GEMM_AR};

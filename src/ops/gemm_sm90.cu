@@ -172,14 +172,9 @@ tw_status_t launch_swap(const GemmParams<E, Wait> &params, int split, int grid, 
                                                                        stream);
 }
 
-// pair (tw_gemm_swap_pair): CTA pairs along B's rows, each loading one consumer warpgroup's
-// MT / 2 of A's rows and multicasting them to both (L2 serves the tokens once per pair).
 template <class Out, int MT, class Wait, class E = EpiTmaStoreT<Out>>
-tw_status_t launch_swap_half(const GemmParams<E, Wait> &params, bool pair, int grid, int device,
+tw_status_t launch_swap_half(const GemmParams<E, Wait> &params, int grid, int device,
                              cudaStream_t stream) {
-  if (pair)
-    return launch_plain<swap_half_stages<MT>(), kSwapHalfEpiBytes, Out, false, 2, MT / 2, 1, Wait,
-                        E, 64>(params, grid, device, stream);
   return launch_plain<swap_half_stages<MT>(), kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, Wait, E,
                       64>(params, grid, device, stream);
 }
@@ -230,24 +225,6 @@ cudaError_t preload_ws() {
   return e;
 }
 
-/* launch_swap_half's, for one tile width and cluster (1, or 2: the pairs): the plain GEMM's, the
- * released wait's and the low-latency epilogue's. */
-template <class Out, int MT, int kC> cudaError_t preload_swap_half() {
-  constexpr int SH = swap_half_stages<MT>();
-  using E = EpiTmaStoreT<Out>;
-  cudaError_t e = cudaSuccess, r;
-  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, kC, MT / 2, 1, NoWait, E, 64>()) !=
-      cudaSuccess)
-    e = r;
-  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, kC, MT / 2, 1, ReleasedWait, E, 64>()) !=
-      cudaSuccess)
-    e = r;
-  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, kC, MT / 2, 1, NoWait, EpiLlPushT<Out>,
-                       64>()) != cudaSuccess)
-    e = r;
-  return e;
-}
-
 /* launch_swap's, for one tile width. */
 template <class Out, int MT> cudaError_t preload_swap() {
   constexpr int S = swap_stages<MT>();
@@ -264,13 +241,18 @@ template <class Out, int MT> cudaError_t preload_swap() {
   if ((r = preload_one<S, kSwapEpiBytes, Out, false, 1, MT, 1, ReleasedWait, E>()) != cudaSuccess)
     e = r;
   constexpr int SH = swap_half_stages<MT>();
-  if ((r = preload_swap_half<Out, MT, 1>()) != cudaSuccess)
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, NoWait, E, 64>()) !=
+      cudaSuccess)
     e = r;
-  if ((r = preload_swap_half<Out, MT, 2>()) != cudaSuccess)
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, ReleasedWait, E, 64>()) !=
+      cudaSuccess)
     e = r;
-  /* the unfused pipeline's epilogue into the low-latency area (128 rows, unsplit) */
+  /* the unfused pipeline's epilogue into the low-latency area (both heights, unsplit) */
   using LE = EpiLlPushT<Out>;
   if ((r = preload_one<S, kSwapEpiBytes, Out, false, 1, MT, 1, NoWait, LE>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, NoWait, LE, 64>()) !=
+      cudaSuccess)
     e = r;
   /* launch_ws's, swapped */
   if ((r = preload_ws<SH, kSwapHalfEpiBytes, Out, MT / 2, E, 64>()) != cudaSuccess)
@@ -337,18 +319,14 @@ inline ReleasedWait::Params released_params(const tw_gemm_sm90_opts_t &opts) {
   return w;
 }
 
-inline void set_wait_order(NoWait::Params &, const TileOrder &, int) {}
-inline void set_wait_order(ReleasedWait::Params &w, const TileOrder &o, int unit) {
-  w.order = o;
-  w.unit = unit;
-}
+inline void set_wait_order(NoWait::Params &, const TileOrder &) {}
+inline void set_wait_order(ReleasedWait::Params &w, const TileOrder &o) { w.order = o; }
 
 // The rest of a static schedule once params.order is set: K blocks, the grid (whole clusters of
 // `cluster` CTAs, one schedule unit each, at most one per tile), the rows split-K may skip past
 // (`rows`: the loop's rows, the product's N for swap-AB), the fault knob and the wait hook's
-// copy of the order (`pair`: 2 where the order counts CTA pairs' row blocks). Returns the grid.
-template <class GP>
-int schedule(GP &params, int64_t k, int64_t rows, int cluster, int sms, int pair = 1) {
+// copy of the order. Returns the grid.
+template <class GP> int schedule(GP &params, int64_t k, int64_t rows, int cluster, int sms) {
   const TileOrder &o = params.order;
   params.k_blocks = (int32_t)((k + kBlockK - 1) / kBlockK);
   const int units = sms / cluster;
@@ -356,7 +334,7 @@ int schedule(GP &params, int64_t k, int64_t rows, int cluster, int sms, int pair
   params.participants = grid;
   params.rows = rows < INT32_MAX ? (int32_t)rows : INT32_MAX;
   apply_fault_stall(params);
-  set_wait_order(params.wait, o, pair);
+  set_wait_order(params.wait, o);
   return grid;
 }
 
@@ -375,15 +353,12 @@ struct WsPlan {
 // half (tw_gemm_swap_half, unsplit): tiles of 64 of B's rows, twice as many, each consumer
 // warpgroup taking mt / 2 of A's rows (the same products in the same k order: the same bits).
 // E = EpiLlPushT<Out> (opts.ll, unsplit): the tiles go into the owners' low-latency areas as
-// words (gemm_ll.cuh) instead of into c. pair (64-row tiles, tw_gemm_swap_pair): CTA pairs
-// share the tile's A rows (each loads one consumer warpgroup's mt / 2 and multicasts them);
-// only the loads move, so the same bits.
+// words (gemm_ll.cuh) instead of into c.
 template <class Out, class Wait = NoWait, class E = EpiTmaStoreT<Out>>
-tw_status_t run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int split, int device,
-                     cudaStream_t stream,
-                     const typename Wait::Params &wait = typename Wait::Params(),
-                     const tw_gemm_ll_epi_t *ll = NULL, bool after_grid = false,
-                     const WsPlan *ws = NULL, bool pair = false) {
+tw_status_t
+run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int split, int device,
+         cudaStream_t stream, const typename Wait::Params &wait = typename Wait::Params(),
+         const tw_gemm_ll_epi_t *ll = NULL, bool after_grid = false, const WsPlan *ws = NULL) {
   GemmParams<E, Wait> params;
   memset(&params, 0, sizeof(params));
   params.wait = wait;
@@ -394,13 +369,12 @@ tw_status_t run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int sp
     params.split_cnt = ws->cnt;
   }
   const int tile_m = half ? 64 : kBlockM;
-  pair = pair && half && !ws && split == 1;
   tw_status_t st = tw_tma_map_2d(&params.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.b,
                                  (uint64_t)a.k, (uint64_t)a.n, (uint64_t)a.ldb, kBlockK,
                                  (uint32_t)tile_m, "tw_gemm: cuTensorMapEncodeTiled(b, swapped)");
   if (st == TW_SUCCESS)
     st = tw_tma_map_2d(&params.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a, (uint64_t)a.k,
-                       (uint64_t)a.m, (uint64_t)a.lda, kBlockK, (uint32_t)(pair ? mt / 2 : mt),
+                       (uint64_t)a.m, (uint64_t)a.lda, kBlockK, (uint32_t)mt,
                        "tw_gemm: cuTensorMapEncodeTiled(a, swapped)");
   if constexpr (std::is_same<E, EpiLlPushT<Out>>::value) {
     if (!ll || split != 1)
@@ -421,13 +395,12 @@ tw_status_t run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int sp
   if (st != TW_SUCCESS)
     return st;
   TileOrder &o = params.order;
-  const int unit = pair ? 2 : 1; /* a pair's schedule unit: two row blocks, one per CTA */
-  o.m_blocks = (int32_t)(((a.n + tile_m - 1) / tile_m + unit - 1) / unit);
+  o.m_blocks = (int32_t)((a.n + tile_m - 1) / tile_m);
   o.n_blocks = (int32_t)((a.m + mt - 1) / mt);
   o.num_tiles = o.m_blocks * o.n_blocks;
   o.order = kOrderDefault;
   o.group_m = 1;
-  const int grid = schedule(params, a.k, a.n, pair ? 2 : split, sms, unit);
+  const int grid = schedule(params, a.k, a.n, split, sms);
   if constexpr (std::is_same<Wait, NoWait>::value && std::is_same<E, EpiTmaStoreT<Out>>::value) {
     if (ws)
       return mt == 16 ? launch_ws<swap_half_stages<16>(), kSwapHalfEpiBytes, Out, 16 / 2,
@@ -438,8 +411,8 @@ tw_status_t run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int sp
   if (ws)
     return tw_fail(TW_ERR_INTERNAL, "tw_gemm: the workspace's slices serve the plain GEMM");
   if (half && split == 1)
-    return mt == 16 ? launch_swap_half<Out, 16, Wait, E>(params, pair, grid, device, stream)
-                    : launch_swap_half<Out, 64, Wait, E>(params, pair, grid, device, stream);
+    return mt == 16 ? launch_swap_half<Out, 16, Wait, E>(params, grid, device, stream)
+                    : launch_swap_half<Out, 64, Wait, E>(params, grid, device, stream);
   if (half)
     return tw_fail(TW_ERR_INTERNAL, "tw_gemm: 64-row swap-AB tiles serve unsplit GEMMs (split %d)",
                    split);
@@ -490,7 +463,7 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   o.rotate_mb =
       a.tile_order == TW_TILE_ORDER_ROTATED ? (int32_t)(a.rotate_start / kBlockM) / unit : 0;
   // A schedule unit: a pair's two CTAs, or split-K's slices of one tile.
-  const int grid = schedule(params, a.k, a.m, split > 1 ? split : unit, sms, unit);
+  const int grid = schedule(params, a.k, a.m, split > 1 ? split : unit, sms);
   params.split_scatter = split > 1 && !ws && tw_env_int(TW_SPLIT_SCATTER_ID) != 0;
   params.split_n = (int32_t)a.n;
   params.split_c = a.c;
@@ -681,17 +654,15 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   if (swap_mt && (!opts || (opts->variant < 0 && !opts->dynamic_queue)) &&
       !(split > 1 && tw_env_int(TW_SPLIT_SCATTER_ID) != 0)) {
     const bool half = tw_gemm_swap_half(swap_env, a.m, a.n, split, sms) != 0;
-    const bool pair =
-        half && tw_gemm_swap_pair((int)tw_env_int(TW_GEMM_SWAP_PAIR_ID), a.m, a.n, sms) != 0;
     if (opts && opts->ll) {
       if (split > 1 || opts->released)
         return tw_fail(TW_ERR_INTERNAL,
                        "tw_gemm: the low-latency epilogue serves unsplit GEMMs with no wait");
       if (a.c_dtype == TW_BF16)
         return run_swap<__nv_bfloat16, NoWait, EpiLlPushT<__nv_bfloat16>>(
-            a, swap_mt, half, sms, 1, device, s, NoWait::Params(), opts->ll, false, NULL, pair);
-      return run_swap<float, NoWait, EpiLlPushT<float>>(
-          a, swap_mt, half, sms, 1, device, s, NoWait::Params(), opts->ll, false, NULL, pair);
+            a, swap_mt, half, sms, 1, device, s, NoWait::Params(), opts->ll);
+      return run_swap<float, NoWait, EpiLlPushT<float>>(a, swap_mt, half, sms, 1, device, s,
+                                                        NoWait::Params(), opts->ll);
     }
     if (opts && opts->released) {
       if (split > 1)
@@ -699,16 +670,14 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
                        "tw_gemm: the released wait serves unsplit GEMMs (split %d)", split);
       const ReleasedWait::Params w = released_params(*opts);
       if (a.c_dtype == TW_BF16)
-        return run_swap<__nv_bfloat16, ReleasedWait>(a, swap_mt, half, sms, 1, device, s, w, NULL,
-                                                     false, NULL, pair);
-      return run_swap<float, ReleasedWait>(a, swap_mt, half, sms, 1, device, s, w, NULL, false,
-                                           NULL, pair);
+        return run_swap<__nv_bfloat16, ReleasedWait>(a, swap_mt, half, sms, 1, device, s, w);
+      return run_swap<float, ReleasedWait>(a, swap_mt, half, sms, 1, device, s, w);
     }
     if (a.c_dtype == TW_BF16)
       return run_swap<__nv_bfloat16>(a, swap_mt, half, sms, split, device, s, NoWait::Params(),
-                                     NULL, after_grid, NULL, pair);
+                                     NULL, after_grid);
     return run_swap<float>(a, swap_mt, half, sms, split, device, s, NoWait::Params(), NULL,
-                           after_grid, NULL, pair);
+                           after_grid);
   }
   if (opts && opts->ll)
     return tw_fail(TW_ERR_INTERNAL,

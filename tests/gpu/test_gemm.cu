@@ -270,29 +270,22 @@ static void check_swap(const buffers_t *buf, int64_t m, int64_t n, int64_t k, in
     TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
     unsetenv("TW_GEMM_SWAP");
     /* the rule on every SM and on 66, then the swap's 128-row and 64-row tiles forced
-     * (TW_GEMM_SWAP=1, 2; 64-row tiles only unsplit: with slices =2 is =1), then the 64-row
-     * tiles on CTA pairs (TW_GEMM_SWAP_PAIR=1: forced, and on 66 and 3 SMs; unsplit only, so
-     * with slices these are the runs before) */
-    static const char *const swap_env[7] = {NULL, NULL, "1", "2", "2", NULL, "2"};
-    static const int swap_sms[7] = {0, 66, 0, 0, 0, 66, 3};
-    for (int run = 0; run < 7; run++) {
-      const int pair = run >= 4;
+     * (TW_GEMM_SWAP=1, 2; 64-row tiles only unsplit: with slices =2 is =1) */
+    static const char *const swap_env[4] = {NULL, NULL, "1", "2"};
+    for (int run = 0; run < 4; run++) {
       args.c = buf->c3;
-      args.sm_count = swap_sms[run];
+      args.sm_count = run == 1 ? 66 : 0;
       tw_test_poison(buf->c3, bytes, stream);
       if (swap_env[run])
         setenv("TW_GEMM_SWAP", swap_env[run], 1);
-      if (pair)
-        setenv("TW_GEMM_SWAP_PAIR", "1", 1);
       TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
       unsetenv("TW_GEMM_SWAP");
-      unsetenv("TW_GEMM_SWAP_PAIR");
       const size_t diff = tw_test_count_diff(buf->c, buf->c3, bytes);
       TEST_ASSERT(diff == 0,
-                  "swap-AB split_k %d %s M=%lld N=%lld K=%lld sm_count %d TW_GEMM_SWAP=%s "
-                  "TW_GEMM_SWAP_PAIR=%d: %zu bytes differ from 128-row tiles",
+                  "swap-AB split_k %d %s M=%lld N=%lld K=%lld sm_count %d TW_GEMM_SWAP=%s: %zu "
+                  "bytes differ from 128-row tiles",
                   split, fp32 ? "fp32" : "bf16", (long long)m, (long long)n, (long long)k,
-                  (int)args.sm_count, swap_env[run] ? swap_env[run] : "(rule)", pair, diff);
+                  (int)args.sm_count, swap_env[run] ? swap_env[run] : "(rule)", diff);
     }
     size_t bad = 0;
     const double err = fp32 ? rel_err_fp32((const float *)buf->c3, buf->ref, count, &bad)
@@ -305,7 +298,7 @@ static void check_swap(const buffers_t *buf, int64_t m, int64_t n, int64_t k, in
       check_swap_strided(buf, m, n, k, split); /* against buf->c, the 128-row tiles' bf16 C */
   }
   printf("swap-AB split_k %2d M=%-5lld N=%-5lld K=%-5lld: bitwise the 128-row tiles' (rule, 66 "
-         "SMs, 128- and 64-row swap tiles, CTA pairs on all, 66 and 3 SMs)\n",
+         "SMs, 128- and 64-row swap tiles)\n",
          split, (long long)m, (long long)n, (long long)k);
 }
 

@@ -963,16 +963,6 @@ int main(int argc, char **argv) {
   };
   for (size_t i = 0; i < sizeof(unfused_cases) / sizeof(unfused_cases[0]); i++)
     run_env_cases(&unfused_cases[i], small, seed);
-  /* swap-AB's 64-row tiles on CTA pairs (TW_GEMM_SWAP_PAIR=1) in the GEMM of every route that
-   * runs them: the low-latency epilogue (both partials), the released wait before the reduce
-   * kernel's push (TW_RS_LL_EPI=0) and before the pull (TW_RS_UNFUSED_LL=0); same bits */
-  setenv("TW_GEMM_SWAP_PAIR", "1", 1);
-  printf("TW_GEMM_SWAP_PAIR=1:\n");
-  for (size_t i = 0; i < sizeof(unfused_cases) / sizeof(unfused_cases[0]); i++)
-    if (unfused_cases[i].name && (strcmp(unfused_cases[i].name, "TW_RS_LL_EPI") == 0 ||
-                                  strcmp(unfused_cases[i].name, "TW_RS_UNFUSED_LL") == 0))
-      run_env_cases(&unfused_cases[i], small, seed + 11);
-  unsetenv("TW_GEMM_SWAP_PAIR");
   /* 1000 back-to-back calls of the unfused pipeline with fresh inputs (rs and ar alternating),
    * on 2 ranks: the distinct GPUs under TW_TEST_DEVICES=distinct */
   test_back_to_back(2, small ? 20 : 1000, seed + 7500);

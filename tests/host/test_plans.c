@@ -97,20 +97,6 @@ static void test_gemm_plans(void) {
     TEST_ASSERT(got == sh[i].want, "swap 64-row tiles env %d m %lld n %lld split %d sms %d: %d",
                 sh[i].env, (long long)sh[i].m, (long long)sh[i].n, sh[i].split, sh[i].sms, got);
   }
-  /* those tiles on CTA pairs (TW_GEMM_SWAP_PAIR): forced, or by the rule where two 64-row tiles
-   * and two SMs are there; never above m 64, on one SM, or when off */
-  static const struct {
-    int env;
-    int64_t m, n;
-    int sms, want;
-  } sp2[] = {{1, 64, 64, 132, 1},  {1, 16, 8, 2, 1},       {1, 65, 8192, 132, 0},
-             {1, 64, 8192, 1, 0},  {-1, 64, 8192, 132, 1}, {-1, 16, 128, 16, 1},
-             {-1, 16, 64, 132, 0}, {-1, 16, 8192, 1, 0},   {0, 64, 8192, 132, 0}};
-  for (size_t i = 0; i < sizeof(sp2) / sizeof(sp2[0]); i++) {
-    const int got = tw_gemm_swap_pair(sp2[i].env, sp2[i].m, sp2[i].n, sp2[i].sms);
-    TEST_ASSERT(got == sp2[i].want, "swap pairs env %d m %lld n %lld sms %d: %d, want %d",
-                sp2[i].env, (long long)sp2[i].m, (long long)sp2[i].n, sp2[i].sms, got, sp2[i].want);
-  }
   /* split-K through a workspace: the tree's slices on tiles of 64 of B's rows where twice the
    * CTAs still fit 132 SMs; never unsplit, or where n is one 64-row tile */
   static const struct {

@@ -173,24 +173,15 @@ static void add_row(bench_results_t *res, const char *variant, const char *shape
   bench_add_row(res, &row);
 }
 
-/* A row's knobs while it runs (saved[0..2] keep the caller's, for variant_knobs_restore): split
- * rows under TW_SPLIT_SCATTER as they ask, rows with `swap` under TW_GEMM_SWAP=swap, rows with
- * `pair` under TW_GEMM_SWAP_PAIR=pair. */
-static void variant_knobs(bench_env_saved_t saved[3], int split_k, int scatter, const char *swap,
-                          const char *pair) {
+/* A row's knobs while it runs (saved[0..1] keep the caller's, for bench_env_restore): split
+ * rows under TW_SPLIT_SCATTER as they ask, rows with `swap` under TW_GEMM_SWAP=swap. */
+static void variant_knobs(bench_env_saved_t saved[2], int split_k, int scatter, const char *swap) {
   bench_env_save(&saved[0], "TW_SPLIT_SCATTER");
   bench_env_save(&saved[1], "TW_GEMM_SWAP");
-  bench_env_save(&saved[2], "TW_GEMM_SWAP_PAIR");
   if (split_k != 0)
     setenv("TW_SPLIT_SCATTER", scatter ? "1" : "0", 1);
   if (swap)
     setenv("TW_GEMM_SWAP", swap, 1);
-  if (pair)
-    setenv("TW_GEMM_SWAP_PAIR", pair, 1);
-}
-static void variant_knobs_restore(const bench_env_saved_t saved[3]) {
-  for (int i = 2; i >= 0; i--)
-    bench_env_restore(&saved[i]);
 }
 
 static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_results_t *res) {
@@ -245,22 +236,18 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
     int split_k;
     int scatter;      /* TW_SPLIT_SCATTER=1 while it runs */
     const char *swap; /* TW_GEMM_SWAP's value while it runs (NULL: the caller's) */
-    const char *pair; /* TW_GEMM_SWAP_PAIR's (NULL: the caller's) */
   } variant_t;
   variant_t variants[24] = {
-      {"cublas", 1, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, NULL, NULL},
-      {"tilewire", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, NULL, NULL},
+      {"cublas", 1, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
+      {"tilewire", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
   };
   int nvariants = 2;
   /* decode shapes (m <= 64, where tw_gemm swaps A and B by default): the 128-row tiles beside */
   const int swapped = ctx.m <= 64;
   if (swapped) { /* and the swap's two tile heights, 128 and 64 of B's rows, forced */
-    variants[nvariants++] = {"tilewire-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "0", NULL};
-    variants[nvariants++] = {"tilewire-swap128", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "1", NULL};
-    variants[nvariants++] = {"tilewire-swap64", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "2", "0"};
-    /* the 64-row tiles on CTA pairs sharing A's rows by multicast (TW_GEMM_SWAP_PAIR=1) */
-    variants[nvariants++] = {
-        "tilewire-swap64-pair", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "2", "1"};
+    variants[nvariants++] = {"tilewire-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "0"};
+    variants[nvariants++] = {"tilewire-swap128", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "1"};
+    variants[nvariants++] = {"tilewire-swap64", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "2"};
   }
   /* TW_BENCH_GEMM_SPLITK=1: tw_gemm with split_k -1 (the library's choice; with and without a
    * workspace) and 2 / 4 / 8, the slices summed as a tree, then 4 / 8 with TW_SPLIT_SCATTER=1
@@ -268,22 +255,22 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
   const char *splitk = getenv("TW_BENCH_GEMM_SPLITK");
   if (splitk && atoi(splitk)) {
     const variant_t splits[] = {
-        {"tilewire-splitk", 0, 0, {-1, 0, 0}, {0}, TW_BF16, -1, 0, NULL, NULL},
+        {"tilewire-splitk", 0, 0, {-1, 0, 0}, {0}, TW_BF16, -1, 0, NULL},
         /* -1 with a workspace: the same slices as single CTAs on 64-row swap tiles */
-        {"tilewire-splitk-ws", 0, 0, {-1, 0, 0}, {0}, TW_BF16, -2, 0, NULL, NULL},
-        {"tilewire-split2", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 2, 0, NULL, NULL},
-        {"tilewire-split4", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 4, 0, NULL, NULL},
-        {"tilewire-split8", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 8, 0, NULL, NULL},
-        {"tilewire-split4-scatter", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 4, 1, "0", NULL},
-        {"tilewire-split8-scatter", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 8, 1, "0", NULL},
+        {"tilewire-splitk-ws", 0, 0, {-1, 0, 0}, {0}, TW_BF16, -2, 0, NULL},
+        {"tilewire-split2", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 2, 0, NULL},
+        {"tilewire-split4", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 4, 0, NULL},
+        {"tilewire-split8", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 8, 0, NULL},
+        {"tilewire-split4-scatter", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 4, 1, "0"},
+        {"tilewire-split8-scatter", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 8, 1, "0"},
     };
     for (size_t v = 0; v < sizeof(splits) / sizeof(splits[0]); v++)
       variants[nvariants++] = splits[v];
     if (swapped) { /* the slices of 128-row tiles beside the swapped ones */
       const variant_t noswap[] = {
-          {"tilewire-split2-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 2, 0, "0", NULL},
-          {"tilewire-split4-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 4, 0, "0", NULL},
-          {"tilewire-split8-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 8, 0, "0", NULL},
+          {"tilewire-split2-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 2, 0, "0"},
+          {"tilewire-split4-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 4, 0, "0"},
+          {"tilewire-split8-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 8, 0, "0"},
       };
       for (size_t v = 0; v < sizeof(noswap) / sizeof(noswap[0]); v++)
         variants[nvariants++] = noswap[v];
@@ -292,19 +279,19 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
   const char *extra = getenv("TW_BENCH_GEMM_VARIANTS");
   if (extra && atoi(extra)) {
     const variant_t extras[] = {
-        {"tw-1cta-4stage", 0, 1, {TW_GEMM_V_S4_E16, 0, 0}, {0}, TW_BF16, 0, 0, NULL, NULL},
-        {"tw-1cta-3stage", 0, 1, {TW_GEMM_V_S3_E32, 0, 0}, {0}, TW_BF16, 0, 0, NULL, NULL},
-        {"tw-pair-4stage", 0, 1, {TW_GEMM_V_S4_E16_C2, 0, 0}, {0}, TW_BF16, 0, 0, NULL, NULL},
-        {"tw-pair-3stage", 0, 1, {TW_GEMM_V_S3_E32_C2, 0, 0}, {0}, TW_BF16, 0, 0, NULL, NULL},
-        {"tw-n128", 0, 1, {TW_GEMM_V_N128_S6, 0, 0}, {0}, TW_BF16, 0, 0, NULL, NULL},
-        {"tw-queue", 0, 1, {-1, 1, 0}, {0}, TW_BF16, 0, 0, NULL, NULL},
+        {"tw-1cta-4stage", 0, 1, {TW_GEMM_V_S4_E16, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
+        {"tw-1cta-3stage", 0, 1, {TW_GEMM_V_S3_E32, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
+        {"tw-pair-4stage", 0, 1, {TW_GEMM_V_S4_E16_C2, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
+        {"tw-pair-3stage", 0, 1, {TW_GEMM_V_S3_E32_C2, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
+        {"tw-n128", 0, 1, {TW_GEMM_V_N128_S6, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
+        {"tw-queue", 0, 1, {-1, 1, 0}, {0}, TW_BF16, 0, 0, NULL},
     };
     for (size_t v = 0; v < sizeof(extras) / sizeof(extras[0]); v++)
       variants[nvariants++] = extras[v];
   }
   if (fp32) { /* last: their speedups are over cublas-fp32out */
-    variants[nvariants++] = {"cublas-fp32out", 1, 0, {-1, 0, 0}, {0}, TW_FP32, 0, 0, NULL, NULL};
-    variants[nvariants++] = {"tilewire-fp32out", 0, 0, {-1, 0, 0}, {0}, TW_FP32, 0, 0, NULL, NULL};
+    variants[nvariants++] = {"cublas-fp32out", 1, 0, {-1, 0, 0}, {0}, TW_FP32, 0, 0, NULL};
+    variants[nvariants++] = {"tilewire-fp32out", 0, 0, {-1, 0, 0}, {0}, TW_FP32, 0, 0, NULL};
   }
   const char *rounds_env = getenv("TW_BENCH_GEMM_ROUNDS");
   int rounds = rounds_env ? atoi(rounds_env) : 3;
@@ -315,12 +302,12 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
       ctx.opts = variants[v].opts;
       ctx.c_dtype = variants[v].c_dtype;
       ctx.split_k = variants[v].split_k;
-      bench_env_saved_t saved[3];
-      variant_knobs(saved, variants[v].split_k, variants[v].scatter, variants[v].swap,
-                    variants[v].pair);
+      bench_env_saved_t saved[2];
+      variant_knobs(saved, variants[v].split_k, variants[v].scatter, variants[v].swap);
       variants[v].t[r] = bench_time_ms(variants[v].cublas ? run_cublas : run_tilewire, &ctx,
                                        ctx.stream, opts->warmup, opts->repeats, NULL, NULL);
-      variant_knobs_restore(saved);
+      bench_env_restore(&saved[1]);
+      bench_env_restore(&saved[0]);
     }
   const double flops = 2.0 * (double)ctx.m * (double)ctx.n * (double)ctx.k;
   double t_blas = 0;
@@ -340,11 +327,11 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
       ctx.split_k = variants[v].split_k;
       ctx.c_dtype = TW_BF16;
       ctx.use_opts = 0;
-      bench_env_saved_t saved[3];
-      variant_knobs(saved, variants[v].split_k, variants[v].scatter, variants[v].swap,
-                    variants[v].pair);
+      bench_env_saved_t saved[2];
+      variant_knobs(saved, variants[v].split_k, variants[v].scatter, variants[v].swap);
       row_ok = check_tilewire(&ctx, c_bytes, label);
-      variant_knobs_restore(saved);
+      bench_env_restore(&saved[1]);
+      bench_env_restore(&saved[0]);
     }
     add_row(res, variants[v].name, label, median, t[0], t[rounds - 1], flops, t_blas, row_ok);
   }
