@@ -83,6 +83,9 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s78     (thirtieth session, 2 GPUs) decode from graphs, one process driving both GPUs,
+#             with 10 calls a rank between the bench's cross-GPU fork and join
+#             (TW_BENCH_BLOCK=10): s73's 0.85x paid that fork / join on every call
 #     s77     (thirtieth session, 15c1348: swap-AB CTA pairs, TW_GEMM_SWAP_PAIR, dropped: 11-23%
 #             slower) tests (test_gemm, test_gemm_rs on both placements, memcheck); tw_gemm at
 #             decode shapes from graphs with the pair row; the decode pipelines A/B from graphs
@@ -953,6 +956,20 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     for v in 1 -1; do
       TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
+    done
+  done
+}
+exp_s78() { # (2 GPUs) s73 / s77: from graphs with one process driving both GPUs, every row
+  # (NCCL's too) pays the bench's cross-GPU fork and join on every call, and the in-call decode
+  # rows read slower than eager (GEMM+AR bf16p M=64 0.0356 against 0.0309 ms). With 10 calls a
+  # rank between one fork and join (TW_BENCH_BLOCK=10) the graph times the ranks' streams
+  # running calls back to back, as a training or serving step does; 5 interleaved rounds
+  [ "$ngpus" -gt 1 ] || return 0
+  local op m
+  for op in gemm_ar gemm_rs; do
+    for m in 64 16; do
+      run "s78-$op-m$m-graph-block10" 90 env TW_BENCH_GRAPH=1 TW_BENCH_BLOCK=10 TW_BENCH_ROUNDS=5 \
+        "$bin/tw-bench" $op --world 2 --m $m --n 8192 --k 1024 --repeats 40 --warmup 10
     done
   done
 }
