@@ -972,6 +972,9 @@ exp_s78() { # (2 GPUs) s73 / s77: from graphs with one process driving both GPUs
         "$bin/tw-bench" $op --world 2 --m $m --n 8192 --k 1024 --repeats 40 --warmup 10
     done
   done
+  # where the decode call's time goes after the GEMM: the low-latency reduce kernel's stamps
+  run "s78-trace-gemm_rs-m64" 60 env TW_TRACE=1 TW_BENCH_WARM_MS=0 "$bin/tw-bench" gemm_rs \
+    --world 2 --m 64 --n 8192 --k 1024 --repeats 5 --warmup 2
 }
 exp_s77() { # (15c1348: swap-AB's 64-row tiles on CTA pairs, TW_GEMM_SWAP_PAIR, default 0;
   # measured 11-23% slower and taken out again, so on later commits the pair rows fail) the
