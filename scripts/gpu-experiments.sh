@@ -83,6 +83,10 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s79     (thirtieth session, TW_RS_LL_REDUCE) tw_gemm_rs's own rows summed in the swap-AB
+#             GEMM's low-latency epilogue (the reduce kernel keeps only the books): tests, then
+#             A/B at decode on 2 GPUs (eager, graphs of 10 calls a fork), one process per GPU
+#             alternated, and 8 virtual ranks
 #     s78     (thirtieth session, 2 GPUs) decode from graphs, one process driving both GPUs,
 #             with 10 calls a rank between the bench's cross-GPU fork and join
 #             (TW_BENCH_BLOCK=10): s73's 0.85x paid that fork / join on every call
@@ -958,6 +962,35 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
         "--m $m --n 8192 --k 1024" ""
     done
   done
+}
+exp_s79() { # (TW_RS_LL_REDUCE, default 0) the decode GEMM+RS with bf16 partials one process per
+  # GPU from graphs: 0.0166-0.0168 ms against NCCL bf16 + torch's 0.0159-0.0160 (s74, s77). With
+  # the knob the GEMM's epilogue sums its own rows (no own-row words, no reduce grid)
+  run "s79-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] && run "s79-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct \
+    "$bin/test_gemm_rs"
+  run "s79-memcheck-test_gemm_rs-small" 200 compute-sanitizer --tool memcheck --error-exitcode=1 \
+    "$bin/test_gemm_rs" --small
+  local m g p
+  if [ "$ngpus" -gt 1 ]; then
+    for m in 64 16; do
+      for g in 0 1; do
+        run "s79-gemm_rs-m$m-graph$g" 90 env TW_BENCH_GRAPH=$g TW_BENCH_BLOCK=$((g ? 10 : 1)) \
+          TW_BENCH_AB=TW_RS_LL_REDUCE=0,1 "$bin/tw-bench" gemm_rs --world 2 --m $m --n 8192 \
+          --k 1024 --repeats 40 --warmup 10
+      done
+    done
+    for m in 64 16; do
+      for p in 0 1 1 0; do
+        run "s79-bench_dist-graph-m$m-reduce$p" 120 env TW_RS_LL_REDUCE=$p \
+          TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python" python3 -m \
+          tilewire.bench_dist --nproc 2 --op gemm_rs --m $m --n 8192 --k 1024 --graph 10 \
+          --repeats 30
+      done
+    done
+  fi
+  run "s79-gemm_rs-8v-m64" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_LL_REDUCE=0,1 \
+    "$bin/tw-bench" gemm_rs --world 8 --m 64 --n 8192 --k 1024 --repeats 40 --warmup 10
 }
 exp_s78() { # (2 GPUs) s73 / s77: from graphs with one process driving both GPUs, every row
   # (NCCL's too) pays the bench's cross-GPU fork and join on every call, and the in-call decode

@@ -12,9 +12,20 @@
  * arrived, this rank's own included, so every CTA here reads the same q); slot `rank` of owner
  * d holds d's rows [d * m_local, +m_local) of this rank's partial, item i = (row - d * m_local)
  * * vecs + column / V at 32 bytes an item, V = 16 / sizeof(Out) values.
+ *
+ * reduce (tw_gemm_rs, TW_RS_LL_REDUCE): the epilogue reduces this rank's own rows itself. Each
+ * warpgroup first stores the words of every peer's rows its boxes hold, then, for each 16-byte
+ * group of its own rows, waits for every peer's words of that group (the peers' CTA of the same
+ * tile index stores them: every rank runs the same static schedule, and each CTA stores before
+ * it waits, so the waits of a tile depend only on stores that come before any wait), sums the
+ * partials in rank order (rs_vec.cuh, the reduce kernel's arithmetic: the same bits) and stores
+ * the bf16 sum into out. Own rows then never travel as words, and the reduce kernel after the
+ * GEMM only keeps the call's books (one CTA). A failed wait (timeout, abort) is recorded in the
+ * comm and its group left unwritten; the waits after it see the abort and give up at once.
  */
 #pragma once
 
+#include "device/rs_vec.cuh"
 #include "device/signal.cuh"
 #include "gemm_sm90.cuh"
 
@@ -32,6 +43,12 @@ template <class OutT> struct EpiLlPushT {
     uint64_t half_bytes;         /* one parity's bytes */
     uint64_t slot_bytes;         /* one slot's: m_local x vecs items of 32 bytes */
     int32_t rank, m, m_local, vecs;
+    /* reduce: own rows summed here into out (ldo elements a row), waits bounded by dc's
+     * timeout and recorded under channel ch */
+    tw_dev_comm_t dc;
+    __nv_bfloat16 *out;
+    int64_t ldo;
+    int32_t reduce, ch;
   };
   __device__ static void prefetch(const Params &) {}
   __device__ static void signal(const Params &, int32_t, int32_t) {}
@@ -45,18 +62,58 @@ template <class OutT> struct EpiLlPushT {
     constexpr int kBoxCols = 128 / (int)sizeof(Out); /* C columns in a box */
     const uint64_t seq = tw_ll_seq_after(p.ll_seq);
     const uint32_t flag = tw_ll_flag(seq);
-    const uint64_t half = tw_ll_half(seq, p.half_bytes) + (uint64_t)p.rank * p.slot_bytes;
-    detail::for_box_chunks<kBoxes, kBoxBytes, kRows>(
-        boxes, wg_thread, [&](int b, int r, int c16, const uint8_t *chunk) {
-          const int32_t t = row + r;                         /* the product's row (token) */
-          const int32_t v = (col + b * kBoxCols) / kV + c16; /* its 16-byte vector */
-          if (t >= p.m || v >= p.vecs)
-            return;
-          const uint4 d = *reinterpret_cast<const uint4 *>(chunk);
-          const int32_t owner = t / p.m_local;
-          const uint64_t item = (uint64_t)(t - owner * p.m_local) * (uint64_t)p.vecs + (uint64_t)v;
-          tw_ll_put16(reinterpret_cast<uint4 *>(p.area[owner] + half + item * 32), d, flag);
-        });
+    const uint64_t half0 = tw_ll_half(seq, p.half_bytes);
+    const uint64_t half = half0 + (uint64_t)p.rank * p.slot_bytes;
+    /* pass 0: the words (reduce: the peers' rows only); pass 1 (reduce): the own rows' sums */
+#pragma unroll 1
+    for (int pass = 0; pass < (p.reduce ? 2 : 1); pass++)
+      detail::for_box_chunks<kBoxes, kBoxBytes, kRows>(
+          boxes, wg_thread, [&](int b, int r, int c16, const uint8_t *chunk) {
+            const int32_t t = row + r;                         /* the product's row (token) */
+            const int32_t v = (col + b * kBoxCols) / kV + c16; /* its 16-byte vector */
+            if (t >= p.m || v >= p.vecs)
+              return;
+            const uint4 d = *reinterpret_cast<const uint4 *>(chunk);
+            const int32_t owner = t / p.m_local;
+            const uint64_t item =
+                (uint64_t)(t - owner * p.m_local) * (uint64_t)p.vecs + (uint64_t)v;
+            if (pass == 0 && !(p.reduce && owner == p.rank))
+              tw_ll_put16(reinterpret_cast<uint4 *>(p.area[owner] + half + item * 32), d, flag);
+            else if (pass == 1 && owner == p.rank)
+              reduce_own(p, d, half0, flag, item, t - owner * p.m_local, v);
+          });
+  }
+  /* One 16-byte group of this rank's own rows (local row lr, vector v; d: its own partial):
+   * every peer's partial of it from the words in this rank's area (slot s: rank s's), summed in
+   * rank order from partial 0, into out. */
+  __device__ static void reduce_own(const Params &p, const uint4 &d, uint64_t half0, uint32_t flag,
+                                    uint64_t item, int32_t lr, int32_t v) {
+    using V = RsVec<Out>;
+    const uint8_t *mine = p.area[p.rank] + half0;
+    float sum[V::kE], x[V::kE];
+#pragma unroll 1
+    for (int s = 0; s < p.dc.world; s++) {
+      if (s == p.rank) {
+        V::unpack(d, x);
+      } else {
+        const uint4 *w =
+            reinterpret_cast<const uint4 *>(mine + (uint64_t)s * p.slot_bytes + item * 32);
+        uint2 lo, hi;
+        if (!tw_ll_wait(p.dc, p.ch, w, flag, s, (int)item, &lo) ||
+            !tw_ll_wait(p.dc, p.ch, w + 1, flag, s, (int)item, &hi))
+          return; /* recorded; the group stays unwritten */
+        V::unpack(make_uint4(lo.x, lo.y, hi.x, hi.y), x);
+      }
+      if (s == 0) {
+#pragma unroll
+        for (int j = 0; j < V::kE; j++)
+          sum[j] = x[j];
+      } else {
+        chain_add(sum, x); /* sum_rank_order's chain, one partial at a time */
+      }
+    }
+    *reinterpret_cast<typename V::Packed *>(p.out + (size_t)lr * (size_t)p.ldo +
+                                            (size_t)v * V::kE) = V::pack(sum);
   }
 };
 

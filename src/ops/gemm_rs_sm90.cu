@@ -39,6 +39,7 @@
 
 #include <string.h>
 
+#include "device/rs_vec.cuh"
 #include "device/signal.cuh"
 #include "gemm_heuristics.h"
 #include "gemm_launch.cuh"
@@ -55,6 +56,9 @@ extern "C" {
 }
 
 using namespace tw::gemm;
+using tw::pack_bf16x2;
+using tw::RsVec;
+using tw::sum_rank_order;
 
 /* Measurement-only builds (-DTW_RS_DIAG=bits; results are WRONG, run tw-bench --no-check): each
  * bit removes one cost of the fused GEMM phase so its share of the time shows.
@@ -390,62 +394,6 @@ __device__ __forceinline__ void unit_rect(const RsParams<P> &p, int32_t o, int32
 template <class P> __device__ __forceinline__ int32_t owner_units(const RsParams<P> &p, int32_t o) {
   return tw_rs_mb_count(o, p.m_local) * p.n_blocks;
 }
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-  return *reinterpret_cast<uint32_t *>(&h);
-}
-
-/* One 16-byte load of partials as kE floats (bf16 partials widen exactly), and kE bf16 sums
- * packed for one store: fp32 partials come 4 at a time (8-byte stores), bf16 ones 8 at a time
- * (16-byte stores). Aligned: n and ldo are multiples of 8, staging and out 16-byte aligned.
- * Ninth session, 16-byte stores for both (items of 8): bf16 partials on 2 H200s 0-9% faster
- * (GEMM+RS M=4096 0.120 -> 0.109 ms, 8192 0.374 -> 0.352; GEMM+AR 8192 0.534 -> 0.505, small-m
- * 0.143 -> 0.133), level on 8 virtual ranks; fp32 partials level on 2 GPUs but 3-5% slower on
- * 8 virtual ranks (RS M=8192 3.08 -> 3.24 ms): two 16-byte loads per thread and item leave
- * each load instruction half its sectors. So each type keeps one 16-byte load per item.
- * Cache hints: the partials are read once (ld.global.cs, evict-first) and the sums go to out as
- * streaming stores (st.global.cs, as the gather's copies do), so tw_gemm_ar's reduced rows,
- * read by every rank's gather, stay in L2. Fifteenth session (docs/PERF.md, group l2h15),
- * default / hints alternated twice: GEMM+AR bf16 partials M=4096 K 512 on 8 virtual ranks
- * 0.538 / 0.525 and 0.545 / 0.529 ms, on 2 GPUs 0.145 / 0.139 and 0.147 / 0.141; GEMM+RS bf16
- * partials 0.418 / 0.408 and 0.423 / 0.414 on 8 virtual ranks; fp32 partials and the larger
- * shapes level. */
-template <class P> struct RsVec;
-template <> struct RsVec<float> {
-  static constexpr int kE = 4;
-  using Packed = uint2;
-  /* 16 bytes of partials (as loaded, or as carried by low-latency words) as floats */
-  static __device__ __forceinline__ void unpack(const uint4 &u, float (&f)[kE]) {
-    f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y);
-    f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
-  }
-  static __device__ __forceinline__ void load(const float *src, float (&f)[kE]) {
-    unpack(__ldcs(reinterpret_cast<const uint4 *>(src)), f);
-  }
-  static __device__ __forceinline__ Packed pack(const float (&f)[kE]) {
-    return make_uint2(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]));
-  }
-};
-template <> struct RsVec<__nv_bfloat16> {
-  static constexpr int kE = 8;
-  using Packed = int4;
-  static __device__ __forceinline__ void unpack(const uint4 &u, float (&f)[kE]) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int h = 0; h < 4; h++) {
-      const float2 t = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w[h]));
-      f[2 * h] = t.x, f[2 * h + 1] = t.y;
-    }
-  }
-  static __device__ __forceinline__ void load(const __nv_bfloat16 *src, float (&f)[kE]) {
-    unpack(__ldcs(reinterpret_cast<const uint4 *>(src)), f);
-  }
-  static __device__ __forceinline__ Packed pack(const float (&f)[kE]) {
-    return make_int4((int)pack_bf16x2(f[0], f[1]), (int)pack_bf16x2(f[2], f[3]),
-                     (int)pack_bf16x2(f[4], f[5]), (int)pack_bf16x2(f[6], f[7]));
-  }
-};
 
 /* One packed group of sums of this rank's row r (slab-relative), column c (off = r * n + c):
  * into out, and for tw_gemm_ar into every rank's out (symmetric outputs), every other rank's
@@ -1004,17 +952,6 @@ template <class P> constexpr int kVec = RsVec<P>::kE;
 template <class P> __device__ __forceinline__ void load_vec(const P *p, float (&v)[kVec<P>]) {
   RsVec<P>::unpack(__ldcg(reinterpret_cast<const uint4 *>(p)), v);
 }
-/* v[0] += v[1] + ... + v[world - 1], in rank order from partial 0 (the reference's chain) */
-template <int V>
-__device__ __forceinline__ void sum_rank_order(float (&v)[kMaxWorld][V], int world) {
-#pragma unroll
-  for (int s = 1; s < kMaxWorld; s++)
-    if (s < world)
-#pragma unroll
-      for (int j = 0; j < V; j++)
-        v[0][j] = __fadd_rn(v[0][j], v[s][j]);
-}
-
 /* One thread: the peers' previous calls on both channels of this op family (which may share the
  * workspace) are over, so none of them reads this rank's workspace any more. */
 __global__ void unfused_wait_kernel(const tw_dev_comm_t dc, int ch) {
@@ -1081,7 +1018,7 @@ __global__ void __launch_bounds__(kUnfusedThreads)
     for (int s = 0; s < kMaxWorld; s++)
       if (s < world)
         load_vec(p.partial[s] + off, v[s]);
-    sum_rank_order<V>(v, world);
+    sum_rank_order(v, world);
     const typename RsVec<P>::Packed sum = RsVec<P>::pack(v[0]);
     for (int q = 0; q < p.ndst; q++)
       *reinterpret_cast<typename RsVec<P>::Packed *>(
@@ -1161,6 +1098,8 @@ template <class P> struct LlParams {
   int32_t ch, m_local, n, all_reduce;
   int32_t from_gemm; /* the GEMM stored every rank's words itself (TW_RS_LL_EPI, gemm_ll.cuh):
                         this rank's own rows too, so no push here and no wait for the GEMM */
+  int32_t reduced;   /* tw_gemm_rs, TW_RS_LL_REDUCE: the GEMM's epilogue also summed this rank's
+                        rows into out (gemm_ll.cuh): only the call's books are left here */
 };
 
 template <class P>
@@ -1204,9 +1143,9 @@ __global__ void __launch_bounds__(kUnfusedThreads)
                   v, flag);
     }
   }
-  /* 3. this rank's rows: the sum in rank order */
+  /* 3. this rank's rows: the sum in rank order (reduced: the GEMM's epilogue did it) */
   const uint8_t *mine = p.area[rank] + half;
-  for (int64_t i = first; ok && i < items; i += stride) {
+  for (int64_t i = first; ok && !p.reduced && i < items; i += stride) {
     const int64_t r = i / vecs, c = V * (i % vecs);
     float v[kMaxWorld][V];
 #pragma unroll
@@ -1228,7 +1167,7 @@ __global__ void __launch_bounds__(kUnfusedThreads)
     }
     if (!ok)
       break;
-    sum_rank_order<V>(v, world);
+    sum_rank_order(v, world);
     const typename RsVec<P>::Packed sum = RsVec<P>::pack(v[0]);
     const int64_t orow = p.all_reduce ? (int64_t)rank * p.m_local + r : r;
     *reinterpret_cast<typename RsVec<P>::Packed *>(p.out + (size_t)orow * (size_t)p.ldo +
@@ -1307,13 +1246,14 @@ tw_status_t launch_after_gemm(tw_comm_t comm, int64_t items, cudaStream_t stream
 /* plan.ll: ll_reduce_kernel after the GEMM (run_unfused). */
 template <class P>
 tw_status_t launch_ll(tw_comm_t comm, const tw_gemm_rs_args_t &a, int all_reduce, int ch,
-                      bool from_gemm, uint8_t *const *area, cudaStream_t stream) {
+                      bool from_gemm, bool reduced, uint8_t *const *area, cudaStream_t stream) {
   const int world = comm->world;
   LlParams<P> p;
   memset(&p, 0, sizeof(p));
   p.dc = comm->dev;
   p.ch = ch;
   p.from_gemm = from_gemm;
+  p.reduced = reduced;
   p.partial = (const P *)a.workspace;
   for (int s = 0; s < world; s++)
     p.area[s] = area[s];
@@ -1325,8 +1265,12 @@ tw_status_t launch_ll(tw_comm_t comm, const tw_gemm_rs_args_t &a, int all_reduce
   p.half_bytes = tw_gemm_rs_ll_bytes(world, a.m, a.n, (int)sizeof(P), all_reduce) / 2;
   p.gather_off = (uint64_t)world * (uint64_t)p.m_local * (uint64_t)a.n * sizeof(P) * 2;
   const int64_t items = (int64_t)p.m_local * (a.n / kVec<P>);
-  return launch_after_gemm(comm, all_reduce ? (world - 1) * items : items, stream,
-                           ll_reduce_kernel<P>, p);
+  /* reduced: one CTA keeps the books */
+  return launch_after_gemm(comm,
+                           reduced      ? 1
+                           : all_reduce ? (world - 1) * items
+                                        : items,
+                           stream, ll_reduce_kernel<P>, p);
 }
 
 /* The unfused pipeline's launches (see above: two, three with TW_RS_UNFUSED_WAIT_KERNEL=1) on
@@ -1369,6 +1313,12 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
     ll.m_local = (int32_t)(a.m / world);
     ll.slot_bytes = (uint64_t)ll.m_local * (uint64_t)a.n * sizeof(P) * 2;
     ll.rank = rank;
+    /* TW_RS_LL_REDUCE: tw_gemm_rs's own rows summed in the GEMM's epilogue (gemm_ll.cuh) */
+    ll.reduce = !all_reduce && tw_env_int(TW_RS_LL_REDUCE_ID) != 0;
+    ll.ch = ch;
+    ll.dc = &comm->dev;
+    ll.out = a.out;
+    ll.ldo = a.ldo;
     opts.released = NULL;
     opts.ll = &ll;
   }
@@ -1376,7 +1326,7 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
   if (st != TW_SUCCESS)
     return st;
   if (plan.ll)
-    return launch_ll<P>(comm, a, all_reduce, ch, ll_epi, ll.area, stream);
+    return launch_ll<P>(comm, a, all_reduce, ch, ll_epi, ll.reduce != 0, ll.area, stream);
   UnfusedParams<P> p;
   memset(&p, 0, sizeof(p));
   p.dc = comm->dev;

@@ -388,6 +388,15 @@ run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int split, int dev
     params.epi.m = (int32_t)a.m;
     params.epi.m_local = ll->m_local;
     params.epi.vecs = (int32_t)(a.n / (16 / (int64_t)sizeof(Out)));
+    params.epi.reduce = ll->reduce;
+    if (ll->reduce) {
+      if (!ll->dc || !ll->out)
+        return tw_fail(TW_ERR_INTERNAL, "tw_gemm: the low-latency reduce needs a comm and an out");
+      params.epi.dc = *ll->dc;
+      params.epi.ch = ll->ch;
+      params.epi.out = (__nv_bfloat16 *)ll->out;
+      params.epi.ldo = ll->ldo;
+    }
   } else if (st == TW_SUCCESS) {
     st = out_map<Out>(&params.epi.c_map, a.c, a.n, a.m, a.ldc,
                       "tw_gemm: cuTensorMapEncodeTiled(c, swapped)", half ? mt / 2 : mt);

@@ -33,12 +33,18 @@ typedef struct tw_gemm_sm90_opts {
 } tw_gemm_sm90_opts_t;
 
 /* Where tw_gemm_sm90_opts_t.ll's epilogue stores (gemm_ll.cuh): every rank's area, this rank's
- * ll_seq, one parity's bytes, one slot's bytes, this rank, m / world. */
+ * ll_seq, one parity's bytes, one slot's bytes, this rank, m / world. reduce (tw_gemm_rs): the
+ * epilogue sums this rank's own rows itself into out (ldo elements a row), waiting for the
+ * peers' words under dc's bounds, failures recorded under channel ch. */
 typedef struct tw_gemm_ll_epi {
   uint8_t *area[TW_MAX_WORLD];
   const uint64_t *ll_seq;
   uint64_t half_bytes, slot_bytes;
   int32_t rank, m_local;
+  int32_t reduce, ch;
+  const struct tw_dev_comm *dc;
+  void *out;
+  int64_t ldo;
 } tw_gemm_ll_epi_t;
 
 /* tw_gemm with explicit variant choices (opts may be NULL: same as tw_gemm). The queue of

@@ -960,6 +960,24 @@ int main(int argc, char **argv) {
        302,
        2,
        0},
+      /* tw_gemm_rs's own rows summed in that epilogue (TW_RS_LL_REDUCE=1; tw_gemm_ar as
+       * before), both partials, back-to-back calls (rs and ar in turn) and a graph */
+      {"TW_RS_LL_REDUCE",
+       "1",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{8, 1032, 264, 0}, {16, 8192, 520, 0}, {3, 1000, 72, 0}},
+       303,
+       2,
+       1},
+      {"TW_RS_LL_REDUCE",
+       "1",
+       NULL,
+       TW_PARTIALS_BF16,
+       {{16, 8192, 1032, 0}, {5, 520, 4104, 0}, {1, 8, 8, 0}},
+       304,
+       4,
+       1},
   };
   for (size_t i = 0; i < sizeof(unfused_cases) / sizeof(unfused_cases[0]); i++)
     run_env_cases(&unfused_cases[i], small, seed);
@@ -969,6 +987,12 @@ int main(int argc, char **argv) {
   /* and at a swap-AB shape (m 32: the GEMM's epilogue stores the low-latency words), so the
    * area's two halves turn over hundreds of times with fresh data */
   test_back_to_back_at(2, small ? 20 : 500, 16, seed + 7600);
+  /* the same with tw_gemm_rs's own rows summed in the GEMM's epilogue (TW_RS_LL_REDUCE=1),
+   * rs and ar in turn on one comm, on 2 and 8 ranks (m 64: 8 rows a rank) */
+  setenv("TW_RS_LL_REDUCE", "1", 1);
+  test_back_to_back_at(2, small ? 20 : 500, 16, seed + 7700);
+  test_back_to_back_at(small ? 2 : 8, small ? 20 : 200, 8, seed + 7800);
+  unsetenv("TW_RS_LL_REDUCE");
   unsetenv("TW_RS_UNFUSED_SMALL");
   for (int wi = 1; wi < (small ? 2 : 5); wi++) /* worlds 2, 3, 4, 8 */
     test_unfused_mixed(worlds[wi], small ? 16 : 64, seed + 7000 + wi);
