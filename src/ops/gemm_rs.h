@@ -159,6 +159,11 @@ size_t tw_gemm_rs_ll_bytes(int world, int64_t m, int64_t n, int partial_bytes, i
 #define TW_LL_RULE_SLOT_BYTES ((size_t)1 << 20)
 int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_bytes, int all_reduce,
                        size_t ll_bytes, int shared_stores);
+/* Whether tw_gemm_rs's swap-AB GEMM, storing the low-latency words itself (TW_RS_LL_EPI), also
+ * sums this rank's own rows in its epilogue (gemm_ll.cuh). env: TW_RS_LL_REDUCE (1: always, 0:
+ * never, -1: at m <= TW_RS_LL_REDUCE_MAX_M, where it measured faster). tw_gemm_ar: never. */
+#define TW_RS_LL_REDUCE_MAX_M 16
+int tw_gemm_rs_want_ll_reduce(int env, int all_reduce, int64_t m);
 /* Workspace bytes of the unfused pipeline: this rank's partial [m][n] (4 or 2 bytes), then for
  * tw_gemm_ar into a plain `out` every rank's reduced rows, bf16 [m][n]. */
 size_t tw_gemm_rs_unfused_workspace_bytes(int64_t m, int64_t n, int partial_bytes, int gather);

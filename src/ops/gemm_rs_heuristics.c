@@ -167,6 +167,18 @@ int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_byt
   return slot <= TW_LL_RULE_SLOT_BYTES;
 }
 
+int tw_gemm_rs_want_ll_reduce(int env, int all_reduce, int64_t m) {
+  if (all_reduce || env == 0)
+    return 0;
+  /* Thirtieth session, group s79, 2 H200s, n 8192 K 1024, ms, reduce kernel / epilogue: one
+   * process per GPU from graphs (bench_dist --graph 10, alternated 0,1,1,0) M=16 fp32 0.0135 /
+   * 0.0124, bf16 partials 0.0115 / 0.0104; M=64 fp32 0.0212 / 0.0212, bf16 partials 0.0170 /
+   * 0.0168. One process driving both, graphs of 10 calls a fork (TW_BENCH_AB): M=16 0.0138 /
+   * 0.0128 and 0.0120 / 0.0110, M=64 0.0221 / 0.0220 and 0.0174 / 0.0182. So the rule takes it
+   * at the 16-wide swap tiles only. */
+  return env > 0 || m <= TW_RS_LL_REDUCE_MAX_M;
+}
+
 size_t tw_gemm_rs_unfused_workspace_bytes(int64_t m, int64_t n, int partial_bytes, int gather) {
   return (size_t)m * (size_t)n * (size_t)(partial_bytes == 2 ? 2 : 4) +
          (gather ? (size_t)m * (size_t)n * 2 : 0);

@@ -1314,7 +1314,7 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
     ll.slot_bytes = (uint64_t)ll.m_local * (uint64_t)a.n * sizeof(P) * 2;
     ll.rank = rank;
     /* TW_RS_LL_REDUCE: tw_gemm_rs's own rows summed in the GEMM's epilogue (gemm_ll.cuh) */
-    ll.reduce = !all_reduce && tw_env_int(TW_RS_LL_REDUCE_ID) != 0;
+    ll.reduce = tw_gemm_rs_want_ll_reduce((int)tw_env_int(TW_RS_LL_REDUCE_ID), all_reduce, a.m);
     ll.ch = ch;
     ll.dc = &comm->dev;
     ll.out = a.out;

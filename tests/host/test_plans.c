@@ -506,6 +506,14 @@ static void test_gemm_rs_plans(void) {
   TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 1024, 1024, 2, 1, ll16m, 0),
               "rule: M=1024 bf16 with a gather area: the area (512 KiB a peer)");
   TEST_ASSERT(tw_gemm_rs_want_ll(1, 8, 64, 8192, 4, 1, ll16m, 1), "=1: the area even so");
+  /* tw_gemm_rs's own rows summed in the swap-AB epilogue (TW_RS_LL_REDUCE): the rule at m <= 16,
+   * never for tw_gemm_ar */
+  TEST_ASSERT(tw_gemm_rs_want_ll_reduce(-1, 0, 16), "ll reduce rule: rs m 16");
+  TEST_ASSERT(!tw_gemm_rs_want_ll_reduce(-1, 0, 17), "ll reduce rule: rs m 17");
+  TEST_ASSERT(!tw_gemm_rs_want_ll_reduce(-1, 1, 16), "ll reduce rule: ar");
+  TEST_ASSERT(tw_gemm_rs_want_ll_reduce(1, 0, 64), "TW_RS_LL_REDUCE=1: rs m 64");
+  TEST_ASSERT(!tw_gemm_rs_want_ll_reduce(1, 1, 64), "TW_RS_LL_REDUCE=1: never ar");
+  TEST_ASSERT(!tw_gemm_rs_want_ll_reduce(0, 0, 8), "TW_RS_LL_REDUCE=0");
   /* tw_allgather through the area: 2 halves x world slots x 2 bytes per shard byte */
   TEST_ASSERT(tw_ag_ll_bytes(2, 512u << 10) == (size_t)4 << 20, "ag ll bytes, 2 ranks 512 KiB");
   TEST_ASSERT(tw_ag_ll_bytes(1, 4096) == 0, "ag ll bytes, world 1");
