@@ -25,6 +25,8 @@
  */
 #pragma once
 
+#include <type_traits>
+
 #include "device/rs_vec.cuh"
 #include "device/signal.cuh"
 #include "gemm_sm90.cuh"
@@ -32,90 +34,115 @@
 namespace tw {
 namespace gemm {
 
-template <class OutT> struct EpiLlPushT {
+/* The words' layout and where this call's go: both epilogues' parameters start with these. */
+struct LlPushParams {
+  uint8_t *area[TW_MAX_WORLD]; /* every rank's low-latency area, mapped for this rank */
+  const uint64_t *ll_seq;      /* this rank's ctrl->ll_seq */
+  uint64_t half_bytes;         /* one parity's bytes */
+  uint64_t slot_bytes;         /* one slot's: m_local x vecs items of 32 bytes */
+  int32_t rank, m, m_local, vecs;
+};
+
+/* EpiLlReduceT's: the words' and, for the own rows' sums, out (ldo elements a row); the waits
+ * are bounded by dc's timeout and recorded under channel ch. A type of its own so that the
+ * push-only epilogue's kernels keep their small parameters. */
+struct LlReduceParams : LlPushParams {
+  tw_dev_comm_t dc;
+  __nv_bfloat16 *out;
+  int64_t ldo;
+  int32_t ch, pad;
+};
+
+namespace detail {
+
+/* One 16-byte group of this rank's own rows (local row lr, vector v; d: its own partial): every
+ * peer's partial of it from the words in this rank's area (slot s: rank s's), summed in rank
+ * order from partial 0, into out. */
+template <class Out>
+__device__ __forceinline__ void ll_reduce_own(const LlReduceParams &p, const uint4 &d,
+                                              uint64_t half0, uint32_t flag, uint64_t item,
+                                              int32_t lr, int32_t v) {
+  using V = RsVec<Out>;
+  const uint8_t *mine = p.area[p.rank] + half0;
+  float sum[V::kE], x[V::kE];
+#pragma unroll 1
+  for (int s = 0; s < p.dc.world; s++) {
+    if (s == p.rank) {
+      V::unpack(d, x);
+    } else {
+      const uint4 *w =
+          reinterpret_cast<const uint4 *>(mine + (uint64_t)s * p.slot_bytes + item * 32);
+      uint2 lo, hi;
+      if (!tw_ll_wait(p.dc, p.ch, w, flag, s, (int)item, &lo) ||
+          !tw_ll_wait(p.dc, p.ch, w + 1, flag, s, (int)item, &hi))
+        return; /* recorded; the group stays unwritten */
+      V::unpack(make_uint4(lo.x, lo.y, hi.x, hi.y), x);
+    }
+    if (s == 0) {
+#pragma unroll
+      for (int j = 0; j < V::kE; j++)
+        sum[j] = x[j];
+    } else {
+      chain_add(sum, x); /* sum_rank_order's chain, one partial at a time */
+    }
+  }
+  *reinterpret_cast<typename V::Packed *>(p.out + (size_t)lr * (size_t)p.ldo + (size_t)v * V::kE) =
+      V::pack(sum);
+}
+
+/* The warpgroup's boxes (kBoxes of kRows C rows x 128 bytes, 128B-swizzled, the first at C column
+ * col, C row row): each thread takes 16-byte chunks (one item) and stores them into the owner's
+ * area as two words; kReduce: the peers' rows only, then the own rows' sums (ll_reduce_own).
+ * Rows past m and columns past n are padding: not stored. */
+template <class Out, bool kReduce, int kBoxes, int kBoxBytes, int kRows, class Params>
+__device__ __forceinline__ void ll_store_boxes(const Params &p, const uint8_t *boxes, int wg_thread,
+                                               int32_t col, int32_t row) {
+  constexpr int kV = 16 / (int)sizeof(Out);        /* values in a chunk */
+  constexpr int kBoxCols = 128 / (int)sizeof(Out); /* C columns in a box */
+  const uint64_t seq = tw_ll_seq_after(p.ll_seq);
+  const uint32_t flag = tw_ll_flag(seq);
+  const uint64_t half0 = tw_ll_half(seq, p.half_bytes);
+  const uint64_t half = half0 + (uint64_t)p.rank * p.slot_bytes;
+#pragma unroll 1
+  for (int pass = 0; pass < (kReduce ? 2 : 1); pass++)
+    for_box_chunks<kBoxes, kBoxBytes, kRows>(
+        boxes, wg_thread, [&](int b, int r, int c16, const uint8_t *chunk) {
+          const int32_t t = row + r;                         /* the product's row (token) */
+          const int32_t v = (col + b * kBoxCols) / kV + c16; /* its 16-byte vector */
+          if (t >= p.m || v >= p.vecs)
+            return;
+          const uint4 d = *reinterpret_cast<const uint4 *>(chunk);
+          const int32_t owner = t / p.m_local;
+          const uint64_t item = (uint64_t)(t - owner * p.m_local) * (uint64_t)p.vecs + (uint64_t)v;
+          if (pass == 0 && !(kReduce && owner == p.rank))
+            tw_ll_put16(reinterpret_cast<uint4 *>(p.area[owner] + half + item * 32), d, flag);
+          if constexpr (kReduce)
+            if (pass == 1 && owner == p.rank)
+              ll_reduce_own<Out>(p, d, half0, flag, item, t - owner * p.m_local, v);
+        });
+}
+
+} // namespace detail
+
+/* kReduce false (EpiLlPushT): every rank's rows as words, this rank's own too (the reduce kernel
+ * sums them); true (EpiLlReduceT, tw_gemm_rs with TW_RS_LL_REDUCE): the peers' rows as words,
+ * this rank's own summed here. */
+template <class OutT, bool kReduce> struct EpiLlT {
   using Out = OutT;
   static constexpr bool kSignal = false;
   static constexpr bool kTransposed = true;
   static constexpr bool kWarpgroupStore = true;
-  struct Params {
-    uint8_t *area[TW_MAX_WORLD]; /* every rank's low-latency area, mapped for this rank */
-    const uint64_t *ll_seq;      /* this rank's ctrl->ll_seq */
-    uint64_t half_bytes;         /* one parity's bytes */
-    uint64_t slot_bytes;         /* one slot's: m_local x vecs items of 32 bytes */
-    int32_t rank, m, m_local, vecs;
-    /* reduce: own rows summed here into out (ldo elements a row), waits bounded by dc's
-     * timeout and recorded under channel ch */
-    tw_dev_comm_t dc;
-    __nv_bfloat16 *out;
-    int64_t ldo;
-    int32_t reduce, ch;
-  };
+  using Params = typename std::conditional<kReduce, LlReduceParams, LlPushParams>::type;
   __device__ static void prefetch(const Params &) {}
   __device__ static void signal(const Params &, int32_t, int32_t) {}
-  // The warpgroup's boxes (kBoxes of kRows C rows x 128 bytes, 128B-swizzled, the first at C
-  // column col, C row row): each thread takes 16-byte chunks (one item) and stores them into the
-  // owner's area as two words. Rows past m and columns past n are padding: not stored.
   template <int kBoxes, int kBoxBytes, int kRows>
   __device__ static void store_boxes(const Params &p, const uint8_t *boxes, int wg_thread,
                                      int32_t col, int32_t row) {
-    constexpr int kV = 16 / (int)sizeof(Out);        /* values in a chunk */
-    constexpr int kBoxCols = 128 / (int)sizeof(Out); /* C columns in a box */
-    const uint64_t seq = tw_ll_seq_after(p.ll_seq);
-    const uint32_t flag = tw_ll_flag(seq);
-    const uint64_t half0 = tw_ll_half(seq, p.half_bytes);
-    const uint64_t half = half0 + (uint64_t)p.rank * p.slot_bytes;
-    /* pass 0: the words (reduce: the peers' rows only); pass 1 (reduce): the own rows' sums */
-#pragma unroll 1
-    for (int pass = 0; pass < (p.reduce ? 2 : 1); pass++)
-      detail::for_box_chunks<kBoxes, kBoxBytes, kRows>(
-          boxes, wg_thread, [&](int b, int r, int c16, const uint8_t *chunk) {
-            const int32_t t = row + r;                         /* the product's row (token) */
-            const int32_t v = (col + b * kBoxCols) / kV + c16; /* its 16-byte vector */
-            if (t >= p.m || v >= p.vecs)
-              return;
-            const uint4 d = *reinterpret_cast<const uint4 *>(chunk);
-            const int32_t owner = t / p.m_local;
-            const uint64_t item =
-                (uint64_t)(t - owner * p.m_local) * (uint64_t)p.vecs + (uint64_t)v;
-            if (pass == 0 && !(p.reduce && owner == p.rank))
-              tw_ll_put16(reinterpret_cast<uint4 *>(p.area[owner] + half + item * 32), d, flag);
-            else if (pass == 1 && owner == p.rank)
-              reduce_own(p, d, half0, flag, item, t - owner * p.m_local, v);
-          });
-  }
-  /* One 16-byte group of this rank's own rows (local row lr, vector v; d: its own partial):
-   * every peer's partial of it from the words in this rank's area (slot s: rank s's), summed in
-   * rank order from partial 0, into out. */
-  __device__ static void reduce_own(const Params &p, const uint4 &d, uint64_t half0, uint32_t flag,
-                                    uint64_t item, int32_t lr, int32_t v) {
-    using V = RsVec<Out>;
-    const uint8_t *mine = p.area[p.rank] + half0;
-    float sum[V::kE], x[V::kE];
-#pragma unroll 1
-    for (int s = 0; s < p.dc.world; s++) {
-      if (s == p.rank) {
-        V::unpack(d, x);
-      } else {
-        const uint4 *w =
-            reinterpret_cast<const uint4 *>(mine + (uint64_t)s * p.slot_bytes + item * 32);
-        uint2 lo, hi;
-        if (!tw_ll_wait(p.dc, p.ch, w, flag, s, (int)item, &lo) ||
-            !tw_ll_wait(p.dc, p.ch, w + 1, flag, s, (int)item, &hi))
-          return; /* recorded; the group stays unwritten */
-        V::unpack(make_uint4(lo.x, lo.y, hi.x, hi.y), x);
-      }
-      if (s == 0) {
-#pragma unroll
-        for (int j = 0; j < V::kE; j++)
-          sum[j] = x[j];
-      } else {
-        chain_add(sum, x); /* sum_rank_order's chain, one partial at a time */
-      }
-    }
-    *reinterpret_cast<typename V::Packed *>(p.out + (size_t)lr * (size_t)p.ldo +
-                                            (size_t)v * V::kE) = V::pack(sum);
+    detail::ll_store_boxes<Out, kReduce, kBoxes, kBoxBytes, kRows>(p, boxes, wg_thread, col, row);
   }
 };
+template <class OutT> using EpiLlPushT = EpiLlT<OutT, false>;
+template <class OutT> using EpiLlReduceT = EpiLlT<OutT, true>;
 
 } // namespace gemm
 } // namespace tw

@@ -225,6 +225,18 @@ cudaError_t preload_ws() {
   return e;
 }
 
+/* A low-latency epilogue's two tile heights (launch_swap's and launch_swap_half's, unsplit). */
+template <class Out, int MT, class LE> cudaError_t preload_ll() {
+  cudaError_t e = cudaSuccess, r;
+  if ((r = preload_one<swap_stages<MT>(), kSwapEpiBytes, Out, false, 1, MT, 1, NoWait, LE>()) !=
+      cudaSuccess)
+    e = r;
+  if ((r = preload_one<swap_half_stages<MT>(), kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, NoWait,
+                       LE, 64>()) != cudaSuccess)
+    e = r;
+  return e;
+}
+
 /* launch_swap's, for one tile width. */
 template <class Out, int MT> cudaError_t preload_swap() {
   constexpr int S = swap_stages<MT>();
@@ -247,12 +259,10 @@ template <class Out, int MT> cudaError_t preload_swap() {
   if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, ReleasedWait, E, 64>()) !=
       cudaSuccess)
     e = r;
-  /* the unfused pipeline's epilogue into the low-latency area (both heights, unsplit) */
-  using LE = EpiLlPushT<Out>;
-  if ((r = preload_one<S, kSwapEpiBytes, Out, false, 1, MT, 1, NoWait, LE>()) != cudaSuccess)
+  /* the unfused pipeline's epilogues into the low-latency area (both heights, unsplit) */
+  if ((r = preload_ll<Out, MT, EpiLlPushT<Out>>()) != cudaSuccess)
     e = r;
-  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, NoWait, LE, 64>()) !=
-      cudaSuccess)
+  if ((r = preload_ll<Out, MT, EpiLlReduceT<Out>>()) != cudaSuccess)
     e = r;
   /* launch_ws's, swapped */
   if ((r = preload_ws<SH, kSwapHalfEpiBytes, Out, MT / 2, E, 64>()) != cudaSuccess)
@@ -353,7 +363,8 @@ struct WsPlan {
 // half (tw_gemm_swap_half, unsplit): tiles of 64 of B's rows, twice as many, each consumer
 // warpgroup taking mt / 2 of A's rows (the same products in the same k order: the same bits).
 // E = EpiLlPushT<Out> (opts.ll, unsplit): the tiles go into the owners' low-latency areas as
-// words (gemm_ll.cuh) instead of into c.
+// words (gemm_ll.cuh) instead of into c; EpiLlReduceT<Out> (opts.ll->reduce): the peers' rows
+// so, this rank's own summed into opts.ll->out.
 template <class Out, class Wait = NoWait, class E = EpiTmaStoreT<Out>>
 tw_status_t
 run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int split, int device,
@@ -376,7 +387,8 @@ run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int split, int dev
     st = tw_tma_map_2d(&params.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.a, (uint64_t)a.k,
                        (uint64_t)a.m, (uint64_t)a.lda, kBlockK, (uint32_t)mt,
                        "tw_gemm: cuTensorMapEncodeTiled(a, swapped)");
-  if constexpr (std::is_same<E, EpiLlPushT<Out>>::value) {
+  constexpr bool kLlReduce = std::is_same<E, EpiLlReduceT<Out>>::value;
+  if constexpr (kLlReduce || std::is_same<E, EpiLlPushT<Out>>::value) {
     if (!ll || split != 1)
       return tw_fail(TW_ERR_INTERNAL, "tw_gemm: the low-latency epilogue serves unsplit GEMMs");
     for (int r = 0; r < TW_MAX_WORLD; r++)
@@ -388,8 +400,7 @@ run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int split, int dev
     params.epi.m = (int32_t)a.m;
     params.epi.m_local = ll->m_local;
     params.epi.vecs = (int32_t)(a.n / (16 / (int64_t)sizeof(Out)));
-    params.epi.reduce = ll->reduce;
-    if (ll->reduce) {
+    if constexpr (kLlReduce) {
       if (!ll->dc || !ll->out)
         return tw_fail(TW_ERR_INTERNAL, "tw_gemm: the low-latency reduce needs a comm and an out");
       params.epi.dc = *ll->dc;
@@ -667,11 +678,17 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
       if (split > 1 || opts->released)
         return tw_fail(TW_ERR_INTERNAL,
                        "tw_gemm: the low-latency epilogue serves unsplit GEMMs with no wait");
+      const NoWait::Params w = NoWait::Params();
+      if (opts->ll->reduce) /* tw_gemm_rs's own rows summed in the epilogue */
+        return a.c_dtype == TW_BF16 ? run_swap<__nv_bfloat16, NoWait, EpiLlReduceT<__nv_bfloat16>>(
+                                          a, swap_mt, half, sms, 1, device, s, w, opts->ll)
+                                    : run_swap<float, NoWait, EpiLlReduceT<float>>(
+                                          a, swap_mt, half, sms, 1, device, s, w, opts->ll);
       if (a.c_dtype == TW_BF16)
-        return run_swap<__nv_bfloat16, NoWait, EpiLlPushT<__nv_bfloat16>>(
-            a, swap_mt, half, sms, 1, device, s, NoWait::Params(), opts->ll);
-      return run_swap<float, NoWait, EpiLlPushT<float>>(a, swap_mt, half, sms, 1, device, s,
-                                                        NoWait::Params(), opts->ll);
+        return run_swap<__nv_bfloat16, NoWait, EpiLlPushT<__nv_bfloat16>>(a, swap_mt, half, sms, 1,
+                                                                          device, s, w, opts->ll);
+      return run_swap<float, NoWait, EpiLlPushT<float>>(a, swap_mt, half, sms, 1, device, s, w,
+                                                        opts->ll);
     }
     if (opts && opts->released) {
       if (split > 1)
