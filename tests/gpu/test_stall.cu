@@ -9,8 +9,9 @@
  *     tw_comm_async_error reports TW_ERR_DEVICE_TIMEOUT with "internal stall in the GEMM
  *     pipeline", the role and the stage, from the comm's host-mapped error block.
  *   - the unfused tw_gemm_rs / tw_gemm_ar (decode shapes) with a peer that never calls: the
- *     wait for its rows in the low-latency area (or, with TW_RS_UNFUSED_LL=0, for its entry)
- *     gives up after TW_WAIT_TIMEOUT_MS and the comm names it.
+ *     wait for its rows in the low-latency area (or, with TW_RS_UNFUSED_LL=0, for its entry;
+ *     or, tw_gemm_rs at m 16 with TW_RS_LL_REDUCE=1, the GEMM epilogue's wait for them) gives
+ *     up after TW_WAIT_TIMEOUT_MS and the comm names it.
  * The parent kills a child that outlives its bound (30 s): a hang fails the test, and so does a
  * child that finishes without the failure. Without a GPU every child exits 77 and so does this.
  */
@@ -35,7 +36,8 @@ typedef enum {
   OP_RS_ABSENT,
   OP_AR_ABSENT,
   OP_RS_ABSENT_PULL,
-  OP_AR_ABSENT_PULL
+  OP_AR_ABSENT_PULL,
+  OP_RS_ABSENT_EPI
 } op_t;
 static const char *const kOpNames[] = {"tw_gemm",
                                        "tw_gemm split_k 8",
@@ -45,7 +47,8 @@ static const char *const kOpNames[] = {"tw_gemm",
                                        "tw_gemm_rs unfused, peer absent",
                                        "tw_gemm_ar unfused, peer absent",
                                        "tw_gemm_rs unfused (the pull), peer absent",
-                                       "tw_gemm_ar unfused (the pull), peer absent"};
+                                       "tw_gemm_ar unfused (the pull), peer absent",
+                                       "tw_gemm_rs unfused (the epilogue's sums), peer absent"};
 
 static void *dev_alloc(size_t bytes) {
   void *p = NULL;
@@ -164,7 +167,7 @@ static int child_absent(op_t op) {
   int devices[kWorld];
   tw_comm_t comms[kWorld];
   const int distinct = init_pair(devices, comms);
-  const int64_t m = 64, n = 1024, k = 1024;
+  const int64_t m = op == OP_RS_ABSENT_EPI ? 16 : 64, n = 1024, k = 1024;
   size_t ws_bytes = 0;
   TEST_TW_OK(tw_gemm_rs_workspace_size(comms[0], m, n, &ws_bytes));
   void *ws[kWorld];
@@ -179,7 +182,7 @@ static int child_absent(op_t op) {
   tw_test_fill_bf16((void *)a.b, n * k, 20, NULL);
   TEST_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "inputs");
   const double t0 = tw_test_now();
-  const int rs = op == OP_RS_ABSENT || op == OP_RS_ABSENT_PULL;
+  const int rs = op == OP_RS_ABSENT || op == OP_RS_ABSENT_PULL || op == OP_RS_ABSENT_EPI;
   TEST_TW_OK(rs ? tw_gemm_rs(comms[0], &a, NULL) : tw_gemm_ar(comms[0], &a, NULL));
   const cudaError_t e = cudaDeviceSynchronize();
   const double waited = tw_test_now() - t0;
@@ -209,8 +212,10 @@ static int run_child(op_t op) {
     const int absent = op >= OP_RS_ABSENT;
     if (absent) {
       setenv("TW_RS_UNFUSED_SMALL", "1", 1);
-      if (op >= OP_RS_ABSENT_PULL)
+      if (op == OP_RS_ABSENT_PULL || op == OP_AR_ABSENT_PULL)
         setenv("TW_RS_UNFUSED_LL", "0", 1);
+      if (op == OP_RS_ABSENT_EPI) /* the own rows' sums in the swap-AB GEMM's epilogue */
+        setenv("TW_RS_LL_REDUCE", "1", 1);
       setenv("TW_WAIT_TIMEOUT_MS", "2000", 1);
     } else {
       setenv("TW_FAULT_STALL_TILE", "2", 1);
@@ -243,9 +248,9 @@ static int run_child(op_t op) {
 
 int main(void) {
   /* No CUDA call here before the children run: a CUDA context does not survive fork. */
-  static const op_t ops[] = {OP_GEMM,      OP_GEMM_SPLIT,     OP_AG_GEMM,
-                             OP_GEMM_RS,   OP_GEMM_AR,        OP_RS_ABSENT,
-                             OP_AR_ABSENT, OP_RS_ABSENT_PULL, OP_AR_ABSENT_PULL};
+  static const op_t ops[] = {OP_GEMM,           OP_GEMM_SPLIT,   OP_AG_GEMM,   OP_GEMM_RS,
+                             OP_GEMM_AR,        OP_RS_ABSENT,    OP_AR_ABSENT, OP_RS_ABSENT_PULL,
+                             OP_AR_ABSENT_PULL, OP_RS_ABSENT_EPI};
   for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
     printf("%s%s:\n", kOpNames[ops[i]], ops[i] < OP_RS_ABSENT ? " with TW_FAULT_STALL_TILE=2" : "");
     const int rc = run_child(ops[i]);
