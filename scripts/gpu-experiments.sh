@@ -83,6 +83,8 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s80     (thirtieth session, prepared, not run) test_stall on both placements: b29e598's
+#             case (tw_gemm_rs at m 16 with TW_RS_LL_REDUCE=1, peer absent) has not run on a GPU
 #     s79     (thirtieth session, TW_RS_LL_REDUCE) tw_gemm_rs's own rows summed in the swap-AB
 #             GEMM's low-latency epilogue (the reduce kernel keeps only the books): tests, then
 #             A/B at decode on 2 GPUs (eager, graphs of 10 calls a fork), one process per GPU
@@ -962,6 +964,13 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
         "--m $m --n 8192 --k 1024" ""
     done
   done
+}
+exp_s80() { # (b29e598, prepared after the thirtieth session's device time) test_stall's new case:
+  # tw_gemm_rs at m 16 through the GEMM epilogue's own-row sums (TW_RS_LL_REDUCE=1) with a peer
+  # that never calls must give up after TW_WAIT_TIMEOUT_MS, be reported and name the peer
+  run "s80-test_stall" 300 "$bin/test_stall"
+  [ "$ngpus" -gt 1 ] && run "s80-test_stall-distinct" 300 env TW_TEST_DEVICES=distinct \
+    "$bin/test_stall"
 }
 exp_s79() { # (TW_RS_LL_REDUCE, default 0) the decode GEMM+RS with bf16 partials one process per
   # GPU from graphs: 0.0166-0.0168 ms against NCCL bf16 + torch's 0.0159-0.0160 (s74, s77). With
