@@ -181,7 +181,8 @@ TW_ENV(TW_RS_LL_REDUCE, int, "-1",
        "travel as words and the reduce kernel after it only keeps the call's books on one CTA; "
        "0 leaves the sums to the reduce kernel; -1 (the rule) takes it at m <= 16 (2 H200s, one "
        "process per GPU from graphs, M=16 n 8192 K 1024: 0.0115 -> 0.0104 ms with bf16 partials; "
-       "M=64 level). Same bits. Every rank must set it alike.")
+       "M=64 level). Same bits. Ranks may differ: the words each rank stores for its peers, and "
+       "where, are the same either way.")
 TW_ENV(TW_AG_LL, int, "-1",
        "tw_allgather (and tw_ag_gemm's decode path through it): 1 exchanges the shards through "
        "the comm's low-latency area where they fit (TW_LL_BYTES): each rank stores its shard "
