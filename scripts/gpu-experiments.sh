@@ -83,6 +83,13 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s82     (thirty-first session) the words' line layout (tw_ll_item_off) in every user of the
+#             area: tests on both placements and memchecks, then one process per GPU from graphs
+#             against HEAD~'s library (diagold/, alternated) at the decode shapes, and the two
+#             rules it may move (TW_RS_LL_REDUCE at m 64, the area against the pull for fp32 m 64)
+#     s81     (thirty-first session) tw-llbench: the low-latency words' layout (ll32, one 128-byte
+#             line per 8 items' words, plain stores + a flag a CTA) in ping-pong between the GPUs
+#             at the decode payloads (512 KiB a way: GEMM+RS bf16 partials m 64; 128 KiB: m 16)
 #     s80     (thirtieth session, prepared, not run) test_stall on both placements: b29e598's
 #             case (tw_gemm_rs at m 16 with TW_RS_LL_REDUCE=1, peer absent) has not run on a GPU
 #     s79     (thirtieth session, TW_RS_LL_REDUCE) tw_gemm_rs's own rows summed in the swap-AB
@@ -297,15 +304,17 @@ run() { # run NAME LIMIT CMD...: log, and a summary line of the fused rows' medi
   return 0
 }
 run_new_old() { # run_new_old NAME LIMIT CMD...: CMD with this build's library, then with the
-  # old one beside it (diagold/: scripts/diag-lib.sh 0 with an older gemm_rs_sm90.cu), twice,
-  # alternated; logs NAME-new-1, NAME-old-1, NAME-new-2, NAME-old-2
+  # old one beside it (diagold/: scripts/diag-lib.sh 0 with an older gemm_rs_sm90.cu, or another
+  # tree's build), twice, alternated; logs NAME-new-1, NAME-old-1, NAME-new-2, NAME-old-2. The
+  # library by LD_LIBRARY_PATH (tw-bench, the tests) and TILEWIRE_LIB (python, bench_dist)
   local name=$1 limit=$2 i lib
   shift 2
   for i in 1 2; do
     for lib in new old; do
       local l="$root/$bin"
       [ $lib = old ] && l="$root/$bin/diagold"
-      run "$name-$lib-$i" "$limit" env LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH" "$@"
+      run "$name-$lib-$i" "$limit" env LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH" \
+        TILEWIRE_LIB="$l/libtilewire.so" "$@"
     done
   done
 }
@@ -963,6 +972,51 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
       TW_GEMM_SWAP=$v dist_graph "s24-dist-graph-swap$v" "m$m" 60 "--repeats 50 --graph 20" \
         "--m $m --n 8192 --k 1024" ""
     done
+  done
+}
+dist_new_old() { # dist_new_old NAME LIMIT ARGS...: run_new_old of bench_dist, one process a GPU
+  local name=$1 limit=$2
+  shift 2
+  run_new_old "$name" "$limit" env PYTHONPATH="$root/python" python3 -m tilewire.bench_dist \
+    --nproc 2 "$@"
+}
+exp_s82() { # the low-latency words 8 items' first words a line (llbench, s81: 1.51 against 2.16
+  # us one way at 512 KiB); the same bits, so the tests as they are
+  run "s82-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  run "s82-test_allgather" 100 "$bin/test_allgather"
+  run "s82-test_ag_gemm" 100 "$bin/test_ag_gemm"
+  run "s82-memcheck-test_gemm_rs-small" 200 compute-sanitizer --tool memcheck --error-exitcode=1 \
+    "$bin/test_gemm_rs" --small
+  run "s82-memcheck-test_allgather-small" 100 compute-sanitizer --tool memcheck \
+    --error-exitcode=1 "$bin/test_allgather" --small
+  [ "$ngpus" -gt 1 ] || return 0
+  local d
+  for d in test_gemm_rs test_allgather test_ag_gemm; do
+    run "s82-$d-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/$d"
+  done
+  local m p
+  for m in 64 16; do
+    dist_new_old "s82-dist-m$m" 120 --op gemm_rs --op gemm_ar --m $m --n 8192 --k 1024 \
+      --graph 10 --repeats 30
+  done
+  dist_new_old "s82-dist-ag-m64" 120 --op ag_gemm --m 64 --n 1024 --k 8192 --graph 10 --repeats 30
+  for p in 0 1 1 0; do
+    run "s82-dist-m64-reduce$p" 120 env TW_RS_LL_REDUCE=$p TILEWIRE_LIB="$root/$bin/libtilewire.so" \
+      PYTHONPATH="$root/python" python3 -m tilewire.bench_dist --nproc 2 --op gemm_rs --m 64 \
+      --n 8192 --k 1024 --graph 10 --repeats 30
+  done
+  for p in 1 -1 -1 1; do
+    run "s82-dist-m64-area$p" 120 env TW_RS_UNFUSED_LL=$p TILEWIRE_LIB="$root/$bin/libtilewire.so" \
+      PYTHONPATH="$root/python" python3 -m tilewire.bench_dist --nproc 2 --op gemm_rs --op gemm_ar \
+      --m 64 --n 8192 --k 1024 --graph 10 --repeats 30
+  done
+}
+exp_s81() { # the words' layout over NVLink (tools/micro/llbench.cu): one round trip carries
+  # the payload both ways; args: ctas items-per-thread rounds jump (1: the swap-AB tile's rows)
+  local a
+  for a in "128 1 500 1" "128 1 500 0" "32 1 500 1" "128 4 200 1" "1 1 500 0"; do
+    # shellcheck disable=SC2086
+    run "s81-llbench-${a// /-}" 60 "$bin/tw-llbench" $a
   done
 }
 exp_s80() { # (b29e598, prepared after the thirtieth session's device time) test_stall's new case:

@@ -263,10 +263,25 @@ static __device__ __forceinline__ void tw_ll_store(uint4 *word, uint32_t d0, uin
                : "memory");
 }
 
-/* 16 data bytes as two low-latency words (32 bytes). */
-static __device__ __forceinline__ void tw_ll_put16(uint4 *words, uint4 d, uint32_t flag) {
-  tw_ll_store(words, d.x, d.y, flag);
-  tw_ll_store(words + 1, d.z, d.w, flag);
+/* Where item `item` (16 data bytes as two words) of a slot of `items` items keeps its word w
+ * (0 or 1), in bytes from the slot's start: items go 8 to a 256-byte group, the group's first
+ * words in one 128-byte line and its second words in the next (a last group of k < 8 items:
+ * its k first words, then its k second words), so 8 lanes storing 8 consecutive items' word w
+ * fill one whole line, and a slot is items x 32 bytes as before. Thirty-first session
+ * (tools/micro/llbench.cu, 2 H200s, ping-pong of 512 KiB of data a way as the swap-AB tiles
+ * store it): 1.51 us one way against 2.16 for the two words side by side (each store
+ * instruction of a warp then wrote every other 16 bytes of its lines), 5.6 against 8.5 us at
+ * 2 MiB; plain stores with a fenced flag a CTA took 3.8 / 8.5 us. */
+static __device__ __forceinline__ uint64_t tw_ll_item_off(uint64_t item, uint64_t items, int w) {
+  const uint64_t group = item >> 3, left = items - (group << 3);
+  return (group << 8) + (((uint64_t)w * (left < 8 ? left : 8) + (item & 7)) << 4);
+}
+
+/* Item `item` of the slot at `slot` (`items` items): its 16 data bytes as two words. */
+static __device__ __forceinline__ void tw_ll_put_item(uint8_t *slot, uint64_t item, uint64_t items,
+                                                      uint4 d, uint32_t flag) {
+  tw_ll_store(reinterpret_cast<uint4 *>(slot + tw_ll_item_off(item, items, 0)), d.x, d.y, flag);
+  tw_ll_store(reinterpret_cast<uint4 *>(slot + tw_ll_item_off(item, items, 1)), d.z, d.w, flag);
 }
 
 static __device__ __forceinline__ uint4 tw_ll_load(const uint4 *word) {
@@ -304,6 +319,22 @@ static __device__ __forceinline__ bool tw_ll_wait(const tw_dev_comm_t &dc, int o
     tw_trace_wait_end(row, start);
   }
   *data = make_uint2(v.x, v.z);
+  return true;
+}
+
+/* Any thread: tw_ll_wait for both words of item `item` of the slot at `slot` (`items` items,
+ * tw_ll_put_item's layout) and its 16 data bytes; false as tw_ll_wait. */
+static __device__ __forceinline__ bool tw_ll_wait_item(const tw_dev_comm_t &dc, int op,
+                                                       const uint8_t *slot, uint64_t item,
+                                                       uint64_t items, uint32_t flag, int peer,
+                                                       uint4 *data) {
+  uint2 lo, hi;
+  if (!tw_ll_wait(dc, op, reinterpret_cast<const uint4 *>(slot + tw_ll_item_off(item, items, 0)),
+                  flag, peer, (int)item, &lo) ||
+      !tw_ll_wait(dc, op, reinterpret_cast<const uint4 *>(slot + tw_ll_item_off(item, items, 1)),
+                  flag, peer, (int)item, &hi))
+    return false;
+  *data = make_uint4(lo.x, lo.y, hi.x, hi.y);
   return true;
 }
 

@@ -87,8 +87,9 @@ __global__ void __launch_bounds__(TW_AG_THREADS, 1)
 /* tw_allgather through the comm's low-latency area (TW_AG_LL; the words and their sequence as
  * the unfused GEMM+RS pipeline's, gemm_rs_sm90.cu): call sequence q = ctrl->ll_seq + 1, flag
  * tw_ll_flag(q), half q & 1 of every area. Each thread stores 16-byte vectors of this rank's
- * shard into every peer's area (slot `rank`, two words a vector) and into its own recv slot,
- * then copies every peer's vectors from its own area into recv as their words arrive. No entry
+ * shard into every peer's area (slot `rank`, two words a vector, tw_ll_put_item's layout) and
+ * into its own recv slot, then copies every peer's vectors from its own area into recv as their
+ * words arrive. No entry
  * handshake, fence or flag store: a rank writes a peer's half q & 1 only after it has all of
  * call q - 1's words from that peer, stored after that peer's call q - 2 (the same half) had
  * read its area. Nobody touches another rank's recv, so recv need not be symmetric here. */
@@ -123,9 +124,8 @@ __global__ void __launch_bounds__(kAgLlThreads)
     const uint4 v = __ldcg(p.send + i);
     for (int d = 0; d < world; d++)
       if (d != rank)
-        tw_ll_put16(
-            reinterpret_cast<uint4 *>(p.area[d] + half + (uint64_t)rank * slot + (uint64_t)i * 32),
-            v, flag);
+        tw_ll_put_item(p.area[d] + half + (uint64_t)rank * slot, (uint64_t)i, (uint64_t)p.vecs, v,
+                       flag);
     if (own != p.send)
       own[i] = v;
   }
@@ -134,12 +134,11 @@ __global__ void __launch_bounds__(kAgLlThreads)
   for (int64_t j = first; ok && j < all; j += stride) {
     const int64_t k = j / p.vecs, i = j % p.vecs;
     const int s = (int)k + ((int)k >= rank ? 1 : 0); /* the peers in order, this rank skipped */
-    const uint4 *w = reinterpret_cast<const uint4 *>(mine + (uint64_t)s * slot + (uint64_t)i * 32);
-    uint2 lo, hi;
-    ok = tw_ll_wait(dc, TW_CH_ALLGATHER, w, flag, s, (int)i, &lo) &&
-         tw_ll_wait(dc, TW_CH_ALLGATHER, w + 1, flag, s, (int)i, &hi);
+    uint4 w;
+    ok = tw_ll_wait_item(dc, TW_CH_ALLGATHER, mine + (uint64_t)s * slot, (uint64_t)i,
+                         (uint64_t)p.vecs, flag, s, &w);
     if (ok)
-      p.recv[(int64_t)s * p.vecs + i] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+      p.recv[(int64_t)s * p.vecs + i] = w;
   }
   tw_ll_call_end(dc, TW_CH_ALLGATHER, epoch, seq);
 }

@@ -11,7 +11,9 @@
  * (the reduce kernel of the call stores q back at its end, after every word of the call has
  * arrived, this rank's own included, so every CTA here reads the same q); slot `rank` of owner
  * d holds d's rows [d * m_local, +m_local) of this rank's partial, item i = (row - d * m_local)
- * * vecs + column / V at 32 bytes an item, V = 16 / sizeof(Out) values.
+ * * vecs + column / V, V = 16 / sizeof(Out) values, its two words where tw_ll_item_off puts
+ * them (32 bytes an item; 8 items' first words in one 128-byte line, their second words in the
+ * next: a warpgroup's 8 threads of a box row store whole lines).
  *
  * reduce (tw_gemm_rs, TW_RS_LL_REDUCE): the epilogue reduces this rank's own rows itself. Each
  * warpgroup first stores the words of every peer's rows its boxes hold, then, for each 16-byte
@@ -61,7 +63,7 @@ namespace detail {
 template <class Out>
 __device__ __forceinline__ void ll_reduce_own(const LlReduceParams &p, const uint4 &d,
                                               uint64_t half0, uint32_t flag, uint64_t item,
-                                              int32_t lr, int32_t v) {
+                                              uint64_t items, int32_t lr, int32_t v) {
   using V = RsVec<Out>;
   const uint8_t *mine = p.area[p.rank] + half0;
   float sum[V::kE], x[V::kE];
@@ -70,13 +72,10 @@ __device__ __forceinline__ void ll_reduce_own(const LlReduceParams &p, const uin
     if (s == p.rank) {
       V::unpack(d, x);
     } else {
-      const uint4 *w =
-          reinterpret_cast<const uint4 *>(mine + (uint64_t)s * p.slot_bytes + item * 32);
-      uint2 lo, hi;
-      if (!tw_ll_wait(p.dc, p.ch, w, flag, s, (int)item, &lo) ||
-          !tw_ll_wait(p.dc, p.ch, w + 1, flag, s, (int)item, &hi))
+      uint4 w;
+      if (!tw_ll_wait_item(p.dc, p.ch, mine + (uint64_t)s * p.slot_bytes, item, items, flag, s, &w))
         return; /* recorded; the group stays unwritten */
-      V::unpack(make_uint4(lo.x, lo.y, hi.x, hi.y), x);
+      V::unpack(w, x);
     }
     if (s == 0) {
 #pragma unroll
@@ -103,6 +102,7 @@ __device__ __forceinline__ void ll_store_boxes(const Params &p, const uint8_t *b
   const uint32_t flag = tw_ll_flag(seq);
   const uint64_t half0 = tw_ll_half(seq, p.half_bytes);
   const uint64_t half = half0 + (uint64_t)p.rank * p.slot_bytes;
+  const uint64_t items = (uint64_t)p.m_local * (uint64_t)p.vecs; /* a slot's */
 #pragma unroll 1
   for (int pass = 0; pass < (kReduce ? 2 : 1); pass++)
     for_box_chunks<kBoxes, kBoxBytes, kRows>(
@@ -115,10 +115,10 @@ __device__ __forceinline__ void ll_store_boxes(const Params &p, const uint8_t *b
           const int32_t owner = t / p.m_local;
           const uint64_t item = (uint64_t)(t - owner * p.m_local) * (uint64_t)p.vecs + (uint64_t)v;
           if (pass == 0 && !(kReduce && owner == p.rank))
-            tw_ll_put16(reinterpret_cast<uint4 *>(p.area[owner] + half + item * 32), d, flag);
+            tw_ll_put_item(p.area[owner] + half, item, items, d, flag);
           if constexpr (kReduce)
             if (pass == 1 && owner == p.rank)
-              ll_reduce_own<Out>(p, d, half0, flag, item, t - owner * p.m_local, v);
+              ll_reduce_own<Out>(p, d, half0, flag, item, items, t - owner * p.m_local, v);
         });
 }
 

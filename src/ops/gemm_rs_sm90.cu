@@ -1077,9 +1077,11 @@ __global__ void __launch_bounds__(kUnfusedThreads)
  *   1. done[ch][rank] = e on every rank at once: this rank reads no peer's workspace in the call
  *      (the next call's release wait, ReleasedWait, passes without waiting for its end);
  *   2. push: each 16-byte vector of this rank's partial in a peer's rows goes into that peer's
- *      area, slot `rank`, as two low-latency words (tw_ll_store: the flag rides with the data);
+ *      area, slot `rank`, as two low-latency words (tw_ll_put_item: the flag rides with the
+ *      data; 8 items' first words share a 128-byte line, so a warp's stores fill whole lines);
  *   3. reduce: each vector of this rank's rows: its own partial from the workspace, the peers'
- *      from this rank's area (tw_ll_wait), summed in rank order from partial 0 (the reference's
+ *      from this rank's area (tw_ll_wait_item), summed in rank order from partial 0 (the
+ * reference's
  *      __fadd_rn chain), rounded to bf16; rs: stored into `out`; ar: into `out` and, as
  *      low-latency words, into every peer's area (gather slot `rank`);
  *   4. ar: every peer's reduced rows from this rank's gather slots into `out`;
@@ -1138,9 +1140,8 @@ __global__ void __launch_bounds__(kUnfusedThreads)
         continue;
       const uint4 v = __ldcg(reinterpret_cast<const uint4 *>(
           p.partial + (size_t)(d * p.m_local + r) * (size_t)p.n + (size_t)c));
-      tw_ll_put16(reinterpret_cast<uint4 *>(p.area[d] + half + (uint64_t)rank * slot_bytes +
-                                            (uint64_t)i * 32),
-                  v, flag);
+      tw_ll_put_item(p.area[d] + half + (uint64_t)rank * slot_bytes, (uint64_t)i, (uint64_t)items,
+                     v, flag);
     }
   }
   /* 3. this rank's rows: the sum in rank order (reduced: the GEMM's epilogue did it) */
@@ -1156,14 +1157,12 @@ __global__ void __launch_bounds__(kUnfusedThreads)
         load_vec(p.partial + (size_t)(rank * p.m_local + r) * (size_t)p.n + (size_t)c, v[s]);
         continue;
       }
-      const uint4 *w =
-          reinterpret_cast<const uint4 *>(mine + (uint64_t)s * slot_bytes + (uint64_t)i * 32);
-      uint2 lo, hi;
-      ok = ok && tw_ll_wait(dc, ch, w, flag, s, (int)i, &lo) &&
-           tw_ll_wait(dc, ch, w + 1, flag, s, (int)i, &hi);
+      uint4 w;
+      ok = ok && tw_ll_wait_item(dc, ch, mine + (uint64_t)s * slot_bytes, (uint64_t)i,
+                                 (uint64_t)items, flag, s, &w);
       if (!ok)
         break;
-      RsVec<P>::unpack(make_uint4(lo.x, lo.y, hi.x, hi.y), v[s]);
+      RsVec<P>::unpack(w, v[s]);
     }
     if (!ok)
       break;
@@ -1176,13 +1175,12 @@ __global__ void __launch_bounds__(kUnfusedThreads)
       for (int d = 0; d < world; d++) {
         if (d == rank)
           continue;
-        uint4 *g = reinterpret_cast<uint4 *>(p.area[d] + half + p.gather_off +
-                                             (uint64_t)rank * items * kGatherItem +
-                                             (uint64_t)i * kGatherItem);
+        uint8_t *g = p.area[d] + half + p.gather_off + (uint64_t)rank * items * kGatherItem;
         if constexpr (V == 8)
-          tw_ll_put16(g, make_uint4(sum.x, sum.y, sum.z, sum.w), flag);
-        else
-          tw_ll_store(g, sum.x, sum.y, flag);
+          tw_ll_put_item(g, (uint64_t)i, (uint64_t)items, make_uint4(sum.x, sum.y, sum.z, sum.w),
+                         flag);
+        else /* one word an item: a warp's words fill whole lines as they are */
+          tw_ll_store(reinterpret_cast<uint4 *>(g + (uint64_t)i * kGatherItem), sum.x, sum.y, flag);
       }
   }
   /* 4. tw_gemm_ar: every peer's reduced rows into out */
@@ -1192,19 +1190,22 @@ __global__ void __launch_bounds__(kUnfusedThreads)
       const int64_t k = j / items, i = j % items;
       const int s = (int)k + ((int)k >= rank ? 1 : 0); /* the peers in order, this rank skipped */
       const int64_t r = i / vecs, c = V * (i % vecs);
-      const uint4 *g = reinterpret_cast<const uint4 *>(
-          mine + p.gather_off + (uint64_t)s * items * kGatherItem + (uint64_t)i * kGatherItem);
+      const uint8_t *g = mine + p.gather_off + (uint64_t)s * items * kGatherItem;
       __nv_bfloat16 *o = p.out + (size_t)((int64_t)s * p.m_local + r) * (size_t)p.ldo + (size_t)c;
-      uint2 lo, hi;
-      ok = tw_ll_wait(dc, ch, g, flag, s, (int)i, &lo);
-      if (V == 8 && ok)
-        ok = tw_ll_wait(dc, ch, g + 1, flag, s, (int)i, &hi);
-      if (!ok)
-        break;
-      if constexpr (V == 8)
-        *reinterpret_cast<uint4 *>(o) = make_uint4(lo.x, lo.y, hi.x, hi.y);
-      else
+      if constexpr (V == 8) {
+        uint4 w;
+        ok = tw_ll_wait_item(dc, ch, g, (uint64_t)i, (uint64_t)items, flag, s, &w);
+        if (!ok)
+          break;
+        *reinterpret_cast<uint4 *>(o) = w;
+      } else {
+        uint2 lo;
+        ok = tw_ll_wait(dc, ch, reinterpret_cast<const uint4 *>(g + (uint64_t)i * kGatherItem),
+                        flag, s, (int)i, &lo);
+        if (!ok)
+          break;
         *reinterpret_cast<uint2 *>(o) = lo;
+      }
     }
   }
   /* from_gemm: this grid does not end before the GEMM's (whatever follows on the stream finds

@@ -18,21 +18,13 @@
  * division row (one loop with a switch since the review mend) no longer reproduces 58 / 38 (90-98
  * / 61-66). Not a test: run it by hand. */
 #include "device/ptx_sm90.cuh"
+#include "micro.h"
 #include "tilewire.h"
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cuda.h>
 #include <cuda_bf16.h>
-
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e = (x);                                                                           \
-    if (e != cudaSuccess) {                                                                        \
-      printf("%s: %s\n", #x, cudaGetErrorString(e));                                               \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
 
 constexpr int kRows = 128, kCols = 256;
 
