@@ -83,6 +83,10 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s83     (thirty-first session) where the area beats the pull now (its rules were measured
+#             with the old layout): tw-llbench on the library's functions; bench_dist from graphs
+#             at m 128 / 256 with TW_RS_UNFUSED_LL=1,-1 alternated; tw_ag_gemm's decode path at
+#             m 128 / 256 with TW_AG_LL=-1,1 (1-2 MiB shards)
 #     s82     (thirty-first session) the words' line layout (tw_ll_item_off) in every user of the
 #             area: tests on both placements and memchecks, then one process per GPU from graphs
 #             against HEAD~'s library (diagold/, alternated) at the decode shapes, and the two
@@ -979,6 +983,26 @@ dist_new_old() { # dist_new_old NAME LIMIT ARGS...: run_new_old of bench_dist, o
   shift 2
   run_new_old "$name" "$limit" env PYTHONPATH="$root/python" python3 -m tilewire.bench_dist \
     --nproc 2 "$@"
+}
+exp_s83() { # the area's rules on the line layout (s82: fp32 M=64, 2 MiB a peer, through the area
+  # GEMM+RS 0.0213 -> 0.0190 ms, GEMM+AR 0.0249 -> 0.0220); 2 GPUs only
+  [ "$ngpus" -gt 1 ] || return 0
+  local a m p
+  for a in "128 1 500 1" "128 4 200 1"; do
+    # shellcheck disable=SC2086
+    run "s83-llbench-${a// /-}" 60 "$bin/tw-llbench" $a
+  done
+  for m in 128 256; do
+    for p in 1 -1 -1 1; do
+      run "s83-dist-m$m-area$p" 120 env TW_RS_UNFUSED_LL=$p \
+        TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python" python3 -m \
+        tilewire.bench_dist --nproc 2 --op gemm_rs --op gemm_ar --m $m --n 8192 --k 1024 \
+        --graph 10 --repeats 30
+    done
+    run "s83-ag_gemm-m$m-agll" 90 env TW_BENCH_GRAPH=1 TW_BENCH_BLOCK=10 TW_BENCH_ROUNDS=5 \
+      TW_BENCH_AB=TW_AG_LL=-1,1 "$bin/tw-bench" ag_gemm --world 2 --m $m --n 1024 --k 8192 \
+      --repeats 40 --warmup 10
+  done
 }
 exp_s82() { # the low-latency words 8 items' first words a line (llbench, s81: 1.51 against 2.16
   # us one way at 512 KiB); the same bits, so the tests as they are

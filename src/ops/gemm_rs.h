@@ -152,11 +152,13 @@ int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int64
 size_t tw_gemm_rs_ll_bytes(int world, int64_t m, int64_t n, int partial_bytes, int all_reduce);
 /* Whether the unfused pipeline exchanges through the low-latency area of ll_bytes bytes.
  * env: TW_RS_UNFUSED_LL (1: wherever the call's rows fit; -1: there, where a rank's words for
- * one peer are at most TW_LL_RULE_SLOT_BYTES, unless shared_stores (then only bf16 partials
- * at m <= TW_AR_UNFUSED_SHARED_MAX_M); 0: never). shared_stores:
- * ranks sharing a GPU whose tw_gemm_ar pipeline can store its rows straight into every rank's
- * out (symmetric outputs, or peer outs: TW_AR_PEER_OUT). */
+ * one peer are at most TW_LL_RULE_SLOT_BYTES, TW_LL_RULE_SWAP_SLOT_BYTES at the shapes tw_gemm
+ * swaps by its rule (m <= 64), unless shared_stores (then only bf16 partials at m <=
+ * TW_AR_UNFUSED_SHARED_MAX_M); 0: never). shared_stores: ranks sharing a GPU whose tw_gemm_ar
+ * pipeline can store its rows straight into every rank's out (symmetric outputs, or peer outs:
+ * TW_AR_PEER_OUT). */
 #define TW_LL_RULE_SLOT_BYTES ((size_t)1 << 20)
+#define TW_LL_RULE_SWAP_SLOT_BYTES ((size_t)2 << 20)
 int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_bytes, int all_reduce,
                        size_t ll_bytes, int shared_stores);
 /* Whether tw_gemm_rs's swap-AB GEMM, storing the low-latency words itself (TW_RS_LL_EPI), also

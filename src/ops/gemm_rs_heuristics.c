@@ -163,8 +163,15 @@ int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_byt
    * peer fp32) GEMM+RS 0.0178 / 0.0144, GEMM+AR 0.0202 / 0.0160, bf16 partials 0.0177 / 0.0137
    * and 0.0197 / 0.0155; M=64 bf16 partials (1 MiB) 0.0193 / 0.0162 and 0.0227 / 0.0199; M=64
    * fp32 (2 MiB) 0.0208 / 0.0218 and 0.0244 / 0.0257 (slower: not taken). */
+  /* Thirty-first session, with the line layout (tw_ll_item_off), the same bench from graphs, ms,
+   * area / pull (TW_RS_UNFUSED_LL=1,-1,-1,1): at the swap-AB shapes, whose GEMM epilogue stores
+   * the words as each tile ends, M=64 fp32 (2 MiB) GEMM+RS 0.0190 / 0.0213, GEMM+AR 0.0220 /
+   * 0.0249; above them, where the reduce kernel pushes the partial after the GEMM, M=128 fp32
+   * (4 MiB) GEMM+RS 0.0306 / 0.0265, bf16 partials (2 MiB) 0.0232 / 0.0232 (GEMM+AR 0.0285 /
+   * 0.0288), M=256 bf16 partials (4 MiB) 0.0308 / 0.0274. So 2 MiB where the GEMM is swapped (by
+   * the shape's rule alone, so every rank decides alike whatever its knobs), 1 MiB elsewhere. */
   const size_t slot = (size_t)(m / world) * (size_t)n * (size_t)(partial_bytes == 2 ? 2 : 4) * 2;
-  return slot <= TW_LL_RULE_SLOT_BYTES;
+  return slot <= (tw_gemm_swap_bn(-1, m) ? TW_LL_RULE_SWAP_SLOT_BYTES : TW_LL_RULE_SLOT_BYTES);
 }
 
 int tw_gemm_rs_want_ll_reduce(int env, int all_reduce, int64_t m) {

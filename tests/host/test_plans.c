@@ -487,8 +487,14 @@ static void test_gemm_rs_plans(void) {
   TEST_ASSERT(tw_gemm_rs_ll_bytes(1, 16, 8192, 4, 1) == 0, "ll bytes, world 1");
   const size_t ll16m = (size_t)16 << 20;
   TEST_ASSERT(tw_gemm_rs_want_ll(1, 2, 64, 8192, 4, 1, ll16m, 0), "=1: M=64 AR fits 16 MiB");
-  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 64, 8192, 4, 1, ll16m, 0),
-              "rule: M=64 fp32, 2 MiB a peer");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 64, 8192, 4, 1, ll16m, 0),
+              "rule: M=64 fp32, 2 MiB a peer, a swap-AB shape");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 64, 16384, 4, 0, (size_t)32 << 20, 0),
+              "rule: M=64 fp32 n 16384, 4 MiB a peer");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 128, 8192, 2, 1, ll16m, 0),
+              "rule: M=128 bf16, 2 MiB a peer, not swapped");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 4, 128, 8192, 2, 0, ll16m, 0),
+              "rule: M=128 bf16 on 4 ranks, 1 MiB a peer");
   TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 64, 8192, 2, 1, ll16m, 0), "rule: M=64 bf16, 1 MiB a peer");
   TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 16, 8192, 4, 0, ll16m, 0), "rule: M=16 fp32");
   TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 64, 8192, 4, 1, ll16m, 0), "rule: M=64 AR, 8 ranks");

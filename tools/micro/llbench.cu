@@ -34,22 +34,22 @@ __device__ __forceinline__ uint4 value(uint32_t round, uint64_t item) {
 }
 
 /* word w of item i: side by side (ll32), or the library's layout (line, tw_ll_item_off) */
-template <int L> __device__ __forceinline__ uint4 *word(uint8_t *base, uint64_t i, uint64_t items,
-                                                       int w) {
+template <int L>
+__device__ __forceinline__ uint4 *word(uint8_t *base, uint64_t i, uint64_t items, int w) {
   if (L == kLL32)
     return reinterpret_cast<uint4 *>(base + i * 32 + w * 16);
   return reinterpret_cast<uint4 *>(base + tw_ll_item_off(i, items, w));
 }
 
 struct Args {
-  uint8_t *mine, *peer;         /* written by the other side / by this one */
+  uint8_t *mine, *peer;          /* written by the other side / by this one */
   uint32_t *my_flag, *peer_flag; /* simple: a flag a CTA */
-  uint64_t items; /* in all */
+  uint64_t items;                /* in all */
   int rounds, ipt, jump, starter;
   uint64_t timeout_ns;
-  int *err;           /* mismatches */
-  int *timeouts;      /* waits given up */
-  uint64_t *stamps;   /* block 0: start, end */
+  int *err;         /* mismatches */
+  int *timeouts;    /* waits given up */
+  uint64_t *stamps; /* block 0: start, end */
 };
 
 __device__ __forceinline__ uint64_t item_of(const Args &a, int k) {
