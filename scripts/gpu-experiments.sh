@@ -83,6 +83,8 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s84     (thirty-first session, 144a152) the decode rows on the head: one process per GPU
+#             from graphs (bench_dist) and one process driving both (graphs of 10 calls a fork)
 #     s83     (thirty-first session) where the area beats the pull now (its rules were measured
 #             with the old layout): tw-llbench on the library's functions; bench_dist from graphs
 #             at m 128 / 256 with TW_RS_UNFUSED_LL=1,-1 alternated; tw_ag_gemm's decode path at
@@ -978,11 +980,31 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
+decode_block10() { # decode_block10 TAG: tw-bench's decode rows of GEMM+AR and GEMM+RS on 2 GPUs
+  # from graphs of 10 calls a rank between one fork and join, 5 interleaved rounds
+  local op m
+  for op in gemm_ar gemm_rs; do
+    for m in 64 16; do
+      run "$1-$op-m$m-graph-block10" 90 env TW_BENCH_GRAPH=1 TW_BENCH_BLOCK=10 TW_BENCH_ROUNDS=5 \
+        "$bin/tw-bench" $op --world 2 --m $m --n 8192 --k 1024 --repeats 40 --warmup 10
+    done
+  done
+}
 dist_new_old() { # dist_new_old NAME LIMIT ARGS...: run_new_old of bench_dist, one process a GPU
   local name=$1 limit=$2
   shift 2
   run_new_old "$name" "$limit" env PYTHONPATH="$root/python" python3 -m tilewire.bench_dist \
     --nproc 2 "$@"
+}
+exp_s84() { # the decode rows with the line layout and the area's new rule (2 GPUs only)
+  [ "$ngpus" -gt 1 ] || return 0
+  local m
+  for m in 64 16; do
+    run "s84-dist-m$m" 120 env TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python" \
+      python3 -m tilewire.bench_dist --nproc 2 --op gemm_rs --op gemm_ar --m $m --n 8192 \
+      --k 1024 --graph 10 --repeats 30
+  done
+  decode_block10 s84
 }
 exp_s83() { # the area's rules on the line layout (s82: fp32 M=64, 2 MiB a peer, through the area
   # GEMM+RS 0.0213 -> 0.0190 ms, GEMM+AR 0.0249 -> 0.0220); 2 GPUs only
@@ -1085,13 +1107,7 @@ exp_s78() { # (2 GPUs) s73 / s77: from graphs with one process driving both GPUs
   # rank between one fork and join (TW_BENCH_BLOCK=10) the graph times the ranks' streams
   # running calls back to back, as a training or serving step does; 5 interleaved rounds
   [ "$ngpus" -gt 1 ] || return 0
-  local op m
-  for op in gemm_ar gemm_rs; do
-    for m in 64 16; do
-      run "s78-$op-m$m-graph-block10" 90 env TW_BENCH_GRAPH=1 TW_BENCH_BLOCK=10 TW_BENCH_ROUNDS=5 \
-        "$bin/tw-bench" $op --world 2 --m $m --n 8192 --k 1024 --repeats 40 --warmup 10
-    done
-  done
+  decode_block10 s78
   # where the decode call's time goes after the GEMM: the low-latency reduce kernel's stamps
   run "s78-trace-gemm_rs-m64" 60 env TW_TRACE=1 TW_BENCH_WARM_MS=0 "$bin/tw-bench" gemm_rs \
     --world 2 --m 64 --n 8192 --k 1024 --repeats 5 --warmup 2
