@@ -83,6 +83,13 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s86     (thirty-first session) the pipeline's swap rule to m 128 (tw_gemm_rs_swap_max_m) and
+#             the area's 2 MiB there: test_gemm_rs on both placements, its memcheck, and the
+#             decode rows at M=128 / 64 one process per GPU from graphs
+#     s85     (thirty-first session) swap-AB forced past m 64 (TW_GEMM_SWAP=1/2 reach m 128): the
+#             tests (bits against 128-row tiles; tw_gemm_rs's decode pipeline through it), tw_gemm
+#             at M=96 / 128 from graphs, and GEMM+RS / GEMM+AR at M=128 one process per GPU (NCCL
+#             bf16 + torch 0.0208 ms against 0.0232 with bf16 partials in s83)
 #     s84     (thirty-first session, 144a152) the decode rows on the head: one process per GPU
 #             from graphs (bench_dist) and one process driving both (graphs of 10 calls a fork)
 #     s83     (thirty-first session) where the area beats the pull now (its rules were measured
@@ -995,6 +1002,43 @@ dist_new_old() { # dist_new_old NAME LIMIT ARGS...: run_new_old of bench_dist, o
   shift 2
   run_new_old "$name" "$limit" env PYTHONPATH="$root/python" python3 -m tilewire.bench_dist \
     --nproc 2 "$@"
+}
+exp_s86() { # s85: swapped through the area, GEMM+RS bf16 partials at M=128 0.0194 ms against
+  # NCCL bf16 + torch's 0.0208 (0.0233 unswapped); now the pipeline's rule
+  run "s86-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  run "s86-memcheck-test_gemm_rs-small" 200 compute-sanitizer --tool memcheck --error-exitcode=1 \
+    "$bin/test_gemm_rs" --small
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s86-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  local m
+  for m in 128 64; do
+    run "s86-dist-m$m" 120 env TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python" \
+      python3 -m tilewire.bench_dist --nproc 2 --op gemm_rs --op gemm_ar --m $m --n 8192 \
+      --k 1024 --graph 10 --repeats 30
+  done
+}
+exp_s85() { # GEMM+RS with bf16 partials at M=128 trails NCCL bf16 + torch (s83: 0.0232 against
+  # 0.0208 ms): 128-row tiles there fill half the SMs and the words leave after the GEMM
+  run "s85-test_gemm" 120 "$bin/test_gemm"
+  run "s85-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  local m v
+  for m in 128 96; do
+    run "s85-gemm-graph-m$m" 60 env TW_BENCH_GRAPH=1 TW_BENCH_GEMM_ROUNDS=5 "$bin/tw-bench" gemm \
+      --m $m --n 8192 --k 1024 --repeats 50 --warmup 5
+  done
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s85-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  for v in default swap1-area swap2-area swap1-pull swap1-pull swap2-area swap1-area default; do
+    local e=()
+    case $v in
+    swap1-area) e=(TW_GEMM_SWAP=1 TW_RS_UNFUSED_LL=1) ;;
+    swap2-area) e=(TW_GEMM_SWAP=2 TW_RS_UNFUSED_LL=1) ;;
+    swap1-pull) e=(TW_GEMM_SWAP=1) ;;
+    esac
+    run "s85-dist-m128-$v" 120 env "${e[@]}" TILEWIRE_LIB="$root/$bin/libtilewire.so" \
+      PYTHONPATH="$root/python" python3 -m tilewire.bench_dist --nproc 2 --op gemm_rs --op gemm_ar \
+      --m 128 --n 8192 --k 1024 --graph 10 --repeats 30
+  done
 }
 exp_s84() { # the decode rows with the line layout and the area's new rule (2 GPUs only)
   [ "$ngpus" -gt 1 ] || return 0

@@ -160,7 +160,7 @@ TW_ENV(TW_RS_UNFUSED_LL, int, "-1",
        "low-latency area where the call's rows fit (TW_LL_BYTES): each rank stores its peers' "
        "rows of its partial into their area as 16-byte words that carry the call's flag with "
        "the data, so no handshake, no fence and no remote load lies on the path; -1 there where "
-       "a rank's words for one peer are at most 1 MiB, 2 MiB at m <= 64 where the swap-AB GEMM "
+       "a rank's words for one peer are at most 1 MiB, 2 MiB at m <= 128 where the swap-AB GEMM "
        "stores them (measured faster; M=16 n 8192 on 2 H200s GEMM+RS 0.0178 -> 0.0144 ms, M=64 "
        "fp32 0.0213 -> 0.0190), except for tw_gemm_ar where ranks share a GPU and its "
        "rows can go straight into every rank's out (symmetric outputs or TW_AR_PEER_OUT; there "
@@ -228,7 +228,10 @@ TW_ENV(TW_GEMM_SWAP, int, "-1",
        "spent past m, and stores C transposed; 2 the same on tiles of 64 of B's rows (twice the "
        "CTAs; unsplit only); -1 (the rule) swaps, on 64-row tiles where unsplit 128-row tiles "
        "would fill at most half the SMs; 0 keeps 128-row tiles. The same bits (test_gemm checks "
-       "it); on an H200 M=16 N=8192 K=1024 the 128-row swap took 0.0077 ms against 0.0103.")
+       "it); on an H200 M=16 N=8192 K=1024 the 128-row swap took 0.0077 ms against 0.0103. 1 and "
+       "2 also reach m <= 128 (64-wide tiles of A's rows, two at m 128), and there the rule of "
+       "tw_gemm_rs / tw_gemm_ar's decode pipeline (m <= 128) swaps too (M=128 N=8192 K=1024: "
+       "0.0087 ms against 0.0096).")
 TW_ENV(TW_SPLIT_SCATTER, bool, "0",
        "tw_gemm with split_k (measurement): 1 has every slice of a tile sum one column band over "
        "all slices and store it itself (one round through distributed shared memory on every "

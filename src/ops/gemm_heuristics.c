@@ -40,15 +40,22 @@ int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k) {
   return s;
 }
 
-int tw_gemm_swap_bn(int env, int64_t m) {
+int tw_gemm_swap_bn_upto(int env, int64_t m, int64_t rule_max_m) {
   /* A decode product (m <= 64) on 128-row tiles wastes at least half of every wgmma and of
    * every A box on rows past m; swapped, its few rows are the wgmma's N (16 or 64) and B's rows
    * fill the 128. cuBLAS's nvjet kernels at these shapes are swapped too (ncu, twentieth
-   * session: M=16 N=8192 K=1024 runs nvjet_sm90_tst_64x16_..._TNT, 7.6 us against our 11.1). */
-  if (env == 0 || m > 64)
+   * session: M=16 N=8192 K=1024 runs nvjet_sm90_tst_64x16_..._TNT, 7.6 us against our 11.1).
+   * Past m 64 (forced, env 1 or 2, up to TW_GEMM_SWAP_FORCED_MAX_M, or a caller's rule bound):
+   * 64-wide tiles of A's rows, two at m 128. Thirty-first session, H200, N=8192 K=1024 from
+   * graphs, ms, 128-row tiles / swapped on 128 of B's rows / on 64 (cuBLAS): M=128 0.0096 /
+   * 0.0087 / 0.0111 (0.0075), M=96 0.0095 / 0.0087 / 0.0111 (0.0073). tw_gemm's own rule keeps
+   * 64 (one shape measured); tw_gemm_rs's decode pipeline takes 128 (TW_GEMM_RS_SWAP_MAX_M). */
+  if (env == 0 || m > (env > 0 ? TW_GEMM_SWAP_FORCED_MAX_M : rule_max_m))
     return 0;
   return m <= 16 ? 16 : 64;
 }
+
+int tw_gemm_swap_bn(int env, int64_t m) { return tw_gemm_swap_bn_upto(env, m, 64); }
 
 int tw_gemm_swap_half(int env, int64_t m, int64_t n, int split, int sms) {
   const int mt = tw_gemm_swap_bn(env, m);

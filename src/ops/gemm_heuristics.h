@@ -38,8 +38,13 @@ int tw_gemm_prefers_n128(int64_t m, int64_t n, int sms);
 int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k);
 
 /* Swap-AB's tile width for an m-row product under TW_GEMM_SWAP = env (-1: the rule, 1 or 2: on,
- * 0: never): 16 for m <= 16, 64 for m <= 64, 0 (no swap) above. */
+ * 0: never): 16 for m <= 16, 64 for m <= 64 (forced: m <= TW_GEMM_SWAP_FORCED_MAX_M), 0 (no
+ * swap) above. */
+#define TW_GEMM_SWAP_FORCED_MAX_M 128
 int tw_gemm_swap_bn(int env, int64_t m);
+/* The same with the rule (env -1) reaching m <= rule_max_m (at most TW_GEMM_SWAP_FORCED_MAX_M;
+ * tw_gemm_sm90_opts_t.swap_max_m). */
+int tw_gemm_swap_bn_upto(int env, int64_t m, int64_t rule_max_m);
 /* Whether swap-AB runs tiles of 64 of B's rows (each consumer warpgroup taking half the tile's
  * width of A's rows) instead of 128: env 2 wherever unsplit, 1 or 0 never, -1 unsplit where the
  * n x m product has at most sms / 2 tiles of 128 rows. The same bits either way. */

@@ -152,15 +152,22 @@ int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int64
 size_t tw_gemm_rs_ll_bytes(int world, int64_t m, int64_t n, int partial_bytes, int all_reduce);
 /* Whether the unfused pipeline exchanges through the low-latency area of ll_bytes bytes.
  * env: TW_RS_UNFUSED_LL (1: wherever the call's rows fit; -1: there, where a rank's words for
- * one peer are at most TW_LL_RULE_SLOT_BYTES, TW_LL_RULE_SWAP_SLOT_BYTES at the shapes tw_gemm
- * swaps by its rule (m <= 64), unless shared_stores (then only bf16 partials at m <=
- * TW_AR_UNFUSED_SHARED_MAX_M); 0: never). shared_stores: ranks sharing a GPU whose tw_gemm_ar
- * pipeline can store its rows straight into every rank's out (symmetric outputs, or peer outs:
- * TW_AR_PEER_OUT). */
+ * one peer are at most TW_LL_RULE_SLOT_BYTES, TW_LL_RULE_SWAP_SLOT_BYTES at the shapes the
+ * pipeline's GEMM swaps by its rule (m <= swap_max_m: tw_gemm_rs_swap_max_m), unless shared_stores
+ * (then only bf16 partials at m <= TW_AR_UNFUSED_SHARED_MAX_M); 0: never). shared_stores: ranks
+ * sharing a GPU whose tw_gemm_ar pipeline can store its rows straight into every rank's out
+ * (symmetric outputs, or peer outs: TW_AR_PEER_OUT). */
 #define TW_LL_RULE_SLOT_BYTES ((size_t)1 << 20)
+/* The unfused pipeline's GEMM swaps A and B (TW_GEMM_SWAP -1) up to this m, past tw_gemm's 64:
+ * at M=128 n 8192 K 1024 its 128-row tiles fill half the SMs (tw_gemm_sm90_opts_t.swap_max_m). */
+#define TW_GEMM_RS_SWAP_MAX_M 128
 #define TW_LL_RULE_SWAP_SLOT_BYTES ((size_t)2 << 20)
 int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_bytes, int all_reduce,
-                       size_t ll_bytes, int shared_stores);
+                       size_t ll_bytes, int shared_stores, int64_t swap_max_m);
+/* The swap rule's bound on m for the unfused pipeline's GEMM (tw_gemm_sm90_opts_t.swap_max_m):
+ * TW_GEMM_RS_SWAP_MAX_M on ranks with GPUs of their own, tw_gemm's 64 where ranks share one (not
+ * measured there). The same on every rank. */
+int64_t tw_gemm_rs_swap_max_m(int gpu_shared);
 /* Whether tw_gemm_rs's swap-AB GEMM, storing the low-latency words itself (TW_RS_LL_EPI), also
  * sums this rank's own rows in its epilogue (gemm_ll.cuh). env: TW_RS_LL_REDUCE (1: always, 0:
  * never, -1: at m <= TW_RS_LL_REDUCE_MAX_M, where it measured faster). tw_gemm_ar: never. */

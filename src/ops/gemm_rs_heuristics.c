@@ -141,8 +141,10 @@ size_t tw_gemm_rs_ll_bytes(int world, int64_t m, int64_t n, int partial_bytes, i
   return 2 * (rs + ag);
 }
 
+int64_t tw_gemm_rs_swap_max_m(int gpu_shared) { return gpu_shared ? 64 : TW_GEMM_RS_SWAP_MAX_M; }
+
 int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_bytes, int all_reduce,
-                       size_t ll_bytes, int shared_stores) {
+                       size_t ll_bytes, int shared_stores, int64_t swap_max_m) {
   if (env == 0 || world < 2 ||
       tw_gemm_rs_ll_bytes(world, m, n, partial_bytes, all_reduce) > ll_bytes)
     return 0;
@@ -169,9 +171,15 @@ int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_byt
    * 0.0249; above them, where the reduce kernel pushes the partial after the GEMM, M=128 fp32
    * (4 MiB) GEMM+RS 0.0306 / 0.0265, bf16 partials (2 MiB) 0.0232 / 0.0232 (GEMM+AR 0.0285 /
    * 0.0288), M=256 bf16 partials (4 MiB) 0.0308 / 0.0274. So 2 MiB where the GEMM is swapped (by
-   * the shape's rule alone, so every rank decides alike whatever its knobs), 1 MiB elsewhere. */
+   * the shape's rule alone, so every rank decides alike whatever its knobs), 1 MiB elsewhere.
+   * The pipeline's GEMM swaps up to m 128 (TW_GEMM_RS_SWAP_MAX_M; same session, M=128 n 8192 K
+   * 1024 bench_dist from graphs, ms, 128-row tiles through the pull / swapped through the area /
+   * swapped through the pull, each twice: GEMM+RS bf16 partials 0.0233 / 0.0194 / 0.0226
+   * (NCCL bf16 + torch 0.0208), fp32 (4 MiB: the pull) 0.0266 / 0.0282 / 0.0257; GEMM+AR bf16
+   * partials 0.0290 / 0.0253 / 0.0280, fp32 (does not fit) 0.0330 / 0.0320 / 0.0320). */
   const size_t slot = (size_t)(m / world) * (size_t)n * (size_t)(partial_bytes == 2 ? 2 : 4) * 2;
-  return slot <= (tw_gemm_swap_bn(-1, m) ? TW_LL_RULE_SWAP_SLOT_BYTES : TW_LL_RULE_SLOT_BYTES);
+  return slot <= (tw_gemm_swap_bn_upto(-1, m, swap_max_m) ? TW_LL_RULE_SWAP_SLOT_BYTES
+                                                          : TW_LL_RULE_SLOT_BYTES);
 }
 
 int tw_gemm_rs_want_ll_reduce(int env, int all_reduce, int64_t m) {

@@ -1299,6 +1299,7 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
   g.lda = a.lda, g.ldb = a.ldb, g.ldc = a.n;
   g.sm_count = comm->sm_budget;
   tw_gemm_sm90_opts_t opts = {-1, 0, 0, &comm->dev, ch, NULL};
+  opts.swap_max_m = (int)tw_gemm_rs_swap_max_m(comm->gpu_shared); /* swap-AB to m 128 here */
   /* TW_RS_LL_EPI: the swap-AB GEMM stores the words itself (gemm_ll.cuh), its own rows too; it
    * writes no workspace, so it waits for no release either */
   tw_gemm_ll_epi_t ll;
@@ -1306,8 +1307,9 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
   if (plan.ll) /* every rank's area, mapped here (the GEMM's words and the reduce kernel's) */
     for (int s = 0; s < world; s++)
       ll.area[s] = (uint8_t *)tw_heap_peer_ptr(comm, comm->ll, s);
-  const bool ll_epi = plan.ll && tw_env_int(TW_RS_LL_EPI_ID) != 0 &&
-                      tw_gemm_swap_bn((int)tw_env_int(TW_GEMM_SWAP_ID), a.m) != 0;
+  const bool ll_epi =
+      plan.ll && tw_env_int(TW_RS_LL_EPI_ID) != 0 &&
+      tw_gemm_swap_bn_upto((int)tw_env_int(TW_GEMM_SWAP_ID), a.m, opts.swap_max_m) != 0;
   if (ll_epi) {
     ll.ll_seq = &comm->ctrl->ll_seq;
     ll.half_bytes = tw_gemm_rs_ll_bytes(world, a.m, a.n, (int)sizeof(P), all_reduce) / 2;
@@ -1519,7 +1521,8 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
   /* its rows through the comm's low-latency area where they fit (TW_RS_UNFUSED_LL) */
   plan->ll = plan->unfused &&
              tw_gemm_rs_want_ll((int)tw_env_int(TW_RS_UNFUSED_LL_ID), world, a->m, a->n, pbytes,
-                                all_reduce, comm->ll_bytes, comm->gpu_shared && stores_all);
+                                all_reduce, comm->ll_bytes, comm->gpu_shared && stores_all,
+                                tw_gemm_rs_swap_max_m(comm->gpu_shared));
   plan->ar_peer_out = plan->unfused && !plan->ll && peer_out;
   /* tw_gemm_ar's push gather (TW_AR_PUSH, the default) where the workspace holds every owner's
    * reduced rows (tw_gemm_rs_workspace_size asks for that much) and no two ranks share a GPU

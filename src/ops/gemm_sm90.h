@@ -30,6 +30,9 @@ typedef struct tw_gemm_sm90_opts {
    * that this GEMM's CTAs would keep off the SMs (tw_ag_gemm's decode path on GPUs of their
    * own). The plain GEMM only (no `released`, no `ll`). 0: launched as usual. */
   int after_grid;
+  /* The swap rule's bound on m (tw_gemm_swap_bn_upto: TW_GEMM_SWAP -1 swaps at m <= this, at
+   * most TW_GEMM_SWAP_FORCED_MAX_M); 0: tw_gemm's own (64). */
+  int swap_max_m;
 } tw_gemm_sm90_opts_t;
 
 /* Where tw_gemm_sm90_opts_t.ll's epilogue stores (gemm_ll.cuh): every rank's area, this rank's

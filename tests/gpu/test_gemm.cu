@@ -767,6 +767,11 @@ int main(void) {
   check_swap(&buf, 12, 200, 1000, 0);  /* 64-row tiles: 4, the last 8 rows past n; K tail */
   check_swap(&buf, 48, 8256, 520, 0);  /* 64-row tiles by the rule: 129 on 129 CTAs */
   check_swap(&buf, 16, 16384, 264, 0); /* TW_GEMM_SWAP=2: 256 64-row tiles, two rounds */
+  /* forced past m 64 (TW_GEMM_SWAP=1, 2 reach m 128): two 64-wide tiles of A's rows, the
+   * second part past m; and with slices */
+  check_swap(&buf, 128, 8192, 1024, 0);
+  check_swap(&buf, 100, 1000, 520, 0);
+  check_swap(&buf, 128, 1024, 8192, 4);
   /* split_k -1 with a workspace: 16- and 64-wide swap tiles, 2, 4 and 8 slices, tails in M, N
    * and K */
   CUDA_OK(cudaMalloc(&g_ws, TW_GEMM_WORKSPACE_BYTES));

@@ -981,6 +981,31 @@ int main(int argc, char **argv) {
   };
   for (size_t i = 0; i < sizeof(unfused_cases) / sizeof(unfused_cases[0]); i++)
     run_env_cases(&unfused_cases[i], small, seed);
+  /* swap-AB forced past m 64 (TW_GEMM_SWAP=1 or 2 reach m 128: at world 2 the shapes' m 128, 100
+   * and 66 run two 64-wide tiles of tokens), its low-latency epilogue through the area wherever
+   * the rows fit (TW_RS_UNFUSED_LL=1); larger worlds' m past 128 unswapped */
+  static const env_cases_t swap_cases[] = {
+      {"TW_GEMM_SWAP",
+       "1",
+       NULL,
+       TW_PARTIALS_BF16,
+       {{64, 8192, 1032, 0}, {50, 520, 264, 0}, {33, 1000, 72, 0}},
+       305,
+       2,
+       1},
+      {"TW_GEMM_SWAP",
+       "2",
+       NULL,
+       TW_PARTIALS_FP32,
+       {{64, 1032, 264, 0}, {40, 8192, 520, 0}, {3, 1000, 72, 0}},
+       306,
+       2,
+       0},
+  };
+  setenv("TW_RS_UNFUSED_LL", "1", 1);
+  for (size_t i = 0; i < sizeof(swap_cases) / sizeof(swap_cases[0]); i++)
+    run_env_cases(&swap_cases[i], small, seed);
+  unsetenv("TW_RS_UNFUSED_LL");
   /* 1000 back-to-back calls of the unfused pipeline with fresh inputs (rs and ar alternating),
    * on 2 ranks: the distinct GPUs under TW_TEST_DEVICES=distinct */
   test_back_to_back(2, small ? 20 : 1000, seed + 7500);

@@ -71,13 +71,15 @@ static void test_gemm_plans(void) {
     TEST_ASSERT(got == sp[i].want, "auto split M=%lld N=%lld K=%lld: %d, want %d",
                 (long long)sp[i].m, (long long)sp[i].n, (long long)sp[i].k, got, sp[i].want);
   }
-  /* swap-AB's tile width (TW_GEMM_SWAP): 16 up to m 16, 64 up to 64, none above or when off */
+  /* swap-AB's tile width (TW_GEMM_SWAP): 16 up to m 16, 64 up to 64 (forced: up to 128), none
+   * above or when off */
   static const struct {
     int env;
     int64_t m;
     int want;
-  } sw[] = {{-1, 1, 16}, {-1, 16, 16}, {-1, 17, 64}, {-1, 64, 64}, {-1, 65, 0}, {-1, 4096, 0},
-            {0, 1, 0},   {0, 64, 0},   {1, 16, 16},  {1, 64, 64},  {1, 128, 0}};
+  } sw[] = {{-1, 1, 16},   {-1, 16, 16}, {-1, 17, 64}, {-1, 64, 64}, {-1, 65, 0},
+            {-1, 4096, 0}, {0, 1, 0},    {0, 64, 0},   {1, 16, 16},  {1, 64, 64},
+            {1, 128, 64},  {2, 100, 64}, {1, 129, 0},  {0, 128, 0}};
   for (size_t i = 0; i < sizeof(sw) / sizeof(sw[0]); i++) {
     const int got = tw_gemm_swap_bn(sw[i].env, sw[i].m);
     TEST_ASSERT(got == sw[i].want, "swap width env %d m %lld: %d, want %d", sw[i].env,
@@ -486,32 +488,44 @@ static void test_gemm_rs_plans(void) {
               "ll bytes, ar M=64 bf16 partials");
   TEST_ASSERT(tw_gemm_rs_ll_bytes(1, 16, 8192, 4, 1) == 0, "ll bytes, world 1");
   const size_t ll16m = (size_t)16 << 20;
-  TEST_ASSERT(tw_gemm_rs_want_ll(1, 2, 64, 8192, 4, 1, ll16m, 0), "=1: M=64 AR fits 16 MiB");
-  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 64, 8192, 4, 1, ll16m, 0),
+  TEST_ASSERT(tw_gemm_rs_want_ll(1, 2, 64, 8192, 4, 1, ll16m, 0, 128), "=1: M=64 AR fits 16 MiB");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 64, 8192, 4, 1, ll16m, 0, 128),
               "rule: M=64 fp32, 2 MiB a peer, a swap-AB shape");
-  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 64, 16384, 4, 0, (size_t)32 << 20, 0),
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 64, 16384, 4, 0, (size_t)32 << 20, 0, 128),
               "rule: M=64 fp32 n 16384, 4 MiB a peer");
-  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 128, 8192, 2, 1, ll16m, 0),
-              "rule: M=128 bf16, 2 MiB a peer, not swapped");
-  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 4, 128, 8192, 2, 0, ll16m, 0),
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 128, 8192, 2, 1, ll16m, 0, 128),
+              "rule: M=128 bf16, 2 MiB a peer, swapped in the pipeline");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 192, 4096, 2, 0, ll16m, 0, 128),
+              "rule: M=192 bf16, 1.5 MiB a peer, not swapped");
+  TEST_ASSERT(tw_gemm_swap_bn_upto(-1, 128, tw_gemm_rs_swap_max_m(0)) == 64 &&
+                  tw_gemm_swap_bn_upto(-1, 129, tw_gemm_rs_swap_max_m(0)) == 0 &&
+                  tw_gemm_swap_bn_upto(-1, 65, tw_gemm_rs_swap_max_m(1)) == 0 &&
+                  tw_gemm_swap_bn_upto(0, 100, tw_gemm_rs_swap_max_m(0)) == 0,
+              "the pipeline's swap rule: to m 128 on GPUs of their own, 64 where shared");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 128, 8192, 2, 1, (size_t)64 << 20, 0, 64),
+              "rule: M=128 bf16 where ranks share a GPU (not swapped there): 1 MiB");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 4, 128, 8192, 2, 0, ll16m, 0, 128),
               "rule: M=128 bf16 on 4 ranks, 1 MiB a peer");
-  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 64, 8192, 2, 1, ll16m, 0), "rule: M=64 bf16, 1 MiB a peer");
-  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 16, 8192, 4, 0, ll16m, 0), "rule: M=16 fp32");
-  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 64, 8192, 4, 1, ll16m, 0), "rule: M=64 AR, 8 ranks");
-  TEST_ASSERT(tw_gemm_rs_want_ll(1, 2, 128, 8192, 4, 0, ll16m, 0), "RS M=128 fp32: 16 MiB, fits");
-  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 256, 8192, 4, 0, ll16m, 0), "RS M=256 fp32: 32 MiB");
-  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 128, 8192, 4, 1, ll16m, 0), "AR M=128 fp32: 24 MiB");
-  TEST_ASSERT(!tw_gemm_rs_want_ll(0, 2, 16, 8192, 4, 0, ll16m, 0), "TW_RS_UNFUSED_LL=0: the pull");
-  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 16, 8192, 4, 0, 0, 0), "no area: the pull");
-  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 8, 64, 8192, 4, 1, ll16m, 1),
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 64, 8192, 2, 1, ll16m, 0, 128),
+              "rule: M=64 bf16, 1 MiB a peer");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 2, 16, 8192, 4, 0, ll16m, 0, 128), "rule: M=16 fp32");
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 64, 8192, 4, 1, ll16m, 0, 128), "rule: M=64 AR, 8 ranks");
+  TEST_ASSERT(tw_gemm_rs_want_ll(1, 2, 128, 8192, 4, 0, ll16m, 0, 128),
+              "RS M=128 fp32: 16 MiB, fits");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 256, 8192, 4, 0, ll16m, 0, 128), "RS M=256 fp32: 32 MiB");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 128, 8192, 4, 1, ll16m, 0, 128), "AR M=128 fp32: 24 MiB");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(0, 2, 16, 8192, 4, 0, ll16m, 0, 128),
+              "TW_RS_UNFUSED_LL=0: the pull");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 16, 8192, 4, 0, 0, 0, 128), "no area: the pull");
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 8, 64, 8192, 4, 1, ll16m, 1, 128),
               "rule: shared GPU, AR into every rank's out, fp32: no area");
-  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 64, 8192, 2, 1, ll16m, 1),
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 64, 8192, 2, 1, ll16m, 1, 128),
               "rule: shared GPU, AR into every rank's out, bf16 at M=64: the area");
-  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 8, 1024, 1024, 2, 1, ll16m, 1),
+  TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 8, 1024, 1024, 2, 1, ll16m, 1, 128),
               "rule: shared GPU, AR into every rank's out, bf16 at M=1024: no area");
-  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 1024, 1024, 2, 1, ll16m, 0),
+  TEST_ASSERT(tw_gemm_rs_want_ll(-1, 8, 1024, 1024, 2, 1, ll16m, 0, 128),
               "rule: M=1024 bf16 with a gather area: the area (512 KiB a peer)");
-  TEST_ASSERT(tw_gemm_rs_want_ll(1, 8, 64, 8192, 4, 1, ll16m, 1), "=1: the area even so");
+  TEST_ASSERT(tw_gemm_rs_want_ll(1, 8, 64, 8192, 4, 1, ll16m, 1, 128), "=1: the area even so");
   /* tw_gemm_rs's own rows summed in the swap-AB epilogue (TW_RS_LL_REDUCE): the rule at m <= 16,
    * never for tw_gemm_ar */
   TEST_ASSERT(tw_gemm_rs_want_ll_reduce(-1, 0, 16), "ll reduce rule: rs m 16");

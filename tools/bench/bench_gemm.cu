@@ -242,9 +242,10 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
       {"tilewire", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
   };
   int nvariants = 2;
-  /* decode shapes (m <= 64, where tw_gemm swaps A and B by default): the 128-row tiles beside */
+  /* decode shapes (m <= 64, where tw_gemm swaps A and B by default): the 128-row tiles beside;
+   * up to m 128 the swap forced reaches (TW_GEMM_SWAP_FORCED_MAX_M) */
   const int swapped = ctx.m <= 64;
-  if (swapped) { /* and the swap's two tile heights, 128 and 64 of B's rows, forced */
+  if (ctx.m <= TW_GEMM_SWAP_FORCED_MAX_M) { /* the swap's two tile heights forced */
     variants[nvariants++] = {"tilewire-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "0"};
     variants[nvariants++] = {"tilewire-swap128", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "1"};
     variants[nvariants++] = {"tilewire-swap64", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "2"};
