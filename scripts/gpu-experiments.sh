@@ -987,6 +987,16 @@ exp_s24() { # twenty-first session (exp/swap64, not run): swap-AB on 64-row tile
     done
   done
 }
+dist_decode() { # dist_decode TAG M...: bench_dist's GEMM+RS and GEMM+AR rows at each M (n 8192,
+  # K 1024 a rank), one process per GPU, from graphs of 10 calls
+  local tag=$1 m
+  shift
+  for m in "$@"; do
+    run "$tag-dist-m$m" 120 env TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python" \
+      python3 -m tilewire.bench_dist --nproc 2 --op gemm_rs --op gemm_ar --m "$m" --n 8192 \
+      --k 1024 --graph 10 --repeats 30
+  done
+}
 decode_block10() { # decode_block10 TAG: tw-bench's decode rows of GEMM+AR and GEMM+RS on 2 GPUs
   # from graphs of 10 calls a rank between one fork and join, 5 interleaved rounds
   local op m
@@ -1010,12 +1020,7 @@ exp_s86() { # s85: swapped through the area, GEMM+RS bf16 partials at M=128 0.01
     "$bin/test_gemm_rs" --small
   [ "$ngpus" -gt 1 ] || return 0
   run "s86-test_gemm_rs-distinct" 200 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
-  local m
-  for m in 128 64; do
-    run "s86-dist-m$m" 120 env TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python" \
-      python3 -m tilewire.bench_dist --nproc 2 --op gemm_rs --op gemm_ar --m $m --n 8192 \
-      --k 1024 --graph 10 --repeats 30
-  done
+  dist_decode s86 128 64
 }
 exp_s85() { # GEMM+RS with bf16 partials at M=128 trails NCCL bf16 + torch (s83: 0.0232 against
   # 0.0208 ms): 128-row tiles there fill half the SMs and the words leave after the GEMM
@@ -1042,12 +1047,7 @@ exp_s85() { # GEMM+RS with bf16 partials at M=128 trails NCCL bf16 + torch (s83:
 }
 exp_s84() { # the decode rows with the line layout and the area's new rule (2 GPUs only)
   [ "$ngpus" -gt 1 ] || return 0
-  local m
-  for m in 64 16; do
-    run "s84-dist-m$m" 120 env TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python" \
-      python3 -m tilewire.bench_dist --nproc 2 --op gemm_rs --op gemm_ar --m $m --n 8192 \
-      --k 1024 --graph 10 --repeats 30
-  done
+  dist_decode s84 64 16
   decode_block10 s84
 }
 exp_s83() { # the area's rules on the line layout (s82: fp32 M=64, 2 MiB a peer, through the area
