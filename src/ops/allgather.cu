@@ -89,10 +89,10 @@ __global__ void __launch_bounds__(TW_AG_THREADS, 1)
  * tw_ll_flag(q), half q & 1 of every area. Each thread stores 16-byte vectors of this rank's
  * shard into every peer's area (slot `rank`, two words a vector, tw_ll_put_item's layout) and
  * into its own recv slot, then copies every peer's vectors from its own area into recv as their
- * words arrive. No entry
- * handshake, fence or flag store: a rank writes a peer's half q & 1 only after it has all of
- * call q - 1's words from that peer, stored after that peer's call q - 2 (the same half) had
- * read its area. Nobody touches another rank's recv, so recv need not be symmetric here. */
+ * words arrive. No entry handshake, fence or flag store: a rank writes a peer's half q & 1 only
+ * after it has all of call q - 1's words from that peer, stored after that peer's call q - 2 (the
+ * same half) had read its area. Nobody touches another rank's recv, so recv need not be
+ * symmetric here. */
 constexpr int kAgLlThreads = 256;
 
 typedef struct {

@@ -50,7 +50,9 @@ int tw_gemm_swap_bn_upto(int env, int64_t m, int64_t rule_max_m) {
    * graphs, ms, 128-row tiles / swapped on 128 of B's rows / on 64 (cuBLAS): M=128 0.0096 /
    * 0.0087 / 0.0111 (0.0075), M=96 0.0095 / 0.0087 / 0.0111 (0.0073). tw_gemm's own rule keeps
    * 64 (one shape measured); tw_gemm_rs's decode pipeline takes 128 (TW_GEMM_RS_SWAP_MAX_M). */
-  if (env == 0 || m > (env > 0 ? TW_GEMM_SWAP_FORCED_MAX_M : rule_max_m))
+  const int64_t rule =
+      rule_max_m < TW_GEMM_SWAP_FORCED_MAX_M ? rule_max_m : TW_GEMM_SWAP_FORCED_MAX_M;
+  if (env == 0 || m > (env > 0 ? TW_GEMM_SWAP_FORCED_MAX_M : rule))
     return 0;
   return m <= 16 ? 16 : 64;
 }

@@ -1081,8 +1081,7 @@ __global__ void __launch_bounds__(kUnfusedThreads)
  *      data; 8 items' first words share a 128-byte line, so a warp's stores fill whole lines);
  *   3. reduce: each vector of this rank's rows: its own partial from the workspace, the peers'
  *      from this rank's area (tw_ll_wait_item), summed in rank order from partial 0 (the
- * reference's
- *      __fadd_rn chain), rounded to bf16; rs: stored into `out`; ar: into `out` and, as
+ *      reference's __fadd_rn chain), rounded to bf16; rs: stored into `out`; ar: into `out` and, as
  *      low-latency words, into every peer's area (gather slot `rank`);
  *   4. ar: every peer's reduced rows from this rank's gather slots into `out`;
  *   5. the grid's last CTA stores ll_seq = q and ends the call (tw_op_end).

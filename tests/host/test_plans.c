@@ -497,11 +497,14 @@ static void test_gemm_rs_plans(void) {
               "rule: M=128 bf16, 2 MiB a peer, swapped in the pipeline");
   TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 192, 4096, 2, 0, ll16m, 0, 128),
               "rule: M=192 bf16, 1.5 MiB a peer, not swapped");
-  TEST_ASSERT(tw_gemm_swap_bn_upto(-1, 128, tw_gemm_rs_swap_max_m(0)) == 64 &&
-                  tw_gemm_swap_bn_upto(-1, 129, tw_gemm_rs_swap_max_m(0)) == 0 &&
-                  tw_gemm_swap_bn_upto(-1, 65, tw_gemm_rs_swap_max_m(1)) == 0 &&
-                  tw_gemm_swap_bn_upto(0, 100, tw_gemm_rs_swap_max_m(0)) == 0,
-              "the pipeline's swap rule: to m 128 on GPUs of their own, 64 where shared");
+  TEST_ASSERT(
+      tw_gemm_swap_bn_upto(-1, 128, tw_gemm_rs_swap_max_m(0)) == 64 &&
+          tw_gemm_swap_bn_upto(-1, 129, tw_gemm_rs_swap_max_m(0)) == 0 &&
+          tw_gemm_swap_bn_upto(-1, 65, tw_gemm_rs_swap_max_m(1)) == 0 &&
+          tw_gemm_swap_bn_upto(0, 100, tw_gemm_rs_swap_max_m(0)) == 0 &&
+          tw_gemm_swap_bn_upto(-1, 200, 4096) == 0,
+      "the pipeline's swap rule: to m 128 on GPUs of their own, 64 where shared, never past "
+      "TW_GEMM_SWAP_FORCED_MAX_M");
   TEST_ASSERT(!tw_gemm_rs_want_ll(-1, 2, 128, 8192, 2, 1, (size_t)64 << 20, 0, 64),
               "rule: M=128 bf16 where ranks share a GPU (not swapped there): 1 MiB");
   TEST_ASSERT(tw_gemm_rs_want_ll(-1, 4, 128, 8192, 2, 0, ll16m, 0, 128),
