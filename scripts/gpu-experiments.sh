@@ -83,6 +83,10 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s87     (thirty-first session, prepared, not run) whether tw_gemm's own swap rule should reach
+#             m 128 too (one shape measured, s85): tw_gemm at M=96 / 128 over N and K from graphs
+#             with the forced swap rows; tw_ag_gemm's decode path at M=128 swapped; 8 virtual
+#             ranks' GEMM+AR at M=128 (where ranks share a GPU the pipeline keeps 64)
 #     s86     (thirty-first session) the pipeline's swap rule to m 128 (tw_gemm_rs_swap_max_m) and
 #             the area's 2 MiB there: test_gemm_rs on both placements, its memcheck, and the
 #             decode rows at M=128 / 64 one process per GPU from graphs
@@ -1012,6 +1016,23 @@ dist_new_old() { # dist_new_old NAME LIMIT ARGS...: run_new_old of bench_dist, o
   shift 2
   run_new_old "$name" "$limit" env PYTHONPATH="$root/python" python3 -m tilewire.bench_dist \
     --nproc 2 "$@"
+}
+exp_s87() { # (prepared after the thirty-first session's device time) tw_gemm's rule to m 128?
+  local m shape
+  for m in 96 128; do
+    for shape in "--n 4096 --k 4096" "--n 8192 --k 4096" "--n 28672 --k 8192" "--n 1024 --k 8192" \
+      "--n 16384 --k 2048"; do
+      # shellcheck disable=SC2086
+      run "s87-gemm-graph-m$m${shape// /}" 60 env TW_BENCH_GRAPH=1 TW_BENCH_GEMM_ROUNDS=5 \
+        "$bin/tw-bench" gemm --m $m $shape --repeats 50 --warmup 5
+    done
+  done
+  run "s87-gemm_ar-8v-m128" 90 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_GEMM_SWAP=-1,1 \
+    "$bin/tw-bench" gemm_ar --world 8 --m 128 --n 8192 --k 1024 --repeats 40 --warmup 10
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s87-ag_gemm-m128-swap" 90 env TW_BENCH_GRAPH=1 TW_BENCH_BLOCK=10 TW_BENCH_ROUNDS=5 \
+    TW_BENCH_AB=TW_GEMM_SWAP=-1,1 "$bin/tw-bench" ag_gemm --world 2 --m 128 --n 1024 --k 8192 \
+    --repeats 40 --warmup 10
 }
 exp_s86() { # s85: swapped through the area, GEMM+RS bf16 partials at M=128 0.0194 ms against
   # NCCL bf16 + torch's 0.0208 (0.0233 unswapped); now the pipeline's rule
