@@ -171,7 +171,8 @@ int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_byt
    * 0.0249; above them, where the reduce kernel pushes the partial after the GEMM, M=128 fp32
    * (4 MiB) GEMM+RS 0.0306 / 0.0265, bf16 partials (2 MiB) 0.0232 / 0.0232 (GEMM+AR 0.0285 /
    * 0.0288), M=256 bf16 partials (4 MiB) 0.0308 / 0.0274. So 2 MiB where the GEMM is swapped (by
-   * the shape's rule alone, so every rank decides alike whatever its knobs), 1 MiB elsewhere.
+   * the swap rule on the shape and swap_max_m, which comes from the comm's gpu_shared: every rank
+   * decides alike whatever its knobs), 1 MiB elsewhere.
    * The pipeline's GEMM swaps up to m 128 (TW_GEMM_RS_SWAP_MAX_M; same session, M=128 n 8192 K
    * 1024 bench_dist from graphs, ms, 128-row tiles through the pull / swapped through the area /
    * swapped through the pull, each twice: GEMM+RS bf16 partials 0.0233 / 0.0194 / 0.0226
