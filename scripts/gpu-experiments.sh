@@ -83,6 +83,8 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s88     (thirty-second session) ll_sum_item, the one wait-unpack-sum over the peers' words:
+#             test_gemm_rs on both placements, the decode rows against the old library
 #     s87     (thirty-first session, prepared, not run) whether tw_gemm's own swap rule should reach
 #             m 128 too (one shape measured, s85): tw_gemm at M=96 / 128 over N and K from graphs
 #             with the forced swap rows; tw_ag_gemm's decode path at M=128 swapped; 8 virtual
@@ -307,11 +309,11 @@ export CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 NCCL_NVLS_ENABLE
 ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1)
 summary=()
 run() { # run NAME LIMIT CMD...: log, and a summary line of the fused rows' median ms
-  local name=$1 limit=$2
+  local name=$1 limit=$2 t0=$SECONDS
   shift 2
   timeout "$limit" "$@" >"$out/logs/$name.log" 2>&1
   local rc=$?
-  summary+=("$(printf '%-28s rc=%-3s %s' "$name" "$rc" "$(grep -E '^(ag_gemm|gemm_rs|gemm_ar|gemm) ' \
+  summary+=("$(printf '%-28s rc=%-3s %4ss %s' "$name" "$rc" "$((SECONDS - t0))" "$(grep -E '^(ag_gemm|gemm_rs|gemm_ar|gemm) ' \
     "$out/logs/$name.log" | grep -E ' (fused|fused-sm|fused-nogather|fused-inplace|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl\+cublas|nccl-bf16\+cublas|nccl\+torch|nccl-bf16\+torch|cublas) ' |
     awk '{for (i = 1; i <= NF; i++) if ($i ~ /^(fused|fused-sm|fused-nogather|fused-inplace|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl\+cublas|nccl-bf16\+cublas|nccl\+torch|nccl-bf16\+torch|cublas)$/) printf "%s %s  ", $i, $(i + 1)}')")")
   # A stall report (watchdog, expired wait, trapped pipeline) goes into the summary too.
@@ -1016,6 +1018,18 @@ dist_new_old() { # dist_new_old NAME LIMIT ARGS...: run_new_old of bench_dist, o
   shift 2
   run_new_old "$name" "$limit" env PYTHONPATH="$root/python" python3 -m tilewire.bench_dist \
     --nproc 2 "$@"
+}
+exp_s88() { # (thirty-second session) the wait-unpack-sum over the peers' words as one helper
+  # (ll_sum_item, rs_vec.cuh) in the swap-AB epilogue's own rows and ll_reduce_kernel: the same
+  # bits, so the tests as they are, then the decode rows against the old library (diagold)
+  run "s88-test_gemm_rs" 240 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s88-test_gemm_rs-distinct" 240 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  local m
+  for m in 16 64; do
+    dist_new_old "s88-dist-m$m" 120 --op gemm_rs --op gemm_ar --m $m --n 8192 --k 1024 \
+      --graph 10 --repeats 30
+  done
 }
 exp_s87() { # (prepared after the thirty-first session's device time) tw_gemm's rule to m 128?
   local m shape

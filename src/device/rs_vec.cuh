@@ -9,6 +9,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "signal.cuh"
+
 namespace tw {
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
@@ -81,6 +83,37 @@ __device__ __forceinline__ void sum_rank_order(float (&v)[W][V], int world) {
   for (int s = 1; s < W; s++)
     if (s < world)
       chain_add(v[0], v[s]);
+}
+
+/* One 16-byte group of this rank's rows through the low-latency area (signal.cuh), summed in
+ * rank order from partial 0: rank s's partial from its words in slot s of this rank's area
+ * (`mine`, the call's half), this rank's own from `own` where given (its workspace, or the
+ * epilogue's registers), else from its words too. Both users sum here: the swap-AB epilogue that
+ * reduces its own rows (gemm_ll.cuh) and ll_reduce_kernel (gemm_rs_sm90.cu). false: a wait
+ * failed (recorded in the comm under channel ch); sum is then incomplete. */
+template <class P>
+__device__ __forceinline__ bool ll_sum_item(const tw_dev_comm_t &dc, int ch, const uint8_t *mine,
+                                            uint64_t slot_bytes, uint64_t item, uint64_t items,
+                                            uint32_t flag, const uint4 *own,
+                                            float (&sum)[RsVec<P>::kE]) {
+  float x[RsVec<P>::kE];
+#pragma unroll 1
+  for (int s = 0; s < dc.world; s++) {
+    uint4 w;
+    if (s == dc.rank && own)
+      w = *own;
+    else if (!tw_ll_wait_item(dc, ch, mine + (uint64_t)s * slot_bytes, item, items, flag, s, &w))
+      return false;
+    RsVec<P>::unpack(w, x);
+    if (s == 0) {
+#pragma unroll
+      for (int j = 0; j < RsVec<P>::kE; j++)
+        sum[j] = x[j];
+    } else {
+      chain_add(sum, x); /* sum_rank_order's chain, one partial at a time */
+    }
+  }
+  return true;
 }
 
 } // namespace tw

@@ -57,34 +57,17 @@ struct LlReduceParams : LlPushParams {
 
 namespace detail {
 
-/* One 16-byte group of this rank's own rows (local row lr, vector v; d: its own partial): every
- * peer's partial of it from the words in this rank's area (slot s: rank s's), summed in rank
- * order from partial 0, into out. */
+/* One 16-byte group of this rank's own rows (local row lr, vector v; d: its own partial): the
+ * sum in rank order (ll_sum_item), into out. */
 template <class Out>
 __device__ __forceinline__ void ll_reduce_own(const LlReduceParams &p, const uint4 &d,
                                               uint64_t half0, uint32_t flag, uint64_t item,
                                               uint64_t items, int32_t lr, int32_t v) {
   using V = RsVec<Out>;
-  const uint8_t *mine = p.area[p.rank] + half0;
-  float sum[V::kE], x[V::kE];
-#pragma unroll 1
-  for (int s = 0; s < p.dc.world; s++) {
-    if (s == p.rank) {
-      V::unpack(d, x);
-    } else {
-      uint4 w;
-      if (!tw_ll_wait_item(p.dc, p.ch, mine + (uint64_t)s * p.slot_bytes, item, items, flag, s, &w))
-        return; /* recorded; the group stays unwritten */
-      V::unpack(w, x);
-    }
-    if (s == 0) {
-#pragma unroll
-      for (int j = 0; j < V::kE; j++)
-        sum[j] = x[j];
-    } else {
-      chain_add(sum, x); /* sum_rank_order's chain, one partial at a time */
-    }
-  }
+  float sum[V::kE];
+  if (!ll_sum_item<Out>(p.dc, p.ch, p.area[p.rank] + half0, p.slot_bytes, item, items, flag, &d,
+                        sum))
+    return; /* recorded; the group stays unwritten */
   *reinterpret_cast<typename V::Packed *>(p.out + (size_t)lr * (size_t)p.ldo + (size_t)v * V::kE) =
       V::pack(sum);
 }

@@ -56,6 +56,7 @@ extern "C" {
 }
 
 using namespace tw::gemm;
+using tw::ll_sum_item;
 using tw::pack_bf16x2;
 using tw::RsVec;
 using tw::sum_rank_order;
@@ -1147,26 +1148,18 @@ __global__ void __launch_bounds__(kUnfusedThreads)
   const uint8_t *mine = p.area[rank] + half;
   for (int64_t i = first; ok && !p.reduced && i < items; i += stride) {
     const int64_t r = i / vecs, c = V * (i % vecs);
-    float v[kMaxWorld][V];
-#pragma unroll
-    for (int s = 0; s < kMaxWorld; s++) {
-      if (s >= world)
-        continue;
-      if (s == rank && !p.from_gemm) {
-        load_vec(p.partial + (size_t)(rank * p.m_local + r) * (size_t)p.n + (size_t)c, v[s]);
-        continue;
-      }
-      uint4 w;
-      ok = ok && tw_ll_wait_item(dc, ch, mine + (uint64_t)s * slot_bytes, (uint64_t)i,
-                                 (uint64_t)items, flag, s, &w);
-      if (!ok)
-        break;
-      RsVec<P>::unpack(w, v[s]);
-    }
+    /* this rank's own partial from the workspace, loaded before the peers' waits (from_gemm: in
+     * its words, as the peers') */
+    uint4 own;
+    if (!p.from_gemm)
+      own = __ldcg(reinterpret_cast<const uint4 *>(
+          p.partial + (size_t)(rank * p.m_local + r) * (size_t)p.n + (size_t)c));
+    float v[V];
+    ok = ll_sum_item<P>(dc, ch, mine, slot_bytes, (uint64_t)i, (uint64_t)items, flag,
+                        p.from_gemm ? nullptr : &own, v);
     if (!ok)
       break;
-    sum_rank_order(v, world);
-    const typename RsVec<P>::Packed sum = RsVec<P>::pack(v[0]);
+    const typename RsVec<P>::Packed sum = RsVec<P>::pack(v);
     const int64_t orow = p.all_reduce ? (int64_t)rank * p.m_local + r : r;
     *reinterpret_cast<typename RsVec<P>::Packed *>(p.out + (size_t)orow * (size_t)p.ldo +
                                                    (size_t)c) = sum;
