@@ -48,8 +48,9 @@ int tw_gemm_swap_bn_upto(int env, int64_t m, int64_t rule_max_m) {
    * Past m 64 (forced, env 1 or 2, up to TW_GEMM_SWAP_FORCED_MAX_M, or a caller's rule bound):
    * 64-wide tiles of A's rows, two at m 128. Thirty-first session, H200, N=8192 K=1024 from
    * graphs, ms, 128-row tiles / swapped on 128 of B's rows / on 64 (cuBLAS): M=128 0.0096 /
-   * 0.0087 / 0.0111 (0.0075), M=96 0.0095 / 0.0087 / 0.0111 (0.0073). tw_gemm's own rule keeps
-   * 64 (one shape measured); tw_gemm_rs's decode pipeline takes 128 (TW_GEMM_RS_SWAP_MAX_M). */
+   * 0.0087 / 0.0111 (0.0075), M=96 0.0095 / 0.0087 / 0.0111 (0.0073). tw_gemm's own bound:
+   * tw_gemm_swap_rule_max_m (more shapes); tw_gemm_rs's decode pipeline takes 128
+   * (TW_GEMM_RS_SWAP_MAX_M) where ranks have GPUs of their own. */
   const int64_t rule =
       rule_max_m < TW_GEMM_SWAP_FORCED_MAX_M ? rule_max_m : TW_GEMM_SWAP_FORCED_MAX_M;
   if (env == 0 || m > (env > 0 ? TW_GEMM_SWAP_FORCED_MAX_M : rule))
@@ -59,8 +60,25 @@ int tw_gemm_swap_bn_upto(int env, int64_t m, int64_t rule_max_m) {
 
 int tw_gemm_swap_bn(int env, int64_t m) { return tw_gemm_swap_bn_upto(env, m, 64); }
 
+int64_t tw_gemm_swap_rule_max_m(int64_t n, int split, int sms) {
+  /* Thirty-second session (group s87), H200, tw_gemm from graphs, ms, 128-row tiles / swapped on
+   * 128 of B's rows / on 64 (cuBLAS), M=96 and M=128 alike within 0.0013:
+   *   N=1024 K=8192   0.0399 / 0.0348 / 0.0302 (0.011, split-K)
+   *   N=4096 K=4096   0.0224 / 0.0198 / 0.0174 (0.0154)
+   *   N=8192 K=1024   0.0096 / 0.0087 / 0.0111 (0.0075; s85)
+   *   N=8192 K=4096   0.0245 / 0.0238 / 0.0326 (0.0205)
+   *   N=16384 K=2048  0.0217 / 0.0240 / 0.0327 (0.0204)
+   *   N=28672 K=8192  0.130 / 0.168 / 0.227 (0.122)
+   * Swapped wins where its tiles (2 x n / 128 at m 128) fit the SMs in one wave, and loses where
+   * they take two; the 64-row tiles (tw_gemm_swap_half) where they do too. Split GEMMs keep 64
+   * (their swapped slices were not measured past it). */
+  if (split > 1)
+    return 64;
+  return 2 * ((n + 127) / 128) <= (int64_t)sms ? TW_GEMM_SWAP_FORCED_MAX_M : 64;
+}
+
 int tw_gemm_swap_half(int env, int64_t m, int64_t n, int split, int sms) {
-  const int mt = tw_gemm_swap_bn(env, m);
+  const int mt = tw_gemm_swap_bn_upto(env, m, tw_gemm_swap_rule_max_m(n, split, sms));
   if (!mt || split > 1 || env == 1)
     return 0;
   if (env == 2)

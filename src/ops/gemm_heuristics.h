@@ -45,9 +45,14 @@ int tw_gemm_swap_bn(int env, int64_t m);
 /* The same with the rule (env -1) reaching m <= rule_max_m (at most TW_GEMM_SWAP_FORCED_MAX_M;
  * tw_gemm_sm90_opts_t.swap_max_m). */
 int tw_gemm_swap_bn_upto(int env, int64_t m, int64_t rule_max_m);
+/* tw_gemm's own bound for that rule (a caller's tw_gemm_sm90_opts_t.swap_max_m overrides it):
+ * 128 where the GEMM is unsplit and the swapped tiles of 128 of B's rows at m 128 (two tiles of
+ * 64 of A's rows each) fit the `sms` CTAs at once (n <= 8448 on 132), else 64. */
+int64_t tw_gemm_swap_rule_max_m(int64_t n, int split, int sms);
 /* Whether swap-AB runs tiles of 64 of B's rows (each consumer warpgroup taking half the tile's
  * width of A's rows) instead of 128: env 2 wherever unsplit, 1 or 0 never, -1 unsplit where the
- * n x m product has at most sms / 2 tiles of 128 rows. The same bits either way. */
+ * n x m product has at most sms / 2 tiles of 128 rows (m up to tw_gemm_swap_rule_max_m's
+ * bound). The same bits either way. */
 int tw_gemm_swap_half(int env, int64_t m, int64_t n, int split, int sms);
 
 /* Split-K through a workspace (tw_gemm_args_t.workspace, split_k -1): tw_gemm_auto_split's

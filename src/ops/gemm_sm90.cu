@@ -645,8 +645,9 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   // Swap-AB at decode shapes (TW_GEMM_SWAP, read per call), where no variant or queue is forced.
   // TW_SPLIT_SCATTER's slices store C untransposed: they keep 128-row tiles.
   const int swap_env = (int)tw_env_int(TW_GEMM_SWAP_ID);
-  const int swap_mt =
-      tw_gemm_swap_bn_upto(swap_env, a.m, opts && opts->swap_max_m > 0 ? opts->swap_max_m : 64);
+  const int swap_mt = tw_gemm_swap_bn_upto(
+      swap_env, a.m,
+      opts && opts->swap_max_m > 0 ? opts->swap_max_m : tw_gemm_swap_rule_max_m(a.n, split, sms));
   // split_k -1 with a workspace: the tree's slices as single CTAs on tiles of half its width,
   // twice the CTAs (tw_gemm_ws_split, by the shape; the same bits as the tree's).
   if (a.split_k < 0 && a.workspace && !dynamic &&

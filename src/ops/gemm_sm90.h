@@ -31,7 +31,8 @@ typedef struct tw_gemm_sm90_opts {
    * own). The plain GEMM only (no `released`, no `ll`). 0: launched as usual. */
   int after_grid;
   /* The swap rule's bound on m (tw_gemm_swap_bn_upto: TW_GEMM_SWAP -1 swaps at m <= this, at
-   * most TW_GEMM_SWAP_FORCED_MAX_M); 0: tw_gemm's own (64). */
+   * most TW_GEMM_SWAP_FORCED_MAX_M); 0: tw_gemm's own (tw_gemm_swap_rule_max_m: 128 or 64 by
+   * n, the split and the SMs). */
   int swap_max_m;
 } tw_gemm_sm90_opts_t;
 

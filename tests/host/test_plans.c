@@ -85,15 +85,30 @@ static void test_gemm_plans(void) {
     TEST_ASSERT(got == sw[i].want, "swap width env %d m %lld: %d, want %d", sw[i].env,
                 (long long)sw[i].m, got, sw[i].want);
   }
-  /* its 64-row tiles: by the rule where 128-row tiles fill at most half the SMs, unsplit */
+  /* tw_gemm's own bound on the rule: 128 unsplit where 2 x n / 128 tiles fit the SMs */
+  static const struct {
+    int64_t n;
+    int split, sms;
+    int64_t want;
+  } sb[] = {{1024, 1, 132, 128}, {8192, 1, 132, 128}, {8448, 1, 132, 128}, {8449, 1, 132, 64},
+            {16384, 1, 132, 64}, {1024, 8, 132, 64},  {4096, 1, 16, 64},   {1024, 1, 16, 128}};
+  for (size_t i = 0; i < sizeof(sb) / sizeof(sb[0]); i++) {
+    const int64_t got = tw_gemm_swap_rule_max_m(sb[i].n, sb[i].split, sb[i].sms);
+    TEST_ASSERT(got == sb[i].want, "swap rule bound n %lld split %d sms %d: %lld, want %lld",
+                (long long)sb[i].n, sb[i].split, sb[i].sms, (long long)got, (long long)sb[i].want);
+  }
+  /* its 64-row tiles: by the rule where 128-row tiles fill at most half the SMs, unsplit (past
+   * m 64 where the bound reaches m) */
   static const struct {
     int env;
     int64_t m, n;
     int split, sms, want;
-  } sh[] = {{-1, 16, 8192, 1, 132, 1}, {-1, 64, 8192, 1, 132, 1},  {-1, 16, 8192, 1, 66, 0},
-            {-1, 16, 8448, 1, 132, 1}, {-1, 16, 8576, 1, 132, 0},  {-1, 32, 28672, 1, 132, 0},
-            {-1, 16, 8192, 8, 132, 0}, {-1, 128, 1024, 1, 132, 0}, {2, 16, 28672, 1, 132, 1},
-            {2, 16, 8192, 4, 132, 0},  {1, 16, 8192, 1, 132, 0},   {0, 16, 8192, 1, 132, 0}};
+  } sh[] = {{-1, 16, 8192, 1, 132, 1},  {-1, 64, 8192, 1, 132, 1},  {-1, 16, 8192, 1, 66, 0},
+            {-1, 16, 8448, 1, 132, 1},  {-1, 16, 8576, 1, 132, 0},  {-1, 32, 28672, 1, 132, 0},
+            {-1, 16, 8192, 8, 132, 0},  {-1, 128, 1024, 1, 132, 1}, {-1, 128, 4096, 1, 132, 1},
+            {-1, 96, 4352, 1, 132, 0},  {-1, 128, 8192, 1, 132, 0}, {-1, 128, 1024, 8, 132, 0},
+            {-1, 129, 1024, 1, 132, 0}, {2, 16, 28672, 1, 132, 1},  {2, 16, 8192, 4, 132, 0},
+            {1, 16, 8192, 1, 132, 0},   {0, 16, 8192, 1, 132, 0}};
   for (size_t i = 0; i < sizeof(sh) / sizeof(sh[0]); i++) {
     const int got = tw_gemm_swap_half(sh[i].env, sh[i].m, sh[i].n, sh[i].split, sh[i].sms);
     TEST_ASSERT(got == sh[i].want, "swap 64-row tiles env %d m %lld n %lld split %d sms %d: %d",
