@@ -83,6 +83,9 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s90     (thirty-second session) the ping-pong loop in tw_gemm_rs / tw_gemm_ar
+#             (TW_RS_BLOCK_N=192): test_gemm_rs on both placements, A/B on 2 GPUs
+#     s89     (thirty-second session) ping-pong consumers: test_gemm, the plain GEMM's variant rows
 #     s88     (thirty-second session) ll_sum_item, the one wait-unpack-sum over the peers' words:
 #             test_gemm_rs on both placements, the decode rows against the old library
 #     s87     (thirty-first session, prepared, not run) whether tw_gemm's own swap rule should reach
@@ -314,8 +317,8 @@ run() { # run NAME LIMIT CMD...: log, and a summary line of the fused rows' medi
   timeout "$limit" "$@" >"$out/logs/$name.log" 2>&1
   local rc=$?
   summary+=("$(printf '%-28s rc=%-3s %4ss %s' "$name" "$rc" "$((SECONDS - t0))" "$(grep -E '^(ag_gemm|gemm_rs|gemm_ar|gemm) ' \
-    "$out/logs/$name.log" | grep -E ' (fused|fused-sm|fused-nogather|fused-inplace|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl\+cublas|nccl-bf16\+cublas|nccl\+torch|nccl-bf16\+torch|cublas) ' |
-    awk '{for (i = 1; i <= NF; i++) if ($i ~ /^(fused|fused-sm|fused-nogather|fused-inplace|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl\+cublas|nccl-bf16\+cublas|nccl\+torch|nccl-bf16\+torch|cublas)$/) printf "%s %s  ", $i, $(i + 1)}')")")
+    "$out/logs/$name.log" | grep -E ' (fused|fused-sm|fused-nogather|fused-inplace|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl\+cublas|nccl-bf16\+cublas|nccl\+torch|nccl-bf16\+torch|cublas|cublas-fp32out|tw-[a-z0-9-]*) ' |
+    awk '{for (i = 1; i <= NF; i++) if ($i ~ /^(fused|fused-sm|fused-nogather|fused-inplace|copy-engine|tilewire[][A-Za-z0-9_=,-]*|fused\[[A-Z0-9_]*=[-0-9]*\]|gemm-alone|unfused|unfused-tw[a-z0-9-]*|nccl\+cublas|nccl-bf16\+cublas|nccl\+torch|nccl-bf16\+torch|cublas|cublas-fp32out|tw-[a-z0-9-]*)$/) printf "%s %s  ", $i, $(i + 1)}')")")
   # A stall report (watchdog, expired wait, trapped pipeline) goes into the summary too.
   local stall
   stall=$(grep -m 3 -E 'watchdog|internal stall|DEVICE_TIMEOUT|timed out|waited for flag' "$out/logs/$name.log")
@@ -1018,6 +1021,39 @@ dist_new_old() { # dist_new_old NAME LIMIT ARGS...: run_new_old of bench_dist, o
   shift 2
   run_new_old "$name" "$limit" env PYTHONPATH="$root/python" python3 -m tilewire.bench_dist \
     --nproc 2 "$@"
+}
+exp_s90() { # (thirty-second session) the ping-pong loop in tw_gemm_rs / tw_gemm_ar
+  # (TW_RS_BLOCK_N=192: 128 x 192 tiles, each one consumer warpgroup's; s89: tw_gemm's pp192
+  # level with bf16 out and 4-10% faster with fp32 out): tests with its cases, then A/B on 2 GPUs
+  run "s90-test_gemm_rs" 240 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s90-test_gemm_rs-distinct" 240 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  local op shape ab
+  for shape in "$flux_rs" "$big_rs" "--m 8192 --n 8192 --k 1024" "--m 4096 --n 4096 --k 512"; do
+    for op in gemm_rs gemm_ar; do
+      for ab in 0,192 192,0; do
+        [ "$ab" = 192,0 ] && [ "$shape" != "$flux_rs" ] && [ "$shape" != "$big_rs" ] && continue
+        # shellcheck disable=SC2086
+        run "s90-$op${shape// /}-ab${ab/,/-}" 120 env TW_BENCH_AB=TW_RS_BLOCK_N=$ab \
+          "$bin/tw-bench" $op --world 2 $shape --repeats 20 --warmup 5
+      done
+    done
+  done
+}
+exp_s89() { # (thirty-second session) ping-pong consumers (TW_GEMM_V_PP_N128, gemm_pp_sm90.cuh):
+  # test_gemm (every variant bitwise the default's), then the plain GEMM's rows with the
+  # variants and fp32 output: does hiding the epilogue beat the cooperative 128 x 256 tiles?
+  run "s89-test_gemm" 300 "$bin/test_gemm"
+  run "s89-test_ag_gemm" 200 "$bin/test_ag_gemm" # and tw_gemm's swap rule past m 64 (7ce6802)
+  run "s89-test_gemm_rs" 200 "$bin/test_gemm_rs"
+  local shape
+  for shape in "--m 4096 --n 12288 --k 6144" "--m 4096 --n 6144 --k 12288" \
+    "--m 16384 --n 16384 --k 2048" "--m 8192 --n 8192 --k 8192" "--m 8192 --n 8192 --k 1024" \
+    "--m 4096 --n 4096 --k 512"; do
+    # shellcheck disable=SC2086
+    run "s89-gemm${shape// /}" 120 env TW_BENCH_GEMM_VARIANTS=1 TW_BENCH_GEMM_FP32=1 \
+      "$bin/tw-bench" gemm $shape --repeats 30 --warmup 5
+  done
 }
 exp_s88() { # (thirty-second session) the wait-unpack-sum over the peers' words as one helper
   # (ll_sum_item, rs_vec.cuh) in the swap-AB epilogue's own rows and ll_reduce_kernel: the same

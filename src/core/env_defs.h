@@ -59,9 +59,11 @@ TW_ENV(TW_RS_GROUP_UNITS, int, "0",
        "to 4 while the owner keeps 2 groups per CTA; else 1, or more where the call's units "
        "outgrow the flag slice).")
 TW_ENV(TW_RS_BLOCK_N, int, "0",
-       "tw_gemm_rs / tw_gemm_ar: the fused GEMM's tile width, 128 or 256 columns; 0 lets the plan "
-       "choose (128 where 128 x 256 tiles would leave a last wave of CTAs mostly idle, as tw_gemm "
-       "chooses: decode shapes; not where ranks share a GPU). Every rank must set it alike.")
+       "tw_gemm_rs / tw_gemm_ar: the fused GEMM's tile width, 128, 192 or 256 columns; 0 lets the "
+       "plan choose (128 where 128 x 256 tiles would leave a last wave of CTAs mostly idle, as "
+       "tw_gemm chooses: decode shapes; not where ranks share a GPU). 192 runs the ping-pong loop "
+       "(each tile one consumer warpgroup's, its epilogue under the other's mainloop; no owner "
+       "epilogue). Every rank must set it alike.")
 TW_ENV(TW_RS_INTERLEAVE, int, "-1",
        "tw_gemm_rs / tw_gemm_ar with m / world a multiple of 128: 1 interleaves the owners' row "
        "blocks in each band sweep (every world consecutive tiles go to world owners, so peer "

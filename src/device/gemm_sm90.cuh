@@ -235,7 +235,11 @@ enum {
   kStuckSignalFull = 3,    // the signal warp waited for the consumers' next tile
   kStuckSignalPost = 4,    // a consumer waited for a free entry of the signal ring
   kStuckSplitFull = 5,     // split-K: a reader waited for its round's sender (+ the round)
-  kStuckSplitFree = 6      // split-K: a sender waited for its last tile's reader (+ the round)
+  kStuckSplitFree = 6,     // split-K: a sender waited for its last tile's reader (+ the round)
+  kStuckPpTileFull = 7,    // ping-pong: a consumer waited for its next tile's index (+ the entry)
+  kStuckPpTileEmpty = 8,   // ping-pong: the producer waited for a free tile entry (+ the entry)
+  kStuckPpOrder = 9,       // ping-pong: a consumer waited for the other's mainloop (+ warpgroup)
+  kStuckPpOwner = 10       // ping-pong: an owner-epilogue tile, which that loop does not serve
 };
 
 template <class Epi, class Wait> struct GemmParams {
@@ -422,10 +426,13 @@ __device__ __forceinline__ void for_box_chunks(const uint8_t *boxes, int t, F &&
 }
 
 // Consumer warpgroup `wg` writes its 64 x 256 accumulators as boxes of 64 x (128 / sizeof(Out))
-// in the 128B-swizzled layout TMA expects, EpiBytes at a time, and issues them.
+// in the 128B-swizzled layout TMA expects, EpiBytes at a time, and issues them. `row_wg`: which
+// 64 rows of the tile they are (-1: the warpgroup's own; the ping-pong loop, gemm_pp_sm90.cuh,
+// stores both halves of its tile from one warpgroup).
 template <int EpiBytes, int BN, class Epi, class Params>
 __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], uint8_t *cbuf,
-                                         int wg, int wg_thread, int32_t mb, int32_t nb) {
+                                         int wg, int wg_thread, int32_t mb, int32_t nb,
+                                         int row_wg = -1) {
   using Out = typename Epi::Out;
   constexpr int kBoxCols = 128 / (int)sizeof(Out);
   constexpr int kBoxesPerPass = epi_boxes_per_pass<EpiBytes, BN, Out>();
@@ -435,7 +442,7 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], 
   static_assert(BN % kColsPerPass == 0, "passes cover the tile");
   const int warp = wg_thread >> 5, lane = wg_thread & 31;
   const int r = warp * 16 + (lane >> 2); // and r + 8; (r + 8) & 7 == r & 7
-  const int32_t row0 = mb * kBlockM + wg * kBoxRows;
+  const int32_t row0 = mb * kBlockM + (row_wg < 0 ? wg : row_wg) * kBoxRows;
   const int32_t col0 = nb * BN;
   const uint32_t base = ptx::smem_u32(cbuf);
 #pragma unroll
@@ -821,6 +828,66 @@ __device__ __forceinline__ bool split_ws_combine(const Params &p, float (&acc)[B
 // running the static schedule and their number (ignored with kDynamic).
 // kSplitWs: kSplit > 1 slices summed through global memory (GemmParams::split_ws) instead of a
 // cluster's shared memory: no cluster, CTA i runs slice i % kSplit.
+namespace detail {
+// The producer thread's pieces both loops share (gemm_cta_loop, gemm_cta_loop_pp).
+// Its start: the operand maps and the epilogue's into the TMA unit's cache.
+template <class Fns, class GP> __device__ __forceinline__ void producer_prefetch(const GP &p) {
+  ptx::tma_prefetch_map(&p.a_map);
+  ptx::tma_prefetch_map(&p.b_map);
+  Fns::prefetch(p.epi);
+}
+// Its next tile: t from the queue (kDynamic) or as it stands (static); false past the last.
+template <bool kDynamic, class GP>
+__device__ __forceinline__ bool producer_claim(const GP &p, int32_t &t) {
+  if constexpr (kDynamic)
+    t = (int32_t)atomicAdd(&p.queue->next, 1u);
+  return t < p.order.num_tiles;
+}
+// Tile t's coordinates (a pair's CTA `rank` takes row block 2 mb + rank), its readiness wait
+// (Wait::before_tile) and where its A rows come from (Wait::a_source).
+template <int kTileM, bool kPair, class GP>
+__device__ __forceinline__ void producer_tile(const GP &p, int32_t t, uint32_t rank, int32_t &mb,
+                                              int32_t &nb, const CUtensorMap *&a_map,
+                                              int32_t &a_row) {
+  tile_coords(p.order, t, mb, nb);
+  if constexpr (kPair)
+    mb = 2 * mb + (int32_t)rank;
+  GP::WaitType::before_tile(p.wait, mb, nb);
+  a_map = &p.a_map;
+  a_row = mb * kTileM;
+  GP::WaitType::a_source(p.wait, mb, a_map, a_row);
+}
+// One stage's loads of a single CTA: A's box at (kb, a_row) and B's at (kb, b_row), `bytes`
+// expected on `full`.
+template <class GP>
+__device__ __forceinline__ void load_stage(const GP &p, uint64_t *full, uint8_t *sa, uint8_t *sb,
+                                           uint32_t bytes, const CUtensorMap *a_map, int32_t kb,
+                                           int32_t a_row, int32_t b_row) {
+  ptx::mbar_arrive_expect_tx(full, bytes);
+  ptx::tma_load_2d(sa, a_map, full, kb * kBlockK, a_row);
+  ptx::tma_load_2d(sb, &p.b_map, full, kb * kBlockK, b_row);
+}
+// kRestoreRegs: back to the entry split (168 registers a thread) for code after the loop.
+// The producer warpgroup increases only once both consumer warpgroups have returned theirs (the
+// barrier is also its explicit sync between its two setmaxnreg, which PTX requires). Until the
+// fifth session its idle warps increased right after their decrease and raced the consumers'
+// increase for the CTA's register pool: a warp that won left the consumers blocked in
+// setmaxnreg for good while it waited at the next CTA barrier, an unbounded hang, the likely
+// cause of the intermittent tw_gemm_rs / tw_gemm_ar stalls (docs/PERF.md).
+__device__ __forceinline__ void restore_regs_producer() {
+  ptx::named_bar_sync(kBarRegs, kThreads);
+  ptx::setmaxnreg_inc<168>();
+}
+// A consumer warpgroup: PTX wants its warps synchronized between two setmaxnreg (a CTA that
+// ran no tile has met no other barrier since its increase); then the registers are returned
+// and the producers may take them.
+__device__ __forceinline__ void restore_regs_consumer(int cwg) {
+  ptx::named_bar_sync(kBarConsumerWg0 + cwg, 128);
+  ptx::setmaxnreg_dec<168>();
+  ptx::named_bar_sync(kBarRegs, kThreads);
+}
+} // namespace detail
+
 template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic, int kCluster = 1,
           int BN = kBlockN, bool kRestoreRegs = false, int kSplit = 1, int kTileM = kBlockM,
           bool kSplitWs = false>
@@ -935,9 +1002,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
     // ---------------- producer ----------------
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (wg_thread == 0) {
-      ptx::tma_prefetch_map(&p.a_map);
-      ptx::tma_prefetch_map(&p.b_map);
-      Epi::prefetch(p.epi);
+      detail::producer_prefetch<Epi>(p);
       if (p.after_grid) {
         // The operand the previous grid does not write streams into L2 while it runs; only the
         // loads of the one it writes wait for its end (nothing else here reads its output).
@@ -957,19 +1022,10 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       int stage = 0;
       uint32_t phase = 0;
       int32_t t = cta;
-      for (;;) {
-        if constexpr (kDynamic)
-          t = (int32_t)atomicAdd(&p.queue->next, 1u);
-        if (t >= p.order.num_tiles)
-          break;
-        int32_t mb, nb;
-        tile_coords(p.order, t, mb, nb);
-        if constexpr (kPair)
-          mb = 2 * mb + (int32_t)rank;
-        Wait::before_tile(p.wait, mb, nb);
-        const CUtensorMap *a_map = &p.a_map;
-        int32_t a_row = mb * kTileM;
-        Wait::a_source(p.wait, mb, a_map, a_row);
+      while (detail::producer_claim<kDynamic>(p, t)) {
+        int32_t mb, nb, a_row;
+        const CUtensorMap *a_map;
+        detail::producer_tile<kTileM, kPair>(p, t, rank, mb, nb, a_map, a_row);
         for (int32_t kb = kb0; kb < kb1; kb++) {
           wait(&empty[stage], phase ^ 1, kStuckProducerEmpty * 16 + stage);
           if (kb == kb0)
@@ -977,16 +1033,17 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
           // tests (TW_FAULT_STALL_TILE): this stage's loads never come, so the waits for it
           // expire and mbar_stuck reports them
           const bool withheld = kb == kb0 && t + 1 == p.fault_stall;
-          if (!withheld) {
+          if (withheld) {
+          } else if constexpr (kPair) {
             ptx::mbar_arrive_expect_tx(&full[stage], kTileA + kTileB);
             ptx::tma_load_2d(smem + L::kA + stage * kTileA, a_map, &full[stage], kb * kBlockK,
                              a_row);
-            if constexpr (kPair)
-              ptx::tma_load_2d_multicast(smem + L::kB + stage * kTileB + rank * (kTileB / 2),
-                                         &p.b_map, &full[stage], kb * kBlockK,
-                                         nb * BN + (int32_t)rank * (BN / 2), 0x3);
-            else
-              ptx::tma_load_2d(smem + L::kB + stage * kTileB, &p.b_map, &full[stage], kb * kBlockK,
+            ptx::tma_load_2d_multicast(smem + L::kB + stage * kTileB + rank * (kTileB / 2),
+                                       &p.b_map, &full[stage], kb * kBlockK,
+                                       nb * BN + (int32_t)rank * (BN / 2), 0x3);
+          } else {
+            detail::load_stage(p, &full[stage], smem + L::kA + stage * kTileA,
+                               smem + L::kB + stage * kTileB, kTileA + kTileB, a_map, kb, a_row,
                                nb * BN * (kHalfM ? 2 : 1));
           }
           if (++stage == Stages) {
@@ -1064,15 +1121,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       }
     }
     if constexpr (kRestoreRegs) {
-      // Back to the entry split, for code after the loop, once both consumer warpgroups have
-      // returned their registers (the barrier is also this warpgroup's explicit sync between
-      // its two setmaxnreg, which PTX requires). Until the fifth session the idle warps of
-      // this warpgroup increased right after their decrease and raced the consumers' increase
-      // for the CTA's register pool: a warp that won left the consumers blocked in setmaxnreg
-      // for good while it waited at the next CTA barrier, an unbounded hang, the likely cause
-      // of the intermittent tw_gemm_rs / tw_gemm_ar stalls (docs/PERF.md).
-      ptx::named_bar_sync(kBarRegs, kThreads);
-      ptx::setmaxnreg_inc<168>();
+      detail::restore_regs_producer();
     }
   } else {
     // ---------------- consumers ----------------
@@ -1190,13 +1239,8 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
           Wait::mbar_stuck(p.wait, kStuckSignalPost * 16 + ring.i);
     if (wg_thread == 0)
       ptx::bulk_wait<0>(); // shared memory must outlive the last stores
-    if constexpr (kRestoreRegs) {
-      // PTX: a warpgroup's warps synchronize explicitly between two setmaxnreg (a CTA that ran
-      // no tile has met no other barrier since its increase).
-      ptx::named_bar_sync(kBarConsumerWg0 + cwg, 128);
-      ptx::setmaxnreg_dec<168>();
-      ptx::named_bar_sync(kBarRegs, kThreads); // registers returned: the producers may take them
-    }
+    if constexpr (kRestoreRegs)
+      detail::restore_regs_consumer(cwg);
   }
   // No CTA of a pair leaves while its peer may still arrive on its barriers (split-K: nor
   // while the leader may still read its accumulators).

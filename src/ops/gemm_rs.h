@@ -74,7 +74,7 @@ typedef struct tw_gemm_rs_plan_args {
                          which every rank numbers alike (0: sm_budget) */
   int owner_env;      /* TW_RS_OWNER_EPI (-1: tw_gemm_rs_want_owner_epi decides; 0 never) */
   int pull_env;       /* TW_RS_PULL (-1: the plan decides; 0 never; 1 always) */
-  int block_n_env;    /* TW_RS_BLOCK_N: 128 or 256 (anything else: the plan decides) */
+  int block_n_env;    /* TW_RS_BLOCK_N: 128, 192 or 256 (anything else: the plan decides) */
 } tw_gemm_rs_plan_args_t;
 
 /* Counters per channel, and the stride of the all-reduce ready flags: fixed by the comm's
@@ -102,7 +102,8 @@ typedef struct tw_gemm_rs_plan {
                       per group (tw_gemm_rs_want_owner_epi) */
   int pull;        /* each rank's whole partial stored locally, the owners reading their rows
                       of it from every rank (not with the direct scheme, not at world 1) */
-  int block_n;     /* the GEMM tile's (and a unit's) columns: TW_GEMM_RS_BLOCK_N (256) or 128 */
+  int block_n;     /* the GEMM tile's (and a unit's) columns: TW_GEMM_RS_BLOCK_N (256), 128, or
+                      192 (TW_RS_BLOCK_N=192: the ping-pong loop) */
   int unfused;     /* tw_gemm into the workspace, then the reduce kernel, no fused kernel
                       (tw_gemm_rs_want_unfused; set by the caller of make_plan) */
   int ll;          /* the unfused pipeline exchanges rows through the comm's low-latency area

@@ -248,10 +248,26 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * 0.157), while on 2 H200s the narrow tiles won at M=16-256 (M=64, both orders: GEMM+AR 0.0493 /
    * 0.0431 and 0.0498 / 0.0434, GEMM+RS 0.0455 / 0.0381 and 0.0456 / 0.0377). */
   const int plan_ctas = a->plan_sms > 0 ? a->plan_sms : a->sm_budget;
-  const int block_n = a->block_n_env == 128 || a->block_n_env == 256 ? a->block_n_env
-                      : !a->shared_gpu && tw_gemm_prefers_n128(a->m, a->n, plan_ctas)
-                          ? 128
-                          : TW_GEMM_RS_BLOCK_N;
+  /* 192 (the ping-pong loop, TW_RS_BLOCK_N=192) only where no epilogue box holds the start of
+   * an owner's rows with the push (its epilogue has no row copy: RsEpi's kNoRowCopy), i.e. not
+   * where m_local is no multiple of 64 and the pull is switched off. */
+  const int pp_ok = world == 1 || m_local % (TW_GEMM_RS_BLOCK_M / 2) == 0 || a->pull_env != 0;
+  const int n128 = !a->shared_gpu && tw_gemm_prefers_n128(a->m, a->n, plan_ctas);
+  /* The rule takes the ping-pong loop's 128 x 192 tiles at long K on GPUs of their own, where
+   * the owner epilogue (256-column tiles, K < 4096 by its rule) is not forced. Thirty-second
+   * session, 2 H200s, flux-tp8 (M=4096 N=12288 K=6144), TW_BENCH_AB=TW_RS_BLOCK_N=0,192 and
+   * 192,0, ms, 256 / 192: GEMM+RS fp32 1.123 / 1.092 and 1.125 / 1.086, bf16 partials 1.077 /
+   * 1.075 and 1.080 / 1.058; GEMM+AR fp32 1.222 / 1.194 and 1.232 / 1.182, bf16 partials 1.149
+   * / 1.131 and 1.156 / 1.132. At K 2048 and below it was mixed (M=16384 GEMM+AR fp32 2.56 /
+   * 2.69 with the owner epilogue against it, M=8192 K 1024 GEMM+RS fp32 0.452 / 0.482, M=4096 K
+   * 512 bf16 partials 0.100 / 0.111), so they keep 256 (docs/PERF.md). */
+  const int pp_rule = !a->shared_gpu && world > 1 && a->k >= 4096 && a->owner_env != 1 && !n128;
+  const int block_n =
+      a->block_n_env == 128 || a->block_n_env == 256 || (a->block_n_env == 192 && pp_ok)
+          ? a->block_n_env
+      : n128             ? 128
+      : pp_rule && pp_ok ? 192
+                         : TW_GEMM_RS_BLOCK_N;
   plan->block_n = block_n;
   const int64_t n_blocks = (a->n + block_n - 1) / block_n;
   /* 128 x block_n tiles of the m x n product (the wave rule and the owner-epilogue rule) */

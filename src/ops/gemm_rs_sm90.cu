@@ -43,6 +43,7 @@
 #include "device/signal.cuh"
 #include "gemm_heuristics.h"
 #include "gemm_launch.cuh"
+#include "gemm_pp_sm90.cuh"
 #include "gemm_rs.h"
 #include "gemm_sm90.cuh"
 #include "gemm_sm90.h"
@@ -89,6 +90,16 @@ template <> struct RsConfig<128> {
   static constexpr int kStages = 6;
   static constexpr int kEpiBytes = 16384;
 };
+/* 128 x 192 tiles (TW_RS_BLOCK_N=192): the ping-pong loop (gemm_pp_sm90.cuh), each tile a whole
+ * tile of one consumer warpgroup, its epilogue under the other's mainloop; 4 stages, 24 KiB. */
+template <> struct RsConfig<192> {
+  static constexpr int kStages = 4;
+  static constexpr int kEpiBytes = 24576;
+};
+template <int BN> constexpr int rs_smem_bytes() {
+  return BN == 192 ? PpSmemLayout<RsConfig<BN>::kStages, RsConfig<BN>::kEpiBytes, BN>::kDynamicBytes
+                   : SmemLayout<RsConfig<BN>::kStages, RsConfig<BN>::kEpiBytes, BN>::kDynamicBytes;
+}
 constexpr int kMaxWorld = TW_GEMM_RS_MAX_WORLD;
 constexpr int kReduceQueue = TW_CHANNEL_FLAGS - 1;
 constexpr int kGatherQueue = TW_CHANNEL_FLAGS - 2;
@@ -144,9 +155,45 @@ struct RsWait : NoWait {
  * RsEpi::signal's ready flags (the owner epilogue of tw_gemm_ar). */
 __shared__ uint64_t s_rs_epoch;
 
+/* RsEpi's parameters (one type for both of its instantiations, kNoRowCopy or not). */
+template <class P> struct RsEpiParams {
+  CUtensorMap slot_map[kMaxWorld];  /* owner o's slot for this rank: P [m_local, n] */
+  uint64_t *owner_flags[kMaxWorld]; /* owner o's flags of the channel */
+  P *slot[kMaxWorld];               /* the same slots as plain pointers */
+  int32_t n;
+  int32_t m_local;
+  int32_t m;
+  int32_t group_units;
+  int32_t n_blocks, band; /* unit numbering (gemm_rs.h) */
+  int32_t direct;         /* number of ranks every box and count go to (0: the rows' owners) */
+  int32_t pull;      /* boxes go to slot_map[0], this rank's own [m, n] partial (global rows) */
+  int32_t sig;       /* TW_RS_SIGNAL bits: 1 signal from warp 1, 2 no separate
+                        fence, 4 gpu scope (every rank on this GPU) */
+  int32_t owner_epi; /* 2 ranks (plan.owner_epi): this rank's own tiles are reduced in
+                        their epilogue (kOwnerEpi below) */
+  uint64_t *trace;   /* dc.trace (TW_TRACE): the signalled tile goes into TW_TR_DONE */
+  /* owner_epi: this rank's out (bf16 [m_local, n], ldo), its staging slots (slot s holds rank
+   * s's partial of its rows), its tile counters, and its row blocks [own_mb0, + own_mbs) */
+  CUtensorMap out_map;
+  const P *own_slab[kMaxWorld];
+  uint64_t *own_counters;
+  int32_t own_mb0, own_mbs;
+  /* tw_gemm_ar with the owner epilogue (plan.owner_epi on 2 ranks): each own tile's
+   * bf16 boxes also go through peer_map (the peer's block of this rank's reduced rows with the
+   * push, this rank's own reduced rows with the pull, the peer's out with symmetric outputs),
+   * and once they are performed the tile's signal sets the peer's ready flag of the unit
+   * (peer_ready[u] = the call's epoch) instead of counting a partial. */
+  CUtensorMap peer_map;
+  uint64_t *peer_ready;
+  int32_t owner_ar, pad2;
+};
+
 /* After a tile's accumulation: boxes of partials (P: float, or bf16 with
- * TW_PARTIALS_BF16) into the owners' staging, then count the unit. */
-template <class P> struct RsEpi {
+ * TW_PARTIALS_BF16) into the owners' staging, then count the unit. kNoRowCopy (the ping-pong
+ * loop's, whose 192 accumulators a thread leave no registers for it): no 16-byte copy of a box's
+ * rows of an owner that starts inside it; the plan takes 192-column tiles only where no box does
+ * (the pull, or m_local a multiple of 64). */
+template <class P, bool kNoRowCopy = false> struct RsEpi {
   using Out = P;
   static constexpr bool kSignal = true;
   /* The system-scope release of every tile's count runs on the producer warpgroup's warp 1,
@@ -154,37 +201,7 @@ template <class P> struct RsEpi {
   static constexpr bool kSignalWarp = !(TW_RS_DIAG & 32);
   static constexpr bool kDiagSignalAfterRead = (TW_RS_DIAG & 64) != 0;
   static constexpr bool kDiagPassNoWait = (TW_RS_DIAG & 128) != 0;
-  struct Params {
-    CUtensorMap slot_map[kMaxWorld];  /* owner o's slot for this rank: P [m_local, n] */
-    uint64_t *owner_flags[kMaxWorld]; /* owner o's flags of the channel */
-    P *slot[kMaxWorld];               /* the same slots as plain pointers */
-    int32_t n;
-    int32_t m_local;
-    int32_t m;
-    int32_t group_units;
-    int32_t n_blocks, band; /* unit numbering (gemm_rs.h) */
-    int32_t direct;         /* number of ranks every box and count go to (0: the rows' owners) */
-    int32_t pull;      /* boxes go to slot_map[0], this rank's own [m, n] partial (global rows) */
-    int32_t sig;       /* TW_RS_SIGNAL bits: 1 signal from warp 1, 2 no separate
-                          fence, 4 gpu scope (every rank on this GPU) */
-    int32_t owner_epi; /* 2 ranks (plan.owner_epi): this rank's own tiles are reduced in
-                          their epilogue (kOwnerEpi below) */
-    uint64_t *trace;   /* dc.trace (TW_TRACE): the signalled tile goes into TW_TR_DONE */
-    /* owner_epi: this rank's out (bf16 [m_local, n], ldo), its staging slots (slot s holds rank
-     * s's partial of its rows), its tile counters, and its row blocks [own_mb0, + own_mbs) */
-    CUtensorMap out_map;
-    const P *own_slab[kMaxWorld];
-    uint64_t *own_counters;
-    int32_t own_mb0, own_mbs;
-    /* tw_gemm_ar with the owner epilogue (plan.owner_epi on 2 ranks): each own tile's
-     * bf16 boxes also go through peer_map (the peer's block of this rank's reduced rows with the
-     * push, this rank's own reduced rows with the pull, the peer's out with symmetric outputs),
-     * and once they are performed the tile's signal sets the peer's ready flag of the unit
-     * (peer_ready[u] = the call's epoch) instead of counting a partial. */
-    CUtensorMap peer_map;
-    uint64_t *peer_ready;
-    int32_t owner_ar, pad2;
-  };
+  using Params = RsEpiParams<P>;
   /* The consumer thread of warpgroup 0 that signals (after both warpgroups' bulk waits). */
   __device__ __forceinline__ static int signal_thread(const Params &p) {
     return (p.sig & 1) ? 32 : 0;
@@ -224,6 +241,8 @@ template <class P> struct RsEpi {
         tw::ptx::tma_store_2d(&p.slot_map[o], box, col, local);
         continue;
       }
+      if constexpr (kNoRowCopy)
+        continue; /* the plan keeps these boxes off this epilogue (pull) */
       /* The owner's rows start inside the box: a TMA store would need a negative row
        * coordinate (an illegal instruction here), so this thread copies those rows out of
        * the 128B-swizzled box with 16-byte stores. Only boxes at owner boundaries that are
@@ -366,7 +385,7 @@ template <class P> struct RsParams {
   int32_t push;
   int64_t ldo;
   int32_t n, m_local, n_blocks, band;
-  int32_t block_n; /* the tile's (and a unit's) columns: 256 or 128 (plan.block_n) */
+  int32_t block_n; /* the tile's (and a unit's) columns: 256, 192 or 128 (plan.block_n) */
   int32_t group_units, groups_max, flag_stride;
   int32_t reduce_ctas, all_reduce;
   int32_t steal; /* TW_RS_STEAL: GEMM CTAs take reduction work after the mainloop */
@@ -712,8 +731,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0)
       tw_trace_stamp(dc, TW_TR_COMM_END);
   }
-  gemm_cta_loop<RsConfig<BN>::kStages, RsConfig<BN>::kEpiBytes, RsEpi<P>, RsWait, true, 1, BN,
-                kSteal>(p.gemm, smem_raw, 0, 0);
+  if constexpr (BN == 192)
+    gemm_cta_loop_pp<RsConfig<BN>::kStages, RsConfig<BN>::kEpiBytes, BN, RsEpi<P>, RsWait, true,
+                     kSteal, RsEpi<P, true>>(p.gemm, smem_raw, 0, 0);
+  else
+    gemm_cta_loop<RsConfig<BN>::kStages, RsConfig<BN>::kEpiBytes, RsEpi<P>, RsWait, true, 1, BN,
+                  kSteal>(p.gemm, smem_raw, 0, 0);
   if (dc.trace) { /* the consumers' last tile, not the producer's last load */
     __syncthreads();
     if (threadIdx.x == 0)
@@ -741,8 +764,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <class P, int BN>
 tw_status_t launch_bn(const RsParams<P> &params, int grid, cudaStream_t stream) {
-  constexpr int kSmem =
-      SmemLayout<RsConfig<BN>::kStages, RsConfig<BN>::kEpiBytes, BN>::kDynamicBytes;
+  constexpr int kSmem = rs_smem_bytes<BN>();
   const char *set = "tw_gemm_rs: cudaFuncSetAttribute", *go = "tw_gemm_rs: kernel launch";
   return params.steal
              ? launch_persistent<gemm_rs_kernel<true, P, BN>, kSmem>(params, grid, stream, set, go)
@@ -751,8 +773,11 @@ tw_status_t launch_bn(const RsParams<P> &params, int grid, cudaStream_t stream) 
 }
 
 template <class P> tw_status_t launch(const RsParams<P> &params, int grid, cudaStream_t stream) {
-  return params.block_n == 128 ? launch_bn<P, 128>(params, grid, stream)
-                               : launch_bn<P, kBlockN>(params, grid, stream);
+  if (params.block_n == 128)
+    return launch_bn<P, 128>(params, grid, stream);
+  if (params.block_n == 192)
+    return launch_bn<P, 192>(params, grid, stream);
+  return launch_bn<P, kBlockN>(params, grid, stream);
 }
 
 template <class P>
@@ -1584,6 +1609,10 @@ extern "C" tw_status_t tw_gemm_rs_preload(void) {
                            (const void *)gemm_rs_kernel<true, float, 128>,
                            (const void *)gemm_rs_kernel<false, __nv_bfloat16, 128>,
                            (const void *)gemm_rs_kernel<true, __nv_bfloat16, 128>,
+                           (const void *)gemm_rs_kernel<false, float, 192>,
+                           (const void *)gemm_rs_kernel<true, float, 192>,
+                           (const void *)gemm_rs_kernel<false, __nv_bfloat16, 192>,
+                           (const void *)gemm_rs_kernel<true, __nv_bfloat16, 192>,
                            (const void *)unfused_wait_kernel,
                            (const void *)unfused_reduce_kernel<float>,
                            (const void *)unfused_reduce_kernel<__nv_bfloat16>,

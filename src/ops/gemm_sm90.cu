@@ -17,6 +17,7 @@
 #include "gemm_heuristics.h"
 #include "gemm_launch.cuh"
 #include "gemm_ll.cuh"
+#include "gemm_pp_sm90.cuh"
 #include "gemm_released.cuh"
 #include "gemm_sm90.cuh"
 #include "gemm_sm90.h"
@@ -96,9 +97,52 @@ tw_status_t launch_plain(const GemmParams<Epi, Wait> &params, int grid, int devi
                        "tw_gemm: cudaLaunchKernelEx (cluster)");
 }
 
+// The ping-pong loop (TW_GEMM_V_PP_N128 / _N192, gemm_pp_sm90.cuh): single CTAs, 128 x BN
+// tiles, the stages and epilogue buffers that fit.
+template <int BN> struct PpConfig;
+template <> struct PpConfig<128> { static constexpr int kStages = 6, kEpiBytes = 16384; };
+template <> struct PpConfig<192> { static constexpr int kStages = 4, kEpiBytes = 24576; };
+template <class Out, int BN, bool kDynamic> auto pp_kernel() {
+  return gemm_sm90_pp_kernel<PpConfig<BN>::kStages, PpConfig<BN>::kEpiBytes, BN, EpiTmaStore<Out>,
+                             NoWait, kDynamic>;
+}
+template <class Out, int BN, bool kDynamic>
+tw_status_t launch_pp(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int grid,
+                      cudaStream_t stream) {
+  auto kernel = pp_kernel<Out, BN, kDynamic>();
+  constexpr int kSmem =
+      PpSmemLayout<PpConfig<BN>::kStages, PpConfig<BN>::kEpiBytes, BN>::kDynamicBytes;
+  static uint64_t configured;
+  tw_status_t st = tw_kernel_smem_once((const void *)kernel, kSmem, &configured,
+                                       "tw_gemm: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  if (st != TW_SUCCESS)
+    return st;
+  if (!params.after_grid) {
+    kernel<<<grid, kThreads, kSmem, stream>>>(params);
+    return tw_cuda_check(cudaGetLastError(), "tw_gemm: kernel launch");
+  }
+  cudaLaunchConfig_t config;
+  memset(&config, 0, sizeof(config));
+  cudaLaunchAttribute attr = pdl_attribute();
+  config.gridDim = dim3((unsigned)grid);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmem;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return tw_cuda_check(cudaLaunchKernelEx(&config, kernel, params),
+                       "tw_gemm: cudaLaunchKernelEx (programmatic dependent)");
+}
+
 template <class Out>
 tw_status_t launch_out(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int variant,
                        bool dynamic, int grid, int device, cudaStream_t stream) {
+  if (variant == TW_GEMM_V_PP_N128)
+    return dynamic ? launch_pp<Out, 128, true>(params, grid, stream)
+                   : launch_pp<Out, 128, false>(params, grid, stream);
+  if (variant == TW_GEMM_V_PP_N192)
+    return dynamic ? launch_pp<Out, 192, true>(params, grid, stream)
+                   : launch_pp<Out, 192, false>(params, grid, stream);
   if (variant == TW_GEMM_V_N128_S6)
     return dynamic ? launch_plain<6, 16384, Out, true, 1, 128>(params, grid, device, stream)
                    : launch_plain<6, 16384, Out, false, 1, 128>(params, grid, device, stream);
@@ -278,6 +322,17 @@ template <class Out> cudaError_t preload_out() {
     e = r;
   if ((r = preload_one<6, 16384, Out, false, 1, 128>()) != cudaSuccess)
     e = r;
+  { /* launch_pp's */
+    cudaFuncAttributes attr;
+    if ((r = cudaFuncGetAttributes(&attr, pp_kernel<Out, 128, false>())) != cudaSuccess)
+      e = r;
+    if ((r = cudaFuncGetAttributes(&attr, pp_kernel<Out, 128, true>())) != cudaSuccess)
+      e = r;
+    if ((r = cudaFuncGetAttributes(&attr, pp_kernel<Out, 192, false>())) != cudaSuccess)
+      e = r;
+    if ((r = cudaFuncGetAttributes(&attr, pp_kernel<Out, 192, true>())) != cudaSuccess)
+      e = r;
+  }
   if ((r = preload_one<4, 16384, Out, false, 2>()) != cudaSuccess)
     e = r;
   if ((r = preload_one<3, 32768, Out, false, 2>()) != cudaSuccess)
@@ -453,7 +508,10 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
   const bool pair =
       split == 1 && (variant == TW_GEMM_V_S4_E16_C2 || variant == TW_GEMM_V_S3_E32_C2);
   // ws: 128 x 64 tiles, the slices as single CTAs (launch_ws)
-  const int32_t bn = ws ? 64 : (split > 1 || variant == TW_GEMM_V_N128_S6 ? 128 : kBlockN);
+  const int32_t bn = ws ? 64
+                        : (split > 1 || variant == TW_GEMM_V_N128_S6 || variant == TW_GEMM_V_PP_N128
+                               ? 128
+                               : (variant == TW_GEMM_V_PP_N192 ? 192 : kBlockN));
   GemmParams<EpiTmaStore<Out>, Wait> params;
   memset(&params, 0, sizeof(params));
   params.wait = wait;
@@ -727,8 +785,19 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   if (a.c_dtype == TW_BF16)
     return run<__nv_bfloat16>(a, plan, variant, dynamic, group_m, sms, split, device, s,
                               NoWait::Params(), after_grid);
-  return run<float>(a, plan, variant, dynamic, group_m, sms, split, device, s, NoWait::Params(),
-                    after_grid);
+  // fp32 output where the plan takes the 128 x 256 tiles: the ping-pong loop's 128 x 192 tiles
+  // (the same bits), whose epilogue of twice bf16's bytes runs under the other warpgroup's
+  // mainloop. Thirty-second session (group s89, H200, tw-bench gemm, ms, fp32 out, cooperative
+  // 128 x 256 / ping-pong 128 x 192 / cuBLAS): M=4096 N=12288 K=6144 0.971 / 0.933 / 0.939,
+  // N=6144 K=12288 0.922 / 0.915 / 0.932, M=N=16384 K=2048 1.803 / 1.685 / 1.781, 8192^3 1.667 /
+  // 1.649 / 1.664, M=N=8192 K=1024 0.252 / 0.228 / 0.254, M=N=4096 K=512 0.0438 / 0.0430 /
+  // 0.0434. With bf16 output the two were level (within 2% either way), so bf16 keeps 256.
+  const int fp32_variant = !(opts && opts->variant >= 0) && !dynamic && split == 1 && !after_grid &&
+                                   variant == TW_GEMM_V_S3_E32
+                               ? TW_GEMM_V_PP_N192
+                               : variant;
+  return run<float>(a, plan, fp32_variant, dynamic, group_m, sms, split, device, s,
+                    NoWait::Params(), after_grid);
 }
 
 extern "C" tw_status_t tw_gemm(const tw_gemm_args_t *args, tw_stream_t stream) {

@@ -465,6 +465,12 @@ static void check_schedules(const buffers_t *buf, int64_t m, int64_t n, int64_t 
       {"pair 3-stage", 0, TW_TILE_ORDER_DEFAULT, 0, TW_GEMM_V_S3_E32_C2, 0},
       {"n128", 0, TW_TILE_ORDER_DEFAULT, 0, TW_GEMM_V_N128_S6, 0},
       {"n128 queue sm_count=116 rotated", 116, TW_TILE_ORDER_ROTATED, m / 3, TW_GEMM_V_N128_S6, 1},
+      {"ping-pong", 0, TW_TILE_ORDER_DEFAULT, 0, TW_GEMM_V_PP_N128, 0},
+      {"ping-pong sm_count=3 row-major", 3, TW_TILE_ORDER_ROW_MAJOR, 0, TW_GEMM_V_PP_N128, 0},
+      {"ping-pong queue sm_count=116 rotated", 116, TW_TILE_ORDER_ROTATED, m / 3, TW_GEMM_V_PP_N128,
+       1},
+      {"ping-pong 192", 0, TW_TILE_ORDER_DEFAULT, 0, TW_GEMM_V_PP_N192, 0},
+      {"ping-pong 192 queue sm_count=5", 5, TW_TILE_ORDER_DEFAULT, 0, TW_GEMM_V_PP_N192, 1},
   };
   for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) {
     const struct variant *v = &variants[i];

@@ -332,6 +332,35 @@ static void test_gemm_rs_plans(void) {
   direct.interleave_env = 1; /* run_fused relies on it: a direct plan never interleaves */
   tw_gemm_rs_make_plan(&direct, &pw);
   TEST_ASSERT(pw.interleave == 0, "direct (one owner) with TW_RS_INTERLEAVE=1: interleaved");
+  /* The tile width by the rule: the ping-pong loop's 192 columns at long K on GPUs of their
+   * own (flux-tp8), 256 at short K, where ranks share a GPU or the owner epilogue is forced,
+   * and 192 forced only where no push box holds the start of an owner's rows. */
+  {
+    tw_gemm_rs_plan_args_t fx = {2, 4096, 12288, 6144, 132, 0, 0,  0,  4, 0,
+                                 0, -1,   -1,    1,    0,   0, -1, -1, 0};
+    tw_gemm_rs_plan_t pf;
+    tw_gemm_rs_make_plan(&fx, &pf);
+    TEST_ASSERT(pf.block_n == 192 && !pf.owner_epi, "flux-tp8 on 2 GPUs: block_n %d, owner %d",
+                pf.block_n, pf.owner_epi);
+    fx.all_reduce = 1;
+    tw_gemm_rs_make_plan(&fx, &pf);
+    TEST_ASSERT(pf.block_n == 192, "flux-tp8 GEMM+AR on 2 GPUs: block_n %d", pf.block_n);
+    fx.shared_gpu = 1;
+    tw_gemm_rs_make_plan(&fx, &pf);
+    TEST_ASSERT(pf.block_n == 256, "flux-tp8 on a shared GPU: block_n %d", pf.block_n);
+    fx.shared_gpu = 0, fx.all_reduce = 0, fx.owner_env = 1;
+    tw_gemm_rs_make_plan(&fx, &pf);
+    TEST_ASSERT(pf.block_n == 256, "flux-tp8, TW_RS_OWNER_EPI=1: block_n %d", pf.block_n);
+    fx.owner_env = -1, fx.k = 2048;
+    tw_gemm_rs_make_plan(&fx, &pf);
+    TEST_ASSERT(pf.block_n == 256, "K 2048 on 2 GPUs: block_n %d", pf.block_n);
+    fx.m = 2 * 4000, fx.pull_env = 0, fx.block_n_env = 192; /* m_local 4000: boxes straddle */
+    tw_gemm_rs_make_plan(&fx, &pf);
+    TEST_ASSERT(pf.block_n != 192, "TW_RS_BLOCK_N=192 with the push over straddling boxes");
+    fx.pull_env = -1; /* the plan pulls there: 192 */
+    tw_gemm_rs_make_plan(&fx, &pf);
+    TEST_ASSERT(pf.block_n == 192 && pf.pull, "TW_RS_BLOCK_N=192, pulled: %d", pf.block_n);
+  }
   tw_gemm_rs_plan_args_t one = {2, 4096, 256, 512, 66, 0, 0, 0, 4,  0,
                                 0, -1,   -1,  1,   0,  0, 0, 0, 256}; /* one column block */
   tw_gemm_rs_plan_t p;
@@ -936,8 +965,8 @@ static void test_gemm_rs_plan_invariants(void) {
     a.plan_sms = rng() % 2 ? a.sm_budget : 0;
     a.owner_env = pick(envs, 5);
     a.pull_env = pick(envs, 5);
-    static const int widths[] = {0, 128, 256, 64};
-    a.block_n_env = widths[rng() % 4];
+    static const int widths[] = {0, 128, 256, 64, 192};
+    a.block_n_env = widths[rng() % 5];
     tw_gemm_rs_plan_t p;
     tw_gemm_rs_make_plan(&a, &p);
     const int64_t m_local = a.m / a.world, n_blocks = (a.n + p.block_n - 1) / p.block_n;
@@ -946,10 +975,12 @@ static void test_gemm_rs_plan_invariants(void) {
     const char *why = NULL;
     if (p.ctas != a.sm_budget)
       why = "ctas is the budget";
-    else if (p.block_n != 128 && p.block_n != 256)
-      why = "tiles of 128 or 256 columns";
+    else if (p.block_n != 128 && p.block_n != 192 && p.block_n != 256)
+      why = "tiles of 128, 192 or 256 columns";
     else if ((a.block_n_env == 128 || a.block_n_env == 256) && p.block_n != a.block_n_env)
       why = "TW_RS_BLOCK_N as set";
+    else if (p.block_n == 192 && (p.owner_epi || (a.world > 1 && !p.pull && m_local % 64 != 0)))
+      why = "192-column tiles (the ping-pong loop): no owner epilogue, no push of straddling boxes";
     else if (p.owner_epi && p.block_n != 256)
       why = "the owner epilogue on 256-column tiles";
     else if (p.reduce_ctas < (a.steal || p.owner_epi ? 0 : 1) || p.reduce_ctas >= p.ctas)

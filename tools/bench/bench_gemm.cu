@@ -237,7 +237,7 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
     int scatter;      /* TW_SPLIT_SCATTER=1 while it runs */
     const char *swap; /* TW_GEMM_SWAP's value while it runs (NULL: the caller's) */
   } variant_t;
-  variant_t variants[24] = {
+  variant_t variants[32] = {
       {"cublas", 1, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
       {"tilewire", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
   };
@@ -285,6 +285,8 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
         {"tw-pair-4stage", 0, 1, {TW_GEMM_V_S4_E16_C2, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
         {"tw-pair-3stage", 0, 1, {TW_GEMM_V_S3_E32_C2, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
         {"tw-n128", 0, 1, {TW_GEMM_V_N128_S6, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
+        {"tw-pingpong", 0, 1, {TW_GEMM_V_PP_N128, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
+        {"tw-pingpong192", 0, 1, {TW_GEMM_V_PP_N192, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
         {"tw-queue", 0, 1, {-1, 1, 0}, {0}, TW_BF16, 0, 0, NULL},
     };
     for (size_t v = 0; v < sizeof(extras) / sizeof(extras[0]); v++)
@@ -293,6 +295,12 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
   if (fp32) { /* last: their speedups are over cublas-fp32out */
     variants[nvariants++] = {"cublas-fp32out", 1, 0, {-1, 0, 0}, {0}, TW_FP32, 0, 0, NULL};
     variants[nvariants++] = {"tilewire-fp32out", 0, 0, {-1, 0, 0}, {0}, TW_FP32, 0, 0, NULL};
+    if (extra && atoi(extra)) {
+      variants[nvariants++] = {
+          "tw-pingpong-fp32out", 0, 1, {TW_GEMM_V_PP_N128, 0, 0}, {0}, TW_FP32, 0, 0, NULL};
+      variants[nvariants++] = {
+          "tw-pingpong192-fp32out", 0, 1, {TW_GEMM_V_PP_N192, 0, 0}, {0}, TW_FP32, 0, 0, NULL};
+    }
   }
   const char *rounds_env = getenv("TW_BENCH_GEMM_ROUNDS");
   int rounds = rounds_env ? atoi(rounds_env) : 3;
