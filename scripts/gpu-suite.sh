@@ -228,6 +228,11 @@ if want sanitizer; then
     [ -x "$bin/test_ag_gemm" ] && step "memcheck test_ag_gemm --small" 400 $cs --tool memcheck "$bin/test_ag_gemm" --small
     # the unfused pipeline's reduce kernel stores into the peers' outs (TW_AR_PEER_OUT)
     [ -x "$bin/test_gemm_rs" ] && step "memcheck test_gemm_rs --small" 400 $cs --tool memcheck "$bin/test_gemm_rs" --small
+    # every GEMM-core variant (the ping-pong loop's too), bf16 and fp32 out, checked values
+    step "memcheck tw-bench gemm variants" 200 env TW_BENCH_GEMM_VARIANTS=1 TW_BENCH_GEMM_FP32=1 \
+      $cs --tool memcheck "$bin/tw-bench" gemm --m 1000 --n 1000 --k 1032 --repeats 2 --warmup 1
+    step "synccheck tw-bench gemm variants" 200 env TW_BENCH_GEMM_VARIANTS=1 TW_BENCH_GEMM_FP32=1 \
+      $cs --tool synccheck "$bin/tw-bench" gemm --m 1000 --n 1000 --k 1032 --repeats 2 --warmup 1
   else
     summary+=("$(printf '%-34s %-14s' 'compute-sanitizer' 'SKIP(absent)')")
   fi
