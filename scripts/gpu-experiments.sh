@@ -83,6 +83,7 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s91     (thirty-second session) flux-tp8 on the 192-column tiles: reduce CTAs, bands; K 4096
 #     s90     (thirty-second session) the ping-pong loop in tw_gemm_rs / tw_gemm_ar
 #             (TW_RS_BLOCK_N=192): test_gemm_rs on both placements, A/B on 2 GPUs
 #     s89     (thirty-second session) ping-pong consumers: test_gemm, the plain GEMM's variant rows
@@ -1021,6 +1022,23 @@ dist_new_old() { # dist_new_old NAME LIMIT ARGS...: run_new_old of bench_dist, o
   shift 2
   run_new_old "$name" "$limit" env PYTHONPATH="$root/python" python3 -m tilewire.bench_dist \
     --nproc 2 "$@"
+}
+exp_s91() { # (thirty-second session) flux-tp8 on the ping-pong loop's 192-column tiles: the
+  # reduce CTAs and the band there, and K 4096 at the rule's edge (2 GPUs only)
+  [ "$ngpus" -gt 1 ] || return 0
+  local op
+  for op in gemm_rs gemm_ar; do
+    # shellcheck disable=SC2086
+    run "s91-$op-flux-reduce" 150 env TW_BENCH_AB=TW_RS_REDUCE_CTAS=-1,0,2,8 "$bin/tw-bench" $op \
+      --world 2 $flux_rs --repeats 20 --warmup 5
+  done
+  # shellcheck disable=SC2086
+  run "s91-gemm_rs-flux-band" 150 env TW_BENCH_AB=TW_RS_BAND=0,1,4,16 "$bin/tw-bench" gemm_rs \
+    --world 2 $flux_rs --repeats 20 --warmup 5
+  for op in gemm_rs gemm_ar; do
+    run "s91-$op-k4096" 120 env TW_BENCH_AB=TW_RS_BLOCK_N=0,256,0 "$bin/tw-bench" $op --world 2 \
+      --m 8192 --n 8192 --k 4096 --repeats 20 --warmup 5
+  done
 }
 exp_s90() { # (thirty-second session) the ping-pong loop in tw_gemm_rs / tw_gemm_ar
   # (TW_RS_BLOCK_N=192: 128 x 192 tiles, each one consumer warpgroup's; s89: tw_gemm's pp192
