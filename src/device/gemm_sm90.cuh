@@ -71,6 +71,8 @@
  * src/ops/gemm_sm90.cu shows the tensor maps (A box {64, 128}, B box {64, BN}, C box
  * {128 / sizeof(Out), 64}, all 128B-swizzled). Measured configurations: docs/PERF.md (GEMM core
  * section) (plain GEMM: Stages 3, EpiBytes 32768, BN 256; queue variant within ~1-4% of it).
+ * gemm_pp_sm90.cuh runs the same contract's plain and signalled subset on ping-pong consumers
+ * (each tile one consumer warpgroup's): tw_gemm's fp32 output and tw_gemm_rs at long K.
  *
  * Tails: the tensor maps carry the true M, N, K; TMA zero-fills out-of-bounds loads and drops
  * out-of-bounds stores, so any M >= 1, N % 8 == 0 and K % 8 == 0 work without special cases.

@@ -4,7 +4,7 @@
  *
  * Geometry. Owner o holds rows [o * m_local, (o + 1) * m_local) of the sum. The
  * GEMM runs on global 128 x block_n tiles (row block mb, column block nb; block_n
- * 256, or 128 where the plan takes narrow tiles); a tile
+ * 256, 128 where the plan takes narrow tiles, or 192 on the ping-pong loop at long K); a tile
  * may straddle two or more owners when m_local is not a multiple of 128. A
  * *unit* is the part of one tile inside one owner's rows; owner o's units are
  * numbered in bands of `band` column blocks, row-major inside a band

@@ -81,7 +81,7 @@ namespace {
 
 /* Pipeline per tile width: 128 x 256 tiles 3 stages and a 32 KiB epilogue buffer per consumer
  * warpgroup (a one-pass fp32 epilogue); 128 x 128 tiles (few-tile shapes, plan.block_n) 6
- * stages and 16 KiB, tw_gemm's TW_GEMM_V_N128_S6. */
+ * stages and 16 KiB, tw_gemm's TW_GEMM_V_N128_S6; 128 x 192 below (the ping-pong loop). */
 template <int BN> struct RsConfig {
   static constexpr int kStages = 3;
   static constexpr int kEpiBytes = 32768;
