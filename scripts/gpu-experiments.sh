@@ -83,6 +83,7 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s92     (thirty-second session) the 192-column rule for tw_gemm_ar's direct scheme
 #     s91     (thirty-second session) flux-tp8 on the 192-column tiles: reduce CTAs, bands; K 4096
 #     s90     (thirty-second session) the ping-pong loop in tw_gemm_rs / tw_gemm_ar
 #             (TW_RS_BLOCK_N=192): test_gemm_rs on both placements, A/B on 2 GPUs
@@ -1022,6 +1023,15 @@ dist_new_old() { # dist_new_old NAME LIMIT ARGS...: run_new_old of bench_dist, o
   shift 2
   run_new_old "$name" "$limit" env PYTHONPATH="$root/python" python3 -m tilewire.bench_dist \
     --nproc 2 "$@"
+}
+exp_s92() { # (thirty-second session) the 192-column rule counts the comm's world (tw_gemm_ar's
+  # direct scheme, planned as one owner, takes it at flux-tp8 with bf16 partials)
+  run "s92-test_gemm_rs" 240 "$bin/test_gemm_rs"
+  [ "$ngpus" -gt 1 ] || return 0
+  run "s92-test_gemm_rs-distinct" 240 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  # shellcheck disable=SC2086
+  run "s92-gemm_ar-flux" 120 env TW_BENCH_AB=TW_RS_BLOCK_N=0,256,0 "$bin/tw-bench" gemm_ar \
+    --world 2 $flux_rs --repeats 20 --warmup 5
 }
 exp_s91() { # (thirty-second session) flux-tp8 on the ping-pong loop's 192-column tiles: the
   # reduce CTAs and the band there, and K 4096 at the rule's edge (2 GPUs only)

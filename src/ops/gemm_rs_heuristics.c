@@ -258,10 +258,13 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * session, 2 H200s, flux-tp8 (M=4096 N=12288 K=6144), TW_BENCH_AB=TW_RS_BLOCK_N=0,192 and
    * 192,0, ms, 256 / 192: GEMM+RS fp32 1.123 / 1.092 and 1.125 / 1.086, bf16 partials 1.077 /
    * 1.075 and 1.080 / 1.058; GEMM+AR fp32 1.222 / 1.194 and 1.232 / 1.182, bf16 partials 1.149
-   * / 1.131 and 1.156 / 1.132. At K 2048 and below it was mixed (M=16384 GEMM+AR fp32 2.56 /
-   * 2.69 with the owner epilogue against it, M=8192 K 1024 GEMM+RS fp32 0.452 / 0.482, M=4096 K
-   * 512 bf16 partials 0.100 / 0.111), so they keep 256 (docs/PERF.md). */
-  const int pp_rule = !a->shared_gpu && world > 1 && a->k >= 4096 && a->owner_env != 1 && !n128;
+   * / 1.131 and 1.156 / 1.132 (tw_gemm_ar's direct scheme, which the bf16 partials take there,
+   * planned as one owner: so the comm's world counts). At K 2048 and below it was mixed (M=16384
+   * GEMM+AR fp32 2.56 / 2.69 with the owner epilogue against it, M=8192 K 1024 GEMM+RS fp32 0.452 /
+   * 0.482, M=4096 K 512 bf16 partials 0.100 / 0.111), so they keep 256 (docs/PERF.md). */
+  const int comm_world = a->comm_world > 0 ? a->comm_world : world; /* the direct scheme: 1 here */
+  const int pp_rule =
+      !a->shared_gpu && comm_world > 1 && a->k >= 4096 && a->owner_env != 1 && !n128;
   const int block_n =
       a->block_n_env == 128 || a->block_n_env == 256 || (a->block_n_env == 192 && pp_ok)
           ? a->block_n_env

@@ -345,6 +345,13 @@ static void test_gemm_rs_plans(void) {
     fx.all_reduce = 1;
     tw_gemm_rs_make_plan(&fx, &pf);
     TEST_ASSERT(pf.block_n == 192, "flux-tp8 GEMM+AR on 2 GPUs: block_n %d", pf.block_n);
+    tw_gemm_rs_plan_args_t dx = fx; /* tw_gemm_ar's direct scheme: one owner, comm world 2 */
+    dx.world = 1, dx.comm_world = 2, dx.all_reduce = 0, dx.partial_bytes = 2;
+    tw_gemm_rs_make_plan(&dx, &pf);
+    TEST_ASSERT(pf.block_n == 192, "flux-tp8 direct on 2 GPUs: block_n %d", pf.block_n);
+    dx.comm_world = 1; /* a comm of one rank */
+    tw_gemm_rs_make_plan(&dx, &pf);
+    TEST_ASSERT(pf.block_n == 256, "flux-tp8 on a comm of one rank: block_n %d", pf.block_n);
     fx.shared_gpu = 1;
     tw_gemm_rs_make_plan(&fx, &pf);
     TEST_ASSERT(pf.block_n == 256, "flux-tp8 on a shared GPU: block_n %d", pf.block_n);
