@@ -608,7 +608,8 @@ int main(int argc, char **argv) {
        0},
       /* TW_RS_BLOCK_N=192: the ping-pong loop's 128 x 192 tiles (units of 192 columns, tails
        * in n); same bits, fp32 and bf16 partials, with and without bands; the long-K bf16
-       * shape takes tw_gemm_ar's direct scheme on 2 distinct GPUs. */
+       * shape (m 320 on 2 ranks: fused, not the decode pipeline) takes tw_gemm_ar's direct scheme
+       * on 2 distinct GPUs. */
       {"TW_RS_BLOCK_N",
        "192",
        NULL,
@@ -621,7 +622,7 @@ int main(int argc, char **argv) {
        "192",
        "8",
        TW_PARTIALS_BF16,
-       {{128, 520, 256, 0}, {1024, 2056, 264, 1}, {64, 1032, 4104, 0}},
+       {{128, 520, 256, 0}, {1024, 2056, 264, 1}, {160, 1032, 4104, 0}},
        280,
        2,
        0},
