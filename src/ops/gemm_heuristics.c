@@ -77,6 +77,16 @@ int64_t tw_gemm_swap_rule_max_m(int64_t n, int split, int sms) {
   return 2 * ((n + 127) / 128) <= (int64_t)sms ? TW_GEMM_SWAP_FORCED_MAX_M : 64;
 }
 
+int tw_gemm_out_variant(int plan_variant, int fp32_out) {
+  /* Thirty-second session (group s89, H200, tw-bench gemm, ms, fp32 out, cooperative 128 x 256 /
+   * ping-pong 128 x 192 / cuBLAS): M=4096 N=12288 K=6144 0.971 / 0.933 / 0.939, N=6144 K=12288
+   * 0.922 / 0.915 / 0.932, M=N=16384 K=2048 1.803 / 1.685 / 1.781, 8192^3 1.667 / 1.649 /
+   * 1.664, M=N=8192 K=1024 0.252 / 0.228 / 0.254, M=N=4096 K=512 0.0438 / 0.0430 / 0.0434: the
+   * epilogue of twice bf16's bytes runs under the other warpgroup's mainloop. With bf16 output
+   * the two were level (within 2% either way), so bf16 keeps the 128 x 256 tiles. */
+  return fp32_out && plan_variant == TW_GEMM_V_S3_E32 ? TW_GEMM_V_PP_N192 : plan_variant;
+}
+
 int tw_gemm_swap_half(int env, int64_t m, int64_t n, int split, int sms) {
   const int mt = tw_gemm_swap_bn_upto(env, m, tw_gemm_swap_rule_max_m(n, split, sms));
   if (!mt || split > 1 || env == 1)

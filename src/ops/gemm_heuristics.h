@@ -70,6 +70,11 @@ int tw_gemm_ws_split(int64_t m, int64_t n, int64_t k, int swap_mt, size_t *bytes
 size_t tw_gemm_ws_bytes(int64_t tiles, int split, int cols);
 #define TW_GEMM_WS_COUNTERS 4096
 
+/* The variant tw_gemm runs where its plan chose plan_variant and nothing else decides (no forced
+ * variant, unsplit, static schedule, no programmatic launch): with fp32 output (fp32_out) the
+ * 128 x 256 tiles give way to the ping-pong loop's 128 x 192 (the same bits); else plan_variant. */
+int tw_gemm_out_variant(int plan_variant, int fp32_out);
+
 /* Plans C[m,n] = A[m,k] * B[n,k]^T on `sms` SMs. */
 void tw_gemm_plan_make(int64_t m, int64_t n, int64_t k, int sms, tw_gemm_plan_t *plan);
 

@@ -785,16 +785,9 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   if (a.c_dtype == TW_BF16)
     return run<__nv_bfloat16>(a, plan, variant, dynamic, group_m, sms, split, device, s,
                               NoWait::Params(), after_grid);
-  // fp32 output where the plan takes the 128 x 256 tiles: the ping-pong loop's 128 x 192 tiles
-  // (the same bits), whose epilogue of twice bf16's bytes runs under the other warpgroup's
-  // mainloop. Thirty-second session (group s89, H200, tw-bench gemm, ms, fp32 out, cooperative
-  // 128 x 256 / ping-pong 128 x 192 / cuBLAS): M=4096 N=12288 K=6144 0.971 / 0.933 / 0.939,
-  // N=6144 K=12288 0.922 / 0.915 / 0.932, M=N=16384 K=2048 1.803 / 1.685 / 1.781, 8192^3 1.667 /
-  // 1.649 / 1.664, M=N=8192 K=1024 0.252 / 0.228 / 0.254, M=N=4096 K=512 0.0438 / 0.0430 /
-  // 0.0434. With bf16 output the two were level (within 2% either way), so bf16 keeps 256.
-  const int fp32_variant = !(opts && opts->variant >= 0) && !dynamic && split == 1 && !after_grid &&
-                                   variant == TW_GEMM_V_S3_E32
-                               ? TW_GEMM_V_PP_N192
+  // fp32 output: the variant for it where nothing else decides (tw_gemm_out_variant)
+  const int fp32_variant = !(opts && opts->variant >= 0) && !dynamic && split == 1 && !after_grid
+                               ? tw_gemm_out_variant(variant, 1)
                                : variant;
   return run<float>(a, plan, fp32_variant, dynamic, group_m, sms, split, device, s,
                     NoWait::Params(), after_grid);

@@ -85,6 +85,13 @@ static void test_gemm_plans(void) {
     TEST_ASSERT(got == sw[i].want, "swap width env %d m %lld: %d, want %d", sw[i].env,
                 (long long)sw[i].m, got, sw[i].want);
   }
+  /* fp32 output on the 128 x 256 tiles takes the ping-pong loop's 128 x 192; nothing else moves */
+  TEST_ASSERT(tw_gemm_out_variant(TW_GEMM_V_S3_E32, 1) == TW_GEMM_V_PP_N192, "fp32 out, 128 x 256");
+  TEST_ASSERT(tw_gemm_out_variant(TW_GEMM_V_S3_E32, 0) == TW_GEMM_V_S3_E32, "bf16 out, 128 x 256");
+  TEST_ASSERT(tw_gemm_out_variant(TW_GEMM_V_N128_S6, 1) == TW_GEMM_V_N128_S6,
+              "fp32 out, 128 x 128");
+  TEST_ASSERT(tw_gemm_out_variant(TW_GEMM_V_S4_E16_C2, 1) == TW_GEMM_V_S4_E16_C2,
+              "fp32 out, pairs");
   /* tw_gemm's own bound on the rule: 128 unsplit where 2 x n / 128 tiles fit the SMs */
   static const struct {
     int64_t n;
