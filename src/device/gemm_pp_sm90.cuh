@@ -87,7 +87,8 @@ __device__ __forceinline__ void gemm_cta_loop_pp(const GemmParams<Epi, Wait> &p,
                 "the ping-pong loop serves plain and signalled epilogues");
   static_assert(Stages <= 16, "stuck codes carry the stage in 4 bits");
   // A signal warp (Fns::kSignalWarp) has nothing to take off the consumers here: each
-  // warpgroup signals in its own epilogue phase, off the tensor cores.
+  // warpgroup signals in its own epilogue phase, off the tensor cores. (The assertion only names
+  // the flag, which nvcc would otherwise report as an unused member of such an epilogue.)
   static_assert(SignalWarpOf<Fns>::value || !SignalWarpOf<Fns>::value, "");
   uint8_t *smem = reinterpret_cast<uint8_t *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                               ~uintptr_t(1023));
