@@ -15,11 +15,13 @@
 #   TW_SUITE_DEADLINE_S=400   start no step after 400 s (the rest are listed as SKIP(deadline)),
 #                             so a run under a device time limit still ends with its summary
 #   TW_SUITE_STEP_CAP_S=150   no step runs longer than 150 s (a stuck step then costs that,
-#                             not the rest of the run; the longest normal step, pytest, 110-130
-#                             s on 2 H200s, over 200 s on the one-GPU machine in the twenty-sixth
-#                             session, cause unknown (it has 16 CPU cores for test_mp's four
-#                             torch processes, the 2-GPU one 32); pytest prints its slowest
-#                             tests and dumps the stacks of one past 150 s)
+#                             not the rest of the run; the longest normal step, pytest, 65-130
+#                             s; pytest prints its slowest tests and dumps the stacks of one past
+#                             150 s). On the one-GPU machine pytest used to pass its cap: test_mp's
+#                             four torch processes under MPS inherited CUDA_DEVICE_MAX_CONNECTIONS
+#                             =32 and all but the first failed to create a context (MPS clients
+#                             share one pool of connections); the survivor then waited for them
+#                             in tilewire.init (thirty-third session; the workers now drop it)
 # Killed (SIGTERM / SIGINT, e.g. by an outer `timeout`), it stops the running step and still
 # writes the summary and the bundle: a lent machine returns only a few files.
 set -u

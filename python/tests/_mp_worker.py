@@ -1,14 +1,27 @@
 """One rank of test_mp.py, launched like torchrun does (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT in the environment). argv[1] picks how the unique id travels:
 "env" (tilewire.init's own TCP store) or "torch.distributed" (a gloo process group first).
-Exit 0 when this rank's results match the torch reference."""
+Exit 0 when this rank's results match the torch reference. Each stage prints a line with the
+seconds since the process started (test_mp shows them when a launch fails or times out), and a
+rank still running TW_MP_STACK_S seconds after its start dumps every thread's stack."""
 
+import faulthandler
 import os
 import sys
+import time
 
-import torch
+T0 = time.monotonic()
+if os.environ.get("TW_MP_STACK_S"):
+    faulthandler.dump_traceback_later(float(os.environ["TW_MP_STACK_S"]), exit=False)
 
-import tilewire
+import torch  # noqa: E402
+
+import tilewire  # noqa: E402
+
+
+def stage(what):
+    print("rank %s: %6.1f s %s" % (os.environ.get("RANK", "?"), time.monotonic() - T0, what),
+          flush=True)
 
 
 def shard(rank, iteration, n):
@@ -19,9 +32,15 @@ def shard(rank, iteration, n):
 def main():
     mode = sys.argv[1]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    stage("torch and tilewire imported")
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    stage("CUDA context up")
     if mode == "torch.distributed":
         torch.distributed.init_process_group("gloo")
+        stage("gloo process group up")
     comm = tilewire.init()
+    stage("tilewire.init done")
     assert (comm.rank, comm.size) == (rank, world), comm
     assert comm.local_size == world and comm.nodes == 1, comm
 
@@ -37,6 +56,7 @@ def main():
     torch.cuda.synchronize()
     err = comm.async_error()
     assert err is None, err
+    stage("allgather checked")
 
     # The fused op, when the library has it: gather(a) @ b.T against torch.
     m_local, k, n_cols = 128, 256, 384
@@ -50,6 +70,7 @@ def main():
     ref = full.float() @ b.float().t()
     err = ((c.float() - ref).abs().max() / ref.abs().max()).item()
     assert err < 1e-2, "rank %d: ag_gemm relative error %g" % (rank, err)
+    stage("ag_gemm checked")
 
     # GEMM + ReduceScatter / AllReduce: sum over ranks of a_r @ b_r.T.
     m, n_cols, k = 64 * world, 256, 128
@@ -66,6 +87,7 @@ def main():
                             ("gemm_ar", ar, ref)):
         err = ((got.float() - want).abs().max() / want.abs().max()).item()
         assert err < 1e-2, "rank %d: %s relative error %g" % (rank, name, err)
+    stage("gemm_rs and gemm_ar checked")
 
     # Autograd: ag_gemm's backward (a gemm_rs) and gemm_rs's (an ag_gemm), one process per
     # rank; every rank rebuilds every rank's inputs for the float reference.
@@ -91,6 +113,7 @@ def main():
     d_full = sum(ref(s, 13, m, n_cols) @ ref(s, 12, n_cols, k) for s in range(world))
     close(a.grad, d_full[rank * m_local:(rank + 1) * m_local], "ag_gemm d/da")
     close(b.grad, ref(rank, 13, m, n_cols).t() @ full, "ag_gemm d/db")
+    stage("ag_gemm backward checked")
 
     m, n_cols, k = 64 * world, 264, 136
     ws2 = tilewire.gemm_rs_workspace(comm, m, n_cols)
@@ -107,6 +130,7 @@ def main():
     comm.close()
     if mode == "torch.distributed":
         torch.distributed.destroy_process_group()
+    stage("closed")
     print("rank %d of %d: ok" % (rank, world), flush=True)
 
 

@@ -104,6 +104,31 @@ def test_init_without_a_way_to_share_the_id(monkeypatch):
         tilewire.init()
 
 
+def test_init_waits_are_bounded_and_named(monkeypatch):
+    """A rank whose peers never come (rank 0 failed before init) gives up after the timeout
+    with what it waited for, both through a given store and through MASTER_ADDR's."""
+    import datetime
+    import socket
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        pytest.skip("a process group is initialised")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    short = datetime.timedelta(seconds=1)
+    with pytest.raises(RuntimeError, match=r"rank 1 of 2 gave up after 0:00:01 waiting for "
+                       r"rank 0's unique id \(store key tilewire/unique_id/"):
+        tilewire.init(store=torch.distributed.HashStore(), timeout=short)
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    with pytest.raises(RuntimeError, match="rank 1 of 2 gave up after 0:00:01 waiting for "
+                       "rank 0's store at 127.0.0.1:%d" % port):
+        tilewire.init(timeout=short)
+
+
 def test_init_single_process_without_gpu(monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")

@@ -326,11 +326,31 @@ def _env_int(name, default=None):
         raise ValueError("environment %s=%r is not an integer" % (name, value)) from None
 
 
-def _store_exchange(store, key, uid, rank, timeout):
+class _Waiting:
+    """Names what a rank was waiting for when the store's bounded wait gives up (a rank that
+    failed or never called init), instead of torch's bare store timeout."""
+
+    def __init__(self, what, rank, world, timeout):
+        self.what, self.rank, self.world, self.timeout = what, rank, world, timeout
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is not None and issubclass(kind, (RuntimeError, TimeoutError)):
+            raise RuntimeError(
+                "tilewire.init: rank %d of %d gave up after %s waiting for %s (did a rank fail "
+                "before calling tilewire.init, or call it fewer times?): %s"
+                % (self.rank, self.world, self.timeout, self.what, exc)) from exc
+        return False
+
+
+def _store_exchange(store, key, uid, rank, world, timeout):
     if rank == 0:
         store.set(key, uid)
         return uid
-    store.wait([key], timeout)
+    with _Waiting("rank 0's unique id (store key %s)" % key, rank, world, timeout):
+        store.wait([key], timeout)
     return bytes(store.get(key))
 
 
@@ -340,7 +360,7 @@ def _share_unique_id(uid, rank, world, group, store, timeout):
 
     key = "tilewire/unique_id/%d" % next(_init_calls)
     if store is not None:
-        return _store_exchange(store, key, uid, rank, timeout)
+        return _store_exchange(store, key, uid, rank, world, timeout)
     if dist.is_available() and dist.is_initialized():
         objects = [uid if rank == 0 else None]
         src = dist.get_global_rank(group, 0) if group is not None else 0
@@ -356,18 +376,23 @@ def _share_unique_id(uid, rank, world, group, store, timeout):
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # torchrun's agent hosts a store at MASTER_ADDR:MASTER_PORT: join it as a client.
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        base = dist.TCPStore(addr, port, None, False, timeout)
+        with _Waiting("torchrun's store at %s:%d" % (addr, port), rank, world, timeout):
+            base = dist.TCPStore(addr, port, None, False, timeout)
         prefixed = dist.PrefixStore("tilewire/attempt_%s" % attempt, base)
-        return _store_exchange(prefixed, key, uid, rank, timeout)
+        return _store_exchange(prefixed, key, uid, rank, world, timeout)
     # No store to join: rank 0 hosts one for the exchange and keeps it until every rank has
     # read the id, then closes it so the port is free for a later init_process_group.
-    tcp = dist.TCPStore(addr, port, world, rank == 0, timeout)
+    what = ("the other ranks to join its store at %s:%d" % (addr, port) if rank == 0 else
+            "rank 0's store at %s:%d" % (addr, port))
+    with _Waiting(what, rank, world, timeout):
+        tcp = dist.TCPStore(addr, port, world, rank == 0, timeout)
     try:
-        uid = _store_exchange(tcp, key, uid, rank, timeout)
+        uid = _store_exchange(tcp, key, uid, rank, world, timeout)
         if tcp.add(key + "/read", 1) == world:
             tcp.set(key + "/done", b"1")
         if rank == 0:
-            tcp.wait([key + "/done"], timeout)
+            with _Waiting("every rank to read the unique id", rank, world, timeout):
+                tcp.wait([key + "/done"], timeout)
     finally:
         del tcp
     return uid
