@@ -33,17 +33,13 @@ __device__ TileQueue g_plain_queue;
 
 constexpr int kMaxDevices = 64;
 
-template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN,
-          int kSplit = 1, class Wait = NoWait, class Epi = EpiTmaStore<Out>, int kTileM = kBlockM,
-          bool kSplitWs = false>
-tw_status_t launch_plain(const GemmParams<Epi, Wait> &params, int grid, int device,
-                         cudaStream_t stream) {
-  auto kernel = gemm_sm90_kernel<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, kSplit,
-                                 kTileM, kSplitWs>;
-  // split-K through global memory (kSplitWs) runs its slices as single CTAs
-  constexpr int kClusterSize = kSplitWs ? kCluster : kCluster * kSplit;
-  constexpr int kSmem = SmemLayout<Stages, EpiBytes, BN, kTileM>::kDynamicBytes;
-  // The shared-memory limit is raised once per device and instantiation.
+// A GEMM-core kernel (gemm_sm90_kernel or gemm_sm90_pp_kernel) on `grid` CTAs of kSmem bytes of
+// dynamic shared memory, in clusters of kClusterSize CTAs, as a programmatic dependent where
+// params.after_grid says so.
+template <auto Kernel, int kClusterSize, int kSmem, class GP>
+tw_status_t launch_kernel(const GP &params, int grid, int device, cudaStream_t stream) {
+  auto kernel = Kernel;
+  // The shared-memory limit is raised once per device and kernel.
   static uint64_t configured;
   tw_status_t st = tw_kernel_smem_once((const void *)kernel, kSmem, &configured,
                                        "tw_gemm: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
@@ -97,6 +93,18 @@ tw_status_t launch_plain(const GemmParams<Epi, Wait> &params, int grid, int devi
                        "tw_gemm: cudaLaunchKernelEx (cluster)");
 }
 
+template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN,
+          int kSplit = 1, class Wait = NoWait, class Epi = EpiTmaStore<Out>, int kTileM = kBlockM,
+          bool kSplitWs = false>
+tw_status_t launch_plain(const GemmParams<Epi, Wait> &params, int grid, int device,
+                         cudaStream_t stream) {
+  // split-K through global memory (kSplitWs) runs its slices as single CTAs
+  return launch_kernel < gemm_sm90_kernel<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN,
+                                          kSplit, kTileM, kSplitWs>,
+         kSplitWs ? kCluster : kCluster * kSplit,
+         SmemLayout<Stages, EpiBytes, BN, kTileM>::kDynamicBytes > (params, grid, device, stream);
+}
+
 // The ping-pong loop (TW_GEMM_V_PP_N128 / _N192, gemm_pp_sm90.cuh): single CTAs, 128 x BN
 // tiles, the stages and epilogue buffers that fit.
 template <int BN> struct PpConfig;
@@ -107,42 +115,24 @@ template <class Out, int BN, bool kDynamic> auto pp_kernel() {
                              NoWait, kDynamic>;
 }
 template <class Out, int BN, bool kDynamic>
-tw_status_t launch_pp(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int grid,
+tw_status_t launch_pp(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int grid, int device,
                       cudaStream_t stream) {
-  auto kernel = pp_kernel<Out, BN, kDynamic>();
-  constexpr int kSmem =
-      PpSmemLayout<PpConfig<BN>::kStages, PpConfig<BN>::kEpiBytes, BN>::kDynamicBytes;
-  static uint64_t configured;
-  tw_status_t st = tw_kernel_smem_once((const void *)kernel, kSmem, &configured,
-                                       "tw_gemm: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-  if (st != TW_SUCCESS)
-    return st;
-  if (!params.after_grid) {
-    kernel<<<grid, kThreads, kSmem, stream>>>(params);
-    return tw_cuda_check(cudaGetLastError(), "tw_gemm: kernel launch");
-  }
-  cudaLaunchConfig_t config;
-  memset(&config, 0, sizeof(config));
-  cudaLaunchAttribute attr = pdl_attribute();
-  config.gridDim = dim3((unsigned)grid);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmem;
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  return tw_cuda_check(cudaLaunchKernelEx(&config, kernel, params),
-                       "tw_gemm: cudaLaunchKernelEx (programmatic dependent)");
+  return launch_kernel<
+      gemm_sm90_pp_kernel<PpConfig<BN>::kStages, PpConfig<BN>::kEpiBytes, BN, EpiTmaStore<Out>,
+                          NoWait, kDynamic>,
+      1, PpSmemLayout<PpConfig<BN>::kStages, PpConfig<BN>::kEpiBytes, BN>::kDynamicBytes>(
+      params, grid, device, stream);
 }
 
 template <class Out>
 tw_status_t launch_out(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int variant,
                        bool dynamic, int grid, int device, cudaStream_t stream) {
   if (variant == TW_GEMM_V_PP_N128)
-    return dynamic ? launch_pp<Out, 128, true>(params, grid, stream)
-                   : launch_pp<Out, 128, false>(params, grid, stream);
+    return dynamic ? launch_pp<Out, 128, true>(params, grid, device, stream)
+                   : launch_pp<Out, 128, false>(params, grid, device, stream);
   if (variant == TW_GEMM_V_PP_N192)
-    return dynamic ? launch_pp<Out, 192, true>(params, grid, stream)
-                   : launch_pp<Out, 192, false>(params, grid, stream);
+    return dynamic ? launch_pp<Out, 192, true>(params, grid, device, stream)
+                   : launch_pp<Out, 192, false>(params, grid, device, stream);
   if (variant == TW_GEMM_V_N128_S6)
     return dynamic ? launch_plain<6, 16384, Out, true, 1, 128>(params, grid, device, stream)
                    : launch_plain<6, 16384, Out, false, 1, 128>(params, grid, device, stream);
