@@ -110,7 +110,7 @@ tw_status_t launch_plain(const GemmParams<Epi, Wait> &params, int grid, int devi
 template <int BN> struct PpConfig;
 template <> struct PpConfig<128> { static constexpr int kStages = 6, kEpiBytes = 16384; };
 template <> struct PpConfig<192> { static constexpr int kStages = 4, kEpiBytes = 24576; };
-template <class Out, int BN, bool kDynamic> auto pp_kernel() {
+template <class Out, int BN, bool kDynamic> constexpr auto pp_kernel() {
   return gemm_sm90_pp_kernel<PpConfig<BN>::kStages, PpConfig<BN>::kEpiBytes, BN, EpiTmaStore<Out>,
                              NoWait, kDynamic>;
 }
@@ -118,9 +118,8 @@ template <class Out, int BN, bool kDynamic>
 tw_status_t launch_pp(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int grid, int device,
                       cudaStream_t stream) {
   return launch_kernel<
-      gemm_sm90_pp_kernel<PpConfig<BN>::kStages, PpConfig<BN>::kEpiBytes, BN, EpiTmaStore<Out>,
-                          NoWait, kDynamic>,
-      1, PpSmemLayout<PpConfig<BN>::kStages, PpConfig<BN>::kEpiBytes, BN>::kDynamicBytes>(
+      pp_kernel<Out, BN, kDynamic>(), 1,
+      PpSmemLayout<PpConfig<BN>::kStages, PpConfig<BN>::kEpiBytes, BN>::kDynamicBytes>(
       params, grid, device, stream);
 }
 
