@@ -33,6 +33,9 @@ def main():
     mode = sys.argv[1]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     stage("torch and tilewire imported")
+    # the device tilewire.init picks (LOCAL_RANK modulo the visible GPUs), so no rank also makes
+    # a context on GPU 0
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     stage("CUDA context up")
