@@ -83,6 +83,10 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s94     (thirty-third session, prepared) the decode GEMM core against cuBLAS's kernel at M=128
+#             N=4096 K=4096 under ncu (where each one's warps stall, by source line), and the
+#             8-virtual-rank decode GEMM+AR call traced (0.146 ms against its kernels apart 0.087)
+#             (s93: branch exp/pp-owner)
 #     s92     (thirty-second session) the 192-column rule for tw_gemm_ar's direct scheme
 #     s91     (thirty-second session) flux-tp8 on the 192-column tiles: reduce CTAs, bands; K 4096
 #     s90     (thirty-second session) the ping-pong loop in tw_gemm_rs / tw_gemm_ar
@@ -1023,6 +1027,25 @@ dist_new_old() { # dist_new_old NAME LIMIT ARGS...: run_new_old of bench_dist, o
   shift 2
   run_new_old "$name" "$limit" env PYTHONPATH="$root/python" python3 -m tilewire.bench_dist \
     --nproc 2 "$@"
+}
+exp_s94() { # (thirty-third session, prepared) the decode GEMM core at M=128 N=4096 K=4096:
+  # cuBLAS's nvjet_sm90_tst_64x64_64x13_2x1 (128 CTAs in pairs, 13 stages) took 16.1 us under ncu
+  # against tw_gemm's 25.1 with the same DRAM bytes and half the issued instructions; here each
+  # kernel's warp stall sampling by source line. Then the 8-virtual-rank decode GEMM+AR (the
+  # call's own host path: its kernels run apart read 0.087 ms, the call 0.146) with TW_TRACE.
+  local k
+  if command -v ncu >/dev/null; then
+    for k in nvjet gemm_sm90; do
+      run "s94-ncu-$k" 150 ncu --kernel-name "regex:$k" --launch-count 1 --section WarpStateStats \
+        --section SourceCounters --section SchedulerStats --section InstructionStats \
+        --section MemoryWorkloadAnalysis "$bin/tw-bench" gemm --m 128 --n 4096 --k 4096 \
+        --repeats 2 --warmup 1
+    done
+  fi
+  run "s94-gemm_ar-decode-trace" 120 env TW_BENCH_VIRTUAL=1 TW_TRACE=1 TW_BENCH_STAMPS=1 \
+    "$bin/tw-bench" gemm_ar --world 8 --m 64 --n 8192 --k 1024 --repeats 20 --warmup 5
+  run "s94-gemm_ar-decode-ab" 120 env TW_BENCH_VIRTUAL=1 TW_BENCH_AB=TW_RS_UNFUSED_SMALL=-1,0,1 \
+    "$bin/tw-bench" gemm_ar --world 8 --m 64 --n 8192 --k 1024 --repeats 50 --warmup 10
 }
 exp_s92() { # (thirty-second session) the 192-column rule counts the comm's world (tw_gemm_ar's
   # direct scheme, planned as one owner, takes it at flux-tp8 with bf16 partials)
