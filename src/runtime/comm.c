@@ -40,7 +40,7 @@ tw_status_t tw_set_device(int device, int *prev) {
     return st;
   if (*prev == device)
     return TW_SUCCESS;
-  return tw_cuda_check(cudaSetDevice(device), "cudaSetDevice");
+  return tw_cuda_check_context(cudaSetDevice(device), "cudaSetDevice");
 }
 
 /* Copies the caller's (possibly older, shorter) config over the defaults and
@@ -507,7 +507,7 @@ tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
   for (int r = 0; r < world; r++) {
     int prev;
     TW_CHECK(tw_set_device(devices[r], &prev));
-    TW_CUDA(cudaFree(0)); /* create the primary context before cuMem calls */
+    TW_CUDA_CONTEXT(cudaFree(0)); /* create the primary context before cuMem calls */
     st = tw_preload_kernels();
     cudaSetDevice(prev);
     if (st != TW_SUCCESS)
@@ -612,7 +612,7 @@ tw_status_t tw_comm_init_rank(tw_comm_t *out, int world, tw_unique_id_t id, int 
   g->local[rank] = c;
   g->device_of[rank] = device;
   g->live = 1;
-  TW_CUDA(cudaFree(0));
+  TW_CUDA_CONTEXT(cudaFree(0));
   TW_CHECK(tw_preload_kernels());
   TW_CHECK(tw_heap_group_init(g, cfg.heap_bytes));
   TW_CHECK(setup_rank(c));

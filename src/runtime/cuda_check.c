@@ -1,5 +1,7 @@
 #include "cuda_check.h"
 
+#include <stdlib.h>
+
 #include "status.h"
 
 tw_status_t tw_cuda_check(cudaError_t err, const char *what) {
@@ -14,6 +16,17 @@ tw_status_t tw_cuda_check(cudaError_t err, const char *what) {
   default: break;
   }
   return tw_fail(st, "%s: %s (%s)", what, cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+tw_status_t tw_cuda_check_context(cudaError_t err, const char *what) {
+  const char *conns = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  if (err != cudaErrorMemoryAllocation || !conns || atoi(conns) <= 8)
+    return tw_cuda_check(err, what);
+  return tw_fail(TW_ERR_OUT_OF_MEMORY,
+                 "%s: %s (%s) creating the CUDA context; CUDA_DEVICE_MAX_CONNECTIONS=%s asks for "
+                 "%s hardware queues, and under MPS the server's clients share one pool of them "
+                 "(a process with one rank needs no more than the default 8)",
+                 what, cudaGetErrorName(err), cudaGetErrorString(err), conns, conns);
 }
 
 tw_status_t tw_check_device(int device) {

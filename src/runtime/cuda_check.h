@@ -17,6 +17,14 @@ tw_status_t tw_cuda_check(cudaError_t err, const char *what);
 /* With `tw_status_t st` and a `fail:` label in scope. */
 #define TW_CUDA(call) TW_CHECK(tw_cuda_check((call), #call))
 
+/* tw_cuda_check for a call that creates the device's primary context (cudaSetDevice,
+ * cudaFree(0)): an allocation failure there while CUDA_DEVICE_MAX_CONNECTIONS asks for more
+ * than the default 8 queues also names that variable. Under MPS every client keeps the
+ * connections it asks for out of one pool of the server's; four processes asking for 32 left all
+ * but the first without a context on an H200, reported as out of memory (thirty-third session). */
+tw_status_t tw_cuda_check_context(cudaError_t err, const char *what);
+#define TW_CUDA_CONTEXT(call) TW_CHECK(tw_cuda_check_context((call), #call))
+
 /* Checks that `device` exists and is sm_90; TW_ERR_UNSUPPORTED_DEVICE otherwise. */
 tw_status_t tw_check_device(int device);
 

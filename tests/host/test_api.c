@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "comm.h"
+#include "cuda_check.h"
 #include "tw_test.h"
 
 static void test_status_strings(void) {
@@ -213,6 +214,40 @@ static void test_alike_knobs(void) {
   TEST_TW_OK(tw_check_alike_knobs(peers, 2));
 }
 
+/* A context that could not be created for lack of memory, while CUDA_DEVICE_MAX_CONNECTIONS asks
+ * for more than the default queues, names the variable (MPS clients share one pool of them);
+ * otherwise the plain message. */
+static void test_context_hint(void) {
+  const char *saved = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  char *keep = saved ? strdup(saved) : NULL;
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
+  TEST_ASSERT(tw_cuda_check_context(cudaErrorMemoryAllocation, "cudaFree(0)") ==
+                  TW_ERR_OUT_OF_MEMORY,
+              "status");
+  TEST_ASSERT(strstr(tw_last_error(), "cudaFree(0): cudaErrorMemoryAllocation") &&
+                  strstr(tw_last_error(), "CUDA_DEVICE_MAX_CONNECTIONS=32") &&
+                  strstr(tw_last_error(), "MPS"),
+              "the hint: %s", tw_last_error());
+  TEST_ASSERT(tw_cuda_check_context(cudaErrorInvalidValue, "cudaSetDevice") == TW_ERR_CUDA &&
+                  !strstr(tw_last_error(), "CUDA_DEVICE_MAX_CONNECTIONS"),
+              "another error has no hint: %s", tw_last_error());
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8", 1);
+  TEST_ASSERT(tw_cuda_check_context(cudaErrorMemoryAllocation, "cudaSetDevice") ==
+                      TW_ERR_OUT_OF_MEMORY &&
+                  !strstr(tw_last_error(), "CUDA_DEVICE_MAX_CONNECTIONS"),
+              "the default count has no hint: %s", tw_last_error());
+  unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  TEST_ASSERT(tw_cuda_check_context(cudaErrorMemoryAllocation, "cudaSetDevice") ==
+                      TW_ERR_OUT_OF_MEMORY &&
+                  !strstr(tw_last_error(), "CUDA_DEVICE_MAX_CONNECTIONS"),
+              "unset has no hint: %s", tw_last_error());
+  TEST_ASSERT(tw_cuda_check_context(cudaSuccess, "cudaSetDevice") == TW_SUCCESS, "success");
+  if (keep) {
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", keep, 1);
+    free(keep);
+  }
+}
+
 int main(void) {
   test_status_strings();
   test_config();
@@ -221,5 +256,6 @@ int main(void) {
   test_topology();
   test_gpus();
   test_alike_knobs();
+  test_context_hint();
   return tw_test_finish();
 }
