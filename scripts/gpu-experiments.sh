@@ -1038,8 +1038,8 @@ exp_s94() { # (thirty-third session, prepared) the decode GEMM core at M=128 N=4
     for k in nvjet gemm_sm90; do
       run "s94-ncu-$k" 150 ncu --kernel-name "regex:$k" --launch-count 1 --section WarpStateStats \
         --section SourceCounters --section SchedulerStats --section InstructionStats \
-        --section MemoryWorkloadAnalysis "$bin/tw-bench" gemm --m 128 --n 4096 --k 4096 \
-        --repeats 2 --warmup 1
+        --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis "$bin/tw-bench" gemm \
+        --m 128 --n 4096 --k 4096 --repeats 2 --warmup 1
     done
   fi
   run "s94-gemm_ar-decode-trace" 120 env TW_BENCH_VIRTUAL=1 TW_TRACE=1 TW_BENCH_STAMPS=1 \
