@@ -233,13 +233,19 @@ tw_status_t launch_ws(const GemmParams<E, NoWait> &params, int split, int grid, 
         params, grid, device, stream);
   return tw_fail(TW_ERR_INTERNAL, "tw_gemm: %d slices through the workspace", split);
 }
+// Loads a kernel's module now (cudaFuncGetAttributes), not at its first launch (see
+// tw_preload_kernels): preload_one for gemm_sm90_kernel's instantiations, preload_out for
+// launch_pp's.
+template <auto Kernel> cudaError_t preload_kernel() {
+  cudaFuncAttributes attr;
+  return cudaFuncGetAttributes(&attr, Kernel);
+}
 template <int Stages, int EpiBytes, class Out, bool kDynamic, int kCluster = 1, int BN = kBlockN,
           int kSplit = 1, class Wait = NoWait, class Epi = EpiTmaStore<Out>, int kTileM = kBlockM,
           bool kSplitWs = false>
 cudaError_t preload_one() {
-  cudaFuncAttributes attr;
-  return cudaFuncGetAttributes(&attr, gemm_sm90_kernel<Stages, EpiBytes, Epi, Wait, kDynamic,
-                                                       kCluster, BN, kSplit, kTileM, kSplitWs>);
+  return preload_kernel<gemm_sm90_kernel<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN,
+                                         kSplit, kTileM, kSplitWs>>();
 }
 
 /* launch_ws's, for one tile. */
@@ -311,17 +317,15 @@ template <class Out> cudaError_t preload_out() {
     e = r;
   if ((r = preload_one<6, 16384, Out, false, 1, 128>()) != cudaSuccess)
     e = r;
-  { /* launch_pp's */
-    cudaFuncAttributes attr;
-    if ((r = cudaFuncGetAttributes(&attr, pp_kernel<Out, 128, false>())) != cudaSuccess)
-      e = r;
-    if ((r = cudaFuncGetAttributes(&attr, pp_kernel<Out, 128, true>())) != cudaSuccess)
-      e = r;
-    if ((r = cudaFuncGetAttributes(&attr, pp_kernel<Out, 192, false>())) != cudaSuccess)
-      e = r;
-    if ((r = cudaFuncGetAttributes(&attr, pp_kernel<Out, 192, true>())) != cudaSuccess)
-      e = r;
-  }
+  /* launch_pp's */
+  if ((r = preload_kernel<pp_kernel<Out, 128, false>()>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_kernel<pp_kernel<Out, 128, true>()>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_kernel<pp_kernel<Out, 192, false>()>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_kernel<pp_kernel<Out, 192, true>()>()) != cudaSuccess)
+    e = r;
   if ((r = preload_one<4, 16384, Out, false, 2>()) != cudaSuccess)
     e = r;
   if ((r = preload_one<3, 32768, Out, false, 2>()) != cudaSuccess)
