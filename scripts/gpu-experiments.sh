@@ -83,6 +83,8 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s96     (thirty-fourth session) tw_gemm with the producer's lean per-stage loop against
+#             the old library (diagold/), decode and large shapes, from graphs
 #     s94     (thirty-third session, prepared) the decode GEMM core against cuBLAS's kernel at M=128
 #             N=4096 K=4096 under ncu (where each one's warps stall, by source line), and the
 #             8-virtual-rank decode GEMM+AR call traced (0.146 ms against its kernels apart 0.087)
@@ -1027,6 +1029,20 @@ dist_new_old() { # dist_new_old NAME LIMIT ARGS...: run_new_old of bench_dist, o
   shift 2
   run_new_old "$name" "$limit" env PYTHONPATH="$root/python" python3 -m tilewire.bench_dist \
     --nproc 2 "$@"
+}
+exp_s96() { # (thirty-fourth session) the producer's per-stage loop without re-deriving the
+  # shared window's base (ptx::smem_align1024; ncu's source counters at M=128 N=4096 K=4096 had the
+  # producer warp issuing all the time and never waiting for a free stage, about 75 instructions
+  # a stage with two S2UR, where cuBLAS's waits): tw_gemm from graphs, this library / the old
+  # one (diagold/: main c5eaea4) alternated twice
+  local s
+  for s in "--m 128 --n 4096 --k 4096" "--m 64 --n 4096 --k 4096" "--m 64 --n 8192 --k 1024" \
+    "--m 16 --n 8192 --k 4096" "--m 64 --n 1024 --k 8192" "--m 4096 --n 6144 --k 12288" \
+    "--m 8192 --n 8192 --k 1024"; do
+    # shellcheck disable=SC2086
+    run_new_old "s96-gemm${s// /}" 60 env TW_BENCH_GRAPH=1 TW_BENCH_GEMM_ROUNDS=5 "$bin/tw-bench" \
+      gemm $s --repeats 50 --warmup 5
+  done
 }
 exp_s94() { # (thirty-third session, prepared) the decode GEMM core at M=128 N=4096 K=4096:
   # cuBLAS's nvjet_sm90_tst_64x64_64x13_2x1 (128 CTAs in pairs, 13 stages) took 16.1 us under ncu

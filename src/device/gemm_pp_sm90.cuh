@@ -72,8 +72,9 @@ __device__ __forceinline__ void pp_signal_after_stores(const Params &p, int cwg,
 
 // Fns: the epilogue whose functions run (Epi's by default); it takes Epi's Params (a variant of
 // Epi with the same parameters, e.g. without code the loop never reaches).
+// kLeanProducer: detail::StageAt's (the plain GEMM kernel's).
 template <int Stages, int EpiBytes, int BN, class Epi, class Wait, bool kDynamic,
-          bool kRestoreRegs = false, class Fns = Epi>
+          bool kRestoreRegs = false, class Fns = Epi, bool kLeanProducer = false>
 __device__ __forceinline__ void gemm_cta_loop_pp(const GemmParams<Epi, Wait> &p, uint8_t *smem_raw,
                                                  int32_t cta, int32_t ctas) {
   static_assert(BN == 128 || BN == 192, "tiles of 128 x 128 or 128 x 192");
@@ -102,7 +103,7 @@ __device__ __forceinline__ void gemm_cta_loop_pp(const GemmParams<Epi, Wait> &p,
   const int wg_thread = threadIdx.x % 128;
   const int32_t k_blocks = p.k_blocks;
   const uint64_t timeout_ns = detail::mbar_timeout(p);
-  auto wait = [&](uint64_t *bar, uint32_t parity, int32_t code) {
+  auto wait = [&](auto bar, uint32_t parity, int32_t code) { // a pointer or a window address
     if (!ptx::mbar_wait_for(bar, parity, timeout_ns))
       Wait::mbar_stuck(p.wait, code);
   };
@@ -139,17 +140,19 @@ __device__ __forceinline__ void gemm_cta_loop_pp(const GemmParams<Epi, Wait> &p,
         j++;
       };
       int32_t t = cta;
+      const detail::StageAt<kLeanProducer> at(smem);
       while (detail::producer_claim<kDynamic>(p, t)) {
         int32_t mb, nb, a_row;
         const CUtensorMap *a_map;
         detail::producer_tile<kBlockM, false>(p, t, 0, mb, nb, a_map, a_row);
         post(t);
         for (int32_t kb = 0; kb < k_blocks; kb++) {
-          wait(&empty[stage], phase ^ 1, kStuckProducerEmpty * 16 + stage);
+          wait(detail::bar_at(at(L::kEmpty + stage * 8)), phase ^ 1,
+               kStuckProducerEmpty * 16 + stage);
           // tests (TW_FAULT_STALL_TILE): this stage's loads never come
           if (!(kb == 0 && t + 1 == p.fault_stall))
-            detail::load_stage(p, &full[stage], smem + L::kA + stage * kTileA,
-                               smem + L::kB + stage * kTileB, kTileA + kTileB, a_map, kb, a_row,
+            detail::load_stage(p, at(L::kFull + stage * 8), at(L::kA + stage * kTileA),
+                               at(L::kB + stage * kTileB), kTileA + kTileB, a_map, kb, a_row,
                                nb * BN);
           if (++stage == Stages) {
             stage = 0;
@@ -251,7 +254,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   if (threadIdx.x == 0)
     ptx::griddep_launch_dependents();
-  gemm_cta_loop_pp<Stages, EpiBytes, BN, Epi, Wait, kDynamic>(p, smem_raw, blockIdx.x, gridDim.x);
+  gemm_cta_loop_pp<Stages, EpiBytes, BN, Epi, Wait, kDynamic, false, Epi, true>(
+      p, smem_raw, blockIdx.x, gridDim.x);
 }
 
 } // namespace gemm

@@ -859,15 +859,39 @@ __device__ __forceinline__ void producer_tile(const GP &p, int32_t t, uint32_t r
   a_row = mb * kTileM;
   GP::WaitType::a_source(p.wait, mb, a_map, a_row);
 }
+// The producer's stage addresses. kLean (the plain GEMM kernels): 32-bit shared-window
+// addresses from a base it holds in a register. From generic pointers every stage re-derived
+// the window's base (two S2UR among about 75 instructions a stage at swap-AB's 64-row tiles,
+// where ncu found the producer issuing all the time and never waiting for a free stage;
+// docs/PERF.md, thirty-fourth session). The fused kernels' producers, at 40 registers with more
+// to hold, spill that base, so they keep the generic pointers.
+template <bool kLean> struct StageAt {
+  uint8_t *smem;
+  uint32_t base; // kLean: smem's shared-window address
+  __device__ __forceinline__ explicit StageAt(uint8_t *s)
+      : smem(s), base(kLean ? ptx::opaque(ptx::smem_u32(s)) : 0u) {}
+  __device__ __forceinline__ auto operator()(int off) const {
+    if constexpr (kLean)
+      return base + (uint32_t)off;
+    else
+      return smem + off;
+  }
+};
+__device__ __forceinline__ uint32_t bar_at(uint32_t a) { return a; }
+__device__ __forceinline__ uint64_t *bar_at(uint8_t *a) { return reinterpret_cast<uint64_t *>(a); }
+__device__ __forceinline__ void store_slot(uint32_t a, int32_t t) { ptx::st_shared_s32(a, t); }
+__device__ __forceinline__ void store_slot(uint8_t *a, int32_t t) {
+  *reinterpret_cast<volatile int32_t *>(a) = t;
+}
 // One stage's loads of a single CTA: A's box at (kb, a_row) and B's at (kb, b_row), `bytes`
-// expected on `full`.
-template <class GP>
-__device__ __forceinline__ void load_stage(const GP &p, uint64_t *full, uint8_t *sa, uint8_t *sb,
-                                           uint32_t bytes, const CUtensorMap *a_map, int32_t kb,
-                                           int32_t a_row, int32_t b_row) {
-  ptx::mbar_arrive_expect_tx(full, bytes);
-  ptx::tma_load_2d(sa, a_map, full, kb * kBlockK, a_row);
-  ptx::tma_load_2d(sb, &p.b_map, full, kb * kBlockK, b_row);
+// expected on `full` (StageAt's addresses).
+template <class GP, class Addr>
+__device__ __forceinline__ void load_stage(const GP &p, Addr full, Addr sa, Addr sb, uint32_t bytes,
+                                           const CUtensorMap *a_map, int32_t kb, int32_t a_row,
+                                           int32_t b_row) {
+  ptx::mbar_arrive_expect_tx(bar_at(full), bytes);
+  ptx::tma_load_2d(sa, a_map, bar_at(full), kb * kBlockK, a_row);
+  ptx::tma_load_2d(sb, &p.b_map, bar_at(full), kb * kBlockK, b_row);
 }
 // kRestoreRegs: back to the entry split (168 registers a thread) for code after the loop.
 // The producer warpgroup increases only once both consumer warpgroups have returned theirs (the
@@ -892,7 +916,7 @@ __device__ __forceinline__ void restore_regs_consumer(int cwg) {
 
 template <int Stages, int EpiBytes, class Epi, class Wait, bool kDynamic, int kCluster = 1,
           int BN = kBlockN, bool kRestoreRegs = false, int kSplit = 1, int kTileM = kBlockM,
-          bool kSplitWs = false>
+          bool kSplitWs = false, bool kLeanProducer = false>
 __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, uint8_t *smem_raw,
                                               int32_t cta, int32_t ctas) {
   using L = SmemLayout<Stages, EpiBytes, BN, kTileM>;
@@ -957,7 +981,8 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   __shared__ uint64_t scatter_bar[2][2];
   const uint64_t timeout_ns = detail::mbar_timeout(p);
   // Every mbarrier wait is bounded; an expired one is an internal stall: reported, never a hang.
-  auto wait = [&](uint64_t *bar, uint32_t parity, int32_t code) {
+  // (bar: a generic pointer or a shared-window address)
+  auto wait = [&](auto bar, uint32_t parity, int32_t code) {
     if (!ptx::mbar_wait_for(bar, parity, timeout_ns))
       Wait::mbar_stuck(p.wait, code);
   };
@@ -1024,14 +1049,16 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       int stage = 0;
       uint32_t phase = 0;
       int32_t t = cta;
+      const detail::StageAt<kLeanProducer> at(smem);
       while (detail::producer_claim<kDynamic>(p, t)) {
         int32_t mb, nb, a_row;
         const CUtensorMap *a_map;
         detail::producer_tile<kTileM, kPair>(p, t, rank, mb, nb, a_map, a_row);
         for (int32_t kb = kb0; kb < kb1; kb++) {
-          wait(&empty[stage], phase ^ 1, kStuckProducerEmpty * 16 + stage);
+          wait(detail::bar_at(at(L::kEmpty + stage * 8)), phase ^ 1,
+               kStuckProducerEmpty * 16 + stage);
           if (kb == kb0)
-            slot[stage] = t;
+            detail::store_slot(at(L::kSlot + stage * 4), t);
           // tests (TW_FAULT_STALL_TILE): this stage's loads never come, so the waits for it
           // expire and mbar_stuck reports them
           const bool withheld = kb == kb0 && t + 1 == p.fault_stall;
@@ -1044,8 +1071,8 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
                                        &p.b_map, &full[stage], kb * kBlockK,
                                        nb * BN + (int32_t)rank * (BN / 2), 0x3);
           } else {
-            detail::load_stage(p, &full[stage], smem + L::kA + stage * kTileA,
-                               smem + L::kB + stage * kTileB, kTileA + kTileB, a_map, kb, a_row,
+            detail::load_stage(p, at(L::kFull + stage * 8), at(L::kA + stage * kTileA),
+                               at(L::kB + stage * kTileB), kTileA + kTileB, a_map, kb, a_row,
                                nb * BN * (kHalfM ? 2 : 1));
           }
           if (++stage == Stages) {
@@ -1262,8 +1289,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0)
     ptx::griddep_launch_dependents();
   gemm_cta_loop<Stages, EpiBytes, Epi, Wait, kDynamic, kCluster, BN, false, kSplit, kTileM,
-                kSplitWs>(p, smem_raw, blockIdx.x / (kCluster * kSplit),
-                          gridDim.x / (kCluster * kSplit));
+                kSplitWs, true>(p, smem_raw, blockIdx.x / (kCluster * kSplit),
+                                gridDim.x / (kCluster * kSplit));
 }
 
 } // namespace gemm

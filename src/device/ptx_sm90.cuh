@@ -18,6 +18,15 @@ namespace ptx {
 __device__ __forceinline__ uint32_t smem_u32(const void *ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
+// v, hidden from the compiler's rematerialization: a loop holds it in a register instead of
+// recomputing it from its inputs each iteration.
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+__device__ __forceinline__ void st_shared_s32(uint32_t addr, int32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
 
 // ---- mbarrier -------------------------------------------------------------------------
 
@@ -32,10 +41,14 @@ __device__ __forceinline__ void mbar_init_fence() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-               "r"(bytes)
+// Each barrier operation also takes the barrier as its 32-bit shared-window address: a loop that
+// computes its addresses once runs no cvta a stage (see gemm_cta_loop's producer).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+  mbar_arrive_expect_tx(smem_u32(bar), bytes);
 }
 
 __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
@@ -49,28 +62,32 @@ __device__ __forceinline__ uint64_t globaltimer_ns();
 // so what other CTAs of the cluster wrote before their release.cluster arrivals is visible
 // (their shared memory included); else the default (CTA scope).
 template <bool kClusterAcquire = false>
-__device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, uint32_t parity) {
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;
   if constexpr (kClusterAcquire)
     asm volatile("{\n.reg .pred p;\n"
                  "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
                  "selp.u32 %0, 1, 0, p;\n}\n"
                  : "=r"(done)
-                 : "r"(smem_u32(bar)), "r"(parity)
+                 : "r"(bar), "r"(parity)
                  : "memory");
   else
     asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
                  "selp.u32 %0, 1, 0, p;\n}\n"
                  : "=r"(done)
-                 : "r"(smem_u32(bar)), "r"(parity)
+                 : "r"(bar), "r"(parity)
                  : "memory");
   return done != 0;
+}
+template <bool kClusterAcquire = false>
+__device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, uint32_t parity) {
+  return mbar_try_wait<kClusterAcquire>(smem_u32(bar), parity);
 }
 
 // Spins until the phase with the given parity has completed (true) or timeout_ns have passed
 // (false: the caller reports it). The clock is read only once the first try has failed.
 template <bool kClusterAcquire = false>
-__device__ __forceinline__ bool mbar_wait_for(uint64_t *bar, uint32_t parity, uint64_t timeout_ns) {
+__device__ __forceinline__ bool mbar_wait_for(uint32_t bar, uint32_t parity, uint64_t timeout_ns) {
   if (mbar_try_wait<kClusterAcquire>(bar, parity))
     return true;
   const uint64_t t0 = globaltimer_ns();
@@ -80,6 +97,10 @@ __device__ __forceinline__ bool mbar_wait_for(uint64_t *bar, uint32_t parity, ui
     if (globaltimer_ns() - t0 > timeout_ns)
       return false;
   }
+}
+template <bool kClusterAcquire = false>
+__device__ __forceinline__ bool mbar_wait_for(uint64_t *bar, uint32_t parity, uint64_t timeout_ns) {
+  return mbar_wait_for<kClusterAcquire>(smem_u32(bar), parity, timeout_ns);
 }
 
 // ---- clusters ---------------------------------------------------------------------------
@@ -149,12 +170,16 @@ __device__ __forceinline__ void tma_prefetch_2d(const CUtensorMap *map, int32_t 
 
 // 2D tile load global -> shared, completing `bytes` on bar; c0 is the inner (contiguous)
 // coordinate.
-__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar,
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
                                             int32_t c0, int32_t c1) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%3, %4}], [%2];" ::"r"(smem_u32(dst)),
-               "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+               " [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
                : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar,
+                                            int32_t c0, int32_t c1) {
+  tma_load_2d(smem_u32(dst), map, smem_u32(bar), c0, c1);
 }
 
 // The same box delivered to the same shared-memory offset (and barrier offset) in every CTA
