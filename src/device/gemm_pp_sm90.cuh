@@ -72,7 +72,8 @@ __device__ __forceinline__ void pp_signal_after_stores(const Params &p, int cwg,
 
 // Fns: the epilogue whose functions run (Epi's by default); it takes Epi's Params (a variant of
 // Epi with the same parameters, e.g. without code the loop never reaches).
-// kLeanProducer: detail::StageAt's (the plain GEMM kernel's).
+// kLeanProducer: the producer's stage addresses from a register, as detail::StageAt explains
+// (gemm_sm90_pp_kernel, the plain GEMM's, sets it; the fused kernels keep generic pointers).
 template <int Stages, int EpiBytes, int BN, class Epi, class Wait, bool kDynamic,
           bool kRestoreRegs = false, class Fns = Epi, bool kLeanProducer = false>
 __device__ __forceinline__ void gemm_cta_loop_pp(const GemmParams<Epi, Wait> &p, uint8_t *smem_raw,

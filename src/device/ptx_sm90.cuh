@@ -41,8 +41,9 @@ __device__ __forceinline__ void mbar_init_fence() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-// Each barrier operation also takes the barrier as its 32-bit shared-window address: a loop that
-// computes its addresses once runs no cvta a stage (see gemm_cta_loop's producer).
+// The producer's per-stage operations (this one, mbar_try_wait / mbar_wait_for, tma_load_2d)
+// also take 32-bit shared-window addresses: a loop that computes its addresses once then runs
+// no cvta a stage (gemm_cta_loop's producer, detail::StageAt).
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                : "memory");
