@@ -83,6 +83,8 @@
 #             decode path in A/B from graphs (alternating) and eager
 #     s30     (twenty-third session) eager decode one process per GPU, fast lane off / on;
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
+#     s97     (thirty-fifth session, merged) the consumers' 32-bit descriptor words: tests,
+#             tw_gemm against main's library (diagold/) from graphs
 #     s96     (thirty-fourth session) tw_gemm with the producer's lean per-stage loop against
 #             the old library (diagold/), decode and large shapes, from graphs
 #     s94     (thirty-third session, prepared) the decode GEMM core against cuBLAS's kernel at M=128
@@ -1029,6 +1031,24 @@ dist_new_old() { # dist_new_old NAME LIMIT ARGS...: run_new_old of bench_dist, o
   shift 2
   run_new_old "$name" "$limit" env PYTHONPATH="$root/python" python3 -m tilewire.bench_dist \
     --nproc 2 "$@"
+}
+exp_s97() { # (exp/lean-consumer; run and merged in the thirty-fifth session) the
+  # cooperative loop's consumers build each stage's wgmma descriptors from 32-bit low words (the
+  # high word a constant) instead of 64-bit adds: ~12 fewer instructions a stage on the decode
+  # tiles' critical path (ncu: the consumers' descriptor arithmetic and R2UR, 17% of the executed
+  # instructions at M=128 N=4096 K=4096). Tests first (every kernel's consumers changed), then
+  # tw_gemm from graphs against main's library (diagold/: scripts/pack-build.sh build
+  # MAIN_BUILD build-dev/diagold), alternated twice; and the fused ops at flux-tp8 on one GPU
+  local s
+  run "s97-test_gemm" 120 "$bin/test_gemm"
+  run "s97-test_ag_gemm" 120 "$bin/test_ag_gemm"
+  run "s97-test_gemm_rs" 240 "$bin/test_gemm_rs"
+  for s in "--m 128 --n 4096 --k 4096" "--m 64 --n 4096 --k 4096" "--m 64 --n 8192 --k 1024" \
+    "--m 16 --n 8192 --k 4096" "--m 64 --n 1024 --k 8192" "--m 4096 --n 6144 --k 12288"; do
+    # shellcheck disable=SC2086
+    run_new_old "s97-gemm${s// /}" 60 env TW_BENCH_GRAPH=1 TW_BENCH_GEMM_ROUNDS=5 "$bin/tw-bench" \
+      gemm $s --repeats 50 --warmup 5
+  done
 }
 exp_s96() { # (thirty-fourth session) the producer's per-stage loop without re-deriving the
   # shared window's base (ptx::smem_align1024; ncu's source counters at M=128 N=4096 K=4096 had the

@@ -1175,19 +1175,23 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
     detail::SigRing ring{sig_full, sig_empty, sig_slot, 0, 0};
     int32_t mb, nb;
     uint32_t split_it = 0; // split-K: tiles this warpgroup has passed on or gathered
+    // The stage-0 descriptors' low words; a stage adds its offset (wgmma_desc_lo_sw128).
+    const uint32_t lo_a0 =
+        ptx::wgmma_desc_lo_sw128(ptx::smem_u32(smem + L::kA + (kHalfM ? 0 : cwg * kBoxRows * 128)));
+    const uint32_t lo_b0 =
+        ptx::wgmma_desc_lo_sw128(ptx::smem_u32(smem + L::kB + (kHalfM ? cwg * BN * 128 : 0)));
     while (next_tile(stage, phase, mb, nb)) {
       int prev_stage = stage;
       for (int32_t kb = 0; kb < kb1 - kb0; kb++) {
         if (kb > 0)
           wait(&full[stage], phase, kStuckConsumerFull * 16 + stage);
-        const uint64_t da = ptx::wgmma_desc_sw128(smem + L::kA + stage * kTileA +
-                                                  (kHalfM ? 0 : cwg * kBoxRows * 128));
-        const uint64_t db =
-            ptx::wgmma_desc_sw128(smem + L::kB + stage * kTileB + (kHalfM ? cwg * BN * 128 : 0));
+        const uint32_t la = lo_a0 + (uint32_t)(stage * (kTileA >> 4));
+        const uint32_t lb = lo_b0 + (uint32_t)(stage * (kTileB >> 4));
         ptx::wgmma_fence();
 #pragma unroll
         for (int k = 0; k < kBlockK / 16; k++)
-          ptx::wgmma_bf16<BN>(acc, da + 2 * k, db + 2 * k, (kb | k) != 0);
+          ptx::wgmma_bf16<BN>(acc, ptx::wgmma_desc_from_lo(la + 2 * k),
+                              ptx::wgmma_desc_from_lo(lb + 2 * k), (kb | k) != 0);
         ptx::wgmma_commit();
         ptx::wgmma_wait<1>(); // the previous stage's wgmmas are done: release it
         if (kb > 0 && lane == 0)

@@ -292,6 +292,21 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(const void *smem) {
   return desc;
 }
 
+// The same descriptor from its two words: lo = start address >> 4 (14 bits) | leading byte
+// offset; hi = stride byte offset | swizzle, a constant for every 128B-swizzled K-major tile.
+// Advancing a stage or a 16-element K step adds to lo alone (the start address stays below
+// 2^18, so no carry reaches the LBO field), a 32-bit add where the 64-bit descriptor took a
+// 64-bit one.
+constexpr uint32_t kDescHiSw128 = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t wgmma_desc_lo_sw128(uint32_t smem_addr) {
+  return ((smem_addr & 0x3FFFF) >> 4) | (16 >> 4) << 16;
+}
+__device__ __forceinline__ uint64_t wgmma_desc_from_lo(uint32_t lo) {
+  uint64_t d;
+  asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(lo), "n"(kDescHiSw128));
+  return d;
+}
+
 // Programmatic dependent launch: a kernel launched after this one with
 // cudaLaunchAttributeProgrammaticStreamSerialization may be scheduled once every CTA of this
 // grid has issued launch_dependents (or ended); griddep_wait makes the executing thread wait
