@@ -85,6 +85,8 @@
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
 #     s97     (thirty-fifth session, merged) the consumers' 32-bit descriptor words: tests,
 #             tw_gemm against main's library (diagold/) from graphs
+#     s100    (thirty-fifth session, merged) one consumer warpgroup on swap-AB's 64-row tiles
+#             (m64n(2 BN)k16): tests, tw_gemm against a6dfbfc (diagold/), the decode pipelines
 #     s96     (thirty-fourth session) tw_gemm with the producer's lean per-stage loop against
 #             the old library (diagold/), decode and large shapes, from graphs
 #     s94     (thirty-third session, prepared) the decode GEMM core against cuBLAS's kernel at M=128
@@ -1048,6 +1050,29 @@ exp_s97() { # (exp/lean-consumer; run and merged in the thirty-fifth session) th
     # shellcheck disable=SC2086
     run_new_old "s97-gemm${s// /}" 60 env TW_BENCH_GRAPH=1 TW_BENCH_GEMM_ROUNDS=5 "$bin/tw-bench" \
       gemm $s --repeats 50 --warmup 5
+  done
+}
+exp_s100() { # (thirty-fifth session, merged) see the header
+  local s
+  run "s100-test_gemm" 120 "$bin/test_gemm"
+  run "s100-test_ag_gemm" 120 "$bin/test_ag_gemm"
+  run "s100-test_gemm_rs" 240 "$bin/test_gemm_rs"
+  for s in "--m 128 --n 4096 --k 4096" "--m 64 --n 4096 --k 4096" "--m 32 --n 4096 --k 4096" \
+    "--m 64 --n 8192 --k 1024" "--m 16 --n 8192 --k 1024" "--m 16 --n 8192 --k 4096" \
+    "--m 128 --n 8192 --k 1024" "--m 64 --n 1024 --k 8192"; do
+    # shellcheck disable=SC2086
+    run "s100-gemm${s// /}-new" 60 env TW_BENCH_GRAPH=1 TW_BENCH_GEMM_ROUNDS=5 "$bin/tw-bench" \
+      gemm $s --repeats 50 --warmup 5
+    run "s100-gemm${s// /}-old" 60 env LD_LIBRARY_PATH="$root/$bin/diagold:$LD_LIBRARY_PATH" \
+      TW_BENCH_GRAPH=1 TW_BENCH_GEMM_ROUNDS=5 "$bin/tw-bench" gemm $s --repeats 50 --warmup 5
+  done
+  # the decode pipelines through the one consumer's low-latency epilogue, 2 virtual ranks
+  for s in gemm_rs gemm_ar; do
+    run "s100-$s-m64-vranks-new" 60 env TW_BENCH_GRAPH=1 "$bin/tw-bench" $s --world 2 --m 64 \
+      --n 8192 --k 1024 --repeats 50 --warmup 10
+    run "s100-$s-m64-vranks-old" 60 env LD_LIBRARY_PATH="$root/$bin/diagold:$LD_LIBRARY_PATH" \
+      TW_BENCH_GRAPH=1 "$bin/tw-bench" $s --world 2 --m 64 --n 8192 --k 1024 --repeats 50 \
+      --warmup 10
   done
 }
 exp_s96() { # (thirty-fourth session) the producer's per-stage loop without re-deriving the

@@ -381,8 +381,9 @@ TW_OPTIONAL_FLAG(TransposedOf, kTransposed)
 // Wait::kWriteThrough (optional, false if absent): the write-through warp of hook (a'').
 TW_OPTIONAL_FLAG(WriteThroughOf, kWriteThrough)
 
-// kTileM 64 (swap-AB's 64-row tiles): A tiles of 64 rows, B tiles of 2 x BN rows (each consumer
-// warpgroup multiplies the 64 rows by its BN of them).
+// kTileM 64 (swap-AB's 64-row tiles): A tiles of 64 rows, B tiles of 2 x BN rows (one consumer
+// warpgroup multiplies the 64 rows by all of them; with the workspace's split-K, each of the two
+// by its BN).
 template <int Stages, int EpiBytes, int BN = kBlockN, int kTileM = kBlockM> struct SmemLayout {
   static_assert(kTileM == kBlockM || kTileM == 64, "tiles of 128 or 64 rows");
   static constexpr int kTileA = kTileM * kBlockK * 2;
@@ -506,7 +507,7 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], 
 // them. In the wgmma layout (as in epilogue()) accumulator 4 j + q of a thread holds C column
 // r + 8 (q >> 1) (r = 16 warp + lane / 4) and C row 8 j + 2 (lane & 3) + (q & 1), so each
 // thread stores scalars; the block is small (at most 64 x 64).
-template <int EpiBytes, int BN, class Epi, int kTileM, class Params>
+template <int EpiBytes, int BN, class Epi, int kTileM, int kWgs, class Params>
 __device__ __forceinline__ void epilogue_t(const Params &p, float (&acc)[BN / 2], uint8_t *cbuf,
                                            int wg, int wg_thread, int32_t mb, int32_t nb) {
   using Out = typename Epi::Out;
@@ -540,7 +541,7 @@ __device__ __forceinline__ void epilogue_t(const Params &p, float (&acc)[BN / 2]
     }
   }
   const int32_t col0 = mb * kTileM + (kTileM == 64 ? 0 : wg * kBoxRows);
-  const int32_t row0 = kTileM == 64 ? (nb * 2 + wg) * BN : nb * BN;
+  const int32_t row0 = kTileM == 64 ? (nb * kWgs + wg) * BN : nb * BN;
   if constexpr (WarpgroupStoreOf<Epi>::value) {
     // the warpgroup reads the boxes back (generic proxy) and stores them itself; the next
     // tile's first barrier above keeps its writes behind these reads
@@ -559,11 +560,11 @@ __device__ __forceinline__ void epilogue_t(const Params &p, float (&acc)[BN / 2]
 }
 
 // The tile's epilogue: transposed for swap-AB (EpiTmaStoreT), else as the core's.
-template <int EpiBytes, int BN, class Epi, int kTileM = kBlockM, class Params>
+template <int EpiBytes, int BN, class Epi, int kTileM = kBlockM, int kWgs = 2, class Params>
 __device__ __forceinline__ void epilogue_any(const Params &p, float (&acc)[BN / 2], uint8_t *cbuf,
                                              int wg, int wg_thread, int32_t mb, int32_t nb) {
   if constexpr (TransposedOf<Epi>::value)
-    epilogue_t<EpiBytes, BN, Epi, kTileM>(p, acc, cbuf, wg, wg_thread, mb, nb);
+    epilogue_t<EpiBytes, BN, Epi, kTileM, kWgs>(p, acc, cbuf, wg, wg_thread, mb, nb);
   else
     epilogue<EpiBytes, BN, Epi>(p, acc, cbuf, wg, wg_thread, mb, nb);
 }
@@ -922,9 +923,18 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   using L = SmemLayout<Stages, EpiBytes, BN, kTileM>;
   constexpr int kTileA = L::kTileA;
   constexpr int kTileB = L::kTileB;
-  // 64-row tiles (swap-AB at decode shapes where 128-row tiles would leave most SMs idle): both
-  // consumer warpgroups multiply the tile's 64 A rows, each by its BN of the 2 x BN B rows.
+  // 64-row tiles (swap-AB at decode shapes where 128-row tiles would leave most SMs idle): the
+  // tile is 64 A rows x 2 x BN B rows (kOneWg below says which warpgroups multiply it).
   constexpr bool kHalfM = kTileM == 64;
+  // 64-row tiles: one consumer warpgroup multiplies the tile's 64 A rows by all 2 x BN B rows
+  // (wgmma m64n(2 BN)k16) and the other idles; the tensor pipe runs one warpgroup's n64 chain at
+  // its full rate and two warpgroups' n32 at two thirds of it (scripts/probes/
+  // probe_wgmma_chain.cu: a stage of 4 k steps 128 against 192 cycles), which held these decode
+  // tiles. The workspace's split-K slices (kSplitWs) keep two consumers: their layout is per
+  // warpgroup. The same products in the same k order: the same bits.
+  constexpr bool kOneWg = kHalfM && !(kSplitWs && kSplit > 1);
+  constexpr int CBN = kOneWg ? 2 * BN : BN;                    // a consumer's wgmma N
+  constexpr int kCEpiBytes = kOneWg ? 2 * EpiBytes : EpiBytes; // and its epilogue buffer
   constexpr bool kPair = kCluster == 2;
   static_assert(kCluster == 1 || kCluster == 2, "clusters of 1 or 2 CTAs along M");
   static_assert(!(kPair && kDynamic), "the tile queue serves single CTAs");
@@ -1003,7 +1013,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
     for (int s = 0; s < Stages; s++) {
       ptx::mbar_init(&full[s], 1);
       // One arrival per consumer warp of the cluster (and the write-through warp's).
-      ptx::mbar_init(&empty[s], 8 * kCluster + (kWT ? 1 : 0));
+      ptx::mbar_init(&empty[s], (kOneWg ? 4 : 8) * kCluster + (kWT ? 1 : 0));
     }
     if constexpr (kSigWarp)
       for (int s = 0; s < kSigDepth; s++) {
@@ -1163,115 +1173,118 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       if constexpr (kPair)
         ptx::mbar_arrive_cluster(&empty[s], rank ^ 1);
     };
-    uint8_t *cbuf = smem + L::kC + cwg * EpiBytes;
-    float acc[BN / 2];
+    if (!(kOneWg && cwg == 1)) {
+      uint8_t *cbuf = smem + L::kC + cwg * EpiBytes;
+      float acc[CBN / 2];
 #pragma unroll
-    for (int i = 0; i < BN / 2; i++)
-      acc[i] = 0.f;
-    int stage = 0;
-    uint32_t phase = 0;
-    int32_t sig_mb = -1, sig_nb = 0; // kSignal: the tile whose signal is still owed
-    constexpr int kPasses = detail::epi_passes<EpiBytes, BN, typename Epi::Out>();
-    detail::SigRing ring{sig_full, sig_empty, sig_slot, 0, 0};
-    int32_t mb, nb;
-    uint32_t split_it = 0; // split-K: tiles this warpgroup has passed on or gathered
-    // The stage-0 descriptors' low words; a stage adds its offset (wgmma_desc_lo_sw128).
-    const uint32_t lo_a0 =
-        ptx::wgmma_desc_lo_sw128(ptx::smem_u32(smem + L::kA + (kHalfM ? 0 : cwg * kBoxRows * 128)));
-    const uint32_t lo_b0 =
-        ptx::wgmma_desc_lo_sw128(ptx::smem_u32(smem + L::kB + (kHalfM ? cwg * BN * 128 : 0)));
-    while (next_tile(stage, phase, mb, nb)) {
-      int prev_stage = stage;
-      for (int32_t kb = 0; kb < kb1 - kb0; kb++) {
-        if (kb > 0)
-          wait(&full[stage], phase, kStuckConsumerFull * 16 + stage);
-        const uint32_t la = lo_a0 + (uint32_t)(stage * (kTileA >> 4));
-        const uint32_t lb = lo_b0 + (uint32_t)(stage * (kTileB >> 4));
-        ptx::wgmma_fence();
+      for (int i = 0; i < CBN / 2; i++)
+        acc[i] = 0.f;
+      int stage = 0;
+      uint32_t phase = 0;
+      int32_t sig_mb = -1, sig_nb = 0; // kSignal: the tile whose signal is still owed
+      constexpr int kPasses = detail::epi_passes<kCEpiBytes, CBN, typename Epi::Out>();
+      detail::SigRing ring{sig_full, sig_empty, sig_slot, 0, 0};
+      int32_t mb, nb;
+      uint32_t split_it = 0; // split-K: tiles this warpgroup has passed on or gathered
+      // The stage-0 descriptors' low words; a stage adds its offset (wgmma_desc_lo_sw128).
+      const uint32_t lo_a0 = ptx::wgmma_desc_lo_sw128(
+          ptx::smem_u32(smem + L::kA + (kHalfM ? 0 : cwg * kBoxRows * 128)));
+      const uint32_t lo_b0 =
+          ptx::wgmma_desc_lo_sw128(ptx::smem_u32(smem + L::kB + (kHalfM ? cwg * BN * 128 : 0)));
+      while (next_tile(stage, phase, mb, nb)) {
+        int prev_stage = stage;
+        for (int32_t kb = 0; kb < kb1 - kb0; kb++) {
+          if (kb > 0)
+            wait(&full[stage], phase, kStuckConsumerFull * 16 + stage);
+          const uint32_t la = lo_a0 + (uint32_t)(stage * (kTileA >> 4));
+          const uint32_t lb = lo_b0 + (uint32_t)(stage * (kTileB >> 4));
+          ptx::wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < kBlockK / 16; k++)
-          ptx::wgmma_bf16<BN>(acc, ptx::wgmma_desc_from_lo(la + 2 * k),
-                              ptx::wgmma_desc_from_lo(lb + 2 * k), (kb | k) != 0);
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<1>(); // the previous stage's wgmmas are done: release it
-        if (kb > 0 && lane == 0)
+          for (int k = 0; k < kBlockK / 16; k++)
+            ptx::wgmma_bf16<CBN>(acc, ptx::wgmma_desc_from_lo(la + 2 * k),
+                                 ptx::wgmma_desc_from_lo(lb + 2 * k), (kb | k) != 0);
+          ptx::wgmma_commit();
+          ptx::wgmma_wait<1>(); // the previous stage's wgmmas are done: release it
+          if (kb > 0 && lane == 0)
+            release(prev_stage);
+          prev_stage = stage;
+          if (++stage == Stages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+        ptx::wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < CBN / 2; i++)
+          ptx::reg_fence(acc[i]);
+        if (lane == 0)
           release(prev_stage);
-        prev_stage = stage;
-        if (++stage == Stages) {
-          stage = 0;
-          phase ^= 1;
+        if constexpr (kWs) {
+          // As below; with 64-row tiles both warpgroups share the tile's rows.
+          if (p.rows > 0 && (int64_t)mb * kTileM + (kHalfM ? 0 : cwg * (kBlockM / 2)) >= p.rows)
+            continue;
+          __shared__ int32_t ws_last[2];
+          if (!detail::split_ws_combine<kSplit, BN>(p, acc, mb * p.order.n_blocks + nb, slice, cwg,
+                                                    wg_thread, &ws_last[cwg]))
+            continue; // another slice stores the tile
         }
-      }
-      ptx::wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < BN / 2; i++)
-        ptx::reg_fence(acc[i]);
-      if (lane == 0)
-        release(prev_stage);
-      if constexpr (kWs) {
-        // As below; with 64-row tiles both warpgroups share the tile's rows.
-        if (p.rows > 0 && (int64_t)mb * kTileM + (kHalfM ? 0 : cwg * (kBlockM / 2)) >= p.rows)
-          continue;
-        __shared__ int32_t ws_last[2];
-        if (!detail::split_ws_combine<kSplit, BN>(p, acc, mb * p.order.n_blocks + nb, slice, cwg,
-                                                  wg_thread, &ws_last[cwg]))
-          continue; // another slice stores the tile
-      }
-      if constexpr (kSplitK) {
-        // A warpgroup whose 64 rows of the tile all lie past the product's (decode: M=64) has
-        // nothing to sum or store; every slice skips it alike (the same tile, the same rows).
-        if (p.rows > 0 && (int64_t)mb * kBlockM + cwg * (kBlockM / 2) >= p.rows)
-          continue;
-        if constexpr (!kTransposedEpi) {
-          if (p.split_scatter) {
-            detail::split_scatter<kSplit, BN, typename Epi::Out>(p, acc, cbuf, scatter_bar[cwg],
-                                                                 slice, split_it++, wg_thread, cwg,
-                                                                 mb, nb, timeout_ns);
-            continue; // the tile's columns are stored, by every slice its band
+        if constexpr (kSplitK) {
+          // A warpgroup whose 64 rows of the tile all lie past the product's (decode: M=64) has
+          // nothing to sum or store; every slice skips it alike (the same tile, the same rows).
+          if (p.rows > 0 && (int64_t)mb * kBlockM + cwg * (kBlockM / 2) >= p.rows)
+            continue;
+          if constexpr (!kTransposedEpi) {
+            if (p.split_scatter) {
+              detail::split_scatter<kSplit, BN, typename Epi::Out>(p, acc, cbuf, scatter_bar[cwg],
+                                                                   slice, split_it++, wg_thread,
+                                                                   cwg, mb, nb, timeout_ns);
+              continue; // the tile's columns are stored, by every slice its band
+            }
+          }
+          if (!detail::split_combine<kSplit, BN>(p, acc, cbuf, split_bar[cwg], slice, split_it++,
+                                                 wg_thread, timeout_ns))
+            continue; // a slice: its accumulators are in another's now
+        }
+        if constexpr (OwnerEpiOf<Epi>::value) {
+          if (Epi::owner_tile(p, mb)) {
+            if (sig_mb >= 0) { // the previous tile's signal, its stores performed
+              detail::signal_after_stores<0, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);
+              sig_mb = -1;
+            }
+            Epi::combine(p, acc, mb, nb, cwg, wg_thread);
+            // Signalled like any tile once its stores are performed, where the epilogue says so.
+            // The tile's coordinates wait in shared memory, not in registers, across the
+            // epilogue (one more live register spilled the bf16 kernels): thread 0 writes them
+            // after combine's barriers (every thread has read the previous own tile's) and the
+            // epilogue's first warpgroup barrier orders them before every thread's read.
+            __shared__ int32_t own_sig[2][2];
+            volatile int32_t *sig = own_sig[cwg];
+            if (wg_thread == 0)
+              sig[0] = Epi::owner_signals(p) ? mb : -1, sig[1] = nb;
+            detail::epilogue<EpiBytes, BN, typename Epi::OwnerOut>(p, acc, cbuf, cwg, wg_thread, mb,
+                                                                   nb);
+            sig_mb = sig[0], sig_nb = sig[1];
+            continue;
           }
         }
-        if (!detail::split_combine<kSplit, BN>(p, acc, cbuf, split_bar[cwg], slice, split_it++,
-                                               wg_thread, timeout_ns))
-          continue; // a slice: its accumulators are in another's now
-      }
-      if constexpr (OwnerEpiOf<Epi>::value) {
-        if (Epi::owner_tile(p, mb)) {
-          if (sig_mb >= 0) { // the previous tile's signal, its stores performed
-            detail::signal_after_stores<0, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);
-            sig_mb = -1;
-          }
-          Epi::combine(p, acc, mb, nb, cwg, wg_thread);
-          // Signalled like any tile once its stores are performed, where the epilogue says so.
-          // The tile's coordinates wait in shared memory, not in registers, across the
-          // epilogue (one more live register spilled the bf16 kernels): thread 0 writes them
-          // after combine's barriers (every thread has read the previous own tile's) and the
-          // epilogue's first warpgroup barrier orders them before every thread's read.
-          __shared__ int32_t own_sig[2][2];
-          volatile int32_t *sig = own_sig[cwg];
-          if (wg_thread == 0)
-            sig[0] = Epi::owner_signals(p) ? mb : -1, sig[1] = nb;
-          detail::epilogue<EpiBytes, BN, typename Epi::OwnerOut>(p, acc, cbuf, cwg, wg_thread, mb,
-                                                                 nb);
-          sig_mb = sig[0], sig_nb = sig[1];
-          continue;
+        detail::epilogue_any<kCEpiBytes, CBN, Epi, kTileM, kOneWg ? 1 : 2>(p, acc, cbuf, cwg,
+                                                                           wg_thread, mb, nb);
+        if constexpr (Epi::kSignal) { // the previous tile's signal, this tile's in flight
+          if (sig_mb >= 0)
+            detail::signal_after_stores<kPasses, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);
+          sig_mb = mb, sig_nb = nb;
         }
       }
-      detail::epilogue_any<EpiBytes, BN, Epi, kTileM>(p, acc, cbuf, cwg, wg_thread, mb, nb);
-      if constexpr (Epi::kSignal) { // the previous tile's signal, this tile's in flight
+      if constexpr (Epi::kSignal)
         if (sig_mb >= 0)
-          detail::signal_after_stores<kPasses, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);
-        sig_mb = mb, sig_nb = nb;
-      }
-    }
-    if constexpr (Epi::kSignal)
-      if (sig_mb >= 0)
-        detail::signal_after_stores<0, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);
-    if constexpr (kSigWarp)
-      if (cwg == 0 && wg_thread == Epi::signal_thread(p.epi))
-        if (!ring.post(-1, 0, timeout_ns)) // the signal warp may leave
-          Wait::mbar_stuck(p.wait, kStuckSignalPost * 16 + ring.i);
-    if (wg_thread == 0)
-      ptx::bulk_wait<0>(); // shared memory must outlive the last stores
+          detail::signal_after_stores<0, Epi>(p, cwg, wg_thread, sig_mb, sig_nb, ring);
+      if constexpr (kSigWarp)
+        if (cwg == 0 && wg_thread == Epi::signal_thread(p.epi))
+          if (!ring.post(-1, 0, timeout_ns)) // the signal warp may leave
+            Wait::mbar_stuck(p.wait, kStuckSignalPost * 16 + ring.i);
+      if (wg_thread == 0)
+        ptx::bulk_wait<0>(); // shared memory must outlive the last stores
+    }                        // !(kOneWg && cwg == 1)
     if constexpr (kRestoreRegs)
       detail::restore_regs_consumer(cwg);
   }

@@ -180,8 +180,9 @@ tw_status_t launch_split(const GemmParams<EpiTmaStore<Out>, NoWait> &params, int
 // accumulators), as many stages as fit beside it; split-K's slices on clusters as above.
 constexpr int kSwapEpiBytes = 16384;
 template <int MT> constexpr int swap_stages() { return MT == 16 ? 10 : 7; }
-// 64-row tiles (tw_gemm_swap_half): each consumer warpgroup takes MT / 2 of A's rows, so its
-// transposed boxes are MT / 2 C rows x 128 bytes (at most 8 KiB for both fp32 boxes); a stage is
+// 64-row tiles (tw_gemm_swap_half): one consumer warpgroup takes all MT of A's rows (the
+// workspace's slices: each MT / 2), so its transposed boxes are MT C rows x 128 bytes (at most
+// 16 KiB for both fp32 boxes: both warpgroups' 8 KiB buffers, the other's idle); a stage is
 // 8 KiB of B's rows and 2 or 8 KiB of A's, so 16 or 12 fit.
 constexpr int kSwapHalfEpiBytes = 8192;
 template <int MT> constexpr int swap_half_stages() { return MT == 16 ? 16 : 12; }
@@ -408,8 +409,9 @@ struct WsPlan {
 // rows x mt (16 or 64) of A's, its "A" operand map over B, its "B" operand map over A, and
 // stores C transposed (EpiTmaStoreT). Tile orders only move work between CTAs (the same bits),
 // so the default order serves; split-K sums the same slices in the same tree as run()'s.
-// half (tw_gemm_swap_half, unsplit): tiles of 64 of B's rows, twice as many, each consumer
-// warpgroup taking mt / 2 of A's rows (the same products in the same k order: the same bits).
+// half (tw_gemm_swap_half, unsplit): tiles of 64 of B's rows, twice as many, one consumer
+// warpgroup taking all mt of A's rows (the workspace's slices: each warpgroup mt / 2; the same
+// products in the same k order: the same bits).
 // E = EpiLlPushT<Out> (opts.ll, unsplit): the tiles go into the owners' low-latency areas as
 // words (gemm_ll.cuh) instead of into c; EpiLlReduceT<Out> (opts.ll->reduce): the peers' rows
 // so, this rank's own summed into opts.ll->out.
@@ -458,7 +460,9 @@ run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int split, int dev
     }
   } else if (st == TW_SUCCESS) {
     st = out_map<Out>(&params.epi.c_map, a.c, a.n, a.m, a.ldc,
-                      "tw_gemm: cuTensorMapEncodeTiled(c, swapped)", half ? mt / 2 : mt);
+                      "tw_gemm: cuTensorMapEncodeTiled(c, swapped)",
+                      half && ws ? mt / 2 : mt); // 64-row tiles store mt rows from one
+                                                 // consumer (kOneWg), the workspace's mt / 2
   }
   if (st != TW_SUCCESS)
     return st;
