@@ -85,6 +85,8 @@
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
 #     s97     (thirty-fifth session, merged) the consumers' 32-bit descriptor words: tests,
 #             tw_gemm against main's library (diagold/) from graphs
+#     s101    (thirty-fifth session, merged) swap-AB's 64-row tiles 32 of A's rows wide at m <= 32
+#             (tw_gemm_swap_half_mt): tw_gemm against ff8573b (diagold/), the decode pipelines
 #     s100    (thirty-fifth session, merged) one consumer warpgroup on swap-AB's 64-row tiles
 #             (m64n(2 BN)k16): tests, tw_gemm against a6dfbfc (diagold/), the decode pipelines
 #     s96     (thirty-fourth session) tw_gemm with the producer's lean per-stage loop against
@@ -1052,28 +1054,40 @@ exp_s97() { # (exp/lean-consumer; run and merged in the thirty-fifth session) th
       gemm $s --repeats 50 --warmup 5
   done
 }
+new_old_decode() { # new_old_decode PREFIX M SHAPE...: tw_gemm at each SHAPE from graphs, then
+  # GEMM+RS / GEMM+AR at m M N=8192 K=1024 on 2 virtual ranks (the decode pipelines), each with
+  # this build's library and then the old one (diagold/), once
+  local pre=$1 m=$2 s lib l
+  shift 2
+  for s in "$@"; do
+    for lib in new old; do
+      l="$root/$bin"
+      [ $lib = old ] && l="$root/$bin/diagold"
+      # shellcheck disable=SC2086
+      run "$pre-gemm${s// /}-$lib" 60 env LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH" TW_BENCH_GRAPH=1 \
+        TW_BENCH_GEMM_ROUNDS=5 "$bin/tw-bench" gemm $s --repeats 50 --warmup 5
+    done
+  done
+  for s in gemm_rs gemm_ar; do
+    for lib in new old; do
+      l="$root/$bin"
+      [ $lib = old ] && l="$root/$bin/diagold"
+      run "$pre-$s-m$m-vranks-$lib" 60 env LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH" TW_BENCH_GRAPH=1 \
+        "$bin/tw-bench" $s --world 2 --m "$m" --n 8192 --k 1024 --repeats 50 --warmup 10
+    done
+  done
+}
+exp_s101() { # (thirty-fifth session, merged) see the header
+  new_old_decode s101 32 "--m 32 --n 4096 --k 4096" "--m 32 --n 8192 --k 1024" \
+    "--m 24 --n 4096 --k 4096"
+}
 exp_s100() { # (thirty-fifth session, merged) see the header
-  local s
   run "s100-test_gemm" 120 "$bin/test_gemm"
   run "s100-test_ag_gemm" 120 "$bin/test_ag_gemm"
   run "s100-test_gemm_rs" 240 "$bin/test_gemm_rs"
-  for s in "--m 128 --n 4096 --k 4096" "--m 64 --n 4096 --k 4096" "--m 32 --n 4096 --k 4096" \
-    "--m 64 --n 8192 --k 1024" "--m 16 --n 8192 --k 1024" "--m 16 --n 8192 --k 4096" \
-    "--m 128 --n 8192 --k 1024" "--m 64 --n 1024 --k 8192"; do
-    # shellcheck disable=SC2086
-    run "s100-gemm${s// /}-new" 60 env TW_BENCH_GRAPH=1 TW_BENCH_GEMM_ROUNDS=5 "$bin/tw-bench" \
-      gemm $s --repeats 50 --warmup 5
-    run "s100-gemm${s// /}-old" 60 env LD_LIBRARY_PATH="$root/$bin/diagold:$LD_LIBRARY_PATH" \
-      TW_BENCH_GRAPH=1 TW_BENCH_GEMM_ROUNDS=5 "$bin/tw-bench" gemm $s --repeats 50 --warmup 5
-  done
-  # the decode pipelines through the one consumer's low-latency epilogue, 2 virtual ranks
-  for s in gemm_rs gemm_ar; do
-    run "s100-$s-m64-vranks-new" 60 env TW_BENCH_GRAPH=1 "$bin/tw-bench" $s --world 2 --m 64 \
-      --n 8192 --k 1024 --repeats 50 --warmup 10
-    run "s100-$s-m64-vranks-old" 60 env LD_LIBRARY_PATH="$root/$bin/diagold:$LD_LIBRARY_PATH" \
-      TW_BENCH_GRAPH=1 "$bin/tw-bench" $s --world 2 --m 64 --n 8192 --k 1024 --repeats 50 \
-      --warmup 10
-  done
+  new_old_decode s100 64 "--m 128 --n 4096 --k 4096" "--m 64 --n 4096 --k 4096" \
+    "--m 32 --n 4096 --k 4096" "--m 64 --n 8192 --k 1024" "--m 16 --n 8192 --k 1024" \
+    "--m 16 --n 8192 --k 4096" "--m 128 --n 8192 --k 1024" "--m 64 --n 1024 --k 8192"
 }
 exp_s96() { # (thirty-fourth session) the producer's per-stage loop without re-deriving the
   # shared window's base (ptx::smem_align1024; ncu's source counters at M=128 N=4096 K=4096 had the

@@ -101,6 +101,16 @@ int tw_gemm_swap_half(int env, int64_t m, int64_t n, int split, int sms) {
   return tiles128 * 2 <= (int64_t)sms;
 }
 
+int tw_gemm_swap_half_mt(int mt, int64_t m) {
+  /* Thirty-fifth session (group s101, H200, tw_gemm from graphs, ms, 64-row tiles 64 / 32 of A's
+   * rows wide, cuBLAS): M=32 N=4096 K=4096 0.0147 / 0.0132 (0.0132), M=32 N=8192 K=1024 0.0077
+   * / 0.0071 (0.0068): at m <= 32 half the 64-wide tile's wgmma columns lie past m. At m 33-64
+   * the 32-wide tiles (twice the CTAs) gained 1% where they fit one wave (M=64 N=4096 K=4096
+   * 0.0135 / 0.0133, M=48 0.0135 / 0.0133, M=64 N=4096 K=8192 0.0234 / 0.0233) and lost where
+   * they took two (M=64 N=8192 K=1024 0.0073 / 0.0090), so 64 stays there. */
+  return mt == 64 && m <= 32 ? 32 : mt;
+}
+
 size_t tw_gemm_ws_bytes(int64_t tiles, int split, int cols) {
   /* per warpgroup 128 threads x cols / 2 fp32 accumulators */
   return TW_GEMM_WS_COUNTERS + (size_t)tiles * (size_t)split * 2 * 128 * (size_t)(cols / 2) * 4;

@@ -53,11 +53,14 @@ int tw_gemm_swap_bn_upto(int env, int64_t m, int64_t rule_max_m);
  * 128 where the GEMM is unsplit and the swapped tiles of 128 of B's rows at m 128 (two tiles of
  * 64 of A's rows each) fit the `sms` CTAs at once (n <= 8448 on 132), else 64. */
 int64_t tw_gemm_swap_rule_max_m(int64_t n, int split, int sms);
-/* Whether swap-AB runs tiles of 64 of B's rows (each consumer warpgroup taking half the tile's
- * width of A's rows) instead of 128: env 2 wherever unsplit, 1 or 0 never, -1 unsplit where the
- * n x m product has at most sms / 2 tiles of 128 rows (m up to tw_gemm_swap_rule_max_m's
- * bound). The same bits either way. */
+/* Whether swap-AB runs tiles of 64 of B's rows (one consumer warpgroup taking the tile's whole
+ * width of A's rows, tw_gemm_swap_half_mt) instead of 128: env 2 wherever unsplit, 1 or 0 never, -1
+ * unsplit where the n x m product has at most sms / 2 tiles of 128 rows (m up to
+ * tw_gemm_swap_rule_max_m's bound). The same bits either way. */
 int tw_gemm_swap_half(int env, int64_t m, int64_t n, int split, int sms);
+/* The width of A's rows of those 64-row tiles, unsplit (the workspace's slices keep mt): 32
+ * where tw_gemm_swap_bn's width mt is 64 and m <= 32, else mt. */
+int tw_gemm_swap_half_mt(int mt, int64_t m);
 
 /* Split-K through a workspace (tw_gemm_args_t.workspace, split_k -1): tw_gemm_auto_split's
  * slices (so the same bits) run as single CTAs on tiles of 64 of B's rows (swapped: 64 x swap_mt;

@@ -183,9 +183,10 @@ template <int MT> constexpr int swap_stages() { return MT == 16 ? 10 : 7; }
 // 64-row tiles (tw_gemm_swap_half): one consumer warpgroup takes all MT of A's rows (the
 // workspace's slices: each MT / 2), so its transposed boxes are MT C rows x 128 bytes (at most
 // 16 KiB for both fp32 boxes: both warpgroups' 8 KiB buffers, the other's idle); a stage is
-// 8 KiB of B's rows and 2 or 8 KiB of A's, so 16 or 12 fit.
+// 8 KiB of B's rows and 2, 4 or 8 KiB of A's (MT 16, 32 or 64: tw_gemm_swap_half_mt), so 16,
+// 16 or 12 fit.
 constexpr int kSwapHalfEpiBytes = 8192;
-template <int MT> constexpr int swap_half_stages() { return MT == 16 ? 16 : 12; }
+template <int MT> constexpr int swap_half_stages() { return MT == 64 ? 12 : 16; }
 
 template <class Out, int MT, class Wait, class E = EpiTmaStoreT<Out>>
 tw_status_t launch_swap(const GemmParams<E, Wait> &params, int split, int grid, int device,
@@ -310,6 +311,27 @@ template <class Out, int MT> cudaError_t preload_swap() {
   return e;
 }
 
+/* launch_swap_half's 32-wide tiles (tw_gemm_swap_half_mt), unsplit: the plain GEMM, the released
+ * wait and both low-latency epilogues. */
+template <class Out> cudaError_t preload_swap_half32() {
+  constexpr int SH = swap_half_stages<32>();
+  using E = EpiTmaStoreT<Out>;
+  cudaError_t e = cudaSuccess, r;
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, 16, 1, NoWait, E, 64>()) !=
+      cudaSuccess)
+    e = r;
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, 16, 1, ReleasedWait, E, 64>()) !=
+      cudaSuccess)
+    e = r;
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, 16, 1, NoWait, EpiLlPushT<Out>,
+                       64>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, 16, 1, NoWait, EpiLlReduceT<Out>,
+                       64>()) != cudaSuccess)
+    e = r;
+  return e;
+}
+
 /* Every instantiation launch_out, launch_split, launch_released and launch_swap can pick (keep
  * the lists in step). */
 template <class Out> cudaError_t preload_out() {
@@ -356,6 +378,8 @@ template <class Out> cudaError_t preload_out() {
   if ((r = preload_swap<Out, 16>()) != cudaSuccess)
     e = r;
   if ((r = preload_swap<Out, 64>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_swap_half32<Out>()) != cudaSuccess)
     e = r;
   return e;
 }
@@ -483,8 +507,9 @@ run_swap(const tw_gemm_args_t &a, int mt, bool half, int sms, int split, int dev
   if (ws)
     return tw_fail(TW_ERR_INTERNAL, "tw_gemm: the workspace's slices serve the plain GEMM");
   if (half && split == 1)
-    return mt == 16 ? launch_swap_half<Out, 16, Wait, E>(params, grid, device, stream)
-                    : launch_swap_half<Out, 64, Wait, E>(params, grid, device, stream);
+    return mt == 16   ? launch_swap_half<Out, 16, Wait, E>(params, grid, device, stream)
+           : mt == 32 ? launch_swap_half<Out, 32, Wait, E>(params, grid, device, stream)
+                      : launch_swap_half<Out, 64, Wait, E>(params, grid, device, stream);
   if (half)
     return tw_fail(TW_ERR_INTERNAL, "tw_gemm: 64-row swap-AB tiles serve unsplit GEMMs (split %d)",
                    split);
@@ -731,6 +756,8 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   if (swap_mt && (!opts || (opts->variant < 0 && !opts->dynamic_queue)) &&
       !(split > 1 && tw_env_int(TW_SPLIT_SCATTER_ID) != 0)) {
     const bool half = tw_gemm_swap_half(swap_env, a.m, a.n, split, sms) != 0;
+    // 64-row tiles: 32 of A's rows wide at m <= 32 (unsplit, so every route below)
+    const int mt = half && split == 1 ? tw_gemm_swap_half_mt(swap_mt, a.m) : swap_mt;
     if (opts && opts->ll) {
       if (split > 1 || opts->released)
         return tw_fail(TW_ERR_INTERNAL,
@@ -738,13 +765,13 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
       const NoWait::Params w = NoWait::Params();
       if (opts->ll->reduce) /* tw_gemm_rs's own rows summed in the epilogue */
         return a.c_dtype == TW_BF16 ? run_swap<__nv_bfloat16, NoWait, EpiLlReduceT<__nv_bfloat16>>(
-                                          a, swap_mt, half, sms, 1, device, s, w, opts->ll)
+                                          a, mt, half, sms, 1, device, s, w, opts->ll)
                                     : run_swap<float, NoWait, EpiLlReduceT<float>>(
-                                          a, swap_mt, half, sms, 1, device, s, w, opts->ll);
+                                          a, mt, half, sms, 1, device, s, w, opts->ll);
       if (a.c_dtype == TW_BF16)
-        return run_swap<__nv_bfloat16, NoWait, EpiLlPushT<__nv_bfloat16>>(a, swap_mt, half, sms, 1,
+        return run_swap<__nv_bfloat16, NoWait, EpiLlPushT<__nv_bfloat16>>(a, mt, half, sms, 1,
                                                                           device, s, w, opts->ll);
-      return run_swap<float, NoWait, EpiLlPushT<float>>(a, swap_mt, half, sms, 1, device, s, w,
+      return run_swap<float, NoWait, EpiLlPushT<float>>(a, mt, half, sms, 1, device, s, w,
                                                         opts->ll);
     }
     if (opts && opts->released) {
@@ -753,14 +780,13 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
                        "tw_gemm: the released wait serves unsplit GEMMs (split %d)", split);
       const ReleasedWait::Params w = released_params(*opts);
       if (a.c_dtype == TW_BF16)
-        return run_swap<__nv_bfloat16, ReleasedWait>(a, swap_mt, half, sms, 1, device, s, w);
-      return run_swap<float, ReleasedWait>(a, swap_mt, half, sms, 1, device, s, w);
+        return run_swap<__nv_bfloat16, ReleasedWait>(a, mt, half, sms, 1, device, s, w);
+      return run_swap<float, ReleasedWait>(a, mt, half, sms, 1, device, s, w);
     }
     if (a.c_dtype == TW_BF16)
-      return run_swap<__nv_bfloat16>(a, swap_mt, half, sms, split, device, s, NoWait::Params(),
-                                     NULL, after_grid);
-    return run_swap<float>(a, swap_mt, half, sms, split, device, s, NoWait::Params(), NULL,
-                           after_grid);
+      return run_swap<__nv_bfloat16>(a, mt, half, sms, split, device, s, NoWait::Params(), NULL,
+                                     after_grid);
+    return run_swap<float>(a, mt, half, sms, split, device, s, NoWait::Params(), NULL, after_grid);
   }
   if (opts && opts->ll)
     return tw_fail(TW_ERR_INTERNAL,

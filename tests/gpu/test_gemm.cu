@@ -772,6 +772,8 @@ int main(void) {
   check_swap(&buf, 9, 2048, 1024, 8);  /* 16 tiles on 16 clusters; 8 under 66 SMs */
   check_swap(&buf, 12, 200, 1000, 0);  /* 64-row tiles: 4, the last 8 rows past n; K tail */
   check_swap(&buf, 48, 8256, 520, 0);  /* 64-row tiles by the rule: 129 on 129 CTAs */
+  check_swap(&buf, 32, 1000, 520, 0);  /* 64-row tiles 32 wide (m <= 32); K tail */
+  check_swap(&buf, 20, 8256, 264, 0);  /* 32 wide, 12 columns past m, 129 CTAs */
   check_swap(&buf, 16, 16384, 264, 0); /* TW_GEMM_SWAP=2: 256 64-row tiles, two rounds */
   /* forced past m 64 (TW_GEMM_SWAP=1, 2 reach m 128): two 64-wide tiles of A's rows, the
    * second part past m; and with slices */

@@ -121,6 +121,17 @@ static void test_gemm_plans(void) {
     TEST_ASSERT(got == sh[i].want, "swap 64-row tiles env %d m %lld n %lld split %d sms %d: %d",
                 sh[i].env, (long long)sh[i].m, (long long)sh[i].n, sh[i].split, sh[i].sms, got);
   }
+  /* their width of A's rows: 32 at m <= 32 where tw_gemm_swap_bn gives 64 */
+  static const struct {
+    int mt;
+    int64_t m;
+    int want;
+  } hm[] = {{64, 17, 32}, {64, 32, 32}, {64, 33, 64}, {64, 64, 64}, {64, 128, 64}, {16, 16, 16}};
+  for (size_t i = 0; i < sizeof(hm) / sizeof(hm[0]); i++) {
+    const int got = tw_gemm_swap_half_mt(hm[i].mt, hm[i].m);
+    TEST_ASSERT(got == hm[i].want, "swap 64-row tiles' width mt %d m %lld: %d, want %d", hm[i].mt,
+                (long long)hm[i].m, got, hm[i].want);
+  }
   /* split-K through a workspace: the tree's slices on tiles of 64 of B's rows where twice the
    * CTAs still fit 132 SMs; never unsplit, or where n is one 64-row tile */
   static const struct {
