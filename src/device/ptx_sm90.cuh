@@ -283,23 +283,17 @@ template <uint32_t R> __device__ __forceinline__ void setmaxnreg_dec() {
 // Shared-memory matrix descriptor for a K-major tile stored with 128-byte swizzle as TMA writes
 // it: rows of 128 bytes (64 bf16), 8-row groups 1024 bytes apart; the tile base 1024-aligned.
 // Advancing along K by 16 elements inside the 128-byte row adds 32 bytes to the start address.
-__device__ __forceinline__ uint64_t wgmma_desc_sw128(const void *smem) {
-  uint64_t addr = smem_u32(smem);
-  uint64_t desc = (addr & 0x3FFFF) >> 4;
-  desc |= uint64_t(16 >> 4) << 16;   // leading byte offset (unused for swizzled K-major)
-  desc |= uint64_t(1024 >> 4) << 32; // stride byte offset: 8 rows x 128 B
-  desc |= uint64_t(1) << 62;         // 128-byte swizzle
-  return desc;
-}
-
-// The same descriptor from its two words: lo = start address >> 4 (14 bits) | leading byte
-// offset; hi = stride byte offset | swizzle, a constant for every 128B-swizzled K-major tile.
-// Advancing a stage or a 16-element K step adds to lo alone (the start address stays below
-// 2^18, so no carry reaches the LBO field), a 32-bit add where the 64-bit descriptor took a
-// 64-bit one.
+// Its two words: lo = start address >> 4 (14 bits) | leading byte offset (16 B, unused for
+// swizzled K-major); hi = stride byte offset (8 rows x 128 B) | 128-byte swizzle, a constant for
+// every such tile. Advancing a stage or a 16-element K step adds to lo alone (the start address
+// stays below 2^18, so no carry reaches the LBO field): the consumers' 32-bit adds
+// (wgmma_desc_from_lo).
 constexpr uint32_t kDescHiSw128 = (1024 >> 4) | (1u << 30);
 __device__ __forceinline__ uint32_t wgmma_desc_lo_sw128(uint32_t smem_addr) {
   return ((smem_addr & 0x3FFFF) >> 4) | (16 >> 4) << 16;
+}
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(const void *smem) {
+  return wgmma_desc_lo_sw128(smem_u32(smem)) | (uint64_t(kDescHiSw128) << 32);
 }
 __device__ __forceinline__ uint64_t wgmma_desc_from_lo(uint32_t lo) {
   uint64_t d;

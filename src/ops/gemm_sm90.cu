@@ -266,19 +266,28 @@ cudaError_t preload_ws() {
   return e;
 }
 
-/* A low-latency epilogue's two tile heights (launch_swap's and launch_swap_half's, unsplit). */
-template <class Out, int MT, class LE> cudaError_t preload_ll() {
+/* launch_swap_half's, for one tile width (unsplit): the plain GEMM, the released wait and the
+ * unfused pipeline's two epilogues into the low-latency area. */
+template <class Out, int MT> cudaError_t preload_swap_half() {
+  constexpr int SH = swap_half_stages<MT>();
+  using E = EpiTmaStoreT<Out>;
   cudaError_t e = cudaSuccess, r;
-  if ((r = preload_one<swap_stages<MT>(), kSwapEpiBytes, Out, false, 1, MT, 1, NoWait, LE>()) !=
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, NoWait, E, 64>()) !=
       cudaSuccess)
     e = r;
-  if ((r = preload_one<swap_half_stages<MT>(), kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, NoWait,
-                       LE, 64>()) != cudaSuccess)
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, ReleasedWait, E, 64>()) !=
+      cudaSuccess)
+    e = r;
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, NoWait, EpiLlPushT<Out>,
+                       64>()) != cudaSuccess)
+    e = r;
+  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, NoWait, EpiLlReduceT<Out>,
+                       64>()) != cudaSuccess)
     e = r;
   return e;
 }
 
-/* launch_swap's, for one tile width. */
+/* launch_swap's, for one tile width, with launch_swap_half's and launch_ws's of that width. */
 template <class Out, int MT> cudaError_t preload_swap() {
   constexpr int S = swap_stages<MT>();
   using E = EpiTmaStoreT<Out>;
@@ -293,41 +302,18 @@ template <class Out, int MT> cudaError_t preload_swap() {
     e = r;
   if ((r = preload_one<S, kSwapEpiBytes, Out, false, 1, MT, 1, ReleasedWait, E>()) != cudaSuccess)
     e = r;
-  constexpr int SH = swap_half_stages<MT>();
-  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, NoWait, E, 64>()) !=
+  /* the unfused pipeline's epilogues into the low-latency area */
+  if ((r = preload_one<S, kSwapEpiBytes, Out, false, 1, MT, 1, NoWait, EpiLlPushT<Out>>()) !=
       cudaSuccess)
     e = r;
-  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, MT / 2, 1, ReleasedWait, E, 64>()) !=
+  if ((r = preload_one<S, kSwapEpiBytes, Out, false, 1, MT, 1, NoWait, EpiLlReduceT<Out>>()) !=
       cudaSuccess)
     e = r;
-  /* the unfused pipeline's epilogues into the low-latency area (both heights, unsplit) */
-  if ((r = preload_ll<Out, MT, EpiLlPushT<Out>>()) != cudaSuccess)
-    e = r;
-  if ((r = preload_ll<Out, MT, EpiLlReduceT<Out>>()) != cudaSuccess)
+  if ((r = preload_swap_half<Out, MT>()) != cudaSuccess)
     e = r;
   /* launch_ws's, swapped */
-  if ((r = preload_ws<SH, kSwapHalfEpiBytes, Out, MT / 2, E, 64>()) != cudaSuccess)
-    e = r;
-  return e;
-}
-
-/* launch_swap_half's 32-wide tiles (tw_gemm_swap_half_mt), unsplit: the plain GEMM, the released
- * wait and both low-latency epilogues. */
-template <class Out> cudaError_t preload_swap_half32() {
-  constexpr int SH = swap_half_stages<32>();
-  using E = EpiTmaStoreT<Out>;
-  cudaError_t e = cudaSuccess, r;
-  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, 16, 1, NoWait, E, 64>()) !=
+  if ((r = preload_ws<swap_half_stages<MT>(), kSwapHalfEpiBytes, Out, MT / 2, E, 64>()) !=
       cudaSuccess)
-    e = r;
-  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, 16, 1, ReleasedWait, E, 64>()) !=
-      cudaSuccess)
-    e = r;
-  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, 16, 1, NoWait, EpiLlPushT<Out>,
-                       64>()) != cudaSuccess)
-    e = r;
-  if ((r = preload_one<SH, kSwapHalfEpiBytes, Out, false, 1, 16, 1, NoWait, EpiLlReduceT<Out>,
-                       64>()) != cudaSuccess)
     e = r;
   return e;
 }
@@ -379,7 +365,7 @@ template <class Out> cudaError_t preload_out() {
     e = r;
   if ((r = preload_swap<Out, 64>()) != cudaSuccess)
     e = r;
-  if ((r = preload_swap_half32<Out>()) != cudaSuccess)
+  if ((r = preload_swap_half<Out, 32>()) != cudaSuccess) /* tw_gemm_swap_half_mt's 32 */
     e = r;
   return e;
 }
