@@ -227,7 +227,8 @@ typedef struct tw_gemm_args {
    * of a cluster each multiply a slice of K and their fp32 accumulators are summed in a fixed
    * tree order (deterministic, but not the bits of the unsplit product); -1: the
    * library splits where few tiles meet a long K (m x n of at most a few dozen 128 x 128
-   * tiles), by the shape alone, so the same shape gives the same bits under any sm_count.
+   * tiles) and the slices add CTAs streaming B, by the shape alone, so the same shape gives
+   * the same bits under any sm_count.
    * Fewer slices where K has fewer 64-wide blocks than slices, or sm_count fewer SMs. */
   int32_t split_k;
   /* Version 3. Scratch for split_k -1 (NULL: none): device memory of workspace_bytes >=

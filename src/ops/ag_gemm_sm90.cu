@@ -587,7 +587,8 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
   /* Few output tiles over a long K (decode: M=64 N=1024 K=8192 is 8 tiles of 128 x 128): the
    * fused kernel's GEMM leaves most SMs idle and its communication overlaps nothing, so the call
    * is the unfused pipeline, tw_allgather then tw_gemm with K split over CTA clusters (split_k
-   * -1: the slices by the shape alone, the same bits as that pipeline run by the caller).
+   * -1: the slices by the shape alone, the same bits as that pipeline run by the caller; the
+   * route by tw_gemm_tree_split, so -1 may also keep a swapped product unsplit there).
    * Seventeenth session, 2 H200s, M=64 N=1024/rank K=8192: the fused op 0.075 ms against 0.046
    * for NCCL + cuBLAS. Eighteenth session, 2 H200s, A/B TW_AG_UNFUSED_SMALL=1,0 both orders,
    * ms: M=64 0.041 / 0.075, M=16 0.041 / 0.066, M=256 0.069 / 0.109, M=512 N=2048 K=4096 0.049 /
@@ -595,7 +596,7 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
    * the fused kernel. */
   const int small_unfused = tw_env_int(TW_AG_UNFUSED_SMALL_ID) != 0;
   const int unfused =
-      !plain && small_unfused && tw_gemm_auto_split(a.m_local * comm->world, a.n, a.k) > 1;
+      !plain && small_unfused && tw_gemm_tree_split(a.m_local * comm->world, a.n, a.k) > 1;
   if (!plain && !unfused && a.comm_mode == TW_AG_COMM_COPY_ENGINE) {
     /* The copy-engine mode is eager only (its flag values are fixed when enqueued): under
      * capture AUTO keeps the SMs (the plan is the same for both modes where it can choose the

@@ -20,7 +20,7 @@ int tw_gemm_prefers_n128(int64_t m, int64_t n, int sms) {
   return TW_GEMM_N128_RELATIVE * wave_efficiency(tiles128, sms) > wave_efficiency(tiles256, sms);
 }
 
-int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k) {
+int tw_gemm_tree_split(int64_t m, int64_t n, int64_t k) {
   const int sms = 132; /* nominal (H100 / H200 SXM): the choice must not depend on the budget */
   const int64_t tiles = ((m + 127) / 128) * ((n + 127) / 128);
   const int64_t k_blocks = (k + 63) / 64;
@@ -33,10 +33,34 @@ int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k) {
    * 0.0132 / 0.0148 / 0.0243 / 0.0340. Clusters of 8 CTAs (about 200 KB of shared memory
    * each) on more than half the SMs do not all fit at once (a GPC holds whole clusters), so the
    * grid's cap on resident clusters (launch_plain) gives some two tiles: 8 slices only up to 8
-   * tiles (at M=256, 16 tiles, split 8 took 1.5x split 4's time). */
-  int s = 1;
-  while (s < 8 && tiles * s * 2 <= (s * 2 == 8 ? sms / 2 : sms) && k_blocks >= (int64_t)s * 2 * 16)
+   * tiles (at M=256, 16 tiles, split 8 took 1.5x split 4's time). Clusters of 4 fit 30 at once
+   * (120 CTAs, scripts/probes/probe_clusters.cu): at 32 tiles (N=4096) 4 slices took two waves,
+   * thirty-sixth session, H200, from graphs, ms, none / 2 / 4 slices: M=64 N=4096 K=4096 0.0135 /
+   * 0.0148 / 0.0237, M=96 0.0164 / 0.0214 / 0.0308, M=48 N=4096 K=8192 0.0233 / 0.0240 / 0.0353. */
+  const int64_t resident[4] = {0, sms, 120, sms / 2}; /* CTAs of 2, 4, 8 slices at once */
+  int s = 1, i = 1;
+  while (s < 8 && tiles * s * 2 <= resident[i] && k_blocks >= (int64_t)s * 2 * 16) {
     s *= 2;
+    i++;
+  }
+  return s;
+}
+
+int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k) {
+  const int sms = 132; /* nominal, as tw_gemm_tree_split */
+  const int s = tw_gemm_tree_split(m, n, k);
+  /* A swapped product unsplit runs 64-row tiles (tw_gemm_swap_half), as many weight streams as
+   * n / 64; the tree's slices run on 128-row tiles, n / 128 x s. Where those are no more (2
+   * slices), the split adds the tree's sum and nothing streaming: thirty-sixth session, H200,
+   * tw_gemm from graphs, ms, unsplit / 2 slices / the same through the workspace: M=64 N=4096
+   * K=4096 0.0135 / 0.0148 / 0.0136, M=128 0.0137 / 0.0209 / 0.0152, M=32 0.0131 / 0.0155 /
+   * 0.0146, M=64 N=2048 K=3072 0.0106 / 0.0117 / 0.0096, M=64 N=1024 K=2048 0.0080 / 0.0092 /
+   * 0.0079, M=16 N=4096 K=8192 0.0229 / 0.0207 / 0.0217 (the one loss). 4 and 8 slices keep
+   * splitting: M=64 N=3072 K=8192 0.0233 / 4 slices 0.0199, M=96 N=2048 K=8192 0.0232 / 0.0221
+   * (workspace 0.0166), M=64 N=1024 K=8192 0.0230 / 8 slices 0.0131 (workspace 0.0099). */
+  const int mt = tw_gemm_swap_bn_upto(-1, m, tw_gemm_swap_rule_max_m(n, 1, sms));
+  if (s > 1 && mt && tw_gemm_swap_half(-1, m, n, 1, sms) && ((n + 127) / 128) * s <= (n + 63) / 64)
+    return 1;
   return s;
 }
 

@@ -35,10 +35,15 @@ typedef struct tw_gemm_plan {
  * the big tiles leave a last wave mostly idle (also tw_gemm_rs / tw_gemm_ar's tile choice). */
 int tw_gemm_prefers_n128(int64_t m, int64_t n, int sms);
 
-/* K slices per tile for tw_gemm's split_k = -1: 2, 4 or 8 where the m x n output has so few
- * 128 x 128 tiles that twice the slices still fit an H100 / H200's 132 SMs and each slice keeps
- * 8 or more K blocks of 64; else 1. A function of the shape alone, so that every caller (any SM
- * budget) gets the same slices and so the same bits. */
+/* K slices per tile of a cluster tree: 2, 4 or 8 where the m x n output has so few 128 x 128
+ * tiles that twice the slices still fit an H100 / H200's SMs at once (132 CTAs of pairs, 120 of
+ * clusters of 4, 66 of 8) and each slice keeps 16 or more K blocks of 64; else 1 (also
+ * tw_ag_gemm's decode route: few tiles over a long K). */
+int tw_gemm_tree_split(int64_t m, int64_t n, int64_t k);
+/* K slices per tile for tw_gemm's split_k = -1: tw_gemm_tree_split's, except 1 where the
+ * product runs swap-AB's 64-row tiles unsplit (env -1's rule) and the slices would not put more
+ * CTAs on the weights' stream (n / 128 x slices <= n / 64). A function of the shape alone, so
+ * that every caller (any SM budget) gets the same slices and so the same bits. */
 int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k);
 
 /* Swap-AB's tile width for an m-row product under TW_GEMM_SWAP = env (-1: the rule, 1 or 2: on,

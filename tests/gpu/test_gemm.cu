@@ -790,7 +790,7 @@ int main(void) {
   check_split_ws(&buf, 9, 2048, 4096, 4);  /* 4 slices on 32 tiles */
   check_split_ws(&buf, 1, 200, 4096, 4);   /* 4 tiles, the last 8 rows of B past n */
   check_split_ws(&buf, 40, 136, 2056, 2);  /* 2 slices, K tail */
-  check_split_ws(&buf, 64, 2048, 3072, 2); /* 2 slices on 32 tiles */
+  check_split_ws(&buf, 64, 1088, 3072, 2); /* 2 slices on 17 tiles */
   /* unswapped: 128 x 64 tiles (M past 64, or TW_GEMM_SWAP=0), M=130: the second row block's
    * second warpgroup past m; tails in M, N and K */
   check_split_ws(&buf, 128, 1024, 8192, 8);

@@ -59,17 +59,28 @@ static void test_gemm_plans(void) {
   /* split_k = -1 (tw_gemm_auto_split, the shape alone): 8 slices of 16 K blocks for a
    * decode-sized GEMM (8 narrow tiles, 128 K blocks), none at M=64 N=8192 K=1024 (64 tiles of
    * 16 K blocks: the split measured slower), 4 at M=256 (16 tiles: 4 slices fill 64 of 132 SMs,
-   * 8 would not fit twice), none where the tiles fill the SMs. */
+   * 8 would not fit twice), none where the tiles fill the SMs. Swapped products stay unsplit
+   * where 2 slices of 128-row tiles put no more CTAs on the weights than the unsplit 64-row
+   * tiles (M=64 N=1024 K=2048, M=16-128 N=4096: tree 2, auto 1); 4 clusters of 4 slices fit at
+   * once up to 120 CTAs, so 32 tiles take 2 slices in the tree (tw_gemm_tree_split, tw_ag_gemm's
+   * route), not 4. `tree`: tw_gemm_tree_split's. */
   static const struct {
     int64_t m, n, k;
-    int want;
-  } sp[] = {{64, 1024, 8192, 8},  {64, 8192, 1024, 1},  {4096, 4096, 4096, 1}, {64, 1024, 1024, 1},
-            {256, 1024, 8192, 4}, {512, 2048, 4096, 2}, {1, 8, 8, 1},          {1, 8, 4096, 4},
-            {1, 8, 16384, 8},     {64, 1024, 2048, 2},  {4160, 1000, 4104, 1}};
+    int want, tree;
+  } sp[] = {{64, 1024, 8192, 8, 8},  {64, 8192, 1024, 1, 1},   {4096, 4096, 4096, 1, 1},
+            {64, 1024, 1024, 1, 1},  {256, 1024, 8192, 4, 4},  {512, 2048, 4096, 2, 2},
+            {1, 8, 8, 1, 1},         {1, 8, 4096, 4, 4},       {1, 8, 16384, 8, 8},
+            {64, 1024, 2048, 1, 2},  {4160, 1000, 4104, 1, 1}, {64, 4096, 4096, 1, 2},
+            {128, 4096, 4096, 1, 2}, {16, 4096, 8192, 1, 2},   {96, 4096, 4096, 1, 2},
+            {64, 2048, 8192, 4, 4},  {96, 2048, 8192, 4, 4},   {64, 3072, 8192, 4, 4},
+            {64, 2048, 3072, 1, 2},  {64, 1088, 3072, 2, 2},   {40, 136, 2056, 2, 2},
+            {200, 4096, 8192, 2, 2}, {256, 4096, 8192, 2, 2}};
   for (size_t i = 0; i < sizeof(sp) / sizeof(sp[0]); i++) {
     const int got = tw_gemm_auto_split(sp[i].m, sp[i].n, sp[i].k);
-    TEST_ASSERT(got == sp[i].want, "auto split M=%lld N=%lld K=%lld: %d, want %d",
-                (long long)sp[i].m, (long long)sp[i].n, (long long)sp[i].k, got, sp[i].want);
+    const int tree = tw_gemm_tree_split(sp[i].m, sp[i].n, sp[i].k);
+    TEST_ASSERT(got == sp[i].want && tree == sp[i].tree,
+                "auto split M=%lld N=%lld K=%lld: %d (tree %d), want %d (%d)", (long long)sp[i].m,
+                (long long)sp[i].n, (long long)sp[i].k, got, tree, sp[i].want, sp[i].tree);
   }
   /* swap-AB's tile width (TW_GEMM_SWAP): 16 up to m 16, 64 up to 64 (forced: up to 128), none
    * above or when off */
@@ -144,17 +155,19 @@ static void test_gemm_plans(void) {
             {9, 2048, 4096, 16, 4, 4096 + 32 * 4 * 2 * 128 * 4 * 4},
             {1, 200, 4096, 16, 4, 4096 + 4 * 4 * 2 * 128 * 4 * 4},
             {40, 136, 2056, 64, 2, 4096 + 3 * 2 * 2 * 128 * 16 * 4},
-            {64, 2048, 3072, 64, 2, 4096 + 32 * 2 * 2 * 128 * 16 * 4},
+            {64, 1088, 3072, 64, 2, 4096 + 17 * 2 * 2 * 128 * 16 * 4},
+            {64, 2048, 3072, 64, 0, 0}, /* -1 unsplit: 2 slices add no weight stream */
             {64, 3072, 8192, 64, 0, 0}, /* the tree's 4 slices x 48 tiles: over 132 */
             {64, 1024, 8192, 0, 8, 4096 + 16 * 8 * 2 * 128 * 32 * 4}, /* unswapped: 128 x 64 */
             {128, 1024, 8192, 0, 8, 4096 + 16 * 8 * 2 * 128 * 32 * 4},
             {256, 1024, 8192, 0, 4, 4096 + 32 * 4 * 2 * 128 * 32 * 4},
             {100, 520, 4104, 0, 4, 4096 + 9 * 4 * 2 * 128 * 32 * 4},
             {130, 1024, 4096, 0, 4, 4096 + 32 * 4 * 2 * 128 * 32 * 4},
-            {512, 1024, 8192, 0, 0, 0}, /* the tree's 2 slices x 64 tiles: over 132 */
+            {512, 1024, 8192, 0, 2, 4096 + 64 * 2 * 2 * 128 * 32 * 4}, /* 2 slices of 32 tiles */
+            {512, 2048, 8192, 0, 0, 0}, /* the tree's 2 slices x 128 tiles: over 132 */
             {16, 8192, 1024, 16, 0, 0}, /* unsplit (16 K blocks) */
             {1, 8, 4096, 16, 0, 0},     /* one 64-row tile */
-            {16, 4096, 8192, 16, 0, 0}, /* 64 tiles x 2 slices: over 132 */
+            {16, 4096, 8192, 16, 0, 0}, /* -1 unsplit (2 slices of 32 tree tiles) */
             {4096, 4096, 4096, 0, 0, 0}};
   for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) {
     size_t bytes = 0;
