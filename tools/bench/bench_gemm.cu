@@ -6,6 +6,9 @@
  * TW_BENCH_GEMM_FP32=1 adds both with fp32 output (cublas-fp32out, tilewire-fp32out: what the
  * fused GEMM+RS / GEMM+AR epilogue stores with fp32 partials; their speedup is over
  * cublas-fp32out; their values are not compared, the bf16 rows' are).
+ * TW_BENCH_GEMM_PRE=1 puts a kernel that rewrites A in place (one CTA a row, the same bits)
+ * before every call of both libraries: the GEMM after the kernel that writes its input, as in
+ * a layer (norm, activation), instead of back to back with itself.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -100,11 +103,31 @@ typedef struct gemm_ctx {
   tw_dtype_t c_dtype;
   int split_k; /* tw_gemm_args_t.split_k of the tilewire rows; -2: -1 with the workspace */
   void *ws;    /* TW_GEMM_WORKSPACE_BYTES, zeroed */
+  int pre;     /* TW_BENCH_GEMM_PRE=1: each call after a kernel that writes its A (pre_kernel) */
 } gemm_ctx_t;
+
+/* TW_BENCH_GEMM_PRE=1: before every call (both libraries) a kernel rewrites A in place, one CTA a
+ * row (the norm or activation before a layer's GEMM), so the GEMM follows a kernel that writes
+ * its input and does not let dependents start early. */
+static __global__ void pre_kernel(uint4 *a, int64_t row_vecs) {
+  uint4 *row = a + (int64_t)blockIdx.x * row_vecs;
+  for (int64_t i = threadIdx.x; i < row_vecs; i += blockDim.x) {
+    uint4 v = row[i];
+    v.x ^= 0u; // the same bits: a dependency, not a change
+    row[i] = v;
+  }
+}
+static void run_pre(const gemm_ctx_t *ctx, int i) {
+  if (!ctx->pre)
+    return;
+  pre_kernel<<<(unsigned)ctx->m, 256, 0, ctx->stream>>>((uint4 *)ctx->a[i], ctx->k / 8);
+  BENCH_CUDA(cudaGetLastError());
+}
 
 static void run_tilewire(void *p, int iter) {
   gemm_ctx_t *ctx = (gemm_ctx_t *)p;
   const int i = iter % ctx->copies;
+  run_pre(ctx, i);
   tw_gemm_args_t args = TW_GEMM_ARGS_INIT;
   args.a = ctx->a[i];
   args.b = ctx->b[i];
@@ -148,6 +171,7 @@ static int check_tilewire(gemm_ctx_t *ctx, size_t c_bytes, const char *label) {
 static void run_cublas(void *p, int iter) {
   gemm_ctx_t *ctx = (gemm_ctx_t *)p;
   const int i = iter % ctx->copies;
+  run_pre(ctx, i);
   tw_status_t st =
       tw_ref_cublas_gemm(ctx->blas, ctx->a[i], ctx->b[i], ctx->c[i], ctx->c_dtype, ctx->m, ctx->n,
                          ctx->k, ctx->k, ctx->k, ctx->n, ctx->sm_count, ctx->stream);
@@ -198,6 +222,8 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
   ctx.c_dtype = TW_BF16;
   const char *fp32_env = getenv("TW_BENCH_GEMM_FP32");
   const int fp32 = fp32_env && atoi(fp32_env);
+  const char *pre_env = getenv("TW_BENCH_GEMM_PRE");
+  ctx.pre = pre_env && atoi(pre_env) == 1 && ctx.k % 8 == 0 && ctx.m <= 65535;
   BENCH_CUDA(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
   const size_t a_bytes = (size_t)(ctx.m * ctx.k) * 2, b_bytes = (size_t)(ctx.n * ctx.k) * 2,
                c_bytes = (size_t)(ctx.m * ctx.n) * 2, c_alloc = fp32 ? 2 * c_bytes : c_bytes;
