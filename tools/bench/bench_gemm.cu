@@ -112,9 +112,15 @@ typedef struct gemm_ctx {
 static __global__ void pre_kernel(uint4 *a, int64_t row_vecs) {
   uint4 *row = a + (int64_t)blockIdx.x * row_vecs;
   for (int64_t i = threadIdx.x; i < row_vecs; i += blockDim.x) {
-    uint4 v = row[i];
-    v.x ^= 0u; // the same bits: a dependency, not a change
-    row[i] = v;
+    // the same bits back: volatile, so the compiler keeps the load and the store (a plain
+    // row[i] = row[i] compiled to an empty kernel)
+    uint32_t x, y, z, w;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
+                 : "l"(row + i));
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(row + i), "r"(x), "r"(y), "r"(z),
+                 "r"(w)
+                 : "memory");
   }
 }
 static void run_pre(const gemm_ctx_t *ctx, int i) {
