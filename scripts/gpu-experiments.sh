@@ -85,6 +85,10 @@
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
 #     s97     (thirty-fifth session, merged) the consumers' 32-bit descriptor words: tests,
 #             tw_gemm against main's library (diagold/) from graphs
+#     s105    (thirty-sixth session, prepared) scripts/probes/probe_multicast.cu (build it into
+#             $TW_BUILD_DIR first: its header): whether a TMA multicast of lines that miss to
+#             DRAM runs slower than one of L2 hits (exp/pair-a multicast the weights and ran at
+#             half cuBLAS's rate, which multicasts the tokens), loads only, 5 modes
 #     s101    (thirty-fifth session, merged) swap-AB's 64-row tiles 32 of A's rows wide at m <= 32
 #             (tw_gemm_swap_half_mt): tw_gemm against ff8573b (diagold/), the decode pipelines
 #     s100    (thirty-fifth session, merged) one consumer warpgroup on swap-AB's 64-row tiles
@@ -1076,6 +1080,13 @@ new_old_decode() { # new_old_decode PREFIX M SHAPE...: tw_gemm at each SHAPE fro
         "$bin/tw-bench" $s --world 2 --m "$m" --n 8192 --k 1024 --repeats 50 --warmup 10
     done
   done
+}
+exp_s105() { # (thirty-sixth session, prepared) see the header
+  if [ -x "$bin/probe_multicast" ]; then
+    run "s105-probe-multicast" 120 "$bin/probe_multicast"
+  else
+    echo "s105: $bin/probe_multicast not built (scripts/probes/probe_multicast.cu's header)" >&2
+  fi
 }
 exp_s101() { # (thirty-fifth session, merged) see the header
   new_old_decode s101 32 "--m 32 --n 4096 --k 4096" "--m 32 --n 8192 --k 1024" \

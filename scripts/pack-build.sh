@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Packs a build for the GPU machine: the library, tw-bench, tw-info, tw-rbench, tw-llbench and the test
-# binaries of BUILD (default build; the suite runs the GPU ones), stripped, as build-dev/ inside
-# one xz archive, build-pack/dev.txz (about 2.4 MB; the stripped binaries are ~60 MB, which with
-# the tracked tree pass the device tool's 64 MiB carry limit). Carry build-pack and unpack it
+# Packs a build for the GPU machine: the library, tw-bench, tw-info, tw-rbench, tw-llbench, the test
+# binaries and any probe_* (scripts/probes, built by hand into BUILD) of BUILD (default build;
+# the suite runs the GPU ones), stripped, as build-dev/ inside one xz archive, build-pack/dev.txz
+# (about 7 MB; the stripped binaries are ~60 MB, which with the tracked tree pass the device
+# tool's 64 MiB carry limit). Carry build-pack and unpack it
 # there first:
 #   python3 -c "import tarfile; tarfile.open('build-pack/dev.txz').extractall('.')"
 #   TW_BUILD_DIR=build-dev scripts/gpu-suite.sh ...
@@ -18,7 +19,8 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/build-dev"
 cp -a "$build"/libtilewire.so* "$stage/build-dev/"
-for b in "$build"/tw-bench "$build"/tw-info "$build"/tw-rbench "$build"/tw-llbench "$build"/test_*; do
+for b in "$build"/tw-bench "$build"/tw-info "$build"/tw-rbench "$build"/tw-llbench "$build"/test_* \
+  "$build"/probe_*; do
   if [ -f "$b" ] && [ -x "$b" ]; then cp "$b" "$stage/build-dev/"; fi
 done
 while [ $# -ge 2 ]; do
