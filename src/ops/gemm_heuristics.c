@@ -37,13 +37,14 @@ int tw_gemm_tree_split(int64_t m, int64_t n, int64_t k) {
    * (120 CTAs, scripts/probes/probe_clusters.cu): at 32 tiles (N=4096) 4 slices took two waves,
    * thirty-sixth session, H200, from graphs, ms, none / 2 / 4 slices: M=64 N=4096 K=4096 0.0135 /
    * 0.0148 / 0.0237, M=96 0.0164 / 0.0214 / 0.0308, M=48 N=4096 K=8192 0.0233 / 0.0240 / 0.0353. */
-  const int64_t resident[4] = {0, sms, 120, sms / 2}; /* CTAs of 2, 4, 8 slices at once */
-  int s = 1, i = 1;
-  while (s < 8 && tiles * s * 2 <= resident[i] && k_blocks >= (int64_t)s * 2 * 16) {
-    s *= 2;
-    i++;
+  int s = 1;
+  for (;;) {
+    const int next = s * 2; /* CTAs of clusters of `next` resident at once: */
+    const int64_t resident = next == 2 ? sms : next == 4 ? 120 : sms / 2;
+    if (next > 8 || tiles * next > resident || k_blocks < (int64_t)next * 16)
+      return s;
+    s = next;
   }
-  return s;
 }
 
 int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k) {
@@ -58,8 +59,8 @@ int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k) {
    * 0.0079, M=16 N=4096 K=8192 0.0229 / 0.0207 / 0.0217 (the one loss). 4 and 8 slices keep
    * splitting: M=64 N=3072 K=8192 0.0233 / 4 slices 0.0199, M=96 N=2048 K=8192 0.0232 / 0.0221
    * (workspace 0.0166), M=64 N=1024 K=8192 0.0230 / 8 slices 0.0131 (workspace 0.0099). */
-  const int mt = tw_gemm_swap_bn_upto(-1, m, tw_gemm_swap_rule_max_m(n, 1, sms));
-  if (s > 1 && mt && tw_gemm_swap_half(-1, m, n, 1, sms) && ((n + 127) / 128) * s <= (n + 63) / 64)
+  /* tw_gemm_swap_half is 0 where the rule does not swap */
+  if (s > 1 && tw_gemm_swap_half(-1, m, n, 1, sms) && ((n + 127) / 128) * s <= (n + 63) / 64)
     return 1;
   return s;
 }
