@@ -85,9 +85,9 @@
 #             torch.profiler's kernel times at flux-tp8 (GEMM+RS, GEMM+AR)
 #     s97     (thirty-fifth session, merged) the consumers' 32-bit descriptor words: tests,
 #             tw_gemm against main's library (diagold/) from graphs
-#     s106-s109 (thirty-sixth and thirty-seventh sessions) live on their branches: s106 / s107
-#             exp/noswap-half (ran), s108 exp/pad-probe and s109 exp/lean-producer2 (prepared):
-#             copy the branch's script in
+#     s106-s110 (thirty-sixth and thirty-seventh sessions) live on their branches: s106 / s107
+#             exp/noswap-half (ran), s108 exp/pad-probe, s109 exp/lean-producer2 and s110
+#             exp/pair-lean (prepared): copy the branch's script in
 #     s105    (thirty-sixth session; ran in the thirty-seventh: every pair mode ran alike, no DRAM-
 #             miss multicast cost) scripts/probes/probe_multicast.cu (build it into
 #             $TW_BUILD_DIR first: its header): whether a TMA multicast of lines that miss to
