@@ -10,6 +10,10 @@ static double wave_efficiency(int64_t tiles, int sms) {
  * per flop); measured, see docs/PERF.md (GEMM core section). */
 #define TW_GEMM_N128_RELATIVE 0.93
 
+/* The split rules' SM count: nominal (H100 / H200 SXM), never the call's budget, so that a
+ * shape's slices, and so its bits, do not depend on the budget. */
+#define TW_GEMM_NOMINAL_SMS 132
+
 int tw_gemm_prefers_n128(int64_t m, int64_t n, int sms) {
   const int64_t m_blocks = (m + 127) / 128;
   const int64_t tiles256 = m_blocks * ((n + 255) / 256);
@@ -21,7 +25,7 @@ int tw_gemm_prefers_n128(int64_t m, int64_t n, int sms) {
 }
 
 int tw_gemm_tree_split(int64_t m, int64_t n, int64_t k) {
-  const int sms = 132; /* nominal (H100 / H200 SXM): the choice must not depend on the budget */
+  const int sms = TW_GEMM_NOMINAL_SMS;
   const int64_t tiles = ((m + 127) / 128) * ((n + 127) / 128);
   const int64_t k_blocks = (k + 63) / 64;
   /* A decode-sized GEMM (M=64 N=1024 K=8192: 8 tiles of 128 x 128) leaves most SMs idle, each
@@ -48,7 +52,7 @@ int tw_gemm_tree_split(int64_t m, int64_t n, int64_t k) {
 }
 
 int tw_gemm_auto_split(int64_t m, int64_t n, int64_t k) {
-  const int sms = 132; /* nominal, as tw_gemm_tree_split */
+  const int sms = TW_GEMM_NOMINAL_SMS;
   const int s = tw_gemm_tree_split(m, n, k);
   /* A swapped product unsplit runs 64-row tiles (tw_gemm_swap_half), as many weight streams as
    * n / 64; the tree's slices run on 128-row tiles, n / 128 x s. Where those are no more (2
@@ -142,7 +146,7 @@ size_t tw_gemm_ws_bytes(int64_t tiles, int split, int cols) {
 }
 
 int tw_gemm_ws_split(int64_t m, int64_t n, int64_t k, int swap_mt, size_t *bytes) {
-  const int sms = 132; /* nominal, as tw_gemm_auto_split: the bits must not follow the budget */
+  const int sms = TW_GEMM_NOMINAL_SMS;
   /* The cluster tree's slices (so the same K ranges, the same tree, the same bits) as single
    * CTAs on tiles of half the tree's width of B's rows: swapped, 64 of B's rows x swap_mt of
    * A's; unswapped, 128 of A's rows x 64 of B's (either bitwise the wider tiles' products).
