@@ -10,7 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "env_doc.h"
+#include "core/env_doc.h"
 #include "tilewire.h"
 
 enum { EXIT_USAGE = 64, WRAP_COLUMNS = 96 };

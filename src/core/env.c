@@ -1,4 +1,4 @@
-#include "env.h"
+#include "core/env.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "status.h"
+#include "core/log.h"
+#include "core/status.h"
 
 typedef struct env_entry {
   const char *name;
@@ -18,7 +18,7 @@ typedef struct env_entry {
 
 static const env_entry env_table[TW_ENV_COUNT] = {
 #define TW_ENV(name, type, def, desc) {#name, #type, def, desc},
-#include "env_defs.h"
+#include "core/env_defs.h"
 #undef TW_ENV
 };
 

@@ -10,13 +10,13 @@ extern "C" {
 
 typedef enum tw_env_id {
 #define TW_ENV(name, type, def, desc) name##_ID,
-#include "env_defs.h"
+#include "core/env_defs.h"
 #undef TW_ENV
   TW_ENV_COUNT
 } tw_env_id;
 
 /* TW_FAULT_STALL_TILE (tests): the bound on every GEMM-pipeline wait of the kernels it stalls
- * (src/ops/gemm_launch.cuh), named by the stall's report (runtime/comm.c). */
+ * (src/gemm/gemm_launch.cuh), named by the stall's report (runtime/comm.c). */
 #define TW_FAULT_STALL_BOUND_MS 500
 
 /* Value of an int/bool/size knob: the environment's if it parses, else the

@@ -3,7 +3,7 @@
  * tw_env_count / tw_env_describe only, so tw-info can carry its own copy of this
  * file while linking the library, whose internal symbols are hidden.
  */
-#include "env_doc.h"
+#include "core/env_doc.h"
 
 #include "tilewire.h"
 

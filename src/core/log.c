@@ -1,10 +1,10 @@
-#include "log.h"
+#include "core/log.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <unistd.h>
 
-#include "env.h"
+#include "core/env.h"
 
 void tw_log(int level, const char *file, int line, const char *fmt, ...) {
   if (level > tw_env_int(TW_LOG_LEVEL_ID))

@@ -1,4 +1,4 @@
-#include "ref_collectives.h"
+#include "ref/ref_collectives.h"
 
 extern "C" cudaError_t tw_ref_allgather_memcpy(int world, const void *const *send,
                                                void *const *recv, size_t bytes,

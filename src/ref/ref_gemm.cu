@@ -1,4 +1,4 @@
-#include "ref_gemm.h"
+#include "ref/ref_gemm.h"
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>

@@ -1,4 +1,4 @@
-#include "ref_nccl.h"
+#include "ref/ref_nccl.h"
 
 #include <dlfcn.h>
 #include <pthread.h>

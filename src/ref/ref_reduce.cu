@@ -1,8 +1,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "ref_collectives.h"
-#include "ref_reduce.h"
+#include "ref/ref_collectives.h"
+#include "ref/ref_reduce.h"
 
 namespace {
 

@@ -19,7 +19,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "ref_nccl.h"
+#include "ref/ref_nccl.h"
 
 #ifdef __cplusplus
 extern "C" {

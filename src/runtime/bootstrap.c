@@ -17,7 +17,7 @@
  * (the ranks of one group share an architecture; the magic catches a mismatch),
  * except IPv4 addresses and ports, which are in network order.
  */
-#include "bootstrap.h"
+#include "runtime/bootstrap.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -41,9 +41,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "env.h"
-#include "log.h"
-#include "status.h"
+#include "core/env.h"
+#include "core/log.h"
+#include "core/status.h"
 
 #define HELLO_MAGIC 0x4f4c4c4548575454ULL /* "TTWHELLO": a rank's hello to the root */
 #define FRAME_MAGIC 0x454d415246575454ULL /* "TTWFRAME": every other message */

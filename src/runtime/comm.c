@@ -1,7 +1,7 @@
 /* Comm lifetime, queries, errors and the public symmetric-heap calls. */
-#include "comm.h"
-#include "trace.h"
-#include "watchdog.h"
+#include "runtime/comm.h"
+#include "runtime/trace.h"
+#include "runtime/watchdog.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,10 +10,10 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cuda_check.h"
-#include "driver.h"
-#include "env.h"
-#include "log.h"
+#include "core/env.h"
+#include "core/log.h"
+#include "runtime/cuda_check.h"
+#include "runtime/driver.h"
 
 tw_status_t tw_config_init(tw_config_t *cfg) {
   TW_ARG_CHECK(cfg != NULL, "cfg: NULL");

@@ -21,9 +21,9 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
-#include "bootstrap.h"
-#include "devcomm.h"
-#include "status.h"
+#include "core/status.h"
+#include "runtime/bootstrap.h"
+#include "runtime/devcomm.h"
 #include "tilewire.h"
 
 #ifdef __cplusplus

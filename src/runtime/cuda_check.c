@@ -1,8 +1,8 @@
-#include "cuda_check.h"
+#include "runtime/cuda_check.h"
 
 #include <stdlib.h>
 
-#include "status.h"
+#include "core/status.h"
 
 tw_status_t tw_cuda_check(cudaError_t err, const char *what) {
   if (err == cudaSuccess)

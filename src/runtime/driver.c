@@ -1,11 +1,11 @@
-#include "driver.h"
+#include "runtime/driver.h"
 
 #include <pthread.h>
 #include <stdio.h>
 
 #include <cuda_runtime_api.h>
 
-#include "status.h"
+#include "core/status.h"
 
 static tw_driver_api_t api;
 static tw_status_t api_status = TW_ERR_INTERNAL;

@@ -5,10 +5,10 @@
 
 #include <cuda_runtime_api.h>
 
-#include "comm.h"
-#include "cuda_check.h"
-#include "driver.h"
-#include "log.h"
+#include "core/log.h"
+#include "runtime/comm.h"
+#include "runtime/cuda_check.h"
+#include "runtime/driver.h"
 
 static CUmemAllocationProp alloc_prop(int device, int exportable) {
   CUmemAllocationProp prop;

@@ -1,10 +1,10 @@
-#include "trace.h"
+#include "runtime/trace.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "devcomm.h"
+#include "runtime/devcomm.h"
 
 static int cmp_u64(const void *a, const void *b) {
   const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;

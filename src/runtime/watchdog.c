@@ -1,14 +1,14 @@
 /* TW_WATCHDOG_S: see watchdog.h. */
-#include "watchdog.h"
+#include "runtime/watchdog.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
-#include "comm.h"
-#include "env.h"
-#include "trace.h"
+#include "core/env.h"
+#include "runtime/comm.h"
+#include "runtime/trace.h"
 
 #define TW_WATCHDOG_MAX 64 /* comms watched at once (virtual ranks of a process and more) */
 

@@ -12,9 +12,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "device/gemm_sm90.cuh"
-#include "ops/gemm_heuristics.h"
-#include "ops/gemm_sm90.h"
+#include "gemm/gemm_heuristics.h"
+#include "gemm/gemm_sm90.cuh"
+#include "ops/gemm/gemm_sm90.h"
 #include "ref/ref_gemm.h"
 #include "tw_test.h"
 

@@ -8,8 +8,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "comm.h"
-#include "cuda_check.h"
+#include "runtime/comm.h"
+#include "runtime/cuda_check.h"
 #include "tw_test.h"
 
 static void test_status_strings(void) {

@@ -22,8 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bootstrap.h"
-#include "status.h"
+#include "core/status.h"
+#include "runtime/bootstrap.h"
 #include "tw_test.h"
 
 /* Every child is killed past this, so a hang fails the test instead of stalling it. */

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "env.h"
-#include "env_doc.h"
+#include "core/env.h"
+#include "core/env_doc.h"
 #include "tw_test.h"
 
 static const char *const env_doc_path = "docs/ENV.md";

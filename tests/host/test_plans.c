@@ -6,10 +6,10 @@
  */
 #include <string.h>
 
-#include "ops/ag_gemm.h"
-#include "ops/allgather.h"
-#include "ops/gemm_heuristics.h"
-#include "ops/gemm_rs.h"
+#include "gemm/gemm_heuristics.h"
+#include "ops/ag_gemm/ag_gemm.h"
+#include "ops/allgather/allgather.h"
+#include "ops/gemm_rs/gemm_rs.h"
 #include "tw_test.h"
 
 static tw_ag_gemm_plan_t ag_plan(int world, int64_t m_local, int64_t n, int64_t k, int budget,

@@ -1,4 +1,4 @@
-/* The GEMM core's tile orders (tile_coords, src/device/gemm_sm90.cuh) on the host: every order
+/* The GEMM core's tile orders (tile_coords, src/gemm/gemm_sm90.cuh) on the host: every order
  * visits every (row block, column block) exactly once; the bands' orders visit each owner's
  * units (gemm_rs.h) in ascending order, which the reduce queue follows. The interleaved band
  * order is tw_gemm_rs's default for fp32 partials on distinct GPUs. */
@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device/gemm_sm90.cuh"
-#include "ops/gemm_rs.h"
+#include "gemm/gemm_sm90.cuh"
+#include "ops/gemm_rs/gemm_rs.h"
 #include "tw_test.h"
 
 using tw::gemm::TileOrder;

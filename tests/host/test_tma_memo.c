@@ -1,5 +1,5 @@
 /*
- * The TMA tensor map memo (src/ops/tma_map.c), without a GPU (run in CI): a map put for one set
+ * The TMA tensor map memo (src/gemm/tma_map.c), without a GPU (run in CI): a map put for one set
  * of arguments comes back only for exactly those arguments, in this thread only, and a slot
  * reused by other arguments forgets the earlier ones. tw_tma_map_2d itself needs the driver;
  * the GPU tests cover it.
@@ -7,7 +7,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "ops/tma_map.h"
+#include "gemm/tma_map.h"
 #include "tw_test.h"
 
 static CUtensorMap fake_map(unsigned char fill) {

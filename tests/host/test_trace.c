@@ -6,11 +6,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "comm.h"
-#include "devcomm.h"
-#include "trace.h"
+#include "runtime/comm.h"
+#include "runtime/devcomm.h"
+#include "runtime/trace.h"
+#include "runtime/watchdog.h"
 #include "tw_test.h"
-#include "watchdog.h"
 
 static uint64_t rows[(TW_TRACE_CTAS + 1) * TW_TRACE_FIELDS];
 

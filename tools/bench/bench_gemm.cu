@@ -20,8 +20,8 @@
 #include <string.h>
 
 #include "bench.h"
-#include "ops/gemm_heuristics.h"
-#include "ops/gemm_sm90.h"
+#include "gemm/gemm_heuristics.h"
+#include "ops/gemm/gemm_sm90.h"
 #include "ref/ref_gemm.h"
 
 static const bench_shape_t gemm_sweep[] = {

@@ -9,7 +9,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#include "signal.cuh"
+#include "device/signal.cuh"
 
 namespace tw {
 

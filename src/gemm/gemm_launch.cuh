@@ -1,5 +1,5 @@
 /*
- * Internal (ops layer): the host side of a GEMM-core kernel (src/device/gemm_sm90.cuh), for
+ * Internal (ops layer): the host side of a GEMM-core kernel (src/gemm/gemm_sm90.cuh), for
  * tw_gemm and the fused ops. The operand tensor maps (A, B and a stored output, in the boxes
  * the core expects), and launching a fused op's persistent kernel: tw::gemm::kThreads threads,
  * one CTA per SM, Smem bytes of dynamic shared memory, whose limit is raised once per device
@@ -13,12 +13,12 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cuda_check.h"
-#include "gemm_sm90.cuh"
-#include "tma_map.h"
+#include "gemm/gemm_sm90.cuh"
+#include "gemm/tma_map.h"
+#include "runtime/cuda_check.h"
 
 extern "C" {
-#include "env.h"
+#include "core/env.h"
 }
 
 namespace tw {

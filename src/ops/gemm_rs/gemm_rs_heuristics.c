@@ -10,10 +10,10 @@
  * leaves were measured best in A/B runs all the same, so the constant stays until a rate-based
  * estimate is measured against them.
  */
-#include "gemm_rs.h"
+#include "ops/gemm_rs/gemm_rs.h"
 
-#include "devcomm.h"
-#include "gemm_heuristics.h"
+#include "gemm/gemm_heuristics.h"
+#include "runtime/devcomm.h"
 
 #define TW_RS_REDUCE_GBPS_PER_CTA 60.0
 #define TW_RS_GEMM_TFLOPS_PER_CTA 5.5

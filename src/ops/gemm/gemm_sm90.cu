@@ -1,6 +1,6 @@
 /*
  * tw_gemm: the sm90 GEMM core alone (host launcher and kernel instantiations).
- * The mainloop and its hooks are in src/device/gemm_sm90.cuh; the per-shape choice in
+ * The mainloop and its hooks are in src/gemm/gemm_sm90.cuh; the per-shape choice in
  * gemm_heuristics.c.
  */
 #include <cuda.h>
@@ -12,17 +12,17 @@
 #include <string.h>
 #include <type_traits>
 
-#include "cuda_check.h"
-#include "driver.h"
-#include "gemm_heuristics.h"
-#include "gemm_launch.cuh"
-#include "gemm_ll.cuh"
-#include "gemm_pp_sm90.cuh"
-#include "gemm_released.cuh"
-#include "gemm_sm90.cuh"
-#include "gemm_sm90.h"
-#include "status.h"
-#include "tma_map.h"
+#include "core/status.h"
+#include "gemm/gemm_heuristics.h"
+#include "gemm/gemm_launch.cuh"
+#include "gemm/gemm_pp_sm90.cuh"
+#include "gemm/gemm_sm90.cuh"
+#include "gemm/tma_map.h"
+#include "ops/gemm/gemm_sm90.h"
+#include "ops/gemm_rs/gemm_ll.cuh"
+#include "ops/gemm_rs/gemm_released.cuh"
+#include "runtime/cuda_check.h"
+#include "runtime/driver.h"
 
 using namespace tw::gemm;
 

@@ -6,9 +6,9 @@
  * Chunks: 128 rows (one GEMM row block) unless the shard would need more than TW_AG_GEMM_MAX_CHUNKS
  * flags.
  */
-#include "ag_gemm.h"
-#include "allgather.h"
-#include "gemm_heuristics.h"
+#include "gemm/gemm_heuristics.h"
+#include "ops/ag_gemm/ag_gemm.h"
+#include "ops/allgather/allgather.h"
 
 /* Copy rate of one CTA, as the plan needs it (docs/PERF.md, 2026-11-29 sweeps): 15 GB/s over
  * NVLink to another GPU (2 H200s: flux-tp8 best at 5 CTAs, M=16384 flat from 10 to 24); about

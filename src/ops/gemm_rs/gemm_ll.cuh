@@ -29,9 +29,9 @@
 
 #include <type_traits>
 
-#include "device/rs_vec.cuh"
 #include "device/signal.cuh"
-#include "gemm_sm90.cuh"
+#include "gemm/gemm_sm90.cuh"
+#include "ops/gemm_rs/rs_vec.cuh"
 
 namespace tw {
 namespace gemm {

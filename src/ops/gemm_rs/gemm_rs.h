@@ -42,8 +42,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "devcomm.h"
-#include "device/band_units.h"
+#include "gemm/band_units.h"
+#include "runtime/devcomm.h"
 #include "tilewire.h"
 
 #ifdef __cplusplus

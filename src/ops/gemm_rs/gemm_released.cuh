@@ -10,7 +10,7 @@
 #pragma once
 
 #include "device/signal.cuh"
-#include "gemm_sm90.cuh"
+#include "gemm/gemm_sm90.cuh"
 
 namespace tw {
 namespace gemm {

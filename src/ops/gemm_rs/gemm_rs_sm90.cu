@@ -2,7 +2,7 @@
  * tw_gemm_rs (GEMM + ReduceScatter) and tw_gemm_ar (GEMM + AllReduce) in one
  * persistent launch per rank. Geometry, flags and workspace: gemm_rs.h.
  *
- * Every CTA runs the GEMM mainloop (src/device/gemm_sm90.cuh) from the tile
+ * Every CTA runs the GEMM mainloop (src/gemm/gemm_sm90.cuh) from the tile
  * queue, in rank-rotated band sweeps: each band of `band` column blocks of the
  * product is swept over all row blocks (row-major inside the band, so a band
  * reads A once while its B stays in L2), starting at the rows of owner
@@ -39,21 +39,21 @@
 
 #include <string.h>
 
-#include "device/rs_vec.cuh"
 #include "device/signal.cuh"
-#include "gemm_heuristics.h"
-#include "gemm_launch.cuh"
-#include "gemm_pp_sm90.cuh"
-#include "gemm_rs.h"
-#include "gemm_sm90.cuh"
-#include "gemm_sm90.h"
+#include "gemm/gemm_heuristics.h"
+#include "gemm/gemm_launch.cuh"
+#include "gemm/gemm_pp_sm90.cuh"
+#include "gemm/gemm_sm90.cuh"
+#include "ops/gemm/gemm_sm90.h"
+#include "ops/gemm_rs/gemm_rs.h"
+#include "ops/gemm_rs/rs_vec.cuh"
 
 extern "C" {
-#include "comm.h"
-#include "cuda_check.h"
-#include "env.h"
-#include "log.h"
-#include "tma_map.h"
+#include "core/env.h"
+#include "core/log.h"
+#include "gemm/tma_map.h"
+#include "runtime/comm.h"
+#include "runtime/cuda_check.h"
 }
 
 using namespace tw::gemm;

@@ -1,9 +1,9 @@
-#include "tma_map.h"
+#include "gemm/tma_map.h"
 
 #include <string.h>
 
-#include "driver.h"
-#include "env.h"
+#include "core/env.h"
+#include "runtime/driver.h"
 
 typedef struct tma_slot {
   CUtensorMap map; /* first: its 64-byte alignment */

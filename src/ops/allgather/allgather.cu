@@ -9,15 +9,15 @@
  */
 #include <cuda_runtime.h>
 
-#include "allgather.h"
 #include "device/copy.cuh"
 #include "device/ptx_sm90.cuh"
 #include "device/signal.cuh"
+#include "ops/allgather/allgather.h"
 
 extern "C" {
-#include "comm.h"
-#include "cuda_check.h"
-#include "env.h"
+#include "core/env.h"
+#include "runtime/comm.h"
+#include "runtime/cuda_check.h"
 }
 
 /* Items are ordered peer-major with peers rotated from rank + 1 and this rank

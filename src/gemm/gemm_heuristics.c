@@ -1,4 +1,4 @@
-#include "gemm_heuristics.h"
+#include "gemm/gemm_heuristics.h"
 
 /* Fraction of the SM-waves a static persistent schedule keeps busy: tiles / (waves * sms). */
 static double wave_efficiency(int64_t tiles, int sms) {

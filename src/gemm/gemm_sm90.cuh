@@ -68,7 +68,7 @@
  * A fused op instantiates gemm_cta_loop<Stages, EpiBytes, MyEpi, MyWait, true> inside its own
  * kernel (all 384 threads of the CTA call it, with SmemLayout<...>::kDynamicBytes of dynamic
  * shared memory); tests/gpu/test_gemm.cu (check_hooks) is a complete example, and
- * src/ops/gemm_sm90.cu shows the tensor maps (A box {64, 128}, B box {64, BN}, C box
+ * src/ops/gemm/gemm_sm90.cu shows the tensor maps (A box {64, 128}, B box {64, BN}, C box
  * {128 / sizeof(Out), 64}, all 128B-swizzled). Measured configurations: docs/PERF.md (GEMM core
  * section) (plain GEMM: Stages 3, EpiBytes 32768, BN 256; queue variant within ~1-4% of it).
  * gemm_pp_sm90.cuh runs the same contract's plain and signalled subset on ping-pong consumers
@@ -83,8 +83,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#include "band_units.h"
-#include "ptx_sm90.cuh"
+#include "device/ptx_sm90.cuh"
+#include "gemm/band_units.h"
 
 namespace tw {
 namespace gemm {

@@ -9,7 +9,7 @@
 extern "C" {
 #endif
 
-/* Kernel variants compiled in src/ops/gemm_sm90.cu (tile 128x256x64 unless said). */
+/* Kernel variants compiled in src/ops/gemm/gemm_sm90.cu (tile 128x256x64 unless said). */
 typedef enum tw_gemm_variant {
   TW_GEMM_V_S3_E32 = 0,    /* 3 stages, 32 KiB epilogue buffer per consumer warpgroup */
   TW_GEMM_V_S4_E16 = 1,    /* 4 stages, 16 KiB epilogue buffer (two store passes for bf16) */
@@ -19,7 +19,7 @@ typedef enum tw_gemm_variant {
                               badly onto the SMs (a last wave mostly idle) */
   TW_GEMM_V_PP_N128 = 5,   /* 128x128 tiles, each a whole tile of one consumer warpgroup, the
                               two alternating (ping-pong: one's epilogue under the other's
-                              mainloop; src/device/gemm_pp_sm90.cuh), 6 stages, 16 KiB */
+                              mainloop; src/gemm/gemm_pp_sm90.cuh), 6 stages, 16 KiB */
   TW_GEMM_V_PP_N192 = 6,   /* the same on 128x192 tiles, 4 stages, 24 KiB */
   TW_GEMM_V_COUNT = 7
 } tw_gemm_variant_t;

@@ -6,7 +6,7 @@
  * the order in which the peers' rotated GEMMs reach these rows), setting the
  * target's flag (src = this rank, chunk) to the call's epoch after each chunk;
  * then they join the GEMM through the tile queue. Every CTA runs the GEMM
- * mainloop (src/device/gemm_sm90.cuh) with a readiness hook: before a tile's
+ * mainloop (src/gemm/gemm_sm90.cuh) with a readiness hook: before a tile's
  * TMA loads the producer waits for the flags of the chunks its 128 rows span.
  * Tiles run in rank-rotated order, starting on this rank's own rows.
  */
@@ -15,20 +15,20 @@
 
 #include <string.h>
 
-#include "ag_gemm.h"
 #include "device/copy.cuh"
 #include "device/signal.cuh"
-#include "gemm_heuristics.h"
-#include "gemm_launch.cuh"
-#include "gemm_sm90.cuh"
-#include "gemm_sm90.h"
+#include "gemm/gemm_heuristics.h"
+#include "gemm/gemm_launch.cuh"
+#include "gemm/gemm_sm90.cuh"
+#include "ops/ag_gemm/ag_gemm.h"
+#include "ops/gemm/gemm_sm90.h"
 
 extern "C" {
-#include "comm.h"
-#include "cuda_check.h"
-#include "driver.h"
-#include "env.h"
-#include "tma_map.h"
+#include "core/env.h"
+#include "gemm/tma_map.h"
+#include "runtime/comm.h"
+#include "runtime/cuda_check.h"
+#include "runtime/driver.h"
 }
 
 using namespace tw::gemm;

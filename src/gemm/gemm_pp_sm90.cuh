@@ -33,7 +33,7 @@
  */
 #pragma once
 
-#include "gemm_sm90.cuh"
+#include "gemm/gemm_sm90.cuh"
 
 namespace tw {
 namespace gemm {
