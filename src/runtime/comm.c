@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "runtime/cuda_check.h"
 #include "runtime/driver.h"
+#include "runtime/registry.h"
 
 tw_status_t tw_config_init(tw_config_t *cfg) {
   TW_ARG_CHECK(cfg != NULL, "cfg: NULL");
@@ -32,15 +33,6 @@ tw_status_t tw_comm_check(const struct tw_comm *comm) {
   TW_ARG_CHECK(comm != NULL, "comm: NULL");
   TW_ARG_CHECK(comm->group != NULL, "comm: destroyed or not initialised");
   return TW_SUCCESS;
-}
-
-tw_status_t tw_set_device(int device, int *prev) {
-  tw_status_t st = tw_cuda_check(cudaGetDevice(prev), "cudaGetDevice");
-  if (st != TW_SUCCESS)
-    return st;
-  if (*prev == device)
-    return TW_SUCCESS;
-  return tw_cuda_check_context(cudaSetDevice(device), "cudaSetDevice");
 }
 
 /* Copies the caller's (possibly older, shorter) config over the defaults and
@@ -195,17 +187,12 @@ static tw_status_t device_identity(int device, int *sm_count, uint8_t uuid[16]) 
   return TW_SUCCESS;
 }
 
-/* Ops whose file may not be in the build yet are weak. */
-tw_status_t tw_gemm_rs_preload(void) __attribute__((weak));
-
-tw_status_t tw_preload_kernels(void) {
-  tw_status_t st = tw_allgather_preload();
+/* This rank's next symmetric allocation (tw_mem_alloc is collective: every rank numbers its
+ * allocations alike). */
+static tw_status_t comm_alloc_locked(tw_comm_t comm, size_t bytes, void **ptr) {
+  tw_status_t st = tw_heap_alloc_locked(comm->group, comm->rank, comm->alloc_seq, bytes, ptr);
   if (st == TW_SUCCESS)
-    st = tw_gemm_preload();
-  if (st == TW_SUCCESS)
-    st = tw_ag_gemm_preload();
-  if (st == TW_SUCCESS && tw_gemm_rs_preload)
-    st = tw_gemm_rs_preload();
+    comm->alloc_seq++;
   return st;
 }
 
@@ -221,7 +208,7 @@ static tw_status_t setup_rank(tw_comm_t comm) {
   memset((void *)comm->err_host, 0, sizeof(tw_err_block_t));
   TW_CUDA(cudaHostGetDevicePointer((void **)&comm->err_dev, comm->err_host, 0));
   pthread_mutex_lock(&g->mu);
-  st = tw_heap_alloc_locked(comm, sizeof(tw_ctrl_t), &ctrl);
+  st = comm_alloc_locked(comm, sizeof(tw_ctrl_t), &ctrl);
   pthread_mutex_unlock(&g->mu);
   if (st != TW_SUCCESS)
     goto fail;
@@ -235,7 +222,7 @@ static tw_status_t setup_rank(tw_comm_t comm) {
     comm->ll_bytes = 0;
   if (comm->ll_bytes) {
     pthread_mutex_lock(&g->mu);
-    st = tw_heap_alloc_locked(comm, comm->ll_bytes, &comm->ll);
+    st = comm_alloc_locked(comm, comm->ll_bytes, &comm->ll);
     pthread_mutex_unlock(&g->mu);
     if (st != TW_SUCCESS)
       goto fail;
@@ -508,7 +495,7 @@ tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
     int prev;
     TW_CHECK(tw_set_device(devices[r], &prev));
     TW_CUDA_CONTEXT(cudaFree(0)); /* create the primary context before cuMem calls */
-    st = tw_preload_kernels();
+    st = tw_ops_preload();
     cudaSetDevice(prev);
     if (st != TW_SUCCESS)
       goto fail;
@@ -532,7 +519,7 @@ fail:
       if (!comms[r])
         continue;
       pthread_mutex_lock(&g->mu);
-      tw_heap_free_all_locked(comms[r]);
+      tw_heap_free_all_locked(comms[r]->group, comms[r]->rank);
       pthread_mutex_unlock(&g->mu);
       release_rank(comms[r]);
       free(comms[r]);
@@ -613,7 +600,7 @@ tw_status_t tw_comm_init_rank(tw_comm_t *out, int world, tw_unique_id_t id, int 
   g->device_of[rank] = device;
   g->live = 1;
   TW_CUDA_CONTEXT(cudaFree(0));
-  TW_CHECK(tw_preload_kernels());
+  TW_CHECK(tw_ops_preload());
   TW_CHECK(tw_heap_group_init(g, cfg.heap_bytes));
   TW_CHECK(setup_rank(c));
   /* No rank may signal a peer before that peer zeroed its control block. */
@@ -623,7 +610,7 @@ tw_status_t tw_comm_init_rank(tw_comm_t *out, int world, tw_unique_id_t id, int 
 fail:
   if (c) {
     pthread_mutex_lock(&g->mu);
-    tw_heap_free_all_locked(c);
+    tw_heap_free_all_locked(c->group, c->rank);
     pthread_mutex_unlock(&g->mu);
     release_rank(c);
     free(c);
@@ -647,7 +634,7 @@ tw_status_t tw_comm_destroy(tw_comm_t comm) {
     cudaSetDevice(prev);
   }
   pthread_mutex_lock(&g->mu);
-  tw_heap_free_all_locked(comm);
+  tw_heap_free_all_locked(comm->group, comm->rank);
   g->local[comm->rank] = NULL;
   int last = --g->live == 0;
   pthread_mutex_unlock(&g->mu);
@@ -761,7 +748,7 @@ tw_status_t tw_mem_alloc(tw_comm_t comm, size_t bytes, void **ptr) {
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
   pthread_mutex_lock(&comm->group->mu);
-  st = tw_heap_alloc_locked(comm, bytes, ptr);
+  st = comm_alloc_locked(comm, bytes, ptr);
   pthread_mutex_unlock(&comm->group->mu);
   cudaSetDevice(prev);
   return tw_comm_result(comm, st);
@@ -780,7 +767,7 @@ tw_status_t tw_mem_free(tw_comm_t comm, void *ptr) {
                       "allocation",
                       ptr, ptr == (void *)comm->ctrl ? "control block" : "low-latency area"));
   pthread_mutex_lock(&comm->group->mu);
-  st = tw_heap_free_locked(comm, ptr);
+  st = tw_heap_free_locked(comm->group, comm->rank, ptr);
   pthread_mutex_unlock(&comm->group->mu);
   return tw_comm_result(comm, st);
 }

@@ -1,15 +1,7 @@
 /*
- * The comm: one rank's view of the group. Ranks driven by one process (all of
- * them with tw_comm_init_all, one with tw_comm_init_rank) share a tw_group_t
- * that owns the symmetric heap's address space and the allocation list.
- *
- * Symmetric heap layout, the same in every process: one virtual range of
- * world * heap_va bytes; rank r's heap lives at va_base + r * heap_va. An
- * allocation has the same offset in every rank's heap, so peer p's copy of a
- * local pointer is va_base + p * heap_va + offset. Physical memory (cuMemCreate
- * on the rank's GPU) is mapped at the rank's own slot; ranks of other
- * processes on the same host are mapped there too, from POSIX fds passed over
- * unix sockets. Offset 0 holds the rank's control block (tw_ctrl_t).
+ * The comm: one rank's view of the group (runtime/group.h). Ranks driven by one process share
+ * a tw_group_t that owns the symmetric heap (runtime/heap.h). Offset 0 of every rank's heap
+ * holds the rank's control block (tw_ctrl_t).
  */
 #ifndef TW_RUNTIME_COMM_H
 #define TW_RUNTIME_COMM_H
@@ -23,48 +15,15 @@
 
 #include "core/status.h"
 #include "runtime/bootstrap.h"
+#include "runtime/cuda_check.h"
 #include "runtime/devcomm.h"
+#include "runtime/group.h"
+#include "runtime/heap.h"
 #include "tilewire.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct tw_alloc {
-  struct tw_alloc *next;
-  uint64_t seq;                                      /* allocation number, the same on every rank */
-  size_t offset;                                     /* in every rank's heap */
-  size_t size;                                       /* rounded to the granularity */
-  size_t bytes;                                      /* as asked */
-  CUmemGenericAllocationHandle handle[TW_MAX_WORLD]; /* mapped in this process; 0 = none */
-  uint8_t mapped[TW_MAX_WORLD];
-  uint8_t freed[TW_MAX_WORLD];     /* local ranks that called tw_mem_free */
-  void **peer_table[TW_MAX_WORLD]; /* per local rank: device array of world peer pointers */
-} tw_alloc_t;
-
-typedef struct tw_free_range {
-  size_t offset, size;
-} tw_free_range_t;
-
-#define TW_MAX_FREE_RANGES 4096
-
-typedef struct tw_group {
-  pthread_mutex_t mu;
-  int world;
-  int nlocal;                          /* ranks driven by this process */
-  int live;                            /* local comms not yet destroyed */
-  struct tw_comm *local[TW_MAX_WORLD]; /* by rank; NULL for ranks of other processes */
-  uint8_t mappable[TW_MAX_WORLD];      /* rank's memory can be mapped here (same host) */
-  int device_of[TW_MAX_WORLD];         /* CUDA device of local ranks, -1 otherwise */
-  tw_bootstrap_t *bs;                  /* NULL when every rank is in this process */
-  CUdeviceptr va_base;
-  size_t heap_va;
-  size_t granularity;
-  size_t bump;
-  tw_free_range_t free_ranges[TW_MAX_FREE_RANGES];
-  int nfree;
-  tw_alloc_t *allocs;
-} tw_group_t;
 
 struct tw_comm {
   tw_group_t *group;
@@ -127,22 +86,25 @@ tw_status_t tw_comm_result(struct tw_comm *comm, tw_status_t st);
 /* Argument check for a public entry point taking a comm. */
 tw_status_t tw_comm_check(const struct tw_comm *comm);
 
+/* The symmetric heap as the ops see it: this rank's pointers (runtime/heap.h). */
+
 /* Peer p's address for a pointer inside this rank's heap, or NULL if p's memory is
- * not mapped here. *offset_out (optional) is the offset in the heap. */
-void *tw_heap_peer_ptr(const struct tw_comm *comm, const void *local_ptr, int peer);
+ * not mapped here. */
+static inline void *tw_heap_peer_ptr(const struct tw_comm *comm, const void *local_ptr, int peer) {
+  return tw_heap_peer_addr(comm->group, comm->rank, local_ptr, peer);
+}
 
-/* Finds the allocation holding [ptr, ptr+bytes) in this rank's heap. */
 /* Bytes from ptr to the end of its symmetric allocation on this rank; 0 if none holds it. */
-size_t tw_heap_avail(const struct tw_comm *comm, const void *ptr);
-tw_status_t tw_heap_lookup(const struct tw_comm *comm, const void *ptr, size_t bytes,
-                           const char *arg_name, tw_alloc_t **alloc_out);
+static inline size_t tw_heap_avail(const struct tw_comm *comm, const void *ptr) {
+  return tw_heap_span(comm->group, comm->rank, ptr);
+}
 
-/* Heap internals (heap.c), called with the group lock held. */
-tw_status_t tw_heap_group_init(tw_group_t *g, size_t heap_va);
-void tw_heap_group_fini(tw_group_t *g);
-tw_status_t tw_heap_alloc_locked(struct tw_comm *comm, size_t bytes, void **ptr);
-tw_status_t tw_heap_free_locked(struct tw_comm *comm, void *ptr);
-void tw_heap_free_all_locked(struct tw_comm *comm);
+/* TW_ERR_INVALID_ARGUMENT naming arg_name unless [ptr, ptr + bytes) lies inside one live
+ * allocation of this rank (returned in *alloc_out when not NULL). */
+static inline tw_status_t tw_heap_lookup(const struct tw_comm *comm, const void *ptr, size_t bytes,
+                                         const char *arg_name, tw_alloc_t **alloc_out) {
+  return tw_heap_find(comm->group, comm->rank, ptr, bytes, arg_name, alloc_out);
+}
 
 /* Fills node, nodes, local_rank, local_size of comm (rank and world set) from
  * the ranks' host hashes, or virtual nodes of ranks_per_node ranks when > 0. */
@@ -169,23 +131,10 @@ tw_status_t tw_launch_begin(struct tw_comm *comm, tw_stream_t user, cudaStream_t
 /* Makes the caller's stream wait for the launch stream. */
 tw_status_t tw_launch_end(struct tw_comm *comm, tw_stream_t user);
 
-/* Loads every tilewire kernel on the current device. With CUDA's lazy module
- * loading, the first launch of a kernel may wait for the device to go idle; if a
- * persistent kernel is then spinning for a peer whose kernel is that first
- * launch, nothing moves until the wait bound. Loading everything at comm init
- * removes that. Each op file provides its tw_<op>_preload. */
-tw_status_t tw_preload_kernels(void);
-tw_status_t tw_allgather_preload(void);
-tw_status_t tw_gemm_preload(void);
-tw_status_t tw_ag_gemm_preload(void);
-
 /* The message of a recorded device error (tw_comm_async_error's last_error): a flag wait that
  * expired, or (peer TW_ERR_PEER_PIPELINE) a stalled GEMM pipeline. */
 void tw_err_block_format(const volatile tw_err_block_t *e, int wait_timeout_ms, char *buf,
                          size_t len);
-
-/* Makes `device` current; returns the previous one in *prev. */
-tw_status_t tw_set_device(int device, int *prev);
 
 #ifdef __cplusplus
 }

@@ -84,3 +84,12 @@ tw_status_t tw_kernel_smem_once(const void *kernel, int bytes, uint64_t *configu
     __atomic_fetch_or(configured, bit, __ATOMIC_RELEASE);
   return st;
 }
+
+tw_status_t tw_set_device(int device, int *prev) {
+  tw_status_t st = tw_cuda_check(cudaGetDevice(prev), "cudaGetDevice");
+  if (st != TW_SUCCESS)
+    return st;
+  if (*prev == device)
+    return TW_SUCCESS;
+  return tw_cuda_check_context(cudaSetDevice(device), "cudaSetDevice");
+}

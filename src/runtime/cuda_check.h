@@ -42,6 +42,9 @@ tw_status_t tw_sm_exclusive_smem(const void *kernel, int *smem_bytes);
 tw_status_t tw_kernel_smem_once(const void *kernel, int bytes, uint64_t *configured,
                                 const char *what);
 
+/* Makes `device` current; returns the previous one in *prev. */
+tw_status_t tw_set_device(int device, int *prev);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,14 +1,17 @@
-/* Symmetric heap: cuMem VMM allocations mapped at the same offset in every rank's slot. */
+/* The symmetric heap (heap.h). */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
+#include "runtime/heap.h"
+
 #include "core/log.h"
-#include "runtime/comm.h"
+#include "core/status.h"
 #include "runtime/cuda_check.h"
 #include "runtime/driver.h"
+#include "transport/transport.h"
 
 static CUmemAllocationProp alloc_prop(int device, int exportable) {
   CUmemAllocationProp prop;
@@ -21,9 +24,8 @@ static CUmemAllocationProp alloc_prop(int device, int exportable) {
   return prop;
 }
 
-static void *slot_ptr(const tw_group_t *g, int rank, size_t offset) {
-  return (void *)(uintptr_t)(g->va_base + (CUdeviceptr)rank * g->heap_va + offset);
-}
+/* Every transport sees every allocation, in this order. */
+static const tw_transport_t *const transports[] = {&tw_transport_nvlink};
 
 tw_status_t tw_heap_group_init(tw_group_t *g, size_t heap_va) {
   const tw_driver_api_t *cu;
@@ -114,9 +116,9 @@ static void destroy_alloc(tw_group_t *g, tw_alloc_t *a) {
   const tw_driver_api_t *cu;
   if (tw_driver(&cu) != TW_SUCCESS)
     return;
+  for (size_t t = 0; t < sizeof(transports) / sizeof(transports[0]); t++)
+    transports[t]->unmap(g, a);
   for (int r = 0; r < g->world; r++) {
-    if (a->mapped[r])
-      cu->cuMemUnmap((CUdeviceptr)(uintptr_t)slot_ptr(g, r, a->offset), a->size);
     if (a->handle[r])
       cu->cuMemRelease(a->handle[r]);
     if (a->peer_table[r]) {
@@ -132,18 +134,16 @@ static void destroy_alloc(tw_group_t *g, tw_alloc_t *a) {
 }
 
 /* Maps and exchanges a new allocation for every rank this process can reach. */
-static tw_status_t create_alloc(tw_comm_t comm, size_t bytes, tw_alloc_t **out) {
-  tw_group_t *g = comm->group;
+static tw_status_t create_alloc(tw_group_t *g, int rank, uint64_t seq, size_t bytes,
+                                tw_alloc_t **out) {
   const tw_driver_api_t *cu;
   tw_status_t st;
-  int *fds = NULL;
-  int my_fd = -1;
   tw_alloc_t *a = NULL;
   TW_CHECK(tw_driver(&cu));
   a = calloc(1, sizeof(*a));
   if (!a)
     TW_FAIL(TW_ERR_SYSTEM, "out of host memory");
-  a->seq = comm->alloc_seq;
+  a->seq = seq;
   a->bytes = bytes;
   a->size = (bytes + g->granularity - 1) / g->granularity * g->granularity;
   if (take_range(g, a->size, &a->offset) != 0) {
@@ -156,13 +156,13 @@ static tw_status_t create_alloc(tw_comm_t comm, size_t bytes, tw_alloc_t **out) 
             size, g->heap_va, g->bump);
   }
   if (g->bs) {
-    /* Every process must have picked the same offset: check, then swap fds. */
+    /* Every process must have picked the same offset. */
     uint64_t *mine = calloc((size_t)g->world * 3, sizeof(uint64_t));
     if (!mine)
       TW_FAIL(TW_ERR_SYSTEM, "out of host memory");
-    mine[comm->rank * 3 + 0] = a->seq;
-    mine[comm->rank * 3 + 1] = a->offset;
-    mine[comm->rank * 3 + 2] = a->bytes;
+    mine[rank * 3 + 0] = a->seq;
+    mine[rank * 3 + 1] = a->offset;
+    mine[rank * 3 + 2] = a->bytes;
     st = tw_bootstrap_allgather(g->bs, mine, 3 * sizeof(uint64_t));
     if (st == TW_SUCCESS) {
       for (int r = 0; r < g->world; r++) {
@@ -170,7 +170,7 @@ static tw_status_t create_alloc(tw_comm_t comm, size_t bytes, tw_alloc_t **out) 
           st = tw_fail(TW_ERR_INVALID_ARGUMENT,
                        "tw_mem_alloc is collective: rank %d made allocation #%llu of %llu bytes "
                        "(offset %llu) but rank %d made #%llu of %llu bytes (offset %llu)",
-                       comm->rank, (unsigned long long)a->seq, (unsigned long long)a->bytes,
+                       rank, (unsigned long long)a->seq, (unsigned long long)a->bytes,
                        (unsigned long long)a->offset, r, (unsigned long long)mine[r * 3],
                        (unsigned long long)mine[r * 3 + 2], (unsigned long long)mine[r * 3 + 1]);
           break;
@@ -187,61 +187,12 @@ static tw_status_t create_alloc(tw_comm_t comm, size_t bytes, tw_alloc_t **out) 
     CUmemAllocationProp prop = alloc_prop(g->device_of[r], g->bs != NULL);
     TW_CHECK(tw_cu_check(cu->cuMemCreate(&a->handle[r], a->size, &prop, 0), "cuMemCreate"));
   }
-  if (g->bs) {
-    fds = malloc(sizeof(int) * (size_t)g->world);
-    uint8_t to[TW_MAX_WORLD] = {0};
-    if (!fds)
-      TW_FAIL(TW_ERR_SYSTEM, "out of host memory");
-    for (int r = 0; r < g->world; r++) {
-      fds[r] = -1;
-      to[r] = g->mappable[r] && r != comm->rank;
-    }
-    TW_CHECK(
-        tw_cu_check(cu->cuMemExportToShareableHandle(&my_fd, a->handle[comm->rank],
-                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-                    "cuMemExportToShareableHandle"));
-    TW_CHECK(tw_bootstrap_exchange_fds(g->bs, my_fd, to, to, a->seq, fds));
-    for (int r = 0; r < g->world; r++) {
-      if (fds[r] < 0)
-        continue;
-      st = tw_cu_check(cu->cuMemImportFromShareableHandle(&a->handle[r], (void *)(uintptr_t)fds[r],
-                                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-                       "cuMemImportFromShareableHandle");
-      close(fds[r]);
-      fds[r] = -1;
-      if (st != TW_SUCCESS) {
-        tw_error_prefix("importing rank %d's allocation #%llu", r, (unsigned long long)a->seq);
-        goto fail;
-      }
-    }
-  }
-  /* Map every handle we hold at its rank's slot; grant every local device access. */
-  CUmemAccessDesc access[TW_MAX_WORLD];
-  int naccess = 0;
-  for (int r = 0; r < g->world; r++) {
-    if (!g->local[r])
-      continue;
-    int dup = 0;
-    for (int i = 0; i < naccess; i++)
-      dup |= access[i].location.id == g->device_of[r];
-    if (dup)
-      continue;
-    access[naccess].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access[naccess].location.id = g->device_of[r];
-    access[naccess].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    naccess++;
-  }
-  for (int r = 0; r < g->world; r++) {
-    if (!a->handle[r])
-      continue;
-    CUdeviceptr va = (CUdeviceptr)(uintptr_t)slot_ptr(g, r, a->offset);
-    TW_CHECK(tw_cu_check(cu->cuMemMap(va, a->size, 0, a->handle[r], 0), "cuMemMap"));
-    a->mapped[r] = 1;
-    st = tw_cu_check(cu->cuMemSetAccess(va, a->size, access, (size_t)naccess), "cuMemSetAccess");
+  for (size_t t = 0; t < sizeof(transports) / sizeof(transports[0]); t++) {
+    st = transports[t]->import(g, rank, a);
+    if (st == TW_SUCCESS)
+      st = transports[t]->map(g, a);
     if (st != TW_SUCCESS) {
-      tw_error_prefix("granting this process's GPUs access to rank %d's memory (no peer access "
-                      "between the GPUs?)",
-                      r);
+      tw_error_prefix("transport %s", transports[t]->name);
       goto fail;
     }
   }
@@ -251,7 +202,7 @@ static tw_status_t create_alloc(tw_comm_t comm, size_t bytes, tw_alloc_t **out) 
       continue;
     void *host_table[TW_MAX_WORLD];
     for (int p = 0; p < g->world; p++)
-      host_table[p] = a->mapped[p] ? slot_ptr(g, p, a->offset) : NULL;
+      host_table[p] = a->mapped[p] ? tw_group_slot(g, p, a->offset) : NULL;
     int prev;
     TW_CHECK(tw_set_device(g->device_of[r], &prev));
     st = tw_cuda_check(cudaMalloc((void **)&a->peer_table[r], sizeof(void *) * (size_t)g->world),
@@ -264,33 +215,21 @@ static tw_status_t create_alloc(tw_comm_t comm, size_t bytes, tw_alloc_t **out) 
     if (st != TW_SUCCESS)
       goto fail;
   }
-  if (my_fd >= 0)
-    close(my_fd);
-  free(fds);
   a->next = g->allocs;
   g->allocs = a;
   *out = a;
   return TW_SUCCESS;
 fail:
-  if (my_fd >= 0)
-    close(my_fd);
-  if (fds) {
-    for (int r = 0; r < g->world; r++)
-      if (fds[r] >= 0)
-        close(fds[r]);
-    free(fds);
-  }
   if (a)
     destroy_alloc(g, a);
   return st;
 }
 
-tw_status_t tw_heap_alloc_locked(tw_comm_t comm, size_t bytes, void **ptr) {
-  tw_group_t *g = comm->group;
+tw_status_t tw_heap_alloc_locked(tw_group_t *g, int rank, uint64_t seq, size_t bytes, void **ptr) {
   tw_alloc_t *a;
   tw_status_t st = TW_SUCCESS;
   for (a = g->allocs; a; a = a->next)
-    if (a->seq == comm->alloc_seq)
+    if (a->seq == seq)
       break;
   if (a) {
     /* Another rank of this process made this allocation already. */
@@ -298,21 +237,20 @@ tw_status_t tw_heap_alloc_locked(tw_comm_t comm, size_t bytes, void **ptr) {
       return tw_fail(TW_ERR_INVALID_ARGUMENT,
                      "bytes: tw_mem_alloc is collective: rank %d asked %zu bytes for allocation "
                      "#%llu but another rank asked %zu",
-                     comm->rank, bytes, (unsigned long long)a->seq, a->bytes);
+                     rank, bytes, (unsigned long long)a->seq, a->bytes);
   } else {
-    st = create_alloc(comm, bytes, &a);
+    st = create_alloc(g, rank, seq, bytes, &a);
     if (st != TW_SUCCESS)
       return st;
   }
-  comm->alloc_seq++;
-  *ptr = slot_ptr(g, comm->rank, a->offset);
+  *ptr = tw_group_slot(g, rank, a->offset);
   return TW_SUCCESS;
 }
 
 static tw_alloc_t *find_by_base(tw_group_t *g, int rank, const void *ptr, tw_alloc_t **prev_out) {
   tw_alloc_t *prev = NULL;
   for (tw_alloc_t *a = g->allocs; a; prev = a, a = a->next) {
-    if (slot_ptr(g, rank, a->offset) == ptr) {
+    if (tw_group_slot(g, rank, a->offset) == ptr) {
       if (prev_out)
         *prev_out = prev;
       return a;
@@ -335,14 +273,13 @@ static void unlink_alloc(tw_group_t *g, tw_alloc_t *a, tw_alloc_t *prev) {
     g->allocs = a->next;
 }
 
-tw_status_t tw_heap_free_locked(tw_comm_t comm, void *ptr) {
-  tw_group_t *g = comm->group;
+tw_status_t tw_heap_free_locked(tw_group_t *g, int rank, void *ptr) {
   tw_alloc_t *prev = NULL;
-  tw_alloc_t *a = find_by_base(g, comm->rank, ptr, &prev);
-  if (!a || a->freed[comm->rank])
+  tw_alloc_t *a = find_by_base(g, rank, ptr, &prev);
+  if (!a || a->freed[rank])
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "ptr: %p is not a live tw_mem_alloc pointer of rank %d",
-                   ptr, comm->rank);
-  a->freed[comm->rank] = 1;
+                   ptr, rank);
+  a->freed[rank] = 1;
   if (all_local_freed(g, a)) {
     /* No kernel of this process may still use it. */
     for (int r = 0; r < g->world; r++) {
@@ -360,10 +297,9 @@ tw_status_t tw_heap_free_locked(tw_comm_t comm, void *ptr) {
   return TW_SUCCESS;
 }
 
-void tw_heap_free_all_locked(tw_comm_t comm) {
-  tw_group_t *g = comm->group;
+void tw_heap_free_all_locked(tw_group_t *g, int rank) {
   for (tw_alloc_t *a = g->allocs; a; a = a->next)
-    a->freed[comm->rank] = 1;
+    a->freed[rank] = 1;
   tw_alloc_t *prev = NULL, *a = g->allocs;
   while (a) {
     tw_alloc_t *next = a->next;
@@ -377,21 +313,19 @@ void tw_heap_free_all_locked(tw_comm_t comm) {
   }
 }
 
-void *tw_heap_peer_ptr(const struct tw_comm *comm, const void *local_ptr, int peer) {
-  const tw_group_t *g = comm->group;
-  uintptr_t base = (uintptr_t)slot_ptr(g, comm->rank, 0);
+void *tw_heap_peer_addr(const tw_group_t *g, int rank, const void *local_ptr, int peer) {
+  uintptr_t base = (uintptr_t)tw_group_slot(g, rank, 0);
   uintptr_t p = (uintptr_t)local_ptr;
   if (p < base || p >= base + g->heap_va || peer < 0 || peer >= g->world || !g->mappable[peer])
     return NULL;
-  return (char *)slot_ptr(g, peer, 0) + (p - base);
+  return (char *)tw_group_slot(g, peer, 0) + (p - base);
 }
 
 /* With g->mu held: this rank's live allocation holding ptr (and its base here), or NULL. */
-static tw_alloc_t *find_locked(const struct tw_comm *comm, uintptr_t p, uintptr_t *base_out) {
-  tw_group_t *g = comm->group;
+static tw_alloc_t *find_locked(const tw_group_t *g, int rank, uintptr_t p, uintptr_t *base_out) {
   for (tw_alloc_t *a = g->allocs; a; a = a->next) {
-    uintptr_t base = (uintptr_t)slot_ptr(g, comm->rank, a->offset);
-    if (p >= base && p < base + a->bytes && !a->freed[comm->rank]) {
+    uintptr_t base = (uintptr_t)tw_group_slot(g, rank, a->offset);
+    if (p >= base && p < base + a->bytes && !a->freed[rank]) {
       *base_out = base;
       return a;
     }
@@ -399,29 +333,27 @@ static tw_alloc_t *find_locked(const struct tw_comm *comm, uintptr_t p, uintptr_
   return NULL;
 }
 
-size_t tw_heap_avail(const struct tw_comm *comm, const void *ptr) {
-  tw_group_t *g = comm->group;
+size_t tw_heap_span(tw_group_t *g, int rank, const void *ptr) {
   uintptr_t base = 0;
   pthread_mutex_lock(&g->mu);
-  tw_alloc_t *a = find_locked(comm, (uintptr_t)ptr, &base);
+  tw_alloc_t *a = find_locked(g, rank, (uintptr_t)ptr, &base);
   const size_t avail = a ? (size_t)(base + a->bytes - (uintptr_t)ptr) : 0;
   pthread_mutex_unlock(&g->mu);
   return avail;
 }
 
-tw_status_t tw_heap_lookup(const struct tw_comm *comm, const void *ptr, size_t bytes,
-                           const char *arg_name, tw_alloc_t **alloc_out) {
-  tw_group_t *g = comm->group;
+tw_status_t tw_heap_find(tw_group_t *g, int rank, const void *ptr, size_t bytes,
+                         const char *arg_name, tw_alloc_t **alloc_out) {
   const uintptr_t p = (uintptr_t)ptr;
   uintptr_t base = 0;
   pthread_mutex_lock(&g->mu);
-  tw_alloc_t *a = find_locked(comm, p, &base);
+  tw_alloc_t *a = find_locked(g, rank, p, &base);
   const size_t alloc_bytes = a ? a->bytes : 0;
   pthread_mutex_unlock(&g->mu);
   if (!a)
     return tw_fail(TW_ERR_INVALID_ARGUMENT,
                    "%s: %p (+%zu bytes) is not inside a tw_mem_alloc allocation of rank %d",
-                   arg_name, ptr, bytes, comm->rank);
+                   arg_name, ptr, bytes, rank);
   if (p + bytes > base + alloc_bytes)
     return tw_fail(TW_ERR_INVALID_ARGUMENT,
                    "%s: %zu bytes at offset %zu run past the end of its %zu-byte symmetric "

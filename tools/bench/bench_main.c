@@ -699,7 +699,7 @@ static int run_op(const bench_op_t *op, const cli_t *cli, bench_results_t *res, 
 int main(int argc, char **argv) {
   /* Virtual ranks: every stream its own hardware queue (docs/ARCHITECTURE.md). */
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
-  setenv("CUDA_MODULE_LOADING", "EAGER", 0); /* see tw_preload_kernels */
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0); /* see runtime/registry.h */
   cli_t cli;
   parse_cli(&cli, argc, argv);
   if (cli.help) {

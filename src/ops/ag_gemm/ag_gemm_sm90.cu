@@ -29,6 +29,7 @@ extern "C" {
 #include "runtime/comm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/driver.h"
+#include "runtime/registry.h"
 }
 
 using namespace tw::gemm;
@@ -312,7 +313,7 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
 
 } // namespace
 
-extern "C" tw_status_t tw_ag_gemm_preload(void) {
+static tw_status_t tw_ag_gemm_preload(void) {
   cudaError_t e = preload_variants<__nv_bfloat16, 256>();
   if (e == cudaSuccess)
     e = preload_variants<float, 256>();
@@ -322,6 +323,10 @@ extern "C" tw_status_t tw_ag_gemm_preload(void) {
     e = preload_variants<float, 128>();
   return tw_cuda_check(e, "loading the ag_gemm kernels");
 }
+
+/* tw_ag_gemm, registered with the runtime (runtime/registry.h). */
+static const tw_op_desc_t ag_gemm_registration = {"ag_gemm", tw_ag_gemm_preload};
+TW_OP_REGISTER(ag_gemm, ag_gemm_registration);
 
 extern "C" tw_status_t tw_ag_gemm_args_init(tw_ag_gemm_args_t *args) {
   TW_ARG_CHECK(args != NULL, "args: NULL");

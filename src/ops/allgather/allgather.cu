@@ -18,6 +18,7 @@ extern "C" {
 #include "core/env.h"
 #include "runtime/comm.h"
 #include "runtime/cuda_check.h"
+#include "runtime/registry.h"
 }
 
 /* Items are ordered peer-major with peers rotated from rank + 1 and this rank
@@ -155,7 +156,7 @@ __global__ void tw_barrier_kernel(const __grid_constant__ tw_dev_comm_t dc) {
     tw_op_finish(dc, TW_CH_BARRIER, epoch);
 }
 
-extern "C" tw_status_t tw_allgather_preload(void) {
+static tw_status_t tw_allgather_preload(void) {
   cudaFuncAttributes attr;
   cudaError_t e = cudaFuncGetAttributes(&attr, tw_allgather_kernel);
   if (e == cudaSuccess)
@@ -164,6 +165,10 @@ extern "C" tw_status_t tw_allgather_preload(void) {
     e = cudaFuncGetAttributes(&attr, tw_barrier_kernel);
   return tw_cuda_check(e, "loading the allgather kernels");
 }
+
+/* tw_allgather, registered with the runtime (runtime/registry.h). */
+static const tw_op_desc_t allgather_registration = {"allgather", tw_allgather_preload};
+TW_OP_REGISTER(allgather, allgather_registration);
 
 extern "C" tw_status_t tw_ag_make_plan(tw_comm_t comm, const void *send, void *recv, size_t bytes,
                                        int max_ctas, tw_ag_plan_t *plan) {

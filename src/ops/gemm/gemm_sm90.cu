@@ -23,6 +23,7 @@
 #include "ops/gemm_rs/gemm_released.cuh"
 #include "runtime/cuda_check.h"
 #include "runtime/driver.h"
+#include "runtime/registry.h"
 
 using namespace tw::gemm;
 
@@ -236,7 +237,7 @@ tw_status_t launch_ws(const GemmParams<E, NoWait> &params, int split, int grid, 
   return tw_fail(TW_ERR_INTERNAL, "tw_gemm: %d slices through the workspace", split);
 }
 // Loads a kernel's module now (cudaFuncGetAttributes), not at its first launch (see
-// tw_preload_kernels): preload_one for gemm_sm90_kernel's instantiations, preload_out for
+// tw_ops_preload): preload_one for gemm_sm90_kernel's instantiations, preload_out for
 // launch_pp's.
 template <auto Kernel> cudaError_t preload_kernel() {
   cudaFuncAttributes attr;
@@ -576,12 +577,16 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
 
 } // namespace
 
-/* Loads the GEMM kernels on the current device now (see tw_preload_kernels). */
-extern "C" tw_status_t tw_gemm_preload(void) {
+/* Loads the GEMM kernels on the current device now (see tw_ops_preload). */
+static tw_status_t tw_gemm_preload(void) {
   cudaError_t e = preload_out<__nv_bfloat16>();
   cudaError_t f = preload_out<float>();
   return tw_cuda_check(e != cudaSuccess ? e : f, "loading the GEMM kernels");
 }
+
+/* tw_gemm, registered with the runtime (runtime/registry.h). */
+static const tw_op_desc_t gemm_registration = {"gemm", tw_gemm_preload};
+TW_OP_REGISTER(gemm, gemm_registration);
 
 extern "C" tw_status_t tw_gemm_args_init(tw_gemm_args_t *args) {
   if (!args)

@@ -54,6 +54,7 @@ extern "C" {
 #include "gemm/tma_map.h"
 #include "runtime/comm.h"
 #include "runtime/cuda_check.h"
+#include "runtime/registry.h"
 }
 
 using namespace tw::gemm;
@@ -1599,7 +1600,7 @@ tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_re
 
 } // namespace
 
-extern "C" tw_status_t tw_gemm_rs_preload(void) {
+static tw_status_t tw_gemm_rs_preload(void) {
   cudaFuncAttributes attr;
   const void *kernels[] = {(const void *)gemm_rs_kernel<false, float, kBlockN>,
                            (const void *)gemm_rs_kernel<true, float, kBlockN>,
@@ -1623,6 +1624,10 @@ extern "C" tw_status_t tw_gemm_rs_preload(void) {
     e = cudaFuncGetAttributes(&attr, kernels[i]);
   return tw_cuda_check(e, "loading the gemm_rs kernels");
 }
+
+/* tw_gemm_rs and tw_gemm_ar, registered with the runtime (runtime/registry.h). */
+static const tw_op_desc_t gemm_rs_registration = {"gemm_rs", tw_gemm_rs_preload};
+TW_OP_REGISTER(gemm_rs, gemm_rs_registration);
 
 extern "C" tw_status_t tw_gemm_rs_args_init(tw_gemm_rs_args_t *args) {
   TW_ARG_CHECK(args != NULL, "args: NULL");
