@@ -127,6 +127,10 @@ tw_status_t tw_check_alike_knobs(const tw_peer_info_t *peers, int world);
  * rank's own stream made to wait for the caller's. Pair with tw_launch_end. */
 /* Creates comm->ce_stream and its events once (tw_ag_gemm's copy-engine mode). */
 tw_status_t tw_comm_ce_stream(struct tw_comm *comm);
+/* Gives every comm of comms[0, world) whose GPU other ranks share its own launch stream, made
+ * one after another so that they land on distinct hardware queues (two streams on one queue
+ * serialise, and a waiting kernel would block its peer). */
+tw_status_t tw_make_launch_streams(struct tw_comm **comms, int world);
 tw_status_t tw_launch_begin(struct tw_comm *comm, tw_stream_t user, cudaStream_t *launch);
 /* Makes the caller's stream wait for the launch stream. */
 tw_status_t tw_launch_end(struct tw_comm *comm, tw_stream_t user);

@@ -20,7 +20,7 @@ extern "C" {
 #define TW_MAX_OPS 32
 
 typedef struct tw_op_desc {
-  const char *name;            /* the public entry's name without tw_, e.g. "gemm_rs" */
+  const char *name;             /* the public entry's name without tw_, e.g. "gemm_rs" */
   tw_status_t (*preload)(void); /* loads the op's kernels on the current device */
 } tw_op_desc_t;
 

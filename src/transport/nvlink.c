@@ -27,10 +27,9 @@ static tw_status_t nvlink_import(tw_group_t *g, int rank, tw_alloc_t *a) {
     fds[r] = -1;
     to[r] = g->mappable[r] && r != rank;
   }
-  TW_CHECK(
-      tw_cu_check(cu->cuMemExportToShareableHandle(&my_fd, a->handle[rank],
-                                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-                  "cuMemExportToShareableHandle"));
+  TW_CHECK(tw_cu_check(cu->cuMemExportToShareableHandle(
+                           &my_fd, a->handle[rank], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                       "cuMemExportToShareableHandle"));
   TW_CHECK(tw_bootstrap_exchange_fds(g->bs, my_fd, to, to, a->seq, fds));
   for (int r = 0; r < g->world; r++) {
     if (fds[r] < 0)
