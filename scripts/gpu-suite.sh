@@ -9,26 +9,28 @@
 # multi: when the machine has several GPUs, the benchmarks on distinct GPUs (real NVLink),
 # world = number of GPUs, and the multi-process test with one process per GPU.
 #
-# Builds into $TW_BUILD_DIR (default build/) unless a build made elsewhere is
-# already there (tw-bench present; TW_REBUILD=1 forces a rebuild). Full logs go
-# to $OUT (default ./gpu-suite-out): suite.log, summary.txt, bench-json.tgz (tw-bench --json).
+# Build: by default a fresh one from source first (in build-gpu-suite/ of the tree, or the folder
+# TW_SUITE_BUILD_DIR names; emptied first; Release, -DTW_WERROR=ON), so every GPU run also
+# proves that a fresh clone builds. TW_SUITE_REUSE_BUILD=DIR runs the binaries of the build
+# already in DIR instead. A failed build ends the run (with its summary).
+# Full logs go to $OUT (default ./gpu-suite-out): suite.log, summary.txt, failed-STEP.log,
+# bench-json.tgz (tw-bench --json).
 #   TW_SUITE_DEADLINE_S=400   start no step after 400 s (the rest are listed as SKIP(deadline)),
 #                             so a run under a device time limit still ends with its summary
 #   TW_SUITE_STEP_CAP_S=150   no step runs longer than 150 s (a stuck step then costs that,
-#                             not the rest of the run; the longest normal step, pytest, 65-130
-#                             s; pytest prints its slowest tests and dumps the stacks of one past
-#                             150 s). On the one-GPU machine pytest used to pass its cap: test_mp's
-#                             four torch processes under MPS inherited CUDA_DEVICE_MAX_CONNECTIONS
-#                             =32 and all but the first failed to create a context (MPS clients
-#                             share one pool of connections); the survivor then waited for them
-#                             in tilewire.init (thirty-third session; the workers now drop it)
+#                             not the rest of the run); pytest prints its slowest tests and dumps
+#                             the stacks of a test still running after 150 s
 # Killed (SIGTERM / SIGINT, e.g. by an outer `timeout`), it stops the running step and still
 # writes the summary and the bundle: a lent machine returns only a few files.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=${OUT:-$root/gpu-suite-out}
-build=${TW_BUILD_DIR:-build}
+if [ -n "${TW_SUITE_REUSE_BUILD:-}" ]; then
+  build=$TW_SUITE_REUSE_BUILD
+else
+  build=${TW_SUITE_BUILD_DIR:-$root/build-gpu-suite}
+fi
 mkdir -p "$out"
 log=$out/suite.log
 : >"$log"
@@ -79,7 +81,7 @@ step() {
 
 # The summary table, and the JSON results bundled (few files come back from a lent machine).
 finish() {
-  # Issue 7's yardstick for the runs on distinct GPUs (host-side, from the JSON:
+  # The bound table of the runs on distinct GPUs (host-side, from the JSON:
   # python/tilewire/bench.py bound_rows), before the step table.
   local f
   for f in "$out"/bench-*-gpus.json; do
@@ -115,21 +117,41 @@ trap on_signal TERM INT
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1
 } >>"$log"
 
-if [ ! -x "$build/tw-bench" ] || [ "${TW_REBUILD:-0}" = 1 ]; then
-  step build 900 bash -c "cmake -S . -B '$build' -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build '$build'"
+if [ -z "${TW_SUITE_REUSE_BUILD:-}" ]; then
+  generator=
+  command -v ninja >/dev/null && generator="-G Ninja"
+  case $(cd "$build" 2>/dev/null && pwd) in "$root" | "$HOME" | /)
+    echo "gpu-suite: will not empty $build for a fresh build" >&2
+    exit 2
+    ;;
+  esac
+  rm -rf "$build"
+  step "build (fresh, -DTW_WERROR=ON)" 900 bash -c "cmake -S . -B '$build' $generator \
+    -DCMAKE_BUILD_TYPE=Release -DTW_WERROR=ON && cmake --build '$build' -j $(nproc)"
+  case ${summary[-1]} in *PASS*) ;; *)
+    finish
+    exit 1
+    ;;
+  esac
+elif [ ! -x "$build/tw-bench" ]; then
+  echo "gpu-suite: TW_SUITE_REUSE_BUILD=$build holds no built tw-bench" >&2
+  exit 2
 fi
-bin=$build
+bin=$(cd "$build" && pwd)
 
 if want host; then
-  step "ctest host" 600 ctest --test-dir "$build" -L host --output-on-failure
+  # the Python tests run in their own step below, with the GPU settings
+  step "ctest host" 600 ctest --test-dir "$build" -L host -E '^python_tests$' --output-on-failure
 fi
 if want gpu; then
   step "test_comm" 300 "$bin/test_comm"
   step "test_allgather" 300 "$bin/test_allgather"
   [ -x "$bin/test_gemm" ] && step "test_gemm" 400 "$bin/test_gemm"
-  for t in "$bin"/test_*; do
-    case $(basename "$t") in test_comm | test_allgather | test_gemm | test_mp | test_api | test_env | test_bootstrap) continue ;; esac
-    [ -x "$t" ] && step "$(basename "$t")" 300 "$t"
+  # the other GPU tests (tests/gpu; test_mp runs in the mps and multi steps)
+  for src in tests/gpu/test_*.c*; do
+    t=$(basename "${src%.*}")
+    case $t in test_comm | test_allgather | test_gemm | test_mp) continue ;; esac
+    [ -x "$bin/$t" ] && step "$t" 300 "$bin/$t"
   done
 fi
 if want mps; then
@@ -141,16 +163,16 @@ if want mps; then
     # world 8 with one process per rank, as on an 8-GPU node under torchrun (the ranks share
     # the lent GPUs here)
     step "test_mp 8 procs (MPS)" 300 "$bin/test_mp" 8 20
-    want python && step "pytest python (GPU + MPS)" 400 env TILEWIRE_LIB="$root/$bin/libtilewire.so" CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m pytest python/tests -q -rs --durations=15 -o faulthandler_timeout=150
+    want python && step "pytest python (GPU + MPS)" 400 env TILEWIRE_LIB="$bin/libtilewire.so" TILEWIRE_BENCH="$bin/tw-bench" CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m pytest python/tests -q -rs --durations=15 -o faulthandler_timeout=150
     echo quit | nvidia-cuda-mps-control >>"$log" 2>&1
   else
     summary+=("$(printf '%-34s %-14s' 'mps daemon' 'FAIL(start)')")
   fi
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 elif want python; then
-  # `python` without `mps` (nineteenth session: `gpu-suite.sh python` alone ran no pytest): the
-  # GPU tests without an MPS daemon, whose multi-process cases then skip
-  step "pytest python (GPU)" 400 env TILEWIRE_LIB="$root/$bin/libtilewire.so" CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m pytest python/tests -q -rs --durations=15 -o faulthandler_timeout=150
+  # `python` without `mps`: the GPU tests without an MPS daemon, whose multi-process cases
+  # then skip
+  step "pytest python (GPU)" 400 env TILEWIRE_LIB="$bin/libtilewire.so" TILEWIRE_BENCH="$bin/tw-bench" CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m pytest python/tests -q -rs --durations=15 -o faulthandler_timeout=150
 fi
 if want multi && [ "$ngpus" -gt 1 ]; then
   step "test_mp $ngpus procs, one per GPU" 300 "$bin/test_mp" "$ngpus" 100
@@ -173,14 +195,13 @@ if want multi && [ "$ngpus" -gt 1 ]; then
   # The same ops as a PyTorch job runs them: one process per GPU (launched as torchrun would),
   # against torch.matmul + torch.distributed's NCCL collectives (python/tilewire/bench_dist.py)
   want python && step "tilewire.bench_dist ($ngpus procs, one per GPU)" 400 env \
-    TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
+    TILEWIRE_LIB="$bin/libtilewire.so" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
     CUDA_MODULE_LOADING=EAGER NCCL_NVLS_ENABLE=0 python3 -m tilewire.bench_dist --nproc "$ngpus" \
     --repeats 20 --json "$out/bench-dist-gpus.json"
-  # Host time per Python call of each op beside torch.matmul and NCCL's (sixteenth session:
-  # 85-115 us per call before the eager path skipped torch's dispatcher, 25-40 after; a
-  # benchmark, no threshold)
+  # Host time per Python call of each op beside torch.matmul and NCCL's (a benchmark, no
+  # threshold)
   want python && step "tilewire.bench_dist --host ($ngpus procs)" 120 env \
-    TILEWIRE_LIB="$root/$bin/libtilewire.so" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
+    TILEWIRE_LIB="$bin/libtilewire.so" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
     CUDA_MODULE_LOADING=EAGER NCCL_NVLS_ENABLE=0 python3 -m tilewire.bench_dist --nproc "$ngpus" \
     --host
 fi
@@ -188,8 +209,7 @@ fi
 if want trace; then
   # TW_TRACE=1: per-call phase lines on stderr (docs/ENV.md); the step checks they appear and
   # keeps them in the log: where the fused ops spend their time, CTA by CTA. `tee -a`: a plain
-  # `tee /dev/stderr` reopened the log with O_TRUNC and cut everything before (the ninth
-  # session lost a failed test's output that way).
+  # `tee /dev/stderr` reopens the log with O_TRUNC and cuts everything before it.
   for op in ag_gemm gemm_rs gemm_ar; do # world 2: two GPUs, or two virtual ranks on one
     step "TW_TRACE=1 tw-bench $op (world 2)" 120 bash -c "TW_TRACE=1 '$bin/tw-bench' $op --world 2 \
       --repeats 2 --warmup 1 --no-check 2>&1 | tee -a /dev/stderr | grep -q 'tw trace: $op'"

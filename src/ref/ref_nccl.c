@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <nccl.h> /* types and enums only: the functions come from dlsym */
+#ifdef TW_HAVE_NCCL_H /* CMake found nccl.h (TW_NCCL_INCLUDE_DIR) */
+#include <nccl.h>     /* types and enums only: the functions come from dlsym */
 
 typedef struct nccl_api {
   ncclResult_t (*CommInitAll)(ncclComm_t *, int, const int *);
@@ -147,3 +148,45 @@ int tw_ref_nccl_all_reduce(tw_ref_nccl_t *n, const void *const *send, void *cons
   GROUP(api.AllReduce(send[i], recv[i], count, bf16 ? ncclBfloat16 : ncclFloat32, ncclSum,
                       n->comms[i], streams[i]));
 }
+
+#else /* built without nccl.h: no NCCL baselines, every entry point says why */
+
+static const char no_nccl[] = "NCCL baselines unavailable: tilewire was built without nccl.h";
+
+int tw_ref_nccl_available(char *why, size_t why_len) {
+  if (why && why_len)
+    snprintf(why, why_len, "%s", no_nccl);
+  return 0;
+}
+
+const char *tw_ref_nccl_error(void) { return no_nccl; }
+
+int tw_ref_nccl_create(tw_ref_nccl_t **out, int world, const int *devices, char *why,
+                       size_t why_len) {
+  (void)world;
+  (void)devices;
+  *out = NULL;
+  tw_ref_nccl_available(why, why_len);
+  return -1;
+}
+
+void tw_ref_nccl_destroy(tw_ref_nccl_t *n) { (void)n; }
+
+int tw_ref_nccl_allgather(tw_ref_nccl_t *n, const void *const *send, void *const *recv,
+                          size_t bytes, cudaStream_t *streams) {
+  (void)n, (void)send, (void)recv, (void)bytes, (void)streams;
+  return -1;
+}
+
+int tw_ref_nccl_reduce_scatter(tw_ref_nccl_t *n, const void *const *send, void *const *recv,
+                               size_t count, int bf16, cudaStream_t *streams) {
+  (void)n, (void)send, (void)recv, (void)count, (void)bf16, (void)streams;
+  return -1;
+}
+
+int tw_ref_nccl_all_reduce(tw_ref_nccl_t *n, const void *const *send, void *const *recv,
+                           size_t count, int bf16, cudaStream_t *streams) {
+  (void)n, (void)send, (void)recv, (void)count, (void)bf16, (void)streams;
+  return -1;
+}
+#endif

@@ -555,7 +555,7 @@ static void test_gemm_rs_plans(void) {
                                             unfused_cases[i].shared, unfused_cases[i].m,
                                             unfused_cases[i].k, unfused_cases[i].pbytes,
                                             unfused_cases[i].ar, unfused_cases[i].stores_all);
-    TEST_ASSERT(!got == !unfused_cases[i].want, unfused_cases[i].what);
+    TEST_ASSERT(!got == !unfused_cases[i].want, "%s", unfused_cases[i].what);
   }
   TEST_ASSERT(tw_gemm_rs_unfused_workspace_bytes(64, 8192, 4, 1) == (size_t)64 * 8192 * 6,
               "unfused workspace, fp32 partials and the gather area");
