@@ -620,7 +620,7 @@ class _Rank:
         host figure is what one call costs the Python thread that issues it; where it exceeds
         the kernel's time, it is the op's time."""
         torch, dist, tw, world = self.torch, self.dist, self.tw, self.world
-        from . import _lib, _torch
+        from . import _eager, _glue, _lib
 
         m, n, k = 128 * world, 256, 64
         a = self.rand((m, k), 1)
@@ -637,7 +637,7 @@ class _Rank:
             workspace=ws.data_ptr(), m=m, n=n, k=k, lda=k, ldb=k, ldo=n)
         c_fn = _lib.function("tw_gemm_rs")
         handle = self.comm.handle
-        stream = _torch._stream(self.device)
+        stream = _glue._stream(self.device)
         # the C calls alone (ctypes, args made once): the plain GEMM's path, the fused ops',
         # and one tensor map encode (the fused calls make one per operand and per peer slot)
         ar_args = _lib.GemmRsArgs(
@@ -650,15 +650,15 @@ class _Rank:
                                   c=part.data_ptr(), m=m, n=n, k=k, lda=k, ldb=k, ldc=n)
         c_ar, c_ag, c_gemm = (_lib.function(f) for f in ("tw_gemm_ar", "tw_ag_gemm", "tw_gemm"))
         encode = _tensor_map_encoder(a.data_ptr(), m, k)
-        lane = _torch._LANE_ON
+        lane = _eager._LANE_ON
 
         def whole_way(fn):  # the same call with the fast lane off (docs/ARCHITECTURE.md)
             def run():
-                _torch._LANE_ON = False
+                _eager._LANE_ON = False
                 try:
                     fn()
                 finally:
-                    _torch._LANE_ON = lane
+                    _eager._LANE_ON = lane
             return run
 
         weight = torch.nn.Parameter(b.clone(), requires_grad=False)
