@@ -3,6 +3,7 @@ needed (the torch-facing checks are in test_torch_host.py)."""
 
 import ast
 import ctypes
+import importlib.util
 import pathlib
 import re
 import subprocess
@@ -112,8 +113,15 @@ def test_versions_agree(root, header_text):
     assert tilewire.library_version() == code == _lib.TW_VERSION_CODE
     major, minor, patch = (int(x) for x in tilewire.__version__.split("."))
     assert major * 10000 + minor * 100 + patch == code
+    # the header is the one place: pyproject.toml asks setup.py, which parses the header
     pyproject = (root / "pyproject.toml").read_text()
-    assert re.search(r'^version = "%s"' % re.escape(tilewire.__version__), pyproject, re.M)
+    assert re.search(r'^dynamic = \["version"\]', pyproject, re.M)
+    assert not re.search(r"^version\s*=", pyproject, re.M)
+    pytest.importorskip("setuptools")
+    spec = importlib.util.spec_from_file_location("tilewire_setup", root / "setup.py")
+    setup_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setup_py)  # not __main__: defines, does not run setup()
+    assert setup_py.version() == tilewire.__version__
 
 
 def test_library_path_is_the_one_under_test():
