@@ -239,7 +239,7 @@ def _gpus_doc():
     return {"meta": synthetic()["meta"], "rows": rows}
 
 
-def test_bound_rows_are_issue_7s_yardstick():
+def test_bound_rows_are_the_multi_gpu_yardstick():
     rows = bench.bound_rows(_gpus_doc())
     by = {r["variant"]: r for r in rows}
     # fp32 row against "bound", bf16-partials row against "bound-bf16"; A/B rows and shapes

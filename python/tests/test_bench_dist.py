@@ -10,7 +10,7 @@ import pytest
 from tilewire import _dist_sweep, bench, bench_dist
 
 
-def test_shapes_are_the_issues_sweeps():
+def test_shapes_are_the_sweeps():
     ag = bench_dist.shapes("ag_gemm")
     assert ag[0] == ("flux-tp8", 4096, 6144, 12288)
     assert [s[1:] for s in ag[1:]] == [(4096, 512, 4096), (8192, 1024, 8192),

@@ -70,7 +70,7 @@ class _Rank:
 
     def mm32(self, a, b):
         """a @ b.T with fp32 output: torch.mm(out_dtype=...) where this torch has it, else
-        tilewire.gemm (our GEMM core, at cuBLAS parity)."""
+        tilewire.gemm (tilewire's GEMM core)."""
         torch = self.torch
         if self._mm32 is None:
             try:
@@ -339,7 +339,7 @@ class _Rank:
         encode = _tensor_map_encoder(a.data_ptr(), m, k)
         lane = _eager._LANE_ON
 
-        def whole_way(fn):  # the same call with the fast lane off (docs/ARCHITECTURE.md)
+        def whole_way(fn):  # the same call with the fast lane off (tilewire/_eager.py)
             def run():
                 _eager._LANE_ON = False
                 try:

@@ -14,7 +14,7 @@ OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
 
 def shapes(op, quick=False, one=None):
     """[(name, m, n, k)]: ag_gemm m = total rows, n = columns per rank, k = K; gemm_rs /
-    gemm_ar m = rows of the product, n = columns, k = K per rank. The issues' sweeps: Flux's
+    gemm_ar m = rows of the product, n = columns, k = K per rank. The sweeps: Flux's
     TP=8 layers and M in {4096, 8192, 16384} (ag_gemm K=M, N=M/8; gemm_rs/ar N=M, K=M/8), and
     for gemm_rs / gemm_ar a decode shape (M=64, N=8192, K 1024 per rank)."""
     if one is not None:

@@ -346,12 +346,12 @@ def format_table(doc):
     return "\n".join(text) + "\n"
 
 
-# ---- issue 7's yardstick ------------------------------------------------------------------
+# ---- the multi-GPU yardstick -------------------------------------------------------------
 
 
 def bound_rows(doc):
     """Per fused row of a shape that has NCCL's bound rows (ranks on distinct GPUs): the
-    yardstick of the multi-GPU issue, its speedup over NCCL + cuBLAS divided by the bound
+    multi-GPU yardstick, its speedup over NCCL + cuBLAS divided by the bound
     (t_gemm + t_nccl) / max(t_gemm, t_nccl) of the same run ("bound" for fp32 rows,
     "bound-bf16" for the bf16-partials rows, whose speedup is against the bf16 pipeline), and
     its overlap max(t_gemm, t_nccl) / t_fused. The two agree only where the NCCL + cuBLAS

@@ -1,5 +1,5 @@
 """python -m tilewire.bench_dist: the fused ops against PyTorch's own pipeline, one process per
-GPU as torchrun runs a tensor-parallel job (issue 7's one-process-per-GPU benchmark).
+GPU as torchrun runs a tensor-parallel job.
 
     torchrun --nproc-per-node 8 -m tilewire.bench_dist          # under torchrun
     python -m tilewire.bench_dist --nproc 2 --quick               # launches the ranks itself
