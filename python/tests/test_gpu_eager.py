@@ -7,7 +7,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tilewire  # noqa: E402
-from _gpu import ag_inputs, assert_clean, bf16, close_all, gemm_inputs, rank_ordered_sum, reduce_case  # noqa: E402
+from _gpu import (  # noqa: E402
+    ag_inputs,
+    assert_clean,
+    bf16,
+    close_all,
+    gemm_inputs,
+    rank_ordered_sum,
+    reduce_case,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_synced")]
 

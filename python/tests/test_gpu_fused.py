@@ -7,7 +7,17 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tilewire  # noqa: E402
-from _gpu import TOL, ag_inputs, assert_clean, bf16, close_all, rank_ordered_sum, reduce_case, ref_product, rel_err  # noqa: E402
+from _gpu import (  # noqa: E402
+    TOL,
+    ag_inputs,
+    assert_clean,
+    bf16,
+    close_all,
+    rank_ordered_sum,
+    reduce_case,
+    ref_product,
+    rel_err,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_synced")]
 

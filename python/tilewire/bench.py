@@ -7,10 +7,11 @@ and TFLOP/s, or GB/s, per shape).
     python -m tilewire.bench --plot results.json --out plots   # re-plot a saved run
 
 tw-bench is looked for at --bench, then $TILEWIRE_BENCH, the package's own copy (which
-`pip install .` puts beside the package's libtilewire), beside the libtilewire in use ($TILEWIRE_LIB
-or the source tree's build/), then on PATH (find_bench; --help says which one it found). Each op runs as its own `tw-bench OP --json FILE`; its
-stderr (progress lines `[op i/n] ...`) drives the progress bar (tqdm when installed), its
-own table goes to OUT/tw-bench-OP.txt. Exit status: 0 all rows passed, 1 a check or an op
+`pip install .` puts beside the package's libtilewire), beside the libtilewire in use
+($TILEWIRE_LIB or the source tree's build/), then on PATH (find_bench; --help says which one
+it found). Each op runs as its own `tw-bench OP --json FILE`; its stderr (progress lines
+`[op i/n] ...`) drives the progress bar (tqdm when installed), its own table goes to
+OUT/tw-bench-OP.txt. Exit status: 0 all rows passed, 1 a check or an op
 failed, 2 no Hopper GPU, 64 bad command line.
 """
 
