@@ -65,3 +65,11 @@ def hopper():
     import torch
 
     return torch
+
+
+@pytest.fixture
+def hopper_synced(hopper):
+    """hopper, then the device's work waited for after the test, so that an asynchronous
+    failure shows in the test that caused it (the GPU tests of test_gpu_*.py use it)."""
+    yield hopper
+    hopper.cuda.synchronize()

@@ -163,6 +163,49 @@ def test_driver_no_hopper_exits_2(fake_bench, tmp_path, monkeypatch):
     assert rc == bench.EXIT_NO_HOPPER
 
 
+def _executable(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_find_bench_order(tmp_path, monkeypatch):
+    # --bench, TILEWIRE_BENCH, the package's copy, beside the library in use, PATH
+    from tilewire import _lib
+
+    monkeypatch.setattr(_lib, "_PACKAGE_DIR", tmp_path / "pkg")
+    monkeypatch.setattr(_lib, "_SOURCE_BUILD_DIR", tmp_path / "src" / "build")
+    monkeypatch.setattr(_lib, "_loaded_path", None)
+    lib = tmp_path / "libdir" / "libtilewire.so"
+    lib.parent.mkdir()
+    lib.write_text("")
+    monkeypatch.setenv("TILEWIRE_LIB", str(lib))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.delenv("TILEWIRE_BENCH", raising=False)
+    assert bench.find_bench() is None
+    message = bench.bench_not_found()
+    assert "pip install ." in message and "TILEWIRE_BENCH=build/tw-bench" in message
+    assert str(tmp_path / "pkg" / "tw-bench") in message
+    on_path = _executable(tmp_path / "bin" / "tw-bench")
+    assert bench.find_bench() == on_path
+    beside = _executable(tmp_path / "libdir" / "tw-bench")
+    assert bench.find_bench() == beside
+    packaged = _executable(tmp_path / "pkg" / "tw-bench")
+    assert bench.find_bench() == packaged
+    assert "(the package's own copy)" in bench._bench_line()
+    env = _executable(tmp_path / "env" / "tw-bench")
+    monkeypatch.setenv("TILEWIRE_BENCH", str(env))
+    assert bench.find_bench() == env
+    explicit = _executable(tmp_path / "explicit" / "tw-bench")
+    assert bench.find_bench(str(explicit)) == explicit
+    # a named one that is not there is an error, not a reason to run another
+    monkeypatch.setenv("TILEWIRE_BENCH", str(tmp_path / "absent"))
+    assert bench.find_bench() is None
+    assert "TILEWIRE_BENCH=%s is not an executable" % (tmp_path / "absent") in \
+        bench.bench_not_found()
+
+
 def test_shape_counts():
     entry = ("gemm", "", 12, 3)
     assert bench._shape_count(entry, quick=False, one_shape=False) == 12
@@ -196,7 +239,7 @@ def _gpus_doc():
     return {"meta": synthetic()["meta"], "rows": rows}
 
 
-def test_bound_rows_are_issue_7s_yardstick():
+def test_bound_rows_are_the_multi_gpu_yardstick():
     rows = bench.bound_rows(_gpus_doc())
     by = {r["variant"]: r for r in rows}
     # fp32 row against "bound", bf16-partials row against "bound-bf16"; A/B rows and shapes

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from tilewire import bench, bench_dist
+from tilewire import _dist_sweep, bench, bench_dist
 
 
-def test_shapes_are_the_issues_sweeps():
+def test_shapes_are_the_sweeps():
     ag = bench_dist.shapes("ag_gemm")
     assert ag[0] == ("flux-tp8", 4096, 6144, 12288)
     assert [s[1:] for s in ag[1:]] == [(4096, 512, 4096), (8192, 1024, 8192),
@@ -145,13 +145,13 @@ def test_device_intervals_keeps_device_events():
             self.device_type, self.name, self.time_range = kind, name, R(s, e)
 
     ev = [E("DeviceType.CPU", "aten::mm", 0, 5), E("DeviceType.CUDA", "k", 1, 3)]
-    assert bench_dist._device_intervals(ev) == [(1.0, 3.0, "k")]
+    assert _dist_sweep._device_intervals(ev) == [(1.0, 3.0, "k")]
     assert bench_dist._parser().parse_args(["--profile"]).profile
 
 
 def test_tensor_map_encoder_is_optional():
     # without a driver (CI) there is no encoder and --host leaves its row out
-    enc = bench_dist._tensor_map_encoder(0, 128, 64)
+    enc = _dist_sweep._tensor_map_encoder(0, 128, 64)
     assert enc is None or callable(enc)
 
 

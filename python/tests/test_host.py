@@ -1,7 +1,9 @@
 """Host tests: import, versions, error mapping, comms without a GPU. No GPU and no torch
 needed (the torch-facing checks are in test_torch_host.py)."""
 
+import ast
 import ctypes
+import importlib.util
 import pathlib
 import re
 import subprocess
@@ -37,6 +39,65 @@ def test_import_without_torch_or_library(root, tmp_path):
     assert out.stdout.strip() == tilewire.__version__
 
 
+def test_torch_names_without_torch_say_what_is_missing(root, tmp_path):
+    # torch made unimportable: the package and its torch-free API still import; a torch name
+    # raises an ImportError that says what it needs.
+    code = "\n".join([
+        "import sys",
+        "sys.modules['torch'] = None",
+        "import tilewire",
+        "from tilewire import bench, bench_dist",
+        "assert tilewire.init_virtual and tilewire.Config()",
+        "try:",
+        "    tilewire.gemm",
+        "except ImportError as e:",
+        "    print(e)",
+    ])
+    env = {"PYTHONPATH": str(root / "python"), "TILEWIRE_LIB": str(tmp_path / "absent.so")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "tilewire.gemm needs PyTorch" in out.stdout, out.stdout
+
+
+def _package_imports(path):
+    """The package's modules a module imports, at its top or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                found.add(node.module.split(".")[0])
+            else:
+                found.update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                if parts[0] == "tilewire":
+                    found.add(parts[1] if len(parts) > 1 else "__init__")
+    return found
+
+
+def test_the_package_has_no_import_loop(root):
+    # Imports inside functions count too: a lazy import is still a loop in the design.
+    package = root / "python" / "tilewire"
+    graph = {p.stem: _package_imports(p) for p in package.glob("*.py")}
+    assert "_torch" in graph and "_comm" in graph
+    done, path = set(), []
+
+    def visit(mod):
+        if mod in path:
+            raise AssertionError("import loop: " + " -> ".join(path[path.index(mod):] + [mod]))
+        if mod in done or mod not in graph:
+            return
+        path.append(mod)
+        for dep in sorted(graph[mod]):
+            visit(dep)
+        path.pop()
+        done.add(mod)
+
+    for mod in sorted(graph):
+        visit(mod)
+
+
 def test_missing_library_is_a_clear_error(root, tmp_path):
     code = "import tilewire; tilewire.library_version()"
     env = {"PYTHONPATH": str(root / "python"), "TILEWIRE_LIB": str(tmp_path / "absent.so")}
@@ -52,8 +113,15 @@ def test_versions_agree(root, header_text):
     assert tilewire.library_version() == code == _lib.TW_VERSION_CODE
     major, minor, patch = (int(x) for x in tilewire.__version__.split("."))
     assert major * 10000 + minor * 100 + patch == code
+    # the header is the one place: pyproject.toml asks setup.py, which parses the header
     pyproject = (root / "pyproject.toml").read_text()
-    assert re.search(r'^version = "%s"' % re.escape(tilewire.__version__), pyproject, re.M)
+    assert re.search(r'^dynamic = \["version"\]', pyproject, re.M)
+    assert not re.search(r"^version\s*=", pyproject, re.M)
+    pytest.importorskip("setuptools")
+    spec = importlib.util.spec_from_file_location("tilewire_setup", root / "setup.py")
+    setup_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setup_py)  # not __main__: defines, does not run setup()
+    assert setup_py.version() == tilewire.__version__
 
 
 def test_library_path_is_the_one_under_test():

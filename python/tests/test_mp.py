@@ -53,8 +53,8 @@ def _launch(root, mode, world):
         env["TW_MP_STACK_S"] = str(max(TIMEOUT_S - 20, 1))
         # One rank a process needs no extra hardware queues. Under MPS every client keeps the
         # connections it asks for out of one pool of the server's; four clients asking for 32
-        # (what the suite sets for virtual ranks) exhausted it on one H200: all but the first
-        # failed to create their context with "out of memory" (thirty-third session).
+        # (what the suite sets for virtual ranks) exhaust it on one H200: all but the first
+        # fail to create their context with "out of memory".
         env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(root / "python")] + [p for p in [env.get("PYTHONPATH")] if p])
@@ -99,5 +99,5 @@ def test_four_processes_on_one_gpu(hopper, root, mode):
 @pytest.mark.skipif(_gpu_count() < 2, reason="needs two or more GPUs")
 @pytest.mark.parametrize("mode", ["env", "torch.distributed"])
 def test_one_process_per_gpu(hopper, root, mode):
-    """Issue 7's torchrun-style launch: one process per visible GPU, no MPS needed."""
+    """The torchrun-style launch: one process per visible GPU, no MPS needed."""
     _launch(root, mode, _gpu_count())

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tilewire  # noqa: E402
-from tilewire import _torch  # noqa: E402
+from tilewire import _eager, _lib, _ops, _torch  # noqa: E402
 
 bf16 = torch.bfloat16
 
@@ -36,9 +36,9 @@ def test_ops_are_registered():
 def test_gemm_fake_gives_the_output_shape():
     a = torch.empty(100, 64, dtype=bf16, device="meta")
     b = torch.empty(48, 64, dtype=bf16, device="meta")
-    out = _torch._gemm_fake(a, b, torch.float32, 0)
+    out = _ops._gemm_fake(a, b, torch.float32, 0)
     assert out.shape == (100, 48) and out.dtype == torch.float32
-    out = _torch._gemm_fake(a, b, torch.bfloat16, 0, 8)
+    out = _ops._gemm_fake(a, b, torch.bfloat16, 0, 8)
     assert out.shape == (100, 48) and out.dtype == torch.bfloat16
 
 
@@ -74,7 +74,7 @@ def test_gemm_out_errors():
     with pytest.raises(ValueError, match="a is on meta"):
         tilewire.gemm(a, b)
     with pytest.raises(TypeError, match="out must be torch.bfloat16 or torch.float32"):
-        _torch._check_gemm(a, b, torch.empty(16, 8, dtype=torch.float16, device="meta"), None, 0)
+        _ops._check_gemm(a, b, torch.empty(16, 8, dtype=torch.float16, device="meta"), None, 0)
 
 
 def test_allgather_argument_errors():
@@ -147,7 +147,7 @@ def stubbed_gemm(monkeypatch):
     """tilewire.gemm on CPU tensors with the C call recorded instead of made: returns the list
     of (function, args struct copy) calls. The device checks, stream and device queries are
     stubbed; everything else (the checks, the lane) is the real code."""
-    if not (_torch._FAST_EAGER and _torch._LANE_ON):
+    if not (_eager._FAST_EAGER and _eager._LANE_ON):
         pytest.skip("the fast lane is off (TILEWIRE_FAST_LANE=0, or no direct eager path)")
     import contextlib
     import ctypes
@@ -155,15 +155,16 @@ def stubbed_gemm(monkeypatch):
     calls = []
 
     def fake_call(name, *args, comm=None):
-        struct = ctypes.cast(args[0], ctypes.POINTER(_torch._lib.GemmArgs)).contents
-        calls.append((name, _torch._lib.GemmArgs.from_buffer_copy(struct)))
+        struct = ctypes.cast(args[0], ctypes.POINTER(_lib.GemmArgs)).contents
+        calls.append((name, _lib.GemmArgs.from_buffer_copy(struct)))
 
-    monkeypatch.setattr(_torch._lib, "call", fake_call)
-    monkeypatch.setattr(_torch, "_check_cuda", lambda *a, **k: None)
-    monkeypatch.setattr(_torch, "_stream", lambda device: ctypes.c_void_p(0))
-    monkeypatch.setattr(_torch, "_current_device", lambda: None)  # CPU tensors: index None
-    monkeypatch.setattr(_torch, "_on_device", lambda index: contextlib.nullcontext())
-    monkeypatch.setattr(_torch, "_lane", {})
+    monkeypatch.setattr(_lib, "call", fake_call)
+    # tilewire.gemm's module reads these by its own names (imported from _glue)
+    monkeypatch.setattr(_ops, "_check_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(_ops, "_stream", lambda device: ctypes.c_void_p(0))
+    monkeypatch.setattr(_ops, "_current_device", lambda: None)  # CPU tensors: index None
+    monkeypatch.setattr(_ops, "_on_device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(_eager, "_lane", {})
     return calls
 
 
@@ -172,12 +173,12 @@ def test_fast_lane_reuses_checked_arguments(stubbed_gemm):
     a, b = torch.randn(16, 64).to(bf16), torch.randn(24, 64).to(bf16)
     out = torch.empty(16, 24, dtype=bf16)
     tilewire.gemm(a, b, out=out)  # the whole way: fills the lane
-    assert len(_torch._lane) == 1 and len(calls) == 1
+    assert len(_eager._lane) == 1 and len(calls) == 1
     first = calls[-1][1]
     a2 = torch.randn(16, 64).to(bf16)  # new data pointer, same signature: a hit
     v = out._version
     tilewire.gemm(a2, b, out=out)
-    assert len(_torch._lane) == 1 and len(calls) == 2
+    assert len(_eager._lane) == 1 and len(calls) == 2
     hit = calls[-1][1]
     assert hit.a == a2.data_ptr() and hit.b == b.data_ptr() and hit.c == out.data_ptr()
     assert out._version == v + 1  # written: bumped as the dispatcher would
@@ -186,7 +187,7 @@ def test_fast_lane_reuses_checked_arguments(stubbed_gemm):
         assert getattr(hit, f) == getattr(first, f), f
     fresh = tilewire.gemm(a2, b)  # out allocated: its own signature, then hits
     fresh2 = tilewire.gemm(a, b)
-    assert len(_torch._lane) == 2 and calls[-1][1].c == fresh2.data_ptr()
+    assert len(_eager._lane) == 2 and calls[-1][1].c == fresh2.data_ptr()
     assert fresh.shape == (16, 24) and fresh.dtype == bf16
     # a weight that is an nn.Parameter takes the direct path and the lane
     w = torch.nn.Parameter(b.clone(), requires_grad=False)
@@ -229,13 +230,13 @@ def test_fast_lane_is_off_while_the_direct_path_is(stubbed_gemm, monkeypatch):
     tilewire.gemm(a, b, out=out)
     tilewire.gemm(a, b, out=out)  # a hit
     n = len(calls)
-    assert n == 2 and len(_torch._lane) == 1
+    assert n == 2 and len(_eager._lane) == 1
     # autograd to record, or TILEWIRE_EAGER_DISPATCH=1's state: the dispatcher (which has no
     # CPU kernel for the op: NotImplementedError), never the lane
     w = b.clone().requires_grad_()
     with pytest.raises(NotImplementedError):
         tilewire.gemm(a, w, out=out)
-    monkeypatch.setattr(_torch, "_FAST_EAGER", False)
+    monkeypatch.setattr(_eager, "_FAST_EAGER", False)
     with pytest.raises(NotImplementedError):
         tilewire.gemm(a, b, out=out)
     assert len(calls) == n

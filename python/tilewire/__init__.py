@@ -18,6 +18,7 @@ With torch (imported on first use of these names): ``init``, ``gemm``, ``allgath
     y = tilewire.gemm(a, b)                   # a @ b.T
 """
 
+from . import _lib
 from ._comm import Comm, get_unique_id, init_rank, init_virtual
 from ._errors import (
     AbortedError,
@@ -49,7 +50,9 @@ from ._lib import (
 )
 from ._lib import version as library_version
 
-__version__ = "0.1.0"
+# The header's version: include/tilewire.h TW_VERSION_*, which _lib mirrors (python/tests check
+# the mirror against the header, and tilewire.library_version() against the loaded library).
+__version__ = "%d.%d.%d" % (_lib.TW_VERSION_MAJOR, _lib.TW_VERSION_MINOR, _lib.TW_VERSION_PATCH)
 
 # Names that need torch: resolved from tilewire._torch on first access.
 _TORCH_NAMES = (

@@ -95,7 +95,7 @@ class Comm:
         self.virtual = virtual
         self.id = next(_ids)
         self._allocs = {}  # ptr -> _Allocation
-        # bumped whenever an allocation is made or freed: the eager fast lane (_torch.py) keys
+        # bumped whenever an allocation is made or freed: the eager fast lane (_eager.py) keys
         # its "this tensor is symmetric" answers on it
         self.alloc_generation = 0
         self._ws_sizes = {}  # (m, n) -> tw_gemm_rs_workspace_size
@@ -119,9 +119,9 @@ class Comm:
         """With virtual ranks: this rank's own torch.cuda.Stream (made on first use), on which
         tilewire.for_each_rank issues its calls; None for a process-per-rank comm."""
         if self._stream is None and self.virtual:
-            from . import _torch
+            import torch
 
-            self._stream = _torch.new_stream(self.device)
+            self._stream = torch.cuda.Stream(device=self.device)
         return self._stream
 
     @property
@@ -269,10 +269,10 @@ class Comm:
     def empty(self, shape, dtype=None):
         """A torch tensor of `shape` and `dtype` (default bfloat16) in symmetric memory
         (collective, like alloc). Its memory is freed (tw_mem_free) when the last tensor
-        viewing it dies, or at close(). See tilewire._torch.symmetric_empty."""
-        from . import _torch
+        viewing it dies, or at close(). Needs torch (tilewire._symmetric)."""
+        from . import _symmetric
 
-        return _torch.comm_empty(self, shape, dtype)
+        return _symmetric.comm_empty(self, shape, dtype)
 
     # ---- lifetime -------------------------------------------------------------------------
 

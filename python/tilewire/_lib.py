@@ -4,7 +4,8 @@ The library is loaded on first use (so ``import tilewire`` works before it is bu
 the first of:
 
 1. ``$TILEWIRE_LIB``: the path of libtilewire.so, or a folder holding it;
-2. the package folder (the copy ``pip install .`` puts there);
+2. the package folder: the copy ``pip install .`` puts there, under its soname
+   (libtilewire.so.MAJOR, which the package's tw-bench finds beside it), or libtilewire.so;
 3. ``build/`` of the source tree this package sits in (``python/tilewire/../../build``);
 4. the system's library search path (``ctypes.util.find_library("tilewire")``).
 
@@ -300,6 +301,9 @@ FUNCTIONS = {
 # ---- loading ------------------------------------------------------------------------------
 
 LIBRARY_NAME = "libtilewire.so"
+# The soname (CMake's SOVERSION is the major version): what binaries linked with -ltilewire
+# look for, and the name the installed package carries the library under.
+SONAME = "%s.%d" % (LIBRARY_NAME, TW_VERSION_MAJOR)
 _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 _SOURCE_BUILD_DIR = _PACKAGE_DIR.parent.parent / "build"
 
@@ -320,9 +324,24 @@ def candidate_paths():
     if env:
         p = pathlib.Path(env).expanduser()
         paths.append(p / LIBRARY_NAME if p.is_dir() else p)
+    paths.append(_PACKAGE_DIR / SONAME)
     paths.append(_PACKAGE_DIR / LIBRARY_NAME)
     paths.append(_SOURCE_BUILD_DIR / LIBRARY_NAME)
     return paths
+
+
+def library_location():
+    """The library in use without loading it: the loaded one, else the first existing path
+    that lib() would try (None when there is none; the system search path is not asked)."""
+    if _loaded_path is not None:
+        return _loaded_path
+    paths = candidate_paths()
+    if os.environ.get("TILEWIRE_LIB"):  # lib() takes that one or none
+        paths = paths[:1]
+    for path in paths:
+        if path.exists():
+            return path
+    return None
 
 
 def _bind(cdll):

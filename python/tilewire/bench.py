@@ -6,10 +6,12 @@ and TFLOP/s, or GB/s, per shape).
     python -m tilewire.bench gemm --quick    # one op, its small sweep
     python -m tilewire.bench --plot results.json --out plots   # re-plot a saved run
 
-tw-bench is looked for at --bench, $TILEWIRE_BENCH, beside the loaded libtilewire.so, in the
-source tree's build/, then on PATH. Each op runs as its own `tw-bench OP --json FILE`; its
-stderr (progress lines `[op i/n] ...`) drives the progress bar (tqdm when installed), its
-own table goes to OUT/tw-bench-OP.txt. Exit status: 0 all rows passed, 1 a check or an op
+tw-bench is looked for at --bench, then $TILEWIRE_BENCH, the package's own copy (which
+`pip install .` puts beside the package's libtilewire), beside the libtilewire in use
+($TILEWIRE_LIB or the source tree's build/), then on PATH (find_bench; --help says which one
+it found). Each op runs as its own `tw-bench OP --json FILE`; its stderr (progress lines
+`[op i/n] ...`) drives the progress bar (tqdm when installed), its own table goes to
+OUT/tw-bench-OP.txt. Exit status: 0 all rows passed, 1 a check or an op
 failed, 2 no Hopper GPU, 64 bad command line.
 """
 
@@ -33,29 +35,73 @@ _DONE = re.compile(r"^\d+ rows, \d+ failed")
 # ---- finding and asking tw-bench ----------------------------------------------------------
 
 
-def find_bench(explicit=None):
-    """The tw-bench executable, or None."""
-    candidates = []
-    if explicit:
-        candidates.append(pathlib.Path(explicit))
-    if os.environ.get("TILEWIRE_BENCH"):
-        candidates.append(pathlib.Path(os.environ["TILEWIRE_BENCH"]))
-    try:
-        from . import _lib
+BENCH_NAME = "tw-bench"
 
-        candidates.append(pathlib.Path(_lib.library_path()).resolve().parent / "tw-bench")
-        candidates.append(_lib._PACKAGE_DIR / "tw-bench")
-        candidates.append(_lib._SOURCE_BUILD_DIR / "tw-bench")
-    except Exception:  # noqa: BLE001 - no library: keep looking
-        here = pathlib.Path(__file__).resolve().parent
-        candidates += [here / "tw-bench", here.parent.parent / "build" / "tw-bench"]
-    on_path = shutil.which("tw-bench")
+HOW_TO_GET_BENCH = (
+    "get one with `pip install .` from a tilewire source tree on a machine with the CUDA "
+    "toolkit (the package then carries tw-bench), or build it with `make` at the source "
+    "tree's root and point at it: TILEWIRE_BENCH=build/tw-bench (or --bench build/tw-bench)"
+)
+
+
+def bench_candidates(explicit=None):
+    """[(path, where it comes from)]: where find_bench looks for tw-bench, in order."""
+    from . import _lib
+
+    candidates = []
+
+    def add(path, where):
+        path = pathlib.Path(path)
+        if all(path != c for c, _ in candidates):
+            candidates.append((path, where))
+
+    if explicit:
+        add(explicit, "--bench")
+    if os.environ.get("TILEWIRE_BENCH"):
+        add(os.environ["TILEWIRE_BENCH"], "TILEWIRE_BENCH")
+    add(_lib._PACKAGE_DIR / BENCH_NAME, "the package's own copy")
+    lib = _lib.library_location()
+    if lib is not None:
+        add(pathlib.Path(lib).resolve().parent / BENCH_NAME, "beside the library in use, %s" % lib)
+    add(_lib._SOURCE_BUILD_DIR / BENCH_NAME, "the source tree's build/")
+    on_path = shutil.which(BENCH_NAME)
     if on_path:
-        candidates.append(pathlib.Path(on_path))
-    for c in candidates:
-        if c.is_file() and os.access(c, os.X_OK):
-            return c
+        add(on_path, "PATH")
+    return candidates
+
+
+def _runnable(path):
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def find_bench(explicit=None):
+    """The tw-bench executable, or None. An executable given by --bench or TILEWIRE_BENCH
+    is the one used: when it is not there, None (the caller says so)."""
+    for path, where in bench_candidates(explicit):
+        if _runnable(path):
+            return path
+        if where in ("--bench", "TILEWIRE_BENCH"):
+            return None
     return None
+
+
+def bench_not_found(explicit=None):
+    """Why find_bench found none, and how to get one."""
+    for path, where in bench_candidates(explicit):
+        if where in ("--bench", "TILEWIRE_BENCH") and not _runnable(path):
+            return "tilewire.bench: %s=%s is not an executable file" % (where, path)
+    looked = ["%s (%s)" % (path, where) for path, where in bench_candidates(explicit)]
+    return "tilewire.bench: tw-bench not found (looked at %s; none on PATH): %s" % (
+        ", ".join(looked), HOW_TO_GET_BENCH)
+
+
+def _bench_line():
+    """The line --help ends with: which tw-bench a run would use."""
+    found = find_bench()
+    if found is None:
+        return "tw-bench: none found; " + HOW_TO_GET_BENCH
+    where = next(w for p, w in bench_candidates() if p == found)
+    return "tw-bench: %s (%s)" % (found, where)
 
 
 def list_ops(bench):
@@ -301,12 +347,12 @@ def format_table(doc):
     return "\n".join(text) + "\n"
 
 
-# ---- issue 7's yardstick ------------------------------------------------------------------
+# ---- the multi-GPU yardstick -------------------------------------------------------------
 
 
 def bound_rows(doc):
     """Per fused row of a shape that has NCCL's bound rows (ranks on distinct GPUs): the
-    yardstick of the multi-GPU issue, its speedup over NCCL + cuBLAS divided by the bound
+    multi-GPU yardstick, its speedup over NCCL + cuBLAS divided by the bound
     (t_gemm + t_nccl) / max(t_gemm, t_nccl) of the same run ("bound" for fp32 rows,
     "bound-bf16" for the bf16-partials rows, whose speedup is against the bf16 pipeline), and
     its overlap max(t_gemm, t_nccl) / t_fused. The two agree only where the NCCL + cuBLAS
@@ -479,8 +525,10 @@ def plot(doc, out_dir):
 def _parser():
     p = argparse.ArgumentParser(
         prog="python -m tilewire.bench",
-        description="Run tw-bench sweeps with a progress bar; print the side-by-side table; "
+        description="Run tw-bench sweeps with a progress bar; print the side-by-side table;\n"
                     "write JSON and one PNG per op.",
+        epilog=_bench_line(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # a path in the epilog stays whole
     )
     p.add_argument("ops", nargs="*", help="ops to run (default: every op tw-bench lists)")
     p.add_argument("--out", default="tilewire-bench", help="output folder (default: %(default)s)")
@@ -549,8 +597,7 @@ def main(argv=None):
 
     bench = find_bench(args.bench)
     if bench is None:
-        print("tilewire.bench: tw-bench not found: build it (`make` at the repository root), "
-              "or give --bench PATH / TILEWIRE_BENCH", file=sys.stderr)
+        print(bench_not_found(args.bench), file=sys.stderr)
         return EXIT_FAILED
     if args.list:
         return subprocess.run([str(bench), "--list"]).returncode

@@ -1,0 +1,80 @@
+"""Helpers of the GPU tests (test_gpu_*.py): torch references, inputs, and the
+virtual-rank cases the op tests share. Imported after pytest.importorskip("torch")."""
+
+import gc
+
+import torch
+
+import tilewire
+
+bf16 = torch.bfloat16
+
+
+def ref_product(a, b):
+    return a.float() @ b.float().t()
+
+
+def rel_err(x, ref):
+    """Largest error relative to the largest reference value."""
+    return ((x.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+TOL = {bf16: 1e-2, torch.float32: 1e-4}
+
+
+def gemm_inputs(m, n, k, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(m, k, device="cuda", dtype=bf16, generator=g)
+    b = torch.randn(n, k, device="cuda", dtype=bf16, generator=g)
+    return a, b
+
+
+def close_all(comms):
+    gc.collect()
+    for c in comms:
+        c.close()
+
+
+def captured_graph(step):
+    """step() run once eagerly (it creates the per-rank streams), then captured: the graph."""
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+def ag_inputs(comms, m_local=256, n=512, k=384):
+    """A symmetric a_gathered, a shard per rank and a shared b for ag_gemm tests."""
+    world = len(comms)
+    gathered = tilewire.symmetric_empty(comms, (world * m_local, k), bf16)
+    a = [torch.randn(m_local, k, device="cuda", dtype=bf16) for _ in range(world)]
+    b = torch.randn(n, k, device="cuda", dtype=bf16)
+    return gathered, a, b
+
+
+def reduce_case(world, m_per_rank=128, n=256, k=192):
+    m = m_per_rank * world
+    a = [torch.randn(m, k, device="cuda", dtype=bf16) for _ in range(world)]
+    b = [torch.randn(n, k, device="cuda", dtype=bf16) for _ in range(world)]
+    return m, n, a, b
+
+
+def rank_ordered_sum(a, b, partials="fp32"):
+    """The header's contract: tw_gemm (fp32 out; bf16 out with bf16 partials) per rank,
+    summed in rank order in fp32."""
+    dtype = torch.float32 if partials == "fp32" else bf16
+    total = tilewire.gemm(a[0], b[0], out_dtype=dtype).float()
+    for r in range(1, len(a)):
+        total = total + tilewire.gemm(a[r], b[r], out_dtype=dtype).float()
+    return total
+
+
+def assert_clean(comms, *buffers):
+    """No rank reported an asynchronous error; the symmetric buffers are dropped (before
+    the comms close)."""
+    for c in comms:
+        assert c.async_error() is None
+    for buf in buffers:
+        buf.clear()
