@@ -5,10 +5,8 @@
  * are written with plain stores; publish them with a CTA barrier then
  * tw_signal_set (signal.cuh).
  * A copy CTA's rate is bounded by its bytes in flight over the loads' latency
- * (Little's law): 384 threads x 4 x 16 B = 24 KiB, about 15 GB/s per CTA measured
- * across NVLink and 9.4 GB/s where eight ranks share one GPU's HBM. 16 loads in
- * flight per thread (tw_ag_gemm's copy CTAs, seventh session) were no faster: on 2
- * H200s M=16384 1.726 against 1.724 ms, on 8 virtual ranks level within the noise.
+ * (Little's law): 384 threads x 4 x 16 B = 24 KiB in flight. More loads in flight per
+ * thread were no faster for tw_ag_gemm's copy CTAs (docs/PERF.md has the per-CTA rates).
  */
 #ifndef TW_DEVICE_COPY_CUH
 #define TW_DEVICE_COPY_CUH

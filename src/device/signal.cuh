@@ -267,11 +267,9 @@ static __device__ __forceinline__ void tw_ll_store(uint4 *word, uint32_t d0, uin
  * (0 or 1), in bytes from the slot's start: items go 8 to a 256-byte group, the group's first
  * words in one 128-byte line and its second words in the next (a last group of k < 8 items:
  * its k first words, then its k second words), so 8 lanes storing 8 consecutive items' word w
- * fill one whole line, and a slot is items x 32 bytes as before. Thirty-first session
- * (tools/micro/llbench.cu, 2 H200s, ping-pong of 512 KiB of data a way as the swap-AB tiles
- * store it): 1.51 us one way against 2.16 for the two words side by side (each store
- * instruction of a warp then wrote every other 16 bytes of its lines), 5.6 against 8.5 us at
- * 2 MiB; plain stores with a fenced flag a CTA took 3.8 / 8.5 us. */
+ * fill one whole line, and a slot is items x 32 bytes. With the two words side by side each
+ * store instruction of a warp would write every other 16 bytes of its lines, which crossed
+ * NVLink markedly slower. */
 static __device__ __forceinline__ uint64_t tw_ll_item_off(uint64_t item, uint64_t items, int w) {
   const uint64_t group = item >> 3, left = items - (group << 3);
   return (group << 8) + (((uint64_t)w * (left < 8 ? left : 8) + (item & 7)) << 4);

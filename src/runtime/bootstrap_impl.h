@@ -11,8 +11,8 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
-#include "runtime/bootstrap.h"
 #include "core/status.h"
+#include "runtime/bootstrap.h"
 
 #define HELLO_MAGIC 0x4f4c4c4548575454ULL /* "TTWHELLO": a rank's hello to the root */
 #define FRAME_MAGIC 0x454d415246575454ULL /* "TTWFRAME": every other message */
@@ -130,16 +130,16 @@ const char *bs_kind_name(int kind);
 uint64_t bs_random_nonce(void);
 int bs_poll_one(int fd, short events, int64_t deadline);
 tw_status_t bs_io_full(int fd, void *buf, size_t len, int writing, int64_t deadline,
-                           const char *peer);
+                       const char *peer);
 void bs_init_frame(bs_frame_t *f, uint64_t nonce, int kind, int rank);
 void bs_send_error_frame(int fd, uint64_t nonce, int kind, int rank, uint32_t seq,
-                             tw_status_t status, const char *msg, int64_t deadline);
+                         tw_status_t status, const char *msg, int64_t deadline);
 tw_status_t bs_recv_frame(int fd, uint64_t nonce, int kind, int64_t deadline, const char *peer,
-                              bs_frame_t *f);
+                          bs_frame_t *f);
 tw_status_t bs_tcp_listen(uint32_t addr_be, uint16_t port_be, int *fd_out, uint16_t *port_out);
 tw_status_t bs_set_nodelay(int fd, const char *peer);
-tw_status_t bs_tcp_connect(uint32_t addr_be, uint16_t port_be, int64_t deadline,
-                               const char *peer, int *fd_out);
+tw_status_t bs_tcp_connect(uint32_t addr_be, uint16_t port_be, int64_t deadline, const char *peer,
+                           int *fd_out);
 int bs_accept_one(int listen_fd);
 
 /* bootstrap.c */

@@ -111,7 +111,8 @@ uint64_t bs_random_nonce(void) {
   } while (n < 0 && errno == EINTR);
   if (n != (ssize_t)sizeof(nonce)) {
     /* Entropy pool not ready (early boot): uniqueness, not secrecy, is what matters. */
-    nonce = splitmix64((uint64_t)bs_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&n);
+    nonce =
+        splitmix64((uint64_t)bs_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&n);
   }
   return nonce ? nonce : 1;
 }
@@ -172,7 +173,7 @@ int bs_poll_one(int fd, short events, int64_t deadline) {
 /* Sends or receives exactly len bytes on a non-blocking socket before deadline.
  * `peer` names the other end in messages ("rank 0 (the star hub)"). */
 tw_status_t bs_io_full(int fd, void *buf, size_t len, int writing, int64_t deadline,
-                           const char *peer) {
+                       const char *peer) {
   char *p = buf;
   size_t done = 0;
   while (done < len) {
@@ -216,7 +217,7 @@ void bs_init_frame(bs_frame_t *f, uint64_t nonce, int kind, int rank) {
 /* Best effort: tells the other end why this side gave up. Keeps this thread's
  * last-error message (the one being sent) intact. */
 void bs_send_error_frame(int fd, uint64_t nonce, int kind, int rank, uint32_t seq,
-                             tw_status_t status, const char *msg, int64_t deadline) {
+                         tw_status_t status, const char *msg, int64_t deadline) {
   char saved[TW_ERRMSG_LEN];
   tw_error_copy(saved);
   size_t len = strnlen(msg, TW_ERRMSG_LEN - 1);
@@ -237,7 +238,7 @@ void bs_send_error_frame(int fd, uint64_t nonce, int kind, int rank, uint32_t se
  * only on frames that carry no error.
  */
 tw_status_t bs_recv_frame(int fd, uint64_t nonce, int kind, int64_t deadline, const char *peer,
-                              bs_frame_t *f) {
+                          bs_frame_t *f) {
   tw_status_t st = bs_io_full(fd, f, sizeof(*f), 0, deadline, peer);
   if (st != TW_SUCCESS)
     return st;
@@ -312,8 +313,8 @@ tw_status_t bs_set_nodelay(int fd, const char *peer) {
 }
 
 /* Connects to addr:port, retrying refused or unreachable attempts until deadline. */
-tw_status_t bs_tcp_connect(uint32_t addr_be, uint16_t port_be, int64_t deadline,
-                               const char *peer, int *fd_out) {
+tw_status_t bs_tcp_connect(uint32_t addr_be, uint16_t port_be, int64_t deadline, const char *peer,
+                           int *fd_out) {
   struct sockaddr_in sa;
   memset(&sa, 0, sizeof(sa));
   sa.sin_family = AF_INET;

@@ -59,7 +59,8 @@ typedef struct root_state {
 
 /* `nonce` is the one the rank brought: it reads the answer only under that. */
 static void root_send_error(int fd, uint64_t nonce, tw_status_t status, const char *msg) {
-  bs_send_error_frame(fd, nonce, KIND_RDV_REPLY, -1, 0, status, msg, bs_deadline_after_ms(ROOT_SEND_MS));
+  bs_send_error_frame(fd, nonce, KIND_RDV_REPLY, -1, 0, status, msg,
+                      bs_deadline_after_ms(ROOT_SEND_MS));
 }
 
 /* Marks the group as failed and tells every rank that has arrived. Ranks that

@@ -20,8 +20,8 @@ tw_status_t tw_cuda_check(cudaError_t err, const char *what);
 /* tw_cuda_check for a call that creates the device's primary context (cudaSetDevice,
  * cudaFree(0)): an allocation failure there while CUDA_DEVICE_MAX_CONNECTIONS asks for more
  * than the default 8 queues also names that variable. Under MPS every client keeps the
- * connections it asks for out of one pool of the server's; four processes asking for 32 left all
- * but the first without a context on an H200, reported as out of memory (thirty-third session). */
+ * connections it asks for out of one pool of the server's, so a few processes asking for many
+ * can leave the later ones without a context, which CUDA reports as out of memory. */
 tw_status_t tw_cuda_check_context(cudaError_t err, const char *what);
 #define TW_CUDA_CONTEXT(call) TW_CHECK(tw_cuda_check_context((call), #call))
 
