@@ -1,6 +1,6 @@
 /*
  * tw-bench: one benchmark CLI for every op. Each op is a bench_op_t in its own
- * file (bench_<op>.c/.cu) listed in bench_ops.c; the driver (bench_main.c)
+ * file (bench_<op>.c/.cu) that registers itself (bench_ops.c); the driver (bench_main.c)
  * parses the shared options, calls the op's run function for each shape, and
  * prints one side-by-side table last (plus --json / --csv files).
  *
@@ -74,18 +74,22 @@ typedef struct bench_op {
 
 /* ---- the registry of ops (bench_ops.c) ------------------------------------- */
 
-/* Each op file defines `const bench_op_t bench_op_<name> = {...};`. Declared here so that
- * a .cu file's definition gets C linkage and external linkage (a namespace-scope const in
- * C++ is otherwise internal and the registry would never see it). A new op: declare it
- * here and list it in bench_ops.c. */
-extern const bench_op_t bench_op_gemm;
-extern const bench_op_t bench_op_allgather;
-extern const bench_op_t bench_op_flag;
-extern const bench_op_t bench_op_ag_gemm;
-extern const bench_op_t bench_op_gemm_rs;
-extern const bench_op_t bench_op_gemm_ar;
+/* A new op's benchmark is a new file: bench_<op>.cu defines its bench_op_t and registers it at
+ * file scope with BENCH_OP_REGISTER (a constructor that runs before main); no list names it.
+ * `order` is its place in the run (and --list) order: increasing, ties by name. The ops in the
+ * tree use multiples of 10 (grep BENCH_OP_REGISTER), so a new one can go between two. */
+#define BENCH_MAX_OPS 32
 
-/* Ops linked into this binary, in registry order (an op whose file is absent is skipped). */
+/* Adds op (kept, not copied) to the registry; at load time, single-threaded. A second op of the
+ * same name, or more than BENCH_MAX_OPS, aborts the program with a message. */
+void bench_op_register(const bench_op_t *op, int order);
+
+#define BENCH_OP_REGISTER(id, op, order)                                                           \
+  static void __attribute__((constructor)) bench_op_register_##id(void) {                          \
+    bench_op_register(&(op), (order));                                                             \
+  }
+
+/* Registered ops, in order. */
 int bench_op_count(void);
 const bench_op_t *bench_op_at(int index);
 /* The op named `name`, or NULL. */

@@ -417,7 +417,7 @@ static const bench_shape_t ag_sweep[] = {
 };
 static const bench_shape_t ag_quick[] = {{4096, 512, 4096, NULL}, {8192, 1024, 8192, NULL}};
 
-extern "C" const bench_op_t bench_op_ag_gemm = {
+static const bench_op_t ag_gemm_op = {
     "ag_gemm",
     "AllGather+GEMM: fused vs allgather+cuBLAS vs GEMM alone; m = total rows, n = cols per rank",
     ag_sweep,
@@ -425,3 +425,4 @@ extern "C" const bench_op_t bench_op_ag_gemm = {
     ag_quick,
     2,
     run_ag_gemm};
+BENCH_OP_REGISTER(ag_gemm, ag_gemm_op, 40);

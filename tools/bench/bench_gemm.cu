@@ -390,9 +390,10 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
   return 0;
 }
 
-extern "C" const bench_op_t bench_op_gemm = {
+static const bench_op_t gemm_op = {
     "gemm",     "C[M,N] = A[M,K] * B[N,K]^T bf16 (tw_gemm) vs cuBLAS; --sm-budget limits both",
     gemm_sweep, (int)(sizeof(gemm_sweep) / sizeof(gemm_sweep[0])),
     gemm_quick, (int)(sizeof(gemm_quick) / sizeof(gemm_quick[0])),
     gemm_run,
 };
+BENCH_OP_REGISTER(gemm, gemm_op, 10);

@@ -538,7 +538,7 @@ static const bench_shape_t ar_sweep[] = {
     {4096, 12288, 6144, "flux-tp8"}, {4096, 4096, 512, NULL},    {8192, 8192, 1024, NULL},
     {16384, 16384, 2048, NULL},      {64, 8192, 1024, "decode"}, {1024, 8192, 2048, "small-m"}};
 
-extern "C" const bench_op_t bench_op_gemm_rs = {
+static const bench_op_t gemm_rs_op = {
     "gemm_rs",
     "fused GEMM+ReduceScatter vs unfused (cuBLAS/tw_gemm + reduce) and the pieces; m = total "
     "rows, k = K per rank, --world ranks (8)",
@@ -547,8 +547,9 @@ extern "C" const bench_op_t bench_op_gemm_rs = {
     rs_quick,
     2,
     run_rs};
+BENCH_OP_REGISTER(gemm_rs, gemm_rs_op, 50);
 
-extern "C" const bench_op_t bench_op_gemm_ar = {
+static const bench_op_t gemm_ar_op = {
     "gemm_ar",
     "fused GEMM+AllReduce vs unfused (cuBLAS/tw_gemm + reduce) and the pieces; m = total rows, "
     "k = K per rank, --world ranks (8)",
@@ -557,3 +558,4 @@ extern "C" const bench_op_t bench_op_gemm_ar = {
     rs_quick,
     2,
     run_ar};
+BENCH_OP_REGISTER(gemm_ar, gemm_ar_op, 60);
