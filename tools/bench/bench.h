@@ -55,9 +55,22 @@ typedef struct bench_row {
   int ok;         /* 1 = the variant's check passed (or no check), 0 = failed */
 } bench_row_t;
 
+/* ---- results (bench_results.c): the rows of a run, in the order they were added ------------ */
+
 typedef struct bench_results bench_results_t;
-/* Appends a row (copied). */
+/* An empty set of rows; out of host memory, these functions exit the process with status 3. */
+bench_results_t *bench_results_create(void);
+void bench_results_destroy(bench_results_t *res);
+/* Appends a row (copied; its strings cut to their fields). */
 void bench_add_row(bench_results_t *res, const bench_row_t *row);
+/* Appends a failed row with no timing (ms NaN), which stands for a shape that produced none. */
+void bench_add_error_row(bench_results_t *res, const char *op, const char *shape,
+                         const char *variant);
+int bench_results_count(const bench_results_t *res);
+/* Row `index` (0 .. count - 1), or NULL. */
+const bench_row_t *bench_results_row(const bench_results_t *res, int index);
+/* How many rows from index `from` on failed their check. */
+int bench_results_failed(const bench_results_t *res, int from);
 
 typedef struct bench_op {
   const char *name;
