@@ -5,8 +5,8 @@
  * prints one side-by-side table last (plus --json / --csv files).
  *
  * Method (bench_time.c): warm-up, CUDA events, many repeats, median (p10/p90
- * kept); inputs rotated through copies whose total is larger than L2 (several
- * times 60 MB on H200), random data, never zeros.
+ * kept); an op whose working set could stay in L2 rotates its inputs through copies
+ * whose total is at least 4x the L2 (bench_rotation_count); random data, never zeros.
  */
 #ifndef TW_BENCH_H
 #define TW_BENCH_H
@@ -130,12 +130,11 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
 /* The main rows of a multi-rank op, fns[0..nfns) on one ctx: TW_BENCH_ROUNDS rounds (default 1:
  * one variant after another), each timing every variant in turn for ceil(repeats / rounds)
  * repeats (the first round after `warmup` calls, later ones after one; each block also warms
- * for bench_warm_ms()), so a card whose clock
- * drifts (the power-capped H200 does, docs/PERF.md) drifts for every variant alike; but each
- * short block then starts in the power state its predecessor left (eighth session: 4 rounds
- * moved 8-rank rows by up to 15%, with 5-call warm-ups, before TW_BENCH_WARM_MS), so the
- * default stays one block per variant. Per variant: the
- * median (p10/p90 optional) of all its repeats. */
+ * for bench_warm_ms()), so a card whose clock drifts (a power-capped one does, docs/PERF.md)
+ * drifts for every variant alike; but each short block then starts in the power state its
+ * predecessor left, which moves multi-rank rows more than the drift does, so the default
+ * stays one block per variant. Per variant: the median (p10/p90 optional) of all its
+ * repeats. */
 int bench_rounds(int repeats);
 /* TW_BENCH_GRAPH=1: rows are graph replays (multi-stream timings: variants that refuse capture
  * are left out; bench_time_ms: 16 calls per replay, its time over 16). */

@@ -3,26 +3,31 @@
  * (default 8; virtual ranks sharing one GPU when there are fewer GPUs, each
  * with its SM budget). Shape: m = total rows (world * m_local), n = columns per
  * rank, k. Variants, each on every rank's stream:
- *   fused         tw_ag_gemm, in place (the shard written into its slot of a_gathered), in the
- *                 default mode (TW_AG_COMM_AUTO: the copy engine where it measured faster)
- *   fused-sm      (ranks on distinct GPUs only) the same with TW_AG_COMM_SM
+ *   fused           tw_ag_gemm, in place (the shard written into its slot of a_gathered), in
+ *                   the default mode (TW_AG_COMM_AUTO: the library picks the copy engine or
+ *                   the SMs)
+ *   fused-sm        (ranks on distinct GPUs only) the same with TW_AG_COMM_SM
  *   fused-nogather  (ranks sharing a GPU only) tw_ag_gemm with no_gathered_out = 1: the GEMM
- *                 reads the peers' shards in place, nothing is copied
+ *                   reads the peers' shards in place, nothing is copied
  *   fused-ce-gather (ranks sharing a GPU, TW_BENCH_AG_CE_GATHER=1, eager only; a measurement)
- *                 fused-nogather while a side stream of each rank copies the peers' shards into
- *                 its a_gathered with cudaMemcpyAsync: what the gathered output would cost if a
- *                 copy engine wrote it beside the GEMM instead of the GEMM's write-through
- *   copy-engine   (ranks on distinct GPUs, not with TW_BENCH_GRAPH) TW_AG_COMM_COPY_ENGINE:
- * cudaMemcpyAsync + stream-written flags on a side stream while every CTA computes (Flux / PyTorch
- * async-TP style) unfused       tw_allgather, then cuBLAS on the gathered A (limited to the rank's
- * SMs) unfused-tw    tw_allgather, then tw_gemm (the same core as the fused op) gemm-alone tw_gemm
- * on an already-gathered A (the rank's SMs) allgather     tw_allgather alone nccl+cublas,
- * nccl-allgather   with ranks on distinct GPUs and libnccl loadable (src/ref/ref_nccl.h): NCCL's
- * allgather then cuBLAS, and NCCL alone bound         (t_gemm + t_comm) / max(t_gemm, t_comm) in
- * its speedup column: the best a perfect overlap could give over the unfused pipeline speedup =
- * baseline time / this time, the baseline being nccl+cublas when present, else unfused; overlap
- * (fused row) = max(t_gemm, t_comm) / t_fused with t_comm the baseline's allgather. The check
- * compares the fused C with unfused-tw's, bitwise, on every rank.
+ *                   fused-nogather while a side stream of each rank copies the peers' shards
+ *                   into its a_gathered with cudaMemcpyAsync: what the gathered output would
+ *                   cost if a copy engine wrote it beside the GEMM instead of the GEMM's
+ *                   write-through
+ *   copy-engine     (ranks on distinct GPUs, not with TW_BENCH_GRAPH) TW_AG_COMM_COPY_ENGINE:
+ *                   cudaMemcpyAsync + stream-written flags on a side stream while every CTA
+ *                   computes (Flux / PyTorch async-TP style)
+ *   unfused         tw_allgather, then cuBLAS on the gathered A (limited to the rank's SMs)
+ *   unfused-tw      tw_allgather, then tw_gemm (the same core as the fused op)
+ *   gemm-alone      tw_gemm on an already-gathered A (the rank's SMs)
+ *   allgather       tw_allgather alone
+ *   nccl+cublas, nccl-allgather  with ranks on distinct GPUs and libnccl loadable
+ *                   (src/ref/ref_nccl.h): NCCL's allgather then cuBLAS, and NCCL alone
+ *   bound           (t_gemm + t_comm) / max(t_gemm, t_comm) in its speedup column: the best a
+ *                   perfect overlap could give over the unfused pipeline
+ * speedup = baseline time / this time, the baseline being nccl+cublas when present, else
+ * unfused; overlap (fused rows) = max(t_gemm, t_comm) / t_fused with t_comm the baseline's
+ * allgather. The check compares the fused C with unfused-tw's, bitwise, on every rank.
  */
 #include <cuda_runtime.h>
 
