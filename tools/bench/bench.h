@@ -1,12 +1,12 @@
 /*
  * tw-bench: one benchmark CLI for every op. Each op is a bench_op_t in its own
- * file (bench_<op>.c/.cu) listed in bench_ops.c; the driver (bench_main.c)
+ * file (bench_<op>.c/.cu) that registers itself (bench_ops.c); the driver (bench_main.c)
  * parses the shared options, calls the op's run function for each shape, and
  * prints one side-by-side table last (plus --json / --csv files).
  *
  * Method (bench_time.c): warm-up, CUDA events, many repeats, median (p10/p90
- * kept); inputs rotated through copies whose total is larger than L2 (several
- * times 60 MB on H200), random data, never zeros.
+ * kept); an op whose working set could stay in L2 rotates its inputs through copies
+ * whose total is at least 4x the L2 (bench_rotation_count); random data, never zeros.
  */
 #ifndef TW_BENCH_H
 #define TW_BENCH_H
@@ -55,9 +55,22 @@ typedef struct bench_row {
   int ok;         /* 1 = the variant's check passed (or no check), 0 = failed */
 } bench_row_t;
 
+/* ---- results (bench_results.c): the rows of a run, in the order they were added ------------ */
+
 typedef struct bench_results bench_results_t;
-/* Appends a row (copied). */
+/* An empty set of rows; out of host memory, these functions exit the process with status 3. */
+bench_results_t *bench_results_create(void);
+void bench_results_destroy(bench_results_t *res);
+/* Appends a row (copied; its strings cut to their fields). */
 void bench_add_row(bench_results_t *res, const bench_row_t *row);
+/* Appends a failed row with no timing (ms NaN), which stands for a shape that produced none. */
+void bench_add_error_row(bench_results_t *res, const char *op, const char *shape,
+                         const char *variant);
+int bench_results_count(const bench_results_t *res);
+/* Row `index` (0 .. count - 1), or NULL. */
+const bench_row_t *bench_results_row(const bench_results_t *res, int index);
+/* How many rows from index `from` on failed their check. */
+int bench_results_failed(const bench_results_t *res, int from);
 
 typedef struct bench_op {
   const char *name;
@@ -74,18 +87,22 @@ typedef struct bench_op {
 
 /* ---- the registry of ops (bench_ops.c) ------------------------------------- */
 
-/* Each op file defines `const bench_op_t bench_op_<name> = {...};`. Declared here so that
- * a .cu file's definition gets C linkage and external linkage (a namespace-scope const in
- * C++ is otherwise internal and the registry would never see it). A new op: declare it
- * here and list it in bench_ops.c. */
-extern const bench_op_t bench_op_gemm;
-extern const bench_op_t bench_op_allgather;
-extern const bench_op_t bench_op_flag;
-extern const bench_op_t bench_op_ag_gemm;
-extern const bench_op_t bench_op_gemm_rs;
-extern const bench_op_t bench_op_gemm_ar;
+/* A new op's benchmark is a new file: bench_<op>.cu defines its bench_op_t and registers it at
+ * file scope with BENCH_OP_REGISTER (a constructor that runs before main); no list names it.
+ * `order` is its place in the run (and --list) order: increasing, ties by name. The ops in the
+ * tree use multiples of 10 (grep BENCH_OP_REGISTER), so a new one can go between two. */
+#define BENCH_MAX_OPS 32
 
-/* Ops linked into this binary, in registry order (an op whose file is absent is skipped). */
+/* Adds op (kept, not copied) to the registry; at load time, single-threaded. A second op of the
+ * same name, or more than BENCH_MAX_OPS, aborts the program with a message. */
+void bench_op_register(const bench_op_t *op, int order);
+
+#define BENCH_OP_REGISTER(id, op, order)                                                           \
+  static void __attribute__((constructor)) bench_op_register_##id(void) {                          \
+    bench_op_register(&(op), (order));                                                             \
+  }
+
+/* Registered ops, in order. */
 int bench_op_count(void);
 const bench_op_t *bench_op_at(int index);
 /* The op named `name`, or NULL. */
@@ -113,12 +130,11 @@ double bench_time_multi_ms(void (*fn)(void *ctx, int iter), void *ctx, cudaStrea
 /* The main rows of a multi-rank op, fns[0..nfns) on one ctx: TW_BENCH_ROUNDS rounds (default 1:
  * one variant after another), each timing every variant in turn for ceil(repeats / rounds)
  * repeats (the first round after `warmup` calls, later ones after one; each block also warms
- * for bench_warm_ms()), so a card whose clock
- * drifts (the power-capped H200 does, docs/PERF.md) drifts for every variant alike; but each
- * short block then starts in the power state its predecessor left (eighth session: 4 rounds
- * moved 8-rank rows by up to 15%, with 5-call warm-ups, before TW_BENCH_WARM_MS), so the
- * default stays one block per variant. Per variant: the
- * median (p10/p90 optional) of all its repeats. */
+ * for bench_warm_ms()), so a card whose clock drifts (a power-capped one does, docs/PERF.md)
+ * drifts for every variant alike; but each short block then starts in the power state its
+ * predecessor left, which moves multi-rank rows more than the drift does, so the default
+ * stays one block per variant. Per variant: the median (p10/p90 optional) of all its
+ * repeats. */
 int bench_rounds(int repeats);
 /* TW_BENCH_GRAPH=1: rows are graph replays (multi-stream timings: variants that refuse capture
  * are left out; bench_time_ms: 16 calls per replay, its time over 16). */

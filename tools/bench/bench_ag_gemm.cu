@@ -3,26 +3,31 @@
  * (default 8; virtual ranks sharing one GPU when there are fewer GPUs, each
  * with its SM budget). Shape: m = total rows (world * m_local), n = columns per
  * rank, k. Variants, each on every rank's stream:
- *   fused         tw_ag_gemm, in place (the shard written into its slot of a_gathered), in the
- *                 default mode (TW_AG_COMM_AUTO: the copy engine where it measured faster)
- *   fused-sm      (ranks on distinct GPUs only) the same with TW_AG_COMM_SM
+ *   fused           tw_ag_gemm, in place (the shard written into its slot of a_gathered), in
+ *                   the default mode (TW_AG_COMM_AUTO: the library picks the copy engine or
+ *                   the SMs)
+ *   fused-sm        (ranks on distinct GPUs only) the same with TW_AG_COMM_SM
  *   fused-nogather  (ranks sharing a GPU only) tw_ag_gemm with no_gathered_out = 1: the GEMM
- *                 reads the peers' shards in place, nothing is copied
+ *                   reads the peers' shards in place, nothing is copied
  *   fused-ce-gather (ranks sharing a GPU, TW_BENCH_AG_CE_GATHER=1, eager only; a measurement)
- *                 fused-nogather while a side stream of each rank copies the peers' shards into
- *                 its a_gathered with cudaMemcpyAsync: what the gathered output would cost if a
- *                 copy engine wrote it beside the GEMM instead of the GEMM's write-through
- *   copy-engine   (ranks on distinct GPUs, not with TW_BENCH_GRAPH) TW_AG_COMM_COPY_ENGINE:
- * cudaMemcpyAsync + stream-written flags on a side stream while every CTA computes (Flux / PyTorch
- * async-TP style) unfused       tw_allgather, then cuBLAS on the gathered A (limited to the rank's
- * SMs) unfused-tw    tw_allgather, then tw_gemm (the same core as the fused op) gemm-alone tw_gemm
- * on an already-gathered A (the rank's SMs) allgather     tw_allgather alone nccl+cublas,
- * nccl-allgather   with ranks on distinct GPUs and libnccl loadable (src/ref/ref_nccl.h): NCCL's
- * allgather then cuBLAS, and NCCL alone bound         (t_gemm + t_comm) / max(t_gemm, t_comm) in
- * its speedup column: the best a perfect overlap could give over the unfused pipeline speedup =
- * baseline time / this time, the baseline being nccl+cublas when present, else unfused; overlap
- * (fused row) = max(t_gemm, t_comm) / t_fused with t_comm the baseline's allgather. The check
- * compares the fused C with unfused-tw's, bitwise, on every rank.
+ *                   fused-nogather while a side stream of each rank copies the peers' shards
+ *                   into its a_gathered with cudaMemcpyAsync: what the gathered output would
+ *                   cost if a copy engine wrote it beside the GEMM instead of the GEMM's
+ *                   write-through
+ *   copy-engine     (ranks on distinct GPUs, not with TW_BENCH_GRAPH) TW_AG_COMM_COPY_ENGINE:
+ *                   cudaMemcpyAsync + stream-written flags on a side stream while every CTA
+ *                   computes (Flux / PyTorch async-TP style)
+ *   unfused         tw_allgather, then cuBLAS on the gathered A (limited to the rank's SMs)
+ *   unfused-tw      tw_allgather, then tw_gemm (the same core as the fused op)
+ *   gemm-alone      tw_gemm on an already-gathered A (the rank's SMs)
+ *   allgather       tw_allgather alone
+ *   nccl+cublas, nccl-allgather  with ranks on distinct GPUs and libnccl loadable
+ *                   (src/ref/ref_nccl.h): NCCL's allgather then cuBLAS, and NCCL alone
+ *   bound           (t_gemm + t_comm) / max(t_gemm, t_comm) in its speedup column: the best a
+ *                   perfect overlap could give over the unfused pipeline
+ * speedup = baseline time / this time, the baseline being nccl+cublas when present, else
+ * unfused; overlap (fused rows) = max(t_gemm, t_comm) / t_fused with t_comm the baseline's
+ * allgather. The check compares the fused C with unfused-tw's, bitwise, on every rank.
  */
 #include <cuda_runtime.h>
 
@@ -252,6 +257,169 @@ static int check(ag_ctx *c, int comm_mode) {
   return ok;
 }
 
+/* Allocates and fills every rank's buffers (the shard in its slot of `gathered`, B, both Cs),
+ * fills gathered2 once through the allgather and loads cuBLAS's kernels for the shape. Returns
+ * 0, or 1 after printing why. */
+static int ag_setup(ag_ctx *c, bench_ranks_t *rk, const bench_shape_t *shape) {
+  const int world = rk->world;
+  memset(c, 0, sizeof(*c));
+  c->rk = rk;
+  c->m_local = shape->m / world, c->n = shape->n, c->k = shape->k;
+  size_t shard = (size_t)c->m_local * c->k * 2, c_bytes = (size_t)shape->m * c->n * 2;
+  for (int r = 0; r < world; r++) {
+    if (tw_mem_alloc(rk->comms[r], shard * world, &c->gathered[r]) != TW_SUCCESS ||
+        tw_mem_alloc(rk->comms[r], shard * world, &c->gathered2[r]) != TW_SUCCESS) {
+      fprintf(stderr, "tw_mem_alloc: %s\n", tw_comm_last_error(rk->comms[r]));
+      return 1;
+    }
+    bench_ranks_use(rk, r);
+    BENCH_CUDA(cudaMalloc(&c->a[r], shard));
+    BENCH_CUDA(cudaMalloc(&c->b[r], (size_t)c->n * c->k * 2));
+    BENCH_CUDA(cudaMalloc(&c->c[r], c_bytes));
+    BENCH_CUDA(cudaMalloc(&c->c2[r], c_bytes));
+    tw_test_fill_bf16(c->a[r], (size_t)c->m_local * c->k, 11 + r, (tw_stream_t)rk->streams[r]);
+    BENCH_CUDA(cudaMemcpyAsync((char *)c->gathered[r] + (size_t)r * shard, c->a[r], shard,
+                               cudaMemcpyDeviceToDevice, rk->streams[r]));
+    tw_test_fill_bf16(c->b[r], (size_t)c->n * c->k, 1000 + r, (tw_stream_t)rk->streams[r]);
+    if (tw_ref_blas_create(&c->blas[r]) != TW_SUCCESS)
+      return 1;
+  }
+  /* gemm-alone reads gathered2: fill it once through the allgather. */
+  run_allgather(c, 0);
+  for (int r = 0; r < world; r++)
+    BENCH_CUDA(cudaStreamSynchronize(rk->streams[r]));
+  /* Load cuBLAS's kernels for the timed shape before any persistent kernel spins: its lazy
+   * module loading can wait for the device to go idle, which never happens while ranks wait
+   * on each other (a first cuBLAS launch then stalls until the library's wait bound). */
+  for (int r = 0; r < world; r++) {
+    bench_ranks_use(rk, r);
+    if (tw_ref_cublas_gemm(c->blas[r], c->gathered2[r], c->b[r], c->c2[r], TW_BF16, shape->m, c->n,
+                           c->k, c->k, c->k, c->n, rk->sm_budget, rk->streams[r]) != TW_SUCCESS)
+      return 1;
+    BENCH_CUDA(cudaStreamSynchronize(rk->streams[r]));
+  }
+  return 0;
+}
+
+static void ag_teardown(ag_ctx *c, int ce_gather) {
+  bench_ranks_t *rk = c->rk;
+  tw_ref_nccl_destroy(c->nccl);
+  for (int r = 0; r < rk->world; r++) {
+    bench_ranks_use(rk, r);
+    BENCH_CUDA(cudaStreamSynchronize(rk->streams[r]));
+    cudaFree(c->a[r]), cudaFree(c->b[r]), cudaFree(c->c[r]), cudaFree(c->c2[r]);
+    tw_ref_blas_destroy(c->blas[r]);
+    tw_mem_free(rk->comms[r], c->gathered[r]);
+    tw_mem_free(rk->comms[r], c->gathered2[r]);
+    if (ce_gather) {
+      cudaStreamDestroy(c->side[r]);
+      cudaEventDestroy(c->fork[r]), cudaEventDestroy(c->join[r]);
+    }
+  }
+}
+
+/* The variants of one shape in row order: unfused, unfused-tw, gemm-alone, allgather and fused
+ * at fixed places, then the ones this machine has; i_* say where those landed (-1: absent). */
+enum { kMaxVariants = 10, kUnfused = 0, kGemmAlone = 2, kAllgather = 3, kFused = 4 };
+typedef struct {
+  struct {
+    const char *name;
+    void (*fn)(void *, int);
+  } v[kMaxVariants];
+  int n, i_ce, i_nccl, i_ng, i_sm, i_cg;
+} ag_variants_t;
+
+/* shared: some ranks share a GPU; ce_gather: the fused-ce-gather row is on. */
+static void ag_variants(ag_variants_t *vs, int shared, int ce_gather, int have_nccl) {
+  memset(vs, 0, sizeof(*vs));
+  vs->v[0] = {"unfused", run_unfused};
+  vs->v[1] = {"unfused-tw", run_unfused_tw};
+  vs->v[kGemmAlone] = {"gemm-alone", run_gemm_alone};
+  vs->v[kAllgather] = {"allgather", run_allgather};
+  vs->v[kFused] = {"fused", run_fused};
+  int nv = 5;
+  vs->i_ce = vs->i_nccl = vs->i_ng = vs->i_sm = vs->i_cg = -1;
+  if (shared) /* ranks share a GPU: the in-place peer reads of no_gathered_out = 1 */
+    vs->i_ng = nv, vs->v[nv++] = {"fused-nogather", run_fused_no_gather};
+  if (ce_gather)
+    vs->i_cg = nv, vs->v[nv++] = {"fused-ce-gather", run_fused_ce_gather};
+  if (!shared) /* the default mode may take the copy engine there: the SM-driven one too */
+    vs->i_sm = nv, vs->v[nv++] = {"fused-sm", run_fused_sm};
+  if (!shared && !bench_graph_mode()) /* eager only */
+    vs->i_ce = nv, vs->v[nv++] = {"copy-engine", run_copy_engine};
+  if (have_nccl) {
+    vs->i_nccl = nv;
+    vs->v[nv++] = {"nccl+cublas", run_nccl_cublas};
+    vs->v[nv++] = {"nccl-allgather", run_nccl_allgather};
+  }
+  vs->n = nv;
+}
+
+/* The checks of the fused variants (1: passed or not run). */
+typedef struct {
+  int fused, sm, ce, ng, cg;
+} ag_checks_t;
+
+/* Times every variant together (bench_time_multi_rounds) and adds their rows, the TW_BENCH_AB
+ * rows of the fused op and the bound row. */
+static void ag_rows(ag_ctx *c, const bench_opts_t *o, const bench_shape_t *shape,
+                    const ag_variants_t *vs, const ag_checks_t *ok, bench_results_t *res) {
+  bench_ranks_t *rk = c->rk;
+  const int world = rk->world, nv = vs->n;
+  const size_t shard = (size_t)c->m_local * c->k * 2;
+  double ms[kMaxVariants] = {0}, p10[kMaxVariants] = {0}, p90[kMaxVariants] = {0};
+  bench_row_t rows[kMaxVariants + 1];
+  {
+    void (*fns[kMaxVariants])(void *, int);
+    for (int v = 0; v < nv; v++)
+      fns[v] = vs->v[v].fn;
+    bench_time_multi_rounds(fns, nv, c, rk->streams[0], rk->streams, world, o->warmup, o->repeats,
+                            ms, p10, p90);
+  }
+  for (int v = 0; v < nv; v++) {
+    bench_row_t *row = &rows[v];
+    memset(row, 0, sizeof(*row));
+    snprintf(row->op, sizeof(row->op), "ag_gemm");
+    snprintf(row->variant, sizeof(row->variant), "%s", vs->v[v].name);
+    snprintf(row->shape, sizeof(row->shape), "M=%lld N=%lld/rank K=%lld w=%d sms=%d%s%s",
+             (long long)shape->m, (long long)c->n, (long long)c->k, world, rk->sm_budget,
+             shape->label ? " " : "", shape->label ? shape->label : "");
+    row->ms = ms[v], row->ms_p10 = p10[v], row->ms_p90 = p90[v];
+    const int is_comm = v == kAllgather || (vs->i_nccl >= 0 && v == vs->i_nccl + 1);
+    if (is_comm)
+      row->gbps = (double)shard * world / (ms[v] * 1e-3) * (world - 1) / world / 1e9;
+    else
+      row->tflops = 2.0 * shape->m * c->n * c->k / (ms[v] * 1e-3) / 1e12;
+    row->ok = !c->failed && bench_ranks_async_ok(rk, vs->v[v].name);
+  }
+  /* Baseline and communication time: NCCL's when present. */
+  const double t_base = vs->i_nccl >= 0 ? ms[vs->i_nccl] : ms[kUnfused];
+  const double t_comm = vs->i_nccl >= 0 ? ms[vs->i_nccl + 1] : ms[kAllgather];
+  const double t_gemm = ms[kGemmAlone], t_max = t_gemm > t_comm ? t_gemm : t_comm;
+  for (int v = 0; v < nv; v++) {
+    rows[v].speedup = t_base / ms[v];
+    if (v == kFused || v == vs->i_ce || v == vs->i_ng || v == vs->i_sm ||
+        v == vs->i_cg) { /* the fused variants */
+      rows[v].overlap = t_max / ms[v];
+      rows[v].ok = rows[v].ok && (v == kFused     ? ok->fused
+                                  : v == vs->i_ce ? ok->ce
+                                  : v == vs->i_sm ? ok->sm
+                                  : v == vs->i_cg ? ok->cg
+                                                  : ok->ng);
+    }
+    bench_add_row(res, &rows[v]);
+  }
+  /* TW_BENCH_AB: interleaved rows of the fused op under each value of one knob (bench.h). */
+  bench_ab_rows(res, &rows[kFused], "fused", 2.0 * shape->m * c->n * c->k, t_base, t_max, run_fused,
+                c, rk->streams[0], rk->streams, world, o);
+  bench_row_t bound = rows[kFused];
+  snprintf(bound.variant, sizeof(bound.variant), "bound");
+  bound.ms = bound.ms_p10 = bound.ms_p90 = t_max;
+  bound.tflops = 0, bound.overlap = 0, bound.ok = 1;
+  bound.speedup = (t_gemm + t_comm) / t_max;
+  bench_add_row(res, &bound);
+}
+
 static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res) {
   bench_ranks_t rk;
   int world = o->world ? o->world : 8;
@@ -262,51 +430,18 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
   if (bench_ranks_init(&rk, world, o->sm_budget))
     return 1;
   ag_ctx c;
-  memset(&c, 0, sizeof(c));
-  c.rk = &rk;
-  c.m_local = shape->m / world, c.n = shape->n, c.k = shape->k;
-  size_t shard = (size_t)c.m_local * c.k * 2, c_bytes = (size_t)shape->m * c.n * 2;
-  for (int r = 0; r < world; r++) {
-    if (tw_mem_alloc(rk.comms[r], shard * world, &c.gathered[r]) != TW_SUCCESS ||
-        tw_mem_alloc(rk.comms[r], shard * world, &c.gathered2[r]) != TW_SUCCESS) {
-      fprintf(stderr, "tw_mem_alloc: %s\n", tw_comm_last_error(rk.comms[r]));
-      return 1;
-    }
-    bench_ranks_use(&rk, r);
-    BENCH_CUDA(cudaMalloc(&c.a[r], shard));
-    BENCH_CUDA(cudaMalloc(&c.b[r], (size_t)c.n * c.k * 2));
-    BENCH_CUDA(cudaMalloc(&c.c[r], c_bytes));
-    BENCH_CUDA(cudaMalloc(&c.c2[r], c_bytes));
-    tw_test_fill_bf16(c.a[r], (size_t)c.m_local * c.k, 11 + r, (tw_stream_t)rk.streams[r]);
-    BENCH_CUDA(cudaMemcpyAsync((char *)c.gathered[r] + (size_t)r * shard, c.a[r], shard,
-                               cudaMemcpyDeviceToDevice, rk.streams[r]));
-    tw_test_fill_bf16(c.b[r], (size_t)c.n * c.k, 1000 + r, (tw_stream_t)rk.streams[r]);
-    if (tw_ref_blas_create(&c.blas[r]) != TW_SUCCESS)
-      return 1;
-  }
-  /* gemm-alone reads gathered2: fill it once through the allgather. */
-  run_allgather(&c, 0);
-  for (int r = 0; r < world; r++)
-    BENCH_CUDA(cudaStreamSynchronize(rk.streams[r]));
-  /* Load cuBLAS's kernels for the timed shape before any persistent kernel spins: its lazy
-   * module loading can wait for the device to go idle, which never happens while ranks wait
-   * on each other (seen: a first cuBLAS launch stalled until the 10 s wait bound). */
-  for (int r = 0; r < world; r++) {
-    bench_ranks_use(&rk, r);
-    if (tw_ref_cublas_gemm(c.blas[r], c.gathered2[r], c.b[r], c.c2[r], TW_BF16, shape->m, c.n, c.k,
-                           c.k, c.k, c.n, rk.sm_budget, rk.streams[r]) != TW_SUCCESS)
-      return 1;
-    BENCH_CUDA(cudaStreamSynchronize(rk.streams[r]));
-  }
+  if (ag_setup(&c, &rk, shape))
+    return 1;
   /* The copy-engine mode needs every rank on its own GPU (tw_ag_gemm refuses it otherwise). */
   int shared = 0;
   for (int r = 0; r < world; r++)
     for (int q = 0; q < r; q++)
       shared |= rk.devices[q] == rk.devices[r];
-  const int ok = o->check ? check(&c, TW_AG_COMM_AUTO) : 1;
-  const int ok_sm = o->check && !shared ? check(&c, TW_AG_COMM_SM) : 1;
-  const int ok_ce = o->check && !shared ? check(&c, TW_AG_COMM_COPY_ENGINE) : 1;
-  const int ok_ng = o->check && shared ? check(&c, BENCH_SM_NO_GATHER) : 1;
+  ag_checks_t ok;
+  ok.fused = o->check ? check(&c, TW_AG_COMM_AUTO) : 1;
+  ok.sm = o->check && !shared ? check(&c, TW_AG_COMM_SM) : 1;
+  ok.ce = o->check && !shared ? check(&c, TW_AG_COMM_COPY_ENGINE) : 1;
+  ok.ng = o->check && shared ? check(&c, BENCH_SM_NO_GATHER) : 1;
   const char *ce_env = getenv("TW_BENCH_AG_CE_GATHER");
   const int ce_gather = shared && !bench_graph_mode() && ce_env && atoi(ce_env);
   for (int r = 0; ce_gather && r < world; r++) {
@@ -315,95 +450,14 @@ static int run_ag_gemm(const bench_opts_t *o, const bench_shape_t *shape, bench_
     BENCH_CUDA(cudaEventCreateWithFlags(&c.fork[r], cudaEventDisableTiming));
     BENCH_CUDA(cudaEventCreateWithFlags(&c.join[r], cudaEventDisableTiming));
   }
-  const int ok_cg = o->check && ce_gather ? check(&c, BENCH_CE_GATHER) : 1;
+  ok.cg = o->check && ce_gather ? check(&c, BENCH_CE_GATHER) : 1;
   char why[256] = "";
   if (tw_ref_nccl_create(&c.nccl, world, rk.devices, why, sizeof(why)) != 0)
     fprintf(stderr, "ag_gemm: no NCCL rows: %s\n", why);
-  struct {
-    const char *name;
-    void (*fn)(void *, int);
-  } variants[10] = {{"unfused", run_unfused},
-                    {"unfused-tw", run_unfused_tw},
-                    {"gemm-alone", run_gemm_alone},
-                    {"allgather", run_allgather},
-                    {"fused", run_fused}};
-  int nv = 5, i_ce = -1, i_nccl = -1, i_ng = -1, i_sm = -1, i_cg = -1;
-  if (shared) /* ranks share a GPU: the in-place peer reads of no_gathered_out = 1 */
-    i_ng = nv, variants[nv].name = "fused-nogather", variants[nv++].fn = run_fused_no_gather;
-  if (ce_gather)
-    i_cg = nv, variants[nv].name = "fused-ce-gather", variants[nv++].fn = run_fused_ce_gather;
-  if (!shared) /* the default mode may take the copy engine there: the SM-driven one too */
-    i_sm = nv, variants[nv].name = "fused-sm", variants[nv++].fn = run_fused_sm;
-  if (!shared && !bench_graph_mode()) /* eager only */
-    i_ce = nv, variants[nv].name = "copy-engine", variants[nv++].fn = run_copy_engine;
-  if (c.nccl) {
-    i_nccl = nv;
-    variants[nv].name = "nccl+cublas", variants[nv++].fn = run_nccl_cublas;
-    variants[nv].name = "nccl-allgather", variants[nv++].fn = run_nccl_allgather;
-  }
-  double ms[10] = {0}, p10[10] = {0}, p90[10] = {0};
-  bench_row_t rows[11];
-  {
-    void (*fns[10])(void *, int);
-    for (int v = 0; v < nv; v++)
-      fns[v] = variants[v].fn;
-    bench_time_multi_rounds(fns, nv, &c, rk.streams[0], rk.streams, world, o->warmup, o->repeats,
-                            ms, p10, p90);
-  }
-  for (int v = 0; v < nv; v++) {
-    bench_row_t *row = &rows[v];
-    memset(row, 0, sizeof(*row));
-    snprintf(row->op, sizeof(row->op), "ag_gemm");
-    snprintf(row->variant, sizeof(row->variant), "%s", variants[v].name);
-    snprintf(row->shape, sizeof(row->shape), "M=%lld N=%lld/rank K=%lld w=%d sms=%d%s%s",
-             (long long)shape->m, (long long)c.n, (long long)c.k, world, rk.sm_budget,
-             shape->label ? " " : "", shape->label ? shape->label : "");
-    row->ms = ms[v], row->ms_p10 = p10[v], row->ms_p90 = p90[v];
-    const int is_comm = v == 3 || (i_nccl >= 0 && v == i_nccl + 1); /* the allgathers */
-    if (is_comm)
-      row->gbps = (double)shard * world / (ms[v] * 1e-3) * (world - 1) / world / 1e9;
-    else
-      row->tflops = 2.0 * shape->m * c.n * c.k / (ms[v] * 1e-3) / 1e12;
-    row->ok = !c.failed && bench_ranks_async_ok(&rk, variants[v].name);
-  }
-  /* Baseline and communication time: NCCL's when present. */
-  const double t_base = i_nccl >= 0 ? ms[i_nccl] : ms[0];
-  const double t_comm = i_nccl >= 0 ? ms[i_nccl + 1] : ms[3];
-  const double t_gemm = ms[2], t_max = t_gemm > t_comm ? t_gemm : t_comm;
-  for (int v = 0; v < nv; v++) {
-    rows[v].speedup = t_base / ms[v];
-    if (v == 4 || v == i_ce || v == i_ng || v == i_sm || v == i_cg) { /* the fused variants */
-      rows[v].overlap = t_max / ms[v];
-      rows[v].ok = rows[v].ok && (v == 4      ? ok
-                                  : v == i_ce ? ok_ce
-                                  : v == i_sm ? ok_sm
-                                  : v == i_cg ? ok_cg
-                                              : ok_ng);
-    }
-    bench_add_row(res, &rows[v]);
-  }
-  /* TW_BENCH_AB: interleaved rows of the fused op under each value of one knob (bench.h). */
-  bench_ab_rows(res, &rows[4], "fused", 2.0 * shape->m * c.n * c.k, t_base, t_max, run_fused, &c,
-                rk.streams[0], rk.streams, world, o);
-  bench_row_t bound = rows[4];
-  snprintf(bound.variant, sizeof(bound.variant), "bound");
-  bound.ms = bound.ms_p10 = bound.ms_p90 = t_max;
-  bound.tflops = 0, bound.overlap = 0, bound.ok = 1;
-  bound.speedup = (t_gemm + t_comm) / t_max;
-  bench_add_row(res, &bound);
-  tw_ref_nccl_destroy(c.nccl);
-  for (int r = 0; r < world; r++) {
-    bench_ranks_use(&rk, r);
-    BENCH_CUDA(cudaStreamSynchronize(rk.streams[r]));
-    cudaFree(c.a[r]), cudaFree(c.b[r]), cudaFree(c.c[r]), cudaFree(c.c2[r]);
-    tw_ref_blas_destroy(c.blas[r]);
-    tw_mem_free(rk.comms[r], c.gathered[r]);
-    tw_mem_free(rk.comms[r], c.gathered2[r]);
-    if (ce_gather) {
-      cudaStreamDestroy(c.side[r]);
-      cudaEventDestroy(c.fork[r]), cudaEventDestroy(c.join[r]);
-    }
-  }
+  ag_variants_t vs;
+  ag_variants(&vs, shared, ce_gather, c.nccl != NULL);
+  ag_rows(&c, o, shape, &vs, &ok, res);
+  ag_teardown(&c, ce_gather);
   bench_ranks_fini(&rk);
   return 0;
 }
@@ -417,7 +471,7 @@ static const bench_shape_t ag_sweep[] = {
 };
 static const bench_shape_t ag_quick[] = {{4096, 512, 4096, NULL}, {8192, 1024, 8192, NULL}};
 
-extern "C" const bench_op_t bench_op_ag_gemm = {
+static const bench_op_t ag_gemm_op = {
     "ag_gemm",
     "AllGather+GEMM: fused vs allgather+cuBLAS vs GEMM alone; m = total rows, n = cols per rank",
     ag_sweep,
@@ -425,3 +479,4 @@ extern "C" const bench_op_t bench_op_ag_gemm = {
     ag_quick,
     2,
     run_ag_gemm};
+BENCH_OP_REGISTER(ag_gemm, ag_gemm_op, 40);

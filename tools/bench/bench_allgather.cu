@@ -135,11 +135,12 @@ static const bench_shape_t ag_sweep[] = {
     {1 << 20, 0, 0, NULL}, {8 << 20, 0, 0, NULL}, {32 << 20, 0, 0, NULL}, {128 << 20, 0, 0, NULL}};
 static const bench_shape_t ag_quick[] = {{1 << 20, 0, 0, NULL}, {32 << 20, 0, 0, NULL}};
 
-extern "C" const bench_op_t bench_op_allgather = {
+static const bench_op_t allgather_op = {
     "allgather",  "tw_allgather vs copy-engine allgather; m = bytes per rank, --world ranks (8)",
     ag_sweep,     4,
     ag_quick,     2,
     run_allgather};
+BENCH_OP_REGISTER(allgather, allgather_op, 20);
 
 /* ---- flag ping-pong ---------------------------------------------------------------------- */
 
@@ -251,7 +252,7 @@ static int run_flag(const bench_opts_t *o, const bench_shape_t *shape, bench_res
 
 static const bench_shape_t flag_sweep[] = {{1000, 0, 0, NULL}};
 
-extern "C" const bench_op_t bench_op_flag = {
+static const bench_op_t flag_op = {
     "flag",
     "flag round trip between two ranks (ms column: microseconds per round trip); m = rounds",
     flag_sweep,
@@ -259,3 +260,4 @@ extern "C" const bench_op_t bench_op_flag = {
     flag_sweep,
     1,
     run_flag};
+BENCH_OP_REGISTER(flag, flag_op, 30);

@@ -101,9 +101,11 @@ typedef struct gemm_ctx {
   tw_gemm_sm90_opts_t opts;
   int use_opts;
   tw_dtype_t c_dtype;
-  int split_k; /* tw_gemm_args_t.split_k of the tilewire rows; -2: -1 with the workspace */
-  void *ws;    /* TW_GEMM_WORKSPACE_BYTES, zeroed */
-  int pre;     /* TW_BENCH_GEMM_PRE=1: each call after a kernel that writes its A (pre_kernel) */
+  int split_k;    /* tw_gemm_args_t.split_k of the tilewire rows; -2: -1 with the workspace */
+  void *ws;       /* TW_GEMM_WORKSPACE_BYTES, zeroed */
+  int pre;        /* TW_BENCH_GEMM_PRE=1: each call after a kernel that writes its A (pre_kernel) */
+  size_t c_bytes; /* one bf16 C */
+  char label[96]; /* the rows' shape column */
 } gemm_ctx_t;
 
 /* TW_BENCH_GEMM_PRE=1: before every call (both libraries) a kernel rewrites A in place, one CTA a
@@ -214,73 +216,96 @@ static void variant_knobs(bench_env_saved_t saved[2], int split_k, int scatter, 
     setenv("TW_GEMM_SWAP", swap, 1);
 }
 
-static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_results_t *res) {
-  static tw_ref_blas_t *blas = NULL;
-  if (!blas && tw_ref_blas_create(&blas) != TW_SUCCESS)
-    return 1;
-  gemm_ctx_t ctx;
-  memset(&ctx, 0, sizeof(ctx));
-  ctx.m = shape->m;
-  ctx.n = shape->n;
-  ctx.k = shape->k;
-  ctx.sm_count = opts->sm_budget;
-  ctx.blas = blas;
-  ctx.c_dtype = TW_BF16;
-  const char *fp32_env = getenv("TW_BENCH_GEMM_FP32");
-  const int fp32 = fp32_env && atoi(fp32_env);
+/* One row of `tw-bench gemm`: a library, its kernel options, output type and knobs. */
+typedef struct variant {
+  const char *name;
+  int cublas, use_opts;
+  tw_gemm_sm90_opts_t opts;
+  double t[8]; /* the median of each round */
+  tw_dtype_t c_dtype;
+  int split_k;
+  int scatter;      /* TW_SPLIT_SCATTER=1 while it runs */
+  const char *swap; /* TW_GEMM_SWAP's value while it runs (NULL: the caller's) */
+} variant_t;
+
+enum { kMaxVariants = 32 };
+
+/* Allocates and fills `copies` rotations of A, B and C (C twice as large with fp32 rows), the
+ * split-K workspace, the stream, and the row's shape label. */
+static void gemm_setup(gemm_ctx_t *ctx, const bench_opts_t *opts, const bench_shape_t *shape,
+                       tw_ref_blas_t *blas, int fp32) {
+  memset(ctx, 0, sizeof(*ctx));
+  ctx->m = shape->m;
+  ctx->n = shape->n;
+  ctx->k = shape->k;
+  ctx->sm_count = opts->sm_budget;
+  ctx->blas = blas;
+  ctx->c_dtype = TW_BF16;
   const char *pre_env = getenv("TW_BENCH_GEMM_PRE");
-  ctx.pre = pre_env && atoi(pre_env) == 1 && ctx.k % 8 == 0 && ctx.m <= 65535;
-  BENCH_CUDA(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
-  const size_t a_bytes = (size_t)(ctx.m * ctx.k) * 2, b_bytes = (size_t)(ctx.n * ctx.k) * 2,
-               c_bytes = (size_t)(ctx.m * ctx.n) * 2, c_alloc = fp32 ? 2 * c_bytes : c_bytes;
-  ctx.copies = bench_rotation_count(a_bytes + b_bytes + c_alloc);
-  ctx.a = (void **)calloc((size_t)ctx.copies, sizeof(void *));
-  ctx.b = (void **)calloc((size_t)ctx.copies, sizeof(void *));
-  ctx.c = (void **)calloc((size_t)ctx.copies, sizeof(void *));
-  for (int i = 0; i < ctx.copies; i++) {
-    BENCH_CUDA(cudaMalloc(&ctx.a[i], a_bytes));
-    BENCH_CUDA(cudaMalloc(&ctx.b[i], b_bytes));
-    BENCH_CUDA(cudaMalloc(&ctx.c[i], c_alloc));
-    fill_kernel<<<1024, 256, 0, ctx.stream>>>((__nv_bfloat16 *)ctx.a[i], a_bytes / 2, 1000 + 2 * i);
-    fill_kernel<<<1024, 256, 0, ctx.stream>>>((__nv_bfloat16 *)ctx.b[i], b_bytes / 2, 1001 + 2 * i);
+  ctx->pre = pre_env && atoi(pre_env) == 1 && ctx->k % 8 == 0 && ctx->m <= 65535;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+  const size_t a_bytes = (size_t)(ctx->m * ctx->k) * 2, b_bytes = (size_t)(ctx->n * ctx->k) * 2;
+  ctx->c_bytes = (size_t)(ctx->m * ctx->n) * 2;
+  const size_t c_alloc = fp32 ? 2 * ctx->c_bytes : ctx->c_bytes;
+  ctx->copies = bench_rotation_count(a_bytes + b_bytes + c_alloc);
+  ctx->a = (void **)calloc((size_t)ctx->copies, sizeof(void *));
+  ctx->b = (void **)calloc((size_t)ctx->copies, sizeof(void *));
+  ctx->c = (void **)calloc((size_t)ctx->copies, sizeof(void *));
+  for (int i = 0; i < ctx->copies; i++) {
+    BENCH_CUDA(cudaMalloc(&ctx->a[i], a_bytes));
+    BENCH_CUDA(cudaMalloc(&ctx->b[i], b_bytes));
+    BENCH_CUDA(cudaMalloc(&ctx->c[i], c_alloc));
+    fill_kernel<<<1024, 256, 0, ctx->stream>>>((__nv_bfloat16 *)ctx->a[i], a_bytes / 2,
+                                               1000 + 2 * i);
+    fill_kernel<<<1024, 256, 0, ctx->stream>>>((__nv_bfloat16 *)ctx->b[i], b_bytes / 2,
+                                               1001 + 2 * i);
   }
-  BENCH_CUDA(cudaMalloc(&ctx.ws, TW_GEMM_WORKSPACE_BYTES));
-  BENCH_CUDA(cudaMemsetAsync(ctx.ws, 0, TW_GEMM_WORKSPACE_BYTES, ctx.stream));
-  char label[96];
-  if (ctx.sm_count)
-    snprintf(label, sizeof(label), "M=%lld N=%lld K=%lld sms=%d", (long long)ctx.m,
-             (long long)ctx.n, (long long)ctx.k, ctx.sm_count);
+  BENCH_CUDA(cudaMalloc(&ctx->ws, TW_GEMM_WORKSPACE_BYTES));
+  BENCH_CUDA(cudaMemsetAsync(ctx->ws, 0, TW_GEMM_WORKSPACE_BYTES, ctx->stream));
+  if (ctx->sm_count)
+    snprintf(ctx->label, sizeof(ctx->label), "M=%lld N=%lld K=%lld sms=%d", (long long)ctx->m,
+             (long long)ctx->n, (long long)ctx->k, ctx->sm_count);
   else
-    snprintf(label, sizeof(label), "M=%lld N=%lld K=%lld", (long long)ctx.m, (long long)ctx.n,
-             (long long)ctx.k);
+    snprintf(ctx->label, sizeof(ctx->label), "M=%lld N=%lld K=%lld", (long long)ctx->m,
+             (long long)ctx->n, (long long)ctx->k);
+}
 
-  const int ok = !opts->check || check_tilewire(&ctx, c_bytes, label);
+static void gemm_teardown(gemm_ctx_t *ctx) {
+  for (int i = 0; i < ctx->copies; i++) {
+    cudaFree(ctx->a[i]);
+    cudaFree(ctx->b[i]);
+    cudaFree(ctx->c[i]);
+  }
+  cudaFree(ctx->ws);
+  free(ctx->a);
+  free(ctx->b);
+  free(ctx->c);
+  BENCH_CUDA(cudaStreamDestroy(ctx->stream));
+}
 
-  // Variants are timed in interleaved rounds (cuBLAS, tilewire, extras, cuBLAS, ...) so that
-  // clock and power drift during the run falls on all of them alike; each figure is the median
-  // of the rounds' medians, and p10/p90 report the lowest and highest round median.
-  typedef struct variant {
-    const char *name;
-    int cublas, use_opts;
-    tw_gemm_sm90_opts_t opts;
-    double t[8];
-    tw_dtype_t c_dtype;
-    int split_k;
-    int scatter;      /* TW_SPLIT_SCATTER=1 while it runs */
-    const char *swap; /* TW_GEMM_SWAP's value while it runs (NULL: the caller's) */
-  } variant_t;
-  variant_t variants[32] = {
-      {"cublas", 1, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
-      {"tilewire", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
-  };
-  int nvariants = 2;
+static void add_variants(variant_t *variants, int *n, const variant_t *more, size_t count) {
+  for (size_t v = 0; v < count; v++)
+    variants[(*n)++] = more[v];
+}
+#define ADD_VARIANTS(list) add_variants(variants, &n, list, sizeof(list) / sizeof(list[0]))
+
+/* The rows of one shape, in table order: cuBLAS (the baseline) and tilewire first, then the
+ * forced swap tile heights of decode shapes, the TW_BENCH_GEMM_SPLITK and TW_BENCH_GEMM_VARIANTS
+ * rows, and the fp32-out rows last. Returns how many (at most kMaxVariants). */
+static int gemm_variants(const gemm_ctx_t *ctx, int fp32, variant_t *variants) {
+  int n = 0;
+  variants[n++] = {"cublas", 1, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, NULL};
+  variants[n++] = {"tilewire", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, NULL};
   /* decode shapes (m <= 64, where tw_gemm swaps A and B by default): the 128-row tiles beside;
    * up to m 128 the swap forced reaches (TW_GEMM_SWAP_FORCED_MAX_M) */
-  const int swapped = ctx.m <= 64;
-  if (ctx.m <= TW_GEMM_SWAP_FORCED_MAX_M) { /* the swap's two tile heights forced */
-    variants[nvariants++] = {"tilewire-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "0"};
-    variants[nvariants++] = {"tilewire-swap128", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "1"};
-    variants[nvariants++] = {"tilewire-swap64", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "2"};
+  const int swapped = ctx->m <= 64;
+  if (ctx->m <= TW_GEMM_SWAP_FORCED_MAX_M) { /* the swap's two tile heights forced */
+    const variant_t forced[] = {
+        {"tilewire-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "0"},
+        {"tilewire-swap128", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "1"},
+        {"tilewire-swap64", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "2"},
+    };
+    ADD_VARIANTS(forced);
   }
   /* TW_BENCH_GEMM_SPLITK=1: tw_gemm with split_k -1 (the library's choice; with and without a
    * workspace) and 2 / 4 / 8, the slices summed as a tree, then 4 / 8 with TW_SPLIT_SCATTER=1
@@ -297,20 +322,19 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
         {"tilewire-split4-scatter", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 4, 1, "0"},
         {"tilewire-split8-scatter", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 8, 1, "0"},
     };
-    for (size_t v = 0; v < sizeof(splits) / sizeof(splits[0]); v++)
-      variants[nvariants++] = splits[v];
+    ADD_VARIANTS(splits);
     if (swapped) { /* the slices of 128-row tiles beside the swapped ones */
       const variant_t noswap[] = {
           {"tilewire-split2-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 2, 0, "0"},
           {"tilewire-split4-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 4, 0, "0"},
           {"tilewire-split8-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 8, 0, "0"},
       };
-      for (size_t v = 0; v < sizeof(noswap) / sizeof(noswap[0]); v++)
-        variants[nvariants++] = noswap[v];
+      ADD_VARIANTS(noswap);
     }
   }
-  const char *extra = getenv("TW_BENCH_GEMM_VARIANTS");
-  if (extra && atoi(extra)) {
+  const char *extra_env = getenv("TW_BENCH_GEMM_VARIANTS");
+  const int extra = extra_env && atoi(extra_env);
+  if (extra) {
     const variant_t extras[] = {
         {"tw-1cta-4stage", 0, 1, {TW_GEMM_V_S4_E16, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
         {"tw-1cta-3stage", 0, 1, {TW_GEMM_V_S3_E32, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
@@ -321,78 +345,107 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
         {"tw-pingpong192", 0, 1, {TW_GEMM_V_PP_N192, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
         {"tw-queue", 0, 1, {-1, 1, 0}, {0}, TW_BF16, 0, 0, NULL},
     };
-    for (size_t v = 0; v < sizeof(extras) / sizeof(extras[0]); v++)
-      variants[nvariants++] = extras[v];
+    ADD_VARIANTS(extras);
   }
   if (fp32) { /* last: their speedups are over cublas-fp32out */
-    variants[nvariants++] = {"cublas-fp32out", 1, 0, {-1, 0, 0}, {0}, TW_FP32, 0, 0, NULL};
-    variants[nvariants++] = {"tilewire-fp32out", 0, 0, {-1, 0, 0}, {0}, TW_FP32, 0, 0, NULL};
-    if (extra && atoi(extra)) {
-      variants[nvariants++] = {
-          "tw-pingpong-fp32out", 0, 1, {TW_GEMM_V_PP_N128, 0, 0}, {0}, TW_FP32, 0, 0, NULL};
-      variants[nvariants++] = {
-          "tw-pingpong192-fp32out", 0, 1, {TW_GEMM_V_PP_N192, 0, 0}, {0}, TW_FP32, 0, 0, NULL};
+    const variant_t fp32out[] = {
+        {"cublas-fp32out", 1, 0, {-1, 0, 0}, {0}, TW_FP32, 0, 0, NULL},
+        {"tilewire-fp32out", 0, 0, {-1, 0, 0}, {0}, TW_FP32, 0, 0, NULL},
+    };
+    ADD_VARIANTS(fp32out);
+    if (extra) {
+      const variant_t fp32_extras[] = {
+          {"tw-pingpong-fp32out", 0, 1, {TW_GEMM_V_PP_N128, 0, 0}, {0}, TW_FP32, 0, 0, NULL},
+          {"tw-pingpong192-fp32out", 0, 1, {TW_GEMM_V_PP_N192, 0, 0}, {0}, TW_FP32, 0, 0, NULL},
+      };
+      ADD_VARIANTS(fp32_extras);
     }
   }
-  const char *rounds_env = getenv("TW_BENCH_GEMM_ROUNDS");
-  int rounds = rounds_env ? atoi(rounds_env) : 3;
-  rounds = rounds < 1 ? 1 : (rounds > 8 ? 8 : rounds);
+  return n;
+}
+#undef ADD_VARIANTS
+
+/* Times every variant in `rounds` interleaved rounds (cuBLAS, tilewire, extras, cuBLAS, ...), so
+ * that clock and power drift during the run falls on all of them alike: variants[v].t[r] is the
+ * median of round r. */
+static void time_variants(gemm_ctx_t *ctx, const bench_opts_t *opts, variant_t *variants,
+                          int nvariants, int rounds) {
   for (int r = 0; r < rounds; r++)
     for (int v = 0; v < nvariants; v++) {
-      ctx.use_opts = variants[v].use_opts;
-      ctx.opts = variants[v].opts;
-      ctx.c_dtype = variants[v].c_dtype;
-      ctx.split_k = variants[v].split_k;
+      ctx->use_opts = variants[v].use_opts;
+      ctx->opts = variants[v].opts;
+      ctx->c_dtype = variants[v].c_dtype;
+      ctx->split_k = variants[v].split_k;
       bench_env_saved_t saved[2];
       variant_knobs(saved, variants[v].split_k, variants[v].scatter, variants[v].swap);
-      variants[v].t[r] = bench_time_ms(variants[v].cublas ? run_cublas : run_tilewire, &ctx,
-                                       ctx.stream, opts->warmup, opts->repeats, NULL, NULL);
+      variants[v].t[r] = bench_time_ms(variants[v].cublas ? run_cublas : run_tilewire, ctx,
+                                       ctx->stream, opts->warmup, opts->repeats, NULL, NULL);
       bench_env_restore(&saved[1]);
       bench_env_restore(&saved[0]);
     }
-  const double flops = 2.0 * (double)ctx.m * (double)ctx.n * (double)ctx.k;
+}
+
+/* Sorts t[0..rounds) and returns its median. */
+static double rounds_median(double *t, int rounds) {
+  for (int i = 1; i < rounds; i++) // insertion sort of a handful
+    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+      double x = t[j];
+      t[j] = t[j - 1];
+      t[j - 1] = x;
+    }
+  return rounds % 2 ? t[rounds / 2] : 0.5 * (t[rounds / 2 - 1] + t[rounds / 2]);
+}
+
+/* One row per variant: the median of the rounds' medians, p10/p90 the lowest and highest round
+ * median. `ok` is the check of the default tilewire call; split and swap rows check their own. */
+static void gemm_rows(gemm_ctx_t *ctx, const bench_opts_t *opts, variant_t *variants, int nvariants,
+                      int rounds, int ok, bench_results_t *res) {
+  const double flops = 2.0 * (double)ctx->m * (double)ctx->n * (double)ctx->k;
   double t_blas = 0;
   for (int v = 0; v < nvariants; v++) {
     double *t = variants[v].t;
-    for (int i = 1; i < rounds; i++) // insertion sort of a handful
-      for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-        double x = t[j];
-        t[j] = t[j - 1];
-        t[j - 1] = x;
-      }
-    const double median = rounds % 2 ? t[rounds / 2] : 0.5 * (t[rounds / 2 - 1] + t[rounds / 2]);
+    const double median = rounds_median(t, rounds);
     if (v == 0 || !strcmp(variants[v].name, "cublas-fp32out"))
       t_blas = median; /* the fp32-out rows against cuBLAS with fp32 out */
     int row_ok = variants[v].cublas ? 1 : ok;
     if ((variants[v].split_k != 0 || variants[v].swap) && opts->check) { /* its own check */
-      ctx.split_k = variants[v].split_k;
-      ctx.c_dtype = TW_BF16;
-      ctx.use_opts = 0;
+      ctx->split_k = variants[v].split_k;
+      ctx->c_dtype = TW_BF16;
+      ctx->use_opts = 0;
       bench_env_saved_t saved[2];
       variant_knobs(saved, variants[v].split_k, variants[v].scatter, variants[v].swap);
-      row_ok = check_tilewire(&ctx, c_bytes, label);
+      row_ok = check_tilewire(ctx, ctx->c_bytes, ctx->label);
       bench_env_restore(&saved[1]);
       bench_env_restore(&saved[0]);
     }
-    add_row(res, variants[v].name, label, median, t[0], t[rounds - 1], flops, t_blas, row_ok);
+    add_row(res, variants[v].name, ctx->label, median, t[0], t[rounds - 1], flops, t_blas, row_ok);
   }
+}
 
-  for (int i = 0; i < ctx.copies; i++) {
-    cudaFree(ctx.a[i]);
-    cudaFree(ctx.b[i]);
-    cudaFree(ctx.c[i]);
-  }
-  cudaFree(ctx.ws);
-  free(ctx.a);
-  free(ctx.b);
-  free(ctx.c);
-  BENCH_CUDA(cudaStreamDestroy(ctx.stream));
+static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_results_t *res) {
+  static tw_ref_blas_t *blas = NULL;
+  if (!blas && tw_ref_blas_create(&blas) != TW_SUCCESS)
+    return 1;
+  const char *fp32_env = getenv("TW_BENCH_GEMM_FP32");
+  const int fp32 = fp32_env && atoi(fp32_env);
+  gemm_ctx_t ctx;
+  gemm_setup(&ctx, opts, shape, blas, fp32);
+  const int ok = !opts->check || check_tilewire(&ctx, ctx.c_bytes, ctx.label);
+  variant_t variants[kMaxVariants];
+  const int nvariants = gemm_variants(&ctx, fp32, variants);
+  const char *rounds_env = getenv("TW_BENCH_GEMM_ROUNDS");
+  int rounds = rounds_env ? atoi(rounds_env) : 3;
+  rounds = rounds < 1 ? 1 : (rounds > 8 ? 8 : rounds);
+  time_variants(&ctx, opts, variants, nvariants, rounds);
+  gemm_rows(&ctx, opts, variants, nvariants, rounds, ok, res);
+  gemm_teardown(&ctx);
   return 0;
 }
 
-extern "C" const bench_op_t bench_op_gemm = {
+static const bench_op_t gemm_op = {
     "gemm",     "C[M,N] = A[M,K] * B[N,K]^T bf16 (tw_gemm) vs cuBLAS; --sm-budget limits both",
     gemm_sweep, (int)(sizeof(gemm_sweep) / sizeof(gemm_sweep[0])),
     gemm_quick, (int)(sizeof(gemm_quick) / sizeof(gemm_quick[0])),
     gemm_run,
 };
+BENCH_OP_REGISTER(gemm, gemm_op, 10);

@@ -245,12 +245,11 @@ static void time_direct(rs_ctx *c, const bench_opts_t *o, extra_rows_t *x, int c
   bench_env_restore(&saved);
 }
 
-static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res,
-                  int all_reduce) {
-  rs_ctx *c = (rs_ctx *)calloc(1, sizeof(rs_ctx));
-  const int world = o->world ? o->world : 8;
-  c->world = world, c->all_reduce = all_reduce;
-  c->m = shape->m, c->n = shape->n, c->k = shape->k;
+/* Ranks (rank r on GPU r % GPUs, every rank on GPU 0 with TW_BENCH_VIRTUAL=1, as bench_ranks.h
+ * does), every rank's buffers filled, the peers' pointers, and cuBLAS's kernels loaded. Returns
+ * 0, or 1 after printing why. direct_row: the workspace also holds the direct scheme's. */
+static int rs_setup(rs_ctx *c, const bench_opts_t *o, int direct_row) {
+  const int world = c->world;
   int ngpu = 0;
   BENCH_CUDA(cudaGetDeviceCount(&ngpu));
   const char *virt = getenv("TW_BENCH_VIRTUAL"); /* 1: every rank on GPU 0 (bench_ranks.h) */
@@ -262,7 +261,6 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
   cfg.sm_budget = o->sm_budget;
   if (tw_comm_init_all(c->comms, world, c->devices, &cfg) != TW_SUCCESS) {
     fprintf(stderr, "tw_comm_init_all(world=%d): %s\n", world, tw_last_error());
-    free(c);
     return 1;
   }
   tw_comm_sm_budget(c->comms[0], &c->budget);
@@ -272,15 +270,13 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     return 1;
   }
   const size_t mn = (size_t)c->m * c->n;
-  /* gemm_ar with m <= 4096: room for the direct scheme too (row tilewire-direct). */
-  const int direct_row = all_reduce && c->m <= 4096 && world > 1;
   if (direct_row && ws_bytes < (size_t)world * mn * 4)
     ws_bytes = (size_t)world * mn * 4;
   for (int r = 0; r < world; r++) {
     if (tw_mem_alloc(c->comms[r], ws_bytes, &c->ws[r]) != TW_SUCCESS ||
         tw_mem_alloc(c->comms[r], mn * 4, (void **)&c->partial[r]) != TW_SUCCESS ||
         tw_mem_alloc(c->comms[r], mn * 2, &c->out2[r]) != TW_SUCCESS ||
-        (all_reduce && world > 1 &&
+        (c->all_reduce && world > 1 &&
          tw_mem_alloc(c->comms[r], mn * 2, &c->out_sym[r]) != TW_SUCCESS)) {
       fprintf(stderr, "tw_mem_alloc: %s\n", tw_comm_last_error(c->comms[r]));
       return 1;
@@ -315,188 +311,27 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
     BENCH_CUDA(cudaDeviceSynchronize());
   }
   BENCH_CUDA(cudaSetDevice(c->devices[0]));
-  const int ok = o->check ? check_bitwise(c) : 1;
-  /* NCCL rows where the ranks are on distinct GPUs and libnccl loads (ref_nccl.h). */
+  return 0;
+}
+
+/* NCCL rows where the ranks are on distinct GPUs and libnccl loads (ref_nccl.h): c->nccl and
+ * the scratch for its fp32 result; else c->nccl stays NULL and the reason is printed. */
+static void rs_nccl_setup(rs_ctx *c) {
   char why[256] = "";
-  if (tw_ref_nccl_create(&c->nccl, world, c->devices, why, sizeof(why)) == 0) {
-    const size_t rows = (size_t)(all_reduce ? c->m : c->m / world);
-    for (int r = 0; r < world; r++) {
+  if (tw_ref_nccl_create(&c->nccl, c->world, c->devices, why, sizeof(why)) == 0) {
+    const size_t rows = (size_t)(c->all_reduce ? c->m : c->m / c->world);
+    for (int r = 0; r < c->world; r++) {
       BENCH_CUDA(cudaSetDevice(c->devices[r]));
       BENCH_CUDA(cudaMalloc(&c->scratch[r], rows * (size_t)c->n * sizeof(float)));
     }
     BENCH_CUDA(cudaSetDevice(c->devices[0]));
   } else {
-    fprintf(stderr, "gemm_%s: no NCCL rows: %s\n", all_reduce ? "ar" : "rs", why);
+    fprintf(stderr, "gemm_%s: no NCCL rows: %s\n", c->all_reduce ? "ar" : "rs", why);
   }
+}
 
-  struct {
-    const char *name;
-    void (*fn)(void *, int);
-  } variants[] = {{"unfused-cublas", run_unfused_cublas},
-                  {"unfused-tw", run_unfused_tw},
-                  {"gemm-alone", run_gemm_alone},
-                  {"reduce-alone", run_reduce},
-                  {"tilewire", run_fused}};
-  const int nv = (int)(sizeof(variants) / sizeof(variants[0]));
-  double t[24], p10[24], p90[24];
-  /* The main rows and NCCL's four timed together (bench.h): tm[0, nv) are copied into t now,
-   * tm[nv, nv + 4) after the extra rows below. */
-  void (*fns[9])(void *, int);
-  double tm[9], tm10[9], tm90[9];
-  for (int v = 0; v < nv; v++)
-    fns[v] = variants[v].fn;
-  const int nn = c->nccl ? 4 : 0;
-  if (nn)
-    fns[nv] = run_nccl_cublas, fns[nv + 1] = run_nccl_reduce, fns[nv + 2] = run_nccl_bf16_cublas,
-    fns[nv + 3] = run_nccl_bf16;
-  bench_time_multi_rounds(fns, nv + nn, c, c->streams[0], c->streams, world, o->warmup, o->repeats,
-                          tm, tm10, tm90);
-  for (int v = 0; v < nv; v++)
-    t[v] = tm[v], p10[v] = tm10[v], p90[v] = tm90[v];
-  /* TW_BENCH_RS_REDUCE_SMS=2,4,6: extra fused rows with that many reduce CTAs per rank
-   * (TW_BENCH_RS_SWEEP_BF16=1: with bf16 partials, rows tilewire-bf16p-rN). */
-  extra_rows_t x = {t + nv, p10 + nv, p90 + nv, {0}, 0};
-  const char *list = getenv("TW_BENCH_RS_REDUCE_SMS");
-  const char *sweep_bf16 = getenv("TW_BENCH_RS_SWEEP_BF16");
-  const int sweep_partials = sweep_bf16 && *sweep_bf16 == '1' ? TW_PARTIALS_BF16 : TW_PARTIALS_FP32;
-  c->partials = sweep_partials;
-  for (const char *q = list; q && *q && x.n < 8;) {
-    int v = atoi(q);
-    if (v > 0 && v < c->budget) {
-      c->reduce_sms = v;
-      time_extra(c, o, &x, v, run_fused);
-    }
-    q = strchr(q, ',');
-    q = q ? q + 1 : NULL;
-  }
-  c->reduce_sms = 0;
-  c->partials = TW_PARTIALS_FP32;
-  /* tw_gemm_ar's direct scheme (TW_AR_DIRECT=1), checked bitwise like the default. */
-  int ok_direct = 1, ok_direct_bf16 = 1;
-  if (direct_row) {
-    time_direct(c, o, &x, -1, &ok_direct);
-  }
-  /* bf16 partials (extra row code -2), checked bitwise against unfused-tw with bf16 partials. */
-  int ok_bf16p = 1;
-  if (world > 1) {
-    c->partials = TW_PARTIALS_BF16;
-    ok_bf16p = o->check ? check_bitwise(c) : 1;
-    time_extra(c, o, &x, -2, run_fused);
-    /* The unfused pipeline with bf16 partials (tw_gemm bf16 out, then the rank-ordered
-     * reduce): what a fallback inside the library would cost where the fused op loses. */
-    time_extra(c, o, &x, -3, run_unfused_tw);
-    /* The direct scheme with bf16 partials (row tilewire-bf16p-direct): one hop of bf16 tiles,
-     * no gather phase. */
-    if (direct_row) {
-      time_direct(c, o, &x, -4, &ok_direct_bf16);
-    }
-    c->partials = TW_PARTIALS_FP32;
-  }
-  /* gemm_ar into symmetric outputs (rows tilewire-outsym, tilewire-bf16p-outsym), checked
-   * bitwise like the default. */
-  int ok_sym[2] = {1, 1};
-  for (int bf16 = 0; all_reduce && world > 1 && bf16 < 2; bf16++) {
-    c->use_out_sym = 1;
-    c->partials = bf16 ? TW_PARTIALS_BF16 : TW_PARTIALS_FP32;
-    ok_sym[bf16] = o->check ? check_bitwise(c) : 1;
-    time_extra(c, o, &x, bf16 ? -6 : -5, run_fused);
-    c->use_out_sym = 0;
-    c->partials = TW_PARTIALS_FP32;
-  }
-  /* With NCCL: its pipeline is the baseline and its reduction the communication time. */
-  int nnccl = 0;
-  double t_nccl = 0, t_nccl_reduce = 0, t_nccl_bf16 = 0, t_nccl_bf16_reduce = 0;
-  if (nn) { /* timed with the main rows above */
-    for (int i = 0; i < nn; i++)
-      t[nv + x.n + i] = tm[nv + i], p10[nv + x.n + i] = tm10[nv + i],
-                   p90[nv + x.n + i] = tm90[nv + i];
-    t_nccl = tm[nv], t_nccl_reduce = tm[nv + 1], t_nccl_bf16 = tm[nv + 2],
-    t_nccl_bf16_reduce = tm[nv + 3];
-    nnccl = nn;
-  }
-  BENCH_CUDA(cudaDeviceSynchronize());
-  const double flops = 2.0 * (double)c->m * (double)c->n * (double)c->k;
-  const double t_gemm = t[2], t_comm = c->nccl ? t_nccl_reduce : t[3];
-  const double t_base = c->nccl ? t_nccl : t[0];
-  for (int v = 0; v < nv + x.n + nnccl; v++) {
-    bench_row_t row;
-    memset(&row, 0, sizeof(row));
-    snprintf(row.op, sizeof(row.op), "gemm_%s", all_reduce ? "ar" : "rs");
-    if (v < nv)
-      snprintf(row.variant, sizeof(row.variant), "%s", variants[v].name);
-    else if (v < nv + x.n)
-      snprintf(row.variant, sizeof(row.variant),
-               x.code[v - nv] == -6   ? "tilewire-bf16p-outsym"
-               : x.code[v - nv] == -5 ? "tilewire-outsym"
-               : x.code[v - nv] == -4 ? "tilewire-bf16p-direct"
-               : x.code[v - nv] == -3 ? "unfused-tw-bf16p"
-               : x.code[v - nv] == -2 ? "tilewire-bf16p"
-               : x.code[v - nv] == -1 ? "tilewire-direct"
-               : sweep_partials       ? "tilewire-bf16p-r%d"
-                                      : "tilewire-r%d",
-               x.code[v - nv]);
-    else {
-      static const char *nccl_names[] = {"nccl+cublas", "nccl-reduce", "nccl-bf16+cublas",
-                                         "nccl-bf16-reduce"};
-      snprintf(row.variant, sizeof(row.variant), "%s", nccl_names[v - nv - x.n]);
-    }
-    rs_shape(row.shape, sizeof(row.shape), shape, c);
-    row.ms = t[v], row.ms_p10 = p10[v], row.ms_p90 = p90[v];
-    const int is_comm = v == 3 || v == nv + x.n + 1 || v == nv + x.n + 3;
-    const int is_fused = v == nv - 1 || (v >= nv && v < nv + x.n && x.code[v - nv] != -3);
-    row.tflops = is_comm ? 0 : flops / (t[v] * 1e-3) / 1e12;
-    const int code = v >= nv && v < nv + x.n ? x.code[v - nv] : 0;
-    const int is_bf16p = code == -2 || code == -3 || code == -4 || code == -6;
-    row.speedup = (is_bf16p && c->nccl ? t_nccl_bf16 : t_base) / t[v];
-    if (is_fused) {
-      const double t_c = is_bf16p && c->nccl ? t_nccl_bf16_reduce : t_comm;
-      row.overlap = (t_gemm > t_c ? t_gemm : t_c) / t[v];
-    }
-    row.ok = (is_fused || v == 1 ? ok : 1) && (code != -1 || ok_direct) &&
-             (!is_bf16p || ok_bf16p) && (code != -4 || ok_direct_bf16) &&
-             (code != -5 || ok_sym[0]) && (code != -6 || ok_sym[1]) && !c->failed;
-    bench_add_row(res, &row);
-  }
-  /* TW_BENCH_AB: interleaved rows of the fused op (fp32 and bf16 partials) under each value of
-   * one knob (bench.h); with TW_BENCH_AB_OUTSYM=1 also of gemm_ar into symmetric outputs. */
-  const char *ab_sym = getenv("TW_BENCH_AB_OUTSYM");
-  const int ab_rows = !getenv("TW_BENCH_AB")                             ? 0
-                      : world == 1                                       ? 1
-                      : all_reduce && ab_sym && strcmp(ab_sym, "1") == 0 ? 4
-                                                                         : 2;
-  for (int v = 0; v < ab_rows; v++) {
-    const int bf16 = v & 1, sym = v >> 1;
-    static const char *prefixes[] = {"tilewire", "tilewire-bf16p", "tilewire-outsym",
-                                     "tilewire-bf16p-outsym"};
-    bench_row_t tmpl;
-    memset(&tmpl, 0, sizeof(tmpl));
-    snprintf(tmpl.op, sizeof(tmpl.op), "gemm_%s", all_reduce ? "ar" : "rs");
-    rs_shape(tmpl.shape, sizeof(tmpl.shape), shape, c);
-    tmpl.ok = (sym ? ok_sym[bf16] : bf16 ? ok_bf16p : ok) && !c->failed;
-    const double t_c = bf16 && c->nccl ? t_nccl_bf16_reduce : t_comm;
-    c->partials = bf16 ? TW_PARTIALS_BF16 : TW_PARTIALS_FP32;
-    c->use_out_sym = sym;
-    bench_ab_rows(res, &tmpl, prefixes[v], flops, bf16 && c->nccl ? t_nccl_bf16 : t_base,
-                  t_gemm > t_c ? t_gemm : t_c, run_fused, c, c->streams[0], c->streams, world, o);
-    c->partials = TW_PARTIALS_FP32;
-    c->use_out_sym = 0;
-  }
-  /* The overlap bound of issue 7, (t_gemm + t_comm) / max(t_gemm, t_comm): of the fp32 NCCL
-   * pipeline (bound) and of the bf16 one (bound-bf16). */
-  for (int b = 0; c->nccl && b < 2; b++) {
-    bench_row_t bound;
-    memset(&bound, 0, sizeof(bound));
-    snprintf(bound.op, sizeof(bound.op), "gemm_%s", all_reduce ? "ar" : "rs");
-    snprintf(bound.variant, sizeof(bound.variant), b ? "bound-bf16" : "bound");
-    rs_shape(bound.shape, sizeof(bound.shape), shape, c);
-    const double t_c = b ? t_nccl_bf16_reduce : t_comm;
-    const double t_max = t_gemm > t_c ? t_gemm : t_c;
-    bound.ms = bound.ms_p10 = bound.ms_p90 = t_max;
-    bound.speedup = (t_gemm + t_c) / t_max;
-    bound.ok = 1;
-    bench_add_row(res, &bound);
-  }
-  for (int r = 0; r < world; r++) {
+static void rs_teardown(rs_ctx *c) {
+  for (int r = 0; r < c->world; r++) {
     cudaSetDevice(c->devices[r]);
     cudaFree(c->a[r]), cudaFree(c->b[r]), cudaFree(c->out[r]);
     tw_mem_free(c->comms[r], c->ws[r]);
@@ -513,6 +348,257 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
   }
   cudaSetDevice(c->devices[0]);
   tw_ref_nccl_destroy(c->nccl);
+}
+
+/* The main rows, in table order; the fused one last. */
+static const struct {
+  const char *name;
+  void (*fn)(void *, int);
+} main_variants[] = {{"unfused-cublas", run_unfused_cublas},
+                     {"unfused-tw", run_unfused_tw},
+                     {"gemm-alone", run_gemm_alone},
+                     {"reduce-alone", run_reduce},
+                     {"tilewire", run_fused}};
+enum {
+  kMain = (int)(sizeof(main_variants) / sizeof(main_variants[0])),
+  kGemmAlone = 2,
+  kReduceAlone = 3,
+  kNccl = 4, /* nccl+cublas, nccl-reduce, nccl-bf16+cublas, nccl-bf16-reduce */
+};
+static const char *const nccl_names[kNccl] = {"nccl+cublas", "nccl-reduce", "nccl-bf16+cublas",
+                                              "nccl-bf16-reduce"};
+
+/* What one shape measured and checked. The rows' times in table order: t[0, kMain) the main
+ * rows, then x.n extra rows, then nnccl NCCL rows. */
+typedef struct rs_run {
+  double t[24], p10[24], p90[24];
+  extra_rows_t x; /* points into t, p10, p90 after the main rows */
+  double tm[kMain + kNccl], tm10[kMain + kNccl], tm90[kMain + kNccl]; /* main and NCCL */
+  int nnccl;
+  int sweep_partials; /* the TW_BENCH_RS_REDUCE_SMS rows' partials */
+  int ok, ok_direct, ok_direct_bf16, ok_bf16p, ok_sym[2];
+  double t_nccl, t_nccl_reduce, t_nccl_bf16, t_nccl_bf16_reduce;
+  double flops, t_gemm, t_comm, t_base;
+} rs_run_t;
+
+/* The main rows and NCCL's four timed together (bench.h): tm[0, kMain) are copied into t now,
+ * tm[kMain, kMain + 4) after the extra rows (place_nccl). */
+static void time_main(rs_ctx *c, const bench_opts_t *o, rs_run_t *run) {
+  void (*fns[kMain + kNccl])(void *, int);
+  for (int v = 0; v < kMain; v++)
+    fns[v] = main_variants[v].fn;
+  const int nn = c->nccl ? kNccl : 0;
+  if (nn)
+    fns[kMain] = run_nccl_cublas, fns[kMain + 1] = run_nccl_reduce,
+    fns[kMain + 2] = run_nccl_bf16_cublas, fns[kMain + 3] = run_nccl_bf16;
+  bench_time_multi_rounds(fns, kMain + nn, c, c->streams[0], c->streams, c->world, o->warmup,
+                          o->repeats, run->tm, run->tm10, run->tm90);
+  for (int v = 0; v < kMain; v++)
+    run->t[v] = run->tm[v], run->p10[v] = run->tm10[v], run->p90[v] = run->tm90[v];
+}
+
+/* The extra rows, each timed alone after the main ones: TW_BENCH_RS_REDUCE_SMS, the direct
+ * scheme, bf16 partials, symmetric outputs; each fused variant checked bitwise first. */
+static void time_extras(rs_ctx *c, const bench_opts_t *o, rs_run_t *run, int direct_row) {
+  extra_rows_t *x = &run->x;
+  /* TW_BENCH_RS_REDUCE_SMS=2,4,6: extra fused rows with that many reduce CTAs per rank
+   * (TW_BENCH_RS_SWEEP_BF16=1: with bf16 partials, rows tilewire-bf16p-rN). */
+  const char *list = getenv("TW_BENCH_RS_REDUCE_SMS");
+  const char *sweep_bf16 = getenv("TW_BENCH_RS_SWEEP_BF16");
+  run->sweep_partials = sweep_bf16 && *sweep_bf16 == '1' ? TW_PARTIALS_BF16 : TW_PARTIALS_FP32;
+  c->partials = run->sweep_partials;
+  for (const char *q = list; q && *q && x->n < 8;) {
+    int v = atoi(q);
+    if (v > 0 && v < c->budget) {
+      c->reduce_sms = v;
+      time_extra(c, o, x, v, run_fused);
+    }
+    q = strchr(q, ',');
+    q = q ? q + 1 : NULL;
+  }
+  c->reduce_sms = 0;
+  c->partials = TW_PARTIALS_FP32;
+  /* tw_gemm_ar's direct scheme (TW_AR_DIRECT=1), checked bitwise like the default. */
+  run->ok_direct = 1, run->ok_direct_bf16 = 1;
+  if (direct_row) {
+    time_direct(c, o, x, -1, &run->ok_direct);
+  }
+  /* bf16 partials (extra row code -2), checked bitwise against unfused-tw with bf16 partials. */
+  run->ok_bf16p = 1;
+  if (c->world > 1) {
+    c->partials = TW_PARTIALS_BF16;
+    run->ok_bf16p = o->check ? check_bitwise(c) : 1;
+    time_extra(c, o, x, -2, run_fused);
+    /* The unfused pipeline with bf16 partials (tw_gemm bf16 out, then the rank-ordered
+     * reduce): what a fallback inside the library would cost where the fused op loses. */
+    time_extra(c, o, x, -3, run_unfused_tw);
+    /* The direct scheme with bf16 partials (row tilewire-bf16p-direct): one hop of bf16 tiles,
+     * no gather phase. */
+    if (direct_row) {
+      time_direct(c, o, x, -4, &run->ok_direct_bf16);
+    }
+    c->partials = TW_PARTIALS_FP32;
+  }
+  /* gemm_ar into symmetric outputs (rows tilewire-outsym, tilewire-bf16p-outsym), checked
+   * bitwise like the default. */
+  run->ok_sym[0] = run->ok_sym[1] = 1;
+  for (int bf16 = 0; c->all_reduce && c->world > 1 && bf16 < 2; bf16++) {
+    c->use_out_sym = 1;
+    c->partials = bf16 ? TW_PARTIALS_BF16 : TW_PARTIALS_FP32;
+    run->ok_sym[bf16] = o->check ? check_bitwise(c) : 1;
+    time_extra(c, o, x, bf16 ? -6 : -5, run_fused);
+    c->use_out_sym = 0;
+    c->partials = TW_PARTIALS_FP32;
+  }
+}
+
+/* With NCCL: its rows go after the extra ones, its pipeline is the baseline and its reduction
+ * the communication time. Then the figures every row is measured against. */
+static void place_nccl(const rs_ctx *c, rs_run_t *run) {
+  const int nn = c->nccl ? kNccl : 0;
+  run->nnccl = 0;
+  run->t_nccl = run->t_nccl_reduce = run->t_nccl_bf16 = run->t_nccl_bf16_reduce = 0;
+  if (nn) { /* timed with the main rows */
+    const int at = kMain + run->x.n;
+    for (int i = 0; i < nn; i++)
+      run->t[at + i] = run->tm[kMain + i], run->p10[at + i] = run->tm10[kMain + i],
+                  run->p90[at + i] = run->tm90[kMain + i];
+    run->t_nccl = run->tm[kMain], run->t_nccl_reduce = run->tm[kMain + 1],
+    run->t_nccl_bf16 = run->tm[kMain + 2], run->t_nccl_bf16_reduce = run->tm[kMain + 3];
+    run->nnccl = nn;
+  }
+  run->flops = 2.0 * (double)c->m * (double)c->n * (double)c->k;
+  run->t_gemm = run->t[kGemmAlone];
+  run->t_comm = c->nccl ? run->t_nccl_reduce : run->t[kReduceAlone];
+  run->t_base = c->nccl ? run->t_nccl : run->t[0];
+}
+
+/* A row of this op and shape, all figures zero. */
+static void rs_row_init(bench_row_t *row, const rs_ctx *c, const bench_shape_t *shape) {
+  memset(row, 0, sizeof(*row));
+  snprintf(row->op, sizeof(row->op), "gemm_%s", c->all_reduce ? "ar" : "rs");
+  rs_shape(row->shape, sizeof(row->shape), shape, c);
+}
+
+/* Row v's variant name: a main row, an extra row (by its code), or an NCCL row. */
+static void rs_variant_name(char *dst, size_t len, const rs_run_t *run, int v) {
+  const extra_rows_t *x = &run->x;
+  if (v < kMain)
+    snprintf(dst, len, "%s", main_variants[v].name);
+  else if (v < kMain + x->n)
+    snprintf(dst, len,
+             x->code[v - kMain] == -6   ? "tilewire-bf16p-outsym"
+             : x->code[v - kMain] == -5 ? "tilewire-outsym"
+             : x->code[v - kMain] == -4 ? "tilewire-bf16p-direct"
+             : x->code[v - kMain] == -3 ? "unfused-tw-bf16p"
+             : x->code[v - kMain] == -2 ? "tilewire-bf16p"
+             : x->code[v - kMain] == -1 ? "tilewire-direct"
+             : run->sweep_partials      ? "tilewire-bf16p-r%d"
+                                        : "tilewire-r%d",
+             x->code[v - kMain]);
+  else
+    snprintf(dst, len, "%s", nccl_names[v - kMain - x->n]);
+}
+
+/* The timed rows: main, extra, NCCL. bf16-partial rows are against the bf16 NCCL pipeline. */
+static void rs_rows(const rs_ctx *c, const bench_shape_t *shape, const rs_run_t *run,
+                    bench_results_t *res) {
+  const extra_rows_t *x = &run->x;
+  const double *t = run->t;
+  for (int v = 0; v < kMain + x->n + run->nnccl; v++) {
+    bench_row_t row;
+    rs_row_init(&row, c, shape);
+    rs_variant_name(row.variant, sizeof(row.variant), run, v);
+    row.ms = t[v], row.ms_p10 = run->p10[v], row.ms_p90 = run->p90[v];
+    const int is_comm = v == kReduceAlone || v == kMain + x->n + 1 || v == kMain + x->n + 3;
+    const int is_fused =
+        v == kMain - 1 || (v >= kMain && v < kMain + x->n && x->code[v - kMain] != -3);
+    row.tflops = is_comm ? 0 : run->flops / (t[v] * 1e-3) / 1e12;
+    const int code = v >= kMain && v < kMain + x->n ? x->code[v - kMain] : 0;
+    const int is_bf16p = code == -2 || code == -3 || code == -4 || code == -6;
+    row.speedup = (is_bf16p && c->nccl ? run->t_nccl_bf16 : run->t_base) / t[v];
+    if (is_fused) {
+      const double t_c = is_bf16p && c->nccl ? run->t_nccl_bf16_reduce : run->t_comm;
+      row.overlap = (run->t_gemm > t_c ? run->t_gemm : t_c) / t[v];
+    }
+    row.ok = (is_fused || v == 1 ? run->ok : 1) && (code != -1 || run->ok_direct) &&
+             (!is_bf16p || run->ok_bf16p) && (code != -4 || run->ok_direct_bf16) &&
+             (code != -5 || run->ok_sym[0]) && (code != -6 || run->ok_sym[1]) && !c->failed;
+    bench_add_row(res, &row);
+  }
+}
+
+/* TW_BENCH_AB: interleaved rows of the fused op (fp32 and bf16 partials) under each value of
+ * one knob (bench.h); with TW_BENCH_AB_OUTSYM=1 also of gemm_ar into symmetric outputs. */
+static void rs_ab_rows(rs_ctx *c, const bench_opts_t *o, const bench_shape_t *shape,
+                       const rs_run_t *run, bench_results_t *res) {
+  const char *ab_sym = getenv("TW_BENCH_AB_OUTSYM");
+  const int ab_rows = !getenv("TW_BENCH_AB")                                ? 0
+                      : c->world == 1                                       ? 1
+                      : c->all_reduce && ab_sym && strcmp(ab_sym, "1") == 0 ? 4
+                                                                            : 2;
+  for (int v = 0; v < ab_rows; v++) {
+    const int bf16 = v & 1, sym = v >> 1;
+    static const char *prefixes[] = {"tilewire", "tilewire-bf16p", "tilewire-outsym",
+                                     "tilewire-bf16p-outsym"};
+    bench_row_t tmpl;
+    rs_row_init(&tmpl, c, shape);
+    tmpl.ok = (sym ? run->ok_sym[bf16] : bf16 ? run->ok_bf16p : run->ok) && !c->failed;
+    const double t_c = bf16 && c->nccl ? run->t_nccl_bf16_reduce : run->t_comm;
+    c->partials = bf16 ? TW_PARTIALS_BF16 : TW_PARTIALS_FP32;
+    c->use_out_sym = sym;
+    bench_ab_rows(res, &tmpl, prefixes[v], run->flops,
+                  bf16 && c->nccl ? run->t_nccl_bf16 : run->t_base,
+                  run->t_gemm > t_c ? run->t_gemm : t_c, run_fused, c, c->streams[0], c->streams,
+                  c->world, o);
+    c->partials = TW_PARTIALS_FP32;
+    c->use_out_sym = 0;
+  }
+}
+
+/* The overlap bound, (t_gemm + t_comm) / max(t_gemm, t_comm): the best a perfect overlap could
+ * give over the unfused pipeline, of the fp32 NCCL pipeline (bound) and of the bf16 one
+ * (bound-bf16). */
+static void rs_bound_rows(const rs_ctx *c, const bench_shape_t *shape, const rs_run_t *run,
+                          bench_results_t *res) {
+  for (int b = 0; c->nccl && b < 2; b++) {
+    bench_row_t bound;
+    rs_row_init(&bound, c, shape);
+    snprintf(bound.variant, sizeof(bound.variant), b ? "bound-bf16" : "bound");
+    const double t_c = b ? run->t_nccl_bf16_reduce : run->t_comm;
+    const double t_max = run->t_gemm > t_c ? run->t_gemm : t_c;
+    bound.ms = bound.ms_p10 = bound.ms_p90 = t_max;
+    bound.speedup = (run->t_gemm + t_c) / t_max;
+    bound.ok = 1;
+    bench_add_row(res, &bound);
+  }
+}
+
+static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res,
+                  int all_reduce) {
+  rs_ctx *c = (rs_ctx *)calloc(1, sizeof(rs_ctx));
+  const int world = o->world ? o->world : 8;
+  c->world = world, c->all_reduce = all_reduce;
+  c->m = shape->m, c->n = shape->n, c->k = shape->k;
+  /* gemm_ar with m <= 4096: room for the direct scheme too (row tilewire-direct). */
+  const int direct_row = all_reduce && c->m <= 4096 && world > 1;
+  if (rs_setup(c, o, direct_row)) {
+    free(c);
+    return 1;
+  }
+  rs_run_t run;
+  memset(&run, 0, sizeof(run));
+  run.ok = o->check ? check_bitwise(c) : 1;
+  rs_nccl_setup(c);
+  run.x = {run.t + kMain, run.p10 + kMain, run.p90 + kMain, {0}, 0};
+  time_main(c, o, &run);
+  time_extras(c, o, &run, direct_row);
+  place_nccl(c, &run);
+  BENCH_CUDA(cudaDeviceSynchronize());
+  rs_rows(c, shape, &run, res);
+  rs_ab_rows(c, o, shape, &run, res);
+  rs_bound_rows(c, shape, &run, res);
+  rs_teardown(c);
   free(c);
   return 0;
 }
@@ -538,7 +624,7 @@ static const bench_shape_t ar_sweep[] = {
     {4096, 12288, 6144, "flux-tp8"}, {4096, 4096, 512, NULL},    {8192, 8192, 1024, NULL},
     {16384, 16384, 2048, NULL},      {64, 8192, 1024, "decode"}, {1024, 8192, 2048, "small-m"}};
 
-extern "C" const bench_op_t bench_op_gemm_rs = {
+static const bench_op_t gemm_rs_op = {
     "gemm_rs",
     "fused GEMM+ReduceScatter vs unfused (cuBLAS/tw_gemm + reduce) and the pieces; m = total "
     "rows, k = K per rank, --world ranks (8)",
@@ -547,8 +633,9 @@ extern "C" const bench_op_t bench_op_gemm_rs = {
     rs_quick,
     2,
     run_rs};
+BENCH_OP_REGISTER(gemm_rs, gemm_rs_op, 50);
 
-extern "C" const bench_op_t bench_op_gemm_ar = {
+static const bench_op_t gemm_ar_op = {
     "gemm_ar",
     "fused GEMM+AllReduce vs unfused (cuBLAS/tw_gemm + reduce) and the pieces; m = total rows, "
     "k = K per rank, --world ranks (8)",
@@ -557,3 +644,4 @@ extern "C" const bench_op_t bench_op_gemm_ar = {
     rs_quick,
     2,
     run_ar};
+BENCH_OP_REGISTER(gemm_ar, gemm_ar_op, 60);

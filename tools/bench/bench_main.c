@@ -22,33 +22,6 @@
 
 enum { EXIT_CHECK_FAILED = 1, EXIT_NO_HOPPER = 2, EXIT_USAGE = 64 };
 
-/* ---- results ------------------------------------------------------------------------------ */
-
-struct bench_results {
-  bench_row_t *rows;
-  int count;
-  int capacity;
-};
-
-void bench_add_row(bench_results_t *res, const bench_row_t *row) {
-  if (res->count == res->capacity) {
-    int capacity = res->capacity ? 2 * res->capacity : 64;
-    bench_row_t *rows = realloc(res->rows, (size_t)capacity * sizeof(*rows));
-    if (!rows) {
-      fprintf(stderr, "tw-bench: out of host memory for %d result rows\n", capacity);
-      exit(3);
-    }
-    res->rows = rows;
-    res->capacity = capacity;
-  }
-  bench_row_t *dst = &res->rows[res->count++];
-  *dst = *row;
-  /* An op may have filled a field to the brim: the table and JSON rely on termination. */
-  dst->op[sizeof(dst->op) - 1] = '\0';
-  dst->variant[sizeof(dst->variant) - 1] = '\0';
-  dst->shape[sizeof(dst->shape) - 1] = '\0';
-}
-
 /* ---- command line ------------------------------------------------------------------------- */
 
 typedef struct cli {
@@ -454,8 +427,9 @@ static void print_table(FILE *out, const bench_results_t *res, const machine_t *
   int width[NUM_COLS];
   for (int c = 0; c < NUM_COLS; c++)
     width[c] = (int)strlen(col_title[c]);
-  for (int i = 0; i < res->count; i++) {
-    format_cells(&res->rows[i], cells);
+  const int nrows = bench_results_count(res);
+  for (int i = 0; i < nrows; i++) {
+    format_cells(bench_results_row(res, i), cells);
     for (int c = 0; c < NUM_COLS; c++) {
       int len = (int)strlen(cells[c]);
       if (len > width[c])
@@ -476,15 +450,15 @@ static void print_table(FILE *out, const bench_results_t *res, const machine_t *
   for (int i = 0; i < total; i++)
     fputc('-', out);
   fputc('\n', out);
-  for (int i = 0; i < res->count; i++) {
-    const bench_row_t *r = &res->rows[i];
+  for (int i = 0; i < nrows; i++) {
+    const bench_row_t *r = bench_results_row(res, i), *prev = bench_results_row(res, i - 1);
     /* A blank line between shapes keeps each side-by-side group together. */
-    if (i > 0 && (strcmp(r->op, res->rows[i - 1].op) || strcmp(r->shape, res->rows[i - 1].shape)))
+    if (prev && (strcmp(r->op, prev->op) || strcmp(r->shape, prev->shape)))
       fputc('\n', out);
     format_cells(r, cells);
     print_cells(out, cells, width);
   }
-  if (res->count == 0)
+  if (nrows == 0)
     fprintf(out, "(no rows)\n");
   fprintf(out, "\nms: median; p10-p90: (p90 - p10) / median; TFLOP/s: per GPU; speedup: the op's "
                "baseline time / this time;\noverlap: max(t_compute, t_comm) / t_fused.\n");
@@ -550,8 +524,9 @@ static int write_json(const char *path, const bench_results_t *res, const machin
           "    \"world\": %d,\n    \"sm_budget\": %d\n  },\n  \"rows\": [",
           driver, runtime, tilewire, o->repeats, o->warmup, bench_warm_ms(),
           o->check ? "true" : "false", o->quick ? "true" : "false", o->world, o->sm_budget);
-  for (int i = 0; i < res->count; i++) {
-    const bench_row_t *r = &res->rows[i];
+  const int nrows = bench_results_count(res);
+  for (int i = 0; i < nrows; i++) {
+    const bench_row_t *r = bench_results_row(res, i);
     fputs(i ? ",\n    {\"op\": " : "\n    {\"op\": ", out);
     json_string(out, r->op);
     fputs(", \"shape\": ", out);
@@ -567,7 +542,7 @@ static int write_json(const char *path, const bench_results_t *res, const machin
     }
     fprintf(out, ", \"ok\": %s}", r->ok ? "true" : "false");
   }
-  fputs(res->count ? "\n  ]\n}\n" : "]\n}\n", out);
+  fputs(nrows ? "\n  ]\n}\n" : "]\n}\n", out);
   int failed = ferror(out);
   if (fclose(out) != 0)
     failed = 1;
@@ -598,8 +573,8 @@ static int write_csv(const char *path, const bench_results_t *res) {
   if (!out)
     return -1;
   fputs("op,shape,variant,ms,ms_p10,ms_p90,tflops,gbps,speedup,overlap,ok\n", out);
-  for (int i = 0; i < res->count; i++) {
-    const bench_row_t *r = &res->rows[i];
+  for (int i = 0; i < bench_results_count(res); i++) {
+    const bench_row_t *r = bench_results_row(res, i);
     csv_field(out, r->op);
     fputc(',', out);
     csv_field(out, r->shape);
@@ -632,19 +607,6 @@ static void describe_shape(const bench_shape_t *s, char *out, size_t size) {
            s->label ? " " : "", s->label ? s->label : "");
 }
 
-/* A row that stands for a shape that produced no timing, so the table shows the failure. */
-static void add_error_row(bench_results_t *res, const char *op, const char *shape,
-                          const char *variant) {
-  bench_row_t row;
-  memset(&row, 0, sizeof(row));
-  snprintf(row.op, sizeof(row.op), "%s", op);
-  snprintf(row.shape, sizeof(row.shape), "%.*s", (int)sizeof(row.shape) - 1, shape);
-  snprintf(row.variant, sizeof(row.variant), "%s", variant);
-  row.ms = row.ms_p10 = row.ms_p90 = NAN;
-  row.ok = 0;
-  bench_add_row(res, &row);
-}
-
 /* Runs every shape of one op; returns the number of shapes that failed to run. */
 static int run_op(const bench_op_t *op, const cli_t *cli, bench_results_t *res, int device) {
   bench_opts_t opts = cli->opts;
@@ -660,7 +622,7 @@ static int run_op(const bench_op_t *op, const cli_t *cli, bench_results_t *res, 
   }
   if (count <= 0 || !shapes) {
     fprintf(stderr, "tw-bench: %s: the op defines no shapes; give --m/--n/--k\n", op->name);
-    add_error_row(res, op->name, "-", "no-shapes");
+    bench_add_error_row(res, op->name, "-", "no-shapes");
     return 1;
   }
 
@@ -670,7 +632,7 @@ static int run_op(const bench_op_t *op, const cli_t *cli, bench_results_t *res, 
     describe_shape(&shapes[i], shape, sizeof(shape));
     fprintf(stderr, "[%s %d/%d] %s ...\n", op->name, i + 1, count, shape);
     double t0 = now_s();
-    int rows_before = res->count;
+    int rows_before = bench_results_count(res);
     BENCH_CUDA(cudaSetDevice(device));
     int rc = op->run(&opts, &shapes[i], res);
     cudaError_t err = cudaGetLastError();
@@ -678,20 +640,18 @@ static int run_op(const bench_op_t *op, const cli_t *cli, bench_results_t *res, 
       const char *msg = tw_last_error();
       fprintf(stderr, "tw-bench: %s %s: setup failed (%d)%s%s\n", op->name, shape, rc,
               msg && *msg ? ": " : "", msg && *msg ? msg : "");
-      add_error_row(res, op->name, shape, "setup-error");
+      bench_add_error_row(res, op->name, shape, "setup-error");
       failures++;
     }
     if (err != cudaSuccess) {
       fprintf(stderr, "tw-bench: %s %s: left a CUDA error behind: %s (%s)\n", op->name, shape,
               cudaGetErrorName(err), cudaGetErrorString(err));
-      add_error_row(res, op->name, shape, "cuda-error");
+      bench_add_error_row(res, op->name, shape, "cuda-error");
       failures++;
     }
-    int failed_rows = 0;
-    for (int r = rows_before; r < res->count; r++)
-      failed_rows += !res->rows[r].ok;
     fprintf(stderr, "[%s %d/%d] %d rows, %d failed, %.1f s\n", op->name, i + 1, count,
-            res->count - rows_before, failed_rows, now_s() - t0);
+            bench_results_count(res) - rows_before, bench_results_failed(res, rows_before),
+            now_s() - t0);
   }
   return failures;
 }
@@ -730,32 +690,30 @@ int main(int argc, char **argv) {
   find_hopper(&machine);
   header_line(&machine, stderr);
 
-  bench_results_t res = {NULL, 0, 0};
+  bench_results_t *res = bench_results_create();
   int failures = 0;
   if (only) {
-    failures += run_op(only, &cli, &res, machine.device);
+    failures += run_op(only, &cli, res, machine.device);
   } else {
     for (int i = 0; i < bench_op_count(); i++)
-      failures += run_op(bench_op_at(i), &cli, &res, machine.device);
+      failures += run_op(bench_op_at(i), &cli, res, machine.device);
   }
 
   fflush(stderr);
-  print_table(stdout, &res, &machine, &cli);
-  int failed_rows = 0;
-  for (int i = 0; i < res.count; i++)
-    failed_rows += !res.rows[i].ok;
-  printf("%d rows, %d failed\n", res.count, failed_rows);
+  print_table(stdout, res, &machine, &cli);
+  const int failed_rows = bench_results_failed(res, 0);
+  printf("%d rows, %d failed\n", bench_results_count(res), failed_rows);
   fflush(stdout);
 
   int status = (failed_rows || failures) ? EXIT_CHECK_FAILED : 0;
-  if (cli.opts.json_path && write_json(cli.opts.json_path, &res, &machine, &cli) != 0) {
+  if (cli.opts.json_path && write_json(cli.opts.json_path, res, &machine, &cli) != 0) {
     fprintf(stderr, "tw-bench: cannot write %s: %s\n", cli.opts.json_path, strerror(errno));
     status = EXIT_CHECK_FAILED;
   }
-  if (cli.opts.csv_path && write_csv(cli.opts.csv_path, &res) != 0) {
+  if (cli.opts.csv_path && write_csv(cli.opts.csv_path, res) != 0) {
     fprintf(stderr, "tw-bench: cannot write %s: %s\n", cli.opts.csv_path, strerror(errno));
     status = EXIT_CHECK_FAILED;
   }
-  free(res.rows);
+  bench_results_destroy(res);
   return status;
 }

@@ -10,9 +10,9 @@
  *
  * TW_BENCH_STAMPS=1: each timing prints "tw-bench stamp N start|end <unix seconds>" to stderr
  * (after the warm-up has drained, and once the repeats have), N counting timings from 0 in
- * row order, so samples of clocks and power taken meanwhile (scripts/gpu-experiments.sh) can be
- * told apart per variant, and "tw-bench host enqueue X ms per repeat" (the host's time to
- * enqueue one repeat: where it reaches the median, the figure is launch-bound).
+ * row order, so samples of clocks and power taken meanwhile (nvidia-smi) can be
+ * told apart per variant, and "tw-bench host enqueue X ms per call" (the host's time to
+ * enqueue one call: where it reaches the median, the figure is launch-bound).
  *
  * TW_BENCH_GRAPH=1 (multi-stream timings): the repeat is captured once into a CUDA graph
  * (after the warm-up) and the timed repeats replay it, so the host's enqueue cost (tensor
@@ -22,12 +22,11 @@
  *
  * TW_BENCH_WARM_MS (default 100; 0: the warm-up calls alone): after its warm-up calls a timing
  * keeps calling, in batches with the stream drained between them, until that much time has
- * passed since its first call. A power-capped card's clock follows the load with a lag of
- * tens of ms, so a block of a few ms per variant was timed in whatever clock state the
- * previous variant left: on 2 H200s (ninth session) the default-mode row of ag_gemm at
- * M=16384, run right after the light allgather row, took 1.42-1.48 ms and the same mode again
- * two rows later 1.55-1.63. Warming each timing for 100 ms times every variant in the state
- * its own load settles in.
+ * passed since its first call. A power-capped card's clock follows the load with a lag, so a
+ * short block per variant would be timed in whatever clock state the previous variant left
+ * (a heavy row timed right after a light one reads faster than the same row after a heavy
+ * one). Warming each timing for longer than that lag times every variant in the state its
+ * own load settles in.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,8 +51,7 @@ static int graph_on(void) {
 /* TW_BENCH_BLOCK=B (multi-rank timings, default 1): each timed sample is B calls between one
  * fork and one join of the ranks' streams, its time divided by B. The ranks' streams then run
  * the calls back to back, as in a training step, and the cross-GPU fork/join around each
- * sample (which starts rank 1 about 70 us after rank 0 on 2 H200s, eleventh session) is paid
- * once per B calls. */
+ * sample (which starts the ranks apart) is paid once per B calls. */
 static int block_calls(void) {
   const char *e = getenv("TW_BENCH_BLOCK");
   const int b = e && *e ? atoi(e) : 1;
@@ -100,9 +98,8 @@ static int warm_up(void (*call)(void *arg, int iter), void *arg, cudaStream_t st
 /* Untimed calls enqueued right before the timed repeats, with no drain after them: the warm-up
  * ends with the stream drained, so without these the first timed repeat starts on an idle GPU
  * and takes in the host's time to enqueue it (every rank's call, the fork and the join). One
- * such sample in a block of 24 leaves the median alone; TW_BENCH_AB's rounds time blocks of 4,
- * where it was one sample in four (eleventh session: A/B rows 2-5% above the same code's main
- * row on 2 GPUs). */
+ * such sample in a long block leaves the median alone; in TW_BENCH_AB's short blocks it is a
+ * large share of the samples and would lift the A/B rows above the same code's main row. */
 enum { kPrimeCalls = 2 };
 
 static int prime(void (*call)(void *arg, int iter), void *arg, int iter) {
