@@ -3,6 +3,9 @@
  * accumulate, the same hooks' contract as gemm_sm90.cuh's cooperative loop for the subset it
  * serves (a plain or queued schedule, Wait::before_tile / a_source, Epi::issue_box, kSignal).
  *
+ * Size: gemm_cta_loop_pp is one function for the reason gemm_sm90.cuh gives for its loop: the
+ * roles share one barrier protocol, kept readable in one body.
+ *
  * Layout: one CTA = 384 threads. WG0 is the producer, as in gemm_cta_loop: one thread claims
  * tiles (static stride or the tile queue), posts each tile's index into a ring of kPpTileRing
  * entries (full / empty mbarriers), then streams its 128x64 A and BNx64 B boxes through the

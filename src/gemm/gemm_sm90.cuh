@@ -1,6 +1,12 @@
 /*
  * Hopper (sm_90a) bf16 GEMM mainloop: C[M,N] = A[M,K] * B[N,K]^T, fp32 accumulate.
  *
+ * Size: gemm_cta_loop is one function of about 380 lines on purpose. Its roles (the producer,
+ * the signal and write-through warps, the consumers) share one set of mbarriers, one stage ring
+ * and one register budget split by setmaxnreg; keeping them in one body keeps the pipeline's
+ * protocol (who waits and arrives on which barrier, in which phase) readable in one place, and
+ * the pieces that do not touch that protocol are already functions of their own (detail::).
+ *
  * Contract
  * --------
  * One CTA = 384 threads = 3 warpgroups, one CTA per SM, persistent:
