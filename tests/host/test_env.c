@@ -1,7 +1,8 @@
 /*
  * The env knob table (src/core/env_defs.h) and what reads it: every knob is well
  * formed, the environment changes what the library reads, sizes parse, bad values
- * fall back to the default, and docs/ENV.md is what the generator writes today.
+ * fall back to the default, the log level reads as its knob does, and docs/ENV.md is what the
+ * generator writes today.
  * Runs with the repository root as working directory (for docs/ENV.md).
  */
 #include <stdio.h>
@@ -10,6 +11,7 @@
 
 #include "core/env.h"
 #include "core/env_doc.h"
+#include "core/log.h"
 #include "tw_test.h"
 
 static const char *const env_doc_path = "docs/ENV.md";
@@ -204,6 +206,27 @@ static char *read_file(const char *path, size_t *size) {
   return data;
 }
 
+/* log.c reads TW_LOG_LEVEL itself (it sits below env.c, which warns through it): the level
+ * it uses is the value tw_env_int gives the knob, valid or not. */
+static void test_log_level(void) {
+  char *saved = getenv("TW_LOG_LEVEL") ? strdup(getenv("TW_LOG_LEVEL")) : NULL;
+  static const char *const values[] = {NULL, "0", "1", "2", "3", "7", "-1", "abc", "2x", ""};
+  for (size_t v = 0; v < sizeof(values) / sizeof(values[0]); v++) {
+    if (values[v])
+      setenv("TW_LOG_LEVEL", values[v], 1);
+    else
+      unsetenv("TW_LOG_LEVEL");
+    const int64_t want = tw_env_int(TW_LOG_LEVEL_ID);
+    TEST_ASSERT(tw_log_level() == want, "TW_LOG_LEVEL=%s: log.c %d, the knob %lld",
+                values[v] ? values[v] : "(unset)", tw_log_level(), (long long)want);
+  }
+  if (saved)
+    setenv("TW_LOG_LEVEL", saved, 1);
+  else
+    unsetenv("TW_LOG_LEVEL");
+  free(saved);
+}
+
 static void test_env_doc_is_current(void) {
   char *generated = NULL;
   size_t generated_size = 0;
@@ -268,6 +291,7 @@ int main(void) {
   test_setenv_changes_current();
   test_parse_size();
   test_invalid_falls_back();
+  test_log_level();
   test_env_doc_is_current();
   return tw_test_finish();
 }
