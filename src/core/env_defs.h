@@ -43,14 +43,10 @@ TW_ENV(TW_AG_CHUNK_BYTES, size, "0", DEV, 1,
 TW_ENV(
     TW_AG_GROUP_M, int, "0", DEV, 0,
     "Row blocks per L2 group in tw_ag_gemm's rank-rotated tile order; 0 lets the heuristic choose.")
-TW_ENV(TW_RS_STEAL, bool, "1", DEV, 1,
-       "1: the GEMM CTAs of tw_gemm_rs / tw_gemm_ar take reduction work after their tiles "
-       "(measured 1.2-2.0x faster on 2 H200s, docs/PERF.md); 0: only the reduce CTAs reduce "
-       "(and tw_gemm_ar takes no owner epilogue). Every rank must set it alike.")
 TW_ENV(TW_RS_REDUCE_CTAS, int, "-1", DEV, 0,
        "For measurement: CTAs of tw_gemm_rs / tw_gemm_ar that start on the reduction (the args' "
-       "reduce_sms wins); 0 lets every CTA run the GEMM first and reduce after its tiles (only "
-       "with TW_RS_STEAL=1, else 1); -1 lets the plan choose.")
+       "reduce_sms wins); 0 lets every CTA run the GEMM first and reduce after its tiles; -1 "
+       "lets the plan choose.")
 TW_ENV(TW_RS_REDUCE_WALK, bool, "1", DEV, 0,
        "For measurement: 1 (the default) lets tw_gemm_rs / tw_gemm_ar's reduction and gather "
        "step their 16-byte items by additions; 0 computes each item's row and column by a "

@@ -560,15 +560,6 @@ int main(int argc, char **argv) {
     test_shape_changes(worlds[wi], seed + 5500 + wi);
   test_graph(small ? 2 : 4, 10, seed + 6000);
   static const env_cases_t cases[] = {
-      /* TW_RS_STEAL=0 (the default is 1): only the reduce CTAs reduce; not a bit changes. */
-      {"TW_RS_STEAL",
-       "0",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{100, 264, 200, 0}, {1024, 1024, 512, 1}, {300, 520, 1032, 0}},
-       60,
-       4,
-       0},
       /* TW_RS_REDUCE_WALK=0: the reduction and gather find each item by a division (the
        * earlier code) instead of ItemWalk; same bits. */
       {"TW_RS_REDUCE_WALK",

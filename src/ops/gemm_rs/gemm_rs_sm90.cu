@@ -23,11 +23,10 @@
  * arrival order) and write bf16. tw_gemm_ar then also copies each reduced group
  * to a bf16 area of the workspace and sets a ready flag on every rank, whose
  * reduce CTAs pull it into their own `out`; then they join the GEMM loop (the
- * tile queue lets CTAs join late). With work stealing (TW_RS_STEAL=1, the
- * default) the GEMM CTAs then take the reduce and gather work that is left: the
- * mainloop hands every warp back the entry register split (setmaxnreg) when it
- * ends, so that code is not compiled under the producer's 40 registers (see
- * gemm_rs_kernel).
+ * tile queue lets CTAs join late). The GEMM CTAs then take the reduce and
+ * gather work that is left (work stealing): the mainloop hands every warp back
+ * the entry register split (setmaxnreg) when it ends, so that code is not
+ * compiled under the producer's 40 registers (see gemm_rs_kernel).
  *
  * Ordering: a rank stores into owner o's staging only after o entered this call
  * (so o's previous call no longer reads it); an owner writes its bf16 area only
@@ -389,8 +388,7 @@ template <class P> struct RsParams {
   int32_t block_n; /* the tile's (and a unit's) columns: 256, 192 or 128 (plan.block_n) */
   int32_t group_units, groups_max, flag_stride;
   int32_t reduce_ctas, all_reduce;
-  int32_t steal; /* TW_RS_STEAL: GEMM CTAs take reduction work after the mainloop */
-  int32_t walk;  /* TW_RS_REDUCE_WALK: the reduction and gather step their items (ItemWalk) */
+  int32_t walk; /* TW_RS_REDUCE_WALK: the reduction and gather step their items (ItemWalk) */
   /* tw_gemm_ar's direct scheme (TW_AR_DIRECT): every rank stores each fp32 tile into every
    * rank's staging and every rank reduces all m rows itself; the kernel then runs as a
    * reduce-scatter with one owner of m_local = m rows (all_reduce 0, no gather phase). */
@@ -655,7 +653,7 @@ __device__ __forceinline__ void reduce_work(const RsParams<P> &p, uint64_t epoch
     }
   }
   if (threadIdx.x == 0) {
-    queue_leave(queue, p.steal ? (int32_t)gridDim.x : p.reduce_ctas);
+    queue_leave(queue, (int32_t)gridDim.x);
     tw_trace_count(dc, trace_field, reduced);
   }
 }
@@ -698,14 +696,14 @@ __device__ __forceinline__ void gather_work(const RsParams<P> &p, uint64_t epoch
         gather_unit<8, false>(p, o, u);
   }
   if (threadIdx.x == 0)
-    queue_leave(queue, p.steal ? (int32_t)gridDim.x : p.reduce_ctas);
+    queue_leave(queue, (int32_t)gridDim.x);
 }
 
-/* kSteal (TW_RS_STEAL=1, experimental): the mainloop hands every warp back the entry register
- * split when it ends (setmaxnreg), so code after it is no longer compiled under the producer's
- * 40 registers, and the GEMM CTAs then take reduction (and gather) work too, 4 partial loads
- * in flight (7 spilled). Every CTA then takes part in the reduce/gather queues. */
-template <bool kSteal, class P, int BN>
+/* Work stealing: the mainloop hands every warp back the entry register split when it ends
+ * (setmaxnreg), so code after it is not compiled under the producer's 40 registers, and the
+ * GEMM CTAs then take reduction (and gather) work too. Every CTA takes part in the
+ * reduce/gather queues. */
+template <class P, int BN>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_rs_kernel(const __grid_constant__ RsParams<P> p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -722,11 +720,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if ((int)blockIdx.x < p.reduce_ctas && !p.gemm.epi.owner_epi) {
     reduce_work<8>(p, epoch, &s_item, &s_ok, TW_TR_REDUCED);
     if (p.all_reduce) {
-      /* TW_TRACE's gather stamp: not in the kernel without stealing, whose consumers then
-       * spilled (8 bytes) */
-      if constexpr (kSteal)
-        if (threadIdx.x == 0)
-          tw_trace_gather_start(dc);
+      if (threadIdx.x == 0) /* TW_TRACE's gather stamp */
+        tw_trace_gather_start(dc);
       gather_work(p, epoch, &s_item, &s_ok);
     }
     if (threadIdx.x == 0)
@@ -734,24 +729,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if constexpr (BN == 192)
     gemm_cta_loop_pp<RsConfig<BN>::kStages, RsConfig<BN>::kEpiBytes, BN, RsEpi<P>, RsWait, true,
-                     kSteal, RsEpi<P, true>>(p.gemm, smem_raw, 0, 0);
+                     true, RsEpi<P, true>>(p.gemm, smem_raw, 0, 0);
   else
     gemm_cta_loop<RsConfig<BN>::kStages, RsConfig<BN>::kEpiBytes, RsEpi<P>, RsWait, true, 1, BN,
-                  kSteal>(p.gemm, smem_raw, 0, 0);
+                  true>(p.gemm, smem_raw, 0, 0);
   if (dc.trace) { /* the consumers' last tile, not the producer's last load */
     __syncthreads();
     if (threadIdx.x == 0)
       tw_trace_stamp(dc, TW_TR_GEMM_END);
   }
-  if constexpr (kSteal) {
-    if ((int)blockIdx.x >= p.reduce_ctas) {
-      if (!p.gemm.epi.owner_epi) /* the owner epilogue reduced every own unit */
-        reduce_work<8>(p, epoch, &s_item, &s_ok, TW_TR_REDUCED_AFTER);
-      if (p.all_reduce) {
-        if (threadIdx.x == 0)
-          tw_trace_gather_start(dc);
-        gather_work(p, epoch, &s_item, &s_ok);
-      }
+  if ((int)blockIdx.x >= p.reduce_ctas) {
+    if (!p.gemm.epi.owner_epi) /* the owner epilogue reduced every own unit */
+      reduce_work<8>(p, epoch, &s_item, &s_ok, TW_TR_REDUCED_AFTER);
+    if (p.all_reduce) {
+      if (threadIdx.x == 0)
+        tw_trace_gather_start(dc);
+      gather_work(p, epoch, &s_item, &s_ok);
     }
   }
   __syncthreads();
@@ -767,10 +760,7 @@ template <class P, int BN>
 tw_status_t launch_bn(const RsParams<P> &params, int grid, cudaStream_t stream) {
   constexpr int kSmem = rs_smem_bytes<BN>();
   const char *set = "tw_gemm_rs: cudaFuncSetAttribute", *go = "tw_gemm_rs: kernel launch";
-  return params.steal
-             ? launch_persistent<gemm_rs_kernel<true, P, BN>, kSmem>(params, grid, stream, set, go)
-             : launch_persistent<gemm_rs_kernel<false, P, BN>, kSmem>(params, grid, stream, set,
-                                                                      go);
+  return launch_persistent<gemm_rs_kernel<P, BN>, kSmem>(params, grid, stream, set, go);
 }
 
 template <class P> tw_status_t launch(const RsParams<P> &params, int grid, cudaStream_t stream) {
@@ -879,7 +869,7 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
                                 "tw_gemm_rs: cuTensorMapEncodeTiled(out)");
     if (st != TW_SUCCESS)
       return st;
-    if (all_reduce) { /* prepare: 2 ranks, with stealing (the gather runs after the tiles) */
+    if (all_reduce) { /* prepare: 2 ranks (the gather runs after the tiles) */
       const int peer = 1 - rank;
       const void *dst =
           p.out_sym ? (const void *)(p.out_peer[peer] + (size_t)rank * m_local * (size_t)a.ldo)
@@ -933,7 +923,6 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   p.groups_max = plan.groups_max;
   p.flag_stride = plan.flag_stride;
   p.reduce_ctas = plan.reduce_ctas;
-  p.steal = plan.steal;
   p.walk = tw_env_int(TW_RS_REDUCE_WALK_ID) != 0;
   p.all_reduce = plan.direct ? 0 : all_reduce; /* direct: no gather phase */
   return launch(p, plan.ctas, stream);
@@ -1500,7 +1489,6 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                                comm->gpu_shared,
                                (int)tw_env_int(TW_RS_INTERLEAVE_ID),
                                (int)tw_env_int(TW_RS_REDUCE_CTAS_ID),
-                               tw_env_int(TW_RS_STEAL_ID) != 0,
                                (int)tw_env_int(TW_RS_GROUP_UNITS_ID),
                                comm->plan_sms,
                                (int)tw_env_int(TW_RS_OWNER_EPI_ID),
@@ -1602,18 +1590,12 @@ tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_re
 
 static tw_status_t tw_gemm_rs_preload(void) {
   cudaFuncAttributes attr;
-  const void *kernels[] = {(const void *)gemm_rs_kernel<false, float, kBlockN>,
-                           (const void *)gemm_rs_kernel<true, float, kBlockN>,
-                           (const void *)gemm_rs_kernel<false, __nv_bfloat16, kBlockN>,
-                           (const void *)gemm_rs_kernel<true, __nv_bfloat16, kBlockN>,
-                           (const void *)gemm_rs_kernel<false, float, 128>,
-                           (const void *)gemm_rs_kernel<true, float, 128>,
-                           (const void *)gemm_rs_kernel<false, __nv_bfloat16, 128>,
-                           (const void *)gemm_rs_kernel<true, __nv_bfloat16, 128>,
-                           (const void *)gemm_rs_kernel<false, float, 192>,
-                           (const void *)gemm_rs_kernel<true, float, 192>,
-                           (const void *)gemm_rs_kernel<false, __nv_bfloat16, 192>,
-                           (const void *)gemm_rs_kernel<true, __nv_bfloat16, 192>,
+  const void *kernels[] = {(const void *)gemm_rs_kernel<float, kBlockN>,
+                           (const void *)gemm_rs_kernel<__nv_bfloat16, kBlockN>,
+                           (const void *)gemm_rs_kernel<float, 128>,
+                           (const void *)gemm_rs_kernel<__nv_bfloat16, 128>,
+                           (const void *)gemm_rs_kernel<float, 192>,
+                           (const void *)gemm_rs_kernel<__nv_bfloat16, 192>,
                            (const void *)unfused_wait_kernel,
                            (const void *)unfused_reduce_kernel<float>,
                            (const void *)unfused_reduce_kernel<__nv_bfloat16>,
