@@ -47,10 +47,6 @@ TW_ENV(TW_RS_REDUCE_CTAS, int, "-1", DEV, 0,
        "For measurement: CTAs of tw_gemm_rs / tw_gemm_ar that start on the reduction (the args' "
        "reduce_sms wins); 0 lets every CTA run the GEMM first and reduce after its tiles; -1 "
        "lets the plan choose.")
-TW_ENV(TW_RS_REDUCE_WALK, bool, "1", DEV, 0,
-       "For measurement: 1 (the default) lets tw_gemm_rs / tw_gemm_ar's reduction and gather "
-       "step their 16-byte items by additions; 0 computes each item's row and column by a "
-       "division (the earlier code; the same bits).")
 TW_ENV(TW_RS_FUSED_W1, bool, "0", DEV, 0,
        "For measurement: 1 runs tw_gemm_rs / tw_gemm_ar at world 1 through the fused kernel "
        "(partials into the own staging, counted, reduced) instead of the plain GEMM, so its GEMM "

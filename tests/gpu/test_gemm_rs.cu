@@ -560,16 +560,6 @@ int main(int argc, char **argv) {
     test_shape_changes(worlds[wi], seed + 5500 + wi);
   test_graph(small ? 2 : 4, 10, seed + 6000);
   static const env_cases_t cases[] = {
-      /* TW_RS_REDUCE_WALK=0: the reduction and gather find each item by a division (the
-       * earlier code) instead of ItemWalk; same bits. */
-      {"TW_RS_REDUCE_WALK",
-       "0",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{100, 264, 200, 2}, {1024, 1024, 512, 3}, {1000, 8448, 64, 0}},
-       260,
-       4,
-       0},
       /* TW_RS_PULL=1: partials stored locally, owners read them when reducing; same bits. */
       {"TW_RS_PULL",
        "1",

@@ -388,7 +388,6 @@ template <class P> struct RsParams {
   int32_t block_n; /* the tile's (and a unit's) columns: 256, 192 or 128 (plan.block_n) */
   int32_t group_units, groups_max, flag_stride;
   int32_t reduce_ctas, all_reduce;
-  int32_t walk; /* TW_RS_REDUCE_WALK: the reduction and gather step their items (ItemWalk) */
   /* tw_gemm_ar's direct scheme (TW_AR_DIRECT): every rank stores each fp32 tile into every
    * rank's staging and every rank reduces all m rows itself; the kernel then runs as a
    * reduce-scatter with one owner of m_local = m rows (all_reduce 0, no gather phase). */
@@ -500,8 +499,7 @@ __device__ __forceinline__ void add_ranks(const RsParams<P> &p, int world, const
  * keeps kItems x 16 bytes of fp32 partials (kItems / 2 x 16 bytes of bf16 ones) in flight per
  * rank step: with one element per thread a CTA had only world x 6 KiB in flight and a reduce
  * CTA moved ~12 GB/s. kWalk: the items' rows and vectors by ItemWalk; else a division per
- * item (bf16 partials, whose stealing kernel spills 4 bytes with the walk, and
- * TW_RS_REDUCE_WALK=0). */
+ * item (bf16 partials, whose stealing kernel spills 4 bytes with the walk). */
 template <int kItems, bool kWalk, class P>
 __device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int me, int32_t u) {
   if (TW_RS_DIAG & 8)
@@ -609,11 +607,8 @@ template <int kItems, class P>
 __device__ __forceinline__ void reduce_group(const RsParams<P> &p, int world, int me, int item,
                                              int32_t units) {
   const int32_t u_end = min(units, (item + 1) * p.group_units);
-  for (int32_t u = item * p.group_units; u < u_end; u++)
-    if (sizeof(P) == 4 && p.walk) /* bf16 partials: the kernels spill 4 bytes with it */
-      reduce_unit<kItems, sizeof(P) == 4>(p, world, me, u);
-    else
-      reduce_unit<kItems, false>(p, world, me, u);
+  for (int32_t u = item * p.group_units; u < u_end; u++) /* bf16 partials: no walk (a spill) */
+    reduce_unit<kItems, sizeof(P) == 4>(p, world, me, u);
 }
 
 /* Reduce role: claims this rank's unit groups in order until none are left. `trace_field`:
@@ -689,11 +684,8 @@ __device__ __forceinline__ void gather_work(const RsParams<P> &p, uint64_t epoch
     const int g = item / (world - 1);
     const int o = (me + 1 + item % (world - 1)) % world;
     const int32_t u_end = min(owner_units(p, o), (g + 1) * p.group_units);
-    for (int32_t u = g * p.group_units; u < u_end && !p.out_sym; u++)
-      if (sizeof(P) == 4 && p.walk) /* as in reduce_work */
-        gather_unit<8, sizeof(P) == 4>(p, o, u);
-      else
-        gather_unit<8, false>(p, o, u);
+    for (int32_t u = g * p.group_units; u < u_end && !p.out_sym; u++) /* as in reduce_group */
+      gather_unit<8, sizeof(P) == 4>(p, o, u);
   }
   if (threadIdx.x == 0)
     queue_leave(queue, (int32_t)gridDim.x);
@@ -923,7 +915,6 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   p.groups_max = plan.groups_max;
   p.flag_stride = plan.flag_stride;
   p.reduce_ctas = plan.reduce_ctas;
-  p.walk = tw_env_int(TW_RS_REDUCE_WALK_ID) != 0;
   p.all_reduce = plan.direct ? 0 : all_reduce; /* direct: no gather phase */
   return launch(p, plan.ctas, stream);
 }
