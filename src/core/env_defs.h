@@ -72,11 +72,6 @@ TW_ENV(TW_RS_INTERLEAVE, int, "-1", DEV, 1,
        "blocks in each band sweep (every world consecutive tiles go to world owners, so peer "
        "stores spread over the whole GEMM), 0 sweeps one owner's rows after another, -1 "
        "interleaves with fp32 partials on distinct GPUs (where the stores wait on NVLink).")
-TW_ENV(TW_RS_SIGNAL, int, "5", DEV, 0,
-       "How tw_gemm_rs / tw_gemm_ar's GEMM epilogue signals a stored tile (for measurement): bit "
-       "0 posts it from a warp without bulk stores in flight, bit 1 drops the separate fence "
-       "before the release red, bit 2 at GPU scope where every rank is on this GPU; 0 is the "
-       "first design. The fence and red run on the signal warp (docs/ARCHITECTURE.md).")
 TW_ENV(TW_AG_PEER_GATHER, int, "-1", DEV, 1,
        "tw_ag_gemm with the gathered output where every rank shares one GPU (shards of whole "
        "128-row blocks): 1 lets the GEMM read the peers' shards in place, as with "

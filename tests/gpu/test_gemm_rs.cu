@@ -699,26 +699,6 @@ int main(int argc, char **argv) {
        190,
        2,
        0},
-      /* TW_RS_SIGNAL=0: the first signalling design (fence, then the release red, from the
-       * thread that issued the stores; system scope on one GPU too); same bits. */
-      {"TW_RS_SIGNAL",
-       "0",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}},
-       170,
-       4,
-       0},
-      /* TW_RS_SIGNAL=7: the signal warp without the separate fence (the default signal bits
-       * before the fifth session). */
-      {"TW_RS_SIGNAL",
-       "7",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}},
-       175,
-       4,
-       0},
       /* TW_RS_INTERLEAVE=1 / 0: the owners' row blocks interleaved in each band (the default
        * for fp32 partials on distinct GPUs only) and not (shapes of whole row blocks per
        * owner, where it applies; bands of 3 for several bands); same bits. */

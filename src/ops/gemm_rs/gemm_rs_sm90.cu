@@ -167,8 +167,7 @@ template <class P> struct RsEpiParams {
   int32_t n_blocks, band; /* unit numbering (gemm_rs.h) */
   int32_t direct;         /* number of ranks every box and count go to (0: the rows' owners) */
   int32_t pull;      /* boxes go to slot_map[0], this rank's own [m, n] partial (global rows) */
-  int32_t sig;       /* TW_RS_SIGNAL bits: 1 signal from warp 1, 2 no separate
-                        fence, 4 gpu scope (every rank on this GPU) */
+  int32_t gpu_scope; /* every rank is on this GPU: the tile counts at GPU scope */
   int32_t owner_epi; /* 2 ranks (plan.owner_epi): this rank's own tiles are reduced in
                         their epilogue (kOwnerEpi below) */
   uint64_t *trace;   /* dc.trace (TW_TRACE): the signalled tile goes into TW_TR_DONE */
@@ -202,16 +201,15 @@ template <class P, bool kNoRowCopy = false> struct RsEpi {
   static constexpr bool kDiagSignalAfterRead = (TW_RS_DIAG & 64) != 0;
   static constexpr bool kDiagPassNoWait = (TW_RS_DIAG & 128) != 0;
   using Params = RsEpiParams<P>;
-  /* The consumer thread of warpgroup 0 that signals (after both warpgroups' bulk waits). */
-  __device__ __forceinline__ static int signal_thread(const Params &p) {
-    return (p.sig & 1) ? 32 : 0;
-  }
+  /* The consumer thread of warpgroup 0 that signals (after both warpgroups' bulk waits): one
+   * of warp 1, which has no bulk stores in flight. */
+  __device__ __forceinline__ static int signal_thread(const Params &) { return 32; }
   __device__ __forceinline__ static void add(const Params &p, uint64_t *flag) {
     if (TW_RS_DIAG & 2) {
       atomicAdd(reinterpret_cast<unsigned long long *>(flag), 1ull);
       return;
     }
-    if (p.sig & 4)
+    if (p.gpu_scope)
       tw_red_release_gpu_add(flag, 1);
     else
       tw_red_release_sys_add(flag, 1);
@@ -346,8 +344,8 @@ template <class P, bool kNoRowCopy = false> struct RsEpi {
     }
     const int32_t row0 = mb * kBlockM;
     const int32_t last = min(row0 + kBlockM, p.m) - 1;
-    if (!(p.sig & 2) && !(TW_RS_DIAG & 2)) {
-      if (p.sig & 4)
+    if (!(TW_RS_DIAG & 2)) {
+      if (p.gpu_scope)
         tw_fence_acq_rel_gpu();
       else
         tw_fence_acq_rel_sys();
@@ -905,12 +903,7 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   p.gemm.epi.n_blocks = o.n_blocks;
   p.gemm.epi.band = plan.band;
   p.gemm.epi.trace = comm->dev.trace;
-  {
-    int sig = (int)tw_env_int(TW_RS_SIGNAL_ID) & 7;
-    if (comm->ranks_on_device != world)
-      sig &= ~4; /* gpu scope only where every rank is on this GPU */
-    p.gemm.epi.sig = sig;
-  }
+  p.gemm.epi.gpu_scope = comm->ranks_on_device == world;
   p.group_units = plan.group_units;
   p.groups_max = plan.groups_max;
   p.flag_stride = plan.flag_stride;
