@@ -218,10 +218,6 @@ TW_ENV(TW_TMA_MEMO, bool, "1", DEV, 0,
        "one when a call asks for the same pointer, shape, stride and box again; 0: no map is kept "
        "from then on, so every call encodes its maps (the encoding is a pure function of those "
        "arguments, so a map kept before is still exact).")
-TW_ENV(TW_RS_GROUPED, bool, "0", DEV, 0,
-       "Measurement: 1 has tw_gemm_rs / tw_gemm_ar take their tiles in the plain GEMM's grouped "
-       "order (16 row blocks a group, from the rows of owner rank + 1) instead of column bands "
-       "(not with the owner epilogue); the reduction then waits longer for its units.")
 TW_ENV(TW_GEMM_SWAP, int, "-1", DEV, 0,
        "tw_gemm (and the decode GEMM+RS / GEMM+AR pipeline through it) at m <= 64: 1 computes "
        "C^T = B A^T on tiles of 128 of B's rows x 16 (m <= 16) or 64 of A's, so no wgmma row is "

@@ -779,16 +779,6 @@ int main(int argc, char **argv) {
        189,
        2,
        1},
-      /* TW_RS_GROUPED=1 (measurement): the plain GEMM's grouped tile order instead of bands;
-       * the reduction waits for its units in any order; same bits. */
-      {"TW_RS_GROUPED",
-       "1",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {300, 520, 1032, 0}},
-       190,
-       2,
-       0},
       /* TW_RS_REDUCE_CTAS=0: no CTA starts on the reduction; every CTA runs its GEMM tiles,
        * then reduces (and gathers) through the queues; same bits. */
       {"TW_RS_REDUCE_CTAS",

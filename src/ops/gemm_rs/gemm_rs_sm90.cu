@@ -875,10 +875,9 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
     }
   }
   o.rotate_mb = plan.direct ? 0 : tw_rs_mb_first((rank + 1) % world, (int32_t)m_local);
-  /* TW_RS_GROUPED (measurement; the measurement build bit 16 alike): the plain GEMM's grouped
-   * order. Any order is correct, the reduction waiting for counts; the owner epilogue needs its
-   * own (kOrderBandsOwnerLag). */
-  if (((TW_RS_DIAG & 16) || tw_env_int(TW_RS_GROUPED_ID) != 0) && !plan.owner_epi) {
+  /* The measurement build's bit 16: the plain GEMM's grouped order. Any order is correct, the
+   * reduction waiting for counts; the owner epilogue needs its own (kOrderBandsOwnerLag). */
+  if ((TW_RS_DIAG & 16) && !plan.owner_epi) {
     o.order = kOrderRotated;
     o.group_m = o.m_blocks < 16 ? o.m_blocks : 16;
   }
