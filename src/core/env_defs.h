@@ -146,15 +146,6 @@ TW_ENV(TW_RS_UNFUSED_SMALL, int, "-1", DEV, 1,
        "tw_gemm_ar into symmetric outputs (measured faster there; plain outs count as "
        "symmetric where TW_AR_PEER_OUT applies). Same bits either way. Every rank must set it "
        "alike.")
-TW_ENV(TW_RS_UNFUSED_WAIT_KERNEL, bool, "0", DEV, 0,
-       "tw_gemm_rs / tw_gemm_ar's unfused pipeline: 1 waits for the peers' release of the "
-       "workspace in a kernel of its own before the GEMM (one launch more, the first version), 0 "
-       "in the GEMM's CTAs before their first tile. Same bits (measurement knob).")
-TW_ENV(TW_RS_UNFUSED_PDL, bool, "1", DEV, 0,
-       "tw_gemm_rs / tw_gemm_ar's unfused pipeline on GPUs of their own: 1 launches the reduce "
-       "kernel with programmatic dependent launch (its CTAs start on idle SMs during the GEMM and "
-       "wait for its completion in griddepcontrol.wait), 0 after the GEMM as usual. Same bits "
-       "(measurement knob).")
 TW_ENV(TW_RS_UNFUSED_LL, int, "-1", DEV, 1,
        "tw_gemm_rs / tw_gemm_ar's unfused pipeline: 1 exchanges the rows in the comm's "
        "low-latency area where the call's rows fit (TW_LL_BYTES): each rank stores its peers' "
@@ -167,16 +158,8 @@ TW_ENV(TW_RS_UNFUSED_LL, int, "-1", DEV, 1,
        "only bf16 partials at m <= 64 take the area); 0 the pull (an entry handshake, the owners "
        "load the peers' partials, a release at the end). Same bits. Every rank must set it "
        "alike.")
-TW_ENV(TW_RS_LL_EPI, bool, "1", DEV, 0,
-       "tw_gemm_rs / tw_gemm_ar's unfused pipeline through the low-latency area "
-       "(TW_RS_UNFUSED_LL), where tw_gemm swaps A and B (m <= 64): 1 has the GEMM's epilogue "
-       "store each tile's rows as low-latency words into the owners' areas (its own rows into "
-       "its own), so the reduce kernel only waits for words; 0 has the GEMM store the partial "
-       "into the workspace and the reduce kernel push it. Same bits; ranks may differ "
-       "(measured: M=16 GEMM+RS from graphs on 2 H200s 0.0143 -> 0.0132 ms, bf16 partials "
-       "0.0137 -> 0.0109).")
 TW_ENV(TW_RS_LL_REDUCE, int, "-1", DEV, 0,
-       "tw_gemm_rs where the GEMM's epilogue stores the low-latency words (TW_RS_LL_EPI): 1 has "
+       "tw_gemm_rs where the GEMM's epilogue stores the low-latency words (where it swaps A and B): 1 has "
        "that epilogue also sum this rank's own rows (it stores the peers' rows, then waits for "
        "the peers' words of its own, adds in rank order and writes out), so own rows never "
        "travel as words and the reduce kernel after it only keeps the call's books on one CTA; "

@@ -845,9 +845,8 @@ int main(int argc, char **argv) {
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
     run_env_cases(&cases[i], small, seed);
-  /* the unfused pipeline into symmetric outputs (tw_gemm_ar pushes into every rank's out), and
-   * with the peers' release waited for by a kernel of its own (the first version) instead of in
-   * the GEMM's CTAs; same bits */
+  /* the unfused pipeline into symmetric outputs (tw_gemm_ar pushes into every rank's out); same
+   * bits */
   setenv("TW_RS_UNFUSED_SMALL", "1", 1);
   static const env_cases_t unfused_cases[] = {
       {"TW_TEST_OUT_SYMMETRIC",
@@ -858,18 +857,8 @@ int main(int argc, char **argv) {
        290,
        3,
        1},
-      {"TW_RS_UNFUSED_WAIT_KERNEL",
-       "1",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{100, 264, 200, 0}, {32, 8192, 1024, 0}, {1, 8, 8, 0}},
-       295,
-       3,
-       1},
-      /* the reduce kernel after the GEMM as usual (elsewhere, on GPUs of their own, launched
-       * during it: programmatic dependent launch) */
-      {"TW_RS_UNFUSED_PDL",
-       "0",
+      {NULL,
+       "",
        NULL,
        TW_PARTIALS_BF16,
        {{100, 264, 200, 0}, {32, 8192, 1024, 0}, {1, 8, 8, 0}},
@@ -906,31 +895,23 @@ int main(int argc, char **argv) {
        2,
        0},
       /* through the area at swap-AB shapes (m <= 64 up to world 4): the GEMM's epilogue stores
-       * the words (the default) or the reduce kernel pushes the partial (=0); both partials */
-      {"TW_RS_LL_EPI",
-       "1",
+       * the words; both partials */
+      {NULL,
+       "",
        NULL,
        TW_PARTIALS_FP32,
        {{8, 1032, 264, 0}, {16, 8192, 520, 0}, {3, 1000, 72, 0}},
        300,
        2,
        1},
-      {"TW_RS_LL_EPI",
-       "1",
+      {NULL,
+       "",
        NULL,
        TW_PARTIALS_BF16,
        {{16, 8192, 1032, 0}, {5, 520, 4104, 0}, {1, 8, 8, 0}},
        301,
        2,
        1},
-      {"TW_RS_LL_EPI",
-       "0",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{8, 1032, 264, 0}, {16, 8192, 520, 0}, {3, 1000, 72, 0}},
-       302,
-       2,
-       0},
       /* tw_gemm_rs's own rows summed in that epilogue (TW_RS_LL_REDUCE=1; tw_gemm_ar as
        * before), both partials, back-to-back calls (rs and ar in turn) and a graph */
       {"TW_RS_LL_REDUCE",

@@ -167,7 +167,7 @@ int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_byt
  * TW_GEMM_RS_SWAP_MAX_M on ranks with GPUs of their own, tw_gemm's 64 where ranks share one (not
  * measured there). The same on every rank. */
 int64_t tw_gemm_rs_swap_max_m(int gpu_shared);
-/* Whether tw_gemm_rs's swap-AB GEMM, storing the low-latency words itself (TW_RS_LL_EPI), also
+/* Whether tw_gemm_rs's swap-AB GEMM, storing the low-latency words itself, also
  * sums this rank's own rows in its epilogue (gemm_ll.cuh). env: TW_RS_LL_REDUCE (1: always, 0:
  * never, -1: at m <= TW_RS_LL_REDUCE_MAX_M, where it measured faster). tw_gemm_ar: never. */
 #define TW_RS_LL_REDUCE_MAX_M 16

@@ -741,7 +741,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     tw_trace_stamp(dc, TW_TR_END);
     /* release: the unfused pipeline's GEMM, which writes the workspace before any handshake,
-     * may follow on the same workspace (ReleasedWait, unfused_wait_kernel) */
+     * may follow on the same workspace (ReleasedWait) */
     tw_op_finish(dc, ch, epoch, true);
   }
 }
@@ -914,8 +914,8 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
 /* ---- the unfused pipeline (plan.unfused: decode shapes) -------------------------------------
  * Two launches on the rank's stream: tw_gemm of the whole partial [m][n] into the workspace
  * (fp32, or bf16 with TW_PARTIALS_BF16) whose CTAs first wait until every rank has released this
- * rank's workspace after its previous call (gemm_released.cuh; TW_RS_UNFUSED_WAIT_KERNEL=1: a
- * kernel of its own before it, unfused_wait_kernel), then unfused_reduce_kernel on channel ch:
+ * rank's workspace after its previous call (gemm_released.cuh), then unfused_reduce_kernel on
+ * channel ch:
  *   entry(e) to every rank (this rank's partial is complete), wait for every rank's entry(e);
  *   sum rows [rank * m_local, +m_local) of the partials in rank order (fp32, the reference's
  *   __fadd_rn chain from partial 0), round to bf16, store into `out` (rs), or into every rank's
@@ -951,19 +951,11 @@ template <class P> constexpr int kVec = RsVec<P>::kE;
 template <class P> __device__ __forceinline__ void load_vec(const P *p, float (&v)[kVec<P>]) {
   RsVec<P>::unpack(__ldcg(reinterpret_cast<const uint4 *>(p)), v);
 }
-/* One thread: the peers' previous calls on both channels of this op family (which may share the
- * workspace) are over, so none of them reads this rank's workspace any more. */
-__global__ void unfused_wait_kernel(const tw_dev_comm_t dc, int ch) {
-  const int chans[2] = {TW_CH_GEMM_RS, TW_CH_GEMM_AR};
-  if (threadIdx.x == 0 && tw_op_usable(dc, ch))
-    tw_wait_released(dc, ch, chans, 2);
-}
-
 template <class P>
 __global__ void __launch_bounds__(kUnfusedThreads)
     unfused_reduce_kernel(const __grid_constant__ UnfusedParams<P> p) {
   __shared__ int s_ok, s_last;
-  /* launched with programmatic serialization (TW_RS_UNFUSED_PDL): the GEMM's partial is
+  /* launched with programmatic serialization (on GPUs of their own): the GEMM's partial is
    * complete and visible from here on (at once otherwise) */
   tw::ptx::griddep_wait();
   const tw_dev_comm_t &dc = p.dc;
@@ -1096,7 +1088,7 @@ template <class P> struct LlParams {
   int64_t ldo;
   uint64_t half_bytes, gather_off; /* one parity's bytes; its gather slots' offset in it */
   int32_t ch, m_local, n, all_reduce;
-  int32_t from_gemm; /* the GEMM stored every rank's words itself (TW_RS_LL_EPI, gemm_ll.cuh):
+  int32_t from_gemm; /* the GEMM stored every rank's words itself (swap-AB, gemm_ll.cuh):
                         this rank's own rows too, so no push here and no wait for the GEMM */
   int32_t reduced;   /* tw_gemm_rs, TW_RS_LL_REDUCE: the GEMM's epilogue also summed this rank's
                         rows into out (gemm_ll.cuh): only the call's books are left here */
@@ -1210,9 +1202,9 @@ __global__ void __launch_bounds__(kUnfusedThreads)
  * of the rank's budget. The cap is load-bearing where ranks share a GPU: every rank's CTAs spin
  * in the entry handshake until all ranks have entered, so all ranks' kernels must be resident at
  * once (twenty-ninth session, group s76: 128 CTAs a rank on 8 virtual ranks timed out in it;
- * fewer than the budget, s75, only ran slower). TW_RS_UNFUSED_PDL: launched while the GEMM runs
- * (programmatic dependent launch), so its launch and the CTAs' start overlap the GEMM's tail; never
- * where ranks share a GPU (its early CTAs would hold SMs another rank's GEMM needs). */
+ * fewer than the budget, s75, only ran slower). On GPUs of their own it is launched while the GEMM
+ * runs (programmatic dependent launch), so its launch and the CTAs' start overlap the GEMM's tail;
+ * never where ranks share a GPU (its early CTAs would hold SMs another rank's GEMM needs). */
 template <class Params>
 tw_status_t launch_after_gemm(tw_comm_t comm, int64_t items, cudaStream_t stream,
                               void (*kernel)(Params), const Params &p) {
@@ -1221,7 +1213,7 @@ tw_status_t launch_after_gemm(tw_comm_t comm, int64_t items, cudaStream_t stream
     grid = comm->sm_budget;
   if (grid < 1)
     grid = 1;
-  const bool pdl = tw_env_int(TW_RS_UNFUSED_PDL_ID) != 0 && !comm->gpu_shared;
+  const bool pdl = !comm->gpu_shared;
   cudaLaunchConfig_t config;
   memset(&config, 0, sizeof(config));
   cudaLaunchAttribute attr[1] = {pdl_attribute()};
@@ -1264,24 +1256,16 @@ tw_status_t launch_ll(tw_comm_t comm, const tw_gemm_rs_args_t &a, int all_reduce
                            stream, ll_reduce_kernel<P>, p);
 }
 
-/* The unfused pipeline's launches (see above: two, three with TW_RS_UNFUSED_WAIT_KERNEL=1) on
+/* The unfused pipeline's launches (see above: two) on
  * `stream`, the rank's launch stream. */
 template <class P>
 tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_rs_plan_t &plan,
                         int all_reduce, cudaStream_t stream) {
   const int world = comm->world, rank = comm->rank;
   const int ch = all_reduce ? TW_CH_GEMM_AR : TW_CH_GEMM_RS;
-  /* The peers' release of this workspace: waited for inside the GEMM (each CTA's producer
-   * before its first tile, gemm_released.cuh), or with TW_RS_UNFUSED_WAIT_KERNEL=1 by a kernel
-   * of its own before it (the first version: one launch more). */
-  const int wait_kernel = tw_env_int(TW_RS_UNFUSED_WAIT_KERNEL_ID) != 0;
+  /* The peers' release of this workspace is waited for inside the GEMM (each CTA's producer
+   * before its first tile, gemm_released.cuh). */
   tw_status_t st = TW_SUCCESS;
-  if (wait_kernel) {
-    unfused_wait_kernel<<<1, 32, 0, stream>>>(comm->dev, ch);
-    st = tw_cuda_check(cudaGetLastError(), "tw_gemm_rs: launching the wait kernel");
-    if (st != TW_SUCCESS)
-      return st;
-  }
   tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
   g.c_dtype = sizeof(P) == 2 ? TW_BF16 : TW_FP32;
   g.a = a.a, g.b = a.b, g.c = a.workspace;
@@ -1290,7 +1274,7 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
   g.sm_count = comm->sm_budget;
   tw_gemm_sm90_opts_t opts = {-1, 0, 0, &comm->dev, ch, NULL};
   opts.swap_max_m = (int)tw_gemm_rs_swap_max_m(comm->gpu_shared); /* swap-AB to m 128 here */
-  /* TW_RS_LL_EPI: the swap-AB GEMM stores the words itself (gemm_ll.cuh), its own rows too; it
+  /* Where it swaps A and B, the GEMM stores the words itself (gemm_ll.cuh), its own rows too; it
    * writes no workspace, so it waits for no release either */
   tw_gemm_ll_epi_t ll;
   memset(&ll, 0, sizeof(ll));
@@ -1298,8 +1282,7 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
     for (int s = 0; s < world; s++)
       ll.area[s] = (uint8_t *)tw_heap_peer_ptr(comm, comm->ll, s);
   const bool ll_epi =
-      plan.ll && tw_env_int(TW_RS_LL_EPI_ID) != 0 &&
-      tw_gemm_swap_bn_upto((int)tw_env_int(TW_GEMM_SWAP_ID), a.m, opts.swap_max_m) != 0;
+      plan.ll && tw_gemm_swap_bn_upto((int)tw_env_int(TW_GEMM_SWAP_ID), a.m, opts.swap_max_m) != 0;
   if (ll_epi) {
     ll.ll_seq = &comm->ctrl->ll_seq;
     ll.half_bytes = tw_gemm_rs_ll_bytes(world, a.m, a.n, (int)sizeof(P), all_reduce) / 2;
@@ -1315,7 +1298,7 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
     opts.released = NULL;
     opts.ll = &ll;
   }
-  st = tw_gemm_sm90_launch(&g, (tw_stream_t)stream, wait_kernel && !ll_epi ? NULL : &opts);
+  st = tw_gemm_sm90_launch(&g, (tw_stream_t)stream, &opts);
   if (st != TW_SUCCESS)
     return st;
   if (plan.ll)
@@ -1579,7 +1562,6 @@ static tw_status_t tw_gemm_rs_preload(void) {
                            (const void *)gemm_rs_kernel<__nv_bfloat16, 128>,
                            (const void *)gemm_rs_kernel<float, 192>,
                            (const void *)gemm_rs_kernel<__nv_bfloat16, 192>,
-                           (const void *)unfused_wait_kernel,
                            (const void *)unfused_reduce_kernel<float>,
                            (const void *)unfused_reduce_kernel<__nv_bfloat16>,
                            (const void *)ll_reduce_kernel<float>,
