@@ -97,26 +97,10 @@ TW_ENV(TW_AG_UNFUSED_SMALL, bool, "1", DEV, 1,
        "tw_ag_gemm: 1 runs tw_allgather then tw_gemm with K split over CTA clusters where the "
        "GEMM has few tiles over a long K (tw_gemm's split_k -1 would split it: decode shapes), 0 "
        "always the fused kernel. Every rank must set it alike.")
-TW_ENV(TW_AG_PDL, bool, "1", DEV, 0,
-       "tw_ag_gemm's decode path (tw_allgather then the split-K tw_gemm) on ranks that do not "
-       "share a GPU: 1 launches the GEMM as a programmatic dependent of the allgather (its CTAs "
-       "start on the SMs the allgather leaves idle, bring their share of B into L2 and wait for "
-       "the allgather's end before they load the gathered rows), 0 after it as usual. Same "
-       "bits; ranks may differ (measured from graphs on 2 H200s: M=16 0.0161 -> 0.0155 ms, "
-       "M=64 0.0209 -> 0.0205).")
-TW_ENV(TW_AG_GEMM_WS, bool, "1", DEV, 0,
-       "tw_ag_gemm's decode path: 1 gives its split-K tw_gemm the comm's workspace "
-       "(tw_gemm_args_t.workspace), so that the slices run as single CTAs on tiles of 64 of B's "
-       "rows, twice the CTAs of the cluster tree (the same bits); 0 the cluster tree. Ranks may "
-       "differ "
-       "(measurement knob; not yet run on a GPU).")
-TW_ENV(TW_AG_PEER_READ, bool, "1", DEV, 1,
-       "tw_ag_gemm with no_gathered_out = 1 and every rank on one GPU: 1 reads the peers' "
-       "shards in place (no copies), 0 pushes them as on distinct GPUs.")
 TW_ENV(TW_AG_VARIANT, int, "-1", DEV, 0,
-       "tw_ag_gemm kernel variant; -1 lets the plan choose (bit 0 where ranks share a GPU). Bit 0 "
-       "= the plain GEMM's 3-stage / 32 KiB epilogue split, bit 1 = static tile schedule instead "
-       "of the tile queue (measurement only, slower).")
+       "tw_ag_gemm kernel variant: 1 the plain GEMM's 3-stage / 32 KiB epilogue split, 0 the "
+       "op's own (4 stages at 128 x 256); -1 lets the plan choose (1 where ranks share a GPU). "
+       "Same bits.")
 TW_ENV(TW_AR_PUSH, int, "-1", DEV, 1,
        "tw_gemm_ar: 1 has each owner's reduction store its reduced rows into every other rank's "
        "workspace (NVLink stores), where the workspace holds tw_gemm_rs_workspace_size() bytes; "
@@ -159,7 +143,8 @@ TW_ENV(TW_RS_UNFUSED_LL, int, "-1", DEV, 1,
        "load the peers' partials, a release at the end). Same bits. Every rank must set it "
        "alike.")
 TW_ENV(TW_RS_LL_REDUCE, int, "-1", DEV, 0,
-       "tw_gemm_rs where the GEMM's epilogue stores the low-latency words (where it swaps A and B): 1 has "
+       "tw_gemm_rs where the GEMM's epilogue stores the low-latency words (where it swaps A and "
+       "B): 1 has "
        "that epilogue also sum this rank's own rows (it stores the peers' rows, then waits for "
        "the peers' words of its own, adds in rank order and writes out), so own rows never "
        "travel as words and the reduce kernel after it only keeps the call's books on one CTA; "

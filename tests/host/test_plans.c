@@ -42,9 +42,9 @@ static void test_ag_comm_rule(void) {
               "M=16384 on 8 ranks: %d comm CTAs sharing a GPU, %d on distinct GPUs", shared,
               p.comm_ctas);
   TEST_ASSERT(p.variant == 0, "distinct GPUs: variant %d, want 0", p.variant);
-  v.variant_env = 2;
+  v.variant_env = 1;
   tw_ag_gemm_make_plan(&v, &p);
-  TEST_ASSERT(p.variant == 2, "TW_AG_VARIANT=2: variant %d", p.variant);
+  TEST_ASSERT(p.variant == 1, "TW_AG_VARIANT=1: variant %d", p.variant);
 }
 
 static void test_gemm_plans(void) {
@@ -220,21 +220,20 @@ static void test_ag_gemm_plans(void) {
   static const struct {
     int world, no_gather, sm_mode, all_on_gpu;
     int64_t m_local;
-    int read_env, gather_env, want_read, want_gather;
+    int gather_env, want_read, want_gather;
     int64_t n;
-  } peer[] = {{8, 1, 1, 1, 512, 1, 0, 1, 0, 1024},  {8, 0, 1, 1, 512, 1, 0, 0, 0, 1024},
-              {8, 0, 1, 1, 512, 1, 1, 1, 1, 6144},  {8, 0, 1, 1, 100, 1, 1, 0, 0, 1024},
-              {8, 0, 1, 0, 512, 1, 1, 0, 0, 1024},  {8, 0, 0, 1, 512, 1, 1, 0, 0, 1024},
-              {8, 0, 1, 1, 512, 0, 1, 0, 0, 1024},  {4, 1, 1, 1, 100, 1, 0, 0, 0, 1024},
-              {3, 1, 1, 1, 256, 1, 1, 1, 0, 1024},  {8, 0, 1, 1, 2048, 1, -1, 1, 1, 2048},
-              {8, 0, 1, 1, 512, 1, -1, 0, 0, 6144}, {8, 0, 1, 1, 512, 1, -1, 1, 1, 4096},
-              {8, 1, 1, 1, 512, 1, -1, 1, 0, 1024}, {8, 0, 1, 1, 512, 1, 2, 1, 2, 6144},
-              {8, 0, 1, 0, 512, 1, 2, 0, 0, 6144}};
+  } peer[] = {{8, 1, 1, 1, 512, 0, 1, 0, 1024},   {8, 0, 1, 1, 512, 0, 0, 0, 1024},
+              {8, 0, 1, 1, 512, 1, 1, 1, 6144},   {8, 0, 1, 1, 100, 1, 0, 0, 1024},
+              {8, 0, 1, 0, 512, 1, 0, 0, 1024},   {8, 0, 0, 1, 512, 1, 0, 0, 1024},
+              {4, 1, 1, 1, 100, 0, 0, 0, 1024},   {3, 1, 1, 1, 256, 1, 1, 0, 1024},
+              {8, 0, 1, 1, 2048, -1, 1, 1, 2048}, {8, 0, 1, 1, 512, -1, 0, 0, 6144},
+              {8, 0, 1, 1, 512, -1, 1, 1, 4096},  {8, 1, 1, 1, 512, -1, 1, 0, 1024},
+              {8, 0, 1, 1, 512, 2, 1, 2, 6144},   {8, 0, 1, 0, 512, 2, 0, 0, 6144}};
   for (size_t i = 0; i < sizeof(peer) / sizeof(peer[0]); i++) {
     tw_ag_gemm_plan_t p = ag_plan(peer[i].world, peer[i].m_local, peer[i].n, 1024, 16, 0, 0);
     const int comm_before = p.comm_ctas;
     tw_ag_gemm_plan_peer(&p, peer[i].world, peer[i].no_gather, peer[i].sm_mode, peer[i].all_on_gpu,
-                         peer[i].m_local, peer[i].n, 0, 0, peer[i].read_env, peer[i].gather_env);
+                         peer[i].m_local, peer[i].n, 0, 0, peer[i].gather_env);
     TEST_ASSERT(p.peer_read == peer[i].want_read && p.peer_gather == peer[i].want_gather,
                 "peer case %zu: peer_read %d peer_gather %d, want %d %d", i, p.peer_read,
                 p.peer_gather, peer[i].want_read, peer[i].want_gather);
@@ -1051,12 +1050,12 @@ static void test_ag_gemm_plan_invariants(void) {
     a.comm_sms_env = rng() % 6 == 0 ? (int)(rng() % 140) : 0;
     a.group_m_env = rng() % 6 == 0 ? (int)(1 + rng() % 32) : 0;
     a.shared_gpu = (int)(rng() % 2);
-    a.variant_env = rng() % 4 == 0 ? (int)(rng() % 4) : -1;
+    a.variant_env = rng() % 4 == 0 ? (int)(rng() % 2) : -1;
     tw_ag_gemm_plan_t p;
     tw_ag_gemm_make_plan(&a, &p);
     const int no_gathered = (int)(rng() % 2), own_in_place = (int)(rng() % 2);
     tw_ag_gemm_plan_peer(&p, a.world, no_gathered, (int)(rng() % 2), a.shared_gpu, a.m_local, a.n,
-                         own_in_place, a.comm_sms_arg, rng() % 4 ? -1 : 0, rng() % 4 ? -1 : 1);
+                         own_in_place, a.comm_sms_arg, rng() % 4 ? -1 : 1);
     const char *why = NULL;
     if (p.ctas != a.sm_budget)
       why = "ctas is the budget";
@@ -1074,7 +1073,7 @@ static void test_ag_gemm_plan_invariants(void) {
     else if (p.peer_gather && (!p.peer_read || no_gathered))
       why = "the write-through gather only with peer reads and a gathered output";
     else if (p.group_m < 1 || (p.block_n != 128 && p.block_n != 256) || p.variant < 0 ||
-             p.variant > 3)
+             p.variant > 1)
       why = "group, tile width and variant in range";
     if (why) {
       bad++;
