@@ -181,11 +181,6 @@ TW_ENV(TW_RS_OWNER_EPI, int, "-1", DEV, 1,
        "with fp32 partials, K < 4096 per rank and at least 3 waves of tiles (measured faster "
        "there); tw_gemm_rs also not where args.reduce_sms or TW_RS_REDUCE_CTAS sets the reduce "
        "CTAs. Every rank must set it alike.")
-TW_ENV(TW_TMA_MEMO, bool, "1", DEV, 0,
-       "1: each host thread keeps the TMA tensor maps it encoded (128, direct-mapped) and reuses "
-       "one when a call asks for the same pointer, shape, stride and box again; 0: no map is kept "
-       "from then on, so every call encodes its maps (the encoding is a pure function of those "
-       "arguments, so a map kept before is still exact).")
 TW_ENV(TW_GEMM_SWAP, int, "-1", DEV, 0,
        "tw_gemm (and the decode GEMM+RS / GEMM+AR pipeline through it) at m <= 64: 1 computes "
        "C^T = B A^T on tiles of 128 of B's rows x 16 (m <= 16) or 64 of A's, so no wgmma row is "

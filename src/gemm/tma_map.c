@@ -2,7 +2,6 @@
 
 #include <string.h>
 
-#include "core/env.h"
 #include "runtime/driver.h"
 
 typedef struct tma_slot {
@@ -67,7 +66,7 @@ tw_status_t tw_tma_map_2d(CUtensorMap *map, CUtensorMapDataType dtype, int elem_
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   st = tw_cu_check(res, what);
-  if (st == TW_SUCCESS && tw_env_int(TW_TMA_MEMO_ID) != 0)
+  if (st == TW_SUCCESS)
     tw_tma_memo_put(&args, map);
   return st;
 }
