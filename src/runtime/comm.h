@@ -53,7 +53,7 @@ struct tw_comm {
   void *ll;
   size_t ll_bytes;
   /* tw_ag_gemm's decode GEMM: tw_gemm's split-K workspace (TW_GEMM_WORKSPACE_BYTES, zeroed at
-   * init; TW_AG_GEMM_WS) */
+   * init) */
   void *gemm_ws;
   tw_err_block_t *err_host;
   tw_err_block_t *err_dev;
