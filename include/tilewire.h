@@ -299,7 +299,7 @@ typedef struct tw_ag_gemm_args {
    * 1: the caller does not need it: a_gathered only stages the call and afterwards holds
    * this rank's shard in its slot, the rest unspecified. Where every rank shares one GPU
    * (virtual ranks, processes under MPS) the GEMM then reads the peers' shards in place
-   * from their slots instead of copying them (TW_AG_PEER_READ=0 turns that off). */
+   * from their slots instead of copying them. */
   int32_t no_gathered_out;
   int32_t reserved; /* 0 */
 } tw_ag_gemm_args_t;

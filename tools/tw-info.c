@@ -1,7 +1,8 @@
 /*
  * tw-info: what this tilewire is (version, build), what it runs on (driver, runtime,
- * GPUs) and how it is configured (every TW_* knob: type, default, current value).
- * `tw-info --env-markdown` prints docs/ENV.md. Exits 0 on a machine with no GPU or no
+ * GPUs) and how it is configured (every TW_* knob: type, default, current value; the user
+ * settings first, then the developer switches). `tw-info --env-markdown` prints docs/ENV.md,
+ * `tw-info --env-dev-markdown` docs/ENV-DEV.md. Exits 0 on a machine with no GPU or no
  * driver, where it says so: it is the first thing to run on a new machine.
  */
 #include <stdio.h>
@@ -16,11 +17,13 @@
 enum { EXIT_USAGE = 64, WRAP_COLUMNS = 96 };
 
 static void usage(FILE *out) {
-  fprintf(out, "usage: tw-info [--env-markdown | --help]\n"
+  fprintf(out, "usage: tw-info [--env-markdown | --env-dev-markdown | --help]\n"
                "\n"
                "Prints the tilewire version, build options, CUDA driver/runtime, the GPUs and\n"
-               "every TW_* environment knob with its type, default and current value.\n"
-               "  --env-markdown  print docs/ENV.md (the knob table as markdown) and exit\n");
+               "every TW_* environment knob with its type, default and current value: the user\n"
+               "settings, then the developer switches.\n"
+               "  --env-markdown      print docs/ENV.md (the user settings as markdown) and exit\n"
+               "  --env-dev-markdown  print docs/ENV-DEV.md (the developer switches) and exit\n");
 }
 
 static void print_version_code(const char *what, int code) {
@@ -153,33 +156,56 @@ static void print_wrapped(const char *text, int indent) {
   printf("\n");
 }
 
-static int print_env(void) {
-  int count = tw_env_count();
-  int name_width = 4, default_width = 7;
+/* The knobs of one class (developer 0: user settings; 1: developer switches), each with its
+ * type, default, current value, whether ranks must set it alike, and its description. */
+static int print_env_group(int developer, int name_width, int default_width) {
+  int count = 0, in_group = 0;
+  const tw_env_doc_row *rows = tw_env_doc_rows(&count);
+  for (int i = 0; i < count; i++)
+    in_group += rows[i].developer == developer;
+  printf("%s (%d; %s):\n", developer ? "developer switches" : "environment settings", in_group,
+         developer ? "docs/ENV-DEV.md" : "docs/ENV.md");
+  printf("  %-*s  %-4s  %-*s  %-5s  %s\n", name_width, "name", "type", default_width, "default",
+         "alike", "current");
   for (int i = 0; i < count; i++) {
-    const char *name = NULL, *default_value = NULL;
-    if (tw_env_describe(i, &name, NULL, &default_value, NULL, NULL) != TW_SUCCESS)
+    if (rows[i].developer != developer)
+      continue;
+    const char *name = NULL, *current = NULL;
+    if (tw_env_describe(i, &name, NULL, NULL, &current, NULL) != TW_SUCCESS)
       return -1;
-    if ((int)strlen(name) > name_width)
-      name_width = (int)strlen(name);
-    if ((int)strlen(default_value) > default_width)
-      default_width = (int)strlen(default_value);
-  }
-  printf("environment knobs (%d; docs/ENV.md has the same table):\n", count);
-  printf("  %-*s  %-4s  %-*s  %s\n", name_width, "name", "type", default_width, "default",
-         "current");
-  for (int i = 0; i < count; i++) {
-    const char *name = NULL, *type = NULL, *default_value = NULL, *current = NULL,
-               *description = NULL;
-    if (tw_env_describe(i, &name, &type, &default_value, &current, &description) != TW_SUCCESS)
+    if (strcmp(name, rows[i].name) != 0) { /* tw-info's table copy against the library's */
+      fprintf(stderr, "tw-info: knob %d is %s in the library but %s here: rebuild tw-info\n", i,
+              name, rows[i].name);
       return -1;
+    }
     const char *set = getenv(name);
-    printf("  %-*s  %-4s  %-*s  %s%s\n", name_width, name, type, default_width,
-           *default_value ? default_value : "\"\"", *current ? current : "\"\"",
-           set ? "  (set in the environment)" : "");
-    print_wrapped(description, 6);
+    printf("  %-*s  %-4s  %-*s  %-5s  %s%s\n", name_width, name, rows[i].type, default_width,
+           *rows[i].default_value ? rows[i].default_value : "\"\"", rows[i].alike ? "yes" : "no",
+           *current ? current : "\"\"", set ? "  (set in the environment)" : "");
+    print_wrapped(rows[i].description, 6);
   }
   return 0;
+}
+
+static int print_env(void) {
+  int count = 0;
+  const tw_env_doc_row *rows = tw_env_doc_rows(&count);
+  if (count != tw_env_count()) {
+    fprintf(stderr, "tw-info: the library has %d knobs, tw-info %d: rebuild tw-info\n",
+            tw_env_count(), count);
+    return -1;
+  }
+  int name_width = 4, default_width = 7;
+  for (int i = 0; i < count; i++) {
+    if ((int)strlen(rows[i].name) > name_width)
+      name_width = (int)strlen(rows[i].name);
+    if ((int)strlen(rows[i].default_value) > default_width)
+      default_width = (int)strlen(rows[i].default_value);
+  }
+  if (print_env_group(0, name_width, default_width) != 0)
+    return -1;
+  printf("\n");
+  return print_env_group(1, name_width, default_width);
 }
 
 int main(int argc, char **argv) {
@@ -192,8 +218,9 @@ int main(int argc, char **argv) {
       usage(stdout);
       return 0;
     }
-    if (!strcmp(argv[1], "--env-markdown")) {
-      if (tw_env_markdown(stdout) != 0 || fflush(stdout) != 0) {
+    if (!strcmp(argv[1], "--env-markdown") || !strcmp(argv[1], "--env-dev-markdown")) {
+      if (tw_env_markdown(stdout, !strcmp(argv[1], "--env-dev-markdown")) != 0 ||
+          fflush(stdout) != 0) {
         fprintf(stderr, "tw-info: writing the markdown failed\n");
         return 1;
       }

@@ -14,10 +14,12 @@ typedef struct env_entry {
   const char *type;
   const char *default_value;
   const char *description;
+  tw_env_class cls;
+  int alike;
 } env_entry;
 
 static const env_entry env_table[TW_ENV_COUNT] = {
-#define TW_ENV(name, type, def, desc) {#name, #type, def, desc},
+#define TW_ENV(name, type, def, cls, alike, desc) {#name, #type, def, desc, TW_ENV_##cls, alike},
 #include "core/env_defs.h"
 #undef TW_ENV
 };
@@ -96,6 +98,10 @@ const char *tw_env_str(tw_env_id id) {
   const char *text = getenv(env_table[id].name);
   return (text && *text) ? text : env_table[id].default_value;
 }
+
+int tw_env_alike(tw_env_id id) { return env_table[id].alike; }
+
+tw_env_class tw_env_class_of(tw_env_id id) { return env_table[id].cls; }
 
 int tw_env_count(void) { return TW_ENV_COUNT; }
 

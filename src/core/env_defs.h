@@ -1,257 +1,194 @@
 /*
- * Every TW_* environment knob, in one table: TW_ENV(name, type, default, description).
- * The code reads knobs through env.h, `tw-info` prints this table, and
- * docs/ENV.md is generated from it (`tw-info --env-markdown`; a host test
- * checks the file is current). Types: int, size (bytes, K/M/G suffixes), bool.
+ * Every TW_* environment knob, in one table:
+ *   TW_ENV(name, type, default, class, alike, description)
+ * type: int, size (bytes, K/M/G/T suffixes), bool (0 or 1) or str.
+ * class: USER, a setting a user of the library may need (docs/ENV.md), or DEV, a developer
+ *   switch: a tuning override of a plan's choice, a way for the tests and tw-bench to reach a
+ *   path the plans take, or a debug aid (docs/ENV-DEV.md).
+ * alike: 1 where every rank of a comm must give the knob the same value, because it changes
+ *   how ranks number, store, fetch or agree on each other's data, or which kernel or plan runs
+ *   where the peers must run the same one. tw_comm_init_rank compares these across the ranks
+ *   (tw_check_alike_knobs, runtime/comm.c) and fails, naming the knob, where they differ.
+ * description: the contract: what the knob does, its values and its default.
+ * The code reads knobs through env.h; `tw-info` prints this table and generates both pages
+ * (`tw-info --env-markdown`, `tw-info --env-dev-markdown`); tests/host/test_env.c checks the
+ * files are current.
  */
-TW_ENV(TW_LOG_LEVEL, int, "1", "Host log verbosity: 0 silent, 1 warnings, 2 info, 3 debug.")
-TW_ENV(TW_SM_BUDGET, int, "0",
+TW_ENV(TW_LOG_LEVEL, int, "1", USER, 0,
+       "Host log verbosity: 0 silent, 1 warnings, 2 info, 3 debug.")
+TW_ENV(TW_SM_BUDGET, int, "0", USER, 0,
        "SMs each rank's kernels may occupy; 0 divides the device's SMs among the ranks sharing it. "
        "Overridden by tw_config.sm_budget when that is non-zero.")
-TW_ENV(TW_RANKS_PER_NODE, int, "0",
-       "0 groups ranks into nodes by host; N > 0 makes virtual nodes of N consecutive ranks "
-       "(tests the inter-node path on one host). tw_config.ranks_per_node wins when non-zero.")
-TW_ENV(
-    TW_BOOTSTRAP_TIMEOUT_MS, int, "30000",
-    "How long tw_comm_init_rank waits for every rank to arrive before failing with TW_ERR_TIMEOUT.")
-TW_ENV(
-    TW_WAIT_TIMEOUT_MS, int, "10000",
-    "Bound on every device-side spin-wait; on expiry the kernel records {rank, op, flag, expected, "
-    "seen} and aborts the comm (see tw_comm_async_error).")
-TW_ENV(TW_WAIT_TRAP, bool, "0",
+TW_ENV(TW_RANKS_PER_NODE, int, "0", USER, 0,
+       "0 groups ranks into nodes by host; N > 0 makes virtual nodes of N consecutive ranks (to "
+       "run the inter-node path on one host). tw_config.ranks_per_node wins when non-zero.")
+TW_ENV(TW_BOOTSTRAP_TIMEOUT_MS, int, "30000", USER, 0,
+       "How long tw_comm_init_rank waits, in milliseconds, for every rank to arrive before failing "
+       "with TW_ERR_TIMEOUT. tw_config.bootstrap_timeout_ms wins when non-zero.")
+TW_ENV(TW_WAIT_TIMEOUT_MS, int, "10000", USER, 0,
+       "Bound on every device-side spin-wait, in milliseconds; on expiry the kernel records {rank, "
+       "op, flag, expected, seen} and aborts the comm (see tw_comm_async_error). "
+       "tw_config.wait_timeout_ms wins when non-zero.")
+TW_ENV(TW_WAIT_TRAP, bool, "0", DEV, 0,
        "1: a device wait that times out also executes `trap` (kills the CUDA context, useful under "
        "a debugger); 0: the kernel records the error and returns.")
-TW_ENV(TW_HEAP_BYTES, size, "64G",
+TW_ENV(TW_HEAP_BYTES, size, "64G", USER, 0,
        "Virtual address space reserved per rank for the symmetric heap (physical memory is taken "
-       "only by tw_mem_alloc).")
-TW_ENV(TW_BOOTSTRAP_ADDR, str, "",
+       "only by tw_mem_alloc). tw_config.heap_bytes wins when non-zero.")
+TW_ENV(TW_BOOTSTRAP_ADDR, str, "", USER, 0,
        "IPv4 address the bootstrap root listens on and writes into the unique id; empty picks the "
        "first non-loopback interface, else 127.0.0.1.")
-TW_ENV(TW_AG_CHUNK_BYTES, size, "0",
+TW_ENV(TW_AG_CHUNK_BYTES, size, "0", DEV, 1,
        "AllGather chunk size in bytes (each chunk has its own flag); 0 lets the heuristic choose.")
 TW_ENV(
-    TW_AG_GROUP_M, int, "0",
+    TW_AG_GROUP_M, int, "0", DEV, 0,
     "Row blocks per L2 group in tw_ag_gemm's rank-rotated tile order; 0 lets the heuristic choose.")
-TW_ENV(TW_RS_STEAL, bool, "1",
-       "1: the GEMM CTAs of tw_gemm_rs / tw_gemm_ar take reduction work after their tiles "
-       "(measured 1.2-2.0x faster on 2 H200s, docs/PERF.md); 0: only the reduce CTAs reduce "
-       "(and tw_gemm_ar takes no owner epilogue). Every rank must set it alike.")
-TW_ENV(TW_RS_REDUCE_CTAS, int, "-1",
-       "For measurement: CTAs of tw_gemm_rs / tw_gemm_ar that start on the reduction (the args' "
-       "reduce_sms wins); 0 lets every CTA run the GEMM first and reduce after its tiles (only "
-       "with TW_RS_STEAL=1, else 1); -1 lets the plan choose.")
-TW_ENV(TW_RS_REDUCE_WALK, bool, "1",
-       "For measurement: 1 (the default) lets tw_gemm_rs / tw_gemm_ar's reduction and gather "
-       "step their 16-byte items by additions; 0 computes each item's row and column by a "
-       "division (the earlier code; the same bits).")
-TW_ENV(TW_RS_FUSED_W1, bool, "0",
-       "For measurement: 1 runs tw_gemm_rs / tw_gemm_ar at world 1 through the fused kernel "
-       "(partials into the own staging, counted, reduced) instead of the plain GEMM, so its GEMM "
-       "phase can be profiled (ncu replays kernels one at a time, which a multi-rank call cannot "
-       "survive). Needs a workspace.")
-TW_ENV(TW_RS_BAND, int, "0",
+TW_ENV(TW_RS_REDUCE_CTAS, int, "-1", DEV, 0,
+       "CTAs of tw_gemm_rs / tw_gemm_ar that start on the reduction (args.reduce_sms wins when "
+       "non-zero); 0 lets every CTA run the GEMM first and reduce after its tiles; -1 lets the "
+       "plan choose. Ranks may differ.")
+TW_ENV(TW_RS_FUSED_W1, bool, "0", DEV, 0,
+       "1 runs tw_gemm_rs / tw_gemm_ar at world 1 through the fused kernel (partials into the own "
+       "staging, counted, reduced) instead of the plain GEMM, so that its GEMM phase can be "
+       "profiled under a kernel-replaying profiler such as ncu, which a multi-rank call cannot "
+       "survive; needs a workspace. 0: world 1 is the plain GEMM.")
+TW_ENV(TW_RS_BAND, int, "0", DEV, 1,
        "Column blocks per band of tw_gemm_rs / tw_gemm_ar's tile order (A is read once per band); "
        "0 lets the heuristic choose.")
-TW_ENV(TW_RS_GROUP_UNITS, int, "0",
-       "For measurement: tw_gemm_rs / tw_gemm_ar put this many units (an owner's part of a 128 "
-       "x 256 tile) behind one flag, so each reduce and gather work item covers that many (at "
-       "least what the flag slice needs); 0 lets the plan choose (tw_gemm_ar: up "
-       "to 4 while the owner keeps 2 groups per CTA; else 1, or more where the call's units "
-       "outgrow the flag slice).")
-TW_ENV(TW_RS_BLOCK_N, int, "0",
-       "tw_gemm_rs / tw_gemm_ar: the fused GEMM's tile width, 128, 192 or 256 columns; 0 lets the "
-       "plan choose (128 where 128 x 256 tiles would leave a last wave of CTAs mostly idle, as "
-       "tw_gemm chooses: decode shapes; not where ranks share a GPU). 192 runs the ping-pong loop "
-       "(each tile one consumer warpgroup's, its epilogue under the other's mainloop; no owner "
-       "epilogue). Every rank must set it alike.")
-TW_ENV(TW_RS_INTERLEAVE, int, "-1",
+TW_ENV(TW_RS_GROUP_UNITS, int, "0", DEV, 1,
+       "tw_gemm_rs / tw_gemm_ar put this many units (an owner's part of one tile) behind one flag, "
+       "so each reduce and gather work item covers that many (at least what the flag slice needs); "
+       "0 lets the plan choose.")
+TW_ENV(TW_RS_BLOCK_N, int, "0", DEV, 1,
+       "tw_gemm_rs / tw_gemm_ar: the fused GEMM's tile width, 128, 192 or 256 columns; any other "
+       "value lets the plan choose (128 where 128 x 256 tiles would leave a last wave of CTAs "
+       "mostly idle, as tw_gemm chooses, except where ranks share a GPU; else 256). 192 runs the "
+       "ping-pong loop (each tile one consumer warpgroup's, its epilogue under the other's "
+       "mainloop; no owner epilogue).")
+TW_ENV(TW_RS_INTERLEAVE, int, "-1", DEV, 1,
        "tw_gemm_rs / tw_gemm_ar with m / world a multiple of 128: 1 interleaves the owners' row "
-       "blocks in each band sweep (every world consecutive tiles go to world owners, so peer "
-       "stores spread over the whole GEMM), 0 sweeps one owner's rows after another, -1 "
-       "interleaves with fp32 partials on distinct GPUs (where the stores wait on NVLink).")
-TW_ENV(TW_RS_SIGNAL, int, "5",
-       "How tw_gemm_rs / tw_gemm_ar's GEMM epilogue signals a stored tile (for measurement): bit "
-       "0 posts it from a warp without bulk stores in flight, bit 1 drops the separate fence "
-       "before the release red, bit 2 at GPU scope where every rank is on this GPU; 0 is the "
-       "first design. The fence and red run on the signal warp (docs/ARCHITECTURE.md).")
-TW_ENV(TW_AG_PEER_GATHER, int, "-1",
+       "blocks in each band sweep (every world consecutive tiles go to world owners, so stores to "
+       "peers spread over the whole GEMM), 0 sweeps one owner's rows after another, -1 lets the "
+       "plan choose (interleaved with fp32 partials on distinct GPUs).")
+TW_ENV(TW_AG_PEER_GATHER, int, "-1", DEV, 1,
        "tw_ag_gemm with the gathered output where every rank shares one GPU (shards of whole "
-       "128-row blocks): 1 lets the GEMM read the peers' shards in place, as with "
-       "no_gathered_out, and the tiles of column block 0 store each A box they load into "
-       "a_gathered (write-through: no copy CTAs, no second read); 0 pushes the shards and the "
-       "GEMM waits for them; -1 the write-through where N per rank <= 4096 (measured faster "
-       "there, slower at N=6144); 2 the write-through with every tile of a row block storing its "
-       "share of the k-blocks (measured faster than 1 only at N=1024, docs/PERF.md).")
-TW_ENV(TW_AG_AUTO_CE, int, "-1",
+       "128-row blocks): 1 lets the GEMM read the peers' shards in place, as with no_gathered_out, "
+       "and the tiles of column block 0 store each A box they load into a_gathered (write-through: "
+       "no copy CTAs, no second read); 2 the write-through with every tile of a row block storing "
+       "its share of the k-blocks; 0 pushes the shards and the GEMM waits for them; -1 lets the "
+       "plan choose (1 where N per rank <= 4096, else 0).")
+TW_ENV(TW_AG_AUTO_CE, int, "-1", DEV, 1,
        "tw_ag_gemm with comm_mode TW_AG_COMM_AUTO (the default), ranks on GPUs of their own, not "
-       "under graph capture: 1 always moves the shards by copy engine, 0 never, -1 with 2 ranks "
-       "(one process or one per GPU) where the push takes 0.3-0.8 of the GEMM's estimated time "
-       "(measured faster there on 2 H200s). Set it alike on every rank: ranks in different modes "
-       "wait for each other's flags until TW_WAIT_TIMEOUT_MS and fail.")
-TW_ENV(TW_AG_OWN_COPY_CE, int, "-1",
+       "under graph capture: 1 always moves the shards by copy engine, 0 never, -1 lets the plan "
+       "choose (2 ranks, one process or one per GPU, where the push takes 0.3-0.8 of the GEMM's "
+       "estimated time).")
+TW_ENV(TW_AG_OWN_COPY_CE, int, "-1", DEV, 0,
        "tw_ag_gemm (SM mode, not in place, shards of whole 128-row blocks): 1 copies the rank's "
        "own shard into a_gathered with a copy engine beside the kernel, 0 with the kernel's "
-       "communication CTAs after their pushes, -1 takes the copy engine on 2 ranks on GPUs of "
-       "their own where the "
-       "push is under 0.3 of the GEMM's estimated time (measured faster there, slower where the "
-       "push is a large share; docs/PERF.md).")
-TW_ENV(TW_AG_UNFUSED_SMALL, bool, "1",
-       "tw_ag_gemm: 1 runs tw_allgather then tw_gemm with K split over CTA clusters where the "
-       "GEMM has few tiles over a long K (tw_gemm's split_k -1 would split it: decode shapes), 0 "
-       "always the fused kernel. Every rank must set it alike.")
-TW_ENV(TW_AG_PDL, bool, "1",
-       "tw_ag_gemm's decode path (tw_allgather then the split-K tw_gemm) on ranks that do not "
-       "share a GPU: 1 launches the GEMM as a programmatic dependent of the allgather (its CTAs "
-       "start on the SMs the allgather leaves idle, bring their share of B into L2 and wait for "
-       "the allgather's end before they load the gathered rows), 0 after it as usual. Same "
-       "bits; ranks may differ (measured from graphs on 2 H200s: M=16 0.0161 -> 0.0155 ms, "
-       "M=64 0.0209 -> 0.0205).")
-TW_ENV(TW_AG_GEMM_WS, bool, "1",
-       "tw_ag_gemm's decode path: 1 gives its split-K tw_gemm the comm's workspace "
-       "(tw_gemm_args_t.workspace), so that the slices run as single CTAs on tiles of 64 of B's "
-       "rows, twice the CTAs of the cluster tree (the same bits); 0 the cluster tree. Ranks may "
-       "differ "
-       "(measurement knob; not yet run on a GPU).")
-TW_ENV(TW_AG_PEER_READ, bool, "1",
-       "tw_ag_gemm with no_gathered_out = 1 and every rank on one GPU: 1 reads the peers' "
-       "shards in place (no copies), 0 pushes them as on distinct GPUs.")
-TW_ENV(TW_AG_VARIANT, int, "-1",
-       "tw_ag_gemm kernel variant; -1 lets the plan choose (bit 0 where ranks share a GPU). Bit 0 "
-       "= the plain GEMM's 3-stage / 32 KiB epilogue split, bit 1 = static tile schedule instead "
-       "of the tile queue (measurement only, slower).")
-TW_ENV(TW_AR_PUSH, int, "-1",
+       "communication CTAs after their pushes, -1 lets the plan choose (the copy engine on 2 ranks "
+       "on GPUs of their own where the push is under 0.3 of the GEMM's estimated time).")
+TW_ENV(TW_AG_UNFUSED_SMALL, bool, "1", DEV, 1,
+       "tw_ag_gemm: 1 runs tw_allgather then tw_gemm with K split over CTAs where the GEMM has few "
+       "tiles over a long K (where tw_gemm's split_k -1 would split it: decode shapes), 0 always "
+       "the fused kernel. Same bits.")
+TW_ENV(TW_AG_VARIANT, int, "-1", DEV, 0,
+       "tw_ag_gemm kernel variant: 1 the plain GEMM's 3-stage / 32 KiB epilogue split, 0 the "
+       "op's own (4 stages at 128 x 256); -1 lets the plan choose (1 where ranks share a GPU). "
+       "Same bits.")
+TW_ENV(TW_AR_PUSH, int, "-1", DEV, 1,
        "tw_gemm_ar: 1 has each owner's reduction store its reduced rows into every other rank's "
-       "workspace (NVLink stores), where the workspace holds tw_gemm_rs_workspace_size() bytes; "
-       "0 has every rank load them from the owner (the first design); -1 pushes where no two "
-       "ranks of the comm share a GPU.")
-TW_ENV(TW_AR_PEER_OUT, int, "-1",
+       "workspace, where the workspace holds tw_gemm_rs_workspace_size() bytes; 0 has every rank "
+       "load them from the owner; -1 lets the plan choose (the push where no two ranks of the comm "
+       "share a GPU). Same bits.")
+TW_ENV(TW_AR_PEER_OUT, int, "-1", DEV, 1,
        "tw_gemm_ar into a plain out (out_symmetric 0) where every rank of the comm lives in one "
-       "process on one GPU (virtual ranks): -1 has the unfused pipeline's reduce kernel store "
-       "each rank's reduced rows straight into every rank's out (their addresses exchanged "
-       "through the control blocks at entry) instead of into a gather area that each rank then "
-       "copies, and lets the short-K rule of TW_RS_UNFUSED_SMALL take that pipeline as for "
-       "symmetric outputs; 0 never. Every rank must set it alike.")
-TW_ENV(TW_AR_DIRECT, int, "-1",
-       "tw_gemm_ar's direct scheme (every rank stores each partial tile into every rank's "
-       "staging and reduces all rows itself), taken when the workspace holds world x m x n "
-       "partials: 1 wherever it fits, 0 never, -1 where measured faster (2 ranks on distinct "
-       "GPUs: bf16 partials at m <= 4096 with K >= 4096, either partials at m < 128; the default "
-       "workspace holds it there).")
-TW_ENV(TW_RS_UNFUSED_SMALL, int, "-1",
+       "process on one GPU: -1 has the unfused pipeline's reduce kernel store each rank's reduced "
+       "rows straight into every rank's out (their addresses exchanged at entry) instead of into a "
+       "gather area that each rank then copies, and lets TW_RS_UNFUSED_SMALL's rule treat such "
+       "outs as symmetric; 0 never. Same bits.")
+TW_ENV(TW_AR_DIRECT, int, "-1", DEV, 1,
+       "tw_gemm_ar's direct scheme (every rank stores each partial tile into every rank's staging "
+       "and reduces all rows itself), where the workspace holds world x m x n partials: 1 wherever "
+       "it fits, 0 never, -1 lets the plan choose (2 ranks on distinct GPUs: bf16 partials at m <= "
+       "4096 with K >= 4096, either partials at m < 128). Same bits.")
+TW_ENV(TW_RS_UNFUSED_SMALL, int, "-1", DEV, 1,
        "tw_gemm_rs / tw_gemm_ar: 1 runs the unfused pipeline in the call (tw_gemm of the whole "
        "partial into the workspace, then one reduce kernel that waits for every rank's partial, "
-       "sums its rows in rank order and, for tw_gemm_ar, pushes them to every rank) wherever the "
-       "workspace holds it, 0 always the fused kernel, -1 at decode shapes: on ranks that do not "
-       "share a GPU tw_gemm_rs at m <= 512 and tw_gemm_ar at m <= 256, where ranks share one "
-       "tw_gemm_ar at m <= 64, tw_gemm_ar into symmetric outputs at m <= 4096 with K per rank <= "
-       "2048 and, with fp32 partials, K per rank <= 2048 and m >= 4096, tw_gemm_rs and "
-       "tw_gemm_ar into symmetric outputs (measured faster there; plain outs count as "
-       "symmetric where TW_AR_PEER_OUT applies). Same bits either way. Every rank must set it "
-       "alike.")
-TW_ENV(TW_RS_UNFUSED_WAIT_KERNEL, bool, "0",
-       "tw_gemm_rs / tw_gemm_ar's unfused pipeline: 1 waits for the peers' release of the "
-       "workspace in a kernel of its own before the GEMM (one launch more, the first version), 0 "
-       "in the GEMM's CTAs before their first tile. Same bits (measurement knob).")
-TW_ENV(TW_RS_UNFUSED_PDL, bool, "1",
-       "tw_gemm_rs / tw_gemm_ar's unfused pipeline on GPUs of their own: 1 launches the reduce "
-       "kernel with programmatic dependent launch (its CTAs start on idle SMs during the GEMM and "
-       "wait for its completion in griddepcontrol.wait), 0 after the GEMM as usual. Same bits "
-       "(measurement knob).")
-TW_ENV(TW_RS_UNFUSED_LL, int, "-1",
-       "tw_gemm_rs / tw_gemm_ar's unfused pipeline: 1 exchanges the rows in the comm's "
-       "low-latency area where the call's rows fit (TW_LL_BYTES): each rank stores its peers' "
-       "rows of its partial into their area as 16-byte words that carry the call's flag with "
-       "the data, so no handshake, no fence and no remote load lies on the path; -1 there where "
-       "a rank's words for one peer are at most 1 MiB, 2 MiB at m <= 128 where the swap-AB GEMM "
-       "stores them (measured faster; M=16 n 8192 on 2 H200s GEMM+RS 0.0178 -> 0.0144 ms, M=64 "
-       "fp32 0.0213 -> 0.0190), except for tw_gemm_ar where ranks share a GPU and its "
-       "rows can go straight into every rank's out (symmetric outputs or TW_AR_PEER_OUT; there "
-       "only bf16 partials at m <= 64 take the area); 0 the pull (an entry handshake, the owners "
-       "load the peers' partials, a release at the end). Same bits. Every rank must set it "
-       "alike.")
-TW_ENV(TW_RS_LL_EPI, bool, "1",
-       "tw_gemm_rs / tw_gemm_ar's unfused pipeline through the low-latency area "
-       "(TW_RS_UNFUSED_LL), where tw_gemm swaps A and B (m <= 64): 1 has the GEMM's epilogue "
-       "store each tile's rows as low-latency words into the owners' areas (its own rows into "
-       "its own), so the reduce kernel only waits for words; 0 has the GEMM store the partial "
-       "into the workspace and the reduce kernel push it. Same bits; ranks may differ "
-       "(measured: M=16 GEMM+RS from graphs on 2 H200s 0.0143 -> 0.0132 ms, bf16 partials "
-       "0.0137 -> 0.0109).")
-TW_ENV(TW_RS_LL_REDUCE, int, "-1",
-       "tw_gemm_rs where the GEMM's epilogue stores the low-latency words (TW_RS_LL_EPI): 1 has "
-       "that epilogue also sum this rank's own rows (it stores the peers' rows, then waits for "
-       "the peers' words of its own, adds in rank order and writes out), so own rows never "
-       "travel as words and the reduce kernel after it only keeps the call's books on one CTA; "
-       "0 leaves the sums to the reduce kernel; -1 (the rule) takes it at m <= 16 (2 H200s, one "
-       "process per GPU from graphs, M=16 n 8192 K 1024: 0.0115 -> 0.0104 ms with bf16 partials; "
-       "M=64 level). Same bits. Ranks may differ: the words each rank stores for its peers, and "
-       "where, are the same either way.")
-TW_ENV(TW_AG_LL, int, "-1",
-       "tw_allgather (and tw_ag_gemm's decode path through it): 1 exchanges the shards through "
-       "the comm's low-latency area where they fit (TW_LL_BYTES): each rank stores its shard "
-       "into every peer's area as 16-byte words carrying the call's flag, each copies the words "
-       "into its recv; -1 there on ranks that do not share a GPU for at most 512 KiB per rank; 0 "
-       "never (the SM push: entry handshake, copies, fenced flags). Every rank must set it "
-       "alike (measured: tw_ag_gemm's decode path M=16 from graphs on 2 H200s 0.0200 -> 0.0162 "
-       "ms).")
-TW_ENV(TW_LL_BYTES, size, "16M",
-       "Bytes of each rank's low-latency area (in its symmetric heap, taken at tw_comm_init): "
-       "where the unfused decode pipeline of tw_gemm_rs / tw_gemm_ar exchanges rows with flags "
-       "in the data (TW_RS_UNFUSED_LL). A call whose rows need more (2 x world x m/world x n x "
-       "partial bytes x 2, plus m x n x 4 for tw_gemm_ar) takes the pull. 0: none. Every rank "
-       "must set it alike.")
-TW_ENV(TW_RS_PULL, int, "-1",
-       "tw_gemm_rs / tw_gemm_ar: 1 has each rank store its whole partial locally and the owners "
-       "read their rows of it from every rank when reducing (the pull), 0 has the epilogue push "
-       "each tile into its owner's staging (the push), -1 pulls where more than 2 ranks of the "
-       "comm share a GPU (measured faster there) or where m / world is not a multiple of 64 "
-       "(decode shapes: owners' rows start inside the epilogue's boxes). Every rank must set it "
-       "alike.")
-TW_ENV(TW_RS_OWNER_EPI, int, "-1",
-       "tw_gemm_rs / tw_gemm_ar on 2 ranks (m / 2 a multiple of 128, one tile per counter): 1 "
-       "computes each rank's own tiles after the peer's partials of them have landed and reduces "
-       "them in the tile's epilogue (no own partial stored or re-read, no reduce CTA; tw_gemm_ar's "
-       "own tile also stores its reduced rows for the peer and sets its ready flag), 0 never, -1 "
-       "with fp32 partials, K < 4096 per rank and at least 3 waves of tiles (measured faster "
-       "there); tw_gemm_rs also not where args.reduce_sms or TW_RS_REDUCE_CTAS sets the reduce "
-       "CTAs. Every rank must set it alike.")
-TW_ENV(TW_TMA_MEMO, bool, "1",
-       "1: each host thread keeps the TMA tensor maps it encoded (128, direct-mapped) and reuses "
-       "one when a call asks for the same pointer, shape, stride and box again; 0: no map is kept "
-       "from then on, so every call encodes its maps (the encoding is a pure function of those "
-       "arguments, so a map kept before is still exact).")
-TW_ENV(TW_RS_GROUPED, bool, "0",
-       "Measurement: 1 has tw_gemm_rs / tw_gemm_ar take their tiles in the plain GEMM's grouped "
-       "order (16 row blocks a group, from the rows of owner rank + 1) instead of column bands "
-       "(not with the owner epilogue); the reduction then waits longer for its units.")
-TW_ENV(TW_GEMM_SWAP, int, "-1",
-       "tw_gemm (and the decode GEMM+RS / GEMM+AR pipeline through it) at m <= 64: 1 computes "
-       "C^T = B A^T on tiles of 128 of B's rows x 16 (m <= 16) or 64 of A's, so no wgmma row is "
-       "spent past m, and stores C transposed; 2 the same on tiles of 64 of B's rows (twice the "
-       "CTAs; unsplit only; 32 of A's rows wide at 16 < m <= 32); -1 (the rule) swaps, on 64-row "
-       "tiles where unsplit 128-row tiles "
-       "would fill at most half the SMs; 0 keeps 128-row tiles. The same bits (test_gemm checks "
-       "it); on an H200 M=16 N=8192 K=1024 the 128-row swap took 0.0077 ms against 0.0103. 1 and "
-       "2 also reach m <= 128 (64-wide tiles of A's rows, two at m 128), and there the rule of "
-       "tw_gemm_rs / tw_gemm_ar's decode pipeline (m <= 128) swaps too (M=128 N=8192 K=1024: "
-       "0.0087 ms against 0.0096).")
-TW_ENV(TW_SPLIT_SCATTER, bool, "0",
-       "tw_gemm with split_k (measurement): 1 has every slice of a tile sum one column band over "
-       "all slices and store it itself (one round through distributed shared memory on every "
-       "slice's path, slice order), 0 sums the slices as a tree into the first, which stores the "
-       "tile. Different bits from each other.")
-TW_ENV(TW_FAULT_STALL_TILE, int, "-1",
-       "For tests: the GEMM core's producer never loads the first stage of this tile (its index "
-       "in the call's tile order, every GEMM-core kernel of the process) and the pipeline's waits "
+       "sums its rows in rank order and, for tw_gemm_ar, stores them into every rank's output) "
+       "wherever the workspace holds it, 0 always the fused kernel, -1 lets the plan choose "
+       "(decode shapes: on ranks that do not share a GPU tw_gemm_rs at m <= 512 and tw_gemm_ar at "
+       "m <= 256; where ranks share one tw_gemm_ar at m <= 64, tw_gemm_ar into symmetric outputs "
+       "at m <= 4096 with K per rank <= 2048, and with fp32 partials tw_gemm_rs and tw_gemm_ar "
+       "into symmetric outputs at m >= 4096 with K per rank <= 2048; plain outs count as symmetric "
+       "where TW_AR_PEER_OUT applies). Same bits.")
+TW_ENV(TW_RS_UNFUSED_LL, int, "-1", DEV, 1,
+       "tw_gemm_rs / tw_gemm_ar's unfused pipeline: 1 exchanges the rows in the comm's low-latency "
+       "area where the call's rows fit (TW_LL_BYTES): each rank stores its peers' rows of its "
+       "partial into their area as 16-byte words that carry the call's flag with the data (no "
+       "handshake, fence or remote load on the path); 0 the pull (an entry handshake, the owners "
+       "load the peers' partials, a release at the end); -1 lets the plan choose (the area where a "
+       "rank's words for one peer are at most 1 MiB, 2 MiB at m <= 128 where the swap-AB GEMM "
+       "stores them; where ranks share a GPU and tw_gemm_ar's rows go straight into every rank's "
+       "out, only bf16 partials at m <= 64). Same bits.")
+TW_ENV(TW_RS_LL_REDUCE, int, "-1", DEV, 0,
+       "tw_gemm_rs where the swap-AB GEMM's epilogue stores the low-latency words: 1 has that "
+       "epilogue also sum this rank's own rows (it stores the peers' rows, waits for the peers' "
+       "words of its own, adds in rank order and writes out), so that own rows never travel as "
+       "words and the reduce kernel after it keeps the call's books on one CTA; 0 leaves the sums "
+       "to the reduce kernel; -1 lets the plan choose (1 at m <= 16). Same bits; ranks may differ.")
+TW_ENV(TW_AG_LL, int, "-1", DEV, 1,
+       "tw_allgather (and tw_ag_gemm's decode path through it): 1 exchanges the shards through the "
+       "comm's low-latency area where they fit (TW_LL_BYTES): each rank stores its shard into "
+       "every peer's area as 16-byte words carrying the call's flag, and each copies the words "
+       "into its recv; 0 never (the SM push: entry handshake, copies, fenced flags); -1 lets the "
+       "plan choose (the area on ranks that do not share a GPU for at most 512 KiB per rank).")
+TW_ENV(TW_LL_BYTES, size, "16M", USER, 1,
+       "Bytes of each rank's low-latency area (in its symmetric heap, taken at init): where "
+       "tw_allgather and the unfused decode pipeline of tw_gemm_rs / tw_gemm_ar exchange data with "
+       "flags in the data (TW_AG_LL, TW_RS_UNFUSED_LL). A call that needs more (for tw_gemm_rs 2 x "
+       "world x m/world x n x partial bytes x 2, plus m x n x 4 for tw_gemm_ar) takes the path "
+       "without it. 0: no area.")
+TW_ENV(
+    TW_RS_PULL, int, "-1", DEV, 1,
+    "tw_gemm_rs / tw_gemm_ar: 1 has each rank store its whole partial locally and the owners read "
+    "their rows of it from every rank when reducing (the pull), 0 has the epilogue push each tile "
+    "into its owner's staging (the push), -1 lets the plan choose (the pull where more than 2 "
+    "ranks of the comm share a GPU, or where m / world is not a multiple of 64). Same bits.")
+TW_ENV(
+    TW_RS_OWNER_EPI, int, "-1", DEV, 1,
+    "tw_gemm_rs / tw_gemm_ar on 2 ranks (m / 2 a multiple of 128, one unit per flag, the push): 1 "
+    "computes each rank's own tiles after the peer's partials of them have landed and reduces them "
+    "in the tile's epilogue (no own partial stored or re-read, no reduce CTA; tw_gemm_ar's own "
+    "tile also stores its reduced rows for the peer and sets its ready flag), 0 never, -1 lets the "
+    "plan choose (fp32 partials, K per rank < 4096 and at least 3 waves of tiles; for tw_gemm_rs "
+    "not where args.reduce_sms or TW_RS_REDUCE_CTAS sets the reduce CTAs). Same bits.")
+TW_ENV(
+    TW_GEMM_SWAP, int, "-1", DEV, 0,
+    "tw_gemm (and the unfused pipeline of tw_gemm_rs / tw_gemm_ar through it) at m <= 64: 1 "
+    "computes C^T = B A^T on tiles of 128 of B's rows x 16 (m <= 16) or 64 of A's rows, so no "
+    "wgmma row is spent past m, and stores C transposed; 2 the same on tiles of 64 of B's rows "
+    "(twice the CTAs; unsplit only; 32 of A's rows wide at 16 < m <= 32); 0 keeps 128-row tiles; "
+    "-1 lets the plan choose (the swap on 64-row tiles where unsplit 128-row tiles would fill at "
+    "most half the SMs; the unfused pipeline of tw_gemm_rs / tw_gemm_ar up to m 128 on GPUs of "
+    "their own). 1 and 2 also reach m <= 128 (64-wide tiles of A's rows, two at m 128). Same bits.")
+TW_ENV(TW_SPLIT_SCATTER, bool, "0", DEV, 0,
+       "tw_gemm with split_k > 1 and no workspace: 1 has every slice of a tile sum one column band "
+       "over all slices in slice order and store it itself (one round through distributed shared "
+       "memory on every slice's path), 0 sums the slices as a tree into the first slice, which "
+       "stores the tile. The two give different bits; each is the same on every run.")
+TW_ENV(TW_FAULT_STALL_TILE, int, "-1", DEV, 0,
+       "For tests: the GEMM core's producer never loads the first stage of this tile (its index in "
+       "the call's tile order, in every GEMM-core kernel of the process) and the pipeline's waits "
        "give up after 500 ms, so an internal stall must be reported (fused ops: "
        "tw_comm_async_error) or trap the kernel (tw_gemm), never hang. -1: off.")
-TW_ENV(TW_TRACE, bool, "0",
+TW_ENV(TW_TRACE, bool, "0", USER, 0,
        "1: every fused kernel records per-CTA phase times and wait totals, and one line per call "
-       "and rank goes to stderr when the call completes (costs a copy and a host callback).")
-TW_ENV(TW_WATCHDOG_S, int, "0",
-       "N > 0: a host thread reports, on stderr, a tilewire call that has not finished N seconds "
+       "and rank goes to stderr when the call completes (costs a copy and a host callback per "
+       "call). 0: off.")
+TW_ENV(TW_WATCHDOG_S, int, "0", USER, 0,
+       "N > 0: a host thread reports on stderr a tilewire call that has not finished N seconds "
        "after the one before it did: per CTA the bounded wait it spins in (channel, peer, item), "
        "the last GEMM tile its producer claimed and its consumers finished, and when. Puts the "
-       "TW_TRACE rows in host-mapped memory (per-call lines only with TW_TRACE=1).")
-TW_ENV(TW_AG_COMM_SMS, int, "0",
+       "TW_TRACE rows in host-mapped memory (per-call lines only with TW_TRACE=1). 0: off.")
+TW_ENV(TW_AG_COMM_SMS, int, "0", DEV, 0,
        "SMs given to communication in tw_allgather and tw_ag_gemm; 0 lets the heuristic choose.")

@@ -8,6 +8,10 @@ extern "C" {
 
 enum { TW_LOG_WARN = 1, TW_LOG_INFO = 2, TW_LOG_DEBUG = 3 };
 
+/* The level TW_LOG_LEVEL sets (read at every call): 0 silent, 1 warnings (the default), 2 info,
+ * 3 debug. */
+int tw_log_level(void);
+
 void tw_log(int level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 

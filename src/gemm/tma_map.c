@@ -2,7 +2,6 @@
 
 #include <string.h>
 
-#include "core/env.h"
 #include "runtime/driver.h"
 
 typedef struct tma_slot {
@@ -49,9 +48,7 @@ tw_status_t tw_tma_map_2d(CUtensorMap *map, CUtensorMapDataType dtype, int elem_
                           const void *ptr, uint64_t cols, uint64_t rows, uint64_t ld,
                           uint32_t box_cols, uint32_t box_rows, const char *what) {
   const tw_tma_args_t args = {ptr, cols, rows, ld, box_cols, box_rows, (int32_t)dtype, elem_bytes};
-  /* A hit needs no knob read (a getenv per map, about a dozen per fused call): a kept map is
-   * the encoding of exactly these arguments whenever it was kept. The knob decides what is
-   * kept, so with TW_TMA_MEMO=0 from the start nothing is. */
+  /* A kept map is the encoding of exactly these arguments, whenever it was kept. */
   if (tw_tma_memo_get(&args, map))
     return TW_SUCCESS;
   const tw_driver_api_t *api = NULL;
@@ -67,7 +64,7 @@ tw_status_t tw_tma_map_2d(CUtensorMap *map, CUtensorMapDataType dtype, int elem_
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   st = tw_cu_check(res, what);
-  if (st == TW_SUCCESS && tw_env_int(TW_TMA_MEMO_ID) != 0)
+  if (st == TW_SUCCESS)
     tw_tma_memo_put(&args, map);
   return st;
 }

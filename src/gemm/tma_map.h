@@ -18,7 +18,7 @@ tw_status_t tw_tma_map_2d(CUtensorMap *map, CUtensorMapDataType dtype, int elem_
                           const void *ptr, uint64_t cols, uint64_t rows, uint64_t ld,
                           uint32_t box_cols, uint32_t box_rows, const char *what);
 
-/* The memo behind tw_tma_map_2d (TW_TMA_MEMO): the encoding is a pure function of these
+/* The memo behind tw_tma_map_2d: the encoding is a pure function of these
  * arguments, and a fused call encodes one map per operand and per peer slot on every call, so
  * each thread keeps the maps it encoded last (direct-mapped, TW_TMA_MEMO_SLOTS). Exposed for
  * the host test. */

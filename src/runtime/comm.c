@@ -93,36 +93,40 @@ void tw_assign_gpus(tw_comm_t comm, const uint64_t *host_of, const uint8_t (*uui
   }
 }
 
-/* Knobs that fix how ranks number, store or fetch each other's data: chunk and tile numbering,
- * unit groups, the gather and reduction schemes. A rank that disagrees would wait for flags its
- * peers never set, or sum partials that had not landed. Knobs that only shape a rank's own
- * work (CTA counts, signalling, tracing) may differ. */
-static const tw_env_id alike_knobs[] = {
-    TW_AG_CHUNK_BYTES_ID, TW_RS_BAND_ID,          TW_RS_GROUP_UNITS_ID, TW_RS_INTERLEAVE_ID,
-    TW_RS_PULL_ID,        TW_AR_PUSH_ID,          TW_AR_DIRECT_ID,      TW_AG_PEER_GATHER_ID,
-    TW_AG_PEER_READ_ID,   TW_AG_AUTO_CE_ID,       TW_RS_OWNER_EPI_ID,   TW_RS_STEAL_ID,
-    TW_RS_BLOCK_N_ID,     TW_AG_UNFUSED_SMALL_ID, TW_RS_UNFUSED_LL_ID,  TW_LL_BYTES_ID,
-    TW_AG_LL_ID,          TW_AR_PEER_OUT_ID};
-_Static_assert(sizeof(alike_knobs) / sizeof(alike_knobs[0]) <= TW_PEER_KNOBS,
+/* The knobs every rank must set alike are the table's alike column (core/env_defs.h): each
+ * fixes how ranks number, store, fetch or agree on each other's data, or which kernel or plan
+ * runs where the peers run the same one. A rank that disagrees would wait for flags its peers
+ * never set, or sum partials that had not landed. They travel in table order in
+ * tw_peer_info_t.knobs. */
+_Static_assert(TW_ENV_ALIKE_COUNT <= TW_PEER_KNOBS,
                "TW_PEER_KNOBS holds every knob that ranks must set alike");
-enum { n_alike_knobs = (int)(sizeof(alike_knobs) / sizeof(alike_knobs[0])) };
 
 void tw_alike_knobs(int64_t *knobs) {
-  for (int i = 0; i < TW_PEER_KNOBS; i++)
-    knobs[i] = i < n_alike_knobs ? tw_env_int(alike_knobs[i]) : 0;
+  int slot = 0;
+  for (int id = 0; id < TW_ENV_COUNT; id++)
+    if (tw_env_alike((tw_env_id)id))
+      knobs[slot++] = tw_env_int((tw_env_id)id);
+  while (slot < TW_PEER_KNOBS)
+    knobs[slot++] = 0;
 }
 
 tw_status_t tw_check_alike_knobs(const tw_peer_info_t *peers, int world) {
-  for (int i = 0; i < n_alike_knobs; i++)
+  int slot = 0;
+  for (int id = 0; id < TW_ENV_COUNT; id++) {
+    if (!tw_env_alike((tw_env_id)id))
+      continue;
     for (int r = 1; r < world; r++)
-      if (peers[r].knobs[i] != peers[0].knobs[i]) {
+      if (peers[r].knobs[slot] != peers[0].knobs[slot]) {
         const char *name = "?";
-        tw_env_describe((int)alike_knobs[i], &name, NULL, NULL, NULL, NULL);
+        tw_env_describe(id, &name, NULL, NULL, NULL, NULL);
         return tw_fail(TW_ERR_INVALID_ARGUMENT,
                        "%s is %lld on rank 0 but %lld on rank %d: every rank must set it alike "
-                       "(it fixes how ranks number and exchange their data; docs/ENV.md)",
-                       name, (long long)peers[0].knobs[i], (long long)peers[r].knobs[i], r);
+                       "(it fixes how ranks number and exchange their data; the Alike column of "
+                       "docs/ENV.md and docs/ENV-DEV.md)",
+                       name, (long long)peers[0].knobs[slot], (long long)peers[r].knobs[slot], r);
       }
+    slot++;
+  }
   return TW_SUCCESS;
 }
 

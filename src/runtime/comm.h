@@ -53,7 +53,7 @@ struct tw_comm {
   void *ll;
   size_t ll_bytes;
   /* tw_ag_gemm's decode GEMM: tw_gemm's split-K workspace (TW_GEMM_WORKSPACE_BYTES, zeroed at
-   * init; TW_AG_GEMM_WS) */
+   * init) */
   void *gemm_ws;
   tw_err_block_t *err_host;
   tw_err_block_t *err_dev;
@@ -114,8 +114,8 @@ void tw_assign_nodes(struct tw_comm *comm, const uint64_t *host_of, int ranks_pe
  * hash and GPU UUID: ranks of one host whose UUIDs match share a GPU. */
 void tw_assign_gpus(struct tw_comm *comm, const uint64_t *host_of, const uint8_t (*uuid)[16],
                     const int *sm_count, const int *sm_budget_cfg);
-/* The values of the knobs that fix how ranks number, store or fetch each other's data
- * (TW_RS_BAND, TW_RS_GROUP_UNITS, TW_AR_PUSH, ...), in a fixed order, into knobs[0,
+/* The values of the knobs every rank must set alike (the alike column of core/env_defs.h:
+ * TW_RS_BAND, TW_RS_GROUP_UNITS, TW_AR_PUSH, ...), in table order, into knobs[0,
  * TW_PEER_KNOBS) (unused slots 0). */
 void tw_alike_knobs(int64_t *knobs);
 /* TW_ERR_INVALID_ARGUMENT, naming the knob and two ranks, where ranks' values differ

@@ -560,25 +560,6 @@ int main(int argc, char **argv) {
     test_shape_changes(worlds[wi], seed + 5500 + wi);
   test_graph(small ? 2 : 4, 10, seed + 6000);
   static const env_cases_t cases[] = {
-      /* TW_RS_STEAL=0 (the default is 1): only the reduce CTAs reduce; not a bit changes. */
-      {"TW_RS_STEAL",
-       "0",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{100, 264, 200, 0}, {1024, 1024, 512, 1}, {300, 520, 1032, 0}},
-       60,
-       4,
-       0},
-      /* TW_RS_REDUCE_WALK=0: the reduction and gather find each item by a division (the
-       * earlier code) instead of ItemWalk; same bits. */
-      {"TW_RS_REDUCE_WALK",
-       "0",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{100, 264, 200, 2}, {1024, 1024, 512, 3}, {1000, 8448, 64, 0}},
-       260,
-       4,
-       0},
       /* TW_RS_PULL=1: partials stored locally, owners read them when reducing; same bits. */
       {"TW_RS_PULL",
        "1",
@@ -718,26 +699,6 @@ int main(int argc, char **argv) {
        190,
        2,
        0},
-      /* TW_RS_SIGNAL=0: the first signalling design (fence, then the release red, from the
-       * thread that issued the stores; system scope on one GPU too); same bits. */
-      {"TW_RS_SIGNAL",
-       "0",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}},
-       170,
-       4,
-       0},
-      /* TW_RS_SIGNAL=7: the signal warp without the separate fence (the default signal bits
-       * before the fifth session). */
-      {"TW_RS_SIGNAL",
-       "7",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {1, 8, 8, 0}},
-       175,
-       4,
-       0},
       /* TW_RS_INTERLEAVE=1 / 0: the owners' row blocks interleaved in each band (the default
        * for fp32 partials on distinct GPUs only) and not (shapes of whole row blocks per
        * owner, where it applies; bands of 3 for several bands); same bits. */
@@ -818,16 +779,6 @@ int main(int argc, char **argv) {
        189,
        2,
        1},
-      /* TW_RS_GROUPED=1 (measurement): the plain GEMM's grouped tile order instead of bands;
-       * the reduction waits for its units in any order; same bits. */
-      {"TW_RS_GROUPED",
-       "1",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{100, 264, 200, 0}, {1024, 1024, 512, 2}, {300, 520, 1032, 0}},
-       190,
-       2,
-       0},
       /* TW_RS_REDUCE_CTAS=0: no CTA starts on the reduction; every CTA runs its GEMM tiles,
        * then reduces (and gathers) through the queues; same bits. */
       {"TW_RS_REDUCE_CTAS",
@@ -894,9 +845,8 @@ int main(int argc, char **argv) {
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
     run_env_cases(&cases[i], small, seed);
-  /* the unfused pipeline into symmetric outputs (tw_gemm_ar pushes into every rank's out), and
-   * with the peers' release waited for by a kernel of its own (the first version) instead of in
-   * the GEMM's CTAs; same bits */
+  /* the unfused pipeline into symmetric outputs (tw_gemm_ar pushes into every rank's out); same
+   * bits */
   setenv("TW_RS_UNFUSED_SMALL", "1", 1);
   static const env_cases_t unfused_cases[] = {
       {"TW_TEST_OUT_SYMMETRIC",
@@ -907,18 +857,8 @@ int main(int argc, char **argv) {
        290,
        3,
        1},
-      {"TW_RS_UNFUSED_WAIT_KERNEL",
-       "1",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{100, 264, 200, 0}, {32, 8192, 1024, 0}, {1, 8, 8, 0}},
-       295,
-       3,
-       1},
-      /* the reduce kernel after the GEMM as usual (elsewhere, on GPUs of their own, launched
-       * during it: programmatic dependent launch) */
-      {"TW_RS_UNFUSED_PDL",
-       "0",
+      {NULL,
+       "",
        NULL,
        TW_PARTIALS_BF16,
        {{100, 264, 200, 0}, {32, 8192, 1024, 0}, {1, 8, 8, 0}},
@@ -955,31 +895,23 @@ int main(int argc, char **argv) {
        2,
        0},
       /* through the area at swap-AB shapes (m <= 64 up to world 4): the GEMM's epilogue stores
-       * the words (the default) or the reduce kernel pushes the partial (=0); both partials */
-      {"TW_RS_LL_EPI",
-       "1",
+       * the words; both partials */
+      {NULL,
+       "",
        NULL,
        TW_PARTIALS_FP32,
        {{8, 1032, 264, 0}, {16, 8192, 520, 0}, {3, 1000, 72, 0}},
        300,
        2,
        1},
-      {"TW_RS_LL_EPI",
-       "1",
+      {NULL,
+       "",
        NULL,
        TW_PARTIALS_BF16,
        {{16, 8192, 1032, 0}, {5, 520, 4104, 0}, {1, 8, 8, 0}},
        301,
        2,
        1},
-      {"TW_RS_LL_EPI",
-       "0",
-       NULL,
-       TW_PARTIALS_FP32,
-       {{8, 1032, 264, 0}, {16, 8192, 520, 0}, {3, 1000, 72, 0}},
-       302,
-       2,
-       0},
       /* tw_gemm_rs's own rows summed in that epilogue (TW_RS_LL_REDUCE=1; tw_gemm_ar as
        * before), both partials, back-to-back calls (rs and ar in turn) and a graph */
       {"TW_RS_LL_REDUCE",

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/env.h"
 #include "runtime/comm.h"
 #include "runtime/cuda_check.h"
 #include "tw_test.h"
@@ -198,18 +199,44 @@ static void test_alike_knobs(void) {
   tw_alike_knobs(peers[1].knobs);
   TEST_TW_OK(tw_check_alike_knobs(peers, 2));
   unsetenv("TW_RS_REDUCE_CTAS");
-  /* tw_gemm_ar's owner epilogue changes how its gather items are numbered, and needs stealing:
-   * both knobs must agree (thirteenth session). */
-  setenv("TW_RS_STEAL", "0", 1); /* 1 by default */
-  tw_alike_knobs(peers[1].knobs);
-  TEST_TW_FAILS(tw_check_alike_knobs(peers, 2), TW_ERR_INVALID_ARGUMENT,
-                "TW_RS_STEAL is 1 on rank 0 but 0 on rank 1");
-  unsetenv("TW_RS_STEAL");
+  /* tw_gemm_ar's owner epilogue changes how its gather items are numbered */
   setenv("TW_RS_OWNER_EPI", "0", 1); /* -1 by default */
   tw_alike_knobs(peers[1].knobs);
   TEST_TW_FAILS(tw_check_alike_knobs(peers, 2), TW_ERR_INVALID_ARGUMENT,
                 "TW_RS_OWNER_EPI is -1 on rank 0 but 0 on rank 1");
   unsetenv("TW_RS_OWNER_EPI");
+  /* the unfused pipeline or the fused kernel: the ranks must run the same one */
+  setenv("TW_RS_UNFUSED_SMALL", "1", 1); /* -1 by default */
+  tw_alike_knobs(peers[1].knobs);
+  TEST_TW_FAILS(tw_check_alike_knobs(peers, 2), TW_ERR_INVALID_ARGUMENT,
+                "TW_RS_UNFUSED_SMALL is -1 on rank 0 but 1 on rank 1");
+  unsetenv("TW_RS_UNFUSED_SMALL");
+  tw_alike_knobs(peers[1].knobs);
+  TEST_TW_OK(tw_check_alike_knobs(peers, 2));
+  /* Every knob of the table: a rank that sets it differently fails the check exactly where the
+   * table's alike column says so. */
+  for (int id = 0; id < TW_ENV_COUNT; id++) {
+    const char *name = NULL, *type = NULL;
+    TEST_TW_OK(tw_env_describe(id, &name, &type, NULL, NULL, NULL));
+    if (!strcmp(type, "str"))
+      continue; /* no str knob is alike (tw_alike_knobs reads integers) */
+    char *saved = getenv(name) ? strdup(getenv(name)) : NULL;
+    unsetenv(name);
+    tw_alike_knobs(peers[0].knobs);
+    const int64_t def = tw_env_int((tw_env_id)id);
+    setenv(name, def == 1 ? "0" : "1", 1);
+    tw_alike_knobs(peers[1].knobs);
+    const tw_status_t st = tw_check_alike_knobs(peers, 2);
+    TEST_ASSERT((st != TW_SUCCESS) == tw_env_alike((tw_env_id)id),
+                "%s set on one rank only: the check says %d, alike %d", name, (int)st,
+                tw_env_alike((tw_env_id)id));
+    if (saved)
+      setenv(name, saved, 1);
+    else
+      unsetenv(name);
+    free(saved);
+  }
+  tw_alike_knobs(peers[0].knobs);
   tw_alike_knobs(peers[1].knobs);
   TEST_TW_OK(tw_check_alike_knobs(peers, 2));
 }

@@ -1,8 +1,9 @@
 /*
  * The env knob table (src/core/env_defs.h) and what reads it: every knob is well
  * formed, the environment changes what the library reads, sizes parse, bad values
- * fall back to the default, and docs/ENV.md is what the generator writes today.
- * Runs with the repository root as working directory (for docs/ENV.md).
+ * fall back to the default, the log level reads as its knob does, and docs/ENV.md and
+ * docs/ENV-DEV.md are what the generator writes today. Runs with the repository root as
+ * working directory (for docs/).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,9 +11,8 @@
 
 #include "core/env.h"
 #include "core/env_doc.h"
+#include "core/log.h"
 #include "tw_test.h"
-
-static const char *const env_doc_path = "docs/ENV.md";
 
 static int is_int_type(const char *type) {
   return !strcmp(type, "int") || !strcmp(type, "size") || !strcmp(type, "bool");
@@ -57,6 +57,29 @@ static void test_table(void) {
       TEST_ASSERT(!strcmp(def, "0") || !strcmp(def, "1"), "%s: default \"%s\" is not 0/1", name,
                   def);
   }
+  /* The generator's copy of the table (env_doc.c) is the library's, row for row. */
+  int rows_count = 0, alike = 0;
+  const tw_env_doc_row *rows = tw_env_doc_rows(&rows_count);
+  TEST_REQUIRE(rows_count == count, "env_doc has %d rows, the library %d knobs", rows_count, count);
+  for (int i = 0; i < count; i++) {
+    const char *name = NULL;
+    TEST_TW_OK(tw_env_describe(i, &name, NULL, NULL, NULL, NULL));
+    TEST_ASSERT(!strcmp(rows[i].name, name), "row %d: %s in env_doc, %s in the library", i,
+                rows[i].name, name);
+    TEST_ASSERT(rows[i].developer == (tw_env_class_of((tw_env_id)i) == TW_ENV_DEV),
+                "%s: class differs", name);
+    TEST_ASSERT(rows[i].alike == tw_env_alike((tw_env_id)i) &&
+                    (rows[i].alike == 0 || rows[i].alike == 1),
+                "%s: alike %d / %d", name, rows[i].alike, tw_env_alike((tw_env_id)i));
+    /* A description that says ranks must agree is a knob the init check compares. */
+    if (strstr(rows[i].description, "alike") && strstr(rows[i].description, "every rank"))
+      TEST_ASSERT(rows[i].alike, "%s: its description asks for every rank alike, alike is 0", name);
+    TEST_ASSERT(!rows[i].alike || strcmp(rows[i].type, "str") != 0,
+                "%s: a str knob cannot be alike (the check compares integers)", name);
+    alike += rows[i].alike;
+  }
+  TEST_ASSERT(alike == TW_ENV_ALIKE_COUNT, "%d alike knobs, TW_ENV_ALIKE_COUNT %d", alike,
+              (int)TW_ENV_ALIKE_COUNT);
   /* NULL outputs are allowed: a caller may want only the name. */
   TEST_TW_OK(tw_env_describe(0, NULL, NULL, NULL, NULL, NULL));
 }
@@ -204,12 +227,37 @@ static char *read_file(const char *path, size_t *size) {
   return data;
 }
 
-static void test_env_doc_is_current(void) {
+/* log.c reads TW_LOG_LEVEL itself (it sits below env.c, which warns through it): the level
+ * it uses is the value tw_env_int gives the knob, valid or not. */
+static void test_log_level(void) {
+  char *saved = getenv("TW_LOG_LEVEL") ? strdup(getenv("TW_LOG_LEVEL")) : NULL;
+  static const char *const values[] = {NULL, "0", "1", "2", "3", "7", "-1", "abc", "2x", ""};
+  for (size_t v = 0; v < sizeof(values) / sizeof(values[0]); v++) {
+    if (values[v])
+      setenv("TW_LOG_LEVEL", values[v], 1);
+    else
+      unsetenv("TW_LOG_LEVEL");
+    const int64_t want = tw_env_int(TW_LOG_LEVEL_ID);
+    TEST_ASSERT(tw_log_level() == want, "TW_LOG_LEVEL=%s: log.c %d, the knob %lld",
+                values[v] ? values[v] : "(unset)", tw_log_level(), (long long)want);
+  }
+  if (saved)
+    setenv("TW_LOG_LEVEL", saved, 1);
+  else
+    unsetenv("TW_LOG_LEVEL");
+  free(saved);
+}
+
+/* docs/ENV.md (developer 0) or docs/ENV-DEV.md (developer 1) is what the generator writes,
+ * whatever the environment holds. */
+static void test_env_doc_is_current(int developer) {
+  const char *const env_doc_path = developer ? "docs/ENV-DEV.md" : "docs/ENV.md";
+  const char *const flag = developer ? "--env-dev-markdown" : "--env-markdown";
   char *generated = NULL;
   size_t generated_size = 0;
   FILE *out = open_memstream(&generated, &generated_size);
   TEST_REQUIRE(out, "open_memstream failed");
-  TEST_ASSERT(tw_env_markdown(out) == 0, "tw_env_markdown failed");
+  TEST_ASSERT(tw_env_markdown(out, developer) == 0, "tw_env_markdown failed");
   TEST_REQUIRE(fclose(out) == 0, "closing the memstream failed");
 
   /* The generator must not depend on the environment: set every knob and generate again. */
@@ -226,7 +274,7 @@ static void test_env_doc_is_current(void) {
   size_t again_size = 0;
   out = open_memstream(&again, &again_size);
   TEST_REQUIRE(out, "open_memstream failed");
-  TEST_ASSERT(tw_env_markdown(out) == 0, "tw_env_markdown failed");
+  TEST_ASSERT(tw_env_markdown(out, developer) == 0, "tw_env_markdown failed");
   TEST_REQUIRE(fclose(out) == 0, "closing the memstream failed");
   for (int i = count - 1; i >= 0; i--) {
     const char *name = NULL;
@@ -255,8 +303,7 @@ static void test_env_doc_is_current(void) {
           line++;
       fprintf(stderr, "%s differs from the generator at line %zu\n", env_doc_path, line);
     }
-    TEST_ASSERT(same, "%s is out of date: run `tw-info --env-markdown > %s`", env_doc_path,
-                env_doc_path);
+    TEST_ASSERT(same, "%s is out of date: run `tw-info %s > %s`", env_doc_path, flag, env_doc_path);
   }
   free(file);
   free(generated);
@@ -268,6 +315,8 @@ int main(void) {
   test_setenv_changes_current();
   test_parse_size();
   test_invalid_falls_back();
-  test_env_doc_is_current();
+  test_log_level();
+  test_env_doc_is_current(0);
+  test_env_doc_is_current(1);
   return tw_test_finish();
 }

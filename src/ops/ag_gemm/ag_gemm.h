@@ -36,7 +36,7 @@ typedef struct tw_ag_gemm_plan {
                          store the A boxes they load into a_gathered (write-through;
                          TW_AG_PEER_GATHER): 1 column block 0's tiles store, 2 every tile its
                          share of the k-blocks (experimental) */
-  int variant;        /* kernel variant (TW_AG_VARIANT bits): bit 0 wide epilogue, 3 stages */
+  int variant;        /* kernel variant (TW_AG_VARIANT): 1 the wide epilogue, 3 stages; 0 not */
   int own_copy_ce;    /* push mode: a copy engine fills the own slot (set by tw_ag_gemm_prepare) */
   int auto_ce;        /* TW_AG_COMM_AUTO took the copy engine (tw_ag_gemm_prepare) */
 } tw_ag_gemm_plan_t;
@@ -54,7 +54,7 @@ void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *args, tw_ag_gemm_plan_t 
  * the envs as read (peer_gather_env -1: the plan decides). */
 void tw_ag_gemm_plan_peer(tw_ag_gemm_plan_t *plan, int world, int no_gathered_out, int sm_mode,
                           int all_on_gpu, int64_t m_local, int64_t n, int own_in_place,
-                          int comm_sms_arg, int peer_read_env, int peer_gather_env);
+                          int comm_sms_arg, int peer_gather_env);
 
 #ifdef __CUDACC__
 static __host__ __device__ __forceinline__ int tw_ag_gemm_flag_index(int src, int chunk) {

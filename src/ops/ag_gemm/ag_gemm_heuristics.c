@@ -88,7 +88,7 @@ void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *a, tw_ag_gemm_plan_t *pl
    * virtual ranks: flux-tp8 8.5-8.9 ms against 10.5-11.6, M=16384 without copies 15.5 against
    * 16.4-18.3 (two runs, 2026-11-29, docs/PERF.md). On 2 H200s it was slower (flux-tp8 0.899
    * against 0.860 ms, M=16384 1.669 against 1.600), so distinct GPUs keep 4 stages. */
-  plan->variant = a->variant_env >= 0 ? (a->variant_env & 3) : (a->shared_gpu ? 1 : 0);
+  plan->variant = a->variant_env >= 0 ? (a->variant_env & 1) : (a->shared_gpu ? 1 : 0);
   plan->own_copy_ce = 0;
   plan->peer_read = 0;
   plan->peer_gather = 0;
@@ -97,7 +97,7 @@ void tw_ag_gemm_make_plan(const tw_ag_gemm_plan_args_t *a, tw_ag_gemm_plan_t *pl
 
 void tw_ag_gemm_plan_peer(tw_ag_gemm_plan_t *plan, int world, int no_gathered_out, int sm_mode,
                           int all_on_gpu, int64_t m_local, int64_t n, int own_in_place,
-                          int comm_sms_arg, int peer_read_env, int peer_gather_env) {
+                          int comm_sms_arg, int peer_gather_env) {
   /* Peer reads (see tilewire.h, no_gathered_out): every rank on this GPU, shards of whole
    * 128-row blocks (a tile reads one peer's slot), the SM-driven mode. With the gathered
    * output the GEMM writes the peers' rows through to a_gathered (the write-through gather)
@@ -117,7 +117,7 @@ void tw_ag_gemm_plan_peer(tw_ag_gemm_plan_t *plan, int world, int no_gathered_ou
                           : peer_gather_env < 0 && n <= 4096 ? 1
                                                              : 0;
   plan->peer_read = (no_gathered_out || peer_gather) && sm_mode && all_on_gpu &&
-                    world <= TW_AG_PEER_READ_MAX_WORLD && m_local % 128 == 0 && peer_read_env != 0;
+                    world <= TW_AG_PEER_READ_MAX_WORLD && m_local % 128 == 0;
   plan->peer_gather = plan->peer_read ? peer_gather : 0;
   if (plan->peer_read) { /* the communication CTAs only copy the own slot and set the flags */
     const int want = own_in_place ? 1 : (plan->nchunks < 4 ? plan->nchunks : 4);

@@ -43,13 +43,11 @@ template <> struct AgConfig<256> { static constexpr int kStages = 4; };
 template <> struct AgConfig<128> { static constexpr int kStages = 6; };
 constexpr int kEpiBytes = 16384;
 
-/* Kernel variants (plan.variant; TW_AG_VARIANT overrides): bit 0 takes the plain GEMM's stage /
+/* Kernel variants (plan.variant; TW_AG_VARIANT overrides): 1 takes the plain GEMM's stage /
  * epilogue split (3 stages and 32 KiB per consumer warpgroup at 128x256; 128x128 tiles keep
- * theirs), chosen where ranks share a GPU; bit 1 the static tile schedule instead of the tile
- * queue (measurement only: slower everywhere). */
+ * theirs), chosen where ranks share a GPU. Both claim tiles from the tile queue. */
 template <int BN, int V> struct AgVariant {
   static constexpr bool kPlainSplit = (V & 1) != 0;
-  static constexpr bool kDynamic = (V & 2) == 0;
   static constexpr bool kSplit = kPlainSplit && BN == 256; /* 128-wide tiles: as the default */
   static constexpr int kStages = kSplit ? 3 : AgConfig<BN>::kStages;
   static constexpr int kEpi = kSplit ? 32768 : kEpiBytes;
@@ -200,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0 && (int)blockIdx.x < p.comm_ctas)
     tw_trace_stamp(dc, TW_TR_COMM_END);
   using Var = AgVariant<BN, V>;
-  gemm_cta_loop<Var::kStages, Var::kEpi, EpiTmaStore<Out>, AgWait, Var::kDynamic, 1, BN>(
+  gemm_cta_loop<Var::kStages, Var::kEpi, EpiTmaStore<Out>, AgWait, true, 1, BN>(
       p.gemm, smem_raw, (int32_t)blockIdx.x, (int32_t)gridDim.x);
   __syncthreads();
   if (threadIdx.x == 0)
@@ -235,12 +233,8 @@ tw_status_t launch_v(AgParams<Out> &params, int grid, cudaStream_t stream) {
 
 template <class Out, int BN>
 tw_status_t launch(AgParams<Out> &params, int variant, int grid, cudaStream_t stream) {
-  switch (variant & 3) {
-  case 1: return launch_v<Out, BN, 1>(params, grid, stream);
-  case 2: return launch_v<Out, BN, 2>(params, grid, stream);
-  case 3: return launch_v<Out, BN, 3>(params, grid, stream);
-  default: return launch_v<Out, BN, 0>(params, grid, stream);
-  }
+  return variant & 1 ? launch_v<Out, BN, 1>(params, grid, stream)
+                     : launch_v<Out, BN, 0>(params, grid, stream);
 }
 
 template <class Out, int BN> cudaError_t preload_variants() {
@@ -248,10 +242,6 @@ template <class Out, int BN> cudaError_t preload_variants() {
   cudaError_t e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<Out, BN, 0>);
   if (e == cudaSuccess)
     e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<Out, BN, 1>);
-  if (e == cudaSuccess)
-    e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<Out, BN, 2>);
-  if (e == cudaSuccess)
-    e = cudaFuncGetAttributes(&attr, ag_gemm_kernel<Out, BN, 3>);
   return e;
 }
 
@@ -419,8 +409,7 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
     a->comm_mode = plan->auto_ce ? TW_AG_COMM_COPY_ENGINE : TW_AG_COMM_SM;
   tw_ag_gemm_plan_peer(plan, world, a->no_gathered_out, a->comm_mode == TW_AG_COMM_SM,
                        comm->ranks_on_device == world, a->m_local, a->n, a->a == (const void *)own,
-                       a->comm_sms, (int)tw_env_int(TW_AG_PEER_READ_ID),
-                       (int)tw_env_int(TW_AG_PEER_GATHER_ID));
+                       a->comm_sms, (int)tw_env_int(TW_AG_PEER_GATHER_ID));
   /* The own-slot copy by a copy engine (tw_ag_gemm_own_copy_ce), pushing mode only. Where no
    * tile straddles this shard and a peer's (world 1, or shards of whole 128-row blocks), the
    * own copy only feeds the gathered output (the shard's tiles read `a`), so it can run beside
@@ -562,7 +551,7 @@ static tw_status_t gathered_gemm(tw_comm_t comm, const tw_ag_gemm_args_t &a, con
   g.lda = a.k, g.ldb = a.ldb, g.ldc = a.ldc;
   g.sm_count = comm->sm_budget;
   g.split_k = split_k;
-  if (split_k < 0 && tw_env_int(TW_AG_GEMM_WS_ID) != 0) { /* the same bits, more CTAs */
+  if (split_k < 0) { /* the slices as single CTAs through the workspace: more CTAs, same bits */
     g.workspace = comm->gemm_ws;
     g.workspace_bytes = TW_GEMM_WORKSPACE_BYTES;
   }
@@ -631,11 +620,11 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
                                          cudaMemcpyDeviceToDevice, (cudaStream_t)stream),
                          "tw_ag_gemm: cudaMemcpyAsync(own slot)");
   } else if (unfused) {
-    /* TW_AG_PDL: on GPUs of their own the GEMM's CTAs start beside the allgather's (which
+    /* On GPUs of their own the GEMM's CTAs start beside the allgather's (which
      * wait only on their peers' allgathers, never on this GPU's other work) and stream B into
      * L2 meanwhile; on a shared GPU they could hold the SMs a co-resident rank's allgather
      * needs, so they start after it there. */
-    const int pdl = !comm->gpu_shared && tw_env_int(TW_AG_PDL_ID) != 0;
+    const int pdl = !comm->gpu_shared; /* a programmatic dependent of the allgather */
     st = tw_allgather(comm, a.a, a.a_gathered, shard_bytes, stream);
     if (st == TW_SUCCESS)
       st = gathered_gemm(comm, a, a.a_gathered, a.m_local * comm->world, -1, stream, pdl);

@@ -28,9 +28,9 @@ static __device__ __forceinline__ int item_peer(int item, int nchunks, int rank,
 }
 
 /* Both allgather kernels let a kernel launched after them as a programmatic dependent start at
- * once (tw_ag_gemm's decode GEMM, TW_AG_PDL: its CTAs take the SMs this grid leaves idle and
- * stream B into L2, then wait for this grid's end before they load the gathered rows). Every CTA
- * of this grid is resident by the time the dependent starts, so it cannot keep one off. */
+ * once (tw_ag_gemm's decode GEMM on GPUs of their own: its CTAs take the SMs this grid leaves idle
+ * and stream B into L2, then wait for this grid's end before they load the gathered rows). Every
+ * CTA of this grid is resident by the time the dependent starts, so it cannot keep one off. */
 static __device__ __forceinline__ void allow_dependents() {
   if (threadIdx.x == 0)
     tw::ptx::griddep_launch_dependents();

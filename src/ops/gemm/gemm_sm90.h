@@ -20,8 +20,8 @@ typedef struct tw_gemm_sm90_opts {
   const struct tw_dev_comm *released;
   int released_ch;
   /* tw_gemm_rs / tw_gemm_ar's unfused pipeline through the low-latency area (NULL otherwise,
-   * TW_RS_LL_EPI): the swap-AB GEMM (m <= 64, unsplit) stores its partial as low-latency words
-   * into the owners' areas (gemm_ll.cuh) instead of into c; with `released` NULL. */
+   * where it swaps A and B): the swap-AB GEMM (m <= 64, unsplit) stores its partial as low-latency
+   * words into the owners' areas (gemm_ll.cuh) instead of into c; with `released` NULL. */
   const struct tw_gemm_ll_epi *ll;
   /* 1: launched as a programmatic dependent of the kernel before it in the stream, which
    * writes args->a and lets its dependents start early (griddepcontrol.launch_dependents): the

@@ -67,8 +67,7 @@ typedef struct tw_gemm_rs_plan_args {
   int shared_gpu;     /* 1: some ranks of the comm share a GPU (and its L2); comm->gpu_shared,
                          the same on every rank: the band fixes the unit numbering */
   int interleave_env; /* TW_RS_INTERLEAVE (-1: the plan decides) */
-  int reduce_env;     /* TW_RS_REDUCE_CTAS (-1: the plan decides; 0: none, with stealing) */
-  int steal;          /* TW_RS_STEAL: the GEMM CTAs take reduction work after their tiles */
+  int reduce_env;     /* TW_RS_REDUCE_CTAS (-1: the plan decides; 0: none) */
   int group_env;      /* TW_RS_GROUP_UNITS: units per group (0: the plan decides) */
   int plan_sms;       /* comm->plan_sms, the same on every rank: sizes tw_gemm_ar's unit groups,
                          which every rank numbers alike (0: sm_budget) */
@@ -86,13 +85,12 @@ static inline int tw_rs_flag_stride(int comm_world) {
 typedef struct tw_gemm_rs_plan {
   int ctas;        /* grid: every CTA runs the GEMM loop */
   int band;        /* column blocks per band of the tile order (and of the unit numbering) */
-  int reduce_ctas; /* of which start on the reduction (0: none, the GEMM CTAs reduce after
-                      their tiles; only with stealing) */
+  int reduce_ctas; /* of which start on the reduction (0: none; every CTA takes reduction
+                      work after its tiles either way) */
   int group_units; /* units behind one flag */
   int groups_max;  /* groups of the owner with the most units (<= flag_stride) */
   int flag_stride; /* tw_rs_flag_stride(comm world): where the ready flags start */
   int interleave;  /* 1: the owners' row blocks interleaved in each band (not with direct) */
-  int steal;       /* the GEMM CTAs take reduction work after their tiles (TW_RS_STEAL) */
   int single;      /* world 1 as the plain GEMM (set by the caller of make_plan) */
   int direct;      /* tw_gemm_ar's direct scheme (set by the caller of make_plan) */
   int ar_push;     /* tw_gemm_ar's push gather (set by the caller of make_plan) */
@@ -169,7 +167,7 @@ int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_byt
  * TW_GEMM_RS_SWAP_MAX_M on ranks with GPUs of their own, tw_gemm's 64 where ranks share one (not
  * measured there). The same on every rank. */
 int64_t tw_gemm_rs_swap_max_m(int gpu_shared);
-/* Whether tw_gemm_rs's swap-AB GEMM, storing the low-latency words itself (TW_RS_LL_EPI), also
+/* Whether tw_gemm_rs's swap-AB GEMM, storing the low-latency words itself, also
  * sums this rank's own rows in its epilogue (gemm_ll.cuh). env: TW_RS_LL_REDUCE (1: always, 0:
  * never, -1: at m <= TW_RS_LL_REDUCE_MAX_M, where it measured faster). tw_gemm_ar: never. */
 #define TW_RS_LL_REDUCE_MAX_M 16
@@ -180,7 +178,7 @@ size_t tw_gemm_rs_unfused_workspace_bytes(int64_t m, int64_t n, int partial_byte
 
 /* Whether tw_gemm_rs / tw_gemm_ar reduce each rank's own tiles in their epilogue
  * (RsEpi::combine), given that the call can (2 ranks, whole row blocks per owner, one unit per
- * flag, the push layout; tw_gemm_ar also stealing). env: TW_RS_OWNER_EPI (-1: this rule
+ * flag, the push layout). env: TW_RS_OWNER_EPI (-1: this rule
  * decides). reduce_set: the caller set the reduce CTAs (args.reduce_sms > 0 or
  * TW_RS_REDUCE_CTAS >= 0), which the rule then leaves running; always 0 for tw_gemm_ar, whose
  * ranks must all choose alike.

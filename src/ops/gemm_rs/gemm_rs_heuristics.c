@@ -353,14 +353,14 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   plan->groups_max = (int)((units_max + g - 1) / g);
   plan->ctas = a->sm_budget;
 
-  /* In order: the args' reduce_sms; TW_RS_REDUCE_CTAS (measurement: any count, 0 included where
-   * the GEMM CTAs steal; then every CTA runs the GEMM first and the reduction after its tiles,
-   * the unfused timeline inside one launch, the partials still travelling during the GEMM);
-   * none where ranks share a GPU and steal; else the estimate. */
+  /* In order: the args' reduce_sms; TW_RS_REDUCE_CTAS (any count, 0 included: then every CTA
+   * runs the GEMM first and the reduction after its tiles, the unfused timeline inside one
+   * launch, the partials still travelling during the GEMM); none where ranks share a GPU; else
+   * the estimate. */
   int reduce = a->reduce_sms_arg;
   if (reduce <= 0 && a->reduce_env >= 0) {
     reduce = a->reduce_env;
-  } else if (reduce <= 0 && a->shared_gpu && a->steal) {
+  } else if (reduce <= 0 && a->shared_gpu) {
     /* Every CTA runs its GEMM tiles first and reduces after them: the GPU's SMs are all busy
      * with some rank's GEMM, so reducing early only takes them from a GEMM. Seventh session, 8
      * virtual ranks, interleaved A/B (docs/PERF.md), the estimate against 0: GEMM+RS fp32
@@ -411,9 +411,7 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   }
   if (reduce >= a->sm_budget)
     reduce = a->sm_budget - 1;
-  const int reduce_min = a->steal ? 0 : 1; /* without stealing someone must reduce */
-  plan->reduce_ctas = reduce < reduce_min ? reduce_min : reduce; /* sm_budget >= 2 (caller) */
-  plan->steal = a->steal != 0;
+  plan->reduce_ctas = reduce < 0 ? 0 : reduce; /* the GEMM CTAs reduce after their tiles */
   plan->single = 0;
   plan->direct = 0;
   plan->ar_push = 0;
@@ -449,11 +447,11 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
    * and sets the unit's ready flag, and the gather items become single units (the groups of
    * 2-4 above give way), so every rank must choose alike: the choice reads only what every rank
    * shares (the shapes, the partials, plan_sms and the alike knobs TW_RS_OWNER_EPI,
-   * TW_RS_STEAL, TW_RS_PULL, TW_RS_GROUP_UNITS), not the reduce-CTA count, which may differ by
-   * rank; the gather runs on the GEMM CTAs after their tiles, so it needs stealing. */
-  const int can =
-      world == 2 && !plan->pull && m_local % TW_GEMM_RS_BLOCK_M == 0 && block_n == 256 &&
-      (a->all_reduce ? plan->steal && units_max <= stride && a->group_env <= 0 : g == 1);
+   * TW_RS_PULL, TW_RS_GROUP_UNITS), not the reduce-CTA count, which may differ by rank; the
+   * gather runs on the GEMM CTAs after their tiles. */
+  const int can = world == 2 && !plan->pull && m_local % TW_GEMM_RS_BLOCK_M == 0 &&
+                  block_n == 256 &&
+                  (a->all_reduce ? units_max <= stride && a->group_env <= 0 : g == 1);
   const int reduce_set = !a->all_reduce && (a->reduce_sms_arg > 0 || a->reduce_env >= 0);
   plan->owner_epi =
       can && tw_gemm_rs_want_owner_epi(a->owner_env, reduce_set, a->partial_bytes == 2 ? 2 : 4,

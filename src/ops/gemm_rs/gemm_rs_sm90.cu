@@ -23,11 +23,10 @@
  * arrival order) and write bf16. tw_gemm_ar then also copies each reduced group
  * to a bf16 area of the workspace and sets a ready flag on every rank, whose
  * reduce CTAs pull it into their own `out`; then they join the GEMM loop (the
- * tile queue lets CTAs join late). With work stealing (TW_RS_STEAL=1, the
- * default) the GEMM CTAs then take the reduce and gather work that is left: the
- * mainloop hands every warp back the entry register split (setmaxnreg) when it
- * ends, so that code is not compiled under the producer's 40 registers (see
- * gemm_rs_kernel).
+ * tile queue lets CTAs join late). The GEMM CTAs then take the reduce and
+ * gather work that is left (work stealing): the mainloop hands every warp back
+ * the entry register split (setmaxnreg) when it ends, so that code is not
+ * compiled under the producer's 40 registers (see gemm_rs_kernel).
  *
  * Ordering: a rank stores into owner o's staging only after o entered this call
  * (so o's previous call no longer reads it); an owner writes its bf16 area only
@@ -168,8 +167,7 @@ template <class P> struct RsEpiParams {
   int32_t n_blocks, band; /* unit numbering (gemm_rs.h) */
   int32_t direct;         /* number of ranks every box and count go to (0: the rows' owners) */
   int32_t pull;      /* boxes go to slot_map[0], this rank's own [m, n] partial (global rows) */
-  int32_t sig;       /* TW_RS_SIGNAL bits: 1 signal from warp 1, 2 no separate
-                        fence, 4 gpu scope (every rank on this GPU) */
+  int32_t gpu_scope; /* every rank is on this GPU: the tile counts at GPU scope */
   int32_t owner_epi; /* 2 ranks (plan.owner_epi): this rank's own tiles are reduced in
                         their epilogue (kOwnerEpi below) */
   uint64_t *trace;   /* dc.trace (TW_TRACE): the signalled tile goes into TW_TR_DONE */
@@ -203,16 +201,15 @@ template <class P, bool kNoRowCopy = false> struct RsEpi {
   static constexpr bool kDiagSignalAfterRead = (TW_RS_DIAG & 64) != 0;
   static constexpr bool kDiagPassNoWait = (TW_RS_DIAG & 128) != 0;
   using Params = RsEpiParams<P>;
-  /* The consumer thread of warpgroup 0 that signals (after both warpgroups' bulk waits). */
-  __device__ __forceinline__ static int signal_thread(const Params &p) {
-    return (p.sig & 1) ? 32 : 0;
-  }
+  /* The consumer thread of warpgroup 0 that signals (after both warpgroups' bulk waits): one
+   * of warp 1, which has no bulk stores in flight. */
+  __device__ __forceinline__ static int signal_thread(const Params &) { return 32; }
   __device__ __forceinline__ static void add(const Params &p, uint64_t *flag) {
     if (TW_RS_DIAG & 2) {
       atomicAdd(reinterpret_cast<unsigned long long *>(flag), 1ull);
       return;
     }
-    if (p.sig & 4)
+    if (p.gpu_scope)
       tw_red_release_gpu_add(flag, 1);
     else
       tw_red_release_sys_add(flag, 1);
@@ -347,8 +344,8 @@ template <class P, bool kNoRowCopy = false> struct RsEpi {
     }
     const int32_t row0 = mb * kBlockM;
     const int32_t last = min(row0 + kBlockM, p.m) - 1;
-    if (!(p.sig & 2) && !(TW_RS_DIAG & 2)) {
-      if (p.sig & 4)
+    if (!(TW_RS_DIAG & 2)) {
+      if (p.gpu_scope)
         tw_fence_acq_rel_gpu();
       else
         tw_fence_acq_rel_sys();
@@ -389,8 +386,6 @@ template <class P> struct RsParams {
   int32_t block_n; /* the tile's (and a unit's) columns: 256, 192 or 128 (plan.block_n) */
   int32_t group_units, groups_max, flag_stride;
   int32_t reduce_ctas, all_reduce;
-  int32_t steal; /* TW_RS_STEAL: GEMM CTAs take reduction work after the mainloop */
-  int32_t walk;  /* TW_RS_REDUCE_WALK: the reduction and gather step their items (ItemWalk) */
   /* tw_gemm_ar's direct scheme (TW_AR_DIRECT): every rank stores each fp32 tile into every
    * rank's staging and every rank reduces all m rows itself; the kernel then runs as a
    * reduce-scatter with one owner of m_local = m rows (all_reduce 0, no gather phase). */
@@ -502,8 +497,7 @@ __device__ __forceinline__ void add_ranks(const RsParams<P> &p, int world, const
  * keeps kItems x 16 bytes of fp32 partials (kItems / 2 x 16 bytes of bf16 ones) in flight per
  * rank step: with one element per thread a CTA had only world x 6 KiB in flight and a reduce
  * CTA moved ~12 GB/s. kWalk: the items' rows and vectors by ItemWalk; else a division per
- * item (bf16 partials, whose stealing kernel spills 4 bytes with the walk, and
- * TW_RS_REDUCE_WALK=0). */
+ * item (bf16 partials, whose stealing kernel spills 4 bytes with the walk). */
 template <int kItems, bool kWalk, class P>
 __device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int me, int32_t u) {
   if (TW_RS_DIAG & 8)
@@ -611,11 +605,8 @@ template <int kItems, class P>
 __device__ __forceinline__ void reduce_group(const RsParams<P> &p, int world, int me, int item,
                                              int32_t units) {
   const int32_t u_end = min(units, (item + 1) * p.group_units);
-  for (int32_t u = item * p.group_units; u < u_end; u++)
-    if (sizeof(P) == 4 && p.walk) /* bf16 partials: the kernels spill 4 bytes with it */
-      reduce_unit<kItems, sizeof(P) == 4>(p, world, me, u);
-    else
-      reduce_unit<kItems, false>(p, world, me, u);
+  for (int32_t u = item * p.group_units; u < u_end; u++) /* bf16 partials: no walk (a spill) */
+    reduce_unit<kItems, sizeof(P) == 4>(p, world, me, u);
 }
 
 /* Reduce role: claims this rank's unit groups in order until none are left. `trace_field`:
@@ -655,7 +646,7 @@ __device__ __forceinline__ void reduce_work(const RsParams<P> &p, uint64_t epoch
     }
   }
   if (threadIdx.x == 0) {
-    queue_leave(queue, p.steal ? (int32_t)gridDim.x : p.reduce_ctas);
+    queue_leave(queue, (int32_t)gridDim.x);
     tw_trace_count(dc, trace_field, reduced);
   }
 }
@@ -691,21 +682,18 @@ __device__ __forceinline__ void gather_work(const RsParams<P> &p, uint64_t epoch
     const int g = item / (world - 1);
     const int o = (me + 1 + item % (world - 1)) % world;
     const int32_t u_end = min(owner_units(p, o), (g + 1) * p.group_units);
-    for (int32_t u = g * p.group_units; u < u_end && !p.out_sym; u++)
-      if (sizeof(P) == 4 && p.walk) /* as in reduce_work */
-        gather_unit<8, sizeof(P) == 4>(p, o, u);
-      else
-        gather_unit<8, false>(p, o, u);
+    for (int32_t u = g * p.group_units; u < u_end && !p.out_sym; u++) /* as in reduce_group */
+      gather_unit<8, sizeof(P) == 4>(p, o, u);
   }
   if (threadIdx.x == 0)
-    queue_leave(queue, p.steal ? (int32_t)gridDim.x : p.reduce_ctas);
+    queue_leave(queue, (int32_t)gridDim.x);
 }
 
-/* kSteal (TW_RS_STEAL=1, experimental): the mainloop hands every warp back the entry register
- * split when it ends (setmaxnreg), so code after it is no longer compiled under the producer's
- * 40 registers, and the GEMM CTAs then take reduction (and gather) work too, 4 partial loads
- * in flight (7 spilled). Every CTA then takes part in the reduce/gather queues. */
-template <bool kSteal, class P, int BN>
+/* Work stealing: the mainloop hands every warp back the entry register split when it ends
+ * (setmaxnreg), so code after it is not compiled under the producer's 40 registers, and the
+ * GEMM CTAs then take reduction (and gather) work too. Every CTA takes part in the
+ * reduce/gather queues. */
+template <class P, int BN>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_rs_kernel(const __grid_constant__ RsParams<P> p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -722,11 +710,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if ((int)blockIdx.x < p.reduce_ctas && !p.gemm.epi.owner_epi) {
     reduce_work<8>(p, epoch, &s_item, &s_ok, TW_TR_REDUCED);
     if (p.all_reduce) {
-      /* TW_TRACE's gather stamp: not in the kernel without stealing, whose consumers then
-       * spilled (8 bytes) */
-      if constexpr (kSteal)
-        if (threadIdx.x == 0)
-          tw_trace_gather_start(dc);
+      if (threadIdx.x == 0) /* TW_TRACE's gather stamp */
+        tw_trace_gather_start(dc);
       gather_work(p, epoch, &s_item, &s_ok);
     }
     if (threadIdx.x == 0)
@@ -734,31 +719,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if constexpr (BN == 192)
     gemm_cta_loop_pp<RsConfig<BN>::kStages, RsConfig<BN>::kEpiBytes, BN, RsEpi<P>, RsWait, true,
-                     kSteal, RsEpi<P, true>>(p.gemm, smem_raw, 0, 0);
+                     true, RsEpi<P, true>>(p.gemm, smem_raw, 0, 0);
   else
     gemm_cta_loop<RsConfig<BN>::kStages, RsConfig<BN>::kEpiBytes, RsEpi<P>, RsWait, true, 1, BN,
-                  kSteal>(p.gemm, smem_raw, 0, 0);
+                  true>(p.gemm, smem_raw, 0, 0);
   if (dc.trace) { /* the consumers' last tile, not the producer's last load */
     __syncthreads();
     if (threadIdx.x == 0)
       tw_trace_stamp(dc, TW_TR_GEMM_END);
   }
-  if constexpr (kSteal) {
-    if ((int)blockIdx.x >= p.reduce_ctas) {
-      if (!p.gemm.epi.owner_epi) /* the owner epilogue reduced every own unit */
-        reduce_work<8>(p, epoch, &s_item, &s_ok, TW_TR_REDUCED_AFTER);
-      if (p.all_reduce) {
-        if (threadIdx.x == 0)
-          tw_trace_gather_start(dc);
-        gather_work(p, epoch, &s_item, &s_ok);
-      }
+  if ((int)blockIdx.x >= p.reduce_ctas) {
+    if (!p.gemm.epi.owner_epi) /* the owner epilogue reduced every own unit */
+      reduce_work<8>(p, epoch, &s_item, &s_ok, TW_TR_REDUCED_AFTER);
+    if (p.all_reduce) {
+      if (threadIdx.x == 0)
+        tw_trace_gather_start(dc);
+      gather_work(p, epoch, &s_item, &s_ok);
     }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
     tw_trace_stamp(dc, TW_TR_END);
     /* release: the unfused pipeline's GEMM, which writes the workspace before any handshake,
-     * may follow on the same workspace (ReleasedWait, unfused_wait_kernel) */
+     * may follow on the same workspace (ReleasedWait) */
     tw_op_finish(dc, ch, epoch, true);
   }
 }
@@ -767,10 +750,7 @@ template <class P, int BN>
 tw_status_t launch_bn(const RsParams<P> &params, int grid, cudaStream_t stream) {
   constexpr int kSmem = rs_smem_bytes<BN>();
   const char *set = "tw_gemm_rs: cudaFuncSetAttribute", *go = "tw_gemm_rs: kernel launch";
-  return params.steal
-             ? launch_persistent<gemm_rs_kernel<true, P, BN>, kSmem>(params, grid, stream, set, go)
-             : launch_persistent<gemm_rs_kernel<false, P, BN>, kSmem>(params, grid, stream, set,
-                                                                      go);
+  return launch_persistent<gemm_rs_kernel<P, BN>, kSmem>(params, grid, stream, set, go);
 }
 
 template <class P> tw_status_t launch(const RsParams<P> &params, int grid, cudaStream_t stream) {
@@ -879,7 +859,7 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
                                 "tw_gemm_rs: cuTensorMapEncodeTiled(out)");
     if (st != TW_SUCCESS)
       return st;
-    if (all_reduce) { /* prepare: 2 ranks, with stealing (the gather runs after the tiles) */
+    if (all_reduce) { /* prepare: 2 ranks (the gather runs after the tiles) */
       const int peer = 1 - rank;
       const void *dst =
           p.out_sym ? (const void *)(p.out_peer[peer] + (size_t)rank * m_local * (size_t)a.ldo)
@@ -895,10 +875,9 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
     }
   }
   o.rotate_mb = plan.direct ? 0 : tw_rs_mb_first((rank + 1) % world, (int32_t)m_local);
-  /* TW_RS_GROUPED (measurement; the measurement build bit 16 alike): the plain GEMM's grouped
-   * order. Any order is correct, the reduction waiting for counts; the owner epilogue needs its
-   * own (kOrderBandsOwnerLag). */
-  if (((TW_RS_DIAG & 16) || tw_env_int(TW_RS_GROUPED_ID) != 0) && !plan.owner_epi) {
+  /* The measurement build's bit 16: the plain GEMM's grouped order. Any order is correct, the
+   * reduction waiting for counts; the owner epilogue needs its own (kOrderBandsOwnerLag). */
+  if ((TW_RS_DIAG & 16) && !plan.owner_epi) {
     o.order = kOrderRotated;
     o.group_m = o.m_blocks < 16 ? o.m_blocks : 16;
   }
@@ -923,18 +902,11 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
   p.gemm.epi.n_blocks = o.n_blocks;
   p.gemm.epi.band = plan.band;
   p.gemm.epi.trace = comm->dev.trace;
-  {
-    int sig = (int)tw_env_int(TW_RS_SIGNAL_ID) & 7;
-    if (comm->ranks_on_device != world)
-      sig &= ~4; /* gpu scope only where every rank is on this GPU */
-    p.gemm.epi.sig = sig;
-  }
+  p.gemm.epi.gpu_scope = comm->ranks_on_device == world;
   p.group_units = plan.group_units;
   p.groups_max = plan.groups_max;
   p.flag_stride = plan.flag_stride;
   p.reduce_ctas = plan.reduce_ctas;
-  p.steal = plan.steal;
-  p.walk = tw_env_int(TW_RS_REDUCE_WALK_ID) != 0;
   p.all_reduce = plan.direct ? 0 : all_reduce; /* direct: no gather phase */
   return launch(p, plan.ctas, stream);
 }
@@ -942,8 +914,8 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
 /* ---- the unfused pipeline (plan.unfused: decode shapes) -------------------------------------
  * Two launches on the rank's stream: tw_gemm of the whole partial [m][n] into the workspace
  * (fp32, or bf16 with TW_PARTIALS_BF16) whose CTAs first wait until every rank has released this
- * rank's workspace after its previous call (gemm_released.cuh; TW_RS_UNFUSED_WAIT_KERNEL=1: a
- * kernel of its own before it, unfused_wait_kernel), then unfused_reduce_kernel on channel ch:
+ * rank's workspace after its previous call (gemm_released.cuh), then unfused_reduce_kernel on
+ * channel ch:
  *   entry(e) to every rank (this rank's partial is complete), wait for every rank's entry(e);
  *   sum rows [rank * m_local, +m_local) of the partials in rank order (fp32, the reference's
  *   __fadd_rn chain from partial 0), round to bf16, store into `out` (rs), or into every rank's
@@ -979,19 +951,11 @@ template <class P> constexpr int kVec = RsVec<P>::kE;
 template <class P> __device__ __forceinline__ void load_vec(const P *p, float (&v)[kVec<P>]) {
   RsVec<P>::unpack(__ldcg(reinterpret_cast<const uint4 *>(p)), v);
 }
-/* One thread: the peers' previous calls on both channels of this op family (which may share the
- * workspace) are over, so none of them reads this rank's workspace any more. */
-__global__ void unfused_wait_kernel(const tw_dev_comm_t dc, int ch) {
-  const int chans[2] = {TW_CH_GEMM_RS, TW_CH_GEMM_AR};
-  if (threadIdx.x == 0 && tw_op_usable(dc, ch))
-    tw_wait_released(dc, ch, chans, 2);
-}
-
 template <class P>
 __global__ void __launch_bounds__(kUnfusedThreads)
     unfused_reduce_kernel(const __grid_constant__ UnfusedParams<P> p) {
   __shared__ int s_ok, s_last;
-  /* launched with programmatic serialization (TW_RS_UNFUSED_PDL): the GEMM's partial is
+  /* launched with programmatic serialization (on GPUs of their own): the GEMM's partial is
    * complete and visible from here on (at once otherwise) */
   tw::ptx::griddep_wait();
   const tw_dev_comm_t &dc = p.dc;
@@ -1124,7 +1088,7 @@ template <class P> struct LlParams {
   int64_t ldo;
   uint64_t half_bytes, gather_off; /* one parity's bytes; its gather slots' offset in it */
   int32_t ch, m_local, n, all_reduce;
-  int32_t from_gemm; /* the GEMM stored every rank's words itself (TW_RS_LL_EPI, gemm_ll.cuh):
+  int32_t from_gemm; /* the GEMM stored every rank's words itself (swap-AB, gemm_ll.cuh):
                         this rank's own rows too, so no push here and no wait for the GEMM */
   int32_t reduced;   /* tw_gemm_rs, TW_RS_LL_REDUCE: the GEMM's epilogue also summed this rank's
                         rows into out (gemm_ll.cuh): only the call's books are left here */
@@ -1238,9 +1202,9 @@ __global__ void __launch_bounds__(kUnfusedThreads)
  * of the rank's budget. The cap is load-bearing where ranks share a GPU: every rank's CTAs spin
  * in the entry handshake until all ranks have entered, so all ranks' kernels must be resident at
  * once (twenty-ninth session, group s76: 128 CTAs a rank on 8 virtual ranks timed out in it;
- * fewer than the budget, s75, only ran slower). TW_RS_UNFUSED_PDL: launched while the GEMM runs
- * (programmatic dependent launch), so its launch and the CTAs' start overlap the GEMM's tail; never
- * where ranks share a GPU (its early CTAs would hold SMs another rank's GEMM needs). */
+ * fewer than the budget, s75, only ran slower). On GPUs of their own it is launched while the GEMM
+ * runs (programmatic dependent launch), so its launch and the CTAs' start overlap the GEMM's tail;
+ * never where ranks share a GPU (its early CTAs would hold SMs another rank's GEMM needs). */
 template <class Params>
 tw_status_t launch_after_gemm(tw_comm_t comm, int64_t items, cudaStream_t stream,
                               void (*kernel)(Params), const Params &p) {
@@ -1249,7 +1213,7 @@ tw_status_t launch_after_gemm(tw_comm_t comm, int64_t items, cudaStream_t stream
     grid = comm->sm_budget;
   if (grid < 1)
     grid = 1;
-  const bool pdl = tw_env_int(TW_RS_UNFUSED_PDL_ID) != 0 && !comm->gpu_shared;
+  const bool pdl = !comm->gpu_shared;
   cudaLaunchConfig_t config;
   memset(&config, 0, sizeof(config));
   cudaLaunchAttribute attr[1] = {pdl_attribute()};
@@ -1292,24 +1256,16 @@ tw_status_t launch_ll(tw_comm_t comm, const tw_gemm_rs_args_t &a, int all_reduce
                            stream, ll_reduce_kernel<P>, p);
 }
 
-/* The unfused pipeline's launches (see above: two, three with TW_RS_UNFUSED_WAIT_KERNEL=1) on
+/* The unfused pipeline's launches (see above: two) on
  * `stream`, the rank's launch stream. */
 template <class P>
 tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_rs_plan_t &plan,
                         int all_reduce, cudaStream_t stream) {
   const int world = comm->world, rank = comm->rank;
   const int ch = all_reduce ? TW_CH_GEMM_AR : TW_CH_GEMM_RS;
-  /* The peers' release of this workspace: waited for inside the GEMM (each CTA's producer
-   * before its first tile, gemm_released.cuh), or with TW_RS_UNFUSED_WAIT_KERNEL=1 by a kernel
-   * of its own before it (the first version: one launch more). */
-  const int wait_kernel = tw_env_int(TW_RS_UNFUSED_WAIT_KERNEL_ID) != 0;
+  /* The peers' release of this workspace is waited for inside the GEMM (each CTA's producer
+   * before its first tile, gemm_released.cuh). */
   tw_status_t st = TW_SUCCESS;
-  if (wait_kernel) {
-    unfused_wait_kernel<<<1, 32, 0, stream>>>(comm->dev, ch);
-    st = tw_cuda_check(cudaGetLastError(), "tw_gemm_rs: launching the wait kernel");
-    if (st != TW_SUCCESS)
-      return st;
-  }
   tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
   g.c_dtype = sizeof(P) == 2 ? TW_BF16 : TW_FP32;
   g.a = a.a, g.b = a.b, g.c = a.workspace;
@@ -1318,7 +1274,7 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
   g.sm_count = comm->sm_budget;
   tw_gemm_sm90_opts_t opts = {-1, 0, 0, &comm->dev, ch, NULL};
   opts.swap_max_m = (int)tw_gemm_rs_swap_max_m(comm->gpu_shared); /* swap-AB to m 128 here */
-  /* TW_RS_LL_EPI: the swap-AB GEMM stores the words itself (gemm_ll.cuh), its own rows too; it
+  /* Where it swaps A and B, the GEMM stores the words itself (gemm_ll.cuh), its own rows too; it
    * writes no workspace, so it waits for no release either */
   tw_gemm_ll_epi_t ll;
   memset(&ll, 0, sizeof(ll));
@@ -1326,8 +1282,7 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
     for (int s = 0; s < world; s++)
       ll.area[s] = (uint8_t *)tw_heap_peer_ptr(comm, comm->ll, s);
   const bool ll_epi =
-      plan.ll && tw_env_int(TW_RS_LL_EPI_ID) != 0 &&
-      tw_gemm_swap_bn_upto((int)tw_env_int(TW_GEMM_SWAP_ID), a.m, opts.swap_max_m) != 0;
+      plan.ll && tw_gemm_swap_bn_upto((int)tw_env_int(TW_GEMM_SWAP_ID), a.m, opts.swap_max_m) != 0;
   if (ll_epi) {
     ll.ll_seq = &comm->ctrl->ll_seq;
     ll.half_bytes = tw_gemm_rs_ll_bytes(world, a.m, a.n, (int)sizeof(P), all_reduce) / 2;
@@ -1343,7 +1298,7 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
     opts.released = NULL;
     opts.ll = &ll;
   }
-  st = tw_gemm_sm90_launch(&g, (tw_stream_t)stream, wait_kernel && !ll_epi ? NULL : &opts);
+  st = tw_gemm_sm90_launch(&g, (tw_stream_t)stream, &opts);
   if (st != TW_SUCCESS)
     return st;
   if (plan.ll)
@@ -1500,7 +1455,6 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
                                comm->gpu_shared,
                                (int)tw_env_int(TW_RS_INTERLEAVE_ID),
                                (int)tw_env_int(TW_RS_REDUCE_CTAS_ID),
-                               tw_env_int(TW_RS_STEAL_ID) != 0,
                                (int)tw_env_int(TW_RS_GROUP_UNITS_ID),
                                comm->plan_sms,
                                (int)tw_env_int(TW_RS_OWNER_EPI_ID),
@@ -1602,19 +1556,12 @@ tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_re
 
 static tw_status_t tw_gemm_rs_preload(void) {
   cudaFuncAttributes attr;
-  const void *kernels[] = {(const void *)gemm_rs_kernel<false, float, kBlockN>,
-                           (const void *)gemm_rs_kernel<true, float, kBlockN>,
-                           (const void *)gemm_rs_kernel<false, __nv_bfloat16, kBlockN>,
-                           (const void *)gemm_rs_kernel<true, __nv_bfloat16, kBlockN>,
-                           (const void *)gemm_rs_kernel<false, float, 128>,
-                           (const void *)gemm_rs_kernel<true, float, 128>,
-                           (const void *)gemm_rs_kernel<false, __nv_bfloat16, 128>,
-                           (const void *)gemm_rs_kernel<true, __nv_bfloat16, 128>,
-                           (const void *)gemm_rs_kernel<false, float, 192>,
-                           (const void *)gemm_rs_kernel<true, float, 192>,
-                           (const void *)gemm_rs_kernel<false, __nv_bfloat16, 192>,
-                           (const void *)gemm_rs_kernel<true, __nv_bfloat16, 192>,
-                           (const void *)unfused_wait_kernel,
+  const void *kernels[] = {(const void *)gemm_rs_kernel<float, kBlockN>,
+                           (const void *)gemm_rs_kernel<__nv_bfloat16, kBlockN>,
+                           (const void *)gemm_rs_kernel<float, 128>,
+                           (const void *)gemm_rs_kernel<__nv_bfloat16, 128>,
+                           (const void *)gemm_rs_kernel<float, 192>,
+                           (const void *)gemm_rs_kernel<__nv_bfloat16, 192>,
                            (const void *)unfused_reduce_kernel<float>,
                            (const void *)unfused_reduce_kernel<__nv_bfloat16>,
                            (const void *)ll_reduce_kernel<float>,
