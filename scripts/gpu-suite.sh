@@ -224,10 +224,6 @@ if want bench; then
     "$bin/tw-bench" --list 2>/dev/null | grep -q "^ *$op" &&
       step "tw-bench $op (8 vranks)" 400 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" $op ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-$op.json"
   done
-  # GEMM+RS without work stealing (TW_RS_STEAL=0), for comparison with the rows above.
-  "$bin/tw-bench" --list 2>/dev/null | grep -q "^ *gemm_rs" &&
-    step "tw-bench gemm_rs (8 vranks, TW_RS_STEAL=0)" 400 env TW_BENCH_VIRTUAL=1 TW_RS_STEAL=0 \
-      "$bin/tw-bench" gemm_rs ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-gemm_rs-steal.json"
   # Every variant captured once into a CUDA graph (all eight ranks' fused calls, forks and
   # joins) and replayed: graph capture of the whole multi-rank call, and the figures without
   # the host's enqueue cost.

@@ -33,7 +33,7 @@ typedef struct tw_bootstrap_id {
   uint16_t reserved;
 } tw_bootstrap_id_t;
 
-/* Room for the knobs that every rank must set alike (comm.c lists them). */
+/* Room for the knobs that every rank must set alike (the Alike column of core/env_defs.h). */
 #define TW_PEER_KNOBS 20
 
 /* What every rank learns about every other at init. */
