@@ -25,7 +25,8 @@ def functions(lib):
                 funcs[name] = body
             name, body = m.group(1), []
         elif name and line.strip().startswith("/*"):
-            body.append(line.strip())
+            # cuobjdump pads every line to the widest instruction of the file: spacing is noise
+            body.append(" ".join(line.split()))
     if name:
         funcs[name] = body
     return funcs

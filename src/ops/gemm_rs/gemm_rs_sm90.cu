@@ -43,8 +43,8 @@
 #include "gemm/gemm_launch.cuh"
 #include "gemm/gemm_pp_sm90.cuh"
 #include "gemm/gemm_sm90.cuh"
-#include "ops/gemm/gemm_sm90.h"
 #include "ops/gemm_rs/gemm_rs.h"
+#include "ops/gemm_rs/gemm_rs_gemm.cuh"
 #include "ops/gemm_rs/rs_vec.cuh"
 
 extern "C" {
@@ -1272,8 +1272,7 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
   g.m = a.m, g.n = a.n, g.k = a.k;
   g.lda = a.lda, g.ldb = a.ldb, g.ldc = a.n;
   g.sm_count = comm->sm_budget;
-  tw_gemm_sm90_opts_t opts = {-1, 0, 0, &comm->dev, ch, NULL};
-  opts.swap_max_m = (int)tw_gemm_rs_swap_max_m(comm->gpu_shared); /* swap-AB to m 128 here */
+  const int swap_max_m = (int)tw_gemm_rs_swap_max_m(comm->gpu_shared); /* swap-AB to m 128 here */
   /* Where it swaps A and B, the GEMM stores the words itself (gemm_ll.cuh), its own rows too; it
    * writes no workspace, so it waits for no release either */
   tw_gemm_ll_epi_t ll;
@@ -1282,7 +1281,7 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
     for (int s = 0; s < world; s++)
       ll.area[s] = (uint8_t *)tw_heap_peer_ptr(comm, comm->ll, s);
   const bool ll_epi =
-      plan.ll && tw_gemm_swap_bn_upto((int)tw_env_int(TW_GEMM_SWAP_ID), a.m, opts.swap_max_m) != 0;
+      plan.ll && tw_gemm_swap_bn_upto((int)tw_env_int(TW_GEMM_SWAP_ID), a.m, swap_max_m) != 0;
   if (ll_epi) {
     ll.ll_seq = &comm->ctrl->ll_seq;
     ll.half_bytes = tw_gemm_rs_ll_bytes(world, a.m, a.n, (int)sizeof(P), all_reduce) / 2;
@@ -1295,10 +1294,8 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
     ll.dc = &comm->dev;
     ll.out = a.out;
     ll.ldo = a.ldo;
-    opts.released = NULL;
-    opts.ll = &ll;
   }
-  st = tw_gemm_sm90_launch(&g, (tw_stream_t)stream, &opts);
+  st = unfused_gemm<P>(g, swap_max_m, &comm->dev, ch, ll_epi ? &ll : NULL, stream);
   if (st != TW_SUCCESS)
     return st;
   if (plan.ll)
@@ -1569,6 +1566,11 @@ static tw_status_t tw_gemm_rs_preload(void) {
   cudaError_t e = cudaSuccess;
   for (size_t i = 0; i < sizeof(kernels) / sizeof(kernels[0]) && e == cudaSuccess; i++)
     e = cudaFuncGetAttributes(&attr, kernels[i]);
+  /* the unfused pipeline's GEMM */
+  if (e == cudaSuccess)
+    e = preload_unfused_gemm<float>();
+  if (e == cudaSuccess)
+    e = preload_unfused_gemm<__nv_bfloat16>();
   return tw_cuda_check(e, "loading the gemm_rs kernels");
 }
 
