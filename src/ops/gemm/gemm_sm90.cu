@@ -58,20 +58,11 @@ extern "C" tw_status_t tw_gemm_args_init(tw_gemm_args_t *args) {
   return TW_SUCCESS;
 }
 
-extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_stream_t stream,
-                                           const tw_gemm_sm90_opts_t *opts) {
-  if (!args_in)
-    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: args is NULL");
-  if (args_in->size < offsetof(tw_gemm_args_t, sm_count))
-    return tw_fail(TW_ERR_INVALID_ARGUMENT,
-                   "tw_gemm: args->size is %zu; expected sizeof(tw_gemm_args_t) = %zu "
-                   "(initialise with TW_GEMM_ARGS_INIT)",
-                   args_in->size, sizeof(tw_gemm_args_t));
-  // A caller built against an older, shorter struct: read only what it has.
-  tw_gemm_args_t a = TW_GEMM_ARGS_INIT;
-  memcpy(&a, args_in, args_in->size < sizeof(a) ? args_in->size : sizeof(a));
-  a.size = sizeof(a);
-
+/* The arguments' contract (args resolved from the caller's struct, leading dimensions of 0
+ * defaulted), before anything is launched: TW_ERR_INVALID_ARGUMENT naming the first one that
+ * breaks it. */
+static tw_status_t check_args(tw_gemm_args_t &a, const tw_gemm_sm90_opts_t *opts) {
+  tw_status_t st;
   if (a.c_dtype != TW_BF16 && a.c_dtype != TW_FP32)
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: c_dtype is %d; expected TW_BF16 or TW_FP32",
                    (int)a.c_dtype);
@@ -100,7 +91,6 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
     return tw_fail(TW_ERR_INVALID_ARGUMENT,
                    "tw_gemm: ldc is %lld; expected >= n (%lld) and a multiple of %d elements",
                    (long long)a.ldc, (long long)a.n, 16 / c_bytes);
-  tw_status_t st;
   if ((st = check_aligned(a.a, "a")) != TW_SUCCESS)
     return st;
   if ((st = check_aligned(a.b, "b")) != TW_SUCCESS)
@@ -132,6 +122,26 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
                    "tw_gemm: split_k is %d; expected 0 or 1 (none), 2, 4, 8, or -1 (the library "
                    "chooses)",
                    (int)a.split_k);
+  return TW_SUCCESS;
+}
+
+extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_stream_t stream,
+                                           const tw_gemm_sm90_opts_t *opts) {
+  if (!args_in)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: args is NULL");
+  if (args_in->size < offsetof(tw_gemm_args_t, sm_count))
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "tw_gemm: args->size is %zu; expected sizeof(tw_gemm_args_t) = %zu "
+                   "(initialise with TW_GEMM_ARGS_INIT)",
+                   args_in->size, sizeof(tw_gemm_args_t));
+  // A caller built against an older, shorter struct: read only what it has.
+  tw_gemm_args_t a = TW_GEMM_ARGS_INIT;
+  memcpy(&a, args_in, args_in->size < sizeof(a) ? args_in->size : sizeof(a));
+  a.size = sizeof(a);
+
+  tw_status_t st = check_args(a, opts);
+  if (st != TW_SUCCESS)
+    return st;
 
   int device = 0;
   if ((st = tw_cuda_check(cudaGetDevice(&device), "tw_gemm: cudaGetDevice")) != TW_SUCCESS)
