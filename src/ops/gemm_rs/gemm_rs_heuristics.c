@@ -168,15 +168,26 @@ int tw_gemm_rs_want_owner_epi(int env, int reduce_set, int partial_bytes, int64_
   return partial_bytes == 4 && k < 4096 && tiles >= 3 * (int64_t)ctas;
 }
 
-void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *plan) {
+/* What the steps of tw_gemm_rs_make_plan share: the call's geometry once the tile width is
+ * chosen. */
+typedef struct rs_shape {
+  int32_t m_local;   /* rows per owner */
+  int plan_ctas;     /* plan_sms, else sm_budget: the CTA count every rank sizes alike by */
+  int block_n;       /* the tile width */
+  int64_t n_blocks;  /* column blocks of block_n */
+  int64_t tiles;     /* 128 x block_n tiles of the m x n product (the wave and owner-epilogue
+                        rules) */
+  int64_t units_max; /* units of the owner with the most */
+  int64_t stride;    /* the comm's flag stride (gemm_rs.h) */
+} rs_shape_t;
+
+/* The tile width: 128 columns (6 stages) where 128 x 256 tiles would leave a last wave of the
+ * rank's CTAs mostly idle, by tw_gemm's own rule (decode shapes: M=64 n 8192 on 132 CTAs is
+ * 32 wide tiles or 64 narrow ones; traces show the wide tiles' GEMM phase well behind
+ * tw_gemm's on the narrow ones). Every rank decides alike (the shape, plan_sms and
+ * gpu_shared). Not where ranks share a GPU: there the wide tiles win at decode m. */
+static int plan_block_n(const tw_gemm_rs_plan_args_t *a, int32_t m_local, int plan_ctas) {
   const int world = a->world;
-  const int32_t m_local = (int32_t)(a->m / world);
-  /* The tile width: 128 columns (6 stages) where 128 x 256 tiles would leave a last wave of the
-   * rank's CTAs mostly idle, by tw_gemm's own rule (decode shapes: M=64 n 8192 on 132 CTAs is
-   * 32 wide tiles or 64 narrow ones; traces show the wide tiles' GEMM phase well behind
-   * tw_gemm's on the narrow ones). Every rank decides alike (the shape, plan_sms and
-   * gpu_shared). Not where ranks share a GPU: there the wide tiles win at decode m. */
-  const int plan_ctas = a->plan_sms > 0 ? a->plan_sms : a->sm_budget;
   /* 192 (the ping-pong loop, TW_RS_BLOCK_N=192) only where no epilogue box holds the start of
    * an owner's rows with the push (its epilogue has no row copy: RsEpi's kNoRowCopy), i.e. not
    * where m_local is no multiple of 64 and the pull is switched off. */
@@ -190,25 +201,36 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   const int comm_world = a->comm_world > 0 ? a->comm_world : world; /* the direct scheme: 1 here */
   const int pp_rule =
       !a->shared_gpu && comm_world > 1 && a->k >= 4096 && a->owner_env != 1 && !n128;
-  const int block_n =
-      a->block_n_env == 128 || a->block_n_env == 256 || (a->block_n_env == 192 && pp_ok)
-          ? a->block_n_env
-      : n128             ? 128
-      : pp_rule && pp_ok ? 192
-                         : TW_GEMM_RS_BLOCK_N;
-  plan->block_n = block_n;
-  const int64_t n_blocks = (a->n + block_n - 1) / block_n;
-  /* 128 x block_n tiles of the m x n product (the wave rule and the owner-epilogue rule) */
-  const int64_t tiles = ((a->m + TW_GEMM_RS_BLOCK_M - 1) / TW_GEMM_RS_BLOCK_M) * n_blocks;
-  int64_t units_max = 0;
+  return a->block_n_env == 128 || a->block_n_env == 256 || (a->block_n_env == 192 && pp_ok)
+             ? a->block_n_env
+         : n128             ? 128
+         : pp_rule && pp_ok ? 192
+                            : TW_GEMM_RS_BLOCK_N;
+}
+
+static rs_shape_t plan_shape(const tw_gemm_rs_plan_args_t *a) {
+  const int world = a->world;
+  rs_shape_t s;
+  s.m_local = (int32_t)(a->m / world);
+  s.plan_ctas = a->plan_sms > 0 ? a->plan_sms : a->sm_budget;
+  s.block_n = plan_block_n(a, s.m_local, s.plan_ctas);
+  s.n_blocks = (a->n + s.block_n - 1) / s.block_n;
+  s.tiles = ((a->m + TW_GEMM_RS_BLOCK_M - 1) / TW_GEMM_RS_BLOCK_M) * s.n_blocks;
+  s.units_max = 0;
   for (int o = 0; o < world; o++) {
-    int64_t u = (int64_t)tw_rs_mb_count(o, m_local) * n_blocks;
-    if (u > units_max)
-      units_max = u;
+    int64_t u = (int64_t)tw_rs_mb_count(o, s.m_local) * s.n_blocks;
+    if (u > s.units_max)
+      s.units_max = u;
   }
   /* Counters within the comm's fixed flag stride (gemm_rs.h), whatever this call's shape. */
-  const int64_t stride = tw_rs_flag_stride(a->comm_world > 0 ? a->comm_world : world);
-  const int64_t g_min = units_max > stride ? (units_max + stride - 1) / stride : 1;
+  s.stride = tw_rs_flag_stride(a->comm_world > 0 ? a->comm_world : world);
+  return s;
+}
+
+/* Units behind one flag: at least what keeps the owner's groups within the flag stride. */
+static int64_t plan_group_units(const tw_gemm_rs_plan_args_t *a, const rs_shape_t *s) {
+  const int64_t units_max = s->units_max;
+  const int64_t g_min = units_max > s->stride ? (units_max + s->stride - 1) / s->stride : 1;
   int64_t g = g_min;
   /* Coarser work items for tw_gemm_ar (not the direct scheme, planned with all_reduce 0): a
    * group is what one reduce item reduces and one gather item copies, and each costs a queue
@@ -222,7 +244,7 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
   if (a->all_reduce) {
     const int64_t per_cta = a->shared_gpu ? 1 : 2;
     int64_t want = 1;
-    while (want < 4 && units_max / (want * 2) >= per_cta * plan_ctas)
+    while (want < 4 && units_max / (want * 2) >= per_cta * s->plan_ctas)
       want *= 2;
     if (want > g)
       g = want;
@@ -233,38 +255,87 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
     const int64_t e = a->group_env < units_max ? a->group_env : (units_max > 0 ? units_max : 1);
     g = e > g_min ? e : g_min;
   }
-  plan->group_units = (int)g;
-  plan->flag_stride = (int)stride;
-  /* Band width of the tile order: B of a band (band x 256 x k bf16) stays in L2 while A
-   * streams once per band.
-   * - Ranks with GPUs of their own: bands of 8 where A outgrows L2; where A fits, wider bands
-   *   only coarsen the reduction's pipeline, so single columns.
-   * - Ranks sharing a GPU share its L2, and eight ranks' bands of 8 outgrow it. Single columns
-   *   keep 16 row blocks x 1 column in flight on a 16-CTA rank, so every tile loads its A rows
-   *   from HBM; bands of 2 share each A row block between two in-flight tiles while the ranks'
-   *   B bands still fit (bands of 4 are level with 2), taken where the ranks' A together reach
-   *   half of L2 (TW_RS_L2_BYTES). */
+  return g;
+}
+
+/* Band width of the tile order: B of a band (band x 256 x k bf16) stays in L2 while A
+ * streams once per band.
+ * - Ranks with GPUs of their own: bands of 8 where A outgrows L2; where A fits, wider bands
+ *   only coarsen the reduction's pipeline, so single columns.
+ * - Ranks sharing a GPU share its L2, and eight ranks' bands of 8 outgrow it. Single columns
+ *   keep 16 row blocks x 1 column in flight on a 16-CTA rank, so every tile loads its A rows
+ *   from HBM; bands of 2 share each A row block between two in-flight tiles while the ranks'
+ *   B bands still fit (bands of 4 are level with 2), taken where the ranks' A together reach
+ *   half of L2 (TW_RS_L2_BYTES). */
+static int plan_band(const tw_gemm_rs_plan_args_t *a, int64_t n_blocks) {
   const double a_bytes = (double)a->m * (double)a->k * 2.0;
   int band = a->band_env > 0 ? a->band_env
-             : a->shared_gpu ? (a_bytes * world >= TW_RS_L2_BYTES ? TW_RS_BAND_SHARED : 1)
+             : a->shared_gpu ? (a_bytes * a->world >= TW_RS_L2_BYTES ? TW_RS_BAND_SHARED : 1)
              : a_bytes > TW_RS_L2_BYTES ? TW_RS_BAND_DEFAULT
                                         : 1;
   if (band > n_blocks)
     band = (int)n_blocks;
-  plan->band = band < 1 ? 1 : band;
-  /* Interleaved owners (every world consecutive tiles to world owners; owners of whole row
-   * blocks only): fp32 partials on distinct GPUs, where a band's stretch of stores to one peer
-   * outran NVLink. bf16 partials, smaller shapes and virtual ranks gain nothing from it. */
+  return band < 1 ? 1 : band;
+}
+
+/* Interleaved owners (every world consecutive tiles to world owners; owners of whole row
+ * blocks only): fp32 partials on distinct GPUs, where a band's stretch of stores to one peer
+ * outran NVLink. bf16 partials, smaller shapes and virtual ranks gain nothing from it. */
+static int plan_interleave(const tw_gemm_rs_plan_args_t *a, int32_t m_local) {
   const int want =
       a->interleave_env >= 0 ? a->interleave_env != 0 : a->partial_bytes != 2 && !a->shared_gpu;
-  plan->interleave = want && world > 1 && m_local % TW_GEMM_RS_BLOCK_M == 0;
-  plan->groups_max = (int)((units_max + g - 1) / g);
-  plan->ctas = a->sm_budget;
+  return want && a->world > 1 && m_local % TW_GEMM_RS_BLOCK_M == 0;
+}
 
-  /* In order: the args' reduce_sms; TW_RS_REDUCE_CTAS (any count, 0 included: then every CTA
-   * runs the GEMM first and the reduction after its tiles, the unfused timeline inside one
-   * launch, the partials still travelling during the GEMM); none where ranks share a GPU; else
-   * the estimate. */
+/* The fewest reduce CTAs (up to half the budget) whose reduction, at the rates the plan
+ * assumes, takes at most 0.8 of the GEMM on the CTAs left. Sized by the partials' bytes: with
+ * bf16 ones the fp32 count is too many. */
+static int reduce_ctas_by_rate(const tw_gemm_rs_plan_args_t *a) {
+  const double pbytes = a->partial_bytes == 2 ? 2.0 : 4.0;
+  const double bytes = (double)a->m * (double)a->n * pbytes * (a->all_reduce ? 1.5 : 1.0);
+  const double flops = 2.0 * (double)a->m * (double)a->n * (double)a->k;
+  int reduce = 1;
+  for (; reduce < a->sm_budget / 2; reduce++) {
+    const double t_red = bytes / (TW_RS_REDUCE_GBPS_PER_CTA * 1e9 * reduce);
+    const double t_gemm = flops / (TW_RS_GEMM_TFLOPS_PER_CTA * 1e12 * (a->sm_budget - reduce));
+    if (t_red <= 0.8 * t_gemm)
+      break;
+  }
+  return reduce;
+}
+
+/* The estimate of the reduce CTAs, where neither the caller nor a knob sets them and the
+ * ranks have GPUs of their own. */
+static int estimate_reduce_ctas(const tw_gemm_rs_plan_args_t *a, int64_t tiles) {
+  int reduce = reduce_ctas_by_rate(a);
+  /* tw_gemm_ar's reduce CTAs also gather every other owner's rows: at least 4 of them where
+   * the ranks have GPUs of their own. Where they share one, with work stealing, the signal
+   * warp and bands of 2, fewer reduce CTAs win, so there the estimate stands. */
+  if (a->all_reduce && reduce < 4 && !a->shared_gpu)
+    reduce = a->sm_budget / 2 < 4 ? a->sm_budget / 2 : 4;
+  /* The wave boundary: where the GEMM CTAs left over run one wave more than a few CTAs
+   * fewer reduce CTAs would (flux-tp8 on 132 SMs: 1536 tiles on 127 CTAs are 12.1 waves, on
+   * 128 exactly 12), trim the estimate to the largest count that saves the wave: GEMM+RS
+   * no lower than half the estimate, GEMM+AR no lower than its 4. */
+  const int floor_ar = a->all_reduce && !a->shared_gpu ? 4 : 0;
+  const int lo = a->all_reduce ? floor_ar : (reduce + 1) / 2;
+  if (reduce < a->sm_budget) {
+    const int64_t waves = (tiles + a->sm_budget - reduce - 1) / (a->sm_budget - reduce);
+    for (int r = reduce - 1; r >= lo && r >= 1; r--)
+      if ((tiles + a->sm_budget - r - 1) / (a->sm_budget - r) < waves) {
+        reduce = r;
+        break;
+      }
+  }
+  return reduce;
+}
+
+/* CTAs that start on the reduction, in order: the args' reduce_sms; TW_RS_REDUCE_CTAS (any
+ * count, 0 included: then every CTA runs the GEMM first and the reduction after its tiles, the
+ * unfused timeline inside one launch, the partials still travelling during the GEMM); none
+ * where ranks share a GPU; else the estimate. Always fewer than the budget; 0: the GEMM CTAs
+ * reduce after their tiles. */
+static int plan_reduce_ctas(const tw_gemm_rs_plan_args_t *a, int64_t tiles) {
   int reduce = a->reduce_sms_arg;
   if (reduce <= 0 && a->reduce_env >= 0) {
     reduce = a->reduce_env;
@@ -274,81 +345,74 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
      * reduce CTA is mixed: the estimate stays there. */
     reduce = 0;
   } else if (reduce <= 0) {
-    /* Sized by the partials' bytes: with bf16 ones the fp32 count is too many. */
-    const double pbytes = a->partial_bytes == 2 ? 2.0 : 4.0;
-    const double bytes = (double)a->m * (double)a->n * pbytes * (a->all_reduce ? 1.5 : 1.0);
-    const double flops = 2.0 * (double)a->m * (double)a->n * (double)a->k;
-    reduce = 1;
-    for (; reduce < a->sm_budget / 2; reduce++) {
-      const double t_red = bytes / (TW_RS_REDUCE_GBPS_PER_CTA * 1e9 * reduce);
-      const double t_gemm = flops / (TW_RS_GEMM_TFLOPS_PER_CTA * 1e12 * (a->sm_budget - reduce));
-      if (t_red <= 0.8 * t_gemm)
-        break;
-    }
-    /* tw_gemm_ar's reduce CTAs also gather every other owner's rows: at least 4 of them where
-     * the ranks have GPUs of their own. Where they share one, with work stealing, the signal
-     * warp and bands of 2, fewer reduce CTAs win, so there the estimate stands. */
-    if (a->all_reduce && reduce < 4 && !a->shared_gpu)
-      reduce = a->sm_budget / 2 < 4 ? a->sm_budget / 2 : 4;
-    /* The wave boundary: where the GEMM CTAs left over run one wave more than a few CTAs
-     * fewer reduce CTAs would (flux-tp8 on 132 SMs: 1536 tiles on 127 CTAs are 12.1 waves, on
-     * 128 exactly 12), trim the estimate to the largest count that saves the wave: GEMM+RS
-     * no lower than half the estimate, GEMM+AR no lower than its 4. */
-    const int floor_ar = a->all_reduce && !a->shared_gpu ? 4 : 0;
-    const int lo = a->all_reduce ? floor_ar : (reduce + 1) / 2;
-    if (reduce < a->sm_budget) {
-      const int64_t waves = (tiles + a->sm_budget - reduce - 1) / (a->sm_budget - reduce);
-      for (int r = reduce - 1; r >= lo && r >= 1; r--)
-        if ((tiles + a->sm_budget - r - 1) / (a->sm_budget - r) < waves) {
-          reduce = r;
-          break;
-        }
-    }
+    reduce = estimate_reduce_ctas(a, tiles);
   }
   if (reduce >= a->sm_budget)
     reduce = a->sm_budget - 1;
-  plan->reduce_ctas = reduce < 0 ? 0 : reduce; /* the GEMM CTAs reduce after their tiles */
+  return reduce < 0 ? 0 : reduce;
+}
+
+/* The pull (TW_RS_PULL): each rank's epilogue stores its whole partial into its own [m, n]
+ * buffer in the tile's place, as tw_gemm stores its output, and each owner's reduction reads
+ * its rows from every rank. Where more than 2 ranks share a GPU (comm->gpu_shared, alike on
+ * every rank; every store is HBM traffic there either way) it beats storing each box into
+ * its owner's staging slot. On 2 GPUs the push wins, and so it does on 2 ranks sharing a
+ * GPU, where the owner epilogue (push layout) wins.
+ *
+ * Also wherever owners' rows start inside a 64-row box of the epilogue (m_local not a multiple
+ * of 64: decode shapes). With the push such a box's rows of the later owner cannot go by TMA
+ * (a negative row coordinate) and one thread copies them with 16-byte stores over NVLink,
+ * which leaves the reduction waiting on them. The pull stores every box at its own rows. */
+static int plan_pull(const tw_gemm_rs_plan_args_t *a, int32_t m_local) {
+  const int straddle = m_local % (TW_GEMM_RS_BLOCK_M / 2) != 0;
+  return a->world > 1 &&
+         (a->pull_env >= 0 ? a->pull_env != 0 : (a->shared_gpu && a->world > 2) || straddle);
+}
+
+/* The owner epilogue on 2 ranks (RsEpi::combine): each rank's own tiles come after the
+ * peer's partials of them and are reduced in their epilogue. It needs whole row blocks per
+ * owner, one unit per counter (the combine waits for the peer's one count of its unit) and
+ * the push layout (not TW_RS_PULL); tw_gemm_ar's direct scheme is planned at world 1.
+ * tw_gemm_rs: ranks may differ in it (the peer's stores and counts are the same either way),
+ * so the rule leaves the reduce CTAs running where this rank's caller set them.
+ * tw_gemm_ar: the own tile also stores its reduced rows where the peer's gather finds them
+ * and sets the unit's ready flag, and the gather items become single units (the groups of
+ * 2-4 of plan_group_units give way), so every rank must choose alike: the choice reads only
+ * what every rank shares (the shapes, the partials, plan_sms and the alike knobs
+ * TW_RS_OWNER_EPI, TW_RS_PULL, TW_RS_GROUP_UNITS), not the reduce-CTA count, which may differ
+ * by rank; the gather runs on the GEMM CTAs after their tiles. */
+static int plan_owner_epi(const tw_gemm_rs_plan_args_t *a, const rs_shape_t *s, int pull,
+                          int64_t group_units) {
+  const int can =
+      a->world == 2 && !pull && s->m_local % TW_GEMM_RS_BLOCK_M == 0 && s->block_n == 256 &&
+      (a->all_reduce ? s->units_max <= s->stride && a->group_env <= 0 : group_units == 1);
+  const int reduce_set = !a->all_reduce && (a->reduce_sms_arg > 0 || a->reduce_env >= 0);
+  return can && tw_gemm_rs_want_owner_epi(a->owner_env, reduce_set, a->partial_bytes == 2 ? 2 : 4,
+                                          a->k, s->tiles, s->plan_ctas);
+}
+
+void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *plan) {
+  const rs_shape_t s = plan_shape(a);
+  const int64_t g = plan_group_units(a, &s);
+  plan->block_n = s.block_n;
+  plan->group_units = (int)g;
+  plan->flag_stride = (int)s.stride;
+  plan->band = plan_band(a, s.n_blocks);
+  plan->interleave = plan_interleave(a, s.m_local);
+  plan->groups_max = (int)((s.units_max + g - 1) / g);
+  plan->ctas = a->sm_budget;
+  plan->reduce_ctas = plan_reduce_ctas(a, s.tiles);
+  /* set by the caller where they apply */
   plan->single = 0;
   plan->direct = 0;
   plan->ar_push = 0;
   plan->ar_out_sym = 0;
   plan->ll = 0;
-  /* The pull (TW_RS_PULL): each rank's epilogue stores its whole partial into its own [m, n]
-   * buffer in the tile's place, as tw_gemm stores its output, and each owner's reduction reads
-   * its rows from every rank. Where more than 2 ranks share a GPU (comm->gpu_shared, alike on
-   * every rank; every store is HBM traffic there either way) it beats storing each box into
-   * its owner's staging slot. On 2 GPUs the push wins, and so it does on 2 ranks sharing a
-   * GPU, where the owner epilogue (push layout) wins.
-   *
-   * Also wherever owners' rows start inside a 64-row box of the epilogue (m_local not a multiple
-   * of 64: decode shapes). With the push such a box's rows of the later owner cannot go by TMA
-   * (a negative row coordinate) and one thread copies them with 16-byte stores over NVLink,
-   * which leaves the reduction waiting on them. The pull stores every box at its own rows. */
-  const int straddle = m_local % (TW_GEMM_RS_BLOCK_M / 2) != 0;
-  plan->pull =
-      world > 1 && (a->pull_env >= 0 ? a->pull_env != 0 : (a->shared_gpu && world > 2) || straddle);
-  /* The owner epilogue on 2 ranks (RsEpi::combine): each rank's own tiles come after the
-   * peer's partials of them and are reduced in their epilogue. It needs whole row blocks per
-   * owner, one unit per counter (the combine waits for the peer's one count of its unit) and
-   * the push layout (not TW_RS_PULL); tw_gemm_ar's direct scheme is planned at world 1.
-   * tw_gemm_rs: ranks may differ in it (the peer's stores and counts are the same either way),
-   * so the rule leaves the reduce CTAs running where this rank's caller set them.
-   * tw_gemm_ar: the own tile also stores its reduced rows where the peer's gather finds them
-   * and sets the unit's ready flag, and the gather items become single units (the groups of
-   * 2-4 above give way), so every rank must choose alike: the choice reads only what every rank
-   * shares (the shapes, the partials, plan_sms and the alike knobs TW_RS_OWNER_EPI,
-   * TW_RS_PULL, TW_RS_GROUP_UNITS), not the reduce-CTA count, which may differ by rank; the
-   * gather runs on the GEMM CTAs after their tiles. */
-  const int can = world == 2 && !plan->pull && m_local % TW_GEMM_RS_BLOCK_M == 0 &&
-                  block_n == 256 &&
-                  (a->all_reduce ? units_max <= stride && a->group_env <= 0 : g == 1);
-  const int reduce_set = !a->all_reduce && (a->reduce_sms_arg > 0 || a->reduce_env >= 0);
-  plan->owner_epi =
-      can && tw_gemm_rs_want_owner_epi(a->owner_env, reduce_set, a->partial_bytes == 2 ? 2 : 4,
-                                       a->k, tiles, plan_ctas);
+  plan->pull = plan_pull(a, s.m_local);
+  plan->owner_epi = plan_owner_epi(a, &s, plan->pull, g);
   if (plan->owner_epi) {
     plan->reduce_ctas = 0;
     plan->group_units = 1;
-    plan->groups_max = (int)units_max;
+    plan->groups_max = (int)s.units_max;
   }
 }
