@@ -72,11 +72,11 @@ int tw_gemm_rs_want_unfused(int env, int world, int gpu_shared, int64_t m, int64
    *   6144) stays fused (slower or level unfused), and so do bf16 partials (mixed). tw_gemm_ar
    *   there only into outputs its pipeline stores straight into (symmetric outputs, or peer
    *   outs: TW_AR_PEER_OUT): into a plain out the pipeline's gather copy loses.
-   * - tw_gemm_ar at m <= TW_AR_UNFUSED_SHARED_ANY_PARTIALS_MAX_M with K per rank <= 2048, either
-   *   partials, into symmetric or peer outs: the pipeline's all-gather half is one store per
-   *   row, and it wins at every shape with n >= 2048. At the smallest shapes an eager call is
-   *   launch-bound (two launches a rank) and loses, but from CUDA graphs, how small calls run,
-   *   it wins. tw_gemm_rs there stays fused (mixed). */
+   * - tw_gemm_ar at m <= TW_AR_UNFUSED_SHARED_ANY_PARTIALS_MAX_M with K per rank <=
+   * TW_RS_UNFUSED_SHARED_MAX_K, either partials, into symmetric or peer outs: the pipeline's
+   * all-gather half is one store per row, and it wins at every shape with n >= 2048. At the
+   * smallest shapes an eager call is launch-bound (two launches a rank) and loses, but from CUDA
+   * graphs, how small calls run, it wins. tw_gemm_rs there stays fused (mixed). */
   if (gpu_shared) {
     const int short_k = k <= TW_RS_UNFUSED_SHARED_MAX_K;
     if (all_reduce && m <= TW_AR_UNFUSED_SHARED_MAX_M)
