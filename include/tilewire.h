@@ -264,21 +264,22 @@ TW_API tw_status_t tw_gemm(const tw_gemm_args_t *args, tw_stream_t stream);
  * flags, then join the GEMM; compute CTAs start on the local shard (rank-rotated
  * tile order) and wait per tile only for the rows it reads. Collective: every
  * rank calls it with the same shapes. Where the gathered product has few output tiles over a
- * long K (decode: tw_gemm's split_k -1 would split it), the call is tw_allgather then
- * tw_gemm with split_k -1 instead (measured faster there; TW_AG_UNFUSED_SMALL=0 keeps the
- * fused kernel), and then and at world 1 the result bits are that pipeline's.
+ * long K (decode shapes: where tw_gemm's split_k -1 would split it), the call is tw_allgather
+ * then tw_gemm with split_k -1 instead; then, and at world 1, the result bits are that
+ * pipeline's.
  */
 /* How tw_ag_gemm moves the shards. */
 typedef enum tw_ag_comm_mode {
-  TW_AG_COMM_SM = 0, /* communication CTAs push the shard, then join the GEMM (default) */
+  TW_AG_COMM_SM = 0, /* communication CTAs push the shard, then join the GEMM */
   /* cudaMemcpyAsync on a side stream, each chunk followed by a stream-written flag, while
    * every CTA computes (no SMs spent on copies). Eager only: a stream under CUDA graph
    * capture is refused with TW_ERR_NOT_SUPPORTED (the flag values are fixed at enqueue). */
   TW_AG_COMM_COPY_ENGINE = 1,
-  /* The default (TW_AG_GEMM_ARGS_INIT): the copy engine where it measured faster (2 ranks on
-   * GPUs of their own, one process or one per GPU, the push taking 0.3-0.8 of the GEMM's
-   * estimated time, not under graph capture; TW_AG_AUTO_CE overrides), else the SMs. Ranks
-   * decide alike from the shapes and the comm, so they must all capture, or all not. */
+  /* The default (TW_AG_GEMM_ARGS_INIT): the library chooses the copy engine or the SMs from the
+   * shapes and the comm: the copy engine only on 2 ranks on GPUs of their own (one process or
+   * one per GPU), where the push is a large share of the GEMM's estimated time, and never
+   * under graph capture; else the SMs. Ranks decide alike, so they must all capture, or all
+   * not. */
   TW_AG_COMM_AUTO = 2
 } tw_ag_comm_mode_t;
 
@@ -292,8 +293,8 @@ typedef struct tw_ag_gemm_args {
   void *c;            /* [world * m_local, N] */
   void *a_gathered;   /* symmetric, [world * m_local, K] bf16 */
   int64_t m_local, n, k;
-  int64_t ldb, ldc; /* 0: packed (k, n) */
-  int32_t comm_sms; /* CTAs that push data before joining the GEMM; 0: heuristic (TW_AG_COMM_SMS) */
+  int64_t ldb, ldc;  /* 0: packed (k, n) */
+  int32_t comm_sms;  /* CTAs that push data before joining the GEMM; 0: heuristic */
   int32_t comm_mode; /* tw_ag_comm_mode_t */
   /* (version 2) 0: on return a_gathered holds the gathered A (the backward pass needs it).
    * 1: the caller does not need it: a_gathered only stages the call and afterwards holds
@@ -331,16 +332,15 @@ TW_API tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args, tw_
  * tile once all ranks delivered it; tw_gemm_ar's owners then store their reduced rows
  * into every rank's workspace, from where each rank copies them into `out`. Collective:
  * every rank calls it with the same shapes; both ops take the same args struct.
- * Decode shapes (TW_RS_UNFUSED_SMALL; by default on ranks that do not share a GPU, tw_gemm_rs
- * at m <= 512 and tw_gemm_ar at m <= 256): the call is the unfused pipeline instead, three
- * launches on the stream (a wait until every rank has released this rank's workspace, tw_gemm
- * of the whole partial into the workspace, one reduce kernel that sums this rank's rows in rank
- * order and, for tw_gemm_ar, stores them into every rank's workspace or symmetric out); the
- * same bits, faster where the GEMM is a few tiles (docs/PERF.md).
- * Direct scheme (TW_AR_DIRECT; by default on 2 ranks on distinct GPUs at m < 128, and with
- * bf16 partials at m <= 4096 with K >= 4096): tw_gemm_ar stores every tile into every rank's
- * workspace and each rank reduces all of S itself (one hop, no gather phase) when the
- * workspace holds world * m * n partials (4 or 2 bytes each); same result bits.
+ * Decode shapes (on ranks with GPUs of their own tw_gemm_rs at m <= 512 and tw_gemm_ar at
+ * m <= 256; where ranks share a GPU, small and short-K shapes the plan picks): where the
+ * workspace holds it, the call runs the unfused pipeline instead, tw_gemm of the whole
+ * partial into the workspace, then a reduce kernel that sums this rank's rows in rank order
+ * (tw_gemm_ar: and hands them to every rank); the same bits.
+ * Direct scheme (on 2 ranks on distinct GPUs at m < 128, and with bf16 partials at m <= 4096
+ * with K >= 4096): where the workspace holds world * m * n partials (4 or 2 bytes each),
+ * tw_gemm_ar stores every tile into every rank's workspace and each rank reduces all of S
+ * itself (one hop, no gather phase); the same bits.
  * partials = TW_PARTIALS_BF16 (version 2): each rank's partial product is rounded
  * to bf16 before it travels (as the cuBLAS bf16 output of the usual unfused
  * pipeline is), then summed in fp32 in rank order: half the NVLink bytes and
@@ -365,16 +365,17 @@ typedef struct tw_gemm_rs_args {
   void *workspace;      /* symmetric, >= tw_gemm_rs_workspace_size() bytes */
   int64_t m, n, k;
   int64_t lda, ldb, ldo; /* 0: packed (k, k, n) */
-  /* CTAs that start on the reduction; 0: heuristic. A nonzero value keeps tw_gemm_rs's reduce
-   * CTAs on 2 ranks (no owner epilogue). tw_gemm_ar ignores it where its owner epilogue applies
-   * (2 ranks, fp32 partials, K < 4096, enough tiles: TW_RS_OWNER_EPI in docs/ENV.md), since
-   * that choice must be the same on every rank and this field may differ by rank. */
+  /* CTAs that start on the reduction, fewer than the rank's SM budget; 0: heuristic; ranks may
+   * differ. On 2 ranks the plan may instead reduce each rank's own tiles in the GEMM's
+   * epilogue, with no reduce CTAs (fp32 partials, K < 4096, at least 3 waves of tiles): a
+   * nonzero value keeps tw_gemm_rs's reduce CTAs there, while tw_gemm_ar ignores it there,
+   * since that choice must be the same on every rank and this field may differ by rank. */
   int32_t reduce_sms;
   int32_t partials; /* (version 2; 0 before) tw_partials_t: TW_PARTIALS_FP32 (0) */
   /* (version 3; 0 before) tw_gemm_ar: 1 when `out` is one symmetric allocation (the same
    * tw_mem_alloc on every rank, at least (m - 1) * ldo + n bf16): each owner then writes its
-   * reduced rows straight into every rank's out, and no rank copies them (faster, and the
-   * workspace's bf16 area goes unused). Every rank must pass the same value. tw_gemm_rs
+   * reduced rows straight into every rank's out, and no rank copies them (the workspace's bf16
+   * area goes unused). Every rank must pass the same value. tw_gemm_rs
    * ignores it. */
   int32_t out_symmetric;
   int32_t reserved; /* 0 */
@@ -391,7 +392,8 @@ TW_API tw_status_t tw_gemm_rs_args_init(tw_gemm_rs_args_t *args);
  * (world * (m / world) * n * 6: fp32 staging, then every owner's bf16 rows for tw_gemm_ar;
  * on 2 ranks with m < 128 at least 2 * m * n * 4, the direct scheme's fp32 staging).
  * A smaller workspace of at least world * (m / world) * n * 4 + (m / world) * n * 2 bytes
- * still works; tw_gemm_ar then has every rank load the owners' rows over NVLink (slower). */
+ * still works; tw_gemm_ar then has every rank load the owners' rows from the owners' workspaces
+ * instead of receiving them into its own. */
 TW_API tw_status_t tw_gemm_rs_workspace_size(tw_comm_t comm, int64_t m, int64_t n, size_t *bytes);
 TW_API tw_status_t tw_gemm_rs(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_stream_t stream);
 TW_API tw_status_t tw_gemm_ar(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_stream_t stream);
@@ -399,7 +401,8 @@ TW_API tw_status_t tw_gemm_ar(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_
 /* ---- environment knobs ------------------------------------------------ */
 
 /* Number of TW_* environment knobs, and the i-th one's name, type, default,
- * current value (as the library reads it) and description. */
+ * current value (as the library reads it) and description: every knob, the user settings
+ * of docs/ENV.md and the developer switches of docs/ENV-DEV.md alike. */
 TW_API int tw_env_count(void);
 TW_API tw_status_t tw_env_describe(int index, const char **name, const char **type,
                                    const char **default_value, const char **current_value,

@@ -6,7 +6,7 @@
  * tw_signal_set (signal.cuh).
  * A copy CTA's rate is bounded by its bytes in flight over the loads' latency
  * (Little's law): 384 threads x 4 x 16 B = 24 KiB in flight. More loads in flight per
- * thread were no faster for tw_ag_gemm's copy CTAs (docs/PERF.md has the per-CTA rates).
+ * thread do not speed up tw_ag_gemm's copy CTAs.
  */
 #ifndef TW_DEVICE_COPY_CUH
 #define TW_DEVICE_COPY_CUH

@@ -71,7 +71,7 @@ __device__ __forceinline__ void epilogue(const Params &p, float (&acc)[BN / 2], 
       } else {
         // A half-warp's 8-byte stores cover rows r..r+3, 32 bytes each: with the same group jj
         // on every row, rows r and r ^ 1 land on the same two 16-byte chunks after the swizzle
-        // (ncu: 4.2-way conflicts, 51% of the epilogue's store wavefronts). Odd rows store
+        // (bank conflicts on most of the epilogue's store wavefronts). Odd rows store
         // group jj ^ 2 at the same step (the swizzle then puts the 4 rows on 4 chunk pairs);
         // every value still goes to its own address, so C is unchanged.
         static_assert(kJPerPass % 4 == 0, "fp32 passes hold whole boxes of 4 groups");

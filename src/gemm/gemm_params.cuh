@@ -182,7 +182,7 @@ template <class Epi, class Wait> struct GemmParams {
   int32_t fault_stall;      // tests (TW_FAULT_STALL_TILE): 1 + the tile (in this CTA loop's tile
                             // numbering) whose first stage the producer never loads; 0: none
   int32_t rows;             // split-K: the product's rows, at most 2^31 - 1 (0: not given)
-  // split-K with split_scatter (TW_SPLIT_SCATTER, measurement): every slice sums one column
+  // split-K with split_scatter (TW_SPLIT_SCATTER, a developer switch): every slice sums one column
   // band of the tile over all slices and stores it to `split_c` (ldc elements per row, n
   // columns) itself, instead of the tree into slice 0 and its epilogue
   int32_t split_scatter;

@@ -75,8 +75,8 @@
  * kernel (all 384 threads of the CTA call it, with SmemLayout<...>::kDynamicBytes of dynamic
  * shared memory); tests/gpu/test_gemm.cu (check_hooks) is a complete example, and
  * src/ops/gemm/gemm_sm90.cu shows the tensor maps (A box {64, 128}, B box {64, BN}, C box
- * {128 / sizeof(Out), 64}, all 128B-swizzled). Measured configurations: docs/PERF.md (GEMM core
- * section) (plain GEMM: Stages 3, EpiBytes 32768, BN 256; queue variant within ~1-4% of it).
+ * {128 / sizeof(Out), 64}, all 128B-swizzled). The plain GEMM runs Stages 3, EpiBytes 32768,
+ * BN 256 (its figures against cuBLAS: docs/PERF.md).
  * gemm_pp_sm90.cuh runs the same contract's plain and signalled subset on ping-pong consumers
  * (each tile one consumer warpgroup's): tw_gemm's fp32 output and tw_gemm_rs at long K.
  *
@@ -130,8 +130,8 @@ __device__ __forceinline__ void producer_tile(const GP &p, int32_t t, uint32_t r
 // The producer's stage addresses. kLean (the plain GEMM kernels): 32-bit shared-window
 // addresses from a base it holds in a register. From generic pointers every stage re-derived
 // the window's base (two S2UR among about 75 instructions a stage at swap-AB's 64-row tiles,
-// where ncu found the producer issuing all the time and never waiting for a free stage;
-// docs/PERF.md, thirty-fourth session). The fused kernels' producers, at 40 registers with more
+// where the producer issues all the time and never waits for a free stage, so its instruction
+// count bounds the tile). The fused kernels' producers, at 40 registers with more
 // to hold, spill that base, so they keep the generic pointers.
 template <bool kLean> struct StageAt {
   uint8_t *smem;
@@ -163,11 +163,10 @@ __device__ __forceinline__ void load_stage(const GP &p, Addr full, Addr sa, Addr
 }
 // kRestoreRegs: back to the entry split (168 registers a thread) for code after the loop.
 // The producer warpgroup increases only once both consumer warpgroups have returned theirs (the
-// barrier is also its explicit sync between its two setmaxnreg, which PTX requires). Until the
-// fifth session its idle warps increased right after their decrease and raced the consumers'
-// increase for the CTA's register pool: a warp that won left the consumers blocked in
-// setmaxnreg for good while it waited at the next CTA barrier, an unbounded hang, the likely
-// cause of the intermittent tw_gemm_rs / tw_gemm_ar stalls (docs/PERF.md).
+// barrier is also its explicit sync between its two setmaxnreg, which PTX requires). Idle
+// producer warps that increased right after their decrease would race the consumers' increase
+// for the CTA's register pool: a warp that won would leave the consumers blocked in setmaxnreg
+// for good while it waited at the next CTA barrier, an unbounded hang.
 __device__ __forceinline__ void restore_regs_producer() {
   ptx::named_bar_sync(kBarRegs, kThreads);
   ptx::setmaxnreg_inc<168>();
@@ -200,9 +199,8 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   constexpr bool kHalfM = kTileM == 64;
   // 64-row tiles: one consumer warpgroup multiplies the tile's 64 A rows by all 2 x BN B rows
   // (wgmma m64n(2 BN)k16) and the other idles; the tensor pipe runs one warpgroup's n64 chain at
-  // its full rate and two warpgroups' n32 at two thirds of it (scripts/probes/
-  // probe_wgmma_chain.cu: a stage of 4 k steps 128 against 192 cycles), which held these decode
-  // tiles. The workspace's split-K slices (kSplitWs) keep two consumers: their layout is per
+  // its full rate and two warpgroups' n32 at two thirds of it, which would hold these decode
+  // tiles back. The workspace's split-K slices (kSplitWs) keep two consumers: their layout is per
   // warpgroup. The same products in the same k order: the same bits.
   constexpr bool kOneWg = kHalfM && !(kSplitWs && kSplit > 1);
   constexpr int CBN = kOneWg ? 2 * BN : BN;                    // a consumer's wgmma N

@@ -398,7 +398,7 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
                                comm->ranks_on_device > 1,
                                (int)tw_env_int(TW_AG_VARIANT_ID)};
   tw_ag_gemm_make_plan(&pa, plan);
-  /* TW_AG_COMM_AUTO: the copy engine where it measured faster (ag_gemm_heuristics.c); tw_ag_gemm
+  /* TW_AG_COMM_AUTO: the copy engine where its rule takes it (ag_gemm_heuristics.c); tw_ag_gemm
    * keeps the SMs instead under graph capture. Decided alike on every rank: gpu_shared is the
    * comm's, and the GEMM estimate takes the device's SMs, not the rank's budget (budgets may
    * differ between ranks: test_mp runs odd ranks on 8 SMs). */
@@ -414,8 +414,8 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
    * tile straddles this shard and a peer's (world 1, or shards of whole 128-row blocks), the
    * own copy only feeds the gathered output (the shard's tiles read `a`), so it can run beside
    * the kernel. A straddling tile reads its own rows from the slot and waits for their chunk
-   * flags: the CTAs copy and flag them then (measured: giving those to the copy engine left
-   * the flags unset). */
+   * flags: the CTAs copy and flag them then (a copy engine there would leave the flags
+   * unset). */
   plan->own_copy_ce = a->comm_mode == TW_AG_COMM_SM && !plan->peer_read &&
                       a->a != (const void *)own && (world == 1 || a->m_local % 128 == 0) &&
                       tw_ag_gemm_own_copy_ce(world, comm->gpu_shared, a->m_local, a->n, a->k,
@@ -477,8 +477,8 @@ static tw_status_t copy_engine_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
     return st;
   /* tw_ag_gemm refused (or, for TW_AG_COMM_AUTO, left) this mode under graph capture. */
   /* Ranks sharing a GPU have no copy engine between them (the copies are HBM to HBM on the
-   * same chip), and on 3 virtual ranks of one H200 this mode hung in test_ag_gemm (2026-11-29,
-   * not understood yet; 2 ranks per GPU and ranks on distinct GPUs passed). Refuse it. */
+   * same chip), and on 3 virtual ranks of one GPU this mode was seen to hang in test_ag_gemm
+   * (not understood; 2 ranks per GPU and ranks on distinct GPUs passed). Refuse it. */
   if (comm->ranks_on_device > 1)
     return tw_fail(TW_ERR_NOT_SUPPORTED,
                    "args->comm_mode: TW_AG_COMM_COPY_ENGINE needs every rank on its own GPU; "
@@ -582,12 +582,9 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
    * fused kernel's GEMM leaves most SMs idle and its communication overlaps nothing, so the call
    * is the unfused pipeline, tw_allgather then tw_gemm with K split over CTA clusters (split_k
    * -1: the slices by the shape alone, the same bits as that pipeline run by the caller; the
-   * route by tw_gemm_tree_split, so -1 may also keep a swapped product unsplit there).
-   * Seventeenth session, 2 H200s, M=64 N=1024/rank K=8192: the fused op 0.075 ms against 0.046
-   * for NCCL + cuBLAS. Eighteenth session, 2 H200s, A/B TW_AG_UNFUSED_SMALL=1,0 both orders,
-   * ms: M=64 0.041 / 0.075, M=16 0.041 / 0.066, M=256 0.069 / 0.109, M=512 N=2048 K=4096 0.049 /
-   * 0.062 (before the split's tree sum, which took M=64 to 0.039). TW_AG_UNFUSED_SMALL=0 keeps
-   * the fused kernel. */
+   * route by tw_gemm_tree_split, so -1 may also keep a swapped product unsplit there). At
+   * these shapes the fused op trails NCCL + cuBLAS while the pipeline beats them (its figures:
+   * docs/PERF.md, the decode rows). TW_AG_UNFUSED_SMALL=0 keeps the fused kernel. */
   const int small_unfused = tw_env_int(TW_AG_UNFUSED_SMALL_ID) != 0;
   const int unfused =
       !plain && small_unfused && tw_gemm_tree_split(a.m_local * comm->world, a.n, a.k) > 1;

@@ -206,7 +206,7 @@ extern "C" tw_status_t tw_ag_make_plan(tw_comm_t comm, const void *send, void *r
    * The chunking must be the same on every rank (a receiver waits for the sender's chunk
    * flags), so it depends on bytes and world only, never on this rank's SM budget: ranks on
    * distinct GPUs may have different budgets (3 ranks on 2 GPUs: 66, 132, 66 SMs), and a
-   * budget-derived chunking hung there (2026-11-29, TW_TEST_DEVICES=distinct). */
+   * budget-derived chunking would leave a receiver waiting for chunks its sender never cuts. */
   size_t chunk = (size_t)tw_env_int(TW_AG_CHUNK_BYTES_ID);
   if (chunk == 0) {
     size_t want_items_per_peer = ((size_t)TW_AG_TARGET_ITEMS + world - 1) / world;

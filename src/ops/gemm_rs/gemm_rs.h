@@ -24,9 +24,9 @@
  *   [S + o * S + g]                         (all-reduce) owner o finished group g:
  *       set to the epoch (which only grows); this rank then copies it from o's workspace.
  *   TW_CHANNEL_FLAGS - 1 / - 2              reduce / gather work queues.
- * (Until the fifth session the stride was the call's own group count: a later call with
- * more groups found an earlier call's ready epochs in its counters and reduced before the
- * partials landed, e.g. tw-bench's direct all-reduce after the default one, docs/PERF.md.)
+ * The stride must not follow the call's own group count: a later call with more groups would
+ * find an earlier call's ready epochs in its counters and reduce before the partials landed
+ * (e.g. a direct all-reduce after a pushed one on the same comm).
  *
  * Workspace (symmetric, per rank): staging [world][m_local][n] of fp32 (of bf16
  * with TW_PARTIALS_BF16, packed the same way; the size asked for is the fp32
@@ -164,12 +164,13 @@ size_t tw_gemm_rs_ll_bytes(int world, int64_t m, int64_t n, int partial_bytes, i
 int tw_gemm_rs_want_ll(int env, int world, int64_t m, int64_t n, int partial_bytes, int all_reduce,
                        size_t ll_bytes, int shared_stores, int64_t swap_max_m);
 /* The swap rule's bound on m for the unfused pipeline's GEMM (tw_gemm_sm90_opts_t.swap_max_m):
- * TW_GEMM_RS_SWAP_MAX_M on ranks with GPUs of their own, tw_gemm's 64 where ranks share one (not
- * measured there). The same on every rank. */
+ * TW_GEMM_RS_SWAP_MAX_M on ranks with GPUs of their own, tw_gemm's 64 where ranks share one (the
+ * larger bound is untried there). The same on every rank. */
 int64_t tw_gemm_rs_swap_max_m(int gpu_shared);
 /* Whether tw_gemm_rs's swap-AB GEMM, storing the low-latency words itself, also
  * sums this rank's own rows in its epilogue (gemm_ll.cuh). env: TW_RS_LL_REDUCE (1: always, 0:
- * never, -1: at m <= TW_RS_LL_REDUCE_MAX_M, where it measured faster). tw_gemm_ar: never. */
+ * never, -1: at m <= TW_RS_LL_REDUCE_MAX_M, the 16-wide swap tiles, where it beats the reduce
+ * kernel). tw_gemm_ar: never. */
 #define TW_RS_LL_REDUCE_MAX_M 16
 int tw_gemm_rs_want_ll_reduce(int env, int all_reduce, int64_t m);
 /* Workspace bytes of the unfused pipeline: this rank's partial [m][n] (4 or 2 bytes), then for
