@@ -81,6 +81,9 @@ int tw_test_wait_children(const pid_t *pids, int n, double bound_s, int *status,
 
 /* Seed for fresh random inputs: TW_TEST_SEED if set, else time-based (printed). */
 uint64_t tw_test_seed(void);
+/* The next number of a xorshift64 sequence (shifts 13, 7, 17) kept in *state: a fixed seed gives
+ * a fixed list of generated cases. */
+uint64_t tw_test_xorshift(uint64_t *state);
 
 /* ---- device helpers (tests/common/tw_test_gpu.cu) -------------------------------------- */
 /* Fills n bf16 values with uniform random numbers in [-1, 1) from `seed`. */
