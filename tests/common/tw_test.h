@@ -106,6 +106,8 @@ double tw_test_rel_err_bf16(const void *a, const void *ref, int ref_is_fp32, siz
  * the error scales with the sum of their magnitudes, not with the (possibly cancelled) sum. */
 double tw_test_rel_err_bf16_scaled(const void *a, const void *ref, int ref_is_fp32,
                                    const float *scale, size_t n, size_t *nan_count);
+/* Max |a-b| / max(|b|) for fp32 a and ref, non-finite a counted (synchronises). */
+double tw_test_rel_err_fp32(const float *a, const float *ref, size_t n, size_t *nan_count);
 
 /* Captures into one CUDA graph: prologue(ctx) (may be NULL) on streams[0], then the work
  * fn(ctx) enqueues on streams[0..n) (one device): streams 1..n-1 fork from streams[0] after
