@@ -136,3 +136,10 @@ uint64_t tw_test_seed(void) {
   printf("seed %llu (set TW_TEST_SEED to repeat)\n", (unsigned long long)seed);
   return seed;
 }
+
+uint64_t tw_test_xorshift(uint64_t *state) {
+  *state ^= *state << 13;
+  *state ^= *state >> 7;
+  *state ^= *state << 17;
+  return *state;
+}

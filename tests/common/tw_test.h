@@ -81,6 +81,9 @@ int tw_test_wait_children(const pid_t *pids, int n, double bound_s, int *status,
 
 /* Seed for fresh random inputs: TW_TEST_SEED if set, else time-based (printed). */
 uint64_t tw_test_seed(void);
+/* The next number of a xorshift64 sequence (shifts 13, 7, 17) kept in *state: a fixed seed gives
+ * a fixed list of generated cases. */
+uint64_t tw_test_xorshift(uint64_t *state);
 
 /* ---- device helpers (tests/common/tw_test_gpu.cu) -------------------------------------- */
 /* Fills n bf16 values with uniform random numbers in [-1, 1) from `seed`. */
@@ -103,6 +106,8 @@ double tw_test_rel_err_bf16(const void *a, const void *ref, int ref_is_fp32, siz
  * the error scales with the sum of their magnitudes, not with the (possibly cancelled) sum. */
 double tw_test_rel_err_bf16_scaled(const void *a, const void *ref, int ref_is_fp32,
                                    const float *scale, size_t n, size_t *nan_count);
+/* Max |a-b| / max(|b|) for fp32 a and ref, non-finite a counted (synchronises). */
+double tw_test_rel_err_fp32(const float *a, const float *ref, size_t n, size_t *nan_count);
 
 /* Captures into one CUDA graph: prologue(ctx) (may be NULL) on streams[0], then the work
  * fn(ctx) enqueues on streams[0..n) (one device): streams 1..n-1 fork from streams[0] after

@@ -69,14 +69,18 @@ extern "C" size_t tw_test_count_diff(const void *a, const void *b, size_t bytes)
   return (size_t)host;
 }
 
-static __global__ void rel_err_kernel(const __nv_bfloat16 *a, const void *ref, int ref_is_fp32,
+static __device__ float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+static __device__ float as_float(float x) { return x; }
+
+template <typename T>
+static __global__ void rel_err_kernel(const T *a, const void *ref, int ref_is_fp32,
                                       const float *scale, size_t n, float *max_diff, float *max_ref,
                                       unsigned long long *nans) {
   float md = 0.f, mr = 0.f;
   unsigned long long bad = 0;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
-    float x = __bfloat162float(a[i]);
+    float x = as_float(a[i]);
     float r =
         ref_is_fp32 ? ((const float *)ref)[i] : __bfloat162float(((const __nv_bfloat16 *)ref)[i]);
     if (isnan(x) || isinf(x)) {
@@ -93,8 +97,9 @@ static __global__ void rel_err_kernel(const __nv_bfloat16 *a, const void *ref, i
     atomicAdd(nans, bad);
 }
 
-extern "C" double tw_test_rel_err_bf16_scaled(const void *a, const void *ref, int ref_is_fp32,
-                                              const float *scale, size_t n, size_t *nan_count) {
+template <typename T>
+static double rel_err(const T *a, const void *ref, int ref_is_fp32, const float *scale, size_t n,
+                      size_t *nan_count) {
   float *stats;
   unsigned long long *nans;
   float host[2] = {0, 0};
@@ -103,8 +108,7 @@ extern "C" double tw_test_rel_err_bf16_scaled(const void *a, const void *ref, in
   cudaMalloc(&nans, sizeof(*nans));
   cudaMemset(stats, 0, 2 * sizeof(float));
   cudaMemset(nans, 0, sizeof(*nans));
-  rel_err_kernel<<<1024, 256>>>((const __nv_bfloat16 *)a, ref, ref_is_fp32, scale, n, stats,
-                                stats + 1, nans);
+  rel_err_kernel<<<1024, 256>>>(a, ref, ref_is_fp32, scale, n, stats, stats + 1, nans);
   cudaMemcpy(host, stats, sizeof(host), cudaMemcpyDeviceToHost);
   cudaMemcpy(&host_nans, nans, sizeof(host_nans), cudaMemcpyDeviceToHost);
   cudaFree(stats);
@@ -114,9 +118,19 @@ extern "C" double tw_test_rel_err_bf16_scaled(const void *a, const void *ref, in
   return host[1] > 0 ? (double)host[0] / (double)host[1] : (double)host[0];
 }
 
+extern "C" double tw_test_rel_err_bf16_scaled(const void *a, const void *ref, int ref_is_fp32,
+                                              const float *scale, size_t n, size_t *nan_count) {
+  return rel_err((const __nv_bfloat16 *)a, ref, ref_is_fp32, scale, n, nan_count);
+}
+
 extern "C" double tw_test_rel_err_bf16(const void *a, const void *ref, int ref_is_fp32, size_t n,
                                        size_t *nan_count) {
   return tw_test_rel_err_bf16_scaled(a, ref, ref_is_fp32, NULL, n, nan_count);
+}
+
+extern "C" double tw_test_rel_err_fp32(const float *a, const float *ref, size_t n,
+                                       size_t *nan_count) {
+  return rel_err(a, ref, 1, NULL, n, nan_count);
 }
 
 extern "C" struct CUgraphExec_st *tw_test_capture(struct CUstream_st **streams, int n,

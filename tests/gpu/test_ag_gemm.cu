@@ -460,7 +460,7 @@ static void test_bad_arguments(void) {
  * reads the peers' slots in place and column block 0's tiles write the A boxes they load through to
  * a_gathered; same bits (C and the gathered output, poisoned before every call). K tails (a
  * last A box partly out of bounds), one column block, fp32 output; m_local 100 and 300 fall
- * back to the push (tests/host/test_plans.c checks where the plan takes it); in place,
+ * back to the push (tests/host/test_plans_gemm.c checks where the plan takes it); in place,
  * no_gather and graph cases too. */
 static void test_peer_gather(int small, uint64_t seed) {
   static const struct {

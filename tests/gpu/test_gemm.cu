@@ -2,7 +2,8 @@
  * tw_gemm (the sm90 GEMM core) against the fp32 reference and cuBLAS on fresh random inputs
  * with poisoned outputs; tails in M and N, short and long K, bf16 and fp32 out; strided
  * operands; error paths; SM budgets, tile orders and the dynamic tile queue (also under CUDA
- * graph replay) must give bitwise the C of the default run.
+ * graph replay) must give bitwise the C of the default run. The core's hooks, as a fused op
+ * uses them: test_gemm_hooks.cu.
  */
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -24,43 +25,6 @@ static cudaStream_t stream;
 static tw_ref_blas_t *blas;
 static uint64_t seed;
 
-// Max |a - ref| / max |ref| for fp32 a, and the count of non-finite a.
-static __global__ void rel_err_fp32_kernel(const float *a, const float *ref, size_t n, float *stats,
-                                           unsigned long long *bad) {
-  float md = 0.f, mr = 0.f;
-  unsigned long long nb = 0;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x) {
-    if (!isfinite(a[i])) {
-      nb++;
-      continue;
-    }
-    md = fmaxf(md, fabsf(a[i] - ref[i]));
-    mr = fmaxf(mr, fabsf(ref[i]));
-  }
-  atomicMax((int *)&stats[0], __float_as_int(md));
-  atomicMax((int *)&stats[1], __float_as_int(mr));
-  if (nb)
-    atomicAdd(bad, nb);
-}
-
-static double rel_err_fp32(const float *a, const float *ref, size_t n, size_t *bad) {
-  float *stats;
-  unsigned long long *count, host_count = 0;
-  float host[2] = {0, 0};
-  CUDA_OK(cudaMalloc(&stats, 2 * sizeof(float)));
-  CUDA_OK(cudaMalloc(&count, sizeof(*count)));
-  CUDA_OK(cudaMemset(stats, 0, 2 * sizeof(float)));
-  CUDA_OK(cudaMemset(count, 0, sizeof(*count)));
-  rel_err_fp32_kernel<<<512, 256>>>(a, ref, n, stats, count);
-  CUDA_OK(cudaMemcpy(host, stats, sizeof(host), cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(&host_count, count, sizeof(host_count), cudaMemcpyDeviceToHost));
-  cudaFree(stats);
-  cudaFree(count);
-  *bad = (size_t)host_count;
-  return host[1] > 0 ? (double)host[0] / host[1] : (double)host[0];
-}
-
 // Counts elements of a strided bf16 C that differ from the packed one (bitwise), plus padding
 // elements that are no longer the poison pattern.
 static __global__ void strided_diff_kernel(const uint16_t *strided, const uint16_t *packed,
@@ -74,12 +38,6 @@ static __global__ void strided_diff_kernel(const uint16_t *strided, const uint16
   }
   if (nb)
     atomicAdd(bad, nb);
-}
-
-static __global__ void scale_kernel(float *x, float s, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x)
-    x[i] *= s;
 }
 
 static tw_gemm_args_t make_args(const void *a, const void *b, void *c, tw_dtype_t dt, int64_t m,
@@ -131,7 +89,7 @@ static void check_shape(const buffers_t *buf, int64_t m, int64_t n, int64_t k) {
   tw_test_poison(buf->c2, count * 4, stream);
   args = make_args(buf->a, buf->b, buf->c2, TW_FP32, m, n, k);
   TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
-  double err32 = rel_err_fp32((const float *)buf->c2, buf->ref, count, &bad);
+  double err32 = tw_test_rel_err_fp32((const float *)buf->c2, buf->ref, count, &bad);
   TEST_ASSERT(err32 < 1e-3 && bad == 0, "fp32 M=%lld N=%lld K=%lld: rel err %.3g, %zu NaN",
               (long long)m, (long long)n, (long long)k, err32, bad);
 
@@ -220,7 +178,7 @@ static void check_split(const buffers_t *buf, int64_t m, int64_t n, int64_t k, i
       TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
     }
     size_t bad = 0;
-    const double err = fp32 ? rel_err_fp32((const float *)buf->c, buf->ref, count, &bad)
+    const double err = fp32 ? tw_test_rel_err_fp32((const float *)buf->c, buf->ref, count, &bad)
                             : tw_test_rel_err_bf16(buf->c, buf->ref, 1, count, &bad);
     TEST_ASSERT(err < (fp32 ? 1e-3 : 1e-2) && bad == 0,
                 "split_k %d %s M=%lld N=%lld K=%lld: rel err %.3g, %zu NaN/unwritten", split,
@@ -288,7 +246,7 @@ static void check_swap(const buffers_t *buf, int64_t m, int64_t n, int64_t k, in
                   (int)args.sm_count, swap_env[run] ? swap_env[run] : "(rule)", diff);
     }
     size_t bad = 0;
-    const double err = fp32 ? rel_err_fp32((const float *)buf->c3, buf->ref, count, &bad)
+    const double err = fp32 ? tw_test_rel_err_fp32((const float *)buf->c3, buf->ref, count, &bad)
                             : tw_test_rel_err_bf16(buf->c3, buf->ref, 1, count, &bad);
     TEST_ASSERT(err < (fp32 ? 1e-3 : 1e-2) && bad == 0,
                 "swap-AB split_k %d %s M=%lld N=%lld K=%lld: rel err %.3g, %zu NaN/unwritten",
@@ -307,7 +265,7 @@ static void check_swap(const buffers_t *buf, int64_t m, int64_t n, int64_t k, in
 // (tiles per CTA), from a CUDA graph, and after 100 back-to-back calls; the workspace's counters
 // are zero again after every call; and the fp32 reference.
 static void *g_ws; /* TW_GEMM_WORKSPACE_BYTES, zeroed once */
-// `slices`: tw_gemm_ws_split's for the shape (test_plans checks the rule), for the messages.
+// `slices`: tw_gemm_ws_split's for the shape (test_plans_gemm checks the rule), for the messages.
 static void check_split_ws(const buffers_t *buf, int64_t m, int64_t n, int64_t k, int slices) {
   const size_t count = fill_with_ref(buf, m, n, k);
   for (int fp32 = 0; fp32 < 2; fp32++) {
@@ -351,7 +309,7 @@ static void check_split_ws(const buffers_t *buf, int64_t m, int64_t n, int64_t k
                   (long long)m, (long long)n, nonzero);
     }
     size_t bad = 0;
-    const double err = fp32 ? rel_err_fp32((const float *)buf->c3, buf->ref, count, &bad)
+    const double err = fp32 ? tw_test_rel_err_fp32((const float *)buf->c3, buf->ref, count, &bad)
                             : tw_test_rel_err_bf16(buf->c3, buf->ref, 1, count, &bad);
     TEST_ASSERT(err < (fp32 ? 1e-3 : 1e-2) && bad == 0,
                 "workspace split %s M=%lld N=%lld K=%lld: rel err %.3g, %zu NaN/unwritten",
@@ -547,149 +505,6 @@ static void check_strided(const buffers_t *buf) {
   cudaFree(c_pad);
 }
 
-// ---- the hooks, as a fused op would use them ---------------------------------------------------
-
-// (a) Before a tile's loads: wait until the row chunks it reads are marked ready (flag >= target).
-struct WaitRowsReady : tw::gemm::NoWait {
-  struct Params {
-    const uint64_t *rows_ready; // one flag per chunk of rows_per_flag rows
-    int32_t rows_per_flag;
-    int32_t m;
-    uint64_t target;
-    uint32_t *timed_out;
-  };
-  __device__ static void before_tile(const Params &p, int32_t mb, int32_t) {
-    const int32_t first = mb * tw::gemm::kBlockM / p.rows_per_flag;
-    const int32_t last = (min((mb + 1) * tw::gemm::kBlockM, p.m) - 1) / p.rows_per_flag;
-    for (int32_t f = first; f <= last; f++) {
-      const uint64_t start = tw::ptx::globaltimer_ns();
-      for (;;) {
-        uint64_t v;
-        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p.rows_ready + f));
-        if (v >= p.target)
-          break;
-        if (tw::ptx::globaltimer_ns() - start > 2000000000ull) { // bounded: 2 s, then give up
-          atomicExch(p.timed_out, 1u);
-          break;
-        }
-        __nanosleep(64);
-      }
-    }
-    tw::ptx::fence_async_global(); // the TMA loads that follow see what the flags published
-  }
-};
-
-// (b) After a tile: reduce-add (fp32) into a staging buffer, then count the tile as done.
-struct EpiReduceThenSignal {
-  using Out = float;
-  static constexpr bool kSignal = true;
-  struct Params {
-    CUtensorMap c_map; // fp32 staging, box {32, 64}, 128B swizzle
-    uint32_t *tile_done;
-    int32_t n_blocks;
-  };
-  __device__ static void prefetch(const Params &p) { tw::ptx::tma_prefetch_map(&p.c_map); }
-  __device__ static void issue_box(const Params &p, const void *box, int32_t col, int32_t row) {
-    tw::ptx::tma_reduce_add_2d(&p.c_map, box, col, row);
-  }
-  __device__ static int signal_thread(const Params &) { return 0; }
-  __device__ static void signal(const Params &p, int32_t mb, int32_t nb) {
-    tw::ptx::red_release_gpu_add(p.tile_done + mb * p.n_blocks + nb, 1u);
-  }
-};
-
-using HookParams = tw::gemm::GemmParams<EpiReduceThenSignal, WaitRowsReady>;
-
-static void encode(CUtensorMap *map, CUtensorMapDataType dt, int es, const void *ptr, uint64_t cols,
-                   uint64_t rows, uint32_t box_cols, uint32_t box_rows) {
-  // The library's driver table is internal: resolve the entry point here, as it does.
-  typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                                const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
-                                const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  void *fn = NULL;
-  cudaDriverEntryPointQueryResult found;
-  CUDA_OK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                           &found));
-  TEST_REQUIRE(fn && found == cudaDriverEntryPointSuccess, "cuTensorMapEncodeTiled not found");
-  cuuint64_t dims[2] = {cols, rows}, strides[1] = {cols * es};
-  cuuint32_t box[2] = {box_cols, box_rows}, estr[2] = {1, 1};
-  CUresult r =
-      ((encode_fn)fn)(map, dt, 2, (void *)ptr, dims, strides, box, estr,
-                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TEST_REQUIRE(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled: %d", (int)r);
-}
-
-// Two calls of a hooked GEMM through one queue (no reset between): staging holds 2 * A * B^T,
-// every tile was signalled twice, no wait timed out.
-static void check_hooks(const buffers_t *buf) {
-  const int64_t m = 1000, n = 520, k = 264;
-  namespace g = tw::gemm;
-  tw_test_fill_bf16(buf->a, (size_t)(m * k), seed++, stream);
-  tw_test_fill_bf16(buf->b, (size_t)(n * k), seed++, stream);
-  TEST_TW_OK(tw_ref_gemm_fp32(buf->a, buf->b, buf->ref, m, n, k, k, k, n, stream));
-  HookParams p;
-  memset(&p, 0, sizeof(p));
-  encode(&p.a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, buf->a, k, m, g::kBlockK, g::kBlockM);
-  encode(&p.b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, buf->b, k, n, g::kBlockK, g::kBlockN);
-  float *staging = (float *)buf->c2;
-  encode(&p.epi.c_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, staging, n, m, 32, g::kBoxRows);
-  const int32_t mbs = (int32_t)((m + 127) / 128), nbs = (int32_t)((n + 255) / 256);
-  const int rows_per_flag = 200, flags = (int)((m + rows_per_flag - 1) / rows_per_flag);
-  uint64_t *rows_ready;
-  uint32_t *tile_done, *timed_out;
-  g::TileQueue *queue;
-  CUDA_OK(cudaMalloc(&rows_ready, flags * sizeof(uint64_t)));
-  CUDA_OK(cudaMalloc(&tile_done, mbs * nbs * sizeof(uint32_t)));
-  CUDA_OK(cudaMalloc(&timed_out, sizeof(uint32_t)));
-  CUDA_OK(cudaMalloc(&queue, sizeof(*queue)));
-  uint64_t ready[8];
-  for (int f = 0; f < flags; f++)
-    ready[f] = 3; // epoch 3 published
-  CUDA_OK(cudaMemcpy(rows_ready, ready, flags * sizeof(uint64_t), cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemset(tile_done, 0, mbs * nbs * sizeof(uint32_t)));
-  CUDA_OK(cudaMemset(timed_out, 0, sizeof(uint32_t)));
-  CUDA_OK(cudaMemset(queue, 0, sizeof(*queue)));
-  CUDA_OK(cudaMemset(staging, 0, m * n * sizeof(float)));
-  p.wait = {rows_ready, rows_per_flag, (int32_t)m, 3, timed_out};
-  p.epi.tile_done = tile_done;
-  p.epi.n_blocks = nbs;
-  p.order = {mbs, nbs, mbs * nbs, g::kOrderRotated, 4, mbs / 2};
-  p.queue = queue;
-  p.participants = 5; // fewer CTAs than tiles: each claims several
-  p.k_blocks = (int32_t)((k + 63) / 64);
-  auto kernel = g::gemm_sm90_kernel<4, 16384, EpiReduceThenSignal, WaitRowsReady, true>;
-  const int smem = g::SmemLayout<4, 16384>::kDynamicBytes;
-  CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  for (int call = 0; call < 2; call++)
-    kernel<<<5, g::kThreads, smem, stream>>>(p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaStreamSynchronize(stream));
-  scale_kernel<<<256, 256, 0, stream>>>(buf->ref, 2.f, (size_t)(m * n));
-  size_t bad = 0;
-  const double err = rel_err_fp32(staging, buf->ref, (size_t)(m * n), &bad);
-  TEST_ASSERT(err < 1e-3 && bad == 0, "hooked GEMM (reduce-add x2): rel err %.3g, %zu NaN", err,
-              bad);
-  uint32_t done[64], host_timed_out = 1;
-  CUDA_OK(cudaMemcpy(done, tile_done, mbs * nbs * sizeof(uint32_t), cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(&host_timed_out, timed_out, sizeof(uint32_t), cudaMemcpyDeviceToHost));
-  int wrong = 0;
-  for (int t = 0; t < mbs * nbs; t++)
-    wrong += done[t] != 2;
-  TEST_ASSERT(wrong == 0, "%d tiles not signalled exactly twice", wrong);
-  TEST_ASSERT(host_timed_out == 0, "a row wait timed out");
-  g::TileQueue q;
-  CUDA_OK(cudaMemcpy(&q, queue, sizeof(q), cudaMemcpyDeviceToHost));
-  TEST_ASSERT(q.next == 0 && q.finished == 0, "queue not reset: next %u finished %u", q.next,
-              q.finished);
-  printf("hooks (wait, reduce-add + signal, queue): rel err %.2e\n", err);
-  cudaFree(rows_ready);
-  cudaFree(tile_done);
-  cudaFree(timed_out);
-  cudaFree(queue);
-}
-
 // The large shape: against cuBLAS only (the loop reference would take too long).
 static void check_large(const buffers_t *buf, int64_t s) {
   tw_test_fill_bf16(buf->a, (size_t)(s * s), seed++, stream);
@@ -811,7 +626,6 @@ int main(void) {
   check_after_grid(&buf, 1000, 1000, 1032, 0, TW_GEMM_V_S4_E16, 1);
   check_errors(&buf);
   check_strided(&buf);
-  check_hooks(&buf);
   check_schedules(&buf, 4160, 1000, 4104);
   check_schedules(&buf, 4096, 4096, 4096);
   check_large(&buf, 4096);

@@ -13,14 +13,15 @@
 #include "tw_test.h"
 
 static uint64_t rows[(TW_TRACE_CTAS + 1) * TW_TRACE_FIELDS];
+static const uint64_t base = 1000000000ull; /* the stamps' origin, ns */
 
-int main(void) {
+/* The end-of-call summary line (tw_trace_format). */
+static void test_summary_line(void) {
   char line[512];
   memset(rows, 0, sizeof(rows));
   TEST_ASSERT(tw_trace_format(rows, 0, 1, line, sizeof(line)) == 0 && line[0] == 0,
               "no CTA stamped: no line (got \"%s\")", line);
   /* Three CTAs of gemm_rs starting at 1000/1500/2000 ns; CTA 0 reduced first until 11000 ns. */
-  const uint64_t base = 1000000000ull;
   rows[TW_TRACE_CTAS * TW_TRACE_FIELDS] = TW_CH_GEMM_RS + 1;
   for (int c = 0; c < 3; c++) {
     uint64_t *r = rows + c * TW_TRACE_FIELDS;
@@ -79,7 +80,10 @@ int main(void) {
               "truncated line: \"%s\"", small);
   TEST_ASSERT(tw_trace_format(rows, 0, 1, line, sizeof(line)) == 1 && strstr(line, "trace: ? "),
               "unknown channel: \"%s\"", line);
+}
 
+/* tw_trace_format_live; its rows stay in `rows` for test_watchdog_thread. */
+static void test_live_report(void) {
   /* The watchdog's live report: CTA 0 finished; CTA 1 waits (gemm_rs, peer 2, item 17) and
    * has claimed tile (3, 5) and finished (2, 5); CTA 2's wait expired; 40 more unfinished CTAs
    * with a start stamp only (32 lines, then "and N more"). */
@@ -113,6 +117,14 @@ int main(void) {
   TEST_ASSERT(strstr(report, "cta 0:") == NULL, "a finished CTA is not listed");
   TEST_ASSERT(strstr(report, "cta 32:") != NULL && strstr(report, "cta 33:") == NULL,
               "32 CTAs listed (1 .. 32)");
+  char tiny[40]; /* truncates safely */
+  TEST_ASSERT(tw_trace_format_live(rows, 1, 42, 1.0, tiny, sizeof(tiny)) == 1 &&
+                  strlen(tiny) == sizeof(tiny) - 1,
+              "truncated report: \"%s\"", tiny);
+}
+
+/* tw_watchdog_add, on the rows test_live_report left. */
+static void test_watchdog_thread(void) {
   /* The watchdog thread (TW_WATCHDOG_S=1) on a comm whose call 3 does not finish: a report on
    * stderr once the call has stalled a second (polled for up to 20 s, so a slow machine only
    * waits longer), and no second one for the same stall 1.5 s later. The comm is a fake: rows,
@@ -151,12 +163,9 @@ int main(void) {
   const char *first = strstr(got, "tw watchdog:");
   TEST_ASSERT(first && !strstr(first + 1, "tw watchdog:"), "one report per stall");
   free(fake);
+}
 
-  char tiny[40]; /* truncates safely */
-  TEST_ASSERT(tw_trace_format_live(rows, 1, 42, 1.0, tiny, sizeof(tiny)) == 1 &&
-                  strlen(tiny) == sizeof(tiny) - 1,
-              "truncated report: \"%s\"", tiny);
-
+static void test_error_messages(void) {
   /* The messages of recorded device errors (tw_comm_async_error): an expired flag wait, and a
    * stalled GEMM pipeline (an expired mbarrier wait, which traps). */
   tw_err_block_t e;
@@ -186,5 +195,12 @@ int main(void) {
   e.what = 9 * 16; /* an unknown role still formats */
   tw_err_block_format(&e, 10000, msg, sizeof(msg));
   TEST_ASSERT(strstr(msg, "(?, stage 0)") != NULL, "unknown role: \"%s\"", msg);
+}
+
+int main(void) {
+  test_summary_line();
+  test_live_report();
+  test_watchdog_thread();
+  test_error_messages();
   return tw_test_finish();
 }
