@@ -179,6 +179,7 @@ if want multi && [ "$ngpus" -gt 1 ]; then
   step "test_allgather, ranks on distinct GPUs" 300 env TW_TEST_DEVICES=distinct "$bin/test_allgather"
   step "test_ag_gemm, ranks on distinct GPUs" 300 env TW_TEST_DEVICES=distinct "$bin/test_ag_gemm"
   step "test_gemm_rs, ranks on distinct GPUs" 300 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs"
+  step "test_gemm_rs_unfused, ranks on distinct GPUs" 300 env TW_TEST_DEVICES=distinct "$bin/test_gemm_rs_unfused"
   step "test_stall, ranks on distinct GPUs" 200 env TW_TEST_DEVICES=distinct "$bin/test_stall"
   step "tw-bench flag (2 GPUs)" 120 "$bin/tw-bench" flag --json "$out/bench-flag-gpus.json"
   step "tw-bench allgather ($ngpus GPUs)" 300 "$bin/tw-bench" allgather --world "$ngpus" --json "$out/bench-allgather-gpus.json"
@@ -246,6 +247,7 @@ if want sanitizer; then
     [ -x "$bin/test_ag_gemm" ] && step "memcheck test_ag_gemm --small" 400 $cs --tool memcheck "$bin/test_ag_gemm" --small
     # the unfused pipeline's reduce kernel stores into the peers' outs (TW_AR_PEER_OUT)
     [ -x "$bin/test_gemm_rs" ] && step "memcheck test_gemm_rs --small" 400 $cs --tool memcheck "$bin/test_gemm_rs" --small
+    [ -x "$bin/test_gemm_rs_unfused" ] && step "memcheck test_gemm_rs_unfused --small" 400 $cs --tool memcheck "$bin/test_gemm_rs_unfused" --small
     # every GEMM-core variant (the ping-pong loop's too), bf16 and fp32 out, checked values
     step "memcheck tw-bench gemm variants" 200 env TW_BENCH_GEMM_VARIANTS=1 TW_BENCH_GEMM_FP32=1 \
       $cs --tool memcheck "$bin/tw-bench" gemm --m 1000 --n 1000 --k 1032 --repeats 2 --warmup 1

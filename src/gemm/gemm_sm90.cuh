@@ -73,7 +73,7 @@
  *
  * A fused op instantiates gemm_cta_loop<Stages, EpiBytes, MyEpi, MyWait, true> inside its own
  * kernel (all 384 threads of the CTA call it, with SmemLayout<...>::kDynamicBytes of dynamic
- * shared memory); tests/gpu/test_gemm.cu (check_hooks) is a complete example, and
+ * shared memory); tests/gpu/test_gemm_hooks.cu is a complete example, and
  * src/ops/gemm/gemm_sm90.cu shows the tensor maps (A box {64, 128}, B box {64, BN}, C box
  * {128 / sizeof(Out), 64}, all 128B-swizzled). The plain GEMM runs Stages 3, EpiBytes 32768,
  * BN 256 (its figures against cuBLAS: docs/PERF.md).
