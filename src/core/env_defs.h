@@ -171,11 +171,6 @@ TW_ENV(
     "-1 lets the plan choose (the swap on 64-row tiles where unsplit 128-row tiles would fill at "
     "most half the SMs; the unfused pipeline of tw_gemm_rs / tw_gemm_ar up to m 128 on GPUs of "
     "their own). 1 and 2 also reach m <= 128 (64-wide tiles of A's rows, two at m 128). Same bits.")
-TW_ENV(TW_SPLIT_SCATTER, bool, "0", DEV, 0,
-       "tw_gemm with split_k > 1 and no workspace: 1 has every slice of a tile sum one column band "
-       "over all slices in slice order and store it itself (one round through distributed shared "
-       "memory on every slice's path), 0 sums the slices as a tree into the first slice, which "
-       "stores the tile. The two give different bits; each is the same on every run.")
 TW_ENV(TW_FAULT_STALL_TILE, int, "-1", DEV, 0,
        "For tests: the GEMM core's producer never loads the first stage of this tile (its index in "
        "the call's tile order, in every GEMM-core kernel of the process) and the pipeline's waits "

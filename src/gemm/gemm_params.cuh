@@ -182,13 +182,6 @@ template <class Epi, class Wait> struct GemmParams {
   int32_t fault_stall;      // tests (TW_FAULT_STALL_TILE): 1 + the tile (in this CTA loop's tile
                             // numbering) whose first stage the producer never loads; 0: none
   int32_t rows;             // split-K: the product's rows, at most 2^31 - 1 (0: not given)
-  // split-K with split_scatter (TW_SPLIT_SCATTER, a developer switch): every slice sums one column
-  // band of the tile over all slices and stores it to `split_c` (ldc elements per row, n
-  // columns) itself, instead of the tree into slice 0 and its epilogue
-  int32_t split_scatter;
-  int32_t split_n;
-  void *split_c;
-  int64_t split_ldc;
   // Launched as a programmatic dependent of the grid before it in the stream, which writes one
   // operand (kAfterGridA: the loop's A; kAfterGridB: the loop's B) and lets its dependents
   // start early: the producer first brings the other operand's boxes of this CTA's first tile

@@ -514,10 +514,6 @@ tw_status_t run(const tw_gemm_args_t &a, const tw_gemm_plan_t &plan, int variant
       a.tile_order == TW_TILE_ORDER_ROTATED ? (int32_t)(a.rotate_start / kBlockM) / unit : 0;
   // A schedule unit: a pair's two CTAs, or split-K's slices of one tile.
   const int grid = schedule(params, a.k, a.m, split > 1 ? split : unit, sms);
-  params.split_scatter = split > 1 && !ws && tw_env_int(TW_SPLIT_SCATTER_ID) != 0;
-  params.split_n = (int32_t)a.n;
-  params.split_c = a.c;
-  params.split_ldc = a.ldc;
   if constexpr (!std::is_same<Wait, NoWait>::value) {
     if (ws)
       return tw_fail(TW_ERR_INTERNAL, "tw_gemm: the workspace's slices serve the plain GEMM");

@@ -223,7 +223,7 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   static_assert(!kSplitK || EpiBytes >= 128 * (BN / 2) * 4,
                 "a consumer warpgroup's accumulators fit its epilogue buffer");
   // Swap-AB's transposed store serves the plain GEMM (tw_gemm, and the unfused pipeline's
-  // released wait); split_scatter writes C untransposed, so the host never sets it there.
+  // released wait).
   constexpr bool kTransposedEpi = TransposedOf<Epi>::value;
   static_assert(!kTransposedEpi || (!Epi::kSignal && !OwnerEpiOf<Epi>::value && !kPair),
                 "the transposed epilogue serves the plain GEMM");
@@ -256,9 +256,6 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   // were read" (one arrival).
   constexpr int kSplitRounds = detail::split_rounds<kSplit>();
   __shared__ uint64_t split_bar[2][kSplitRounds + 1];
-  // split_scatter: per consumer warpgroup, [0] "every other slice wrote its accumulators"
-  // ((kSplit - 1) x 128 arrivals) and [1] "every other slice read this one's" (kSplit - 1)
-  __shared__ uint64_t scatter_bar[2][2];
   const uint64_t timeout_ns = detail::mbar_timeout(p);
   // Every mbarrier wait is bounded; an expired one is an internal stall: reported, never a hang.
   // (bar: a generic pointer or a shared-window address)
@@ -295,8 +292,6 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         for (int r = 0; r < kSplitRounds; r++)
           ptx::mbar_init(&split_bar[w][r], 128);
         ptx::mbar_init(&split_bar[w][kSplitRounds], 1);
-        ptx::mbar_init(&scatter_bar[w][0], (kSplit - 1) * 128);
-        ptx::mbar_init(&scatter_bar[w][1], kSplit - 1);
       }
     ptx::mbar_init_fence();
   }
@@ -503,14 +498,6 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
           // nothing to sum or store; every slice skips it alike (the same tile, the same rows).
           if (p.rows > 0 && (int64_t)mb * kBlockM + cwg * (kBlockM / 2) >= p.rows)
             continue;
-          if constexpr (!kTransposedEpi) {
-            if (p.split_scatter) {
-              detail::split_scatter<kSplit, BN, typename Epi::Out>(p, acc, cbuf, scatter_bar[cwg],
-                                                                   slice, split_it++, wg_thread,
-                                                                   cwg, mb, nb, timeout_ns);
-              continue; // the tile's columns are stored, by every slice its band
-            }
-          }
           if (!detail::split_combine<kSplit, BN>(p, acc, cbuf, split_bar[cwg], slice, split_it++,
                                                  wg_thread, timeout_ns))
             continue; // a slice: its accumulators are in another's now

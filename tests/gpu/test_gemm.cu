@@ -561,17 +561,6 @@ int main(void) {
   check_split(&buf, 130, 2048, 1024, 8);
   check_split(&buf, 130, 2048, 1024, 4);
   check_split(&buf, 256, 1024, 2048, 2);
-  /* TW_SPLIT_SCATTER=1 (read per call): every slice sums and stores a column band itself */
-  setenv("TW_SPLIT_SCATTER", "1", 1);
-  check_split(&buf, 64, 1024, 8192, 8);
-  check_split(&buf, 64, 1024, 8192, 4);
-  check_split(&buf, 200, 264, 2056, 8); /* the last column block's bands past n: not stored */
-  check_split(&buf, 1, 8, 4096, 8);
-  check_split(&buf, 127, 200, 128, 8);
-  check_split(&buf, 130, 2048, 1024, 8);
-  check_split(&buf, 256, 1024, 2048, 2);
-  check_split(&buf, 130, 2048, 1024, 4); /* every check_split: bf16 and fp32 out */
-  unsetenv("TW_SPLIT_SCATTER");
   /* swap-AB: tile widths 16 (m <= 16) and 64, m tails inside a tile, n tails inside a 128-row
    * block and its 64-row halves, short and long K, and the slices */
   check_swap(&buf, 16, 8192, 1024, 0);

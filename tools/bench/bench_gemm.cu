@@ -205,13 +205,10 @@ static void add_row(bench_results_t *res, const char *variant, const char *shape
   bench_add_row(res, &row);
 }
 
-/* A row's knobs while it runs (saved[0..1] keep the caller's, for bench_env_restore): split
- * rows under TW_SPLIT_SCATTER as they ask, rows with `swap` under TW_GEMM_SWAP=swap. */
-static void variant_knobs(bench_env_saved_t saved[2], int split_k, int scatter, const char *swap) {
-  bench_env_save(&saved[0], "TW_SPLIT_SCATTER");
-  bench_env_save(&saved[1], "TW_GEMM_SWAP");
-  if (split_k != 0)
-    setenv("TW_SPLIT_SCATTER", scatter ? "1" : "0", 1);
+/* A row's knob while it runs (saved keeps the caller's, for bench_env_restore): rows with `swap`
+ * under TW_GEMM_SWAP=swap. */
+static void variant_knobs(bench_env_saved_t *saved, const char *swap) {
+  bench_env_save(saved, "TW_GEMM_SWAP");
   if (swap)
     setenv("TW_GEMM_SWAP", swap, 1);
 }
@@ -224,7 +221,6 @@ typedef struct variant {
   double t[8]; /* the median of each round */
   tw_dtype_t c_dtype;
   int split_k;
-  int scatter;      /* TW_SPLIT_SCATTER=1 while it runs */
   const char *swap; /* TW_GEMM_SWAP's value while it runs (NULL: the caller's) */
 } variant_t;
 
@@ -294,40 +290,37 @@ static void add_variants(variant_t *variants, int *n, const variant_t *more, siz
  * rows, and the fp32-out rows last. Returns how many (at most kMaxVariants). */
 static int gemm_variants(const gemm_ctx_t *ctx, int fp32, variant_t *variants) {
   int n = 0;
-  variants[n++] = {"cublas", 1, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, NULL};
-  variants[n++] = {"tilewire", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, NULL};
+  variants[n++] = {"cublas", 1, 0, {-1, 0, 0}, {0}, TW_BF16, 0, NULL};
+  variants[n++] = {"tilewire", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, NULL};
   /* decode shapes (m <= 64, where tw_gemm swaps A and B by default): the 128-row tiles beside;
    * up to m 128 the swap forced reaches (TW_GEMM_SWAP_FORCED_MAX_M) */
   const int swapped = ctx->m <= 64;
   if (ctx->m <= TW_GEMM_SWAP_FORCED_MAX_M) { /* the swap's two tile heights forced */
     const variant_t forced[] = {
-        {"tilewire-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "0"},
-        {"tilewire-swap128", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "1"},
-        {"tilewire-swap64", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, 0, "2"},
+        {"tilewire-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, "0"},
+        {"tilewire-swap128", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, "1"},
+        {"tilewire-swap64", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 0, "2"},
     };
     ADD_VARIANTS(forced);
   }
   /* TW_BENCH_GEMM_SPLITK=1: tw_gemm with split_k -1 (the library's choice; with and without a
-   * workspace) and 2 / 4 / 8, the slices summed as a tree, then 4 / 8 with TW_SPLIT_SCATTER=1
-   * (every slice its band) */
+   * workspace) and 2 / 4 / 8, the slices summed as a tree */
   const char *splitk = getenv("TW_BENCH_GEMM_SPLITK");
   if (splitk && atoi(splitk)) {
     const variant_t splits[] = {
-        {"tilewire-splitk", 0, 0, {-1, 0, 0}, {0}, TW_BF16, -1, 0, NULL},
+        {"tilewire-splitk", 0, 0, {-1, 0, 0}, {0}, TW_BF16, -1, NULL},
         /* -1 with a workspace: the same slices as single CTAs on 64-row swap tiles */
-        {"tilewire-splitk-ws", 0, 0, {-1, 0, 0}, {0}, TW_BF16, -2, 0, NULL},
-        {"tilewire-split2", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 2, 0, NULL},
-        {"tilewire-split4", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 4, 0, NULL},
-        {"tilewire-split8", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 8, 0, NULL},
-        {"tilewire-split4-scatter", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 4, 1, "0"},
-        {"tilewire-split8-scatter", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 8, 1, "0"},
+        {"tilewire-splitk-ws", 0, 0, {-1, 0, 0}, {0}, TW_BF16, -2, NULL},
+        {"tilewire-split2", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 2, NULL},
+        {"tilewire-split4", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 4, NULL},
+        {"tilewire-split8", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 8, NULL},
     };
     ADD_VARIANTS(splits);
     if (swapped) { /* the slices of 128-row tiles beside the swapped ones */
       const variant_t noswap[] = {
-          {"tilewire-split2-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 2, 0, "0"},
-          {"tilewire-split4-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 4, 0, "0"},
-          {"tilewire-split8-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 8, 0, "0"},
+          {"tilewire-split2-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 2, "0"},
+          {"tilewire-split4-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 4, "0"},
+          {"tilewire-split8-noswap", 0, 0, {-1, 0, 0}, {0}, TW_BF16, 8, "0"},
       };
       ADD_VARIANTS(noswap);
     }
@@ -336,27 +329,27 @@ static int gemm_variants(const gemm_ctx_t *ctx, int fp32, variant_t *variants) {
   const int extra = extra_env && atoi(extra_env);
   if (extra) {
     const variant_t extras[] = {
-        {"tw-1cta-4stage", 0, 1, {TW_GEMM_V_S4_E16, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
-        {"tw-1cta-3stage", 0, 1, {TW_GEMM_V_S3_E32, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
-        {"tw-pair-4stage", 0, 1, {TW_GEMM_V_S4_E16_C2, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
-        {"tw-pair-3stage", 0, 1, {TW_GEMM_V_S3_E32_C2, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
-        {"tw-n128", 0, 1, {TW_GEMM_V_N128_S6, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
-        {"tw-pingpong", 0, 1, {TW_GEMM_V_PP_N128, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
-        {"tw-pingpong192", 0, 1, {TW_GEMM_V_PP_N192, 0, 0}, {0}, TW_BF16, 0, 0, NULL},
-        {"tw-queue", 0, 1, {-1, 1, 0}, {0}, TW_BF16, 0, 0, NULL},
+        {"tw-1cta-4stage", 0, 1, {TW_GEMM_V_S4_E16, 0, 0}, {0}, TW_BF16, 0, NULL},
+        {"tw-1cta-3stage", 0, 1, {TW_GEMM_V_S3_E32, 0, 0}, {0}, TW_BF16, 0, NULL},
+        {"tw-pair-4stage", 0, 1, {TW_GEMM_V_S4_E16_C2, 0, 0}, {0}, TW_BF16, 0, NULL},
+        {"tw-pair-3stage", 0, 1, {TW_GEMM_V_S3_E32_C2, 0, 0}, {0}, TW_BF16, 0, NULL},
+        {"tw-n128", 0, 1, {TW_GEMM_V_N128_S6, 0, 0}, {0}, TW_BF16, 0, NULL},
+        {"tw-pingpong", 0, 1, {TW_GEMM_V_PP_N128, 0, 0}, {0}, TW_BF16, 0, NULL},
+        {"tw-pingpong192", 0, 1, {TW_GEMM_V_PP_N192, 0, 0}, {0}, TW_BF16, 0, NULL},
+        {"tw-queue", 0, 1, {-1, 1, 0}, {0}, TW_BF16, 0, NULL},
     };
     ADD_VARIANTS(extras);
   }
   if (fp32) { /* last: their speedups are over cublas-fp32out */
     const variant_t fp32out[] = {
-        {"cublas-fp32out", 1, 0, {-1, 0, 0}, {0}, TW_FP32, 0, 0, NULL},
-        {"tilewire-fp32out", 0, 0, {-1, 0, 0}, {0}, TW_FP32, 0, 0, NULL},
+        {"cublas-fp32out", 1, 0, {-1, 0, 0}, {0}, TW_FP32, 0, NULL},
+        {"tilewire-fp32out", 0, 0, {-1, 0, 0}, {0}, TW_FP32, 0, NULL},
     };
     ADD_VARIANTS(fp32out);
     if (extra) {
       const variant_t fp32_extras[] = {
-          {"tw-pingpong-fp32out", 0, 1, {TW_GEMM_V_PP_N128, 0, 0}, {0}, TW_FP32, 0, 0, NULL},
-          {"tw-pingpong192-fp32out", 0, 1, {TW_GEMM_V_PP_N192, 0, 0}, {0}, TW_FP32, 0, 0, NULL},
+          {"tw-pingpong-fp32out", 0, 1, {TW_GEMM_V_PP_N128, 0, 0}, {0}, TW_FP32, 0, NULL},
+          {"tw-pingpong192-fp32out", 0, 1, {TW_GEMM_V_PP_N192, 0, 0}, {0}, TW_FP32, 0, NULL},
       };
       ADD_VARIANTS(fp32_extras);
     }
@@ -376,12 +369,11 @@ static void time_variants(gemm_ctx_t *ctx, const bench_opts_t *opts, variant_t *
       ctx->opts = variants[v].opts;
       ctx->c_dtype = variants[v].c_dtype;
       ctx->split_k = variants[v].split_k;
-      bench_env_saved_t saved[2];
-      variant_knobs(saved, variants[v].split_k, variants[v].scatter, variants[v].swap);
+      bench_env_saved_t saved;
+      variant_knobs(&saved, variants[v].swap);
       variants[v].t[r] = bench_time_ms(variants[v].cublas ? run_cublas : run_tilewire, ctx,
                                        ctx->stream, opts->warmup, opts->repeats, NULL, NULL);
-      bench_env_restore(&saved[1]);
-      bench_env_restore(&saved[0]);
+      bench_env_restore(&saved);
     }
 }
 
@@ -412,11 +404,10 @@ static void gemm_rows(gemm_ctx_t *ctx, const bench_opts_t *opts, variant_t *vari
       ctx->split_k = variants[v].split_k;
       ctx->c_dtype = TW_BF16;
       ctx->use_opts = 0;
-      bench_env_saved_t saved[2];
-      variant_knobs(saved, variants[v].split_k, variants[v].scatter, variants[v].swap);
+      bench_env_saved_t saved;
+      variant_knobs(&saved, variants[v].swap);
       row_ok = check_tilewire(ctx, ctx->c_bytes, ctx->label);
-      bench_env_restore(&saved[1]);
-      bench_env_restore(&saved[0]);
+      bench_env_restore(&saved);
     }
     add_row(res, variants[v].name, ctx->label, median, t[0], t[rounds - 1], flops, t_blas, row_ok);
   }

@@ -175,15 +175,13 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   cudaStream_t s = (cudaStream_t)stream;
   const bool after_grid = opts && opts->after_grid;
   // Swap-AB at decode shapes (TW_GEMM_SWAP, read per call), where no variant or queue is forced.
-  // TW_SPLIT_SCATTER's slices store C untransposed: they keep 128-row tiles.
   const int swap_env = (int)tw_env_int(TW_GEMM_SWAP_ID);
   const int swap_mt = tw_gemm_swap_bn_upto(
       swap_env, a.m,
       opts && opts->swap_max_m > 0 ? opts->swap_max_m : tw_gemm_swap_rule_max_m(a.n, split, sms));
   // split_k -1 with a workspace: the tree's slices as single CTAs on tiles of half its width,
   // twice the CTAs (tw_gemm_ws_split, by the shape; the same bits as the tree's).
-  if (a.split_k < 0 && a.workspace && !dynamic && !(opts && opts->variant >= 0) &&
-      tw_env_int(TW_SPLIT_SCATTER_ID) == 0) {
+  if (a.split_k < 0 && a.workspace && !dynamic && !(opts && opts->variant >= 0)) {
     size_t need = 0;
     const int ws_split = tw_gemm_ws_split(a.m, a.n, a.k, swap_mt, &need);
     if (ws_split > 1 && ws_split == split) { /* split: the tree's, after the budget's halving */
@@ -204,8 +202,7 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
                               NoWait::Params(), after_grid, &ws);
     }
   }
-  if (swap_mt && (!opts || (opts->variant < 0 && !opts->dynamic_queue)) &&
-      !(split > 1 && tw_env_int(TW_SPLIT_SCATTER_ID) != 0)) {
+  if (swap_mt && (!opts || (opts->variant < 0 && !opts->dynamic_queue))) {
     const bool half = tw_gemm_swap_half(swap_env, a.m, a.n, split, sms) != 0;
     // 64-row tiles: 32 of A's rows wide at m <= 32 (unsplit, so every route below)
     const int mt = half && split == 1 ? tw_gemm_swap_half_mt(swap_mt, a.m) : swap_mt;
