@@ -1,8 +1,8 @@
 /*
- * Internal: one 16-byte group of GEMM+RS / GEMM+AR partials as floats and their bf16 sums
- * (gemm_rs_sm90.cu's reductions, and the swap-AB GEMM's low-latency epilogue, gemm_ll.cuh, that
- * reduces its own rows itself): every path that sums partials sums them here, in rank order,
- * so they all give the same bits.
+ * Internal: one 16-byte group of GEMM+RS / GEMM+AR partials as floats and their bf16 sums (the
+ * fused kernel's reductions, gemm_rs_fused.cuh, the unfused pipeline's, gemm_rs_unfused.cu, and
+ * the swap-AB GEMM's low-latency epilogue, gemm_ll.cuh, that reduces its own rows itself): every
+ * path that sums partials sums them here, in rank order, so they all give the same bits.
  */
 #pragma once
 
@@ -89,7 +89,7 @@ __device__ __forceinline__ void sum_rank_order(float (&v)[W][V], int world) {
  * rank order from partial 0: rank s's partial from its words in slot s of this rank's area
  * (`mine`, the call's half), this rank's own from `own` where given (its workspace, or the
  * epilogue's registers), else from its words too. Both users sum here: the swap-AB epilogue that
- * reduces its own rows (gemm_ll.cuh) and ll_reduce_kernel (gemm_rs_sm90.cu). false: a wait
+ * reduces its own rows (gemm_ll.cuh) and ll_reduce_kernel (gemm_rs_unfused.cu). false: a wait
  * failed (recorded in the comm under channel ch); sum is then incomplete. */
 template <class P>
 __device__ __forceinline__ bool ll_sum_item(const tw_dev_comm_t &dc, int ch, const uint8_t *mine,
