@@ -214,13 +214,11 @@ void plan_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, int all_reduce,
 
 /* tw_gemm_ar's push gather (TW_AR_PUSH, the default) where the workspace holds every owner's
  * reduced rows (tw_gemm_rs_workspace_size asks for that much) and no two ranks share a GPU
- * (comm->gpu_shared: every rank must choose alike; with ranks_on_device, 3 ranks on 2 GPUs
- * mixed push and pull and test_gemm_rs failed at world 3, sixth session). On 2 H200s it turned
- * NVLink loads into stores (GEMM+AR M=16384 3.16 -> 2.76 ms fp32, 2.92 -> 2.62 bf16 partials,
- * flux-tp8 1.23-1.27 -> 1.15-1.21). Where ranks share a GPU they keep loading: there the
- * owner's world - 1 extra copies are HBM traffic that loads do not add (tenth session, 8
- * virtual ranks with coarser groups, fp32 pull / push: flux-tp8 9.28 / 9.56 ms, M=4096 0.751
- * / 0.852, 8192 3.54 / 3.86, 16384 21.4 / 22.6; bf16 partials alike). */
+ * (comm->gpu_shared, which every rank sees alike, as the choice must be: by ranks_on_device,
+ * 3 ranks on 2 GPUs would mix push and pull in one call).
+ * On GPUs of their own the push turns the gather's NVLink loads into stores, which are faster.
+ * Where ranks share a GPU they keep loading: there the owner's world - 1 extra copies are HBM
+ * traffic that loads do not add (figures: docs/PERF.md). */
 void plan_push(tw_comm_t comm, const tw_gemm_rs_args_t &a, int all_reduce,
                tw_gemm_rs_plan_t *plan) {
   const int64_t push_env = tw_env_int(TW_AR_PUSH_ID);

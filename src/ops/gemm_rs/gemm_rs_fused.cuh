@@ -13,9 +13,9 @@
  * reads A once while its B stays in L2), starting at the rows of owner
  * rank + 1, so at any moment the ranks write into different owners, and every
  * owner's tiles of band b are complete after the ranks' b-th sweep (a staggered
- * schedule). Single-column sweeps (band 1, the first design) re-read all of A
- * from HBM for every column; at M=16384 K=2048 bands of 8 took the fused GEMM
- * phase from 1.9x to 1.75x the GEMM alone (the rest: docs/PERF.md).
+ * schedule). Single-column sweeps (band 1) would re-read all of A from HBM for
+ * every column, which leaves the fused GEMM phase further behind the GEMM alone
+ * (figures: docs/PERF.md).
  * The epilogue stores each finished tile of partials (fp32; bf16 with
  * TW_PARTIALS_BF16) by TMA straight into its owner's
  * staging slot for this rank (a tensor map per owner over the owner's memory;
@@ -58,7 +58,7 @@
  * 16: the plain GEMM's grouped tile order (rows rotated) instead of bands (the reduction
  * then waits long); 32: the tile signals from a consumer thread (no signal warp); 64: a tile is
  * signalled once its boxes left shared memory, not once its writes are performed (what the
- * consumers' wait for the writes costs: nothing measurable, fourteenth session); 128: the
+ * consumers' wait for the writes costs); 128: the
  * second pass of a tile's fp32 epilogue (64 KiB a warpgroup through a 32 KiB buffer) does not
  * wait for the first pass's boxes to leave shared memory (what that wait costs). */
 #ifndef TW_RS_DIAG
@@ -234,8 +234,9 @@ template <class P, bool kNoRowCopy = false> struct RsEpi {
       /* The owner's rows start inside the box: a TMA store would need a negative row
        * coordinate (an illegal instruction here), so this thread copies those rows out of
        * the 128B-swizzled box with 16-byte stores. Only boxes at owner boundaries that are
-       * not 64-row aligned take this path, and the plan pulls there unless TW_RS_PULL=0 (one
-       * thread's stores over NVLink made GEMM+AR at M=64 4x slower than tw_gemm + reduce). */
+       * not 64-row aligned take this path, and the plan pulls there unless TW_RS_PULL=0: one
+       * thread's stores over NVLink are slow enough to make the op slower than tw_gemm followed
+       * by a separate reduction. */
       constexpr int32_t kPer16 = 16 / (int32_t)sizeof(P); /* elements per 16-byte chunk */
       const int32_t r_end = min(kBoxRows, p.m_local - local);
       const uint8_t *src = static_cast<const uint8_t *>(box);
@@ -271,9 +272,9 @@ template <class P, bool kNoRowCopy = false> struct RsEpi {
    * counted its partial of the unit, then add it to the accumulator fragment (rows warp * 16 +
    * lane / 4 and + 8, columns 8 j + 2 (lane % 4) + 0, 1) in place. Two ranks only: the reduce
    * CTAs compute slab[0] + slab[1], and a fp32 sum of two terms does not depend on their order,
-   * so own + peer is the same bits on either rank. (More ranks need the sum of the ranks before
-   * this one first: done element by element, with each element's peer loads together, the
-   * consumers spilled, 2 KiB per thread, twelfth session.) */
+   * so own + peer is the same bits on either rank. (More ranks would need the sum of the ranks
+   * before this one first; done element by element, with each element's peer loads together, it
+   * makes the consumers spill, 2 KiB per thread.) */
   template <class GP, int N>
   __device__ __forceinline__ static void combine(const GP &gp, float (&acc)[N], int32_t mb,
                                                  int32_t nb, int wg, int wg_thread) {
@@ -426,10 +427,10 @@ __device__ __forceinline__ void store_sum(const RsParams<P> &p, int world, int m
 
 /* The 16-byte items of a unit's rect (rows x vecs) that one thread visits: item i is row
  * i / vecs, vector i % vecs, for i = the thread's index, + the CTA's size, ... at<true> steps
- * them by one addition and a compare an item, the divisions happen once a unit. (Twenty-fifth
- * session: with a division and remainder an item for the load and a 64-bit one for the store, a
- * reduce CTA's loop ran at 56 GB/s alone and 44 beside a GEMM, against 94 and 76 without:
- * tools/micro/rbench.cu.) at<false> divides per item instead (fewer registers). */
+ * them by one addition and a compare an item, the divisions happen once a unit: with a
+ * division and remainder an item for the load and a 64-bit one for the store, that integer
+ * arithmetic, not memory, bounds a reduce CTA's loop, alone or beside a GEMM. at<false> divides
+ * per item instead (fewer registers). */
 struct ItemWalk {
   int32_t row, col, step_r, step_c, vecs, rows, items;
   __device__ __forceinline__ ItemWalk(int32_t rows_, int32_t vecs_, int32_t first, int32_t stride)
@@ -485,8 +486,9 @@ __device__ __forceinline__ void add_ranks(const RsParams<P> &p, int world, const
 
 /* All threads: sum unit u of this rank's rows over the ranks' slots, in rank order. Each thread
  * keeps kItems x 16 bytes of fp32 partials (kItems / 2 x 16 bytes of bf16 ones) in flight per
- * rank step: with one element per thread a CTA had only world x 6 KiB in flight and a reduce
- * CTA moved ~12 GB/s. kWalk: the items' rows and vectors by ItemWalk; else a division per
+ * rank step: with one element per thread a CTA has only world x 6 KiB in flight, too little to
+ * hide the latency of loads over NVLink. kWalk: the items' rows and vectors by ItemWalk; else a
+ * division per
  * item (bf16 partials, whose stealing kernel spills 4 bytes with the walk). */
 template <int kItems, bool kWalk, class P>
 __device__ __forceinline__ void reduce_unit(const RsParams<P> &p, int world, int me, int32_t u) {

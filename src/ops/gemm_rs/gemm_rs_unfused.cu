@@ -64,8 +64,8 @@ template <class P> struct UnfusedParams {
 };
 
 /* One 16-byte load of partials as floats: 4 fp32 or 8 bf16 (kVec<P>), so that a warp's loads
- * are 512 contiguous bytes (two 16-byte loads per thread at a 32-byte stride fetched every
- * remote sector twice: the first version, 0.0674 against 0.0451 ms at M=256). */
+ * are 512 contiguous bytes (two 16-byte loads per thread at a 32-byte stride would fetch every
+ * remote sector twice). */
 template <class P> constexpr int kVec = RsVec<P>::kE;
 template <class P> __device__ __forceinline__ void load_vec(const P *p, float (&v)[kVec<P>]) {
   RsVec<P>::unpack(__ldcg(reinterpret_cast<const uint4 *>(p)), v);
@@ -320,8 +320,8 @@ __global__ void __launch_bounds__(kUnfusedThreads)
 /* The unfused pipeline's second kernel on `stream`: one thread per item, at most one CTA per SM
  * of the rank's budget. The cap is load-bearing where ranks share a GPU: every rank's CTAs spin
  * in the entry handshake until all ranks have entered, so all ranks' kernels must be resident at
- * once (twenty-ninth session, group s76: 128 CTAs a rank on 8 virtual ranks timed out in it;
- * fewer than the budget, s75, only ran slower). On GPUs of their own it is launched while the GEMM
+ * once (with more CTAs than the budget, e.g. 128 a rank for 8 ranks on one GPU, they are not,
+ * and the handshake times out). On GPUs of their own it is launched while the GEMM
  * runs (programmatic dependent launch), so its launch and the CTAs' start overlap the GEMM's tail;
  * never where ranks share a GPU (its early CTAs would hold SMs another rank's GEMM needs). */
 template <class Params>
