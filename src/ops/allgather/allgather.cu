@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(TW_AG_THREADS, 1)
 }
 
 /* tw_allgather through the comm's low-latency area (TW_AG_LL; the words and their sequence as
- * the unfused GEMM+RS pipeline's, gemm_rs_sm90.cu): call sequence q = ctrl->ll_seq + 1, flag
+ * the unfused GEMM+RS pipeline's, gemm_rs_unfused.cu): call sequence q = ctrl->ll_seq + 1, flag
  * tw_ll_flag(q), half q & 1 of every area. Each thread stores 16-byte vectors of this rank's
  * shard into every peer's area (slot `rank`, two words a vector, tw_ll_put_item's layout) and
  * into its own recv slot, then copies every peer's vectors from its own area into recv as their

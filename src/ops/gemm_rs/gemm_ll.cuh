@@ -1,6 +1,6 @@
 /*
  * Internal: a GEMM-core epilogue for tw_gemm_rs / tw_gemm_ar's unfused pipeline through the
- * comm's low-latency area (gemm_rs_sm90.cu, where its GEMM swaps A and B). The swap-AB GEMM of a
+ * comm's low-latency area (gemm_rs_unfused.cu, where its GEMM swaps A and B). The swap-AB GEMM of a
  * decode product (m <= 64) writes each finished tile's partial straight into its owners' areas as
  * low-latency words (signal.cuh: 8 data bytes and the call's flag twice per 16 bytes), this rank's
  * own rows into its own area, instead of TMA-storing the partial into the workspace for the reduce

@@ -1,6 +1,6 @@
 /*
  * Internal: a GEMM-core wait hook for tw_gemm_rs / tw_gemm_ar's unfused pipeline
- * (gemm_rs_sm90.cu). The pipeline's GEMM stores the rank's whole partial into its workspace
+ * (gemm_rs_unfused.cu). The pipeline's GEMM stores the rank's whole partial into its workspace
  * before any handshake of the call, so first every peer must have released that workspace
  * after its previous call on either channel of the family (done[ch][peer] >= this rank's epoch
  * there; the fused kernel and the reduce kernel set done at their ends). Each CTA's producer

@@ -138,7 +138,7 @@ int tw_gemm_ar_want_direct(int direct_env, int world, int gpu_shared, int partia
 #define TW_RS_UNFUSED_SHARED_MAX_K 2048
 #define TW_RS_UNFUSED_SHARED_MIN_M 4096
 /* Whether tw_gemm_rs (all_reduce 0) / tw_gemm_ar (1) run the unfused pipeline in the call
- * (tw_gemm into the workspace, then the reduce kernel; gemm_rs_sm90.cu), where the workspace
+ * (tw_gemm into the workspace, then the reduce kernel; gemm_rs_unfused.cu), where the workspace
  * holds it. env: TW_RS_UNFUSED_SMALL (-1: this rule decides); k: K per rank; partial_bytes: 4
  * or 2; stores_all: tw_gemm_ar's pipeline stores its rows into every rank's out (symmetric
  * outputs, or peer outs: TW_AR_PEER_OUT). Every input is the same on every rank. */

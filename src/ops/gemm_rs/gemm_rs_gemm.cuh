@@ -1,5 +1,5 @@
 /*
- * Internal: the GEMM of tw_gemm_rs / tw_gemm_ar's unfused pipeline (gemm_rs_sm90.cu), on the
+ * Internal: the GEMM of tw_gemm_rs / tw_gemm_ar's unfused pipeline (gemm_rs_unfused.cu), on the
  * engine's launch templates (gemm/gemm_run.cuh) with this op's own hooks: ReleasedWait
  * (gemm_released.cuh) where the GEMM stores the rank's partial into its workspace, and the
  * low-latency epilogues EpiLlPushT / EpiLlReduceT (gemm_ll.cuh) where the swap-AB GEMM stores

@@ -1,8 +1,8 @@
 /*
- * Internal: one 16-byte group of GEMM+RS / GEMM+AR partials as floats and their bf16 sums
- * (gemm_rs_sm90.cu's reductions, and the swap-AB GEMM's low-latency epilogue, gemm_ll.cuh, that
- * reduces its own rows itself): every path that sums partials sums them here, in rank order,
- * so they all give the same bits.
+ * Internal: one 16-byte group of GEMM+RS / GEMM+AR partials as floats and their bf16 sums (the
+ * fused kernel's reductions, gemm_rs_fused.cuh, the unfused pipeline's, gemm_rs_unfused.cu, and
+ * the swap-AB GEMM's low-latency epilogue, gemm_ll.cuh, that reduces its own rows itself): every
+ * path that sums partials sums them here, in rank order, so they all give the same bits.
  */
 #pragma once
 
@@ -21,18 +21,12 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
 /* One 16-byte load of partials as kE floats (bf16 partials widen exactly), and kE bf16 sums
  * packed for one store: fp32 partials come 4 at a time (8-byte stores), bf16 ones 8 at a time
  * (16-byte stores). Aligned: n and ldo are multiples of 8, staging and out 16-byte aligned.
- * Ninth session, 16-byte stores for both (items of 8): bf16 partials on 2 H200s 0-9% faster
- * (GEMM+RS M=4096 0.120 -> 0.109 ms, 8192 0.374 -> 0.352; GEMM+AR 8192 0.534 -> 0.505, small-m
- * 0.143 -> 0.133), level on 8 virtual ranks; fp32 partials level on 2 GPUs but 3-5% slower on
- * 8 virtual ranks (RS M=8192 3.08 -> 3.24 ms): two 16-byte loads per thread and item leave
- * each load instruction half its sectors. So each type keeps one 16-byte load per item.
+ * Each type keeps one 16-byte load per item: 16-byte stores for fp32 partials too (items of 8)
+ * would take two 16-byte loads per thread and item, which leave each load instruction half its
+ * sectors.
  * Cache hints: the partials are read once (ld.global.cs, evict-first) and the sums go to out as
  * streaming stores (st.global.cs, as the gather's copies do), so tw_gemm_ar's reduced rows,
- * read by every rank's gather, stay in L2. Fifteenth session (docs/PERF.md, group l2h15),
- * default / hints alternated twice: GEMM+AR bf16 partials M=4096 K 512 on 8 virtual ranks
- * 0.538 / 0.525 and 0.545 / 0.529 ms, on 2 GPUs 0.145 / 0.139 and 0.147 / 0.141; GEMM+RS bf16
- * partials 0.418 / 0.408 and 0.423 / 0.414 on 8 virtual ranks; fp32 partials and the larger
- * shapes level. */
+ * read by every rank's gather, stay in L2 (figures: docs/PERF.md). */
 template <class P> struct RsVec;
 template <> struct RsVec<float> {
   static constexpr int kE = 4;
@@ -89,7 +83,7 @@ __device__ __forceinline__ void sum_rank_order(float (&v)[W][V], int world) {
  * rank order from partial 0: rank s's partial from its words in slot s of this rank's area
  * (`mine`, the call's half), this rank's own from `own` where given (its workspace, or the
  * epilogue's registers), else from its words too. Both users sum here: the swap-AB epilogue that
- * reduces its own rows (gemm_ll.cuh) and ll_reduce_kernel (gemm_rs_sm90.cu). false: a wait
+ * reduces its own rows (gemm_ll.cuh) and ll_reduce_kernel (gemm_rs_unfused.cu). false: a wait
  * failed (recorded in the comm under channel ch); sum is then incomplete. */
 template <class P>
 __device__ __forceinline__ bool ll_sum_item(const tw_dev_comm_t &dc, int ch, const uint8_t *mine,
