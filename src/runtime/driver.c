@@ -49,6 +49,7 @@ static void resolve_all(void) {
   RESOLVE(cuMemGetAllocationGranularity);
   RESOLVE(cuMemExportToShareableHandle);
   RESOLVE(cuMemImportFromShareableHandle);
+  RESOLVE(cuMemGetAddressRange);
   RESOLVE(cuStreamWaitValue64);
   RESOLVE(cuStreamWriteValue64);
   RESOLVE(cuTensorMapEncodeTiled);

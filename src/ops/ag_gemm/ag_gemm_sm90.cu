@@ -26,6 +26,7 @@
 extern "C" {
 #include "core/env.h"
 #include "gemm/tma_map.h"
+#include "runtime/argcheck.h"
 #include "runtime/comm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/driver.h"
@@ -383,6 +384,23 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
   TW_ARG_CHECK(a0 == own || a0 + shard_bytes <= g0 || a0 >= g0 + shard_bytes * (size_t)world,
                "args->a: %p overlaps a_gathered but is not a_gathered + rank * m_local * k (%p)",
                a->a, (const void *)own);
+  /* the operands as large as the shapes make them; c and a_gathered (both written) overlap no
+   * other argument */
+  const size_t gathered_bytes = shard_bytes * (size_t)world;
+  const size_t b_bytes = (size_t)((a->n - 1) * a->ldb + a->k) * 2;
+  const size_t c_total = (size_t)((a->m_local * world - 1) * a->ldc + a->n) * (size_t)c_bytes;
+  if (a0 != own && (st = tw_comm_check_range(comm, a->a, shard_bytes, "args->a")) != TW_SUCCESS)
+    return st;
+  if ((st = tw_comm_check_range(comm, a->b, b_bytes, "args->b")) != TW_SUCCESS ||
+      (st = tw_comm_check_range(comm, a->c, c_total, "args->c")) != TW_SUCCESS ||
+      (st = tw_check_disjoint(a->c, c_total, "args->c", a->a, shard_bytes, "args->a")) !=
+          TW_SUCCESS ||
+      (st = tw_check_disjoint(a->c, c_total, "args->c", a->b, b_bytes, "args->b")) != TW_SUCCESS ||
+      (st = tw_check_disjoint(a->c, c_total, "args->c", a->a_gathered, gathered_bytes,
+                              "args->a_gathered")) != TW_SUCCESS ||
+      (st = tw_check_disjoint(a->a_gathered, gathered_bytes, "args->a_gathered", a->b, b_bytes,
+                              "args->b")) != TW_SUCCESS)
+    return st;
   for (int r = 0; r < world; r++)
     if (!tw_heap_peer_ptr(comm, a->a_gathered, r))
       return tw_fail(TW_ERR_NOT_SUPPORTED,

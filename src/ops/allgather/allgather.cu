@@ -16,6 +16,7 @@
 
 extern "C" {
 #include "core/env.h"
+#include "runtime/argcheck.h"
 #include "runtime/comm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/registry.h"
@@ -188,6 +189,8 @@ extern "C" tw_status_t tw_ag_make_plan(tw_comm_t comm, const void *send, void *r
   TW_ARG_CHECK(s0 == own || s0 + bytes <= r0 || s0 >= r0 + bytes * (size_t)world,
                "send: %p overlaps recv but is not recv + rank * bytes (%p)", send,
                (const void *)own);
+  if (s0 != own && (st = tw_comm_check_range(comm, send, bytes, "send")) != TW_SUCCESS)
+    return st;
   memset(plan, 0, sizeof(*plan));
   plan->send = send;
   plan->bytes = bytes;

@@ -16,6 +16,7 @@
 #include "gemm/gemm_heuristics.h"
 #include "gemm/gemm_run.cuh"
 #include "ops/gemm/gemm_sm90.h"
+#include "runtime/argcheck.h"
 #include "runtime/cuda_check.h"
 #include "runtime/driver.h"
 #include "runtime/registry.h"
@@ -56,6 +57,33 @@ extern "C" tw_status_t tw_gemm_args_init(tw_gemm_args_t *args) {
   memset(args, 0, sizeof(*args));
   memcpy(args, &init, offsetof(tw_gemm_args_t, workspace_bytes) + sizeof(init.workspace_bytes));
   return TW_SUCCESS;
+}
+
+/* The operands are device memory of `device`, each as large as the shapes and leading
+ * dimensions make it, and c and the workspace overlap nothing else. */
+static tw_status_t check_pointers(const tw_gemm_args_t &a, int device) {
+  const size_t a_bytes = (size_t)((a.m - 1) * a.lda + a.k) * 2;
+  const size_t b_bytes = (size_t)((a.n - 1) * a.ldb + a.k) * 2;
+  const size_t c_bytes = (size_t)((a.m - 1) * a.ldc + a.n) * (a.c_dtype == TW_BF16 ? 2 : 4);
+  tw_status_t st = tw_check_device_range(device, a.a, a_bytes, "tw_gemm: a");
+  if (st == TW_SUCCESS)
+    st = tw_check_device_range(device, a.b, b_bytes, "tw_gemm: b");
+  if (st == TW_SUCCESS)
+    st = tw_check_device_range(device, a.c, c_bytes, "tw_gemm: c");
+  if (st == TW_SUCCESS)
+    st = tw_check_disjoint(a.c, c_bytes, "tw_gemm: c", a.a, a_bytes, "a");
+  if (st == TW_SUCCESS)
+    st = tw_check_disjoint(a.c, c_bytes, "tw_gemm: c", a.b, b_bytes, "b");
+  if (st == TW_SUCCESS && a.workspace) {
+    st = tw_check_device_range(device, a.workspace, a.workspace_bytes, "tw_gemm: workspace");
+    const void *others[3] = {a.a, a.b, a.c};
+    const size_t sizes[3] = {a_bytes, b_bytes, c_bytes};
+    const char *names[3] = {"a", "b", "c"};
+    for (int i = 0; i < 3 && st == TW_SUCCESS; i++)
+      st = tw_check_disjoint(a.workspace, a.workspace_bytes, "tw_gemm: workspace", others[i],
+                             sizes[i], names[i]);
+  }
+  return st;
 }
 
 /* The arguments' contract (args resolved from the caller's struct, leading dimensions of 0
@@ -147,6 +175,8 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
   if ((st = tw_cuda_check(cudaGetDevice(&device), "tw_gemm: cudaGetDevice")) != TW_SUCCESS)
     return st;
   if ((st = tw_check_device(device)) != TW_SUCCESS)
+    return st;
+  if ((st = check_pointers(a, device)) != TW_SUCCESS)
     return st;
   int sms = 0;
   if ((st = tw_cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),

@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <stdio.h>
 #include <string.h>
 
 #include "ops/gemm_rs/gemm_rs.h"
@@ -17,6 +18,7 @@
 extern "C" {
 #include "core/env.h"
 #include "core/log.h"
+#include "runtime/argcheck.h"
 #include "runtime/comm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/registry.h"
@@ -97,6 +99,36 @@ tw_status_t check_args(tw_comm_t comm, const char *op, tw_gemm_rs_args_t *a) {
                "%s: args->reduce_sms: %d; expected 0 (heuristic) or fewer than the rank's %d SMs",
                op, a->reduce_sms, comm->sm_budget);
   return TW_SUCCESS;
+}
+
+/* The operands are memory of the rank's device as large as the shapes make them (out: this
+ * rank's m / world rows for tw_gemm_rs, all m for tw_gemm_ar), and out and the workspace (both
+ * written) overlap no other argument. */
+tw_status_t check_pointers(tw_comm_t comm, const char *op, const tw_gemm_rs_args_t &a,
+                           int all_reduce) {
+  char what[64];
+  const int64_t out_rows = all_reduce ? a.m : a.m / comm->world;
+  const size_t a_bytes = (size_t)((a.m - 1) * a.lda + a.k) * 2;
+  const size_t b_bytes = (size_t)((a.n - 1) * a.ldb + a.k) * 2;
+  const size_t out_bytes = (size_t)((out_rows - 1) * a.ldo + a.n) * 2;
+  const size_t ws_bytes = a.workspace ? tw_gemm_rs_workspace_bytes(comm->world, a.m, a.n) : 0;
+  const void *ptrs[3] = {a.a, a.b, a.out};
+  const size_t sizes[3] = {a_bytes, b_bytes, out_bytes};
+  const char *names[3] = {"a", "b", "out"};
+  tw_status_t st = TW_SUCCESS;
+  for (int i = 0; i < 3 && st == TW_SUCCESS; i++) {
+    snprintf(what, sizeof(what), "%s: args->%s", op, names[i]);
+    st = tw_comm_check_range(comm, ptrs[i], sizes[i], what);
+  }
+  for (int i = 0; i < 2 && st == TW_SUCCESS; i++) {
+    snprintf(what, sizeof(what), "%s: args->out", op);
+    st = tw_check_disjoint(a.out, out_bytes, what, ptrs[i], sizes[i], names[i]);
+  }
+  for (int i = 0; i < 3 && st == TW_SUCCESS && a.workspace; i++) {
+    snprintf(what, sizeof(what), "%s: args->workspace", op);
+    st = tw_check_disjoint(a.workspace, ws_bytes, what, ptrs[i], sizes[i], names[i]);
+  }
+  return st;
 }
 
 /* What the fused op and the unfused pipeline need of the comm and the workspace: two SMs,
@@ -236,6 +268,8 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
   tw_status_t st = copy_args(op, in, a);
   if (st == TW_SUCCESS)
     st = check_args(comm, op, a);
+  if (st == TW_SUCCESS)
+    st = check_pointers(comm, op, *a, all_reduce);
   if (st != TW_SUCCESS)
     return st;
   /* World 1 is the plain GEMM, unless TW_RS_FUSED_W1 asks for the fused kernel (measurement:
