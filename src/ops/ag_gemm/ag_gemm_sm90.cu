@@ -573,12 +573,11 @@ static tw_status_t gathered_gemm(tw_comm_t comm, const tw_ag_gemm_args_t &a, con
     g.workspace = comm->gemm_ws;
     g.workspace_bytes = TW_GEMM_WORKSPACE_BYTES;
   }
-  if (!after_grid)
-    return tw_gemm(&g, stream);
   tw_gemm_sm90_opts_t opts;
   memset(&opts, 0, sizeof(opts));
   opts.variant = -1;
-  opts.after_grid = 1;
+  opts.after_grid = after_grid;
+  opts.pointers_checked = 1; /* tw_ag_gemm's checks cover a_gathered, b and c */
   return tw_gemm_sm90_launch(&g, stream, &opts);
 }
 

@@ -176,7 +176,7 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
     return st;
   if ((st = tw_check_device(device)) != TW_SUCCESS)
     return st;
-  if ((st = check_pointers(a, device)) != TW_SUCCESS)
+  if (!(opts && opts->pointers_checked) && (st = check_pointers(a, device)) != TW_SUCCESS)
     return st;
   int sms = 0;
   if ((st = tw_cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),

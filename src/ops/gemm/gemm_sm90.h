@@ -24,6 +24,10 @@ typedef struct tw_gemm_sm90_opts {
    * most TW_GEMM_SWAP_FORCED_MAX_M); 0: tw_gemm's own (tw_gemm_swap_rule_max_m: 128 or 64 by
    * n, the split and the SMs). */
   int swap_max_m;
+  /* 1: the caller has checked every pointer of args (an op's own argument checks cover the
+   * operands it hands on), so tw_gemm's check of them (device, extent, overlap) is not repeated;
+   * 0: checked here. */
+  int pointers_checked;
 } tw_gemm_sm90_opts_t;
 
 /* tw_gemm with explicit variant choices (opts may be NULL: same as tw_gemm). The queue of

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ops/gemm/gemm_sm90.h"
 #include "ops/gemm_rs/gemm_rs.h"
 #include "ops/gemm_rs/gemm_rs_impl.h"
 
@@ -38,7 +39,11 @@ tw_status_t run_single(tw_comm_t comm, const tw_gemm_rs_args_t &a, cudaStream_t 
   g.m = a.m, g.n = a.n, g.k = a.k;
   g.lda = a.lda, g.ldb = a.ldb, g.ldc = a.ldo;
   g.sm_count = comm->sm_budget;
-  return tw_gemm(&g, (tw_stream_t)stream);
+  tw_gemm_sm90_opts_t opts;
+  memset(&opts, 0, sizeof(opts));
+  opts.variant = -1;
+  opts.pointers_checked = 1; /* check_pointers covered a, b and out */
+  return tw_gemm_sm90_launch(&g, (tw_stream_t)stream, &opts);
 }
 
 /* The caller's arguments over this library's defaults (an older caller's struct is shorter),
