@@ -72,7 +72,8 @@ tw_status_t tw_check_disjoint(const void *a, size_t a_bytes, const char *a_what,
 
 tw_status_t tw_comm_check_range(const struct tw_comm *comm, const void *ptr, size_t bytes,
                                 const char *what) {
-  if (ptr && tw_heap_avail(comm, ptr) > 0)
+  /* inside this rank's heap slot (an address test, no list walk): one lookup of the heap */
+  if (ptr && tw_heap_peer_ptr(comm, ptr, comm->rank) == ptr)
     return tw_heap_lookup(comm, ptr, bytes, what, NULL);
   return tw_check_device_range(comm->device, ptr, bytes, what);
 }

@@ -19,10 +19,6 @@ void tw_op_register(const tw_op_desc_t *op) {
   ops[nops++] = op;
 }
 
-int tw_op_count(void) { return nops; }
-
-const tw_op_desc_t *tw_op_at(int i) { return i >= 0 && i < nops ? ops[i] : NULL; }
-
 tw_status_t tw_ops_preload(void) {
   for (int i = 0; i < nops; i++) {
     if (!ops[i]->preload)

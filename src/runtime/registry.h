@@ -27,10 +27,6 @@ typedef struct tw_op_desc {
 /* Adds op to the registry (at load time, single-threaded; at most TW_MAX_OPS). */
 void tw_op_register(const tw_op_desc_t *op);
 
-/* Registered ops, in registration order. */
-int tw_op_count(void);
-const tw_op_desc_t *tw_op_at(int i);
-
 /* Runs every registered op's preload on the current device; the first failure names its op. */
 tw_status_t tw_ops_preload(void);
 
