@@ -54,7 +54,8 @@ typedef enum tw_status {
   TW_ERR_DEVICE_TIMEOUT = 9,     /* a wait inside a kernel timed out: the comm is unusable */
   TW_ERR_NOT_SUPPORTED = 10,     /* valid request this build or configuration cannot serve */
   TW_ERR_INTERNAL = 11,          /* a bug in tilewire: please report the message */
-  TW_ERR_ABORTED = 12            /* a kernel gave up because another rank's wait timed out */
+  TW_ERR_ABORTED = 12,           /* a kernel gave up because another rank's wait timed out */
+  TW_ERR_MISMATCH = 13           /* ranks disagree on a collective call: the comm is unusable */
 } tw_status_t;
 
 /* A constant string naming the status. Never NULL. */
@@ -150,7 +151,14 @@ TW_API const char *tw_comm_last_error(tw_comm_t comm);
 
 /* Errors recorded by kernels: *async_status is TW_SUCCESS, or
  * TW_ERR_DEVICE_TIMEOUT / TW_ERR_ABORTED with the details (rank, op, flag,
- * expected, seen) in tw_comm_last_error. Does not synchronise. */
+ * expected, seen) in tw_comm_last_error, or TW_ERR_MISMATCH: the ranks called
+ * a collective with different ops, shapes, dtypes, buffers or plans; the
+ * message names the op, the two ranks and the first field that differs, with
+ * both values. Every rank of such a call returns without writing into a peer
+ * (except tw_ag_gemm's copy-engine mode, whose enqueued copies still land in
+ * this rank's slot of the peers' allocation at this rank's a_gathered offset).
+ * A timeout's message also names the ranks that had not entered the call.
+ * Does not synchronise. */
 TW_API tw_status_t tw_comm_async_error(tw_comm_t comm, tw_status_t *async_status);
 
 /* ---- symmetric heap --------------------------------------------------- */

@@ -27,6 +27,7 @@ from ._errors import (
     DeviceTimeoutError,
     InternalError,
     InvalidArgumentError,
+    MismatchError,
     NoDeviceError,
     NotSupportedError,
     OutOfMemoryError,
@@ -73,6 +74,7 @@ _TORCH_NAMES = (
 
 __all__ = [
     "AbortedError",
+    "MismatchError",
     "AgGemmArgs",
     "BootstrapTimeoutError",
     "Comm",

@@ -21,6 +21,7 @@ const char *tw_status_string(tw_status_t status) {
   case TW_ERR_NOT_SUPPORTED: return "TW_ERR_NOT_SUPPORTED: not supported";
   case TW_ERR_INTERNAL: return "TW_ERR_INTERNAL: internal error";
   case TW_ERR_ABORTED: return "TW_ERR_ABORTED: kernel aborted after another rank's timeout";
+  case TW_ERR_MISMATCH: return "TW_ERR_MISMATCH: ranks disagree on a collective call";
   }
   return "TW_ERR_UNKNOWN: unknown status code";
 }

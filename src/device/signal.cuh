@@ -113,10 +113,12 @@ tw_record_wait_failure(const tw_dev_comm_t &dc, uint32_t status, int op, const u
     e->status = status;
     __threadfence_system();
   }
-  if (status == TW_ERR_DEVICE_TIMEOUT) {
-    /* Tell every reachable rank (this one too) to stop waiting. */
+  if (status == TW_ERR_DEVICE_TIMEOUT || status == TW_ERR_MISMATCH) {
+    /* Tell every reachable rank (this one too) to stop waiting; a mismatch only this one: every
+     * rank finds one itself (a rank that agreed with every peer would leave none disagreeing),
+     * so each names it rather than an abort. */
     for (int p = 0; p < dc.world; p++)
-      if (dc.peer_ctrl[p]) {
+      if (dc.peer_ctrl[p] && (status == TW_ERR_DEVICE_TIMEOUT || p == dc.rank)) {
         tw_st_relaxed_sys_u32(&dc.peer_ctrl[p]->abort, 1u);
         /* Release the copy-engine streams of tw_ag_gemm: they wait (cuStreamWaitValue64,
          * which has no bound) for entry words on this channel. */
@@ -141,6 +143,15 @@ static __device__ __forceinline__ void tw_pipeline_stall(const tw_dev_comm_t &dc
 
 static __device__ __forceinline__ bool tw_aborted(const tw_dev_comm_t &dc) {
   return tw_ld_relaxed_sys_u32(&dc.ctrl->abort) != 0u;
+}
+
+/* One thread: rank `peer`'s call on channel op differs from this rank's (their digests:
+ * `theirs`, dc.call.digest). Recorded as TW_ERR_MISMATCH and every reachable rank told to stop;
+ * the host names the field from both ranks' ctrl->call[op]. */
+static __device__ __forceinline__ void tw_call_mismatch(const tw_dev_comm_t &dc, int op,
+                                                        const uint64_t *where, int peer,
+                                                        uint64_t theirs) {
+  tw_record_wait_failure(dc, TW_ERR_MISMATCH, op, where, dc.call.digest, theirs, peer, -1);
 }
 
 /* At a kernel's start: false (and TW_ERR_ABORTED recorded) if the comm was aborted. */
@@ -256,10 +267,19 @@ static __device__ __forceinline__ uint32_t tw_ll_flag(uint64_t seq) {
   return (uint32_t)(seq % 0xffffffffull) + 1u; /* never 0 (the area's initial content) */
 }
 
+/* A word's two flags in call seq of a call with digest `digest` (dc.call.digest): x the call's
+ * flag, y that flag mixed with the digest's folded bits, so that ranks which disagree on the call
+ * store words whose first flag is this call's and whose second is not (tw_ll_wait names that a
+ * mismatch). Digest 0 (no call described) leaves both alike. */
+static __device__ __forceinline__ uint2 tw_ll_flags(uint64_t seq, uint64_t digest) {
+  const uint32_t f = tw_ll_flag(seq);
+  return make_uint2(f, f ^ (uint32_t)(digest ^ (digest >> 32)));
+}
+
 static __device__ __forceinline__ void tw_ll_store(uint4 *word, uint32_t d0, uint32_t d1,
-                                                   uint32_t flag) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(word), "r"(d0), "r"(flag),
-               "r"(d1), "r"(flag)
+                                                   uint2 flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(word), "r"(d0),
+               "r"(flag.x), "r"(d1), "r"(flag.y)
                : "memory");
 }
 
@@ -277,7 +297,7 @@ static __device__ __forceinline__ uint64_t tw_ll_item_off(uint64_t item, uint64_
 
 /* Item `item` of the slot at `slot` (`items` items): its 16 data bytes as two words. */
 static __device__ __forceinline__ void tw_ll_put_item(uint8_t *slot, uint64_t item, uint64_t items,
-                                                      uint4 d, uint32_t flag) {
+                                                      uint4 d, uint2 flag) {
   tw_ll_store(reinterpret_cast<uint4 *>(slot + tw_ll_item_off(item, items, 0)), d.x, d.y, flag);
   tw_ll_store(reinterpret_cast<uint4 *>(slot + tw_ll_item_off(item, items, 1)), d.z, d.w, flag);
 }
@@ -291,25 +311,68 @@ static __device__ __forceinline__ uint4 tw_ll_load(const uint4 *word) {
   return v;
 }
 
-/* Any thread: spins until `word` holds `flag` in both halves and returns its data as {d0, d1};
- * false on timeout or abort (recorded under op, naming `peer`, the writer, and `item`). */
+/* A word whose first flag is this call's but whose second stays another digest's for this many
+ * spins (each sleeps 64 ns or more: some 30 us) was stored by a rank that disagrees on the call
+ * (a torn read of a word being stored resolves within nanoseconds). */
+#define TW_LL_MISMATCH_SPINS 512u
+
+/* One thread, in block 0 of a kernel exchanging through the low-latency area, first: tells
+ * every peer which call its words belong to (ctrl->ll_call; `flag` = tw_ll_flags(seq, ...)). */
+static __device__ __forceinline__ void tw_ll_announce(const tw_dev_comm_t &dc, uint2 flag) {
+  for (int p = 0; p < dc.world; p++)
+    if (p != dc.rank && dc.peer_ctrl[p]) {
+      *(volatile uint64_t *)&dc.peer_ctrl[p]->ll_call[dc.rank][0] = dc.call.digest;
+      tw_st_release_sys(&dc.peer_ctrl[p]->ll_call[dc.rank][1], flag.x);
+    }
+}
+
+/* Whether `peer`'s announced exchange (tw_ll_announce) shows that its call differs from this
+ * one, whose words carry `flag`: the same call with another digest, or a later call than this
+ * (its words of this call would have come before it). Sets *theirs to its digest. */
+static __device__ __forceinline__ bool tw_ll_peer_differs(const tw_dev_comm_t &dc, int peer,
+                                                          uint2 flag, uint64_t *theirs) {
+  if (!dc.call.digest || peer < 0 || peer >= dc.world)
+    return false;
+  const uint32_t tag = (uint32_t)tw_ld_acquire_sys(&dc.ctrl->ll_call[peer][1]);
+  *theirs = *(const volatile uint64_t *)&dc.ctrl->ll_call[peer][0];
+  if (tag == flag.x)
+    return *theirs != dc.call.digest;
+  return tag && (int32_t)(tag - flag.x) > 0;
+}
+
+/* Any thread: spins until `word` holds `flag` (tw_ll_flags) and returns its data as {d0, d1};
+ * false on timeout or abort (recorded under op, naming `peer`, the writer, and `item`), or on a
+ * word of this call from a rank whose call differs, or such a rank's announcement
+ * (TW_ERR_MISMATCH). */
 static __device__ __forceinline__ bool tw_ll_wait(const tw_dev_comm_t &dc, int op,
-                                                  const uint4 *word, uint32_t flag, int peer,
-                                                  int item, uint2 *data) {
+                                                  const uint4 *word, uint2 flag, int peer, int item,
+                                                  uint2 *data) {
   uint4 v = tw_ll_load(word);
-  if (v.y != flag || v.w != flag) {
+  if (v.y != flag.x || v.w != flag.y) {
     const uint64_t start = tw_globaltimer();
     uint64_t *row = tw_trace_wait_begin(dc, op, peer, item, start);
+    uint32_t other = 0; /* the spin that first saw a word of this call with another digest */
     for (uint32_t spin = 1;; spin++) {
       if (spin > 64)
         __nanosleep(64);
       v = tw_ll_load(word);
-      if (v.y == flag && v.w == flag)
+      if (v.y == flag.x && v.w == flag.y)
         break;
       if ((spin & 15) == 0) {
         const bool aborted = tw_aborted(dc);
+        if (!aborted && v.y == flag.x && !other)
+          other = spin;
+        uint64_t theirs = v.w ^ flag.x;
+        /* a torn read resolves within a few spins; TW_LL_MISMATCH_SPINS spins sleep longer */
+        if (!aborted && ((other && spin - other > TW_LL_MISMATCH_SPINS) ||
+                         tw_ll_peer_differs(dc, peer, flag, &theirs))) {
+          if (row)
+            row[TW_TR_WAITING] = TW_TR_WAIT_DESC(op, peer, item) | TW_TR_WAIT_EXPIRED;
+          tw_call_mismatch(dc, op, (const uint64_t *)word, peer, theirs);
+          return false;
+        }
         if (aborted || tw_globaltimer() - start > dc.timeout_ns) {
-          tw_wait_failed(dc, row, aborted, op, (const uint64_t *)word, flag, v.y, peer, item);
+          tw_wait_failed(dc, row, aborted, op, (const uint64_t *)word, flag.x, v.y, peer, item);
           return false;
         }
       }
@@ -324,7 +387,7 @@ static __device__ __forceinline__ bool tw_ll_wait(const tw_dev_comm_t &dc, int o
  * tw_ll_put_item's layout) and its 16 data bytes; false as tw_ll_wait. */
 static __device__ __forceinline__ bool tw_ll_wait_item(const tw_dev_comm_t &dc, int op,
                                                        const uint8_t *slot, uint64_t item,
-                                                       uint64_t items, uint32_t flag, int peer,
+                                                       uint64_t items, uint2 flag, int peer,
                                                        uint4 *data) {
   uint2 lo, hi;
   if (!tw_ll_wait(dc, op, reinterpret_cast<const uint4 *>(slot + tw_ll_item_off(item, items, 0)),
@@ -432,8 +495,30 @@ static __device__ __forceinline__ void tw_signal_entry(const tw_dev_comm_t &dc, 
                                                        uint64_t epoch) {
   tw_fence_acq_rel_sys();
   for (int p = 0; p < dc.world; p++)
-    if (dc.peer_ctrl[p])
+    if (dc.peer_ctrl[p]) {
+      /* the digest and the current call before the entry word, whose release store orders them */
+      *(volatile uint64_t *)&dc.peer_ctrl[p]->call_digest[ch][dc.rank] = dc.call.digest;
+      *(volatile uint64_t *)&dc.peer_ctrl[p]->current[dc.rank] = epoch << 8 | (uint64_t)(ch + 1);
       tw_st_release_sys(&dc.peer_ctrl[p]->entry[ch][dc.rank], epoch);
+    }
+}
+
+/* One thread, in block 0 of a call's kernel that has no entry signal (the low-latency
+ * exchanges): tells every peer which call this rank is in (ctrl->current). */
+static __device__ __forceinline__ void tw_signal_current(const tw_dev_comm_t &dc, int ch,
+                                                         uint64_t epoch) {
+  for (int p = 0; p < dc.world; p++)
+    if (dc.peer_ctrl[p])
+      *(volatile uint64_t *)&dc.peer_ctrl[p]->current[dc.rank] = epoch << 8 | (uint64_t)(ch + 1);
+}
+
+/* One thread, in block 0 of a call's kernel before its first signal: this rank's call on ch,
+ * whole, into its control block (read by the hosts on a mismatch). */
+static __device__ __forceinline__ void tw_call_publish(const tw_dev_comm_t &dc, int ch) {
+  volatile uint64_t *dst = (volatile uint64_t *)&dc.ctrl->call[ch];
+  const uint64_t *src = (const uint64_t *)&dc.call;
+  for (unsigned i = 0; i < sizeof(tw_call_desc_t) / 8; i++)
+    dst[i] = src[i];
 }
 
 /* Thread 0 of every CTA of a kernel on channel ch, first thing: the trace's start stamp, and
@@ -444,15 +529,75 @@ static __device__ __forceinline__ bool tw_kernel_enter(const tw_dev_comm_t &dc, 
   tw_trace_stamp(dc, TW_TR_START);
   tw_trace_channel(dc, ch);
   const bool usable = tw_op_usable(dc, ch);
-  if (blockIdx.x == 0 && usable)
+  if (blockIdx.x == 0 && usable) {
+    tw_call_publish(dc, ch);
     tw_signal_entry(dc, ch, epoch);
+  }
   return usable;
 }
 
-/* One thread: waits until `peer` entered call `epoch` on ch. */
+/* One thread: waits until `peer` entered call `epoch` on ch, then compares its call's digest
+ * with this rank's (false, TW_ERR_MISMATCH recorded, where they differ). The digest read is
+ * this call's: `peer` stores its next call's only after it finished this one, which needs this
+ * rank's writes of this call, made after this check (every op that checks calls this before its
+ * first write into any peer, for every peer: tw_wait_entries). */
 static __device__ __forceinline__ bool tw_wait_entry(const tw_dev_comm_t &dc, int ch, int peer,
                                                      uint64_t epoch) {
-  return tw_wait_geq(dc, ch, &dc.ctrl->entry[ch][peer], epoch, peer, -1);
+  const uint64_t *entry = &dc.ctrl->entry[ch][peer];
+  uint64_t seen = tw_ld_acquire_sys(entry);
+  if (seen < epoch) {
+    /* tw_wait_geq's loop, which also looks at the call the peer is in: a call on another channel
+     * that this rank has not completed (its epoch there is past this rank's) means the ranks'
+     * calls went different ways, since a comm's calls run in one order on every rank. */
+    const uint64_t start = tw_globaltimer();
+    uint64_t *row = tw_trace_wait_begin(dc, ch, peer, -1, start);
+    uint32_t backoff = 32;
+    for (;;) {
+      __nanosleep(backoff);
+      if (backoff < 256)
+        backoff <<= 1;
+      seen = tw_ld_acquire_sys(entry);
+      if (seen >= epoch) {
+        tw_trace_wait_end(row, start);
+        break;
+      }
+      const uint64_t cur = *(const volatile uint64_t *)&dc.ctrl->current[peer];
+      const int other = (int)(cur & 0xff) - 1;
+      if (dc.call.digest && other >= 0 && other < TW_NUM_CHANNELS && other != ch &&
+          (cur >> 8) > *(const volatile uint64_t *)&dc.ctrl->epoch[other] && !tw_aborted(dc)) {
+        if (row)
+          row[TW_TR_WAITING] = TW_TR_WAIT_DESC(ch, peer, -1) | TW_TR_WAIT_EXPIRED;
+        tw_record_wait_failure(dc, TW_ERR_MISMATCH, ch, &dc.ctrl->current[peer], dc.call.digest,
+                               cur, peer, other);
+        return false;
+      }
+      const bool aborted = tw_aborted(dc);
+      if (aborted || tw_globaltimer() - start > dc.timeout_ns) {
+        tw_wait_failed(dc, row, aborted, ch, entry, epoch, seen, peer, -1);
+        return false;
+      }
+    }
+  }
+  const uint64_t *slot = &dc.ctrl->call_digest[ch][peer];
+  const uint64_t theirs = *(const volatile uint64_t *)slot;
+  if (dc.call.digest && theirs != dc.call.digest) {
+    if (tw_aborted(dc)) /* the entry word was released by an abort (~0), not by the peer */
+      tw_record_wait_failure(dc, TW_ERR_ABORTED, ch, &dc.ctrl->entry[ch][peer], epoch, 0, peer, -1);
+    else
+      tw_call_mismatch(dc, ch, slot, peer, theirs);
+    return false;
+  }
+  return true;
+}
+
+/* One thread: tw_wait_entry for every peer; with it before a CTA's first write into any peer,
+ * no rank writes into a peer when any two ranks' calls differ. */
+static __device__ __forceinline__ bool tw_wait_entries(const tw_dev_comm_t &dc, int ch,
+                                                       uint64_t epoch) {
+  for (int q = 0; q < dc.world; q++)
+    if (q != dc.rank && !tw_wait_entry(dc, ch, q, epoch))
+      return false;
+  return true;
 }
 
 /* Flag slot `index` of channel ch in rank `peer`'s control block (NULL if unreachable). */

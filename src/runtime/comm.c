@@ -1,5 +1,6 @@
 /* Comm lifetime, queries, errors and the public symmetric-heap calls. */
 #include "runtime/comm.h"
+#include "runtime/calldesc.h"
 #include "runtime/trace.h"
 #include "runtime/watchdog.h"
 
@@ -630,7 +631,14 @@ tw_status_t tw_comm_async_error(tw_comm_t comm, tw_status_t *async_status) {
   if (code == TW_SUCCESS)
     return TW_SUCCESS;
   __sync_synchronize();
-  tw_err_block_format(e, comm->config.wait_timeout_ms, comm->last_error, sizeof(comm->last_error));
+  if (code == TW_ERR_MISMATCH)
+    tw_call_format_mismatch(comm, e, comm->last_error, sizeof(comm->last_error));
+  else {
+    tw_err_block_format(e, comm->config.wait_timeout_ms, comm->last_error,
+                        sizeof(comm->last_error));
+    if (e->peer != TW_ERR_PEER_PIPELINE)
+      tw_call_format_absent(comm, e, comm->last_error, sizeof(comm->last_error));
+  }
   return TW_SUCCESS;
 }
 

@@ -38,6 +38,18 @@ typedef enum tw_channel {
 /* Flags per channel a kernel may use for its data (chunk/tile flags). */
 #define TW_CHANNEL_FLAGS 16384
 
+/* What a collective call must have alike on every rank (runtime/calldesc.h builds it): the op's
+ * channel and up to TW_CALL_FIELDS values (shapes, dtypes, symmetric buffers as heap offsets,
+ * the plan's choices that fix the exchange), named by the op's registry entry, and their
+ * digest. digest 0: a call with nothing to compare (tw_barrier, the tests' channel). */
+#define TW_CALL_FIELDS 8
+typedef struct tw_call_desc {
+  uint64_t digest; /* of op, nfields and field[]; never 0 for a described call */
+  uint32_t op;     /* tw_channel_t */
+  uint32_t nfields;
+  uint64_t field[TW_CALL_FIELDS];
+} tw_call_desc_t;
+
 typedef struct tw_ctrl {
   uint64_t epoch[TW_NUM_CHANNELS];      /* local: calls completed on the channel */
   uint32_t exit_count[TW_NUM_CHANNELS]; /* local: CTAs done with the current call */
@@ -57,6 +69,20 @@ typedef struct tw_ctrl {
   uint64_t peer_out[TW_NUM_CHANNELS][TW_MAX_WORLD][2];
   /* Tile queues of the fused GEMMs ({next ticket, finished CTAs}); zero between calls. */
   uint32_t tile_queue[TW_NUM_CHANNELS][2];
+  /* call_digest[ch][src]: the digest of rank src's current call on ch, stored by src before its
+   * entry signal (tw_signal_entry); the waits for src's entry compare it with this rank's. */
+  uint64_t call_digest[TW_NUM_CHANNELS][TW_MAX_WORLD];
+  /* current[src] = epoch << 8 | (ch + 1): the last call rank src entered (tw_signal_current). A
+   * rank waiting for src's entry on another channel finds there that src's calls went another
+   * way (a call it has not made itself). */
+  uint64_t current[TW_MAX_WORLD];
+  /* ll_call[src] = {digest, flag}: rank src's current exchange through the low-latency area, the
+   * flag its words carry (tw_ll_flag), stored by src at its start (tw_ll_announce); a word that
+   * is slow to come is checked against it (tw_ll_wait), whatever the peer's layout of the area. */
+  uint64_t ll_call[TW_MAX_WORLD][2];
+  /* local: this rank's current (or last) call on each channel, whole, stored by its kernel at
+   * entry: on a mismatch every rank's host reads its own and the peer's to name the field. */
+  tw_call_desc_t call[TW_NUM_CHANNELS];
 } tw_ctrl_t;
 
 /* Written by the first kernel wait that fails; host-mapped pinned memory so
@@ -77,6 +103,8 @@ typedef struct tw_err_block {
   int32_t block; /* blockIdx.x of the waiter */
   int32_t what;  /* op-specific: chunk or tile index */
 } tw_err_block_t;
+/* TW_ERR_MISMATCH: peer = the rank whose call differs, expected / seen = this rank's / its
+ * digest, op = the channel of this rank's call. */
 
 /* Everything a kernel needs to signal and wait, passed by value. */
 typedef struct tw_dev_comm {
@@ -85,6 +113,7 @@ typedef struct tw_dev_comm {
   int32_t trap_on_timeout;
   int32_t pad;
   uint64_t timeout_ns;
+  tw_call_desc_t call;                /* the call this copy was made for (digest 0: none) */
   tw_ctrl_t *ctrl;                    /* this rank's control block */
   tw_ctrl_t *peer_ctrl[TW_MAX_WORLD]; /* peers' control blocks (NULL: not load/store reachable) */
   tw_err_block_t *err;                /* host-mapped */

@@ -19,6 +19,14 @@ void tw_op_register(const tw_op_desc_t *op) {
   ops[nops++] = op;
 }
 
+const tw_call_fields_t *tw_call_fields(int channel) {
+  for (int i = 0; i < nops; i++)
+    for (int c = 0; c < ops[i]->ncalls; c++)
+      if (ops[i]->calls[c].channel == channel)
+        return &ops[i]->calls[c];
+  return NULL;
+}
+
 tw_status_t tw_ops_preload(void) {
   for (int i = 0; i < nops; i++) {
     if (!ops[i]->preload)

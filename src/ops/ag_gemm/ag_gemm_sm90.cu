@@ -27,6 +27,7 @@ extern "C" {
 #include "core/env.h"
 #include "gemm/tma_map.h"
 #include "runtime/argcheck.h"
+#include "runtime/calldesc.h"
 #include "runtime/comm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/driver.h"
@@ -153,6 +154,13 @@ __device__ __forceinline__ void copy_chunk(const AgParams<Out> &p, int target, i
             p.a + row0 * p.row_bytes, rows);
 }
 
+/* Thread 0: the entry signal, then (`writes`: a CTA that writes into peers) every peer's entry
+ * with the same call. Out of line: inlined, its waits cost the GEMM loop registers. */
+static __device__ __noinline__ bool enter(const tw_dev_comm_t &dc, int ch, uint64_t epoch,
+                                          bool writes) {
+  return tw_kernel_enter(dc, ch, epoch) && (!writes || tw_wait_entries(dc, ch, epoch));
+}
+
 template <class Out, int BN, int V>
 __global__ void __launch_bounds__(kThreads, 1)
     ag_gemm_kernel(const __grid_constant__ AgParams<Out> p) {
@@ -161,10 +169,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const AgWait::Params &w = p.gemm.wait;
   const int ch = w.ch;
   const uint64_t epoch = AgWait::epoch(w);
-  /* Thread 0 decides; __syncthreads_and spreads it, so the CTA leaves the loop together. */
+  /* Thread 0 decides; __syncthreads_and spreads it, so the CTA leaves the loop together. The
+   * CTAs that write into peers (in the copy-engine mode block 0, for the copies) first see
+   * every peer enter this call, with the same call. */
   int mine = 1;
   if (threadIdx.x == 0)
-    mine = tw_kernel_enter(dc, ch, epoch);
+    mine = enter(dc, ch, epoch,
+                 (int)blockIdx.x < p.comm_ctas || (blockIdx.x == 0 && ch == TW_CH_AG_GEMM_CE));
   int ok = __syncthreads_and(mine);
   if ((int)blockIdx.x < p.comm_ctas && w.peer_read) {
     /* Peer reads: the shard only goes into this rank's own slot (when not already there);
@@ -186,10 +197,6 @@ __global__ void __launch_bounds__(kThreads, 1)
        * rank's own copy (only the gathered output needs it) last. */
       const int target = (rank - 1 - item / p.nchunks + 2 * world) % world;
       const int chunk = item % p.nchunks;
-      if (threadIdx.x == 0 && target != rank && !tw_wait_entry(dc, ch, target, epoch))
-        mine = 0;
-      if (!(ok = __syncthreads_and(mine)))
-        break;
       copy_chunk(p, target, chunk);
       if (threadIdx.x == 0)
         tw_signal_set(tw_peer_flag(dc, target, ch, tw_ag_gemm_flag_index(rank, chunk)), epoch);
@@ -316,7 +323,18 @@ static tw_status_t tw_ag_gemm_preload(void) {
 }
 
 /* tw_ag_gemm, registered with the runtime (runtime/registry.h). */
-static const tw_op_desc_t ag_gemm_registration = {"ag_gemm", tw_ag_gemm_preload};
+/* What tw_ag_gemm's calls must have alike (call_fields sets them), on either channel. */
+#define AG_GEMM_CALL_FIELDS                                                                        \
+  {                                                                                                \
+    "m_local", "n", "k", "c_dtype", "a_gathered (heap offset)",                                    \
+        "route (0 the SM push, 1 peer reads, 2 the copy engine)", "rows_per_chunk",                \
+        "write_through"                                                                            \
+  }
+static const tw_call_fields_t ag_gemm_calls[] = {
+    {TW_CH_AG_GEMM, "tw_ag_gemm", AG_GEMM_CALL_FIELDS},
+    {TW_CH_AG_GEMM_CE, "tw_ag_gemm", AG_GEMM_CALL_FIELDS}};
+#undef AG_GEMM_CALL_FIELDS
+static const tw_op_desc_t ag_gemm_registration = {"ag_gemm", tw_ag_gemm_preload, ag_gemm_calls, 2};
 TW_OP_REGISTER(ag_gemm, ag_gemm_registration);
 
 extern "C" tw_status_t tw_ag_gemm_args_init(tw_ag_gemm_args_t *args) {
@@ -581,6 +599,22 @@ static tw_status_t gathered_gemm(tw_comm_t comm, const tw_ag_gemm_args_t &a, con
   return tw_gemm_sm90_launch(&g, stream, &opts);
 }
 
+/* The fused kernel's call (runtime/calldesc.h) on channel ch: what every rank must have alike.
+ * The copy-engine mode cuts its chunks later (copy_engine_call), from these alike values. */
+static tw_call_desc_t describe_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
+                                    const tw_ag_gemm_plan_t &plan, int ch) {
+  const uint64_t route = ch == TW_CH_AG_GEMM_CE ? 2 : plan.peer_read ? 1 : 0;
+  const uint64_t fields[] = {(uint64_t)a.m_local,
+                             (uint64_t)a.n,
+                             (uint64_t)a.k,
+                             (uint64_t)a.c_dtype,
+                             tw_call_heap_field(comm, a.a_gathered),
+                             route,
+                             (uint64_t)plan.rows_per_chunk,
+                             (uint64_t)(plan.peer_read ? plan.peer_gather : 0)};
+  return tw_call_begin(comm, ch, 8, fields);
+}
+
 extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
                                   tw_stream_t stream) {
   tw_status_t st = tw_comm_check(comm);
@@ -643,8 +677,11 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
     if (st == TW_SUCCESS)
       st = gathered_gemm(comm, a, a.a_gathered, a.m_local * comm->world, -1, stream, pdl);
   } else if (a.comm_mode == TW_AG_COMM_COPY_ENGINE) {
+    const tw_call_desc_t outer = describe_call(comm, a, plan, TW_CH_AG_GEMM_CE);
     st = copy_engine_call(comm, a, plan, stream);
+    tw_call_end(comm, outer);
   } else {
+    const tw_call_desc_t outer = describe_call(comm, a, plan, TW_CH_AG_GEMM);
     /* plan.own_copy_ce (tw_ag_gemm_prepare): a copy engine fills the own slot, forked from and
      * joined back into the caller's stream. */
     if (plan.own_copy_ce) {
@@ -663,6 +700,7 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
       st = tw_launch_end(comm, stream);
     if (st == TW_SUCCESS && plan.own_copy_ce)
       st = ce_join(comm, stream);
+    tw_call_end(comm, outer);
   }
   cudaSetDevice(prev);
   return tw_comm_result(comm, st);

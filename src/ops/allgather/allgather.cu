@@ -17,6 +17,7 @@
 extern "C" {
 #include "core/env.h"
 #include "runtime/argcheck.h"
+#include "runtime/calldesc.h"
 #include "runtime/comm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/registry.h"
@@ -44,23 +45,16 @@ __global__ void __launch_bounds__(TW_AG_THREADS, 1)
   const uint64_t epoch = tw_op_begin(dc, TW_CH_ALLGATHER);
   /* Decisions are made by thread 0 and spread with __syncthreads_and, so every thread of
    * the CTA leaves a loop at the same iteration (no shared flag read while it is written). */
+  /* Every peer entered this call, with the same call, before this CTA writes into any. */
   int mine = 1;
-  uint64_t peer_ready = 0; /* thread 0: bit p set once peer p entered this call (world <= 64) */
   if (threadIdx.x == 0)
-    mine = tw_kernel_enter(dc, TW_CH_ALLGATHER, epoch);
+    mine =
+        tw_kernel_enter(dc, TW_CH_ALLGATHER, epoch) && tw_wait_entries(dc, TW_CH_ALLGATHER, epoch);
   int ok = __syncthreads_and(mine);
   const int items = plan.world * plan.nchunks;
   for (int item = blockIdx.x; ok && item < items; item += gridDim.x) {
     const int peer = item_peer(item, plan.nchunks, dc.rank, plan.world);
     const int chunk = item % plan.nchunks;
-    if (threadIdx.x == 0 && !(peer_ready >> peer & 1)) {
-      if (tw_wait_entry(dc, TW_CH_ALLGATHER, peer, epoch))
-        peer_ready |= 1ull << peer;
-      else
-        mine = 0;
-    }
-    if (!(ok = __syncthreads_and(mine)))
-      break;
     const size_t begin = (size_t)chunk * plan.chunk_bytes;
     const size_t len =
         begin + plan.chunk_bytes <= plan.bytes ? plan.chunk_bytes : plan.bytes - begin;
@@ -112,12 +106,17 @@ __global__ void __launch_bounds__(kAgLlThreads)
   const int world = dc.world, rank = dc.rank;
   const uint64_t epoch = tw_op_begin(dc, TW_CH_ALLGATHER);
   const uint64_t seq = tw_ll_next_seq(dc);
-  const uint32_t flag = tw_ll_flag(seq);
+  const uint2 flag = tw_ll_flags(seq, dc.call.digest);
   const uint64_t half = tw_ll_half(seq, p.half_bytes), slot = (uint64_t)p.vecs * 32;
   bool ok = tw_op_usable(dc, TW_CH_ALLGATHER);
   if (threadIdx.x == 0) {
     tw_trace_stamp(dc, TW_TR_START);
     tw_trace_channel(dc, TW_CH_ALLGATHER);
+    if (blockIdx.x == 0 && ok) {
+      tw_call_publish(dc, TW_CH_ALLGATHER);
+      tw_signal_current(dc, TW_CH_ALLGATHER, epoch);
+      tw_ll_announce(dc, flag);
+    }
   }
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
@@ -168,7 +167,14 @@ static tw_status_t tw_allgather_preload(void) {
 }
 
 /* tw_allgather, registered with the runtime (runtime/registry.h). */
-static const tw_op_desc_t allgather_registration = {"allgather", tw_allgather_preload};
+/* What tw_allgather's calls must have alike (tw_allgather sets them). */
+static const tw_call_fields_t allgather_calls[] = {
+    {TW_CH_ALLGATHER,
+     "tw_allgather",
+     {"bytes", "path (0 the SM push, 1 the low-latency area)", "recv (heap offset)",
+      "chunk_bytes"}}};
+static const tw_op_desc_t allgather_registration = {"allgather", tw_allgather_preload,
+                                                    allgather_calls, 1};
 TW_OP_REGISTER(allgather, allgather_registration);
 
 extern "C" tw_status_t tw_ag_make_plan(tw_comm_t comm, const void *send, void *recv, size_t bytes,
@@ -250,6 +256,10 @@ extern "C" tw_status_t tw_allgather(tw_comm_t comm, const void *send, void *recv
   cudaStream_t launch = NULL;
   const int ll = tw_ag_want_ll((int)tw_env_int(TW_AG_LL_ID), comm->world, comm->gpu_shared, bytes,
                                comm->ll_bytes);
+  /* The low-latency path touches no peer's recv, so recv need not be alike there. */
+  const uint64_t fields[] = {(uint64_t)bytes, (uint64_t)ll, ll ? 0 : tw_call_heap_field(comm, recv),
+                             ll ? 0 : (uint64_t)plan.chunk_bytes};
+  const tw_call_desc_t outer = tw_call_begin(comm, TW_CH_ALLGATHER, 4, fields);
   if (!ll)
     st = tw_sm_exclusive_smem((const void *)tw_allgather_kernel, &smem);
   if (st == TW_SUCCESS)
@@ -277,6 +287,7 @@ extern "C" tw_status_t tw_allgather(tw_comm_t comm, const void *send, void *recv
   }
   if (st == TW_SUCCESS)
     st = tw_launch_end(comm, stream);
+  tw_call_end(comm, outer);
   cudaSetDevice(prev);
   return tw_comm_result(comm, st);
 }

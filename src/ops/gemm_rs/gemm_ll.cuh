@@ -40,6 +40,7 @@ namespace gemm {
 struct LlPushParams {
   uint8_t *area[TW_MAX_WORLD]; /* every rank's low-latency area, mapped for this rank */
   const uint64_t *ll_seq;      /* this rank's ctrl->ll_seq */
+  uint64_t digest;             /* the call's digest, in the words' flags (tw_ll_flags) */
   uint64_t half_bytes;         /* one parity's bytes */
   uint64_t slot_bytes;         /* one slot's: m_local x vecs items of 32 bytes */
   int32_t rank, m, m_local, vecs;
@@ -61,7 +62,7 @@ namespace detail {
  * sum in rank order (ll_sum_item), into out. */
 template <class Out>
 __device__ __forceinline__ void ll_reduce_own(const LlReduceParams &p, const uint4 &d,
-                                              uint64_t half0, uint32_t flag, uint64_t item,
+                                              uint64_t half0, uint2 flag, uint64_t item,
                                               uint64_t items, int32_t lr, int32_t v) {
   using V = RsVec<Out>;
   float sum[V::kE];
@@ -82,7 +83,7 @@ __device__ __forceinline__ void ll_store_boxes(const Params &p, const uint8_t *b
   constexpr int kV = 16 / (int)sizeof(Out);        /* values in a chunk */
   constexpr int kBoxCols = 128 / (int)sizeof(Out); /* C columns in a box */
   const uint64_t seq = tw_ll_seq_after(p.ll_seq);
-  const uint32_t flag = tw_ll_flag(seq);
+  const uint2 flag = tw_ll_flags(seq, p.digest);
   const uint64_t half0 = tw_ll_half(seq, p.half_bytes);
   const uint64_t half = half0 + (uint64_t)p.rank * p.slot_bytes;
   const uint64_t items = (uint64_t)p.m_local * (uint64_t)p.vecs; /* a slot's */

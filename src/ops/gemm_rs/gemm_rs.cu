@@ -20,6 +20,7 @@ extern "C" {
 #include "core/env.h"
 #include "core/log.h"
 #include "runtime/argcheck.h"
+#include "runtime/calldesc.h"
 #include "runtime/comm.h"
 #include "runtime/cuda_check.h"
 #include "runtime/registry.h"
@@ -303,6 +304,28 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
   return TW_SUCCESS;
 }
 
+/* The call (runtime/calldesc.h): what every rank must have alike, the plan's choices that fix
+ * the exchange included (every input of the plan is alike on every rank). */
+tw_call_desc_t describe_call(tw_comm_t comm, const tw_gemm_rs_args_t &a,
+                             const tw_gemm_rs_plan_t &plan, int all_reduce) {
+  const uint64_t path = (uint64_t)plan.unfused | (uint64_t)plan.ll << 1 |
+                        (uint64_t)plan.direct << 2 | (uint64_t)plan.pull << 3 |
+                        (uint64_t)plan.owner_epi << 4 | (uint64_t)plan.interleave << 5 |
+                        (uint64_t)plan.ar_push << 6 | (uint64_t)plan.ar_peer_out << 7 |
+                        (uint64_t)plan.ar_out_sym << 8;
+  const uint64_t tiling = (uint64_t)(uint16_t)plan.band | (uint64_t)(uint16_t)plan.block_n << 16 |
+                          (uint64_t)(uint32_t)plan.group_units << 32;
+  const uint64_t fields[] = {(uint64_t)a.m,
+                             (uint64_t)a.n,
+                             (uint64_t)a.k,
+                             (uint64_t)partial_bytes(a),
+                             tw_call_heap_field(comm, a.workspace),
+                             plan.ar_out_sym ? tw_call_heap_field(comm, a.out) : 0,
+                             path,
+                             tiling};
+  return tw_call_begin(comm, all_reduce ? TW_CH_GEMM_AR : TW_CH_GEMM_RS, 8, fields);
+}
+
 tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_reduce,
                        tw_stream_t stream) {
   tw_status_t st = tw_comm_check(comm);
@@ -317,6 +340,7 @@ tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_re
   st = tw_set_device(comm->device, &prev);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
+  const tw_call_desc_t outer = describe_call(comm, a, plan, all_reduce);
   cudaStream_t launch_stream = NULL;
   st = tw_launch_begin(comm, stream, &launch_stream);
   if (st == TW_SUCCESS)
@@ -330,6 +354,7 @@ tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_re
              : run_fused<float>(comm, a, plan, all_reduce, launch_stream);
   if (st == TW_SUCCESS)
     st = tw_launch_end(comm, stream);
+  tw_call_end(comm, outer);
   cudaSetDevice(prev);
   return tw_comm_result(comm, st);
 }
@@ -344,7 +369,19 @@ static tw_status_t tw_gemm_rs_preload(void) {
 }
 
 /* tw_gemm_rs and tw_gemm_ar, registered with the runtime (runtime/registry.h). */
-static const tw_op_desc_t gemm_rs_registration = {"gemm_rs", tw_gemm_rs_preload};
+#define GEMM_RS_CALL_FIELDS                                                                        \
+  {                                                                                                \
+    "m", "n", "k", "partial bytes (args->partials)", "workspace (heap offset)",                    \
+        "out (heap offset)",                                                                       \
+        "path (bits: unfused, ll, direct, pull, owner_epi, interleave, ar_push, ar_peer_out, "     \
+        "ar_out_sym)",                                                                             \
+        "tiling (band | block_n << 16 | group_units << 32)"                                        \
+  }
+static const tw_call_fields_t gemm_rs_calls[] = {
+    {TW_CH_GEMM_RS, "tw_gemm_rs", GEMM_RS_CALL_FIELDS},
+    {TW_CH_GEMM_AR, "tw_gemm_ar", GEMM_RS_CALL_FIELDS}};
+#undef GEMM_RS_CALL_FIELDS
+static const tw_op_desc_t gemm_rs_registration = {"gemm_rs", tw_gemm_rs_preload, gemm_rs_calls, 2};
 TW_OP_REGISTER(gemm_rs, gemm_rs_registration);
 
 extern "C" tw_status_t tw_gemm_rs_args_init(tw_gemm_rs_args_t *args) {

@@ -39,6 +39,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t epoch = tw_op_begin(dc, ch);
   if (threadIdx.x == 0) {
     s_entered = 0;
+    s_entry_failed = 0;
     s_rs_epoch = epoch;
     s_ok = tw_kernel_enter(dc, ch, epoch);
   }
@@ -154,7 +155,6 @@ tw_status_t run_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_
    * their rows of it from every rank when they reduce. */
   const int pull = !plan.direct && plan.pull;
   p.gemm.epi.pull = pull;
-  p.gemm.wait.wait_all = plan.direct || pull;
   for (int s = 0; s < world; s++)
     p.slab[s] = pull ? (const P *)tw_heap_peer_ptr(comm, a.workspace, s) +
                            (size_t)rank * (size_t)m_local * (size_t)a.n

@@ -99,9 +99,13 @@ static_assert(kMaxWorld <= 32, "entry bits");
 
 /* Bit p: rank p entered this call (as seen by this CTA). Written by thread 0 only. */
 __shared__ uint32_t s_entered;
+/* Set by thread 0 when a wait for an entry failed (timeout, abort, a peer's call differs) before
+ * the loads of the tile it precedes: the epilogues then store and signal nothing (the stage's
+ * full barrier orders it before their reads). */
+__shared__ int s_entry_failed;
 
-/* Thread 0: waits until every rank in [o0, o1] entered call `epoch`. false: timed out or
- * aborted (recorded). */
+/* Thread 0: waits until every rank in [o0, o1] entered call `epoch`. false: timed out, aborted
+ * or a peer's call differs (recorded). */
 __device__ __forceinline__ bool wait_entered(const tw_dev_comm_t &dc, int ch, int o0, int o1,
                                              uint64_t epoch) {
   for (int o = o0; o <= o1; o++) {
@@ -109,6 +113,7 @@ __device__ __forceinline__ bool wait_entered(const tw_dev_comm_t &dc, int ch, in
       continue;
     if (!tw_wait_entry(dc, ch, o, epoch)) {
       s_entered = ~0u; /* recorded; the kernel finishes without waiting again */
+      s_entry_failed = 1;
       return false;
     }
     s_entered |= 1u << o;
@@ -116,7 +121,9 @@ __device__ __forceinline__ bool wait_entered(const tw_dev_comm_t &dc, int ch, in
   return true;
 }
 
-/* Before a tile's loads: its owners entered this call (their staging is free). */
+/* Before a CTA's first tile's loads: every rank entered this call (the owners' staging is free,
+ * and direct / pull: every rank's previous call is over), with the same call as this rank's
+ * (tw_wait_entry), so no tile is stored into a peer whose call differs. */
 struct RsWait : NoWait {
   struct Params {
     tw_dev_comm_t dc;
@@ -124,17 +131,10 @@ struct RsWait : NoWait {
     int32_t m_local;
     int32_t m;
     int32_t world;
-    int32_t wait_all; /* direct / pull: every rank's previous call must be over first */
-    int32_t pad;
   };
   __device__ __forceinline__ static void before_tile(const Params &p, int32_t mb, int32_t nb) {
     tw_trace_tile(p.dc.trace, TW_TR_CLAIMED, mb, nb);
-    const int32_t row0 = mb * kBlockM;
-    const int32_t last = min(row0 + kBlockM, p.m) - 1;
-    if (p.wait_all)
-      wait_entered(p.dc, p.ch, 0, p.world - 1, tw_op_begin(p.dc, p.ch));
-    else
-      wait_entered(p.dc, p.ch, row0 / p.m_local, last / p.m_local, tw_op_begin(p.dc, p.ch));
+    wait_entered(p.dc, p.ch, 0, p.world - 1, tw_op_begin(p.dc, p.ch));
   }
   __device__ static void mbar_stuck(const Params &p, int32_t code) {
     tw_pipeline_stall(p.dc, p.ch, code);
@@ -211,7 +211,7 @@ template <class P, bool kNoRowCopy = false> struct RsEpi {
   }
   __device__ __forceinline__ static void issue_box(const Params &p, const void *box, int32_t col,
                                                    int32_t row) {
-    if (row >= p.m || (TW_RS_DIAG & 4))
+    if (row >= p.m || (TW_RS_DIAG & 4) || s_entry_failed)
       return;
     if (p.pull) { /* owners read it from here when they reduce */
       tw::ptx::tma_store_2d(&p.slot_map[0], box, col, row);
@@ -257,7 +257,7 @@ template <class P, bool kNoRowCopy = false> struct RsEpi {
     __device__ __forceinline__ static void issue_box(const Params &p, const void *box, int32_t col,
                                                      int32_t row) {
       tw::ptx::tma_store_2d(&p.out_map, box, col, row - p.own_mb0 * kBlockM);
-      if (p.owner_ar)
+      if (p.owner_ar && !s_entry_failed)
         tw::ptx::tma_store_2d(&p.peer_map, box, col, row - p.own_mb0 * kBlockM);
     }
   };
@@ -326,6 +326,8 @@ template <class P, bool kNoRowCopy = false> struct RsEpi {
   }
   __device__ __forceinline__ static void signal(const Params &p, int32_t mb, int32_t nb) {
     tw_trace_tile(p.trace, TW_TR_DONE, mb, nb);
+    if (s_entry_failed)
+      return;
     if (p.owner_ar && mb >= p.own_mb0 && mb < p.own_mb0 + p.own_mbs) {
       /* an own tile of tw_gemm_ar: its reduced rows are at the peer (or here, for the pull) */
       const int32_t u = tw_rs_unit(mb - p.own_mb0, nb, p.own_mbs, p.n_blocks, p.band);

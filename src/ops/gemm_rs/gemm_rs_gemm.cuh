@@ -29,6 +29,7 @@ typedef struct tw_gemm_ll_epi {
   uint8_t *area[TW_MAX_WORLD];
   const uint64_t *ll_seq;
   uint64_t half_bytes, slot_bytes;
+  uint64_t digest; /* the call's (runtime/calldesc.h), in the words' flags */
   int32_t rank, m_local;
   int32_t reduce, ch;
   const struct tw_dev_comm *dc;
@@ -48,6 +49,7 @@ template <class Out> struct LlFill {
     for (int r = 0; r < TW_MAX_WORLD; r++)
       epi.area[r] = ll->area[r];
     epi.ll_seq = ll->ll_seq;
+    epi.digest = ll->digest;
     epi.half_bytes = ll->half_bytes;
     epi.slot_bytes = ll->slot_bytes;
     epi.rank = ll->rank;

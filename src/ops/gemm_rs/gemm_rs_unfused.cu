@@ -92,10 +92,7 @@ __global__ void __launch_bounds__(kUnfusedThreads)
           slot[0] = (uint64_t)(uintptr_t)p.out;
           slot[1] = (uint64_t)p.ldo;
         }
-    bool ok = tw_kernel_enter(dc, ch, epoch);
-    for (int s = 0; ok && s < world; s++)
-      if (s != rank)
-        ok = tw_wait_entry(dc, ch, s, epoch);
+    const bool ok = tw_kernel_enter(dc, ch, epoch) && tw_wait_entries(dc, ch, epoch);
     /* the destinations: every rank's out (peer outs, rows at their place in it), or p.dst[]
      * (rows from p.dst_row0 on, p.ld_dst apart) */
     if (ok && p.peer_out)
@@ -224,12 +221,17 @@ __global__ void __launch_bounds__(kUnfusedThreads)
   const int ch = p.ch, world = dc.world, rank = dc.rank;
   const uint64_t epoch = tw_op_begin(dc, ch);
   const uint64_t seq = tw_ll_next_seq(dc);
-  const uint32_t flag = tw_ll_flag(seq);
+  const uint2 flag = tw_ll_flags(seq, dc.call.digest);
   const uint64_t half = tw_ll_half(seq, p.half_bytes);
   bool ok = tw_op_usable(dc, ch);
   if (threadIdx.x == 0) {
     tw_trace_stamp(dc, TW_TR_START);
     tw_trace_channel(dc, ch);
+    if (blockIdx.x == 0 && ok) {
+      tw_call_publish(dc, ch);
+      tw_signal_current(dc, ch, epoch);
+      tw_ll_announce(dc, flag);
+    }
     if (blockIdx.x == 0 && ok)
       for (int q = 0; q < world; q++)
         if (q != rank && dc.peer_ctrl[q])
@@ -405,6 +407,7 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
       plan.ll && tw_gemm_swap_bn_upto((int)tw_env_int(TW_GEMM_SWAP_ID), a.m, swap_max_m) != 0;
   if (ll_epi) {
     ll.ll_seq = &comm->ctrl->ll_seq;
+    ll.digest = comm->dev.call.digest; /* the words' second flag (tw_ll_flags) */
     ll.half_bytes = tw_gemm_rs_ll_bytes(world, a.m, a.n, (int)sizeof(P), all_reduce) / 2;
     ll.m_local = (int32_t)(a.m / world);
     ll.slot_bytes = (uint64_t)ll.m_local * (uint64_t)a.n * sizeof(P) * 2;

@@ -88,7 +88,7 @@ __device__ __forceinline__ void sum_rank_order(float (&v)[W][V], int world) {
 template <class P>
 __device__ __forceinline__ bool ll_sum_item(const tw_dev_comm_t &dc, int ch, const uint8_t *mine,
                                             uint64_t slot_bytes, uint64_t item, uint64_t items,
-                                            uint32_t flag, const uint4 *own,
+                                            uint2 flag, const uint4 *own,
                                             float (&sum)[RsVec<P>::kE]) {
   float x[RsVec<P>::kE];
 #pragma unroll 1
