@@ -164,6 +164,10 @@ if want mps; then
     # the lent GPUs here)
     step "test_mp 8 procs (MPS)" 300 "$bin/test_mp" 8 20
     want python && step "pytest python (GPU + MPS)" 400 env TILEWIRE_LIB="$bin/libtilewire.so" TILEWIRE_BENCH="$bin/tw-bench" CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m pytest python/tests -q -rs --durations=15 -o faulthandler_timeout=150
+    # one rank's process SIGKILLed mid-call: the survivors' calls fail within a bound and their
+    # contexts stay usable. Last, as an MPS client killed mid-run is the step most likely to
+    # leave the daemon unwell for the steps after it.
+    step "test_mp kill 4 procs (MPS)" 200 "$bin/test_mp" kill 4
     echo quit | nvidia-cuda-mps-control >>"$log" 2>&1
   else
     summary+=("$(printf '%-34s %-14s' 'mps daemon' 'FAIL(start)')")

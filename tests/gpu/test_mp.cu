@@ -6,6 +6,10 @@
  * (with a GPU per rank, every other tw_ag_gemm call in the copy-engine mode); then 2 ranks
  * whose TW_RS_BAND differs, where tw_comm_init_rank must fail on both, naming the knob.
  * Usage: test_mp [world=4] [iterations=100].
+ *
+ * test_mp kill [world=4]: the last rank's process SIGKILLs itself mid-call (run_kill): the
+ * others' tw_gemm_ar must fail within a bound, with a message, the next call must fail at once,
+ * tw_comm_destroy must return and each survivor's CUDA context must stay usable.
  */
 #include <cuda_runtime.h>
 
@@ -244,11 +248,202 @@ static int run_mismatch(tw_unique_id_t id, int rank, int world, int device) {
   return 1;
 }
 
-/* Forks `world` ranks running fn and waits for them (killed after 240 s). */
-static void run_ranks(int world, int ngpus, int (*fn)(tw_unique_id_t, int, int, int, void *),
-                      void *arg) {
+/* ---- kill: a rank's process dies mid-call ---------------------------------------------------
+ * Every rank bounds its device waits at kKillWaitMs (tw_config.wait_timeout_ms). After warm-up
+ * tw_gemm_ar calls and a barrier, the last rank (the victim) SIGKILLs itself where it would make
+ * the next tw_gemm_ar, which the others (the survivors) make: their kernels wait for a rank that
+ * is gone. Per survivor: the call fails (TW_ERR_DEVICE_TIMEOUT where its own wait expired,
+ * TW_ERR_ABORTED where a peer's abort ended it first) with a message, within a bound; the next
+ * call fails at once; tw_comm_destroy returns; and the process's CUDA context stays usable
+ * (the kernels give up and return; they do not trap). An alarm per step turns a hang into a
+ * failure that names the step. */
+enum { kKillWaitMs = 2000, kKillWarmups = 3, kKillBoundS = 180 };
+/* The failed call: 10 wait bounds + 20 s (one bound is what it should take: a survivor's waits
+ * after the first expired one end at once on the abort word). */
+static const double kKillFailS = 10.0 * kKillWaitMs / 1000.0 + 20.0;
+/* The next call: under one wait bound, which a call that waited for the dead rank again takes. */
+static const double kKillNextS = kKillWaitMs / 1000.0;
+static const double kKillDestroyS = 10.0;
+
+static char kill_hang_msg[200];
+static volatile sig_atomic_t kill_hang_len;
+
+static void kill_on_alarm(int sig) {
+  (void)sig;
+  const ssize_t w = write(STDERR_FILENO, kill_hang_msg, (size_t)kill_hang_len);
+  (void)w;
+  _exit(3);
+}
+
+/* Arms the rank's alarm for its next step: if `what` has not finished within bound_s seconds,
+ * the rank says so on stderr and exits 3. The bounds of a rank's steps add up to less than
+ * kKillBoundS, so the rank names its hang before the parent kills it. */
+static void kill_guard(int rank, const char *what, unsigned bound_s) {
+  alarm(0);
+  const int n =
+      snprintf(kill_hang_msg, sizeof(kill_hang_msg),
+               "FAIL rank %d: %s did not finish within %u s: a hang\n", rank, what, bound_s);
+  kill_hang_len = n < 0 ? 0 : n < (int)sizeof(kill_hang_msg) ? n : (int)sizeof(kill_hang_msg) - 1;
+  alarm(bound_s);
+}
+
+/* The test's operands (m above the decode sizes, so the fused kernel runs, on one GPU or
+ * several), then kKillWarmups calls and a barrier, each of which must succeed. Returns the
+ * number of failed checks. */
+static int kill_warm_up(tw_comm_t comm, int rank, int world, tw_gemm_rs_args_t *args,
+                        cudaStream_t stream) {
+  const int failed0 = tw_test_failed;
+  const int64_t m = 256 * (int64_t)world, n = 256, k = 512;
+  size_t ws_bytes = 0;
+  void *ws = NULL, *a = NULL, *b = NULL, *out = NULL;
+  TEST_TW_OK(tw_gemm_rs_workspace_size(comm, m, n, &ws_bytes));
+  TEST_TW_OK(tw_mem_alloc(comm, ws_bytes, &ws));
+  TEST_ASSERT(cudaMalloc(&a, (size_t)m * k * 2) == cudaSuccess &&
+                  cudaMalloc(&b, (size_t)n * k * 2) == cudaSuccess &&
+                  cudaMalloc(&out, (size_t)m * n * 2) == cudaSuccess,
+              "rank %d: cudaMalloc of the operands", rank);
+  if (tw_test_failed > failed0)
+    return tw_test_failed - failed0;
+  args->a = a, args->b = b, args->out = out, args->workspace = ws;
+  args->m = m, args->n = n, args->k = k;
+  for (int i = 0; i < kKillWarmups; i++) {
+    tw_test_fill_bf16(a, (size_t)m * k, (uint64_t)i * 131 + rank, (tw_stream_t)stream);
+    tw_test_fill_bf16(b, (size_t)n * k, (uint64_t)i * 137 + rank, (tw_stream_t)stream);
+    TEST_TW_OK(tw_gemm_ar(comm, args, (tw_stream_t)stream));
+    const cudaError_t ce = cudaStreamSynchronize(stream);
+    tw_status_t async = TW_SUCCESS;
+    TEST_TW_OK(tw_comm_async_error(comm, &async));
+    TEST_ASSERT(ce == cudaSuccess && async == TW_SUCCESS, "rank %d: warm-up call %d: %s / %s", rank,
+                i, cudaGetErrorString(ce), tw_comm_last_error(comm));
+  }
+  TEST_TW_OK(tw_barrier(comm, (tw_stream_t)stream));
+  TEST_ASSERT(cudaStreamSynchronize(stream) == cudaSuccess, "rank %d: the barrier", rank);
+  return tw_test_failed - failed0;
+}
+
+/* One tw_gemm_ar and the synchronisation of its stream. Returns what the call reports: its own
+ * status where it failed, else tw_comm_async_error's; *ce: the synchronisation's result,
+ * *secs: the time from the call to there. */
+static tw_status_t kill_call(tw_comm_t comm, const tw_gemm_rs_args_t *args, cudaStream_t stream,
+                             cudaError_t *ce, double *secs) {
+  const double t0 = tw_test_now();
+  tw_status_t st = tw_gemm_ar(comm, args, (tw_stream_t)stream);
+  *ce = st == TW_SUCCESS ? cudaStreamSynchronize(stream) : cudaSuccess;
+  tw_status_t async = TW_SUCCESS;
+  if (st == TW_SUCCESS && tw_comm_async_error(comm, &async) == TW_SUCCESS)
+    st = async;
+  *secs = tw_test_now() - t0;
+  return st;
+}
+
+/* A survivor, once the victim is gone: the call that waits for it, the next call, then
+ * tw_comm_destroy (comm is gone after it). */
+static void kill_survive(tw_comm_t comm, int rank, int victim, const tw_gemm_rs_args_t *args,
+                         cudaStream_t stream) {
+  cudaError_t ce;
+  double secs;
+  kill_guard(rank, "tw_gemm_ar with a dead rank", (unsigned)kKillFailS + 10);
+  const tw_status_t st = kill_call(comm, args, stream, &ce, &secs);
+  char msg[512];
+  snprintf(msg, sizeof(msg), "%s", tw_comm_last_error(comm));
+  TEST_ASSERT(st == TW_ERR_DEVICE_TIMEOUT || st == TW_ERR_ABORTED,
+              "rank %d: tw_gemm_ar with rank %d dead: %s (%s)", rank, victim, tw_status_string(st),
+              msg);
+  TEST_ASSERT(msg[0] != '\0', "rank %d: %s came with an empty message", rank, tw_status_string(st));
+  TEST_ASSERT(ce == cudaSuccess, "rank %d: the call's stream failed: %s (a kernel trapped?)", rank,
+              cudaGetErrorString(ce));
+  TEST_ASSERT(secs < kKillFailS, "rank %d: the call failed only after %.1f s (bound %.0f s)", rank,
+              secs, kKillFailS);
+  printf("rank %d: tw_gemm_ar with rank %d dead: %s after %.2f s: %s\n", rank, victim,
+         tw_status_string(st), secs, msg);
+
+  kill_guard(rank, "the tw_gemm_ar after the failed one", 15);
+  const tw_status_t next = kill_call(comm, args, stream, &ce, &secs);
+  TEST_ASSERT(next != TW_SUCCESS, "rank %d: the call after the failed one succeeded", rank);
+  TEST_ASSERT(ce == cudaSuccess, "rank %d: the next call's stream failed: %s", rank,
+              cudaGetErrorString(ce));
+  TEST_ASSERT(secs < kKillNextS, "rank %d: the next call failed only after %.2f s (bound %.1f s)",
+              rank, secs, kKillNextS);
+  printf("rank %d: the next tw_gemm_ar: %s after %.3f s\n", rank, tw_status_string(next), secs);
+
+  kill_guard(rank, "tw_comm_destroy with a dead rank", (unsigned)kKillDestroyS + 10);
+  const double t0 = tw_test_now();
+  const tw_status_t destroyed = tw_comm_destroy(comm);
+  secs = tw_test_now() - t0;
+  TEST_ASSERT(secs < kKillDestroyS, "rank %d: tw_comm_destroy returned only after %.1f s", rank,
+              secs);
+  printf("rank %d: tw_comm_destroy: %s after %.3f s\n", rank, tw_status_string(destroyed), secs);
+}
+
+/* The process's CUDA context after the failure: memory can be allocated, set and read back. */
+static void kill_check_context(int rank) {
+  const size_t bytes = 1u << 20;
+  void *p = NULL;
+  unsigned char last = 0;
+  cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaSuccess)
+    e = cudaMemset(p, 0x5a, bytes);
+  if (e == cudaSuccess)
+    e = cudaDeviceSynchronize();
+  if (e == cudaSuccess)
+    e = cudaMemcpy(&last, (char *)p + bytes - 1, 1, cudaMemcpyDeviceToHost);
+  TEST_ASSERT(e == cudaSuccess && last == 0x5a,
+              "rank %d: the CUDA context after the failure: %s (read back %#x)", rank,
+              cudaGetErrorString(e), last);
+  if (p)
+    cudaFree(p);
+}
+
+static int run_kill(tw_unique_id_t id, int rank, int world, int device) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* the lines before an alarm's _exit reach a log file */
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = kill_on_alarm;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGALRM, &sa, NULL);
+  const int failed0 = tw_test_failed, victim = world - 1;
+  kill_guard(rank, "tw_comm_init_rank and the warm-up calls", 60);
+  setenv("TW_WAIT_TRAP", "0", 1); /* an expired wait returns (a trap would end the context) */
+  TEST_REQUIRE(cudaSetDevice(device) == cudaSuccess, "rank %d: cudaSetDevice(%d)", rank, device);
+  tw_config_t cfg = TW_CONFIG_INIT;
+  cfg.wait_timeout_ms = kKillWaitMs;
+  tw_comm_t comm = NULL;
+  const tw_status_t st = tw_comm_init_rank(&comm, world, id, rank, &cfg);
+  TEST_REQUIRE(st == TW_SUCCESS, "rank %d: init: %s: %s", rank, tw_status_string(st),
+               tw_last_error());
+  cudaStream_t stream;
+  TEST_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess,
+               "rank %d: stream", rank);
+  tw_gemm_rs_args_t args = TW_GEMM_RS_ARGS_INIT;
+  if (kill_warm_up(comm, rank, world, &args, stream))
+    return 1;
+  if (rank == victim) {
+    printf("rank %d (pid %d): warm-up done; killing itself instead of the next tw_gemm_ar\n", rank,
+           (int)getpid());
+    fflush(NULL);
+    raise(SIGKILL);
+    return 1; /* not reached */
+  }
+  kill_survive(comm, rank, victim, &args, stream);
+  kill_guard(rank, "the CUDA context check", 15);
+  kill_check_context(rank);
+  cudaFree((void *)args.a), cudaFree((void *)args.b), cudaFree(args.out);
+  cudaStreamDestroy(stream);
+  alarm(0);
+  const int failed = tw_test_failed > failed0;
+  printf("rank %d (pid %d): survived rank %d's death: %s\n", rank, (int)getpid(), victim,
+         failed ? "FAILED" : "ok");
+  return failed;
+}
+
+typedef int (*rank_fn_t)(tw_unique_id_t id, int rank, int world, int device, void *arg);
+
+/* Forks `world` ranks running fn and waits for them, killing any still running after bound_s
+ * seconds; st[r] is rank r's wait status. Returns how many were killed. */
+static int fork_ranks(int world, int ngpus, rank_fn_t fn, void *arg, double bound_s, int *st) {
   tw_unique_id_t id;
   TEST_TW_OK(tw_get_unique_id(&id));
+  fflush(NULL); /* a child must not print the parent's buffered lines again */
   pid_t pids[TW_MAX_WORLD];
   for (int r = 0; r < world; r++) {
     pids[r] = fork();
@@ -258,8 +453,13 @@ static void run_ranks(int world, int ngpus, int (*fn)(tw_unique_id_t, int, int, 
       _exit(rc);
     }
   }
+  return tw_test_wait_children(pids, world, bound_s, st, "rank");
+}
+
+/* Forks `world` ranks running fn; every one must exit 0 within 240 s. */
+static void run_ranks(int world, int ngpus, rank_fn_t fn, void *arg) {
   int st[TW_MAX_WORLD];
-  const int killed = tw_test_wait_children(pids, world, 240, st, "rank");
+  const int killed = fork_ranks(world, ngpus, fn, arg, 240, st);
   TEST_ASSERT(killed == 0, "%d rank(s) did not finish within 240 s: killed", killed);
   for (int r = 0; r < world; r++)
     TEST_ASSERT(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "rank %d exited with status %d", r,
@@ -280,11 +480,40 @@ static int mismatch_rank(tw_unique_id_t id, int rank, int world, int device, voi
   return run_mismatch(id, rank, world, device);
 }
 
+static int kill_rank(tw_unique_id_t id, int rank, int world, int device, void *arg) {
+  (void)arg;
+  return run_kill(id, rank, world, device);
+}
+
+/* test_mp kill: the victim (the last rank) must die by its SIGKILL, every survivor exit 0. */
+static void run_kill_ranks(int world, int ngpus) {
+  int st[TW_MAX_WORLD];
+  const int killed = fork_ranks(world, ngpus, kill_rank, NULL, kKillBoundS, st);
+  TEST_ASSERT(killed == 0, "%d rank(s) did not finish within %d s: killed", killed, kKillBoundS);
+  const int victim = world - 1;
+  TEST_ASSERT(WIFSIGNALED(st[victim]) && WTERMSIG(st[victim]) == SIGKILL,
+              "the victim, rank %d, did not die by SIGKILL: exit code %d, signal %d", victim,
+              WIFEXITED(st[victim]) ? WEXITSTATUS(st[victim]) : -1,
+              WIFSIGNALED(st[victim]) ? WTERMSIG(st[victim]) : 0);
+  for (int r = 0; r < victim; r++)
+    TEST_ASSERT(
+        WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "survivor rank %d: exit code %d, signal %d", r,
+        WIFEXITED(st[r]) ? WEXITSTATUS(st[r]) : -1, WIFSIGNALED(st[r]) ? WTERMSIG(st[r]) : 0);
+}
+
 int main(int argc, char **argv) {
   setenv("CUDA_MODULE_LOADING", "EAGER",
          0); /* the ranks' own kernels: see tw_test_require_hopper */
+  const int kill_mode = argc > 1 && strcmp(argv[1], "kill") == 0;
+  if (kill_mode)
+    argc--, argv++;
   int world = argc > 1 ? atoi(argv[1]) : 4;
   int iters = argc > 2 ? atoi(argv[2]) : 100;
+  if (kill_mode && (world < 2 || world > TW_MAX_WORLD)) {
+    fprintf(stderr, "test_mp kill: world %d; expected 2..%d (a victim and a survivor)\n", world,
+            TW_MAX_WORLD);
+    return 1;
+  }
   /* Probe the GPU in a child: CUDA must not be initialised in the parent before fork. */
   pid_t probe = fork();
   if (probe == 0) {
@@ -303,6 +532,10 @@ int main(int argc, char **argv) {
            "scripts/gpu-suite.sh does, or set TW_TEST_ALLOW_NO_MPS=1)\n",
            world, ngpus);
     return 77;
+  }
+  if (kill_mode) {
+    run_kill_ranks(world, ngpus);
+    return tw_test_finish();
   }
   main_args_t args = {iters, world <= ngpus};
   run_ranks(world, ngpus, main_rank, &args);
