@@ -36,6 +36,19 @@ tw_status_t tw_comm_check(const struct tw_comm *comm) {
   return TW_SUCCESS;
 }
 
+tw_status_t tw_comm_check_call(const struct tw_comm *comm) {
+  tw_status_t st = tw_comm_check(comm);
+  if (st != TW_SUCCESS)
+    return st;
+  const uint32_t code = comm->err_host ? comm->err_host->status : 0;
+  if (code != TW_SUCCESS)
+    return tw_fail((tw_status_t)code,
+                   "comm: unusable since an earlier call failed on the device (%s); "
+                   "tw_comm_async_error tells what happened; destroy the comm",
+                   tw_status_string((tw_status_t)code));
+  return TW_SUCCESS;
+}
+
 /* Copies the caller's (possibly older, shorter) config over the defaults and
  * resolves zeros from the environment. */
 static tw_status_t resolve_config(const tw_config_t *user, tw_config_t *out) {

@@ -85,6 +85,10 @@ tw_status_t tw_comm_result(struct tw_comm *comm, tw_status_t st);
 
 /* Argument check for a public entry point taking a comm. */
 tw_status_t tw_comm_check(const struct tw_comm *comm);
+/* tw_comm_check, then for a collective call: the comm's kernels recorded no failure (after one the
+ * comm is unusable; the call fails with the recorded status at once instead of enqueuing a
+ * kernel that would give up at its start). */
+tw_status_t tw_comm_check_call(const struct tw_comm *comm);
 
 /* The symmetric heap as the ops see it: this rank's pointers (runtime/heap.h). */
 

@@ -15,7 +15,8 @@
  * Then a rank that never calls (tw_gemm_rs fused, tw_ag_gemm, tw_allgather): the others report
  * TW_ERR_DEVICE_TIMEOUT (or TW_ERR_ABORTED) after the wait bound, naming it as the rank that had
  * not entered the call, and every stream completes. Last, a comm made after all of these runs a
- * good call without an error.
+ * good call without an error. After a failure a comm's next call fails at once on the host with
+ * the recorded status.
  */
 #include <cuda_runtime.h>
 
@@ -253,6 +254,12 @@ static void run_allgather(const char *what, size_t bytes, size_t bytes_odd, int 
     snprintf(b, sizeof(b), "bytes = %zu", bytes_odd);
     const char *needles[] = {"tw_allgather", a, b};
     expect_mismatch(&w, t0, what, needles, 3);
+    /* the comm is unusable: the next call fails on the host, with the recorded status */
+    for (int r = 0; r < kWorld; r++)
+      TEST_TW_FAILS(tw_allgather(w.comms[r], send[r], recv[r],
+                                 r == 1 && bytes_odd ? bytes_odd : bytes,
+                                 (tw_stream_t)w.streams[r]),
+                    TW_ERR_MISMATCH, "unusable since an earlier call failed");
     /* the peers' slots of recv: the low-latency path copies only the words it checked */
     for (int r = 0; r < kWorld; r++)
       for (int s = 0; s < kWorld; s++)

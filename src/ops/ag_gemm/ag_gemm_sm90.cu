@@ -617,7 +617,7 @@ static tw_call_desc_t describe_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
 
 extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
                                   tw_stream_t stream) {
-  tw_status_t st = tw_comm_check(comm);
+  tw_status_t st = tw_comm_check_call(comm);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
   tw_ag_gemm_args_t a;

@@ -238,7 +238,7 @@ extern "C" tw_status_t tw_ag_make_plan(tw_comm_t comm, const void *send, void *r
 
 extern "C" tw_status_t tw_allgather(tw_comm_t comm, const void *send, void *recv, size_t bytes,
                                     tw_stream_t stream) {
-  tw_status_t st = tw_comm_check(comm);
+  tw_status_t st = tw_comm_check_call(comm);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
   tw_ag_plan_t plan;
@@ -293,7 +293,7 @@ extern "C" tw_status_t tw_allgather(tw_comm_t comm, const void *send, void *recv
 }
 
 extern "C" tw_status_t tw_barrier(tw_comm_t comm, tw_stream_t stream) {
-  tw_status_t st = tw_comm_check(comm);
+  tw_status_t st = tw_comm_check_call(comm);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
   for (int p = 0; p < comm->world; p++)

@@ -328,7 +328,7 @@ tw_call_desc_t describe_call(tw_comm_t comm, const tw_gemm_rs_args_t &a,
 
 tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_reduce,
                        tw_stream_t stream) {
-  tw_status_t st = tw_comm_check(comm);
+  tw_status_t st = tw_comm_check_call(comm);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
   tw_gemm_rs_args_t a;
