@@ -4,7 +4,8 @@
  * bootstrap, the fd exchange of the symmetric heap and the allgather across
  * processes, and tw_ag_gemm, tw_gemm_rs and tw_gemm_ar against their unfused pipelines, bitwise
  * (with a GPU per rank, every other tw_ag_gemm call in the copy-engine mode); then 2 ranks
- * whose TW_RS_BAND differs, where tw_comm_init_rank must fail on both, naming the knob.
+ * whose TW_RS_BAND differs, where tw_comm_init_rank must fail on both, naming the knob; then 3
+ * ranks whose tw_gemm_rs calls differ in n, which every rank must report as TW_ERR_MISMATCH.
  * Usage: test_mp [world=4] [iterations=100].
  *
  * test_mp kill [world=4]: the last rank's process SIGKILLs itself mid-call (run_kill): the
@@ -438,6 +439,56 @@ static int run_kill(tw_unique_id_t id, int rank, int world, int device) {
 
 typedef int (*rank_fn_t)(tw_unique_id_t id, int rank, int world, int device, void *arg);
 
+/* Ranks in processes of their own that disagree on a call (rank 1 passes another n to
+ * tw_gemm_rs): every rank's kernels end, well within the wait bound, with TW_ERR_MISMATCH naming
+ * both values, the peer's description read through the heap mapping of another process. */
+static int run_call_mismatch(tw_unique_id_t id, int rank, int world, int device) {
+  if (cudaSetDevice(device) != cudaSuccess)
+    return 1;
+  tw_config_t cfg = TW_CONFIG_INIT;
+  cfg.wait_timeout_ms = 4000;
+  tw_comm_t comm = NULL;
+  if (tw_comm_init_rank(&comm, world, id, rank, &cfg) != TW_SUCCESS) {
+    fprintf(stderr, "rank %d: init: %s\n", rank, tw_last_error());
+    return 1;
+  }
+  const int64_t m = 256 * (int64_t)world, n = rank == 1 ? 128 : 256, k = 512;
+  size_t ws_bytes = 0;
+  void *ws = NULL, *a = NULL, *b = NULL, *out = NULL;
+  int failures = tw_gemm_rs_workspace_size(comm, m, 256, &ws_bytes) != TW_SUCCESS ||
+                 tw_mem_alloc(comm, ws_bytes, &ws) != TW_SUCCESS;
+  cudaMalloc(&a, (size_t)(m * k * 2));
+  cudaMalloc(&b, (size_t)(256 * k * 2));
+  cudaMalloc(&out, (size_t)(m * 256 * 2));
+  tw_test_fill_bf16(a, (size_t)(m * k), 1 + rank, NULL);
+  tw_test_fill_bf16(b, (size_t)(256 * k), 7 + rank, NULL);
+  cudaDeviceSynchronize();
+  tw_gemm_rs_args_t args = TW_GEMM_RS_ARGS_INIT;
+  args.a = a, args.b = b, args.out = out, args.workspace = ws, args.m = m, args.n = n, args.k = k;
+  const double t0 = tw_test_now();
+  if (!failures && tw_gemm_rs(comm, &args, NULL) != TW_SUCCESS) {
+    fprintf(stderr, "rank %d: tw_gemm_rs refused: %s\n", rank, tw_comm_last_error(comm));
+    failures++;
+  }
+  const cudaError_t e = cudaDeviceSynchronize();
+  const double waited = tw_test_now() - t0;
+  tw_status_t async = TW_SUCCESS;
+  tw_comm_async_error(comm, &async);
+  const char *msg = tw_comm_last_error(comm);
+  if (e != cudaSuccess || async != TW_ERR_MISMATCH || !strstr(msg, "n = 256") ||
+      !strstr(msg, "n = 128") || waited > 2.0) {
+    fprintf(stderr, "rank %d: after %.2f s: sync %s, async %s: %s\n", rank, waited,
+            cudaGetErrorString(e), tw_status_string(async), msg);
+    failures++;
+  } else {
+    printf("rank %d: mismatch named after %.3f s: %s\n", rank, waited, msg);
+  }
+  cudaFree(a), cudaFree(b), cudaFree(out);
+  tw_mem_free(comm, ws);
+  tw_comm_destroy(comm);
+  return failures ? 1 : 0;
+}
+
 /* Forks `world` ranks running fn and waits for them, killing any still running after bound_s
  * seconds; st[r] is rank r's wait status. Returns how many were killed. */
 static int fork_ranks(int world, int ngpus, rank_fn_t fn, void *arg, double bound_s, int *st) {
@@ -473,6 +524,11 @@ typedef struct {
 static int main_rank(tw_unique_id_t id, int rank, int world, int device, void *arg) {
   const main_args_t *a = (const main_args_t *)arg;
   return run_rank(id, rank, world, a->iters, device, a->own_gpu);
+}
+
+static int call_mismatch_rank(tw_unique_id_t id, int rank, int world, int device, void *arg) {
+  (void)arg;
+  return run_call_mismatch(id, rank, world, device);
 }
 
 static int mismatch_rank(tw_unique_id_t id, int rank, int world, int device, void *arg) {
@@ -540,5 +596,6 @@ int main(int argc, char **argv) {
   main_args_t args = {iters, world <= ngpus};
   run_ranks(world, ngpus, main_rank, &args);
   run_ranks(2, ngpus, mismatch_rank, NULL);
+  run_ranks(world < 3 ? world : 3, ngpus, call_mismatch_rank, NULL);
   return tw_test_finish();
 }
