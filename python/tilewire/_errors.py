@@ -25,6 +25,7 @@ class Status(enum.IntEnum):
     ERR_NOT_SUPPORTED = 10
     ERR_INTERNAL = 11
     ERR_ABORTED = 12
+    ERR_MISMATCH = 13
 
     @property
     def c_name(self):
@@ -105,6 +106,11 @@ class AbortedError(TilewireError):
     """TW_ERR_ABORTED: a kernel gave up because another rank's wait timed out."""
 
 
+class MismatchError(TilewireError):
+    """TW_ERR_MISMATCH: ranks disagree on a collective call (op, shapes, dtypes or plan); the
+    message names the op, the ranks and the first differing field. The comm is unusable."""
+
+
 ERROR_CLASSES = {
     Status.ERR_INVALID_ARGUMENT: InvalidArgumentError,
     Status.ERR_NO_DEVICE: NoDeviceError,
@@ -118,6 +124,7 @@ ERROR_CLASSES = {
     Status.ERR_NOT_SUPPORTED: NotSupportedError,
     Status.ERR_INTERNAL: InternalError,
     Status.ERR_ABORTED: AbortedError,
+    Status.ERR_MISMATCH: MismatchError,
 }
 
 
