@@ -107,8 +107,8 @@ class AbortedError(TilewireError):
 
 
 class MismatchError(TilewireError):
-    """TW_ERR_MISMATCH: the ranks disagree on a collective call; the message names the op, the
-    ranks and the first field that differs. The comm is unusable."""
+    """TW_ERR_MISMATCH: ranks disagree on a collective call (op, shapes, dtypes or plan); the
+    message names the op, the ranks and the first differing field. The comm is unusable."""
 
 
 ERROR_CLASSES = {
