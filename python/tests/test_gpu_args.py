@@ -679,3 +679,32 @@ def test_gemm_reduce_refusals(op, world):
         cases.drop_symmetric()
     finally:
         close_all(comms)
+
+
+def test_ranks_that_disagree_raise_mismatch_error():
+    """Two virtual ranks whose gemm_rs calls differ in N (each valid on its own): the kernels end
+    without writing into a peer and each comm's async_error() is a MismatchError carrying the
+    library's message, which names the op and both values; the next call on the comm raises it
+    at once, on the host."""
+    world, m, k = 2, 256, 256
+    comms = tilewire.init_virtual(world)
+    try:
+        ws = [tilewire.gemm_rs_workspace(c, m, 256) for c in comms]
+        a = [torch.randn(m, k, device="cuda", dtype=bf16) for _ in range(world)]
+        b = [torch.randn(256 if r == 0 else 128, k, device="cuda", dtype=bf16)
+             for r in range(world)]
+        tilewire.for_each_rank(comms, lambda c: tilewire.gemm_rs(c, a[c.rank], b[c.rank],
+                                                                 ws[c.rank]))
+        torch.cuda.synchronize()
+        for c in comms:
+            err = c.async_error()
+            assert isinstance(err, tilewire.MismatchError), err
+            assert isinstance(err, tilewire.TilewireError)
+            assert "tw_gemm_rs" in str(err) and "n = 256" in str(err) and "n = 128" in str(err)
+        with pytest.raises(tilewire.MismatchError) as info:
+            tilewire.gemm_rs(comms[0], a[0], b[0], ws[0])
+        assert "unusable since an earlier call failed" in str(info.value)
+        del info  # its traceback holds the workspace, which must go before the comms close
+        ws.clear()
+    finally:
+        close_all(comms)
