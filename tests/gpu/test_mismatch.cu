@@ -11,7 +11,9 @@
  *     tw_gemm_ar with another n;
  *   - rank 1 calling tw_gemm_ar while its peers call tw_gemm_rs (the message names both ops);
  *   - tw_allgather (the SM push and the low-latency path) with other bytes on rank 1;
- *   - tw_ag_gemm with another a_gathered on rank 2.
+ *   - tw_ag_gemm with another a_gathered on rank 2;
+ *   - tw_gemm_rs with another n on rank 1, each rank's call captured into a CUDA graph (the
+ *     description rides in the captured kernels' parameters).
  * Then a rank that never calls (tw_gemm_rs fused, tw_ag_gemm, tw_allgather): the others report
  * TW_ERR_DEVICE_TIMEOUT (or TW_ERR_ABORTED) after the wait bound, naming it as the rank that had
  * not entered the call, and every stream completes. Last, a comm made after all of these runs a
@@ -138,6 +140,7 @@ typedef struct {
   int odd;
   int64_t m_odd, n_odd;
   int other_ws, other_op, absent;
+  int graph; /* each rank's call captured into a CUDA graph, then the graphs launched */
 } rs_case_t;
 
 static void run_rs(const rs_case_t *c) {
@@ -176,6 +179,18 @@ static void run_rs(const rs_case_t *c) {
     cudaSetDevice(w.devices[r]);
     TEST_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "inputs");
   }
+  cudaGraphExec_t graphs[kWorld] = {NULL};
+  for (int r = 0; c->graph && r < kWorld; r++) {
+    cudaSetDevice(w.devices[r]);
+    cudaGraph_t g = NULL;
+    TEST_REQUIRE(cudaStreamBeginCapture(w.streams[r], cudaStreamCaptureModeThreadLocal) ==
+                     cudaSuccess,
+                 "begin capture");
+    TEST_TW_OK(tw_gemm_rs(w.comms[r], &args[r], (tw_stream_t)w.streams[r]));
+    TEST_REQUIRE(cudaStreamEndCapture(w.streams[r], &g) == cudaSuccess, "end capture");
+    TEST_REQUIRE(cudaGraphInstantiate(&graphs[r], g, 0) == cudaSuccess, "instantiate");
+    cudaGraphDestroy(g);
+  }
   const double t0 = tw_test_now();
   for (int r = 0; r < kWorld; r++) {
     if (r == c->absent)
@@ -183,7 +198,10 @@ static void run_rs(const rs_case_t *c) {
     cudaSetDevice(w.devices[r]);
     const int ar = c->all_reduce ^ (r == c->odd && c->other_op);
     const tw_stream_t s = (tw_stream_t)w.streams[r];
-    TEST_TW_OK(ar ? tw_gemm_ar(w.comms[r], &args[r], s) : tw_gemm_rs(w.comms[r], &args[r], s));
+    if (c->graph)
+      TEST_REQUIRE(cudaGraphLaunch(graphs[r], w.streams[r]) == cudaSuccess, "graph launch");
+    else
+      TEST_TW_OK(ar ? tw_gemm_ar(w.comms[r], &args[r], s) : tw_gemm_rs(w.comms[r], &args[r], s));
   }
   if (c->absent >= 0) {
     expect_absent(&w, c->absent, world_sync(&w, t0, c->what), c->what);
@@ -215,6 +233,8 @@ static void run_rs(const rs_case_t *c) {
       expect_poison(args[r].out, out_bytes, c->what, r);
   }
   for (int r = 0; r < kWorld; r++) {
+    if (graphs[r])
+      cudaGraphExecDestroy(graphs[r]);
     cudaFree((void *)args[r].a), cudaFree((void *)args[r].b), cudaFree(args[r].out);
     tw_mem_free(w.comms[r], ws[r]);
     tw_mem_free(w.comms[r], ws2[r]);
@@ -341,6 +361,8 @@ int main(void) {
        -1},
       {"rank 1 calls tw_gemm_ar, its peers tw_gemm_rs", 0, 768, 512, 512, 1, 0, 0, 0, 1, -1},
       {"tw_gemm_rs, rank 2 never calls", 0, 768, 512, 512, -1, 0, 0, 0, 0, 2},
+      {"tw_gemm_rs from CUDA graphs, rank 1 with another n", 0, 768, 512, 512, 1, 0, 256, 0, 0, -1,
+       1},
   };
   for (size_t i = 0; i < sizeof(rs_cases) / sizeof(rs_cases[0]); i++)
     run_rs(&rs_cases[i]);
