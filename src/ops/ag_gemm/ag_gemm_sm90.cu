@@ -323,12 +323,11 @@ static tw_status_t tw_ag_gemm_preload(void) {
 }
 
 /* tw_ag_gemm, registered with the runtime (runtime/registry.h). */
-/* What tw_ag_gemm's calls must have alike (call_fields sets them), on either channel. */
+/* What tw_ag_gemm's calls must have alike (describe_call sets them), on either channel. */
 #define AG_GEMM_CALL_FIELDS                                                                        \
   {                                                                                                \
-    "m_local", "n", "k", "c_dtype", "a_gathered (heap offset)",                                    \
-        "route (0 the SM push, 1 peer reads, 2 the copy engine)", "rows_per_chunk",                \
-        "write_through"                                                                            \
+    "m_local", "k", "a_gathered (heap offset)",                                                    \
+        "route (0 the SM push, 1 peer reads, 2 the copy engine)", "rows_per_chunk"                 \
   }
 static const tw_call_fields_t ag_gemm_calls[] = {
     {TW_CH_AG_GEMM, "tw_ag_gemm", AG_GEMM_CALL_FIELDS},
@@ -604,15 +603,13 @@ static tw_status_t gathered_gemm(tw_comm_t comm, const tw_ag_gemm_args_t &a, con
 static tw_call_desc_t describe_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
                                     const tw_ag_gemm_plan_t &plan, int ch) {
   const uint64_t route = ch == TW_CH_AG_GEMM_CE ? 2 : plan.peer_read ? 1 : 0;
-  const uint64_t fields[] = {(uint64_t)a.m_local,
-                             (uint64_t)a.n,
-                             (uint64_t)a.k,
-                             (uint64_t)a.c_dtype,
-                             tw_call_heap_field(comm, a.a_gathered),
-                             route,
-                             (uint64_t)plan.rows_per_chunk,
-                             (uint64_t)(plan.peer_read ? plan.peer_gather : 0)};
-  return tw_call_begin(comm, ch, 8, fields);
+  const uint64_t fields[] = {(uint64_t)a.m_local, (uint64_t)a.k,
+                             tw_call_heap_field(comm, a.a_gathered), route,
+                             (uint64_t)plan.rows_per_chunk};
+  /* What only this rank's side of the product shapes stays out: n and c_dtype (B and C are the
+   * rank's own) and the write-through gather (plan.peer_gather: this rank's own slots; it
+   * follows args->no_gathered_out). Where they change the exchange, route says so. */
+  return tw_call_begin(comm, ch, 5, fields);
 }
 
 extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,

@@ -315,15 +315,16 @@ tw_call_desc_t describe_call(tw_comm_t comm, const tw_gemm_rs_args_t &a,
                         (uint64_t)plan.ar_out_sym << 8;
   const uint64_t tiling = (uint64_t)(uint16_t)plan.band | (uint64_t)(uint16_t)plan.block_n << 16 |
                           (uint64_t)(uint32_t)plan.group_units << 32;
+  /* k stays out: the partials are m x n whatever each rank's share of K; where it changes the
+   * plan's exchange, path and tiling say so. */
   const uint64_t fields[] = {(uint64_t)a.m,
                              (uint64_t)a.n,
-                             (uint64_t)a.k,
                              (uint64_t)partial_bytes(a),
                              tw_call_heap_field(comm, a.workspace),
                              plan.ar_out_sym ? tw_call_heap_field(comm, a.out) : 0,
                              path,
                              tiling};
-  return tw_call_begin(comm, all_reduce ? TW_CH_GEMM_AR : TW_CH_GEMM_RS, 8, fields);
+  return tw_call_begin(comm, all_reduce ? TW_CH_GEMM_AR : TW_CH_GEMM_RS, 7, fields);
 }
 
 tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_reduce,
@@ -371,8 +372,7 @@ static tw_status_t tw_gemm_rs_preload(void) {
 /* tw_gemm_rs and tw_gemm_ar, registered with the runtime (runtime/registry.h). */
 #define GEMM_RS_CALL_FIELDS                                                                        \
   {                                                                                                \
-    "m", "n", "k", "partial bytes (args->partials)", "workspace (heap offset)",                    \
-        "out (heap offset)",                                                                       \
+    "m", "n", "partial bytes (args->partials)", "workspace (heap offset)", "out (heap offset)",    \
         "path (bits: unfused, ll, direct, pull, owner_epi, interleave, ar_push, ar_peer_out, "     \
         "ar_out_sym)",                                                                             \
         "tiling (band | block_n << 16 | group_units << 32)"                                        \
