@@ -626,8 +626,9 @@ void tw_err_block_format(const volatile tw_err_block_t *e, int wait_timeout_ms, 
            "(TW_WAIT_TIMEOUT_MS). The comm is unusable: destroy it.",
            tw_status_string((tw_status_t)code), e->rank, channel_name(e->op), e->block, e->what,
            (unsigned long long)e->flag_addr,
-           e->flag_offset < sizeof(tw_ctrl_t) ? "control-block"
-                                              : "beyond the control block (a low-latency word):",
+           e->flag_offset < sizeof(tw_ctrl_t)
+               ? "control-block"
+               : "outside the control block (a low-latency word, or the command FIFO's tail):",
            (unsigned long long)e->flag_offset, (unsigned long long)e->expected,
            (unsigned long long)e->seen, peer, wait_timeout_ms);
 }
