@@ -55,7 +55,9 @@ typedef enum tw_status {
   TW_ERR_NOT_SUPPORTED = 10,     /* valid request this build or configuration cannot serve */
   TW_ERR_INTERNAL = 11,          /* a bug in tilewire: please report the message */
   TW_ERR_ABORTED = 12,           /* a kernel gave up because another rank's wait timed out */
-  TW_ERR_MISMATCH = 13           /* ranks disagree on a collective call: the comm is unusable */
+  TW_ERR_MISMATCH = 13,          /* ranks disagree on a collective call: the comm is unusable */
+  TW_ERR_NETWORK = 14            /* an RDMA transfer to a rank on another node failed, or the
+                                    rank stopped answering: the comm is unusable */
 } tw_status_t;
 
 /* A constant string naming the status. Never NULL. */
@@ -66,6 +68,13 @@ TW_API const char *tw_last_error(void);
 
 /* TW_VERSION_CODE of the loaded library. */
 TW_API int tw_version(void);
+
+/* What the inter-node transport finds on this host, as text (the first line says which
+ * rdma-core was loaded, and from where; one line per RDMA device follows: its name, kind (RC or
+ * EFA SRD) and port state). TW_ERR_NOT_SUPPORTED, with the reason in buf, where rdma-core
+ * cannot be loaded or libtilewire was built without its headers: ranks on other nodes then
+ * cannot be reached, ranks of one node still work. */
+TW_API tw_status_t tw_transport_info(char *buf, size_t len);
 
 typedef struct tw_comm *tw_comm_t;
 

@@ -13,4 +13,10 @@ fi
 # python -m tilewire.bench finds this build's tw-bench
 bench=$(dirname "$lib")/tw-bench
 [ -x "$bench" ] && [ -z "${TILEWIRE_BENCH:-}" ] && export TILEWIRE_BENCH="$bench"
+# comms of virtual nodes reach each other through the verbs test double, where it was built
+double=$(dirname "$lib")/tests/verbs_double/libtw_verbs_double.so
+if [ -f "$double" ] && [ -z "${TW_IBVERBS_LIB:-}" ]; then
+  export TW_IBVERBS_LIB="$double" TW_EFADV_LIB="$double"
+  export TW_VD_FABRIC="${TMPDIR:-/tmp}/tw-pytest-fabric-$$"
+fi
 TILEWIRE_LIB=$lib exec "$python" -m pytest python/tests -q "$@"

@@ -67,6 +67,14 @@ static void print_build(void) {
   printf("  NCCL baselines  tw-bench loads libnccl.so.2 at run time (TW_NCCL_LIB)\n");
 }
 
+/* rdma-core and the RDMA devices: what ranks on other nodes would go through. */
+static void print_transport(void) {
+  char text[4096];
+  const tw_status_t st = tw_transport_info(text, sizeof(text));
+  printf("inter-node transport (TW_NET=%s): %s%s\n", getenv("TW_NET") ? getenv("TW_NET") : "auto",
+         text, st == TW_SUCCESS ? "" : " (ranks of one node are unaffected)");
+}
+
 /* Never fails the program: a machine without a driver or a GPU is a valid answer. */
 static void print_devices(void) {
   int driver = 0, runtime = 0;
@@ -233,6 +241,7 @@ int main(int argc, char **argv) {
 
   print_build();
   print_devices();
+  print_transport();
   if (print_env() != 0) {
     fprintf(stderr, "tw-info: reading the knob table failed: %s\n", tw_last_error());
     return 1;

@@ -28,6 +28,7 @@ from ._errors import (
     InternalError,
     InvalidArgumentError,
     MismatchError,
+    NetworkError,
     NoDeviceError,
     NotSupportedError,
     OutOfMemoryError,
@@ -49,6 +50,7 @@ from ._lib import (
     env_knobs,
     library_path,
 )
+from ._lib import transport_info
 from ._lib import version as library_version
 
 # The header's version: include/tilewire.h TW_VERSION_*, which _lib mirrors (python/tests check
@@ -75,6 +77,7 @@ _TORCH_NAMES = (
 __all__ = [
     "AbortedError",
     "MismatchError",
+    "NetworkError",
     "AgGemmArgs",
     "BootstrapTimeoutError",
     "Comm",
@@ -103,6 +106,7 @@ __all__ = [
     "init_virtual",
     "library_path",
     "library_version",
+    "transport_info",
     *_TORCH_NAMES,
 ]
 

@@ -26,6 +26,7 @@ class Status(enum.IntEnum):
     ERR_INTERNAL = 11
     ERR_ABORTED = 12
     ERR_MISMATCH = 13
+    ERR_NETWORK = 14
 
     @property
     def c_name(self):
@@ -111,6 +112,11 @@ class MismatchError(TilewireError):
     message names the op, the ranks and the first differing field. The comm is unusable."""
 
 
+class NetworkError(TilewireError):
+    """TW_ERR_NETWORK: an RDMA transfer to a rank on another node failed, or that rank stopped
+    answering; the message names the rank and the NIC. The comm is unusable."""
+
+
 ERROR_CLASSES = {
     Status.ERR_INVALID_ARGUMENT: InvalidArgumentError,
     Status.ERR_NO_DEVICE: NoDeviceError,
@@ -125,6 +131,7 @@ ERROR_CLASSES = {
     Status.ERR_INTERNAL: InternalError,
     Status.ERR_ABORTED: AbortedError,
     Status.ERR_MISMATCH: MismatchError,
+    Status.ERR_NETWORK: NetworkError,
 }
 
 

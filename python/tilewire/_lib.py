@@ -252,6 +252,7 @@ FUNCTIONS = {
     "tw_status_string": (ctypes.c_char_p, [c_enum]),
     "tw_last_error": (ctypes.c_char_p, []),
     "tw_version": (ctypes.c_int, []),
+    "tw_transport_info": (c_enum, [ctypes.c_char_p, ctypes.c_size_t]),
     "tw_config_init": (c_enum, [_P(Config)]),
     # comm lifetime
     "tw_get_unique_id": (c_enum, [_P(UniqueId)]),
@@ -470,6 +471,15 @@ def call(name, *args, comm=None):
 def version():
     """TW_VERSION_CODE of the loaded library (MAJOR*10000 + MINOR*100 + PATCH)."""
     return int(function("tw_version")())
+
+
+def transport_info():
+    """What the inter-node transport finds on this host (tw_transport_info): rdma-core's version
+    and the RDMA devices, one line each; where rdma-core is missing, the reason (ranks of one
+    node are unaffected)."""
+    buf = ctypes.create_string_buffer(8192)
+    function("tw_transport_info")(buf, ctypes.sizeof(buf))
+    return buf.value.decode("utf-8", "replace")
 
 
 # Each versioned struct's C initialiser (fills it as its _INIT macro does).

@@ -38,6 +38,22 @@ TW_ENV(TW_HEAP_BYTES, size, "64G", USER, 0,
 TW_ENV(TW_BOOTSTRAP_ADDR, str, "", USER, 0,
        "IPv4 address the bootstrap root listens on and writes into the unique id; empty picks the "
        "first non-loopback interface, else 127.0.0.1.")
+TW_ENV(TW_NET, str, "auto", USER, 0,
+       "The transport to ranks on other nodes: auto (efa where this rank finds an EFA device, else "
+       "ib), ib (libibverbs RC: ConnectX, RoCE or InfiniBand), efa (SRD through efadv), or none "
+       "(a comm with ranks on other nodes then fails tw_comm_init). Unused within one node. Rail "
+       "peers must end up on one backend, or tw_comm_init fails naming both.")
+TW_ENV(TW_NET_DEVICES, str, "", USER, 0,
+       "Comma-separated RDMA device names this rank may use (e.g. mlx5_0,mlx5_3); empty picks by "
+       "PCIe distance to the rank's GPU, then by local rank.")
+TW_ENV(TW_NET_QPS, int, "2", USER, 1,
+       "Queue pairs per peer on other nodes (1 to 8); a flag's writes always take the one QP its "
+       "index maps to, so they land in order.")
+TW_ENV(TW_IBVERBS_LIB, str, "libibverbs.so.1", USER, 0,
+       "The libibverbs the inter-node backends load (a name dlopen searches, or a path).")
+TW_ENV(TW_EFADV_LIB, str, "libefa.so.1", USER, 0,
+       "The libefa (efadv) the efa backend loads (a name dlopen searches, or a path); where the "
+       "library TW_IBVERBS_LIB names carries efadv itself, that one is used.")
 TW_ENV(TW_AG_CHUNK_BYTES, size, "0", DEV, 1,
        "AllGather chunk size in bytes (each chunk has its own flag); 0 lets the heuristic choose.")
 TW_ENV(

@@ -22,6 +22,7 @@ const char *tw_status_string(tw_status_t status) {
   case TW_ERR_INTERNAL: return "TW_ERR_INTERNAL: internal error";
   case TW_ERR_ABORTED: return "TW_ERR_ABORTED: kernel aborted after another rank's timeout";
   case TW_ERR_MISMATCH: return "TW_ERR_MISMATCH: ranks disagree on a collective call";
+  case TW_ERR_NETWORK: return "TW_ERR_NETWORK: an RDMA transfer failed or a peer stopped answering";
   }
   return "TW_ERR_UNKNOWN: unknown status code";
 }

@@ -55,4 +55,11 @@ static __device__ __forceinline__ uint64_t tw_fifo_post(const tw_fifo_dev_t &f,
   return ticket;
 }
 
+/* One thread: waits, bounded, until every command up to `ticket` has finished (the proxy's
+ * done count passed it); false on timeout or abort (recorded under channel op). */
+static __device__ __forceinline__ bool
+tw_fifo_wait_done(const tw_fifo_dev_t &f, const tw_dev_comm_t &dc, int op, uint64_t ticket) {
+  return tw_wait_geq(dc, op, f.done, ticket + 1, dc.rank, -3);
+}
+
 #endif

@@ -590,12 +590,13 @@ static __device__ __forceinline__ bool tw_wait_entry(const tw_dev_comm_t &dc, in
   return true;
 }
 
-/* One thread: tw_wait_entry for every peer; with it before a CTA's first write into any peer,
- * no rank writes into a peer when any two ranks' calls differ. */
+/* One thread: tw_wait_entry for every peer of this node (ranks on other nodes signal their
+ * entry through the inter-node transport: device/net.cuh); with it before a CTA's first write
+ * into any peer, no rank writes into a peer when any two ranks' calls differ. */
 static __device__ __forceinline__ bool tw_wait_entries(const tw_dev_comm_t &dc, int ch,
                                                        uint64_t epoch) {
   for (int q = 0; q < dc.world; q++)
-    if (q != dc.rank && !tw_wait_entry(dc, ch, q, epoch))
+    if (q != dc.rank && dc.peer_ctrl[q] && !tw_wait_entry(dc, ch, q, epoch))
       return false;
   return true;
 }

@@ -1,6 +1,7 @@
 /* Comm lifetime, queries, errors and the public symmetric-heap calls. */
 #include "runtime/comm.h"
 #include "runtime/calldesc.h"
+#include "runtime/comm_net.h"
 #include "runtime/trace.h"
 #include "runtime/watchdog.h"
 
@@ -153,6 +154,8 @@ void tw_assign_nodes(tw_comm_t comm, const uint64_t *host_of, int ranks_per_node
     comm->local_rank = r % ranks_per_node;
     int first = comm->node * ranks_per_node;
     comm->local_size = (first + ranks_per_node <= world) ? ranks_per_node : world - first;
+    for (int i = 0; i < world; i++)
+      comm->node_of[i] = i / ranks_per_node;
     return;
   }
   /* Nodes numbered by first appearance of each host. */
@@ -170,6 +173,7 @@ void tw_assign_nodes(tw_comm_t comm, const uint64_t *host_of, int ranks_per_node
   }
   comm->node = node_of[r];
   comm->nodes = nodes;
+  memcpy(comm->node_of, node_of, sizeof(node_of));
   comm->local_rank = 0;
   comm->local_size = 0;
   for (int i = 0; i < world; i++) {
@@ -284,6 +288,7 @@ fail:
 }
 
 static void release_rank(tw_comm_t comm) {
+  tw_comm_net_fini(comm);
   if (comm->trace_live) {
     tw_watchdog_remove(comm);
     cudaFreeHost(comm->trace_live);
@@ -420,6 +425,7 @@ tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
     comms[r]->one_process = 1;
   }
   TW_CHECK(tw_make_launch_streams(comms, world));
+  TW_CHECK(tw_comm_net_init(comms, world));
   if (comms[0]->ranks_on_device > 8 && !getenv("CUDA_DEVICE_MAX_CONNECTIONS"))
     TW_WARN("%d ranks share GPU %d: set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts, or "
             "ranks' kernels may share a hardware queue and wait on each other until the timeout",
@@ -517,6 +523,7 @@ tw_status_t tw_comm_init_rank(tw_comm_t *out, int world, tw_unique_id_t id, int 
   TW_CHECK(tw_ops_preload());
   TW_CHECK(tw_heap_group_init(g, cfg.heap_bytes));
   TW_CHECK(setup_rank(c));
+  TW_CHECK(tw_comm_net_init(&c, 1));
   /* No rank may signal a peer before that peer zeroed its control block. */
   TW_CHECK(tw_bootstrap_barrier(g->bs));
   *out = c;
@@ -547,6 +554,7 @@ tw_status_t tw_comm_destroy(tw_comm_t comm) {
     cudaDeviceSynchronize();
     cudaSetDevice(prev);
   }
+  tw_comm_net_fini(comm); /* the proxy stops, the NICs let go of the memory, before it goes */
   pthread_mutex_lock(&g->mu);
   tw_heap_free_all_locked(comm->group, comm->rank);
   g->local[comm->rank] = NULL;
@@ -645,7 +653,9 @@ tw_status_t tw_comm_async_error(tw_comm_t comm, tw_status_t *async_status) {
   if (code == TW_SUCCESS)
     return TW_SUCCESS;
   __sync_synchronize();
-  if (code == TW_ERR_MISMATCH)
+  if (code == TW_ERR_NETWORK)
+    snprintf(comm->last_error, sizeof(comm->last_error), "%s", tw_comm_net_error(comm));
+  else if (code == TW_ERR_MISMATCH)
     tw_call_format_mismatch(comm, e, comm->last_error, sizeof(comm->last_error));
   else {
     tw_err_block_format(e, comm->config.wait_timeout_ms, comm->last_error,
@@ -672,6 +682,16 @@ tw_status_t tw_mem_alloc(tw_comm_t comm, size_t bytes, void **ptr) {
   pthread_mutex_lock(&comm->group->mu);
   st = comm_alloc_locked(comm, bytes, ptr);
   pthread_mutex_unlock(&comm->group->mu);
+  if (st == TW_SUCCESS) {
+    st = tw_comm_net_alloc(comm, *ptr, bytes);
+    if (st != TW_SUCCESS) {
+      tw_comm_net_free(comm, *ptr);
+      pthread_mutex_lock(&comm->group->mu);
+      tw_heap_free_locked(comm->group, comm->rank, *ptr);
+      pthread_mutex_unlock(&comm->group->mu);
+      *ptr = NULL;
+    }
+  }
   cudaSetDevice(prev);
   return tw_comm_result(comm, st);
 }
@@ -688,6 +708,7 @@ tw_status_t tw_mem_free(tw_comm_t comm, void *ptr) {
                       "ptr: %p is the comm's %s, not a tw_mem_alloc "
                       "allocation",
                       ptr, ptr == (void *)comm->ctrl ? "control block" : "low-latency area"));
+  tw_comm_net_free(comm, ptr); /* nothing where ptr is no allocation's start */
   pthread_mutex_lock(&comm->group->mu);
   st = tw_heap_free_locked(comm->group, comm->rank, ptr);
   pthread_mutex_unlock(&comm->group->mu);

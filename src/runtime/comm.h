@@ -29,6 +29,9 @@ struct tw_comm {
   tw_group_t *group;
   int rank, world, device;
   int local_rank, local_size, node, nodes;
+  int node_of[TW_MAX_WORLD]; /* every rank's node */
+  /* The inter-node transport (runtime/comm_net.h): FIFO, backend and proxy; NULL in one node. */
+  struct tw_comm_net *net;
   int sm_count;        /* SMs of the device */
   int ranks_on_device; /* ranks sharing this GPU, this one included */
   /* 1 where two ranks of the comm (on this host) share a GPU: the same on every rank, unlike
@@ -95,6 +98,10 @@ tw_status_t tw_comm_check_call(const struct tw_comm *comm);
 /* Peer p's address for a pointer inside this rank's heap, or NULL if p's memory is
  * not mapped here. */
 static inline void *tw_heap_peer_ptr(const struct tw_comm *comm, const void *local_ptr, int peer) {
+  /* a rank on another node is reached through the inter-node transport only, also where it is
+   * mapped here (virtual nodes of one host) */
+  if (peer >= 0 && peer < comm->world && comm->node_of[peer] != comm->node)
+    return NULL;
   return tw_heap_peer_addr(comm->group, comm->rank, local_ptr, peer);
 }
 

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "tilewire.h"
+#include "transport/fifo.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -83,7 +84,16 @@ typedef struct tw_ctrl {
   /* local: this rank's current (or last) call on each channel, whole, stored by its kernel at
    * entry: on a mismatch every rank's host reads its own and the peer's to name the field. */
   tw_call_desc_t call[TW_NUM_CHANNELS];
+  /* net_flags[i]: the flag words ranks on other nodes set after their RDMA writes into this
+   * rank land (transport/net.h: the ib backend's flag writes target them; the efa backend keeps
+   * its flags in host memory instead, tw_dev_comm_t.net_flags). */
+  uint64_t net_flags[TW_NUM_CHANNELS][TW_NET_CH_FLAGS];
 } tw_ctrl_t;
+#ifdef __cplusplus
+static_assert(TW_NET_FLAGS == TW_NUM_CHANNELS * TW_NET_CH_FLAGS, "net flags per channel");
+#else
+_Static_assert(TW_NET_FLAGS == TW_NUM_CHANNELS * TW_NET_CH_FLAGS, "net flags per channel");
+#endif
 
 /* Written by the first kernel wait that fails; host-mapped pinned memory so
  * the host can read it even after the kernel died. `status` is written last. */
@@ -106,6 +116,19 @@ typedef struct tw_err_block {
 /* TW_ERR_MISMATCH: peer = the rank whose call differs, expected / seen = this rank's / its
  * digest, op = the channel of this rank's call. */
 
+/* Where the ranks sit across nodes, for the ops' rail paths (device/rail.cuh; filled by
+ * tw_comm_rail, runtime/comm_net.h): nodes of local_size ranks each; a rank's rail peers are
+ * the ranks of its local index on the other nodes. */
+#define TW_RAIL_MAX_NODES 16
+#define TW_RAIL_MAX_CHUNKS 120 /* per rank: net flags (node, chunk) of a channel */
+typedef struct tw_rail {
+  int32_t nodes, node, local, local_size;
+  int16_t rail[TW_RAIL_MAX_NODES];  /* node n's rank of this rank's local index */
+  int16_t local_rank[TW_MAX_WORLD]; /* this node's ranks by local index */
+  int8_t node_of[TW_MAX_WORLD];     /* every rank's node */
+  int8_t local_of[TW_MAX_WORLD];    /* every rank's local index */
+} tw_rail_t;
+
 /* Everything a kernel needs to signal and wait, passed by value. */
 typedef struct tw_dev_comm {
   int32_t rank;
@@ -117,6 +140,10 @@ typedef struct tw_dev_comm {
   tw_ctrl_t *ctrl;                    /* this rank's control block */
   tw_ctrl_t *peer_ctrl[TW_MAX_WORLD]; /* peers' control blocks (NULL: not load/store reachable) */
   tw_err_block_t *err;                /* host-mapped */
+  /* The command FIFO to this rank's CPU proxy and the flag words peers on other nodes set
+   * (ctrl->net_flags, or host memory mapped for the device); zero inside one node. */
+  tw_fifo_dev_t fifo;
+  uint64_t *net_flags;
   uint64_t
       *trace; /* TW_TRACE=1: [TW_TRACE_CTAS + 1][TW_TRACE_FIELDS], in device memory, or
                  in host-mapped memory with TW_WATCHDOG_S (read while kernels run); else NULL */

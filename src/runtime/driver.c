@@ -50,6 +50,7 @@ static void resolve_all(void) {
   RESOLVE(cuMemExportToShareableHandle);
   RESOLVE(cuMemImportFromShareableHandle);
   RESOLVE(cuMemGetAddressRange);
+  RESOLVE(cuMemGetHandleForAddressRange);
   RESOLVE(cuStreamWaitValue64);
   RESOLVE(cuStreamWriteValue64);
   RESOLVE(cuTensorMapEncodeTiled);

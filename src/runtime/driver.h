@@ -31,6 +31,8 @@ typedef struct tw_driver_api {
   CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *,
                                              CUmemAllocationHandleType);
   CUresult (*cuMemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
+  CUresult (*cuMemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, CUmemRangeHandleType,
+                                            unsigned long long);
   CUresult (*cuStreamWaitValue64)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
   CUresult (*cuStreamWriteValue64)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
   CUresult (*cuTensorMapEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,

@@ -57,6 +57,8 @@ typedef struct tw_group {
   tw_free_range_t free_ranges[TW_MAX_FREE_RANGES];
   int nfree;
   tw_alloc_t *allocs;
+  /* allocations whose remote keys the inter-node transport still gathers (runtime/comm_net.c) */
+  struct tw_net_pending *net_pending;
 } tw_group_t;
 
 /* Rank r's address of heap offset `offset`. */

@@ -16,13 +16,15 @@ tw_status_t tw_fifo_create(tw_fifo_t *f, uint64_t slots) {
   memset(f, 0, sizeof(*f));
   const size_t ring = (size_t)slots * sizeof(tw_fifo_cmd_t);
   void *host = NULL;
-  tw_status_t st = tw_cuda_check(cudaHostAlloc(&host, ring + 64, cudaHostAllocMapped),
+  /* the slots, then tail and done on cache lines of their own */
+  tw_status_t st = tw_cuda_check(cudaHostAlloc(&host, ring + 128, cudaHostAllocMapped),
                                  "cudaHostAlloc(command FIFO)");
   if (st != TW_SUCCESS)
     return st;
-  memset(host, 0, ring + 64);
+  memset(host, 0, ring + 128);
   f->slots = (tw_fifo_cmd_t *)host;
   f->tail = (uint64_t *)((char *)host + ring);
+  f->done = (uint64_t *)((char *)host + ring + 64);
   f->nslots = slots;
   void *dev_host = NULL;
   st = tw_cuda_check(cudaHostGetDevicePointer(&dev_host, host, 0), "cudaHostGetDevicePointer");
@@ -38,6 +40,7 @@ tw_status_t tw_fifo_create(tw_fifo_t *f, uint64_t slots) {
   }
   f->dev.slots = (tw_fifo_cmd_t *)dev_host;
   f->dev.tail = (const uint64_t *)((char *)dev_host + ring);
+  f->dev.done = (const uint64_t *)((char *)dev_host + ring + 64);
   f->dev.head = (uint64_t *)f->device_words;
   f->dev.tail_seen = (uint64_t *)f->device_words + 1;
   f->dev.slots_mask = slots - 1;

@@ -2,7 +2,7 @@
  * The command FIFO from a rank's kernels to its CPU proxy (the inter-node path's first half).
  *
  * Kernels post fixed-size commands (an RDMA write of `bytes` from a local heap offset to a peer's
- * remote heap offset, then a flag or a tile id) into a ring in pinned, device-mapped host
+ * remote heap offset, then a flag) into a ring in pinned, device-mapped host
  * memory; the proxy thread polls the ring in ticket order and hands each command to its
  * backend. The protocol, for any number of posting threads:
  *
@@ -22,6 +22,11 @@
  * never repeats for a slot (it is the ticket + 1), so a stale slot is never taken for a new one.
  * Backpressure is the bounded wait in post: a proxy that stops polling makes posters fail with
  * the comm's async error, never hang.
+ *
+ * Completion: the proxy also publishes `done`, the count of tickets below which every command
+ * has finished (its bytes were read by the NIC and placed at the peer). A kernel that must not
+ * end while its writes still read its memory waits for done > its last ticket
+ * (tw_fifo_wait_done).
  */
 #ifndef TW_TRANSPORT_FIFO_H
 #define TW_TRANSPORT_FIFO_H
@@ -35,6 +40,11 @@
 extern "C" {
 #endif
 
+/* Flag words per rank that peers on other nodes set (transport/net.h): TW_NET_CH_FLAGS for each
+ * of the 9 channels (runtime/devcomm.h). */
+#define TW_NET_CH_FLAGS 2048
+#define TW_NET_FLAGS (9 * TW_NET_CH_FLAGS)
+
 /* What a command asks of the proxy. */
 enum {
   TW_FIFO_OP_WRITE = 1,      /* bytes from local_off to the peer's remote_off, then the flag */
@@ -42,8 +52,7 @@ enum {
   TW_FIFO_OP_TEST_ECHO = 100 /* tests: the proxy only records the command */
 };
 
-/* One command: 64 bytes, one slot. Offsets are into the symmetric heap (the same on every rank);
- * flag_off 0: no flag. */
+/* One command: 64 bytes, one slot. Offsets are into the symmetric heap (the same on every rank). */
 typedef struct tw_fifo_cmd {
   uint64_t seq; /* ticket + 1 once the command is complete; written last */
   uint32_t op;
@@ -51,7 +60,7 @@ typedef struct tw_fifo_cmd {
   uint64_t local_off;
   uint64_t remote_off;
   uint64_t bytes;
-  uint64_t flag_off;
+  uint64_t flag_off; /* 1 + the index of the peer's flag word to set after the data, 0: none */
   uint64_t flag_value;
   uint64_t tag; /* the poster's: a tile id, or a test's check value */
 } tw_fifo_cmd_t;
@@ -60,6 +69,7 @@ typedef struct tw_fifo_cmd {
 typedef struct tw_fifo_dev {
   tw_fifo_cmd_t *slots; /* host memory, mapped for the device */
   const uint64_t *tail; /* host memory, mapped: commands the proxy has taken */
+  const uint64_t *done; /* host memory, mapped: tickets below it have finished */
   uint64_t *head;       /* device memory: tickets handed out */
   uint64_t *tail_seen;  /* device memory: the largest tail a poster read (fewer PCIe reads) */
   uint64_t slots_mask;  /* slots - 1 (slots a power of 2) */
@@ -69,6 +79,7 @@ typedef struct tw_fifo_dev {
 typedef struct tw_fifo {
   tw_fifo_cmd_t *slots; /* host memory */
   uint64_t *tail;       /* host memory */
+  uint64_t *done;       /* host memory (NULL: not published) */
   uint64_t taken;       /* the proxy's own count of commands taken (tail's value) */
   uint64_t nslots;
   void *device_words; /* head and tail_seen, device memory */

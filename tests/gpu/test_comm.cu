@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <string.h>
+#include <unistd.h>
 
 #include "tw_test.h"
 
@@ -24,6 +25,18 @@ static void test_queries(void) {
   tw_comm_t comms[6];
   tw_config_t cfg = TW_CONFIG_INIT;
   cfg.ranks_per_node = 4; /* virtual nodes {0..3}, {4, 5} */
+#ifdef TW_VERBS_DOUBLE
+  /* ranks on other nodes need the inter-node transport: the verbs test double's NICs */
+  setenv("TW_IBVERBS_LIB", TW_VERBS_DOUBLE, 1);
+  setenv("TW_EFADV_LIB", TW_VERBS_DOUBLE, 1);
+  setenv("TW_VD_NICS", "mlx5:4", 1);
+  char fabric[64];
+  snprintf(fabric, sizeof(fabric), "/tmp/tw-test-comm-%d", (int)getpid());
+  setenv("TW_VD_FABRIC", fabric, 1);
+#else
+  TEST_TW_FAILS(tw_comm_init_all(comms, 6, devices, &cfg), TW_ERR_NOT_SUPPORTED, "rdma-core");
+  return;
+#endif
   TEST_TW_OK(tw_comm_init_all(comms, 6, devices, &cfg));
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);

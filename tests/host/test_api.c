@@ -14,7 +14,7 @@
 #include "tw_test.h"
 
 static void test_status_strings(void) {
-  for (int s = 0; s <= TW_ERR_MISMATCH; s++) {
+  for (int s = 0; s <= TW_ERR_NETWORK; s++) {
     const char *text = tw_status_string((tw_status_t)s);
     TEST_ASSERT(text && strncmp(text, "TW_", 3) == 0, "status %d -> %s", s, text ? text : "NULL");
   }

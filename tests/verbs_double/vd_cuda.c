@@ -99,7 +99,15 @@ int vd_cuda_classify(const void *addr) {
   return ordinal;
 }
 
-/* The engine's context and stream for a device, created on first use. 0 or -1. */
+/* One copy stream per device for the whole process, shared by every engine thread (copies on it
+ * are made one at a time, under g_copy_lock): each stream takes one of the GPU's hardware work
+ * queues (CUDA_DEVICE_MAX_CONNECTIONS, at most 32), and a copy whose stream shares a queue with a
+ * persistent kernel that waits for the copy would never run. One stream per NIC instance (8
+ * ranks x 4 NICs) ran out of queues. */
+static CUstream g_stream[VD_CU_MAX_DEV];
+static pthread_mutex_t g_copy_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The engine's context and the process's stream for a device, created on first use. 0 or -1. */
 static int cu_engine_stream(struct vd_ctx *c, int dev, CUstream *out) {
   if (!c->cu) {
     c->cu = calloc(1, sizeof(*c->cu));
@@ -118,7 +126,11 @@ static int cu_engine_stream(struct vd_ctx *c, int dev, CUstream *out) {
       r = g_cu.ctx_set(e->ctx[dev]);
     if (r == CUDA_SUCCESS) {
       e->current = e->ctx[dev];
-      r = g_cu.stream_create(&e->stream[dev], CU_STREAM_NON_BLOCKING);
+      vd_lock(&g_copy_lock);
+      if (!g_stream[dev])
+        r = g_cu.stream_create(&g_stream[dev], CU_STREAM_NON_BLOCKING);
+      e->stream[dev] = g_stream[dev];
+      pthread_mutex_unlock(&g_copy_lock);
     }
     if (r != CUDA_SUCCESS) {
       fprintf(stderr, "tw-verbs-double: CUDA setup for device %d failed (CUresult %d)\n", dev,
@@ -149,9 +161,11 @@ int vd_copy(struct vd_ctx *c, void *dst, int dst_dev, const void *src, int src_d
   CUstream s;
   if (cu_engine_stream(c, dst_dev >= 0 ? dst_dev : src_dev, &s) != 0)
     return -1;
+  vd_lock(&g_copy_lock);
   CUresult r = g_cu.memcpy_async((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n, s);
   if (r == CUDA_SUCCESS)
     r = g_cu.stream_sync(s);
+  pthread_mutex_unlock(&g_copy_lock);
   if (r != CUDA_SUCCESS) {
     fprintf(stderr, "tw-verbs-double: cuMemcpyAsync(%p <- %p, %zu) failed (CUresult %d)\n", dst,
             src, n, (int)r);
@@ -166,9 +180,7 @@ void vd_cuda_engine_free(struct vd_ctx *c) {
     return;
   for (int d = 0; d < VD_CU_MAX_DEV; d++) {
     if (!e->stream[d])
-      continue;
-    if (g_cu.ctx_set(e->ctx[d]) == CUDA_SUCCESS && g_cu.stream_destroy)
-      g_cu.stream_destroy(e->stream[d]);
+      continue; /* the stream is the process's: it lives as long as the library */
     CUdevice dev;
     if (g_cu.ctx_release && g_cu.dev_get(&dev, d) == CUDA_SUCCESS)
       g_cu.ctx_release(dev);
