@@ -150,7 +150,7 @@ if want gpu; then
   # the other GPU tests (tests/gpu; test_mp runs in the mps and multi steps)
   for src in tests/gpu/test_*.c*; do
     t=$(basename "${src%.*}")
-    case $t in test_comm | test_allgather | test_gemm | test_mp) continue ;; esac
+    case $t in test_comm | test_allgather | test_gemm | test_mp | test_mp_nodes) continue ;; esac
     [ -x "$bin/$t" ] && step "$t" 300 "$bin/$t"
   done
 fi
@@ -163,7 +163,9 @@ if want mps; then
     # world 8 with one process per rank, as on an 8-GPU node under torchrun (the ranks share
     # the lent GPUs here)
     step "test_mp 8 procs (MPS)" 300 "$bin/test_mp" 8 20
-    want python && step "pytest python (GPU + MPS)" 400 env TILEWIRE_LIB="$bin/libtilewire.so" TILEWIRE_BENCH="$bin/tw-bench" CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m pytest python/tests -q -rs --durations=15 -o faulthandler_timeout=150
+    # 2 virtual nodes x 2 processes: the rail path across processes over the verbs test double
+    [ -x "$bin/test_mp_nodes" ] && step "test_mp_nodes 4 procs (MPS)" 300 "$bin/test_mp_nodes" 20
+    want python && step "pytest python (GPU + MPS)" 400 env TILEWIRE_LIB="$bin/libtilewire.so" TILEWIRE_BENCH="$bin/tw-bench" TW_IBVERBS_LIB="$bin/tests/verbs_double/libtw_verbs_double.so" TW_VD_FABRIC=/tmp/tw-suite-pytest-fabric CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m pytest python/tests -q -rs --durations=15 -o faulthandler_timeout=150
     # one rank's process SIGKILLed mid-call: the survivors' calls fail within a bound and their
     # contexts stay usable. Last, as an MPS client killed mid-run is the step most likely to
     # leave the daemon unwell for the steps after it.
@@ -176,7 +178,7 @@ if want mps; then
 elif want python; then
   # `python` without `mps`: the GPU tests without an MPS daemon, whose multi-process cases
   # then skip
-  step "pytest python (GPU)" 400 env TILEWIRE_LIB="$bin/libtilewire.so" TILEWIRE_BENCH="$bin/tw-bench" CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m pytest python/tests -q -rs --durations=15 -o faulthandler_timeout=150
+  step "pytest python (GPU)" 400 env TILEWIRE_LIB="$bin/libtilewire.so" TILEWIRE_BENCH="$bin/tw-bench" TW_IBVERBS_LIB="$bin/tests/verbs_double/libtw_verbs_double.so" TW_VD_FABRIC=/tmp/tw-suite-pytest-fabric CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m pytest python/tests -q -rs --durations=15 -o faulthandler_timeout=150
 fi
 if want multi && [ "$ngpus" -gt 1 ]; then
   step "test_mp $ngpus procs, one per GPU" 300 "$bin/test_mp" "$ngpus" 100

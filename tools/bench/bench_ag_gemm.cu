@@ -381,8 +381,13 @@ static void ag_rows(ag_ctx *c, const bench_opts_t *o, const bench_shape_t *shape
     memset(row, 0, sizeof(*row));
     snprintf(row->op, sizeof(row->op), "ag_gemm");
     snprintf(row->variant, sizeof(row->variant), "%s", vs->v[v].name);
-    snprintf(row->shape, sizeof(row->shape), "M=%lld N=%lld/rank K=%lld w=%d sms=%d%s%s",
-             (long long)shape->m, (long long)c->n, (long long)c->k, world, rk->sm_budget,
+    int nodes = 1;
+    tw_comm_nodes(rk->comms[0], &nodes);
+    char layout[32] = ""; /* virtual nodes (TW_RANKS_PER_NODE): nodes x ranks per node */
+    if (nodes > 1)
+      snprintf(layout, sizeof(layout), " nodes=%dx%d", nodes, world / nodes);
+    snprintf(row->shape, sizeof(row->shape), "M=%lld N=%lld/rank K=%lld w=%d%s sms=%d%s%s",
+             (long long)shape->m, (long long)c->n, (long long)c->k, world, layout, rk->sm_budget,
              shape->label ? " " : "", shape->label ? shape->label : "");
     row->ms = ms[v], row->ms_p10 = p10[v], row->ms_p90 = p90[v];
     const int is_comm = v == kAllgather || (vs->i_nccl >= 0 && v == vs->i_nccl + 1);

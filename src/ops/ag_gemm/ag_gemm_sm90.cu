@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "device/copy.cuh"
+#include "device/rail.cuh"
 #include "device/signal.cuh"
 #include "gemm/gemm_heuristics.h"
 #include "gemm/gemm_launch.cuh"
@@ -29,6 +30,7 @@ extern "C" {
 #include "runtime/argcheck.h"
 #include "runtime/calldesc.h"
 #include "runtime/comm.h"
+#include "runtime/comm_net.h"
 #include "runtime/cuda_check.h"
 #include "runtime/driver.h"
 #include "runtime/registry.h"
@@ -76,6 +78,10 @@ struct AgWait : NoWait {
                               peer rows store their A boxes into a_gathered (the GEMM's a_map);
                               2: every tile of the row block stores its share of k-blocks */
     CUtensorMap peer_map[TW_AG_PEER_READ_MAX_WORLD]; /* peer s's a_gathered, [m_total, K] */
+    int32_t inter; /* ranks on other nodes: the rail path (ag_gemm_rail.cuh) */
+    int32_t pad2;
+    uint64_t gathered_off; /* a_gathered's heap offset (the rail path) */
+    tw_rail_t rail;
   };
   /* This call's epoch: kept on the GPU, or (copy-engine mode) counted by the host. */
   __device__ static uint64_t epoch(const Params &p) {
@@ -111,8 +117,11 @@ struct AgWait : NoWait {
     for (int32_t row = mb * kBlockM; row < end;) {
       const int32_t src = row / p.m_local;
       const int32_t chunk = (row - src * p.m_local) / p.rows_per_chunk;
-      if (!tw_wait_geq(p.dc, p.ch, tw_own_flag(p.dc, p.ch, tw_ag_gemm_flag_index(src, chunk)), e,
-                       src, chunk))
+      /* rows a rail peer sent land here by RDMA, under a net flag; all others under a flag */
+      const uint64_t *own = tw_own_flag(p.dc, p.ch, tw_ag_gemm_flag_index(src, chunk));
+      const uint64_t *flag =
+          p.inter ? tw_rail_ready_flag(p.rail, p.dc, p.ch, src, chunk, own) : own;
+      if (!tw_wait_geq(p.dc, p.ch, flag, e, src, chunk))
         break; /* timed out or aborted: recorded; the tile computes garbage, the kernel ends */
       row = min(src * p.m_local + (chunk + 1) * p.rows_per_chunk, (src + 1) * p.m_local);
     }
@@ -161,6 +170,12 @@ static __device__ __noinline__ bool enter(const tw_dev_comm_t &dc, int ch, uint6
   return tw_kernel_enter(dc, ch, epoch) && (!writes || tw_wait_entries(dc, ch, epoch));
 }
 
+} // namespace
+
+#include "ops/ag_gemm/ag_gemm_rail.cuh"
+
+namespace {
+
 template <class Out, int BN, int V>
 __global__ void __launch_bounds__(kThreads, 1)
     ag_gemm_kernel(const __grid_constant__ AgParams<Out> p) {
@@ -177,7 +192,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     mine = enter(dc, ch, epoch,
                  (int)blockIdx.x < p.comm_ctas || (blockIdx.x == 0 && ch == TW_CH_AG_GEMM_CE));
   int ok = __syncthreads_and(mine);
-  if ((int)blockIdx.x < p.comm_ctas && w.peer_read) {
+  uint64_t last_ticket = ~0ull; /* the rail path: this CTA's last RDMA write */
+  if ((int)blockIdx.x < p.comm_ctas && w.inter) {
+    last_ticket = rail_items(p, epoch, ok);
+  } else if ((int)blockIdx.x < p.comm_ctas && w.peer_read) {
     /* Peer reads: the shard only goes into this rank's own slot (when not already there);
      * then every rank's flag (this rank, chunk) says the peers may read it. The slot is free:
      * the exit barrier of the previous call saw every peer finish reading it. */
@@ -211,6 +229,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (threadIdx.x == 0)
     tw_trace_stamp(dc, TW_TR_GEMM_END);
+  /* the NIC has read what this CTA posted (the own slot) before the call may end */
+  if (threadIdx.x == 0 && last_ticket != ~0ull)
+    tw_fifo_wait_done(dc.fifo, dc, ch, last_ticket);
   if (threadIdx.x == 0 && w.peer_read) {
     /* Exit barrier: the peers read this rank's slot until their last tile, so the call ends
      * (and the caller may rewrite the slot) only once every rank's CTAs are all done. The
@@ -253,6 +274,17 @@ template <class Out, int BN> cudaError_t preload_variants() {
   return e;
 }
 
+/* A tile order that starts on this node's rows (own and NVLink-pushed shards before those that
+ * cross nodes) where the node's ranks are consecutive. */
+static void rail_order(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_rail_t &r,
+                       TileOrder *o) {
+  for (int l = 1; l < r.local_size; l++)
+    if (r.local_rank[l] != r.local_rank[0] + l)
+      return;
+  o->rotate_mb = (int32_t)(((int64_t)r.local_rank[0] * a.m_local) / kBlockM);
+  (void)comm;
+}
+
 template <class Out, int BN>
 tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_plan_t &plan, int ch,
                 uint64_t host_epoch, cudaStream_t stream) {
@@ -290,6 +322,15 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
                      a.k, kBlockK, kBlockM, "tw_ag_gemm: cuTensorMapEncodeTiled(a)");
   if (st != TW_SUCCESS)
     return st;
+  if (comm->nodes > 1) {
+    p.gemm.wait.inter = 1;
+    p.gemm.wait.gathered_off = (uint64_t)((const char *)a.a_gathered -
+                                          (const char *)tw_group_slot(comm->group, comm->rank, 0));
+    st = tw_comm_rail(comm, "tw_ag_gemm", &p.gemm.wait.rail);
+    if (st != TW_SUCCESS)
+      return st;
+    rail_order(comm, a, p.gemm.wait.rail, &o);
+  }
   p.gemm.wait.peer_read = plan.peer_read;
   p.gemm.wait.write_through = plan.peer_gather;
   for (int r = 0; plan.peer_read && r < comm->world; r++) {
@@ -327,7 +368,8 @@ static tw_status_t tw_ag_gemm_preload(void) {
 #define AG_GEMM_CALL_FIELDS                                                                        \
   {                                                                                                \
     "m_local", "k", "a_gathered (heap offset)",                                                    \
-        "route (0 the SM push, 1 peer reads, 2 the copy engine)", "rows_per_chunk"                 \
+        "route (0 the SM push, 1 peer reads, 2 the copy engine, 3 the rail path across nodes)",    \
+        "rows_per_chunk"                                                                           \
   }
 static const tw_call_fields_t ag_gemm_calls[] = {
     {TW_CH_AG_GEMM, "tw_ag_gemm", AG_GEMM_CALL_FIELDS},
@@ -340,6 +382,20 @@ extern "C" tw_status_t tw_ag_gemm_args_init(tw_ag_gemm_args_t *args) {
   TW_ARG_CHECK(args != NULL, "args: NULL");
   tw_ag_gemm_args_t init = TW_AG_GEMM_ARGS_INIT;
   *args = init;
+  return TW_SUCCESS;
+}
+
+/* Across nodes: layouts the rail path serves, and the modes it has. */
+static tw_status_t rail_check(tw_comm_t comm, tw_ag_gemm_args_t *a) {
+  tw_rail_t r;
+  const tw_status_t st = tw_comm_rail(comm, "tw_ag_gemm", &r);
+  if (st != TW_SUCCESS)
+    return st;
+  if (a->comm_mode == TW_AG_COMM_COPY_ENGINE)
+    return tw_fail(TW_ERR_NOT_SUPPORTED,
+                   "args->comm_mode: TW_AG_COMM_COPY_ENGINE reaches ranks of one node only; across "
+                   "nodes use TW_AG_COMM_SM or TW_AG_COMM_AUTO");
+  a->comm_mode = TW_AG_COMM_SM;
   return TW_SUCCESS;
 }
 
@@ -418,10 +474,17 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
       (st = tw_check_disjoint(a->a_gathered, gathered_bytes, "args->a_gathered", a->b, b_bytes,
                               "args->b")) != TW_SUCCESS)
     return st;
+  if (comm->nodes > 1) {
+    st = rail_check(comm, a);
+    if (st != TW_SUCCESS)
+      return st;
+  }
   for (int r = 0; r < world; r++)
-    if (!tw_heap_peer_ptr(comm, a->a_gathered, r))
+    if (comm->node_of[r] == comm->node && !tw_heap_peer_ptr(comm, a->a_gathered, r))
       return tw_fail(TW_ERR_NOT_SUPPORTED,
-                     "rank %d is on another node; inter-node tw_ag_gemm is not implemented yet", r);
+                     "args->a_gathered: rank %d's allocation is not mapped here (a rank of this "
+                     "node in another process that cannot share GPU memory?)",
+                     r);
   tw_ag_gemm_plan_args_t pa = {world,
                                a->m_local,
                                a->n,
@@ -433,6 +496,18 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
                                comm->ranks_on_device > 1,
                                (int)tw_env_int(TW_AG_VARIANT_ID)};
   tw_ag_gemm_make_plan(&pa, plan);
+  if (comm->nodes > 1) {
+    /* the rail path: the SMs push and forward (no peer reads, no copy engine); one net flag
+     * per (node, chunk) */
+    while (plan->nchunks > TW_RAIL_MAX_CHUNKS) {
+      plan->rows_per_chunk *= 2;
+      plan->nchunks = (int)((a->m_local + plan->rows_per_chunk - 1) / plan->rows_per_chunk);
+    }
+    const int items = plan->nchunks * (comm->local_size + comm->nodes - 1);
+    if (plan->comm_ctas > items)
+      plan->comm_ctas = items;
+    return TW_SUCCESS;
+  }
   /* TW_AG_COMM_AUTO: the copy engine where its rule takes it (ag_gemm_heuristics.c); tw_ag_gemm
    * keeps the SMs instead under graph capture. Decided alike on every rank: gpu_shared is the
    * comm's, and the GEMM estimate takes the device's SMs, not the rank's budget (budgets may
@@ -602,7 +677,7 @@ static tw_status_t gathered_gemm(tw_comm_t comm, const tw_ag_gemm_args_t &a, con
  * The copy-engine mode cuts its chunks later (copy_engine_call), from these alike values. */
 static tw_call_desc_t describe_call(tw_comm_t comm, const tw_ag_gemm_args_t &a,
                                     const tw_ag_gemm_plan_t &plan, int ch) {
-  const uint64_t route = ch == TW_CH_AG_GEMM_CE ? 2 : plan.peer_read ? 1 : 0;
+  const uint64_t route = ch == TW_CH_AG_GEMM_CE ? 2 : plan.peer_read ? 1 : comm->nodes > 1 ? 3 : 0;
   const uint64_t fields[] = {(uint64_t)a.m_local, (uint64_t)a.k,
                              tw_call_heap_field(comm, a.a_gathered), route,
                              (uint64_t)plan.rows_per_chunk};
@@ -634,8 +709,9 @@ extern "C" tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args,
    * these shapes the fused op trails NCCL + cuBLAS while the pipeline beats them (its figures:
    * docs/PERF.md, the decode rows). TW_AG_UNFUSED_SMALL=0 keeps the fused kernel. */
   const int small_unfused = tw_env_int(TW_AG_UNFUSED_SMALL_ID) != 0;
-  const int unfused =
-      !plain && small_unfused && tw_gemm_tree_split(a.m_local * comm->world, a.n, a.k) > 1;
+  /* (across nodes the fused kernel's rail path always: tw_allgather has none) */
+  const int unfused = !plain && small_unfused && comm->nodes == 1 &&
+                      tw_gemm_tree_split(a.m_local * comm->world, a.n, a.k) > 1;
   if (!plain && !unfused && a.comm_mode == TW_AG_COMM_COPY_ENGINE) {
     /* The copy-engine mode is eager only (its flag values are fixed when enqueued): under
      * capture AUTO keeps the SMs (the plan is the same for both modes where it can choose the

@@ -11,6 +11,7 @@
 
 #include "device/copy.cuh"
 #include "device/ptx_sm90.cuh"
+#include "device/rail.cuh"
 #include "device/signal.cuh"
 #include "ops/allgather/allgather.h"
 
@@ -19,6 +20,7 @@ extern "C" {
 #include "runtime/argcheck.h"
 #include "runtime/calldesc.h"
 #include "runtime/comm.h"
+#include "runtime/comm_net.h"
 #include "runtime/cuda_check.h"
 #include "runtime/registry.h"
 }
@@ -77,6 +79,64 @@ __global__ void __launch_bounds__(TW_AG_THREADS, 1)
     }
     tw_trace_stamp(dc, TW_TR_END);
     tw_op_finish(dc, TW_CH_ALLGATHER, epoch);
+  }
+}
+
+/* Across nodes: the rail gather's data movement over recv (device/rail.cuh's Ops). */
+struct AgRailOps {
+  const tw_ag_plan_t &plan;
+  const tw_dev_comm_t &dc;
+  __device__ size_t begin(int chunk) const { return (size_t)chunk * plan.chunk_bytes; }
+  __device__ uint64_t chunk_bytes(int chunk) const {
+    const size_t b = begin(chunk);
+    return b + plan.chunk_bytes <= plan.bytes ? plan.chunk_bytes : plan.bytes - b;
+  }
+  __device__ void copy(int target, int src, int chunk) const {
+    const size_t off = (size_t)src * plan.bytes + begin(chunk);
+    char *dst = (char *)plan.recv_peer[target] + off;
+    const char *from = src == dc.rank ? (const char *)plan.send + begin(chunk)
+                                      : (const char *)plan.recv_peer[dc.rank] + off;
+    if (dst != from)
+      tw_cta_copy(dst, from, chunk_bytes(chunk));
+    __syncthreads();
+  }
+  __device__ uint64_t *flag(int target, int src, int chunk) const {
+    const int index = tw_ag_flag_index(src, chunk);
+    return target == dc.rank ? tw_own_flag(dc, TW_CH_ALLGATHER, index)
+                             : tw_peer_flag(dc, target, TW_CH_ALLGATHER, index);
+  }
+  __device__ uint64_t chunk_off(int src, int chunk) const {
+    return plan.recv_off + (uint64_t)src * plan.bytes + begin(chunk);
+  }
+};
+
+/* tw_allgather across nodes: every CTA runs the rail gather's items, then waits for its share of
+ * this rank's (src, chunk) arrivals, and for the proxy to have finished its own writes. */
+__global__ void __launch_bounds__(TW_AG_THREADS, 1)
+    tw_allgather_rail_kernel(const __grid_constant__ tw_dev_comm_t dc,
+                             const __grid_constant__ tw_ag_plan_t plan) {
+  allow_dependents();
+  const int ch = TW_CH_ALLGATHER;
+  const uint64_t epoch = tw_op_begin(dc, ch);
+  int mine = 1;
+  if (threadIdx.x == 0)
+    mine = tw_kernel_enter(dc, ch, epoch) && tw_wait_entries(dc, ch, epoch);
+  int ok = __syncthreads_and(mine);
+  const AgRailOps ops{plan, dc};
+  const uint64_t last = tw_rail_gather(plan.rail, dc, ch, epoch, plan.nchunks, (int)blockIdx.x,
+                                       (int)gridDim.x, ok, ops);
+  if (threadIdx.x == 0) {
+    const int items = plan.world * plan.nchunks;
+    for (int item = blockIdx.x; ok && item < items; item += gridDim.x) {
+      const int src = item / plan.nchunks, chunk = item % plan.nchunks;
+      const uint64_t *own = tw_own_flag(dc, ch, tw_ag_flag_index(src, chunk));
+      ok = tw_wait_geq(dc, ch, tw_rail_ready_flag(plan.rail, dc, ch, src, chunk, own), epoch, src,
+                       item);
+    }
+    if (last != ~0ull)
+      tw_fifo_wait_done(dc.fifo, dc, ch, last);
+    tw_trace_stamp(dc, TW_TR_END);
+    tw_op_finish(dc, ch, epoch);
   }
 }
 
@@ -162,6 +222,8 @@ static tw_status_t tw_allgather_preload(void) {
   if (e == cudaSuccess)
     e = cudaFuncGetAttributes(&attr, tw_allgather_ll_kernel);
   if (e == cudaSuccess)
+    e = cudaFuncGetAttributes(&attr, tw_allgather_rail_kernel);
+  if (e == cudaSuccess)
     e = cudaFuncGetAttributes(&attr, tw_barrier_kernel);
   return tw_cuda_check(e, "loading the allgather kernels");
 }
@@ -171,8 +233,8 @@ static tw_status_t tw_allgather_preload(void) {
 static const tw_call_fields_t allgather_calls[] = {
     {TW_CH_ALLGATHER,
      "tw_allgather",
-     {"bytes", "path (0 the SM push, 1 the low-latency area)", "recv (heap offset)",
-      "chunk_bytes"}}};
+     {"bytes", "path (0 the SM push, 1 the low-latency area, 2 the rail gather across nodes)",
+      "recv (heap offset)", "chunk_bytes"}}};
 static const tw_op_desc_t allgather_registration = {"allgather", tw_allgather_preload,
                                                     allgather_calls, 1};
 TW_OP_REGISTER(allgather, allgather_registration);
@@ -201,14 +263,20 @@ extern "C" tw_status_t tw_ag_make_plan(tw_comm_t comm, const void *send, void *r
   plan->send = send;
   plan->bytes = bytes;
   plan->world = world;
+  plan->inter = comm->nodes > 1;
+  if (plan->inter) {
+    if ((st = tw_comm_rail(comm, "tw_allgather", &plan->rail)) != TW_SUCCESS)
+      return st;
+    plan->recv_off =
+        (uint64_t)((const char *)recv - (const char *)tw_group_slot(comm->group, comm->rank, 0));
+  }
   for (int p = 0; p < world; p++) {
     plan->recv_peer[p] = tw_heap_peer_ptr(comm, recv, p);
-    if (!plan->recv_peer[p])
-      return tw_fail(
-          TW_ERR_NOT_SUPPORTED,
-          "recv: rank %d is on another node; inter-node allgather (the proxy path) is not "
-          "implemented yet",
-          p);
+    if (!plan->recv_peer[p] && comm->node_of[p] == comm->node)
+      return tw_fail(TW_ERR_NOT_SUPPORTED,
+                     "recv: rank %d's allocation is not mapped here (a rank of this node in "
+                     "another process that cannot share GPU memory?)",
+                     p);
   }
   /* Chunks: about TW_AG_TARGET_ITEMS items in all (two per CTA of a full H200), each at least
    * 64 KiB, at most TW_AG_MAX_CHUNKS per rank (the flag slice). TW_AG_CHUNK_BYTES overrides.
@@ -224,7 +292,9 @@ extern "C" tw_status_t tw_ag_make_plan(tw_comm_t comm, const void *send, void *r
       chunk = 64u << 10;
   }
   chunk = (chunk + 15) / 16 * 16;
-  size_t min_chunk = (bytes + TW_AG_MAX_CHUNKS - 1) / TW_AG_MAX_CHUNKS;
+  /* across nodes one net flag per (node, chunk) */
+  const int max_chunks = plan->inter ? TW_RAIL_MAX_CHUNKS : TW_AG_MAX_CHUNKS;
+  size_t min_chunk = (bytes + max_chunks - 1) / max_chunks;
   if (chunk < min_chunk)
     chunk = (min_chunk + 15) / 16 * 16;
   if (chunk > bytes)
@@ -254,14 +324,18 @@ extern "C" tw_status_t tw_allgather(tw_comm_t comm, const void *send, void *recv
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
   cudaStream_t launch = NULL;
-  const int ll = tw_ag_want_ll((int)tw_env_int(TW_AG_LL_ID), comm->world, comm->gpu_shared, bytes,
-                               comm->ll_bytes);
+  /* (the low-latency area reaches the ranks of one node only) */
+  const int ll = !plan.inter && tw_ag_want_ll((int)tw_env_int(TW_AG_LL_ID), comm->world,
+                                              comm->gpu_shared, bytes, comm->ll_bytes);
   /* The low-latency path touches no peer's recv, so recv need not be alike there. */
-  const uint64_t fields[] = {(uint64_t)bytes, (uint64_t)ll, ll ? 0 : tw_call_heap_field(comm, recv),
+  const uint64_t path = ll ? 1 : plan.inter ? 2 : 0;
+  const uint64_t fields[] = {(uint64_t)bytes, path, ll ? 0 : tw_call_heap_field(comm, recv),
                              ll ? 0 : (uint64_t)plan.chunk_bytes};
   const tw_call_desc_t outer = tw_call_begin(comm, TW_CH_ALLGATHER, 4, fields);
   if (!ll)
-    st = tw_sm_exclusive_smem((const void *)tw_allgather_kernel, &smem);
+    st = tw_sm_exclusive_smem(plan.inter ? (const void *)tw_allgather_rail_kernel
+                                         : (const void *)tw_allgather_kernel,
+                              &smem);
   if (st == TW_SUCCESS)
     st = tw_launch_begin(comm, stream, &launch);
   if (st == TW_SUCCESS && ll) {
@@ -281,6 +355,9 @@ extern "C" tw_status_t tw_allgather(tw_comm_t comm, const void *send, void *recv
       grid = 1;
     tw_allgather_ll_kernel<<<(unsigned)grid, kAgLlThreads, 0, launch>>>(comm->dev, p);
     st = tw_cuda_check(cudaGetLastError(), "launching tw_allgather_ll_kernel");
+  } else if (st == TW_SUCCESS && plan.inter) {
+    tw_allgather_rail_kernel<<<plan.ctas, TW_AG_THREADS, smem, launch>>>(comm->dev, plan);
+    st = tw_cuda_check(cudaGetLastError(), "launching tw_allgather_rail_kernel");
   } else if (st == TW_SUCCESS) {
     tw_allgather_kernel<<<plan.ctas, TW_AG_THREADS, smem, launch>>>(comm->dev, plan);
     st = tw_cuda_check(cudaGetLastError(), "launching tw_allgather_kernel");

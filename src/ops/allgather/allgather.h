@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 
+#include "runtime/devcomm.h"
 #include "tilewire.h"
 
 #ifdef __cplusplus
@@ -17,12 +18,15 @@ extern "C" {
 
 typedef struct tw_ag_plan {
   const void *send;
-  void *recv_peer[TW_MAX_WORLD]; /* each rank's receive buffer, mapped here */
+  void *recv_peer[TW_MAX_WORLD]; /* each rank's receive buffer, mapped here (NULL: other node) */
   size_t bytes;                  /* per rank */
   size_t chunk_bytes;
   int nchunks;
   int world;
   int ctas;
+  int inter;         /* ranks on other nodes: the rail gather (device/rail.cuh) */
+  uint64_t recv_off; /* recv's heap offset */
+  tw_rail_t rail;
 } tw_ag_plan_t;
 
 #ifdef __CUDACC__

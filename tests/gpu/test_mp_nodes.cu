@@ -1,0 +1,155 @@
+/*
+ * The inter-node path across processes: 4 processes, one rank each, as 2 virtual nodes x 2
+ * (TW_RANKS_PER_NODE), on the local GPUs (all on GPU 0 when there is one: run under MPS, which
+ * scripts/gpu-suite.sh starts), over the verbs test double, whose NIC instances in the four
+ * processes share one fabric file. tw_allgather and tw_ag_gemm take the rail path: the RDMA
+ * writes leave one process's GPU memory and land in another's. Every process fills every rank's
+ * shard from the rank's seed, so it builds the gathered A and tw_gemm's C of it (the same core)
+ * on its own: the fused C must equal it bitwise, both gathered A's the shards, over several calls
+ * with fresh inputs. Usage: test_mp_nodes [iterations=20].
+ */
+#include <cuda_runtime.h>
+
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tw_test.h"
+
+#ifndef TW_VERBS_DOUBLE
+int main(void) {
+  printf("built without rdma-core's headers: no inter-node backend to test\n");
+  return 77;
+}
+#else
+
+enum { kWorld = 4, kPerNode = 2 };
+static const int64_t kMLocal = 320, kN = 512, kK = 384;
+
+static int run_rank(tw_unique_id_t id, int rank, int iters, int device) {
+  cudaSetDevice(device);
+  tw_comm_t comm = NULL;
+  tw_config_t cfg = TW_CONFIG_INIT;
+  cfg.ranks_per_node = kPerNode;
+  if (tw_comm_init_rank(&comm, kWorld, id, rank, &cfg) != TW_SUCCESS) {
+    fprintf(stderr, "rank %d: init: %s\n", rank, tw_last_error());
+    return 1;
+  }
+  const size_t shard = (size_t)kMLocal * kK * 2, all = shard * kWorld;
+  const size_t c_bytes = (size_t)kMLocal * kWorld * kN * 2;
+  void *gathered = NULL, *gathered2 = NULL, *ref = NULL, *a = NULL, *b = NULL, *c = NULL,
+       *c_ref = NULL;
+  if (tw_mem_alloc(comm, all, &gathered) != TW_SUCCESS ||
+      tw_mem_alloc(comm, all, &gathered2) != TW_SUCCESS) {
+    fprintf(stderr, "rank %d: alloc: %s\n", rank, tw_comm_last_error(comm));
+    return 1;
+  }
+  cudaMalloc(&ref, all), cudaMalloc(&a, shard), cudaMalloc(&b, (size_t)kN * kK * 2);
+  cudaMalloc(&c, c_bytes), cudaMalloc(&c_ref, c_bytes);
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  int failures = 0;
+  for (int it = 0; it < iters && !failures; it++) {
+    const uint64_t seed = 1000 + 7919 * (uint64_t)it;
+    for (int r = 0; r < kWorld; r++) /* every rank's shard, as that rank fills it */
+      tw_test_fill_bf16((char *)ref + shard * r, (size_t)kMLocal * kK, seed + 31 * r,
+                        (tw_stream_t)s);
+    tw_test_fill_bf16(a, (size_t)kMLocal * kK, seed + 31 * rank, (tw_stream_t)s);
+    tw_test_fill_bf16(b, (size_t)kN * kK, seed + 5 + rank, (tw_stream_t)s);
+    tw_test_poison(gathered, all, (tw_stream_t)s);
+    tw_test_poison(gathered2, all, (tw_stream_t)s);
+    tw_test_poison(c, c_bytes, (tw_stream_t)s);
+    tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
+    g.a = ref, g.b = b, g.c = c_ref;
+    g.m = kMLocal * kWorld, g.n = kN, g.k = kK;
+    tw_comm_sm_budget(comm, &g.sm_count);
+    tw_ag_gemm_args_t args = TW_AG_GEMM_ARGS_INIT;
+    args.a = a, args.b = b, args.c = c, args.a_gathered = gathered;
+    args.m_local = kMLocal, args.n = kN, args.k = kK;
+    if (tw_gemm(&g, (tw_stream_t)s) != TW_SUCCESS ||
+        tw_ag_gemm(comm, &args, (tw_stream_t)s) != TW_SUCCESS ||
+        tw_allgather(comm, a, gathered2, shard, (tw_stream_t)s) != TW_SUCCESS) {
+      fprintf(stderr, "rank %d call %d: %s\n", rank, it, tw_comm_last_error(comm));
+      failures++;
+      break;
+    }
+    cudaStreamSynchronize(s);
+    const size_t dc = tw_test_count_diff(c, c_ref, c_bytes);
+    const size_t dg = tw_test_count_diff(gathered, ref, all);
+    const size_t dg2 = tw_test_count_diff(gathered2, ref, all);
+    tw_status_t async = TW_SUCCESS;
+    tw_comm_async_error(comm, &async);
+    if (dc || dg || dg2 || async != TW_SUCCESS) {
+      fprintf(stderr,
+              "rank %d call %d: C differs in %zu bytes, gathered A in %zu, tw_allgather's "
+              "in %zu; async: %s\n",
+              rank, it, dc, dg, dg2, async ? tw_comm_last_error(comm) : "none");
+      failures++;
+    }
+  }
+  if (!failures)
+    printf("rank %d: %d calls of tw_ag_gemm and tw_allgather across processes: equal\n", rank,
+           iters);
+  cudaStreamDestroy(s);
+  cudaFree(ref), cudaFree(a), cudaFree(b), cudaFree(c), cudaFree(c_ref);
+  tw_mem_free(comm, gathered), tw_mem_free(comm, gathered2);
+  tw_comm_destroy(comm);
+  return failures ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  const int iters = argc > 1 ? atoi(argv[1]) : 20;
+  char fabric[64];
+  snprintf(fabric, sizeof(fabric), "/tmp/tw-test-mp-nodes-%d", (int)getpid());
+  setenv("TW_VD_FABRIC", fabric, 1);
+  setenv("TW_IBVERBS_LIB", TW_VERBS_DOUBLE, 1);
+  setenv("TW_EFADV_LIB", TW_VERBS_DOUBLE, 1);
+  setenv("TW_VD_NICS", "mlx5:4", 1);
+  /* CUDA must not start in the parent before fork: probe in a child */
+  pid_t probe = fork();
+  if (probe == 0) {
+    const int n = tw_test_require_hopper();
+    _exit(n > 0 && n < 100 ? n : 1);
+  }
+  int status = 0;
+  waitpid(probe, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) == 77) {
+    printf("SKIP: no Hopper GPU\n");
+    return 77;
+  }
+  const int ngpus = WEXITSTATUS(status);
+  if (ngpus < kWorld && !getenv("CUDA_MPS_PIPE_DIRECTORY") && !getenv("TW_TEST_ALLOW_NO_MPS")) {
+    printf("SKIP: %d processes would share %d GPU(s) without MPS (start MPS as "
+           "scripts/gpu-suite.sh does, or set TW_TEST_ALLOW_NO_MPS=1)\n",
+           kWorld, ngpus);
+    return 77;
+  }
+  const char *backends[] = {"ib", "efa"};
+  const char *nics[] = {"mlx5:4", "efa:8"};
+  for (int b = 0; b < 2; b++) {
+    setenv("TW_NET", backends[b], 1);
+    setenv("TW_VD_NICS", nics[b], 1);
+    tw_unique_id_t id;
+    TEST_TW_OK(tw_get_unique_id(&id));
+    fflush(NULL);
+    pid_t pids[kWorld];
+    for (int r = 0; r < kWorld; r++) {
+      pids[r] = fork();
+      if (pids[r] == 0) {
+        const int rc = run_rank(id, r, iters, r % ngpus);
+        fflush(NULL);
+        _exit(rc);
+      }
+    }
+    int st[kWorld];
+    const int killed = tw_test_wait_children(pids, kWorld, 240, st, "rank");
+    TEST_ASSERT(killed == 0, "%s: %d rank(s) did not finish within 240 s", backends[b], killed);
+    for (int r = 0; r < kWorld; r++)
+      TEST_ASSERT(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "%s: rank %d exited with %d",
+                  backends[b], r, st[r]);
+  }
+  unlink(fabric);
+  return tw_test_finish();
+}
+#endif
