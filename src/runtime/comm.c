@@ -438,6 +438,7 @@ fail:
     for (int r = 0; r < world; r++) {
       if (!comms[r])
         continue;
+      tw_comm_net_fini(comms[r]); /* before the memory its NICs registered goes */
       pthread_mutex_lock(&g->mu);
       tw_heap_free_all_locked(comms[r]->group, comms[r]->rank);
       pthread_mutex_unlock(&g->mu);
@@ -530,6 +531,7 @@ tw_status_t tw_comm_init_rank(tw_comm_t *out, int world, tw_unique_id_t id, int 
   return TW_SUCCESS;
 fail:
   if (c) {
+    tw_comm_net_fini(c);
     pthread_mutex_lock(&g->mu);
     tw_heap_free_all_locked(c->group, c->rank);
     pthread_mutex_unlock(&g->mu);

@@ -183,9 +183,35 @@ static void test_heap(int world) {
     TEST_TW_OK(tw_comm_destroy(comms[r]));
 }
 
+/* Ranks on other nodes and no way to reach them: tw_comm_init_all fails naming what is missing,
+ * and leaves nothing behind (a good init follows). */
+static void test_no_transport(void) {
+#ifdef TW_VERBS_DOUBLE
+  int devices[4] = {0, 0, 0, 0};
+  tw_comm_t comms[4];
+  tw_config_t cfg = TW_CONFIG_INIT;
+  cfg.ranks_per_node = 2;
+  setenv("TW_NET", "none", 1);
+  TEST_TW_FAILS(tw_comm_init_all(comms, 4, devices, &cfg), TW_ERR_NOT_SUPPORTED, "TW_NET=none");
+  setenv("TW_NET", "efa", 1); /* the double's NICs here are RC ones */
+  TEST_TW_FAILS(tw_comm_init_all(comms, 4, devices, &cfg), TW_ERR_NOT_SUPPORTED,
+                "no usable EFA device");
+  setenv("TW_NET", "ib", 1);
+  setenv("TW_NET_DEVICES", "mlx5_7", 1);
+  TEST_TW_FAILS(tw_comm_init_all(comms, 4, devices, &cfg), TW_ERR_NOT_SUPPORTED,
+                "TW_NET_DEVICES=mlx5_7");
+  unsetenv("TW_NET_DEVICES");
+  unsetenv("TW_NET");
+  TEST_TW_OK(tw_comm_init_all(comms, 4, devices, &cfg));
+  for (int r = 0; r < 4; r++)
+    TEST_TW_OK(tw_comm_destroy(comms[r]));
+#endif
+}
+
 int main(void) {
   tw_test_require_hopper();
   test_queries();
+  test_no_transport();
   test_budget_errors();
   test_heap(1);
   test_heap(3);

@@ -6,7 +6,9 @@
  * writes leave one process's GPU memory and land in another's. Every process fills every rank's
  * shard from the rank's seed, so it builds the gathered A and tw_gemm's C of it (the same core)
  * on its own: the fused C must equal it bitwise, both gathered A's the shards, over several calls
- * with fresh inputs. Usage: test_mp_nodes [iterations=20].
+ * with fresh inputs. Then ranks whose TW_NET differs (rank 0 ib, the others efa, on a host with
+ * NICs of both kinds): every rank's tw_comm_init_rank fails, and those that see each other's
+ * choice name both. Usage: test_mp_nodes [iterations=20].
  */
 #include <cuda_runtime.h>
 
@@ -97,6 +99,55 @@ static int run_rank(tw_unique_id_t id, int rank, int iters, int device) {
   return failures ? 1 : 0;
 }
 
+/* Rank 0 on ib, the others on efa: init fails everywhere, within the bootstrap's bound. */
+static int run_disagree(tw_unique_id_t id, int rank, int iters, int device) {
+  (void)iters;
+  cudaSetDevice(device);
+  setenv("TW_NET", rank == 0 ? "ib" : "efa", 1);
+  tw_comm_t comm = NULL;
+  tw_config_t cfg = TW_CONFIG_INIT;
+  cfg.ranks_per_node = kPerNode;
+  cfg.bootstrap_timeout_ms = 20000;
+  const tw_status_t st = tw_comm_init_rank(&comm, kWorld, id, rank, &cfg);
+  if (st == TW_SUCCESS) {
+    fprintf(stderr, "rank %d: init passed with ranks on different transports\n", rank);
+    tw_comm_destroy(comm);
+    return 1;
+  }
+  /* ranks 0 and 2 are rails of each other: each sees the other's backend */
+  if ((rank == 0 || rank == 2) &&
+      !strstr(tw_last_error(), "disagree on the inter-node transport")) {
+    fprintf(stderr, "rank %d: init failed, but not naming the disagreement: %s\n", rank,
+            tw_last_error());
+    return 1;
+  }
+  printf("rank %d: init refused: %s\n", rank, tw_last_error());
+  return 0;
+}
+
+/* Forks the 4 ranks running fn; every one must exit 0 within 240 s. */
+static void run_ranks(int (*fn)(tw_unique_id_t, int, int, int), int iters, int ngpus,
+                      const char *what) {
+  tw_unique_id_t id;
+  TEST_TW_OK(tw_get_unique_id(&id));
+  fflush(NULL); /* a child must not print the parent's buffered lines again */
+  pid_t pids[kWorld];
+  for (int r = 0; r < kWorld; r++) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      const int rc = fn(id, r, iters, r % ngpus);
+      fflush(NULL);
+      _exit(rc);
+    }
+  }
+  int st[kWorld];
+  const int killed = tw_test_wait_children(pids, kWorld, 240, st, "rank");
+  TEST_ASSERT(killed == 0, "%s: %d rank(s) did not finish within 240 s", what, killed);
+  for (int r = 0; r < kWorld; r++)
+    TEST_ASSERT(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "%s: rank %d exited with %d", what, r,
+                st[r]);
+}
+
 int main(int argc, char **argv) {
   setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   const int iters = argc > 1 ? atoi(argv[1]) : 20;
@@ -130,25 +181,10 @@ int main(int argc, char **argv) {
   for (int b = 0; b < 2; b++) {
     setenv("TW_NET", backends[b], 1);
     setenv("TW_VD_NICS", nics[b], 1);
-    tw_unique_id_t id;
-    TEST_TW_OK(tw_get_unique_id(&id));
-    fflush(NULL);
-    pid_t pids[kWorld];
-    for (int r = 0; r < kWorld; r++) {
-      pids[r] = fork();
-      if (pids[r] == 0) {
-        const int rc = run_rank(id, r, iters, r % ngpus);
-        fflush(NULL);
-        _exit(rc);
-      }
-    }
-    int st[kWorld];
-    const int killed = tw_test_wait_children(pids, kWorld, 240, st, "rank");
-    TEST_ASSERT(killed == 0, "%s: %d rank(s) did not finish within 240 s", backends[b], killed);
-    for (int r = 0; r < kWorld; r++)
-      TEST_ASSERT(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "%s: rank %d exited with %d",
-                  backends[b], r, st[r]);
+    run_ranks(run_rank, iters, ngpus, backends[b]);
   }
+  setenv("TW_VD_NICS", "mlx5:4,efa:8", 1);
+  run_ranks(run_disagree, 0, ngpus, "disagreeing transports");
   unlink(fabric);
   return tw_test_finish();
 }

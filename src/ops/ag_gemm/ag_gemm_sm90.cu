@@ -503,9 +503,16 @@ extern "C" tw_status_t tw_ag_gemm_prepare(tw_comm_t comm, const tw_ag_gemm_args_
       plan->rows_per_chunk *= 2;
       plan->nchunks = (int)((a->m_local + plan->rows_per_chunk - 1) / plan->rows_per_chunk);
     }
+    /* each forward item waits for a network arrival: enough comm CTAs that one slow chunk holds
+     * up only its own CTA (two per destination kind, send first), at most half the budget */
     const int items = plan->nchunks * (comm->local_size + comm->nodes - 1);
+    const int rail_ctas = 2 * (comm->local_size + comm->nodes - 2) + 1;
+    if (plan->comm_ctas < rail_ctas && a->comm_sms <= 0 && tw_env_int(TW_AG_COMM_SMS_ID) <= 0)
+      plan->comm_ctas = rail_ctas < plan->ctas / 2 ? rail_ctas : plan->ctas / 2;
     if (plan->comm_ctas > items)
       plan->comm_ctas = items;
+    if (plan->comm_ctas < 1)
+      plan->comm_ctas = 1;
     return TW_SUCCESS;
   }
   /* TW_AG_COMM_AUTO: the copy engine where its rule takes it (ag_gemm_heuristics.c); tw_ag_gemm

@@ -288,8 +288,10 @@ extern "C" tw_status_t tw_ag_make_plan(tw_comm_t comm, const void *send, void *r
   if (chunk == 0) {
     size_t want_items_per_peer = ((size_t)TW_AG_TARGET_ITEMS + world - 1) / world;
     chunk = (bytes + want_items_per_peer - 1) / want_items_per_peer;
-    if (chunk < (64u << 10))
-      chunk = 64u << 10;
+    /* across nodes every chunk is an RDMA write, whose cost per write favours large ones */
+    const size_t least = plan->inter ? (size_t)TW_AG_RAIL_MIN_CHUNK : (size_t)(64u << 10);
+    if (chunk < least)
+      chunk = least;
   }
   chunk = (chunk + 15) / 16 * 16;
   /* across nodes one net flag per (node, chunk) */

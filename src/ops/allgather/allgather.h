@@ -14,7 +14,8 @@ extern "C" {
 #define TW_AG_THREADS 512
 /* Flag slice of the allgather channel: (src rank, chunk) -> src * TW_AG_MAX_CHUNKS + chunk. */
 #define TW_AG_MAX_CHUNKS 256
-#define TW_AG_TARGET_ITEMS 264 /* 2 x 132 SMs */
+#define TW_AG_TARGET_ITEMS 264          /* 2 x 132 SMs */
+#define TW_AG_RAIL_MIN_CHUNK (1u << 20) /* across nodes: bytes per chunk at least */
 
 typedef struct tw_ag_plan {
   const void *send;
