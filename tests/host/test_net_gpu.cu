@@ -183,6 +183,19 @@ static void run_silent(int (*inject)(const char *)) {
   inject("clear");
 }
 
+/* NICs that cannot register GPU memory: tw_comm_init_all fails, naming the NIC and what is
+ * missing. */
+static void run_no_gpu_registration(void) {
+  setenv("TW_VD_NO_GPU_MR", "1", 1);
+  int devices[kWorld] = {0, 0, 0, 0};
+  tw_comm_t comms[kWorld];
+  tw_config_t cfg = TW_CONFIG_INIT;
+  cfg.ranks_per_node = kPerNode;
+  TEST_TW_FAILS(tw_comm_init_all(comms, kWorld, devices, &cfg), TW_ERR_NOT_SUPPORTED,
+                "cannot register GPU memory");
+  unsetenv("TW_VD_NO_GPU_MR");
+}
+
 int main(void) {
   tw_test_require_hopper();
   char fabric[64];
@@ -203,6 +216,7 @@ int main(void) {
   setenv("TW_VD_NICS", "mlx5:2", 1);
   setenv("TW_NET", "ib", 1);
   run_silent(inject);
+  run_no_gpu_registration();
   unlink(fabric);
   return tw_test_finish();
 }

@@ -4,6 +4,8 @@
  * SGEs as well as remote addresses (the local address is base + (addr - iova)); ibv_reg_mr has
  * iova == addr, and a dmabuf MR's iova is the buffer's virtual address, used as its local
  * address (the fd is only checked). Each MR is classified once as host or CUDA device memory.
+ * TW_VD_NO_GPU_MR=1 makes the NIC one that cannot register device memory (no dma-buf, no peer
+ * memory): such a registration fails with EFAULT, as the real one does.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -23,6 +25,12 @@ static struct ibv_mr *mr_create(struct ibv_pd *pd, char *base, size_t length, ui
     return NULL;
   }
   struct vd_ctx *c = (struct vd_ctx *)pd->context;
+  const int dev = vd_cuda_classify(base);
+  const char *no_gpu = getenv("TW_VD_NO_GPU_MR");
+  if (dev >= 0 && no_gpu && atoi(no_gpu) == 1) {
+    errno = EFAULT;
+    return NULL;
+  }
   struct vd_mr *m = calloc(1, sizeof(*m));
   if (!m) {
     errno = ENOMEM;
@@ -32,7 +40,7 @@ static struct ibv_mr *mr_create(struct ibv_pd *pd, char *base, size_t length, ui
   m->base = base;
   m->length = length;
   m->access = access;
-  m->dev = vd_cuda_classify(base);
+  m->dev = dev;
   m->mr.context = pd->context;
   m->mr.pd = pd;
   m->mr.addr = base;
