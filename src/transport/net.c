@@ -99,45 +99,60 @@ static int name_listed(const char *names, const char *name) {
   return 0;
 }
 
-int tw_net_pick_devices(const tw_verbs_t *v, struct ibv_device **list, int n,
-                        const tw_net_config_t *cfg, int (*keep)(struct ibv_device *, void *),
-                        void *keep_arg, int *out, int max) {
-  int cand[64], dist[64], ncand = 0;
-  char *gpu = pci_path_of_gpu(cfg->gpu_bus_id);
-  int best = INT_MAX;
-  for (int i = 0; i < n && ncand < 64; i++) {
-    if (cfg->devices && *cfg->devices && !name_listed(cfg->devices, v->get_device_name(list[i])))
-      continue;
-    if (keep && !keep(list[i], keep_arg))
-      continue;
-    char *nic = gpu ? pci_path_of_nic(list[i]) : NULL;
-    dist[ncand] = nic ? pci_distance(gpu, nic) : INT_MAX;
-    free(nic);
-    if (dist[ncand] < best)
-      best = dist[ncand];
-    cand[ncand++] = i;
+int tw_net_pick_nearest(const char *gpu, const char *const *nic_paths, int ncand, int local_index,
+                        int local_size, int *out, int max) {
+  int dist[64], best = INT_MAX, count = 0;
+  if (ncand > 64)
+    ncand = 64;
+  for (int i = 0; i < ncand; i++) {
+    dist[i] = gpu && nic_paths[i] ? pci_distance(gpu, nic_paths[i]) : INT_MAX;
+    if (dist[i] < best)
+      best = dist[i];
   }
-  free(gpu);
-  int count = 0;
   if (best != INT_MAX) { /* the nearest devices */
     for (int i = 0; i < ncand && count < max; i++)
       if (dist[i] == best)
-        out[count++] = cand[i];
+        out[count++] = i;
     return count;
   }
   if (ncand == 0)
     return 0;
   /* no topology (or the test double): the local ranks share the devices out in order, each
    * taking ncand / local_size of them (at least one) */
-  const int local = cfg->local_size > 0 ? cfg->local_size : 1;
-  int per = ncand / local;
+  int per = ncand / (local_size > 0 ? local_size : 1);
   if (per < 1)
     per = 1;
   if (per > max)
     per = max;
-  const int first = (tw_net_local_index(cfg, cfg->rank) * per) % ncand;
+  const int first = (local_index * per) % ncand;
   for (int i = 0; i < per; i++)
-    out[count++] = cand[(first + i) % ncand];
+    out[count++] = (first + i) % ncand;
+  return count;
+}
+
+int tw_net_pick_devices(const tw_verbs_t *v, struct ibv_device **list, int n,
+                        const tw_net_config_t *cfg, int (*keep)(struct ibv_device *, void *),
+                        void *keep_arg, int *out, int max) {
+  int cand[64], ncand = 0;
+  char *paths[64];
+  char *gpu = pci_path_of_gpu(cfg->gpu_bus_id);
+  for (int i = 0; i < n && ncand < 64; i++) {
+    if (cfg->devices && *cfg->devices && !name_listed(cfg->devices, v->get_device_name(list[i])))
+      continue;
+    if (keep && !keep(list[i], keep_arg))
+      continue;
+    paths[ncand] = gpu ? pci_path_of_nic(list[i]) : NULL;
+    cand[ncand++] = i;
+  }
+  int pick[TW_NET_MAX_NICS * 16];
+  const int count = tw_net_pick_nearest(gpu, (const char *const *)paths, ncand,
+                                        tw_net_local_index(cfg, cfg->rank), cfg->local_size, pick,
+                                        max < TW_NET_MAX_NICS * 16 ? max : TW_NET_MAX_NICS * 16);
+  for (int i = 0; i < count; i++)
+    out[i] = cand[pick[i]];
+  for (int i = 0; i < ncand; i++)
+    free(paths[i]);
+  free(gpu);
   return count;
 }
 

@@ -54,6 +54,13 @@ int tw_net_pick_devices(const tw_verbs_t *v, struct ibv_device **list, int n,
                         const tw_net_config_t *cfg, int (*keep)(struct ibv_device *, void *),
                         void *keep_arg, int *out, int max);
 
+/* The choice behind tw_net_pick_devices, on resolved sysfs paths (gpu, nic_paths[i]; NULL:
+ * unknown): the candidates at the least PCIe distance (path components not shared), else a
+ * share of ncand / local_size of them (at least one) by local index. Writes candidate indices;
+ * returns how many. */
+int tw_net_pick_nearest(const char *gpu, const char *const *nic_paths, int ncand, int local_index,
+                        int local_size, int *out, int max);
+
 /* Opens device dev into nic: context, PD, a CQ of cqe entries, port 1 and its GID. */
 tw_status_t tw_nic_open(const tw_verbs_t *v, struct ibv_device *dev, int cqe, tw_nic_t *nic);
 void tw_nic_close(const tw_verbs_t *v, tw_nic_t *nic);
