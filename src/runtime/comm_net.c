@@ -311,10 +311,6 @@ const char *tw_comm_net_error(const struct tw_comm *comm) {
   return comm->net ? comm->net->error : "";
 }
 
-void tw_comm_net_describe(const struct tw_comm *comm, char *buf, size_t len) {
-  snprintf(buf, len, "%s", comm->net ? comm->net->line : "");
-}
-
 tw_status_t tw_transport_info(char *buf, size_t len) {
   tw_error_clear();
   if (!buf || len == 0)

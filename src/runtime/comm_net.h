@@ -31,7 +31,5 @@ const char *tw_comm_net_error(const struct tw_comm *comm);
  * op, where the nodes are not alike (the rail paths need as many ranks on every node) or more
  * than TW_RAIL_MAX_NODES. */
 tw_status_t tw_comm_rail(const struct tw_comm *comm, const char *op, struct tw_rail *rail);
-/* One line on the transport, for logs and tw-info ("" within one node). */
-void tw_comm_net_describe(const struct tw_comm *comm, char *buf, size_t len);
 
 #endif

@@ -37,11 +37,8 @@ typedef struct tw_net_window {
 typedef struct tw_net_rec {
   uint64_t token;
   int32_t peer;
-  int16_t qp;      /* the backend's queue-pair index */
-  int16_t nwr;     /* work requests it holds in the send queue */
-  int16_t pending; /* completions still to come */
-  int16_t failed;
-  char what[160];
+  int16_t qp;  /* the backend's queue-pair index */
+  int16_t nwr; /* work requests it holds in the send queue */
 } tw_net_rec_t;
 
 /* The rank's local rank and rail peers from cfg (node_of) */
