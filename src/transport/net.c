@@ -247,6 +247,29 @@ void tw_net_base_init(tw_net_base_t *b, const tw_net_ops_t *ops, const tw_verbs_
   b->nfree = TW_NET_RECORDS;
 }
 
+tw_status_t tw_net_base_open_nics(tw_net_base_t *b, int (*keep)(struct ibv_device *, void *),
+                                  void *keep_arg, int cqe, int *ndev) {
+  *ndev = 0;
+  struct ibv_device **list = b->v->get_device_list(ndev);
+  if (!list)
+    return TW_SUCCESS;
+  int pick[TW_NET_MAX_NICS];
+  const int npick =
+      tw_net_pick_devices(b->v, list, *ndev, &b->cfg, keep, keep_arg, pick, TW_NET_MAX_NICS);
+  tw_status_t st = TW_SUCCESS;
+  for (int i = 0; i < npick && st == TW_SUCCESS; i++) {
+    st = tw_nic_open(b->v, list[pick[i]], cqe, &b->nic[i]);
+    if (st == TW_SUCCESS)
+      b->nnics++;
+  }
+  b->v->free_device_list(list);
+  return st;
+}
+
+const char *tw_verbs_version(const tw_verbs_t *v) {
+  return v->version[0] ? v->version : "of unknown version";
+}
+
 void tw_net_base_close(tw_net_base_t *b) {
   for (int i = 0; i < TW_NET_WINDOWS; i++)
     if (b->win[i].keys)
@@ -260,8 +283,11 @@ tw_status_t tw_net_base_reg(tw_net_t *net, uint64_t heap_off, void *addr, size_t
   tw_net_base_t *b = (tw_net_base_t *)net;
   tw_net_window_t *w = NULL;
   for (int i = 0; i < TW_NET_WINDOWS && !w; i++)
-    if (!b->win[i].keys)
+    if (!b->win[i].keys) {
       w = &b->win[i];
+      if (i >= b->nwin)
+        b->nwin = i + 1;
+    }
   if (!w)
     return tw_fail(TW_ERR_OUT_OF_MEMORY,
                    "more than %d symmetric allocations registered with the NICs", TW_NET_WINDOWS);
@@ -320,8 +346,8 @@ int tw_net_base_check(tw_net_base_t *b, const tw_fifo_cmd_t *c, uint64_t token, 
   if (c->bytes == 0)
     return 0;
   /* offsets are symmetric: the remote range is looked up in the same table */
-  *lw = tw_net_window_find(b->win, TW_NET_WINDOWS, c->local_off, c->bytes);
-  *rw = tw_net_window_find(b->win, TW_NET_WINDOWS, c->remote_off, c->bytes);
+  *lw = tw_net_window_find(b->win, b->nwin, c->local_off, c->bytes);
+  *rw = tw_net_window_find(b->win, b->nwin, c->remote_off, c->bytes);
   if (*lw && *rw)
     return 0;
   snprintf(why, sizeof(why),
@@ -433,8 +459,8 @@ tw_status_t tw_net_list_devices(char *buf, size_t len) {
   }
   int n = 0;
   struct ibv_device **list = v->get_device_list(&n);
-  int used = snprintf(buf, len, "rdma-core %s (%s): %d device(s)",
-                      v->version[0] ? v->version : "of unknown version", v->path, list ? n : 0);
+  int used = snprintf(buf, len, "rdma-core %s (%s): %d device(s)", tw_verbs_version(v), v->path,
+                      list ? n : 0);
   for (int i = 0; list && i < n && used > 0 && (size_t)used < len; i++) {
     const char *kind = "RC";
     struct ibv_context *ctx = v->open_device(list[i]);

@@ -77,6 +77,7 @@ typedef struct tw_net_base {
   int nnics;
   tw_nic_t nic[TW_NET_MAX_NICS];
   tw_net_window_t win[TW_NET_WINDOWS];
+  int nwin; /* windows in use lie below it: what a command's lookups scan */
   tw_net_rec_t rec[TW_NET_RECORDS];
   uint32_t free_rec[TW_NET_RECORDS];
   int nfree;
@@ -85,6 +86,13 @@ typedef struct tw_net_base {
 
 void tw_net_base_init(tw_net_base_t *b, const tw_net_ops_t *ops, const tw_verbs_t *v,
                       const tw_net_config_t *cfg);
+/* Opens the NICs tw_net_pick_devices chooses among the host's devices of the backend's kind
+ * (keep), each with a CQ of cqe entries, into b->nic. *ndev: the devices the host has. Choosing
+ * none is not an error here (b->nnics 0): the backend words that failure. */
+tw_status_t tw_net_base_open_nics(tw_net_base_t *b, int (*keep)(struct ibv_device *, void *),
+                                  void *keep_arg, int cqe, int *ndev);
+/* rdma-core's version for messages ("of unknown version" where the file name has none). */
+const char *tw_verbs_version(const tw_verbs_t *v);
 /* Releases the windows and closes the NICs (the backend destroyed its queue pairs first). */
 void tw_net_base_close(tw_net_base_t *b);
 /* net.h's reg, set_remote and dereg, for every backend. */

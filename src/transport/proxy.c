@@ -36,8 +36,8 @@ struct tw_proxy {
   tw_fifo_cmd_t pending[PROXY_BATCH]; /* taken, not yet posted (the backend was full) */
   int npending;
   int failed;
-  pthread_mutex_t stats_mu;
-  tw_proxy_stats_t stats;
+  /* tw_proxy_stats' counts, read by other threads */
+  _Atomic uint64_t commands, bytes, max_inflight_seen, echo_sum;
 };
 
 static uint64_t now_ns(void) {
@@ -65,10 +65,8 @@ static void finish(tw_proxy_t *p, uint64_t token) {
     return;
   e->done = 1;
   p->unfinished--;
-  pthread_mutex_lock(&p->stats_mu);
-  p->stats.commands++;
-  p->stats.bytes += e->bytes;
-  pthread_mutex_unlock(&p->stats_mu);
+  atomic_fetch_add_explicit(&p->commands, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&p->bytes, e->bytes, memory_order_relaxed);
   const uint64_t before = p->oldest;
   while (p->oldest < p->next && p->inflight[p->oldest % p->cap].done)
     p->oldest++;
@@ -78,16 +76,14 @@ static void finish(tw_proxy_t *p, uint64_t token) {
 
 /* Posts what is pending, in order; 1 when something was posted. */
 static int post_pending(tw_proxy_t *p) {
-  int posted = 0;
-  while (p->npending > 0) {
-    const tw_fifo_cmd_t *c = &p->pending[0];
+  int i = 0;
+  for (; i < p->npending; i++) {
+    const tw_fifo_cmd_t *c = &p->pending[i];
     const uint64_t token = c->seq - 1; /* the ticket */
     tw_net_done_t done;
     int rc = 1;
     if (c->op == TW_FIFO_OP_TEST_ECHO) {
-      pthread_mutex_lock(&p->stats_mu);
-      p->stats.echo_sum += c->tag;
-      pthread_mutex_unlock(&p->stats_mu);
+      atomic_fetch_add_explicit(&p->echo_sum, c->tag, memory_order_relaxed);
       finish(p, token);
     } else if (p->failed || !p->cfg.net) {
       finish(p, token); /* drained: the comm is reporting a failure already */
@@ -102,11 +98,11 @@ static int post_pending(tw_proxy_t *p) {
         finish(p, token);
       }
     }
-    posted = 1;
-    memmove(&p->pending[0], &p->pending[1], sizeof(tw_fifo_cmd_t) * (size_t)(p->npending - 1));
-    p->npending--;
   }
-  return posted;
+  if (i) /* what was posted leaves the front, in one move */
+    memmove(&p->pending[0], &p->pending[i], sizeof(tw_fifo_cmd_t) * (size_t)(p->npending - i));
+  p->npending -= i;
+  return i > 0;
 }
 
 static int take(tw_proxy_t *p) {
@@ -129,11 +125,8 @@ static int take(tw_proxy_t *p) {
     p->unfinished++;
   }
   p->npending += (int)n;
-  if (p->unfinished > p->stats.max_inflight_seen) {
-    pthread_mutex_lock(&p->stats_mu);
-    p->stats.max_inflight_seen = p->unfinished;
-    pthread_mutex_unlock(&p->stats_mu);
-  }
+  if (p->unfinished > atomic_load_explicit(&p->max_inflight_seen, memory_order_relaxed))
+    atomic_store_explicit(&p->max_inflight_seen, p->unfinished, memory_order_relaxed);
   return n > 0;
 }
 
@@ -240,7 +233,6 @@ tw_status_t tw_proxy_start(const tw_proxy_config_t *cfg, tw_proxy_t **out) {
   p->cfg = *cfg;
   p->cap = cfg->max_inflight > 0 ? (uint64_t)cfg->max_inflight : 1024;
   p->inflight = calloc((size_t)p->cap, sizeof(inflight_t));
-  pthread_mutex_init(&p->stats_mu, NULL);
   if (!p->inflight) {
     free(p);
     return tw_fail(TW_ERR_SYSTEM, "out of host memory");
@@ -260,13 +252,13 @@ void tw_proxy_stop(tw_proxy_t *p) {
     return;
   atomic_store_explicit(&p->stop, 1, memory_order_release);
   pthread_join(p->thread, NULL);
-  pthread_mutex_destroy(&p->stats_mu);
   free(p->inflight);
   free(p);
 }
 
 void tw_proxy_stats(tw_proxy_t *p, tw_proxy_stats_t *out) {
-  pthread_mutex_lock(&p->stats_mu);
-  *out = p->stats;
-  pthread_mutex_unlock(&p->stats_mu);
+  out->commands = atomic_load_explicit(&p->commands, memory_order_relaxed);
+  out->bytes = atomic_load_explicit(&p->bytes, memory_order_relaxed);
+  out->max_inflight_seen = atomic_load_explicit(&p->max_inflight_seen, memory_order_relaxed);
+  out->echo_sum = atomic_load_explicit(&p->echo_sum, memory_order_relaxed);
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
@@ -142,4 +143,36 @@ uint64_t tw_test_xorshift(uint64_t *state) {
   *state ^= *state >> 7;
   *state ^= *state << 17;
   return *state;
+}
+
+int tw_test_fork_ranks(int world, int ngpus, tw_test_rank_fn fn, void *arg, double bound_s,
+                       int *st) {
+  tw_unique_id_t id;
+  TEST_TW_OK(tw_get_unique_id(&id));
+  fflush(NULL); /* a child must not print the parent's buffered lines again */
+  pid_t pids[TW_MAX_WORLD];
+  for (int r = 0; r < world; r++) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      const int rc = fn(id, r, world, r % ngpus, arg);
+      fflush(NULL); /* _exit does not flush: the rank's lines were lost where stdout is a file */
+      _exit(rc);
+    }
+  }
+  return tw_test_wait_children(pids, world, bound_s, st, "rank");
+}
+
+static char verbs_fabric[64];
+
+static void remove_verbs_fabric(void) { unlink(verbs_fabric); }
+
+void tw_test_use_verbs_double(const char *path, const char *nics) {
+  if (!verbs_fabric[0]) {
+    snprintf(verbs_fabric, sizeof(verbs_fabric), "/tmp/tw-test-fabric-%d", (int)getpid());
+    atexit(remove_verbs_fabric);
+  }
+  setenv("TW_VD_FABRIC", verbs_fabric, 1);
+  setenv("TW_IBVERBS_LIB", path, 1);
+  setenv("TW_EFADV_LIB", path, 1);
+  setenv("TW_VD_NICS", nics, 1);
 }

@@ -77,6 +77,18 @@ double tw_test_now(void);
 /* Waits for the n child processes pids[0..n), polling, for at most bound_s seconds; any still
  * running then is named on stderr ("<what> <i> still running after N s: killed"), killed and
  * reaped. status[i]: process i's wait status. Returns how many had to be killed (hangs). */
+/* Points the inter-node backends at the verbs test double at `path` (TW_IBVERBS_LIB and
+ * TW_EFADV_LIB) with the NICs `nics` (TW_VD_NICS), on a fabric file of this process's own
+ * (TW_VD_FABRIC, which the processes it forks share; removed when this one exits). */
+void tw_test_use_verbs_double(const char *path, const char *nics);
+
+/* A rank's body in a forked process: its exit status (0 pass). */
+typedef int (*tw_test_rank_fn)(tw_unique_id_t id, int rank, int world, int device, void *arg);
+/* Makes a unique id, forks `world` processes that run fn (rank r on device r % ngpus) and waits
+ * for them as tw_test_wait_children does; st[r]: rank r's wait status. Returns how many were
+ * killed. CUDA must not have started in the caller. */
+int tw_test_fork_ranks(int world, int ngpus, tw_test_rank_fn fn, void *arg, double bound_s,
+                       int *st);
 int tw_test_wait_children(const pid_t *pids, int n, double bound_s, int *status, const char *what);
 
 /* Seed for fresh random inputs: TW_TEST_SEED if set, else time-based (printed). */

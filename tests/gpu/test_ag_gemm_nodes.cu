@@ -275,19 +275,13 @@ int main(int argc, char **argv) {
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0); /* 8 ranks' kernels on one GPU, before CUDA */
   tw_test_require_hopper();
   const int small = argc > 1 && strcmp(argv[1], "--small") == 0;
-  char fabric[64];
-  snprintf(fabric, sizeof(fabric), "/tmp/tw-test-ag-nodes-%d", (int)getpid());
-  setenv("TW_VD_FABRIC", fabric, 1);
-  setenv("TW_IBVERBS_LIB", TW_VERBS_DOUBLE, 1);
-  setenv("TW_EFADV_LIB", TW_VERBS_DOUBLE, 1);
-  setenv("TW_VD_NICS", "mlx5:8", 1);
+  tw_test_use_verbs_double(TW_VERBS_DOUBLE, "mlx5:8");
   setenv("TW_NET", "ib", 1);
   run_backend("ib (RC)", small, 42);
   test_refusals();
   setenv("TW_VD_NICS", "efa:16", 1);
   setenv("TW_NET", "efa", 1);
   run_backend("efa (SRD)", small, 4242);
-  unlink(fabric);
   return tw_test_finish();
 }
 #endif

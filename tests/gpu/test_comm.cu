@@ -27,12 +27,7 @@ static void test_queries(void) {
   cfg.ranks_per_node = 4; /* virtual nodes {0..3}, {4, 5} */
 #ifdef TW_VERBS_DOUBLE
   /* ranks on other nodes need the inter-node transport: the verbs test double's NICs */
-  setenv("TW_IBVERBS_LIB", TW_VERBS_DOUBLE, 1);
-  setenv("TW_EFADV_LIB", TW_VERBS_DOUBLE, 1);
-  setenv("TW_VD_NICS", "mlx5:4", 1);
-  char fabric[64];
-  snprintf(fabric, sizeof(fabric), "/tmp/tw-test-comm-%d", (int)getpid());
-  setenv("TW_VD_FABRIC", fabric, 1);
+  tw_test_use_verbs_double(TW_VERBS_DOUBLE, "mlx5:4");
 #else
   TEST_TW_FAILS(tw_comm_init_all(comms, 6, devices, &cfg), TW_ERR_NOT_SUPPORTED, "rdma-core");
   return;

@@ -437,7 +437,7 @@ static int run_kill(tw_unique_id_t id, int rank, int world, int device) {
   return failed;
 }
 
-typedef int (*rank_fn_t)(tw_unique_id_t id, int rank, int world, int device, void *arg);
+typedef tw_test_rank_fn rank_fn_t;
 
 /* Ranks in processes of their own that disagree on a call (rank 1 passes another n to
  * tw_gemm_rs): every rank's kernels end, well within the wait bound, with TW_ERR_MISMATCH naming
@@ -489,28 +489,10 @@ static int run_call_mismatch(tw_unique_id_t id, int rank, int world, int device)
   return failures ? 1 : 0;
 }
 
-/* Forks `world` ranks running fn and waits for them, killing any still running after bound_s
- * seconds; st[r] is rank r's wait status. Returns how many were killed. */
-static int fork_ranks(int world, int ngpus, rank_fn_t fn, void *arg, double bound_s, int *st) {
-  tw_unique_id_t id;
-  TEST_TW_OK(tw_get_unique_id(&id));
-  fflush(NULL); /* a child must not print the parent's buffered lines again */
-  pid_t pids[TW_MAX_WORLD];
-  for (int r = 0; r < world; r++) {
-    pids[r] = fork();
-    if (pids[r] == 0) {
-      const int rc = fn(id, r, world, r % ngpus, arg);
-      fflush(NULL); /* _exit does not flush: the rank's lines were lost where stdout is a file */
-      _exit(rc);
-    }
-  }
-  return tw_test_wait_children(pids, world, bound_s, st, "rank");
-}
-
 /* Forks `world` ranks running fn; every one must exit 0 within 240 s. */
 static void run_ranks(int world, int ngpus, rank_fn_t fn, void *arg) {
   int st[TW_MAX_WORLD];
-  const int killed = fork_ranks(world, ngpus, fn, arg, 240, st);
+  const int killed = tw_test_fork_ranks(world, ngpus, fn, arg, 240, st);
   TEST_ASSERT(killed == 0, "%d rank(s) did not finish within 240 s: killed", killed);
   for (int r = 0; r < world; r++)
     TEST_ASSERT(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "rank %d exited with status %d", r,
@@ -544,7 +526,7 @@ static int kill_rank(tw_unique_id_t id, int rank, int world, int device, void *a
 /* test_mp kill: the victim (the last rank) must die by its SIGKILL, every survivor exit 0. */
 static void run_kill_ranks(int world, int ngpus) {
   int st[TW_MAX_WORLD];
-  const int killed = fork_ranks(world, ngpus, kill_rank, NULL, kKillBoundS, st);
+  const int killed = tw_test_fork_ranks(world, ngpus, kill_rank, NULL, kKillBoundS, st);
   TEST_ASSERT(killed == 0, "%d rank(s) did not finish within %d s: killed", killed, kKillBoundS);
   const int victim = world - 1;
   TEST_ASSERT(WIFSIGNALED(st[victim]) && WTERMSIG(st[victim]) == SIGKILL,

@@ -100,8 +100,7 @@ static int run_rank(tw_unique_id_t id, int rank, int iters, int device) {
 }
 
 /* Rank 0 on ib, the others on efa: init fails everywhere, within the bootstrap's bound. */
-static int run_disagree(tw_unique_id_t id, int rank, int iters, int device) {
-  (void)iters;
+static int run_disagree(tw_unique_id_t id, int rank, int device) {
   cudaSetDevice(device);
   setenv("TW_NET", rank == 0 ? "ib" : "efa", 1);
   tw_comm_t comm = NULL;
@@ -125,38 +124,31 @@ static int run_disagree(tw_unique_id_t id, int rank, int iters, int device) {
   return 0;
 }
 
-/* Forks the 4 ranks running fn; every one must exit 0 within 240 s. */
-static void run_ranks(int (*fn)(tw_unique_id_t, int, int, int), int iters, int ngpus,
-                      const char *what) {
-  tw_unique_id_t id;
-  TEST_TW_OK(tw_get_unique_id(&id));
-  fflush(NULL); /* a child must not print the parent's buffered lines again */
-  pid_t pids[kWorld];
-  for (int r = 0; r < kWorld; r++) {
-    pids[r] = fork();
-    if (pids[r] == 0) {
-      const int rc = fn(id, r, iters, r % ngpus);
-      fflush(NULL);
-      _exit(rc);
-    }
-  }
+/* Forks the 4 ranks running fn (its arg: the iterations); every one must exit 0 within 240 s. */
+static void run_ranks(tw_test_rank_fn fn, int iters, int ngpus, const char *what) {
   int st[kWorld];
-  const int killed = tw_test_wait_children(pids, kWorld, 240, st, "rank");
+  const int killed = tw_test_fork_ranks(kWorld, ngpus, fn, &iters, 240, st);
   TEST_ASSERT(killed == 0, "%s: %d rank(s) did not finish within 240 s", what, killed);
   for (int r = 0; r < kWorld; r++)
     TEST_ASSERT(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "%s: rank %d exited with %d", what, r,
                 st[r]);
 }
 
+/* The rank bodies, as tw_test_fork_ranks calls them. */
+static int rail_rank(tw_unique_id_t id, int rank, int world, int device, void *arg) {
+  (void)world;
+  return run_rank(id, rank, *(const int *)arg, device);
+}
+
+static int disagree_rank(tw_unique_id_t id, int rank, int world, int device, void *arg) {
+  (void)world, (void)arg;
+  return run_disagree(id, rank, device);
+}
+
 int main(int argc, char **argv) {
   setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   const int iters = argc > 1 ? atoi(argv[1]) : 20;
-  char fabric[64];
-  snprintf(fabric, sizeof(fabric), "/tmp/tw-test-mp-nodes-%d", (int)getpid());
-  setenv("TW_VD_FABRIC", fabric, 1);
-  setenv("TW_IBVERBS_LIB", TW_VERBS_DOUBLE, 1);
-  setenv("TW_EFADV_LIB", TW_VERBS_DOUBLE, 1);
-  setenv("TW_VD_NICS", "mlx5:4", 1);
+  tw_test_use_verbs_double(TW_VERBS_DOUBLE, "mlx5:4");
   /* CUDA must not start in the parent before fork: probe in a child */
   pid_t probe = fork();
   if (probe == 0) {
@@ -181,11 +173,10 @@ int main(int argc, char **argv) {
   for (int b = 0; b < 2; b++) {
     setenv("TW_NET", backends[b], 1);
     setenv("TW_VD_NICS", nics[b], 1);
-    run_ranks(run_rank, iters, ngpus, backends[b]);
+    run_ranks(rail_rank, iters, ngpus, backends[b]);
   }
   setenv("TW_VD_NICS", "mlx5:4,efa:8", 1);
-  run_ranks(run_disagree, 0, ngpus, "disagreeing transports");
-  unlink(fabric);
+  run_ranks(disagree_rank, 0, ngpus, "disagreeing transports");
   return tw_test_finish();
 }
 #endif

@@ -198,11 +198,7 @@ static void run_no_gpu_registration(void) {
 
 int main(void) {
   tw_test_require_hopper();
-  char fabric[64];
-  snprintf(fabric, sizeof(fabric), "/tmp/tw-test-net-gpu-%d", (int)getpid());
-  setenv("TW_VD_FABRIC", fabric, 1);
-  setenv("TW_IBVERBS_LIB", TW_VERBS_DOUBLE, 1);
-  setenv("TW_EFADV_LIB", TW_VERBS_DOUBLE, 1);
+  tw_test_use_verbs_double(TW_VERBS_DOUBLE, "mlx5:2");
   void *vd = dlopen(TW_VERBS_DOUBLE, RTLD_NOW | RTLD_LOCAL);
   TEST_REQUIRE(vd != NULL, "dlopen(%s): %s", TW_VERBS_DOUBLE, dlerror());
   int (*inject)(const char *) = (int (*)(const char *))dlsym(vd, "tw_vd_inject");
@@ -217,7 +213,6 @@ int main(void) {
   setenv("TW_NET", "ib", 1);
   run_silent(inject);
   run_no_gpu_registration();
-  unlink(fabric);
   return tw_test_finish();
 }
 #endif

@@ -328,12 +328,7 @@ static void run_bad_configs(void) {
 }
 
 int main(void) {
-  char fabric[64];
-  snprintf(fabric, sizeof(fabric), "/tmp/tw-test-net-host-%d", (int)getpid());
-  setenv("TW_VD_FABRIC", fabric, 1);
-  setenv("TW_IBVERBS_LIB", TW_VERBS_DOUBLE, 1);
-  setenv("TW_EFADV_LIB", TW_VERBS_DOUBLE, 1);
-  setenv("TW_VD_NICS", "mlx5:2", 1);
+  tw_test_use_verbs_double(TW_VERBS_DOUBLE, "mlx5:2");
   void *vd = dlopen(TW_VERBS_DOUBLE, RTLD_NOW | RTLD_LOCAL);
   TEST_REQUIRE(vd != NULL, "dlopen(%s): %s", TW_VERBS_DOUBLE, dlerror());
   *(void **)&vd_inject = dlsym(vd, "tw_vd_inject");
@@ -352,7 +347,6 @@ int main(void) {
   setenv("TW_VD_NICS", "mlx5:2", 1);
   run_failures();
   run_bad_configs();
-  unlink(fabric);
   return tw_test_finish();
 }
 #endif

@@ -25,74 +25,76 @@ static void on_alarm(int sig) {
 }
 
 static void check_device_list(void) {
-  REQUIRE(setenv("TW_VD_NICS", "mlx5:2,efa:1", 1) == 0, "setenv");
+  TEST_REQUIRE(setenv("TW_VD_NICS", "mlx5:2,efa:1", 1) == 0, "setenv");
   int n = -1;
   struct ibv_device **list = V.get_device_list(&n);
-  REQUIRE(list, "ibv_get_device_list: %s", strerror(errno));
-  CHECK(n == 3, "3 devices, got %d", n);
+  TEST_REQUIRE(list, "ibv_get_device_list: %s", strerror(errno));
+  TEST_ASSERT(n == 3, "3 devices, got %d", n);
   if (n == 3) {
-    CHECK(strcmp(V.get_device_name(list[0]), "mlx5_0") == 0, "%s", list[0]->name);
-    CHECK(strcmp(V.get_device_name(list[1]), "mlx5_1") == 0, "%s", list[1]->name);
-    CHECK(strcmp(V.get_device_name(list[2]), "rdmap0s0") == 0, "%s", list[2]->name);
-    CHECK(list[0]->node_type == IBV_NODE_CA && list[0]->transport_type == IBV_TRANSPORT_IB,
-          "mlx5 types");
-    CHECK(list[2]->node_type == IBV_NODE_UNSPECIFIED &&
-              list[2]->transport_type == IBV_TRANSPORT_UNSPECIFIED,
-          "efa types");
-    CHECK(list[3] == NULL, "NULL-terminated");
-    CHECK(list[0]->ibdev_path[0] == '\0', "ibdev_path empty");
+    TEST_ASSERT(strcmp(V.get_device_name(list[0]), "mlx5_0") == 0, "%s", list[0]->name);
+    TEST_ASSERT(strcmp(V.get_device_name(list[1]), "mlx5_1") == 0, "%s", list[1]->name);
+    TEST_ASSERT(strcmp(V.get_device_name(list[2]), "rdmap0s0") == 0, "%s", list[2]->name);
+    TEST_ASSERT(list[0]->node_type == IBV_NODE_CA && list[0]->transport_type == IBV_TRANSPORT_IB,
+                "mlx5 types");
+    TEST_ASSERT(list[2]->node_type == IBV_NODE_UNSPECIFIED &&
+                    list[2]->transport_type == IBV_TRANSPORT_UNSPECIFIED,
+                "efa types");
+    TEST_ASSERT(list[3] == NULL, "NULL-terminated");
+    TEST_ASSERT(list[0]->ibdev_path[0] == '\0', "ibdev_path empty");
   }
   V.free_device_list(list);
-  REQUIRE(setenv("TW_VD_NICS", "bogus:1", 1) == 0, "setenv");
+  TEST_REQUIRE(setenv("TW_VD_NICS", "bogus:1", 1) == 0, "setenv");
   errno = 0;
   list = V.get_device_list(&n);
-  CHECK(list == NULL && errno == EINVAL, "bad TW_VD_NICS refused (errno %d)", errno);
-  REQUIRE(unsetenv("TW_VD_NICS") == 0, "unsetenv");
+  TEST_ASSERT(list == NULL && errno == EINVAL, "bad TW_VD_NICS refused (errno %d)", errno);
+  TEST_REQUIRE(unsetenv("TW_VD_NICS") == 0, "unsetenv");
   list = V.get_device_list(&n);
-  CHECK(list && n == 2 && strcmp(list[1]->name, "mlx5_1") == 0, "default mlx5:2 (%d)", n);
+  TEST_ASSERT(list && n == 2 && strcmp(list[1]->name, "mlx5_1") == 0, "default mlx5:2 (%d)", n);
   if (list)
     V.free_device_list(list);
 }
 
 static void check_queries(struct vdt_nic *m, struct vdt_nic *m2, struct vdt_nic *e) {
   struct ibv_device_attr da;
-  CHECK(V.query_device(m->ctx, &da) == 0, "query_device");
-  CHECK(strcmp(da.fw_ver, "tw-verbs-double") == 0, "fw_ver %s", da.fw_ver);
-  CHECK(da.max_qp_wr == 8192 && da.max_sge == 16 && da.max_cqe == (1 << 20) && da.max_qp == 4096 &&
-            da.phys_port_cnt == 1 && da.atomic_cap == IBV_ATOMIC_NONE && da.max_mr_size > 0,
-        "device attributes");
-  CHECK(m->port.state == IBV_PORT_ACTIVE && m->port.active_mtu == IBV_MTU_4096 &&
-            m->port.link_layer == IBV_LINK_LAYER_ETHERNET,
-        "mlx5 port");
-  CHECK(e->port.link_layer == IBV_LINK_LAYER_UNSPECIFIED, "efa link layer");
-  CHECK(m->port.lid && m2->port.lid && e->port.lid && m->port.lid != m2->port.lid &&
-            m->port.lid != e->port.lid,
-        "distinct LIDs %u %u %u", m->port.lid, m2->port.lid, e->port.lid);
-  CHECK(memcmp(&m->gid, &m2->gid, 16) != 0 && m->gid.raw[0] == 0xfe, "distinct GIDs");
+  TEST_ASSERT(V.query_device(m->ctx, &da) == 0, "query_device");
+  TEST_ASSERT(strcmp(da.fw_ver, "tw-verbs-double") == 0, "fw_ver %s", da.fw_ver);
+  TEST_ASSERT(da.max_qp_wr == 8192 && da.max_sge == 16 && da.max_cqe == (1 << 20) &&
+                  da.max_qp == 4096 && da.phys_port_cnt == 1 && da.atomic_cap == IBV_ATOMIC_NONE &&
+                  da.max_mr_size > 0,
+              "device attributes");
+  TEST_ASSERT(m->port.state == IBV_PORT_ACTIVE && m->port.active_mtu == IBV_MTU_4096 &&
+                  m->port.link_layer == IBV_LINK_LAYER_ETHERNET,
+              "mlx5 port");
+  TEST_ASSERT(e->port.link_layer == IBV_LINK_LAYER_UNSPECIFIED, "efa link layer");
+  TEST_ASSERT(m->port.lid && m2->port.lid && e->port.lid && m->port.lid != m2->port.lid &&
+                  m->port.lid != e->port.lid,
+              "distinct LIDs %u %u %u", m->port.lid, m2->port.lid, e->port.lid);
+  TEST_ASSERT(memcmp(&m->gid, &m2->gid, 16) != 0 && m->gid.raw[0] == 0xfe, "distinct GIDs");
   struct ibv_port_attr pa;
-  CHECK(V.query_port(m->ctx, 2, &pa) != 0, "port 2 does not exist");
+  TEST_ASSERT(V.query_port(m->ctx, 2, &pa) != 0, "port 2 does not exist");
   union ibv_gid g;
-  CHECK(V.query_gid(m->ctx, 1, 1, &g) != 0, "gid index 1 does not exist");
-  CHECK(m->ctx->abi_compat != __VERBS_ABI_IS_EXTENDED, "not an extended context");
-  CHECK(m->ctx->ops.post_send && m->ctx->ops.post_recv && m->ctx->ops.poll_cq, "ops");
+  TEST_ASSERT(V.query_gid(m->ctx, 1, 1, &g) != 0, "gid index 1 does not exist");
+  TEST_ASSERT(m->ctx->abi_compat != __VERBS_ABI_IS_EXTENDED, "not an extended context");
+  TEST_ASSERT(m->ctx->ops.post_send && m->ctx->ops.post_recv && m->ctx->ops.poll_cq, "ops");
 }
 
 static void check_efa_queries(struct vdt_nic *m, struct vdt_nic *e) {
   struct efadv_device_attr ea;
-  CHECK(V.efa_query_device(m->ctx, &ea, sizeof(ea)) == EOPNOTSUPP, "efadv on mlx5");
+  TEST_ASSERT(V.efa_query_device(m->ctx, &ea, sizeof(ea)) == EOPNOTSUPP, "efadv on mlx5");
   memset(&ea, 0, sizeof(ea));
-  CHECK(V.efa_query_device(e->ctx, &ea, sizeof(ea)) == 0, "efadv_query_device");
-  CHECK((ea.device_caps & (1u << 3)) && (ea.device_caps & EFADV_DEVICE_ATTR_CAPS_RNR_RETRY) &&
-            (ea.device_caps & EFADV_DEVICE_ATTR_CAPS_RDMA_READ),
-        "caps 0x%x", ea.device_caps);
-  CHECK(ea.max_rdma_size == (1u << 30) && ea.max_sq_wr > 0 && ea.max_rq_wr > 0 && ea.max_sq_sge > 0,
-        "efa limits");
+  TEST_ASSERT(V.efa_query_device(e->ctx, &ea, sizeof(ea)) == 0, "efadv_query_device");
+  TEST_ASSERT((ea.device_caps & (1u << 3)) && (ea.device_caps & EFADV_DEVICE_ATTR_CAPS_RNR_RETRY) &&
+                  (ea.device_caps & EFADV_DEVICE_ATTR_CAPS_RDMA_READ),
+              "caps 0x%x", ea.device_caps);
+  TEST_ASSERT(ea.max_rdma_size == (1u << 30) && ea.max_sq_wr > 0 && ea.max_rq_wr > 0 &&
+                  ea.max_sq_sge > 0,
+              "efa limits");
   /* inlen covers only the first fields: nothing beyond is written */
   memset(&ea, 0xAB, sizeof(ea));
-  CHECK(V.efa_query_device(e->ctx, &ea, 16) == 0, "short inlen");
-  CHECK(ea.max_sq_wr == 8192 && ea.max_sq_sge == 0xABAB, "only inlen bytes filled");
+  TEST_ASSERT(V.efa_query_device(e->ctx, &ea, 16) == 0, "short inlen");
+  TEST_ASSERT(ea.max_sq_wr == 8192 && ea.max_sq_sge == 0xABAB, "only inlen bytes filled");
   struct ibv_qp *qp = vdt_rc_qp(e, 4, 4, 1, 0, 0);
-  CHECK(qp == NULL && errno == EOPNOTSUPP, "no RC QP on EFA (errno %d)", errno);
+  TEST_ASSERT(qp == NULL && errno == EOPNOTSUPP, "no RC QP on EFA (errno %d)", errno);
   struct ibv_qp_init_attr_ex ax;
   memset(&ax, 0, sizeof(ax));
   ax.send_cq = m->cq;
@@ -102,7 +104,7 @@ static void check_efa_queries(struct vdt_nic *m, struct vdt_nic *e) {
   ax.pd = m->pd;
   struct efadv_qp_init_attr ex = {.driver_qp_type = EFADV_QP_DRIVER_TYPE_SRD};
   qp = V.efa_create_qp_ex(m->ctx, &ax, &ex, sizeof(ex));
-  CHECK(qp == NULL && errno == EOPNOTSUPP, "no SRD QP on mlx5 (errno %d)", errno);
+  TEST_ASSERT(qp == NULL && errno == EOPNOTSUPP, "no SRD QP on mlx5 (errno %d)", errno);
 }
 
 void vdt_test_devices(void) {
@@ -113,9 +115,9 @@ void vdt_test_devices(void) {
   vdt_open(&e, "mlx5:2,efa:1", 2, 16);
   check_queries(&m, &m2, &e);
   check_efa_queries(&m, &e);
-  CHECK(strcmp(V.wc_status_str(IBV_WC_SUCCESS), "success") == 0, "wc_status_str");
-  CHECK(strlen(V.wc_status_str(IBV_WC_REM_ACCESS_ERR)) > 0, "wc_status_str");
-  CHECK(V.fork_init() == 0, "ibv_fork_init");
+  TEST_ASSERT(strcmp(V.wc_status_str(IBV_WC_SUCCESS), "success") == 0, "wc_status_str");
+  TEST_ASSERT(strlen(V.wc_status_str(IBV_WC_REM_ACCESS_ERR)) > 0, "wc_status_str");
+  TEST_ASSERT(V.fork_init() == 0, "ibv_fork_init");
   vdt_close(&m);
   vdt_close(&m2);
   vdt_close(&e);
@@ -132,8 +134,8 @@ int main(int argc, char **argv) {
   char fabric[256];
   snprintf(fabric, sizeof(fabric), "%s/tw-vd-test-%d",
            access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp", (int)getpid());
-  REQUIRE(setenv("TW_VD_FABRIC", fabric, 1) == 0 && setenv("TW_VD_RNR_MS", "300", 1) == 0,
-          "setenv");
+  TEST_REQUIRE(setenv("TW_VD_FABRIC", fabric, 1) == 0 && setenv("TW_VD_RNR_MS", "300", 1) == 0,
+               "setenv");
   unsetenv("TW_VD_LINK");
   unsetenv("TW_VD_FAIL");
   unsetenv("TW_VD_SEED");
@@ -162,14 +164,13 @@ int main(int argc, char **argv) {
       {"throughput", vdt_test_throughput},
   };
   for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-    const int failed_before = vdt_failed;
-    const double t0 = vdt_now();
+    const int failed_before = tw_test_failed;
+    const double t0 = tw_test_now();
     tests[i].fn();
-    printf("%-18s %s (%.2f s)\n", tests[i].name, vdt_failed == failed_before ? "ok" : "FAILED",
-           vdt_now() - t0);
+    printf("%-18s %s (%.2f s)\n", tests[i].name, tw_test_failed == failed_before ? "ok" : "FAILED",
+           tw_test_now() - t0);
   }
   if (unlink(fabric) != 0)
     fprintf(stderr, "unlink(%s): %s\n", fabric, strerror(errno));
-  printf("%d passed, %d failed\n", vdt_passed, vdt_failed);
-  return vdt_failed || !vdt_passed ? 1 : 0;
+  return tw_test_finish();
 }

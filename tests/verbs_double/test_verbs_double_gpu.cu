@@ -21,7 +21,7 @@
 #define CUDA_OK(call)                                                                              \
   do {                                                                                             \
     cudaError_t e_ = (call);                                                                       \
-    REQUIRE(e_ == cudaSuccess, "%s -> %s", #call, cudaGetErrorString(e_));                         \
+    TEST_REQUIRE(e_ == cudaSuccess, "%s -> %s", #call, cudaGetErrorString(e_));                    \
   } while (0)
 
 static const int kAcc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
@@ -41,7 +41,7 @@ static void check_copies(struct vdt_rc_pair *p) {
   const size_t cap = 4u << 20;
   uint8_t *h = (uint8_t *)malloc(cap), *back = (uint8_t *)malloc(cap), *pinned = NULL;
   void *dsrc = NULL, *ddst = NULL;
-  REQUIRE(h && back, "malloc");
+  TEST_REQUIRE(h && back, "malloc");
   CUDA_OK(cudaMalloc(&dsrc, cap));
   CUDA_OK(cudaMalloc(&ddst, cap));
   CUDA_OK(cudaHostAlloc((void **)&pinned, cap, cudaHostAllocDefault));
@@ -51,48 +51,50 @@ static void check_copies(struct vdt_rc_pair *p) {
   struct ibv_mr *ms = V.reg_mr(p->a.pd, dsrc, cap, kAcc), *md = V.reg_mr(p->b.pd, ddst, cap, kAcc);
   struct ibv_mr *mh = V.reg_mr(p->a.pd, h, cap, kAcc), *mhb = V.reg_mr(p->b.pd, back, cap, kAcc);
   struct ibv_mr *mp = V.reg_mr(p->b.pd, pinned, cap, kAcc);
-  REQUIRE(ms && md && mh && mhb && mp, "reg_mr");
+  TEST_REQUIRE(ms && md && mh && mhb && mp, "reg_mr");
   static const uint32_t sizes[] = {1, 4096, 262145, (3u << 20) + 777};
   for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
     const uint32_t n = sizes[i];
     CUDA_OK(cudaMemset(ddst, 0, cap));
     int st = write_wait(p, ms, (char *)dsrc + 3, n, (uintptr_t)ddst + 5, md->rkey);
-    CHECK(st == IBV_WC_SUCCESS, "D->D %u: %d", n, st);
+    TEST_ASSERT(st == IBV_WC_SUCCESS, "D->D %u: %d", n, st);
     CUDA_OK(cudaMemcpy(back, ddst, cap, cudaMemcpyDeviceToHost));
-    CHECK(memcmp(back + 5, h + 3, n) == 0 && back[4] == 0 && back[5 + n] == 0, "D->D %u data", n);
+    TEST_ASSERT(memcmp(back + 5, h + 3, n) == 0 && back[4] == 0 && back[5 + n] == 0, "D->D %u data",
+                n);
     CUDA_OK(cudaMemset(ddst, 0, cap));
     st = write_wait(p, mh, h + 1, n, (uintptr_t)ddst, md->rkey);
     CUDA_OK(cudaMemcpy(back, ddst, cap, cudaMemcpyDeviceToHost));
-    CHECK(st == IBV_WC_SUCCESS && memcmp(back, h + 1, n) == 0, "H->D %u", n);
+    TEST_ASSERT(st == IBV_WC_SUCCESS && memcmp(back, h + 1, n) == 0, "H->D %u", n);
     memset(back, 0, cap);
     st = write_wait(p, ms, dsrc, n, (uintptr_t)back, mhb->rkey);
-    CHECK(st == IBV_WC_SUCCESS && memcmp(back, h, n) == 0, "D->H %u", n);
+    TEST_ASSERT(st == IBV_WC_SUCCESS && memcmp(back, h, n) == 0, "D->H %u", n);
     memset(pinned, 0, cap);
     st = write_wait(p, ms, dsrc, n, (uintptr_t)pinned, mp->rkey);
-    CHECK(st == IBV_WC_SUCCESS && memcmp(pinned, h, n) == 0, "D->pinned host %u", n);
+    TEST_ASSERT(st == IBV_WC_SUCCESS && memcmp(pinned, h, n) == 0, "D->pinned host %u", n);
   }
   /* a dmabuf MR over device memory: its iova is the device address */
   int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  REQUIRE(fd >= 0, "open");
+  TEST_REQUIRE(fd >= 0, "open");
   struct ibv_mr *mb = V.reg_dmabuf_mr(p->b.pd, 0, cap, (uintptr_t)ddst, fd, kAcc);
-  REQUIRE(mb, "reg_dmabuf_mr");
+  TEST_REQUIRE(mb, "reg_dmabuf_mr");
   CUDA_OK(cudaMemset(ddst, 0, cap));
   int st = write_wait(p, ms, dsrc, 1u << 20, (uintptr_t)ddst + 64, mb->rkey);
   CUDA_OK(cudaMemcpy(back, ddst, cap, cudaMemcpyDeviceToHost));
-  CHECK(st == IBV_WC_SUCCESS && memcmp(back + 64, h, 1u << 20) == 0, "dmabuf D->D");
+  TEST_ASSERT(st == IBV_WC_SUCCESS && memcmp(back + 64, h, 1u << 20) == 0, "dmabuf D->D");
   close(fd);
   /* a write with immediate into device memory: the data is there at the receive completion */
   CUDA_OK(cudaMemset(ddst, 0, cap));
-  CHECK(vdt_post_recvs(p->qb, 1, 5) == 0, "post recv");
-  CHECK(vdt_write(p->qa, 2, ms, dsrc, 2u << 20, (uintptr_t)ddst, md->rkey, 1, htonl(42)) == 0,
-        "post imm");
+  TEST_ASSERT(vdt_post_recvs(p->qb, 1, 5) == 0, "post recv");
+  TEST_ASSERT(vdt_write(p->qa, 2, ms, dsrc, 2u << 20, (uintptr_t)ddst, md->rkey, 1, htonl(42)) == 0,
+              "post imm");
   struct ibv_wc wc;
-  CHECK(vdt_poll(p->b.cq, &wc, 1, 10000) == 1 && wc.status == IBV_WC_SUCCESS &&
-            wc.imm_data == htonl(42) && wc.byte_len == (2u << 20),
-        "recv completion");
+  TEST_ASSERT(vdt_poll(p->b.cq, &wc, 1, 10000) == 1 && wc.status == IBV_WC_SUCCESS &&
+                  wc.imm_data == htonl(42) && wc.byte_len == (2u << 20),
+              "recv completion");
   CUDA_OK(cudaMemcpy(back, ddst, 2u << 20, cudaMemcpyDeviceToHost));
-  CHECK(memcmp(back, h, 2u << 20) == 0, "imm data in device memory");
-  CHECK(vdt_poll(p->a.cq, &wc, 1, 10000) == 1 && wc.status == IBV_WC_SUCCESS, "send completion");
+  TEST_ASSERT(memcmp(back, h, 2u << 20) == 0, "imm data in device memory");
+  TEST_ASSERT(vdt_poll(p->a.cq, &wc, 1, 10000) == 1 && wc.status == IBV_WC_SUCCESS,
+              "send completion");
   V.dereg_mr(ms);
   V.dereg_mr(md);
   V.dereg_mr(mh);
@@ -137,7 +139,7 @@ static void check_flag_order(struct vdt_rc_pair *p) {
   CUDA_OK(cudaMemset(ddata, 0, bytes + 64));
   CUDA_OK(cudaMemset(dbad, 0, 8));
   unsigned long long *hsrc = (unsigned long long *)malloc((size_t)ROUNDS * bytes), *flags;
-  REQUIRE(hsrc, "malloc");
+  TEST_REQUIRE(hsrc, "malloc");
   for (size_t r = 0; r < ROUNDS; r++)
     for (size_t i = 0; i < words; i++)
       hsrc[r * words + i] = r + 1;
@@ -152,16 +154,16 @@ static void check_flag_order(struct vdt_rc_pair *p) {
   struct ibv_mr *mds = V.reg_mr(p->a.pd, dsrc, (size_t)ROUNDS * bytes, kAcc);
   struct ibv_mr *mf = V.reg_mr(p->a.pd, flags, (ROUNDS + 1) * 8, kAcc);
   struct ibv_mr *md = V.reg_mr(p->b.pd, ddata, bytes + 64, kAcc);
-  REQUIRE(mh && mds && mf && md, "reg_mr");
+  TEST_REQUIRE(mh && mds && mf && md, "reg_mr");
   watch<<<1, 256>>>(dflag, ddata, words, ROUNDS, dbad, (unsigned long long *)dprogress);
   CUDA_OK(cudaGetLastError());
   int ok = 1;
   for (int r = 1; r <= ROUNDS && ok; r++) {
-    const double end = vdt_now() + 10;
-    while (*progress != (unsigned long long)(r - 1) && vdt_now() < end) {
+    const double end = tw_test_now() + 10;
+    while (*progress != (unsigned long long)(r - 1) && tw_test_now() < end) {
     }
     if (*progress != (unsigned long long)(r - 1)) {
-      CHECK(0, "kernel stuck before round %d (progress %llu)", r, *progress);
+      TEST_ASSERT(0, "kernel stuck before round %d (progress %llu)", r, *progress);
       ok = 0;
       break;
     }
@@ -175,15 +177,15 @@ static void check_flag_order(struct vdt_rc_pair *p) {
     struct ibv_wc wc[2];
     ok &= vdt_poll(p->a.cq, wc, 2, 10000) == 2 && wc[0].status == IBV_WC_SUCCESS &&
           wc[1].status == IBV_WC_SUCCESS;
-    CHECK(ok, "round %d: writes while the kernel runs", r);
+    TEST_ASSERT(ok, "round %d: writes while the kernel runs", r);
   }
-  const double end = vdt_now() + 10;
-  while (cudaStreamQuery(0) == cudaErrorNotReady && vdt_now() < end)
+  const double end = tw_test_now() + 10;
+  while (cudaStreamQuery(0) == cudaErrorNotReady && tw_test_now() < end)
     vdt_sleep_us(1000);
-  REQUIRE(cudaStreamQuery(0) == cudaSuccess, "the watching kernel did not finish");
+  TEST_REQUIRE(cudaStreamQuery(0) == cudaSuccess, "the watching kernel did not finish");
   unsigned long long bad = 0;
   CUDA_OK(cudaMemcpy(&bad, dbad, 8, cudaMemcpyDeviceToHost));
-  CHECK(ok && bad == 0, "%llu words of a round's data missing when its flag was seen", bad);
+  TEST_ASSERT(ok && bad == 0, "%llu words of a round's data missing when its flag was seen", bad);
   V.dereg_mr(mh);
   V.dereg_mr(mds);
   V.dereg_mr(mf);
@@ -201,7 +203,7 @@ static double rate(struct vdt_rc_pair *p, struct ibv_mr *ms, char *src, struct i
   const uint32_t chunk = 1u << 20;
   double best = 0;
   for (int round = 0; round < 3; round++) {
-    const double t0 = vdt_now();
+    const double t0 = tw_test_now();
     uint32_t posted = 0, done = 0;
     int ok = 1;
     while (done < total / chunk && ok) {
@@ -215,8 +217,8 @@ static double rate(struct vdt_rc_pair *p, struct ibv_mr *ms, char *src, struct i
       ok &= k == 1 && wc.status == IBV_WC_SUCCESS;
       done += (uint32_t)k;
     }
-    CHECK(ok, "rate round %d", round);
-    const double gbs = total / (vdt_now() - t0) / 1e9;
+    TEST_ASSERT(ok, "rate round %d", round);
+    const double gbs = total / (tw_test_now() - t0) / 1e9;
     best = gbs > best ? gbs : best;
   }
   return best;
@@ -225,13 +227,13 @@ static double rate(struct vdt_rc_pair *p, struct ibv_mr *ms, char *src, struct i
 static void report_rates(struct vdt_rc_pair *p) {
   const uint32_t total = 64u << 20;
   char *d1 = NULL, *d2 = NULL, *h = (char *)malloc(total);
-  REQUIRE(h, "malloc");
+  TEST_REQUIRE(h, "malloc");
   memset(h, 1, total);
   CUDA_OK(cudaMalloc((void **)&d1, total));
   CUDA_OK(cudaMalloc((void **)&d2, total));
   struct ibv_mr *m1 = V.reg_mr(p->a.pd, d1, total, kAcc), *m2 = V.reg_mr(p->b.pd, d2, total, kAcc);
   struct ibv_mr *mh = V.reg_mr(p->a.pd, h, total, kAcc);
-  REQUIRE(m1 && m2 && mh, "reg_mr");
+  TEST_REQUIRE(m1 && m2 && mh, "reg_mr");
   printf("  device memory, one RC stream, 64 MiB in 1 MiB writes: D->D %.2f GB/s, H->D %.2f GB/s\n",
          rate(p, m1, d1, m2, d2, total), rate(p, mh, h, m2, d2, total));
   V.dereg_mr(m1);
@@ -257,7 +259,7 @@ int main(int argc, char **argv) {
   char fabric[256];
   snprintf(fabric, sizeof(fabric), "%s/tw-vd-gpu-test-%d",
            access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp", (int)getpid());
-  REQUIRE(setenv("TW_VD_FABRIC", fabric, 1) == 0, "setenv");
+  TEST_REQUIRE(setenv("TW_VD_FABRIC", fabric, 1) == 0, "setenv");
   unsetenv("TW_VD_LINK");
   unsetenv("TW_VD_FAIL");
   if (vdt_load(argv[1]) != 0)
@@ -273,6 +275,5 @@ int main(int argc, char **argv) {
   report_rates(&p);
   vdt_rc_pair_close(&p);
   unlink(fabric);
-  printf("%d passed, %d failed\n", vdt_passed, vdt_failed);
-  return vdt_failed || !vdt_passed ? 1 : 0;
+  return tw_test_finish();
 }

@@ -9,6 +9,8 @@
 
 #include <infiniband/efadv.h>
 #include <infiniband/verbs.h>
+
+#include "tw_test.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,35 +54,9 @@ struct vdt_api {
 };
 extern struct vdt_api V;
 
-extern int vdt_passed, vdt_failed;
-
-#define CHECK(cond, ...)                                                                           \
-  do {                                                                                             \
-    if (cond) {                                                                                    \
-      vdt_passed++;                                                                                \
-    } else {                                                                                       \
-      vdt_failed++;                                                                                \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                              \
-      fprintf(stderr, __VA_ARGS__);                                                                \
-      fprintf(stderr, "\n");                                                                       \
-    }                                                                                              \
-  } while (0)
-
-/* A check later ones depend on: stops the test (exit 1) when it fails */
-#define REQUIRE(cond, ...)                                                                         \
-  do {                                                                                             \
-    if (!(cond)) {                                                                                 \
-      fprintf(stderr, "FATAL %s:%d: %s: ", __FILE__, __LINE__, #cond);                             \
-      fprintf(stderr, __VA_ARGS__);                                                                \
-      fprintf(stderr, "\n");                                                                       \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
-
 /* Loads the double and resolves the entry points; 0 or -1 (message printed). */
 int vdt_load(const char *path);
 
-double vdt_now(void);
 void vdt_sleep_us(long us);
 
 /* One opened NIC instance with a PD and one CQ for everything */
@@ -92,7 +68,7 @@ struct vdt_nic {
   union ibv_gid gid;
 };
 
-/* Opens device `index` of the list TW_VD_NICS=nics gives; REQUIREs success. cqe: CQ size. */
+/* Opens device `index` of the list TW_VD_NICS=nics gives; TEST_REQUIREs success. cqe: CQ size. */
 void vdt_open(struct vdt_nic *n, const char *nics, int index, int cqe);
 void vdt_close(struct vdt_nic *n);
 

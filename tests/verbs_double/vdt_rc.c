@@ -38,7 +38,7 @@ void vdt_test_rc_writes(void) {
   vdt_rc_pair_open(&p, 64, 1);
   const size_t cap = (4u << 20);
   uint8_t *src = malloc(cap), *dst = calloc(1, cap + 64);
-  REQUIRE(src && dst, "malloc");
+  TEST_REQUIRE(src && dst, "malloc");
   fill(src, cap, 7);
   struct ibv_mr *ms = vdt_reg(&p.a, src, cap), *md = vdt_reg(&p.b, dst, cap + 64);
   static const uint32_t sizes[] = {
@@ -47,17 +47,18 @@ void vdt_test_rc_writes(void) {
     const uint32_t n = sizes[i];
     memset(dst, 0, cap + 64);
     int st = write_wait(&p, ms, src + 5, n, (uintptr_t)(dst + 13), md->rkey, 100 + i);
-    CHECK(st == IBV_WC_SUCCESS, "write %u: status %d", n, st);
-    CHECK(memcmp(dst + 13, src + 5, n) == 0, "write %u: data differs", n);
-    CHECK(dst[12] == 0 && dst[13 + n] == 0, "write %u: bytes outside the range touched", n);
+    TEST_ASSERT(st == IBV_WC_SUCCESS, "write %u: status %d", n, st);
+    TEST_ASSERT(memcmp(dst + 13, src + 5, n) == 0, "write %u: data differs", n);
+    TEST_ASSERT(dst[12] == 0 && dst[13 + n] == 0, "write %u: bytes outside the range touched", n);
   }
   /* the other direction, on the same connection */
   memset(src, 0, 8192);
   fill(dst, 8192, 9);
-  CHECK(vdt_write(p.qb, 7, md, dst, 8192, (uintptr_t)src, ms->rkey, 0, 0) == 0, "post b->a");
+  TEST_ASSERT(vdt_write(p.qb, 7, md, dst, 8192, (uintptr_t)src, ms->rkey, 0, 0) == 0, "post b->a");
   struct ibv_wc wc;
-  CHECK(vdt_poll(p.b.cq, &wc, 1, 5000) == 1 && wc.status == IBV_WC_SUCCESS, "b->a completion");
-  CHECK(memcmp(src, dst, 8192) == 0, "b->a data");
+  TEST_ASSERT(vdt_poll(p.b.cq, &wc, 1, 5000) == 1 && wc.status == IBV_WC_SUCCESS,
+              "b->a completion");
+  TEST_ASSERT(memcmp(src, dst, 8192) == 0, "b->a data");
   V.dereg_mr(ms);
   V.dereg_mr(md);
   free(src);
@@ -73,14 +74,14 @@ static void check_multi_sge(struct vdt_rc_pair *p) {
   size_t total = 0;
   for (int i = 0; i < 4; i++) {
     bufs[i] = malloc(lens[i]);
-    REQUIRE(bufs[i], "malloc");
+    TEST_REQUIRE(bufs[i], "malloc");
     fill(bufs[i], lens[i], 20 + (uint32_t)i);
     mrs[i] = vdt_reg(&p->a, bufs[i], lens[i]);
     sge[i] = (struct ibv_sge){.addr = (uintptr_t)bufs[i], .length = lens[i], .lkey = mrs[i]->lkey};
     total += lens[i];
   }
   uint8_t *dst = calloc(1, total);
-  REQUIRE(dst, "calloc");
+  TEST_REQUIRE(dst, "calloc");
   struct ibv_mr *md = vdt_reg(&p->b, dst, total);
   struct ibv_send_wr wr, *bad = NULL;
   memset(&wr, 0, sizeof(wr));
@@ -91,13 +92,13 @@ static void check_multi_sge(struct vdt_rc_pair *p) {
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.wr.rdma.remote_addr = (uintptr_t)dst;
   wr.wr.rdma.rkey = md->rkey;
-  CHECK(ibv_post_send(p->qa, &wr, &bad) == 0, "post 4 SGEs");
+  TEST_ASSERT(ibv_post_send(p->qa, &wr, &bad) == 0, "post 4 SGEs");
   struct ibv_wc wc;
-  CHECK(vdt_poll(p->a.cq, &wc, 1, 5000) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 55,
-        "4-SGE completion");
+  TEST_ASSERT(vdt_poll(p->a.cq, &wc, 1, 5000) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 55,
+              "4-SGE completion");
   size_t off = 0;
   for (int i = 0; i < 4; i++) {
-    CHECK(memcmp(dst + off, bufs[i], lens[i]) == 0, "SGE %d's bytes", i);
+    TEST_ASSERT(memcmp(dst + off, bufs[i], lens[i]) == 0, "SGE %d's bytes", i);
     off += lens[i];
     V.dereg_mr(mrs[i]);
     free(bufs[i]);
@@ -121,14 +122,14 @@ static void check_inline(struct vdt_rc_pair *p, uint8_t *dst, struct ibv_mr *md)
   wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
   wr.wr.rdma.remote_addr = (uintptr_t)dst;
   wr.wr.rdma.rkey = md->rkey;
-  CHECK(ibv_post_send(p->qa, &wr, &bad) == 0, "post inline");
+  TEST_ASSERT(ibv_post_send(p->qa, &wr, &bad) == 0, "post inline");
   memset(data, 0, sizeof(data)); /* inline: the bytes were taken when posted */
   struct ibv_wc wc;
-  CHECK(vdt_poll(p->a.cq, &wc, 1, 5000) == 1 && wc.status == IBV_WC_SUCCESS, "inline done");
-  CHECK(memcmp(dst, want, 64) == 0, "inline bytes are those at post time");
+  TEST_ASSERT(vdt_poll(p->a.cq, &wc, 1, 5000) == 1 && wc.status == IBV_WC_SUCCESS, "inline done");
+  TEST_ASSERT(memcmp(dst, want, 64) == 0, "inline bytes are those at post time");
   sge.length = 65; /* beyond max_inline_data (64) */
   bad = NULL;
-  CHECK(ibv_post_send(p->qa, &wr, &bad) == EINVAL && bad == &wr, "inline too long refused");
+  TEST_ASSERT(ibv_post_send(p->qa, &wr, &bad) == EINVAL && bad == &wr, "inline too long refused");
 }
 
 static void check_signaling(struct vdt_rc_pair *p, uint8_t *dst, struct ibv_mr *md) {
@@ -144,19 +145,20 @@ static void check_signaling(struct vdt_rc_pair *p, uint8_t *dst, struct ibv_mr *
     wr.opcode = IBV_WR_RDMA_WRITE;
     wr.wr.rdma.remote_addr = (uintptr_t)(dst + 8 * i);
     wr.wr.rdma.rkey = md->rkey;
-    CHECK(ibv_post_send(p->qa, &wr, &bad) == 0, "unsignaled post");
+    TEST_ASSERT(ibv_post_send(p->qa, &wr, &bad) == 0, "unsignaled post");
   }
-  CHECK(vdt_write(p->qa, 203, mw, &word, 8, (uintptr_t)(dst + 24), md->rkey, 0, 0) == 0, "post");
+  TEST_ASSERT(vdt_write(p->qa, 203, mw, &word, 8, (uintptr_t)(dst + 24), md->rkey, 0, 0) == 0,
+              "post");
   struct ibv_wc wc[4];
   int n = vdt_poll(p->a.cq, wc, 4, 300);
-  CHECK(n == 1 && wc[0].wr_id == 203, "only the signaled WR completes (%d)", n);
-  CHECK(memcmp(dst + 16, &word, 8) == 0, "unsignaled writes landed");
+  TEST_ASSERT(n == 1 && wc[0].wr_id == 203, "only the signaled WR completes (%d)", n);
+  TEST_ASSERT(memcmp(dst + 16, &word, 8) == 0, "unsignaled writes landed");
   /* sq_sig_all: every WR completes */
   struct ibv_qp *qa = vdt_rc_qp(&p->a, 8, 8, 1, 0, 1), *qb = vdt_rc_qp(&p->b, 8, 8, 1, 0, 0);
-  REQUIRE(qa && qb, "QPs");
-  REQUIRE(vdt_rc_connect(qa, &p->b, qb->qp_num, 0) == 0 &&
-              vdt_rc_connect(qb, &p->a, qa->qp_num, 0) == 0,
-          "connect");
+  TEST_REQUIRE(qa && qb, "QPs");
+  TEST_REQUIRE(vdt_rc_connect(qa, &p->b, qb->qp_num, 0) == 0 &&
+                   vdt_rc_connect(qb, &p->a, qa->qp_num, 0) == 0,
+               "connect");
   struct ibv_sge sge = {.addr = (uintptr_t)&word, .length = 8, .lkey = mw->lkey};
   struct ibv_send_wr wr, *bad = NULL;
   memset(&wr, 0, sizeof(wr));
@@ -166,8 +168,8 @@ static void check_signaling(struct vdt_rc_pair *p, uint8_t *dst, struct ibv_mr *
   wr.opcode = IBV_WR_RDMA_WRITE;
   wr.wr.rdma.remote_addr = (uintptr_t)dst;
   wr.wr.rdma.rkey = md->rkey;
-  CHECK(ibv_post_send(qa, &wr, &bad) == 0, "post on sq_sig_all QP");
-  CHECK(vdt_poll(p->a.cq, wc, 1, 5000) == 1 && wc[0].wr_id == 300, "sq_sig_all completes");
+  TEST_ASSERT(ibv_post_send(qa, &wr, &bad) == 0, "post on sq_sig_all QP");
+  TEST_ASSERT(vdt_poll(p->a.cq, wc, 1, 5000) == 1 && wc[0].wr_id == 300, "sq_sig_all completes");
   V.destroy_qp(qa);
   V.destroy_qp(qb);
   V.dereg_mr(mw);
@@ -178,7 +180,7 @@ void vdt_test_rc_sges_inline(void) {
   vdt_rc_pair_open(&p, 64, 0);
   check_multi_sge(&p);
   uint8_t *dst = calloc(1, 4096);
-  REQUIRE(dst, "calloc");
+  TEST_REQUIRE(dst, "calloc");
   struct ibv_mr *md = vdt_reg(&p.b, dst, 4096);
   check_inline(&p, dst, md);
   check_signaling(&p, dst, md);
@@ -191,7 +193,7 @@ void vdt_test_rc_limits(void) {
   struct vdt_rc_pair p;
   vdt_rc_pair_open(&p, 4, 0);
   uint64_t word = 1, *dst = calloc(64, 8);
-  REQUIRE(dst, "calloc");
+  TEST_REQUIRE(dst, "calloc");
   struct ibv_mr *ms = vdt_reg(&p.a, &word, 8), *md = vdt_reg(&p.b, dst, 64 * 8);
   struct ibv_sge sge = {.addr = (uintptr_t)&word, .length = 8, .lkey = ms->lkey};
   struct ibv_send_wr wrs[5], *bad = NULL;
@@ -206,25 +208,25 @@ void vdt_test_rc_limits(void) {
     wrs[i].wr.rdma.rkey = md->rkey;
     wrs[i].next = i < 4 ? &wrs[i + 1] : NULL;
   }
-  CHECK(ibv_post_send(p.qa, wrs, &bad) == ENOMEM && bad == &wrs[4],
-        "5 WRs on max_send_wr 4: ENOMEM at the 5th");
+  TEST_ASSERT(ibv_post_send(p.qa, wrs, &bad) == ENOMEM && bad == &wrs[4],
+              "5 WRs on max_send_wr 4: ENOMEM at the 5th");
   struct ibv_wc wc[8];
   int n = vdt_poll(p.a.cq, wc, 4, 5000);
-  CHECK(n == 4, "the first 4 complete (%d)", n);
+  TEST_ASSERT(n == 4, "the first 4 complete (%d)", n);
   for (int i = 0; i < n; i++)
-    CHECK(wc[i].wr_id == (uint64_t)i && wc[i].status == IBV_WC_SUCCESS, "in order, success");
+    TEST_ASSERT(wc[i].wr_id == (uint64_t)i && wc[i].status == IBV_WC_SUCCESS, "in order, success");
   wrs[0].next = NULL;
   wrs[0].num_sge = 5; /* beyond max_send_sge (4) */
-  CHECK(ibv_post_send(p.qa, wrs, &bad) == EINVAL, "too many SGEs refused");
+  TEST_ASSERT(ibv_post_send(p.qa, wrs, &bad) == EINVAL, "too many SGEs refused");
   wrs[0].num_sge = 1;
   struct ibv_qp *q = vdt_rc_qp(&p.a, 4, 4, 1, 100, 0); /* RESET */
-  REQUIRE(q, "QP");
-  CHECK(ibv_post_send(q, wrs, &bad) == EINVAL && bad == wrs, "post in RESET refused");
+  TEST_REQUIRE(q, "QP");
+  TEST_ASSERT(ibv_post_send(q, wrs, &bad) == EINVAL && bad == wrs, "post in RESET refused");
   V.destroy_qp(q);
   errno = 0;
-  CHECK(vdt_rc_qp(&p.a, 8193, 4, 1, 0, 0) == NULL && errno == EINVAL, "max_send_wr > 8192");
-  CHECK(vdt_rc_qp(&p.a, 4, 4, 17, 0, 0) == NULL, "max_sge > 16");
-  CHECK(vdt_rc_qp(&p.a, 4, 4, 1, 257, 0) == NULL, "max_inline_data > 256");
+  TEST_ASSERT(vdt_rc_qp(&p.a, 8193, 4, 1, 0, 0) == NULL && errno == EINVAL, "max_send_wr > 8192");
+  TEST_ASSERT(vdt_rc_qp(&p.a, 4, 4, 17, 0, 0) == NULL, "max_sge > 16");
+  TEST_ASSERT(vdt_rc_qp(&p.a, 4, 4, 1, 257, 0) == NULL, "max_inline_data > 256");
   struct ibv_qp_init_attr a;
   memset(&a, 0, sizeof(a));
   a.send_cq = a.recv_cq = p.a.cq;
@@ -235,13 +237,14 @@ void vdt_test_rc_limits(void) {
                               .max_recv_sge = 1,
                               .max_inline_data = 100};
   q = V.create_qp(p.a.pd, &a);
-  CHECK(q && a.cap.max_send_wr >= 10 && a.cap.max_inline_data >= 100 && a.cap.max_send_sge >= 2,
-        "granted caps returned");
-  CHECK(q && V.qp_to_qp_ex(q) != NULL, "an RC QP has a qp_ex too");
+  TEST_ASSERT(q && a.cap.max_send_wr >= 10 && a.cap.max_inline_data >= 100 &&
+                  a.cap.max_send_sge >= 2,
+              "granted caps returned");
+  TEST_ASSERT(q && V.qp_to_qp_ex(q) != NULL, "an RC QP has a qp_ex too");
   if (q)
     V.destroy_qp(q);
   a.qp_type = IBV_QPT_UD;
-  CHECK(V.create_qp(p.a.pd, &a) == NULL && errno == EOPNOTSUPP, "UD is not emulated");
+  TEST_ASSERT(V.create_qp(p.a.pd, &a) == NULL && errno == EOPNOTSUPP, "UD is not emulated");
   V.dereg_mr(ms);
   V.dereg_mr(md);
   free(dst);
@@ -253,12 +256,12 @@ void vdt_test_rc_mr_kinds(void) {
   vdt_rc_pair_open(&p, 16, 0);
   const int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
   uint8_t *src = malloc(8192), *dst = calloc(1, 8192), *dst2 = calloc(1, 8192);
-  REQUIRE(src && dst && dst2, "malloc");
+  TEST_REQUIRE(src && dst && dst2, "malloc");
   fill(src, 8192, 11);
   /* iova-based MRs, local and remote: addresses in WRs are iova + offset */
   struct ibv_mr *ms = V.reg_mr_iova(p.a.pd, src, 8192, 0x20000000ull, acc);
   struct ibv_mr *md = V.reg_mr_iova(p.b.pd, dst, 8192, 0x10000000ull, acc);
-  REQUIRE(ms && md, "reg_mr_iova");
+  TEST_REQUIRE(ms && md, "reg_mr_iova");
   struct ibv_sge sge = {.addr = 0x20000000ull + 10, .length = 1000, .lkey = ms->lkey};
   struct ibv_send_wr wr, *bad = NULL;
   memset(&wr, 0, sizeof(wr));
@@ -269,33 +272,35 @@ void vdt_test_rc_mr_kinds(void) {
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.wr.rdma.remote_addr = 0x10000000ull + 100;
   wr.wr.rdma.rkey = md->rkey;
-  CHECK(ibv_post_send(p.qa, &wr, &bad) == 0, "post iova write");
+  TEST_ASSERT(ibv_post_send(p.qa, &wr, &bad) == 0, "post iova write");
   struct ibv_wc wc;
-  CHECK(vdt_poll(p.a.cq, &wc, 1, 5000) == 1 && wc.status == IBV_WC_SUCCESS, "iova write done");
-  CHECK(memcmp(dst + 100, src + 10, 1000) == 0, "iova translation, both ends");
+  TEST_ASSERT(vdt_poll(p.a.cq, &wc, 1, 5000) == 1 && wc.status == IBV_WC_SUCCESS,
+              "iova write done");
+  TEST_ASSERT(memcmp(dst + 100, src + 10, 1000) == 0, "iova translation, both ends");
   /* dmabuf: the buffer's virtual address is the iova */
   int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  REQUIRE(fd >= 0, "open");
+  TEST_REQUIRE(fd >= 0, "open");
   struct ibv_mr *mb = V.reg_dmabuf_mr(p.b.pd, 0, 8192, (uintptr_t)dst2, fd, acc);
-  REQUIRE(mb, "reg_dmabuf_mr: %s", strerror(errno));
-  CHECK(V.reg_dmabuf_mr(p.b.pd, 0, 8192, (uintptr_t)dst2, -1, acc) == NULL, "fd -1 refused");
+  TEST_REQUIRE(mb, "reg_dmabuf_mr: %s", strerror(errno));
+  TEST_ASSERT(V.reg_dmabuf_mr(p.b.pd, 0, 8192, (uintptr_t)dst2, -1, acc) == NULL, "fd -1 refused");
   struct ibv_mr *ml = vdt_reg(&p.a, src, 8192);
   int st = vdt_write(p.qa, 2, ml, src, 4096, (uintptr_t)dst2 + 8, mb->rkey, 0, 0);
-  CHECK(st == 0 && vdt_poll(p.a.cq, &wc, 1, 5000) == 1 && wc.status == IBV_WC_SUCCESS,
-        "dmabuf write done");
-  CHECK(memcmp(dst2 + 8, src, 4096) == 0, "dmabuf MR data");
+  TEST_ASSERT(st == 0 && vdt_poll(p.a.cq, &wc, 1, 5000) == 1 && wc.status == IBV_WC_SUCCESS,
+              "dmabuf write done");
+  TEST_ASSERT(memcmp(dst2 + 8, src, 4096) == 0, "dmabuf MR data");
   close(fd);
-  CHECK(ms->lkey && md->lkey && mb->lkey && ml->lkey && ms->lkey != md->lkey &&
-            md->lkey != mb->lkey && mb->lkey != ml->lkey && ms->lkey != ml->lkey,
-        "keys unique and nonzero");
-  CHECK(V.reg_mr(p.a.pd, src, 0, acc) == NULL, "length 0 refused");
-  CHECK(V.reg_mr(p.a.pd, src, 64, IBV_ACCESS_REMOTE_WRITE) == NULL, "remote write needs local");
+  TEST_ASSERT(ms->lkey && md->lkey && mb->lkey && ml->lkey && ms->lkey != md->lkey &&
+                  md->lkey != mb->lkey && mb->lkey != ml->lkey && ms->lkey != ml->lkey,
+              "keys unique and nonzero");
+  TEST_ASSERT(V.reg_mr(p.a.pd, src, 0, acc) == NULL, "length 0 refused");
+  TEST_ASSERT(V.reg_mr(p.a.pd, src, 64, IBV_ACCESS_REMOTE_WRITE) == NULL,
+              "remote write needs local");
   /* a deregistered MR's rkey is dead */
   const uint32_t old = md->rkey;
-  CHECK(V.dereg_mr(md) == 0, "dereg");
+  TEST_ASSERT(V.dereg_mr(md) == 0, "dereg");
   st = vdt_write(p.qa, 3, ml, src, 64, 0x10000000ull, old, 0, 0);
-  CHECK(st == 0 && vdt_poll(p.a.cq, &wc, 1, 5000) == 1 && wc.status == IBV_WC_REM_ACCESS_ERR,
-        "write to a deregistered MR: %s", V.wc_status_str(wc.status));
+  TEST_ASSERT(st == 0 && vdt_poll(p.a.cq, &wc, 1, 5000) == 1 && wc.status == IBV_WC_REM_ACCESS_ERR,
+              "write to a deregistered MR: %s", V.wc_status_str(wc.status));
   V.dereg_mr(ms);
   V.dereg_mr(mb);
   V.dereg_mr(ml);
@@ -374,21 +379,21 @@ void vdt_test_rc_ordering(void) {
   o.src = malloc(ORD_SLOTS * ORD_DATA);
   o.srcflags = calloc(64, 8);
   o.dst = calloc(1, ORD_SLOTS * ORD_DATA + 64);
-  REQUIRE(o.src && o.dst && o.srcflags, "malloc");
+  TEST_REQUIRE(o.src && o.dst && o.srcflags, "malloc");
   o.ms = vdt_reg(&p.a, o.src, ORD_SLOTS * ORD_DATA);
   o.md = vdt_reg(&p.b, o.dst, ORD_SLOTS * ORD_DATA + 64);
   volatile uint64_t *flag = (volatile uint64_t *)(o.dst + ORD_SLOTS * ORD_DATA);
   pthread_t t;
-  REQUIRE(pthread_create(&t, NULL, ord_sender, &o) == 0, "pthread_create");
+  TEST_REQUIRE(pthread_create(&t, NULL, ord_sender, &o) == 0, "pthread_create");
   uint64_t last = 0, seen = 0, bad = 0;
-  const double end = vdt_now() + 20;
-  while (last < ORD_N && !o.failed && vdt_now() < end) {
+  const double end = tw_test_now() + 20;
+  while (last < ORD_N && !o.failed && tw_test_now() < end) {
     const uint64_t v = atomic_load_explicit((_Atomic uint64_t *)flag, memory_order_acquire);
     if (v == last) {
       sched_yield();
       continue;
     }
-    CHECK(v > last, "flag went back: %lu after %lu", (unsigned long)v, (unsigned long)last);
+    TEST_ASSERT(v > last, "flag went back: %lu after %lu", (unsigned long)v, (unsigned long)last);
     last = v;
     seen++;
     /* the data of flag v has landed: its slot holds v or a later value of the same slot */
@@ -398,11 +403,11 @@ void vdt_test_rc_ordering(void) {
       bad++;
   }
   pthread_join(t, NULL);
-  CHECK(!o.failed, "sender failed");
-  CHECK(last == ORD_N, "final flag %lu", (unsigned long)last);
-  CHECK(bad == 0, "%lu of %lu flag values seen before their data", (unsigned long)bad,
-        (unsigned long)seen);
-  CHECK(seen > 10, "the receiver saw only %lu flag values", (unsigned long)seen);
+  TEST_ASSERT(!o.failed, "sender failed");
+  TEST_ASSERT(last == ORD_N, "final flag %lu", (unsigned long)last);
+  TEST_ASSERT(bad == 0, "%lu of %lu flag values seen before their data", (unsigned long)bad,
+              (unsigned long)seen);
+  TEST_ASSERT(seen > 10, "the receiver saw only %lu flag values", (unsigned long)seen);
   V.dereg_mr(o.ms);
   V.dereg_mr(o.md);
   free(o.src);

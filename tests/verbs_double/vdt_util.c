@@ -7,7 +7,6 @@
 #include "vdt.h"
 
 struct vdt_api V;
-int vdt_passed, vdt_failed;
 
 #define SYM(field, name)                                                                           \
   do {                                                                                             \
@@ -55,12 +54,6 @@ int vdt_load(const char *path) {
   return 0;
 }
 
-double vdt_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 void vdt_sleep_us(long us) {
   struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -69,33 +62,33 @@ void vdt_sleep_us(long us) {
 
 void vdt_open(struct vdt_nic *n, const char *nics, int index, int cqe) {
   memset(n, 0, sizeof(*n));
-  REQUIRE(setenv("TW_VD_NICS", nics, 1) == 0, "setenv");
+  TEST_REQUIRE(setenv("TW_VD_NICS", nics, 1) == 0, "setenv");
   int count = 0;
   struct ibv_device **list = V.get_device_list(&count);
-  REQUIRE(list && index < count, "device %d of %s (%d listed)", index, nics, count);
+  TEST_REQUIRE(list && index < count, "device %d of %s (%d listed)", index, nics, count);
   n->ctx = V.open_device(list[index]);
   V.free_device_list(list);
-  REQUIRE(n->ctx, "ibv_open_device: %s", strerror(errno));
+  TEST_REQUIRE(n->ctx, "ibv_open_device: %s", strerror(errno));
   n->pd = V.alloc_pd(n->ctx);
   n->cq = V.create_cq(n->ctx, cqe, NULL, NULL, 0);
-  REQUIRE(n->pd && n->cq, "pd / cq");
-  REQUIRE(V.query_port(n->ctx, 1, &n->port) == 0, "query_port");
-  REQUIRE(V.query_gid(n->ctx, 1, 0, &n->gid) == 0, "query_gid");
+  TEST_REQUIRE(n->pd && n->cq, "pd / cq");
+  TEST_REQUIRE(V.query_port(n->ctx, 1, &n->port) == 0, "query_port");
+  TEST_REQUIRE(V.query_gid(n->ctx, 1, 0, &n->gid) == 0, "query_gid");
 }
 
 void vdt_close(struct vdt_nic *n) {
   if (!n->ctx)
     return;
-  CHECK(V.destroy_cq(n->cq) == 0, "destroy_cq");
-  CHECK(V.dealloc_pd(n->pd) == 0, "dealloc_pd");
-  CHECK(V.close_device(n->ctx) == 0, "close_device");
+  TEST_ASSERT(V.destroy_cq(n->cq) == 0, "destroy_cq");
+  TEST_ASSERT(V.dealloc_pd(n->pd) == 0, "dealloc_pd");
+  TEST_ASSERT(V.close_device(n->ctx) == 0, "close_device");
   memset(n, 0, sizeof(*n));
 }
 
 struct ibv_mr *vdt_reg(struct vdt_nic *n, void *buf, size_t len) {
   struct ibv_mr *mr = V.reg_mr(
       n->pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
-  REQUIRE(mr, "ibv_reg_mr(%zu): %s", len, strerror(errno));
+  TEST_REQUIRE(mr, "ibv_reg_mr(%zu): %s", len, strerror(errno));
   return mr;
 }
 
@@ -163,35 +156,35 @@ void vdt_rc_pair_open(struct vdt_rc_pair *p, uint32_t max_wr, int by_gid) {
   vdt_open(&p->b, "mlx5:2", 1, 8192);
   p->qa = vdt_rc_qp(&p->a, max_wr, max_wr, 4, 64, 0);
   p->qb = vdt_rc_qp(&p->b, max_wr, max_wr, 4, 64, 0);
-  REQUIRE(p->qa && p->qb, "create RC QPs: %s", strerror(errno));
+  TEST_REQUIRE(p->qa && p->qb, "create RC QPs: %s", strerror(errno));
   int rc = vdt_rc_connect(p->qa, &p->b, p->qb->qp_num, by_gid);
-  REQUIRE(rc == 0, "connect a: %s", strerror(rc));
+  TEST_REQUIRE(rc == 0, "connect a: %s", strerror(rc));
   rc = vdt_rc_connect(p->qb, &p->a, p->qa->qp_num, by_gid);
-  REQUIRE(rc == 0, "connect b: %s", strerror(rc));
+  TEST_REQUIRE(rc == 0, "connect b: %s", strerror(rc));
 }
 
 void vdt_rc_pair_renew(struct vdt_rc_pair *p, uint32_t max_wr) {
-  CHECK(V.destroy_qp(p->qa) == 0 && V.destroy_qp(p->qb) == 0, "destroy QPs");
+  TEST_ASSERT(V.destroy_qp(p->qa) == 0 && V.destroy_qp(p->qb) == 0, "destroy QPs");
   p->qa = vdt_rc_qp(&p->a, max_wr, max_wr, 4, 64, 0);
   p->qb = vdt_rc_qp(&p->b, max_wr, max_wr, 4, 64, 0);
-  REQUIRE(p->qa && p->qb, "create RC QPs: %s", strerror(errno));
-  REQUIRE(vdt_rc_connect(p->qa, &p->b, p->qb->qp_num, 0) == 0, "connect a");
-  REQUIRE(vdt_rc_connect(p->qb, &p->a, p->qa->qp_num, 0) == 0, "connect b");
+  TEST_REQUIRE(p->qa && p->qb, "create RC QPs: %s", strerror(errno));
+  TEST_REQUIRE(vdt_rc_connect(p->qa, &p->b, p->qb->qp_num, 0) == 0, "connect a");
+  TEST_REQUIRE(vdt_rc_connect(p->qb, &p->a, p->qa->qp_num, 0) == 0, "connect b");
   struct ibv_wc wc[64];
   while (ibv_poll_cq(p->a.cq, 64, wc) > 0 || ibv_poll_cq(p->b.cq, 64, wc) > 0) {
   }
 }
 
 void vdt_rc_pair_close(struct vdt_rc_pair *p) {
-  CHECK(V.destroy_qp(p->qa) == 0, "destroy qa");
-  CHECK(V.destroy_qp(p->qb) == 0, "destroy qb");
+  TEST_ASSERT(V.destroy_qp(p->qa) == 0, "destroy qa");
+  TEST_ASSERT(V.destroy_qp(p->qb) == 0, "destroy qb");
   vdt_close(&p->a);
   vdt_close(&p->b);
 }
 
 int vdt_poll(struct ibv_cq *cq, struct ibv_wc *wc, int want, int timeout_ms) {
   int got = 0;
-  const double end = vdt_now() + timeout_ms * 1e-3;
+  const double end = tw_test_now() + timeout_ms * 1e-3;
   while (got < want) {
     int n = ibv_poll_cq(cq, want - got, wc + got);
     if (n < 0) {
@@ -200,7 +193,7 @@ int vdt_poll(struct ibv_cq *cq, struct ibv_wc *wc, int want, int timeout_ms) {
     }
     got += n;
     if (got < want) {
-      if (vdt_now() > end)
+      if (tw_test_now() > end)
         break;
       if (!n)
         vdt_sleep_us(20);

@@ -276,13 +276,11 @@ template <class Out, int BN> cudaError_t preload_variants() {
 
 /* A tile order that starts on this node's rows (own and NVLink-pushed shards before those that
  * cross nodes) where the node's ranks are consecutive. */
-static void rail_order(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_rail_t &r,
-                       TileOrder *o) {
+static void rail_order(const tw_ag_gemm_args_t &a, const tw_rail_t &r, TileOrder *o) {
   for (int l = 1; l < r.local_size; l++)
     if (r.local_rank[l] != r.local_rank[0] + l)
       return;
   o->rotate_mb = (int32_t)(((int64_t)r.local_rank[0] * a.m_local) / kBlockM);
-  (void)comm;
 }
 
 template <class Out, int BN>
@@ -329,7 +327,7 @@ tw_status_t run(tw_comm_t comm, const tw_ag_gemm_args_t &a, const tw_ag_gemm_pla
     st = tw_comm_rail(comm, "tw_ag_gemm", &p.gemm.wait.rail);
     if (st != TW_SUCCESS)
       return st;
-    rail_order(comm, a, p.gemm.wait.rail, &o);
+    rail_order(a, p.gemm.wait.rail, &o);
   }
   p.gemm.wait.peer_read = plan.peer_read;
   p.gemm.wait.write_through = plan.peer_gather;

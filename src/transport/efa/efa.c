@@ -92,7 +92,6 @@ static void efa_close(tw_net_t *base) {
 
 static tw_status_t efa_open(const tw_net_config_t *cfg, tw_net_t **out) {
   tw_status_t st;
-  struct ibv_device **list = NULL;
   efa_net_t *n = NULL;
   const tw_verbs_t *v;
   TW_CHECK(tw_verbs_load(&v));
@@ -100,7 +99,7 @@ static tw_status_t efa_open(const tw_net_config_t *cfg, tw_net_t **out) {
     TW_FAIL(TW_ERR_NOT_SUPPORTED,
             "the efa backend needs libefa (efadv; TW_EFADV_LIB) and "
             "ibv_qp_to_qp_ex from rdma-core 46 or later (found %s, rdma-core %s)",
-            v->path, v->version[0] ? v->version : "of unknown version");
+            v->path, tw_verbs_version(v));
   if (!cfg->host_flags)
     TW_FAIL(TW_ERR_INTERNAL, "the efa backend needs host flag words");
   n = calloc(1, sizeof(*n));
@@ -108,35 +107,25 @@ static tw_status_t efa_open(const tw_net_config_t *cfg, tw_net_t **out) {
     TW_FAIL(TW_ERR_SYSTEM, "out of host memory");
   tw_net_base_init(&n->b, &tw_net_efa, v, cfg);
   int ndev = 0, no_write = 0;
-  list = v->get_device_list(&ndev);
-  int pick[TW_NET_MAX_NICS];
-  const int npick =
-      list ? tw_net_pick_devices(v, list, ndev, cfg, keep_efa, &no_write, pick, TW_NET_MAX_NICS)
-           : 0;
-  if (npick == 0)
+  TW_CHECK(tw_net_base_open_nics(&n->b, keep_efa, &no_write, EFA_CQE, &ndev));
+  if (n->b.nnics == 0)
     TW_FAIL(TW_ERR_NOT_SUPPORTED, "no usable EFA device among %d RDMA devices%s (rdma-core %s)",
             ndev,
             no_write ? ": they cannot RDMA-write over SRD (needs rdma-core 46 or later and "
                        "an EFA that supports RDMA write)"
                      : "",
-            v->version[0] ? v->version : "of unknown version");
+            tw_verbs_version(v));
   n->max_rdma_size = ~0u;
-  for (int i = 0; i < npick; i++) {
-    TW_CHECK(tw_nic_open(v, list[pick[i]], EFA_CQE, &n->b.nic[i]));
-    n->b.nnics++;
+  for (int i = 0; i < n->b.nnics; i++) {
     struct efadv_device_attr attr;
     memset(&attr, 0, sizeof(attr));
     if (v->efadv_query_device(n->b.nic[i].ctx, &attr, sizeof(attr)) == 0 && attr.max_rdma_size &&
         attr.max_rdma_size < n->max_rdma_size)
       n->max_rdma_size = attr.max_rdma_size;
   }
-  v->free_device_list(list);
-  list = NULL;
   *out = &n->b.net;
   return TW_SUCCESS;
 fail:
-  if (list)
-    v->free_device_list(list);
   if (n)
     efa_close(&n->b.net);
   return st;
@@ -262,7 +251,7 @@ static int efa_post(tw_net_t *base, const tw_fifo_cmd_t *c, uint64_t token, tw_n
   qpx->wr_id = ri;
   qpx->wr_flags = IBV_SEND_SIGNALED;
   /* a flag-only command writes 0 bytes at heap offset 0 (the control block), a valid address */
-  const tw_net_window_t *tw = rw ? rw : tw_net_window_find(n->b.win, TW_NET_WINDOWS, 0, 0);
+  const tw_net_window_t *tw = rw ? rw : tw_net_window_find(n->b.win, n->b.nwin, 0, 0);
   uint64_t raddr = 0;
   uint32_t rkey = 0;
   if (tw) {
@@ -370,8 +359,7 @@ static void efa_describe(const tw_net_t *base, char *buf, size_t len) {
   for (int i = 0; i < n->b.nnics && used > 0 && (size_t)used < len; i++)
     used += snprintf(buf + used, len - (size_t)used, " %s", n->b.nic[i].name);
   if (used > 0 && (size_t)used < len)
-    snprintf(buf + used, len - (size_t)used, "; rdma-core %s",
-             n->b.v->version[0] ? n->b.v->version : n->b.v->path);
+    snprintf(buf + used, len - (size_t)used, "; rdma-core %s", tw_verbs_version(n->b.v));
 }
 
 const tw_net_ops_t tw_net_efa = {

@@ -74,7 +74,6 @@ static void ib_close(tw_net_t *base) {
 
 static tw_status_t ib_open(const tw_net_config_t *cfg, tw_net_t **out) {
   tw_status_t st;
-  struct ibv_device **list = NULL;
   ib_net_t *n = NULL;
   const tw_verbs_t *v;
   TW_CHECK(tw_verbs_load(&v));
@@ -86,29 +85,18 @@ static tw_status_t ib_open(const tw_net_config_t *cfg, tw_net_t **out) {
   tw_net_base_init(&n->b, &tw_net_ib, v, cfg);
   n->qps = cfg->qps;
   int ndev = 0;
-  list = v->get_device_list(&ndev);
-  if (!list || ndev == 0)
+  TW_CHECK(tw_net_base_open_nics(&n->b, keep_rc, (void *)v, IB_CQE, &ndev));
+  if (ndev == 0)
     TW_FAIL(TW_ERR_NOT_SUPPORTED,
             "no RDMA device found (%s, rdma-core %s); ranks on other nodes need one", v->path,
-            v->version[0] ? v->version : "of unknown version");
-  int pick[TW_NET_MAX_NICS];
-  const int npick =
-      tw_net_pick_devices(v, list, ndev, cfg, keep_rc, (void *)v, pick, TW_NET_MAX_NICS);
-  if (npick == 0)
+            tw_verbs_version(v));
+  if (n->b.nnics == 0)
     TW_FAIL(TW_ERR_NOT_SUPPORTED, "none of the %d RDMA devices can serve the ib backend%s%s", ndev,
             cfg->devices && *cfg->devices ? " among TW_NET_DEVICES=" : "",
             cfg->devices && *cfg->devices ? cfg->devices : " (RC queue pairs)");
-  for (int i = 0; i < npick; i++) {
-    TW_CHECK(tw_nic_open(v, list[pick[i]], IB_CQE, &n->b.nic[i]));
-    n->b.nnics++;
-  }
-  v->free_device_list(list);
-  list = NULL;
   *out = &n->b.net;
   return TW_SUCCESS;
 fail:
-  if (list)
-    v->free_device_list(list);
   if (n)
     ib_close(&n->b.net);
   return st;
@@ -236,8 +224,7 @@ static int ib_post(tw_net_t *base, const tw_fifo_cmd_t *c, uint64_t token, tw_ne
   if (pieces > 4)
     return tw_net_refuse(done, c, token, "command of more than 4 GiB");
   if (has_flag) {
-    fw =
-        tw_net_window_find(n->b.win, TW_NET_WINDOWS, n->b.cfg.flags_off + 8 * (c->flag_off - 1), 8);
+    fw = tw_net_window_find(n->b.win, n->b.nwin, n->b.cfg.flags_off + 8 * (c->flag_off - 1), 8);
     if (!fw)
       return tw_net_refuse(done, c, token, "the flag words are not registered");
   }
@@ -349,8 +336,7 @@ static void ib_describe(const tw_net_t *base, char *buf, size_t len) {
                      n->b.nic[i].port.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
                      128 << n->b.nic[i].port.active_mtu);
   if (used > 0 && (size_t)used < len)
-    snprintf(buf + used, len - (size_t)used, "; rdma-core %s",
-             n->b.v->version[0] ? n->b.v->version : n->b.v->path);
+    snprintf(buf + used, len - (size_t)used, "; rdma-core %s", tw_verbs_version(n->b.v));
 }
 
 const tw_net_ops_t tw_net_ib = {"ib",
