@@ -74,7 +74,8 @@ TW_ENV(TW_RS_BAND, int, "0", DEV, 1,
 TW_ENV(TW_RS_GROUP_UNITS, int, "0", DEV, 1,
        "tw_gemm_rs / tw_gemm_ar put this many units (an owner's part of one tile) behind one flag, "
        "so each reduce and gather work item covers that many (at least what the flag slice needs); "
-       "0 lets the plan choose.")
+       "0 lets the plan choose (across nodes: groups of at least 1 MiB of fp32 partials, one RDMA "
+       "write each).")
 TW_ENV(TW_RS_BLOCK_N, int, "0", DEV, 1,
        "tw_gemm_rs / tw_gemm_ar: the fused GEMM's tile width, 128, 192 or 256 columns; any other "
        "value lets the plan choose (128 where 128 x 256 tiles would leave a last wave of CTAs "
@@ -136,7 +137,8 @@ TW_ENV(TW_RS_UNFUSED_SMALL, int, "-1", DEV, 1,
        "m <= 256; where ranks share one tw_gemm_ar at m <= 64, tw_gemm_ar into symmetric outputs "
        "at m <= 4096 with K per rank <= 2048, and with fp32 partials tw_gemm_rs and tw_gemm_ar "
        "into symmetric outputs at m >= 4096 with K per rank <= 2048; plain outs count as symmetric "
-       "where TW_AR_PEER_OUT applies). Same bits.")
+       "where TW_AR_PEER_OUT applies). Across nodes 1 runs tw_gemm, then the rail kernel's "
+       "reduce of the copied partial; anything else the fused rail kernel. Same bits.")
 TW_ENV(TW_RS_UNFUSED_LL, int, "-1", DEV, 1,
        "tw_gemm_rs / tw_gemm_ar's unfused pipeline: 1 exchanges the rows in the comm's low-latency "
        "area where the call's rows fit (TW_LL_BYTES): each rank stores its peers' rows of its "

@@ -15,6 +15,7 @@
 #include "ops/gemm/gemm_sm90.h"
 #include "ops/gemm_rs/gemm_rs.h"
 #include "ops/gemm_rs/gemm_rs_impl.h"
+#include "ops/gemm_rs/gemm_rs_rail.h"
 
 extern "C" {
 #include "core/env.h"
@@ -22,11 +23,13 @@ extern "C" {
 #include "runtime/argcheck.h"
 #include "runtime/calldesc.h"
 #include "runtime/comm.h"
+#include "runtime/comm_net.h"
 #include "runtime/cuda_check.h"
 #include "runtime/registry.h"
 }
 
 using tw::rs::run_fused;
+using tw::rs::run_rail;
 using tw::rs::run_unfused;
 
 namespace {
@@ -117,7 +120,10 @@ tw_status_t check_pointers(tw_comm_t comm, const char *op, const tw_gemm_rs_args
   const size_t a_bytes = (size_t)((a.m - 1) * a.lda + a.k) * 2;
   const size_t b_bytes = (size_t)((a.n - 1) * a.ldb + a.k) * 2;
   const size_t out_bytes = (size_t)((out_rows - 1) * a.ldo + a.n) * 2;
-  const size_t ws_bytes = a.workspace ? tw_gemm_rs_workspace_bytes(comm->world, a.m, a.n) : 0;
+  const size_t ws_bytes = !a.workspace ? 0
+                          : comm->nodes > 1
+                              ? tw_rs_rail_workspace_bytes(comm->world, comm->nodes, a.m, a.n)
+                              : tw_gemm_rs_workspace_bytes(comm->world, a.m, a.n);
   const void *ptrs[3] = {a.a, a.b, a.out};
   const size_t sizes[3] = {a_bytes, b_bytes, out_bytes};
   const char *names[3] = {"a", "b", "out"};
@@ -156,15 +162,29 @@ tw_status_t check_comm(tw_comm_t comm, const char *op, const tw_gemm_rs_args_t &
                op);
   TW_ARG_CHECK((uintptr_t)a.workspace % 128 == 0, "%s: args->workspace: %p is not 128-byte aligned",
                op, a.workspace);
+  if (comm->nodes > 1) { /* the rail path (gemm_rs_rail.h) */
+    tw_rail_t r;
+    tw_status_t st = tw_comm_rail(comm, op, &r);
+    if (st != TW_SUCCESS)
+      return st;
+    const size_t need = tw_rs_rail_workspace_bytes(world, comm->nodes, a.m, a.n);
+    st = tw_heap_lookup(comm, a.workspace, 1, "args->workspace", NULL);
+    if (st != TW_SUCCESS)
+      return st;
+    if (tw_heap_avail(comm, a.workspace) < need)
+      return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                     "%s: args->workspace: %zu bytes from it in the heap allocation; across %d "
+                     "nodes the op needs %zu (tw_gemm_rs_workspace_size on this comm)",
+                     op, tw_heap_avail(comm, a.workspace), comm->nodes, need);
+    return TW_SUCCESS;
+  }
   tw_status_t st = tw_heap_lookup(comm, a.workspace, tw_gemm_rs_workspace_bytes(world, a.m, a.n),
                                   "args->workspace", NULL);
   if (st != TW_SUCCESS)
     return st;
   for (int r = 0; r < world; r++)
     if (!tw_heap_peer_ptr(comm, a.workspace, r) || !comm->dev.peer_ctrl[r])
-      return tw_fail(TW_ERR_NOT_SUPPORTED,
-                     "%s: rank %d is on another node; inter-node %s is not implemented yet", op, r,
-                     op);
+      return tw_fail(TW_ERR_INTERNAL, "%s: rank %d of this node is not mapped here", op, r);
   return TW_SUCCESS;
 }
 
@@ -266,6 +286,56 @@ void plan_push(tw_comm_t comm, const tw_gemm_rs_args_t &a, int all_reduce,
       tw_heap_avail(comm, a.workspace) >= tw_gemm_ar_push_workspace_bytes(comm->world, a.m, a.n);
 }
 
+/* Across nodes (plan->rail, gemm_rs_rail.cu): the fused plan's tiling and CTAs, without the
+ * schemes of one node (direct, pull, owner epilogue, push, symmetric outputs, low-latency
+ * rows); the unfused pipeline only where TW_RS_UNFUSED_SMALL=1 asks for it. Unit groups are
+ * made large enough that an owner's fit the rail flags (gemm_rs_rail.h), and (unless
+ * TW_RS_GROUP_UNITS sets them) that each carries TW_RS_RAIL_WRITE_BYTES. */
+void plan_rail(tw_comm_t comm, const tw_gemm_rs_args_t &a, tw_gemm_rs_plan_t *plan) {
+  const int world = comm->world, nodes = comm->nodes;
+  tw_gemm_rs_plan_args_t pa = {world,
+                               a.m,
+                               a.n,
+                               a.k,
+                               comm->sm_budget,
+                               a.reduce_sms,
+                               0,
+                               (int)tw_env_int(TW_RS_BAND_ID),
+                               partial_bytes(a),
+                               world,
+                               comm->gpu_shared,
+                               0,
+                               (int)tw_env_int(TW_RS_REDUCE_CTAS_ID),
+                               (int)tw_env_int(TW_RS_GROUP_UNITS_ID),
+                               comm->plan_sms,
+                               0,
+                               0,
+                               (int)tw_env_int(TW_RS_BLOCK_N_ID)};
+  tw_gemm_rs_make_plan(&pa, plan);
+  plan->direct = plan->pull = plan->owner_epi = plan->interleave = 0;
+  plan->ar_push = plan->ar_out_sym = plan->ll = plan->ar_peer_out = 0;
+  plan->rail = 1;
+  plan->unfused = tw_env_int(TW_RS_UNFUSED_SMALL_ID) == 1;
+  if (plan->block_n != 128)
+    plan->block_n = TW_GEMM_RS_BLOCK_N; /* not the ping-pong loop's 192 */
+  plan->reduce_ctas = 0;                /* every CTA reduces after its tiles (gemm_rs_rail.cu) */
+  tw_rs_rail_layout_t lay;
+  tw_rs_rail_layout(world, nodes, a.m, a.n, plan->block_n, &lay);
+  int cap = tw_rs_rail_stride(nodes, world);
+  if (tw_rs_rail_gcap(nodes) < cap)
+    cap = tw_rs_rail_gcap(nodes);
+  /* a group is one RDMA write: at least TW_RS_RAIL_WRITE_BYTES of node partials (fp32) */
+  int64_t need = (TW_RS_RAIL_WRITE_BYTES + lay.unit_elems * 4 - 1) / (lay.unit_elems * 4);
+  if (need < (lay.units_max + cap - 1) / cap)
+    need = (lay.units_max + cap - 1) / cap;
+  if (plan->group_units < need && tw_env_int(TW_RS_GROUP_UNITS_ID) <= 0)
+    plan->group_units = (int)need;
+  if (plan->group_units < (lay.units_max + cap - 1) / cap) /* the flags must hold the groups */
+    plan->group_units = (int)((lay.units_max + cap - 1) / cap);
+  plan->groups_max = (int)((lay.units_max + plan->group_units - 1) / plan->group_units);
+  plan->flag_stride = tw_rs_rail_stride(nodes, world);
+}
+
 /* Validates (naming the bad argument), resolves defaults and plans the call: world 1 the plain
  * GEMM (plan->single), else the fused kernel or the unfused pipeline and their options. */
 tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
@@ -287,6 +357,14 @@ tw_status_t prepare(tw_comm_t comm, const tw_gemm_rs_args_t *in, int all_reduce,
   st = check_comm(comm, op, *a);
   if (st != TW_SUCCESS)
     return st;
+  if (comm->nodes > 1) {
+    plan_rail(comm, *a, plan);
+    TW_DEBUG("%s rank %d: the rail path, m %lld n %lld k %lld: ctas %d, block_n %d, reduce_ctas "
+             "%d, band %d, group_units %d, unfused %d",
+             op, comm->rank, (long long)a->m, (long long)a->n, (long long)a->k, plan->ctas,
+             plan->block_n, plan->reduce_ctas, plan->band, plan->group_units, plan->unfused);
+    return TW_SUCCESS;
+  }
   plan_fused(comm, *a, all_reduce, plan);
   st = plan_out_symmetric(comm, op, *a, all_reduce, plan);
   if (st != TW_SUCCESS)
@@ -312,7 +390,7 @@ tw_call_desc_t describe_call(tw_comm_t comm, const tw_gemm_rs_args_t &a,
                         (uint64_t)plan.direct << 2 | (uint64_t)plan.pull << 3 |
                         (uint64_t)plan.owner_epi << 4 | (uint64_t)plan.interleave << 5 |
                         (uint64_t)plan.ar_push << 6 | (uint64_t)plan.ar_peer_out << 7 |
-                        (uint64_t)plan.ar_out_sym << 8;
+                        (uint64_t)plan.ar_out_sym << 8 | (uint64_t)plan.rail << 9;
   const uint64_t tiling = (uint64_t)(uint16_t)plan.band | (uint64_t)(uint16_t)plan.block_n << 16 |
                           (uint64_t)(uint32_t)plan.group_units << 32;
   /* k stays out: the partials are m x n whatever each rank's share of K; where it changes the
@@ -334,6 +412,7 @@ tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_re
     return tw_comm_result(comm, st);
   tw_gemm_rs_args_t a;
   tw_gemm_rs_plan_t plan;
+  memset(&plan, 0, sizeof(plan)); /* the fields a route's planner leaves alone are off */
   st = prepare(comm, args, all_reduce, &a, &plan);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
@@ -346,6 +425,9 @@ tw_status_t gemm_rs_op(tw_comm_t comm, const tw_gemm_rs_args_t *args, int all_re
   st = tw_launch_begin(comm, stream, &launch_stream);
   if (st == TW_SUCCESS)
     st = plan.single ? run_single(comm, a, launch_stream)
+         : plan.rail ? (a.partials == TW_PARTIALS_BF16
+                            ? run_rail<__nv_bfloat16>(comm, a, plan, all_reduce, launch_stream)
+                            : run_rail<float>(comm, a, plan, all_reduce, launch_stream))
          : plan.unfused
              ? (a.partials == TW_PARTIALS_BF16
                     ? run_unfused<__nv_bfloat16>(comm, a, plan, all_reduce, launch_stream)
@@ -366,6 +448,8 @@ static tw_status_t tw_gemm_rs_preload(void) {
   cudaError_t e = tw::rs::preload_fused();
   if (e == cudaSuccess)
     e = tw::rs::preload_unfused();
+  if (e == cudaSuccess)
+    e = tw::rs::preload_rail();
   return tw_cuda_check(e, "loading the gemm_rs kernels");
 }
 
@@ -374,7 +458,7 @@ static tw_status_t tw_gemm_rs_preload(void) {
   {                                                                                                \
     "m", "n", "partial bytes (args->partials)", "workspace (heap offset)", "out (heap offset)",    \
         "path (bits: unfused, ll, direct, pull, owner_epi, interleave, ar_push, ar_peer_out, "     \
-        "ar_out_sym)",                                                                             \
+        "ar_out_sym, rail)",                                                                       \
         "tiling (band | block_n << 16 | group_units << 32)"                                        \
   }
 static const tw_call_fields_t gemm_rs_calls[] = {
@@ -408,6 +492,8 @@ extern "C" tw_status_t tw_gemm_rs_workspace_size(tw_comm_t comm, int64_t m, int6
                           tw_fail(TW_ERR_INVALID_ARGUMENT,
                                   "n: %lld; expected a positive multiple of 8", (long long)n));
   *bytes = tw_gemm_rs_call_workspace_bytes(comm->world, m, n);
+  if (comm->nodes > 1) /* the rail path's (gemm_rs_rail.h) */
+    *bytes = tw_rs_rail_workspace_bytes(comm->world, comm->nodes, m, n);
   return TW_SUCCESS;
 }
 

@@ -109,6 +109,8 @@ typedef struct tw_gemm_rs_plan {
   int ar_peer_out; /* tw_gemm_ar's unfused pipeline stores every rank's rows into every rank's
                       plain out, their addresses exchanged at entry (ranks of one process on
                       one GPU, TW_AR_PEER_OUT; set by the caller of make_plan) */
+  int rail;        /* ranks on several nodes: the rail path (gemm_rs_rail.h; set by the caller of
+                      make_plan), fused, or with `unfused` tw_gemm then the rail kernel's copy */
 } tw_gemm_rs_plan_t;
 
 /* Workspace bytes of tw_gemm_ar's direct scheme: fp32 staging [world][m][n]. */

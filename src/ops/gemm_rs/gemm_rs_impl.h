@@ -28,9 +28,16 @@ template <class P>
 tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_rs_plan_t &plan,
                         int all_reduce, cudaStream_t stream);
 
+/* Across nodes (gemm_rs_rail.cu): plan.rail; plan.unfused there is tw_gemm, then the rail
+ * kernel copying its partial. */
+template <class P>
+tw_status_t run_rail(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_rs_plan_t &plan,
+                     int all_reduce, cudaStream_t stream);
+
 /* Loads the kernels each file launches on the current device (the op's preload). */
 cudaError_t preload_fused();
 cudaError_t preload_unfused();
+cudaError_t preload_rail();
 
 /* Loads `count` kernels (their host stubs) on the current device; the first failure. */
 inline cudaError_t load_kernels(const void *const *kernels, size_t count) {
