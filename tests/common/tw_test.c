@@ -145,6 +145,34 @@ uint64_t tw_test_xorshift(uint64_t *state) {
   return *state;
 }
 
+float tw_test_bf16_to_float(uint16_t h) {
+  const uint32_t u = (uint32_t)h << 16;
+  float x;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+uint16_t tw_test_float_to_bf16(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+void tw_test_rail_sum_bf16(const float *parts, int world, int per_node, size_t count,
+                           uint16_t *out) {
+  for (size_t i = 0; i < count; i++) {
+    float total = 0;
+    for (int t = 0; t < world / per_node; t++) {
+      float node = parts[(size_t)(t * per_node) * count + i];
+      for (int l = 1; l < per_node; l++)
+        node += parts[(size_t)(t * per_node + l) * count + i];
+      total = t == 0 ? node : total + node;
+    }
+    out[i] = tw_test_float_to_bf16(total);
+  }
+}
+
 int tw_test_fork_ranks(int world, int ngpus, tw_test_rank_fn fn, void *arg, double bound_s,
                        int *st) {
   tw_unique_id_t id;

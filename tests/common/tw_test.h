@@ -97,6 +97,16 @@ uint64_t tw_test_seed(void);
  * a fixed list of generated cases. */
 uint64_t tw_test_xorshift(uint64_t *state);
 
+/* bf16 bits to float, and float to bf16 bits rounded to nearest even (finite values). */
+float tw_test_bf16_to_float(uint16_t h);
+uint16_t tw_test_float_to_bf16(float x);
+/* The sum across nodes of tw_gemm_rs / tw_gemm_ar (ops/gemm_rs/gemm_rs_rail.h), element by
+ * element of `count`: parts[r * count + i] is rank r's partial, the ranks in nodes of per_node;
+ * each node's partials summed in rank order, then the nodes' in node order, fp32, rounded to
+ * bf16 into out[i]. */
+void tw_test_rail_sum_bf16(const float *parts, int world, int per_node, size_t count,
+                           uint16_t *out);
+
 /* ---- device helpers (tests/common/tw_test_gpu.cu) -------------------------------------- */
 /* Fills n bf16 values with uniform random numbers in [-1, 1) from `seed`. */
 void tw_test_fill_bf16(void *dst, size_t n, uint64_t seed, tw_stream_t stream);

@@ -6,12 +6,15 @@
  * writes leave one process's GPU memory and land in another's. Every process fills every rank's
  * shard from the rank's seed, so it builds the gathered A and tw_gemm's C of it (the same core)
  * on its own: the fused C must equal it bitwise, both gathered A's the shards, over several calls
- * with fresh inputs. Then ranks whose TW_NET differs (rank 0 ib, the others efa, on a host with
- * NICs of both kinds): every rank's tw_comm_init_rank fails, and those that see each other's
- * choice name both. Usage: test_mp_nodes [iterations=20].
+ * with fresh inputs. tw_gemm_rs and tw_gemm_ar likewise: every process builds every rank's
+ * partial with tw_gemm and their sum in the rail path's order (tw_test_rail_sum_bf16), which
+ * every rank's out must equal bitwise. Then ranks whose TW_NET differs (rank 0 ib, the others efa,
+ * on a host with NICs of both kinds): every rank's tw_comm_init_rank fails, and those that see each
+ * other's choice name both. Usage: test_mp_nodes [iterations=20].
  */
 #include <cuda_runtime.h>
 
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,6 +30,72 @@ int main(void) {
 
 enum { kWorld = 4, kPerNode = 2 };
 static const int64_t kMLocal = 320, kN = 512, kK = 384;
+
+/* tw_gemm_rs then tw_gemm_ar, `iters` times with fresh inputs, against the rail-order sum of
+ * every rank's tw_gemm partial (built here from the ranks' seeds). Returns the failures. */
+static int run_rs(tw_comm_t comm, int rank, int iters, cudaStream_t s) {
+  const int64_t m = kMLocal * kWorld;
+  const size_t mn = (size_t)m * kN;
+  size_t ws_bytes = 0;
+  void *ws = NULL, *a = NULL, *b = NULL, *part = NULL, *out = NULL;
+  if (tw_gemm_rs_workspace_size(comm, m, kN, &ws_bytes) != TW_SUCCESS ||
+      tw_mem_alloc(comm, ws_bytes, &ws) != TW_SUCCESS) {
+    fprintf(stderr, "rank %d: workspace: %s\n", rank, tw_comm_last_error(comm));
+    return 1;
+  }
+  cudaMalloc(&a, (size_t)m * kK * 2), cudaMalloc(&b, (size_t)kN * kK * 2);
+  cudaMalloc(&part, mn * 4), cudaMalloc(&out, mn * 2);
+  float *parts = (float *)malloc(mn * 4 * kWorld);
+  uint16_t *ref = (uint16_t *)malloc(mn * 2), *got = (uint16_t *)malloc(mn * 2);
+  int failures = 0;
+  for (int it = 0; it < iters && !failures; it++) {
+    const uint64_t seed = 5000 + 7919 * (uint64_t)it;
+    for (int r = 0; r < kWorld; r++) { /* every rank's partial, as that rank computes it */
+      tw_test_fill_bf16(a, (size_t)m * kK, seed + 31 * r, (tw_stream_t)s);
+      tw_test_fill_bf16(b, (size_t)kN * kK, seed + 7 + r, (tw_stream_t)s);
+      tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
+      g.c_dtype = TW_FP32;
+      g.a = a, g.b = b, g.c = part;
+      g.m = m, g.n = kN, g.k = kK;
+      tw_comm_sm_budget(comm, &g.sm_count);
+      if (tw_gemm(&g, (tw_stream_t)s) != TW_SUCCESS)
+        failures++;
+      cudaMemcpyAsync(parts + (size_t)r * mn, part, mn * 4, cudaMemcpyDeviceToHost, s);
+      cudaStreamSynchronize(s);
+    }
+    tw_test_rail_sum_bf16(parts, kWorld, kPerNode, mn, ref);
+    tw_test_fill_bf16(a, (size_t)m * kK, seed + 31 * rank, (tw_stream_t)s);
+    tw_test_fill_bf16(b, (size_t)kN * kK, seed + 7 + rank, (tw_stream_t)s);
+    for (int ar = 0; ar < 2 && !failures; ar++) {
+      tw_test_poison(out, mn * 2, (tw_stream_t)s);
+      tw_gemm_rs_args_t args = TW_GEMM_RS_ARGS_INIT;
+      args.a = a, args.b = b, args.out = out, args.workspace = ws;
+      args.m = m, args.n = kN, args.k = kK;
+      const tw_status_t st =
+          ar ? tw_gemm_ar(comm, &args, (tw_stream_t)s) : tw_gemm_rs(comm, &args, (tw_stream_t)s);
+      const size_t rows = ar ? (size_t)m : (size_t)kMLocal;
+      /* the call first: a copy into pageable memory queued behind it would hold the driver's
+       * staging, which the double's own copies (the NIC's DMA) need while the call runs */
+      cudaStreamSynchronize(s);
+      cudaMemcpy(got, out, rows * kN * 2, cudaMemcpyDeviceToHost);
+      const uint16_t *want = ref + (ar ? 0 : (size_t)rank * kMLocal * kN);
+      size_t diff = 0;
+      for (size_t i = 0; i < rows * kN; i++)
+        diff += got[i] != want[i];
+      tw_status_t async = TW_SUCCESS;
+      tw_comm_async_error(comm, &async);
+      if (st != TW_SUCCESS || diff || async != TW_SUCCESS) {
+        fprintf(stderr, "rank %d call %d: tw_gemm_%s: %s, %zu elements differ\n", rank, it,
+                ar ? "ar" : "rs", st || async ? tw_comm_last_error(comm) : "ok", diff);
+        failures++;
+      }
+    }
+  }
+  free(parts), free(ref), free(got);
+  cudaFree(a), cudaFree(b), cudaFree(part), cudaFree(out);
+  tw_mem_free(comm, ws);
+  return failures;
+}
 
 static int run_rank(tw_unique_id_t id, int rank, int iters, int device) {
   cudaSetDevice(device);
@@ -90,8 +159,11 @@ static int run_rank(tw_unique_id_t id, int rank, int iters, int device) {
     }
   }
   if (!failures)
-    printf("rank %d: %d calls of tw_ag_gemm and tw_allgather across processes: equal\n", rank,
-           iters);
+    failures += run_rs(comm, rank, iters, s);
+  if (!failures)
+    printf("rank %d: %d calls of tw_ag_gemm, tw_allgather, tw_gemm_rs and tw_gemm_ar across "
+           "processes: equal\n",
+           rank, iters);
   cudaStreamDestroy(s);
   cudaFree(ref), cudaFree(a), cudaFree(b), cudaFree(c), cudaFree(c_ref);
   tw_mem_free(comm, gathered), tw_mem_free(comm, gathered2);
