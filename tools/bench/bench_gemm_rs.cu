@@ -21,6 +21,14 @@
  *                   NCCL pipeline)
  *   gemm-alone      cuBLAS GEMM, bf16 out, budget-limited (t_gemm)
  *   reduce-alone    the reduce kernels alone (t_comm)
+ * Across nodes (virtual nodes, TW_RANKS_PER_NODE, over the inter-node transport) the reduce
+ * kernels cannot reach the other nodes, so the rows are:
+ *   unfused-rail    the library's unfused pipeline over the same transport (TW_RS_UNFUSED_SMALL=1:
+ *                   tw_gemm, then the rail kernel's reduce; the speedup baseline, and the
+ *                   bitwise check of the fused rows)
+ *   tw_gemm-alone   that pipeline's GEMM alone (tw_gemm, fp32 or bf16 partials out)
+ *   gemm-alone      as above
+ *   reduce-rail     unfused-rail - tw_gemm-alone: the reduce's time (derived, not timed; t_comm)
  * TFLOP/s per rank = 2 m n k / t; overlap = max(t_gemm, t_comm) / t_fused.
  * Each rank's working set (A, B, fp32 partials) is far above L2 at these shapes,
  * so inputs are not rotated.
@@ -37,6 +45,7 @@
 
 typedef struct rs_ctx {
   int world, budget, all_reduce, failed, reduce_sms, partials;
+  int nodes; /* the comm's nodes (virtual nodes: the rows across nodes) */
   int64_t m, n, k;
   int devices[TW_MAX_WORLD];
   tw_comm_t comms[TW_MAX_WORLD];
@@ -57,22 +66,24 @@ typedef struct rs_ctx {
 } rs_ctx;
 
 static void rs_shape(char *dst, size_t len, const bench_shape_t *shape, const rs_ctx *c) {
-  snprintf(dst, len, "%s%sM=%lld N=%lld K/rank=%lld world=%d sms/rank=%d",
+  char layout[32] = "";
+  if (c->nodes > 1)
+    snprintf(layout, sizeof(layout), " nodes=%dx%d", c->nodes, c->world / c->nodes);
+  snprintf(dst, len, "%s%sM=%lld N=%lld K/rank=%lld world=%d%s sms/rank=%d",
            shape->label ? shape->label : "", shape->label ? " " : "", (long long)c->m,
-           (long long)c->n, (long long)c->k, c->world, c->budget);
+           (long long)c->n, (long long)c->k, c->world, layout, c->budget);
 }
 
 static void *fused_out(const rs_ctx *c, int r) {
   return c->use_out_sym ? c->out_sym[r] : c->out[r];
 }
 
-static void run_fused(void *p, int iter) {
-  (void)iter;
-  rs_ctx *c = (rs_ctx *)p;
+/* Every rank's tw_gemm_rs / tw_gemm_ar into out(c, r); `what` names the call in errors. */
+static void call_op(rs_ctx *c, void *(*out)(const rs_ctx *, int), const char *what) {
   for (int r = 0; r < c->world; r++) {
     tw_gemm_rs_args_t a = TW_GEMM_RS_ARGS_INIT;
-    a.a = c->a[r], a.b = c->b[r], a.out = fused_out(c, r), a.workspace = c->ws[r];
-    a.out_symmetric = c->use_out_sym;
+    a.a = c->a[r], a.b = c->b[r], a.out = out(c, r), a.workspace = c->ws[r];
+    a.out_symmetric = out == fused_out ? c->use_out_sym : 0;
     a.partials = c->partials;
     a.m = c->m, a.n = c->n, a.k = c->k;
     a.reduce_sms = c->reduce_sms;
@@ -80,11 +91,16 @@ static void run_fused(void *p, int iter) {
     tw_status_t st =
         c->all_reduce ? tw_gemm_ar(c->comms[r], &a, s) : tw_gemm_rs(c->comms[r], &a, s);
     if (st != TW_SUCCESS) {
-      fprintf(stderr, "tw_gemm_%s: %s\n", c->all_reduce ? "ar" : "rs",
+      fprintf(stderr, "tw_gemm_%s%s: %s\n", c->all_reduce ? "ar" : "rs", what,
               tw_comm_last_error(c->comms[r]));
       c->failed = 1;
     }
   }
+}
+
+static void run_fused(void *p, int iter) {
+  (void)iter;
+  call_op((rs_ctx *)p, fused_out, "");
 }
 
 static void run_reduce(void *p, int iter) {
@@ -170,7 +186,10 @@ static void run_nccl_bf16_cublas(void *p, int iter) {
   run_nccl_bf16(p, iter);
 }
 
-static void run_unfused_tw(void *p, int iter) {
+/* tw_gemm of every rank's partial (fp32, or bf16 with bf16 partials): the unfused pipelines'
+ * GEMM, alone. */
+static void run_tw_gemm_alone(void *p, int iter) {
+  (void)iter;
   rs_ctx *c = (rs_ctx *)p;
   for (int r = 0; r < c->world; r++) {
     tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
@@ -185,10 +204,27 @@ static void run_unfused_tw(void *p, int iter) {
     }
   }
   BENCH_CUDA(cudaSetDevice(c->devices[0]));
+}
+
+static void run_unfused_tw(void *p, int iter) {
+  run_tw_gemm_alone(p, iter);
   run_reduce(p, iter);
 }
 
-/* Fused vs unfused-tw, bitwise, on every rank. */
+/* Across nodes: the library's unfused pipeline (tw_gemm, then the rail kernel's reduce) into
+ * out2, through the knob that forces it. */
+static void *unfused_out(const rs_ctx *c, int r) { return c->out2[r]; }
+
+static void run_unfused_rail(void *p, int iter) {
+  (void)iter;
+  setenv("TW_RS_UNFUSED_SMALL", "1", 1);
+  call_op((rs_ctx *)p, unfused_out, " (unfused)");
+  unsetenv("TW_RS_UNFUSED_SMALL");
+}
+
+static void run_nothing(void *p, int iter) { (void)p, (void)iter; }
+
+/* Fused vs unfused-tw (across nodes: unfused-rail), bitwise, on every rank. */
 static int check_bitwise(rs_ctx *c) {
   for (int r = 0; r < c->world; r++) {
     BENCH_CUDA(cudaSetDevice(c->devices[r]));
@@ -196,7 +232,10 @@ static int check_bitwise(rs_ctx *c) {
     tw_test_poison(c->out2[r], (size_t)c->m * c->n * 2, (tw_stream_t)c->streams[r]);
   }
   run_fused(c, 0);
-  run_unfused_tw(c, 0);
+  if (c->nodes > 1)
+    run_unfused_rail(c, 0);
+  else
+    run_unfused_tw(c, 0);
   BENCH_CUDA(cudaDeviceSynchronize());
   const size_t bytes = (size_t)(c->all_reduce ? c->m : c->m / c->world) * c->n * 2;
   for (int r = 0; r < c->world; r++) {
@@ -264,6 +303,8 @@ static int rs_setup(rs_ctx *c, const bench_opts_t *o, int direct_row) {
     return 1;
   }
   tw_comm_sm_budget(c->comms[0], &c->budget);
+  c->nodes = 1;
+  tw_comm_nodes(c->comms[0], &c->nodes);
   size_t ws_bytes = 0;
   if (tw_gemm_rs_workspace_size(c->comms[0], c->m, c->n, &ws_bytes) != TW_SUCCESS) {
     fprintf(stderr, "workspace: %s\n", tw_comm_last_error(c->comms[0]));
@@ -292,7 +333,7 @@ static int rs_setup(rs_ctx *c, const bench_opts_t *o, int direct_row) {
     tw_test_fill_bf16(c->a[r], (size_t)c->m * c->k, 11 + r, (tw_stream_t)c->streams[r]);
     tw_test_fill_bf16(c->b[r], (size_t)c->n * c->k, 1011 + r, (tw_stream_t)c->streams[r]);
   }
-  for (int r = 0; r < world; r++)
+  for (int r = 0; r < world && c->nodes == 1; r++) /* the reduce kernels' peers */
     for (int s = 0; s < world; s++) {
       void *p;
       if (tw_mem_peer_ptr(c->comms[r], c->partial[r], s, &p) != TW_SUCCESS)
@@ -376,6 +417,7 @@ typedef struct rs_run {
   double tm[kMain + kNccl], tm10[kMain + kNccl], tm90[kMain + kNccl]; /* main and NCCL */
   int nnccl;
   int sweep_partials; /* the TW_BENCH_RS_REDUCE_SMS rows' partials */
+  int nodes;          /* rs_ctx.nodes: the row names across nodes */
   int ok, ok_direct, ok_direct_bf16, ok_bf16p, ok_sym[2];
   double t_nccl, t_nccl_reduce, t_nccl_bf16, t_nccl_bf16_reduce;
   double flops, t_gemm, t_comm, t_base;
@@ -387,6 +429,8 @@ static void time_main(rs_ctx *c, const bench_opts_t *o, rs_run_t *run) {
   void (*fns[kMain + kNccl])(void *, int);
   for (int v = 0; v < kMain; v++)
     fns[v] = main_variants[v].fn;
+  if (c->nodes > 1) /* rows across nodes (the top); reduce-rail is derived below */
+    fns[0] = run_unfused_rail, fns[1] = run_tw_gemm_alone, fns[kReduceAlone] = run_nothing;
   const int nn = c->nccl ? kNccl : 0;
   if (nn)
     fns[kMain] = run_nccl_cublas, fns[kMain + 1] = run_nccl_reduce,
@@ -395,6 +439,10 @@ static void time_main(rs_ctx *c, const bench_opts_t *o, rs_run_t *run) {
                           o->repeats, run->tm, run->tm10, run->tm90);
   for (int v = 0; v < kMain; v++)
     run->t[v] = run->tm[v], run->p10[v] = run->tm10[v], run->p90[v] = run->tm90[v];
+  if (c->nodes > 1) {
+    const double d = run->t[0] - run->t[1];
+    run->t[kReduceAlone] = run->p10[kReduceAlone] = run->p90[kReduceAlone] = d > 0 ? d : 0;
+  }
 }
 
 /* The extra rows, each timed alone after the main ones: TW_BENCH_RS_REDUCE_SMS, the direct
@@ -431,7 +479,7 @@ static void time_extras(rs_ctx *c, const bench_opts_t *o, rs_run_t *run, int dir
     time_extra(c, o, x, -2, run_fused);
     /* The unfused pipeline with bf16 partials (tw_gemm bf16 out, then the rank-ordered
      * reduce): what a fallback inside the library would cost where the fused op loses. */
-    time_extra(c, o, x, -3, run_unfused_tw);
+    time_extra(c, o, x, -3, c->nodes > 1 ? run_unfused_rail : run_unfused_tw);
     /* The direct scheme with bf16 partials (row tilewire-bf16p-direct): one hop of bf16 tiles,
      * no gather phase. */
     if (direct_row) {
@@ -442,7 +490,7 @@ static void time_extras(rs_ctx *c, const bench_opts_t *o, rs_run_t *run, int dir
   /* gemm_ar into symmetric outputs (rows tilewire-outsym, tilewire-bf16p-outsym), checked
    * bitwise like the default. */
   run->ok_sym[0] = run->ok_sym[1] = 1;
-  for (int bf16 = 0; c->all_reduce && c->world > 1 && bf16 < 2; bf16++) {
+  for (int bf16 = 0; c->all_reduce && c->world > 1 && c->nodes == 1 && bf16 < 2; bf16++) {
     c->use_out_sym = 1;
     c->partials = bf16 ? TW_PARTIALS_BF16 : TW_PARTIALS_FP32;
     run->ok_sym[bf16] = o->check ? check_bitwise(c) : 1;
@@ -483,18 +531,21 @@ static void rs_row_init(bench_row_t *row, const rs_ctx *c, const bench_shape_t *
 /* Row v's variant name: a main row, an extra row (by its code), or an NCCL row. */
 static void rs_variant_name(char *dst, size_t len, const rs_run_t *run, int v) {
   const extra_rows_t *x = &run->x;
+  static const char *const nodes_names[kMain] = {"unfused-rail", "tw_gemm-alone", "gemm-alone",
+                                                 "reduce-rail", "tilewire"};
   if (v < kMain)
-    snprintf(dst, len, "%s", main_variants[v].name);
+    snprintf(dst, len, "%s", run->nodes > 1 ? nodes_names[v] : main_variants[v].name);
   else if (v < kMain + x->n)
     snprintf(dst, len,
-             x->code[v - kMain] == -6   ? "tilewire-bf16p-outsym"
-             : x->code[v - kMain] == -5 ? "tilewire-outsym"
-             : x->code[v - kMain] == -4 ? "tilewire-bf16p-direct"
-             : x->code[v - kMain] == -3 ? "unfused-tw-bf16p"
-             : x->code[v - kMain] == -2 ? "tilewire-bf16p"
-             : x->code[v - kMain] == -1 ? "tilewire-direct"
-             : run->sweep_partials      ? "tilewire-bf16p-r%d"
-                                        : "tilewire-r%d",
+             x->code[v - kMain] == -3 && run->nodes > 1 ? "unfused-rail-bf16p"
+             : x->code[v - kMain] == -6                 ? "tilewire-bf16p-outsym"
+             : x->code[v - kMain] == -5                 ? "tilewire-outsym"
+             : x->code[v - kMain] == -4                 ? "tilewire-bf16p-direct"
+             : x->code[v - kMain] == -3                 ? "unfused-tw-bf16p"
+             : x->code[v - kMain] == -2                 ? "tilewire-bf16p"
+             : x->code[v - kMain] == -1                 ? "tilewire-direct"
+             : run->sweep_partials                      ? "tilewire-bf16p-r%d"
+                                                        : "tilewire-r%d",
              x->code[v - kMain]);
   else
     snprintf(dst, len, "%s", nccl_names[v - kMain - x->n]);
@@ -581,13 +632,15 @@ static int run_op(const bench_opts_t *o, const bench_shape_t *shape, bench_resul
   c->world = world, c->all_reduce = all_reduce;
   c->m = shape->m, c->n = shape->n, c->k = shape->k;
   /* gemm_ar with m <= 4096: room for the direct scheme too (row tilewire-direct). */
-  const int direct_row = all_reduce && c->m <= 4096 && world > 1;
+  int direct_row = all_reduce && c->m <= 4096 && world > 1;
   if (rs_setup(c, o, direct_row)) {
     free(c);
     return 1;
   }
+  direct_row = direct_row && c->nodes == 1; /* a scheme of one node */
   rs_run_t run;
   memset(&run, 0, sizeof(run));
+  run.nodes = c->nodes;
   run.ok = o->check ? check_bitwise(c) : 1;
   rs_nccl_setup(c);
   run.x = {run.t + kMain, run.p10 + kMain, run.p90 + kMain, {0}, 0};
