@@ -211,7 +211,8 @@ static void test_layout(int nodes, int per_node, int64_t m_local, int64_t n, int
   }
   const char *names[4] = {"rs", "ar", "rs unfused", "ar unfused"};
   for (int v = 0; v < 4; v++)
-    TEST_ASSERT(diff[v] == 0, "%dx%d m_local %lld n %lld k %lld %s partials: %s != reference in %zu "
+    TEST_ASSERT(diff[v] == 0,
+                "%dx%d m_local %lld n %lld k %lld %s partials: %s != reference in %zu "
                 "elements",
                 nodes, per_node, (long long)m_local, (long long)n, (long long)k,
                 partials ? "bf16" : "fp32", names[v], diff[v]);
@@ -219,8 +220,8 @@ static void test_layout(int nodes, int per_node, int64_t m_local, int64_t n, int
   check_async(&f, "layout");
   printf("  %dx%d m_local %lld n %lld k %lld %s partials, %d calls x 4: diff %zu/%zu/%zu/%zu, rel "
          "err %.2e, best call %.2f ms\n",
-         nodes, per_node, (long long)m_local, (long long)n, (long long)k, partials ? "bf16" : "fp32",
-         calls, diff[0], diff[1], diff[2], diff[3], err, best * 1e3);
+         nodes, per_node, (long long)m_local, (long long)n, (long long)k,
+         partials ? "bf16" : "fp32", calls, diff[0], diff[1], diff[2], diff[3], err, best * 1e3);
   teardown(&f);
 }
 

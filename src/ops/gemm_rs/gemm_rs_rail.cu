@@ -93,9 +93,9 @@ struct RailWait : NoWait {
 
 template <class P> struct RailParams {
   GemmParams<RsEpi<P>, RailWait> gemm;
-  const P *stage;         /* this rank's staging, [nodes][L][m_local][n] */
-  const P *partial;       /* the unfused pipeline: this rank's [m][n] partial */
-  float *inbox, *outbox;  /* [nodes][units_max] unit slots */
+  const P *stage;                        /* this rank's staging, [nodes][L][m_local][n] */
+  const P *partial;                      /* the unfused pipeline: this rank's [m][n] partial */
+  float *inbox, *outbox;                 /* [nodes][units_max] unit slots */
   __nv_bfloat16 *gathered[TW_MAX_WORLD]; /* tw_gemm_ar: node rank q's gathered area (else NULL) */
   __nv_bfloat16 *out;
   int64_t ldo;
@@ -112,8 +112,8 @@ __device__ __forceinline__ int32_t rail_units(int32_t o, int32_t m_local, int32_
 
 /* Rows [r0, r1) of owner o's slab and columns [c0, c1) of its unit u. */
 template <class P>
-__device__ __forceinline__ void rail_rect(const RailParams<P> &p, int32_t o, int32_t u,
-                                          int32_t &r0, int32_t &r1, int32_t &c0, int32_t &c1) {
+__device__ __forceinline__ void rail_rect(const RailParams<P> &p, int32_t o, int32_t u, int32_t &r0,
+                                          int32_t &r1, int32_t &c0, int32_t &c1) {
   int32_t mb_rel, nb;
   tw_rs_unit_coords(u, tw_rs_mb_count(o, p.m_local), p.n_blocks, p.band, &mb_rel, &nb);
   const int64_t mb = tw_rs_mb_first(o, p.m_local) + mb_rel;
@@ -242,7 +242,8 @@ __device__ __forceinline__ uint64_t rail_after_group(const RailParams<P> &p, uin
     int slot;
     if (t != r.node) { /* outbox slot t -> the peer's inbox slot of this node */
       const uint64_t at = ((uint64_t)t * p.units_max + (uint64_t)g * p.group_units) * p.unit_elems;
-      const uint64_t to = ((uint64_t)r.node * p.units_max + (uint64_t)g * p.group_units) * p.unit_elems;
+      const uint64_t to =
+          ((uint64_t)r.node * p.units_max + (uint64_t)g * p.group_units) * p.unit_elems;
       local_off = p.ws_off + p.outbox_off + at * 4;
       remote_off = p.ws_off + p.inbox_off + to * 4;
       bytes = (uint64_t)nunits * p.unit_elems * 4;
@@ -389,9 +390,8 @@ __device__ __forceinline__ void rail_gather_work(const RailParams<P> &p, uint64_
         if (g * p.group_units >= rail_units(o, p.m_local, p.n_blocks))
           continue;
         const bool ok =
-            fwd ? tw_wait_geq(dc, ch,
-                              tw_net_flag(dc, ch, (r.nodes + r.node_of[o]) * p.gcap + g), epoch,
-                              o, g) &&
+            fwd ? tw_wait_geq(dc, ch, tw_net_flag(dc, ch, (r.nodes + r.node_of[o]) * p.gcap + g),
+                              epoch, o, g) &&
                       rail_entered(dc, ch, r, epoch)
                 : tw_wait_geq(dc, ch, tw_own_flag(dc, ch, (r.nodes + o) * p.stride + g), epoch, o,
                               g);
@@ -581,7 +581,8 @@ tw_status_t run_rail(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_r
   }
   for (int j = 0; all_reduce && j < L; j++) {
     const int q = r.local_rank[j];
-    p.gathered[q] = (__nv_bfloat16 *)((char *)tw_heap_peer_ptr(comm, a.workspace, q) + lay.gathered);
+    p.gathered[q] =
+        (__nv_bfloat16 *)((char *)tw_heap_peer_ptr(comm, a.workspace, q) + lay.gathered);
   }
   p.gemm.epi.n = (int32_t)a.n;
   p.gemm.epi.m_local = (int32_t)m_local;
