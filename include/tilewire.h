@@ -283,7 +283,10 @@ TW_API tw_status_t tw_gemm(const tw_gemm_args_t *args, tw_stream_t stream);
  * rank calls it with the same shapes. Where the gathered product has few output tiles over a
  * long K (decode shapes: where tw_gemm's split_k -1 would split it), the call is tw_allgather
  * then tw_gemm with split_k -1 instead; then, and at world 1, the result bits are that
- * pipeline's.
+ * pipeline's. Across nodes (nodes of as many ranks each) each shard crosses the network once
+ * per node, to the rank of its local index there, which forwards it over NVLink; the copy
+ * engine mode is refused there (TW_ERR_NOT_SUPPORTED) and AUTO takes the SMs. tw_allgather
+ * moves its slots the same way.
  */
 /* How tw_ag_gemm moves the shards. */
 typedef enum tw_ag_comm_mode {
@@ -358,6 +361,13 @@ TW_API tw_status_t tw_ag_gemm(tw_comm_t comm, const tw_ag_gemm_args_t *args, tw_
  * with K >= 4096): where the workspace holds world * m * n partials (4 or 2 bytes each),
  * tw_gemm_ar stores every tile into every rank's workspace and each rank reduces all of S
  * itself (one hop, no gather phase); the same bits.
+ * Across nodes (a comm whose ranks sit on several nodes of as many ranks each, at most 8 ranks
+ * in all): the sum's order is hierarchical, each node's ranks in rank order, then the nodes'
+ * sums in node order (fp32), so the result equals tw_gemm per rank followed by that sum. Each
+ * node's partials of a rank's rows are summed inside the node and cross the network once, to
+ * that rank, from the rank of its local index; tw_gemm_ar's rows travel back the same way. The
+ * workspace is larger there (tw_gemm_rs_workspace_size on that comm; a smaller one is refused)
+ * and out_symmetric is ignored.
  * partials = TW_PARTIALS_BF16 (version 2): each rank's partial product is rounded
  * to bf16 before it travels (as the cuBLAS bf16 output of the usual unfused
  * pipeline is), then summed in fp32 in rank order: half the NVLink bytes and
@@ -407,7 +417,9 @@ typedef struct tw_gemm_rs_args {
 TW_API tw_status_t tw_gemm_rs_args_init(tw_gemm_rs_args_t *args);
 /* Workspace bytes tw_gemm_rs and tw_gemm_ar need on this comm for an m x n product
  * (world * (m / world) * n * 6: fp32 staging, then every owner's bf16 rows for tw_gemm_ar;
- * on 2 ranks with m < 128 at least 2 * m * n * 4, the direct scheme's fp32 staging).
+ * on 2 ranks with m < 128 at least 2 * m * n * 4, the direct scheme's fp32 staging; across
+ * nodes about 2 m n 4 + 2 nodes (m / world) n 4 + m n 2: the staging, the unfused pipeline's
+ * partial, the node partials in and out, the gathered rows).
  * A smaller workspace of at least world * (m / world) * n * 4 + (m / world) * n * 2 bytes
  * still works; tw_gemm_ar then has every rank load the owners' rows from the owners' workspaces
  * instead of receiving them into its own. */
