@@ -3,12 +3,14 @@
  * in CI): the grid within the SM budget, the reduce CTAs leave the GEMM some, the flag layout
  * is the comm's whatever the shape; the unit groups, tile widths, bands, interleaved owners,
  * reduce CTAs, the owner epilogue and the pull the rules choose (docs/PERF.md has the
- * measurements); the unit numbering; and the invariants over random plans. The rules the plan
+ * measurements); the unit numbering; the invariants over random plans; and the rail plans across
+ * nodes (flags, group sizes). The rules the plan
  * consults for the routes around the fused kernel: test_plans_routes.c.
  */
 #include <string.h>
 
 #include "ops/gemm_rs/gemm_rs.h"
+#include "ops/gemm_rs/gemm_rs_rail.h"
 #include "tw_test.h"
 
 static int rs_interleave(tw_gemm_rs_plan_args_t a) {
@@ -572,8 +574,64 @@ static void test_gemm_rs_plan_invariants(void) {
   TEST_ASSERT(bad == 0, "random plans: %d broke an invariant", bad);
 }
 
+/* Across nodes (tw_gemm_rs_make_rail_plan): at every layout of up to 8 ranks and shapes from
+ * one row per rank to 64 Ki rows, the plan has none of the one-node schemes, 128- or 256-column
+ * tiles, its groups fit the rail's flags (ctrl flags and net flags of the channel), each group
+ * carries at least 1 MiB of node partials where the owner has that many, and a TW_RS_GROUP_UNITS
+ * above that is kept. */
+static void test_rs_rail_plans(void) {
+  static const int layouts[][2] = {{2, 1}, {2, 2}, {2, 4}, {3, 2}, {4, 2}, {8, 1}, {2, 3}};
+  static const int64_t m_locals[] = {1, 100, 2048, 8192};
+  static const int64_t ns[] = {8, 264, 4096, 16384};
+  for (size_t li = 0; li < sizeof(layouts) / sizeof(layouts[0]); li++)
+    for (int mi = 0; mi < 4; mi++)
+      for (int ni = 0; ni < 4; ni++)
+        for (int ge = 0; ge < 2; ge++) {
+          const int nodes = layouts[li][0], world = nodes * layouts[li][1];
+          const int64_t m = m_locals[mi] * world, n = ns[ni];
+          tw_gemm_rs_plan_args_t a = {world, m, n,  4096, 132 / world, 0, 1, 0, 4,
+                                      world, 0, -1, -1,   0,           0, 0, 0, 0};
+          a.group_env = ge ? 600 : 0;
+          tw_gemm_rs_plan_t p;
+          memset(&p, 0, sizeof(p));
+          tw_gemm_rs_make_rail_plan(&a, nodes, -1, &p);
+          tw_rs_rail_layout_t lay;
+          tw_rs_rail_layout(world, nodes, m, n, p.block_n, &lay);
+          const int stride = tw_rs_rail_stride(nodes, world), gcap = tw_rs_rail_gcap(nodes);
+          TEST_ASSERT(p.rail == 1 && !p.direct && !p.pull && !p.owner_epi && !p.interleave &&
+                          !p.ar_push && !p.ar_out_sym && !p.ll && !p.unfused && p.reduce_ctas == 0,
+                      "%dx%d m %lld n %lld: one-node schemes in the rail plan", nodes,
+                      world / nodes, (long long)m, (long long)n);
+          TEST_ASSERT(p.block_n == 128 || p.block_n == 256, "block_n %d", p.block_n);
+          TEST_ASSERT(p.groups_max >= 1 && p.groups_max <= stride && p.groups_max <= gcap &&
+                          (int64_t)p.groups_max * p.group_units >= lay.units_max,
+                      "%dx%d m %lld n %lld: %d groups of %d units for %lld units (stride %d, net "
+                      "cap %d)",
+                      nodes, world / nodes, (long long)m, (long long)n, p.groups_max, p.group_units,
+                      (long long)lay.units_max, stride, gcap);
+          TEST_ASSERT((int64_t)(nodes + world) * stride <= TW_CHANNEL_FLAGS - 2 &&
+                          2 * nodes * gcap <= TW_NET_CH_FLAGS - 64,
+                      "%dx%d: the flag areas overlap the queues or the entry flags", nodes,
+                      world / nodes);
+          const int64_t group_bytes = (int64_t)p.group_units * lay.unit_elems * 4;
+          TEST_ASSERT(group_bytes >= TW_RS_RAIL_WRITE_BYTES || p.groups_max == 1,
+                      "%dx%d m %lld n %lld: groups of %lld bytes", nodes, world / nodes,
+                      (long long)m, (long long)n, (long long)group_bytes);
+          TEST_ASSERT(!ge || p.group_units >= 600, "TW_RS_GROUP_UNITS 600 gave %d", p.group_units);
+        }
+  tw_gemm_rs_plan_args_t a = {4, 4096, 4096, 4096, 33, 0, 0, 0, 4, 4, 0, -1, -1, 0, 0, 0, 0, 192};
+  tw_gemm_rs_plan_t p;
+  memset(&p, 0, sizeof(p));
+  tw_gemm_rs_make_rail_plan(&a, 2, 1, &p);
+  TEST_ASSERT(p.unfused && p.block_n == 256,
+              "TW_RS_UNFUSED_SMALL=1 and TW_RS_BLOCK_N=192: "
+              "unfused %d, block_n %d",
+              p.unfused, p.block_n);
+}
+
 int main(void) {
   test_rs_units();
+  test_rs_rail_plans();
   test_rs_plan_bounds();
   test_rs_groups();
   test_rs_block_n();

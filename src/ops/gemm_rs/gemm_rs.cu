@@ -311,29 +311,7 @@ void plan_rail(tw_comm_t comm, const tw_gemm_rs_args_t &a, tw_gemm_rs_plan_t *pl
                                0,
                                0,
                                (int)tw_env_int(TW_RS_BLOCK_N_ID)};
-  tw_gemm_rs_make_plan(&pa, plan);
-  plan->direct = plan->pull = plan->owner_epi = plan->interleave = 0;
-  plan->ar_push = plan->ar_out_sym = plan->ll = plan->ar_peer_out = 0;
-  plan->rail = 1;
-  plan->unfused = tw_env_int(TW_RS_UNFUSED_SMALL_ID) == 1;
-  if (plan->block_n != 128)
-    plan->block_n = TW_GEMM_RS_BLOCK_N; /* not the ping-pong loop's 192 */
-  plan->reduce_ctas = 0;                /* every CTA reduces after its tiles (gemm_rs_rail.cu) */
-  tw_rs_rail_layout_t lay;
-  tw_rs_rail_layout(world, nodes, a.m, a.n, plan->block_n, &lay);
-  int cap = tw_rs_rail_stride(nodes, world);
-  if (tw_rs_rail_gcap(nodes) < cap)
-    cap = tw_rs_rail_gcap(nodes);
-  /* a group is one RDMA write: at least TW_RS_RAIL_WRITE_BYTES of node partials (fp32) */
-  int64_t need = (TW_RS_RAIL_WRITE_BYTES + lay.unit_elems * 4 - 1) / (lay.unit_elems * 4);
-  if (need < (lay.units_max + cap - 1) / cap)
-    need = (lay.units_max + cap - 1) / cap;
-  if (plan->group_units < need && tw_env_int(TW_RS_GROUP_UNITS_ID) <= 0)
-    plan->group_units = (int)need;
-  if (plan->group_units < (lay.units_max + cap - 1) / cap) /* the flags must hold the groups */
-    plan->group_units = (int)((lay.units_max + cap - 1) / cap);
-  plan->groups_max = (int)((lay.units_max + plan->group_units - 1) / plan->group_units);
-  plan->flag_stride = tw_rs_rail_stride(nodes, world);
+  tw_gemm_rs_make_rail_plan(&pa, nodes, (int)tw_env_int(TW_RS_UNFUSED_SMALL_ID), plan);
 }
 
 /* Validates (naming the bad argument), resolves defaults and plans the call: world 1 the plain

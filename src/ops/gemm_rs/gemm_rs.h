@@ -191,6 +191,14 @@ int tw_gemm_rs_want_owner_epi(int env, int reduce_set, int partial_bytes, int64_
                               int ctas);
 
 void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *args, tw_gemm_rs_plan_t *plan);
+/* Across nodes (plan->rail, ops/gemm_rs/gemm_rs_rail.h): the one-node plan's tiling and CTAs
+ * for args (world, fused), without the schemes of one node (direct, pull, owner epilogue,
+ * interleave, push, symmetric outputs, low-latency rows), on 128- or 256-column tiles, with
+ * unit groups that fit the rail flags of `nodes` nodes and, unless args->group_env sets them,
+ * carry TW_RS_RAIL_WRITE_BYTES of fp32 node partials each (one RDMA write). unfused_env:
+ * TW_RS_UNFUSED_SMALL (1: the unfused pipeline). */
+void tw_gemm_rs_make_rail_plan(const tw_gemm_rs_plan_args_t *args, int nodes, int unfused_env,
+                               tw_gemm_rs_plan_t *plan);
 
 /* Bytes of workspace for an m x n product on `world` ranks. */
 size_t tw_gemm_rs_workspace_bytes(int world, int64_t m, int64_t n);

@@ -10,6 +10,7 @@
  * development history has the figures behind the rules of this file).
  */
 #include "ops/gemm_rs/gemm_rs.h"
+#include "ops/gemm_rs/gemm_rs_rail.h"
 
 #include "gemm/gemm_heuristics.h"
 #include "runtime/devcomm.h"
@@ -415,4 +416,32 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *a, tw_gemm_rs_plan_t *pl
     plan->group_units = 1;
     plan->groups_max = (int)s.units_max;
   }
+}
+
+void tw_gemm_rs_make_rail_plan(const tw_gemm_rs_plan_args_t *a, int nodes, int unfused_env,
+                               tw_gemm_rs_plan_t *plan) {
+  tw_gemm_rs_make_plan(a, plan);
+  plan->direct = plan->pull = plan->owner_epi = plan->interleave = 0;
+  plan->ar_push = plan->ar_out_sym = plan->ll = plan->ar_peer_out = 0;
+  plan->rail = 1;
+  plan->unfused = unfused_env == 1;
+  if (plan->block_n != 128)
+    plan->block_n = TW_GEMM_RS_BLOCK_N; /* not the ping-pong loop's 192 */
+  plan->reduce_ctas = 0;                /* every CTA reduces after its tiles (gemm_rs_rail.cu) */
+  tw_rs_rail_layout_t lay;
+  tw_rs_rail_layout(a->world, nodes, a->m, a->n, plan->block_n, &lay);
+  int64_t cap = tw_rs_rail_stride(nodes, a->world);
+  if (tw_rs_rail_gcap(nodes) < cap)
+    cap = tw_rs_rail_gcap(nodes);
+  const int64_t fit = (lay.units_max + cap - 1) / cap; /* the flags must hold the groups */
+  /* a group is one RDMA write: at least TW_RS_RAIL_WRITE_BYTES of node partials (fp32) */
+  int64_t want = (TW_RS_RAIL_WRITE_BYTES + lay.unit_elems * 4 - 1) / (lay.unit_elems * 4);
+  if (a->group_env > 0)
+    want = a->group_env;
+  if (plan->group_units < want)
+    plan->group_units = (int)want;
+  if (plan->group_units < fit)
+    plan->group_units = (int)fit;
+  plan->groups_max = (int)((lay.units_max + plan->group_units - 1) / plan->group_units);
+  plan->flag_stride = tw_rs_rail_stride(nodes, a->world);
 }
