@@ -103,7 +103,7 @@ template <class P> struct RailParams {
   uint64_t inbox_off, outbox_off, gathered_off; /* the areas' offsets in the workspace */
   int32_t n, m_local, m, n_blocks, band, block_n;
   int32_t group_units, groups_max, units_max, unit_elems, stride, gcap;
-  int32_t all_reduce;
+  int32_t all_reduce, fused;
 };
 
 __device__ __forceinline__ int32_t rail_units(int32_t o, int32_t m_local, int32_t n_blocks) {
@@ -630,6 +630,7 @@ tw_status_t run_rail(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_r
   p.stride = stride;
   p.gcap = tw_rs_rail_gcap(r.nodes);
   p.all_reduce = all_reduce;
+  p.fused = !plan.unfused;
   if (plan.unfused)
     return launch_rail<P, kBlockN, false>(p, plan.ctas, stream);
   if (plan.block_n == 128)
