@@ -37,18 +37,29 @@ namespace {
 /* World 1: the sum is the product itself; the plain GEMM core writes it as bf16 (the same
  * rounding of the same fp32 accumulators as the fused path would do). */
 tw_status_t run_single(tw_comm_t comm, const tw_gemm_rs_args_t &a, cudaStream_t stream) {
+  return tw::rs::plain_gemm(comm, a, a.out, TW_BF16, a.ldo, stream);
+}
+
+} // namespace
+
+/* The args' a x b^T by tw_gemm's core on the comm's SM budget, into c (c_dtype, ldc);
+ * check_pointers covered a and b, and the caller c. */
+tw_status_t tw::rs::plain_gemm(tw_comm_t comm, const tw_gemm_rs_args_t &a, void *c,
+                               tw_dtype_t c_dtype, int64_t ldc, cudaStream_t stream) {
   tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
-  g.c_dtype = TW_BF16;
-  g.a = a.a, g.b = a.b, g.c = a.out;
+  g.c_dtype = c_dtype;
+  g.a = a.a, g.b = a.b, g.c = c;
   g.m = a.m, g.n = a.n, g.k = a.k;
-  g.lda = a.lda, g.ldb = a.ldb, g.ldc = a.ldo;
+  g.lda = a.lda, g.ldb = a.ldb, g.ldc = ldc;
   g.sm_count = comm->sm_budget;
   tw_gemm_sm90_opts_t opts;
   memset(&opts, 0, sizeof(opts));
   opts.variant = -1;
-  opts.pointers_checked = 1; /* check_pointers covered a, b and out */
+  opts.pointers_checked = 1;
   return tw_gemm_sm90_launch(&g, (tw_stream_t)stream, &opts);
 }
+
+namespace {
 
 /* The caller's arguments over this library's defaults (an older caller's struct is shorter),
  * after checking that it is one: not NULL, initialised with TW_GEMM_RS_ARGS_INIT. */
@@ -191,6 +202,31 @@ tw_status_t check_comm(tw_comm_t comm, const char *op, const tw_gemm_rs_args_t &
 /* Bytes of one partial's element: 2 (TW_PARTIALS_BF16) or 4. */
 int partial_bytes(const tw_gemm_rs_args_t &a) { return a.partials == TW_PARTIALS_BF16 ? 2 : 4; }
 
+/* The planner's inputs for a call planned on plan_world ranks (1 for tw_gemm_ar's direct
+ * scheme): the shapes, the comm's placement facts and the knobs. */
+tw_gemm_rs_plan_args_t plan_args(tw_comm_t comm, const tw_gemm_rs_args_t &a, int plan_world,
+                                 int all_reduce) {
+  tw_gemm_rs_plan_args_t pa;
+  memset(&pa, 0, sizeof(pa));
+  pa.world = plan_world;
+  pa.m = a.m, pa.n = a.n, pa.k = a.k;
+  pa.sm_budget = comm->sm_budget;
+  pa.reduce_sms_arg = a.reduce_sms;
+  pa.all_reduce = all_reduce;
+  pa.band_env = (int)tw_env_int(TW_RS_BAND_ID);
+  pa.partial_bytes = partial_bytes(a);
+  pa.comm_world = comm->world;
+  pa.shared_gpu = comm->gpu_shared;
+  pa.interleave_env = (int)tw_env_int(TW_RS_INTERLEAVE_ID);
+  pa.reduce_env = (int)tw_env_int(TW_RS_REDUCE_CTAS_ID);
+  pa.group_env = (int)tw_env_int(TW_RS_GROUP_UNITS_ID);
+  pa.plan_sms = comm->plan_sms;
+  pa.owner_env = (int)tw_env_int(TW_RS_OWNER_EPI_ID);
+  pa.pull_env = (int)tw_env_int(TW_RS_PULL_ID);
+  pa.block_n_env = (int)tw_env_int(TW_RS_BLOCK_N_ID);
+  return pa;
+}
+
 /* The fused kernel's plan (gemm_rs_heuristics.c), plan->direct included. */
 void plan_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, int all_reduce,
                 tw_gemm_rs_plan_t *plan) {
@@ -204,24 +240,7 @@ void plan_fused(tw_comm_t comm, const tw_gemm_rs_args_t &a, int all_reduce,
                                             comm->gpu_shared, pbytes, a.m, a.k) &&
                      tw_heap_avail(comm, a.workspace) >=
                          tw_gemm_ar_direct_workspace_bytes(world, a.m, a.n, pbytes);
-  tw_gemm_rs_plan_args_t pa = {direct ? 1 : world,
-                               a.m,
-                               a.n,
-                               a.k,
-                               comm->sm_budget,
-                               a.reduce_sms,
-                               direct ? 0 : all_reduce,
-                               (int)tw_env_int(TW_RS_BAND_ID),
-                               pbytes,
-                               world,
-                               comm->gpu_shared,
-                               (int)tw_env_int(TW_RS_INTERLEAVE_ID),
-                               (int)tw_env_int(TW_RS_REDUCE_CTAS_ID),
-                               (int)tw_env_int(TW_RS_GROUP_UNITS_ID),
-                               comm->plan_sms,
-                               (int)tw_env_int(TW_RS_OWNER_EPI_ID),
-                               (int)tw_env_int(TW_RS_PULL_ID),
-                               (int)tw_env_int(TW_RS_BLOCK_N_ID)};
+  tw_gemm_rs_plan_args_t pa = plan_args(comm, a, direct ? 1 : world, direct ? 0 : all_reduce);
   tw_gemm_rs_make_plan(&pa, plan);
   plan->direct = direct;
 }
@@ -293,24 +312,8 @@ void plan_push(tw_comm_t comm, const tw_gemm_rs_args_t &a, int all_reduce,
  * TW_RS_GROUP_UNITS sets them) that each carries TW_RS_RAIL_WRITE_BYTES. */
 void plan_rail(tw_comm_t comm, const tw_gemm_rs_args_t &a, tw_gemm_rs_plan_t *plan) {
   const int world = comm->world, nodes = comm->nodes;
-  tw_gemm_rs_plan_args_t pa = {world,
-                               a.m,
-                               a.n,
-                               a.k,
-                               comm->sm_budget,
-                               a.reduce_sms,
-                               0,
-                               (int)tw_env_int(TW_RS_BAND_ID),
-                               partial_bytes(a),
-                               world,
-                               comm->gpu_shared,
-                               0,
-                               (int)tw_env_int(TW_RS_REDUCE_CTAS_ID),
-                               (int)tw_env_int(TW_RS_GROUP_UNITS_ID),
-                               comm->plan_sms,
-                               0,
-                               0,
-                               (int)tw_env_int(TW_RS_BLOCK_N_ID)};
+  tw_gemm_rs_plan_args_t pa = plan_args(comm, a, world, 0);
+  pa.interleave_env = pa.owner_env = pa.pull_env = 0; /* schemes of one node */
   tw_gemm_rs_make_rail_plan(&pa, nodes, (int)tw_env_int(TW_RS_UNFUSED_SMALL_ID), plan);
 }
 

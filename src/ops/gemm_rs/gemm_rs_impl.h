@@ -34,6 +34,11 @@ template <class P>
 tw_status_t run_rail(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_rs_plan_t &plan,
                      int all_reduce, cudaStream_t stream);
 
+/* The args' a x b^T by tw_gemm's core on the comm's SM budget, into c (c_dtype, row stride
+ * ldc): world 1's whole op, and the unfused pipeline's partial across nodes (gemm_rs.cu). */
+tw_status_t plain_gemm(tw_comm_t comm, const tw_gemm_rs_args_t &a, void *c, tw_dtype_t c_dtype,
+                       int64_t ldc, cudaStream_t stream);
+
 /* Loads the kernels each file launches on the current device (the op's preload). */
 cudaError_t preload_fused();
 cudaError_t preload_unfused();

@@ -39,7 +39,6 @@
 
 extern "C" {
 #include "gemm/tma_map.h"
-#include "ops/gemm/gemm_sm90.h"
 #include "runtime/comm.h"
 #include "runtime/comm_net.h"
 #include "runtime/cuda_check.h"
@@ -544,17 +543,7 @@ tw_status_t run_rail(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_r
   tw_rs_rail_layout(world, r.nodes, a.m, a.n, plan.block_n, &lay);
   char *ws = (char *)a.workspace;
   if (plan.unfused) { /* the partial, by the same core as the fused kernel's */
-    tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
-    g.c_dtype = sizeof(P) == 2 ? TW_BF16 : TW_FP32;
-    g.a = a.a, g.b = a.b, g.c = ws + lay.partial;
-    g.m = a.m, g.n = a.n, g.k = a.k;
-    g.lda = a.lda, g.ldb = a.ldb, g.ldc = a.n;
-    g.sm_count = comm->sm_budget;
-    tw_gemm_sm90_opts_t opts;
-    memset(&opts, 0, sizeof(opts));
-    opts.variant = -1;
-    opts.pointers_checked = 1;
-    st = tw_gemm_sm90_launch(&g, (tw_stream_t)stream, &opts);
+    st = plain_gemm(comm, a, ws + lay.partial, sizeof(P) == 2 ? TW_BF16 : TW_FP32, a.n, stream);
     if (st != TW_SUCCESS)
       return st;
   } else {
