@@ -1,6 +1,7 @@
 #include "tw_test.h"
 
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -143,6 +144,18 @@ uint64_t tw_test_xorshift(uint64_t *state) {
   *state ^= *state >> 7;
   *state ^= *state << 17;
   return *state;
+}
+
+void tw_test_on_both_backends(const char *path, void (*run)(const char *backend, uint64_t seed),
+                              void (*between)(void), uint64_t seed) {
+  tw_test_use_verbs_double(path, "mlx5:8");
+  setenv("TW_NET", "ib", 1);
+  run("ib (RC)", seed);
+  if (between)
+    between();
+  setenv("TW_VD_NICS", "efa:16", 1);
+  setenv("TW_NET", "efa", 1);
+  run("efa (SRD)", seed + 4200);
 }
 
 float tw_test_bf16_to_float(uint16_t h) {

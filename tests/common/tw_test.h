@@ -44,6 +44,14 @@ extern int tw_test_failed;
 void tw_test_expect_failure(tw_status_t got, tw_status_t want, const char *needle, const char *expr,
                             const char *file, int line);
 
+/* A CUDA runtime call that must succeed (CUDA sources): stops the test naming the call and the
+ * error otherwise. */
+#define TEST_CUDA_OK(call)                                                                         \
+  do {                                                                                             \
+    cudaError_t e_ = (call);                                                                       \
+    TEST_REQUIRE(e_ == cudaSuccess, "%s -> %s", #call, cudaGetErrorString(e_));                    \
+  } while (0)
+
 /* Stops the test at once (a condition later checks depend on). */
 #define TEST_REQUIRE(cond, ...)                                                                    \
   do {                                                                                             \
@@ -81,6 +89,11 @@ double tw_test_now(void);
  * TW_EFADV_LIB) with the NICs `nics` (TW_VD_NICS), on a fabric file of this process's own
  * (TW_VD_FABRIC, which the processes it forks share; removed when this one exits). */
 void tw_test_use_verbs_double(const char *path, const char *nics);
+/* The verbs test double at `path` as 8 ConnectX NICs on the ib backend: run("ib (RC)", seed),
+ * then between() (NULL: nothing), then as 16 EFA NICs on the efa backend: run("efa (SRD)",
+ * seed + 4200). What the tests of an op across nodes do on each backend. */
+void tw_test_on_both_backends(const char *path, void (*run)(const char *backend, uint64_t seed),
+                              void (*between)(void), uint64_t seed);
 
 /* A rank's body in a forked process: its exit status (0 pass). */
 typedef int (*tw_test_rank_fn)(tw_unique_id_t id, int rank, int world, int device, void *arg);

@@ -13,12 +13,6 @@
 #include "tw_test.h"
 #include "tw_test_gemm_rs.h"
 
-#define CUDA_OK(call)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    TEST_REQUIRE(e_ == cudaSuccess, "%s -> %s", #call, cudaGetErrorString(e_));                    \
-  } while (0)
-
 static __global__ void add_into(float *dst, const float *src, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
@@ -56,7 +50,7 @@ typedef struct {
   int multi_gpu; /* ranks on distinct GPUs (TW_TEST_DEVICES=distinct) */
 } fixture;
 
-static void use(const fixture *f, int r) { CUDA_OK(cudaSetDevice(f->devices[r])); }
+static void use(const fixture *f, int r) { TEST_CUDA_OK(cudaSetDevice(f->devices[r])); }
 
 static void sync_all(const fixture *f) { tw_test_sync_devices(f->devices, f->world); }
 
@@ -83,19 +77,19 @@ static void setup(fixture *f, int world, int64_t m_local, int64_t n, int64_t k) 
     ws_bytes = (size_t)world * mn * 4;
   for (int r = 0; r < world; r++) {
     use(f, r);
-    CUDA_OK(cudaStreamCreateWithFlags(&f->streams[r], cudaStreamNonBlocking));
-    CUDA_OK(cudaEventCreateWithFlags(&f->events[r], cudaEventDisableTiming));
+    TEST_CUDA_OK(cudaStreamCreateWithFlags(&f->streams[r], cudaStreamNonBlocking));
+    TEST_CUDA_OK(cudaEventCreateWithFlags(&f->events[r], cudaEventDisableTiming));
     TEST_REQUIRE(tw_mem_alloc(f->comms[r], ws_bytes, &f->ws[r]) == TW_SUCCESS, "alloc ws");
     TEST_REQUIRE(tw_mem_alloc(f->comms[r], mn * 4, (void **)&f->partial[r]) == TW_SUCCESS, "alloc");
     TEST_REQUIRE(tw_mem_alloc(f->comms[r], mn * 2, &f->out2[r]) == TW_SUCCESS, "alloc");
-    CUDA_OK(cudaMalloc(&f->a[r], (size_t)f->m * k * 2));
-    CUDA_OK(cudaMalloc(&f->b[r], (size_t)n * k * 2));
+    TEST_CUDA_OK(cudaMalloc(&f->a[r], (size_t)f->m * k * 2));
+    TEST_CUDA_OK(cudaMalloc(&f->b[r], (size_t)n * k * 2));
     if (g_out_sym)
       TEST_REQUIRE(tw_mem_alloc(f->comms[r], mn * 2, &f->out[r]) == TW_SUCCESS, "alloc out");
     else
-      CUDA_OK(cudaMalloc(&f->out[r], mn * 2));
-    CUDA_OK(cudaMalloc(&f->bad[r], sizeof(unsigned long long)));
-    CUDA_OK(cudaMemset(f->bad[r], 0, sizeof(unsigned long long)));
+      TEST_CUDA_OK(cudaMalloc(&f->out[r], mn * 2));
+    TEST_CUDA_OK(cudaMalloc(&f->bad[r], sizeof(unsigned long long)));
+    TEST_CUDA_OK(cudaMemset(f->bad[r], 0, sizeof(unsigned long long)));
   }
   use(f, 0);
   for (int r = 0; r < world; r++)
@@ -190,7 +184,7 @@ static void fill_inputs(fixture *f, uint64_t seed) {
 static const void *on_rank0_gpu(const fixture *f, int r, const void *p, size_t bytes, void *stage) {
   if (f->devices[r] == f->devices[0])
     return p;
-  CUDA_OK(cudaMemcpy(stage, p, bytes, cudaMemcpyDefault));
+  TEST_CUDA_OK(cudaMemcpy(stage, p, bytes, cudaMemcpyDefault));
   return stage;
 }
 
@@ -211,13 +205,13 @@ void rs_test_case(int world, int64_t m_local, int64_t n, int64_t k, int reduce_s
   const size_t mn = (size_t)f.m * n;
   float *ref = NULL, *tmp = NULL, *scale = NULL;
   void *stage_a = NULL, *stage_b = NULL, *stage_out = NULL; /* rank 0's GPU */
-  CUDA_OK(cudaMalloc(&ref, mn * 4));
-  CUDA_OK(cudaMalloc(&tmp, mn * 4));
-  CUDA_OK(cudaMalloc(&scale, mn * 4));
+  TEST_CUDA_OK(cudaMalloc(&ref, mn * 4));
+  TEST_CUDA_OK(cudaMalloc(&tmp, mn * 4));
+  TEST_CUDA_OK(cudaMalloc(&scale, mn * 4));
   if (f.multi_gpu) {
-    CUDA_OK(cudaMalloc(&stage_a, (size_t)f.m * k * 2));
-    CUDA_OK(cudaMalloc(&stage_b, (size_t)n * k * 2));
-    CUDA_OK(cudaMalloc(&stage_out, mn * 2));
+    TEST_CUDA_OK(cudaMalloc(&stage_a, (size_t)f.m * k * 2));
+    TEST_CUDA_OK(cudaMalloc(&stage_b, (size_t)n * k * 2));
+    TEST_CUDA_OK(cudaMalloc(&stage_out, mn * 2));
   }
   for (int ar = 0; ar < 2; ar++) {
     fill_inputs(&f, seed + 77 * ar);
@@ -234,7 +228,7 @@ void rs_test_case(int world, int64_t m_local, int64_t n, int64_t k, int reduce_s
       add_abs_into<<<512, 256>>>(scale, r ? tmp : ref, mn, r == 0);
       if (r)
         add_into<<<512, 256>>>(ref, tmp, mn);
-      CUDA_OK(cudaDeviceSynchronize()); /* the stages are reused */
+      TEST_CUDA_OK(cudaDeviceSynchronize()); /* the stages are reused */
     }
     size_t diff = 0, nans = 0;
     double worst = 0;
@@ -379,18 +373,18 @@ void rs_test_graph(int world, int replays, uint64_t seed) {
     return;
   }
   fill_inputs(&f, seed);
-  CUDA_OK(cudaDeviceSynchronize());
+  TEST_CUDA_OK(cudaDeviceSynchronize());
   cudaStream_t s0 = f.streams[0];
   cudaGraphExec_t exec = (cudaGraphExec_t)tw_test_capture((struct CUstream_st **)f.streams, world,
                                                           NULL, graph_calls, &f);
   for (int i = 0; i < replays; i++) {
     for (int r = 0; r < world; r++)
       tw_test_poison(f.out[r], (size_t)f.m * f.n * 2, (tw_stream_t)s0);
-    CUDA_OK(cudaGraphLaunch(exec, s0));
+    TEST_CUDA_OK(cudaGraphLaunch(exec, s0));
   }
-  CUDA_OK(cudaStreamSynchronize(s0));
+  TEST_CUDA_OK(cudaStreamSynchronize(s0));
   enqueue_unfused(&f, 1);
-  CUDA_OK(cudaDeviceSynchronize());
+  TEST_CUDA_OK(cudaDeviceSynchronize());
   size_t diff = 0;
   for (int r = 0; r < world; r++)
     diff += tw_test_count_diff(f.out[r], f.out2[r], out_bytes(&f, 1));

@@ -15,12 +15,6 @@
 #include "ref/ref_gemm.h"
 #include "tw_test.h"
 
-#define CUDA_OK(call)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    TEST_REQUIRE(e_ == cudaSuccess, "%s -> %s", #call, cudaGetErrorString(e_));                    \
-  } while (0)
-
 typedef struct {
   int world;
   int64_t m_local, n, k;
@@ -38,7 +32,7 @@ typedef struct {
   int multi_gpu; /* ranks on distinct GPUs (TW_TEST_DEVICES=distinct) */
 } fixture;
 
-static void use(const fixture *f, int r) { CUDA_OK(cudaSetDevice(f->devices[r])); }
+static void use(const fixture *f, int r) { TEST_CUDA_OK(cudaSetDevice(f->devices[r])); }
 
 static void sync_all(const fixture *f) { tw_test_sync_devices(f->devices, f->world); }
 
@@ -58,15 +52,15 @@ static void setup(fixture *f, int world, int64_t m_local, int64_t n, int64_t k, 
   size_t shard = (size_t)m_local * k * 2;
   for (int r = 0; r < world; r++) {
     use(f, r);
-    CUDA_OK(cudaStreamCreateWithFlags(&f->streams[r], cudaStreamNonBlocking));
+    TEST_CUDA_OK(cudaStreamCreateWithFlags(&f->streams[r], cudaStreamNonBlocking));
     TEST_REQUIRE(tw_mem_alloc(f->comms[r], shard * world, &f->gathered[r]) == TW_SUCCESS, "alloc");
     TEST_REQUIRE(tw_mem_alloc(f->comms[r], shard * world, &f->gathered2[r]) == TW_SUCCESS, "alloc");
-    CUDA_OK(cudaMalloc(&f->a[r], shard));
-    CUDA_OK(cudaMalloc(&f->b[r], (size_t)n * k * 2));
-    CUDA_OK(cudaMalloc(&f->c[r], c_bytes(f)));
-    CUDA_OK(cudaMalloc(&f->c2[r], c_bytes(f)));
-    CUDA_OK(cudaMalloc(&f->bad[r], sizeof(unsigned long long)));
-    CUDA_OK(cudaMemset(f->bad[r], 0, sizeof(unsigned long long)));
+    TEST_CUDA_OK(cudaMalloc(&f->a[r], shard));
+    TEST_CUDA_OK(cudaMalloc(&f->b[r], (size_t)n * k * 2));
+    TEST_CUDA_OK(cudaMalloc(&f->c[r], c_bytes(f)));
+    TEST_CUDA_OK(cudaMalloc(&f->c2[r], c_bytes(f)));
+    TEST_CUDA_OK(cudaMalloc(&f->bad[r], sizeof(unsigned long long)));
+    TEST_CUDA_OK(cudaMemset(f->bad[r], 0, sizeof(unsigned long long)));
   }
   use(f, 0);
 }
@@ -129,9 +123,9 @@ static void fill_inputs(fixture *f, uint64_t seed, int in_place) {
     /* The gathered output is poisoned every call: the fused op must write all of it. */
     tw_test_poison(f->gathered[r], (size_t)f->m_local * f->world * f->k * 2, s);
     if (in_place)
-      CUDA_OK(cudaMemcpyAsync((char *)f->gathered[r] + (size_t)r * f->m_local * f->k * 2, f->a[r],
-                              (size_t)f->m_local * f->k * 2, cudaMemcpyDeviceToDevice,
-                              f->streams[r]));
+      TEST_CUDA_OK(cudaMemcpyAsync((char *)f->gathered[r] + (size_t)r * f->m_local * f->k * 2,
+                                   f->a[r], (size_t)f->m_local * f->k * 2, cudaMemcpyDeviceToDevice,
+                                   f->streams[r]));
     tw_test_fill_bf16(f->b[r], (size_t)f->n * f->k, seed + 1000 + r, s);
     tw_test_poison(f->c[r], c_bytes(f), s);
     tw_test_poison(f->c2[r], c_bytes(f), s);
@@ -160,10 +154,10 @@ static void test_case(int world, int64_t m_local, int64_t n, int64_t k, tw_dtype
     worst_gather += tw_test_count_diff(f.gathered[r], f.gathered2[r], (size_t)m * k * 2);
     if (r == 0 || r == world - 1) {
       float *ref = NULL;
-      CUDA_OK(cudaMalloc(&ref, (size_t)m * n * sizeof(float)));
+      TEST_CUDA_OK(cudaMalloc(&ref, (size_t)m * n * sizeof(float)));
       TEST_REQUIRE(tw_ref_gemm_fp32(f.gathered2[r], f.b[r], ref, m, n, k, k, k, n, 0) == TW_SUCCESS,
                    "ref gemm");
-      CUDA_OK(cudaDeviceSynchronize());
+      TEST_CUDA_OK(cudaDeviceSynchronize());
       size_t nans = 0;
       double err;
       if (c_dtype == TW_BF16) {
@@ -172,8 +166,8 @@ static void test_case(int world, int64_t m_local, int64_t n, int64_t k, tw_dtype
         /* fp32 C: compare on the host. */
         float *host = (float *)malloc((size_t)m * n * 4),
               *href = (float *)malloc((size_t)m * n * 4);
-        CUDA_OK(cudaMemcpy(host, f.c[r], (size_t)m * n * 4, cudaMemcpyDeviceToHost));
-        CUDA_OK(cudaMemcpy(href, ref, (size_t)m * n * 4, cudaMemcpyDeviceToHost));
+        TEST_CUDA_OK(cudaMemcpy(host, f.c[r], (size_t)m * n * 4, cudaMemcpyDeviceToHost));
+        TEST_CUDA_OK(cudaMemcpy(href, ref, (size_t)m * n * 4, cudaMemcpyDeviceToHost));
         double md = 0, mr = 0;
         for (size_t i = 0; i < (size_t)m * n; i++) {
           if (host[i] != host[i])
@@ -327,12 +321,12 @@ static void test_graph(int world, int replays, int no_gather, uint64_t seed) {
   for (int i = 0; i < replays; i++) {
     for (int r = 0; r < world; r++)
       tw_test_poison(f.c[r], c_bytes(&f), (tw_stream_t)s0);
-    CUDA_OK(cudaGraphLaunch(exec, s0));
+    TEST_CUDA_OK(cudaGraphLaunch(exec, s0));
   }
-  CUDA_OK(cudaStreamSynchronize(s0));
+  TEST_CUDA_OK(cudaStreamSynchronize(s0));
   for (int r = 0; r < world; r++)
     enqueue_unfused(&f, r);
-  CUDA_OK(cudaDeviceSynchronize());
+  TEST_CUDA_OK(cudaDeviceSynchronize());
   size_t diff = 0;
   for (int r = 0; r < world; r++)
     diff += tw_test_count_diff(f.c[r], f.c2[r], c_bytes(&f));
@@ -393,16 +387,16 @@ static void test_copy_engine(int world, int64_t m_local, int64_t n, int64_t k, i
    * mode keeps the SMs there and is captured (the graph is not launched: its peers do not run). */
   cudaStream_t s0 = f.streams[0];
   use(&f, 0);
-  CUDA_OK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeThreadLocal));
+  TEST_CUDA_OK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeThreadLocal));
   tw_ag_gemm_args_t a = fused_args(&f, 0, 0);
   a.comm_mode = TW_AG_COMM_COPY_ENGINE;
   TEST_TW_FAILS(tw_ag_gemm(f.comms[0], &a, (tw_stream_t)s0), TW_ERR_NOT_SUPPORTED, "graph");
   a.comm_mode = TW_AG_COMM_AUTO;
   TEST_TW_OK(tw_ag_gemm(f.comms[0], &a, (tw_stream_t)s0));
   cudaGraph_t graph;
-  CUDA_OK(cudaStreamEndCapture(s0, &graph));
+  TEST_CUDA_OK(cudaStreamEndCapture(s0, &graph));
   size_t nodes = 0;
-  CUDA_OK(cudaGraphGetNodes(graph, NULL, &nodes));
+  TEST_CUDA_OK(cudaGraphGetNodes(graph, NULL, &nodes));
   TEST_ASSERT(nodes > 0, "auto under capture: the graph holds %zu nodes", nodes);
   cudaGraphDestroy(graph);
   unsetenv("TW_AG_AUTO_CE");

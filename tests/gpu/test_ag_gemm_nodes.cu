@@ -26,12 +26,6 @@ int main(void) {
 }
 #else
 
-#define CUDA_OK(call)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    TEST_REQUIRE(e_ == cudaSuccess, "%s -> %s", #call, cudaGetErrorString(e_));                    \
-  } while (0)
-
 typedef struct {
   int world, per_node;
   int64_t m_local, n, k;
@@ -61,25 +55,25 @@ static void setup(fixture *f, int nodes, int per_node, int64_t m_local, int64_t 
   tw_status_t st = tw_comm_init_all(f->comms, f->world, devices, &cfg);
   TEST_REQUIRE(st == TW_SUCCESS, "init_all(%dx%d): %s", nodes, per_node, tw_last_error());
   for (int r = 0; r < f->world; r++) {
-    CUDA_OK(cudaStreamCreateWithFlags(&f->streams[r], cudaStreamNonBlocking));
+    TEST_CUDA_OK(cudaStreamCreateWithFlags(&f->streams[r], cudaStreamNonBlocking));
     TEST_REQUIRE(tw_mem_alloc(f->comms[r], shard_bytes(f) * f->world, &f->gathered[r]) ==
                      TW_SUCCESS,
                  "alloc: %s", tw_comm_last_error(f->comms[r]));
     TEST_REQUIRE(tw_mem_alloc(f->comms[r], shard_bytes(f) * f->world, &f->gathered2[r]) ==
                      TW_SUCCESS,
                  "alloc: %s", tw_comm_last_error(f->comms[r]));
-    CUDA_OK(cudaMalloc(&f->a[r], shard_bytes(f)));
-    CUDA_OK(cudaMalloc(&f->b[r], (size_t)n * k * 2));
-    CUDA_OK(cudaMalloc(&f->c[r], c_bytes(f)));
-    CUDA_OK(cudaMalloc(&f->c2[r], c_bytes(f)));
+    TEST_CUDA_OK(cudaMalloc(&f->a[r], shard_bytes(f)));
+    TEST_CUDA_OK(cudaMalloc(&f->b[r], (size_t)n * k * 2));
+    TEST_CUDA_OK(cudaMalloc(&f->c[r], c_bytes(f)));
+    TEST_CUDA_OK(cudaMalloc(&f->c2[r], c_bytes(f)));
   }
-  CUDA_OK(cudaMalloc(&f->ref_gathered, shard_bytes(f) * f->world));
-  CUDA_OK(cudaMalloc(&f->bad, sizeof(unsigned long long)));
-  CUDA_OK(cudaMemset(f->bad, 0, sizeof(unsigned long long)));
+  TEST_CUDA_OK(cudaMalloc(&f->ref_gathered, shard_bytes(f) * f->world));
+  TEST_CUDA_OK(cudaMalloc(&f->bad, sizeof(unsigned long long)));
+  TEST_CUDA_OK(cudaMemset(f->bad, 0, sizeof(unsigned long long)));
 }
 
 static void teardown(fixture *f) {
-  CUDA_OK(cudaDeviceSynchronize());
+  TEST_CUDA_OK(cudaDeviceSynchronize());
   for (int r = 0; r < f->world; r++) {
     cudaFree(f->a[r]), cudaFree(f->b[r]), cudaFree(f->c[r]), cudaFree(f->c2[r]);
     TEST_TW_OK(tw_mem_free(f->comms[r], f->gathered[r]));
@@ -113,10 +107,10 @@ static void fill_and_reference(fixture *f, uint64_t seed) {
     tw_test_poison(f->c[r], c_bytes(f), s);
     tw_test_poison(f->c2[r], c_bytes(f), s);
   }
-  CUDA_OK(cudaDeviceSynchronize());
+  TEST_CUDA_OK(cudaDeviceSynchronize());
   for (int r = 0; r < f->world; r++)
-    CUDA_OK(cudaMemcpy((char *)f->ref_gathered + shard_bytes(f) * r, f->a[r], shard_bytes(f),
-                       cudaMemcpyDeviceToDevice));
+    TEST_CUDA_OK(cudaMemcpy((char *)f->ref_gathered + shard_bytes(f) * r, f->a[r], shard_bytes(f),
+                            cudaMemcpyDeviceToDevice));
   for (int r = 0; r < f->world; r++) {
     tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
     g.c_dtype = f->c_dtype;
@@ -125,7 +119,7 @@ static void fill_and_reference(fixture *f, uint64_t seed) {
     TEST_TW_OK(tw_comm_sm_budget(f->comms[r], &g.sm_count));
     TEST_TW_OK(tw_gemm(&g, (tw_stream_t)0));
   }
-  CUDA_OK(cudaDeviceSynchronize());
+  TEST_CUDA_OK(cudaDeviceSynchronize());
 }
 
 static void check_async(fixture *f, const char *what) {
@@ -152,13 +146,13 @@ static void test_layout(int nodes, int per_node, int64_t m_local, int64_t n, int
       tw_ag_gemm_args_t a = fused_args(&f, r);
       TEST_TW_OK(tw_ag_gemm(f.comms[r], &a, (tw_stream_t)f.streams[r]));
     }
-    CUDA_OK(cudaDeviceSynchronize());
+    TEST_CUDA_OK(cudaDeviceSynchronize());
     const double dt = tw_test_now() - t0;
     best = dt < best ? dt : best;
     for (int r = 0; r < f.world; r++)
       TEST_TW_OK(tw_allgather(f.comms[r], f.a[r], f.gathered2[r], shard_bytes(&f),
                               (tw_stream_t)f.streams[r]));
-    CUDA_OK(cudaDeviceSynchronize());
+    TEST_CUDA_OK(cudaDeviceSynchronize());
     for (int r = 0; r < f.world; r++) {
       diff += tw_test_count_diff(f.c[r], f.c2[r], c_bytes(&f));
       gather += tw_test_count_diff(f.gathered[r], f.ref_gathered, shard_bytes(&f) * f.world);
@@ -166,11 +160,11 @@ static void test_layout(int nodes, int per_node, int64_t m_local, int64_t n, int
     }
     if (call == 0) {
       float *ref = NULL;
-      CUDA_OK(cudaMalloc(&ref, (size_t)m * n * sizeof(float)));
+      TEST_CUDA_OK(cudaMalloc(&ref, (size_t)m * n * sizeof(float)));
       const int r = f.world - 1;
       TEST_REQUIRE(tw_ref_gemm_fp32(f.ref_gathered, f.b[r], ref, m, n, k, k, k, n, 0) == TW_SUCCESS,
                    "ref gemm");
-      CUDA_OK(cudaDeviceSynchronize());
+      TEST_CUDA_OK(cudaDeviceSynchronize());
       size_t nans = 0;
       if (c_dtype == TW_BF16)
         err = tw_test_rel_err_bf16(f.c[r], ref, 1, (size_t)m * n, &nans);
@@ -201,19 +195,19 @@ static void test_graph(int nodes, int per_node, int replays, uint64_t seed) {
   cudaGraphExec_t exec[TW_MAX_WORLD];
   for (int r = 0; r < f.world; r++) {
     cudaGraph_t g;
-    CUDA_OK(cudaStreamBeginCapture(f.streams[r], cudaStreamCaptureModeThreadLocal));
+    TEST_CUDA_OK(cudaStreamBeginCapture(f.streams[r], cudaStreamCaptureModeThreadLocal));
     tw_ag_gemm_args_t a = fused_args(&f, r);
     TEST_TW_OK(tw_ag_gemm(f.comms[r], &a, (tw_stream_t)f.streams[r]));
-    CUDA_OK(cudaStreamEndCapture(f.streams[r], &g));
-    CUDA_OK(cudaGraphInstantiate(&exec[r], g, 0));
+    TEST_CUDA_OK(cudaStreamEndCapture(f.streams[r], &g));
+    TEST_CUDA_OK(cudaGraphInstantiate(&exec[r], g, 0));
     cudaGraphDestroy(g);
   }
   size_t diff = 0;
   for (int i = 0; i < replays; i++) {
     fill_and_reference(&f, seed + 131 * (uint64_t)i);
     for (int r = 0; r < f.world; r++)
-      CUDA_OK(cudaGraphLaunch(exec[r], f.streams[r]));
-    CUDA_OK(cudaDeviceSynchronize());
+      TEST_CUDA_OK(cudaGraphLaunch(exec[r], f.streams[r]));
+    TEST_CUDA_OK(cudaDeviceSynchronize());
     for (int r = 0; r < f.world; r++)
       diff += tw_test_count_diff(f.c[r], f.c2[r], c_bytes(&f));
   }
@@ -246,9 +240,9 @@ static void test_refusals(void) {
   for (int r = 0; r < 6; r++)
     TEST_TW_OK(tw_mem_alloc(comms[r], 6 * 128 * 256 * 2, &g[r]));
   void *shard = NULL, *b = NULL, *c = NULL;
-  CUDA_OK(cudaMalloc(&shard, 128 * 256 * 2));
-  CUDA_OK(cudaMalloc(&b, 256 * 256 * 2));
-  CUDA_OK(cudaMalloc(&c, 6 * 128 * 256 * 2));
+  TEST_CUDA_OK(cudaMalloc(&shard, 128 * 256 * 2));
+  TEST_CUDA_OK(cudaMalloc(&b, 256 * 256 * 2));
+  TEST_CUDA_OK(cudaMalloc(&c, 6 * 128 * 256 * 2));
   tw_ag_gemm_args_t u = TW_AG_GEMM_ARGS_INIT;
   u.a = shard, u.b = b, u.c = c, u.a_gathered = g[0];
   u.m_local = 128, u.n = 256, u.k = 256;
@@ -271,17 +265,14 @@ static void run_backend(const char *name, int small, uint64_t seed) {
   test_graph(2, 2, 5, seed + 500);
 }
 
+static int small;
+static void run_small(const char *name, uint64_t seed) { run_backend(name, small, seed); }
+
 int main(int argc, char **argv) {
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0); /* 8 ranks' kernels on one GPU, before CUDA */
   tw_test_require_hopper();
-  const int small = argc > 1 && strcmp(argv[1], "--small") == 0;
-  tw_test_use_verbs_double(TW_VERBS_DOUBLE, "mlx5:8");
-  setenv("TW_NET", "ib", 1);
-  run_backend("ib (RC)", small, 42);
-  test_refusals();
-  setenv("TW_VD_NICS", "efa:16", 1);
-  setenv("TW_NET", "efa", 1);
-  run_backend("efa (SRD)", small, 4242);
+  small = argc > 1 && strcmp(argv[1], "--small") == 0;
+  tw_test_on_both_backends(TW_VERBS_DOUBLE, run_small, test_refusals, 42);
   return tw_test_finish();
 }
 #endif

@@ -12,12 +12,6 @@
 
 #include "tw_test.h"
 
-#define CUDA_OK(call)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    TEST_REQUIRE(e_ == cudaSuccess, "%s -> %s", #call, cudaGetErrorString(e_));                    \
-  } while (0)
-
 static __device__ __forceinline__ uint32_t pattern(uint64_t seed, uint32_t iter, int src,
                                                    size_t word) {
   uint64_t x =
@@ -64,7 +58,7 @@ typedef struct {
   size_t bytes;
 } fixture;
 
-static void use(const fixture *f, int r) { CUDA_OK(cudaSetDevice(f->devices[r])); }
+static void use(const fixture *f, int r) { TEST_CUDA_OK(cudaSetDevice(f->devices[r])); }
 
 static void sync_all(const fixture *f) { tw_test_sync_devices(f->devices, f->world); }
 
@@ -79,15 +73,15 @@ static void setup(fixture *f, int world, size_t bytes, int in_place, int wait_ti
   TEST_REQUIRE(st == TW_SUCCESS, "init_all(%d): %s", world, tw_last_error());
   for (int r = 0; r < world; r++) {
     use(f, r);
-    CUDA_OK(cudaStreamCreateWithFlags(&f->streams[r], cudaStreamNonBlocking));
+    TEST_CUDA_OK(cudaStreamCreateWithFlags(&f->streams[r], cudaStreamNonBlocking));
     st = tw_mem_alloc(f->comms[r], bytes * world, &f->recv[r]);
     TEST_REQUIRE(st == TW_SUCCESS, "tw_mem_alloc: %s", tw_comm_last_error(f->comms[r]));
     if (in_place)
       f->send[r] = (char *)f->recv[r] + (size_t)r * bytes;
     else
-      CUDA_OK(cudaMalloc(&f->send[r], bytes));
-    CUDA_OK(cudaMalloc(&f->bad[r], sizeof(unsigned long long)));
-    CUDA_OK(cudaMemset(f->bad[r], 0, sizeof(unsigned long long)));
+      TEST_CUDA_OK(cudaMalloc(&f->send[r], bytes));
+    TEST_CUDA_OK(cudaMalloc(&f->bad[r], sizeof(unsigned long long)));
+    TEST_CUDA_OK(cudaMemset(f->bad[r], 0, sizeof(unsigned long long)));
   }
   use(f, 0);
 }
@@ -202,17 +196,17 @@ static void test_graph(int world, size_t bytes, int replays, uint64_t seed) {
     return;
   }
   uint32_t *iter;
-  CUDA_OK(cudaMalloc(&iter, sizeof(uint32_t)));
-  CUDA_OK(cudaMemset(iter, 0, sizeof(uint32_t)));
+  TEST_CUDA_OK(cudaMalloc(&iter, sizeof(uint32_t)));
+  TEST_CUDA_OK(cudaMemset(iter, 0, sizeof(uint32_t)));
   graph_job job = {&f, seed, iter};
   cudaStream_t s0 = f.streams[0];
   cudaGraphExec_t exec = (cudaGraphExec_t)tw_test_capture((struct CUstream_st **)f.streams, world,
                                                           graph_bump, graph_iteration, &job);
   for (int i = 0; i < replays; i++)
-    CUDA_OK(cudaGraphLaunch(exec, s0));
+    TEST_CUDA_OK(cudaGraphLaunch(exec, s0));
   unsigned long long bad = collect_bad(&f);
   uint32_t host_iter = 0;
-  CUDA_OK(cudaMemcpy(&host_iter, iter, sizeof(host_iter), cudaMemcpyDeviceToHost));
+  TEST_CUDA_OK(cudaMemcpy(&host_iter, iter, sizeof(host_iter), cudaMemcpyDeviceToHost));
   TEST_ASSERT(host_iter == (uint32_t)replays, "graph ran %u times, expected %d", host_iter,
               replays);
   TEST_ASSERT(bad == 0, "world %d: graph replayed %d times: %llu words wrong", world, replays, bad);
@@ -248,7 +242,7 @@ static void test_withheld_signal(size_t bytes) {
   /* The abort reached rank 1: its next call gives up at once instead of waiting. */
   t0 = tw_test_now();
   TEST_TW_OK(tw_allgather(f.comms[1], f.send[1], f.recv[1], f.bytes, (tw_stream_t)f.streams[1]));
-  CUDA_OK(cudaStreamSynchronize(f.streams[1]));
+  TEST_CUDA_OK(cudaStreamSynchronize(f.streams[1]));
   TEST_TW_OK(tw_comm_async_error(f.comms[1], &async));
   TEST_ASSERT(async == TW_ERR_ABORTED, "rank 1: %s", tw_comm_last_error(f.comms[1]));
   TEST_ASSERT(tw_test_now() - t0 < timeout_ms / 1e3, "rank 1 waited %.3f s after the abort",
@@ -261,7 +255,7 @@ static void test_bad_arguments(void) {
   setup(&f, 2, 4096, 0, 10000);
   tw_stream_t s = (tw_stream_t)f.streams[0];
   void *plain;
-  CUDA_OK(cudaMalloc(&plain, 1 << 16));
+  TEST_CUDA_OK(cudaMalloc(&plain, 1 << 16));
   TEST_TW_FAILS(tw_allgather(NULL, f.send[0], f.recv[0], 4096, s), TW_ERR_INVALID_ARGUMENT, "comm");
   TEST_TW_FAILS(tw_allgather(f.comms[0], NULL, f.recv[0], 4096, s), TW_ERR_INVALID_ARGUMENT,
                 "send");

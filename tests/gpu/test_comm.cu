@@ -9,12 +9,6 @@
 
 #include "tw_test.h"
 
-#define CUDA_OK(call)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    TEST_REQUIRE(e_ == cudaSuccess, "%s -> %s", #call, cudaGetErrorString(e_));                    \
-  } while (0)
-
 static __global__ void write_rank(int *dst, int value, int n) {
   for (int i = threadIdx.x; i < n; i += blockDim.x)
     dst[i] = value * 1000 + i;
@@ -111,7 +105,7 @@ static void test_heap(int world) {
     void *const *table = NULL;
     TEST_TW_OK(tw_mem_peer_ptrs(comms[r], buf[r], &table));
     void *host_table[8];
-    CUDA_OK(cudaMemcpy(host_table, table, sizeof(void *) * world, cudaMemcpyDeviceToHost));
+    TEST_CUDA_OK(cudaMemcpy(host_table, table, sizeof(void *) * world, cudaMemcpyDeviceToHost));
     for (int p = 0; p < world; p++) {
       void *peer = NULL;
       TEST_TW_OK(tw_mem_peer_ptr(comms[r], buf[r], p, &peer));
@@ -121,10 +115,10 @@ static void test_heap(int world) {
       write_rank<<<1, 256>>>((int *)peer + r * n, r, n);
     }
   }
-  CUDA_OK(cudaDeviceSynchronize());
+  TEST_CUDA_OK(cudaDeviceSynchronize());
   int *host = (int *)malloc(n * sizeof(int) * world);
   for (int p = 0; p < world; p++) {
-    CUDA_OK(cudaMemcpy(host, buf[p], n * sizeof(int) * world, cudaMemcpyDeviceToHost));
+    TEST_CUDA_OK(cudaMemcpy(host, buf[p], n * sizeof(int) * world, cudaMemcpyDeviceToHost));
     int bad = 0;
     for (int r = 0; r < world; r++)
       for (int i = 0; i < n; i++)
@@ -159,7 +153,7 @@ static void test_heap(int world) {
   TEST_TW_FAILS(tw_mem_alloc(comms[0], 1ull << 30, &big), TW_ERR_OUT_OF_MEMORY, "TW_HEAP_BYTES");
   TEST_TW_FAILS(tw_mem_alloc(comms[0], 0, &big), TW_ERR_INVALID_ARGUMENT, "bytes");
   void *plain;
-  CUDA_OK(cudaMalloc(&plain, 256));
+  TEST_CUDA_OK(cudaMalloc(&plain, 256));
   TEST_TW_FAILS(tw_mem_free(comms[0], plain), TW_ERR_INVALID_ARGUMENT, "not a live");
   TEST_TW_FAILS(tw_mem_peer_ptr(comms[0], plain, 0, &inner), TW_ERR_INVALID_ARGUMENT, "not inside");
   cudaFree(plain);

@@ -19,8 +19,6 @@
 #include "ref/ref_gemm.h"
 #include "tw_test.h"
 
-#define CUDA_OK(call) TEST_REQUIRE((call) == cudaSuccess, "%s", #call)
-
 static cudaStream_t stream;
 static tw_ref_blas_t *blas;
 static uint64_t seed;
@@ -201,12 +199,12 @@ static void check_swap_strided(const buffers_t *buf, int64_t m, int64_t n, int64
   tw_test_poison(buf->c2, (size_t)(m * ldc) * 2, stream);
   TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
   unsigned long long *nbad = NULL, host = 0;
-  CUDA_OK(cudaMalloc(&nbad, sizeof(*nbad)));
-  CUDA_OK(cudaMemsetAsync(nbad, 0, sizeof(*nbad), stream));
+  TEST_CUDA_OK(cudaMalloc(&nbad, sizeof(*nbad)));
+  TEST_CUDA_OK(cudaMemsetAsync(nbad, 0, sizeof(*nbad), stream));
   strided_diff_kernel<<<256, 256, 0, stream>>>((const uint16_t *)buf->c2, (const uint16_t *)buf->c,
                                                m, n, ldc, nbad);
-  CUDA_OK(cudaMemcpyAsync(&host, nbad, sizeof(host), cudaMemcpyDeviceToHost, stream));
-  CUDA_OK(cudaStreamSynchronize(stream));
+  TEST_CUDA_OK(cudaMemcpyAsync(&host, nbad, sizeof(host), cudaMemcpyDeviceToHost, stream));
+  TEST_CUDA_OK(cudaStreamSynchronize(stream));
   cudaFree(nbad);
   TEST_ASSERT(host == 0, "swap-AB split_k %d M=%lld N=%lld K=%lld ldc %lld: %llu elements wrong",
               split, (long long)m, (long long)n, (long long)k, (long long)ldc, host);
@@ -282,12 +280,12 @@ static void check_split_ws(const buffers_t *buf, int64_t m, int64_t n, int64_t k
       if (run == 2) { /* from a graph, replayed twice */
         cudaGraph_t g;
         cudaGraphExec_t exec;
-        CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        TEST_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
         TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
-        CUDA_OK(cudaStreamEndCapture(stream, &g));
-        CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
-        CUDA_OK(cudaGraphLaunch(exec, stream));
-        CUDA_OK(cudaGraphLaunch(exec, stream));
+        TEST_CUDA_OK(cudaStreamEndCapture(stream, &g));
+        TEST_CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
+        TEST_CUDA_OK(cudaGraphLaunch(exec, stream));
+        TEST_CUDA_OK(cudaGraphLaunch(exec, stream));
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(g);
       } else {
@@ -301,7 +299,7 @@ static void check_split_ws(const buffers_t *buf, int64_t m, int64_t n, int64_t k
                   slices, fp32 ? "fp32" : "bf16", (long long)m, (long long)n, (long long)k, run,
                   diff);
       uint32_t counters[1024]; /* the counter block's 4 KiB (gemm_heuristics.h) */
-      CUDA_OK(cudaMemcpy(counters, g_ws, sizeof(counters), cudaMemcpyDeviceToHost));
+      TEST_CUDA_OK(cudaMemcpy(counters, g_ws, sizeof(counters), cudaMemcpyDeviceToHost));
       size_t nonzero = 0;
       for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++)
         nonzero += counters[i] != 0;
@@ -345,7 +343,7 @@ static void check_after_grid(const buffers_t *buf, int64_t m, int64_t n, int64_t
   const size_t count = fill_with_ref(buf, m, n, k);
   const size_t a_bytes = (size_t)(m * k) * 2;
   __nv_bfloat16 *a_final = (__nv_bfloat16 *)buf->cref_bf16; /* scratch: A's final values */
-  CUDA_OK(cudaMemcpyAsync(a_final, buf->a, a_bytes, cudaMemcpyDeviceToDevice, stream));
+  TEST_CUDA_OK(cudaMemcpyAsync(a_final, buf->a, a_bytes, cudaMemcpyDeviceToDevice, stream));
   tw_gemm_sm90_opts_t plain = {variant, dynamic, 0}, after = {variant, dynamic, 0};
   after.after_grid = 1;
   for (int fp32 = 0; fp32 < 2; fp32++) {
@@ -358,7 +356,7 @@ static void check_after_grid(const buffers_t *buf, int64_t m, int64_t n, int64_t
     for (int graph = 0; graph < 2; graph++) {
       cudaGraphExec_t exec = NULL;
       if (graph)
-        CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        TEST_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       for (int rep = 0; rep < (graph ? 1 : 2); rep++) {
         if (!graph) {
           tw_test_poison(buf->a, a_bytes, stream);
@@ -370,13 +368,13 @@ static void check_after_grid(const buffers_t *buf, int64_t m, int64_t n, int64_t
       }
       if (graph) {
         cudaGraph_t g;
-        CUDA_OK(cudaStreamEndCapture(stream, &g));
-        CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
+        TEST_CUDA_OK(cudaStreamEndCapture(stream, &g));
+        TEST_CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
         cudaGraphDestroy(g);
         for (int rep = 0; rep < 2; rep++) {
           tw_test_poison(buf->a, a_bytes, stream);
           tw_test_poison(buf->c3, bytes, stream);
-          CUDA_OK(cudaGraphLaunch(exec, stream));
+          TEST_CUDA_OK(cudaGraphLaunch(exec, stream));
         }
         cudaGraphExecDestroy(exec);
       }
@@ -453,15 +451,15 @@ static void check_schedules(const buffers_t *buf, int64_t m, int64_t n, int64_t 
   tw_gemm_sm90_opts_t opts = {-1, 1, 0};
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  TEST_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   tw_status_t st = tw_gemm_sm90_launch(&args, (tw_stream_t)stream, &opts);
   tw_status_t st2 = tw_gemm_sm90_launch(&args, (tw_stream_t)stream, &opts);
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  TEST_CUDA_OK(cudaStreamEndCapture(stream, &graph));
   TEST_ASSERT(st == TW_SUCCESS && st2 == TW_SUCCESS, "capture: %s", tw_last_error());
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  TEST_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (int rep = 0; rep < 3; rep++) {
     tw_test_poison(buf->c2, bytes, stream);
-    CUDA_OK(cudaGraphLaunch(exec, stream));
+    TEST_CUDA_OK(cudaGraphLaunch(exec, stream));
     size_t diff = tw_test_count_diff(buf->c2, buf->c, bytes);
     TEST_ASSERT(diff == 0, "graph replay %d of the queue variant: %zu bytes differ", rep, diff);
   }
@@ -474,16 +472,16 @@ static void check_strided(const buffers_t *buf) {
   const int64_t m = 1000, n = 200, k = 136, lda = 200, ldb = 144, ldc = 264;
   __nv_bfloat16 *a_pad, *b_pad;
   uint16_t *c_pad;
-  CUDA_OK(cudaMalloc(&a_pad, m * lda * 2));
-  CUDA_OK(cudaMalloc(&b_pad, n * ldb * 2));
-  CUDA_OK(cudaMalloc(&c_pad, m * ldc * 2));
+  TEST_CUDA_OK(cudaMalloc(&a_pad, m * lda * 2));
+  TEST_CUDA_OK(cudaMalloc(&b_pad, n * ldb * 2));
+  TEST_CUDA_OK(cudaMalloc(&c_pad, m * ldc * 2));
   tw_test_fill_bf16(buf->a, (size_t)(m * k), seed++, stream);
   tw_test_fill_bf16(buf->b, (size_t)(n * k), seed++, stream);
   tw_test_fill_bf16(a_pad, (size_t)(m * lda), seed++, stream); // padding holds garbage
   tw_test_fill_bf16(b_pad, (size_t)(n * ldb), seed++, stream);
-  CUDA_OK(
+  TEST_CUDA_OK(
       cudaMemcpy2DAsync(a_pad, lda * 2, buf->a, k * 2, k * 2, m, cudaMemcpyDeviceToDevice, stream));
-  CUDA_OK(
+  TEST_CUDA_OK(
       cudaMemcpy2DAsync(b_pad, ldb * 2, buf->b, k * 2, k * 2, n, cudaMemcpyDeviceToDevice, stream));
   tw_test_poison(buf->c, m * n * 2, stream);
   tw_gemm_args_t args = make_args(buf->a, buf->b, buf->c, TW_BF16, m, n, k);
@@ -493,11 +491,11 @@ static void check_strided(const buffers_t *buf) {
   args.lda = lda, args.ldb = ldb, args.ldc = ldc;
   TEST_TW_OK(tw_gemm(&args, (tw_stream_t)stream));
   unsigned long long *bad, host_bad = 0;
-  CUDA_OK(cudaMalloc(&bad, sizeof(*bad)));
-  CUDA_OK(cudaMemsetAsync(bad, 0, sizeof(*bad), stream));
+  TEST_CUDA_OK(cudaMalloc(&bad, sizeof(*bad)));
+  TEST_CUDA_OK(cudaMemsetAsync(bad, 0, sizeof(*bad), stream));
   strided_diff_kernel<<<256, 256, 0, stream>>>(c_pad, (const uint16_t *)buf->c, m, n, ldc, bad);
-  CUDA_OK(cudaMemcpyAsync(&host_bad, bad, sizeof(host_bad), cudaMemcpyDeviceToHost, stream));
-  CUDA_OK(cudaStreamSynchronize(stream));
+  TEST_CUDA_OK(cudaMemcpyAsync(&host_bad, bad, sizeof(host_bad), cudaMemcpyDeviceToHost, stream));
+  TEST_CUDA_OK(cudaStreamSynchronize(stream));
   TEST_ASSERT(host_bad == 0, "strided lda/ldb/ldc: %llu elements wrong", host_bad);
   cudaFree(bad);
   cudaFree(a_pad);
@@ -525,17 +523,17 @@ static void check_large(const buffers_t *buf, int64_t s) {
 int main(void) {
   tw_test_require_hopper();
   seed = tw_test_seed();
-  CUDA_OK(cudaStreamCreate(&stream)); // blocking: the helpers run on the legacy stream
+  TEST_CUDA_OK(cudaStreamCreate(&stream)); // blocking: the helpers run on the legacy stream
   TEST_TW_OK(tw_ref_blas_create(&blas));
   buffers_t buf;
   const size_t big = (size_t)4160 * 4160; // elements: >= 4096^2 and >= 4160 x 4104
-  CUDA_OK(cudaMalloc(&buf.a, big * 2));
-  CUDA_OK(cudaMalloc(&buf.b, big * 2));
-  CUDA_OK(cudaMalloc(&buf.c, big * 4));
-  CUDA_OK(cudaMalloc(&buf.c2, big * 4));
-  CUDA_OK(cudaMalloc(&buf.c3, big * 4));
-  CUDA_OK(cudaMalloc(&buf.cref_bf16, big * 2));
-  CUDA_OK(cudaMalloc(&buf.ref, big * 4));
+  TEST_CUDA_OK(cudaMalloc(&buf.a, big * 2));
+  TEST_CUDA_OK(cudaMalloc(&buf.b, big * 2));
+  TEST_CUDA_OK(cudaMalloc(&buf.c, big * 4));
+  TEST_CUDA_OK(cudaMalloc(&buf.c2, big * 4));
+  TEST_CUDA_OK(cudaMalloc(&buf.c3, big * 4));
+  TEST_CUDA_OK(cudaMalloc(&buf.cref_bf16, big * 2));
+  TEST_CUDA_OK(cudaMalloc(&buf.ref, big * 4));
 
   const int64_t ms[] = {1, 127, 1000, 4160};
   const int64_t ns[] = {8, 200, 1000};
@@ -586,8 +584,8 @@ int main(void) {
   check_swap(&buf, 128, 1024, 8192, 4);
   /* split_k -1 with a workspace: 16- and 64-wide swap tiles, 2, 4 and 8 slices, tails in M, N
    * and K */
-  CUDA_OK(cudaMalloc(&g_ws, TW_GEMM_WORKSPACE_BYTES));
-  CUDA_OK(cudaMemset(g_ws, 0, TW_GEMM_WORKSPACE_BYTES));
+  TEST_CUDA_OK(cudaMalloc(&g_ws, TW_GEMM_WORKSPACE_BYTES));
+  TEST_CUDA_OK(cudaMemset(g_ws, 0, TW_GEMM_WORKSPACE_BYTES));
   check_split_ws(&buf, 16, 1024, 8192, 8);
   check_split_ws(&buf, 32, 1024, 8192, 8);
   check_split_ws(&buf, 64, 1024, 8192, 8);
@@ -619,7 +617,7 @@ int main(void) {
   check_schedules(&buf, 4096, 4096, 4096);
   check_large(&buf, 4096);
 
-  CUDA_OK(cudaDeviceSynchronize());
+  TEST_CUDA_OK(cudaDeviceSynchronize());
   TEST_ASSERT(cudaGetLastError() == cudaSuccess, "no sticky CUDA error");
   tw_ref_blas_destroy(blas);
   cudaFree(buf.a);

@@ -16,8 +16,6 @@
 #include "ref/ref_gemm.h"
 #include "tw_test.h"
 
-#define CUDA_OK(call) TEST_REQUIRE((call) == cudaSuccess, "%s", #call)
-
 static cudaStream_t stream;
 static uint64_t seed;
 
@@ -93,8 +91,8 @@ static void encode(CUtensorMap *map, CUtensorMapDataType dt, int es, const void 
                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
   void *fn = NULL;
   cudaDriverEntryPointQueryResult found;
-  CUDA_OK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                           &found));
+  TEST_CUDA_OK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                cudaEnableDefault, &found));
   TEST_REQUIRE(fn && found == cudaDriverEntryPointSuccess, "cuTensorMapEncodeTiled not found");
   cuuint64_t dims[2] = {cols, rows}, strides[1] = {cols * es};
   cuuint32_t box[2] = {box_cols, box_rows}, estr[2] = {1, 1};
@@ -124,18 +122,18 @@ static void check_hooks(const buffers_t *buf) {
   uint64_t *rows_ready;
   uint32_t *tile_done, *timed_out;
   g::TileQueue *queue;
-  CUDA_OK(cudaMalloc(&rows_ready, flags * sizeof(uint64_t)));
-  CUDA_OK(cudaMalloc(&tile_done, mbs * nbs * sizeof(uint32_t)));
-  CUDA_OK(cudaMalloc(&timed_out, sizeof(uint32_t)));
-  CUDA_OK(cudaMalloc(&queue, sizeof(*queue)));
+  TEST_CUDA_OK(cudaMalloc(&rows_ready, flags * sizeof(uint64_t)));
+  TEST_CUDA_OK(cudaMalloc(&tile_done, mbs * nbs * sizeof(uint32_t)));
+  TEST_CUDA_OK(cudaMalloc(&timed_out, sizeof(uint32_t)));
+  TEST_CUDA_OK(cudaMalloc(&queue, sizeof(*queue)));
   uint64_t ready[8];
   for (int f = 0; f < flags; f++)
     ready[f] = 3; // epoch 3 published
-  CUDA_OK(cudaMemcpy(rows_ready, ready, flags * sizeof(uint64_t), cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemset(tile_done, 0, mbs * nbs * sizeof(uint32_t)));
-  CUDA_OK(cudaMemset(timed_out, 0, sizeof(uint32_t)));
-  CUDA_OK(cudaMemset(queue, 0, sizeof(*queue)));
-  CUDA_OK(cudaMemset(staging, 0, m * n * sizeof(float)));
+  TEST_CUDA_OK(cudaMemcpy(rows_ready, ready, flags * sizeof(uint64_t), cudaMemcpyHostToDevice));
+  TEST_CUDA_OK(cudaMemset(tile_done, 0, mbs * nbs * sizeof(uint32_t)));
+  TEST_CUDA_OK(cudaMemset(timed_out, 0, sizeof(uint32_t)));
+  TEST_CUDA_OK(cudaMemset(queue, 0, sizeof(*queue)));
+  TEST_CUDA_OK(cudaMemset(staging, 0, m * n * sizeof(float)));
   p.wait = {rows_ready, rows_per_flag, (int32_t)m, 3, timed_out};
   p.epi.tile_done = tile_done;
   p.epi.n_blocks = nbs;
@@ -145,26 +143,26 @@ static void check_hooks(const buffers_t *buf) {
   p.k_blocks = (int32_t)((k + 63) / 64);
   auto kernel = g::gemm_sm90_kernel<4, 16384, EpiReduceThenSignal, WaitRowsReady, true>;
   const int smem = g::SmemLayout<4, 16384>::kDynamicBytes;
-  CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  TEST_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   for (int call = 0; call < 2; call++)
     kernel<<<5, g::kThreads, smem, stream>>>(p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaStreamSynchronize(stream));
+  TEST_CUDA_OK(cudaGetLastError());
+  TEST_CUDA_OK(cudaStreamSynchronize(stream));
   scale_kernel<<<256, 256, 0, stream>>>(buf->ref, 2.f, (size_t)(m * n));
   size_t bad = 0;
   const double err = tw_test_rel_err_fp32(staging, buf->ref, (size_t)(m * n), &bad);
   TEST_ASSERT(err < 1e-3 && bad == 0, "hooked GEMM (reduce-add x2): rel err %.3g, %zu NaN", err,
               bad);
   uint32_t done[64], host_timed_out = 1;
-  CUDA_OK(cudaMemcpy(done, tile_done, mbs * nbs * sizeof(uint32_t), cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(&host_timed_out, timed_out, sizeof(uint32_t), cudaMemcpyDeviceToHost));
+  TEST_CUDA_OK(cudaMemcpy(done, tile_done, mbs * nbs * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+  TEST_CUDA_OK(cudaMemcpy(&host_timed_out, timed_out, sizeof(uint32_t), cudaMemcpyDeviceToHost));
   int wrong = 0;
   for (int t = 0; t < mbs * nbs; t++)
     wrong += done[t] != 2;
   TEST_ASSERT(wrong == 0, "%d tiles not signalled exactly twice", wrong);
   TEST_ASSERT(host_timed_out == 0, "a row wait timed out");
   g::TileQueue q;
-  CUDA_OK(cudaMemcpy(&q, queue, sizeof(q), cudaMemcpyDeviceToHost));
+  TEST_CUDA_OK(cudaMemcpy(&q, queue, sizeof(q), cudaMemcpyDeviceToHost));
   TEST_ASSERT(q.next == 0 && q.finished == 0, "queue not reset: next %u finished %u", q.next,
               q.finished);
   printf("hooks (wait, reduce-add + signal, queue): rel err %.2e\n", err);
@@ -177,15 +175,15 @@ static void check_hooks(const buffers_t *buf) {
 int main(void) {
   tw_test_require_hopper();
   seed = tw_test_seed();
-  CUDA_OK(cudaStreamCreate(&stream)); // blocking: the helpers run on the legacy stream
+  TEST_CUDA_OK(cudaStreamCreate(&stream)); // blocking: the helpers run on the legacy stream
   buffers_t buf;
   const size_t elems = (size_t)1024 * 1024; // >= check_hooks' m x n, m x k and n x k
-  CUDA_OK(cudaMalloc(&buf.a, elems * 2));
-  CUDA_OK(cudaMalloc(&buf.b, elems * 2));
-  CUDA_OK(cudaMalloc(&buf.staging, elems * 4));
-  CUDA_OK(cudaMalloc(&buf.ref, elems * 4));
+  TEST_CUDA_OK(cudaMalloc(&buf.a, elems * 2));
+  TEST_CUDA_OK(cudaMalloc(&buf.b, elems * 2));
+  TEST_CUDA_OK(cudaMalloc(&buf.staging, elems * 4));
+  TEST_CUDA_OK(cudaMalloc(&buf.ref, elems * 4));
   check_hooks(&buf);
-  CUDA_OK(cudaDeviceSynchronize());
+  TEST_CUDA_OK(cudaDeviceSynchronize());
   TEST_ASSERT(cudaGetLastError() == cudaSuccess, "no sticky CUDA error");
   cudaFree(buf.a);
   cudaFree(buf.b);

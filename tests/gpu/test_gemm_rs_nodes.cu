@@ -29,12 +29,6 @@ int main(void) {
 }
 #else
 
-#define CUDA_OK(call)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    TEST_REQUIRE(e_ == cudaSuccess, "%s -> %s", #call, cudaGetErrorString(e_));                    \
-  } while (0)
-
 typedef struct {
   int world, nodes, per_node, partials;
   int64_t m, n, k;
@@ -58,20 +52,20 @@ static void setup(fixture *f, int nodes, int per_node, int64_t m_local, int64_t 
   size_t ws_bytes = 0;
   TEST_TW_OK(tw_gemm_rs_workspace_size(f->comms[0], f->m, n, &ws_bytes));
   for (int r = 0; r < f->world; r++) {
-    CUDA_OK(cudaStreamCreateWithFlags(&f->streams[r], cudaStreamNonBlocking));
+    TEST_CUDA_OK(cudaStreamCreateWithFlags(&f->streams[r], cudaStreamNonBlocking));
     TEST_REQUIRE(tw_mem_alloc(f->comms[r], ws_bytes, &f->ws[r]) == TW_SUCCESS, "alloc: %s",
                  tw_comm_last_error(f->comms[r]));
-    CUDA_OK(cudaMalloc(&f->a[r], (size_t)f->m * k * 2));
-    CUDA_OK(cudaMalloc(&f->b[r], (size_t)n * k * 2));
-    CUDA_OK(cudaMalloc(&f->out[r], (size_t)f->m * n * 2));
-    CUDA_OK(cudaMalloc(&f->partial[r], (size_t)f->m * n * 4));
+    TEST_CUDA_OK(cudaMalloc(&f->a[r], (size_t)f->m * k * 2));
+    TEST_CUDA_OK(cudaMalloc(&f->b[r], (size_t)n * k * 2));
+    TEST_CUDA_OK(cudaMalloc(&f->out[r], (size_t)f->m * n * 2));
+    TEST_CUDA_OK(cudaMalloc(&f->partial[r], (size_t)f->m * n * 4));
   }
   f->ref = (uint16_t *)malloc((size_t)f->m * n * 2);
   TEST_REQUIRE(f->ref, "host memory");
 }
 
 static void teardown(fixture *f) {
-  CUDA_OK(cudaDeviceSynchronize());
+  TEST_CUDA_OK(cudaDeviceSynchronize());
   for (int r = 0; r < f->world; r++) {
     cudaFree(f->a[r]), cudaFree(f->b[r]), cudaFree(f->out[r]), cudaFree(f->partial[r]);
     TEST_TW_OK(tw_mem_free(f->comms[r], f->ws[r]));
@@ -102,7 +96,7 @@ static void fill_and_reference(fixture *f, uint64_t seed) {
     tw_test_fill_bf16(f->b[r], (size_t)f->n * f->k, seed + 1000 + r, s);
     tw_test_poison(f->out[r], mn * 2, s);
   }
-  CUDA_OK(cudaDeviceSynchronize());
+  TEST_CUDA_OK(cudaDeviceSynchronize());
   for (int r = 0; r < f->world; r++) {
     tw_gemm_args_t g = TW_GEMM_ARGS_INIT;
     g.c_dtype = f->partials ? TW_BF16 : TW_FP32;
@@ -110,13 +104,13 @@ static void fill_and_reference(fixture *f, uint64_t seed) {
     g.m = f->m, g.n = f->n, g.k = f->k;
     TEST_TW_OK(tw_comm_sm_budget(f->comms[r], &g.sm_count));
     TEST_TW_OK(tw_gemm(&g, (tw_stream_t)0));
-    CUDA_OK(cudaDeviceSynchronize());
+    TEST_CUDA_OK(cudaDeviceSynchronize());
     if (f->partials) {
-      CUDA_OK(cudaMemcpy(h16, f->partial[r], mn * 2, cudaMemcpyDeviceToHost));
+      TEST_CUDA_OK(cudaMemcpy(h16, f->partial[r], mn * 2, cudaMemcpyDeviceToHost));
       for (size_t i = 0; i < mn; i++)
         part[r * mn + i] = tw_test_bf16_to_float(h16[i]);
     } else {
-      CUDA_OK(cudaMemcpy(part + r * mn, f->partial[r], mn * 4, cudaMemcpyDeviceToHost));
+      TEST_CUDA_OK(cudaMemcpy(part + r * mn, f->partial[r], mn * 4, cudaMemcpyDeviceToHost));
     }
   }
   tw_test_rail_sum_bf16(part, f->world, f->per_node, mn, f->ref);
@@ -130,7 +124,7 @@ static size_t count_diff(fixture *f, int all_reduce) {
   uint16_t *h = (uint16_t *)malloc(rows * f->n * 2);
   size_t diff = 0;
   for (int r = 0; r < f->world; r++) {
-    CUDA_OK(cudaMemcpy(h, f->out[r], rows * f->n * 2, cudaMemcpyDeviceToHost));
+    TEST_CUDA_OK(cudaMemcpy(h, f->out[r], rows * f->n * 2, cudaMemcpyDeviceToHost));
     const uint16_t *ref = f->ref + (all_reduce ? 0 : (size_t)r * m_local * f->n);
     for (size_t i = 0; i < rows * f->n; i++)
       diff += h[i] != ref[i];
@@ -153,14 +147,14 @@ static void run_op(fixture *f, int all_reduce) {
     tw_stream_t s = (tw_stream_t)f->streams[r];
     TEST_TW_OK(all_reduce ? tw_gemm_ar(f->comms[r], &a, s) : tw_gemm_rs(f->comms[r], &a, s));
   }
-  CUDA_OK(cudaDeviceSynchronize());
+  TEST_CUDA_OK(cudaDeviceSynchronize());
 }
 
 /* The fp32 reference GEMM of every rank, summed in double, against rank 0's ar out. */
 static double fp32_rel_err(fixture *f) {
   const size_t mn = (size_t)f->m * f->n;
   float *ref = NULL;
-  CUDA_OK(cudaMalloc(&ref, mn * 4));
+  TEST_CUDA_OK(cudaMalloc(&ref, mn * 4));
   double *acc = (double *)calloc(mn, sizeof(double));
   float *h = (float *)malloc(mn * 4);
   uint16_t *o = (uint16_t *)malloc(mn * 2);
@@ -168,11 +162,11 @@ static double fp32_rel_err(fixture *f) {
     TEST_REQUIRE(tw_ref_gemm_fp32(f->a[r], f->b[r], ref, f->m, f->n, f->k, f->k, f->k, f->n, 0) ==
                      TW_SUCCESS,
                  "ref gemm");
-    CUDA_OK(cudaMemcpy(h, ref, mn * 4, cudaMemcpyDeviceToHost));
+    TEST_CUDA_OK(cudaMemcpy(h, ref, mn * 4, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < mn; i++)
       acc[i] += h[i];
   }
-  CUDA_OK(cudaMemcpy(o, f->out[0], mn * 2, cudaMemcpyDeviceToHost));
+  TEST_CUDA_OK(cudaMemcpy(o, f->out[0], mn * 2, cudaMemcpyDeviceToHost));
   double num = 0, den = 0;
   for (size_t i = 0; i < mn; i++) {
     const double d = tw_test_bf16_to_float(o[i]) - acc[i];
@@ -206,7 +200,7 @@ static void test_layout(int nodes, int per_node, int64_t m_local, int64_t n, int
         err = fp32_rel_err(&f);
       for (int r = 0; r < f.world; r++)
         tw_test_poison(f.out[r], (size_t)f.m * f.n * 2, (tw_stream_t)f.streams[r]);
-      CUDA_OK(cudaDeviceSynchronize());
+      TEST_CUDA_OK(cudaDeviceSynchronize());
     }
   }
   const char *names[4] = {"rs", "ar", "rs unfused", "ar unfused"};
@@ -232,24 +226,24 @@ static void test_graph(int nodes, int per_node, int replays, uint64_t seed) {
   void *out_rs[TW_MAX_WORLD];
   cudaGraphExec_t exec[TW_MAX_WORLD];
   for (int r = 0; r < f.world; r++) {
-    CUDA_OK(cudaMalloc(&out_rs[r], (size_t)f.m * f.n * 2));
+    TEST_CUDA_OK(cudaMalloc(&out_rs[r], (size_t)f.m * f.n * 2));
     cudaGraph_t g;
-    CUDA_OK(cudaStreamBeginCapture(f.streams[r], cudaStreamCaptureModeThreadLocal));
+    TEST_CUDA_OK(cudaStreamBeginCapture(f.streams[r], cudaStreamCaptureModeThreadLocal));
     tw_gemm_rs_args_t a = args_of(&f, r);
     a.out = out_rs[r];
     TEST_TW_OK(tw_gemm_rs(f.comms[r], &a, (tw_stream_t)f.streams[r]));
     a.out = f.out[r];
     TEST_TW_OK(tw_gemm_ar(f.comms[r], &a, (tw_stream_t)f.streams[r]));
-    CUDA_OK(cudaStreamEndCapture(f.streams[r], &g));
-    CUDA_OK(cudaGraphInstantiate(&exec[r], g, 0));
+    TEST_CUDA_OK(cudaStreamEndCapture(f.streams[r], &g));
+    TEST_CUDA_OK(cudaGraphInstantiate(&exec[r], g, 0));
     cudaGraphDestroy(g);
   }
   size_t diff = 0;
   for (int i = 0; i < replays; i++) {
     fill_and_reference(&f, seed + 131 * (uint64_t)i);
     for (int r = 0; r < f.world; r++)
-      CUDA_OK(cudaGraphLaunch(exec[r], f.streams[r]));
-    CUDA_OK(cudaDeviceSynchronize());
+      TEST_CUDA_OK(cudaGraphLaunch(exec[r], f.streams[r]));
+    TEST_CUDA_OK(cudaDeviceSynchronize());
     diff += count_diff(&f, 1);
     for (int r = 0; r < f.world; r++) {
       void *keep = f.out[r];
@@ -300,7 +294,7 @@ static void test_refusals(void) {
   for (int r = 0; r < 6; r++)
     TEST_TW_OK(tw_mem_alloc(comms[r], 64 << 20, &ws[r]));
   void *x = NULL;
-  CUDA_OK(cudaMalloc(&x, 3 * 6 * 128 * 256 * 2));
+  TEST_CUDA_OK(cudaMalloc(&x, 3 * 6 * 128 * 256 * 2));
   tw_gemm_rs_args_t u = TW_GEMM_RS_ARGS_INIT;
   u.a = x, u.b = (char *)x + 6 * 128 * 256 * 2, u.out = (char *)x + 2 * 6 * 128 * 256 * 2;
   u.workspace = ws[0];
@@ -324,17 +318,14 @@ static void run_backend(const char *name, int small, uint64_t seed) {
   test_graph(2, 2, 3, seed + 500);
 }
 
+static int small;
+static void run_small(const char *name, uint64_t seed) { run_backend(name, small, seed); }
+
 int main(int argc, char **argv) {
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0); /* 8 ranks' kernels on one GPU, before CUDA */
   tw_test_require_hopper();
-  const int small = argc > 1 && strcmp(argv[1], "--small") == 0;
-  tw_test_use_verbs_double(TW_VERBS_DOUBLE, "mlx5:8");
-  setenv("TW_NET", "ib", 1);
-  run_backend("ib (RC)", small, 42);
-  test_refusals();
-  setenv("TW_VD_NICS", "efa:16", 1);
-  setenv("TW_NET", "efa", 1);
-  run_backend("efa (SRD)", small, 4242);
+  small = argc > 1 && strcmp(argv[1], "--small") == 0;
+  tw_test_on_both_backends(TW_VERBS_DOUBLE, run_small, test_refusals, 42);
   return tw_test_finish();
 }
 #endif

@@ -18,12 +18,6 @@
 
 #include "vdt.h"
 
-#define CUDA_OK(call)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    TEST_REQUIRE(e_ == cudaSuccess, "%s -> %s", #call, cudaGetErrorString(e_));                    \
-  } while (0)
-
 static const int kAcc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
 
 static int write_wait(struct vdt_rc_pair *p, struct ibv_mr *lmr, const void *src, uint32_t len,
@@ -42,12 +36,12 @@ static void check_copies(struct vdt_rc_pair *p) {
   uint8_t *h = (uint8_t *)malloc(cap), *back = (uint8_t *)malloc(cap), *pinned = NULL;
   void *dsrc = NULL, *ddst = NULL;
   TEST_REQUIRE(h && back, "malloc");
-  CUDA_OK(cudaMalloc(&dsrc, cap));
-  CUDA_OK(cudaMalloc(&ddst, cap));
-  CUDA_OK(cudaHostAlloc((void **)&pinned, cap, cudaHostAllocDefault));
+  TEST_CUDA_OK(cudaMalloc(&dsrc, cap));
+  TEST_CUDA_OK(cudaMalloc(&ddst, cap));
+  TEST_CUDA_OK(cudaHostAlloc((void **)&pinned, cap, cudaHostAllocDefault));
   for (size_t i = 0; i < cap; i++)
     h[i] = (uint8_t)(i * 31 + 7);
-  CUDA_OK(cudaMemcpy(dsrc, h, cap, cudaMemcpyHostToDevice));
+  TEST_CUDA_OK(cudaMemcpy(dsrc, h, cap, cudaMemcpyHostToDevice));
   struct ibv_mr *ms = V.reg_mr(p->a.pd, dsrc, cap, kAcc), *md = V.reg_mr(p->b.pd, ddst, cap, kAcc);
   struct ibv_mr *mh = V.reg_mr(p->a.pd, h, cap, kAcc), *mhb = V.reg_mr(p->b.pd, back, cap, kAcc);
   struct ibv_mr *mp = V.reg_mr(p->b.pd, pinned, cap, kAcc);
@@ -55,15 +49,15 @@ static void check_copies(struct vdt_rc_pair *p) {
   static const uint32_t sizes[] = {1, 4096, 262145, (3u << 20) + 777};
   for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
     const uint32_t n = sizes[i];
-    CUDA_OK(cudaMemset(ddst, 0, cap));
+    TEST_CUDA_OK(cudaMemset(ddst, 0, cap));
     int st = write_wait(p, ms, (char *)dsrc + 3, n, (uintptr_t)ddst + 5, md->rkey);
     TEST_ASSERT(st == IBV_WC_SUCCESS, "D->D %u: %d", n, st);
-    CUDA_OK(cudaMemcpy(back, ddst, cap, cudaMemcpyDeviceToHost));
+    TEST_CUDA_OK(cudaMemcpy(back, ddst, cap, cudaMemcpyDeviceToHost));
     TEST_ASSERT(memcmp(back + 5, h + 3, n) == 0 && back[4] == 0 && back[5 + n] == 0, "D->D %u data",
                 n);
-    CUDA_OK(cudaMemset(ddst, 0, cap));
+    TEST_CUDA_OK(cudaMemset(ddst, 0, cap));
     st = write_wait(p, mh, h + 1, n, (uintptr_t)ddst, md->rkey);
-    CUDA_OK(cudaMemcpy(back, ddst, cap, cudaMemcpyDeviceToHost));
+    TEST_CUDA_OK(cudaMemcpy(back, ddst, cap, cudaMemcpyDeviceToHost));
     TEST_ASSERT(st == IBV_WC_SUCCESS && memcmp(back, h + 1, n) == 0, "H->D %u", n);
     memset(back, 0, cap);
     st = write_wait(p, ms, dsrc, n, (uintptr_t)back, mhb->rkey);
@@ -77,13 +71,13 @@ static void check_copies(struct vdt_rc_pair *p) {
   TEST_REQUIRE(fd >= 0, "open");
   struct ibv_mr *mb = V.reg_dmabuf_mr(p->b.pd, 0, cap, (uintptr_t)ddst, fd, kAcc);
   TEST_REQUIRE(mb, "reg_dmabuf_mr");
-  CUDA_OK(cudaMemset(ddst, 0, cap));
+  TEST_CUDA_OK(cudaMemset(ddst, 0, cap));
   int st = write_wait(p, ms, dsrc, 1u << 20, (uintptr_t)ddst + 64, mb->rkey);
-  CUDA_OK(cudaMemcpy(back, ddst, cap, cudaMemcpyDeviceToHost));
+  TEST_CUDA_OK(cudaMemcpy(back, ddst, cap, cudaMemcpyDeviceToHost));
   TEST_ASSERT(st == IBV_WC_SUCCESS && memcmp(back + 64, h, 1u << 20) == 0, "dmabuf D->D");
   close(fd);
   /* a write with immediate into device memory: the data is there at the receive completion */
-  CUDA_OK(cudaMemset(ddst, 0, cap));
+  TEST_CUDA_OK(cudaMemset(ddst, 0, cap));
   TEST_ASSERT(vdt_post_recvs(p->qb, 1, 5) == 0, "post recv");
   TEST_ASSERT(vdt_write(p->qa, 2, ms, dsrc, 2u << 20, (uintptr_t)ddst, md->rkey, 1, htonl(42)) == 0,
               "post imm");
@@ -91,7 +85,7 @@ static void check_copies(struct vdt_rc_pair *p) {
   TEST_ASSERT(vdt_poll(p->b.cq, &wc, 1, 10000) == 1 && wc.status == IBV_WC_SUCCESS &&
                   wc.imm_data == htonl(42) && wc.byte_len == (2u << 20),
               "recv completion");
-  CUDA_OK(cudaMemcpy(back, ddst, 2u << 20, cudaMemcpyDeviceToHost));
+  TEST_CUDA_OK(cudaMemcpy(back, ddst, 2u << 20, cudaMemcpyDeviceToHost));
   TEST_ASSERT(memcmp(back, h, 2u << 20) == 0, "imm data in device memory");
   TEST_ASSERT(vdt_poll(p->a.cq, &wc, 1, 10000) == 1 && wc.status == IBV_WC_SUCCESS,
               "send completion");
@@ -132,23 +126,23 @@ static void check_flag_order(struct vdt_rc_pair *p) {
   enum { ROUNDS = 40 };
   const size_t bytes = 1u << 20, words = bytes / 8;
   unsigned long long *ddata = NULL, *dflag = NULL, *dbad = NULL, *dsrc = NULL;
-  CUDA_OK(cudaMalloc(&ddata, bytes + 64));
+  TEST_CUDA_OK(cudaMalloc(&ddata, bytes + 64));
   dflag = ddata + words;
-  CUDA_OK(cudaMalloc(&dbad, 8));
-  CUDA_OK(cudaMalloc(&dsrc, (size_t)ROUNDS * bytes));
-  CUDA_OK(cudaMemset(ddata, 0, bytes + 64));
-  CUDA_OK(cudaMemset(dbad, 0, 8));
+  TEST_CUDA_OK(cudaMalloc(&dbad, 8));
+  TEST_CUDA_OK(cudaMalloc(&dsrc, (size_t)ROUNDS * bytes));
+  TEST_CUDA_OK(cudaMemset(ddata, 0, bytes + 64));
+  TEST_CUDA_OK(cudaMemset(dbad, 0, 8));
   unsigned long long *hsrc = (unsigned long long *)malloc((size_t)ROUNDS * bytes), *flags;
   TEST_REQUIRE(hsrc, "malloc");
   for (size_t r = 0; r < ROUNDS; r++)
     for (size_t i = 0; i < words; i++)
       hsrc[r * words + i] = r + 1;
-  CUDA_OK(cudaMemcpy(dsrc, hsrc, (size_t)ROUNDS * bytes, cudaMemcpyHostToDevice));
+  TEST_CUDA_OK(cudaMemcpy(dsrc, hsrc, (size_t)ROUNDS * bytes, cudaMemcpyHostToDevice));
   volatile unsigned long long *progress = NULL;
-  CUDA_OK(cudaHostAlloc((void **)&progress, 64, cudaHostAllocMapped));
+  TEST_CUDA_OK(cudaHostAlloc((void **)&progress, 64, cudaHostAllocMapped));
   *progress = 0;
   unsigned long long *dprogress = NULL;
-  CUDA_OK(cudaHostGetDevicePointer((void **)&dprogress, (void *)progress, 0));
+  TEST_CUDA_OK(cudaHostGetDevicePointer((void **)&dprogress, (void *)progress, 0));
   flags = (unsigned long long *)calloc(ROUNDS + 1, 8);
   struct ibv_mr *mh = V.reg_mr(p->a.pd, hsrc, (size_t)ROUNDS * bytes, kAcc);
   struct ibv_mr *mds = V.reg_mr(p->a.pd, dsrc, (size_t)ROUNDS * bytes, kAcc);
@@ -156,7 +150,7 @@ static void check_flag_order(struct vdt_rc_pair *p) {
   struct ibv_mr *md = V.reg_mr(p->b.pd, ddata, bytes + 64, kAcc);
   TEST_REQUIRE(mh && mds && mf && md, "reg_mr");
   watch<<<1, 256>>>(dflag, ddata, words, ROUNDS, dbad, (unsigned long long *)dprogress);
-  CUDA_OK(cudaGetLastError());
+  TEST_CUDA_OK(cudaGetLastError());
   int ok = 1;
   for (int r = 1; r <= ROUNDS && ok; r++) {
     const double end = tw_test_now() + 10;
@@ -184,7 +178,7 @@ static void check_flag_order(struct vdt_rc_pair *p) {
     vdt_sleep_us(1000);
   TEST_REQUIRE(cudaStreamQuery(0) == cudaSuccess, "the watching kernel did not finish");
   unsigned long long bad = 0;
-  CUDA_OK(cudaMemcpy(&bad, dbad, 8, cudaMemcpyDeviceToHost));
+  TEST_CUDA_OK(cudaMemcpy(&bad, dbad, 8, cudaMemcpyDeviceToHost));
   TEST_ASSERT(ok && bad == 0, "%llu words of a round's data missing when its flag was seen", bad);
   V.dereg_mr(mh);
   V.dereg_mr(mds);
@@ -229,8 +223,8 @@ static void report_rates(struct vdt_rc_pair *p) {
   char *d1 = NULL, *d2 = NULL, *h = (char *)malloc(total);
   TEST_REQUIRE(h, "malloc");
   memset(h, 1, total);
-  CUDA_OK(cudaMalloc((void **)&d1, total));
-  CUDA_OK(cudaMalloc((void **)&d2, total));
+  TEST_CUDA_OK(cudaMalloc((void **)&d1, total));
+  TEST_CUDA_OK(cudaMalloc((void **)&d2, total));
   struct ibv_mr *m1 = V.reg_mr(p->a.pd, d1, total, kAcc), *m2 = V.reg_mr(p->b.pd, d2, total, kAcc);
   struct ibv_mr *mh = V.reg_mr(p->a.pd, h, total, kAcc);
   TEST_REQUIRE(m1 && m2 && mh, "reg_mr");
@@ -255,7 +249,7 @@ int main(int argc, char **argv) {
     printf("no GPU: skipped\n");
     return 77;
   }
-  CUDA_OK(cudaSetDevice(0));
+  TEST_CUDA_OK(cudaSetDevice(0));
   char fabric[256];
   snprintf(fabric, sizeof(fabric), "%s/tw-vd-gpu-test-%d",
            access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp", (int)getpid());
