@@ -14,18 +14,26 @@ static __global__ void write_rank(int *dst, int value, int n) {
     dst[i] = value * 1000 + i;
 }
 
+/* Ranks on other nodes need the inter-node transport: the verbs test double's NICs, where the
+ * tests were built with rdma-core's headers (0 without). */
+static int use_verbs_double(void) {
+#ifdef TW_VERBS_DOUBLE
+  tw_test_use_verbs_double(TW_VERBS_DOUBLE, "mlx5:4");
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 static void test_queries(void) {
   int devices[6] = {0, 0, 0, 0, 0, 0};
   tw_comm_t comms[6];
   tw_config_t cfg = TW_CONFIG_INIT;
   cfg.ranks_per_node = 4; /* virtual nodes {0..3}, {4, 5} */
-#ifdef TW_VERBS_DOUBLE
-  /* ranks on other nodes need the inter-node transport: the verbs test double's NICs */
-  tw_test_use_verbs_double(TW_VERBS_DOUBLE, "mlx5:4");
-#else
-  TEST_TW_FAILS(tw_comm_init_all(comms, 6, devices, &cfg), TW_ERR_NOT_SUPPORTED, "rdma-core");
-  return;
-#endif
+  if (!use_verbs_double()) {
+    TEST_TW_FAILS(tw_comm_init_all(comms, 6, devices, &cfg), TW_ERR_NOT_SUPPORTED, "rdma-core");
+    return;
+  }
   TEST_TW_OK(tw_comm_init_all(comms, 6, devices, &cfg));
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
