@@ -204,6 +204,10 @@ constexpr int32_t kAfterGridPrefetch = 16;
 struct NoWait {
   struct Params {};
   __device__ static void before_tile(const Params &, int32_t, int32_t) {}
+  // (q) kDynamic only: this CTA claims no tile (it runs the loop's start and end only, and
+  // still leaves the queue once), so a fused op's other role can start on it beside the GEMM
+  // with no code of that role before the loop.
+  template <class P> __device__ static bool takes_no_tile(const P &) { return false; }
   // (a') Where the tile's A rows come from: by default p.a_map at row mb * kBlockM. A hook may
   // point the loads at another tensor map (in its Params) and row, e.g. a local copy of rows
   // that need no wait. Custom Wait policies inherit this default from NoWait.

@@ -106,11 +106,15 @@ template <class Fns, class GP> __device__ __forceinline__ void producer_prefetch
   ptx::tma_prefetch_map(&p.b_map);
   Fns::prefetch(p.epi);
 }
-// Its next tile: t from the queue (kDynamic) or as it stands (static); false past the last.
+// Its next tile: t from the queue (kDynamic) or as it stands (static); false past the last, or
+// at once where Wait::takes_no_tile.
 template <bool kDynamic, class GP>
 __device__ __forceinline__ bool producer_claim(const GP &p, int32_t &t) {
-  if constexpr (kDynamic)
+  if constexpr (kDynamic) {
+    if (GP::WaitType::takes_no_tile(p.wait))
+      return false;
     t = (int32_t)atomicAdd(&p.queue->next, 1u);
+  }
   return t < p.order.num_tiles;
 }
 // Tile t's coordinates (a pair's CTA `rank` takes row block 2 mb + rank), its readiness wait

@@ -599,9 +599,12 @@ static void test_rs_rail_plans(void) {
           tw_rs_rail_layout(world, nodes, m, n, p.block_n, &lay);
           const int stride = tw_rs_rail_stride(nodes, world), gcap = tw_rs_rail_gcap(nodes);
           TEST_ASSERT(p.rail == 1 && !p.direct && !p.pull && !p.owner_epi && !p.interleave &&
-                          !p.ar_push && !p.ar_out_sym && !p.ll && !p.unfused && p.reduce_ctas == 0,
+                          !p.ar_push && !p.ar_out_sym && !p.ll && !p.unfused,
                       "%dx%d m %lld n %lld: one-node schemes in the rail plan", nodes,
                       world / nodes, (long long)m, (long long)n);
+          TEST_ASSERT(p.reduce_ctas >= 1 && p.reduce_ctas >= p.ctas / 16 && p.reduce_ctas < p.ctas,
+                      "%dx%d m %lld n %lld: %d reduce CTAs of %d", nodes, world / nodes,
+                      (long long)m, (long long)n, p.reduce_ctas, p.ctas);
           TEST_ASSERT(p.block_n == 128 || p.block_n == 256, "block_n %d", p.block_n);
           TEST_ASSERT(p.groups_max >= 1 && p.groups_max <= stride && p.groups_max <= gcap &&
                           (int64_t)p.groups_max * p.group_units >= lay.units_max,
@@ -627,6 +630,17 @@ static void test_rs_rail_plans(void) {
               "TW_RS_UNFUSED_SMALL=1 and TW_RS_BLOCK_N=192: "
               "unfused %d, block_n %d",
               p.unfused, p.block_n);
+  a.reduce_env = 0; /* TW_RS_REDUCE_CTAS=0: every CTA computes first */
+  tw_gemm_rs_make_rail_plan(&a, 2, -1, &p);
+  TEST_ASSERT(p.reduce_ctas == 0, "TW_RS_REDUCE_CTAS=0: %d reduce CTAs", p.reduce_ctas);
+  a.reduce_env = -1;
+  a.reduce_sms_arg = 5; /* the args win */
+  tw_gemm_rs_make_rail_plan(&a, 2, -1, &p);
+  TEST_ASSERT(p.reduce_ctas == 5, "reduce_sms 5: %d reduce CTAs", p.reduce_ctas);
+  a.reduce_sms_arg = 0;
+  a.shared_gpu = 1; /* virtual nodes on one GPU still start some */
+  tw_gemm_rs_make_rail_plan(&a, 2, -1, &p);
+  TEST_ASSERT(p.reduce_ctas == 2, "shared GPU, 33 CTAs: %d reduce CTAs, want 2", p.reduce_ctas);
 }
 
 int main(void) {

@@ -195,8 +195,9 @@ void tw_gemm_rs_make_plan(const tw_gemm_rs_plan_args_t *args, tw_gemm_rs_plan_t 
  * for args (world, fused), without the schemes of one node (direct, pull, owner epilogue,
  * interleave, push, symmetric outputs, low-latency rows), on 128- or 256-column tiles, with
  * unit groups that fit the rail flags of `nodes` nodes and, unless args->group_env sets them,
- * carry TW_RS_RAIL_WRITE_BYTES of fp32 node partials each (one RDMA write). unfused_env:
- * TW_RS_UNFUSED_SMALL (1: the unfused pipeline). */
+ * carry TW_RS_RAIL_WRITE_BYTES of fp32 node partials each (one RDMA write), and reduce CTAs
+ * that start beside the GEMM (args->reduce_sms_arg or reduce_env where set, else at least 1 in
+ * 16; they may differ by rank). unfused_env: TW_RS_UNFUSED_SMALL (1: the unfused pipeline). */
 void tw_gemm_rs_make_rail_plan(const tw_gemm_rs_plan_args_t *args, int nodes, int unfused_env,
                                tw_gemm_rs_plan_t *plan);
 

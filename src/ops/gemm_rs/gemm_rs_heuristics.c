@@ -427,7 +427,17 @@ void tw_gemm_rs_make_rail_plan(const tw_gemm_rs_plan_args_t *a, int nodes, int u
   plan->unfused = unfused_env == 1;
   if (plan->block_n != 128)
     plan->block_n = TW_GEMM_RS_BLOCK_N; /* not the ping-pong loop's 192 */
-  plan->reduce_ctas = 0;                /* every CTA reduces after its tiles (gemm_rs_rail.cu) */
+  /* CTAs that start on the reduce beside the GEMM: the args' reduce_sms or TW_RS_REDUCE_CTAS
+   * where set (0: every CTA reduces after its tiles), else at least 1 in 16 of the CTAs, so
+   * the node partials start on the network while the GEMM runs (across nodes the network is
+   * the slowest link; the one-node estimate, which leaves shared GPUs none, is the floor). */
+  if (a->reduce_sms_arg <= 0 && a->reduce_env < 0) {
+    int want_reduce = plan->ctas / 16 > 1 ? plan->ctas / 16 : 1;
+    if (plan->reduce_ctas < want_reduce)
+      plan->reduce_ctas = want_reduce;
+  }
+  if (plan->reduce_ctas >= plan->ctas)
+    plan->reduce_ctas = plan->ctas - 1;
   tw_rs_rail_layout_t lay;
   tw_rs_rail_layout(a->world, nodes, a->m, a->n, plan->block_n, &lay);
   int64_t cap = tw_rs_rail_stride(nodes, a->world);

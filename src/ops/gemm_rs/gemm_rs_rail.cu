@@ -2,7 +2,8 @@
  * tw_gemm_rs / tw_gemm_ar across nodes: the rail path's kernel and its host side (geometry,
  * order of the sums, workspace and flags: gemm_rs_rail.h).
  *
- * One persistent launch per rank. Every CTA runs the roles in turn:
+ * One persistent launch per rank. Every CTA runs the roles in turn (the first reduce_ctas of
+ * them claim no tile, so they start on the reduce while the others compute):
  *   compute       the GEMM mainloop of the fused kernel (gemm_rs_fused.cuh's RsEpi), whose
  *                 epilogue stores each tile's partials over NVLink into the staging of the rank
  *                 of this node that reduces its rows (the owner's local index) and counts them;
@@ -14,9 +15,9 @@
  *                 reduce);
  *   gather        tw_gemm_ar: forward what the rail peers sent to the node, then copy every
  *                 owner's rows into out.
- * No CTA starts on the reduce beside the GEMM (as the fused kernel of one node does): in one
- * kernel with this mainloop, reduce code before it, inlined or not, made the loop spill or fail
- * register allocation. So the sends overlap only the last tiles and the other CTAs' reduces.
+ * The reduce CTAs pass through the GEMM loop with no tile (RailWait::takes_no_tile) rather than
+ * branching around it: reduce code before the loop, inlined or not, made the loop spill or fail
+ * register allocation, while one copy of it after the loop serves both kinds of CTA.
  * Nothing waits on work queued behind it: the reduce waits for tiles and RDMA arrivals, which
  * depend on no reduce, and the forwards come before the copies that wait for them.
  *
@@ -74,13 +75,18 @@ __device__ __forceinline__ bool rail_entered(const tw_dev_comm_t &dc, int ch, co
 }
 
 /* Before a CTA's first tile's loads: the node's ranks entered this call (their staging is free).
- * The ranks of other nodes are waited for where this rank writes into them (net entry flags). */
+ * The ranks of other nodes are waited for where this rank writes into them (net entry flags).
+ * CTAs [0, reduce_ctas) claim no tile and go straight to the reduce. */
 struct RailWait : NoWait {
   struct Params {
     tw_dev_comm_t dc;
     int32_t ch;
+    int32_t reduce_ctas;
     tw_rail_t rail;
   };
+  __device__ __forceinline__ static bool takes_no_tile(const Params &p) {
+    return (int32_t)blockIdx.x < p.reduce_ctas;
+  }
   __device__ __forceinline__ static void before_tile(const Params &p, int32_t mb, int32_t nb) {
     tw_trace_tile(p.dc.trace, TW_TR_CLAIMED, mb, nb);
     rail_entered(p.dc, p.ch, p.rail, tw_op_begin(p.dc, p.ch));
@@ -594,6 +600,7 @@ tw_status_t run_rail(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gemm_r
   apply_fault_stall(p.gemm);
   p.gemm.wait.dc = comm->dev;
   p.gemm.wait.ch = ch;
+  p.gemm.wait.reduce_ctas = plan.unfused ? 0 : plan.reduce_ctas;
   p.gemm.epi.n_blocks = o.n_blocks;
   p.gemm.epi.band = plan.band;
   p.gemm.epi.trace = comm->dev.trace;
