@@ -44,18 +44,38 @@ static __device__ __forceinline__ uint64_t tw_net_post_write(const tw_dev_comm_t
 /* The entry flags of channel ch: slot TW_NET_ENTRY_SLOT(node of the signalling rank). */
 #define TW_NET_ENTRY_SLOT(node) (TW_NET_CH_FLAGS - 64 + (node))
 
-/* One thread: tells `peer` (on another node, node index my_node here) that this rank entered
- * call epoch on ch. */
+/* One thread, after tw_kernel_enter published this rank's call (ctrl->call[ch], at heap offset
+ * 0 with the rest of the control block): tells `peer` (on another node, node index my_node
+ * here) that this rank entered call epoch on ch. One write carries the call's digest into the
+ * peer's ctrl->call_digest[ch][rank] with the entry flag behind it (RC orders the flag after the
+ * data; SRD sets the flag on the write's own receive completion), so the peer compares calls
+ * as ranks of one node do (tw_wait_entry). */
 static __device__ __forceinline__ uint64_t tw_net_signal_entry(const tw_dev_comm_t &dc, int ch,
                                                                int peer, int my_node,
                                                                uint64_t epoch) {
-  return tw_net_post_write(dc, ch, peer, 0, 0, 0, TW_NET_ENTRY_SLOT(my_node), epoch);
+  const uint64_t mine = offsetof(tw_ctrl_t, call) + (uint64_t)ch * sizeof(tw_call_desc_t) +
+                        offsetof(tw_call_desc_t, digest);
+  const uint64_t theirs =
+      offsetof(tw_ctrl_t, call_digest) + ((uint64_t)ch * TW_MAX_WORLD + (uint64_t)dc.rank) * 8;
+  return tw_net_post_write(dc, ch, peer, mine, theirs, dc.call.digest ? 8 : 0,
+                           TW_NET_ENTRY_SLOT(my_node), epoch);
 }
 
-/* One thread: waits, bounded, for `peer` (on node peer_node) to have entered call epoch on ch. */
+/* One thread: waits, bounded, for `peer` (on node peer_node) to have entered call epoch on ch,
+ * then compares its call's digest with this rank's (false, TW_ERR_MISMATCH recorded, where
+ * they differ). The digest read is this call's: the peer's next call's comes only after this
+ * call's writes, which follow this check. */
 static __device__ __forceinline__ bool tw_net_wait_entry(const tw_dev_comm_t &dc, int ch, int peer,
                                                          int peer_node, uint64_t epoch) {
-  return tw_wait_geq(dc, ch, tw_net_flag(dc, ch, TW_NET_ENTRY_SLOT(peer_node)), epoch, peer, -1);
+  if (!tw_wait_geq(dc, ch, tw_net_flag(dc, ch, TW_NET_ENTRY_SLOT(peer_node)), epoch, peer, -1))
+    return false;
+  const uint64_t *slot = &dc.ctrl->call_digest[ch][peer];
+  const uint64_t theirs = *(const volatile uint64_t *)slot;
+  if (dc.call.digest && theirs != dc.call.digest && !tw_aborted(dc)) {
+    tw_call_mismatch(dc, ch, slot, peer, theirs);
+    return false;
+  }
+  return true;
 }
 
 #endif

@@ -164,6 +164,16 @@ void tw_call_format_mismatch(tw_comm_t comm, const volatile tw_err_block_t *e, c
     const uint32_t q = c == 0 ? ch : c == ch ? 0 : c;
     found = read_call(comm, peer, q, &theirs) && is_call(&theirs, e->seen);
   }
+  if (have && !found && comm->node_of[peer] != comm->node_of[me]) {
+    /* a rail peer: its digest came with its entry flag over the network; its description
+     * stays on its node */
+    snprintf(buf, len,
+             "TW_ERR_MISMATCH: rank %d's call of %s differs from rank %d's, on node %d (call "
+             "digests %#llx and %#llx): the ranks' arguments, buffers or knobs disagree. %s",
+             me, entry_name(ch), peer, comm->node_of[peer], (unsigned long long)e->expected,
+             (unsigned long long)e->seen, tail);
+    return;
+  }
   if (!have || !found) {
     snprintf(buf, len,
              "TW_ERR_MISMATCH: rank %d's call of %s differs from rank %d's (call digests %#llx "

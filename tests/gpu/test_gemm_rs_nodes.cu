@@ -9,7 +9,8 @@
  * (nodes in order, each node's ranks in order, fp32) and rounded to bf16; the unfused pipeline
  * (TW_RS_UNFUSED_SMALL=1: tw_gemm, then the rail kernel) equals it too; the first call is within
  * bf16 tolerance of an fp32 reference GEMM. Then back-to-back calls with fresh inputs, a CUDA
- * graph replay, and the refusals. 77 without a Hopper GPU or without the double (built with
+ * graph replay, nodes whose calls disagree (TW_ERR_MISMATCH, nothing written across), and the
+ * refusals. 77 without a Hopper GPU or without the double (built with
  * rdma-core's headers).
  */
 #include <cuda_bf16.h>
@@ -39,6 +40,8 @@ typedef struct {
   uint16_t *ref;               /* host: bf16 [m][n], the rail order's sum */
 } fixture;
 
+static int wait_ms; /* tw_config.wait_timeout_ms of the next setup (0: the default) */
+
 static void setup(fixture *f, int nodes, int per_node, int64_t m_local, int64_t n, int64_t k,
                   int partials) {
   memset(f, 0, sizeof(*f));
@@ -47,6 +50,7 @@ static void setup(fixture *f, int nodes, int per_node, int64_t m_local, int64_t 
   int devices[TW_MAX_WORLD] = {0};
   tw_config_t cfg = TW_CONFIG_INIT;
   cfg.ranks_per_node = per_node;
+  cfg.wait_timeout_ms = wait_ms;
   TEST_REQUIRE(tw_comm_init_all(f->comms, f->world, devices, &cfg) == TW_SUCCESS,
                "init_all(%dx%d): %s", nodes, per_node, tw_last_error());
   size_t ws_bytes = 0;
@@ -308,6 +312,59 @@ static void test_refusals(void) {
   cudaFree(x);
 }
 
+/* Nodes that disagree: node 0's ranks call with n, node 1's with n / 2 (each node agrees
+ * within itself, so only the digest that travels with the net entry flag can tell). Every rank
+ * reports TW_ERR_MISMATCH naming the rail peer's node well within the wait bound, and no rank
+ * wrote into another node: a poisoned out of node 1 stays poisoned. */
+static void test_mismatch_across_nodes(int all_reduce) {
+  const int bound_ms = 4000;
+  fixture f;
+  wait_ms = bound_ms;
+  setup(&f, 2, 2, 256, 512, 256, 0);
+  wait_ms = 0;
+  fill_and_reference(&f, 7);
+  const double t0 = tw_test_now();
+  for (int r = 0; r < f.world; r++) {
+    tw_gemm_rs_args_t a = args_of(&f, r);
+    if (r >= f.per_node)
+      a.n = f.n / 2;
+    tw_stream_t s = (tw_stream_t)f.streams[r];
+    TEST_TW_OK(all_reduce ? tw_gemm_ar(f.comms[r], &a, s) : tw_gemm_rs(f.comms[r], &a, s));
+  }
+  for (int r = 0; r < f.world; r++) {
+    const cudaError_t e = cudaStreamSynchronize(f.streams[r]);
+    TEST_REQUIRE(e == cudaSuccess, "rank %d's stream: %s", r, cudaGetErrorString(e));
+  }
+  const double waited = tw_test_now() - t0;
+  const char *what = all_reduce ? "tw_gemm_ar, nodes with another n"
+                                : "tw_gemm_rs, nodes with "
+                                  "another n";
+  TEST_ASSERT(waited < 0.5 * bound_ms / 1000.0, "%s: the kernels ended after %.2f s", what, waited);
+  for (int r = 0; r < f.world; r++) {
+    tw_status_t async = TW_SUCCESS;
+    TEST_TW_OK(tw_comm_async_error(f.comms[r], &async));
+    const char *msg = tw_comm_last_error(f.comms[r]);
+    char needle[32];
+    snprintf(needle, sizeof(needle), "on node %d", r < f.per_node ? 1 : 0);
+    TEST_ASSERT(async == TW_ERR_MISMATCH && strstr(msg, needle) != NULL,
+                "%s: rank %d: async %s (%s)", what, r, tw_status_string(async), msg);
+    if (r == 0)
+      printf("  %s, after %.3f s: rank 0: %s\n", what, waited, msg);
+  }
+  /* node 1's rows of out: nothing of node 0 landed there, nor a result */
+  const size_t rows = (size_t)(all_reduce ? f.m : f.m / f.world);
+  uint16_t *h = (uint16_t *)malloc(rows * (f.n / 2) * 2);
+  TEST_REQUIRE(h, "host memory");
+  TEST_CUDA_OK(cudaMemcpy(h, f.out[f.per_node], rows * (f.n / 2) * 2, cudaMemcpyDeviceToHost));
+  size_t unpoisoned = 0;
+  for (size_t i = 0; i < rows * (f.n / 2); i++)
+    unpoisoned += h[i] != 0xffff;
+  free(h);
+  TEST_ASSERT(unpoisoned == 0, "%s: %zu elements of rank %d's out were written", what, unpoisoned,
+              f.per_node);
+  teardown(&f);
+}
+
 static void run_backend(const char *name, int small, uint64_t seed) {
   printf("backend %s:\n", name);
   test_layout(2, 2, 256, 512, 512, 0, small ? 1 : 3, seed);
@@ -316,6 +373,8 @@ static void run_backend(const char *name, int small, uint64_t seed) {
   test_layout(4, 2, 300, 512, 256, 1, small ? 1 : 2, seed + 300);
   test_layout(2, 2, 1024, 2048, 1024, 0, small ? 1 : 2, seed + 400); /* many groups */
   test_graph(2, 2, 3, seed + 500);
+  test_mismatch_across_nodes(0);
+  test_mismatch_across_nodes(1);
 }
 
 static int small;
