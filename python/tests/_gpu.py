@@ -61,6 +61,18 @@ def reduce_case(world, m_per_rank=128, n=256, k=192):
     return m, n, a, b
 
 
+def rs_and_ar(comms, a, b, m, n, partials):
+    """gemm_rs, then gemm_ar, of every rank's a @ b.T, each rank through a workspace of its
+    own; waits for both. Returns (workspaces, rs outs, ar outs)."""
+    ws = [tilewire.gemm_rs_workspace(c, m, n) for c in comms]
+    rs = tilewire.for_each_rank(comms, lambda c: tilewire.gemm_rs(
+        c, a[c.rank], b[c.rank], ws[c.rank], partials=partials))
+    ar = tilewire.for_each_rank(comms, lambda c: tilewire.gemm_ar(
+        c, a[c.rank], b[c.rank], ws[c.rank], partials=partials))
+    torch.cuda.synchronize()
+    return ws, rs, ar
+
+
 def rank_ordered_sum(a, b, partials="fp32"):
     """The header's contract: tw_gemm (fp32 out; bf16 out with bf16 partials) per rank,
     summed in rank order in fp32."""

@@ -17,6 +17,7 @@ from _gpu import (  # noqa: E402
     reduce_case,
     ref_product,
     rel_err,
+    rs_and_ar,
 )
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_synced")]
@@ -115,12 +116,7 @@ def test_gemm_rs_and_ar_virtual_ranks(world, partials):
     m, n, a, b = reduce_case(world)
     comms = tilewire.init_virtual(world)
     try:
-        ws = [tilewire.gemm_rs_workspace(c, m, n) for c in comms]
-        rs = tilewire.for_each_rank(comms, lambda c: tilewire.gemm_rs(
-            c, a[c.rank], b[c.rank], ws[c.rank], partials=partials))
-        ar = tilewire.for_each_rank(comms, lambda c: tilewire.gemm_ar(
-            c, a[c.rank], b[c.rank], ws[c.rank], partials=partials))
-        torch.cuda.synchronize()
+        ws, rs, ar = rs_and_ar(comms, a, b, m, n, partials)
         ref = sum(ref_product(a[r], b[r]) for r in range(world))
         exact = rank_ordered_sum(a, b, partials).to(bf16)
         rows = m // world

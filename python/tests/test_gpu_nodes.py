@@ -11,7 +11,17 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tilewire  # noqa: E402
-from _gpu import TOL, ag_inputs, assert_clean, bf16, close_all, reduce_case, ref_product, rel_err  # noqa: E402,E501
+from _gpu import (  # noqa: E402
+    TOL,
+    ag_inputs,
+    assert_clean,
+    bf16,
+    close_all,
+    reduce_case,
+    ref_product,
+    rel_err,
+    rs_and_ar,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -84,12 +94,7 @@ def test_gemm_rs_and_ar_across_nodes(nodes, per_node, backend, partials):
     world = nodes * per_node
     try:
         m, n, a, b = reduce_case(world, m_per_rank=192, n=264, k=320)
-        ws = [tilewire.gemm_rs_workspace(c, m, n) for c in comms]
-        rs = tilewire.for_each_rank(comms, lambda c: tilewire.gemm_rs(
-            c, a[c.rank], b[c.rank], ws[c.rank], partials=partials))
-        ar = tilewire.for_each_rank(comms, lambda c: tilewire.gemm_ar(
-            c, a[c.rank], b[c.rank], ws[c.rank], partials=partials))
-        torch.cuda.synchronize()
+        ws, rs, ar = rs_and_ar(comms, a, b, m, n, partials)
         total = rail_ordered_sum(a, b, per_node, partials)
         want = total.to(bf16)
         ref = sum(ref_product(x, y) for x, y in zip(a, b))
