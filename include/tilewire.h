@@ -270,6 +270,44 @@ TW_API tw_status_t tw_gemm_args_init(tw_gemm_args_t *args);
 TW_API tw_status_t tw_gemm(const tw_gemm_args_t *args, tw_stream_t stream);
 
 /*
+ * Grouped GEMM over group-major rows (an MoE layer's expert GEMMs), on the GEMM core:
+ *   out[r, :] = a[r, :] * b[g]^T   for every row r of group g
+ * Group g's rows are [offsets[g], offsets[g + 1]) of a and of out. `offsets` lives in device
+ * memory and is read only by the kernel, so the call needs no host synchronisation and can be
+ * captured in a CUDA graph while a kernel before it (a dispatch, a router) writes the offsets:
+ * int32 [groups + 1], offsets[0] = 0, nondecreasing, every entry a multiple of 128 (each group's
+ * rows padded to the 128-row tile; an empty group has equal offsets) and offsets[groups] <= m.
+ * m is the bound the buffers are sized for; rows from offsets[groups] on are neither read nor
+ * written. Every row of a group is computed, its padding rows too. Offsets that break the
+ * contract give unspecified rows of out, never a fault or a write outside out. Each out row is
+ * bitwise tw_gemm of that group's rows (fp32 accumulation in the same order).
+ */
+#define TW_GROUPED_GEMM_ARGS_VERSION 1
+typedef struct tw_grouped_gemm_args {
+  size_t size;        /* sizeof(tw_grouped_gemm_args_t) */
+  uint32_t version;   /* TW_GROUPED_GEMM_ARGS_VERSION */
+  tw_dtype_t c_dtype; /* out: TW_BF16 or TW_FP32; a and b are TW_BF16 */
+  const void *a;      /* [m, k], row stride lda */
+  const void *b;      /* [groups][n, k]: group g's [n, k] weights at row g * n, row stride ldb */
+  void *out;          /* [m, n], row stride ldo */
+  const int32_t *offsets; /* device memory, [groups + 1] (above) */
+  int64_t m, n, k;
+  int64_t groups;        /* 1 .. 65536 */
+  int64_t lda, ldb, ldo; /* 0: packed (k, k, n) */
+  int32_t sm_count;      /* SMs to use; 0: all the device's */
+} tw_grouped_gemm_args_t;
+
+#define TW_GROUPED_GEMM_ARGS_INIT                                                                  \
+  {                                                                                                \
+    sizeof(tw_grouped_gemm_args_t), TW_GROUPED_GEMM_ARGS_VERSION, TW_BF16, 0, 0, 0, 0, 0, 0, 0, 0, \
+        0, 0, 0, 0                                                                                 \
+  }
+
+TW_API tw_status_t tw_grouped_gemm_args_init(tw_grouped_gemm_args_t *args);
+/* The grouped GEMM on the current device; errors go to tw_last_error(). */
+TW_API tw_status_t tw_grouped_gemm(const tw_grouped_gemm_args_t *args, tw_stream_t stream);
+
+/*
  * Fused AllGather + GEMM (the column-parallel linear layer):
  *   C[world * m_local, N] = gather(A)[world * m_local, K] * B[N, K]^T
  * Each rank holds its row shard `a` [m_local, K] (ordinary device memory, packed
@@ -426,6 +464,60 @@ TW_API tw_status_t tw_gemm_rs_args_init(tw_gemm_rs_args_t *args);
 TW_API tw_status_t tw_gemm_rs_workspace_size(tw_comm_t comm, int64_t m, int64_t n, size_t *bytes);
 TW_API tw_status_t tw_gemm_rs(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_stream_t stream);
 TW_API tw_status_t tw_gemm_ar(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_stream_t stream);
+
+/*
+ * MoE expert parallelism inside a node: the token dispatch and the weighted combine, routed on
+ * the GPU from topk_idx (no host synchronisation, CUDA-graph capturable). `experts` experts are
+ * placed in contiguous blocks: rank r holds experts [r * E / world, (r + 1) * E / world)
+ * (experts a multiple of world), its local experts.
+ *
+ * tw_moe_dispatch: every (token t, slot j) with topk_idx[t][j] = e >= 0 copies x[t] into the
+ * recv buffer of e's rank, expert-major: each local expert's rows start at a multiple of 128
+ * (offsets[e_local], written for tw_grouped_gemm), inside an expert by source rank, inside a
+ * source in token order (so every call with the same routing lays out the same rows). A slot of -1
+ * sends nothing; a token's slots name distinct experts. Rows past an expert's live rows up to the
+ * next multiple of 128 are left as they were (the grouped GEMM computes them; combine never reads
+ * them). The call returns (in stream order) once every rank's rows have landed in this rank's recv.
+ * Routing that needs more than recv_rows rows at some rank, or an expert index outside [-1,
+ * experts), is found on the device: then no rank copies anything and tw_comm_async_error reports
+ * TW_ERR_INVALID_ARGUMENT naming the rank and what it needed (the comm is then unusable).
+ * tw_moe_combine: out[t] = sum over slots j in order of topk_weights[t][j] * y[row of (t, j)],
+ * fp32, rounded to bf16 once, where y (expert_out) holds the experts' outputs in recv's layout on
+ * every rank, read in place from the experts' ranks. It uses the routing the last
+ * tw_moe_dispatch of the same workspace recorded, with the same tokens and topk_idx; every rank
+ * calls it after its expert GEMM, and each rank's next dispatch waits until every rank's combine
+ * has read its expert_out.
+ */
+#define TW_MOE_ARGS_VERSION 1
+typedef struct tw_moe_args {
+  size_t size;               /* sizeof(tw_moe_args_t) */
+  uint32_t version;          /* TW_MOE_ARGS_VERSION */
+  int32_t index_bits;        /* topk_idx's integers: 32 or 64 */
+  const void *x;             /* dispatch: bf16 [tokens, hidden] */
+  const void *topk_idx;      /* [tokens, top_k] global expert ids, -1 for an unused slot */
+  const float *topk_weights; /* combine: fp32 [tokens, top_k] */
+  void *recv;                /* dispatch: symmetric bf16 [recv_rows, hidden] */
+  int32_t *offsets;          /* dispatch: device int32 [local experts + 1], written */
+  const void *expert_out;    /* combine: symmetric bf16 [recv_rows, n_out] */
+  void *out;                 /* combine: bf16 [tokens, n_out] */
+  void *workspace;           /* symmetric, tw_moe_workspace_size bytes, alike on every rank */
+  int64_t tokens;            /* this rank's tokens, 0 .. max_tokens (ranks may differ) */
+  int64_t max_tokens;        /* the bound on tokens per rank, alike on every rank */
+  int64_t hidden;            /* a multiple of 8 */
+  int64_t n_out;             /* combine: expert_out's and out's columns, a multiple of 8 */
+  int64_t experts, top_k;    /* experts a multiple of world, <= 1024; top_k 1 .. 16 */
+  int64_t recv_rows;         /* rows of every rank's recv (and expert_out) */
+} tw_moe_args_t;
+
+#define TW_MOE_ARGS_INIT                                                                           \
+  { sizeof(tw_moe_args_t), TW_MOE_ARGS_VERSION, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+TW_API tw_status_t tw_moe_args_init(tw_moe_args_t *args);
+/* Workspace bytes of tw_moe_dispatch / tw_moe_combine on this comm. */
+TW_API tw_status_t tw_moe_workspace_size(tw_comm_t comm, int64_t max_tokens, int64_t experts,
+                                         int64_t top_k, size_t *bytes);
+TW_API tw_status_t tw_moe_dispatch(tw_comm_t comm, const tw_moe_args_t *args, tw_stream_t stream);
+TW_API tw_status_t tw_moe_combine(tw_comm_t comm, const tw_moe_args_t *args, tw_stream_t stream);
 
 /* ---- environment knobs ------------------------------------------------ */
 

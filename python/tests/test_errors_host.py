@@ -1,6 +1,7 @@
 """Host tests of the error mapping: every tw_status_t of include/tilewire.h has its own
 TilewireError subclass, and refusals the library makes before touching a GPU (a NULL comm, a bad
-tw_gemm shape) reach Python as that subclass with the library's message. No GPU, no torch."""
+tw_gemm or tw_grouped_gemm shape) reach Python as that subclass with the library's message. No
+GPU, no torch."""
 
 import ctypes
 import pickle
@@ -93,6 +94,35 @@ def test_gemm_shape_refusals_name_the_field(fields, needle):
 
 def test_gemm_null_args():
     _refused(lambda: _lib.call("tw_gemm", None, None), "tw_gemm", "tw_gemm: args is NULL")
+
+
+@pytest.mark.parametrize("fields,needle", [
+    ({"m": 128, "n": 8, "k": 8, "groups": 0}, "tw_grouped_gemm: groups is 0"),
+    ({"m": 128, "n": 8, "k": 8, "groups": 65537}, "tw_grouped_gemm: groups is 65537"),
+    ({"m": 0, "n": 8, "k": 8, "groups": 1}, "tw_grouped_gemm: m is 0"),
+    ({"m": 128, "n": 12, "k": 8, "groups": 1}, "tw_grouped_gemm: n is 12"),
+    ({"m": 128, "n": 8, "k": 4, "groups": 1}, "tw_grouped_gemm: k is 4"),
+    ({"m": 128, "n": 8, "k": 8, "groups": 1, "ldb": 4}, "tw_grouped_gemm: ldb is 4"),
+    ({"m": 128, "n": 8, "k": 8, "groups": 1, "c_dtype": 1}, "tw_grouped_gemm: c_dtype is 1"),
+    ({"m": 128, "n": 8, "k": 8, "groups": 1}, "tw_grouped_gemm: a is NULL"),
+    ({"m": 128, "n": 8, "k": 8, "groups": 1, "a": 16, "b": 16, "out": 16},
+     "tw_grouped_gemm: offsets is NULL"),
+])
+def test_grouped_gemm_refusals_name_the_field(fields, needle):
+    # tw_grouped_gemm checks the shape fields and the pointers' presence before it asks for a
+    # device
+    args = tilewire.GroupedGemmArgs(**fields)
+    _refused(lambda: _lib.call("tw_grouped_gemm", ctypes.byref(args), None), "tw_grouped_gemm",
+             needle)
+
+
+def test_grouped_gemm_null_and_short_args():
+    _refused(lambda: _lib.call("tw_grouped_gemm", None, None), "tw_grouped_gemm",
+             "tw_grouped_gemm: args is NULL")
+    short = tilewire.GroupedGemmArgs(m=128, n=8, k=8, groups=1)
+    short.size = 8
+    _refused(lambda: _lib.call("tw_grouped_gemm", ctypes.byref(short), None), "tw_grouped_gemm",
+             "args->size is 8")
 
 
 @pytest.mark.parametrize("function,args", [

@@ -46,7 +46,7 @@ def test_torch_names_without_torch_say_what_is_missing(root, tmp_path):
         "import sys",
         "sys.modules['torch'] = None",
         "import tilewire",
-        "from tilewire import bench, bench_dist",
+        "from tilewire import bench, bench_dist, bench_grouped",
         "assert tilewire.init_virtual and tilewire.Config()",
         "try:",
         "    tilewire.gemm",

@@ -1,6 +1,7 @@
 """The torch front end's argument checks, which need torch but no GPU (CPU and meta tensors).
 Skipped where torch is not installed."""
 
+import ctypes
 import re
 
 import pytest
@@ -24,6 +25,12 @@ def test_ops_are_registered():
     assert hasattr(torch.ops.tilewire, "ag_gemm")
     assert hasattr(torch.ops.tilewire, "gemm_rs")
     assert hasattr(torch.ops.tilewire, "gemm_ar")
+    assert hasattr(torch.ops.tilewire, "grouped_gemm")
+    assert hasattr(torch.ops.tilewire, "grouped_gemm_out")
+    schema = str(torch.ops.tilewire.grouped_gemm_out.default._schema)
+    assert re.search(r"Tensor\(a\d*!\) out", schema), schema
+    assert "Tensor(a" not in str(torch.ops.tilewire.grouped_gemm.default._schema)
+    assert tilewire.grouped_gemm is _torch.grouped_gemm
     schema = str(torch.ops.tilewire.allgather.default._schema)
     # torch numbers the alias sets (a!, a2!, ...); what matters is that `out` is mutated.
     assert re.search(r"Tensor\(a\d*!\) out", schema), schema
@@ -65,6 +72,81 @@ def test_gemm_fake_gives_the_output_shape():
 def test_gemm_argument_errors(a, b, kwargs, exc, pattern):
     with pytest.raises(exc, match=pattern):
         tilewire.gemm(a, b, **kwargs)
+
+
+def test_grouped_gemm_fake_gives_the_output_shape():
+    a = torch.empty(512, 64, dtype=bf16, device="meta")
+    b = torch.empty(4, 48, 64, dtype=bf16, device="meta")
+    offsets = torch.empty(5, dtype=torch.int32, device="meta")
+    out = _ops._grouped_gemm_fake(a, b, offsets, torch.float32)
+    assert out.shape == (512, 48) and out.dtype == torch.float32
+    assert _ops._grouped_gemm_out_fake(a, b, offsets, out) is None
+
+
+def _offs(n, dtype=torch.int32):
+    return torch.zeros(n, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    "a, b, offsets, kwargs, exc, pattern",
+    [
+        (_cpu(16, 64, dtype=torch.float32), _cpu(2, 8, 64), _offs(3), {}, TypeError,
+         "a must be torch.bfloat16"),
+        (_cpu(16, 64), _cpu(2, 8, 64, dtype=torch.float16), _offs(3), {}, TypeError,
+         "b must be torch.bfloat16"),
+        ("nope", _cpu(2, 8, 64), _offs(3), {}, TypeError, "a must be a torch.Tensor"),
+        (_cpu(16, 64), _cpu(2, 8, 64), [0, 0, 0], {}, TypeError,
+         "offsets must be a torch.Tensor"),
+        (_cpu(16, 64), _cpu(2, 8, 64), _offs(3, torch.int64), {}, TypeError,
+         "offsets must be torch.int32"),
+        (_cpu(2, 16, 64), _cpu(2, 8, 64), _offs(3), {}, ValueError, "a must be 2-D"),
+        (_cpu(16, 64), _cpu(8, 64), _offs(3), {}, ValueError, r"b must be 3-D \[groups, N, K\]"),
+        (_cpu(16, 64), _cpu(2, 8, 32), _offs(3), {}, ValueError, "K differ"),
+        (_cpu(16, 12), _cpu(2, 8, 12), _offs(3), {}, ValueError, "K=12 .* multiple of 8"),
+        (_cpu(16, 64), _cpu(2, 12, 64), _offs(3), {}, ValueError, "N=12 .* multiple of 8"),
+        (_cpu(16, 64), _cpu(2, 8, 64), _offs(2), {}, ValueError,
+         r"offsets must be 1-D \[groups \+ 1=3\], got shape \(2,\)"),
+        (_cpu(16, 64), _cpu(2, 8, 64), _offs(3).view(3, 1), {}, ValueError,
+         "offsets must be 1-D"),
+        (_cpu(16, 64), _cpu(2, 8, 64), _offs(6)[::2], {}, ValueError,
+         "offsets must be contiguous"),
+        (_cpu(64, 16).t(), _cpu(2, 8, 64), _offs(3), {}, ValueError,
+         "a must be row-major with unit stride"),
+        (_cpu(16, 68)[:, :64], _cpu(2, 8, 64), _offs(3), {}, ValueError,
+         "a's row stride is 68"),
+        (_cpu(16, 64), _cpu(2, 64, 8).transpose(1, 2), _offs(3), {}, ValueError,
+         "b must be row-major with unit stride"),
+        (_cpu(16, 64), _cpu(2, 12, 64)[:, :8], _offs(3), {}, ValueError,
+         "b's groups must follow each other"),
+        (_cpu(16, 64), _cpu(2, 8, 64), _offs(3), {"out_dtype": torch.float16}, TypeError,
+         "out_dtype"),
+        (_cpu(16, 64), _cpu(2, 8, 64), _offs(3), {"out": _cpu(16, 8, dtype=torch.float16)},
+         TypeError, "out must be torch.bfloat16 or torch.float32"),
+        (_cpu(16, 64), _cpu(2, 8, 64), _offs(3), {"out": _cpu(16, 16)}, ValueError,
+         r"out must be \[M=16, N=8\], got shape \(16, 16\)"),
+        (_cpu(16, 64), _cpu(2, 8, 64), _offs(3),
+         {"out": _cpu(16, 8), "out_dtype": torch.float32}, TypeError,
+         "out is torch.bfloat16 but out_dtype is torch.float32"),
+        (_cpu(16, 64), _cpu(2, 8, 64), _offs(3), {}, ValueError,
+         "a is on cpu; tilewire needs CUDA"),
+    ],
+)
+def test_grouped_gemm_argument_errors(a, b, offsets, kwargs, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        tilewire.grouped_gemm(a, b, offsets, **kwargs)
+
+
+def test_grouped_gemm_checks_run_on_meta_tensors():
+    a = torch.empty(256, 64, dtype=bf16, device="meta")
+    b = torch.empty(2, 8, 64, dtype=bf16, device="meta")
+    offsets = torch.empty(3, dtype=torch.int32, device="meta")
+    # meta tensors (torch.compile's fake ones alike) pass every check up to the device one,
+    # which names the argument
+    with pytest.raises(ValueError, match="tilewire.grouped_gemm: a is on meta"):
+        tilewire.grouped_gemm(a, b, offsets)
+    with pytest.raises(ValueError, match="out must be"):
+        _ops._check_grouped_gemm(a, b, offsets, torch.empty(256, 16, dtype=bf16, device="meta"),
+                                 None)
 
 
 def test_gemm_out_errors():
@@ -144,9 +226,9 @@ def test_init_single_process_without_gpu(monkeypatch):
 
 @pytest.fixture
 def stubbed_gemm(monkeypatch):
-    """tilewire.gemm on CPU tensors with the C call recorded instead of made: returns the list
-    of (function, args struct copy) calls. The device checks, stream and device queries are
-    stubbed; everything else (the checks, the lane) is the real code."""
+    """tilewire.gemm and tilewire.grouped_gemm on CPU tensors with the C call recorded instead
+    of made: returns the list of (function, args struct copy) calls. The device checks, stream
+    and device queries are stubbed; everything else (the checks, the lane) is the real code."""
     if not (_eager._FAST_EAGER and _eager._LANE_ON):
         pytest.skip("the fast lane is off (TILEWIRE_FAST_LANE=0, or no direct eager path)")
     import contextlib
@@ -154,9 +236,12 @@ def stubbed_gemm(monkeypatch):
 
     calls = []
 
+    structs = {"tw_gemm": _lib.GemmArgs, "tw_grouped_gemm": _lib.GroupedGemmArgs}
+
     def fake_call(name, *args, comm=None):
-        struct = ctypes.cast(args[0], ctypes.POINTER(_lib.GemmArgs)).contents
-        calls.append((name, _lib.GemmArgs.from_buffer_copy(struct)))
+        cls = structs[name]
+        struct = ctypes.cast(args[0], ctypes.POINTER(cls)).contents
+        calls.append((name, cls.from_buffer_copy(struct)))
 
     monkeypatch.setattr(_lib, "call", fake_call)
     # tilewire.gemm's module reads these by its own names (imported from _glue)
@@ -239,4 +324,61 @@ def test_fast_lane_is_off_while_the_direct_path_is(stubbed_gemm, monkeypatch):
     monkeypatch.setattr(_eager, "_FAST_EAGER", False)
     with pytest.raises(NotImplementedError):
         tilewire.gemm(a, b, out=out)
+    assert len(calls) == n
+
+
+def test_grouped_gemm_fills_the_args_and_the_lane_reuses_them(stubbed_gemm):
+    calls = stubbed_gemm
+    a, b = torch.randn(512, 64).to(bf16), torch.randn(3, 24, 64).to(bf16)
+    offsets = torch.tensor([0, 128, 128, 384], dtype=torch.int32)
+    out = torch.empty(512, 24, dtype=bf16)
+    assert tilewire.grouped_gemm(a, b, offsets, out=out) is out  # the whole way: fills the lane
+    assert [c[0] for c in calls] == ["tw_grouped_gemm"]
+    first = calls[-1][1]
+    assert (first.m, first.n, first.k, first.groups) == (512, 24, 64, 3)
+    assert (first.lda, first.ldb, first.ldo, first.sm_count) == (64, 64, 24, 0)
+    assert first.c_dtype == _lib.DType.BF16
+    assert (first.a, first.b, first.out, first.offsets) == (
+        a.data_ptr(), b.data_ptr(), out.data_ptr(), offsets.data_ptr())
+    assert first.size == ctypes.sizeof(_lib.GroupedGemmArgs) and first.version == 1
+    a2, offsets2 = torch.randn(512, 64).to(bf16), offsets.clone()
+    v = out._version
+    tilewire.grouped_gemm(a2, b, offsets2, out=out)  # the same signature: a hit
+    hit = calls[-1][1]
+    assert len(calls) == 2 and len(_eager._lane) == 1
+    assert hit.a == a2.data_ptr() and hit.offsets == offsets2.data_ptr()
+    assert out._version == v + 1  # written: bumped as the dispatcher would
+    for f in ("m", "n", "k", "groups", "lda", "ldb", "ldo", "c_dtype", "size", "version"):
+        assert getattr(hit, f) == getattr(first, f), f
+    # strided rows of a and out, fp32 out allocated here
+    a_big = torch.randn(512, 72).to(bf16)
+    fresh = tilewire.grouped_gemm(a_big[:, :64], b, offsets, out_dtype=torch.float32)
+    assert fresh.shape == (512, 24) and fresh.dtype == torch.float32
+    last = calls[-1][1]
+    assert last.lda == 72 and last.c_dtype == _lib.DType.FP32 and last.out == fresh.data_ptr()
+
+
+def test_grouped_gemm_refusals_and_k_zero_never_reach_the_library(stubbed_gemm):
+    calls = stubbed_gemm
+    a, b = torch.randn(256, 64).to(bf16), torch.randn(2, 8, 64).to(bf16)
+    offsets = torch.tensor([0, 128, 256], dtype=torch.int32)
+    tilewire.grouped_gemm(a, b, offsets)
+    tilewire.grouped_gemm(a, b, offsets)
+    n = len(calls)
+    with pytest.raises(TypeError, match="offsets must be torch.int32"):
+        tilewire.grouped_gemm(a, b, offsets.long())
+    bad = torch.empty(256 * 8 + 8, dtype=bf16)[1:1 + 256 * 8].view(256, 8)
+    with pytest.raises(ValueError, match="out's data pointer .* not 16-byte aligned"):
+        tilewire.grouped_gemm(a, b, offsets, out=bad)
+    with pytest.raises(TypeError, match="out_dtype"):  # unhashable: no signature at all
+        tilewire.grouped_gemm(a, b, offsets, out_dtype=[bf16])
+    # K = 0: the groups' rows are zero, the rest untouched, with no call of the library
+    out = torch.full((384, 8), float("nan"), dtype=bf16)
+    tilewire.grouped_gemm(torch.empty(384, 0, dtype=bf16), torch.empty(2, 8, 0, dtype=bf16),
+                          offsets, out=out)
+    assert torch.equal(out[:256], torch.zeros(256, 8, dtype=bf16))
+    assert torch.isnan(out[256:]).all()
+    # no group at all, or no row: nothing to do
+    empty = torch.empty(0, 8, dtype=bf16)
+    assert tilewire.grouped_gemm(a[:0], b, torch.zeros(3, dtype=torch.int32), out=empty) is empty
     assert len(calls) == n

@@ -7,8 +7,8 @@ symmetric memory::
     comms = tilewire.init_virtual(4)          # 4 virtual ranks on GPU 0
     ptr = comms[0].alloc(1 << 20)             # collective, like tw_mem_alloc
 
-With torch (imported on first use of these names): ``init``, ``gemm``, ``allgather``,
-``ag_gemm``, ``gemm_rs``, ``gemm_ar``, ``gemm_rs_workspace``, ``barrier``,
+With torch (imported on first use of these names): ``init``, ``gemm``, ``grouped_gemm``,
+``allgather``, ``ag_gemm``, ``gemm_rs``, ``gemm_ar``, ``gemm_rs_workspace``, ``barrier``,
 ``for_each_rank``, ``symmetric_empty``, ``is_symmetric``, and
 ``Comm.empty(shape, dtype)`` for symmetric tensors::
 
@@ -16,6 +16,7 @@ With torch (imported on first use of these names): ``init``, ``gemm``, ``allgath
     out = comm.empty((comm.size * m, k), torch.bfloat16)
     tilewire.allgather(comm, x, out)
     y = tilewire.gemm(a, b)                   # a @ b.T
+    y = tilewire.grouped_gemm(x, w, offsets)  # x[rows of g] @ w[g].T per group g
 """
 
 from . import _lib
@@ -44,6 +45,7 @@ from ._lib import (
     DType,
     GemmArgs,
     GemmRsArgs,
+    GroupedGemmArgs,
     LibraryNotFoundError,
     TileOrder,
     UniqueId,
@@ -61,6 +63,7 @@ __version__ = "%d.%d.%d" % (_lib.TW_VERSION_MAJOR, _lib.TW_VERSION_MINOR, _lib.T
 _TORCH_NAMES = (
     "init",
     "gemm",
+    "grouped_gemm",
     "allgather",
     "barrier",
     "for_each_rank",
@@ -87,6 +90,7 @@ __all__ = [
     "DeviceTimeoutError",
     "GemmArgs",
     "GemmRsArgs",
+    "GroupedGemmArgs",
     "InternalError",
     "InvalidArgumentError",
     "LibraryNotFoundError",

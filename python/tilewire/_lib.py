@@ -38,6 +38,8 @@ TW_GEMM_ARGS_VERSION = 3
 TW_GEMM_WORKSPACE_BYTES = 9 << 20  # tw_gemm_args_t.workspace's size (version 3)
 TW_AG_GEMM_ARGS_VERSION = 2
 TW_GEMM_RS_ARGS_VERSION = 3
+TW_MOE_ARGS_VERSION = 1
+TW_GROUPED_GEMM_ARGS_VERSION = 1
 
 # ---- enums --------------------------------------------------------------------------------
 
@@ -179,6 +181,29 @@ class GemmArgs(_Versioned):
     ]
 
 
+class GroupedGemmArgs(_Versioned):
+    """tw_grouped_gemm_args_t; ``GroupedGemmArgs()`` equals TW_GROUPED_GEMM_ARGS_INIT."""
+
+    _version_ = TW_GROUPED_GEMM_ARGS_VERSION
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("version", ctypes.c_uint32),
+        ("c_dtype", c_enum),  # tw_dtype_t of out
+        ("a", ctypes.c_void_p),  # [m, k]
+        ("b", ctypes.c_void_p),  # [groups][n, k]
+        ("out", ctypes.c_void_p),  # [m, n]
+        ("offsets", ctypes.c_void_p),  # const int32_t *, device memory, [groups + 1]
+        ("m", ctypes.c_int64),
+        ("n", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("groups", ctypes.c_int64),
+        ("lda", ctypes.c_int64),
+        ("ldb", ctypes.c_int64),
+        ("ldo", ctypes.c_int64),
+        ("sm_count", ctypes.c_int32),
+    ]
+
+
 class AgGemmArgs(_Versioned):
     """tw_ag_gemm_args_t; ``AgGemmArgs()`` equals TW_AG_GEMM_ARGS_INIT."""
 
@@ -230,6 +255,34 @@ class GemmRsArgs(_Versioned):
     ]
 
 
+class MoeArgs(_Versioned):
+    """tw_moe_args_t (tw_moe_dispatch and tw_moe_combine); ``MoeArgs()`` equals
+    TW_MOE_ARGS_INIT."""
+
+    _version_ = TW_MOE_ARGS_VERSION
+    _defaults_ = {"index_bits": 32}
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("version", ctypes.c_uint32),
+        ("index_bits", ctypes.c_int32),  # topk_idx's integers: 32 or 64
+        ("x", ctypes.c_void_p),
+        ("topk_idx", ctypes.c_void_p),
+        ("topk_weights", ctypes.c_void_p),  # const float *
+        ("recv", ctypes.c_void_p),
+        ("offsets", ctypes.c_void_p),  # int32_t *, written by dispatch
+        ("expert_out", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("tokens", ctypes.c_int64),
+        ("max_tokens", ctypes.c_int64),
+        ("hidden", ctypes.c_int64),
+        ("n_out", ctypes.c_int64),
+        ("experts", ctypes.c_int64),
+        ("top_k", ctypes.c_int64),
+        ("recv_rows", ctypes.c_int64),
+    ]
+
+
 # ---- the next fused ops' argument structs go here as they land ----
 
 # C typedef name -> ctypes struct, for the layout test.
@@ -237,8 +290,10 @@ STRUCTS = {
     "tw_unique_id_t": UniqueId,
     "tw_config_t": Config,
     "tw_gemm_args_t": GemmArgs,
+    "tw_grouped_gemm_args_t": GroupedGemmArgs,
     "tw_ag_gemm_args_t": AgGemmArgs,
     "tw_gemm_rs_args_t": GemmRsArgs,
+    "tw_moe_args_t": MoeArgs,
 }
 
 # ---- functions ----------------------------------------------------------------------------
@@ -283,6 +338,8 @@ FUNCTIONS = {
     "tw_barrier": (c_enum, [tw_comm_t, tw_stream_t]),
     "tw_gemm_args_init": (c_enum, [_P(GemmArgs)]),
     "tw_gemm": (c_enum, [_P(GemmArgs), tw_stream_t]),
+    "tw_grouped_gemm_args_init": (c_enum, [_P(GroupedGemmArgs)]),
+    "tw_grouped_gemm": (c_enum, [_P(GroupedGemmArgs), tw_stream_t]),
     # fused ops
     "tw_ag_gemm_args_init": (c_enum, [_P(AgGemmArgs)]),
     "tw_ag_gemm": (c_enum, [tw_comm_t, _P(AgGemmArgs), tw_stream_t]),
@@ -291,8 +348,12 @@ FUNCTIONS = {
                                            _P(ctypes.c_size_t)]),
     "tw_gemm_rs": (c_enum, [tw_comm_t, _P(GemmRsArgs), tw_stream_t]),
     "tw_gemm_ar": (c_enum, [tw_comm_t, _P(GemmRsArgs), tw_stream_t]),
-    # ---- add each new op's lines here when it lands in tilewire.h, e.g.
-    # "tw_moe": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
+    "tw_moe_args_init": (c_enum, [_P(MoeArgs)]),
+    "tw_moe_workspace_size": (c_enum, [tw_comm_t, ctypes.c_int64, ctypes.c_int64,
+                                       ctypes.c_int64, _P(ctypes.c_size_t)]),
+    "tw_moe_dispatch": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
+    "tw_moe_combine": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
+    # ---- add each new op's lines here when it lands in tilewire.h
     # environment knobs
     "tw_env_count": (ctypes.c_int, []),
     "tw_env_describe": (c_enum, [ctypes.c_int, _char_pp, _char_pp, _char_pp, _char_pp,
@@ -486,8 +547,10 @@ def transport_info():
 INIT_FUNCTIONS = {
     "tw_config_t": "tw_config_init",
     "tw_gemm_args_t": "tw_gemm_args_init",
+    "tw_grouped_gemm_args_t": "tw_grouped_gemm_args_init",
     "tw_ag_gemm_args_t": "tw_ag_gemm_args_init",
     "tw_gemm_rs_args_t": "tw_gemm_rs_args_init",
+    "tw_moe_args_t": "tw_moe_args_init",
 }
 
 

@@ -1,5 +1,5 @@
-"""The unfused ops of the torch front end: gemm, allgather and barrier, and for_each_rank,
-which runs a call per virtual rank on the ranks' own streams.
+"""The unfused ops of the torch front end: gemm, grouped_gemm, allgather and barrier, and
+for_each_rank, which runs a call per virtual rank on the ranks' own streams.
 
 Every op is two pieces: a public function that validates its arguments (_glue's checks) and
 calls the op, and a ``torch.library.custom_op`` whose implementation launches on torch's
@@ -90,18 +90,7 @@ def _check_gemm(a, b, out, out_dtype, sm_count, split_k=0):
                          "chooses), got %d" % (op, split_k))
     _leading_dim(a, "a", op)
     _leading_dim(b, "b", op)
-    dtype = torch.bfloat16 if out_dtype is None else out_dtype
-    if out is not None:
-        _check_tensor(out, "out", op)
-        _check_dtype(out, "out", op, _GEMM_OUT_DTYPES)
-        if out_dtype is not None and out.dtype != out_dtype:
-            raise TypeError("%s: out is %s but out_dtype is %s" % (op, out.dtype, out_dtype))
-        if out.dim() != 2 or tuple(out.shape) != (m, n):
-            raise ValueError(
-                "%s: out must be [M=%d, N=%d], got shape %s" % (op, m, n, tuple(out.shape))
-            )
-        _leading_dim(out, "out", op)
-        dtype = out.dtype
+    dtype = _check_out(out, m, n, out_dtype, op)
     # Devices last, so that the checks above also run on CPU and meta tensors.
     _check_cuda(a, "a", op, None)
     _check_cuda(b, "b", op, a.device)
@@ -226,6 +215,23 @@ if _HAVE_CUSTOM_OP and hasattr(_gemm_op, "register_autograd"):
     _gemm_op.register_autograd(_gemm_backward, setup_context=_gemm_setup_context)
 
 
+
+def _check_out(out, m, n, out_dtype, op):
+    """The output dtype of a GEMM-like op: out's (checked: [m, n], bf16 or fp32, agreeing with
+    out_dtype, rows strided by a multiple of 8) or out_dtype's (bf16 by default)."""
+    if out is None:
+        return torch.bfloat16 if out_dtype is None else out_dtype
+    _check_tensor(out, "out", op)
+    _check_dtype(out, "out", op, _GEMM_OUT_DTYPES)
+    if out_dtype is not None and out.dtype != out_dtype:
+        raise TypeError("%s: out is %s but out_dtype is %s" % (op, out.dtype, out_dtype))
+    if out.dim() != 2 or tuple(out.shape) != (m, n):
+        raise ValueError(
+            "%s: out must be [M=%d, N=%d], got shape %s" % (op, m, n, tuple(out.shape))
+        )
+    _leading_dim(out, "out", op)
+    return out.dtype
+
 def gemm(a, b, out=None, out_dtype=None, sm_count=0, split_k=0):
     """``a @ b.T`` with tilewire's Hopper GEMM (tw_gemm): a [M, K] and b [N, K] bfloat16,
     fp32 accumulation, output [M, N] in `out_dtype` (torch.bfloat16, the default, or
@@ -259,6 +265,188 @@ def gemm(a, b, out=None, out_dtype=None, sm_count=0, split_k=0):
     if _HAVE_CUSTOM_OP:
         return torch.ops.tilewire.gemm(a, b, dtype, sm_count, split_k)
     return _gemm_op(a, b, dtype, sm_count, split_k)
+
+
+# ---- op: grouped_gemm ---------------------------------------------------------------------
+
+
+def _grouped_b_ld(b, op):
+    """The row stride of b [groups, N, K] read as one [groups * N, K] matrix, as
+    tw_grouped_gemm reads it (group g's weights from row g * N, one leading dimension): each
+    group row-major as _leading_dim checks it, the groups N rows apart."""
+    groups, n, k = b.shape
+    if groups == 0:
+        return max(k, 1)  # nothing is read through it
+    ld = _leading_dim(b[0], "b", op)
+    if groups > 1 and n and k and b.stride(0) != n * ld:
+        raise ValueError(
+            "%s: b's groups must follow each other, N=%d rows of stride %d apart (a stride of "
+            "%d between groups), got strides %s; pass b.contiguous()"
+            % (op, n, ld, n * ld, tuple(b.stride()))
+        )
+    return ld
+
+
+def _check_grouped_gemm(a, b, offsets, out, out_dtype):
+    op = "tilewire.grouped_gemm"
+    for t, name in ((a, "a"), (b, "b")):
+        _check_tensor(t, name, op)
+        _check_dtype(t, name, op, (torch.bfloat16,))
+    if a.dim() != 2:
+        raise ValueError("%s: a must be 2-D [M, K], got shape %s" % (op, tuple(a.shape)))
+    if b.dim() != 3:
+        raise ValueError("%s: b must be 3-D [groups, N, K], got shape %s" % (op, tuple(b.shape)))
+    m, k = a.shape
+    groups, n, kb = b.shape
+    if kb != k:
+        raise ValueError(
+            "%s: a is [M=%d, K=%d] and b is [groups=%d, N=%d, K=%d]: their K differ "
+            "(grouped_gemm computes a[rows of g] @ b[g].T)" % (op, m, k, groups, n, kb)
+        )
+    if k % 8:
+        raise ValueError("%s: K=%d (a.shape[1]) must be a multiple of 8" % (op, k))
+    if n % 8:
+        raise ValueError("%s: N=%d (b.shape[1]) must be a multiple of 8" % (op, n))
+    _check_tensor(offsets, "offsets", op)
+    _check_dtype(offsets, "offsets", op, (torch.int32,))
+    if offsets.dim() != 1 or offsets.shape[0] != groups + 1:
+        raise ValueError("%s: offsets must be 1-D [groups + 1=%d], got shape %s"
+                         % (op, groups + 1, tuple(offsets.shape)))
+    if not offsets.is_contiguous():
+        raise ValueError("%s: offsets must be contiguous; pass offsets.contiguous()" % op)
+    if out_dtype is not None:
+        if not isinstance(out_dtype, torch.dtype) or out_dtype not in _GEMM_OUT_DTYPES:
+            raise TypeError(
+                "%s: out_dtype must be torch.bfloat16 or torch.float32, got %r" % (op, out_dtype)
+            )
+    _leading_dim(a, "a", op)
+    _grouped_b_ld(b, op)
+    dtype = _check_out(out, m, n, out_dtype, op)
+    # Devices last, so that the checks above also run on CPU and meta tensors.
+    _check_cuda(a, "a", op, None)
+    _check_cuda(b, "b", op, a.device)
+    _check_cuda(offsets, "offsets", op, a.device)
+    if out is not None:
+        _check_cuda(out, "out", op, a.device)
+    return dtype
+
+
+def _launch_grouped_gemm(a, b, offsets, out):
+    """Launches tw_grouped_gemm; returns its args struct (None where nothing was launched)."""
+    m, k = a.shape
+    groups, n, _ = b.shape
+    if m == 0 or n == 0 or groups == 0:
+        return None  # no row of out is in a group
+    if k == 0:
+        # Every row of a group is zero, the rows from offsets[groups] on untouched: a mask made
+        # on the device (no host synchronisation, capturable as the kernel is).
+        live = torch.arange(m, device=out.device) < offsets[groups]
+        out.masked_fill_(live.unsqueeze(1), 0)
+        return None
+    op = "tilewire.grouped_gemm"
+    _check_aligned(a, "a", op)
+    _check_aligned(b, "b", op)
+    _check_aligned(out, "out", op)
+    args = _lib.GroupedGemmArgs(
+        c_dtype=_lib.DType.BF16 if out.dtype == torch.bfloat16 else _lib.DType.FP32,
+        a=a.data_ptr(), b=b.data_ptr(), out=out.data_ptr(), offsets=offsets.data_ptr(),
+        m=m, n=n, k=k, groups=groups, lda=_leading_dim(a, "a", op), ldb=_grouped_b_ld(b, op),
+        ldo=_leading_dim(out, "out", op),
+    )
+    with _on_device(a.device.index):  # tw_grouped_gemm runs on the current device
+        _lib.call("tw_grouped_gemm", ctypes.byref(args), _stream(a.device))
+    return args
+
+
+@_custom_op("tilewire::grouped_gemm")
+def _grouped_gemm_op(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
+                     out_dtype: torch.dtype) -> torch.Tensor:
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=a.device)
+    _launch_grouped_gemm(a, b, offsets, out)
+    return out
+
+
+@_register_fake(_grouped_gemm_op)
+def _grouped_gemm_fake(a, b, offsets, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+@_custom_op("tilewire::grouped_gemm_out", mutates_args=("out",))
+def _grouped_gemm_out_op(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
+                         out: torch.Tensor) -> None:
+    _launch_grouped_gemm(a, b, offsets, out)
+
+
+@_register_fake(_grouped_gemm_out_op)
+def _grouped_gemm_out_fake(a, b, offsets, out):
+    return None
+
+
+def _grouped_gemm_lane(hit, a, b, offsets, out):
+    """A fast-lane hit of tilewire.grouped_gemm: out (allocated here when None), or None where
+    the call must go the whole way."""
+    tmpl, dtype = hit
+    if not _direct_ok((a, b, offsets, out), () if out is None else (out,)) \
+            or a.device.index != _current_device():
+        return None
+    given = out is not None
+    if not given:
+        out = torch.empty((a.shape[0], b.shape[1]), dtype=dtype, device=a.device)
+    pa, pb, pc, po = a.data_ptr(), b.data_ptr(), out.data_ptr(), offsets.data_ptr()
+    if (pa | pb | pc) & 15 or po & 3:
+        return None
+    args = _lane_args(tmpl)
+    args.a, args.b, args.out, args.offsets = pa, pb, pc, po
+    if given:
+        _mutated((out,))
+    _lib.call("tw_grouped_gemm", ctypes.byref(args), _stream(a.device))
+    return out
+
+
+def grouped_gemm(a, b, offsets, out=None, out_dtype=None):
+    """Grouped GEMM over group-major rows (tw_grouped_gemm; an MoE layer's expert GEMMs):
+    ``out[r] = a[r] @ b[g].T`` for every row r of group g, the rows
+    ``offsets[g] <= r < offsets[g + 1]``.
+
+    a: [M, K] bfloat16 (rows may be strided: row stride a multiple of 8 elements). b: [groups,
+    N, K] bfloat16, group g's weights b[g] as tilewire.gemm takes them, the groups one after
+    another (contiguous, or every row strided alike). offsets: an int32 CUDA tensor
+    [groups + 1] on a's device, read by the kernel alone (no host synchronisation, so a kernel
+    before it may write it, and a captured CUDA graph reads its contents at each replay):
+    offsets[0] = 0, nondecreasing, every entry a multiple of 128 (each group padded to the
+    128-row tile; an empty group has equal offsets) and offsets[groups] <= M. Offsets that break
+    this give unspecified rows of out, never a fault or a write outside out. K and N multiples
+    of 8. out: [M, N] in `out_dtype` (torch.bfloat16, the default, or torch.float32; with `out`,
+    its dtype). fp32 accumulation; each group's rows are bitwise tilewire.gemm(a[rows], b[g]).
+
+    Rows from offsets[groups] on are neither read nor written: an `out` given keeps them, and
+    one allocated here (torch.empty) leaves them uninitialised. Runs on torch's current CUDA
+    stream; CUDA-graph capturable; traceable by torch.compile (torch.ops.tilewire.grouped_gemm
+    / grouped_gemm_out). Not differentiable: a backward pass that reaches it raises. Returns
+    out.
+    """
+    key = None
+    if _lane_open(a, b, offsets, out):
+        key, hit = _lane_find("grouped_gemm", _meta(a), _meta(b), _meta(offsets), _meta(out),
+                              out_dtype)
+        if hit is not None:
+            done = _grouped_gemm_lane(hit, a, b, offsets, out)
+            if done is not None:
+                return done
+    dtype = _check_grouped_gemm(a, b, offsets, out, out_dtype)
+    if out is not None:
+        args = _call_mutating(lambda *x: torch.ops.tilewire.grouped_gemm_out(*x),
+                              _launch_grouped_gemm, (a, b, offsets, out), (out,),
+                              a, b, offsets, out)
+        _lane_put(key, (args, dtype))
+        return out
+    if _direct_ok((a, b, offsets), ()):
+        out = torch.empty((a.shape[0], b.shape[1]), dtype=dtype, device=a.device)
+        _lane_put(key, (_launch_grouped_gemm(a, b, offsets, out), dtype))
+        return out
+    if _HAVE_CUSTOM_OP:
+        return torch.ops.tilewire.grouped_gemm(a, b, offsets, dtype)
+    return _grouped_gemm_op(a, b, offsets, dtype)
 
 
 # ---- op: allgather ------------------------------------------------------------------------

@@ -22,12 +22,12 @@ The modules, each importing only those above it:
     _glue        custom-op registration, torch's current stream and device, argument checks
     _eager       how an eager call reaches the library: dispatcher, direct path, fast lane
     _torchrun    tilewire.init
-    _ops         gemm, allgather, barrier, for_each_rank
+    _ops         gemm, grouped_gemm, allgather, barrier, for_each_rank
     _fused       ag_gemm, gemm_rs, gemm_ar and their backward passes
 """
 
 from ._fused import ag_gemm, gemm_ar, gemm_rs, gemm_rs_workspace
-from ._ops import allgather, barrier, for_each_rank, gemm
+from ._ops import allgather, barrier, for_each_rank, gemm, grouped_gemm
 from ._symmetric import comm_empty, is_symmetric, symmetric_empty
 from ._torchrun import init
 
@@ -41,6 +41,7 @@ __all__ = [
     "gemm_ar",
     "gemm_rs",
     "gemm_rs_workspace",
+    "grouped_gemm",
     "init",
     "is_symmetric",
     "symmetric_empty",

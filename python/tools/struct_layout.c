@@ -47,10 +47,8 @@ static void value(const char *name, long long v) {
 
 #define VALUE(v) value(#v, (long long)(v))
 
-int main(void) {
-  printf("{\n  \"structs\": {");
-  first_item = 1;
-
+/* The structs of the comm and of the single-GPU ops. */
+static void core_structs(void) {
   STRUCT(tw_unique_id_t);
   FIELD(tw_unique_id_t, internal);
   end_struct();
@@ -87,6 +85,27 @@ int main(void) {
   FIELD(tw_gemm_args_t, workspace_bytes);
   end_struct();
 
+  STRUCT(tw_grouped_gemm_args_t);
+  FIELD(tw_grouped_gemm_args_t, size);
+  FIELD(tw_grouped_gemm_args_t, version);
+  FIELD(tw_grouped_gemm_args_t, c_dtype);
+  FIELD(tw_grouped_gemm_args_t, a);
+  FIELD(tw_grouped_gemm_args_t, b);
+  FIELD(tw_grouped_gemm_args_t, out);
+  FIELD(tw_grouped_gemm_args_t, offsets);
+  FIELD(tw_grouped_gemm_args_t, m);
+  FIELD(tw_grouped_gemm_args_t, n);
+  FIELD(tw_grouped_gemm_args_t, k);
+  FIELD(tw_grouped_gemm_args_t, groups);
+  FIELD(tw_grouped_gemm_args_t, lda);
+  FIELD(tw_grouped_gemm_args_t, ldb);
+  FIELD(tw_grouped_gemm_args_t, ldo);
+  FIELD(tw_grouped_gemm_args_t, sm_count);
+  end_struct();
+}
+
+/* The structs of the fused (multi-GPU) ops. */
+static void fused_structs(void) {
   STRUCT(tw_ag_gemm_args_t);
   FIELD(tw_ag_gemm_args_t, size);
   FIELD(tw_ag_gemm_args_t, version);
@@ -126,7 +145,35 @@ int main(void) {
   FIELD(tw_gemm_rs_args_t, reserved);
   end_struct();
 
+  STRUCT(tw_moe_args_t);
+  FIELD(tw_moe_args_t, size);
+  FIELD(tw_moe_args_t, version);
+  FIELD(tw_moe_args_t, index_bits);
+  FIELD(tw_moe_args_t, x);
+  FIELD(tw_moe_args_t, topk_idx);
+  FIELD(tw_moe_args_t, topk_weights);
+  FIELD(tw_moe_args_t, recv);
+  FIELD(tw_moe_args_t, offsets);
+  FIELD(tw_moe_args_t, expert_out);
+  FIELD(tw_moe_args_t, out);
+  FIELD(tw_moe_args_t, workspace);
+  FIELD(tw_moe_args_t, tokens);
+  FIELD(tw_moe_args_t, max_tokens);
+  FIELD(tw_moe_args_t, hidden);
+  FIELD(tw_moe_args_t, n_out);
+  FIELD(tw_moe_args_t, experts);
+  FIELD(tw_moe_args_t, top_k);
+  FIELD(tw_moe_args_t, recv_rows);
+  end_struct();
+
   /* ---- the next ops' argument structs go here as they land ---- */
+}
+
+int main(void) {
+  printf("{\n  \"structs\": {");
+  first_item = 1;
+  core_structs();
+  fused_structs();
 
   printf("\n  },\n  \"enum_sizes\": {");
   first_item = 1;
@@ -176,8 +223,10 @@ int main(void) {
   VALUE(TW_CONFIG_VERSION);
   VALUE(TW_GEMM_ARGS_VERSION);
   VALUE(TW_GEMM_WORKSPACE_BYTES);
+  VALUE(TW_GROUPED_GEMM_ARGS_VERSION);
   VALUE(TW_AG_GEMM_ARGS_VERSION);
   VALUE(TW_GEMM_RS_ARGS_VERSION);
+  VALUE(TW_MOE_ARGS_VERSION);
   printf("\n  }\n}\n");
   return 0;
 }

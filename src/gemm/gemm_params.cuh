@@ -213,6 +213,17 @@ struct NoWait {
   // that need no wait. Custom Wait policies inherit this default from NoWait.
   template <class P>
   __device__ static void a_source(const P &, int32_t, const CUtensorMap *&, int32_t &) {}
+  // (a''') The first of the tile's B rows, given as n_block * (the rows of a B box): a grouped
+  // GEMM moves it to the weights of the row block's group (expert).
+  template <class P> __device__ static void b_source(const P &, int32_t, int32_t &) {}
+  // (t) The tiles to run, given TileOrder::num_tiles (read on every claim): a grouped GEMM
+  // whose live row blocks are known only on the device runs a prefix of a row-major order.
+  template <class P> __device__ static int32_t tile_count(const P &, int32_t num_tiles) {
+    return num_tiles;
+  }
+  // (t') The order's index of the t-th tile claimed (gemm_cta_loop's producer; the consumers
+  // read it from the stage's slot): a permutation of the claimed prefix.
+  template <class P> __device__ static int32_t tile_index(const P &, int32_t t) { return t; }
   // (a'') Which of the tile's A boxes the write-through warp stores into p.a_map: 0 none, 1
   // all, 2 those with kb % n_blocks == n_block.
   template <class P> __device__ static int a_write_through(const P &, int32_t, int32_t) {

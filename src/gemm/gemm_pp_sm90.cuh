@@ -146,9 +146,9 @@ __device__ __forceinline__ void gemm_cta_loop_pp(const GemmParams<Epi, Wait> &p,
       int32_t t = cta;
       const detail::StageAt<kLeanProducer> at(smem);
       while (detail::producer_claim<kDynamic>(p, t)) {
-        int32_t mb, nb, a_row;
+        int32_t mb, nb, a_row, b_row;
         const CUtensorMap *a_map;
-        detail::producer_tile<kBlockM, false>(p, t, 0, mb, nb, a_map, a_row);
+        detail::producer_tile<kBlockM, false>(p, t, 0, mb, nb, a_map, a_row, BN, b_row);
         post(t);
         for (int32_t kb = 0; kb < k_blocks; kb++) {
           wait(detail::bar_at(at(L::kEmpty + stage * 8)), phase ^ 1,
@@ -157,7 +157,7 @@ __device__ __forceinline__ void gemm_cta_loop_pp(const GemmParams<Epi, Wait> &p,
           if (!(kb == 0 && t + 1 == p.fault_stall))
             detail::load_stage(p, at(L::kFull + stage * 8), at(L::kA + stage * kTileA),
                                at(L::kB + stage * kTileB), kTileA + kTileB, a_map, kb, a_row,
-                               nb * BN);
+                               b_row);
           if (++stage == Stages) {
             stage = 0;
             phase ^= 1;

@@ -34,6 +34,16 @@
  *          (a') `static void a_source(const Params&, int m_block, const CUtensorMap *&map,
  *          int &row)`: may redirect the tile's A loads to another tensor map (kept in Params)
  *          and row, e.g. rows the rank already holds. Inherit NoWait for the default.
+ *          (a''') `static void b_source(const Params&, int m_block, int &row)`: may move the
+ *          tile's first B row (n_block * BN) to another part of p.b_map, e.g. the weights of
+ *          the row block's expert in a grouped GEMM. (t) `static int tile_count(const Params&,
+ *          int num_tiles)`: the tiles this call runs, a prefix of the order, e.g. the live row
+ *          blocks a grouped GEMM finds on the device. (t') `static int tile_index(const
+ *          Params&, int t)`: the order's index of the t-th claimed tile (gemm_cta_loop only;
+ *          the consumers get it through the stage's slot), e.g. a grouped GEMM's L2 groups
+ *          inside each group of rows over a row-major order. (q) kDynamic: `static bool
+ *          takes_no_tile(const Params&)`: this CTA runs the loop with no tile (another role
+ *          of a fused kernel starts on it).
  *          (a'') With `static constexpr bool kWriteThrough = true`, warp 2 of WG0 (idle
  *          otherwise) follows the stages like a consumer warp and, for the tiles where
  *          `static int a_write_through(const Params&, int m_block, int n_block)` is 1,
@@ -106,8 +116,8 @@ template <class Fns, class GP> __device__ __forceinline__ void producer_prefetch
   ptx::tma_prefetch_map(&p.b_map);
   Fns::prefetch(p.epi);
 }
-// Its next tile: t from the queue (kDynamic) or as it stands (static); false past the last, or
-// at once where Wait::takes_no_tile.
+// Its next tile: t from the queue (kDynamic) or as it stands (static); false past the last
+// (Wait::tile_count), or at once where Wait::takes_no_tile.
 template <bool kDynamic, class GP>
 __device__ __forceinline__ bool producer_claim(const GP &p, int32_t &t) {
   if constexpr (kDynamic) {
@@ -115,14 +125,15 @@ __device__ __forceinline__ bool producer_claim(const GP &p, int32_t &t) {
       return false;
     t = (int32_t)atomicAdd(&p.queue->next, 1u);
   }
-  return t < p.order.num_tiles;
+  return t < GP::WaitType::tile_count(p.wait, p.order.num_tiles);
 }
 // Tile t's coordinates (a pair's CTA `rank` takes row block 2 mb + rank), its readiness wait
-// (Wait::before_tile) and where its A rows come from (Wait::a_source).
+// (Wait::before_tile), where its A rows come from (Wait::a_source) and the first of its B rows
+// (b_rows a column block, moved by Wait::b_source).
 template <int kTileM, bool kPair, class GP>
 __device__ __forceinline__ void producer_tile(const GP &p, int32_t t, uint32_t rank, int32_t &mb,
                                               int32_t &nb, const CUtensorMap *&a_map,
-                                              int32_t &a_row) {
+                                              int32_t &a_row, int32_t b_rows, int32_t &b_row) {
   tile_coords(p.order, t, mb, nb);
   if constexpr (kPair)
     mb = 2 * mb + (int32_t)rank;
@@ -130,6 +141,8 @@ __device__ __forceinline__ void producer_tile(const GP &p, int32_t t, uint32_t r
   a_map = &p.a_map;
   a_row = mb * kTileM;
   GP::WaitType::a_source(p.wait, mb, a_map, a_row);
+  b_row = nb * b_rows;
+  GP::WaitType::b_source(p.wait, mb, b_row);
 }
 // The producer's stage addresses. kLean (the plain GEMM kernels): 32-bit shared-window
 // addresses from a base it holds in a register. From generic pointers every stage re-derived
@@ -330,14 +343,16 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
       int32_t t = cta;
       const detail::StageAt<kLeanProducer> at(smem);
       while (detail::producer_claim<kDynamic>(p, t)) {
-        int32_t mb, nb, a_row;
+        int32_t mb, nb, a_row, b_row;
         const CUtensorMap *a_map;
-        detail::producer_tile<kTileM, kPair>(p, t, rank, mb, nb, a_map, a_row);
+        const int32_t tile = Wait::tile_index(p.wait, t);
+        detail::producer_tile<kTileM, kPair>(p, tile, rank, mb, nb, a_map, a_row,
+                                             BN * (kHalfM ? 2 : 1), b_row);
         for (int32_t kb = kb0; kb < kb1; kb++) {
           wait(detail::bar_at(at(L::kEmpty + stage * 8)), phase ^ 1,
                kStuckProducerEmpty * 16 + stage);
           if (kb == kb0)
-            detail::store_slot(at(L::kSlot + stage * 4), t);
+            detail::store_slot(at(L::kSlot + stage * 4), tile);
           // tests (TW_FAULT_STALL_TILE): this stage's loads never come, so the waits for it
           // expire and mbar_stuck reports them
           const bool withheld = kb == kb0 && t + 1 == p.fault_stall;
@@ -348,11 +363,11 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
                              a_row);
             ptx::tma_load_2d_multicast(smem + L::kB + stage * kTileB + rank * (kTileB / 2),
                                        &p.b_map, &full[stage], kb * kBlockK,
-                                       nb * BN + (int32_t)rank * (BN / 2), 0x3);
+                                       b_row + (int32_t)rank * (BN / 2), 0x3);
           } else {
             detail::load_stage(p, at(L::kFull + stage * 8), at(L::kA + stage * kTileA),
                                at(L::kB + stage * kTileB), kTileA + kTileB, a_map, kb, a_row,
-                               nb * BN * (kHalfM ? 2 : 1));
+                               b_row);
           }
           if (++stage == Stages) {
             stage = 0;

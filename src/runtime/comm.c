@@ -627,6 +627,25 @@ void tw_err_block_format(const volatile tw_err_block_t *e, int wait_timeout_ms, 
              roles[role >= 1 && role < nroles ? role : 0], e->what % 16, bound);
     return;
   }
+  if (e->peer == TW_ERR_PEER_MOE_INDEX || e->peer == TW_ERR_PEER_MOE_CAPACITY) {
+    if (e->peer == TW_ERR_PEER_MOE_INDEX)
+      snprintf(buf, len,
+               "%s: rank %d, op %s: rank %d's args->topk_idx holds expert %lld at entry %llu "
+               "(token %llu x top_k + slot); expected -1 .. experts - 1. No rank copied "
+               "anything. The comm is unusable: destroy it.",
+               tw_status_string((tw_status_t)code), e->rank, channel_name(e->op), e->what,
+               (long long)(int64_t)e->expected, (unsigned long long)e->seen,
+               (unsigned long long)e->seen);
+    else
+      snprintf(buf, len,
+               "%s: rank %d, op %s: this routing sends %llu rows (each expert's padded to 128) "
+               "to rank %d, whose args->recv_rows is %llu: give every rank a larger recv (at "
+               "most max_tokens x world x min(top_k, local experts) + 127 x local experts rows "
+               "are ever needed). No rank copied anything. The comm is unusable: destroy it.",
+               tw_status_string((tw_status_t)code), e->rank, channel_name(e->op),
+               (unsigned long long)e->expected, e->what, (unsigned long long)e->seen);
+    return;
+  }
   char peer[32] = "unknown";
   if (e->peer >= 0)
     snprintf(peer, sizeof(peer), "%d", e->peer);
@@ -662,7 +681,8 @@ tw_status_t tw_comm_async_error(tw_comm_t comm, tw_status_t *async_status) {
   else {
     tw_err_block_format(e, comm->config.wait_timeout_ms, comm->last_error,
                         sizeof(comm->last_error));
-    if (e->peer != TW_ERR_PEER_PIPELINE)
+    if (e->peer != TW_ERR_PEER_PIPELINE && e->peer != TW_ERR_PEER_MOE_INDEX &&
+        e->peer != TW_ERR_PEER_MOE_CAPACITY)
       tw_call_format_absent(comm, e, comm->last_error, sizeof(comm->last_error));
   }
   return TW_SUCCESS;

@@ -99,6 +99,12 @@ _Static_assert(TW_NET_FLAGS == TW_NUM_CHANNELS * TW_NET_CH_FLAGS, "net flags per
  * the host can read it even after the kernel died. `status` is written last. */
 /* tw_err_block_t.peer of an internal stall: an mbarrier wait of the GEMM pipeline expired. */
 #define TW_ERR_PEER_PIPELINE (-3)
+/* tw_err_block_t.peer of a routing error tw_moe_dispatch found on the device (status
+ * TW_ERR_INVALID_ARGUMENT, what = the rank concerned): an expert index outside the range
+ * (expected = the index, seen = the (token, slot) entry), or a rank whose experts need more rows
+ * than recv_rows (expected = the rows needed, seen = recv_rows). */
+#define TW_ERR_PEER_MOE_INDEX (-4)
+#define TW_ERR_PEER_MOE_CAPACITY (-5)
 
 typedef struct tw_err_block {
   volatile uint32_t status; /* tw_status_t; 0 = no error */
