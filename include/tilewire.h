@@ -507,10 +507,13 @@ typedef struct tw_moe_args {
   int64_t n_out;             /* combine: expert_out's and out's columns, a multiple of 8 */
   int64_t experts, top_k;    /* experts a multiple of world, <= 1024; top_k 1 .. 16 */
   int64_t recv_rows;         /* rows of every rank's recv (and expert_out) */
+  /* tw_moe_dispatch_gemm: bf16 [local experts][n_out, hidden], this rank's experts' weights
+   * (the grouped GEMM's b); expert_out is then its output (device memory of this rank) */
+  const void *weights;
 } tw_moe_args_t;
 
 #define TW_MOE_ARGS_INIT                                                                           \
-  { sizeof(tw_moe_args_t), TW_MOE_ARGS_VERSION, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+  { sizeof(tw_moe_args_t), TW_MOE_ARGS_VERSION, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 TW_API tw_status_t tw_moe_args_init(tw_moe_args_t *args);
 /* Workspace bytes of tw_moe_dispatch / tw_moe_combine on this comm. */
@@ -518,6 +521,13 @@ TW_API tw_status_t tw_moe_workspace_size(tw_comm_t comm, int64_t max_tokens, int
                                          int64_t top_k, size_t *bytes);
 TW_API tw_status_t tw_moe_dispatch(tw_comm_t comm, const tw_moe_args_t *args, tw_stream_t stream);
 TW_API tw_status_t tw_moe_combine(tw_comm_t comm, const tw_moe_args_t *args, tw_stream_t stream);
+/* tw_moe_dispatch and tw_grouped_gemm of each rank's local experts over its recv, in one
+ * persistent kernel: each 128-row tile of an expert starts as soon as every row of its block
+ * has landed (the copies run in the order the GEMM consumes them, this rank's own tokens
+ * first). recv, offsets and expert_out's live rows are bitwise those of tw_moe_dispatch then
+ * tw_grouped_gemm (b = weights, out = expert_out, m = recv_rows, n = n_out, k = hidden). */
+TW_API tw_status_t tw_moe_dispatch_gemm(tw_comm_t comm, const tw_moe_args_t *args,
+                                        tw_stream_t stream);
 
 /* ---- environment knobs ------------------------------------------------ */
 

@@ -256,7 +256,7 @@ class GemmRsArgs(_Versioned):
 
 
 class MoeArgs(_Versioned):
-    """tw_moe_args_t (tw_moe_dispatch and tw_moe_combine); ``MoeArgs()`` equals
+    """tw_moe_args_t (tw_moe_dispatch, tw_moe_combine, tw_moe_dispatch_gemm); ``MoeArgs()`` equals
     TW_MOE_ARGS_INIT."""
 
     _version_ = TW_MOE_ARGS_VERSION
@@ -280,6 +280,7 @@ class MoeArgs(_Versioned):
         ("experts", ctypes.c_int64),
         ("top_k", ctypes.c_int64),
         ("recv_rows", ctypes.c_int64),
+        ("weights", ctypes.c_void_p),  # tw_moe_dispatch_gemm: the local experts' weights
     ]
 
 
@@ -353,6 +354,7 @@ FUNCTIONS = {
                                        ctypes.c_int64, _P(ctypes.c_size_t)]),
     "tw_moe_dispatch": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
     "tw_moe_combine": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
+    "tw_moe_dispatch_gemm": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
     # ---- add each new op's lines here when it lands in tilewire.h
     # environment knobs
     "tw_env_count": (ctypes.c_int, []),

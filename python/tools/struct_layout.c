@@ -164,6 +164,7 @@ static void fused_structs(void) {
   FIELD(tw_moe_args_t, experts);
   FIELD(tw_moe_args_t, top_k);
   FIELD(tw_moe_args_t, recv_rows);
+  FIELD(tw_moe_args_t, weights);
   end_struct();
 
   /* ---- the next ops' argument structs go here as they land ---- */

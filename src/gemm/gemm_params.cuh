@@ -131,6 +131,22 @@ __host__ __device__ __forceinline__ void tile_coords(const TileOrder &o, int32_t
   }
 }
 
+// A grouped GEMM's order (tw_grouped_gemm, tw_moe_dispatch_gemm): tile t of a row-major order
+// whose row block lies in one group's row blocks [first, last), moved to the default order's L2
+// groups of group_m row blocks inside that group (column-major inside one), so the group's
+// weights stream through L2 once per group_m row blocks; a permutation of the group's tiles.
+__host__ __device__ __forceinline__ int32_t group_tile_index(int32_t t, int32_t n_blocks,
+                                                             int32_t first, int32_t last,
+                                                             int32_t group_m) {
+  const int32_t mb0 = t / n_blocks;
+  if (mb0 < first || mb0 >= last)
+    return t;
+  const int32_t u = t - first * n_blocks, per = group_m * n_blocks;
+  const int32_t band = u / per, rows = min(group_m, last - first - band * group_m);
+  const int32_t r = u - band * per;
+  return (first + band * group_m + r % rows) * n_blocks + r / rows;
+}
+
 // Global tile queue (device memory, zero at first use; reset by the last CTA of every call).
 struct TileQueue {
   uint32_t next;     // tickets handed out

@@ -6,8 +6,9 @@
  * each local expert's rows from every source in rank order, each source's in token order, at
  * offsets padded to 128 (padding rows untouched); the offsets are exact; every rank's combine is
  * bitwise the host's slot-order fp32 sum of the weighted expert outputs it read, and within bf16
- * tolerance of an fp64 reference of the whole layer. Back-to-back calls with fresh routings; then
- * an expert index out of range and a too-small recv, each reported on every rank as
+ * tolerance of an fp64 reference of the whole layer; tw_moe_dispatch_gemm then gives the same
+ * recv, offsets, experts' rows and combined out, bitwise. Back-to-back calls with fresh routings;
+ * then an expert index out of range and a too-small recv, each reported on every rank as
  * TW_ERR_INVALID_ARGUMENT naming it, with nothing copied; and argument refusals. 77 without a
  * Hopper GPU.
  */
@@ -259,6 +260,75 @@ static void check_layer(world_t *m, const char *what) {
   free(recv), free(eout), free(x), free(row_of), free(out), free(wt);
 }
 
+/* tw_moe_dispatch_gemm (then the combine) against the unfused pipeline just run: recv and the
+ * offsets bitwise, expert_out's live rows bitwise, out bitwise. */
+static void check_fused(world_t *m, const char *what) {
+  const int W = m->world, local = m->experts / W;
+  const int64_t H = m->hidden, N = m->n, R = m->recv_rows;
+  uint16_t *recv0[TW_MAX_WORLD], *eout0[TW_MAX_WORLD], *out0[TW_MAX_WORLD];
+  int32_t off0[TW_MAX_WORLD][1025];
+  for (int r = 0; r < W; r++) {
+    recv0[r] = (uint16_t *)malloc((size_t)R * H * 2);
+    eout0[r] = (uint16_t *)malloc((size_t)R * N * 2);
+    out0[r] = (uint16_t *)malloc((size_t)(m->tokens[r] + 1) * N * 2);
+    TEST_REQUIRE(recv0[r] && eout0[r] && out0[r], "host memory");
+    TEST_CUDA_OK(cudaMemcpy(recv0[r], m->recv[r], (size_t)R * H * 2, cudaMemcpyDeviceToHost));
+    TEST_CUDA_OK(cudaMemcpy(eout0[r], m->eout[r], (size_t)R * N * 2, cudaMemcpyDeviceToHost));
+    TEST_CUDA_OK(
+        cudaMemcpy(out0[r], m->out[r], (size_t)m->tokens[r] * N * 2, cudaMemcpyDeviceToHost));
+    TEST_CUDA_OK(
+        cudaMemcpy(off0[r], m->offsets[r], (size_t)(local + 1) * 4, cudaMemcpyDeviceToHost));
+    tw_test_poison(m->recv[r], (size_t)R * H * 2, 0);
+    tw_test_poison(m->eout[r], (size_t)R * N * 2, 0);
+    tw_test_poison(m->out[r], (size_t)(m->max_tokens ? m->max_tokens : 1) * N * 2, 0);
+    TEST_CUDA_OK(cudaMemset(m->offsets[r], 0xff, (size_t)(local + 1) * 4));
+  }
+  TEST_CUDA_OK(cudaDeviceSynchronize());
+  for (int r = 0; r < W; r++) {
+    tw_moe_args_t a = args_of(m, r);
+    a.weights = m->weights[r];
+    TEST_TW_OK(tw_moe_dispatch_gemm(m->comms[r], &a, (tw_stream_t)m->streams[r]));
+  }
+  for (int r = 0; r < W; r++) {
+    tw_moe_args_t a = args_of(m, r);
+    TEST_TW_OK(tw_moe_combine(m->comms[r], &a, (tw_stream_t)m->streams[r]));
+  }
+  TEST_CUDA_OK(cudaDeviceSynchronize());
+  size_t recv_bad = 0, eout_bad = 0, out_bad = 0, off_bad = 0;
+  uint16_t *h = (uint16_t *)malloc((size_t)R * (H > N ? H : N) * 2);
+  TEST_REQUIRE(h, "host memory");
+  for (int r = 0; r < W; r++) {
+    int32_t off[1025];
+    TEST_CUDA_OK(cudaMemcpy(off, m->offsets[r], (size_t)(local + 1) * 4, cudaMemcpyDeviceToHost));
+    off_bad += memcmp(off, off0[r], (size_t)(local + 1) * 4) != 0;
+    TEST_CUDA_OK(cudaMemcpy(h, m->recv[r], (size_t)R * H * 2, cudaMemcpyDeviceToHost));
+    recv_bad += memcmp(h, recv0[r], (size_t)R * H * 2) != 0;
+    TEST_CUDA_OK(cudaMemcpy(h, m->eout[r], (size_t)R * N * 2, cudaMemcpyDeviceToHost));
+    for (int el = 0; el < local; el++) {
+      int64_t live = 0; /* the expert's rows from every rank */
+      for (int s = 0; s < W; s++)
+        for (int64_t i = 0; i < m->tokens[s] * m->top_k; i++)
+          live += m->h_idx[s][i] == r * local + el;
+      eout_bad += memcmp(h + (size_t)off0[r][el] * N, eout0[r] + (size_t)off0[r][el] * N,
+                         (size_t)live * N * 2) != 0;
+    }
+    TEST_CUDA_OK(cudaMemcpy(h, m->out[r], (size_t)m->tokens[r] * N * 2, cudaMemcpyDeviceToHost));
+    out_bad += memcmp(h, out0[r], (size_t)m->tokens[r] * N * 2) != 0;
+    free(recv0[r]), free(eout0[r]), free(out0[r]);
+  }
+  free(h);
+  TEST_ASSERT(recv_bad == 0 && off_bad == 0 && eout_bad == 0 && out_bad == 0,
+              "%s, fused: ranks whose recv (%zu), offsets (%zu), experts' rows (%zu) or combined "
+              "out (%zu) differ from the unfused pipeline",
+              what, recv_bad, off_bad, eout_bad, out_bad);
+  for (int r = 0; r < W; r++) {
+    tw_status_t async = TW_ERR_INTERNAL;
+    TEST_TW_OK(tw_comm_async_error(m->comms[r], &async));
+    TEST_ASSERT(async == TW_SUCCESS, "%s, fused: rank %d: %s", what, r,
+                tw_comm_last_error(m->comms[r]));
+  }
+}
+
 static void test_layer(int world, int experts, int top_k, int64_t hidden, int64_t n,
                        int64_t max_tokens, int index_bits, uint64_t seed) {
   world_t m;
@@ -283,6 +353,7 @@ static void test_layer(int world, int experts, int top_k, int64_t hidden, int64_
                        : "with unused slots",
              it);
     check_layer(&m, what);
+    check_fused(&m, what);
   }
   world_fini(&m);
 }

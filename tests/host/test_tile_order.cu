@@ -1,7 +1,8 @@
 /* The GEMM core's tile orders (tile_coords, src/gemm/gemm_sm90.cuh) on the host: every order
  * visits every (row block, column block) exactly once; the bands' orders visit each owner's
  * units (gemm_rs.h) in ascending order, which the reduce queue follows. The interleaved band
- * order is tw_gemm_rs's default for fp32 partials on distinct GPUs. */
+ * order is tw_gemm_rs's default for fp32 partials on distinct GPUs. A grouped GEMM's L2 groups
+ * (group_tile_index) permute each group's tiles among themselves. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include "ops/gemm_rs/gemm_rs.h"
 #include "tw_test.h"
 
+using tw::gemm::group_tile_index;
 using tw::gemm::TileOrder;
 
 /* Every tile once; with owners (m_local > 0, bands), each owner's units ascending. */
@@ -63,8 +65,42 @@ static TileOrder rs_order(int32_t world, int32_t per_owner, int32_t nbk, int32_t
   return o;
 }
 
+/* group_tile_index: inside each group's row blocks [first, last) a permutation of its tiles
+ * (so a row-major prefix of whole groups stays that prefix), L2 groups of group_m row blocks in
+ * order, column-major inside one; tiles outside the group as they stand. */
+static void check_group_order(int32_t n_blocks, int32_t first, int32_t last, int32_t group_m) {
+  const int32_t tiles = (last + 3) * n_blocks;
+  char *seen = (char *)calloc((size_t)tiles, 1);
+  int bad = 0;
+  for (int32_t t = 0; t < tiles; t++) {
+    const int32_t x = group_tile_index(t, n_blocks, first, last, group_m);
+    const int32_t mb0 = t / n_blocks, mb = x / n_blocks, nb = x % n_blocks;
+    if (mb0 < first || mb0 >= last) {
+      bad += x != t;
+      continue;
+    }
+    bad += x < first * n_blocks || x >= last * n_blocks || seen[x]++;
+    /* within an L2 group, row blocks run fastest */
+    const int32_t band = (t - first * n_blocks) / (group_m * n_blocks);
+    bad += (mb - first) / group_m != band;
+    if (t > first * n_blocks && (t - first * n_blocks) % (group_m * n_blocks) != 0) {
+      const int32_t y = group_tile_index(t - 1, n_blocks, first, last, group_m);
+      bad += !(y / n_blocks + 1 == mb && y % n_blocks == nb) &&
+             !(y % n_blocks + 1 == nb && mb == first + band * group_m);
+    }
+  }
+  TEST_ASSERT(bad == 0, "group_tile_index(n_blocks %d, rows [%d, %d), group_m %d): %d wrong",
+              n_blocks, first, last, group_m, bad);
+  free(seen);
+}
+
 int main(void) {
   char what[128];
+  for (int32_t nb = 1; nb <= 56; nb += 11)
+    for (int32_t first = 0; first <= 9; first += 3)
+      for (int32_t rows = 1; rows <= 40; rows += 13)
+        for (int32_t gm = 1; gm <= 16; gm += 5)
+          check_group_order(nb, first, first + rows, gm);
   /* The plain and rotated grouped orders. */
   for (int32_t mbk = 1; mbk <= 37; mbk += 6)
     for (int32_t nbk = 1; nbk <= 19; nbk += 3)

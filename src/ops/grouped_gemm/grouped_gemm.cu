@@ -66,15 +66,10 @@ struct GroupedWait : NoWait {
    * order's L2 groups of group_m row blocks, column-major inside one (so the group's weights
    * stream through L2 once per group_m row blocks, not once per wave as row-major would). */
   template <class P> __device__ static int32_t tile_index(const P &p, int32_t t) {
-    const int32_t mb0 = t / p.n_blocks, g = group_of(p, mb0);
+    const int32_t g = group_of(p, t / p.n_blocks);
     const int32_t first = max(0, __ldg(p.offsets + g)) / kBlockM;
     const int32_t last = min(p.m_blocks, (__ldg(p.offsets + g + 1) + kBlockM - 1) / kBlockM);
-    if (mb0 < first || mb0 >= last) /* offsets off the contract: the tile as it stands */
-      return t;
-    const int32_t u = t - first * p.n_blocks, per = p.group_m * p.n_blocks;
-    const int32_t band = u / per, rows = min(p.group_m, last - first - band * p.group_m);
-    const int32_t r = u - band * per;
-    return (first + band * p.group_m + r % rows) * p.n_blocks + r / rows;
+    return group_tile_index(t, p.n_blocks, first, last, p.group_m);
   }
   template <class P> __device__ static void b_source(const P &p, int32_t mb, int32_t &b_row) {
     b_row += group_of(p, mb) * p.n;

@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "device/signal.cuh"
+#include "ops/moe/moe_layout.cuh"
 
 extern "C" {
 #include "core/status.h"
@@ -47,222 +48,26 @@ extern "C" {
 
 namespace {
 
-constexpr int kMaxExperts = 1024, kMaxTopK = 16;
-constexpr int kThreads = 512, kWarps = kThreads / 32;
-constexpr int kDispatch = 1, kCombine = 2; /* the call kind, a field of the description */
+using namespace tw::moe;
 
-/* The workspace of one rank (byte offsets): counts_in [world][experts + 2] int32 (stored by
- * the ranks), cnt [experts + 2] int32, pos [max_tokens * top_k] int32, route
- * [max_tokens * top_k] int64 (rank << 40 | row; -1 none), one uint32 counter. */
-struct Layout {
-  size_t counts_in, cnt, pos, route, counter, bytes;
-};
-
-size_t up256(size_t x) { return (x + 255) / 256 * 256; }
-
-Layout layout_of(int world, int64_t max_tokens, int64_t experts, int64_t top_k) {
-  Layout l;
-  const size_t row = (size_t)(experts + 2) * 4, entries = (size_t)max_tokens * (size_t)top_k;
-  l.counts_in = 0;
-  l.cnt = up256((size_t)world * row);
-  l.pos = l.cnt + up256(row);
-  l.route = l.pos + up256(entries * 4);
-  l.counter = l.route + up256(entries * 8);
-  l.bytes = l.counter + 256;
-  return l;
-}
-
-struct MoeParams {
-  const uint16_t *x; /* bf16 bits */
-  const void *topk_idx;
-  const float *topk_weights;
-  uint16_t *recv[TW_MAX_WORLD];             /* every rank's recv, mapped here */
-  const uint16_t *expert_out[TW_MAX_WORLD]; /* every rank's expert_out, mapped here */
-  uint16_t *out;
-  int32_t *offsets;
-  int32_t *counts_in[TW_MAX_WORLD]; /* every rank's counts_in, mapped here */
-  int32_t *cnt, *pos;
-  int64_t *route;
-  uint32_t *counter;
-  int64_t tokens, hidden, n_out, recv_rows;
-  int32_t experts, top_k, index_bits, local_experts;
-};
-
-/* Status word of cnt[experts]: 0, or 1 + the first entry with an index outside [-1, experts). */
-__device__ __forceinline__ int32_t load_index(const MoeParams &p, int64_t i) {
-  return p.index_bits == 64
-             ? (int32_t)max((int64_t)INT32_MIN,
-                            min((int64_t)INT32_MAX, ((const int64_t *)p.topk_idx)[i]))
-             : ((const int32_t *)p.topk_idx)[i];
-}
-
-/* Block 0 of the dispatch, all threads: the layout of this rank's entries (the file's
- * comment), s_count [warps][experts] of shared memory. */
-__device__ void layout_block(const MoeParams &p, int32_t *s_count) {
-  __shared__ int32_t s_bad_entry;
-  const int E = p.experts, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int i = threadIdx.x; i < kWarps * E; i += blockDim.x)
-    s_count[i] = 0;
-  if (threadIdx.x == 0)
-    s_bad_entry = INT32_MAX;
-  __syncthreads();
-  const int64_t n = p.tokens * p.top_k;
-  const int64_t begin = n * warp / kWarps, end = n * (warp + 1) / kWarps;
-  int32_t *mine = s_count + warp * E;
-  for (int64_t base = begin; base < end; base += 32) {
-    const int64_t i = base + lane;
-    int32_t e = i < end ? load_index(p, i) : -1;
-    if (e < -1 || e >= E) {
-      atomicMin(&s_bad_entry, (int32_t)i);
-      e = -1;
-    }
-    const unsigned same = __match_any_sync(0xffffffffu, e);
-    const int before = __popc(same & ((1u << lane) - 1));
-    int32_t at = -1;
-    if (e >= 0)
-      at = mine[e] + before;
-    __syncwarp();
-    if (e >= 0 && before == 0)
-      mine[e] += __popc(same);
-    __syncwarp();
-    if (i < end)
-      p.pos[i] = at;
-  }
-  __syncthreads();
-  /* the warps' counts of each expert scanned: warp w's base, and the rank's count */
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    int32_t run = 0;
-    for (int w = 0; w < kWarps; w++) {
-      const int32_t c = s_count[w * E + e];
-      s_count[w * E + e] = run;
-      run += c;
-    }
-    p.cnt[e] = run;
-  }
-  __syncthreads();
-  for (int64_t base = begin; base < end; base += 32) {
-    const int64_t i = base + lane;
-    if (i < end) {
-      const int32_t at = p.pos[i];
-      if (at >= 0)
-        p.pos[i] = at + mine[load_index(p, i)];
-    }
-  }
-  if (threadIdx.x == 0) {
-    const bool bad = s_bad_entry != INT32_MAX;
-    p.cnt[E] = bad ? 1 + s_bad_entry : 0;
-    p.cnt[E + 1] = bad ? load_index(p, s_bad_entry) : 0;
-  }
-  __syncthreads();
-}
-
-/* Every CTA's view of the layout: this rank's first row in each expert's segment (base) and, per
- * rank, the rows its experts need. */
-struct SharedLayout {
-  int32_t base[kMaxExperts];
-  int32_t start[kMaxExperts]; /* each expert's first row on its rank */
-  int64_t need[TW_MAX_WORLD];
-  int32_t bad_src, bad_entry, bad_value, over_rank;
-};
-
-__device__ void derive_layout(const MoeParams &p, const tw_dev_comm_t &dc, SharedLayout &s) {
-  const int E = p.experts, L = p.local_experts, W = dc.world, stride = E + 2;
-  const volatile int32_t *c = p.counts_in[dc.rank];
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    int32_t total = 0, mine = 0;
-    for (int r = 0; r < W; r++) {
-      const int32_t v = c[r * stride + e];
-      if (r < dc.rank)
-        mine += v;
-      total += v;
-    }
-    s.base[e] = mine;
-    s.start[e] = (total + 127) / 128 * 128; /* the padded size, made a start below */
-  }
-  if (threadIdx.x == 0) {
-    s.bad_src = -1, s.over_rank = -1;
-    for (int r = 0; r < W && s.bad_src < 0; r++)
-      if (c[r * stride + E] != 0)
-        s.bad_src = r, s.bad_entry = c[r * stride + E] - 1, s.bad_value = c[r * stride + E + 1];
-  }
-  __syncthreads();
-  for (int d = threadIdx.x; d < W; d += blockDim.x) {
-    int64_t off = 0;
-    for (int e = d * L; e < (d + 1) * L; e++) {
-      const int32_t size = s.start[e];
-      s.start[e] = (int32_t)min(off, (int64_t)INT32_MAX);
-      off += size;
-    }
-    s.need[d] = off;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0)
-    for (int d = 0; d < W && s.over_rank < 0; d++)
-      if (s.need[d] > p.recv_rows)
-        s.over_rank = d;
-  for (int e = threadIdx.x; e < E; e += blockDim.x)
-    s.base[e] += s.start[e];
-  __syncthreads();
-}
-
-/* 16-byte vectors of one row, by the lanes of a warp. */
-__device__ __forceinline__ void warp_copy_row(uint16_t *dst, const uint16_t *src, int64_t elems,
-                                              int lane) {
-  const int64_t vecs = elems / 8;
-  for (int64_t v = lane; v < vecs; v += 32)
-    reinterpret_cast<uint4 *>(dst)[v] = __ldg(reinterpret_cast<const uint4 *>(src) + v);
-}
-
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kMoeThreads, 1)
     moe_dispatch_kernel(const __grid_constant__ tw_dev_comm_t dc,
                         const __grid_constant__ MoeParams p) {
   __shared__ SharedLayout s;
   extern __shared__ int32_t s_count[]; /* block 0's layout: [warps][experts] */
-  const int ch = TW_CH_MOE, W = dc.world, stride = p.experts + 2;
+  const int ch = TW_CH_MOE, W = dc.world;
   const uint64_t epoch = tw_op_begin(dc, ch);
-  int mine = 1;
-  if (threadIdx.x == 0)
-    mine = tw_kernel_enter(dc, ch, epoch) && tw_wait_entries(dc, ch, epoch);
-  int ok = __syncthreads_and(mine);
-  if (blockIdx.x == 0 && ok) {
-    layout_block(p, s_count);
-    for (int r = 0; r < W; r++)
-      for (int i = threadIdx.x; i < stride; i += blockDim.x)
-        p.counts_in[r][dc.rank * stride + i] = p.cnt[i];
-    __syncthreads();
-    if (threadIdx.x == 0)
-      for (int r = 0; r < W; r++)
-        tw_signal_set(
-            r == dc.rank ? tw_own_flag(dc, ch, dc.rank) : tw_peer_flag(dc, r, ch, dc.rank), epoch);
-  }
-  if (threadIdx.x == 0)
-    for (int r = 0; r < W && mine; r++)
-      mine = tw_wait_geq(dc, ch, tw_own_flag(dc, ch, r), epoch, r, r);
-  ok = __syncthreads_and(mine);
-  if (ok)
-    derive_layout(p, dc, s);
+  int ok = exchange_layout(dc, p, s, s_count, epoch, true);
   const bool copy = ok && s.bad_src < 0 && s.over_rank < 0;
-  if (ok && !copy && blockIdx.x == 0 && threadIdx.x == 0) {
-    /* every rank finds the same and records it itself; no rank copies */
-    if (s.bad_src >= 0)
-      tw_record_wait_failure(dc, TW_ERR_INVALID_ARGUMENT, ch, tw_own_flag(dc, ch, s.bad_src),
-                             (uint64_t)(int64_t)s.bad_value, (uint64_t)s.bad_entry,
-                             TW_ERR_PEER_MOE_INDEX, s.bad_src);
-    else
-      tw_record_wait_failure(dc, TW_ERR_INVALID_ARGUMENT, ch, tw_own_flag(dc, ch, s.over_rank),
-                             (uint64_t)s.need[s.over_rank], (uint64_t)p.recv_rows,
-                             TW_ERR_PEER_MOE_CAPACITY, s.over_rank);
-  }
+  if (ok && !copy && blockIdx.x == 0 && threadIdx.x == 0)
+    record_layout_error(dc, p, s); /* no rank copies */
   const int64_t n = p.tokens * p.top_k;
   const int lane = threadIdx.x % 32;
-  const int64_t first = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
-  for (int64_t i = first; copy && i < n; i += (int64_t)gridDim.x * kWarps) {
+  const int64_t first = (int64_t)blockIdx.x * kMoeWarps + threadIdx.x / 32;
+  for (int64_t i = first; copy && i < n; i += (int64_t)gridDim.x * kMoeWarps) {
     const int32_t e = load_index(p, i);
-    if (e < 0) {
-      if (lane == 0)
-        p.route[i] = -1;
-      continue;
-    }
+    if (e < 0)
+      continue; /* its route is -1 (layout_block) */
     const int d = e / p.local_experts;
     const int64_t row = (int64_t)s.base[e] + p.pos[i];
     warp_copy_row(p.recv[d] + row * p.hidden, p.x + (i / p.top_k) * p.hidden, p.hidden, lane);
@@ -293,7 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kMoeThreads, 1)
     moe_combine_kernel(const __grid_constant__ tw_dev_comm_t dc,
                        const __grid_constant__ MoeParams p) {
   const int ch = TW_CH_MOE;
@@ -360,7 +165,7 @@ extern "C" tw_status_t tw_moe_args_init(tw_moe_args_t *args) {
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_moe_args_init: args is NULL");
   const tw_moe_args_t init = TW_MOE_ARGS_INIT;
   memset(args, 0, sizeof(*args)); /* the padding too */
-  memcpy(args, &init, offsetof(tw_moe_args_t, recv_rows) + sizeof(init.recv_rows));
+  memcpy(args, &init, offsetof(tw_moe_args_t, weights) + sizeof(init.weights));
   return TW_SUCCESS;
 }
 
@@ -383,8 +188,55 @@ extern "C" tw_status_t tw_moe_workspace_size(tw_comm_t comm, int64_t max_tokens,
 
 /* The arguments' contract for `kind` before anything is launched: TW_ERR_INVALID_ARGUMENT
  * naming the first that breaks it (or TW_ERR_NOT_SUPPORTED across nodes). */
+static const char *op_name(int kind) {
+  return kind == kDispatch  ? "tw_moe_dispatch"
+         : kind == kCombine ? "tw_moe_combine"
+                            : "tw_moe_dispatch_gemm";
+}
+
+/* The dispatch's buffers: recv symmetric and as large as recv_rows, x, offsets. */
+static tw_status_t check_dispatch(tw_comm_t comm, const tw_moe_args_t &a, const char *op,
+                                  const Layout &l) {
+  char what[96];
+  const size_t rows_bytes = (size_t)a.recv_rows * (size_t)a.hidden * 2;
+  snprintf(what, sizeof(what), "%s: args->recv", op);
+  tw_status_t st = tw_heap_lookup(comm, a.recv, rows_bytes, what, NULL);
+  if (st == TW_SUCCESS && a.tokens) {
+    snprintf(what, sizeof(what), "%s: args->x", op);
+    st = tw_comm_check_range(comm, a.x, (size_t)a.tokens * (size_t)a.hidden * 2, what);
+  }
+  if (st == TW_SUCCESS) {
+    snprintf(what, sizeof(what), "%s: args->offsets", op);
+    st = tw_comm_check_range(comm, a.offsets, (size_t)(a.experts / comm->world + 1) * 4, what);
+  }
+  if (st == TW_SUCCESS) {
+    snprintf(what, sizeof(what), "%s: args->recv", op);
+    st = tw_check_disjoint(a.recv, rows_bytes, what, a.workspace, l.bytes, "workspace");
+  }
+  return st;
+}
+
+/* The combine's buffers: expert_out symmetric, topk_weights, out apart from expert_out. */
+static tw_status_t check_combine(tw_comm_t comm, const tw_moe_args_t &a, const char *op) {
+  char what[96];
+  const size_t rows_bytes = (size_t)a.recv_rows * (size_t)a.n_out * 2;
+  const size_t out_bytes = (size_t)a.tokens * (size_t)a.n_out * 2;
+  snprintf(what, sizeof(what), "%s: args->expert_out", op);
+  tw_status_t st = tw_heap_lookup(comm, a.expert_out, rows_bytes, what, NULL);
+  if (st == TW_SUCCESS && a.tokens) {
+    snprintf(what, sizeof(what), "%s: args->topk_weights", op);
+    st = tw_comm_check_range(comm, a.topk_weights, (size_t)a.tokens * (size_t)a.top_k * 4, what);
+    snprintf(what, sizeof(what), "%s: args->out", op);
+    if (st == TW_SUCCESS)
+      st = tw_comm_check_range(comm, a.out, out_bytes, what);
+    if (st == TW_SUCCESS)
+      st = tw_check_disjoint(a.out, out_bytes, what, a.expert_out, rows_bytes, "expert_out");
+  }
+  return st;
+}
+
 static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, Layout *l) {
-  const char *op = kind == kDispatch ? "tw_moe_dispatch" : "tw_moe_combine";
+  const char *op = op_name(kind);
   const int W = comm->world;
   if (comm->nodes > 1)
     return tw_fail(TW_ERR_NOT_SUPPORTED,
@@ -405,10 +257,13 @@ static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, 
                (long long)a.max_tokens);
   TW_ARG_CHECK(a.recv_rows >= 1 && a.recv_rows <= INT32_MAX,
                "%s: args->recv_rows is %lld; expected 1 .. 2^31 - 1", op, (long long)a.recv_rows);
-  const int64_t cols = kind == kDispatch ? a.hidden : a.n_out;
-  TW_ARG_CHECK(cols >= 8 && cols % 8 == 0 && cols <= INT32_MAX,
-               "%s: args->%s is %lld; expected a positive multiple of 8", op,
-               kind == kDispatch ? "hidden" : "n_out", (long long)cols);
+  const bool gemm = kind == kDispatchGemm;
+  TW_ARG_CHECK(kind == kCombine || (a.hidden >= 8 && a.hidden % 8 == 0 && a.hidden <= INT32_MAX),
+               "%s: args->hidden is %lld; expected a positive multiple of 8", op,
+               (long long)a.hidden);
+  TW_ARG_CHECK(kind == kDispatch || (a.n_out >= 8 && a.n_out % 8 == 0 && a.n_out <= INT32_MAX),
+               "%s: args->n_out is %lld; expected a positive multiple of 8", op,
+               (long long)a.n_out);
   *l = layout_of(W, a.max_tokens, a.experts, a.top_k);
   char what[96];
   snprintf(what, sizeof(what), "%s: args->workspace", op);
@@ -418,65 +273,51 @@ static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, 
     snprintf(what, sizeof(what), "%s: args->topk_idx", op);
     st = tw_comm_check_range(comm, a.topk_idx, entries * (size_t)(a.index_bits / 8), what);
   }
-  if (st != TW_SUCCESS)
-    return st;
-  const size_t rows_bytes = (size_t)a.recv_rows * (size_t)cols * 2;
-  if (kind == kDispatch) {
-    snprintf(what, sizeof(what), "%s: args->recv", op);
-    st = tw_heap_lookup(comm, a.recv, rows_bytes, what, NULL);
-    if (st == TW_SUCCESS && a.tokens) {
-      snprintf(what, sizeof(what), "%s: args->x", op);
-      st = tw_comm_check_range(comm, a.x, (size_t)a.tokens * (size_t)a.hidden * 2, what);
-    }
-    if (st == TW_SUCCESS) {
-      snprintf(what, sizeof(what), "%s: args->offsets", op);
-      st = tw_comm_check_range(comm, a.offsets, (size_t)(a.experts / W + 1) * 4, what);
-    }
-    if (st == TW_SUCCESS)
-      st = tw_check_disjoint(a.recv, rows_bytes, "tw_moe_dispatch: args->recv", a.workspace,
-                             l->bytes, "workspace");
-  } else {
+  if (st == TW_SUCCESS)
+    st = kind == kCombine ? check_combine(comm, a, op) : check_dispatch(comm, a, op, *l);
+  const size_t out_rows = (size_t)a.recv_rows * (size_t)a.n_out * 2;
+  if (st == TW_SUCCESS && gemm) {
+    snprintf(what, sizeof(what), "%s: args->weights", op);
+    st = tw_comm_check_range(
+        comm, a.weights, (size_t)(a.experts / W) * (size_t)a.n_out * (size_t)a.hidden * 2, what);
     snprintf(what, sizeof(what), "%s: args->expert_out", op);
-    st = tw_heap_lookup(comm, a.expert_out, rows_bytes, what, NULL);
-    if (st == TW_SUCCESS && a.tokens) {
-      snprintf(what, sizeof(what), "%s: args->topk_weights", op);
-      st = tw_comm_check_range(comm, a.topk_weights, entries * 4, what);
-      snprintf(what, sizeof(what), "%s: args->out", op);
-      if (st == TW_SUCCESS)
-        st = tw_comm_check_range(comm, a.out, (size_t)a.tokens * (size_t)a.n_out * 2, what);
-      if (st == TW_SUCCESS)
-        st = tw_check_disjoint(a.out, (size_t)a.tokens * (size_t)a.n_out * 2,
-                               "tw_moe_combine: args->out", a.expert_out, rows_bytes, "expert_out");
-    }
+    if (st == TW_SUCCESS)
+      st = tw_comm_check_range(comm, a.expert_out, out_rows, what);
+    if (st == TW_SUCCESS)
+      st = tw_check_disjoint(a.expert_out, out_rows, "tw_moe_dispatch_gemm: args->expert_out",
+                             a.recv, (size_t)a.recv_rows * (size_t)a.hidden * 2, "recv");
+    TW_ARG_CHECK(st != TW_SUCCESS || a.recv_rows / 128 + 1 <= TW_CHANNEL_FLAGS - 2 * W,
+                 "%s: args->recv_rows is %lld; at most %lld with the fused GEMM", op,
+                 (long long)a.recv_rows, (long long)(TW_CHANNEL_FLAGS - 2 * W - 1) * 128);
   }
   if (st != TW_SUCCESS)
     return st;
-  const void *aligned[3] = {a.x, kind == kDispatch ? a.recv : a.expert_out, a.out};
-  const char *names[3] = {"x", kind == kDispatch ? "recv" : "expert_out", "out"};
-  for (int i = 0; i < 3; i++)
+  const void *aligned[4] = {a.x, kind == kCombine ? a.expert_out : a.recv, a.out,
+                            gemm ? a.expert_out : NULL};
+  const char *names[4] = {"x", kind == kCombine ? "expert_out" : "recv", "out", "expert_out"};
+  for (int i = 0; i < 4; i++)
     TW_ARG_CHECK((uintptr_t)aligned[i] % 16 == 0, "%s: args->%s (%p) is not 16-byte aligned", op,
                  names[i], aligned[i]);
   return TW_SUCCESS;
 }
 
-static tw_status_t moe_call(tw_comm_t comm, const tw_moe_args_t *in, tw_stream_t stream, int kind) {
-  const char *op = kind == kDispatch ? "tw_moe_dispatch" : "tw_moe_combine";
-  tw_status_t st = tw_comm_check_call(comm);
-  if (st != TW_SUCCESS)
-    return tw_comm_result(comm, st);
+tw_status_t tw::moe::moe_prepare(tw_comm_t comm, const tw_moe_args_t *in, int kind,
+                                 tw_moe_args_t *out_args, Layout *out_l, MoeParams *out_p) {
+  const char *op = op_name(kind);
   if (!in || in->size < offsetof(tw_moe_args_t, recv_rows) + sizeof(in->recv_rows) ||
       in->size > sizeof(tw_moe_args_t) + 4096)
-    return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT,
-                                        "%s: args is NULL or args->size is not "
-                                        "sizeof(tw_moe_args_t) (initialise with TW_MOE_ARGS_INIT)",
-                                        op));
-  tw_moe_args_t a = TW_MOE_ARGS_INIT;
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "%s: args is NULL or args->size is not sizeof(tw_moe_args_t) (initialise "
+                   "with TW_MOE_ARGS_INIT)",
+                   op);
+  tw_moe_args_t &a = *out_args;
+  a = TW_MOE_ARGS_INIT;
   memcpy(&a, in, in->size < sizeof(a) ? in->size : sizeof(a));
-  Layout l;
-  st = check_args(comm, a, kind, &l);
+  Layout &l = *out_l;
+  tw_status_t st = check_args(comm, a, kind, &l);
   if (st != TW_SUCCESS)
-    return tw_comm_result(comm, st);
-  MoeParams p;
+    return st;
+  MoeParams &p = *out_p;
   memset(&p, 0, sizeof(p));
   char *ws = (char *)a.workspace;
   p.x = (const uint16_t *)a.x;
@@ -488,19 +329,34 @@ static tw_status_t moe_call(tw_comm_t comm, const tw_moe_args_t *in, tw_stream_t
   p.pos = (int32_t *)(ws + l.pos);
   p.route = (int64_t *)(ws + l.route);
   p.counter = (uint32_t *)(ws + l.counter);
+  p.cbase = (int32_t *)(ws + l.cbase);
+  p.inv = (int32_t *)(ws + l.inv);
   p.tokens = a.tokens, p.hidden = a.hidden, p.n_out = a.n_out, p.recv_rows = a.recv_rows;
   p.experts = (int32_t)a.experts, p.top_k = (int32_t)a.top_k, p.index_bits = a.index_bits;
   p.local_experts = (int32_t)(a.experts / comm->world);
   for (int r = 0; r < comm->world; r++) {
     p.counts_in[r] = (int32_t *)tw_heap_peer_ptr(comm, ws + l.counts_in, r);
-    if (kind == kDispatch)
+    if (kind != kCombine)
       p.recv[r] = (uint16_t *)tw_heap_peer_ptr(comm, a.recv, r);
     else
       p.expert_out[r] = (const uint16_t *)tw_heap_peer_ptr(comm, a.expert_out, r);
-    if (!p.counts_in[r] || (kind == kDispatch ? !p.recv[r] : !p.expert_out[r]))
-      return tw_comm_result(
-          comm, tw_fail(TW_ERR_NOT_SUPPORTED, "%s: rank %d's memory is not mapped here", op, r));
+    if (!p.counts_in[r] || (kind != kCombine ? !p.recv[r] : !p.expert_out[r]))
+      return tw_fail(TW_ERR_NOT_SUPPORTED, "%s: rank %d's memory is not mapped here", op, r);
   }
+  return TW_SUCCESS;
+}
+
+static tw_status_t moe_call(tw_comm_t comm, const tw_moe_args_t *in, tw_stream_t stream, int kind) {
+  const char *op = op_name(kind);
+  tw_status_t st = tw_comm_check_call(comm);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
+  tw_moe_args_t a;
+  Layout l;
+  MoeParams p;
+  st = moe_prepare(comm, in, kind, &a, &l, &p);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
   const uint64_t fields[8] = {(uint64_t)kind,
                               (uint64_t)a.max_tokens,
                               (uint64_t)(kind == kDispatch ? a.hidden : a.n_out),
@@ -517,21 +373,21 @@ static tw_status_t moe_call(tw_comm_t comm, const tw_moe_args_t *in, tw_stream_t
   const void *kernel =
       kind == kDispatch ? (const void *)moe_dispatch_kernel : (const void *)moe_combine_kernel;
   st = tw_sm_exclusive_smem(kernel, &smem); /* more than block 0's layout needs */
-  if (st == TW_SUCCESS && smem < kWarps * kMaxExperts * 4)
+  if (st == TW_SUCCESS && smem < kMoeWarps * kMaxExperts * 4)
     st = tw_fail(TW_ERR_INTERNAL, "%s: %d bytes of shared memory a CTA; the layout needs %d", op,
-                 smem, kWarps * kMaxExperts * 4);
+                 smem, kMoeWarps * kMaxExperts * 4);
   cudaStream_t launch = NULL;
   if (st == TW_SUCCESS)
     st = tw_launch_begin(comm, stream, &launch);
-  const int64_t work = kind == kDispatch ? a.tokens * a.top_k / kWarps : a.tokens;
+  const int64_t work = kind == kDispatch ? a.tokens * a.top_k / kMoeWarps : a.tokens;
   int grid = comm->sm_budget;
   if (work < grid)
     grid = work < 1 ? 1 : (int)work;
   if (st == TW_SUCCESS && kind == kDispatch) {
-    moe_dispatch_kernel<<<grid, kThreads, smem, launch>>>(comm->dev, p);
+    moe_dispatch_kernel<<<grid, kMoeThreads, smem, launch>>>(comm->dev, p);
     st = tw_cuda_check(cudaGetLastError(), "tw_moe_dispatch: kernel launch");
   } else if (st == TW_SUCCESS) {
-    moe_combine_kernel<<<grid, kThreads, smem, launch>>>(comm->dev, p);
+    moe_combine_kernel<<<grid, kMoeThreads, smem, launch>>>(comm->dev, p);
     st = tw_cuda_check(cudaGetLastError(), "tw_moe_combine: kernel launch");
   }
   if (st == TW_SUCCESS)

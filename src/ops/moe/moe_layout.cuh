@@ -1,0 +1,264 @@
+/*
+ * The MoE calls' shared pieces (ops/moe): the workspace layout, the kernels' parameters, the
+ * layout of a rank's entries (block 0), the count exchange and the layout every rank derives
+ * from it, and the host's argument checks and parameters. moe.cu holds tw_moe_dispatch and
+ * tw_moe_combine, moe_gemm.cu tw_moe_dispatch_gemm.
+ */
+#ifndef TW_OPS_MOE_LAYOUT_CUH
+#define TW_OPS_MOE_LAYOUT_CUH
+
+#include <stdint.h>
+#include <string.h>
+
+#include "device/signal.cuh"
+
+extern "C" {
+#include "runtime/comm.h"
+}
+
+namespace tw {
+namespace moe {
+
+constexpr int kMaxExperts = 1024, kMaxTopK = 16;
+constexpr int kMoeThreads = 512, kMoeWarps = kMoeThreads / 32;
+constexpr int kDispatch = 1, kCombine = 2, kDispatchGemm = 3; /* the call kind (a call field) */
+
+/* The workspace of one rank (byte offsets): counts_in [world][experts + 2] int32 (stored by
+ * the ranks), cnt [experts + 2] int32, pos [max_tokens * top_k] int32, route
+ * [max_tokens * top_k] int64 (rank << 40 | row; -1 none), one uint32 counter. */
+struct Layout {
+  size_t counts_in, cnt, pos, route, counter, cbase, inv, bytes;
+};
+
+inline size_t up256(size_t x) { return (x + 255) / 256 * 256; }
+
+inline Layout layout_of(int world, int64_t max_tokens, int64_t experts, int64_t top_k) {
+  Layout l;
+  const size_t row = (size_t)(experts + 2) * 4, entries = (size_t)max_tokens * (size_t)top_k;
+  l.counts_in = 0;
+  l.cnt = up256((size_t)world * row);
+  l.pos = l.cnt + up256(row);
+  l.route = l.pos + up256(entries * 4);
+  l.counter = l.route + up256(entries * 8);
+  l.cbase = l.counter + 256;
+  l.inv = l.cbase + up256((size_t)(experts + 1) * 4);
+  l.bytes = l.inv + up256(entries * 4);
+  return l;
+}
+
+struct MoeParams {
+  const uint16_t *x; /* bf16 bits */
+  const void *topk_idx;
+  const float *topk_weights;
+  uint16_t *recv[TW_MAX_WORLD];             /* every rank's recv, mapped here */
+  const uint16_t *expert_out[TW_MAX_WORLD]; /* every rank's expert_out, mapped here */
+  uint16_t *out;
+  int32_t *offsets;
+  int32_t *counts_in[TW_MAX_WORLD]; /* every rank's counts_in, mapped here */
+  int32_t *cnt, *pos;
+  int32_t *cbase; /* [experts + 1]: the exclusive prefix of cnt over the experts */
+  int32_t *inv;   /* [entries]: inv[cbase[e] + pos] = the entry (the fused copies' order) */
+  int64_t *route;
+  uint32_t *counter;
+  int64_t tokens, hidden, n_out, recv_rows;
+  int32_t experts, top_k, index_bits, local_experts;
+};
+
+/* Status word of cnt[experts]: 0, or 1 + the first entry with an index outside [-1, experts). */
+__device__ __forceinline__ int32_t load_index(const MoeParams &p, int64_t i) {
+  return p.index_bits == 64
+             ? (int32_t)max((int64_t)INT32_MIN,
+                            min((int64_t)INT32_MAX, ((const int64_t *)p.topk_idx)[i]))
+             : ((const int32_t *)p.topk_idx)[i];
+}
+
+/* Block 0 of the dispatch, all threads (at most kMoeThreads): the layout of this rank's
+ * entries (moe.cu's comment), s_count [warps][experts] of shared memory. */
+__device__ inline void layout_block(const MoeParams &p, int32_t *s_count) {
+  __shared__ int32_t s_bad_entry;
+  const int E = p.experts, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warps = (int)(blockDim.x / 32); /* at most kMoeWarps */
+  for (int i = threadIdx.x; i < warps * E; i += blockDim.x)
+    s_count[i] = 0;
+  if (threadIdx.x == 0)
+    s_bad_entry = INT32_MAX;
+  __syncthreads();
+  const int64_t n = p.tokens * p.top_k;
+  const int64_t begin = n * warp / warps, end = n * (warp + 1) / warps;
+  int32_t *mine = s_count + warp * E;
+  for (int64_t base = begin; base < end; base += 32) {
+    const int64_t i = base + lane;
+    int32_t e = i < end ? load_index(p, i) : -1;
+    if (e < -1 || e >= E) {
+      atomicMin(&s_bad_entry, (int32_t)i);
+      e = -1;
+    }
+    const unsigned same = __match_any_sync(0xffffffffu, e);
+    const int before = __popc(same & ((1u << lane) - 1));
+    int32_t at = -1;
+    if (e >= 0)
+      at = mine[e] + before;
+    __syncwarp();
+    if (e >= 0 && before == 0)
+      mine[e] += __popc(same);
+    __syncwarp();
+    if (i < end)
+      p.pos[i] = at;
+  }
+  __syncthreads();
+  /* the warps' counts of each expert scanned: warp w's base, and the rank's count */
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int32_t run = 0;
+    for (int w = 0; w < warps; w++) {
+      const int32_t c = s_count[w * E + e];
+      s_count[w * E + e] = run;
+      run += c;
+    }
+    p.cnt[e] = run;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t run = 0;
+    for (int e = 0; e < E; e++) {
+      p.cbase[e] = run;
+      run += p.cnt[e];
+    }
+    p.cbase[E] = run;
+  }
+  __syncthreads();
+  for (int64_t base = begin; base < end; base += 32) {
+    const int64_t i = base + lane;
+    if (i < end) {
+      const int32_t at = p.pos[i];
+      const int32_t e = load_index(p, i);
+      if (at >= 0) {
+        p.pos[i] = at + mine[e];
+        p.inv[p.cbase[e] + at + mine[e]] = (int32_t)i;
+      } else {
+        p.route[i] = -1; /* an unused slot (or a bad index): nothing to combine */
+      }
+    }
+  }
+  if (threadIdx.x == 0) {
+    const bool bad = s_bad_entry != INT32_MAX;
+    p.cnt[E] = bad ? 1 + s_bad_entry : 0;
+    p.cnt[E + 1] = bad ? load_index(p, s_bad_entry) : 0;
+  }
+  __syncthreads();
+}
+
+/* Every CTA's view of the layout: this rank's first row in each expert's segment (base) and, per
+ * rank, the rows its experts need. */
+struct SharedLayout {
+  int32_t base[kMaxExperts];
+  int32_t start[kMaxExperts]; /* each expert's first row on its rank */
+  int32_t total[kMaxExperts]; /* each expert's rows from every rank */
+  int64_t need[TW_MAX_WORLD];
+  int32_t bad_src, bad_entry, bad_value, over_rank;
+};
+
+__device__ inline void derive_layout(const MoeParams &p, const tw_dev_comm_t &dc, SharedLayout &s) {
+  const int E = p.experts, L = p.local_experts, W = dc.world, stride = E + 2;
+  const volatile int32_t *c = p.counts_in[dc.rank];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int32_t total = 0, mine = 0;
+    for (int r = 0; r < W; r++) {
+      const int32_t v = c[r * stride + e];
+      if (r < dc.rank)
+        mine += v;
+      total += v;
+    }
+    s.base[e] = mine;
+    s.total[e] = total;
+    s.start[e] = (total + 127) / 128 * 128; /* the padded size, made a start below */
+  }
+  if (threadIdx.x == 0) {
+    s.bad_src = -1, s.over_rank = -1;
+    for (int r = 0; r < W && s.bad_src < 0; r++)
+      if (c[r * stride + E] != 0)
+        s.bad_src = r, s.bad_entry = c[r * stride + E] - 1, s.bad_value = c[r * stride + E + 1];
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < W; d += blockDim.x) {
+    int64_t off = 0;
+    for (int e = d * L; e < (d + 1) * L; e++) {
+      const int32_t size = s.start[e];
+      s.start[e] = (int32_t)min(off, (int64_t)INT32_MAX);
+      off += size;
+    }
+    s.need[d] = off;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int d = 0; d < W && s.over_rank < 0; d++)
+      if (s.need[d] > p.recv_rows)
+        s.over_rank = d;
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    s.base[e] += s.start[e];
+  __syncthreads();
+}
+
+/* 16-byte vectors of one row, by the lanes of a warp. */
+__device__ __forceinline__ void warp_copy_row(uint16_t *dst, const uint16_t *src, int64_t elems,
+                                              int lane) {
+  const int64_t vecs = elems / 8;
+  for (int64_t v = lane; v < vecs; v += 32)
+    reinterpret_cast<uint4 *>(dst)[v] = __ldg(reinterpret_cast<const uint4 *>(src) + v);
+}
+
+/* Every CTA of a dispatch, first: the entry handshake, then block 0 lays out this rank's entries
+ * and stores its counts into every rank's counts_in, and every CTA waits for every rank's counts
+ * and derives the layout into s. Returns whether the CTA may go on (false: a wait failed,
+ * recorded). */
+__device__ __forceinline__ int exchange_layout(const tw_dev_comm_t &dc, const MoeParams &p,
+                                               SharedLayout &s, int32_t *s_count, uint64_t epoch,
+                                               bool enter_here) {
+  const int ch = TW_CH_MOE, W = dc.world, stride = p.experts + 2;
+  int mine = 1;
+  if (threadIdx.x == 0 && enter_here)
+    mine = tw_kernel_enter(dc, ch, epoch) && tw_wait_entries(dc, ch, epoch);
+  int ok = __syncthreads_and(mine);
+  if (blockIdx.x == 0 && ok) {
+    layout_block(p, s_count);
+    for (int r = 0; r < W; r++)
+      for (int i = threadIdx.x; i < stride; i += blockDim.x)
+        p.counts_in[r][dc.rank * stride + i] = p.cnt[i];
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int r = 0; r < W; r++)
+        tw_signal_set(
+            r == dc.rank ? tw_own_flag(dc, ch, dc.rank) : tw_peer_flag(dc, r, ch, dc.rank), epoch);
+  }
+  if (threadIdx.x == 0)
+    for (int r = 0; r < W && mine; r++)
+      mine = tw_wait_geq(dc, ch, tw_own_flag(dc, ch, r), epoch, r, r);
+  ok = __syncthreads_and(mine);
+  if (ok)
+    derive_layout(p, dc, s);
+  return ok;
+}
+
+/* Block 0 thread 0, where the layout is not usable (a bad index, a rank over recv_rows): the
+ * error, which every rank finds alike and records itself. */
+__device__ __forceinline__ void record_layout_error(const tw_dev_comm_t &dc, const MoeParams &p,
+                                                    const SharedLayout &s) {
+  const int ch = TW_CH_MOE;
+  if (s.bad_src >= 0)
+    tw_record_wait_failure(dc, TW_ERR_INVALID_ARGUMENT, ch, tw_own_flag(dc, ch, s.bad_src),
+                           (uint64_t)(int64_t)s.bad_value, (uint64_t)s.bad_entry,
+                           TW_ERR_PEER_MOE_INDEX, s.bad_src);
+  else
+    tw_record_wait_failure(dc, TW_ERR_INVALID_ARGUMENT, ch, tw_own_flag(dc, ch, s.over_rank),
+                           (uint64_t)s.need[s.over_rank], (uint64_t)p.recv_rows,
+                           TW_ERR_PEER_MOE_CAPACITY, s.over_rank);
+}
+
+/* Host: the arguments' contract for `kind` (TW_ERR_INVALID_ARGUMENT naming the first that breaks
+ * it; TW_ERR_NOT_SUPPORTED across nodes), then the kernels' parameters; *l the workspace's
+ * layout. */
+tw_status_t moe_prepare(tw_comm_t comm, const tw_moe_args_t *in, int kind, tw_moe_args_t *a,
+                        Layout *l, MoeParams *p);
+
+} // namespace moe
+} // namespace tw
+#endif
