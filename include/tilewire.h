@@ -528,6 +528,14 @@ TW_API tw_status_t tw_moe_combine(tw_comm_t comm, const tw_moe_args_t *args, tw_
  * tw_grouped_gemm (b = weights, out = expert_out, m = recv_rows, n = n_out, k = hidden). */
 TW_API tw_status_t tw_moe_dispatch_gemm(tw_comm_t comm, const tw_moe_args_t *args,
                                         tw_stream_t stream);
+/* tw_grouped_gemm of each rank's local experts (a = recv: rows in the layout of the last
+ * tw_moe_dispatch of this workspace, e.g. the experts' activations; b = weights; offsets as
+ * that dispatch wrote them; out = expert_out, symmetric) and tw_moe_combine in one persistent
+ * kernel: each token is combined as soon as the row blocks of its slots' rows are complete on
+ * their ranks. expert_out's live rows and out are bitwise tw_grouped_gemm then tw_moe_combine.
+ * x is not read. */
+TW_API tw_status_t tw_moe_gemm_combine(tw_comm_t comm, const tw_moe_args_t *args,
+                                       tw_stream_t stream);
 
 /* ---- environment knobs ------------------------------------------------ */
 

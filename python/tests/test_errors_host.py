@@ -129,6 +129,10 @@ def test_grouped_gemm_null_and_short_args():
     ("tw_gemm_rs", lambda: (ctypes.byref(tilewire.GemmRsArgs()), None)),
     ("tw_gemm_ar", lambda: (ctypes.byref(tilewire.GemmRsArgs()), None)),
     ("tw_ag_gemm", lambda: (ctypes.byref(tilewire.AgGemmArgs()), None)),
+    ("tw_moe_dispatch", lambda: (ctypes.byref(tilewire.MoeArgs()), None)),
+    ("tw_moe_combine", lambda: (ctypes.byref(tilewire.MoeArgs()), None)),
+    ("tw_moe_dispatch_gemm", lambda: (ctypes.byref(tilewire.MoeArgs()), None)),
+    ("tw_moe_workspace_size", lambda: (16, 8, 2, ctypes.byref(ctypes.c_size_t()))),
     ("tw_allgather", lambda: (None, None, ctypes.c_size_t(16), None)),
     ("tw_barrier", lambda: (None,)),
 ])

@@ -382,3 +382,287 @@ def test_grouped_gemm_refusals_and_k_zero_never_reach_the_library(stubbed_gemm):
     empty = torch.empty(0, 8, dtype=bf16)
     assert tilewire.grouped_gemm(a[:0], b, torch.zeros(3, dtype=torch.int32), out=empty) is empty
     assert len(calls) == n
+
+
+# ---- MoE: the argument checks, and the args struct, on a comm whose C calls are recorded ----
+
+
+class _MoeLibrary:
+    """Stands in for _lib.call: a comm of `world` ranks, the MoE workspace size, and the MoE
+    calls recorded as (function, args struct copy)."""
+
+    WORKSPACE = 4096
+
+    def __init__(self, world):
+        self.world = world
+        self.calls = []
+
+    def __call__(self, name, *args, comm=None):
+        if name in ("tw_comm_rank", "tw_comm_local_rank", "tw_comm_node", "tw_comm_device"):
+            args[1]._obj.value = 0
+        elif name in ("tw_comm_size", "tw_comm_local_size"):
+            args[1]._obj.value = self.world
+        elif name == "tw_comm_nodes":
+            args[1]._obj.value = 1
+        elif name == "tw_comm_sm_budget":
+            args[1]._obj.value = 132
+        elif name == "tw_moe_workspace_size":
+            args[4]._obj.value = self.WORKSPACE
+        elif name.startswith("tw_moe_"):
+            struct = ctypes.cast(args[1], ctypes.POINTER(_lib.MoeArgs)).contents
+            self.calls.append((name, _lib.MoeArgs.from_buffer_copy(struct)))
+
+
+@pytest.fixture
+def moe_comm(monkeypatch):
+    """A comm of 2 ranks on no device (the C calls recorded): (comm, recorder)."""
+    from tilewire import _comm
+
+    lib = _MoeLibrary(2)
+    monkeypatch.setattr(_lib, "call", lib)
+    monkeypatch.setattr(_comm, "_capturing", lambda: False)
+    comm = tilewire.Comm(0x1234)
+    yield comm, lib
+    comm.close()
+
+
+def _moe_inputs(tokens=6, hidden=64, n_out=32, top_k=2, local=4, rows=512):
+    """CPU tensors of a dispatch, combine and dispatch_gemm (world 2, 8 experts)."""
+    return dict(
+        x=_cpu(tokens, hidden), idx=torch.zeros(tokens, top_k, dtype=torch.int32),
+        recv=_cpu(rows, hidden), offsets=torch.zeros(local + 1, dtype=torch.int32),
+        ws=torch.zeros(_MoeLibrary.WORKSPACE, dtype=torch.uint8),
+        eout=_cpu(rows, n_out), w=torch.ones(tokens, top_k),
+        weights=_cpu(local, n_out, hidden), out=_cpu(tokens, n_out))
+
+
+def test_moe_ops_are_registered():
+    for name in ("moe_dispatch", "moe_combine", "moe_dispatch_gemm"):
+        assert hasattr(torch.ops.tilewire, name)
+        assert getattr(tilewire, name) is getattr(_torch, name)
+    schema = str(torch.ops.tilewire.moe_dispatch.default._schema)
+    for arg in ("recv", "offsets", "workspace"):
+        assert re.search(r"Tensor\(a\d*!\) %s" % arg, schema), schema
+    schema = str(torch.ops.tilewire.moe_combine.default._schema)
+    assert re.search(r"Tensor\(a\d*!\) out", schema), schema
+    assert "Tensor(a" not in schema.split("out")[0], schema
+
+
+def test_moe_recv_rows():
+    # max_tokens * world * min(top_k, local) + 127 * local, rounded up to 128
+    assert tilewire.moe_recv_rows(1, 200, 8, 2) == 1536  # 400 + 1016 = 1416
+    assert tilewire.moe_recv_rows(4, 200, 8, 2) == 1920  # 1600 + 254 = 1854
+    assert tilewire.moe_recv_rows(4, 150, 32, 8) == 5888  # 4800 + 1016 = 5816
+    assert tilewire.moe_recv_rows(8, 100, 8, 4) == 1024  # one local expert: 800 + 127 = 927
+    assert tilewire.moe_recv_rows(2, 0, 8, 2) == 512  # no tokens: the padding alone, 508
+    with pytest.raises(ValueError, match="experts=6 must be at most 1024 and a multiple of the "
+                       "world"):
+        tilewire.moe_recv_rows(4, 16, 6, 2)
+    with pytest.raises(TypeError, match="max_tokens must be an int"):
+        tilewire.moe_recv_rows(2, 16.0, 8, 2)
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        tilewire.moe_recv_rows(2, 16, 8, 0)
+
+
+def _dispatch(comm, i, **kw):
+    args = dict(x=i["x"], topk_idx=i["idx"], recv=i["recv"], offsets=i["offsets"],
+                workspace=i["ws"], max_tokens=16, experts=8)
+    args.update(kw)
+    return tilewire.moe_dispatch(comm, **args)
+
+
+def _combine(comm, i, **kw):
+    args = dict(expert_out=i["eout"], topk_idx=i["idx"], topk_weights=i["w"], workspace=i["ws"],
+                max_tokens=16, experts=8, out=i["out"])
+    args.update(kw)
+    return tilewire.moe_combine(comm, **args)
+
+
+def _dispatch_gemm(comm, i, **kw):
+    args = dict(x=i["x"], topk_idx=i["idx"], weights=i["weights"], recv=i["recv"],
+                expert_out=i["eout"], offsets=i["offsets"], workspace=i["ws"], max_tokens=16,
+                experts=8)
+    args.update(kw)
+    return tilewire.moe_dispatch_gemm(comm, **args)
+
+
+_I = _moe_inputs()
+
+
+@pytest.mark.parametrize("kw, exc, pattern", [
+    ({"x": _I["x"].float()}, TypeError, "x must be torch.bfloat16"),
+    ({"x": "x"}, TypeError, "x must be a torch.Tensor"),
+    ({"x": _cpu(5, 64)}, ValueError, r"x must be 2-D \[tokens=6 \(topk_idx's rows\), hidden\]"),
+    ({"x": _cpu(64, 6).t()}, ValueError, "x must be contiguous"),
+    ({"x": _cpu(6, 60), "recv": _cpu(512, 60)}, ValueError, "hidden=60 .* multiple of 8"),
+    ({"topk_idx": _I["idx"].short()}, TypeError, "topk_idx must be torch.int32 or torch.int64"),
+    ({"topk_idx": torch.zeros(12, dtype=torch.int32)}, ValueError, "topk_idx must be 2-D"),
+    ({"topk_idx": torch.zeros(2, 6, dtype=torch.int32).t()}, ValueError,
+     "topk_idx must be contiguous"),
+    ({"topk_idx": torch.zeros(6, 17, dtype=torch.int32)}, ValueError, "top_k=17"),
+    ({"max_tokens": 4}, ValueError, "topk_idx has 6 tokens .* more than max_tokens=4"),
+    ({"max_tokens": -1}, ValueError, "max_tokens must be >= 0"),
+    ({"max_tokens": True}, TypeError, "max_tokens must be an int"),
+    ({"experts": 7}, ValueError, "experts=7 must be .* a multiple of the world \\(2\\)"),
+    ({"experts": 2048}, ValueError, "experts=2048 must be at most 1024"),
+    ({"experts": "8"}, TypeError, "experts must be an int"),
+    ({"recv": _cpu(512, 32)}, ValueError, r"recv must be 2-D \[recv_rows, hidden=64\]"),
+    ({"recv": _I["recv"].half()}, TypeError, "recv must be torch.bfloat16"),
+    ({"recv": _cpu(0, 64)}, ValueError, "recv has no rows"),
+    ({"recv": _cpu(64, 512).t()}, ValueError, "recv must be contiguous"),
+    ({"offsets": torch.zeros(4, dtype=torch.int32)}, ValueError,
+     r"offsets must be 1-D \[local experts \+ 1=5\]"),
+    ({"offsets": torch.zeros(5, dtype=torch.int64)}, TypeError, "offsets must be torch.int32"),
+    ({"workspace": None}, TypeError, "workspace must be a torch.Tensor"),
+    ({"workspace": torch.zeros(100, dtype=torch.uint8)}, ValueError,
+     r"workspace has 100 bytes; it needs 4096 \(tilewire.moe_workspace\(comm, 16, 8, 2\)\)"),
+    ({}, ValueError, "x is on cpu; tilewire needs CUDA tensors"),
+])
+def test_moe_dispatch_argument_errors(moe_comm, kw, exc, pattern):
+    comm, lib = moe_comm
+    with pytest.raises(exc, match=pattern) as info:
+        _dispatch(comm, _I, **kw)
+    assert str(info.value).startswith("tilewire.moe_dispatch: ")
+    with pytest.raises(exc, match=pattern) as info:  # the same checks, first
+        _dispatch_gemm(comm, _I, **kw)
+    assert str(info.value).startswith("tilewire.moe_dispatch_gemm: ")
+    assert lib.calls == []
+
+
+@pytest.mark.parametrize("kw, exc, pattern", [
+    ({"weights": None}, TypeError, "weights must be a torch.Tensor"),
+    ({"weights": _cpu(3, 32, 64)}, ValueError,
+     r"weights must be 3-D \[local experts=4, n_out, hidden=64\]"),
+    ({"weights": _cpu(4, 32, 32)}, ValueError, "weights must be 3-D"),
+    ({"weights": _cpu(4, 64, 32).transpose(1, 2)}, ValueError, "weights must be contiguous"),
+    ({"weights": _cpu(4, 12, 64), "expert_out": _cpu(512, 12)}, ValueError,
+     "n_out=12 .* multiple of 8"),
+    ({"expert_out": _cpu(256, 32)}, ValueError,
+     r"expert_out must be 2-D \[recv_rows=512 \(recv's rows\), n_out=32\]"),
+    ({"expert_out": None}, TypeError, "expert_out must be a torch.Tensor"),
+    ({}, ValueError, "x is on cpu"),
+])
+def test_moe_dispatch_gemm_argument_errors(moe_comm, kw, exc, pattern):
+    comm, lib = moe_comm
+    with pytest.raises(exc, match=pattern):
+        _dispatch_gemm(comm, _I, **kw)
+    assert lib.calls == []
+
+
+@pytest.mark.parametrize("kw, exc, pattern", [
+    ({"expert_out": _I["eout"].float()}, TypeError, "expert_out must be torch.bfloat16"),
+    ({"expert_out": _cpu(512)}, ValueError, "expert_out must be 2-D"),
+    ({"expert_out": _cpu(0, 32)}, ValueError, "expert_out has no rows"),
+    ({"expert_out": _cpu(512, 12), "out": _cpu(6, 12)}, ValueError, "n_out=12 .* multiple of 8"),
+    ({"topk_weights": torch.ones(6, 2, dtype=torch.float64)}, TypeError,
+     "topk_weights must be torch.float32"),
+    ({"topk_weights": torch.ones(6, 3)}, ValueError,
+     r"topk_weights must be 2-D \[tokens=6, top_k=2\]"),
+    ({"topk_weights": torch.ones(2, 6).t()}, ValueError, "topk_weights must be contiguous"),
+    ({"out": _cpu(6, 16)}, ValueError, r"out must be 2-D \[tokens=6, n_out=32\]"),
+    ({"out": _cpu(6, 32, dtype=torch.float32)}, TypeError, "out must be torch.bfloat16"),
+    ({"out": _cpu(32, 6).t()}, ValueError, "out must be contiguous"),
+    ({"topk_idx": _I["idx"].float()}, TypeError, "topk_idx must be torch.int32 or torch.int64"),
+    ({"workspace": torch.zeros(8, dtype=torch.uint8)}, ValueError, "workspace has 8 bytes"),
+    ({"experts": 9}, ValueError, "experts=9"),
+    ({}, ValueError, "expert_out is on cpu; tilewire needs CUDA tensors"),
+])
+def test_moe_combine_argument_errors(moe_comm, kw, exc, pattern):
+    comm, lib = moe_comm
+    with pytest.raises(exc, match=pattern) as info:
+        _combine(comm, _I, **kw)
+    assert str(info.value).startswith("tilewire.moe_combine: ")
+    assert lib.calls == []
+
+
+def test_moe_checks_name_the_comm_and_the_keywords(moe_comm):
+    comm, _ = moe_comm
+    i = _I
+    with pytest.raises(TypeError, match="tilewire.moe_dispatch: comm must be a tilewire.Comm"):
+        tilewire.moe_dispatch(None, i["x"], i["idx"], i["recv"], None, i["ws"], 16, experts=8)
+    with pytest.raises(TypeError, match="tilewire.moe_combine: comm must be a tilewire.Comm"):
+        tilewire.moe_combine("c", i["eout"], i["idx"], i["w"], i["ws"], 16, experts=8)
+    with pytest.raises(TypeError, match="moe_workspace: comm must be a tilewire.Comm"):
+        tilewire.moe_workspace(None, 16, 8, 2)
+    with pytest.raises(TypeError, match="experts"):  # a required keyword
+        tilewire.moe_dispatch(comm, i["x"], i["idx"], i["recv"], None, i["ws"], 16)
+    with pytest.raises(TypeError):  # not positional
+        tilewire.moe_dispatch(comm, i["x"], i["idx"], i["recv"], None, i["ws"], 16, 8)
+    with pytest.raises(ValueError, match="moe_workspace: experts=3"):
+        tilewire.moe_workspace(comm, 16, 3, 2)
+    # meta tensors pass every check up to the device one
+    meta = {k: v.to("meta") for k, v in i.items()}
+    with pytest.raises(ValueError, match="x is on meta"):
+        _dispatch(comm, meta)
+    with pytest.raises(ValueError, match="expert_out is on meta"):
+        _combine(comm, meta)
+
+
+@pytest.fixture
+def moe_stubbed(moe_comm, monkeypatch):
+    """moe_comm with the device checks, the stream and the symmetry check stubbed: CPU tensors
+    reach the (recorded) library call."""
+    from tilewire import _moe
+
+    if not _eager._FAST_EAGER:
+        pytest.skip("no direct eager path (TILEWIRE_EAGER_DISPATCH=1, or an old torch)")
+    monkeypatch.setattr(_moe, "_check_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(_moe, "_stream", lambda device: ctypes.c_void_p(0))
+    monkeypatch.setattr(_moe, "is_symmetric", lambda comm, t: True)
+    return moe_comm
+
+
+def test_moe_calls_fill_the_args(moe_stubbed):
+    comm, lib = moe_stubbed
+    i = _moe_inputs()
+    idx64 = i["idx"].long()
+    recv, offsets = _dispatch(comm, i, topk_idx=idx64, offsets=None)
+    assert recv is i["recv"] and offsets.shape == (5,) and offsets.dtype == torch.int32
+    name, a = lib.calls[-1]
+    assert name == "tw_moe_dispatch"
+    assert (a.index_bits, a.tokens, a.max_tokens, a.hidden, a.experts, a.top_k,
+            a.recv_rows) == (64, 6, 16, 64, 8, 2, 512)
+    assert (a.x, a.topk_idx, a.recv, a.offsets, a.workspace) == (
+        i["x"].data_ptr(), idx64.data_ptr(), recv.data_ptr(), offsets.data_ptr(),
+        i["ws"].data_ptr())
+    assert not a.out and not a.expert_out and not a.weights and not a.topk_weights
+    assert a.size == ctypes.sizeof(_lib.MoeArgs) and a.version == _lib.TW_MOE_ARGS_VERSION
+    v = i["recv"]._version
+    _dispatch(comm, i)
+    assert lib.calls[-1][1].index_bits == 32
+    assert i["recv"]._version == v + 1  # written: bumped as the dispatcher would
+    out = _combine(comm, i, out=None)
+    name, a = lib.calls[-1]
+    assert name == "tw_moe_combine" and out.shape == (6, 32) and out.dtype == bf16
+    assert (a.tokens, a.n_out, a.recv_rows, a.top_k, a.experts) == (6, 32, 512, 2, 8)
+    assert (a.expert_out, a.out, a.topk_weights, a.topk_idx) == (
+        i["eout"].data_ptr(), out.data_ptr(), i["w"].data_ptr(), i["idx"].data_ptr())
+    assert not a.x and not a.recv and not a.offsets
+    eout, offs = _dispatch_gemm(comm, i)
+    name, a = lib.calls[-1]
+    assert name == "tw_moe_dispatch_gemm" and eout is i["eout"] and offs is i["offsets"]
+    assert (a.hidden, a.n_out, a.recv_rows) == (64, 32, 512)
+    assert (a.weights, a.expert_out, a.recv) == (
+        i["weights"].data_ptr(), eout.data_ptr(), i["recv"].data_ptr())
+    # no tokens on this rank: NULL token pointers, still a call (it is collective)
+    _dispatch(comm, i, x=_cpu(0, 64), topk_idx=torch.zeros(0, 2, dtype=torch.int32))
+    a = lib.calls[-1][1]
+    assert a.tokens == 0 and not a.x and not a.topk_idx
+
+
+def test_moe_launch_refuses_non_symmetric_and_misaligned(moe_stubbed, monkeypatch):
+    from tilewire import _moe
+
+    comm, lib = moe_stubbed
+    i = _moe_inputs()
+    monkeypatch.setattr(_moe, "is_symmetric", lambda comm, t: t is not i["recv"])
+    with pytest.raises(ValueError, match="recv must be a symmetric tensor of rank 0's comm"):
+        _dispatch(comm, i)
+    monkeypatch.setattr(_moe, "is_symmetric", lambda comm, t: t is not i["ws"])
+    with pytest.raises(ValueError, match="workspace must be a symmetric tensor"):
+        _combine(comm, i)
+    monkeypatch.setattr(_moe, "is_symmetric", lambda comm, t: True)
+    odd = torch.empty(6 * 64 + 8, dtype=bf16)[1:1 + 6 * 64].view(6, 64)
+    with pytest.raises(ValueError, match="x's data pointer .* not 16-byte aligned"):
+        _dispatch(comm, i, x=odd)
+    assert lib.calls == []

@@ -8,7 +8,8 @@ symmetric memory::
     ptr = comms[0].alloc(1 << 20)             # collective, like tw_mem_alloc
 
 With torch (imported on first use of these names): ``init``, ``gemm``, ``grouped_gemm``,
-``allgather``, ``ag_gemm``, ``gemm_rs``, ``gemm_ar``, ``gemm_rs_workspace``, ``barrier``,
+``allgather``, ``ag_gemm``, ``gemm_rs``, ``gemm_ar``, ``gemm_rs_workspace``, ``moe_dispatch``,
+``moe_combine``, ``moe_dispatch_gemm``, ``moe_workspace``, ``moe_recv_rows``, ``barrier``,
 ``for_each_rank``, ``symmetric_empty``, ``is_symmetric``, and
 ``Comm.empty(shape, dtype)`` for symmetric tensors::
 
@@ -47,6 +48,7 @@ from ._lib import (
     GemmRsArgs,
     GroupedGemmArgs,
     LibraryNotFoundError,
+    MoeArgs,
     TileOrder,
     UniqueId,
     env_knobs,
@@ -74,6 +76,12 @@ _TORCH_NAMES = (
     "gemm_rs",
     "gemm_ar",
     "gemm_rs_workspace",
+    # MoE expert parallelism inside a node
+    "moe_dispatch",
+    "moe_combine",
+    "moe_dispatch_gemm",
+    "moe_workspace",
+    "moe_recv_rows",
     # ---- add each new op's name here as it lands
 )
 
@@ -94,6 +102,7 @@ __all__ = [
     "InternalError",
     "InvalidArgumentError",
     "LibraryNotFoundError",
+    "MoeArgs",
     "NoDeviceError",
     "NotSupportedError",
     "OutOfMemoryError",

@@ -99,6 +99,7 @@ class Comm:
         # its "this tensor is symmetric" answers on it
         self.alloc_generation = 0
         self._ws_sizes = {}  # (m, n) -> tw_gemm_rs_workspace_size
+        self._moe_ws_sizes = {}  # (max_tokens, experts, top_k) -> tw_moe_workspace_size
         self._pending_frees = []  # allocations whose tensors died during CUDA graph capture
         self._stream = None
         self.rank = self._query("tw_comm_rank")
@@ -264,6 +265,19 @@ class Comm:
             _lib.call("tw_gemm_rs_workspace_size", self._handle, key[0], key[1],
                       ctypes.byref(out))
             size = self._ws_sizes[key] = out.value
+        return size
+
+    def moe_workspace_size(self, max_tokens, experts, top_k):
+        """tw_moe_workspace_size: bytes of symmetric workspace tw_moe_dispatch /
+        tw_moe_combine / tw_moe_dispatch_gemm need on this comm."""
+        self._check_open()
+        key = (int(max_tokens), int(experts), int(top_k))
+        size = self._moe_ws_sizes.get(key)
+        if size is None:  # asked on every call by the torch front end: cached per shape
+            out = ctypes.c_size_t()
+            _lib.call("tw_moe_workspace_size", self._handle, key[0], key[1], key[2],
+                      ctypes.byref(out))
+            size = self._moe_ws_sizes[key] = out.value
         return size
 
     def empty(self, shape, dtype=None):

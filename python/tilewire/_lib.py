@@ -355,6 +355,7 @@ FUNCTIONS = {
     "tw_moe_dispatch": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
     "tw_moe_combine": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
     "tw_moe_dispatch_gemm": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
+    "tw_moe_gemm_combine": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
     # ---- add each new op's lines here when it lands in tilewire.h
     # environment knobs
     "tw_env_count": (ctypes.c_int, []),

@@ -24,9 +24,11 @@ The modules, each importing only those above it:
     _torchrun    tilewire.init
     _ops         gemm, grouped_gemm, allgather, barrier, for_each_rank
     _fused       ag_gemm, gemm_rs, gemm_ar and their backward passes
+    _moe         moe_dispatch, moe_combine, moe_dispatch_gemm, moe_workspace, moe_recv_rows
 """
 
 from ._fused import ag_gemm, gemm_ar, gemm_rs, gemm_rs_workspace
+from ._moe import moe_combine, moe_dispatch, moe_dispatch_gemm, moe_recv_rows, moe_workspace
 from ._ops import allgather, barrier, for_each_rank, gemm, grouped_gemm
 from ._symmetric import comm_empty, is_symmetric, symmetric_empty
 from ._torchrun import init
@@ -44,6 +46,11 @@ __all__ = [
     "grouped_gemm",
     "init",
     "is_symmetric",
+    "moe_combine",
+    "moe_dispatch",
+    "moe_dispatch_gemm",
+    "moe_recv_rows",
+    "moe_workspace",
     "symmetric_empty",
 ]
 

@@ -7,10 +7,10 @@
  * offsets padded to 128 (padding rows untouched); the offsets are exact; every rank's combine is
  * bitwise the host's slot-order fp32 sum of the weighted expert outputs it read, and within bf16
  * tolerance of an fp64 reference of the whole layer; tw_moe_dispatch_gemm then gives the same
- * recv, offsets, experts' rows and combined out, bitwise. Back-to-back calls with fresh routings;
- * then an expert index out of range and a too-small recv, each reported on every rank as
- * TW_ERR_INVALID_ARGUMENT naming it, with nothing copied; and argument refusals. 77 without a
- * Hopper GPU.
+ * recv, offsets, experts' rows and combined out, bitwise, and so does tw_moe_gemm_combine.
+ * Back-to-back calls with fresh routings; then an expert index out of range and a too-small recv,
+ * each reported on every rank as TW_ERR_INVALID_ARGUMENT naming it, with nothing copied; and
+ * argument refusals. 77 without a Hopper GPU.
  */
 #include <cuda_runtime.h>
 
@@ -314,8 +314,39 @@ static void check_fused(world_t *m, const char *what) {
     }
     TEST_CUDA_OK(cudaMemcpy(h, m->out[r], (size_t)m->tokens[r] * N * 2, cudaMemcpyDeviceToHost));
     out_bad += memcmp(h, out0[r], (size_t)m->tokens[r] * N * 2) != 0;
-    free(recv0[r]), free(eout0[r]), free(out0[r]);
   }
+  /* tw_moe_gemm_combine over the same recv and weights: the same experts' rows and out */
+  size_t gc_eout_bad = 0, gc_out_bad = 0;
+  for (int r = 0; r < W; r++) {
+    tw_test_poison(m->eout[r], (size_t)R * N * 2, 0);
+    tw_test_poison(m->out[r], (size_t)(m->max_tokens ? m->max_tokens : 1) * N * 2, 0);
+  }
+  TEST_CUDA_OK(cudaDeviceSynchronize());
+  for (int r = 0; r < W; r++) {
+    tw_moe_args_t a = args_of(m, r);
+    a.weights = m->weights[r];
+    TEST_TW_OK(tw_moe_gemm_combine(m->comms[r], &a, (tw_stream_t)m->streams[r]));
+  }
+  TEST_CUDA_OK(cudaDeviceSynchronize());
+  for (int r = 0; r < W; r++) {
+    TEST_CUDA_OK(cudaMemcpy(h, m->eout[r], (size_t)R * N * 2, cudaMemcpyDeviceToHost));
+    for (int el = 0; el < local; el++) {
+      int64_t live = 0;
+      for (int s = 0; s < W; s++)
+        for (int64_t i = 0; i < m->tokens[s] * m->top_k; i++)
+          live += m->h_idx[s][i] == r * local + el;
+      gc_eout_bad += memcmp(h + (size_t)off0[r][el] * N, eout0[r] + (size_t)off0[r][el] * N,
+                            (size_t)live * N * 2) != 0;
+    }
+    TEST_CUDA_OK(cudaMemcpy(h, m->out[r], (size_t)m->tokens[r] * N * 2, cudaMemcpyDeviceToHost));
+    gc_out_bad += memcmp(h, out0[r], (size_t)m->tokens[r] * N * 2) != 0;
+  }
+  TEST_ASSERT(gc_eout_bad == 0 && gc_out_bad == 0,
+              "%s, tw_moe_gemm_combine: ranks whose experts' rows (%zu) or out (%zu) differ from "
+              "tw_grouped_gemm + tw_moe_combine",
+              what, gc_eout_bad, gc_out_bad);
+  for (int r = 0; r < W; r++)
+    free(recv0[r]), free(eout0[r]), free(out0[r]);
   free(h);
   TEST_ASSERT(recv_bad == 0 && off_bad == 0 && eout_bad == 0 && out_bad == 0,
               "%s, fused: ranks whose recv (%zu), offsets (%zu), experts' rows (%zu) or combined "

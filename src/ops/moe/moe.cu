@@ -25,7 +25,7 @@
  *                         expert GEMM is done), each token's slots are summed in slot order from
  *                         the experts' ranks' expert_out, weighted, in fp32.
  *
- * Flags of TW_CH_MOE: [0, world) counts from rank s; [world, 2 world) rank s's rows landed.
+ * Flags of TW_CH_MOE: moe_layout.cuh.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -84,8 +84,9 @@ __global__ void __launch_bounds__(kMoeThreads, 1)
       /* the last CTA out tells every rank this rank's rows landed (the CTAs' fences make their
        * stores visible before the count that the last one reads) */
       tw_fence_acq_rel_sys();
-      if (atomicAdd(p.counter, 1u) == gridDim.x - 1) {
-        *(volatile uint32_t *)p.counter = 0;
+      uint64_t *done = tw_own_flag(dc, ch, kFlagCopiesDone);
+      if (atomicAdd((unsigned long long *)done, 1ull) == gridDim.x - 1) {
+        *(volatile uint64_t *)done = 0;
         for (int r = 0; r < W; r++)
           tw_signal_set(r == dc.rank ? tw_own_flag(dc, ch, W + dc.rank)
                                      : tw_peer_flag(dc, r, ch, W + dc.rank),
@@ -107,33 +108,8 @@ __global__ void __launch_bounds__(kMoeThreads, 1)
   if (threadIdx.x == 0)
     mine = tw_kernel_enter(dc, ch, epoch) && tw_wait_entries(dc, ch, epoch);
   const int ok = __syncthreads_and(mine);
-  const int64_t vecs = p.n_out / 8;
   for (int64_t t = blockIdx.x; ok && t < p.tokens; t += gridDim.x)
-    for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int j = 0; j < p.top_k; j++) {
-        const int64_t r = p.route[t * p.top_k + j];
-        if (r < 0)
-          continue;
-        const float w = p.topk_weights[t * p.top_k + j];
-        const uint16_t *y = p.expert_out[r >> 40] + (r & ((1ll << 40) - 1)) * p.n_out;
-        const uint4 bits = __ldcg(reinterpret_cast<const uint4 *>(y) + v);
-        const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
-#pragma unroll
-        for (int q = 0; q < 8; q++) {
-          const uint32_t h = q % 2 ? words[q / 2] >> 16 : words[q / 2] & 0xffffu;
-          acc[q] = __fmaf_rn(w, __uint_as_float(h << 16), acc[q]);
-        }
-      }
-      uint32_t packed[4];
-#pragma unroll
-      for (int q = 0; q < 4; q++) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-        memcpy(&packed[q], &h, 4);
-      }
-      reinterpret_cast<uint4 *>(p.out + t * p.n_out)[v] =
-          make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    }
+    combine_token(p, t);
   __syncthreads();
   if (threadIdx.x == 0)
     tw_op_finish(dc, ch, epoch);
@@ -189,9 +165,9 @@ extern "C" tw_status_t tw_moe_workspace_size(tw_comm_t comm, int64_t max_tokens,
 /* The arguments' contract for `kind` before anything is launched: TW_ERR_INVALID_ARGUMENT
  * naming the first that breaks it (or TW_ERR_NOT_SUPPORTED across nodes). */
 static const char *op_name(int kind) {
-  return kind == kDispatch  ? "tw_moe_dispatch"
-         : kind == kCombine ? "tw_moe_combine"
-                            : "tw_moe_dispatch_gemm";
+  static const char *const names[] = {"?", "tw_moe_dispatch", "tw_moe_combine",
+                                      "tw_moe_dispatch_gemm", "tw_moe_gemm_combine"};
+  return names[kind >= 1 && kind <= kGemmCombine ? kind : 0];
 }
 
 /* The dispatch's buffers: recv symmetric and as large as recv_rows, x, offsets. */
@@ -257,7 +233,8 @@ static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, 
                (long long)a.max_tokens);
   TW_ARG_CHECK(a.recv_rows >= 1 && a.recv_rows <= INT32_MAX,
                "%s: args->recv_rows is %lld; expected 1 .. 2^31 - 1", op, (long long)a.recv_rows);
-  const bool gemm = kind == kDispatchGemm;
+  const bool gemm = kind == kDispatchGemm || kind == kGemmCombine;
+  const bool combine = kind == kCombine || kind == kGemmCombine;
   TW_ARG_CHECK(kind == kCombine || (a.hidden >= 8 && a.hidden % 8 == 0 && a.hidden <= INT32_MAX),
                "%s: args->hidden is %lld; expected a positive multiple of 8", op,
                (long long)a.hidden);
@@ -274,7 +251,14 @@ static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, 
     st = tw_comm_check_range(comm, a.topk_idx, entries * (size_t)(a.index_bits / 8), what);
   }
   if (st == TW_SUCCESS)
-    st = kind == kCombine ? check_combine(comm, a, op) : check_dispatch(comm, a, op, *l);
+    st = combine ? check_combine(comm, a, op) : check_dispatch(comm, a, op, *l);
+  if (st == TW_SUCCESS && kind == kGemmCombine) { /* the GEMM's input rows and offsets */
+    snprintf(what, sizeof(what), "%s: args->recv", op);
+    st = tw_comm_check_range(comm, a.recv, (size_t)a.recv_rows * (size_t)a.hidden * 2, what);
+    snprintf(what, sizeof(what), "%s: args->offsets", op);
+    if (st == TW_SUCCESS)
+      st = tw_comm_check_range(comm, a.offsets, (size_t)(a.experts / W + 1) * 4, what);
+  }
   const size_t out_rows = (size_t)a.recv_rows * (size_t)a.n_out * 2;
   if (st == TW_SUCCESS && gemm) {
     snprintf(what, sizeof(what), "%s: args->weights", op);
@@ -284,11 +268,11 @@ static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, 
     if (st == TW_SUCCESS)
       st = tw_comm_check_range(comm, a.expert_out, out_rows, what);
     if (st == TW_SUCCESS)
-      st = tw_check_disjoint(a.expert_out, out_rows, "tw_moe_dispatch_gemm: args->expert_out",
-                             a.recv, (size_t)a.recv_rows * (size_t)a.hidden * 2, "recv");
-    TW_ARG_CHECK(st != TW_SUCCESS || a.recv_rows / 128 + 1 <= TW_CHANNEL_FLAGS - 2 * W,
+      st = tw_check_disjoint(a.expert_out, out_rows, what, a.recv,
+                             (size_t)a.recv_rows * (size_t)a.hidden * 2, "recv");
+    TW_ARG_CHECK(st != TW_SUCCESS || (a.recv_rows + 127) / 128 <= kMaxBlocks,
                  "%s: args->recv_rows is %lld; at most %lld with the fused GEMM", op,
-                 (long long)a.recv_rows, (long long)(TW_CHANNEL_FLAGS - 2 * W - 1) * 128);
+                 (long long)a.recv_rows, (long long)kMaxBlocks * 128);
   }
   if (st != TW_SUCCESS)
     return st;
@@ -328,7 +312,6 @@ tw_status_t tw::moe::moe_prepare(tw_comm_t comm, const tw_moe_args_t *in, int ki
   p.cnt = (int32_t *)(ws + l.cnt);
   p.pos = (int32_t *)(ws + l.pos);
   p.route = (int64_t *)(ws + l.route);
-  p.counter = (uint32_t *)(ws + l.counter);
   p.cbase = (int32_t *)(ws + l.cbase);
   p.inv = (int32_t *)(ws + l.inv);
   p.tokens = a.tokens, p.hidden = a.hidden, p.n_out = a.n_out, p.recv_rows = a.recv_rows;
@@ -336,11 +319,12 @@ tw_status_t tw::moe::moe_prepare(tw_comm_t comm, const tw_moe_args_t *in, int ki
   p.local_experts = (int32_t)(a.experts / comm->world);
   for (int r = 0; r < comm->world; r++) {
     p.counts_in[r] = (int32_t *)tw_heap_peer_ptr(comm, ws + l.counts_in, r);
-    if (kind != kCombine)
+    const bool combine = kind == kCombine || kind == kGemmCombine;
+    if (!combine)
       p.recv[r] = (uint16_t *)tw_heap_peer_ptr(comm, a.recv, r);
     else
       p.expert_out[r] = (const uint16_t *)tw_heap_peer_ptr(comm, a.expert_out, r);
-    if (!p.counts_in[r] || (kind != kCombine ? !p.recv[r] : !p.expert_out[r]))
+    if (!p.counts_in[r] || (!combine ? !p.recv[r] : !p.expert_out[r]))
       return tw_fail(TW_ERR_NOT_SUPPORTED, "%s: rank %d's memory is not mapped here", op, r);
   }
   return TW_SUCCESS;

@@ -16,8 +16,7 @@
  *   end         the last CTA out zeroes this rank's block counters (every add of the call came
  *               before the tile that waited for it) and ends the call.
  *
- * Flags of TW_CH_MOE: as the dispatch's ([0, world) counts, [world, 2 world) unused here), then
- * the block counters from 2 world on.
+ * Flags of TW_CH_MOE: moe_layout.cuh (the counts, then the block counters from kFlagBlocks).
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -26,6 +25,7 @@
 #include <string.h>
 
 #include "gemm/gemm_launch.cuh"
+#include "ops/moe/moe_gemm_host.cuh"
 #include "ops/moe/moe_layout.cuh"
 
 extern "C" {
@@ -87,7 +87,7 @@ struct MoeWait : NoWait {
     const int32_t g = group_of(p, mb), e = p.first_expert + g;
     const int32_t live = g_layout.start[e] + g_layout.total[e] - mb * kBlockM;
     if (live > 0) {
-      const uint64_t *count = tw_own_flag(p.dc, TW_CH_MOE, 2 * p.world + mb);
+      const uint64_t *count = tw_own_flag(p.dc, TW_CH_MOE, kFlagBlocks + mb);
       tw_wait_geq(p.dc, TW_CH_MOE, count, (uint64_t)min(live, kBlockM), -1, mb);
     }
     tw_fence_proxy_async_global();
@@ -107,7 +107,7 @@ struct FusedParams {
 __device__ void copy_rows(const FusedParams &fp, const tw_dev_comm_t &dc) {
   const MoeParams &p = fp.moe;
   const int32_t rows = p.cbase[p.experts], start = p.cbase[dc.rank * p.local_experts];
-  const int lane = threadIdx.x % 32, W = dc.world;
+  const int lane = threadIdx.x % 32;
   for (int32_t j = (int32_t)(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32); j < rows;
        j += fp.comm_ctas * (int32_t)(blockDim.x / 32)) {
     const int32_t jj = (j + start) % rows, i = p.inv[jj];
@@ -117,7 +117,7 @@ __device__ void copy_rows(const FusedParams &fp, const tw_dev_comm_t &dc) {
     __syncwarp();
     if (lane == 0) {
       p.route[i] = (int64_t)d << 40 | row;
-      const int index = 2 * W + (int)(row / kBlockM);
+      const int index = kFlagBlocks + (int)(row / kBlockM);
       tw_fence_acq_rel_sys(); /* the warp's stores (seen through the barrier) before the add */
       tw_red_release_sys_add(d == dc.rank ? tw_own_flag(dc, TW_CH_MOE, index)
                                           : tw_peer_flag(dc, d, TW_CH_MOE, index),
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
   if (threadIdx.x == 0 && tw_op_exit(dc, ch, epoch, false)) {
     /* the last CTA: every tile waited for its block's adds, so all of them are in */
     for (int32_t b = 0; b < g_live_blocks; b++)
-      *(volatile uint64_t *)tw_own_flag(dc, ch, 2 * dc.world + b) = 0;
+      *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagBlocks + b) = 0;
     tw_op_end(dc, ch, epoch);
   }
 }
@@ -181,61 +181,25 @@ extern "C" tw_status_t tw_moe_dispatch_gemm(tw_comm_t comm, const tw_moe_args_t 
     return tw_comm_result(comm, st);
   const int local = (int)(a.experts / comm->world);
   auto &g = fp.gemm;
-  st = operand_maps(&g.a_map, &g.b_map, a.recv, a.recv_rows, a.hidden, a.weights,
-                    (int64_t)local * a.n_out, a.hidden, a.hidden, kBN, op, "recv");
-  if (st == TW_SUCCESS)
-    st = out_map<__nv_bfloat16>(&g.epi.c_map, a.expert_out, a.n_out, a.recv_rows, a.n_out,
-                                "tw_moe_dispatch_gemm: cuTensorMapEncodeTiled(expert_out)");
+  st = moe_gemm_params(comm, a, g, op);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
-  TileOrder &o = g.order;
-  o.m_blocks = (int32_t)((a.recv_rows + kBlockM - 1) / kBlockM);
-  o.n_blocks = (int32_t)((a.n_out + kBN - 1) / kBN);
-  o.num_tiles = o.m_blocks * o.n_blocks;
-  o.order = kOrderRowMajor;
-  const int grid = comm->sm_budget;
-  g.queue = (TileQueue *)comm->ctrl->tile_queue[TW_CH_MOE];
-  g.participants = grid;
-  g.k_blocks = (int32_t)((a.hidden + kBlockK - 1) / kBlockK);
-  g.mbar_timeout_ns = fused_mbar_timeout_ns(comm->dev.timeout_ns);
-  apply_fault_stall(g);
-  g.wait.dc = comm->dev;
   g.wait.first_expert = comm->rank * local;
   g.wait.local = local;
   g.wait.n = (int32_t)a.n_out;
-  g.wait.n_blocks = o.n_blocks;
-  g.wait.m_blocks = o.m_blocks;
+  g.wait.n_blocks = g.order.n_blocks;
+  g.wait.m_blocks = g.order.m_blocks;
   g.wait.group_m = 16;
   g.wait.world = comm->world;
   /* copy CTAs: a warp a row; enough to keep ahead of the GEMM's tiles, at most a quarter */
+  const int grid = comm->sm_budget;
   const int64_t entries = a.tokens * a.top_k;
   int64_t comm_ctas = entries / 256;
   if (comm_ctas > grid / 4)
     comm_ctas = grid / 4;
   fp.comm_ctas = (int32_t)(comm_ctas < 1 ? 1 : comm_ctas);
-  const uint64_t fields[8] = {(uint64_t)kDispatchGemm,
-                              (uint64_t)a.max_tokens,
-                              (uint64_t)a.hidden,
-                              (uint64_t)a.experts,
-                              (uint64_t)a.top_k,
-                              (uint64_t)a.recv_rows,
-                              tw_call_heap_field(comm, a.recv),
-                              tw_call_heap_field(comm, a.workspace)};
-  int prev = 0;
-  st = tw_set_device(comm->device, &prev);
-  if (st != TW_SUCCESS)
-    return tw_comm_result(comm, st);
-  const tw_call_desc_t outer = tw_call_begin(comm, TW_CH_MOE, 8, fields);
-  g.wait.dc = comm->dev; /* with the call's description */
-  cudaStream_t launch = NULL;
-  st = tw_launch_begin(comm, stream, &launch);
-  if (st == TW_SUCCESS)
-    st = launch_persistent<moe_dispatch_gemm_kernel, kSmem>(
-        fp, grid, launch, "tw_moe_dispatch_gemm: cudaFuncSetAttribute",
-        "tw_moe_dispatch_gemm: kernel launch");
-  if (st == TW_SUCCESS)
-    st = tw_launch_end(comm, stream);
-  tw_call_end(comm, outer);
-  cudaSetDevice(prev);
+  st = moe_gemm_launch<moe_dispatch_gemm_kernel, kSmem>(
+      comm, a, kDispatchGemm, fp,
+      [](FusedParams &q, const tw_dev_comm_t &dc) { q.gemm.wait.dc = dc; }, stream, op);
   return tw_comm_result(comm, st);
 }

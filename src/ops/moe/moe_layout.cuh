@@ -7,6 +7,8 @@
 #ifndef TW_OPS_MOE_LAYOUT_CUH
 #define TW_OPS_MOE_LAYOUT_CUH
 
+#include <cuda_bf16.h>
+
 #include <stdint.h>
 #include <string.h>
 
@@ -21,13 +23,25 @@ namespace moe {
 
 constexpr int kMaxExperts = 1024, kMaxTopK = 16;
 constexpr int kMoeThreads = 512, kMoeWarps = kMoeThreads / 32;
-constexpr int kDispatch = 1, kCombine = 2, kDispatchGemm = 3; /* the call kind (a call field) */
+constexpr int kDispatch = 1, kCombine = 2, kDispatchGemm = 3, kGemmCombine = 4; /* call kinds */
+
+/* The flags of TW_CH_MOE (the control block's, zero at init; a call field cannot hold them):
+ * [0, world) the counts from rank s; [world, 2 world) rank s's rows landed; from kFlagBlocks
+ * tw_moe_dispatch_gemm's rows per 128-row block (zeroed by its last CTA); from
+ * kFlagCombineBlocks tw_moe_gemm_combine's finished tiles per row block (cumulative over its
+ * calls); the dispatch's CTAs out of their copies; tw_moe_gemm_combine's calls so far. */
+constexpr int kMaxBlocks = 8000; /* row blocks of recv (recv_rows / 128) the fused calls serve */
+constexpr int kFlagBlocks = 2 * TW_MAX_WORLD, kFlagCombineBlocks = 8192;
+constexpr int kFlagCopiesDone = TW_CHANNEL_FLAGS - 3, kFlagCombineCalls = TW_CHANNEL_FLAGS - 4;
+static_assert(kFlagBlocks + kMaxBlocks <= kFlagCombineBlocks &&
+                  kFlagCombineBlocks + kMaxBlocks <= kFlagCombineCalls,
+              "the MoE flags overlap");
 
 /* The workspace of one rank (byte offsets): counts_in [world][experts + 2] int32 (stored by
  * the ranks), cnt [experts + 2] int32, pos [max_tokens * top_k] int32, route
- * [max_tokens * top_k] int64 (rank << 40 | row; -1 none), one uint32 counter. */
+ * [max_tokens * top_k] int64 (rank << 40 | row; -1 none), cbase, inv. */
 struct Layout {
-  size_t counts_in, cnt, pos, route, counter, cbase, inv, bytes;
+  size_t counts_in, cnt, pos, route, cbase, inv, bytes;
 };
 
 inline size_t up256(size_t x) { return (x + 255) / 256 * 256; }
@@ -39,8 +53,7 @@ inline Layout layout_of(int world, int64_t max_tokens, int64_t experts, int64_t 
   l.cnt = up256((size_t)world * row);
   l.pos = l.cnt + up256(row);
   l.route = l.pos + up256(entries * 4);
-  l.counter = l.route + up256(entries * 8);
-  l.cbase = l.counter + 256;
+  l.cbase = l.route + up256(entries * 8);
   l.inv = l.cbase + up256((size_t)(experts + 1) * 4);
   l.bytes = l.inv + up256(entries * 4);
   return l;
@@ -59,7 +72,6 @@ struct MoeParams {
   int32_t *cbase; /* [experts + 1]: the exclusive prefix of cnt over the experts */
   int32_t *inv;   /* [entries]: inv[cbase[e] + pos] = the entry (the fused copies' order) */
   int64_t *route;
-  uint32_t *counter;
   int64_t tokens, hidden, n_out, recv_rows;
   int32_t experts, top_k, index_bits, local_experts;
 };
@@ -204,6 +216,37 @@ __device__ __forceinline__ void warp_copy_row(uint16_t *dst, const uint16_t *src
   const int64_t vecs = elems / 8;
   for (int64_t v = lane; v < vecs; v += 32)
     reinterpret_cast<uint4 *>(dst)[v] = __ldg(reinterpret_cast<const uint4 *>(src) + v);
+}
+
+/* All threads of a CTA: out[t] = the sum over t's slots in order of weight x the expert's
+ * output row (read in place from its rank's expert_out), fp32 (__fmaf_rn), rounded once. */
+__device__ __forceinline__ void combine_token(const MoeParams &p, int64_t t) {
+  const int64_t vecs = p.n_out / 8;
+  for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int j = 0; j < p.top_k; j++) {
+      const int64_t r = p.route[t * p.top_k + j];
+      if (r < 0)
+        continue;
+      const float w = p.topk_weights[t * p.top_k + j];
+      const uint16_t *y = p.expert_out[r >> 40] + (r & ((1ll << 40) - 1)) * p.n_out;
+      const uint4 bits = __ldcg(reinterpret_cast<const uint4 *>(y) + v);
+      const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+      for (int q = 0; q < 8; q++) {
+        const uint32_t h = q % 2 ? words[q / 2] >> 16 : words[q / 2] & 0xffffu;
+        acc[q] = __fmaf_rn(w, __uint_as_float(h << 16), acc[q]);
+      }
+    }
+    uint32_t packed[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+      memcpy(&packed[q], &h, 4);
+    }
+    reinterpret_cast<uint4 *>(p.out + t * p.n_out)[v] =
+        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
 }
 
 /* Every CTA of a dispatch, first: the entry handshake, then block 0 lays out this rank's entries

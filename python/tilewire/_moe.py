@@ -1,0 +1,403 @@
+"""The MoE expert-parallel ops of the torch front end, inside a node: moe_dispatch (the token
+dispatch into the experts' ranks), moe_combine (the weighted combine back) and
+moe_dispatch_gemm (the dispatch fused with the experts' grouped GEMM), with moe_workspace and
+moe_recv_rows to size their buffers (tilewire.h, "MoE expert parallelism inside a node").
+
+Built as the fused ops (_fused): a validating public function (metadata only, TypeError or
+ValueError naming the argument, before any CUDA call) and a mutating custom op with
+register_fake, called directly where nothing needs the dispatcher (_eager). Routing is read on
+the GPU from topk_idx: no host synchronisation, CUDA-graph capturable; a routing the buffers
+cannot hold, or an expert index out of range, is found on the device and reported by
+comm.async_error() (InvalidArgumentError; the comm is then unusable). Not differentiable yet.
+"""
+
+import ctypes
+
+import torch
+
+from . import _lib
+from ._comm import comm_by_id
+from ._eager import _call_mutating
+from ._glue import (
+    _check_aligned,
+    _check_comm,
+    _check_cuda,
+    _check_dtype,
+    _check_tensor,
+    _custom_op,
+    _register_fake,
+    _stream,
+)
+from ._symmetric import is_symmetric
+
+bf16 = torch.bfloat16
+_INDEX_DTYPES = (torch.int32, torch.int64)
+_MAX_EXPERTS = 1024  # tilewire.h: experts <= 1024, top_k 1 .. 16
+_MAX_TOP_K = 16
+
+# ---- sizes --------------------------------------------------------------------------------
+
+
+def _check_int(value, name, op, low=0):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError("%s: %s must be an int, got %r" % (op, name, value))
+    if value < low:
+        raise ValueError("%s: %s must be >= %d, got %d" % (op, name, low, value))
+    return value
+
+
+def _check_experts(op, world, experts):
+    """experts: an int in 1 .. 1024, a multiple of world. Returns the local experts."""
+    _check_int(experts, "experts", op, 1)
+    if experts > _MAX_EXPERTS or experts % world:
+        raise ValueError("%s: experts=%d must be at most %d and a multiple of the world (%d)"
+                         % (op, experts, _MAX_EXPERTS, world))
+    return experts // world
+
+
+def moe_recv_rows(world, max_tokens, experts, top_k):
+    """The rows a recv (and expert_out) buffer must have so that no routing of at most
+    max_tokens tokens per rank, top_k distinct experts each, can overflow it:
+    max_tokens * world * min(top_k, experts // world) + 127 * (experts // world) (each local
+    expert's rows padded to 128), rounded up to a multiple of 128. Pure Python."""
+    op = "tilewire.moe_recv_rows"
+    _check_int(world, "world", op, 1)
+    _check_int(max_tokens, "max_tokens", op, 0)
+    _check_int(top_k, "top_k", op, 1)
+    local = _check_experts(op, world, experts)
+    rows = max_tokens * world * min(top_k, local) + 127 * local
+    return (rows + 127) // 128 * 128
+
+
+def moe_workspace(comm, max_tokens, experts, top_k):
+    """The symmetric workspace tw_moe_dispatch / tw_moe_combine / tw_moe_dispatch_gemm need on
+    comm for at most max_tokens tokens per rank: a uint8 tensor from comm.empty (collective:
+    every rank calls it alike). Allocate it once and reuse it; a dispatch and the combine after
+    it use the same workspace (it holds the routing between them)."""
+    op = "tilewire.moe_workspace"
+    _check_comm(comm, op)
+    _check_int(max_tokens, "max_tokens", op, 0)
+    _check_int(top_k, "top_k", op, 1)
+    _check_experts(op, comm.size, experts)
+    return comm.empty((max(comm.moe_workspace_size(max_tokens, experts, top_k), 1),),
+                      torch.uint8)
+
+
+# ---- argument checks (metadata only) ------------------------------------------------------
+
+
+def _check_matrix(op, t, name, dtypes, rows, cols, shape):
+    """t: a contiguous 2-D tensor of one of `dtypes` with `rows` and `cols` (None: any);
+    `shape` names them for the message. Returns t.shape."""
+    _check_tensor(t, name, op)
+    _check_dtype(t, name, op, dtypes)
+    if t.dim() != 2 or (rows is not None and t.shape[0] != rows) or (
+            cols is not None and t.shape[1] != cols):
+        raise ValueError("%s: %s must be 2-D %s, got shape %s" % (op, name, shape, tuple(t.shape)))
+    _check_contiguous(op, t, name)
+    return tuple(t.shape)
+
+
+def _check_contiguous(op, t, name):
+    if not t.is_contiguous():
+        raise ValueError("%s: %s must be contiguous (packed rows); pass %s.contiguous()"
+                         % (op, name, name))
+
+
+def _check_multiple_of_8(op, value, what):
+    if value < 8 or value % 8:
+        raise ValueError("%s: %s must be a positive multiple of 8" % (op, what % value))
+
+
+def _check_routing(op, comm, topk_idx, workspace, max_tokens, experts):
+    """comm, experts, max_tokens, topk_idx [tokens, top_k] and the workspace's size: returns
+    (tokens, top_k, local experts)."""
+    _check_comm(comm, op)
+    local = _check_experts(op, comm.size, experts)
+    _check_int(max_tokens, "max_tokens", op, 0)
+    _check_tensor(topk_idx, "topk_idx", op)
+    _check_dtype(topk_idx, "topk_idx", op, _INDEX_DTYPES)
+    if topk_idx.dim() != 2:
+        raise ValueError("%s: topk_idx must be 2-D [tokens, top_k], got shape %s"
+                         % (op, tuple(topk_idx.shape)))
+    tokens, top_k = topk_idx.shape
+    if not 1 <= top_k <= min(_MAX_TOP_K, experts):
+        raise ValueError("%s: top_k=%d (topk_idx.shape[1]) must be 1 .. %d and at most "
+                         "experts=%d" % (op, top_k, _MAX_TOP_K, experts))
+    if tokens > max_tokens:
+        raise ValueError("%s: topk_idx has %d tokens (rows), more than max_tokens=%d"
+                         % (op, tokens, max_tokens))
+    _check_contiguous(op, topk_idx, "topk_idx")
+    _check_tensor(workspace, "workspace", op)
+    _check_contiguous(op, workspace, "workspace")
+    need = comm.moe_workspace_size(max_tokens, experts, top_k)
+    have = workspace.numel() * workspace.element_size()
+    if have < need:
+        raise ValueError("%s: workspace has %d bytes; it needs %d (tilewire.moe_workspace(comm, "
+                         "%d, %d, %d))" % (op, have, need, max_tokens, experts, top_k))
+    return tokens, top_k, local
+
+
+def _check_offsets(op, offsets, local):
+    _check_tensor(offsets, "offsets", op)
+    _check_dtype(offsets, "offsets", op, (torch.int32,))
+    if offsets.dim() != 1 or offsets.shape[0] != local + 1:
+        raise ValueError("%s: offsets must be 1-D [local experts + 1=%d], got shape %s"
+                         % (op, local + 1, tuple(offsets.shape)))
+    _check_contiguous(op, offsets, "offsets")
+
+
+def _check_devices(op, comm, named):
+    """Last, so that the checks before also run on CPU and meta tensors."""
+    device = torch.device("cuda", comm.device)
+    for name, t in named:
+        if t is not None:
+            _check_cuda(t, name, op, device)
+
+
+def _check_dispatch(op, comm, x, topk_idx, recv, offsets, workspace, max_tokens, experts,
+                    gemm=False, weights=None, expert_out=None):
+    """moe_dispatch's arguments, and moe_dispatch_gemm's (gemm: weights and expert_out too).
+    Returns the local experts."""
+    tokens, _, local = _check_routing(op, comm, topk_idx, workspace, max_tokens, experts)
+    _, hidden = _check_matrix(op, x, "x", (bf16,), tokens, None,
+                              "[tokens=%d (topk_idx's rows), hidden]" % tokens)
+    _check_multiple_of_8(op, hidden, "hidden=%d (x.shape[1])")
+    recv_rows, _ = _check_matrix(op, recv, "recv", (bf16,), None, hidden,
+                                 "[recv_rows, hidden=%d] (comm.empty)" % hidden)
+    if recv_rows < 1:
+        raise ValueError("%s: recv has no rows (tilewire.moe_recv_rows gives enough)" % op)
+    if offsets is not None:
+        _check_offsets(op, offsets, local)
+    named = [("x", x), ("topk_idx", topk_idx), ("recv", recv), ("offsets", offsets),
+             ("workspace", workspace)]
+    if gemm:
+        _check_tensor(weights, "weights", op)
+        _check_dtype(weights, "weights", op, (bf16,))
+        if weights.dim() != 3 or weights.shape[0] != local or weights.shape[2] != hidden:
+            raise ValueError("%s: weights must be 3-D [local experts=%d, n_out, hidden=%d], got "
+                             "shape %s" % (op, local, hidden, tuple(weights.shape)))
+        _check_contiguous(op, weights, "weights")
+        n_out = weights.shape[1]
+        _check_multiple_of_8(op, n_out, "n_out=%d (weights.shape[1])")
+        _check_matrix(op, expert_out, "expert_out", (bf16,), recv_rows, n_out,
+                      "[recv_rows=%d (recv's rows), n_out=%d]" % (recv_rows, n_out))
+        named += [("weights", weights), ("expert_out", expert_out)]
+    _check_devices(op, comm, named)
+    return local
+
+
+def _check_combine(op, comm, expert_out, topk_idx, topk_weights, workspace, out, max_tokens,
+                   experts):
+    tokens, top_k, _ = _check_routing(op, comm, topk_idx, workspace, max_tokens, experts)
+    recv_rows, n_out = _check_matrix(op, expert_out, "expert_out", (bf16,), None, None,
+                                     "[recv_rows, n_out] (comm.empty)")
+    if recv_rows < 1:
+        raise ValueError("%s: expert_out has no rows (tilewire.moe_recv_rows gives enough)" % op)
+    _check_multiple_of_8(op, n_out, "n_out=%d (expert_out.shape[1])")
+    _check_matrix(op, topk_weights, "topk_weights", (torch.float32,), tokens, top_k,
+                  "[tokens=%d, top_k=%d] (topk_idx's shape)" % (tokens, top_k))
+    if out is not None:
+        _check_matrix(op, out, "out", (bf16,), tokens, n_out,
+                      "[tokens=%d, n_out=%d]" % (tokens, n_out))
+    _check_devices(op, comm, (("expert_out", expert_out), ("topk_idx", topk_idx),
+                              ("topk_weights", topk_weights), ("workspace", workspace),
+                              ("out", out)))
+    return tokens, n_out
+
+
+# ---- launches and custom ops --------------------------------------------------------------
+
+
+def _ptr(t):
+    return t.data_ptr() if t.numel() else None
+
+
+def _need_symmetric(op, comm, t, name):
+    if not is_symmetric(comm, t):
+        raise ValueError("%s: %s must be a symmetric tensor of rank %d's comm (from comm.empty)"
+                         % (op, name, comm.rank))
+
+
+def _moe_args(op, comm, topk_idx, workspace, max_tokens, experts, recv_rows, aligned):
+    """The args struct's routing fields, the pointers checked first (real tensors only)."""
+    for name, t in aligned:
+        if t is not None:
+            _check_aligned(t, name, op)
+    _need_symmetric(op, comm, workspace, "workspace")
+    tokens, top_k = topk_idx.shape
+    return _lib.MoeArgs(
+        index_bits=32 if topk_idx.dtype == torch.int32 else 64, topk_idx=_ptr(topk_idx),
+        workspace=workspace.data_ptr(), tokens=tokens, max_tokens=max_tokens, experts=experts,
+        top_k=top_k, recv_rows=recv_rows,
+    )
+
+
+def _dispatch_impl(comm_id, x, topk_idx, recv, offsets, workspace, max_tokens, experts,
+                   weights=None, expert_out=None):
+    gemm = weights is not None
+    op = "tilewire.moe_dispatch_gemm" if gemm else "tilewire.moe_dispatch"
+    comm = comm_by_id(comm_id)
+    _need_symmetric(op, comm, recv, "recv")
+    args = _moe_args(op, comm, topk_idx, workspace, max_tokens, experts, recv.shape[0],
+                     (("x", x), ("recv", recv), ("weights", weights),
+                      ("expert_out", expert_out)))
+    args.x, args.recv, args.offsets = _ptr(x), recv.data_ptr(), offsets.data_ptr()
+    args.hidden = x.shape[1]
+    if gemm:
+        args.weights, args.expert_out = weights.data_ptr(), expert_out.data_ptr()
+        args.n_out = weights.shape[1]
+    _lib.call("tw_moe_dispatch_gemm" if gemm else "tw_moe_dispatch", comm.handle,
+              ctypes.byref(args), _stream(x.device))
+    return args
+
+
+def _combine_impl(comm_id, expert_out, topk_idx, topk_weights, workspace, out, max_tokens,
+                  experts):
+    op = "tilewire.moe_combine"
+    comm = comm_by_id(comm_id)
+    _need_symmetric(op, comm, expert_out, "expert_out")
+    args = _moe_args(op, comm, topk_idx, workspace, max_tokens, experts, expert_out.shape[0],
+                     (("expert_out", expert_out), ("out", out)))
+    args.expert_out, args.out = expert_out.data_ptr(), _ptr(out)
+    args.topk_weights, args.n_out = _ptr(topk_weights), expert_out.shape[1]
+    _lib.call("tw_moe_combine", comm.handle, ctypes.byref(args), _stream(expert_out.device))
+    return args
+
+
+def _gemm_dispatch_impl(comm_id, x, topk_idx, weights, recv, expert_out, offsets, workspace,
+                        max_tokens, experts):
+    """_dispatch_impl in the custom op's argument order."""
+    return _dispatch_impl(comm_id, x, topk_idx, recv, offsets, workspace, max_tokens, experts,
+                          weights, expert_out)
+
+
+@_custom_op("tilewire::moe_dispatch", mutates_args=("recv", "offsets", "workspace"))
+def _moe_dispatch_op(comm_id: int, x: torch.Tensor, topk_idx: torch.Tensor, recv: torch.Tensor,
+                     offsets: torch.Tensor, workspace: torch.Tensor, max_tokens: int,
+                     experts: int) -> None:
+    _dispatch_impl(comm_id, x, topk_idx, recv, offsets, workspace, max_tokens, experts)
+
+
+@_register_fake(_moe_dispatch_op)
+def _moe_dispatch_fake(comm_id, x, topk_idx, recv, offsets, workspace, max_tokens, experts):
+    return None
+
+
+@_custom_op("tilewire::moe_dispatch_gemm",
+            mutates_args=("recv", "expert_out", "offsets", "workspace"))
+def _moe_dispatch_gemm_op(comm_id: int, x: torch.Tensor, topk_idx: torch.Tensor,
+                          weights: torch.Tensor, recv: torch.Tensor, expert_out: torch.Tensor,
+                          offsets: torch.Tensor, workspace: torch.Tensor, max_tokens: int,
+                          experts: int) -> None:
+    _gemm_dispatch_impl(comm_id, x, topk_idx, weights, recv, expert_out, offsets, workspace,
+                        max_tokens, experts)
+
+
+@_register_fake(_moe_dispatch_gemm_op)
+def _moe_dispatch_gemm_fake(comm_id, x, topk_idx, weights, recv, expert_out, offsets, workspace,
+                            max_tokens, experts):
+    return None
+
+
+@_custom_op("tilewire::moe_combine", mutates_args=("out",))
+def _moe_combine_op(comm_id: int, expert_out: torch.Tensor, topk_idx: torch.Tensor,
+                    topk_weights: torch.Tensor, workspace: torch.Tensor, out: torch.Tensor,
+                    max_tokens: int, experts: int) -> None:
+    _combine_impl(comm_id, expert_out, topk_idx, topk_weights, workspace, out, max_tokens,
+                  experts)
+
+
+@_register_fake(_moe_combine_op)
+def _moe_combine_fake(comm_id, expert_out, topk_idx, topk_weights, workspace, out, max_tokens,
+                      experts):
+    return None
+
+
+# ---- the public functions -----------------------------------------------------------------
+
+
+def moe_dispatch(comm, x, topk_idx, recv, offsets, workspace, max_tokens, *, experts):
+    """The MoE token dispatch (tw_moe_dispatch): every (token t, slot j) with
+    topk_idx[t, j] = e >= 0 copies x[t] into the recv of expert e's rank (rank r holds experts
+    [r * experts / world, (r + 1) * experts / world)), expert-major: each local expert's rows
+    start at offsets[e_local], a multiple of 128; inside an expert by source rank, inside a
+    source in token order. offsets[local experts] is the end of the last expert's padded rows
+    (the grouped GEMM's offsets: tilewire.grouped_gemm(recv, weights, offsets)). Rows past an
+    expert's live rows up to the next multiple of 128 are left as they were.
+
+    x: bf16 [tokens, hidden], contiguous, hidden a multiple of 8, tokens <= max_tokens (ranks
+    may differ); topk_idx: int32 or int64 [tokens, top_k], contiguous, global expert ids (-1:
+    an unused slot; a token's slots name distinct experts); recv: a symmetric bf16
+    [recv_rows, hidden] tensor (comm.empty; tilewire.moe_recv_rows gives rows no routing can
+    overflow); offsets: int32 [experts / world + 1] (allocated when None); workspace: from
+    tilewire.moe_workspace(comm, max_tokens, experts, top_k); max_tokens and experts (keyword)
+    alike on every rank. Collective; runs on torch's current stream with no host
+    synchronisation (CUDA-graph capturable). Returns (recv, offsets) once (in stream order)
+    every rank's rows have landed in this rank's recv.
+
+    A routing needing more than recv_rows rows at some rank, or an expert index outside
+    [-1, experts), is found on the device: no rank copies anything and comm.async_error()
+    reports an InvalidArgumentError naming it (the comm is then unusable). Not differentiable
+    yet (no autograd: nothing is recorded for the backward).
+    """
+    op = "tilewire.moe_dispatch"
+    local = _check_dispatch(op, comm, x, topk_idx, recv, offsets, workspace, max_tokens,
+                            experts)
+    if offsets is None:
+        offsets = torch.empty(local + 1, dtype=torch.int32, device=x.device)
+    _call_mutating(lambda *a: torch.ops.tilewire.moe_dispatch(*a), _dispatch_impl,
+                   (x, topk_idx, recv, offsets, workspace), (recv, offsets, workspace),
+                   comm.id, x, topk_idx, recv, offsets, workspace, max_tokens, experts)
+    return recv, offsets
+
+
+def moe_combine(comm, expert_out, topk_idx, topk_weights, workspace, max_tokens, *, experts,
+                out=None):
+    """The MoE weighted combine (tw_moe_combine): out[t] = sum over slots j in order of
+    topk_weights[t, j] * expert_out row of (t, j), in fp32 (fused multiply-adds), rounded to
+    bf16 once; the rows are read in place from the experts' ranks, in the layout the last
+    moe_dispatch (or moe_dispatch_gemm) of the same workspace recorded, which must have had the
+    same tokens and topk_idx. Every rank calls it after its expert GEMM.
+
+    expert_out: a symmetric bf16 [recv_rows, n_out] tensor (comm.empty, the rows of recv's
+    layout), n_out a multiple of 8; topk_idx: as given to the dispatch; topk_weights: float32
+    [tokens, top_k], contiguous; out: bf16 [tokens, n_out], contiguous (allocated when None).
+    Collective; on torch's current stream, CUDA-graph capturable. Returns out. Not
+    differentiable yet (no autograd).
+    """
+    op = "tilewire.moe_combine"
+    tokens, n_out = _check_combine(op, comm, expert_out, topk_idx, topk_weights, workspace, out,
+                                   max_tokens, experts)
+    if out is None:
+        out = torch.empty((tokens, n_out), dtype=bf16, device=expert_out.device)
+    _call_mutating(lambda *a: torch.ops.tilewire.moe_combine(*a), _combine_impl,
+                   (expert_out, topk_idx, topk_weights, workspace, out), (out,),
+                   comm.id, expert_out, topk_idx, topk_weights, workspace, out, max_tokens,
+                   experts)
+    return out
+
+
+def moe_dispatch_gemm(comm, x, topk_idx, weights, recv, expert_out, offsets, workspace,
+                      max_tokens, *, experts):
+    """moe_dispatch and tilewire.grouped_gemm(recv, weights, offsets, out=expert_out) of this
+    rank's local experts in one persistent kernel (tw_moe_dispatch_gemm): each 128-row tile of
+    an expert starts as soon as its rows have landed. recv, offsets and expert_out's live rows
+    are bitwise those of the two calls.
+
+    Arguments as moe_dispatch, and weights: bf16 [experts / world, n_out, hidden], contiguous,
+    this rank's experts' weights (n_out a multiple of 8); expert_out: bf16 [recv_rows, n_out],
+    contiguous (symmetric, comm.empty, when moe_combine reads it next). Collective; on torch's
+    current stream. Returns (expert_out, offsets). Not differentiable yet (no autograd).
+    """
+    op = "tilewire.moe_dispatch_gemm"
+    local = _check_dispatch(op, comm, x, topk_idx, recv, offsets, workspace, max_tokens,
+                            experts, True, weights, expert_out)
+    if offsets is None:
+        offsets = torch.empty(local + 1, dtype=torch.int32, device=x.device)
+    _call_mutating(lambda *a: torch.ops.tilewire.moe_dispatch_gemm(*a), _gemm_dispatch_impl,
+                   (x, topk_idx, weights, recv, expert_out, offsets, workspace),
+                   (recv, expert_out, offsets, workspace),
+                   comm.id, x, topk_idx, weights, recv, expert_out, offsets, workspace,
+                   max_tokens, experts)
+    return expert_out, offsets

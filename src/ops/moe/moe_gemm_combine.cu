@@ -1,0 +1,171 @@
+/*
+ * tw_moe_gemm_combine: the local experts' grouped GEMM and tw_moe_combine in one persistent
+ * kernel (contract in tilewire.h). One CTA per SM of the budget, every CTA running the GEMM
+ * engine's loop on the tile queue with tw_grouped_gemm's hooks (GroupedWait: the offsets of the
+ * dispatch before it, in device memory):
+ *
+ *   GEMM      the experts' rows into this rank's expert_out; each tile's epilogue, once its
+ *             stores are complete, adds 1 (system scope, behind a fence, on the signal warp) to
+ *             its row block's counter. The counters count tiles over all of this op's calls:
+ *             after call c every row block's holds (c + 1) x n_blocks (the last CTA tops up the
+ *             blocks no tile touched), so a reader of call c waits for that value and nothing is
+ *             ever reset under a reader on another rank.
+ *   combine   CTAs [0, reduce_ctas) claim no tile (Wait::takes_no_tile) and start on it at once;
+ *             the others join after their tiles. Token t (static stride over the CTAs) waits
+ *             until the row blocks of its slots' rows are complete on their ranks, then sums
+ *             them as tw_moe_combine does (the same code, so the same bits).
+ *
+ * Before the first store the entry handshake: every rank entered this call, so every reader of
+ * the previous call's expert_out is done.
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#include "gemm/gemm_launch.cuh"
+#include "ops/grouped_gemm/grouped_wait.cuh"
+#include "ops/moe/moe_gemm_host.cuh"
+#include "ops/moe/moe_layout.cuh"
+
+extern "C" {
+#include "core/status.h"
+#include "runtime/calldesc.h"
+#include "runtime/comm.h"
+#include "runtime/cuda_check.h"
+}
+
+namespace {
+
+using namespace tw::gemm;
+using namespace tw::moe;
+
+constexpr int kStages = 3, kEpiBytes = 32768, kBN = kBlockN;
+constexpr int kSmem = SmemLayout<kStages, kEpiBytes, kBN>::kDynamicBytes;
+
+struct CombineWait : GroupedWait {
+  struct Params : GroupedWait::Params {
+    tw_dev_comm_t dc;
+    int32_t reduce_ctas;
+  };
+  __device__ static bool takes_no_tile(const Params &p) {
+    return (int32_t)blockIdx.x < p.reduce_ctas;
+  }
+  __device__ static void mbar_stuck(const Params &p, int32_t code) {
+    tw_pipeline_stall(p.dc, TW_CH_MOE, code);
+  }
+};
+
+/* The tile into expert_out, then its row block's count. */
+struct CombineEpi {
+  using Out = __nv_bfloat16;
+  static constexpr bool kSignal = true;
+  static constexpr bool kSignalWarp = true;
+  struct Params {
+    CUtensorMap c_map;
+    uint64_t *counters; /* this rank's, one per row block */
+  };
+  __device__ static void prefetch(const Params &p) { tw::ptx::tma_prefetch_map(&p.c_map); }
+  __device__ static void issue_box(const Params &p, const void *box, int32_t col, int32_t row) {
+    tw::ptx::tma_store_2d(&p.c_map, box, col, row);
+  }
+  __device__ __forceinline__ static int signal_thread(const Params &) { return 32; }
+  __device__ static void signal(const Params &p, int32_t mb, int32_t) {
+    tw_fence_acq_rel_sys(); /* the tile's stores (complete) before the count other ranks read */
+    tw_red_release_sys_add(p.counters + mb, 1);
+  }
+};
+
+struct CombineParams {
+  GemmParams<CombineEpi, CombineWait> gemm;
+  MoeParams moe;
+};
+
+__global__ void __launch_bounds__(tw::gemm::kThreads, 1)
+    moe_gemm_combine_kernel(const __grid_constant__ CombineParams cp) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const tw_dev_comm_t &dc = cp.gemm.wait.dc;
+  const MoeParams &p = cp.moe;
+  const int ch = TW_CH_MOE;
+  const uint64_t epoch = tw_op_begin(dc, ch);
+  __shared__ uint64_t s_target;
+  int mine = 1;
+  if (threadIdx.x == 0) {
+    mine = tw_kernel_enter(dc, ch, epoch) && tw_wait_entries(dc, ch, epoch);
+    const uint64_t calls = *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagCombineCalls);
+    s_target = (calls + 1) * (uint64_t)cp.gemm.order.n_blocks;
+  }
+  int ok = __syncthreads_and(mine);
+  gemm_cta_loop<kStages, kEpiBytes, CombineEpi, CombineWait, true, 1, kBN>(
+      cp.gemm, smem_raw, (int32_t)blockIdx.x, (int32_t)gridDim.x);
+  __syncthreads();
+  for (int64_t t = blockIdx.x; ok && t < p.tokens; t += gridDim.x) {
+    if (threadIdx.x == 0)
+      for (int j = 0; j < p.top_k && mine; j++) {
+        const int64_t r = p.route[t * p.top_k + j];
+        if (r < 0)
+          continue;
+        const int d = (int)(r >> 40),
+                  index = kFlagCombineBlocks + (int)((r & ((1ll << 40) - 1)) / kBlockM);
+        const uint64_t *count =
+            d == dc.rank ? tw_own_flag(dc, ch, index) : tw_peer_flag(dc, d, ch, index);
+        mine = tw_wait_geq(dc, ch, count, s_target, d, (int)t);
+      }
+    ok = __syncthreads_and(mine);
+    if (ok)
+      combine_token(p, t);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && tw_op_exit(dc, ch, epoch, false)) {
+    /* the last CTA: the row blocks no tile counted this call reach the call's count too */
+    const int32_t live =
+        min(cp.gemm.order.m_blocks,
+            (__ldg(cp.gemm.wait.offsets + cp.gemm.wait.groups) + kBlockM - 1) / kBlockM);
+    for (int32_t b = max(live, 0); b < cp.gemm.order.m_blocks; b++)
+      atomicAdd((unsigned long long *)tw_own_flag(dc, ch, kFlagCombineBlocks + b),
+                (unsigned long long)cp.gemm.order.n_blocks);
+    *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagCombineCalls) += 1;
+    tw_op_end(dc, ch, epoch);
+  }
+}
+
+static_assert(sizeof(CombineParams) <= 4096, "kernel parameters");
+
+} // namespace
+
+extern "C" tw_status_t tw_moe_gemm_combine(tw_comm_t comm, const tw_moe_args_t *in,
+                                           tw_stream_t stream) {
+  const char *op = "tw_moe_gemm_combine";
+  tw_status_t st = tw_comm_check_call(comm);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
+  tw_moe_args_t a;
+  Layout l;
+  CombineParams cp;
+  memset(&cp, 0, sizeof(cp));
+  st = moe_prepare(comm, in, kGemmCombine, &a, &l, &cp.moe);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
+  const int local = (int)(a.experts / comm->world);
+  auto &g = cp.gemm;
+  st = moe_gemm_params(comm, a, g, op);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
+  g.epi.counters = comm->ctrl->flags[TW_CH_MOE] + kFlagCombineBlocks;
+  g.wait.offsets = a.offsets;
+  g.wait.groups = local;
+  g.wait.n = (int32_t)a.n_out;
+  g.wait.n_blocks = g.order.n_blocks;
+  g.wait.m_blocks = g.order.m_blocks;
+  g.wait.group_m = 16;
+  /* CTAs on the combine from the start: 1 in 16 (the others join after their tiles) */
+  const int grid = comm->sm_budget;
+  g.wait.reduce_ctas = grid / 16 > 1 ? grid / 16 : 1;
+  if (g.wait.reduce_ctas >= grid)
+    g.wait.reduce_ctas = grid - 1;
+  st = moe_gemm_launch<moe_gemm_combine_kernel, kSmem>(
+      comm, a, kGemmCombine, cp,
+      [](CombineParams &q, const tw_dev_comm_t &dc) { q.gemm.wait.dc = dc; }, stream, op);
+  return tw_comm_result(comm, st);
+}

@@ -1,0 +1,89 @@
+/*
+ * The host side both fused MoE GEMMs share (moe_gemm.cu, moe_gemm_combine.cu): the engine's
+ * parameters over the recv layout (A = recv [recv_rows, hidden], B = the local experts'
+ * weights [local * n_out, hidden], out = expert_out [recv_rows, n_out], 128 x 256 tiles in a
+ * row-major order on the channel's tile queue), and the call itself (its description, the
+ * rank's launch stream, the persistent launch).
+ */
+#ifndef TW_OPS_MOE_GEMM_HOST_CUH
+#define TW_OPS_MOE_GEMM_HOST_CUH
+
+#include <stdio.h>
+
+#include "gemm/gemm_launch.cuh"
+#include "ops/moe/moe_layout.cuh"
+
+extern "C" {
+#include "runtime/calldesc.h"
+#include "runtime/comm.h"
+#include "runtime/cuda_check.h"
+}
+
+namespace tw {
+namespace moe {
+
+/* g's maps, order, queue and bounds for args a on comm (the Wait and Epi fields are the
+ * caller's; the out map goes to g.epi.c_map). */
+template <class GP>
+tw_status_t moe_gemm_params(tw_comm_t comm, const tw_moe_args_t &a, GP &g, const char *op) {
+  using namespace tw::gemm;
+  const int64_t local = a.experts / comm->world;
+  tw_status_t st = operand_maps(&g.a_map, &g.b_map, a.recv, a.recv_rows, a.hidden, a.weights,
+                                local * a.n_out, a.hidden, a.hidden, kBlockN, op, "recv");
+  char what[96];
+  snprintf(what, sizeof(what), "%s: cuTensorMapEncodeTiled(expert_out)", op);
+  if (st == TW_SUCCESS)
+    st = out_map<__nv_bfloat16>(&g.epi.c_map, a.expert_out, a.n_out, a.recv_rows, a.n_out, what);
+  if (st != TW_SUCCESS)
+    return st;
+  TileOrder &o = g.order;
+  o.m_blocks = (int32_t)((a.recv_rows + kBlockM - 1) / kBlockM);
+  o.n_blocks = (int32_t)((a.n_out + kBlockN - 1) / kBlockN);
+  o.num_tiles = o.m_blocks * o.n_blocks;
+  o.order = kOrderRowMajor;
+  g.queue = (TileQueue *)comm->ctrl->tile_queue[TW_CH_MOE];
+  g.participants = comm->sm_budget;
+  g.k_blocks = (int32_t)((a.hidden + kBlockK - 1) / kBlockK);
+  g.mbar_timeout_ns = fused_mbar_timeout_ns(comm->dev.timeout_ns);
+  apply_fault_stall(g);
+  return TW_SUCCESS;
+}
+
+/* The call of `kind` with params P on comm->sm_budget CTAs: described (what must be alike),
+ * set(params) given the comm's device copy with that description, then launched. */
+template <auto Kernel, int Smem, class P, class Set>
+tw_status_t moe_gemm_launch(tw_comm_t comm, const tw_moe_args_t &a, int kind, P &params, Set set,
+                            tw_stream_t stream, const char *op) {
+  const int cols = kind == kDispatchGemm ? 0 : 1; /* the dispatch's hidden, the combine's n_out */
+  const uint64_t fields[8] = {(uint64_t)kind,
+                              (uint64_t)a.max_tokens,
+                              (uint64_t)(cols ? a.n_out : a.hidden),
+                              (uint64_t)a.experts,
+                              (uint64_t)a.top_k,
+                              (uint64_t)a.recv_rows,
+                              tw_call_heap_field(comm, cols ? a.expert_out : a.recv),
+                              tw_call_heap_field(comm, a.workspace)};
+  int prev = 0;
+  tw_status_t st = tw_set_device(comm->device, &prev);
+  if (st != TW_SUCCESS)
+    return st;
+  const tw_call_desc_t outer = tw_call_begin(comm, TW_CH_MOE, 8, fields);
+  set(params, comm->dev); /* with the call's description */
+  cudaStream_t launch = NULL;
+  char set_what[96], go_what[96];
+  snprintf(set_what, sizeof(set_what), "%s: cudaFuncSetAttribute", op);
+  snprintf(go_what, sizeof(go_what), "%s: kernel launch", op);
+  st = tw_launch_begin(comm, stream, &launch);
+  if (st == TW_SUCCESS)
+    st = tw::gemm::launch_persistent<Kernel, Smem>(params, comm->sm_budget, launch, set_what,
+                                                   go_what);
+  if (st == TW_SUCCESS)
+    st = tw_launch_end(comm, stream);
+  tw_call_end(comm, outer);
+  cudaSetDevice(prev);
+  return st;
+}
+
+} // namespace moe
+} // namespace tw
+#endif

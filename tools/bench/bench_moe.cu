@@ -1,0 +1,540 @@
+/*
+ * tw-bench moe: an MoE layer's token dispatch and its experts' GEMM (expert parallelism inside a
+ * node), side by side in one run on --world ranks (default 8; virtual ranks sharing one GPU when
+ * there are fewer GPUs, each with its SM budget). Shape: m = tokens per rank, n = n_out (the
+ * experts' output columns), k = hidden; the experts and top-k from the sweep's label
+ * ("E=256 top=8 ...") or, for a shape given with --m/--n/--k, TW_BENCH_MOE_EXPERTS (default 256)
+ * and TW_BENCH_MOE_TOPK (default 8): `tw-bench moe --m 512 --n 4096 --k 7168` is the sweep's
+ * first shape. Rank r holds experts [r E / world, (r + 1) E / world); a shape whose experts are no
+ * multiple of the world is skipped with a note in a sweep (an error when given alone).
+ * Rows, each on every rank's stream:
+ *   unfused       tw_moe_dispatch, then tw_grouped_gemm of the rank's local experts over its
+ *                 recv (b = its weights [local][n_out, hidden], m = recv_rows, the dispatch's
+ *                 offsets; the rank's SMs): the baseline
+ *   fused         tw_moe_dispatch_gemm (the same weights, its own recv, offsets and expert_out)
+ *   dispatch      tw_moe_dispatch alone; gbps = the bytes each rank sends to its peers (from the
+ *                 routing, averaged over the ranks) over the time
+ *   grouped-gemm  tw_grouped_gemm alone, on the recv the dispatch already filled
+ *   bound         (t_gemm + t_dispatch) / max(t_gemm, t_dispatch) in its speedup column: the
+ *                 best a perfect overlap could give over the unfused pipeline
+ * Times are those of every rank's calls (bench_time_multi_rounds), medians over the repeats;
+ * speedup = unfused time / this time; overlap (fused) = max(t_gemm, t_dispatch) / t_fused.
+ * TFLOP/s per GPU from 2 * live rows * n_out * hidden summed over the ranks, over the world (the
+ * live rows being tokens * top_k in all; the padding rows the GEMMs also compute not counted).
+ * Routing (host, seed TW_BENCH_MOE_SEED, default 1): top_k distinct experts per token, uniform;
+ * TW_BENCH_MOE_SKEW=1: hot experts (a random max(2 top_k, E / 16) of them take 3 of 4 slots).
+ * recv_rows: the largest rank's padded need under that routing (each expert's rows rounded up
+ * to 128), plus 128 rows, alike on every rank.
+ * The check (before timing, inputs random, outputs poisoned, expert_out differently for each):
+ * fused and unfused give bitwise the same recv and offsets on every rank, the offsets are the
+ * host's layout, and expert_out's live rows (rows [offsets[e], offsets[e] + live rows of e),
+ * counted on the host) agree bitwise, with no non-finite value in them or in recv's live rows.
+ */
+#include <cuda_runtime.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "bench_ranks.h"
+#include "tw_test.h"
+
+enum { kRowBlock = 128, kMaxExperts = 1024, kMaxTopK = 16 };
+enum { kDefaultExperts = 256, kDefaultTopK = 8 };
+
+typedef struct moe_ctx {
+  bench_ranks_t *rk;
+  int64_t tokens, hidden, n_out, experts, top_k, local, recv_rows;
+  int skew;
+  void *x[TW_MAX_WORLD], *idx[TW_MAX_WORLD], *weights[TW_MAX_WORLD], *ws[TW_MAX_WORLD];
+  void *recv[TW_MAX_WORLD], *recv_f[TW_MAX_WORLD]; /* symmetric: unfused's, fused's */
+  void *eout[TW_MAX_WORLD], *eout_f[TW_MAX_WORLD]; /* [recv_rows, n_out] */
+  int32_t *off[TW_MAX_WORLD], *off_f[TW_MAX_WORLD];
+  int32_t *h_idx[TW_MAX_WORLD]; /* host routing, [tokens][top_k] */
+  int64_t *live;                /* [experts]: rows of each expert, from every rank */
+  int64_t live_total, remote_rows;
+  int failed;
+} moe_ctx;
+
+/* ---- one call of each op, on every rank's stream --------------------------------------------- */
+
+static void note(moe_ctx *c, tw_status_t st, int r, const char *what) {
+  if (st == TW_SUCCESS)
+    return;
+  fprintf(stderr, "%s (rank %d): %s\n", what, r, tw_comm_last_error(c->rk->comms[r]));
+  c->failed = 1;
+}
+
+static tw_moe_args_t args_of(const moe_ctx *c, int r, int fused) {
+  tw_moe_args_t a = TW_MOE_ARGS_INIT;
+  a.index_bits = 32;
+  a.x = c->x[r], a.topk_idx = c->idx[r];
+  a.recv = fused ? c->recv_f[r] : c->recv[r];
+  a.offsets = fused ? c->off_f[r] : c->off[r];
+  a.workspace = c->ws[r];
+  a.tokens = c->tokens, a.max_tokens = c->tokens, a.hidden = c->hidden, a.n_out = c->n_out;
+  a.experts = c->experts, a.top_k = c->top_k, a.recv_rows = c->recv_rows;
+  if (fused)
+    a.weights = c->weights[r], a.expert_out = c->eout_f[r];
+  return a;
+}
+
+static void do_dispatch(moe_ctx *c, int r) {
+  const tw_moe_args_t a = args_of(c, r, 0);
+  note(c, tw_moe_dispatch(c->rk->comms[r], &a, (tw_stream_t)c->rk->streams[r]), r,
+       "tw_moe_dispatch");
+}
+
+static void do_grouped(moe_ctx *c, int r) {
+  tw_grouped_gemm_args_t g = TW_GROUPED_GEMM_ARGS_INIT;
+  g.a = c->recv[r], g.b = c->weights[r], g.out = c->eout[r], g.offsets = c->off[r];
+  g.m = c->recv_rows, g.n = c->n_out, g.k = c->hidden, g.groups = c->local;
+  g.sm_count = c->rk->sm_budget;
+  if (tw_grouped_gemm(&g, (tw_stream_t)c->rk->streams[r]) != TW_SUCCESS) {
+    fprintf(stderr, "tw_grouped_gemm (rank %d): %s\n", r, tw_last_error());
+    c->failed = 1;
+  }
+}
+
+static void run_unfused(void *p, int iter) {
+  (void)iter;
+  moe_ctx *c = (moe_ctx *)p;
+  for (int r = 0; r < c->rk->world; r++) {
+    bench_ranks_use(c->rk, r);
+    do_dispatch(c, r);
+    do_grouped(c, r);
+  }
+}
+
+static void run_fused(void *p, int iter) {
+  (void)iter;
+  moe_ctx *c = (moe_ctx *)p;
+  for (int r = 0; r < c->rk->world; r++) {
+    bench_ranks_use(c->rk, r);
+    const tw_moe_args_t a = args_of(c, r, 1);
+    note(c, tw_moe_dispatch_gemm(c->rk->comms[r], &a, (tw_stream_t)c->rk->streams[r]), r,
+         "tw_moe_dispatch_gemm");
+  }
+}
+
+static void run_dispatch(void *p, int iter) {
+  (void)iter;
+  moe_ctx *c = (moe_ctx *)p;
+  for (int r = 0; r < c->rk->world; r++) {
+    bench_ranks_use(c->rk, r);
+    do_dispatch(c, r);
+  }
+}
+
+static void run_grouped(void *p, int iter) {
+  (void)iter;
+  moe_ctx *c = (moe_ctx *)p;
+  for (int r = 0; r < c->rk->world; r++) {
+    bench_ranks_use(c->rk, r);
+    do_grouped(c, r);
+  }
+}
+
+/* ---- routing -----------------------------------------------------------------------------------
+ */
+
+static int64_t pad_rows(int64_t rows) { return (rows + kRowBlock - 1) / kRowBlock * kRowBlock; }
+
+/* Rows local expert el of rank d starts at in d's recv (the host's layout: each expert's rows
+ * padded to 128, in expert order); el = local gives d's padded need. */
+static int64_t host_offset(const moe_ctx *c, int d, int64_t el) {
+  int64_t row = 0;
+  for (int64_t e = 0; e < el; e++)
+    row += pad_rows(c->live[d * c->local + e]);
+  return row;
+}
+
+/* The host routing of every rank (top_k distinct experts per token; hot experts with skew),
+ * the live rows per expert, the rows sent to peers and recv_rows. 0, or 1 out of host memory. */
+static int moe_route(moe_ctx *c, uint64_t seed) {
+  const int world = c->rk->world;
+  const int64_t E = c->experts, K = c->top_k;
+  uint64_t rng = seed * 0x9E3779B97F4A7C15ULL + 1;
+  int32_t *hot = (int32_t *)malloc((size_t)E * sizeof(int32_t));
+  c->live = (int64_t *)calloc((size_t)E, sizeof(int64_t));
+  if (!hot || !c->live) {
+    free(hot);
+    return 1;
+  }
+  for (int64_t e = 0; e < E; e++) /* a random permutation; its first n_hot are the hot ones */
+    hot[e] = (int32_t)e;
+  for (int64_t e = E - 1; e > 0; e--) {
+    const int64_t q = (int64_t)(tw_test_xorshift(&rng) % (uint64_t)(e + 1));
+    const int32_t t = hot[e];
+    hot[e] = hot[q], hot[q] = t;
+  }
+  int64_t n_hot = 2 * K > E / 16 ? 2 * K : E / 16;
+  n_hot = n_hot < E ? n_hot : E;
+  for (int r = 0; r < world; r++) {
+    c->h_idx[r] = (int32_t *)malloc((size_t)(c->tokens * K + 1) * sizeof(int32_t));
+    if (!c->h_idx[r]) {
+      free(hot);
+      return 1;
+    }
+    for (int64_t t = 0; t < c->tokens; t++)
+      for (int64_t j = 0; j < K; j++) {
+        int32_t e;
+        int fresh;
+        do {
+          const uint64_t u = tw_test_xorshift(&rng);
+          e = c->skew && u % 4 != 0 ? hot[u / 4 % (uint64_t)n_hot] : (int32_t)(u / 4 % (uint64_t)E);
+          fresh = 1;
+          for (int64_t q = 0; q < j; q++)
+            fresh &= c->h_idx[r][t * K + q] != e;
+        } while (!fresh);
+        c->h_idx[r][t * K + j] = e;
+        c->live[e]++;
+        c->live_total++;
+        c->remote_rows += e / c->local != r;
+      }
+  }
+  free(hot);
+  int64_t need = 0;
+  for (int d = 0; d < world; d++) {
+    const int64_t n = host_offset(c, d, c->local);
+    need = n > need ? n : need;
+  }
+  c->recv_rows = need + kRowBlock;
+  return 0;
+}
+
+/* ---- setup ------------------------------------------------------------------------------------
+ */
+
+/* Allocates and fills every rank's buffers (x, the routing, the weights; recv, offsets and
+ * expert_out for each pipeline; the workspace). Returns 0, or 1 after printing why. */
+static int moe_setup(moe_ctx *c, uint64_t seed) {
+  const bench_ranks_t *rk = c->rk;
+  const int world = rk->world;
+  size_t ws_bytes = 0;
+  if (tw_moe_workspace_size(rk->comms[0], c->tokens, c->experts, c->top_k, &ws_bytes) !=
+      TW_SUCCESS) {
+    fprintf(stderr, "tw_moe_workspace_size: %s\n", tw_comm_last_error(rk->comms[0]));
+    return 1;
+  }
+  const size_t recv_bytes = (size_t)c->recv_rows * (size_t)c->hidden * 2;
+  const size_t eout_bytes = (size_t)c->recv_rows * (size_t)c->n_out * 2;
+  const size_t w_count = (size_t)c->local * (size_t)c->n_out * (size_t)c->hidden;
+  const size_t entries = (size_t)(c->tokens * c->top_k);
+  for (int r = 0; r < world; r++) {
+    if (tw_mem_alloc(rk->comms[r], ws_bytes, &c->ws[r]) != TW_SUCCESS ||
+        tw_mem_alloc(rk->comms[r], recv_bytes, &c->recv[r]) != TW_SUCCESS ||
+        tw_mem_alloc(rk->comms[r], recv_bytes, &c->recv_f[r]) != TW_SUCCESS) {
+      fprintf(stderr, "tw_mem_alloc: %s\n", tw_comm_last_error(rk->comms[r]));
+      return 1;
+    }
+    bench_ranks_use(rk, r);
+    const tw_stream_t s = (tw_stream_t)rk->streams[r];
+    BENCH_CUDA(cudaMalloc(&c->x[r], (size_t)(c->tokens ? c->tokens : 1) * c->hidden * 2));
+    BENCH_CUDA(cudaMalloc(&c->idx[r], (entries ? entries : 1) * sizeof(int32_t)));
+    BENCH_CUDA(cudaMalloc(&c->weights[r], w_count * 2));
+    BENCH_CUDA(cudaMalloc(&c->eout[r], eout_bytes));
+    BENCH_CUDA(cudaMalloc(&c->eout_f[r], eout_bytes));
+    BENCH_CUDA(cudaMalloc((void **)&c->off[r], (size_t)(c->local + 1) * sizeof(int32_t)));
+    BENCH_CUDA(cudaMalloc((void **)&c->off_f[r], (size_t)(c->local + 1) * sizeof(int32_t)));
+    BENCH_CUDA(cudaMemcpyAsync(c->idx[r], c->h_idx[r], entries * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, rk->streams[r]));
+    tw_test_fill_bf16(c->x[r], (size_t)c->tokens * c->hidden, seed * 131 + 11 + r, s);
+    tw_test_fill_bf16(c->weights[r], w_count, seed * 131 + 1000 + r, s);
+  }
+  for (int r = 0; r < world; r++) {
+    bench_ranks_use(rk, r);
+    BENCH_CUDA(cudaStreamSynchronize(rk->streams[r]));
+  }
+  bench_ranks_use(rk, 0);
+  return 0;
+}
+
+static void moe_teardown(moe_ctx *c) {
+  const bench_ranks_t *rk = c->rk;
+  for (int r = 0; r < rk->world; r++) {
+    bench_ranks_use(rk, r);
+    BENCH_CUDA(cudaStreamSynchronize(rk->streams[r]));
+    cudaFree(c->x[r]), cudaFree(c->idx[r]), cudaFree(c->weights[r]);
+    cudaFree(c->eout[r]), cudaFree(c->eout_f[r]), cudaFree(c->off[r]), cudaFree(c->off_f[r]);
+    if (c->ws[r])
+      tw_mem_free(rk->comms[r], c->ws[r]);
+    if (c->recv[r])
+      tw_mem_free(rk->comms[r], c->recv[r]);
+    if (c->recv_f[r])
+      tw_mem_free(rk->comms[r], c->recv_f[r]);
+    free(c->h_idx[r]);
+  }
+  free(c->live);
+  bench_ranks_use(rk, 0);
+}
+
+/* ---- the check ---------------------------------------------------------------------------------
+ */
+
+static void sync_all(const bench_ranks_t *rk) {
+  for (int r = 0; r < rk->world; r++) {
+    bench_ranks_use(rk, r);
+    BENCH_CUDA(cudaStreamSynchronize(rk->streams[r]));
+  }
+  bench_ranks_use(rk, 0);
+}
+
+/* Rank r: the offsets of both pipelines against the host's, recv bitwise, and each expert's live
+ * rows of expert_out bitwise, recv's and expert_out's live rows finite. 1 when they agree. */
+static int check_rank(const moe_ctx *c, int r) {
+  const int64_t H = c->hidden, N = c->n_out, L = c->local;
+  int32_t *off = (int32_t *)malloc((size_t)(L + 1) * 2 * sizeof(int32_t));
+  if (!off) {
+    fprintf(stderr, "tw-bench: out of host memory\n");
+    exit(3);
+  }
+  BENCH_CUDA(cudaMemcpy(off, c->off[r], (size_t)(L + 1) * 4, cudaMemcpyDeviceToHost));
+  BENCH_CUDA(cudaMemcpy(off + L + 1, c->off_f[r], (size_t)(L + 1) * 4, cudaMemcpyDeviceToHost));
+  size_t off_bad = 0, eout_diff = 0, bad_recv = 0, bad_eout = 0;
+  for (int64_t el = 0; el <= L; el++) {
+    const int64_t want = host_offset(c, r, el);
+    off_bad += off[el] != want || off[L + 1 + el] != want;
+  }
+  const size_t recv_diff =
+      tw_test_count_diff(c->recv[r], c->recv_f[r], (size_t)c->recv_rows * (size_t)H * 2);
+  for (int64_t el = 0; el < L && off_bad == 0; el++) {
+    const size_t live = (size_t)c->live[r * L + el], at = (size_t)off[el];
+    if (live == 0)
+      continue;
+    const char *eu = (const char *)c->eout[r] + at * (size_t)N * 2;
+    const char *ef = (const char *)c->eout_f[r] + at * (size_t)N * 2;
+    const char *ru = (const char *)c->recv[r] + at * (size_t)H * 2;
+    eout_diff += tw_test_count_diff(eu, ef, live * (size_t)N * 2);
+    size_t nan = 0;
+    (void)tw_test_rel_err_bf16(eu, ef, 0, live * (size_t)N, &nan);
+    bad_eout += nan;
+    (void)tw_test_rel_err_bf16(ru, ru, 0, live * (size_t)H, &nan);
+    bad_recv += nan;
+  }
+  BENCH_CUDA(cudaGetLastError());
+  free(off);
+  if (off_bad || recv_diff || eout_diff || bad_recv || bad_eout) {
+    fprintf(stderr,
+            "moe check, rank %d: fused vs unfused: %zu offsets off the host's layout, %zu recv "
+            "bytes and %zu expert_out live-row bytes differ; %zu / %zu non-finite values in "
+            "recv's / expert_out's live rows\n",
+            r, off_bad, recv_diff, eout_diff, bad_recv, bad_eout);
+    return 0;
+  }
+  return 1;
+}
+
+/* tw_moe_dispatch_gemm against tw_moe_dispatch + tw_grouped_gemm, on every rank. */
+static int moe_check(moe_ctx *c) {
+  const bench_ranks_t *rk = c->rk;
+  const size_t recv_bytes = (size_t)c->recv_rows * (size_t)c->hidden * 2;
+  const size_t eout_bytes = (size_t)c->recv_rows * (size_t)c->n_out * 2;
+  const size_t off_bytes = (size_t)(c->local + 1) * sizeof(int32_t);
+  for (int r = 0; r < rk->world; r++) {
+    bench_ranks_use(rk, r);
+    const tw_stream_t s = (tw_stream_t)rk->streams[r];
+    tw_test_poison(c->recv[r], recv_bytes, s);
+    tw_test_poison(c->recv_f[r], recv_bytes, s); /* alike: padding rows stay as they were */
+    BENCH_CUDA(cudaMemsetAsync(c->eout[r], 0xFF, eout_bytes, rk->streams[r]));
+    BENCH_CUDA(cudaMemsetAsync(c->eout_f[r], 0xFE, eout_bytes, rk->streams[r]));
+    BENCH_CUDA(cudaMemsetAsync(c->off[r], 0xFF, off_bytes, rk->streams[r]));
+    BENCH_CUDA(cudaMemsetAsync(c->off_f[r], 0xFF, off_bytes, rk->streams[r]));
+  }
+  sync_all(rk); /* every rank's poison before any rank's copies into it */
+  run_unfused(c, 0);
+  sync_all(rk);
+  run_fused(c, 0);
+  sync_all(rk);
+  int ok = !c->failed;
+  for (int r = 0; r < rk->world; r++) {
+    bench_ranks_use(rk, r);
+    tw_status_t async = TW_SUCCESS;
+    tw_comm_async_error(rk->comms[r], &async);
+    if (async != TW_SUCCESS) {
+      fprintf(stderr, "moe check, rank %d: %s\n", r, tw_comm_last_error(rk->comms[r]));
+      ok = 0;
+      continue;
+    }
+    ok &= check_rank(c, r);
+  }
+  bench_ranks_use(rk, 0);
+  return ok;
+}
+
+/* ---- the rows ----------------------------------------------------------------------------------
+ */
+
+enum { kUnfused, kFused, kDispatch, kGrouped, kVariants };
+
+/* Times every variant together (bench_time_multi_rounds) and adds their rows, the TW_BENCH_AB
+ * rows of the fused op and the bound row. */
+static void moe_rows(moe_ctx *c, const bench_opts_t *o, const bench_shape_t *shape, int ok_fused,
+                     bench_results_t *res) {
+  bench_ranks_t *rk = c->rk;
+  const int world = rk->world;
+  static const char *const names[kVariants] = {"unfused", "fused", "dispatch", "grouped-gemm"};
+  void (*const fns[kVariants])(void *, int) = {run_unfused, run_fused, run_dispatch, run_grouped};
+  double ms[kVariants] = {0}, p10[kVariants] = {0}, p90[kVariants] = {0};
+  bench_time_multi_rounds(fns, kVariants, c, rk->streams[0], rk->streams, world, o->warmup,
+                          o->repeats, ms, p10, p90);
+  const double flops = 2.0 * (double)c->live_total * (double)c->n_out * (double)c->hidden / world;
+  const double t_comm = ms[kDispatch], t_gemm = ms[kGrouped];
+  const double t_max = t_gemm > t_comm ? t_gemm : t_comm;
+  bench_row_t rows[kVariants];
+  for (int v = 0; v < kVariants; v++) {
+    bench_row_t *row = &rows[v];
+    memset(row, 0, sizeof(*row));
+    snprintf(row->op, sizeof(row->op), "moe");
+    snprintf(row->variant, sizeof(row->variant), "%s", names[v]);
+    snprintf(row->shape, sizeof(row->shape),
+             "T=%lld/rank H=%lld N=%lld E=%lld top%lld w=%d sms=%d%s", (long long)c->tokens,
+             (long long)c->hidden, (long long)c->n_out, (long long)c->experts, (long long)c->top_k,
+             world, rk->sm_budget, c->skew ? " skew" : "");
+    if (shape->label) { /* the label's name, past its "E=... top=..." */
+      const char *name = strrchr(shape->label, ' ');
+      name = name ? name + 1 : shape->label;
+      if (strncmp(name, "E=", 2) && strncmp(name, "top=", 4)) {
+        const size_t used = strlen(row->shape);
+        snprintf(row->shape + used, sizeof(row->shape) - used, " %s", name);
+      }
+    }
+    row->ms = ms[v], row->ms_p10 = p10[v], row->ms_p90 = p90[v];
+    if (v == kDispatch)
+      row->gbps = (double)c->remote_rows * (double)c->hidden * 2 / world / (ms[v] * 1e-3) / 1e9;
+    else
+      row->tflops = flops / (ms[v] * 1e-3) / 1e12;
+    row->speedup = ms[kUnfused] / ms[v];
+    row->ok = !c->failed && bench_ranks_async_ok(rk, names[v]);
+    if (v == kFused) {
+      row->overlap = t_max / ms[v];
+      row->ok = row->ok && ok_fused;
+    }
+    bench_add_row(res, row);
+  }
+  /* TW_BENCH_AB: interleaved rows of the fused op under each value of one knob (bench.h). */
+  bench_ab_rows(res, &rows[kFused], "fused", flops, ms[kUnfused], t_max, run_fused, c,
+                rk->streams[0], rk->streams, world, o);
+  bench_row_t bound = rows[kFused];
+  snprintf(bound.variant, sizeof(bound.variant), "bound");
+  bound.ms = bound.ms_p10 = bound.ms_p90 = t_max;
+  bound.tflops = 0, bound.overlap = 0, bound.ok = 1;
+  bound.speedup = (t_gemm + t_comm) / t_max;
+  bench_add_row(res, &bound);
+}
+
+/* ---- the op ------------------------------------------------------------------------------------
+ */
+
+/* An integer: the label's "<key>N" if it has one, else the environment variable, else dflt;
+ * -1 when malformed. */
+static int64_t param_of(const bench_shape_t *shape, const char *key, const char *env,
+                        int64_t dflt) {
+  const char *at = shape->label ? strstr(shape->label, key) : NULL;
+  const char *text = at ? at + strlen(key) : getenv(env);
+  if (!text || !*text)
+    return dflt;
+  char *end = NULL;
+  const long long v = strtoll(text, &end, 10);
+  if (end == text || (*end && *end != ' ') || v < 1)
+    return -1;
+  return (int64_t)v;
+}
+
+/* The shape's contract (the MoE calls' and the grouped GEMM's): 0, or -1 saying why not. */
+static int shape_ok(const bench_shape_t *s, int64_t experts, int64_t top_k) {
+  if (experts < 1 || experts > kMaxExperts || top_k < 1 || top_k > kMaxTopK || top_k > experts) {
+    fprintf(stderr,
+            "tw-bench moe: experts %lld (TW_BENCH_MOE_EXPERTS, 1 .. %d), top-k %lld "
+            "(TW_BENCH_MOE_TOPK, 1 .. %d and at most the experts)\n",
+            (long long)experts, kMaxExperts, (long long)top_k, kMaxTopK);
+    return -1;
+  }
+  if (s->m < 1 || s->m > (int64_t)INT32_MAX / kMaxTopK || s->n < 8 || s->n % 8 ||
+      s->n > (int64_t)INT32_MAX || s->k < 8 || s->k % 8 || s->k > (int64_t)INT32_MAX) {
+    fprintf(stderr,
+            "tw-bench moe: m (tokens per rank) %lld: 1 .. 2^27; n (n_out) %lld and k (hidden) "
+            "%lld: multiples of 8\n",
+            (long long)s->m, (long long)s->n, (long long)s->k);
+    return -1;
+  }
+  return 0;
+}
+
+static int run_moe(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res) {
+  const int world = o->world ? o->world : 8;
+  const int64_t experts = param_of(shape, "E=", "TW_BENCH_MOE_EXPERTS", kDefaultExperts);
+  const int64_t top_k = param_of(shape, "top=", "TW_BENCH_MOE_TOPK", kDefaultTopK);
+  if (shape_ok(shape, experts, top_k) != 0)
+    return 1;
+  if (experts % world) {
+    fprintf(stderr, "moe: %lld experts are no multiple of world=%d: %s\n", (long long)experts,
+            world, o->have_shape ? "cannot run the shape" : "shape skipped");
+    return o->have_shape ? 1 : 0;
+  }
+  const char *skew_env = getenv("TW_BENCH_MOE_SKEW");
+  const char *seed_env = getenv("TW_BENCH_MOE_SEED");
+  const uint64_t seed = seed_env && *seed_env ? strtoull(seed_env, NULL, 10) : 1;
+  bench_ranks_t rk;
+  if (bench_ranks_init(&rk, world, o->sm_budget))
+    return 1;
+  moe_ctx *c = (moe_ctx *)calloc(1, sizeof(moe_ctx));
+  if (!c) {
+    fprintf(stderr, "tw-bench: out of host memory\n");
+    exit(3);
+  }
+  c->rk = &rk;
+  c->tokens = shape->m, c->hidden = shape->k, c->n_out = shape->n;
+  c->experts = experts, c->top_k = top_k, c->local = experts / world;
+  c->skew = skew_env && atoi(skew_env) == 1;
+  int rc = moe_route(c, seed);
+  if (rc)
+    fprintf(stderr, "tw-bench: out of host memory (the routing)\n");
+  if (!rc) {
+    fprintf(stderr, "moe: recv_rows %lld, %lld live rows, %lld of them to peers%s\n",
+            (long long)c->recv_rows, (long long)c->live_total, (long long)c->remote_rows,
+            c->skew ? " (skewed routing)" : "");
+    rc = moe_setup(c, seed);
+  }
+  if (!rc) {
+    const int ok_fused = o->check ? moe_check(c) : 1;
+    rc = c->failed;         /* a refused call: the shape's setup error, not timed */
+    if (!rc && !o->check) { /* one call of each before timing: a refused call is a setup error */
+      run_unfused(c, 0);
+      run_fused(c, 0);
+      sync_all(&rk);
+      rc = c->failed;
+    }
+    if (!rc)
+      moe_rows(c, o, shape, ok_fused, res);
+  }
+  moe_teardown(c);
+  free(c);
+  bench_ranks_fini(&rk);
+  return rc;
+}
+
+/* m = tokens per rank, n = n_out, k = hidden; E and top-k in the label. */
+static const bench_shape_t moe_sweep[] = {
+    {512, 4096, 7168, "E=256 top=8 dsv3-gate-up"},  /* DeepSeek-V3 gate+up */
+    {2048, 4096, 7168, "E=256 top=8 dsv3-gate-up"}, /* the same, prefill-sized */
+    {1024, 14336, 4096, "E=8 top=2 mixtral"},       /* Mixtral 8x7B w1+w3 */
+    {64, 4096, 7168, "E=256 top=8 decode"},         /* decode-sized */
+};
+static const bench_shape_t moe_quick[] = {
+    {512, 4096, 7168, "E=256 top=8 dsv3-gate-up"},
+    {64, 4096, 7168, "E=256 top=8 decode"},
+};
+
+static const bench_op_t moe_op = {
+    "moe",
+    "MoE dispatch+expert GEMM: fused vs dispatch+grouped GEMM and the pieces; m = tokens per "
+    "rank, n = n_out, k = hidden, E/top-k in the label or TW_BENCH_MOE_EXPERTS/_TOPK (256/8)",
+    moe_sweep,
+    (int)(sizeof(moe_sweep) / sizeof(moe_sweep[0])),
+    moe_quick,
+    (int)(sizeof(moe_quick) / sizeof(moe_quick[0])),
+    run_moe,
+};
+BENCH_OP_REGISTER(moe, moe_op, 70);
