@@ -516,7 +516,8 @@ typedef struct tw_moe_args {
   { sizeof(tw_moe_args_t), TW_MOE_ARGS_VERSION, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 TW_API tw_status_t tw_moe_args_init(tw_moe_args_t *args);
-/* Workspace bytes of tw_moe_dispatch / tw_moe_combine on this comm. */
+/* Workspace bytes of the MoE calls on this comm (one workspace serves a dispatch and the combine
+ * that follows it, fused or not). */
 TW_API tw_status_t tw_moe_workspace_size(tw_comm_t comm, int64_t max_tokens, int64_t experts,
                                          int64_t top_k, size_t *bytes);
 TW_API tw_status_t tw_moe_dispatch(tw_comm_t comm, const tw_moe_args_t *args, tw_stream_t stream);
