@@ -7,9 +7,10 @@
  *   GEMM      the experts' rows into this rank's expert_out; each tile's epilogue, once its
  *             stores are complete, adds 1 (system scope, behind a fence, on the signal warp) to
  *             its row block's counter. The counters count tiles over all of this op's calls:
- *             after call c every row block's holds (c + 1) x n_blocks (the last CTA tops up the
- *             blocks no tile touched), so a reader of call c waits for that value and nothing is
- *             ever reset under a reader on another rank.
+ *             after a call every row block's holds the sum of the calls' column blocks so far
+ *             (kFlagCombineCount; the last CTA tops up every block no tile touched), so a reader
+ *             waits for that sum plus this call's n_blocks, and nothing is ever reset under a
+ *             reader on another rank.
  *   combine   CTAs [0, reduce_ctas) claim no tile (Wait::takes_no_tile) and start on it at once;
  *             the others join after their tiles. Token t (static stride over the CTAs) waits
  *             until the row blocks of its slots' rows are complete on their ranks, then sums
@@ -93,8 +94,8 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
   int mine = 1;
   if (threadIdx.x == 0) {
     mine = tw_kernel_enter(dc, ch, epoch) && tw_wait_entries(dc, ch, epoch);
-    const uint64_t calls = *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagCombineCalls);
-    s_target = (calls + 1) * (uint64_t)cp.gemm.order.n_blocks;
+    const uint64_t base = *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagCombineCount);
+    s_target = base + (uint64_t)cp.gemm.order.n_blocks;
   }
   int ok = __syncthreads_and(mine);
   gemm_cta_loop<kStages, kEpiBytes, CombineEpi, CombineWait, true, 1, kBN>(
@@ -117,15 +118,24 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
       combine_token(p, t);
   }
   __syncthreads();
-  if (threadIdx.x == 0 && tw_op_exit(dc, ch, epoch, false)) {
-    /* the last CTA: the row blocks no tile counted this call reach the call's count too */
-    const int32_t live =
-        min(cp.gemm.order.m_blocks,
-            (__ldg(cp.gemm.wait.offsets + cp.gemm.wait.groups) + kBlockM - 1) / kBlockM);
-    for (int32_t b = max(live, 0); b < cp.gemm.order.m_blocks; b++)
-      atomicAdd((unsigned long long *)tw_own_flag(dc, ch, kFlagCombineBlocks + b),
-                (unsigned long long)cp.gemm.order.n_blocks);
-    *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagCombineCalls) += 1;
+  __shared__ int s_last;
+  if (threadIdx.x == 0)
+    s_last = tw_op_exit(dc, ch, epoch, false);
+  __syncthreads();
+  if (!s_last)
+    return;
+  /* The last CTA: every row block this call's tiles did not count, of every bound a call may
+   * have (kMaxBlocks), reaches the call's count too, so the next call's target holds for all
+   * of them whatever its n_out and recv_rows. */
+  const int32_t live =
+      min(cp.gemm.order.m_blocks,
+          (__ldg(cp.gemm.wait.offsets + cp.gemm.wait.groups) + kBlockM - 1) / kBlockM);
+  for (int32_t b = max(live, 0) + (int32_t)threadIdx.x; b < kMaxBlocks; b += blockDim.x)
+    atomicAdd((unsigned long long *)tw_own_flag(dc, ch, kFlagCombineBlocks + b),
+              (unsigned long long)cp.gemm.order.n_blocks);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagCombineCount) = s_target;
     tw_op_end(dc, ch, epoch);
   }
 }

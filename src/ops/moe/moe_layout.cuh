@@ -29,12 +29,13 @@ constexpr int kDispatch = 1, kCombine = 2, kDispatchGemm = 3, kGemmCombine = 4; 
  * [0, world) the counts from rank s; [world, 2 world) rank s's rows landed; from kFlagBlocks
  * tw_moe_dispatch_gemm's rows per 128-row block (zeroed by its last CTA); from
  * kFlagCombineBlocks tw_moe_gemm_combine's finished tiles per row block (cumulative over its
- * calls); the dispatch's CTAs out of their copies; tw_moe_gemm_combine's calls so far. */
+ * calls); the dispatch's CTAs out of their copies; the sum of tw_moe_gemm_combine's column
+ * blocks over its calls so far (every block counter's value between calls). */
 constexpr int kMaxBlocks = 8000; /* row blocks of recv (recv_rows / 128) the fused calls serve */
 constexpr int kFlagBlocks = 2 * TW_MAX_WORLD, kFlagCombineBlocks = 8192;
-constexpr int kFlagCopiesDone = TW_CHANNEL_FLAGS - 3, kFlagCombineCalls = TW_CHANNEL_FLAGS - 4;
+constexpr int kFlagCopiesDone = TW_CHANNEL_FLAGS - 3, kFlagCombineCount = TW_CHANNEL_FLAGS - 4;
 static_assert(kFlagBlocks + kMaxBlocks <= kFlagCombineBlocks &&
-                  kFlagCombineBlocks + kMaxBlocks <= kFlagCombineCalls,
+                  kFlagCombineBlocks + kMaxBlocks <= kFlagCombineCount,
               "the MoE flags overlap");
 
 /* The workspace of one rank (byte offsets): counts_in [world][experts + 2] int32 (stored by
