@@ -7,7 +7,8 @@
  * offsets padded to 128 (padding rows untouched); the offsets are exact; every rank's combine is
  * bitwise the host's slot-order fp32 sum of the weighted expert outputs it read, and within bf16
  * tolerance of an fp64 reference of the whole layer; tw_moe_dispatch_gemm then gives the same
- * recv, offsets, experts' rows and combined out, bitwise, and so does tw_moe_gemm_combine.
+ * recv, offsets, experts' rows and combined out, bitwise, and so does tw_moe_gemm_combine, also
+ * when calls of two n_out alternate on one comm (two layers).
  * Back-to-back calls with fresh routings; then an expert index out of range and a too-small recv,
  * each reported on every rank as TW_ERR_INVALID_ARGUMENT naming it, with nothing copied; and
  * argument refusals. 77 without a Hopper GPU.
@@ -391,6 +392,78 @@ static void test_layer(int world, int experts, int top_k, int64_t hidden, int64_
 
 /* Device-found errors: an index out of range on one rank, and a recv too small for a hot
  * expert; every rank reports TW_ERR_INVALID_ARGUMENT naming it and no rank's recv was written. */
+/* tw_moe_gemm_combine as two layers of one comm would call it: after each dispatch, calls of
+ * another n_out (and so another count of column blocks) in turn, each bitwise tw_grouped_gemm +
+ * tw_moe_combine; its block counters must stay exact across them. */
+static void test_gemm_combine_layers(uint64_t seed) {
+  world_t m;
+  const int64_t n_big = 640; /* 3 column blocks of 256 against the world's n of 128: 1 */
+  world_init(&m, 2, 4, 2, 128, n_big, 200, 2048, 32);
+  const int local = 2;
+  void *wide[2], *eout_ref[2], *out_ref[2];
+  for (int r = 0; r < 2; r++) {
+    TEST_CUDA_OK(cudaMalloc(&wide[r], (size_t)local * n_big * 128 * 2));
+    TEST_CUDA_OK(cudaMalloc(&eout_ref[r], (size_t)2048 * n_big * 2));
+    TEST_CUDA_OK(cudaMalloc(&out_ref[r], (size_t)200 * n_big * 2));
+    tw_test_fill_bf16(wide[r], (size_t)local * n_big * 128, seed + 70 + r, 0);
+  }
+  uint64_t rng = seed | 1;
+  for (int call = 0; call < 4; call++) {
+    for (int r = 0; r < 2; r++)
+      m.tokens[r] = (int64_t)(tw_test_xorshift(&rng) % 200) + 1;
+    route(&m, call % 2 ? kSkewed : kRandom, &rng);
+    for (int r = 0; r < 2; r++) {
+      tw_moe_args_t a = args_of(&m, r);
+      TEST_TW_OK(tw_moe_dispatch(m.comms[r], &a, (tw_stream_t)m.streams[r]));
+    }
+    const int64_t n = call % 2 ? n_big : 128; /* the layers alternate */
+    size_t bad = 0;
+    for (int pass = 0; pass < 2; pass++) { /* the unfused pipeline, then the fused call */
+      for (int r = 0; r < 2; r++) {
+        tw_test_poison(m.eout[r], (size_t)2048 * n_big * 2, (tw_stream_t)m.streams[r]);
+        tw_test_poison(m.out[r], (size_t)200 * n_big * 2, (tw_stream_t)m.streams[r]);
+      }
+      for (int r = 0; r < 2; r++) {
+        tw_moe_args_t a = args_of(&m, r);
+        a.n_out = n;
+        a.weights = call % 2 ? wide[r] : m.weights[r];
+        if (pass == 0) {
+          tw_grouped_gemm_args_t g = TW_GROUPED_GEMM_ARGS_INIT;
+          g.a = m.recv[r], g.b = a.weights, g.out = m.eout[r], g.offsets = m.offsets[r];
+          g.m = m.recv_rows, g.n = n, g.k = m.hidden, g.groups = local;
+          TEST_TW_OK(tw_grouped_gemm(&g, (tw_stream_t)m.streams[r]));
+        }
+      }
+      for (int r = 0; r < 2; r++) {
+        tw_moe_args_t a = args_of(&m, r);
+        a.n_out = n;
+        a.weights = call % 2 ? wide[r] : m.weights[r];
+        TEST_TW_OK(pass == 0 ? tw_moe_combine(m.comms[r], &a, (tw_stream_t)m.streams[r])
+                             : tw_moe_gemm_combine(m.comms[r], &a, (tw_stream_t)m.streams[r]));
+      }
+      TEST_CUDA_OK(cudaDeviceSynchronize());
+      for (int r = 0; r < 2; r++) {
+        const size_t bytes = (size_t)m.tokens[r] * n * 2;
+        if (pass == 0)
+          TEST_CUDA_OK(cudaMemcpy(out_ref[r], m.out[r], bytes, cudaMemcpyDeviceToDevice));
+        else
+          bad += tw_test_count_diff(m.out[r], out_ref[r], bytes);
+      }
+    }
+    TEST_ASSERT(bad == 0,
+                "layer call %d (n_out %lld): %zu bytes of out differ from the unfused "
+                "pipeline",
+                call, (long long)n, bad);
+  }
+  for (int r = 0; r < 2; r++) {
+    tw_status_t async = TW_ERR_INTERNAL;
+    TEST_TW_OK(tw_comm_async_error(m.comms[r], &async));
+    TEST_ASSERT(async == TW_SUCCESS, "layers: rank %d: %s", r, tw_comm_last_error(m.comms[r]));
+    cudaFree(wide[r]), cudaFree(eout_ref[r]), cudaFree(out_ref[r]);
+  }
+  world_fini(&m);
+}
+
 static void test_routing_errors(void) {
   for (int which = 0; which < 2; which++) {
     world_t m;
@@ -470,6 +543,7 @@ int main(void) {
   test_layer(2, 8, 2, 512, 256, 260, 64, seed + 1);
   test_layer(3, 6, 1, 128, 136, 200, 32, seed + 2);
   test_layer(4, 32, 8, 256, 128, 150, 32, seed + 3);
+  test_gemm_combine_layers(seed + 4);
   test_routing_errors();
   test_refusals();
   return tw_test_finish();
