@@ -18,6 +18,9 @@ With torch (imported on first use of these names): ``init``, ``gemm``, ``grouped
     tilewire.allgather(comm, x, out)
     y = tilewire.gemm(a, b)                   # a @ b.T
     y = tilewire.grouped_gemm(x, w, offsets)  # x[rows of g] @ w[g].T per group g
+
+``tilewire.nn`` (torch too): ``ColumnParallelLinear`` and ``RowParallelLinear``, torch.nn
+modules over ag_gemm / gemm_rs / gemm_ar (also as ``tilewire.ColumnParallelLinear``, ...).
 """
 
 from . import _lib
@@ -85,6 +88,9 @@ _TORCH_NAMES = (
     # ---- add each new op's name here as it lands
 )
 
+# torch.nn modules of tilewire.nn (needs torch): resolved from it on first access.
+_NN_NAMES = ("ColumnParallelLinear", "RowParallelLinear")
+
 __all__ = [
     "AbortedError",
     "MismatchError",
@@ -121,6 +127,8 @@ __all__ = [
     "library_version",
     "transport_info",
     *_TORCH_NAMES,
+    "nn",
+    *_NN_NAMES,
 ]
 
 
@@ -136,8 +144,18 @@ def __getattr__(name):
         value = getattr(_torch, name)
         globals()[name] = value
         return value
+    if name == "nn" or name in _NN_NAMES:
+        import importlib
+
+        try:  # not `from . import nn`: that asks this __getattr__ for "nn" again
+            _nn = importlib.import_module(__name__ + ".nn")
+        except ImportError as e:
+            raise ImportError("tilewire.%s needs PyTorch (%s)" % (name, e)) from e
+        value = _nn if name == "nn" else getattr(_nn, name)
+        globals()[name] = value
+        return value
     raise AttributeError("module 'tilewire' has no attribute %r" % name)
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_TORCH_NAMES))
+    return sorted(set(globals()) | set(_TORCH_NAMES) | {"nn", *_NN_NAMES})
