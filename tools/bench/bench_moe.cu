@@ -29,6 +29,19 @@
  * fused and unfused give bitwise the same recv and offsets on every rank, the offsets are the
  * host's layout, and expert_out's live rows (rows [offsets[e], offsets[e] + live rows of e),
  * counted on the host) agree bitwise, with no non-finite value in them or in recv's live rows.
+ *
+ * tw-bench moe_combine: the other half of the layer, the experts' second GEMM and the combine,
+ * on the same ranks and routing (topk_weights random in [0, 1)). Shape: m = tokens per rank,
+ * n = n_out (the combined output's columns, the model's hidden size), k = the GEMM's K (recv's
+ * columns, the experts' intermediate size). One tw_moe_dispatch before timing lays recv out.
+ *   unfused       tw_grouped_gemm of the local experts into expert_out, then tw_moe_combine
+ *   fused         tw_moe_gemm_combine (its own expert_out and out)
+ *   combine       tw_moe_combine alone, on the expert_out the GEMM already filled; gbps = the
+ *                 bytes each rank reads from its peers' expert_out over the time
+ *   grouped-gemm  tw_grouped_gemm alone
+ *   bound         as above, with t_combine for t_dispatch
+ * The check: expert_out's live rows and out (every token, every column) bitwise alike in both
+ * pipelines, the offsets the host's, and no non-finite value in expert_out's live rows or out.
  */
 #include <cuda_runtime.h>
 
@@ -46,13 +59,15 @@ enum { kDefaultExperts = 256, kDefaultTopK = 8 };
 typedef struct moe_ctx {
   bench_ranks_t *rk;
   int64_t tokens, hidden, n_out, experts, top_k, local, recv_rows;
-  int skew;
+  int skew, combine; /* combine: moe_combine's pipelines (GEMM then combine) */
   void *x[TW_MAX_WORLD], *idx[TW_MAX_WORLD], *weights[TW_MAX_WORLD], *ws[TW_MAX_WORLD];
   void *recv[TW_MAX_WORLD], *recv_f[TW_MAX_WORLD]; /* symmetric: unfused's, fused's */
   void *eout[TW_MAX_WORLD], *eout_f[TW_MAX_WORLD]; /* [recv_rows, n_out] */
   int32_t *off[TW_MAX_WORLD], *off_f[TW_MAX_WORLD];
-  int32_t *h_idx[TW_MAX_WORLD]; /* host routing, [tokens][top_k] */
-  int64_t *live;                /* [experts]: rows of each expert, from every rank */
+  float *topk_w[TW_MAX_WORLD];                   /* combine: [tokens][top_k] */
+  void *out[TW_MAX_WORLD], *out_f[TW_MAX_WORLD]; /* combine: [tokens, n_out] */
+  int32_t *h_idx[TW_MAX_WORLD];                  /* host routing, [tokens][top_k] */
+  int64_t *live; /* [experts]: rows of each expert, from every rank */
   int64_t live_total, remote_rows;
   int failed;
 } moe_ctx;
@@ -70,13 +85,19 @@ static tw_moe_args_t args_of(const moe_ctx *c, int r, int fused) {
   tw_moe_args_t a = TW_MOE_ARGS_INIT;
   a.index_bits = 32;
   a.x = c->x[r], a.topk_idx = c->idx[r];
-  a.recv = fused ? c->recv_f[r] : c->recv[r];
-  a.offsets = fused ? c->off_f[r] : c->off[r];
+  const int own = fused && !c->combine; /* the fused dispatch's own recv and offsets */
+  a.recv = own ? c->recv_f[r] : c->recv[r];
+  a.offsets = own ? c->off_f[r] : c->off[r];
   a.workspace = c->ws[r];
   a.tokens = c->tokens, a.max_tokens = c->tokens, a.hidden = c->hidden, a.n_out = c->n_out;
   a.experts = c->experts, a.top_k = c->top_k, a.recv_rows = c->recv_rows;
   if (fused)
     a.weights = c->weights[r], a.expert_out = c->eout_f[r];
+  if (c->combine) {
+    a.topk_weights = c->topk_w[r];
+    a.expert_out = fused ? c->eout_f[r] : c->eout[r];
+    a.out = fused ? c->out_f[r] : c->out[r];
+  }
   return a;
 }
 
@@ -97,13 +118,24 @@ static void do_grouped(moe_ctx *c, int r) {
   }
 }
 
+static void do_combine(moe_ctx *c, int r) {
+  const tw_moe_args_t a = args_of(c, r, 0);
+  note(c, tw_moe_combine(c->rk->comms[r], &a, (tw_stream_t)c->rk->streams[r]), r, "tw_moe_combine");
+}
+
+/* moe: dispatch, then the GEMM; moe_combine: the GEMM, then the combine */
 static void run_unfused(void *p, int iter) {
   (void)iter;
   moe_ctx *c = (moe_ctx *)p;
   for (int r = 0; r < c->rk->world; r++) {
     bench_ranks_use(c->rk, r);
-    do_dispatch(c, r);
-    do_grouped(c, r);
+    if (c->combine) {
+      do_grouped(c, r);
+      do_combine(c, r);
+    } else {
+      do_dispatch(c, r);
+      do_grouped(c, r);
+    }
   }
 }
 
@@ -113,17 +145,24 @@ static void run_fused(void *p, int iter) {
   for (int r = 0; r < c->rk->world; r++) {
     bench_ranks_use(c->rk, r);
     const tw_moe_args_t a = args_of(c, r, 1);
-    note(c, tw_moe_dispatch_gemm(c->rk->comms[r], &a, (tw_stream_t)c->rk->streams[r]), r,
-         "tw_moe_dispatch_gemm");
+    const tw_stream_t s = (tw_stream_t)c->rk->streams[r];
+    if (c->combine)
+      note(c, tw_moe_gemm_combine(c->rk->comms[r], &a, s), r, "tw_moe_gemm_combine");
+    else
+      note(c, tw_moe_dispatch_gemm(c->rk->comms[r], &a, s), r, "tw_moe_dispatch_gemm");
   }
 }
 
-static void run_dispatch(void *p, int iter) {
+/* the communication alone: the dispatch (moe) or the combine (moe_combine) */
+static void run_comm(void *p, int iter) {
   (void)iter;
   moe_ctx *c = (moe_ctx *)p;
   for (int r = 0; r < c->rk->world; r++) {
     bench_ranks_use(c->rk, r);
-    do_dispatch(c, r);
+    if (c->combine)
+      do_combine(c, r);
+    else
+      do_dispatch(c, r);
   }
 }
 
@@ -207,6 +246,26 @@ static int moe_route(moe_ctx *c, uint64_t seed) {
 /* ---- setup ------------------------------------------------------------------------------------
  */
 
+/* moe_combine's buffers of rank r (the current device): topk_weights random in [0, 1), out and
+ * out_f. 0, or 1 out of host memory. */
+static int setup_combine(moe_ctx *c, int r, uint64_t seed) {
+  const size_t entries = (size_t)(c->tokens * c->top_k), t = (size_t)(c->tokens ? c->tokens : 1);
+  float *h = (float *)malloc((entries ? entries : 1) * sizeof(float));
+  if (!h) {
+    fprintf(stderr, "tw-bench: out of host memory\n");
+    return 1;
+  }
+  uint64_t rng = seed * 7919 + 17 + (uint64_t)r;
+  for (size_t i = 0; i < entries; i++)
+    h[i] = (float)(tw_test_xorshift(&rng) >> 40) / (float)(1 << 24);
+  BENCH_CUDA(cudaMalloc((void **)&c->topk_w[r], (entries ? entries : 1) * sizeof(float)));
+  BENCH_CUDA(cudaMemcpy(c->topk_w[r], h, entries * sizeof(float), cudaMemcpyHostToDevice));
+  free(h);
+  BENCH_CUDA(cudaMalloc(&c->out[r], t * (size_t)c->n_out * 2));
+  BENCH_CUDA(cudaMalloc(&c->out_f[r], t * (size_t)c->n_out * 2));
+  return 0;
+}
+
 /* Allocates and fills every rank's buffers (x, the routing, the weights; recv, offsets and
  * expert_out for each pipeline; the workspace). Returns 0, or 1 after printing why. */
 static int moe_setup(moe_ctx *c, uint64_t seed) {
@@ -223,9 +282,12 @@ static int moe_setup(moe_ctx *c, uint64_t seed) {
   const size_t w_count = (size_t)c->local * (size_t)c->n_out * (size_t)c->hidden;
   const size_t entries = (size_t)(c->tokens * c->top_k);
   for (int r = 0; r < world; r++) {
+    /* expert_out symmetric: the combines read it in place from the experts' ranks */
     if (tw_mem_alloc(rk->comms[r], ws_bytes, &c->ws[r]) != TW_SUCCESS ||
         tw_mem_alloc(rk->comms[r], recv_bytes, &c->recv[r]) != TW_SUCCESS ||
-        tw_mem_alloc(rk->comms[r], recv_bytes, &c->recv_f[r]) != TW_SUCCESS) {
+        tw_mem_alloc(rk->comms[r], recv_bytes, &c->recv_f[r]) != TW_SUCCESS ||
+        tw_mem_alloc(rk->comms[r], eout_bytes, &c->eout[r]) != TW_SUCCESS ||
+        tw_mem_alloc(rk->comms[r], eout_bytes, &c->eout_f[r]) != TW_SUCCESS) {
       fprintf(stderr, "tw_mem_alloc: %s\n", tw_comm_last_error(rk->comms[r]));
       return 1;
     }
@@ -234,18 +296,30 @@ static int moe_setup(moe_ctx *c, uint64_t seed) {
     BENCH_CUDA(cudaMalloc(&c->x[r], (size_t)(c->tokens ? c->tokens : 1) * c->hidden * 2));
     BENCH_CUDA(cudaMalloc(&c->idx[r], (entries ? entries : 1) * sizeof(int32_t)));
     BENCH_CUDA(cudaMalloc(&c->weights[r], w_count * 2));
-    BENCH_CUDA(cudaMalloc(&c->eout[r], eout_bytes));
-    BENCH_CUDA(cudaMalloc(&c->eout_f[r], eout_bytes));
     BENCH_CUDA(cudaMalloc((void **)&c->off[r], (size_t)(c->local + 1) * sizeof(int32_t)));
     BENCH_CUDA(cudaMalloc((void **)&c->off_f[r], (size_t)(c->local + 1) * sizeof(int32_t)));
     BENCH_CUDA(cudaMemcpyAsync(c->idx[r], c->h_idx[r], entries * sizeof(int32_t),
                                cudaMemcpyHostToDevice, rk->streams[r]));
     tw_test_fill_bf16(c->x[r], (size_t)c->tokens * c->hidden, seed * 131 + 11 + r, s);
     tw_test_fill_bf16(c->weights[r], w_count, seed * 131 + 1000 + r, s);
+    if (c->combine && setup_combine(c, r, seed))
+      return 1;
   }
   for (int r = 0; r < world; r++) {
     bench_ranks_use(rk, r);
     BENCH_CUDA(cudaStreamSynchronize(rk->streams[r]));
+  }
+  if (c->combine) { /* the layout the combines use: one dispatch of x */
+    for (int r = 0; r < world; r++) {
+      bench_ranks_use(rk, r);
+      do_dispatch(c, r);
+    }
+    for (int r = 0; r < world; r++) {
+      bench_ranks_use(rk, r);
+      BENCH_CUDA(cudaStreamSynchronize(rk->streams[r]));
+    }
+    if (c->failed)
+      return 1;
   }
   bench_ranks_use(rk, 0);
   return 0;
@@ -257,7 +331,12 @@ static void moe_teardown(moe_ctx *c) {
     bench_ranks_use(rk, r);
     BENCH_CUDA(cudaStreamSynchronize(rk->streams[r]));
     cudaFree(c->x[r]), cudaFree(c->idx[r]), cudaFree(c->weights[r]);
-    cudaFree(c->eout[r]), cudaFree(c->eout_f[r]), cudaFree(c->off[r]), cudaFree(c->off_f[r]);
+    cudaFree(c->off[r]), cudaFree(c->off_f[r]);
+    cudaFree(c->topk_w[r]), cudaFree(c->out[r]), cudaFree(c->out_f[r]);
+    if (c->eout[r])
+      tw_mem_free(rk->comms[r], c->eout[r]);
+    if (c->eout_f[r])
+      tw_mem_free(rk->comms[r], c->eout_f[r]);
     if (c->ws[r])
       tw_mem_free(rk->comms[r], c->ws[r]);
     if (c->recv[r])
@@ -293,12 +372,18 @@ static int check_rank(const moe_ctx *c, int r) {
   BENCH_CUDA(cudaMemcpy(off, c->off[r], (size_t)(L + 1) * 4, cudaMemcpyDeviceToHost));
   BENCH_CUDA(cudaMemcpy(off + L + 1, c->off_f[r], (size_t)(L + 1) * 4, cudaMemcpyDeviceToHost));
   size_t off_bad = 0, eout_diff = 0, bad_recv = 0, bad_eout = 0;
-  for (int64_t el = 0; el <= L; el++) {
+  for (int64_t el = 0; el <= L; el++) { /* moe_combine: the setup dispatch's offsets only */
     const int64_t want = host_offset(c, r, el);
-    off_bad += off[el] != want || off[L + 1 + el] != want;
+    off_bad += off[el] != want || (!c->combine && off[L + 1 + el] != want);
   }
-  const size_t recv_diff =
-      tw_test_count_diff(c->recv[r], c->recv_f[r], (size_t)c->recv_rows * (size_t)H * 2);
+  size_t recv_diff = 0, out_diff = 0, bad_out = 0;
+  if (c->combine) {
+    const size_t n = (size_t)c->tokens * (size_t)N;
+    out_diff = tw_test_count_diff(c->out[r], c->out_f[r], n * 2);
+    (void)tw_test_rel_err_bf16(c->out[r], c->out_f[r], 0, n, &bad_out);
+  } else {
+    recv_diff = tw_test_count_diff(c->recv[r], c->recv_f[r], (size_t)c->recv_rows * (size_t)H * 2);
+  }
   for (int64_t el = 0; el < L && off_bad == 0; el++) {
     const size_t live = (size_t)c->live[r * L + el], at = (size_t)off[el];
     if (live == 0)
@@ -315,18 +400,19 @@ static int check_rank(const moe_ctx *c, int r) {
   }
   BENCH_CUDA(cudaGetLastError());
   free(off);
-  if (off_bad || recv_diff || eout_diff || bad_recv || bad_eout) {
+  if (off_bad || recv_diff || eout_diff || bad_recv || bad_eout || out_diff || bad_out) {
     fprintf(stderr,
             "moe check, rank %d: fused vs unfused: %zu offsets off the host's layout, %zu recv "
-            "bytes and %zu expert_out live-row bytes differ; %zu / %zu non-finite values in "
-            "recv's / expert_out's live rows\n",
-            r, off_bad, recv_diff, eout_diff, bad_recv, bad_eout);
+            "bytes, %zu expert_out live-row bytes and %zu out bytes differ; %zu / %zu / %zu "
+            "non-finite values in recv's / expert_out's live rows / out\n",
+            r, off_bad, recv_diff, eout_diff, out_diff, bad_recv, bad_eout, bad_out);
     return 0;
   }
   return 1;
 }
 
-/* tw_moe_dispatch_gemm against tw_moe_dispatch + tw_grouped_gemm, on every rank. */
+/* tw_moe_dispatch_gemm against tw_moe_dispatch + tw_grouped_gemm (moe_combine:
+ * tw_moe_gemm_combine against tw_grouped_gemm + tw_moe_combine), on every rank. */
 static int moe_check(moe_ctx *c) {
   const bench_ranks_t *rk = c->rk;
   const size_t recv_bytes = (size_t)c->recv_rows * (size_t)c->hidden * 2;
@@ -335,10 +421,16 @@ static int moe_check(moe_ctx *c) {
   for (int r = 0; r < rk->world; r++) {
     bench_ranks_use(rk, r);
     const tw_stream_t s = (tw_stream_t)rk->streams[r];
-    tw_test_poison(c->recv[r], recv_bytes, s);
-    tw_test_poison(c->recv_f[r], recv_bytes, s); /* alike: padding rows stay as they were */
     BENCH_CUDA(cudaMemsetAsync(c->eout[r], 0xFF, eout_bytes, rk->streams[r]));
     BENCH_CUDA(cudaMemsetAsync(c->eout_f[r], 0xFE, eout_bytes, rk->streams[r]));
+    if (c->combine) { /* recv and offsets: the setup dispatch's, read by both pipelines */
+      const size_t out_bytes = (size_t)(c->tokens ? c->tokens : 1) * (size_t)c->n_out * 2;
+      BENCH_CUDA(cudaMemsetAsync(c->out[r], 0xFF, out_bytes, rk->streams[r]));
+      BENCH_CUDA(cudaMemsetAsync(c->out_f[r], 0xFE, out_bytes, rk->streams[r]));
+      continue;
+    }
+    tw_test_poison(c->recv[r], recv_bytes, s);
+    tw_test_poison(c->recv_f[r], recv_bytes, s); /* alike: padding rows stay as they were */
     BENCH_CUDA(cudaMemsetAsync(c->off[r], 0xFF, off_bytes, rk->streams[r]));
     BENCH_CUDA(cudaMemsetAsync(c->off_f[r], 0xFF, off_bytes, rk->streams[r]));
   }
@@ -366,7 +458,7 @@ static int moe_check(moe_ctx *c) {
 /* ---- the rows ----------------------------------------------------------------------------------
  */
 
-enum { kUnfused, kFused, kDispatch, kGrouped, kVariants };
+enum { kUnfused, kFused, kComm, kGrouped, kVariants };
 
 /* Times every variant together (bench_time_multi_rounds) and adds their rows, the TW_BENCH_AB
  * rows of the fused op and the bound row. */
@@ -374,19 +466,20 @@ static void moe_rows(moe_ctx *c, const bench_opts_t *o, const bench_shape_t *sha
                      bench_results_t *res) {
   bench_ranks_t *rk = c->rk;
   const int world = rk->world;
-  static const char *const names[kVariants] = {"unfused", "fused", "dispatch", "grouped-gemm"};
-  void (*const fns[kVariants])(void *, int) = {run_unfused, run_fused, run_dispatch, run_grouped};
+  const char *const names[kVariants] = {"unfused", "fused", c->combine ? "combine" : "dispatch",
+                                        "grouped-gemm"};
+  void (*const fns[kVariants])(void *, int) = {run_unfused, run_fused, run_comm, run_grouped};
   double ms[kVariants] = {0}, p10[kVariants] = {0}, p90[kVariants] = {0};
   bench_time_multi_rounds(fns, kVariants, c, rk->streams[0], rk->streams, world, o->warmup,
                           o->repeats, ms, p10, p90);
   const double flops = 2.0 * (double)c->live_total * (double)c->n_out * (double)c->hidden / world;
-  const double t_comm = ms[kDispatch], t_gemm = ms[kGrouped];
+  const double t_comm = ms[kComm], t_gemm = ms[kGrouped];
   const double t_max = t_gemm > t_comm ? t_gemm : t_comm;
   bench_row_t rows[kVariants];
   for (int v = 0; v < kVariants; v++) {
     bench_row_t *row = &rows[v];
     memset(row, 0, sizeof(*row));
-    snprintf(row->op, sizeof(row->op), "moe");
+    snprintf(row->op, sizeof(row->op), "%s", c->combine ? "moe_combine" : "moe");
     snprintf(row->variant, sizeof(row->variant), "%s", names[v]);
     snprintf(row->shape, sizeof(row->shape),
              "T=%lld/rank H=%lld N=%lld E=%lld top%lld w=%d sms=%d%s", (long long)c->tokens,
@@ -401,8 +494,9 @@ static void moe_rows(moe_ctx *c, const bench_opts_t *o, const bench_shape_t *sha
       }
     }
     row->ms = ms[v], row->ms_p10 = p10[v], row->ms_p90 = p90[v];
-    if (v == kDispatch)
-      row->gbps = (double)c->remote_rows * (double)c->hidden * 2 / world / (ms[v] * 1e-3) / 1e9;
+    if (v == kComm) /* the rows crossing ranks: recv's (dispatch) or expert_out's (combine) */
+      row->gbps = (double)c->remote_rows * (double)(c->combine ? c->n_out : c->hidden) * 2 / world /
+                  (ms[v] * 1e-3) / 1e9;
     else
       row->tflops = flops / (ms[v] * 1e-3) / 1e12;
     row->speedup = ms[kUnfused] / ms[v];
@@ -462,7 +556,8 @@ static int shape_ok(const bench_shape_t *s, int64_t experts, int64_t top_k) {
   return 0;
 }
 
-static int run_moe(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res) {
+static int run_moe_mode(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res,
+                        int combine) {
   const int world = o->world ? o->world : 8;
   const int64_t experts = param_of(shape, "E=", "TW_BENCH_MOE_EXPERTS", kDefaultExperts);
   const int64_t top_k = param_of(shape, "top=", "TW_BENCH_MOE_TOPK", kDefaultTopK);
@@ -488,6 +583,7 @@ static int run_moe(const bench_opts_t *o, const bench_shape_t *shape, bench_resu
   c->tokens = shape->m, c->hidden = shape->k, c->n_out = shape->n;
   c->experts = experts, c->top_k = top_k, c->local = experts / world;
   c->skew = skew_env && atoi(skew_env) == 1;
+  c->combine = combine;
   int rc = moe_route(c, seed);
   if (rc)
     fprintf(stderr, "tw-bench: out of host memory (the routing)\n");
@@ -515,6 +611,15 @@ static int run_moe(const bench_opts_t *o, const bench_shape_t *shape, bench_resu
   return rc;
 }
 
+static int run_moe(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res) {
+  return run_moe_mode(o, shape, res, 0);
+}
+
+static int run_moe_combine(const bench_opts_t *o, const bench_shape_t *shape,
+                           bench_results_t *res) {
+  return run_moe_mode(o, shape, res, 1);
+}
+
 /* m = tokens per rank, n = n_out, k = hidden; E and top-k in the label. */
 static const bench_shape_t moe_sweep[] = {
     {512, 4096, 7168, "E=256 top=8 dsv3-gate-up"},  /* DeepSeek-V3 gate+up */
@@ -538,3 +643,27 @@ static const bench_op_t moe_op = {
     run_moe,
 };
 BENCH_OP_REGISTER(moe, moe_op, 70);
+
+/* m = tokens per rank, n = n_out (the model's hidden size), k = the experts' intermediate size */
+static const bench_shape_t moe_combine_sweep[] = {
+    {512, 7168, 2048, "E=256 top=8 dsv3-down"},
+    {2048, 7168, 2048, "E=256 top=8 dsv3-down"},
+    {1024, 4096, 14336, "E=8 top=2 mixtral-down"},
+    {64, 7168, 2048, "E=256 top=8 decode-down"},
+};
+static const bench_shape_t moe_combine_quick[] = {
+    {512, 7168, 2048, "E=256 top=8 dsv3-down"},
+    {64, 7168, 2048, "E=256 top=8 decode-down"},
+};
+
+static const bench_op_t moe_combine_op = {
+    "moe_combine",
+    "MoE expert GEMM+combine: fused vs grouped GEMM+combine and the pieces; m = tokens per rank, "
+    "n = n_out, k = the GEMM's K, E/top-k in the label or TW_BENCH_MOE_EXPERTS/_TOPK (256/8)",
+    moe_combine_sweep,
+    (int)(sizeof(moe_combine_sweep) / sizeof(moe_combine_sweep[0])),
+    moe_combine_quick,
+    (int)(sizeof(moe_combine_quick) / sizeof(moe_combine_quick[0])),
+    run_moe_combine,
+};
+BENCH_OP_REGISTER(moe_combine, moe_combine_op, 71);
