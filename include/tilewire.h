@@ -488,7 +488,7 @@ TW_API tw_status_t tw_gemm_ar(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_
  * calls it after its expert GEMM, and each rank's next dispatch waits until every rank's combine
  * has read its expert_out.
  */
-#define TW_MOE_ARGS_VERSION 1
+#define TW_MOE_ARGS_VERSION 2
 typedef struct tw_moe_args {
   size_t size;               /* sizeof(tw_moe_args_t) */
   uint32_t version;          /* TW_MOE_ARGS_VERSION */
@@ -508,12 +508,21 @@ typedef struct tw_moe_args {
   int64_t experts, top_k;    /* experts a multiple of world, <= 1024; top_k 1 .. 16 */
   int64_t recv_rows;         /* rows of every rank's recv (and expert_out) */
   /* tw_moe_dispatch_gemm: bf16 [local experts][n_out, hidden], this rank's experts' weights
-   * (the grouped GEMM's b); expert_out is then its output (device memory of this rank) */
+   * (the grouped GEMM's b); expert_out is then its output (device memory of this rank).
+   * tw_moe_ffn: bf16 [local experts][2 inter, hidden], each expert's gate rows then its up rows */
   const void *weights;
+  /* (version 2; absent before) tw_moe_ffn only */
+  const void *weights2; /* bf16 [local experts][hidden, inter]: the down projection */
+  void *h;              /* bf16 [recv_rows, 2 inter], this rank's device memory: gate | up */
+  void *act;            /* bf16 [recv_rows, inter], this rank's device memory: tw_swiglu(h) */
+  int64_t inter;        /* the experts' intermediate size, a positive multiple of 8 */
 } tw_moe_args_t;
 
 #define TW_MOE_ARGS_INIT                                                                           \
-  { sizeof(tw_moe_args_t), TW_MOE_ARGS_VERSION, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+  {                                                                                                \
+    sizeof(tw_moe_args_t), TW_MOE_ARGS_VERSION, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,   \
+        0, 0, 0, 0, 0                                                                              \
+  }
 
 TW_API tw_status_t tw_moe_args_init(tw_moe_args_t *args);
 /* Workspace bytes of the MoE calls on this comm (one workspace serves a dispatch and the combine
@@ -537,6 +546,22 @@ TW_API tw_status_t tw_moe_dispatch_gemm(tw_comm_t comm, const tw_moe_args_t *arg
  * x is not read. */
 TW_API tw_status_t tw_moe_gemm_combine(tw_comm_t comm, const tw_moe_args_t *args,
                                        tw_stream_t stream);
+/* The expert FFN of an MoE layer in one persistent kernel: the dispatch of x; h = recv x
+ * weights^T (gate and up); act = tw_swiglu(h); expert_out = act x weights2^T (the down
+ * projection, n = hidden); the combine of expert_out into out [tokens, hidden]. Each stage's
+ * row block starts once the one before has finished it: a gate/up tile when its block's rows
+ * landed, a block's SwiGLU when its gate/up tiles are stored, a down tile when its block's act
+ * is, a token when its slots' down rows are, on their ranks. recv, offsets, h, act and
+ * expert_out's live rows and out are bitwise tw_moe_dispatch, tw_grouped_gemm, tw_swiglu,
+ * tw_grouped_gemm and tw_moe_combine. n_out is not read. recv and expert_out [recv_rows,
+ * hidden] are symmetric; h and act are this rank's device memory. */
+TW_API tw_status_t tw_moe_ffn(tw_comm_t comm, const tw_moe_args_t *args, tw_stream_t stream);
+/* act[r][i] = bf16(silu(g) * u) for g = h[r][i], u = h[r][inter + i], in fp32 with silu(g) =
+ * g / (1 + expf(-g)): the step between an expert's gate/up and down GEMMs (tw_moe_ffn's, the
+ * same bits). h bf16 [rows, 2 inter], act bf16 [rows, inter], both 16-byte aligned device
+ * memory, inter a positive multiple of 8. */
+TW_API tw_status_t tw_swiglu(const void *h, void *act, int64_t rows, int64_t inter,
+                             tw_stream_t stream);
 
 /* ---- environment knobs ------------------------------------------------ */
 

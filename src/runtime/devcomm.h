@@ -160,7 +160,7 @@ typedef struct tw_dev_comm {
  * fields from TW_TR_WAITING on say where the CTA is now, for the watchdog's report on a call
  * that does not finish (TW_WATCHDOG_S; runtime/watchdog.c). */
 #define TW_TRACE_CTAS 256
-#define TW_TRACE_FIELDS 16
+#define TW_TRACE_FIELDS 32
 #define TW_TRACE_BYTES ((size_t)(TW_TRACE_CTAS + 1) * TW_TRACE_FIELDS * sizeof(uint64_t))
 enum {
   TW_TR_START = 0,      /* the CTA began */
@@ -176,9 +176,10 @@ enum {
   TW_TR_DONE = 10,      /* the last GEMM tile its consumers finished (stored, signalled) */
   TW_TR_DONE_AT = 11,   /* when */
   TW_TR_GATHER_AT = 12, /* tw_gemm_ar: it began its all-gather role (after its reduce role) */
-  TW_TR_GATHER_WAIT0 = 13, /* its TW_TR_WAIT_NS then: the gather's own waits are the rest */
-  TW_TR_REDUCED = 14,      /* tw_gemm_rs / tw_gemm_ar: unit groups it reduced before its tiles */
-  TW_TR_REDUCED_AFTER = 15 /* and after them */
+  TW_TR_GATHER_WAIT0 = 13,  /* its TW_TR_WAIT_NS then: the gather's own waits are the rest */
+  TW_TR_REDUCED = 14,       /* tw_gemm_rs / tw_gemm_ar: unit groups it reduced before its tiles */
+  TW_TR_REDUCED_AFTER = 15, /* and after them */
+  TW_TR_LAYOUT_AT = 16      /* the MoE calls: the CTA holds the layout (every rank's counts) */
 };
 /* A wait on `item` (-1: none) of channel `op` for `peer` (-1: unknown); bit 62: it expired. */
 #define TW_TR_WAIT_DESC(op, peer, item)                                                            \

@@ -32,7 +32,7 @@ tw_status_t tw_launch_begin(tw_comm_t comm, tw_stream_t user, cudaStream_t *laun
  * visible once it has completed, and the stream's next work waits for the callback. */
 static void CUDART_CB trace_print(void *p) {
   tw_comm_t comm = (tw_comm_t)p;
-  char line[512];
+  char line[768];
   if (comm->trace_live) {
     memcpy(comm->trace_host, comm->trace_live, TW_TRACE_BYTES);
     memset(comm->trace_live, 0, TW_TRACE_BYTES);

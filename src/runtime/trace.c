@@ -30,9 +30,9 @@ int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, si
     buf[0] = 0;
   const uint64_t ch1 = rows[TW_TRACE_CTAS * TW_TRACE_FIELDS];
   uint64_t t0 = UINT64_MAX, comm[TW_TRACE_CTAS], gemm[TW_TRACE_CTAS], gather[TW_TRACE_CTAS],
-           done[TW_TRACE_CTAS], end_max = 0, wait = 0, waits = 0, wait_max = 0, gwait = 0,
-           gwait_max = 0, reduced = 0, reduced_after = 0;
-  int ctas = 0, ncomm = 0, ngemm = 0, ngather = 0, ndone = 0;
+           done[TW_TRACE_CTAS], layout[TW_TRACE_CTAS], end_max = 0, wait = 0, waits = 0,
+           wait_max = 0, gwait = 0, gwait_max = 0, reduced = 0, reduced_after = 0;
+  int ctas = 0, ncomm = 0, ngemm = 0, ngather = 0, ndone = 0, nlayout = 0;
   for (int c = 0; c < TW_TRACE_CTAS; c++) {
     const uint64_t start = rows[c * TW_TRACE_FIELDS + TW_TR_START];
     if (start && start < t0)
@@ -47,6 +47,8 @@ int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, si
       comm[ncomm++] = r[TW_TR_COMM_END] - t0;
     if (r[TW_TR_GEMM_END] >= t0 && r[TW_TR_GEMM_END])
       gemm[ngemm++] = r[TW_TR_GEMM_END] - t0;
+    if (r[TW_TR_LAYOUT_AT] >= t0 && r[TW_TR_LAYOUT_AT])
+      layout[nlayout++] = r[TW_TR_LAYOUT_AT] - t0;
     if (r[TW_TR_DONE_AT] >= t0 && r[TW_TR_DONE] && r[TW_TR_DONE_AT]) /* CTAs that had tiles */
       done[ndone++] = r[TW_TR_DONE_AT] - t0;
     if (r[TW_TR_END] > t0 && r[TW_TR_END] - t0 > end_max)
@@ -69,6 +71,7 @@ int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, si
   qsort(gemm, (size_t)ngemm, sizeof(uint64_t), cmp_u64);
   qsort(gather, (size_t)ngather, sizeof(uint64_t), cmp_u64);
   qsort(done, (size_t)ndone, sizeof(uint64_t), cmp_u64);
+  qsort(layout, (size_t)nlayout, sizeof(uint64_t), cmp_u64);
   int n = snprintf(
       buf, len,
       "tw trace: %s rank %d call %llu: %d CTAs; us from the first start: comm/reduce-first "
@@ -78,6 +81,11 @@ int tw_trace_format(const uint64_t *rows, int rank, uint64_t call, char *buf, si
       ncomm ? comm[ncomm - 1] * 1e-3 : 0.0, ncomm, ngemm ? gemm[0] * 1e-3 : 0.0,
       ngemm ? gemm[ngemm / 2] * 1e-3 : 0.0, ngemm ? gemm[ngemm - 1] * 1e-3 : 0.0, end_max * 1e-3,
       wait * 1e-3, (unsigned long long)waits, wait_max * 1e-3, (double)t0 * 1e-3);
+  /* The MoE calls: when the CTAs held the layout (the count exchange done) */
+  if (nlayout && n > 0 && (size_t)n < len)
+    n +=
+        snprintf(buf + n, len - (size_t)n, "; layout min %.1f med %.1f max %.1f (%d CTAs)",
+                 layout[0] * 1e-3, layout[nlayout / 2] * 1e-3, layout[nlayout - 1] * 1e-3, nlayout);
   /* When the CTAs that ran GEMM tiles finished their last one (stored and signalled): the
    * GEMM end above also counts CTAs that found the tile queue empty. */
   if (ndone && n > 0 && (size_t)n < len)

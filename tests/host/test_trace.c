@@ -17,7 +17,7 @@ static const uint64_t base = 1000000000ull; /* the stamps' origin, ns */
 
 /* The end-of-call summary line (tw_trace_format). */
 static void test_summary_line(void) {
-  char line[512];
+  char line[768];
   memset(rows, 0, sizeof(rows));
   TEST_ASSERT(tw_trace_format(rows, 0, 1, line, sizeof(line)) == 0 && line[0] == 0,
               "no CTA stamped: no line (got \"%s\")", line);
@@ -73,6 +73,13 @@ static void test_summary_line(void) {
   TEST_ASSERT(strstr(line, "; last tile done min 50.0") != NULL &&
                   strstr(line, "; groups reduced 5 before the tiles, 7 after") != NULL,
               "reduce part in \"%s\"", line);
+  /* The MoE calls: CTAs 0-2 held the layout at 5 / 7 / 9 us. */
+  TEST_ASSERT(strstr(line, "layout") == NULL, "no layout part without stamps: \"%s\"", line);
+  for (int c = 0; c < 3; c++)
+    rows[c * TW_TRACE_FIELDS + TW_TR_LAYOUT_AT] = base + 6000 + 2000 * (uint64_t)c;
+  TEST_ASSERT(tw_trace_format(rows, 3, 11, line, sizeof(line)) == 1, "a line with the layout");
+  TEST_ASSERT(strstr(line, "; layout min 5.0 med 7.0 max 9.0 (3 CTAs)") != NULL,
+              "layout part in \"%s\"", line);
   /* An unknown channel still prints, named "?"; a short buffer truncates safely. */
   rows[TW_TRACE_CTAS * TW_TRACE_FIELDS] = 99;
   char small[16];

@@ -50,10 +50,10 @@
 #include <string.h>
 
 #include "bench.h"
+#include "bench_moe_route.h"
 #include "bench_ranks.h"
 #include "tw_test.h"
 
-enum { kRowBlock = 128, kMaxExperts = 1024, kMaxTopK = 16 };
 enum { kDefaultExperts = 256, kDefaultTopK = 8 };
 
 typedef struct moe_ctx {
@@ -66,9 +66,7 @@ typedef struct moe_ctx {
   int32_t *off[TW_MAX_WORLD], *off_f[TW_MAX_WORLD];
   float *topk_w[TW_MAX_WORLD];                   /* combine: [tokens][top_k] */
   void *out[TW_MAX_WORLD], *out_f[TW_MAX_WORLD]; /* combine: [tokens, n_out] */
-  int32_t *h_idx[TW_MAX_WORLD];                  /* host routing, [tokens][top_k] */
-  int64_t *live; /* [experts]: rows of each expert, from every rank */
-  int64_t live_total, remote_rows;
+  bench_moe_route_t rt;                          /* the host routing */
   int failed;
 } moe_ctx;
 
@@ -178,71 +176,6 @@ static void run_grouped(void *p, int iter) {
 /* ---- routing -----------------------------------------------------------------------------------
  */
 
-static int64_t pad_rows(int64_t rows) { return (rows + kRowBlock - 1) / kRowBlock * kRowBlock; }
-
-/* Rows local expert el of rank d starts at in d's recv (the host's layout: each expert's rows
- * padded to 128, in expert order); el = local gives d's padded need. */
-static int64_t host_offset(const moe_ctx *c, int d, int64_t el) {
-  int64_t row = 0;
-  for (int64_t e = 0; e < el; e++)
-    row += pad_rows(c->live[d * c->local + e]);
-  return row;
-}
-
-/* The host routing of every rank (top_k distinct experts per token; hot experts with skew),
- * the live rows per expert, the rows sent to peers and recv_rows. 0, or 1 out of host memory. */
-static int moe_route(moe_ctx *c, uint64_t seed) {
-  const int world = c->rk->world;
-  const int64_t E = c->experts, K = c->top_k;
-  uint64_t rng = seed * 0x9E3779B97F4A7C15ULL + 1;
-  int32_t *hot = (int32_t *)malloc((size_t)E * sizeof(int32_t));
-  c->live = (int64_t *)calloc((size_t)E, sizeof(int64_t));
-  if (!hot || !c->live) {
-    free(hot);
-    return 1;
-  }
-  for (int64_t e = 0; e < E; e++) /* a random permutation; its first n_hot are the hot ones */
-    hot[e] = (int32_t)e;
-  for (int64_t e = E - 1; e > 0; e--) {
-    const int64_t q = (int64_t)(tw_test_xorshift(&rng) % (uint64_t)(e + 1));
-    const int32_t t = hot[e];
-    hot[e] = hot[q], hot[q] = t;
-  }
-  int64_t n_hot = 2 * K > E / 16 ? 2 * K : E / 16;
-  n_hot = n_hot < E ? n_hot : E;
-  for (int r = 0; r < world; r++) {
-    c->h_idx[r] = (int32_t *)malloc((size_t)(c->tokens * K + 1) * sizeof(int32_t));
-    if (!c->h_idx[r]) {
-      free(hot);
-      return 1;
-    }
-    for (int64_t t = 0; t < c->tokens; t++)
-      for (int64_t j = 0; j < K; j++) {
-        int32_t e;
-        int fresh;
-        do {
-          const uint64_t u = tw_test_xorshift(&rng);
-          e = c->skew && u % 4 != 0 ? hot[u / 4 % (uint64_t)n_hot] : (int32_t)(u / 4 % (uint64_t)E);
-          fresh = 1;
-          for (int64_t q = 0; q < j; q++)
-            fresh &= c->h_idx[r][t * K + q] != e;
-        } while (!fresh);
-        c->h_idx[r][t * K + j] = e;
-        c->live[e]++;
-        c->live_total++;
-        c->remote_rows += e / c->local != r;
-      }
-  }
-  free(hot);
-  int64_t need = 0;
-  for (int d = 0; d < world; d++) {
-    const int64_t n = host_offset(c, d, c->local);
-    need = n > need ? n : need;
-  }
-  c->recv_rows = need + kRowBlock;
-  return 0;
-}
-
 /* ---- setup ------------------------------------------------------------------------------------
  */
 
@@ -298,7 +231,7 @@ static int moe_setup(moe_ctx *c, uint64_t seed) {
     BENCH_CUDA(cudaMalloc(&c->weights[r], w_count * 2));
     BENCH_CUDA(cudaMalloc((void **)&c->off[r], (size_t)(c->local + 1) * sizeof(int32_t)));
     BENCH_CUDA(cudaMalloc((void **)&c->off_f[r], (size_t)(c->local + 1) * sizeof(int32_t)));
-    BENCH_CUDA(cudaMemcpyAsync(c->idx[r], c->h_idx[r], entries * sizeof(int32_t),
+    BENCH_CUDA(cudaMemcpyAsync(c->idx[r], c->rt.h_idx[r], entries * sizeof(int32_t),
                                cudaMemcpyHostToDevice, rk->streams[r]));
     tw_test_fill_bf16(c->x[r], (size_t)c->tokens * c->hidden, seed * 131 + 11 + r, s);
     tw_test_fill_bf16(c->weights[r], w_count, seed * 131 + 1000 + r, s);
@@ -343,9 +276,8 @@ static void moe_teardown(moe_ctx *c) {
       tw_mem_free(rk->comms[r], c->recv[r]);
     if (c->recv_f[r])
       tw_mem_free(rk->comms[r], c->recv_f[r]);
-    free(c->h_idx[r]);
   }
-  free(c->live);
+  bench_moe_route_free(&c->rt);
   bench_ranks_use(rk, 0);
 }
 
@@ -373,7 +305,7 @@ static int check_rank(const moe_ctx *c, int r) {
   BENCH_CUDA(cudaMemcpy(off + L + 1, c->off_f[r], (size_t)(L + 1) * 4, cudaMemcpyDeviceToHost));
   size_t off_bad = 0, eout_diff = 0, bad_recv = 0, bad_eout = 0;
   for (int64_t el = 0; el <= L; el++) { /* moe_combine: the setup dispatch's offsets only */
-    const int64_t want = host_offset(c, r, el);
+    const int64_t want = bench_moe_offset(&c->rt, r, el);
     off_bad += off[el] != want || (!c->combine && off[L + 1 + el] != want);
   }
   size_t recv_diff = 0, out_diff = 0, bad_out = 0;
@@ -385,7 +317,7 @@ static int check_rank(const moe_ctx *c, int r) {
     recv_diff = tw_test_count_diff(c->recv[r], c->recv_f[r], (size_t)c->recv_rows * (size_t)H * 2);
   }
   for (int64_t el = 0; el < L && off_bad == 0; el++) {
-    const size_t live = (size_t)c->live[r * L + el], at = (size_t)off[el];
+    const size_t live = (size_t)c->rt.live[r * L + el], at = (size_t)off[el];
     if (live == 0)
       continue;
     const char *eu = (const char *)c->eout[r] + at * (size_t)N * 2;
@@ -472,7 +404,8 @@ static void moe_rows(moe_ctx *c, const bench_opts_t *o, const bench_shape_t *sha
   double ms[kVariants] = {0}, p10[kVariants] = {0}, p90[kVariants] = {0};
   bench_time_multi_rounds(fns, kVariants, c, rk->streams[0], rk->streams, world, o->warmup,
                           o->repeats, ms, p10, p90);
-  const double flops = 2.0 * (double)c->live_total * (double)c->n_out * (double)c->hidden / world;
+  const double flops =
+      2.0 * (double)c->rt.live_total * (double)c->n_out * (double)c->hidden / world;
   const double t_comm = ms[kComm], t_gemm = ms[kGrouped];
   const double t_max = t_gemm > t_comm ? t_gemm : t_comm;
   bench_row_t rows[kVariants];
@@ -495,8 +428,8 @@ static void moe_rows(moe_ctx *c, const bench_opts_t *o, const bench_shape_t *sha
     }
     row->ms = ms[v], row->ms_p10 = p10[v], row->ms_p90 = p90[v];
     if (v == kComm) /* the rows crossing ranks: recv's (dispatch) or expert_out's (combine) */
-      row->gbps = (double)c->remote_rows * (double)(c->combine ? c->n_out : c->hidden) * 2 / world /
-                  (ms[v] * 1e-3) / 1e9;
+      row->gbps = (double)c->rt.remote_rows * (double)(c->combine ? c->n_out : c->hidden) * 2 /
+                  world / (ms[v] * 1e-3) / 1e9;
     else
       row->tflops = flops / (ms[v] * 1e-3) / 1e12;
     row->speedup = ms[kUnfused] / ms[v];
@@ -521,31 +454,17 @@ static void moe_rows(moe_ctx *c, const bench_opts_t *o, const bench_shape_t *sha
 /* ---- the op ------------------------------------------------------------------------------------
  */
 
-/* An integer: the label's "<key>N" if it has one, else the environment variable, else dflt;
- * -1 when malformed. */
-static int64_t param_of(const bench_shape_t *shape, const char *key, const char *env,
-                        int64_t dflt) {
-  const char *at = shape->label ? strstr(shape->label, key) : NULL;
-  const char *text = at ? at + strlen(key) : getenv(env);
-  if (!text || !*text)
-    return dflt;
-  char *end = NULL;
-  const long long v = strtoll(text, &end, 10);
-  if (end == text || (*end && *end != ' ') || v < 1)
-    return -1;
-  return (int64_t)v;
-}
-
 /* The shape's contract (the MoE calls' and the grouped GEMM's): 0, or -1 saying why not. */
 static int shape_ok(const bench_shape_t *s, int64_t experts, int64_t top_k) {
-  if (experts < 1 || experts > kMaxExperts || top_k < 1 || top_k > kMaxTopK || top_k > experts) {
+  if (experts < 1 || experts > kMoeMaxExperts || top_k < 1 || top_k > kMoeMaxTopK ||
+      top_k > experts) {
     fprintf(stderr,
             "tw-bench moe: experts %lld (TW_BENCH_MOE_EXPERTS, 1 .. %d), top-k %lld "
             "(TW_BENCH_MOE_TOPK, 1 .. %d and at most the experts)\n",
-            (long long)experts, kMaxExperts, (long long)top_k, kMaxTopK);
+            (long long)experts, kMoeMaxExperts, (long long)top_k, kMoeMaxTopK);
     return -1;
   }
-  if (s->m < 1 || s->m > (int64_t)INT32_MAX / kMaxTopK || s->n < 8 || s->n % 8 ||
+  if (s->m < 1 || s->m > (int64_t)INT32_MAX / kMoeMaxTopK || s->n < 8 || s->n % 8 ||
       s->n > (int64_t)INT32_MAX || s->k < 8 || s->k % 8 || s->k > (int64_t)INT32_MAX) {
     fprintf(stderr,
             "tw-bench moe: m (tokens per rank) %lld: 1 .. 2^27; n (n_out) %lld and k (hidden) "
@@ -559,8 +478,8 @@ static int shape_ok(const bench_shape_t *s, int64_t experts, int64_t top_k) {
 static int run_moe_mode(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res,
                         int combine) {
   const int world = o->world ? o->world : 8;
-  const int64_t experts = param_of(shape, "E=", "TW_BENCH_MOE_EXPERTS", kDefaultExperts);
-  const int64_t top_k = param_of(shape, "top=", "TW_BENCH_MOE_TOPK", kDefaultTopK);
+  const int64_t experts = bench_moe_param(shape, "E=", "TW_BENCH_MOE_EXPERTS", kDefaultExperts);
+  const int64_t top_k = bench_moe_param(shape, "top=", "TW_BENCH_MOE_TOPK", kDefaultTopK);
   if (shape_ok(shape, experts, top_k) != 0)
     return 1;
   if (experts % world) {
@@ -584,12 +503,15 @@ static int run_moe_mode(const bench_opts_t *o, const bench_shape_t *shape, bench
   c->experts = experts, c->top_k = top_k, c->local = experts / world;
   c->skew = skew_env && atoi(skew_env) == 1;
   c->combine = combine;
-  int rc = moe_route(c, seed);
+  c->rt.world = world, c->rt.skew = c->skew, c->rt.tokens = c->tokens;
+  c->rt.experts = experts, c->rt.top_k = top_k, c->rt.local = c->local;
+  int rc = bench_moe_route(&c->rt, seed);
+  c->recv_rows = c->rt.recv_rows;
   if (rc)
     fprintf(stderr, "tw-bench: out of host memory (the routing)\n");
   if (!rc) {
     fprintf(stderr, "moe: recv_rows %lld, %lld live rows, %lld of them to peers%s\n",
-            (long long)c->recv_rows, (long long)c->live_total, (long long)c->remote_rows,
+            (long long)c->recv_rows, (long long)c->rt.live_total, (long long)c->rt.remote_rows,
             c->skew ? " (skewed routing)" : "");
     rc = moe_setup(c, seed);
   }

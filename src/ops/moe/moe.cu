@@ -54,11 +54,13 @@ __global__ void __launch_bounds__(kMoeThreads, 1)
     moe_dispatch_kernel(const __grid_constant__ tw_dev_comm_t dc,
                         const __grid_constant__ MoeParams p) {
   __shared__ SharedLayout s;
-  extern __shared__ int32_t s_count[]; /* block 0's layout: [warps][experts] */
+  extern __shared__ int32_t s_count[]; /* block 0's layout: [warps + 1][experts] */
   const int ch = TW_CH_MOE, W = dc.world;
   const uint64_t epoch = tw_op_begin(dc, ch);
   int ok = exchange_layout(dc, p, s, s_count, epoch, true);
   const bool copy = ok && s.bad_src < 0 && s.over_rank < 0;
+  if (threadIdx.x == 0)
+    tw_trace_stamp(dc, TW_TR_LAYOUT_AT);
   if (ok && !copy && blockIdx.x == 0 && threadIdx.x == 0)
     record_layout_error(dc, p, s); /* no rank copies */
   const int64_t n = p.tokens * p.top_k;
@@ -80,6 +82,7 @@ __global__ void __launch_bounds__(kMoeThreads, 1)
           e < p.local_experts ? s.start[dc.rank * p.local_experts + e] : (int32_t)s.need[dc.rank];
   __syncthreads();
   if (threadIdx.x == 0) {
+    tw_trace_stamp(dc, TW_TR_COMM_END);
     if (ok) {
       /* the last CTA out tells every rank this rank's rows landed (the CTAs' fences make their
        * stores visible before the count that the last one reads) */
@@ -111,16 +114,19 @@ __global__ void __launch_bounds__(kMoeThreads, 1)
   for (int64_t t = blockIdx.x; ok && t < p.tokens; t += gridDim.x)
     combine_token(p, t);
   __syncthreads();
-  if (threadIdx.x == 0)
+  if (threadIdx.x == 0) {
+    tw_trace_stamp(dc, TW_TR_COMM_END);
     tw_op_finish(dc, ch, epoch);
+  }
 }
 
 /* What the MoE calls must have alike (the fields tw_moe_call sets). */
 const tw_call_fields_t moe_calls[] = {
     {TW_CH_MOE,
      "tw_moe_dispatch / tw_moe_combine",
-     {"call (1 dispatch, 2 combine)", "max_tokens", "hidden or n_out", "experts", "top_k",
-      "recv_rows", "recv or expert_out (heap offset)", "workspace (heap offset)"}}};
+     {"call (1 dispatch, 2 combine, 3 dispatch + GEMM, 4 GEMM + combine, 5 FFN)", "max_tokens",
+      "hidden or n_out (FFN: hidden << 32 | inter)", "experts", "top_k", "recv_rows",
+      "recv or expert_out (heap offset)", "workspace (heap offset)"}}};
 
 tw_status_t moe_preload(void) {
   cudaFuncAttributes attr;
@@ -141,7 +147,7 @@ extern "C" tw_status_t tw_moe_args_init(tw_moe_args_t *args) {
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_moe_args_init: args is NULL");
   const tw_moe_args_t init = TW_MOE_ARGS_INIT;
   memset(args, 0, sizeof(*args)); /* the padding too */
-  memcpy(args, &init, offsetof(tw_moe_args_t, weights) + sizeof(init.weights));
+  memcpy(args, &init, offsetof(tw_moe_args_t, inter) + sizeof(init.inter));
   return TW_SUCCESS;
 }
 
@@ -165,9 +171,13 @@ extern "C" tw_status_t tw_moe_workspace_size(tw_comm_t comm, int64_t max_tokens,
 /* The arguments' contract for `kind` before anything is launched: TW_ERR_INVALID_ARGUMENT
  * naming the first that breaks it (or TW_ERR_NOT_SUPPORTED across nodes). */
 static const char *op_name(int kind) {
-  static const char *const names[] = {"?", "tw_moe_dispatch", "tw_moe_combine",
-                                      "tw_moe_dispatch_gemm", "tw_moe_gemm_combine"};
-  return names[kind >= 1 && kind <= kGemmCombine ? kind : 0];
+  static const char *const names[] = {"?",
+                                      "tw_moe_dispatch",
+                                      "tw_moe_combine",
+                                      "tw_moe_dispatch_gemm",
+                                      "tw_moe_gemm_combine",
+                                      "tw_moe_ffn"};
+  return names[kind >= 1 && kind <= kFfn ? kind : 0];
 }
 
 /* The dispatch's buffers: recv symmetric and as large as recv_rows, x, offsets. */
@@ -211,6 +221,44 @@ static tw_status_t check_combine(tw_comm_t comm, const tw_moe_args_t &a, const c
   return st;
 }
 
+/* tw_moe_ffn's own buffers: inter, both weights, h and act apart from each other and from
+ * recv and expert_out, and the recv bound the fused GEMMs' block counters serve. */
+static tw_status_t check_ffn(tw_comm_t comm, const tw_moe_args_t &a, const char *op) {
+  TW_ARG_CHECK(a.inter >= 8 && a.inter % 8 == 0 && a.inter <= INT32_MAX / 2,
+               "%s: args->inter is %lld; expected a positive multiple of 8", op,
+               (long long)a.inter);
+  TW_ARG_CHECK((a.recv_rows + 127) / 128 <= kMaxBlocks,
+               "%s: args->recv_rows is %lld; at most %lld with the fused GEMMs", op,
+               (long long)a.recv_rows, (long long)kMaxBlocks * 128);
+  const size_t local = (size_t)(a.experts / comm->world), H = (size_t)a.hidden, I = (size_t)a.inter,
+               R = (size_t)a.recv_rows;
+  const void *ptrs[4] = {a.weights, a.weights2, a.h, a.act};
+  const size_t bytes[4] = {local * 2 * I * H * 2, local * H * I * 2, R * 2 * I * 2, R * I * 2};
+  const char *names[4] = {"weights", "weights2", "h", "act"};
+  char what[96];
+  tw_status_t st = TW_SUCCESS;
+  for (int i = 0; i < 4 && st == TW_SUCCESS; i++) {
+    snprintf(what, sizeof(what), "%s: args->%s", op, names[i]);
+    st = tw_comm_check_range(comm, ptrs[i], bytes[i], what);
+    if (st == TW_SUCCESS && (uintptr_t)ptrs[i] % 16 != 0)
+      st = tw_fail(TW_ERR_INVALID_ARGUMENT, "%s (%p) is not 16-byte aligned", what, ptrs[i]);
+  }
+  /* the outputs h and act apart from each other and from the other buffers they meet */
+  const void *others[3] = {a.recv, a.expert_out, a.act};
+  const size_t other_bytes[3] = {R * H * 2, R * H * 2, R * I * 2};
+  const char *other_names[3] = {"recv", "expert_out", "act"};
+  for (int o = 0; o < 2 && st == TW_SUCCESS; o++) {
+    snprintf(what, sizeof(what), "%s: args->%s", op, names[2 + o]);
+    for (int i = 0; i < 3 - o && st == TW_SUCCESS; i++)
+      st = tw_check_disjoint(ptrs[2 + o], bytes[2 + o], what, others[i], other_bytes[i],
+                             other_names[i]);
+  }
+  snprintf(what, sizeof(what), "%s: args->expert_out", op);
+  if (st == TW_SUCCESS)
+    st = tw_check_disjoint(a.expert_out, R * H * 2, what, a.recv, R * H * 2, "recv");
+  return st;
+}
+
 static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, Layout *l) {
   const char *op = op_name(kind);
   const int W = comm->world;
@@ -234,7 +282,7 @@ static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, 
   TW_ARG_CHECK(a.recv_rows >= 1 && a.recv_rows <= INT32_MAX,
                "%s: args->recv_rows is %lld; expected 1 .. 2^31 - 1", op, (long long)a.recv_rows);
   const bool gemm = kind == kDispatchGemm || kind == kGemmCombine;
-  const bool combine = kind == kCombine || kind == kGemmCombine;
+  const bool combine = kind == kCombine || kind == kGemmCombine || kind == kFfn;
   TW_ARG_CHECK(kind == kCombine || (a.hidden >= 8 && a.hidden % 8 == 0 && a.hidden <= INT32_MAX),
                "%s: args->hidden is %lld; expected a positive multiple of 8", op,
                (long long)a.hidden);
@@ -250,8 +298,12 @@ static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, 
     snprintf(what, sizeof(what), "%s: args->topk_idx", op);
     st = tw_comm_check_range(comm, a.topk_idx, entries * (size_t)(a.index_bits / 8), what);
   }
-  if (st == TW_SUCCESS)
-    st = combine ? check_combine(comm, a, op) : check_dispatch(comm, a, op, *l);
+  if (st == TW_SUCCESS && kind != kCombine && kind != kGemmCombine)
+    st = check_dispatch(comm, a, op, *l);
+  if (st == TW_SUCCESS && combine)
+    st = check_combine(comm, a, op);
+  if (st == TW_SUCCESS && kind == kFfn)
+    st = check_ffn(comm, a, op);
   if (st == TW_SUCCESS && kind == kGemmCombine) { /* the GEMM's input rows and offsets */
     snprintf(what, sizeof(what), "%s: args->recv", op);
     st = tw_comm_check_range(comm, a.recv, (size_t)a.recv_rows * (size_t)a.hidden * 2, what);
@@ -277,7 +329,7 @@ static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, 
   if (st != TW_SUCCESS)
     return st;
   const void *aligned[4] = {a.x, kind == kCombine ? a.expert_out : a.recv, a.out,
-                            gemm ? a.expert_out : NULL};
+                            gemm || kind == kFfn ? a.expert_out : NULL};
   const char *names[4] = {"x", kind == kCombine ? "expert_out" : "recv", "out", "expert_out"};
   for (int i = 0; i < 4; i++)
     TW_ARG_CHECK((uintptr_t)aligned[i] % 16 == 0, "%s: args->%s (%p) is not 16-byte aligned", op,
@@ -297,6 +349,8 @@ tw_status_t tw::moe::moe_prepare(tw_comm_t comm, const tw_moe_args_t *in, int ki
   tw_moe_args_t &a = *out_args;
   a = TW_MOE_ARGS_INIT;
   memcpy(&a, in, in->size < sizeof(a) ? in->size : sizeof(a));
+  if (kind == kFfn)
+    a.n_out = a.hidden; /* the down projection's columns and the combine's */
   Layout &l = *out_l;
   tw_status_t st = check_args(comm, a, kind, &l);
   if (st != TW_SUCCESS)
@@ -314,17 +368,19 @@ tw_status_t tw::moe::moe_prepare(tw_comm_t comm, const tw_moe_args_t *in, int ki
   p.route = (int64_t *)(ws + l.route);
   p.cbase = (int32_t *)(ws + l.cbase);
   p.inv = (int32_t *)(ws + l.inv);
+  p.ffn_cnt = (uint64_t *)(ws + l.ffn);
   p.tokens = a.tokens, p.hidden = a.hidden, p.n_out = a.n_out, p.recv_rows = a.recv_rows;
   p.experts = (int32_t)a.experts, p.top_k = (int32_t)a.top_k, p.index_bits = a.index_bits;
   p.local_experts = (int32_t)(a.experts / comm->world);
   for (int r = 0; r < comm->world; r++) {
     p.counts_in[r] = (int32_t *)tw_heap_peer_ptr(comm, ws + l.counts_in, r);
-    const bool combine = kind == kCombine || kind == kGemmCombine;
-    if (!combine)
+    const bool sends = kind != kCombine && kind != kGemmCombine;
+    const bool reads = kind == kCombine || kind == kGemmCombine || kind == kFfn;
+    if (sends)
       p.recv[r] = (uint16_t *)tw_heap_peer_ptr(comm, a.recv, r);
-    else
+    if (reads)
       p.expert_out[r] = (const uint16_t *)tw_heap_peer_ptr(comm, a.expert_out, r);
-    if (!p.counts_in[r] || (!combine ? !p.recv[r] : !p.expert_out[r]))
+    if (!p.counts_in[r] || (sends && !p.recv[r]) || (reads && !p.expert_out[r]))
       return tw_fail(TW_ERR_NOT_SUPPORTED, "%s: rank %d's memory is not mapped here", op, r);
   }
   return TW_SUCCESS;
@@ -357,9 +413,9 @@ static tw_status_t moe_call(tw_comm_t comm, const tw_moe_args_t *in, tw_stream_t
   const void *kernel =
       kind == kDispatch ? (const void *)moe_dispatch_kernel : (const void *)moe_combine_kernel;
   st = tw_sm_exclusive_smem(kernel, &smem); /* more than block 0's layout needs */
-  if (st == TW_SUCCESS && smem < kMoeWarps * kMaxExperts * 4)
+  if (st == TW_SUCCESS && smem < (kMoeWarps + 1) * kMaxExperts * 4)
     st = tw_fail(TW_ERR_INTERNAL, "%s: %d bytes of shared memory a CTA; the layout needs %d", op,
-                 smem, kMoeWarps * kMaxExperts * 4);
+                 smem, (kMoeWarps + 1) * kMaxExperts * 4);
   cudaStream_t launch = NULL;
   if (st == TW_SUCCESS)
     st = tw_launch_begin(comm, stream, &launch);

@@ -28,6 +28,7 @@
 #include "gemm/gemm_launch.cuh"
 #include "ops/grouped_gemm/grouped_wait.cuh"
 #include "ops/moe/moe_gemm_host.cuh"
+#include "ops/moe/moe_hooks.cuh"
 #include "ops/moe/moe_layout.cuh"
 
 extern "C" {
@@ -35,6 +36,7 @@ extern "C" {
 #include "runtime/calldesc.h"
 #include "runtime/comm.h"
 #include "runtime/cuda_check.h"
+#include "runtime/registry.h"
 }
 
 namespace {
@@ -58,28 +60,8 @@ struct CombineWait : GroupedWait {
   }
 };
 
-/* The tile into expert_out, then its row block's count. */
-struct CombineEpi {
-  using Out = __nv_bfloat16;
-  static constexpr bool kSignal = true;
-  static constexpr bool kSignalWarp = true;
-  struct Params {
-    CUtensorMap c_map;
-    uint64_t *counters; /* this rank's, one per row block */
-  };
-  __device__ static void prefetch(const Params &p) { tw::ptx::tma_prefetch_map(&p.c_map); }
-  __device__ static void issue_box(const Params &p, const void *box, int32_t col, int32_t row) {
-    tw::ptx::tma_store_2d(&p.c_map, box, col, row);
-  }
-  __device__ __forceinline__ static int signal_thread(const Params &) { return 32; }
-  __device__ static void signal(const Params &p, int32_t mb, int32_t) {
-    tw_fence_acq_rel_sys(); /* the tile's stores (complete) before the count other ranks read */
-    tw_red_release_sys_add(p.counters + mb, 1);
-  }
-};
-
 struct CombineParams {
-  GemmParams<CombineEpi, CombineWait> gemm;
+  GemmParams<CountEpi, CombineWait> gemm;
   MoeParams moe;
 };
 
@@ -97,26 +79,14 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
     const uint64_t base = *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagCombineCount);
     s_target = base + (uint64_t)cp.gemm.order.n_blocks;
   }
-  int ok = __syncthreads_and(mine);
-  gemm_cta_loop<kStages, kEpiBytes, CombineEpi, CombineWait, true, 1, kBN>(
+  const int ok = __syncthreads_and(mine);
+  gemm_cta_loop<kStages, kEpiBytes, CountEpi, CombineWait, true, 1, kBN>(
       cp.gemm, smem_raw, (int32_t)blockIdx.x, (int32_t)gridDim.x);
   __syncthreads();
-  for (int64_t t = blockIdx.x; ok && t < p.tokens; t += gridDim.x) {
-    if (threadIdx.x == 0)
-      for (int j = 0; j < p.top_k && mine; j++) {
-        const int64_t r = p.route[t * p.top_k + j];
-        if (r < 0)
-          continue;
-        const int d = (int)(r >> 40),
-                  index = kFlagCombineBlocks + (int)((r & ((1ll << 40) - 1)) / kBlockM);
-        const uint64_t *count =
-            d == dc.rank ? tw_own_flag(dc, ch, index) : tw_peer_flag(dc, d, ch, index);
-        mine = tw_wait_geq(dc, ch, count, s_target, d, (int)t);
-      }
-    ok = __syncthreads_and(mine);
-    if (ok)
-      combine_token(p, t);
-  }
+  if (threadIdx.x == 0)
+    tw_trace_stamp(dc, TW_TR_GEMM_END);
+  if (ok)
+    combine_phase(dc, p, s_target);
   __syncthreads();
   __shared__ int s_last;
   if (threadIdx.x == 0)
@@ -124,25 +94,28 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
   __syncthreads();
   if (!s_last)
     return;
-  /* The last CTA: every row block this call's tiles did not count, of every bound a call may
-   * have (kMaxBlocks), reaches the call's count too, so the next call's target holds for all
-   * of them whatever its n_out and recv_rows. */
   const int32_t live =
       min(cp.gemm.order.m_blocks,
           (__ldg(cp.gemm.wait.offsets + cp.gemm.wait.groups) + kBlockM - 1) / kBlockM);
-  for (int32_t b = max(live, 0) + (int32_t)threadIdx.x; b < kMaxBlocks; b += blockDim.x)
-    atomicAdd((unsigned long long *)tw_own_flag(dc, ch, kFlagCombineBlocks + b),
-              (unsigned long long)cp.gemm.order.n_blocks);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagCombineCount) = s_target;
+  combine_counts_top_up(dc, live, cp.gemm.order.n_blocks, s_target);
+  if (threadIdx.x == 0)
     tw_op_end(dc, ch, epoch);
-  }
 }
 
 static_assert(sizeof(CombineParams) <= 4096, "kernel parameters");
 
 } // namespace
+
+/* Loads tw_moe_gemm_combine's kernel on the current device now (see tw_ops_preload). */
+static tw_status_t moe_gemm_combine_preload(void) {
+  cudaFuncAttributes attr;
+  return tw_cuda_check(cudaFuncGetAttributes(&attr, moe_gemm_combine_kernel),
+                       "loading tw_moe_gemm_combine's kernel");
+}
+
+static const tw_op_desc_t moe_gemm_combine_registration = {"moe_gemm_combine",
+                                                           moe_gemm_combine_preload};
+TW_OP_REGISTER(moe_gemm_combine, moe_gemm_combine_registration);
 
 extern "C" tw_status_t tw_moe_gemm_combine(tw_comm_t comm, const tw_moe_args_t *in,
                                            tw_stream_t stream) {

@@ -1,9 +1,9 @@
 /*
- * The host side both fused MoE GEMMs share (moe_gemm.cu, moe_gemm_combine.cu): the engine's
- * parameters over the recv layout (A = recv [recv_rows, hidden], B = the local experts'
- * weights [local * n_out, hidden], out = expert_out [recv_rows, n_out], 128 x 256 tiles in a
- * row-major order on the channel's tile queue), and the call itself (its description, the
- * rank's launch stream, the persistent launch).
+ * The host side the fused MoE GEMMs share (moe_gemm.cu, moe_gemm_combine.cu, moe_ffn.cu): the
+ * engine's parameters over the recv layout (A = rows in recv's layout, B = the local experts'
+ * weights, 128 x 256 tiles in a row-major order; by default A = recv [recv_rows, hidden], B
+ * [local * n_out, hidden], out = expert_out [recv_rows, n_out] on the channel's tile queue),
+ * and the call itself (its description, the rank's launch stream, the persistent launch).
  */
 #ifndef TW_OPS_MOE_GEMM_HOST_CUH
 #define TW_OPS_MOE_GEMM_HOST_CUH
@@ -22,31 +22,42 @@ extern "C" {
 namespace tw {
 namespace moe {
 
-/* g's maps, order, queue and bounds for args a on comm (the Wait and Epi fields are the
- * caller's; the out map goes to g.epi.c_map). */
+/* g's maps, order, queue and bounds for a grouped GEMM over the recv layout on comm: A [rows, k]
+ * (a_name names it in errors), B = the local experts' weights [local * n, k], out [rows, n]
+ * (the out map goes to g.epi.c_map), on queue (NULL: the static schedule). */
 template <class GP>
-tw_status_t moe_gemm_params(tw_comm_t comm, const tw_moe_args_t &a, GP &g, const char *op) {
+tw_status_t grouped_params(tw_comm_t comm, GP &g, const void *a, int64_t rows, int64_t k,
+                           const void *b, int64_t n, int64_t local, const void *out,
+                           gemm::TileQueue *queue, const char *op, const char *a_name,
+                           const char *out_name) {
   using namespace tw::gemm;
-  const int64_t local = a.experts / comm->world;
-  tw_status_t st = operand_maps(&g.a_map, &g.b_map, a.recv, a.recv_rows, a.hidden, a.weights,
-                                local * a.n_out, a.hidden, a.hidden, kBlockN, op, "recv");
+  tw_status_t st =
+      operand_maps(&g.a_map, &g.b_map, a, rows, k, b, local * n, k, k, kBlockN, op, a_name);
   char what[96];
-  snprintf(what, sizeof(what), "%s: cuTensorMapEncodeTiled(expert_out)", op);
+  snprintf(what, sizeof(what), "%s: cuTensorMapEncodeTiled(%s)", op, out_name);
   if (st == TW_SUCCESS)
-    st = out_map<__nv_bfloat16>(&g.epi.c_map, a.expert_out, a.n_out, a.recv_rows, a.n_out, what);
+    st = out_map<__nv_bfloat16>(&g.epi.c_map, out, n, rows, n, what);
   if (st != TW_SUCCESS)
     return st;
   TileOrder &o = g.order;
-  o.m_blocks = (int32_t)((a.recv_rows + kBlockM - 1) / kBlockM);
-  o.n_blocks = (int32_t)((a.n_out + kBlockN - 1) / kBlockN);
+  o.m_blocks = (int32_t)((rows + kBlockM - 1) / kBlockM);
+  o.n_blocks = (int32_t)((n + kBlockN - 1) / kBlockN);
   o.num_tiles = o.m_blocks * o.n_blocks;
   o.order = kOrderRowMajor;
-  g.queue = (TileQueue *)comm->ctrl->tile_queue[TW_CH_MOE];
+  g.queue = queue;
   g.participants = comm->sm_budget;
-  g.k_blocks = (int32_t)((a.hidden + kBlockK - 1) / kBlockK);
+  g.k_blocks = (int32_t)((k + kBlockK - 1) / kBlockK);
   g.mbar_timeout_ns = fused_mbar_timeout_ns(comm->dev.timeout_ns);
   apply_fault_stall(g);
   return TW_SUCCESS;
+}
+
+/* The fused MoE GEMM of args a (recv x weights^T into expert_out) on the channel's tile queue. */
+template <class GP>
+tw_status_t moe_gemm_params(tw_comm_t comm, const tw_moe_args_t &a, GP &g, const char *op) {
+  return grouped_params(
+      comm, g, a.recv, a.recv_rows, a.hidden, a.weights, a.n_out, a.experts / comm->world,
+      a.expert_out, (gemm::TileQueue *)comm->ctrl->tile_queue[TW_CH_MOE], op, "recv", "expert_out");
 }
 
 /* The call of `kind` with params P on comm->sm_budget CTAs: described (what must be alike),
@@ -54,10 +65,12 @@ tw_status_t moe_gemm_params(tw_comm_t comm, const tw_moe_args_t &a, GP &g, const
 template <auto Kernel, int Smem, class P, class Set>
 tw_status_t moe_gemm_launch(tw_comm_t comm, const tw_moe_args_t &a, int kind, P &params, Set set,
                             tw_stream_t stream, const char *op) {
-  const int cols = kind == kDispatchGemm ? 0 : 1; /* the dispatch's hidden, the combine's n_out */
+  const int cols = kind == kGemmCombine; /* the combine's n_out, else the dispatch's hidden */
+  const uint64_t width = kind == kFfn ? (uint64_t)a.hidden << 32 | (uint64_t)a.inter
+                                      : (uint64_t)(cols ? a.n_out : a.hidden);
   const uint64_t fields[8] = {(uint64_t)kind,
                               (uint64_t)a.max_tokens,
-                              (uint64_t)(cols ? a.n_out : a.hidden),
+                              width,
                               (uint64_t)a.experts,
                               (uint64_t)a.top_k,
                               (uint64_t)a.recv_rows,

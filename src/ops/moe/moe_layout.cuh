@@ -23,7 +23,8 @@ namespace moe {
 
 constexpr int kMaxExperts = 1024, kMaxTopK = 16;
 constexpr int kMoeThreads = 512, kMoeWarps = kMoeThreads / 32;
-constexpr int kDispatch = 1, kCombine = 2, kDispatchGemm = 3, kGemmCombine = 4; /* call kinds */
+constexpr int kDispatch = 1, kCombine = 2, kDispatchGemm = 3, kGemmCombine = 4,
+              kFfn = 5; /* call kinds */
 
 /* The flags of TW_CH_MOE (the control block's, zero at init; a call field cannot hold them):
  * [0, world) the counts from rank s; [world, 2 world) rank s's rows landed; from kFlagBlocks
@@ -40,9 +41,10 @@ static_assert(kFlagBlocks + kMaxBlocks <= kFlagCombineBlocks &&
 
 /* The workspace of one rank (byte offsets): counts_in [world][experts + 2] int32 (stored by
  * the ranks), cnt [experts + 2] int32, pos [max_tokens * top_k] int32, route
- * [max_tokens * top_k] int64 (rank << 40 | row; -1 none), cbase, inv. */
+ * [max_tokens * top_k] int64 (rank << 40 | row; -1 none), cbase, inv, and tw_moe_ffn's stage
+ * counters ffn [2 kMaxBlocks + 1] uint64 (this rank's only: each call zeroes them first). */
 struct Layout {
-  size_t counts_in, cnt, pos, route, cbase, inv, bytes;
+  size_t counts_in, cnt, pos, route, cbase, inv, ffn, bytes;
 };
 
 inline size_t up256(size_t x) { return (x + 255) / 256 * 256; }
@@ -56,7 +58,8 @@ inline Layout layout_of(int world, int64_t max_tokens, int64_t experts, int64_t 
   l.route = l.pos + up256(entries * 4);
   l.cbase = l.route + up256(entries * 8);
   l.inv = l.cbase + up256((size_t)(experts + 1) * 4);
-  l.bytes = l.inv + up256(entries * 4);
+  l.ffn = l.inv + up256(entries * 4);
+  l.bytes = l.ffn + up256((2 * (size_t)kMaxBlocks + 1) * 8);
   return l;
 }
 
@@ -73,6 +76,7 @@ struct MoeParams {
   int32_t *cbase; /* [experts + 1]: the exclusive prefix of cnt over the experts */
   int32_t *inv;   /* [entries]: inv[cbase[e] + pos] = the entry (the fused copies' order) */
   int64_t *route;
+  uint64_t *ffn_cnt; /* [2 kMaxBlocks + 1]: tw_moe_ffn's stage counters (Layout::ffn) */
   int64_t tokens, hidden, n_out, recv_rows;
   int32_t experts, top_k, index_bits, local_experts;
 };
@@ -86,7 +90,7 @@ __device__ __forceinline__ int32_t load_index(const MoeParams &p, int64_t i) {
 }
 
 /* Block 0 of the dispatch, all threads (at most kMoeThreads): the layout of this rank's
- * entries (moe.cu's comment), s_count [warps][experts] of shared memory. */
+ * entries (moe.cu's comment), s_count [warps + 1][experts] of shared memory. */
 __device__ inline void layout_block(const MoeParams &p, int32_t *s_count) {
   __shared__ int32_t s_bad_entry;
   const int E = p.experts, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -120,6 +124,7 @@ __device__ inline void layout_block(const MoeParams &p, int32_t *s_count) {
   }
   __syncthreads();
   /* the warps' counts of each expert scanned: warp w's base, and the rank's count */
+  int32_t *s_base = s_count + warps * E; /* [E]: the counts, then their exclusive prefix */
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     int32_t run = 0;
     for (int w = 0; w < warps; w++) {
@@ -128,15 +133,29 @@ __device__ inline void layout_block(const MoeParams &p, int32_t *s_count) {
       run += c;
     }
     p.cnt[e] = run;
+    s_base[e] = run;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int32_t run = 0;
-    for (int e = 0; e < E; e++) {
-      p.cbase[e] = run;
-      run += p.cnt[e];
+  if (warp == 0) { /* the experts' prefix, 32 at a time (a serial loop over global memory was a
+                    * dependent L2 round trip per expert) */
+    int32_t carry = 0;
+    for (int base = 0; base < E; base += 32) {
+      const int e = base + lane;
+      const int32_t v = e < E ? s_base[e] : 0;
+      int32_t incl = v;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o)
+          incl += y;
+      }
+      if (e < E) {
+        s_base[e] = carry + incl - v;
+        p.cbase[e] = carry + incl - v;
+      }
+      carry += __shfl_sync(0xffffffffu, incl, 31);
     }
-    p.cbase[E] = run;
+    if (lane == 0)
+      p.cbase[E] = carry;
   }
   __syncthreads();
   for (int64_t base = begin; base < end; base += 32) {
@@ -146,7 +165,7 @@ __device__ inline void layout_block(const MoeParams &p, int32_t *s_count) {
       const int32_t e = load_index(p, i);
       if (at >= 0) {
         p.pos[i] = at + mine[e];
-        p.inv[p.cbase[e] + at + mine[e]] = (int32_t)i;
+        p.inv[s_base[e] + at + mine[e]] = (int32_t)i;
       } else {
         p.route[i] = -1; /* an unused slot (or a bad index): nothing to combine */
       }
@@ -211,14 +230,27 @@ __device__ inline void derive_layout(const MoeParams &p, const tw_dev_comm_t &dc
   __syncthreads();
 }
 
-/* 16-byte vectors of one row, by the lanes of a warp. */
+/* 16-byte vectors of one row, by the lanes of a warp, kCopyBatch loads in flight a lane before
+ * their stores: a row is a few batches of latency, not one per vector (the loads could alias the
+ * stores, so a plain loop waits for each load before the next). */
+constexpr int kCopyBatch = 8;
 __device__ __forceinline__ void warp_copy_row(uint16_t *dst, const uint16_t *src, int64_t elems,
                                               int lane) {
   const int64_t vecs = elems / 8;
-  for (int64_t v = lane; v < vecs; v += 32)
-    reinterpret_cast<uint4 *>(dst)[v] = __ldg(reinterpret_cast<const uint4 *>(src) + v);
+  const uint4 *s = reinterpret_cast<const uint4 *>(src);
+  uint4 *d = reinterpret_cast<uint4 *>(dst);
+  for (int64_t b = lane; b < vecs; b += 32 * kCopyBatch) {
+    uint4 r[kCopyBatch];
+#pragma unroll
+    for (int u = 0; u < kCopyBatch; u++)
+      if (b + 32 * u < vecs)
+        r[u] = __ldg(s + b + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kCopyBatch; u++)
+      if (b + 32 * u < vecs)
+        d[b + 32 * u] = r[u];
+  }
 }
-
 /* All threads of a CTA: out[t] = the sum over t's slots in order of weight x the expert's
  * output row (read in place from its rank's expert_out), fp32 (__fmaf_rn), rounded once. */
 __device__ __forceinline__ void combine_token(const MoeParams &p, int64_t t) {
