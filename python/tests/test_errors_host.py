@@ -132,6 +132,8 @@ def test_grouped_gemm_null_and_short_args():
     ("tw_moe_dispatch", lambda: (ctypes.byref(tilewire.MoeArgs()), None)),
     ("tw_moe_combine", lambda: (ctypes.byref(tilewire.MoeArgs()), None)),
     ("tw_moe_dispatch_gemm", lambda: (ctypes.byref(tilewire.MoeArgs()), None)),
+    ("tw_moe_gemm_combine", lambda: (ctypes.byref(tilewire.MoeArgs()), None)),
+    ("tw_moe_ffn", lambda: (ctypes.byref(tilewire.MoeArgs()), None)),
     ("tw_moe_workspace_size", lambda: (16, 8, 2, ctypes.byref(ctypes.c_size_t()))),
     ("tw_allgather", lambda: (None, None, ctypes.c_size_t(16), None)),
     ("tw_barrier", lambda: (None,)),
@@ -140,3 +142,19 @@ def test_collectives_refuse_a_null_comm(function, args):
     # tw_comm_last_error(NULL) reports the refusal: the message reaches Python all the same
     err = _refused(lambda: _lib.call(function, None, *args()), function, "comm: NULL")
     assert str(err) == "%s: TW_ERR_INVALID_ARGUMENT: %s" % (function, err.message)
+
+
+@pytest.mark.parametrize("h,act,rows,inter,needles", [
+    (None, None, -1, 8, ["tw_swiglu: rows is -1"]),
+    (None, None, 4, 12, ["tw_swiglu: inter is 12", "positive multiple of 8"]),
+    (None, None, 4, 0, ["tw_swiglu: inter is 0"]),
+    (None, None, 4, 8, ["tw_swiglu: h (", "NULL or not 16-byte aligned"]),
+    # a non-NULL first argument: call() must not take it for a comm (_lib._NO_COMM)
+    (8, 16, 4, 8, ["tw_swiglu: h (0x8) is NULL or not 16-byte aligned"]),
+    (16, None, 4, 8, ["tw_swiglu: act (", "NULL or not 16-byte aligned"]),
+    (16, 24, 4, 8, ["tw_swiglu: act (0x18)"]),
+])
+def test_swiglu_refusals_name_the_argument(h, act, rows, inter, needles):
+    # tw_swiglu checks rows, inter and the pointers before it asks for a device; it has no
+    # comm, so its message comes from tw_last_error()
+    _refused(lambda: _lib.call("tw_swiglu", h, act, rows, inter, None), "tw_swiglu", *needles)

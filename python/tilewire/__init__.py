@@ -9,8 +9,8 @@ symmetric memory::
 
 With torch (imported on first use of these names): ``init``, ``gemm``, ``grouped_gemm``,
 ``allgather``, ``ag_gemm``, ``gemm_rs``, ``gemm_ar``, ``gemm_rs_workspace``, ``moe_dispatch``,
-``moe_combine``, ``moe_dispatch_gemm``, ``moe_workspace``, ``moe_recv_rows``, ``barrier``,
-``for_each_rank``, ``symmetric_empty``, ``is_symmetric``, and
+``moe_combine``, ``moe_dispatch_gemm``, ``moe_ffn``, ``swiglu``, ``moe_workspace``,
+``moe_recv_rows``, ``barrier``, ``for_each_rank``, ``symmetric_empty``, ``is_symmetric``, and
 ``Comm.empty(shape, dtype)`` for symmetric tensors::
 
     comm = tilewire.init()                    # under torchrun
@@ -83,6 +83,8 @@ _TORCH_NAMES = (
     "moe_dispatch",
     "moe_combine",
     "moe_dispatch_gemm",
+    "moe_ffn",
+    "swiglu",
     "moe_workspace",
     "moe_recv_rows",
     # ---- add each new op's name here as it lands

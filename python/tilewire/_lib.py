@@ -38,7 +38,7 @@ TW_GEMM_ARGS_VERSION = 3
 TW_GEMM_WORKSPACE_BYTES = 9 << 20  # tw_gemm_args_t.workspace's size (version 3)
 TW_AG_GEMM_ARGS_VERSION = 2
 TW_GEMM_RS_ARGS_VERSION = 3
-TW_MOE_ARGS_VERSION = 1
+TW_MOE_ARGS_VERSION = 2
 TW_GROUPED_GEMM_ARGS_VERSION = 1
 
 # ---- enums --------------------------------------------------------------------------------
@@ -256,8 +256,8 @@ class GemmRsArgs(_Versioned):
 
 
 class MoeArgs(_Versioned):
-    """tw_moe_args_t (tw_moe_dispatch, tw_moe_combine, tw_moe_dispatch_gemm); ``MoeArgs()`` equals
-    TW_MOE_ARGS_INIT."""
+    """tw_moe_args_t (tw_moe_dispatch, tw_moe_combine, tw_moe_dispatch_gemm, tw_moe_gemm_combine,
+    tw_moe_ffn); ``MoeArgs()`` equals TW_MOE_ARGS_INIT."""
 
     _version_ = TW_MOE_ARGS_VERSION
     _defaults_ = {"index_bits": 32}
@@ -280,7 +280,14 @@ class MoeArgs(_Versioned):
         ("experts", ctypes.c_int64),
         ("top_k", ctypes.c_int64),
         ("recv_rows", ctypes.c_int64),
-        ("weights", ctypes.c_void_p),  # tw_moe_dispatch_gemm: the local experts' weights
+        # tw_moe_dispatch_gemm: the local experts' weights; tw_moe_ffn: w13 [local][2 inter,
+        # hidden], each expert's gate rows then its up rows
+        ("weights", ctypes.c_void_p),
+        # version 2 (absent before), tw_moe_ffn only:
+        ("weights2", ctypes.c_void_p),  # w2 [local][hidden, inter]: the down projection
+        ("h", ctypes.c_void_p),  # bf16 [recv_rows, 2 inter], this rank's memory: gate | up
+        ("act", ctypes.c_void_p),  # bf16 [recv_rows, inter], this rank's memory: swiglu(h)
+        ("inter", ctypes.c_int64),  # the experts' intermediate size, a multiple of 8
     ]
 
 
@@ -356,12 +363,19 @@ FUNCTIONS = {
     "tw_moe_combine": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
     "tw_moe_dispatch_gemm": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
     "tw_moe_gemm_combine": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
+    "tw_moe_ffn": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
+    "tw_swiglu": (c_enum, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                           tw_stream_t]),  # no comm: its first void * is h (_NO_COMM)
     # ---- add each new op's lines here when it lands in tilewire.h
     # environment knobs
     "tw_env_count": (ctypes.c_int, []),
     "tw_env_describe": (c_enum, [ctypes.c_int, _char_pp, _char_pp, _char_pp, _char_pp,
                                  _char_pp]),
 }
+
+# Functions whose first parameter is a `void *` that is not a comm (ctypes sees tw_comm_t and
+# void * alike): call() reports their failures through tw_last_error() alone.
+_NO_COMM = frozenset({"tw_swiglu"})
 
 # ---- loading ------------------------------------------------------------------------------
 
@@ -523,10 +537,12 @@ def call(name, *args, comm=None):
     """Calls tw function `name` (status-returning) and raises if it failed.
 
     `comm` is the handle whose tw_comm_last_error explains a failure; by default the first
-    argument when the function takes a tw_comm_t first; False: tw_last_error() only.
+    argument when the function takes a tw_comm_t first (not for _NO_COMM's functions); False:
+    tw_last_error() only.
     """
     fn = function(name)
-    if comm is None and fn.argtypes and fn.argtypes[0] is tw_comm_t and args:
+    if comm is None and fn.argtypes and fn.argtypes[0] is tw_comm_t and args \
+            and name not in _NO_COMM:
         comm = args[0]
     status = fn(*args)
     check(status, name, comm)

@@ -1,7 +1,9 @@
 """The MoE expert-parallel ops of the torch front end, inside a node: moe_dispatch (the token
-dispatch into the experts' ranks), moe_combine (the weighted combine back) and
-moe_dispatch_gemm (the dispatch fused with the experts' grouped GEMM), with moe_workspace and
-moe_recv_rows to size their buffers (tilewire.h, "MoE expert parallelism inside a node").
+dispatch into the experts' ranks), moe_combine (the weighted combine back), moe_dispatch_gemm
+(the dispatch fused with the experts' grouped GEMM) and moe_ffn (the whole expert FFN, dispatch
+to combine, in one kernel), with moe_workspace and moe_recv_rows to size their buffers and
+swiglu, the FFN's elementwise step on its own (tilewire.h, "MoE expert parallelism inside a
+node").
 
 Built as the fused ops (_fused): a validating public function (metadata only, TypeError or
 ValueError naming the argument, before any CUDA call) and a mutating custom op with
@@ -11,6 +13,7 @@ cannot hold, or an expert index out of range, is found on the device and reporte
 comm.async_error() (InvalidArgumentError; the comm is then unusable). Not differentiable yet.
 """
 
+import contextlib
 import ctypes
 
 import torch
@@ -25,6 +28,7 @@ from ._glue import (
     _check_dtype,
     _check_tensor,
     _custom_op,
+    _on_device,
     _register_fake,
     _stream,
 )
@@ -155,11 +159,8 @@ def _check_devices(op, comm, named):
             _check_cuda(t, name, op, device)
 
 
-def _check_dispatch(op, comm, x, topk_idx, recv, offsets, workspace, max_tokens, experts,
-                    gemm=False, weights=None, expert_out=None):
-    """moe_dispatch's arguments, and moe_dispatch_gemm's (gemm: weights and expert_out too).
-    Returns the local experts."""
-    tokens, _, local = _check_routing(op, comm, topk_idx, workspace, max_tokens, experts)
+def _check_x_recv(op, x, recv, tokens):
+    """The dispatch's x [tokens, hidden] and recv [recv_rows, hidden]: (hidden, recv_rows)."""
     _, hidden = _check_matrix(op, x, "x", (bf16,), tokens, None,
                               "[tokens=%d (topk_idx's rows), hidden]" % tokens)
     _check_multiple_of_8(op, hidden, "hidden=%d (x.shape[1])")
@@ -167,6 +168,15 @@ def _check_dispatch(op, comm, x, topk_idx, recv, offsets, workspace, max_tokens,
                                  "[recv_rows, hidden=%d] (comm.empty)" % hidden)
     if recv_rows < 1:
         raise ValueError("%s: recv has no rows (tilewire.moe_recv_rows gives enough)" % op)
+    return hidden, recv_rows
+
+
+def _check_dispatch(op, comm, x, topk_idx, recv, offsets, workspace, max_tokens, experts,
+                    gemm=False, weights=None, expert_out=None):
+    """moe_dispatch's arguments, and moe_dispatch_gemm's (gemm: weights and expert_out too).
+    Returns the local experts."""
+    tokens, _, local = _check_routing(op, comm, topk_idx, workspace, max_tokens, experts)
+    hidden, recv_rows = _check_x_recv(op, x, recv, tokens)
     if offsets is not None:
         _check_offsets(op, offsets, local)
     named = [("x", x), ("topk_idx", topk_idx), ("recv", recv), ("offsets", offsets),
@@ -204,6 +214,87 @@ def _check_combine(op, comm, expert_out, topk_idx, topk_weights, workspace, out,
                               ("topk_weights", topk_weights), ("workspace", workspace),
                               ("out", out)))
     return tokens, n_out
+
+
+def _check_experts_weights(op, t, name, local, rows, cols, shape):
+    """t: a contiguous bf16 [local, rows, cols] tensor (rows or cols None: any); `shape` names
+    the dimensions for the message. Returns t.shape."""
+    _check_tensor(t, name, op)
+    _check_dtype(t, name, op, (bf16,))
+    if t.dim() != 3 or t.shape[0] != local or (rows is not None and t.shape[1] != rows) or (
+            cols is not None and t.shape[2] != cols):
+        raise ValueError("%s: %s must be 3-D %s, got shape %s" % (op, name, shape, tuple(t.shape)))
+    _check_contiguous(op, t, name)
+    return tuple(t.shape)
+
+
+def _check_inter(op, two_inter, where):
+    """two_inter: the gate | up columns (2 inter); returns inter, a positive multiple of 8."""
+    if two_inter % 2:
+        raise ValueError("%s: %s=%d must be 2 inter (the gate's columns then the up's), even"
+                         % (op, where, two_inter))
+    _check_multiple_of_8(op, two_inter // 2, "inter=%%d (%s / 2)" % where)
+    return two_inter // 2
+
+
+def _check_stream(op, stream):
+    if stream is not None and not isinstance(stream, torch.cuda.Stream):
+        raise TypeError("%s: stream must be a torch.cuda.Stream or None, got %s"
+                        % (op, type(stream).__name__))
+
+
+def _check_stream_device(op, stream, device):
+    """Last, with the devices: stream on `device` (a torch.device)."""
+    if stream is not None and stream.device != device:
+        raise ValueError("%s: stream is on %s, expected %s" % (op, stream.device, device))
+
+
+def _check_ffn(op, comm, x, topk_idx, topk_weights, w13, w2, workspace, recv, expert_out, out,
+               h, act, max_tokens, experts, stream):
+    """moe_ffn's arguments: the dispatch's, the combine's, both weights and h / act. Returns
+    (tokens, local experts, hidden, inter, recv_rows)."""
+    tokens, top_k, local = _check_routing(op, comm, topk_idx, workspace, max_tokens, experts)
+    hidden, recv_rows = _check_x_recv(op, x, recv, tokens)
+    _check_matrix(op, topk_weights, "topk_weights", (torch.float32,), tokens, top_k,
+                  "[tokens=%d, top_k=%d] (topk_idx's shape)" % (tokens, top_k))
+    _, two_inter, _ = _check_experts_weights(
+        op, w13, "w13", local, None, hidden,
+        "[local experts=%d, 2 inter, hidden=%d] (gate rows then up rows)" % (local, hidden))
+    inter = _check_inter(op, two_inter, "w13.shape[1]")
+    _check_experts_weights(op, w2, "w2", local, hidden, inter,
+                           "[local experts=%d, hidden=%d, inter=%d]" % (local, hidden, inter))
+    _check_matrix(op, expert_out, "expert_out", (bf16,), recv_rows, hidden,
+                  "[recv_rows=%d (recv's rows), hidden=%d] (comm.empty)" % (recv_rows, hidden))
+    if h is not None:
+        _check_matrix(op, h, "h", (bf16,), recv_rows, 2 * inter,
+                      "[recv_rows=%d, 2 inter=%d]" % (recv_rows, 2 * inter))
+    if act is not None:
+        _check_matrix(op, act, "act", (bf16,), recv_rows, inter,
+                      "[recv_rows=%d, inter=%d]" % (recv_rows, inter))
+    if out is not None:
+        _check_matrix(op, out, "out", (bf16,), tokens, hidden,
+                      "[tokens=%d, hidden=%d]" % (tokens, hidden))
+    _check_stream(op, stream)
+    _check_devices(op, comm, (("x", x), ("topk_idx", topk_idx), ("topk_weights", topk_weights),
+                              ("w13", w13), ("w2", w2), ("recv", recv), ("expert_out", expert_out),
+                              ("workspace", workspace), ("h", h), ("act", act), ("out", out)))
+    _check_stream_device(op, stream, torch.device("cuda", comm.device))
+    return tokens, local, hidden, inter, recv_rows
+
+
+def _check_swiglu(op, h, out, stream):
+    """swiglu's arguments: h bf16 [rows, 2 inter], out [rows, inter]. Returns (rows, inter)."""
+    rows, two_inter = _check_matrix(op, h, "h", (bf16,), None, None, "[rows, 2 inter]")
+    inter = _check_inter(op, two_inter, "h.shape[1]")
+    if out is not None:
+        _check_matrix(op, out, "out", (bf16,), rows, inter,
+                      "[rows=%d, inter=%d]" % (rows, inter))
+    _check_stream(op, stream)
+    _check_cuda(h, "h", op, None)
+    if out is not None:
+        _check_cuda(out, "out", op, h.device)
+    _check_stream_device(op, stream, h.device)
+    return rows, inter
 
 
 # ---- launches and custom ops --------------------------------------------------------------
@@ -314,6 +405,68 @@ def _moe_combine_fake(comm_id, expert_out, topk_idx, topk_weights, workspace, ou
     return None
 
 
+def _ffn_impl(comm_id, x, topk_idx, topk_weights, w13, w2, recv, offsets, h, act, expert_out,
+              workspace, out, max_tokens, experts):
+    op = "tilewire.moe_ffn"
+    comm = comm_by_id(comm_id)
+    _need_symmetric(op, comm, recv, "recv")
+    _need_symmetric(op, comm, expert_out, "expert_out")
+    args = _moe_args(op, comm, topk_idx, workspace, max_tokens, experts, recv.shape[0],
+                     (("x", x), ("recv", recv), ("w13", w13), ("w2", w2), ("h", h),
+                      ("act", act), ("expert_out", expert_out), ("out", out)))
+    args.x, args.recv, args.offsets = _ptr(x), recv.data_ptr(), offsets.data_ptr()
+    args.topk_weights, args.out = _ptr(topk_weights), _ptr(out)
+    args.weights, args.weights2 = w13.data_ptr(), w2.data_ptr()
+    args.h, args.act, args.expert_out = h.data_ptr(), act.data_ptr(), expert_out.data_ptr()
+    args.hidden, args.inter = x.shape[1], w2.shape[2]  # n_out is not read
+    _lib.call("tw_moe_ffn", comm.handle, ctypes.byref(args), _stream(x.device))
+    return args
+
+
+def _swiglu_impl(h, out):
+    op = "tilewire.swiglu"
+    rows, inter = out.shape
+    if rows == 0:
+        return  # nothing to compute
+    _check_aligned(h, "h", op)
+    _check_aligned(out, "out", op)
+    with _on_device(h.device.index):  # tw_swiglu runs on the current device
+        _lib.call("tw_swiglu", h.data_ptr(), out.data_ptr(), rows, inter, _stream(h.device),
+                  comm=False)
+
+
+@_custom_op("tilewire::moe_ffn",
+            mutates_args=("recv", "offsets", "h", "act", "expert_out", "workspace", "out"))
+def _moe_ffn_op(comm_id: int, x: torch.Tensor, topk_idx: torch.Tensor,
+                topk_weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                recv: torch.Tensor, offsets: torch.Tensor, h: torch.Tensor, act: torch.Tensor,
+                expert_out: torch.Tensor, workspace: torch.Tensor, out: torch.Tensor,
+                max_tokens: int, experts: int) -> None:
+    _ffn_impl(comm_id, x, topk_idx, topk_weights, w13, w2, recv, offsets, h, act, expert_out,
+              workspace, out, max_tokens, experts)
+
+
+@_register_fake(_moe_ffn_op)
+def _moe_ffn_fake(comm_id, x, topk_idx, topk_weights, w13, w2, recv, offsets, h, act,
+                  expert_out, workspace, out, max_tokens, experts):
+    return None
+
+
+@_custom_op("tilewire::swiglu", mutates_args=("out",))
+def _swiglu_op(h: torch.Tensor, out: torch.Tensor) -> None:
+    _swiglu_impl(h, out)
+
+
+@_register_fake(_swiglu_op)
+def _swiglu_fake(h, out):
+    return None
+
+
+def _on_stream(stream):
+    """torch.cuda.stream(stream) (which also makes its device current), or nothing for None."""
+    return contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
+
+
 # ---- the public functions -----------------------------------------------------------------
 
 
@@ -401,3 +554,71 @@ def moe_dispatch_gemm(comm, x, topk_idx, weights, recv, expert_out, offsets, wor
                    comm.id, x, topk_idx, weights, recv, expert_out, offsets, workspace,
                    max_tokens, experts)
     return expert_out, offsets
+
+
+def moe_ffn(comm, x, topk_idx, topk_weights, w13, w2, *, workspace, recv, expert_out,
+            max_tokens, experts, out=None, h=None, act=None, stream=None):
+    """The expert FFN of an MoE layer, dispatch to combine, in one persistent kernel
+    (tw_moe_ffn): moe_dispatch of x by topk_idx into recv; h = recv @ w13[e].T over each local
+    expert e's rows (the gate and up projections); act = tilewire.swiglu(h); expert_out =
+    act @ w2[e].T (the down projection); then moe_combine of expert_out into out with
+    topk_weights. Each stage's 128-row block starts as soon as the stage before has finished
+    it. recv, h's, act's and expert_out's live rows and out are bitwise those of moe_dispatch,
+    tilewire.grouped_gemm(recv, w13, offsets), tilewire.swiglu,
+    tilewire.grouped_gemm(act, w2, offsets) and moe_combine.
+
+    x, topk_idx, recv, workspace, max_tokens and experts as moe_dispatch takes them;
+    topk_weights and out as moe_combine's (out: bf16 [tokens, hidden]); w13: bf16
+    [experts / world, 2 inter, hidden], contiguous, each local expert's gate rows then its up
+    rows (inter a multiple of 8); w2: bf16 [experts / world, hidden, inter], contiguous;
+    expert_out: a symmetric bf16 [recv_rows, hidden] tensor (comm.empty); h: bf16 [recv_rows,
+    2 inter] and act: bf16 [recv_rows, inter], contiguous device memory of this rank (any
+    CUDA tensor apart from the others; out, h and act are allocated when None); recv_rows at
+    most 8000 row blocks of 128 (the library refuses more). The dispatch's offsets go to a
+    tensor of the call's own. Collective; runs on `stream` (a torch.cuda.Stream on the comm's
+    device; None: torch's current stream, as the other MoE ops) with no host synchronisation
+    (CUDA-graph capturable). Returns out.
+
+    Routing errors are found on the device as moe_dispatch's (comm.async_error()). Not
+    differentiable yet (no autograd).
+    """
+    op = "tilewire.moe_ffn"
+    tokens, local, hidden, inter, recv_rows = _check_ffn(
+        op, comm, x, topk_idx, topk_weights, w13, w2, workspace, recv, expert_out, out, h, act,
+        max_tokens, experts, stream)
+    with _on_stream(stream):  # allocated on the stream that uses them
+        device = x.device
+        offsets = torch.empty(local + 1, dtype=torch.int32, device=device)
+        if h is None:
+            h = torch.empty((recv_rows, 2 * inter), dtype=bf16, device=device)
+        if act is None:
+            act = torch.empty((recv_rows, inter), dtype=bf16, device=device)
+        if out is None:
+            out = torch.empty((tokens, hidden), dtype=bf16, device=device)
+        _call_mutating(lambda *a: torch.ops.tilewire.moe_ffn(*a), _ffn_impl,
+                       (x, topk_idx, topk_weights, w13, w2, recv, offsets, h, act, expert_out,
+                        workspace, out),
+                       (recv, offsets, h, act, expert_out, workspace, out),
+                       comm.id, x, topk_idx, topk_weights, w13, w2, recv, offsets, h, act,
+                       expert_out, workspace, out, max_tokens, experts)
+    return out
+
+
+def swiglu(h, out=None, stream=None):
+    """The SwiGLU step between an MoE expert's gate/up and down projections (tw_swiglu):
+    out[r, i] = bf16(silu(g) * u) for g = h[r, i], u = h[r, inter + i], in fp32 with silu(g) =
+    g / (1 + exp(-g)); the same bits as moe_ffn's act.
+
+    h: a bf16 CUDA tensor [rows, 2 inter], contiguous, gate columns then up columns (inter a
+    multiple of 8); out: bf16 [rows, inter], contiguous, on h's device, apart from h (allocated
+    when None). Runs on `stream` (a torch.cuda.Stream on h's device; None: torch's current
+    stream), CUDA-graph capturable. Returns out. Not differentiable (no autograd).
+    """
+    op = "tilewire.swiglu"
+    rows, inter = _check_swiglu(op, h, out, stream)
+    with _on_stream(stream):
+        if out is None:
+            out = torch.empty((rows, inter), dtype=bf16, device=h.device)
+        _call_mutating(lambda *a: torch.ops.tilewire.swiglu(*a), _swiglu_impl, (h, out), (out,),
+                       h, out)
+    return out

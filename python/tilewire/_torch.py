@@ -24,11 +24,20 @@ The modules, each importing only those above it:
     _torchrun    tilewire.init
     _ops         gemm, grouped_gemm, allgather, barrier, for_each_rank
     _fused       ag_gemm, gemm_rs, gemm_ar and their backward passes
-    _moe         moe_dispatch, moe_combine, moe_dispatch_gemm, moe_workspace, moe_recv_rows
+    _moe         moe_dispatch, moe_combine, moe_dispatch_gemm, moe_ffn, swiglu, moe_workspace,
+                 moe_recv_rows
 """
 
 from ._fused import ag_gemm, gemm_ar, gemm_rs, gemm_rs_workspace
-from ._moe import moe_combine, moe_dispatch, moe_dispatch_gemm, moe_recv_rows, moe_workspace
+from ._moe import (
+    moe_combine,
+    moe_dispatch,
+    moe_dispatch_gemm,
+    moe_ffn,
+    moe_recv_rows,
+    moe_workspace,
+    swiglu,
+)
 from ._ops import allgather, barrier, for_each_rank, gemm, grouped_gemm
 from ._symmetric import comm_empty, is_symmetric, symmetric_empty
 from ._torchrun import init
@@ -49,8 +58,10 @@ __all__ = [
     "moe_combine",
     "moe_dispatch",
     "moe_dispatch_gemm",
+    "moe_ffn",
     "moe_recv_rows",
     "moe_workspace",
+    "swiglu",
     "symmetric_empty",
 ]
 

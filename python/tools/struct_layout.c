@@ -165,6 +165,10 @@ static void fused_structs(void) {
   FIELD(tw_moe_args_t, top_k);
   FIELD(tw_moe_args_t, recv_rows);
   FIELD(tw_moe_args_t, weights);
+  FIELD(tw_moe_args_t, weights2);
+  FIELD(tw_moe_args_t, h);
+  FIELD(tw_moe_args_t, act);
+  FIELD(tw_moe_args_t, inter);
   end_struct();
 
   /* ---- the next ops' argument structs go here as they land ---- */
