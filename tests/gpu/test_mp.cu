@@ -3,7 +3,8 @@
  * is one: run under MPS, which scripts/gpu-suite.sh starts). Exercises the TCP
  * bootstrap, the fd exchange of the symmetric heap and the allgather across
  * processes, and tw_ag_gemm, tw_gemm_rs and tw_gemm_ar against their unfused pipelines, bitwise
- * (with a GPU per rank, every other tw_ag_gemm call in the copy-engine mode); then 2 ranks
+ * (with a GPU per rank, every other tw_ag_gemm call in the copy-engine mode), and tw_moe_ffn and
+ * tw_moe_dispatch_gemm against the unfused MoE pipeline (check_moe); then 2 ranks
  * whose TW_RS_BAND differs, where tw_comm_init_rank must fail on both, naming the knob; then 3
  * ranks whose tw_gemm_rs calls differ in n, which every rank must report as TW_ERR_MISMATCH.
  * Usage: test_mp [world=4] [iterations=100].
@@ -106,6 +107,104 @@ static int check_gemm_rs(tw_comm_t comm, int rank, int world, int iters, cudaStr
 
 /* distinct: every rank on a GPU of its own (then every other ag_gemm call takes the copy-engine
  * mode, which needs that). */
+/* The MoE layer across processes: tw_moe_ffn == tw_moe_dispatch, tw_grouped_gemm (gate/up),
+ * tw_swiglu, tw_grouped_gemm (down), tw_moe_combine, bitwise in every rank's out, with fresh
+ * routings (tokens per rank differ) each iteration; tw_moe_dispatch_gemm's experts' rows then
+ * tw_moe_combine give the same out again. */
+static int check_moe(tw_comm_t comm, int rank, int world, int iters, cudaStream_t stream) {
+  const int experts = 4 * world, top_k = 2, local = 4;
+  const int64_t hidden = 256, inter = 136, max_tokens = 200;
+  const int64_t rows = world * max_tokens * top_k + experts * 128;
+  const tw_stream_t s = (tw_stream_t)stream;
+  size_t ws_bytes = 0;
+  void *ws = NULL, *recv = NULL, *eout = NULL;
+  if (tw_moe_workspace_size(comm, max_tokens, experts, top_k, &ws_bytes) != TW_SUCCESS ||
+      tw_mem_alloc(comm, ws_bytes, &ws) != TW_SUCCESS ||
+      tw_mem_alloc(comm, (size_t)rows * hidden * 2, &recv) != TW_SUCCESS ||
+      tw_mem_alloc(comm, (size_t)rows * hidden * 2, &eout) != TW_SUCCESS) {
+    fprintf(stderr, "rank %d: moe alloc: %s\n", rank, tw_comm_last_error(comm));
+    return 1;
+  }
+  void *x, *idx, *wt, *w13, *w2, *h, *act, *out, *ref, *eout2;
+  int32_t *off;
+  cudaMalloc(&x, (size_t)max_tokens * hidden * 2), cudaMalloc(&idx, (size_t)max_tokens * top_k * 4);
+  cudaMalloc(&wt, (size_t)max_tokens * top_k * 4),
+      cudaMalloc(&out, (size_t)max_tokens * hidden * 2);
+  cudaMalloc(&ref, (size_t)max_tokens * hidden * 2), cudaMalloc(&eout2, (size_t)rows * inter * 4);
+  cudaMalloc(&w13, (size_t)local * 2 * inter * hidden * 2);
+  cudaMalloc(&w2, (size_t)local * hidden * inter * 2);
+  cudaMalloc(&h, (size_t)rows * inter * 4), cudaMalloc(&act, (size_t)rows * inter * 2);
+  cudaMalloc((void **)&off, (size_t)(local + 1) * 4);
+  tw_test_fill_bf16(w13, (size_t)local * 2 * inter * hidden, 500 + rank, s);
+  tw_test_fill_bf16(w2, (size_t)local * hidden * inter, 600 + rank, s);
+  int32_t hi[200 * 2];
+  float hw[200 * 2];
+  int failures = 0;
+  uint64_t rng = 1234 + (uint64_t)rank;
+  for (int it = 0; it < iters && !failures; it++) {
+    const int64_t tokens = (int64_t)(tw_test_xorshift(&rng) % (uint64_t)(max_tokens + 1));
+    for (int64_t t = 0; t < tokens; t++) {
+      hi[t * 2] = (int32_t)(tw_test_xorshift(&rng) % (uint64_t)experts);
+      hi[t * 2 + 1] =
+          (hi[t * 2] + 1 + (int32_t)(tw_test_xorshift(&rng) % (uint64_t)(experts - 1))) % experts;
+      hw[t * 2] = (float)(tw_test_xorshift(&rng) % 1000) / 1000.0f, hw[t * 2 + 1] = 0.5f;
+    }
+    cudaMemcpyAsync(idx, hi, (size_t)tokens * top_k * 4, cudaMemcpyHostToDevice, stream);
+    cudaMemcpyAsync(wt, hw, (size_t)tokens * top_k * 4, cudaMemcpyHostToDevice, stream);
+    tw_test_fill_bf16(x, (size_t)(tokens ? tokens : 1) * hidden, tw_test_xorshift(&rng), s);
+    tw_moe_args_t a = TW_MOE_ARGS_INIT;
+    a.x = x, a.topk_idx = idx, a.topk_weights = (const float *)wt, a.recv = recv, a.offsets = off;
+    a.expert_out = eout, a.out = ref, a.workspace = ws, a.tokens = tokens;
+    a.max_tokens = max_tokens, a.hidden = hidden, a.n_out = hidden, a.experts = experts;
+    a.top_k = top_k, a.recv_rows = rows;
+    a.weights = w13, a.weights2 = w2, a.h = h, a.act = act, a.inter = inter;
+    tw_grouped_gemm_args_t g = TW_GROUPED_GEMM_ARGS_INIT;
+    g.a = recv, g.b = w13, g.out = h, g.offsets = off, g.m = rows, g.n = 2 * inter;
+    g.k = hidden, g.groups = local;
+    tw_status_t st = tw_moe_dispatch(comm, &a, s);
+    if (st == TW_SUCCESS)
+      st = tw_grouped_gemm(&g, s);
+    if (st == TW_SUCCESS)
+      st = tw_swiglu(h, act, rows, inter, s);
+    g.a = act, g.b = w2, g.out = eout, g.n = hidden, g.k = inter;
+    if (st == TW_SUCCESS)
+      st = tw_grouped_gemm(&g, s);
+    if (st == TW_SUCCESS)
+      st = tw_moe_combine(comm, &a, s);
+    tw_test_poison(out, (size_t)max_tokens * hidden * 2, s);
+    a.out = out;
+    if (st == TW_SUCCESS)
+      st = tw_moe_ffn(comm, &a, s);
+    cudaStreamSynchronize(stream);
+    size_t diff = st == TW_SUCCESS ? tw_test_count_diff(out, ref, (size_t)tokens * hidden * 2) : 0;
+    /* the first half again, fused with the dispatch: act's rows are an input there */
+    tw_moe_args_t d = a;
+    d.weights = w13, d.expert_out = eout2, d.n_out = 2 * inter;
+    tw_test_poison(out, (size_t)max_tokens * hidden * 2, s);
+    if (st == TW_SUCCESS)
+      st = tw_moe_dispatch_gemm(comm, &d, s);
+    if (st == TW_SUCCESS)
+      st = tw_swiglu(eout2, act, rows, inter, s);
+    g.a = act;
+    if (st == TW_SUCCESS)
+      st = tw_grouped_gemm(&g, s);
+    if (st == TW_SUCCESS)
+      st = tw_moe_combine(comm, &a, s);
+    cudaStreamSynchronize(stream);
+    if (st == TW_SUCCESS)
+      diff += tw_test_count_diff(out, ref, (size_t)tokens * hidden * 2);
+    if (st != TW_SUCCESS || diff) {
+      fprintf(stderr, "rank %d moe iteration %d (%lld tokens): %s; %zu bytes of out differ\n", rank,
+              it, (long long)tokens, st == TW_SUCCESS ? "ok" : tw_comm_last_error(comm), diff);
+      failures++;
+    }
+  }
+  cudaFree(x), cudaFree(idx), cudaFree(wt), cudaFree(out), cudaFree(ref), cudaFree(eout2);
+  cudaFree(w13), cudaFree(w2), cudaFree(h), cudaFree(act), cudaFree(off);
+  tw_mem_free(comm, ws), tw_mem_free(comm, recv), tw_mem_free(comm, eout);
+  return failures;
+}
+
 static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int device, int distinct) {
   cudaError_t ce = cudaSetDevice(device);
   if (ce != cudaSuccess) {
@@ -208,6 +307,8 @@ static int run_rank(tw_unique_id_t id, int rank, int world, int iters, int devic
     tw_mem_free(comm, g2);
   if (!failures)
     failures += check_gemm_rs(comm, rank, world, iters / 4 > 0 ? iters / 4 : 1, stream);
+  if (!failures)
+    failures += check_moe(comm, rank, world, iters / 10 > 0 ? iters / 10 : 1, stream);
   tw_status_t async = TW_SUCCESS;
   tw_comm_async_error(comm, &async);
   if (async != TW_SUCCESS) {
