@@ -200,7 +200,9 @@ static void snap_take(const ffn_t *m, int r, snap_t *s) {
   TEST_CUDA_OK(cudaMemcpy(s->out, m->out[r], T * H * 2, cudaMemcpyDeviceToHost));
 }
 
-static void snap_free(snap_t *s) { free(s->recv), free(s->h), free(s->act), free(s->eout), free(s->out); }
+static void snap_free(snap_t *s) {
+  free(s->recv), free(s->h), free(s->act), free(s->eout), free(s->out);
+}
 
 static float bf(uint16_t v) { return tw_test_bf16_to_float(v); }
 
@@ -249,14 +251,17 @@ static void check_reference(const ffn_t *m, const char *what) {
   const int local = m->experts / m->world;
   const int64_t H = m->hidden, I = m->inter;
   uint16_t *x = (uint16_t *)malloc((size_t)H * 2), *out = (uint16_t *)malloc((size_t)H * 2);
-  uint16_t *w13 = (uint16_t *)malloc((size_t)2 * I * H * 2), *w2 = (uint16_t *)malloc((size_t)H * I * 2);
+  uint16_t *w13 = (uint16_t *)malloc((size_t)2 * I * H * 2),
+           *w2 = (uint16_t *)malloc((size_t)H * I * 2);
   double *act = (double *)malloc((size_t)I * sizeof(double));
   TEST_REQUIRE(x && out && w13 && w2 && act, "host memory");
   double err = 0, scale = 0;
   for (int r = 0; r < m->world; r++)
     for (int64_t t = 0; t < m->tokens[r]; t += 1 + m->tokens[r] / 5) {
-      TEST_CUDA_OK(cudaMemcpy(x, (uint16_t *)m->x[r] + t * H, (size_t)H * 2, cudaMemcpyDeviceToHost));
-      TEST_CUDA_OK(cudaMemcpy(out, (uint16_t *)m->out[r] + t * H, (size_t)H * 2, cudaMemcpyDeviceToHost));
+      TEST_CUDA_OK(
+          cudaMemcpy(x, (uint16_t *)m->x[r] + t * H, (size_t)H * 2, cudaMemcpyDeviceToHost));
+      TEST_CUDA_OK(
+          cudaMemcpy(out, (uint16_t *)m->out[r] + t * H, (size_t)H * 2, cudaMemcpyDeviceToHost));
       double ref[1024];
       TEST_REQUIRE(H <= 1024, "hidden");
       for (int64_t c = 0; c < H; c++)
@@ -276,7 +281,8 @@ static void check_reference(const ffn_t *m, const char *what) {
             g += (double)bf(x[q]) * bf(w13[i * H + q]);
             u += (double)bf(x[q]) * bf(w13[(I + i) * H + q]);
           }
-          const double gb = bf(tw_test_float_to_bf16((float)g)), ub = bf(tw_test_float_to_bf16((float)u));
+          const double gb = bf(tw_test_float_to_bf16((float)g)),
+                       ub = bf(tw_test_float_to_bf16((float)u));
           act[i] = bf(tw_test_float_to_bf16((float)(gb / (1 + exp(-gb)) * ub)));
         }
         for (int64_t c = 0; c < H; c++) {
@@ -345,7 +351,9 @@ static void test_ffn(int world, int experts, int top_k, int64_t hidden, int64_t 
     char what[128];
     snprintf(what, sizeof(what), "world %d E %d top-%d H %lld I %lld %s", world, experts, top_k,
              (long long)hidden, (long long)inter,
-             kind == kRandom ? "random" : kind == kSkewed ? "skewed" : "holes");
+             kind == kRandom   ? "random"
+             : kind == kSkewed ? "skewed"
+                               : "holes");
     route(&m, kind, &rng);
     run_unfused(&m);
     snap_t ref[TW_MAX_WORLD];

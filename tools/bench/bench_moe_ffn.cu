@@ -173,8 +173,8 @@ static int ffn_setup(ffn_ctx *c, uint64_t seed) {
     for (size_t i = 0; i < entries; i++)
       hw[i] = (float)(tw_test_xorshift(&rng) >> 40) / (float)(1 << 24);
     BENCH_CUDA(cudaMemcpy(c->topk_w[r], hw, entries * sizeof(float), cudaMemcpyHostToDevice));
-    BENCH_CUDA(cudaMemcpy(c->idx[r], c->rt.h_idx[r], entries * sizeof(int32_t),
-                          cudaMemcpyHostToDevice));
+    BENCH_CUDA(
+        cudaMemcpy(c->idx[r], c->rt.h_idx[r], entries * sizeof(int32_t), cudaMemcpyHostToDevice));
     tw_test_fill_bf16(c->x[r], (size_t)c->tokens * H, seed * 131 + 11 + r, s);
     tw_test_fill_bf16(c->w13[r], w_count, seed * 131 + 1000 + r, s);
     tw_test_fill_bf16(c->w2[r], w_count / 2, seed * 131 + 2000 + r, s);
@@ -267,14 +267,14 @@ static void ffn_rows(ffn_ctx *c, const bench_opts_t *o, const bench_shape_t *sha
     memset(row, 0, sizeof(*row));
     snprintf(row->op, sizeof(row->op), "moe_ffn");
     snprintf(row->variant, sizeof(row->variant), "%s", names[v]);
-    snprintf(row->shape, sizeof(row->shape), "T=%lld/rank H=%lld I=%lld E=%lld top%lld w=%d sms=%d%s%s",
-             (long long)c->tokens, (long long)c->hidden, (long long)c->inter,
-             (long long)c->experts, (long long)c->top_k, world, rk->sm_budget,
-             c->rt.skew ? " skew" : "", name ? name : "");
+    snprintf(row->shape, sizeof(row->shape),
+             "T=%lld/rank H=%lld I=%lld E=%lld top%lld w=%d sms=%d%s%s", (long long)c->tokens,
+             (long long)c->hidden, (long long)c->inter, (long long)c->experts, (long long)c->top_k,
+             world, rk->sm_budget, c->rt.skew ? " skew" : "", name ? name : "");
     row->ms = ms[v], row->ms_p10 = p10[v], row->ms_p90 = p90[v];
     if (v == kComm) /* the rows crossing ranks, both ways */
-      row->gbps = 2.0 * (double)c->rt.remote_rows * (double)c->hidden * 2 / world /
-                  (ms[v] * 1e-3) / 1e9;
+      row->gbps =
+          2.0 * (double)c->rt.remote_rows * (double)c->hidden * 2 / world / (ms[v] * 1e-3) / 1e9;
     else
       row->tflops = flops / (ms[v] * 1e-3) / 1e12;
     row->speedup = ms[kUnfused] / ms[v];
@@ -306,13 +306,13 @@ static int run_moe_ffn(const bench_opts_t *o, const bench_shape_t *shape, bench_
             "tw-bench moe_ffn: experts %lld (1 .. %d), top-k %lld (1 .. %d, at most the "
             "experts), m (tokens per rank) %lld (1 .. 2^27), n (inter) %lld and k (hidden) %lld "
             "(multiples of 8)\n",
-            (long long)experts, kMoeMaxExperts, (long long)top_k, kMoeMaxTopK,
-            (long long)shape->m, (long long)shape->n, (long long)shape->k);
+            (long long)experts, kMoeMaxExperts, (long long)top_k, kMoeMaxTopK, (long long)shape->m,
+            (long long)shape->n, (long long)shape->k);
     return 1;
   }
   if (experts % world) {
-    fprintf(stderr, "moe_ffn: %lld experts are no multiple of world=%d: %s\n",
-            (long long)experts, world, o->have_shape ? "cannot run the shape" : "shape skipped");
+    fprintf(stderr, "moe_ffn: %lld experts are no multiple of world=%d: %s\n", (long long)experts,
+            world, o->have_shape ? "cannot run the shape" : "shape skipped");
     return o->have_shape ? 1 : 0;
   }
   const char *skew_env = getenv("TW_BENCH_MOE_SKEW"), *seed_env = getenv("TW_BENCH_MOE_SEED");

@@ -5,7 +5,9 @@
 #include "bench_moe_route.h"
 #include "tw_test.h"
 
-static int64_t pad_rows(int64_t rows) { return (rows + kMoeRowBlock - 1) / kMoeRowBlock * kMoeRowBlock; }
+static int64_t pad_rows(int64_t rows) {
+  return (rows + kMoeRowBlock - 1) / kMoeRowBlock * kMoeRowBlock;
+}
 
 int64_t bench_moe_offset(const bench_moe_route_t *rt, int d, int64_t el) {
   int64_t row = 0;
@@ -88,4 +90,3 @@ int64_t bench_moe_param(const bench_shape_t *shape, const char *key, const char 
     return -1;
   return (int64_t)v;
 }
-

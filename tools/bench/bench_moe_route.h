@@ -35,8 +35,7 @@ void bench_moe_route_free(bench_moe_route_t *rt);
 int64_t bench_moe_offset(const bench_moe_route_t *rt, int d, int64_t el);
 /* An integer: the label's "<key>N" if it has one, else the environment variable, else dflt; -1
  * when malformed. */
-int64_t bench_moe_param(const bench_shape_t *shape, const char *key, const char *env,
-                        int64_t dflt);
+int64_t bench_moe_param(const bench_shape_t *shape, const char *key, const char *env, int64_t dflt);
 
 #ifdef __cplusplus
 }

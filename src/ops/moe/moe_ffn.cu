@@ -149,7 +149,8 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
 /* two GEMMs' parameters: above 4 KiB, inside the 32764 bytes CUDA 12.1 and later take on sm_90 */
 static_assert(sizeof(FfnParams) <= 32764, "kernel parameters");
 static_assert(kSmem + sizeof(SharedLayout) + 1024 <= 227 * 1024, "shared memory");
-static_assert(kSmem >= (kThreads / 32 + 1) * kMaxExperts * 4, "block 0's layout fits the GEMM's smem");
+static_assert(kSmem >= (kThreads / 32 + 1) * kMaxExperts * 4,
+              "block 0's layout fits the GEMM's smem");
 
 } // namespace
 
@@ -175,9 +176,8 @@ extern "C" tw_status_t tw_moe_ffn(tw_comm_t comm, const tw_moe_args_t *in, tw_st
   st = moe_prepare(comm, in, kFfn, &a, &l, &fp->moe);
   const int64_t local = a.experts / comm->world;
   if (st == TW_SUCCESS)
-    st = grouped_params(comm, fp->up, a.recv, a.recv_rows, a.hidden, a.weights, 2 * a.inter,
-                        local, a.h, (TileQueue *)comm->ctrl->tile_queue[TW_CH_MOE], op, "recv",
-                        "h");
+    st = grouped_params(comm, fp->up, a.recv, a.recv_rows, a.hidden, a.weights, 2 * a.inter, local,
+                        a.h, (TileQueue *)comm->ctrl->tile_queue[TW_CH_MOE], op, "recv", "h");
   if (st == TW_SUCCESS)
     st = grouped_params(comm, fp->down, a.act, a.recv_rows, a.inter, a.weights2, a.hidden, local,
                         a.expert_out, NULL, op, "act", "expert_out");

@@ -164,8 +164,7 @@ __device__ inline bool layout_phase(const tw_dev_comm_t &dc, const MoeParams &p,
  * over the CTAs) waits until the row blocks of its slots' rows are complete on their ranks
  * (the cumulative tile counts of kFlagCombineBlocks at `target`), then sums them as
  * tw_moe_combine does (combine_token: the same bits). Returns whether every wait succeeded. */
-__device__ inline bool combine_phase(const tw_dev_comm_t &dc, const MoeParams &p,
-                                     uint64_t target) {
+__device__ inline bool combine_phase(const tw_dev_comm_t &dc, const MoeParams &p, uint64_t target) {
   int mine = 1, ok = 1;
   for (int64_t t = blockIdx.x; ok && t < p.tokens; t += gridDim.x) {
     if (threadIdx.x == 0)

@@ -18,8 +18,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void __launch_bounds__(kThreads) swiglu_kernel(const uint16_t *h, uint16_t *act,
-                                                          int64_t rows, int64_t inter) {
+__global__ void __launch_bounds__(kThreads)
+    swiglu_kernel(const uint16_t *h, uint16_t *act, int64_t rows, int64_t inter) {
   const int64_t per = (rows + gridDim.x - 1) / gridDim.x;
   const int64_t r0 = per * blockIdx.x, r1 = r0 + per < rows ? r0 + per : rows;
   if (r0 < r1)
@@ -35,8 +35,7 @@ extern "C" tw_status_t tw_swiglu(const void *h, void *act, int64_t rows, int64_t
                "tw_swiglu: inter is %lld; expected a positive multiple of 8", (long long)inter);
   if (rows == 0)
     return TW_SUCCESS;
-  TW_ARG_CHECK(h && (uintptr_t)h % 16 == 0, "tw_swiglu: h (%p) is NULL or not 16-byte aligned",
-               h);
+  TW_ARG_CHECK(h && (uintptr_t)h % 16 == 0, "tw_swiglu: h (%p) is NULL or not 16-byte aligned", h);
   TW_ARG_CHECK(act && (uintptr_t)act % 16 == 0,
                "tw_swiglu: act (%p) is NULL or not 16-byte aligned", act);
   const size_t h_bytes = (size_t)rows * (size_t)inter * 4, act_bytes = h_bytes / 2;

@@ -23,10 +23,11 @@ __device__ __forceinline__ float swiglu1(float g, float u) { return g / (1.0f + 
 
 /* Eight outputs: act = swiglu(g, u) of eight gate and eight up values (16-byte vectors). */
 __device__ __forceinline__ uint4 swiglu8(uint4 g, uint4 u) {
-  return make_uint4(pack_bf16x2(swiglu1(bf16_lo(g.x), bf16_lo(u.x)), swiglu1(bf16_hi(g.x), bf16_hi(u.x))),
-                    pack_bf16x2(swiglu1(bf16_lo(g.y), bf16_lo(u.y)), swiglu1(bf16_hi(g.y), bf16_hi(u.y))),
-                    pack_bf16x2(swiglu1(bf16_lo(g.z), bf16_lo(u.z)), swiglu1(bf16_hi(g.z), bf16_hi(u.z))),
-                    pack_bf16x2(swiglu1(bf16_lo(g.w), bf16_lo(u.w)), swiglu1(bf16_hi(g.w), bf16_hi(u.w))));
+  return make_uint4(
+      pack_bf16x2(swiglu1(bf16_lo(g.x), bf16_lo(u.x)), swiglu1(bf16_hi(g.x), bf16_hi(u.x))),
+      pack_bf16x2(swiglu1(bf16_lo(g.y), bf16_lo(u.y)), swiglu1(bf16_hi(g.y), bf16_hi(u.y))),
+      pack_bf16x2(swiglu1(bf16_lo(g.z), bf16_lo(u.z)), swiglu1(bf16_hi(g.z), bf16_hi(u.z))),
+      pack_bf16x2(swiglu1(bf16_lo(g.w), bf16_lo(u.w)), swiglu1(bf16_hi(g.w), bf16_hi(u.w))));
 }
 
 /* act's rows [row0, row1) from h's, by the threads of a CTA (blockDim.x of them). h is read
