@@ -505,7 +505,7 @@ static void test_routing_errors(void) {
 
 static void test_refusals(void) {
   world_t m;
-  world_init(&m, 2, 4, 2, 64, 64, 16, 512, 32);
+  world_init(&m, 2, 4, 2, 64, 64, 16, 2048, 32);
   m.tokens[0] = m.tokens[1] = 4;
   tw_moe_args_t a;
   a = args_of(&m, 0), a.experts = 5;
