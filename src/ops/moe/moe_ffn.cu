@@ -28,7 +28,6 @@
 #include <cuda_runtime.h>
 
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "gemm/gemm_launch.cuh"
@@ -156,8 +155,7 @@ static_assert(kSmem >= (kThreads / 32 + 1) * kMaxExperts * 4,
 
 /* Loads tw_moe_ffn's kernel on the current device now (see tw_ops_preload). */
 static tw_status_t moe_ffn_preload(void) {
-  cudaFuncAttributes attr;
-  return tw_cuda_check(cudaFuncGetAttributes(&attr, moe_ffn_kernel), "loading tw_moe_ffn's kernel");
+  return preload_kernel<moe_ffn_kernel>("loading tw_moe_ffn's kernel");
 }
 
 static const tw_op_desc_t moe_ffn_registration = {"moe_ffn", moe_ffn_preload};
@@ -170,9 +168,9 @@ extern "C" tw_status_t tw_moe_ffn(tw_comm_t comm, const tw_moe_args_t *in, tw_st
     return tw_comm_result(comm, st);
   tw_moe_args_t a;
   Layout l;
-  FfnParams *fp = (FfnParams *)calloc(1, sizeof(FfnParams)); /* larger than a stack frame wants */
-  if (!fp)
-    return tw_comm_result(comm, tw_fail(TW_ERR_OUT_OF_MEMORY, "%s: host memory", op));
+  FfnParams params;
+  memset(&params, 0, sizeof(params));
+  FfnParams *const fp = &params;
   st = moe_prepare(comm, in, kFfn, &a, &l, &fp->moe);
   const int64_t local = a.experts / comm->world;
   if (st == TW_SUCCESS)
@@ -195,17 +193,11 @@ extern "C" tw_status_t tw_moe_ffn(tw_comm_t comm, const tw_moe_args_t *in, tw_st
     fp->copies_done = counters + 2 * kMaxBlocks;
     fp->inter = a.inter;
     fp->blocks = fp->up.order.m_blocks;
-    /* copy CTAs as tw_moe_dispatch_gemm's: a warp a row, at most a quarter */
-    const int grid = comm->sm_budget;
-    int64_t comm_ctas = a.tokens * a.top_k / 256;
-    if (comm_ctas > grid / 4)
-      comm_ctas = grid / 4;
-    fp->comm_ctas = (int32_t)(comm_ctas < 1 ? 1 : comm_ctas);
+    fp->comm_ctas = copy_ctas(comm, a);
     st = moe_gemm_launch<moe_ffn_kernel, kSmem>(
         comm, a, kFfn, *fp,
         [](FfnParams &q, const tw_dev_comm_t &dc) { q.up.wait.dc = q.down.wait.dc = dc; }, stream,
         op);
   }
-  free(fp);
   return tw_comm_result(comm, st);
 }

@@ -91,9 +91,7 @@ static_assert(kSmem >= (kThreads / 32 + 1) * kMaxExperts * 4,
 
 /* Loads tw_moe_dispatch_gemm's kernel on the current device now (see tw_ops_preload). */
 static tw_status_t moe_dispatch_gemm_preload(void) {
-  cudaFuncAttributes attr;
-  return tw_cuda_check(cudaFuncGetAttributes(&attr, moe_dispatch_gemm_kernel),
-                       "loading tw_moe_dispatch_gemm's kernel");
+  return preload_kernel<moe_dispatch_gemm_kernel>("loading tw_moe_dispatch_gemm's kernel");
 }
 
 static const tw_op_desc_t moe_dispatch_gemm_registration = {"moe_dispatch_gemm",
@@ -119,13 +117,7 @@ extern "C" tw_status_t tw_moe_dispatch_gemm(tw_comm_t comm, const tw_moe_args_t 
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
   MoeWait::set(g.wait, comm->rank, local, a.n_out, g.order);
-  /* copy CTAs: a warp a row; enough to keep ahead of the GEMM's tiles, at most a quarter */
-  const int grid = comm->sm_budget;
-  const int64_t entries = a.tokens * a.top_k;
-  int64_t comm_ctas = entries / 256;
-  if (comm_ctas > grid / 4)
-    comm_ctas = grid / 4;
-  fp.comm_ctas = (int32_t)(comm_ctas < 1 ? 1 : comm_ctas);
+  fp.comm_ctas = copy_ctas(comm, a);
   st = moe_gemm_launch<moe_dispatch_gemm_kernel, kSmem>(
       comm, a, kDispatchGemm, fp,
       [](FusedParams &q, const tw_dev_comm_t &dc) { q.gemm.wait.dc = dc; }, stream, op);

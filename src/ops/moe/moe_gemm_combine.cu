@@ -108,9 +108,7 @@ static_assert(sizeof(CombineParams) <= 4096, "kernel parameters");
 
 /* Loads tw_moe_gemm_combine's kernel on the current device now (see tw_ops_preload). */
 static tw_status_t moe_gemm_combine_preload(void) {
-  cudaFuncAttributes attr;
-  return tw_cuda_check(cudaFuncGetAttributes(&attr, moe_gemm_combine_kernel),
-                       "loading tw_moe_gemm_combine's kernel");
+  return preload_kernel<moe_gemm_combine_kernel>("loading tw_moe_gemm_combine's kernel");
 }
 
 static const tw_op_desc_t moe_gemm_combine_registration = {"moe_gemm_combine",
