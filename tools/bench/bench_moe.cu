@@ -390,65 +390,34 @@ static int moe_check(moe_ctx *c) {
 /* ---- the rows ----------------------------------------------------------------------------------
  */
 
-enum { kUnfused, kFused, kComm, kGrouped, kVariants };
-
-/* Times every variant together (bench_time_multi_rounds) and adds their rows, the TW_BENCH_AB
- * rows of the fused op and the bound row. */
+/* Times the variants together and adds their rows (bench_moe_add_rows). */
 static void moe_rows(moe_ctx *c, const bench_opts_t *o, const bench_shape_t *shape, int ok_fused,
                      bench_results_t *res) {
-  bench_ranks_t *rk = c->rk;
-  const int world = rk->world;
-  const char *const names[kVariants] = {"unfused", "fused", c->combine ? "combine" : "dispatch",
-                                        "grouped-gemm"};
-  void (*const fns[kVariants])(void *, int) = {run_unfused, run_fused, run_comm, run_grouped};
-  double ms[kVariants] = {0}, p10[kVariants] = {0}, p90[kVariants] = {0};
-  bench_time_multi_rounds(fns, kVariants, c, rk->streams[0], rk->streams, world, o->warmup,
-                          o->repeats, ms, p10, p90);
-  const double flops =
-      2.0 * (double)c->rt.live_total * (double)c->n_out * (double)c->hidden / world;
-  const double t_comm = ms[kComm], t_gemm = ms[kGrouped];
-  const double t_max = t_gemm > t_comm ? t_gemm : t_comm;
-  bench_row_t rows[kVariants];
-  for (int v = 0; v < kVariants; v++) {
-    bench_row_t *row = &rows[v];
-    memset(row, 0, sizeof(*row));
-    snprintf(row->op, sizeof(row->op), "%s", c->combine ? "moe_combine" : "moe");
-    snprintf(row->variant, sizeof(row->variant), "%s", names[v]);
-    snprintf(row->shape, sizeof(row->shape),
-             "T=%lld/rank H=%lld N=%lld E=%lld top%lld w=%d sms=%d%s", (long long)c->tokens,
-             (long long)c->hidden, (long long)c->n_out, (long long)c->experts, (long long)c->top_k,
-             world, rk->sm_budget, c->skew ? " skew" : "");
-    if (shape->label) { /* the label's name, past its "E=... top=..." */
-      const char *name = strrchr(shape->label, ' ');
-      name = name ? name + 1 : shape->label;
-      if (strncmp(name, "E=", 2) && strncmp(name, "top=", 4)) {
-        const size_t used = strlen(row->shape);
-        snprintf(row->shape + used, sizeof(row->shape) - used, " %s", name);
-      }
+  const int world = c->rk->world;
+  char text[sizeof(((bench_row_t *)0)->shape)];
+  snprintf(text, sizeof(text), "T=%lld/rank H=%lld N=%lld E=%lld top%lld w=%d sms=%d%s",
+           (long long)c->tokens, (long long)c->hidden, (long long)c->n_out, (long long)c->experts,
+           (long long)c->top_k, world, c->rk->sm_budget, c->skew ? " skew" : "");
+  if (shape->label) { /* the label's name, past its "E=... top=..." */
+    const char *name = strrchr(shape->label, ' ');
+    name = name ? name + 1 : shape->label;
+    if (strncmp(name, "E=", 2) && strncmp(name, "top=", 4)) {
+      const size_t used = strlen(text);
+      snprintf(text + used, sizeof(text) - used, " %s", name);
     }
-    row->ms = ms[v], row->ms_p10 = p10[v], row->ms_p90 = p90[v];
-    if (v == kComm) /* the rows crossing ranks: recv's (dispatch) or expert_out's (combine) */
-      row->gbps = (double)c->rt.remote_rows * (double)(c->combine ? c->n_out : c->hidden) * 2 /
-                  world / (ms[v] * 1e-3) / 1e9;
-    else
-      row->tflops = flops / (ms[v] * 1e-3) / 1e12;
-    row->speedup = ms[kUnfused] / ms[v];
-    row->ok = !c->failed && bench_ranks_async_ok(rk, names[v]);
-    if (v == kFused) {
-      row->overlap = t_max / ms[v];
-      row->ok = row->ok && ok_fused;
-    }
-    bench_add_row(res, row);
   }
-  /* TW_BENCH_AB: interleaved rows of the fused op under each value of one knob (bench.h). */
-  bench_ab_rows(res, &rows[kFused], "fused", flops, ms[kUnfused], t_max, run_fused, c,
-                rk->streams[0], rk->streams, world, o);
-  bench_row_t bound = rows[kFused];
-  snprintf(bound.variant, sizeof(bound.variant), "bound");
-  bound.ms = bound.ms_p10 = bound.ms_p90 = t_max;
-  bound.tflops = 0, bound.overlap = 0, bound.ok = 1;
-  bound.speedup = (t_gemm + t_comm) / t_max;
-  bench_add_row(res, &bound);
+  bench_moe_rows_t in = {
+      c->combine ? "moe_combine" : "moe",
+      text,
+      {"unfused", "fused", c->combine ? "combine" : "dispatch", "grouped-gemm"},
+      {run_unfused, run_fused, run_comm, run_grouped},
+      c,
+      &c->failed,
+      2.0 * (double)c->rt.live_total * (double)c->n_out * (double)c->hidden / world,
+      /* the rows crossing ranks: recv's (dispatch) or expert_out's (combine) */
+      (double)c->rt.remote_rows * (double)(c->combine ? c->n_out : c->hidden) * 2 / world,
+      ok_fused};
+  bench_moe_add_rows(&in, c->rk, o, res);
 }
 
 /* ---- the op ------------------------------------------------------------------------------------

@@ -246,53 +246,27 @@ static int ffn_check(ffn_ctx *c) {
   return ok;
 }
 
-enum { kUnfused, kFused, kComm, kCompute, kVariants };
-
 static void ffn_rows(ffn_ctx *c, const bench_opts_t *o, const bench_shape_t *shape, int ok_fused,
                      bench_results_t *res) {
-  bench_ranks_t *rk = c->rk;
-  const int world = rk->world;
-  const char *const names[kVariants] = {"unfused", "fused", "comm", "compute"};
-  void (*const fns[kVariants])(void *, int) = {run_unfused, run_fused, run_comm, run_compute};
-  double ms[kVariants] = {0}, p10[kVariants] = {0}, p90[kVariants] = {0};
-  bench_time_multi_rounds(fns, kVariants, c, rk->streams[0], rk->streams, world, o->warmup,
-                          o->repeats, ms, p10, p90);
-  const double flops =
-      6.0 * (double)c->rt.live_total * (double)c->inter * (double)c->hidden / world;
-  const double t_max = ms[kCompute] > ms[kComm] ? ms[kCompute] : ms[kComm];
-  bench_row_t rows[kVariants];
+  const int world = c->rk->world;
   const char *name = shape->label ? strrchr(shape->label, ' ') : NULL;
-  for (int v = 0; v < kVariants; v++) {
-    bench_row_t *row = &rows[v];
-    memset(row, 0, sizeof(*row));
-    snprintf(row->op, sizeof(row->op), "moe_ffn");
-    snprintf(row->variant, sizeof(row->variant), "%s", names[v]);
-    snprintf(row->shape, sizeof(row->shape),
-             "T=%lld/rank H=%lld I=%lld E=%lld top%lld w=%d sms=%d%s%s", (long long)c->tokens,
-             (long long)c->hidden, (long long)c->inter, (long long)c->experts, (long long)c->top_k,
-             world, rk->sm_budget, c->rt.skew ? " skew" : "", name ? name : "");
-    row->ms = ms[v], row->ms_p10 = p10[v], row->ms_p90 = p90[v];
-    if (v == kComm) /* the rows crossing ranks, both ways */
-      row->gbps =
-          2.0 * (double)c->rt.remote_rows * (double)c->hidden * 2 / world / (ms[v] * 1e-3) / 1e9;
-    else
-      row->tflops = flops / (ms[v] * 1e-3) / 1e12;
-    row->speedup = ms[kUnfused] / ms[v];
-    row->ok = !c->failed && bench_ranks_async_ok(rk, names[v]);
-    if (v == kFused) {
-      row->overlap = t_max / ms[v];
-      row->ok = row->ok && ok_fused;
-    }
-    bench_add_row(res, row);
-  }
-  bench_ab_rows(res, &rows[kFused], "fused", flops, ms[kUnfused], t_max, run_fused, c,
-                rk->streams[0], rk->streams, world, o);
-  bench_row_t bound = rows[kFused];
-  snprintf(bound.variant, sizeof(bound.variant), "bound");
-  bound.ms = bound.ms_p10 = bound.ms_p90 = t_max;
-  bound.tflops = 0, bound.overlap = 0, bound.ok = 1;
-  bound.speedup = (ms[kCompute] + ms[kComm]) / t_max;
-  bench_add_row(res, &bound);
+  char text[sizeof(((bench_row_t *)0)->shape)];
+  snprintf(text, sizeof(text), "T=%lld/rank H=%lld I=%lld E=%lld top%lld w=%d sms=%d%s%s",
+           (long long)c->tokens, (long long)c->hidden, (long long)c->inter, (long long)c->experts,
+           (long long)c->top_k, world, c->rk->sm_budget, c->rt.skew ? " skew" : "",
+           name ? name : "");
+  bench_moe_rows_t in = {"moe_ffn",
+                         text,
+                         {"unfused", "fused", "comm", "compute"},
+                         {run_unfused, run_fused, run_comm, run_compute},
+                         c,
+                         &c->failed,
+                         6.0 * (double)c->rt.live_total * (double)c->inter * (double)c->hidden /
+                             world,
+                         /* the rows crossing ranks, both ways */
+                         2.0 * (double)c->rt.remote_rows * (double)c->hidden * 2 / world,
+                         ok_fused};
+  bench_moe_add_rows(&in, c->rk, o, res);
 }
 
 static int run_moe_ffn(const bench_opts_t *o, const bench_shape_t *shape, bench_results_t *res) {

@@ -1,4 +1,5 @@
-/* The MoE benches' host routing (bench_moe_route.h). */
+/* The MoE benches' host routing and rows (bench_moe_route.h). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,4 +90,43 @@ int64_t bench_moe_param(const bench_shape_t *shape, const char *key, const char 
   if (end == text || (*end && *end != ' ') || v < 1)
     return -1;
   return (int64_t)v;
+}
+
+void bench_moe_add_rows(const bench_moe_rows_t *in, bench_ranks_t *rk, const bench_opts_t *o,
+                        bench_results_t *res) {
+  enum { kUnfused, kFused, kComm, kCompute, kVariants };
+  const int world = rk->world;
+  double ms[kVariants] = {0}, p10[kVariants] = {0}, p90[kVariants] = {0};
+  bench_time_multi_rounds(in->fns, kVariants, in->ctx, rk->streams[0], rk->streams, world,
+                          o->warmup, o->repeats, ms, p10, p90);
+  const double t_max = ms[kCompute] > ms[kComm] ? ms[kCompute] : ms[kComm];
+  bench_row_t rows[kVariants];
+  for (int v = 0; v < kVariants; v++) {
+    bench_row_t *row = &rows[v];
+    memset(row, 0, sizeof(*row));
+    snprintf(row->op, sizeof(row->op), "%s", in->op);
+    snprintf(row->variant, sizeof(row->variant), "%s", in->names[v]);
+    snprintf(row->shape, sizeof(row->shape), "%s", in->shape);
+    row->ms = ms[v], row->ms_p10 = p10[v], row->ms_p90 = p90[v];
+    if (v == kComm)
+      row->gbps = in->comm_bytes / (ms[v] * 1e-3) / 1e9;
+    else
+      row->tflops = in->flops / (ms[v] * 1e-3) / 1e12;
+    row->speedup = ms[kUnfused] / ms[v];
+    row->ok = !*in->failed && bench_ranks_async_ok(rk, in->names[v]);
+    if (v == kFused) {
+      row->overlap = t_max / ms[v];
+      row->ok = row->ok && in->ok_fused;
+    }
+    bench_add_row(res, row);
+  }
+  /* TW_BENCH_AB: interleaved rows of the fused op under each value of one knob (bench.h). */
+  bench_ab_rows(res, &rows[kFused], "fused", in->flops, ms[kUnfused], t_max, in->fns[kFused],
+                in->ctx, rk->streams[0], rk->streams, world, o);
+  bench_row_t bound = rows[kFused];
+  snprintf(bound.variant, sizeof(bound.variant), "bound");
+  bound.ms = bound.ms_p10 = bound.ms_p90 = t_max;
+  bound.tflops = 0, bound.overlap = 0, bound.ok = 1;
+  bound.speedup = (ms[kCompute] + ms[kComm]) / t_max;
+  bench_add_row(res, &bound);
 }

@@ -1,7 +1,7 @@
 /*
- * The host routing of the MoE benches (bench_moe.cu, bench_moe_ffn.cu): top_k distinct experts
- * per token, uniform, or with skew hot experts (a random max(2 top_k, E / 16) of them take 3 of
- * 4 slots); the live rows of each expert, the rows that cross to peers, and recv_rows (the
+ * The host routing and the rows of the MoE benches (bench_moe.cu, bench_moe_ffn.cu): top_k distinct
+ * experts per token, uniform, or with skew hot experts (a random max(2 top_k, E / 16) of them take
+ * 3 of 4 slots); the live rows of each expert, the rows that cross to peers, and recv_rows (the
  * largest rank's padded need, each expert's rows rounded up to 128, plus 128 rows).
  */
 #ifndef TW_BENCH_MOE_ROUTE_H
@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "bench.h"
+#include "bench_ranks.h"
 #include "tilewire.h"
 
 #ifdef __cplusplus
@@ -36,6 +37,22 @@ int64_t bench_moe_offset(const bench_moe_route_t *rt, int d, int64_t el);
 /* An integer: the label's "<key>N" if it has one, else the environment variable, else dflt; -1
  * when malformed. */
 int64_t bench_moe_param(const bench_shape_t *shape, const char *key, const char *env, int64_t dflt);
+
+/* One MoE bench shape's rows: the variants unfused (the baseline), fused, comm and compute,
+ * timed together (bench_time_multi_rounds), TFLOP/s from flops (per GPU) except comm's GB/s
+ * from comm_bytes (per GPU), the TW_BENCH_AB rows of the fused op, and the bound row
+ * (t_compute + t_comm) / max(t_compute, t_comm). *failed: set by the variants' calls. */
+typedef struct bench_moe_rows {
+  const char *op, *shape;
+  const char *names[4];
+  void (*fns[4])(void *ctx, int iter);
+  void *ctx;
+  const int *failed;
+  double flops, comm_bytes;
+  int ok_fused;
+} bench_moe_rows_t;
+void bench_moe_add_rows(const bench_moe_rows_t *in, bench_ranks_t *rk, const bench_opts_t *o,
+                        bench_results_t *res);
 
 #ifdef __cplusplus
 }
