@@ -7,7 +7,7 @@
  *            read by this rank's CTAs only; the previous call on this rank has ended), then the
  *            count exchange of the dispatch (layout_phase, moe_hooks.cuh), whose own-rank
  *            signal comes after the zeroing.
- *   copy     CTAs [0, comm_ctas): the dispatch's rows, as tw_moe_dispatch_gemm copies them.
+ *   copy     every CTA its share of the dispatch's rows, as tw_moe_dispatch_gemm copies them.
  *   gate/up  recv x weights^T into h on the tile queue, each tile after its row block's rows
  *            landed (LayoutWait<true>); each stored tile adds 1 to its block's h counter.
  *   SwiGLU   row block b (a static stride over the CTAs, after the CTA's gate/up tiles), once
@@ -61,7 +61,7 @@ struct FfnParams {
   uint64_t *h_count, *act_ready; /* the workspace's ffn counters, per row block */
   uint64_t *copies_done;         /* and the copy CTAs done (their route entries written) */
   int64_t inter;
-  int32_t comm_ctas, blocks; /* blocks: recv_rows' row blocks */
+  int32_t blocks; /* recv_rows' row blocks */
 };
 
 __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
@@ -88,8 +88,8 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
   const bool usable = layout_phase(dc, p, reinterpret_cast<int32_t *>(smem_raw), epoch);
   if (threadIdx.x == 0)
     s_go = usable;
-  if (usable && (int)blockIdx.x < fp.comm_ctas) {
-    copy_rows(p, dc, fp.comm_ctas);
+  if (usable) {
+    copy_rows(p, dc);
     __syncthreads();
     if (threadIdx.x == 0) {
       tw_trace_stamp(dc, TW_TR_COMM_END);
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
     tw_trace_stamp(dc, TW_TR_GEMM_END);
   /* the combine reads the route entries this rank's copy CTAs wrote in this call */
   if (s_go && threadIdx.x == 0 &&
-      !tw_wait_geq(dc, ch, fp.copies_done, (uint64_t)fp.comm_ctas, dc.rank, -1))
+      !tw_wait_geq(dc, ch, fp.copies_done, (uint64_t)gridDim.x, dc.rank, -1))
     s_go = 0;
   __syncthreads();
   if (s_go)
@@ -193,7 +193,6 @@ extern "C" tw_status_t tw_moe_ffn(tw_comm_t comm, const tw_moe_args_t *in, tw_st
     fp->copies_done = counters + 2 * kMaxBlocks;
     fp->inter = a.inter;
     fp->blocks = fp->up.order.m_blocks;
-    fp->comm_ctas = copy_ctas(comm, a);
     st = moe_gemm_launch<moe_ffn_kernel, kSmem>(
         comm, a, kFfn, *fp,
         [](FfnParams &q, const tw_dev_comm_t &dc) { q.up.wait.dc = q.down.wait.dc = dc; }, stream,

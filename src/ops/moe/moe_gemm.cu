@@ -6,7 +6,7 @@
  *   layout      every CTA, first: the entry handshake and the count exchange of the dispatch
  *               (exchange_layout, moe_layout.cuh); block 0 lays out this rank's entries. Every
  *               CTA then holds the layout in shared memory, where the GEMM's hooks read it.
- *   copy        CTAs [0, comm_ctas), before they join the GEMM: this rank's rows in the order
+ *   copy        every CTA its share, before it joins the GEMM: this rank's rows in the order
  *               the GEMM consumes them, expert by expert (the inverse table inv), starting at
  *               this rank's own experts, a warp a row; after each row one system-scope add of
  *               1 to the counter of its 128-row block on the expert's rank.
@@ -50,7 +50,6 @@ using MoeWait = LayoutWait<true>;
 struct FusedParams {
   GemmParams<EpiTmaStore<__nv_bfloat16>, MoeWait> gemm;
   MoeParams moe;
-  int32_t comm_ctas;
 };
 
 __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
@@ -62,8 +61,8 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
   const uint64_t epoch = tw_op_begin(dc, ch);
   /* block 0's layout counts live in the GEMM's shared memory, unused until its loop starts */
   const bool usable = layout_phase(dc, p, reinterpret_cast<int32_t *>(smem_raw), epoch);
-  if (usable && (int)blockIdx.x < fp.comm_ctas) {
-    copy_rows(p, dc, fp.comm_ctas);
+  if (usable) {
+    copy_rows(p, dc);
     __syncthreads();
     if (threadIdx.x == 0)
       tw_trace_stamp(dc, TW_TR_COMM_END);
@@ -117,7 +116,6 @@ extern "C" tw_status_t tw_moe_dispatch_gemm(tw_comm_t comm, const tw_moe_args_t 
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
   MoeWait::set(g.wait, comm->rank, local, a.n_out, g.order);
-  fp.comm_ctas = copy_ctas(comm, a);
   st = moe_gemm_launch<moe_dispatch_gemm_kernel, kSmem>(
       comm, a, kDispatchGemm, fp,
       [](FusedParams &q, const tw_dev_comm_t &dc) { q.gemm.wait.dc = dc; }, stream, op);

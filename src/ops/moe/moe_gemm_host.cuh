@@ -60,17 +60,6 @@ tw_status_t moe_gemm_params(tw_comm_t comm, const tw_moe_args_t &a, GP &g, const
       a.expert_out, (gemm::TileQueue *)comm->ctrl->tile_queue[TW_CH_MOE], op, "recv", "expert_out");
 }
 
-/* The CTAs of a fused kernel that copy the dispatch's rows before they join its GEMM: a warp a
- * row, enough to keep ahead of the GEMM's tiles (entries / 256), at least 1, at most a quarter of
- * the budget. */
-inline int32_t copy_ctas(tw_comm_t comm, const tw_moe_args_t &a) {
-  const int grid = comm->sm_budget;
-  int64_t n = a.tokens * a.top_k / 256;
-  if (n > grid / 4)
-    n = grid / 4;
-  return (int32_t)(n < 1 ? 1 : n);
-}
-
 /* A fused MoE kernel's preload (runtime/registry.h): loads it on the current device now. */
 template <auto Kernel> tw_status_t preload_kernel(const char *what) {
   cudaFuncAttributes attr;

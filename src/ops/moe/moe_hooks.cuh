@@ -112,11 +112,15 @@ struct CountEpi {
   }
 };
 
-/* The dispatch's copies by CTAs [0, copy_ctas): this rank's rows in the order the GEMM
- * consumes them, expert by expert (the inverse table inv) from this rank's own experts, a warp
- * a row; after each row one system-scope add of 1 to the counter of its 128-row block on the
- * expert's rank (LayoutWait<true> waits for them). */
-__device__ inline void copy_rows(const MoeParams &p, const tw_dev_comm_t &dc, int32_t copy_ctas) {
+/* The dispatch's copies by every CTA of the grid, each its share, before the CTAs join the
+ * GEMM: this rank's rows in the order the GEMM consumes them, expert by expert (the inverse
+ * table inv) from this rank's own experts, a warp a row; after each row one system-scope add of
+ * 1 to the counter of its 128-row block on the expert's rank (LayoutWait<true> waits for them).
+ * Every CTA copies so the rows land at the dispatch's own rate: with a few copying CTAs the
+ * others sat waiting for rows longer than the copies take when all CTAs share them
+ * (docs/PERF.md, the MoE section). */
+__device__ inline void copy_rows(const MoeParams &p, const tw_dev_comm_t &dc) {
+  const int32_t copy_ctas = (int32_t)gridDim.x;
   const int32_t rows = p.cbase[p.experts], start = p.cbase[dc.rank * p.local_experts];
   const int lane = threadIdx.x % 32;
   for (int32_t j = (int32_t)(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32); j < rows;
