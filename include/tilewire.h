@@ -308,6 +308,25 @@ TW_API tw_status_t tw_grouped_gemm_args_init(tw_grouped_gemm_args_t *args);
 TW_API tw_status_t tw_grouped_gemm(const tw_grouped_gemm_args_t *args, tw_stream_t stream);
 
 /*
+ * The grouped GEMM's weight gradient (an MoE layer's expert weight gradients) on the GEMM core:
+ *   out[g] = sum over the rows r of group g of a[r, :]^T * b[r, :]      [n, k] for every g
+ * with the groups' rows [offsets[g], offsets[g + 1]) as tw_grouped_gemm's (device int32
+ * [groups + 1], multiples of 128, offsets[groups] <= m; no host synchronisation, CUDA-graph
+ * capturable). a: bf16 [m, n] (the gradient of the grouped GEMM's out, row stride lda), b: bf16
+ * [m, k] (the grouped GEMM's a, row stride ldb), out: [groups][n, k] (c_dtype TW_FP32 or
+ * TW_BF16), group g's at row g * n, row stride ldo (0: packed). Every row of a group counts,
+ * its padding rows too: each must be zero in a or in b and finite in the other
+ * (tw_moe_combine_backward zeroes expert_grad's). An empty group's out is zeros. Rows from
+ * offsets[groups] on are not read. fp32 accumulation in a fixed order (bitwise repeatable).
+ * workspace: device memory of at least tw_grouped_gemm_wgrad_workspace_size bytes (the
+ * operands, transposed), used by this call only while it runs in stream order.
+ */
+TW_API tw_status_t tw_grouped_gemm_wgrad_workspace_size(int64_t m, int64_t n, int64_t k,
+                                                        size_t *bytes);
+TW_API tw_status_t tw_grouped_gemm_wgrad(const tw_grouped_gemm_args_t *args, void *workspace,
+                                         size_t workspace_bytes, tw_stream_t stream);
+
+/*
  * Fused AllGather + GEMM (the column-parallel linear layer):
  *   C[world * m_local, N] = gather(A)[world * m_local, K] * B[N, K]^T
  * Each rank holds its row shard `a` [m_local, K] (ordinary device memory, packed
@@ -488,7 +507,7 @@ TW_API tw_status_t tw_gemm_ar(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_
  * calls it after its expert GEMM, and each rank's next dispatch waits until every rank's combine
  * has read its expert_out.
  */
-#define TW_MOE_ARGS_VERSION 2
+#define TW_MOE_ARGS_VERSION 3
 typedef struct tw_moe_args {
   size_t size;               /* sizeof(tw_moe_args_t) */
   uint32_t version;          /* TW_MOE_ARGS_VERSION */
@@ -516,12 +535,17 @@ typedef struct tw_moe_args {
   void *h;              /* bf16 [recv_rows, 2 inter], this rank's device memory: gate | up */
   void *act;            /* bf16 [recv_rows, inter], this rank's device memory: tw_swiglu(h) */
   int64_t inter;        /* the experts' intermediate size, a positive multiple of 8 */
+  /* (version 3; absent before) tw_moe_combine_backward only */
+  const void *grad;    /* bf16 [tokens, n_out]: the gradient of the combine's out */
+  void *expert_grad;   /* symmetric bf16 [recv_rows, n_out]: the gradient of expert_out, written */
+  float *weights_grad; /* fp32 [tokens, top_k]: the gradient of topk_weights, written (NULL:
+                          not computed) */
 } tw_moe_args_t;
 
 #define TW_MOE_ARGS_INIT                                                                           \
   {                                                                                                \
     sizeof(tw_moe_args_t), TW_MOE_ARGS_VERSION, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,   \
-        0, 0, 0, 0, 0                                                                              \
+        0, 0, 0, 0, 0, 0, 0, 0                                                                     \
   }
 
 TW_API tw_status_t tw_moe_args_init(tw_moe_args_t *args);
@@ -556,6 +580,25 @@ TW_API tw_status_t tw_moe_gemm_combine(tw_comm_t comm, const tw_moe_args_t *args
  * tw_grouped_gemm and tw_moe_combine. n_out is not read. recv and expert_out [recv_rows,
  * hidden] are symmetric; h and act are this rank's device memory. */
 TW_API tw_status_t tw_moe_ffn(tw_comm_t comm, const tw_moe_args_t *args, tw_stream_t stream);
+/*
+ * tw_moe_combine_backward: the backward of tw_moe_combine over the routing the last
+ * tw_moe_dispatch of the workspace recorded (the forward's). For every (token t, slot j) with
+ * an expert, y = expert_out and g = grad:
+ *   expert_grad[row of (t, j)] = bf16(topk_weights[t][j] * g[t])        on the expert's rank
+ *   weights_grad[t][j] = sum over c of g[t][c] * y[row of (t, j)][c]    fp32, in column order,
+ *                                                                       y read in place there
+ * and weights_grad[t][j] = 0 for a slot of -1. On every rank the rows of expert_grad in
+ * [0, offsets[local experts]) that hold no (t, j) (each expert's padding up to its multiple of
+ * 128) are zeroed, so tw_grouped_gemm_wgrad may read them. The call returns (in stream order)
+ * once every rank's rows have landed in this rank's expert_grad. expert_out must still hold
+ * the forward's rows on every rank. It comes after the forward's tw_moe_combine (or
+ * tw_moe_gemm_combine, tw_moe_ffn) of the workspace and before its next dispatch; a
+ * tw_moe_combine of the same routing may follow it (the dispatch's backward: the combine of
+ * recv's gradient with topk_weights all 1). Reads topk_idx, topk_weights, grad, expert_out
+ * (n_out columns); x, recv and the weights are not read.
+ */
+TW_API tw_status_t tw_moe_combine_backward(tw_comm_t comm, const tw_moe_args_t *args,
+                                           tw_stream_t stream);
 /* act[r][i] = bf16(silu(g) * u) for g = h[r][i], u = h[r][inter + i], in fp32 with silu(g) =
  * g / (1 + expf(-g)): the step between an expert's gate/up and down GEMMs (tw_moe_ffn's, the
  * same bits). h bf16 [rows, 2 inter], act bf16 [rows, inter], both 16-byte aligned device

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tilewire  # noqa: E402
-from tilewire import _eager, _lib, _moe, _torch  # noqa: E402
+from tilewire import _eager, _lib, _moe, _moe_launch, _torch  # noqa: E402
 
 bf16 = torch.bfloat16
 WORKSPACE = 4096
@@ -189,9 +189,9 @@ def ffn_stubbed(ffn_comm, monkeypatch):
     if not _eager._FAST_EAGER:
         pytest.skip("no direct eager path (TILEWIRE_EAGER_DISPATCH=1, or an old torch)")
     monkeypatch.setattr(_moe, "_check_cuda", lambda *a, **k: None)
-    monkeypatch.setattr(_moe, "_stream", lambda device: ctypes.c_void_p(0))
-    monkeypatch.setattr(_moe, "_on_device", lambda index: contextlib.nullcontext())
-    monkeypatch.setattr(_moe, "is_symmetric", lambda comm, t: True)
+    monkeypatch.setattr(_moe_launch, "_stream", lambda device: ctypes.c_void_p(0))
+    monkeypatch.setattr(_moe_launch, "_on_device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(_moe_launch, "is_symmetric", lambda comm, t: True)
     return ffn_comm
 
 
@@ -202,7 +202,7 @@ def test_moe_ffn_fills_the_args(ffn_stubbed):
     assert out is i["out"]
     name, a = lib.calls[-1]
     assert name == "tw_moe_ffn"
-    assert a.size == ctypes.sizeof(_lib.MoeArgs) and a.version == _lib.TW_MOE_ARGS_VERSION == 2
+    assert a.size == ctypes.sizeof(_lib.MoeArgs) and a.version == _lib.TW_MOE_ARGS_VERSION == 3
     assert (a.index_bits, a.tokens, a.max_tokens, a.hidden, a.inter, a.experts, a.top_k,
             a.recv_rows) == (32, 6, 16, 64, 40, 8, 2, 512)
     assert a.n_out == 0  # not read by tw_moe_ffn
@@ -234,11 +234,11 @@ def test_moe_ffn_launch_refuses_non_symmetric_and_misaligned(ffn_stubbed, monkey
     comm, lib = ffn_stubbed
     i = _inputs()
     for name in ("recv", "expert_out", "workspace"):
-        monkeypatch.setattr(_moe, "is_symmetric", lambda comm, t: t is not i[name])
+        monkeypatch.setattr(_moe_launch, "is_symmetric", lambda comm, t: t is not i[name])
         with pytest.raises(ValueError, match="moe_ffn: %s must be a symmetric tensor of rank 0's"
                            % name):
             _ffn(comm, i)
-    monkeypatch.setattr(_moe, "is_symmetric", lambda comm, t: True)
+    monkeypatch.setattr(_moe_launch, "is_symmetric", lambda comm, t: True)
     odd = torch.empty(512 * 80 + 8, dtype=bf16)[1:1 + 512 * 80].view(512, 80)
     with pytest.raises(ValueError, match="h's data pointer .* not 16-byte aligned"):
         _ffn(comm, i, h=odd)
@@ -287,3 +287,46 @@ def test_swiglu_calls_the_library(ffn_stubbed):
     odd = torch.empty(5 * 48 + 8, dtype=bf16)[1:1 + 5 * 48].view(5, 48)
     with pytest.raises(ValueError, match="h's data pointer .* not 16-byte aligned"):
         tilewire.swiglu(odd)
+
+
+def test_differentiable_moe_calls_need_their_grad_buffers(ffn_stubbed, monkeypatch):
+    """moe_ffn, moe_dispatch and moe_combine with an input requiring grad name the gradient
+    buffer their backward needs (missing, or of the wrong shape) before any library call."""
+    from tilewire import _moe_grad
+
+    monkeypatch.setattr(_moe_grad, "_need_symmetric", lambda *a: None)
+    comm, lib = ffn_stubbed
+    i = dict(_inputs())
+    i["x"] = i["x"].clone().requires_grad_()
+    with pytest.raises(ValueError, match=r"tilewire.moe_ffn: grad_buffer is needed .* \[512, 64\]"):
+        _ffn(comm, i)
+    with pytest.raises(ValueError, match=r"grad_buffer must be a contiguous \[512, 64\]"):
+        _ffn(comm, i, grad_buffer=_cpu(256, 64))
+    with pytest.raises(ValueError, match="tilewire.moe_dispatch: grad_buffer is needed"):
+        tilewire.moe_dispatch(comm, i["x"], i["topk_idx"], i["recv"], None, i["workspace"], 16,
+                              experts=8)
+    eout = i["expert_out"].clone().requires_grad_()
+    with pytest.raises(ValueError, match="tilewire.moe_combine: expert_grad is needed"):
+        tilewire.moe_combine(comm, eout, i["topk_idx"], i["topk_weights"], i["workspace"], 16,
+                             experts=8)
+    with pytest.raises(TypeError, match="expert_grad must be torch.bfloat16"):
+        tilewire.moe_combine(comm, eout, i["topk_idx"], i["topk_weights"], i["workspace"], 16,
+                             experts=8, expert_grad=_cpu(512, 64, dtype=torch.float32))
+    assert lib.calls == []
+
+
+@pytest.mark.parametrize("args, kw, exc, pattern", [
+    ((_cpu(256, 64).float(), _cpu(256, 32)), {}, TypeError, "a must be torch.bfloat16"),
+    ((_cpu(256, 64), _cpu(128, 32)), {}, ValueError, "a has 256 rows but b has 128"),
+    ((_cpu(256, 60), _cpu(256, 32)), {}, ValueError, "a's rows must be contiguous with 60"),
+    ((_cpu(256, 64), _cpu(256, 32, 2)), {}, ValueError, r"b must be 2-D \[M, K\]"),
+    ((_cpu(256, 64), _cpu(256, 32)), {"out_dtype": torch.int32}, TypeError, "out_dtype"),
+    ((_cpu(256, 64), _cpu(256, 32)), {"out": _cpu(3, 64, 32)}, ValueError,
+     r"out must be a contiguous \[groups, N, K\] = \[2, 64, 32\]"),
+    ((_cpu(256, 64), _cpu(256, 32)), {}, ValueError, "a is on cpu"),
+])
+def test_grouped_gemm_wgrad_argument_errors(args, kw, exc, pattern):
+    offsets = torch.tensor([0, 128, 256], dtype=torch.int32)
+    with pytest.raises(exc, match=pattern) as info:
+        tilewire.grouped_gemm_wgrad(*args, offsets, **kw)
+    assert str(info.value).startswith("tilewire.grouped_gemm_wgrad: ")

@@ -602,13 +602,13 @@ def test_moe_checks_name_the_comm_and_the_keywords(moe_comm):
 def moe_stubbed(moe_comm, monkeypatch):
     """moe_comm with the device checks, the stream and the symmetry check stubbed: CPU tensors
     reach the (recorded) library call."""
-    from tilewire import _moe
+    from tilewire import _moe, _moe_launch
 
     if not _eager._FAST_EAGER:
         pytest.skip("no direct eager path (TILEWIRE_EAGER_DISPATCH=1, or an old torch)")
     monkeypatch.setattr(_moe, "_check_cuda", lambda *a, **k: None)
-    monkeypatch.setattr(_moe, "_stream", lambda device: ctypes.c_void_p(0))
-    monkeypatch.setattr(_moe, "is_symmetric", lambda comm, t: True)
+    monkeypatch.setattr(_moe_launch, "_stream", lambda device: ctypes.c_void_p(0))
+    monkeypatch.setattr(_moe_launch, "is_symmetric", lambda comm, t: True)
     return moe_comm
 
 
@@ -651,17 +651,17 @@ def test_moe_calls_fill_the_args(moe_stubbed):
 
 
 def test_moe_launch_refuses_non_symmetric_and_misaligned(moe_stubbed, monkeypatch):
-    from tilewire import _moe
+    from tilewire import _moe, _moe_launch
 
     comm, lib = moe_stubbed
     i = _moe_inputs()
-    monkeypatch.setattr(_moe, "is_symmetric", lambda comm, t: t is not i["recv"])
+    monkeypatch.setattr(_moe_launch, "is_symmetric", lambda comm, t: t is not i["recv"])
     with pytest.raises(ValueError, match="recv must be a symmetric tensor of rank 0's comm"):
         _dispatch(comm, i)
-    monkeypatch.setattr(_moe, "is_symmetric", lambda comm, t: t is not i["ws"])
+    monkeypatch.setattr(_moe_launch, "is_symmetric", lambda comm, t: t is not i["ws"])
     with pytest.raises(ValueError, match="workspace must be a symmetric tensor"):
         _combine(comm, i)
-    monkeypatch.setattr(_moe, "is_symmetric", lambda comm, t: True)
+    monkeypatch.setattr(_moe_launch, "is_symmetric", lambda comm, t: True)
     odd = torch.empty(6 * 64 + 8, dtype=bf16)[1:1 + 6 * 64].view(6, 64)
     with pytest.raises(ValueError, match="x's data pointer .* not 16-byte aligned"):
         _dispatch(comm, i, x=odd)

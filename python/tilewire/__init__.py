@@ -8,7 +8,7 @@ symmetric memory::
     ptr = comms[0].alloc(1 << 20)             # collective, like tw_mem_alloc
 
 With torch (imported on first use of these names): ``init``, ``gemm``, ``grouped_gemm``,
-``allgather``, ``ag_gemm``, ``gemm_rs``, ``gemm_ar``, ``gemm_rs_workspace``, ``moe_dispatch``,
+``grouped_gemm_wgrad``, ``allgather``, ``ag_gemm``, ``gemm_rs``, ``gemm_ar``, ``gemm_rs_workspace``, ``moe_dispatch``,
 ``moe_combine``, ``moe_dispatch_gemm``, ``moe_ffn``, ``swiglu``, ``moe_workspace``,
 ``moe_recv_rows``, ``barrier``, ``for_each_rank``, ``symmetric_empty``, ``is_symmetric``, and
 ``Comm.empty(shape, dtype)`` for symmetric tensors::
@@ -69,6 +69,7 @@ _TORCH_NAMES = (
     "init",
     "gemm",
     "grouped_gemm",
+    "grouped_gemm_wgrad",
     "allgather",
     "barrier",
     "for_each_rank",

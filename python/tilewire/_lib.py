@@ -38,7 +38,7 @@ TW_GEMM_ARGS_VERSION = 3
 TW_GEMM_WORKSPACE_BYTES = 9 << 20  # tw_gemm_args_t.workspace's size (version 3)
 TW_AG_GEMM_ARGS_VERSION = 2
 TW_GEMM_RS_ARGS_VERSION = 3
-TW_MOE_ARGS_VERSION = 2
+TW_MOE_ARGS_VERSION = 3
 TW_GROUPED_GEMM_ARGS_VERSION = 1
 
 # ---- enums --------------------------------------------------------------------------------
@@ -288,6 +288,10 @@ class MoeArgs(_Versioned):
         ("h", ctypes.c_void_p),  # bf16 [recv_rows, 2 inter], this rank's memory: gate | up
         ("act", ctypes.c_void_p),  # bf16 [recv_rows, inter], this rank's memory: swiglu(h)
         ("inter", ctypes.c_int64),  # the experts' intermediate size, a multiple of 8
+        # version 3 (absent before), tw_moe_combine_backward only:
+        ("grad", ctypes.c_void_p),  # bf16 [tokens, n_out]: the gradient of the combine's out
+        ("expert_grad", ctypes.c_void_p),  # symmetric bf16 [recv_rows, n_out], written
+        ("weights_grad", ctypes.c_void_p),  # float * [tokens, top_k], written (NULL: not)
     ]
 
 
@@ -348,6 +352,10 @@ FUNCTIONS = {
     "tw_gemm": (c_enum, [_P(GemmArgs), tw_stream_t]),
     "tw_grouped_gemm_args_init": (c_enum, [_P(GroupedGemmArgs)]),
     "tw_grouped_gemm": (c_enum, [_P(GroupedGemmArgs), tw_stream_t]),
+    "tw_grouped_gemm_wgrad_workspace_size": (c_enum, [ctypes.c_int64, ctypes.c_int64,
+                                                      ctypes.c_int64, _P(ctypes.c_size_t)]),
+    "tw_grouped_gemm_wgrad": (c_enum, [_P(GroupedGemmArgs), ctypes.c_void_p, ctypes.c_size_t,
+                                       tw_stream_t]),
     # fused ops
     "tw_ag_gemm_args_init": (c_enum, [_P(AgGemmArgs)]),
     "tw_ag_gemm": (c_enum, [tw_comm_t, _P(AgGemmArgs), tw_stream_t]),
@@ -364,6 +372,7 @@ FUNCTIONS = {
     "tw_moe_dispatch_gemm": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
     "tw_moe_gemm_combine": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
     "tw_moe_ffn": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
+    "tw_moe_combine_backward": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
     "tw_swiglu": (c_enum, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                            tw_stream_t]),  # no comm: its first void * is h (_NO_COMM)
     # ---- add each new op's lines here when it lands in tilewire.h

@@ -10,29 +10,31 @@ ValueError naming the argument, before any CUDA call) and a mutating custom op w
 register_fake, called directly where nothing needs the dispatcher (_eager). Routing is read on
 the GPU from topk_idx: no host synchronisation, CUDA-graph capturable; a routing the buffers
 cannot hold, or an expert index out of range, is found on the device and reported by
-comm.async_error() (InvalidArgumentError; the comm is then unusable). Not differentiable yet.
+comm.async_error() (InvalidArgumentError; the comm is then unusable). moe_dispatch,
+moe_combine and moe_ffn are differentiable (their backwards: _moe_grad).
 """
 
 import contextlib
-import ctypes
 
 import torch
 
-from . import _lib
-from ._comm import comm_by_id
+from . import _moe_grad
 from ._eager import _call_mutating
 from ._glue import (
-    _check_aligned,
     _check_comm,
     _check_cuda,
     _check_dtype,
     _check_tensor,
     _custom_op,
-    _on_device,
     _register_fake,
-    _stream,
 )
-from ._symmetric import is_symmetric
+from ._moe_launch import (
+    _combine_impl,
+    _dispatch_impl,
+    _ffn_impl,
+    _gemm_dispatch_impl,
+    _swiglu_impl,
+)
 
 bf16 = torch.bfloat16
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -297,70 +299,7 @@ def _check_swiglu(op, h, out, stream):
     return rows, inter
 
 
-# ---- launches and custom ops --------------------------------------------------------------
-
-
-def _ptr(t):
-    return t.data_ptr() if t.numel() else None
-
-
-def _need_symmetric(op, comm, t, name):
-    if not is_symmetric(comm, t):
-        raise ValueError("%s: %s must be a symmetric tensor of rank %d's comm (from comm.empty)"
-                         % (op, name, comm.rank))
-
-
-def _moe_args(op, comm, topk_idx, workspace, max_tokens, experts, recv_rows, aligned):
-    """The args struct's routing fields, the pointers checked first (real tensors only)."""
-    for name, t in aligned:
-        if t is not None:
-            _check_aligned(t, name, op)
-    _need_symmetric(op, comm, workspace, "workspace")
-    tokens, top_k = topk_idx.shape
-    return _lib.MoeArgs(
-        index_bits=32 if topk_idx.dtype == torch.int32 else 64, topk_idx=_ptr(topk_idx),
-        workspace=workspace.data_ptr(), tokens=tokens, max_tokens=max_tokens, experts=experts,
-        top_k=top_k, recv_rows=recv_rows,
-    )
-
-
-def _dispatch_impl(comm_id, x, topk_idx, recv, offsets, workspace, max_tokens, experts,
-                   weights=None, expert_out=None):
-    gemm = weights is not None
-    op = "tilewire.moe_dispatch_gemm" if gemm else "tilewire.moe_dispatch"
-    comm = comm_by_id(comm_id)
-    _need_symmetric(op, comm, recv, "recv")
-    args = _moe_args(op, comm, topk_idx, workspace, max_tokens, experts, recv.shape[0],
-                     (("x", x), ("recv", recv), ("weights", weights),
-                      ("expert_out", expert_out)))
-    args.x, args.recv, args.offsets = _ptr(x), recv.data_ptr(), offsets.data_ptr()
-    args.hidden = x.shape[1]
-    if gemm:
-        args.weights, args.expert_out = weights.data_ptr(), expert_out.data_ptr()
-        args.n_out = weights.shape[1]
-    _lib.call("tw_moe_dispatch_gemm" if gemm else "tw_moe_dispatch", comm.handle,
-              ctypes.byref(args), _stream(x.device))
-    return args
-
-
-def _combine_impl(comm_id, expert_out, topk_idx, topk_weights, workspace, out, max_tokens,
-                  experts):
-    op = "tilewire.moe_combine"
-    comm = comm_by_id(comm_id)
-    _need_symmetric(op, comm, expert_out, "expert_out")
-    args = _moe_args(op, comm, topk_idx, workspace, max_tokens, experts, expert_out.shape[0],
-                     (("expert_out", expert_out), ("out", out)))
-    args.expert_out, args.out = expert_out.data_ptr(), _ptr(out)
-    args.topk_weights, args.n_out = _ptr(topk_weights), expert_out.shape[1]
-    _lib.call("tw_moe_combine", comm.handle, ctypes.byref(args), _stream(expert_out.device))
-    return args
-
-
-def _gemm_dispatch_impl(comm_id, x, topk_idx, weights, recv, expert_out, offsets, workspace,
-                        max_tokens, experts):
-    """_dispatch_impl in the custom op's argument order."""
-    return _dispatch_impl(comm_id, x, topk_idx, recv, offsets, workspace, max_tokens, experts,
-                          weights, expert_out)
+# ---- custom ops ---------------------------------------------------------------------------
 
 
 @_custom_op("tilewire::moe_dispatch", mutates_args=("recv", "offsets", "workspace"))
@@ -405,36 +344,6 @@ def _moe_combine_fake(comm_id, expert_out, topk_idx, topk_weights, workspace, ou
     return None
 
 
-def _ffn_impl(comm_id, x, topk_idx, topk_weights, w13, w2, recv, offsets, h, act, expert_out,
-              workspace, out, max_tokens, experts):
-    op = "tilewire.moe_ffn"
-    comm = comm_by_id(comm_id)
-    _need_symmetric(op, comm, recv, "recv")
-    _need_symmetric(op, comm, expert_out, "expert_out")
-    args = _moe_args(op, comm, topk_idx, workspace, max_tokens, experts, recv.shape[0],
-                     (("x", x), ("recv", recv), ("w13", w13), ("w2", w2), ("h", h),
-                      ("act", act), ("expert_out", expert_out), ("out", out)))
-    args.x, args.recv, args.offsets = _ptr(x), recv.data_ptr(), offsets.data_ptr()
-    args.topk_weights, args.out = _ptr(topk_weights), _ptr(out)
-    args.weights, args.weights2 = w13.data_ptr(), w2.data_ptr()
-    args.h, args.act, args.expert_out = h.data_ptr(), act.data_ptr(), expert_out.data_ptr()
-    args.hidden, args.inter = x.shape[1], w2.shape[2]  # n_out is not read
-    _lib.call("tw_moe_ffn", comm.handle, ctypes.byref(args), _stream(x.device))
-    return args
-
-
-def _swiglu_impl(h, out):
-    op = "tilewire.swiglu"
-    rows, inter = out.shape
-    if rows == 0:
-        return  # nothing to compute
-    _check_aligned(h, "h", op)
-    _check_aligned(out, "out", op)
-    with _on_device(h.device.index):  # tw_swiglu runs on the current device
-        _lib.call("tw_swiglu", h.data_ptr(), out.data_ptr(), rows, inter, _stream(h.device),
-                  comm=False)
-
-
 @_custom_op("tilewire::moe_ffn",
             mutates_args=("recv", "offsets", "h", "act", "expert_out", "workspace", "out"))
 def _moe_ffn_op(comm_id: int, x: torch.Tensor, topk_idx: torch.Tensor,
@@ -470,7 +379,8 @@ def _on_stream(stream):
 # ---- the public functions -----------------------------------------------------------------
 
 
-def moe_dispatch(comm, x, topk_idx, recv, offsets, workspace, max_tokens, *, experts):
+def moe_dispatch(comm, x, topk_idx, recv, offsets, workspace, max_tokens, *, experts,
+                 grad_buffer=None):
     """The MoE token dispatch (tw_moe_dispatch): every (token t, slot j) with
     topk_idx[t, j] = e >= 0 copies x[t] into the recv of expert e's rank (rank r holds experts
     [r * experts / world, (r + 1) * experts / world)), expert-major: each local expert's rows
@@ -491,14 +401,25 @@ def moe_dispatch(comm, x, topk_idx, recv, offsets, workspace, max_tokens, *, exp
 
     A routing needing more than recv_rows rows at some rank, or an expert index outside
     [-1, experts), is found on the device: no rank copies anything and comm.async_error()
-    reports an InvalidArgumentError naming it (the comm is then unusable). Not differentiable
-    yet (no autograd: nothing is recorded for the backward).
+    reports an InvalidArgumentError naming it (the comm is then unusable).
+
+    Differentiable in x (when x requires grad): the returned recv is then a new tensor over
+    recv's memory, and the backward sums each token's rows of recv's gradient (the combine with
+    weights 1), through grad_buffer: a symmetric bf16 tensor shaped as recv (comm.empty),
+    needed then. recv, offsets, workspace and grad_buffer must not serve another call before
+    the backward has run (tilewire._moe_grad).
     """
     op = "tilewire.moe_dispatch"
     local = _check_dispatch(op, comm, x, topk_idx, recv, offsets, workspace, max_tokens,
                             experts)
     if offsets is None:
         offsets = torch.empty(local + 1, dtype=torch.int32, device=x.device)
+    if _moe_grad.needs_grad(x):
+        _moe_grad._check_grad_buffer(op, comm, grad_buffer, "grad_buffer", *recv.shape)
+        spec = _moe_grad._Spec(comm=comm, topk_idx=topk_idx, recv=recv, offsets=offsets,
+                               workspace=workspace, max_tokens=max_tokens, experts=experts,
+                               grad_buffer=grad_buffer)
+        return _moe_grad.MoeDispatchFn.apply(x, spec), offsets
     _call_mutating(lambda *a: torch.ops.tilewire.moe_dispatch(*a), _dispatch_impl,
                    (x, topk_idx, recv, offsets, workspace), (recv, offsets, workspace),
                    comm.id, x, topk_idx, recv, offsets, workspace, max_tokens, experts)
@@ -506,7 +427,7 @@ def moe_dispatch(comm, x, topk_idx, recv, offsets, workspace, max_tokens, *, exp
 
 
 def moe_combine(comm, expert_out, topk_idx, topk_weights, workspace, max_tokens, *, experts,
-                out=None):
+                out=None, expert_grad=None):
     """The MoE weighted combine (tw_moe_combine): out[t] = sum over slots j in order of
     topk_weights[t, j] * expert_out row of (t, j), in fp32 (fused multiply-adds), rounded to
     bf16 once; the rows are read in place from the experts' ranks, in the layout the last
@@ -516,14 +437,25 @@ def moe_combine(comm, expert_out, topk_idx, topk_weights, workspace, max_tokens,
     expert_out: a symmetric bf16 [recv_rows, n_out] tensor (comm.empty, the rows of recv's
     layout), n_out a multiple of 8; topk_idx: as given to the dispatch; topk_weights: float32
     [tokens, top_k], contiguous; out: bf16 [tokens, n_out], contiguous (allocated when None).
-    Collective; on torch's current stream, CUDA-graph capturable. Returns out. Not
-    differentiable yet (no autograd).
+    Collective; on torch's current stream, CUDA-graph capturable. Returns out.
+
+    Differentiable in expert_out and topk_weights (when either requires grad): out is then a
+    new tensor over out's memory, and the backward (tilewire.h's tw_moe_combine_backward)
+    writes expert_out's gradient into expert_grad, a symmetric bf16 tensor shaped as
+    expert_out (comm.empty), needed then, with every expert's padding rows zero; expert_out,
+    workspace and expert_grad must not serve another call before the backward has run.
     """
     op = "tilewire.moe_combine"
     tokens, n_out = _check_combine(op, comm, expert_out, topk_idx, topk_weights, workspace, out,
                                    max_tokens, experts)
     if out is None:
         out = torch.empty((tokens, n_out), dtype=bf16, device=expert_out.device)
+    if _moe_grad.needs_grad(expert_out, topk_weights):
+        _moe_grad._check_grad_buffer(op, comm, expert_grad, "expert_grad", *expert_out.shape)
+        spec = _moe_grad._Spec(comm=comm, topk_idx=topk_idx, expert_out=expert_out,
+                               workspace=workspace, max_tokens=max_tokens, experts=experts,
+                               out=out, expert_grad=expert_grad)
+        return _moe_grad.MoeCombineFn.apply(expert_out, topk_weights, spec)
     _call_mutating(lambda *a: torch.ops.tilewire.moe_combine(*a), _combine_impl,
                    (expert_out, topk_idx, topk_weights, workspace, out), (out,),
                    comm.id, expert_out, topk_idx, topk_weights, workspace, out, max_tokens,
@@ -557,7 +489,7 @@ def moe_dispatch_gemm(comm, x, topk_idx, weights, recv, expert_out, offsets, wor
 
 
 def moe_ffn(comm, x, topk_idx, topk_weights, w13, w2, *, workspace, recv, expert_out,
-            max_tokens, experts, out=None, h=None, act=None, stream=None):
+            max_tokens, experts, out=None, h=None, act=None, stream=None, grad_buffer=None):
     """The expert FFN of an MoE layer, dispatch to combine, in one persistent kernel
     (tw_moe_ffn): moe_dispatch of x by topk_idx into recv; h = recv @ w13[e].T over each local
     expert e's rows (the gate and up projections); act = tilewire.swiglu(h); expert_out =
@@ -579,8 +511,16 @@ def moe_ffn(comm, x, topk_idx, topk_weights, w13, w2, *, workspace, recv, expert
     device; None: torch's current stream, as the other MoE ops) with no host synchronisation
     (CUDA-graph capturable). Returns out.
 
-    Routing errors are found on the device as moe_dispatch's (comm.async_error()). Not
-    differentiable yet (no autograd).
+    Routing errors are found on the device as moe_dispatch's (comm.async_error()).
+
+    Differentiable in x, topk_weights, w13 and w2 (when any requires grad): out is then a new
+    tensor over out's memory, and the backward runs on tilewire's kernels (the combine's
+    backward, the grouped GEMMs' input and weight gradients, the dispatch's backward; SwiGLU's
+    in torch, fp32) through grad_buffer: a symmetric bf16 [recv_rows, hidden] tensor
+    (comm.empty), needed then. recv, h, act, expert_out, workspace and grad_buffer must not
+    serve another call before the backward has run, and recv, h and act must hold finite
+    values in every row (create them zeroed once): the weight gradients sum each expert's
+    padding rows, whose gradient rows are zero.
     """
     op = "tilewire.moe_ffn"
     tokens, local, hidden, inter, recv_rows = _check_ffn(
@@ -589,12 +529,22 @@ def moe_ffn(comm, x, topk_idx, topk_weights, w13, w2, *, workspace, recv, expert
     with _on_stream(stream):  # allocated on the stream that uses them
         device = x.device
         offsets = torch.empty(local + 1, dtype=torch.int32, device=device)
+        grad = _moe_grad.needs_grad(x, topk_weights, w13, w2)
+        alloc = torch.zeros if grad else torch.empty  # the backward reads every padding row
         if h is None:
-            h = torch.empty((recv_rows, 2 * inter), dtype=bf16, device=device)
+            h = alloc((recv_rows, 2 * inter), dtype=bf16, device=device)
         if act is None:
-            act = torch.empty((recv_rows, inter), dtype=bf16, device=device)
+            act = alloc((recv_rows, inter), dtype=bf16, device=device)
         if out is None:
             out = torch.empty((tokens, hidden), dtype=bf16, device=device)
+        if grad:
+            _moe_grad._check_grad_buffer(op, comm, grad_buffer, "grad_buffer", recv_rows,
+                                         hidden)
+            spec = _moe_grad._Spec(comm=comm, topk_idx=topk_idx, recv=recv, offsets=offsets,
+                                   h=h, act=act, expert_out=expert_out, workspace=workspace,
+                                   out=out, max_tokens=max_tokens, experts=experts,
+                                   grad_buffer=grad_buffer)
+            return _moe_grad.MoeFfnFn.apply(x, topk_weights, w13, w2, spec)
         _call_mutating(lambda *a: torch.ops.tilewire.moe_ffn(*a), _ffn_impl,
                        (x, topk_idx, topk_weights, w13, w2, recv, offsets, h, act, expert_out,
                         workspace, out),

@@ -12,7 +12,7 @@ import ctypes
 
 import torch
 
-from . import _lib
+from . import _lib, _moe_grad
 from ._comm import Comm, comm_by_id
 from ._eager import (
     _call_mutating,
@@ -371,6 +371,10 @@ def _grouped_gemm_fake(a, b, offsets, out_dtype):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
 
+# d_a and d_b on tilewire's kernels (tilewire._moe_grad)
+_moe_grad.register_grouped_gemm_autograd(_grouped_gemm_op, _launch_grouped_gemm)
+
+
 @_custom_op("tilewire::grouped_gemm_out", mutates_args=("out",))
 def _grouped_gemm_out_op(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
                          out: torch.Tensor) -> None:
@@ -422,8 +426,13 @@ def grouped_gemm(a, b, offsets, out=None, out_dtype=None):
     Rows from offsets[groups] on are neither read nor written: an `out` given keeps them, and
     one allocated here (torch.empty) leaves them uninitialised. Runs on torch's current CUDA
     stream; CUDA-graph capturable; traceable by torch.compile (torch.ops.tilewire.grouped_gemm
-    / grouped_gemm_out). Not differentiable: a backward pass that reaches it raises. Returns
-    out.
+    / grouped_gemm_out). Returns out.
+
+    Differentiable in a and b without `out` (the autograd path goes through the custom op):
+    d_a = d_out @ b[g] over each group's rows (zero on the rows of no group), d_b =
+    tilewire.grouped_gemm_wgrad(d_out, a, offsets) (every row of a group, its padding rows
+    too), both on tilewire's kernels with d_out rounded to bf16. A backward through the `out`
+    form raises.
     """
     key = None
     if _lane_open(a, b, offsets, out):

@@ -24,6 +24,7 @@ The modules, each importing only those above it:
     _torchrun    tilewire.init
     _ops         gemm, grouped_gemm, allgather, barrier, for_each_rank
     _fused       ag_gemm, gemm_rs, gemm_ar and their backward passes
+    _moe_grad    grouped_gemm_wgrad, the backward passes of grouped_gemm and the MoE ops
     _moe         moe_dispatch, moe_combine, moe_dispatch_gemm, moe_ffn, swiglu, moe_workspace,
                  moe_recv_rows
 """
@@ -38,6 +39,7 @@ from ._moe import (
     moe_workspace,
     swiglu,
 )
+from ._moe_grad import grouped_gemm_wgrad
 from ._ops import allgather, barrier, for_each_rank, gemm, grouped_gemm
 from ._symmetric import comm_empty, is_symmetric, symmetric_empty
 from ._torchrun import init
@@ -53,6 +55,7 @@ __all__ = [
     "gemm_rs",
     "gemm_rs_workspace",
     "grouped_gemm",
+    "grouped_gemm_wgrad",
     "init",
     "is_symmetric",
     "moe_combine",

@@ -169,6 +169,9 @@ static void fused_structs(void) {
   FIELD(tw_moe_args_t, h);
   FIELD(tw_moe_args_t, act);
   FIELD(tw_moe_args_t, inter);
+  FIELD(tw_moe_args_t, grad);
+  FIELD(tw_moe_args_t, expert_grad);
+  FIELD(tw_moe_args_t, weights_grad);
   end_struct();
 
   /* ---- the next ops' argument structs go here as they land ---- */

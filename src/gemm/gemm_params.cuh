@@ -328,6 +328,9 @@ TW_OPTIONAL_FLAG(TransposedOf, kTransposed)
 
 // Wait::kWriteThrough (optional, false if absent): the write-through warp of hook (a'').
 TW_OPTIONAL_FLAG(WriteThroughOf, kWriteThrough)
+// Wait::kKRange (optional, false if absent): hook (k) of gemm_cta_loop, each tile's own range of
+// K blocks (Wait::k_range). Without it the loop's code is as if the hook did not exist.
+TW_OPTIONAL_FLAG(KRangeOf, kKRange)
 
 // kTileM 64 (swap-AB's 64-row tiles): A tiles of 64 rows, B tiles of 2 x BN rows (one consumer
 // warpgroup multiplies the 64 rows by all of them; with the workspace's split-K, each of the two

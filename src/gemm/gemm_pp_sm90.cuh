@@ -91,6 +91,7 @@ __device__ __forceinline__ void gemm_cta_loop_pp(const GemmParams<Epi, Wait> &p,
   static_assert(!TransposedOf<Fns>::value && !WriteThroughOf<Wait>::value,
                 "the ping-pong loop serves plain and signalled epilogues");
   static_assert(Stages <= 16, "stuck codes carry the stage in 4 bits");
+  static_assert(!KRangeOf<Wait>::value, "per-tile K ranges (hook (k)) serve gemm_cta_loop");
   // A signal warp (Fns::kSignalWarp) has nothing to take off the consumers here: each
   // warpgroup signals in its own epilogue phase, off the tensor cores. (The assertion only names
   // the flag, which nvcc would otherwise report as an unused member of such an epilogue.)

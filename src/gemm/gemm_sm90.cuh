@@ -44,6 +44,14 @@
  *          inside each group of rows over a row-major order. (q) kDynamic: `static bool
  *          takes_no_tile(const Params&)`: this CTA runs the loop with no tile (another role
  *          of a fused kernel starts on it).
+ *          (k) With `static constexpr bool kKRange = true`, `static void k_range(const Params&,
+ *          int m_block, int n_block, int &kb0, int &kb1)` narrows or moves the tile's K blocks
+ *          (given as all of them, [0, k_blocks)) to [kb0, kb1), e.g. a K-grouped GEMM (a weight
+ *          gradient) whose tile sums only its group's rows. The producer and the consumers both
+ *          call it for every tile and must get the same range; the consumers' first wgmma of the
+ *          range starts from zero (scale-d 0), as at kb 0. An empty range runs nothing for the
+ *          tile: the producer hands it to no consumer, so nothing is stored for it. Unsplit,
+ *          single CTAs, no write-through warp (static_assert); not in gemm_cta_loop_pp.
  *          (a'') With `static constexpr bool kWriteThrough = true`, warp 2 of WG0 (idle
  *          otherwise) follows the stages like a consumer warp and, for the tiles where
  *          `static int a_write_through(const Params&, int m_block, int n_block)` is 1,
@@ -258,6 +266,9 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
   static_assert(!kSigWarp || Epi::kSignal, "a signal warp serves kSignal epilogues");
   constexpr bool kWT = WriteThroughOf<Wait>::value;
   static_assert(!(kWT && kPair), "the write-through warp serves single CTAs");
+  constexpr bool kKRange = KRangeOf<Wait>::value;
+  static_assert(!kKRange || (kSplit == 1 && !kPair && !kWT),
+                "per-tile K ranges serve unsplit single CTAs without write-through");
   uint64_t *sig_full = reinterpret_cast<uint64_t *>(smem + L::kSigFull);
   uint64_t *sig_empty = reinterpret_cast<uint64_t *>(smem + L::kSigEmpty);
   int32_t *sig_slot = reinterpret_cast<int32_t *>(smem + L::kSigSlot);
@@ -348,14 +359,17 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
         const int32_t tile = Wait::tile_index(p.wait, t);
         detail::producer_tile<kTileM, kPair>(p, tile, rank, mb, nb, a_map, a_row,
                                              BN * (kHalfM ? 2 : 1), b_row);
-        for (int32_t kb = kb0; kb < kb1; kb++) {
+        int32_t tkb0 = kb0, tkb1 = kb1; // the tile's K blocks: the CTA's, or hook (k)'s
+        if constexpr (kKRange)
+          Wait::k_range(p.wait, mb, nb, tkb0, tkb1);
+        for (int32_t kb = tkb0; kb < tkb1; kb++) {
           wait(detail::bar_at(at(L::kEmpty + stage * 8)), phase ^ 1,
                kStuckProducerEmpty * 16 + stage);
-          if (kb == kb0)
+          if (kb == tkb0)
             detail::store_slot(at(L::kSlot + stage * 4), tile);
           // tests (TW_FAULT_STALL_TILE): this stage's loads never come, so the waits for it
           // expire and mbar_stuck reports them
-          const bool withheld = kb == kb0 && t + 1 == p.fault_stall;
+          const bool withheld = kb == tkb0 && t + 1 == p.fault_stall;
           if (withheld) {
           } else if constexpr (kPair) {
             ptx::mbar_arrive_expect_tx(&full[stage], kTileA + kTileB);
@@ -477,7 +491,10 @@ __device__ __forceinline__ void gemm_cta_loop(const GemmParams<Epi, Wait> &p, ui
           ptx::wgmma_desc_lo_sw128(ptx::smem_u32(smem + L::kB + (kHalfM ? cwg * BN * 128 : 0)));
       while (next_tile(stage, phase, mb, nb)) {
         int prev_stage = stage;
-        for (int32_t kb = 0; kb < kb1 - kb0; kb++) {
+        int32_t tkb0 = kb0, tkb1 = kb1; // the producer's range for this tile
+        if constexpr (kKRange)
+          Wait::k_range(p.wait, mb, nb, tkb0, tkb1);
+        for (int32_t kb = 0; kb < tkb1 - tkb0; kb++) {
           if (kb > 0)
             wait(&full[stage], phase, kStuckConsumerFull * 16 + stage);
           const uint32_t la = lo_a0 + (uint32_t)(stage * (kTileA >> 4));

@@ -25,7 +25,8 @@
  *                         expert GEMM is done), each token's slots are summed in slot order from
  *                         the experts' ranks' expert_out, weighted, in fp32.
  *
- * Flags of TW_CH_MOE: moe_layout.cuh.
+ * moe_call (declared in moe_layout.cuh) checks, describes and launches these two and
+ * tw_moe_combine_backward's kernel (moe_backward.cu). Flags of TW_CH_MOE: moe_layout.cuh.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -55,9 +56,9 @@ __global__ void __launch_bounds__(kMoeThreads, 1)
                         const __grid_constant__ MoeParams p) {
   __shared__ SharedLayout s;
   extern __shared__ int32_t s_count[]; /* block 0's layout: [warps + 1][experts] */
-  const int ch = TW_CH_MOE, W = dc.world;
+  const int ch = TW_CH_MOE;
   const uint64_t epoch = tw_op_begin(dc, ch);
-  int ok = exchange_layout(dc, p, s, s_count, epoch, true);
+  const int ok = exchange_layout(dc, p, s, s_count, epoch, true);
   const bool copy = ok && s.bad_src < 0 && s.over_rank < 0;
   if (threadIdx.x == 0)
     tw_trace_stamp(dc, TW_TR_LAYOUT_AT);
@@ -83,21 +84,8 @@ __global__ void __launch_bounds__(kMoeThreads, 1)
   __syncthreads();
   if (threadIdx.x == 0) {
     tw_trace_stamp(dc, TW_TR_COMM_END);
-    if (ok) {
-      /* the last CTA out tells every rank this rank's rows landed (the CTAs' fences make their
-       * stores visible before the count that the last one reads) */
-      tw_fence_acq_rel_sys();
-      uint64_t *done = tw_own_flag(dc, ch, kFlagCopiesDone);
-      if (atomicAdd((unsigned long long *)done, 1ull) == gridDim.x - 1) {
-        *(volatile uint64_t *)done = 0;
-        for (int r = 0; r < W; r++)
-          tw_signal_set(r == dc.rank ? tw_own_flag(dc, ch, W + dc.rank)
-                                     : tw_peer_flag(dc, r, ch, W + dc.rank),
-                        epoch);
-      }
-      for (int r = blockIdx.x; r < W && ok; r += gridDim.x)
-        ok = tw_wait_geq(dc, ch, tw_own_flag(dc, ch, W + r), epoch, r, W + r);
-    }
+    if (ok)
+      rows_landed(dc, epoch); /* the kernel ends once every rank's rows landed here */
     tw_op_finish(dc, ch, epoch);
   }
 }
@@ -124,9 +112,11 @@ __global__ void __launch_bounds__(kMoeThreads, 1)
 const tw_call_fields_t moe_calls[] = {
     {TW_CH_MOE,
      "tw_moe_dispatch / tw_moe_combine",
-     {"call (1 dispatch, 2 combine, 3 dispatch + GEMM, 4 GEMM + combine, 5 FFN)", "max_tokens",
-      "hidden or n_out (FFN: hidden << 32 | inter)", "experts", "top_k", "recv_rows",
-      "recv or expert_out (heap offset)", "workspace (heap offset)"}}};
+     {"call (1 dispatch, 2 combine, 3 dispatch + GEMM, 4 GEMM + combine, 5 FFN, 6 combine "
+      "backward)",
+      "max_tokens", "hidden or n_out (FFN: hidden << 32 | inter)", "experts", "top_k", "recv_rows",
+      "recv, expert_out or (combine backward) expert_grad (heap offset)",
+      "workspace (heap offset)"}}};
 
 tw_status_t moe_preload(void) {
   cudaFuncAttributes attr;
@@ -147,7 +137,7 @@ extern "C" tw_status_t tw_moe_args_init(tw_moe_args_t *args) {
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_moe_args_init: args is NULL");
   const tw_moe_args_t init = TW_MOE_ARGS_INIT;
   memset(args, 0, sizeof(*args)); /* the padding too */
-  memcpy(args, &init, offsetof(tw_moe_args_t, inter) + sizeof(init.inter));
+  memcpy(args, &init, offsetof(tw_moe_args_t, weights_grad) + sizeof(init.weights_grad));
   return TW_SUCCESS;
 }
 
@@ -176,8 +166,15 @@ static const char *op_name(int kind) {
                                       "tw_moe_combine",
                                       "tw_moe_dispatch_gemm",
                                       "tw_moe_gemm_combine",
-                                      "tw_moe_ffn"};
-  return names[kind >= 1 && kind <= kFfn ? kind : 0];
+                                      "tw_moe_ffn",
+                                      "tw_moe_combine_backward"};
+  return names[kind >= 1 && kind <= kCombineBackward ? kind : 0];
+}
+
+/* Whether a call of `kind` copies x into the ranks' recv; whether it reads their expert_out. */
+static bool sends(int kind) { return kind == kDispatch || kind == kDispatchGemm || kind == kFfn; }
+static bool reads_expert_out(int kind) {
+  return kind == kCombine || kind == kGemmCombine || kind == kFfn || kind == kCombineBackward;
 }
 
 /* The dispatch's buffers: recv symmetric and as large as recv_rows, x, offsets. */
@@ -217,6 +214,50 @@ static tw_status_t check_combine(tw_comm_t comm, const tw_moe_args_t &a, const c
       st = tw_comm_check_range(comm, a.out, out_bytes, what);
     if (st == TW_SUCCESS)
       st = tw_check_disjoint(a.out, out_bytes, what, a.expert_out, rows_bytes, "expert_out");
+  }
+  return st;
+}
+
+/* tw_moe_combine_backward's buffers: expert_out and expert_grad symmetric, grad, topk_weights,
+ * weights_grad (may be NULL), and the two outputs apart from each other and from what is read. */
+static tw_status_t check_backward(tw_comm_t comm, const tw_moe_args_t &a, const char *op,
+                                  const Layout &l) {
+  const size_t rows_bytes = (size_t)a.recv_rows * (size_t)a.n_out * 2;
+  const size_t T = (size_t)a.tokens, entries = T * (size_t)a.top_k;
+  TW_ARG_CHECK(a.grad || !T, "%s: args->grad is NULL (args->size %zu; version 3 has it)", op,
+               a.size);
+  TW_ARG_CHECK(a.expert_grad, "%s: args->expert_grad is NULL (args->size %zu; version 3 has it)",
+               op, a.size);
+  char what[96];
+  snprintf(what, sizeof(what), "%s: args->expert_out", op);
+  tw_status_t st = tw_heap_lookup(comm, a.expert_out, rows_bytes, what, NULL);
+  snprintf(what, sizeof(what), "%s: args->expert_grad", op);
+  if (st == TW_SUCCESS)
+    st = tw_heap_lookup(comm, a.expert_grad, rows_bytes, what, NULL);
+  const void *ptrs[3] = {a.grad, a.topk_weights, a.weights_grad};
+  const size_t bytes[3] = {T * (size_t)a.n_out * 2, entries * 4, entries * 4};
+  const char *names[3] = {"grad", "topk_weights", "weights_grad"};
+  for (int i = 0; i < 3 && st == TW_SUCCESS && T; i++)
+    if (ptrs[i] || i < 2) {
+      snprintf(what, sizeof(what), "%s: args->%s", op, names[i]);
+      st = tw_comm_check_range(comm, ptrs[i], bytes[i], what);
+    }
+  TW_ARG_CHECK(st != TW_SUCCESS || (uintptr_t)a.weights_grad % 4 == 0,
+               "%s: args->weights_grad (%p) is not 4-byte aligned", op, (void *)a.weights_grad);
+  /* the outputs apart from every buffer the call reads, and from each other */
+  const void *outs[2] = {a.expert_grad, a.weights_grad};
+  const size_t out_bytes[2] = {rows_bytes, entries * 4};
+  const char *out_names[2] = {"expert_grad", "weights_grad"};
+  const void *reads[5] = {a.grad, a.topk_weights, a.expert_out, a.topk_idx, a.workspace};
+  const size_t read_bytes[5] = {bytes[0], bytes[1], rows_bytes,
+                                entries * (size_t)(a.index_bits / 8), l.bytes};
+  const char *read_names[5] = {"grad", "topk_weights", "expert_out", "topk_idx", "workspace"};
+  for (int o = 0; o < 2 && st == TW_SUCCESS; o++) {
+    snprintf(what, sizeof(what), "%s: args->%s", op, out_names[o]);
+    for (int i = 0; i < 5 && st == TW_SUCCESS; i++)
+      st = tw_check_disjoint(outs[o], out_bytes[o], what, reads[i], read_bytes[i], read_names[i]);
+    if (st == TW_SUCCESS && o == 1)
+      st = tw_check_disjoint(outs[1], out_bytes[1], what, outs[0], out_bytes[0], out_names[0]);
   }
   return st;
 }
@@ -283,7 +324,8 @@ static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, 
                "%s: args->recv_rows is %lld; expected 1 .. 2^31 - 1", op, (long long)a.recv_rows);
   const bool gemm = kind == kDispatchGemm || kind == kGemmCombine;
   const bool combine = kind == kCombine || kind == kGemmCombine || kind == kFfn;
-  TW_ARG_CHECK(kind == kCombine || (a.hidden >= 8 && a.hidden % 8 == 0 && a.hidden <= INT32_MAX),
+  const bool hidden_read = kind != kCombine && kind != kCombineBackward;
+  TW_ARG_CHECK(!hidden_read || (a.hidden >= 8 && a.hidden % 8 == 0 && a.hidden <= INT32_MAX),
                "%s: args->hidden is %lld; expected a positive multiple of 8", op,
                (long long)a.hidden);
   TW_ARG_CHECK(kind == kDispatch || (a.n_out >= 8 && a.n_out % 8 == 0 && a.n_out <= INT32_MAX),
@@ -298,10 +340,12 @@ static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, 
     snprintf(what, sizeof(what), "%s: args->topk_idx", op);
     st = tw_comm_check_range(comm, a.topk_idx, entries * (size_t)(a.index_bits / 8), what);
   }
-  if (st == TW_SUCCESS && kind != kCombine && kind != kGemmCombine)
+  if (st == TW_SUCCESS && sends(kind))
     st = check_dispatch(comm, a, op, *l);
   if (st == TW_SUCCESS && combine)
     st = check_combine(comm, a, op);
+  if (st == TW_SUCCESS && kind == kCombineBackward)
+    st = check_backward(comm, a, op, *l);
   if (st == TW_SUCCESS && kind == kFfn)
     st = check_ffn(comm, a, op);
   if (st == TW_SUCCESS && kind == kGemmCombine) { /* the GEMM's input rows and offsets */
@@ -328,9 +372,12 @@ static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, 
   }
   if (st != TW_SUCCESS)
     return st;
-  const void *aligned[4] = {a.x, kind == kCombine ? a.expert_out : a.recv, a.out,
+  const bool bwd = kind == kCombineBackward; /* reads grad and expert_out, writes expert_grad */
+  const void *aligned[4] = {bwd ? a.grad : a.x, kind == kCombine || bwd ? a.expert_out : a.recv,
+                            bwd ? a.expert_grad : a.out,
                             gemm || kind == kFfn ? a.expert_out : NULL};
-  const char *names[4] = {"x", kind == kCombine ? "expert_out" : "recv", "out", "expert_out"};
+  const char *names[4] = {bwd ? "grad" : "x", kind == kCombine || bwd ? "expert_out" : "recv",
+                          bwd ? "expert_grad" : "out", "expert_out"};
   for (int i = 0; i < 4; i++)
     TW_ARG_CHECK((uintptr_t)aligned[i] % 16 == 0, "%s: args->%s (%p) is not 16-byte aligned", op,
                  names[i], aligned[i]);
@@ -362,6 +409,8 @@ tw_status_t tw::moe::moe_prepare(tw_comm_t comm, const tw_moe_args_t *in, int ki
   p.topk_idx = a.topk_idx;
   p.topk_weights = a.topk_weights;
   p.out = (uint16_t *)a.out;
+  p.grad = (const uint16_t *)a.grad;
+  p.weights_grad = a.weights_grad;
   p.offsets = a.offsets;
   p.cnt = (int32_t *)(ws + l.cnt);
   p.pos = (int32_t *)(ws + l.pos);
@@ -374,19 +423,22 @@ tw_status_t tw::moe::moe_prepare(tw_comm_t comm, const tw_moe_args_t *in, int ki
   p.local_experts = (int32_t)(a.experts / comm->world);
   for (int r = 0; r < comm->world; r++) {
     p.counts_in[r] = (int32_t *)tw_heap_peer_ptr(comm, ws + l.counts_in, r);
-    const bool sends = kind != kCombine && kind != kGemmCombine;
-    const bool reads = kind == kCombine || kind == kGemmCombine || kind == kFfn;
-    if (sends)
+    const bool send = sends(kind), read = reads_expert_out(kind), bwd = kind == kCombineBackward;
+    if (send)
       p.recv[r] = (uint16_t *)tw_heap_peer_ptr(comm, a.recv, r);
-    if (reads)
+    if (read)
       p.expert_out[r] = (const uint16_t *)tw_heap_peer_ptr(comm, a.expert_out, r);
-    if (!p.counts_in[r] || (sends && !p.recv[r]) || (reads && !p.expert_out[r]))
+    if (bwd)
+      p.expert_grad[r] = (uint16_t *)tw_heap_peer_ptr(comm, a.expert_grad, r);
+    if (!p.counts_in[r] || (send && !p.recv[r]) || (read && !p.expert_out[r]) ||
+        (bwd && !p.expert_grad[r]))
       return tw_fail(TW_ERR_NOT_SUPPORTED, "%s: rank %d's memory is not mapped here", op, r);
   }
   return TW_SUCCESS;
 }
 
-static tw_status_t moe_call(tw_comm_t comm, const tw_moe_args_t *in, tw_stream_t stream, int kind) {
+tw_status_t tw::moe::moe_call(tw_comm_t comm, const tw_moe_args_t *in, tw_stream_t stream, int kind,
+                              const void *kernel) {
   const char *op = op_name(kind);
   tw_status_t st = tw_comm_check_call(comm);
   if (st != TW_SUCCESS)
@@ -397,21 +449,24 @@ static tw_status_t moe_call(tw_comm_t comm, const tw_moe_args_t *in, tw_stream_t
   st = moe_prepare(comm, in, kind, &a, &l, &p);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
+  /* the buffer of field 6 is the one peers write into (recv, expert_grad), else the one they
+   * read (expert_out) */
+  const void *sym = kind == kDispatch          ? a.recv
+                    : kind == kCombineBackward ? a.expert_grad
+                                               : a.expert_out;
   const uint64_t fields[8] = {(uint64_t)kind,
                               (uint64_t)a.max_tokens,
                               (uint64_t)(kind == kDispatch ? a.hidden : a.n_out),
                               (uint64_t)a.experts,
                               (uint64_t)a.top_k,
                               (uint64_t)a.recv_rows,
-                              tw_call_heap_field(comm, kind == kDispatch ? a.recv : a.expert_out),
+                              tw_call_heap_field(comm, sym),
                               tw_call_heap_field(comm, a.workspace)};
   int prev = 0, smem = 0;
   st = tw_set_device(comm->device, &prev);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
   const tw_call_desc_t outer = tw_call_begin(comm, TW_CH_MOE, 8, fields);
-  const void *kernel =
-      kind == kDispatch ? (const void *)moe_dispatch_kernel : (const void *)moe_combine_kernel;
   st = tw_sm_exclusive_smem(kernel, &smem); /* more than block 0's layout needs */
   if (st == TW_SUCCESS && smem < (kMoeWarps + 1) * kMaxExperts * 4)
     st = tw_fail(TW_ERR_INTERNAL, "%s: %d bytes of shared memory a CTA; the layout needs %d", op,
@@ -419,17 +474,24 @@ static tw_status_t moe_call(tw_comm_t comm, const tw_moe_args_t *in, tw_stream_t
   cudaStream_t launch = NULL;
   if (st == TW_SUCCESS)
     st = tw_launch_begin(comm, stream, &launch);
-  const int64_t work = kind == kDispatch ? a.tokens * a.top_k / kMoeWarps : a.tokens;
+  /* the dispatch: a warp an entry; the combine: a CTA a token; the backward: a warp per 32
+   * entries and per row that may be padding (at most 128 a local expert, and recv_rows) */
+  const int64_t pad =
+      (a.experts / comm->world) * 128 < a.recv_rows ? (a.experts / comm->world) * 128 : a.recv_rows;
+  const int64_t work = kind == kDispatch ? a.tokens * a.top_k / kMoeWarps
+                       : kind == kCombine
+                           ? a.tokens
+                           : ((a.tokens * a.top_k + 31) / 32 + pad + kMoeWarps - 1) / kMoeWarps;
   int grid = comm->sm_budget;
   if (work < grid)
     grid = work < 1 ? 1 : (int)work;
-  if (st == TW_SUCCESS && kind == kDispatch) {
-    moe_dispatch_kernel<<<grid, kMoeThreads, smem, launch>>>(comm->dev, p);
-    st = tw_cuda_check(cudaGetLastError(), "tw_moe_dispatch: kernel launch");
-  } else if (st == TW_SUCCESS) {
-    moe_combine_kernel<<<grid, kMoeThreads, smem, launch>>>(comm->dev, p);
-    st = tw_cuda_check(cudaGetLastError(), "tw_moe_combine: kernel launch");
-  }
+  void *params[2] = {(void *)&comm->dev, (void *)&p};
+  char what[96];
+  snprintf(what, sizeof(what), "%s: kernel launch", op);
+  if (st == TW_SUCCESS)
+    st = tw_cuda_check(
+        cudaLaunchKernel(kernel, dim3(grid), dim3(kMoeThreads), params, (size_t)smem, launch),
+        what);
   if (st == TW_SUCCESS)
     st = tw_launch_end(comm, stream);
   tw_call_end(comm, outer);
@@ -439,10 +501,10 @@ static tw_status_t moe_call(tw_comm_t comm, const tw_moe_args_t *in, tw_stream_t
 
 extern "C" tw_status_t tw_moe_dispatch(tw_comm_t comm, const tw_moe_args_t *args,
                                        tw_stream_t stream) {
-  return moe_call(comm, args, stream, kDispatch);
+  return moe_call(comm, args, stream, kDispatch, (const void *)moe_dispatch_kernel);
 }
 
 extern "C" tw_status_t tw_moe_combine(tw_comm_t comm, const tw_moe_args_t *args,
                                       tw_stream_t stream) {
-  return moe_call(comm, args, stream, kCombine);
+  return moe_call(comm, args, stream, kCombine, (const void *)moe_combine_kernel);
 }

@@ -1,8 +1,9 @@
 /*
  * The MoE calls' shared pieces (ops/moe): the workspace layout, the kernels' parameters, the
  * layout of a rank's entries (block 0), the count exchange and the layout every rank derives
- * from it, and the host's argument checks and parameters. moe.cu holds tw_moe_dispatch and
- * tw_moe_combine, moe_gemm.cu tw_moe_dispatch_gemm.
+ * from it, the barrier of a call that writes rows into every rank, and the host's argument checks,
+ * parameters and launch. moe.cu holds tw_moe_dispatch and tw_moe_combine, moe_gemm.cu
+ * tw_moe_dispatch_gemm, moe_backward.cu tw_moe_combine_backward.
  */
 #ifndef TW_OPS_MOE_LAYOUT_CUH
 #define TW_OPS_MOE_LAYOUT_CUH
@@ -23,15 +24,17 @@ namespace moe {
 
 constexpr int kMaxExperts = 1024, kMaxTopK = 16;
 constexpr int kMoeThreads = 512, kMoeWarps = kMoeThreads / 32;
-constexpr int kDispatch = 1, kCombine = 2, kDispatchGemm = 3, kGemmCombine = 4,
-              kFfn = 5; /* call kinds */
+constexpr int kDispatch = 1, kCombine = 2, kDispatchGemm = 3, kGemmCombine = 4, kFfn = 5,
+              kCombineBackward = 6; /* call kinds */
 
 /* The flags of TW_CH_MOE (the control block's, zero at init; a call field cannot hold them):
- * [0, world) the counts from rank s; [world, 2 world) rank s's rows landed; from kFlagBlocks
+ * [0, world) the counts from rank s; [world, 2 world) rank s's rows landed (the dispatch's
+ * copies, the combine backward's gradient rows: set to the call's epoch); from kFlagBlocks
  * tw_moe_dispatch_gemm's rows per 128-row block (zeroed by its last CTA); from
  * kFlagCombineBlocks tw_moe_gemm_combine's finished tiles per row block (cumulative over its
  * calls); the dispatch's CTAs out of their copies; the sum of tw_moe_gemm_combine's column
- * blocks over its calls so far (every block counter's value between calls). */
+ * blocks over its calls so far (every block counter's value between calls). The count of CTAs
+ * out of their copies (kFlagCopiesDone) serves every call that ends in rows_landed. */
 constexpr int kMaxBlocks = 8000; /* row blocks of recv (recv_rows / 128) the fused calls serve */
 constexpr int kFlagBlocks = 2 * TW_MAX_WORLD, kFlagCombineBlocks = 8192;
 constexpr int kFlagCopiesDone = TW_CHANNEL_FLAGS - 3, kFlagCombineCount = TW_CHANNEL_FLAGS - 4;
@@ -70,6 +73,9 @@ struct MoeParams {
   uint16_t *recv[TW_MAX_WORLD];             /* every rank's recv, mapped here */
   const uint16_t *expert_out[TW_MAX_WORLD]; /* every rank's expert_out, mapped here */
   uint16_t *out;
+  const uint16_t *grad;                /* the combine backward's: bf16 [tokens, n_out] */
+  uint16_t *expert_grad[TW_MAX_WORLD]; /* and every rank's expert_grad, mapped here */
+  float *weights_grad;                 /* fp32 [tokens, top_k] (NULL: not computed) */
   int32_t *offsets;
   int32_t *counts_in[TW_MAX_WORLD]; /* every rank's counts_in, mapped here */
   int32_t *cnt, *pos;
@@ -329,11 +335,41 @@ __device__ __forceinline__ void record_layout_error(const tw_dev_comm_t &dc, con
                            TW_ERR_PEER_MOE_CAPACITY, s.over_rank);
 }
 
+/* Thread 0 of every CTA of a call that writes rows into every rank's buffer (the dispatch's
+ * copies into recv, the combine backward's rows into expert_grad), after the CTA's writes and a
+ * CTA barrier: the last CTA out of its writes (a count behind each CTA's system fence, reset by
+ * that CTA) tells every rank that this rank's rows landed (flag world + rank = epoch), then each
+ * CTA waits for its share of the ranks, so the kernel ends once every rank's rows landed here.
+ * Returns whether every wait succeeded. */
+__device__ __forceinline__ bool rows_landed(const tw_dev_comm_t &dc, uint64_t epoch) {
+  const int ch = TW_CH_MOE, W = dc.world;
+  tw_fence_acq_rel_sys(); /* this CTA's stores before the count that the last CTA reads */
+  uint64_t *done = tw_own_flag(dc, ch, kFlagCopiesDone);
+  if (atomicAdd((unsigned long long *)done, 1ull) == gridDim.x - 1) {
+    *(volatile uint64_t *)done = 0;
+    for (int r = 0; r < W; r++)
+      tw_signal_set(r == dc.rank ? tw_own_flag(dc, ch, W + dc.rank)
+                                 : tw_peer_flag(dc, r, ch, W + dc.rank),
+                    epoch);
+  }
+  bool ok = true;
+  for (int r = blockIdx.x; r < W && ok; r += gridDim.x)
+    ok = tw_wait_geq(dc, ch, tw_own_flag(dc, ch, W + r), epoch, r, W + r);
+  return ok;
+}
+
 /* Host: the arguments' contract for `kind` (TW_ERR_INVALID_ARGUMENT naming the first that breaks
  * it; TW_ERR_NOT_SUPPORTED across nodes), then the kernels' parameters; *l the workspace's
  * layout. */
 tw_status_t moe_prepare(tw_comm_t comm, const tw_moe_args_t *in, int kind, tw_moe_args_t *a,
                         Layout *l, MoeParams *p);
+
+/* Host: the call of `kind` (kDispatch, kCombine, kCombineBackward) on comm's stream: checked and
+ * prepared (moe_prepare), described (what every rank must have alike), then `kernel`, a
+ * persistent kernel of kMoeThreads threads taking (tw_dev_comm_t, MoeParams), launched on at most
+ * comm->sm_budget CTAs that each hold an SM. */
+tw_status_t moe_call(tw_comm_t comm, const tw_moe_args_t *in, tw_stream_t stream, int kind,
+                     const void *kernel);
 
 } // namespace moe
 } // namespace tw
