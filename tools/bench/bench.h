@@ -166,6 +166,21 @@ void bench_ab_rows(bench_results_t *res, const bench_row_t *tmpl, const char *pr
                    cudaStream_t main, cudaStream_t *streams, int nstreams,
                    const bench_opts_t *opts);
 
+/* The single-GPU GEMM benches' rounds (tw-bench gemm, grouped_gemm, grouped_wgrad): every
+ * variant timed once per round, interleaved, so the card's drift falls on every row alike.
+ * bench_gemm_rounds: TW_BENCH_GEMM_ROUNDS (default 3), clamped to 1 .. BENCH_MAX_ROUNDS.
+ * bench_median: sorts t[0..n) and returns its median. */
+#define BENCH_MAX_ROUNDS 8
+int bench_gemm_rounds(void);
+double bench_median(double *t, int n);
+/* Adds the row of one timed variant: tflops = flops / ms, speedup = baseline_ms / ms. */
+void bench_add_timed_row(bench_results_t *res, const char *op, const char *variant,
+                         const char *shape, double ms, double p10, double p90, double flops,
+                         double baseline_ms, int ok);
+/* The grouped benches' expert count: the shape label's "E=<n>", else TW_BENCH_GROUPED_EXPERTS,
+ * else dflt; 0 where the text is not an integer in 1 .. max. */
+int64_t bench_grouped_experts(const bench_shape_t *shape, int64_t dflt, int64_t max);
+
 /* How many copies of a working set of `bytes` make the total at least 4x the L2. */
 int bench_rotation_count(size_t bytes);
 

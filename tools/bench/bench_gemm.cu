@@ -189,22 +189,6 @@ static void run_cublas(void *p, int iter) {
   }
 }
 
-static void add_row(bench_results_t *res, const char *variant, const char *shape, double ms,
-                    double p10, double p90, double flops, double baseline_ms, int ok) {
-  bench_row_t row;
-  memset(&row, 0, sizeof(row));
-  snprintf(row.op, sizeof(row.op), "gemm");
-  snprintf(row.variant, sizeof(row.variant), "%s", variant);
-  snprintf(row.shape, sizeof(row.shape), "%s", shape);
-  row.ms = ms;
-  row.ms_p10 = p10;
-  row.ms_p90 = p90;
-  row.tflops = flops / (ms * 1e-3) / 1e12;
-  row.speedup = baseline_ms / ms;
-  row.ok = ok;
-  bench_add_row(res, &row);
-}
-
 /* A row's knob while it runs (saved keeps the caller's, for bench_env_restore): rows with `swap`
  * under TW_GEMM_SWAP=swap. */
 static void variant_knobs(bench_env_saved_t *saved, const char *swap) {
@@ -218,7 +202,7 @@ typedef struct variant {
   const char *name;
   int cublas, use_opts;
   tw_gemm_sm90_opts_t opts;
-  double t[8]; /* the median of each round */
+  double t[BENCH_MAX_ROUNDS]; /* the median of each round */
   tw_dtype_t c_dtype;
   int split_k;
   const char *swap; /* TW_GEMM_SWAP's value while it runs (NULL: the caller's) */
@@ -377,17 +361,6 @@ static void time_variants(gemm_ctx_t *ctx, const bench_opts_t *opts, variant_t *
     }
 }
 
-/* Sorts t[0..rounds) and returns its median. */
-static double rounds_median(double *t, int rounds) {
-  for (int i = 1; i < rounds; i++) // insertion sort of a handful
-    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-      double x = t[j];
-      t[j] = t[j - 1];
-      t[j - 1] = x;
-    }
-  return rounds % 2 ? t[rounds / 2] : 0.5 * (t[rounds / 2 - 1] + t[rounds / 2]);
-}
-
 /* One row per variant: the median of the rounds' medians, p10/p90 the lowest and highest round
  * median. `ok` is the check of the default tilewire call; split and swap rows check their own. */
 static void gemm_rows(gemm_ctx_t *ctx, const bench_opts_t *opts, variant_t *variants, int nvariants,
@@ -396,7 +369,7 @@ static void gemm_rows(gemm_ctx_t *ctx, const bench_opts_t *opts, variant_t *vari
   double t_blas = 0;
   for (int v = 0; v < nvariants; v++) {
     double *t = variants[v].t;
-    const double median = rounds_median(t, rounds);
+    const double median = bench_median(t, rounds);
     if (v == 0 || !strcmp(variants[v].name, "cublas-fp32out"))
       t_blas = median; /* the fp32-out rows against cuBLAS with fp32 out */
     int row_ok = variants[v].cublas ? 1 : ok;
@@ -409,7 +382,8 @@ static void gemm_rows(gemm_ctx_t *ctx, const bench_opts_t *opts, variant_t *vari
       row_ok = check_tilewire(ctx, ctx->c_bytes, ctx->label);
       bench_env_restore(&saved);
     }
-    add_row(res, variants[v].name, ctx->label, median, t[0], t[rounds - 1], flops, t_blas, row_ok);
+    bench_add_timed_row(res, "gemm", variants[v].name, ctx->label, median, t[0], t[rounds - 1],
+                        flops, t_blas, row_ok);
   }
 }
 
@@ -424,9 +398,7 @@ static int gemm_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_
   const int ok = !opts->check || check_tilewire(&ctx, ctx.c_bytes, ctx.label);
   variant_t variants[kMaxVariants];
   const int nvariants = gemm_variants(&ctx, fp32, variants);
-  const char *rounds_env = getenv("TW_BENCH_GEMM_ROUNDS");
-  int rounds = rounds_env ? atoi(rounds_env) : 3;
-  rounds = rounds < 1 ? 1 : (rounds > 8 ? 8 : rounds);
+  const int rounds = bench_gemm_rounds();
   time_variants(&ctx, opts, variants, nvariants, rounds);
   gemm_rows(&ctx, opts, variants, nvariants, rounds, ok, res);
   gemm_teardown(&ctx);

@@ -48,7 +48,7 @@ static const bench_shape_t grouped_quick[] = {
     {128, 4096, 7168, "E=32 decode"},
 };
 
-enum { kRowBlock = 128, kMaxExperts = 65536, kDefaultExperts = 8, kMaxRounds = 8 };
+enum { kRowBlock = 128, kMaxExperts = 65536, kDefaultExperts = 8 };
 
 typedef struct gg_ctx {
   cudaStream_t stream;
@@ -125,8 +125,8 @@ typedef enum { V_GROUPED, V_TW_DENSE, V_CUBLAS_DENSE, V_CUBLAS_LOOP } kind_t;
 typedef struct variant {
   const char *name;
   kind_t kind;
-  int set;              /* the offsets (grouped and loop rows): 0 uniform, 1 skewed */
-  double t[kMaxRounds]; /* the median of each round */
+  int set;                    /* the offsets (grouped and loop rows): 0 uniform, 1 skewed */
+  double t[BENCH_MAX_ROUNDS]; /* the median of each round */
   int ok;
 } variant_t;
 
@@ -280,20 +280,6 @@ static void skew_offsets(int64_t experts, int64_t blocks, uint64_t seed, int32_t
   free(w);
 }
 
-/* The expert count: the sweep label's "E=N", else TW_BENCH_GROUPED_EXPERTS, else 8; 0 when
- * malformed. */
-static int64_t experts_of(const bench_shape_t *shape) {
-  const char *e = shape->label ? strstr(shape->label, "E=") : NULL;
-  const char *text = e ? e + 2 : getenv("TW_BENCH_GROUPED_EXPERTS");
-  if (!text || !*text)
-    return kDefaultExperts;
-  char *end = NULL;
-  const long long v = strtoll(text, &end, 10);
-  if (end == text || (*end && *end != ' ') || v < 1 || v > kMaxExperts)
-    return 0;
-  return (int64_t)v;
-}
-
 /* The shape's contract (tw_grouped_gemm's, and the int32 offsets): 0, or -1 saying why not. */
 static int shape_ok(const bench_shape_t *shape, int64_t experts) {
   if (experts < 1) {
@@ -417,38 +403,17 @@ static void gg_teardown(gg_ctx_t *c) {
 
 /* ---- timing and rows ---------------------------------------------------------------------- */
 
-/* Sorts t[0..rounds) and returns its median. */
-static double rounds_median(double *t, int rounds) {
-  for (int i = 1; i < rounds; i++) // insertion sort of a handful
-    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-      double x = t[j];
-      t[j] = t[j - 1];
-      t[j - 1] = x;
-    }
-  return rounds % 2 ? t[rounds / 2] : 0.5 * (t[rounds / 2 - 1] + t[rounds / 2]);
-}
-
 static void add_row(bench_results_t *res, const gg_ctx_t *c, const variant_t *v, double ms,
                     double p10, double p90, double baseline_ms) {
-  bench_row_t row;
-  memset(&row, 0, sizeof(row));
-  snprintf(row.op, sizeof(row.op), "grouped_gemm");
-  snprintf(row.variant, sizeof(row.variant), "%s", v->name);
-  snprintf(row.shape, sizeof(row.shape), "%s", c->label);
-  row.ms = ms;
-  row.ms_p10 = p10;
-  row.ms_p90 = p90;
-  row.tflops = 2.0 * (double)c->m * (double)c->n * (double)c->k / (ms * 1e-3) / 1e12;
-  row.speedup = baseline_ms / ms;
-  row.ok = v->ok;
-  bench_add_row(res, &row);
+  bench_add_timed_row(res, "grouped_gemm", v->name, c->label, ms, p10, p90,
+                      2.0 * (double)c->m * (double)c->n * (double)c->k, baseline_ms, v->ok);
 }
 
 enum { kMaxVariants = 6 };
 
 static int grouped_run(const bench_opts_t *opts, const bench_shape_t *shape, bench_results_t *res) {
   static tw_ref_blas_t *blas = NULL;
-  const int64_t experts = experts_of(shape);
+  const int64_t experts = bench_grouped_experts(shape, kDefaultExperts, kMaxExperts);
   if (shape_ok(shape, experts) != 0)
     return 1;
   if (!blas && tw_ref_blas_create(&blas) != TW_SUCCESS)
@@ -480,9 +445,7 @@ static int grouped_run(const bench_opts_t *opts, const bench_shape_t *shape, ben
     return 1;
   }
 
-  const char *rounds_env = getenv("TW_BENCH_GEMM_ROUNDS");
-  int rounds = rounds_env ? atoi(rounds_env) : 3;
-  rounds = rounds < 1 ? 1 : (rounds > kMaxRounds ? kMaxRounds : rounds);
+  const int rounds = bench_gemm_rounds();
   for (int r = 0; r < rounds; r++) /* interleaved, so drift falls on every row alike */
     for (int v = 0; v < nvariants; v++) {
       timed_t t = {&c, &variants[v]};
@@ -491,7 +454,7 @@ static int grouped_run(const bench_opts_t *opts, const bench_shape_t *shape, ben
     }
   double median[kMaxVariants], base[2] = {0, 0};
   for (int v = 0; v < nvariants; v++) {
-    median[v] = rounds_median(variants[v].t, rounds);
+    median[v] = bench_median(variants[v].t, rounds);
     if (variants[v].kind == V_CUBLAS_LOOP)
       base[variants[v].set] = median[v];
   }

@@ -45,7 +45,7 @@ static const bench_shape_t wgrad_quick[] = {
     {128, 4096, 7168, "E=32 dsv3-gate-up-128"},
 };
 
-enum { kMaxExperts = 65536, kDefaultExperts = 8, kMaxRounds = 8 };
+enum { kMaxExperts = 65536, kDefaultExperts = 8 };
 
 typedef struct wg_ctx {
   cudaStream_t stream;
@@ -134,7 +134,7 @@ typedef enum { V_WGRAD, V_TW_DENSE, V_CUBLAS_DENSE, V_CUBLAS_LOOP } kind_t;
 typedef struct variant {
   const char *name;
   kind_t kind;
-  double t[kMaxRounds]; /* the median of each round */
+  double t[BENCH_MAX_ROUNDS]; /* the median of each round */
   int ok;
 } variant_t;
 
@@ -214,18 +214,6 @@ static int check_pair(wg_ctx_t *c, variant_t *vx, variant_t *vy, void *x, void *
 }
 
 /* ---- setup -------------------------------------------------------------------------------- */
-
-static int64_t experts_of(const bench_shape_t *shape) {
-  const char *e = shape->label ? strstr(shape->label, "E=") : NULL;
-  const char *text = e ? e + 2 : getenv("TW_BENCH_GROUPED_EXPERTS");
-  if (!text || !*text)
-    return kDefaultExperts;
-  char *end = NULL;
-  const long long v = strtoll(text, &end, 10);
-  if (end == text || (*end && *end != ' ') || v < 1 || v > kMaxExperts)
-    return 0;
-  return (int64_t)v;
-}
 
 /* The shape's contract (tw_grouped_gemm_wgrad's, cuBLAS's int dimensions): 0, or -1 saying why
  * not. */
@@ -345,30 +333,10 @@ static void wg_teardown(wg_ctx_t *c) {
 
 /* ---- timing and rows ---------------------------------------------------------------------- */
 
-static double rounds_median(double *t, int rounds) {
-  for (int i = 1; i < rounds; i++) // insertion sort of a handful
-    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-      double x = t[j];
-      t[j] = t[j - 1];
-      t[j - 1] = x;
-    }
-  return rounds % 2 ? t[rounds / 2] : 0.5 * (t[rounds / 2 - 1] + t[rounds / 2]);
-}
-
 static void add_row(bench_results_t *res, const wg_ctx_t *c, const variant_t *v, double ms,
                     double p10, double p90, double baseline_ms) {
-  bench_row_t row;
-  memset(&row, 0, sizeof(row));
-  snprintf(row.op, sizeof(row.op), "grouped_wgrad");
-  snprintf(row.variant, sizeof(row.variant), "%s", v->name);
-  snprintf(row.shape, sizeof(row.shape), "%s", c->label);
-  row.ms = ms;
-  row.ms_p10 = p10;
-  row.ms_p90 = p90;
-  row.tflops = 2.0 * (double)c->total * (double)c->n * (double)c->k / (ms * 1e-3) / 1e12;
-  row.speedup = baseline_ms / ms;
-  row.ok = v->ok;
-  bench_add_row(res, &row);
+  bench_add_timed_row(res, "grouped_wgrad", v->name, c->label, ms, p10, p90,
+                      2.0 * (double)c->total * (double)c->n * (double)c->k, baseline_ms, v->ok);
 }
 
 enum { kVariants = 4 };
@@ -377,7 +345,7 @@ static int wgrad_run(const bench_opts_t *opts, const bench_shape_t *shape, bench
   static tw_ref_blas_t *blas = NULL;
   static cublasHandle_t handle = NULL;
   static void *blas_ws = NULL;
-  const int64_t experts = experts_of(shape);
+  const int64_t experts = bench_grouped_experts(shape, kDefaultExperts, kMaxExperts);
   if (shape_ok(shape, experts) != 0)
     return 1;
   if (!blas && tw_ref_blas_create(&blas) != TW_SUCCESS)
@@ -410,9 +378,7 @@ static int wgrad_run(const bench_opts_t *opts, const bench_shape_t *shape, bench
     wg_teardown(&c);
     return 1;
   }
-  const char *rounds_env = getenv("TW_BENCH_GEMM_ROUNDS");
-  int rounds = rounds_env ? atoi(rounds_env) : 3;
-  rounds = rounds < 1 ? 1 : (rounds > kMaxRounds ? kMaxRounds : rounds);
+  const int rounds = bench_gemm_rounds();
   for (int r = 0; r < rounds; r++) /* interleaved, so drift falls on every row alike */
     for (int v = 0; v < kVariants; v++) {
       timed_t t = {&c, &variants[v]};
@@ -421,7 +387,7 @@ static int wgrad_run(const bench_opts_t *opts, const bench_shape_t *shape, bench
     }
   double median[kVariants];
   for (int v = 0; v < kVariants; v++)
-    median[v] = rounds_median(variants[v].t, rounds);
+    median[v] = bench_median(variants[v].t, rounds);
   for (int v = 0; v < kVariants; v++)
     add_row(res, &c, &variants[v], median[v], variants[v].t[0], variants[v].t[rounds - 1],
             median[3]);

@@ -51,6 +51,35 @@ void bench_add_row(bench_results_t *res, const bench_row_t *row) {
   dst->shape[sizeof(dst->shape) - 1] = '\0';
 }
 
+void bench_add_timed_row(bench_results_t *res, const char *op, const char *variant,
+                         const char *shape, double ms, double p10, double p90, double flops,
+                         double baseline_ms, int ok) {
+  bench_row_t row;
+  memset(&row, 0, sizeof(row));
+  snprintf(row.op, sizeof(row.op), "%s", op);
+  snprintf(row.variant, sizeof(row.variant), "%s", variant);
+  snprintf(row.shape, sizeof(row.shape), "%s", shape);
+  row.ms = ms;
+  row.ms_p10 = p10;
+  row.ms_p90 = p90;
+  row.tflops = flops / (ms * 1e-3) / 1e12;
+  row.speedup = baseline_ms / ms;
+  row.ok = ok;
+  bench_add_row(res, &row);
+}
+
+int64_t bench_grouped_experts(const bench_shape_t *shape, int64_t dflt, int64_t max) {
+  const char *e = shape->label ? strstr(shape->label, "E=") : NULL;
+  const char *text = e ? e + 2 : getenv("TW_BENCH_GROUPED_EXPERTS");
+  if (!text || !*text)
+    return dflt;
+  char *end = NULL;
+  const long long v = strtoll(text, &end, 10);
+  if (end == text || (*end && *end != ' ') || v < 1 || v > max)
+    return 0;
+  return (int64_t)v;
+}
+
 void bench_add_error_row(bench_results_t *res, const char *op, const char *shape,
                          const char *variant) {
   bench_row_t row;

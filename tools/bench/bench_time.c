@@ -478,6 +478,14 @@ int bench_rotation_count(size_t bytes) {
 
 int bench_graph_mode(void) { return graph_on(); }
 
+int bench_gemm_rounds(void) {
+  const char *e = getenv("TW_BENCH_GEMM_ROUNDS");
+  const int rounds = e ? atoi(e) : 3;
+  return rounds < 1 ? 1 : (rounds > BENCH_MAX_ROUNDS ? BENCH_MAX_ROUNDS : rounds);
+}
+
+double bench_median(double *t, int n) { return sorted_stats(t, n, NULL, NULL); }
+
 int bench_rounds(int repeats) {
   const char *e = getenv("TW_BENCH_ROUNDS");
   int rounds = e && *e ? atoi(e) : 1;
