@@ -318,8 +318,9 @@ TW_API tw_status_t tw_grouped_gemm(const tw_grouped_gemm_args_t *args, tw_stream
  * its padding rows too: each must be zero in a or in b and finite in the other
  * (tw_moe_combine_backward zeroes expert_grad's). An empty group's out is zeros. Rows from
  * offsets[groups] on are not read. fp32 accumulation in a fixed order (bitwise repeatable).
- * workspace: device memory of at least tw_grouped_gemm_wgrad_workspace_size bytes (the
- * operands, transposed), used by this call only while it runs in stream order.
+ * workspace: 16-byte aligned device memory of at least tw_grouped_gemm_wgrad_workspace_size
+ * bytes (the operands, transposed), used by this call only while it runs in stream order.
+ * m is at most 2^31 - 257.
  */
 TW_API tw_status_t tw_grouped_gemm_wgrad_workspace_size(int64_t m, int64_t n, int64_t k,
                                                         size_t *bytes);
