@@ -173,3 +173,193 @@ def test_timed_calls_fill_min_ms_for_short_calls():
     # --min-ms 0: exactly --repeats (at least one)
     assert bench_dist.timed_calls(20, 0.0, 0.05) == 20
     assert bench_dist.timed_calls(0, 0.0, 0.05) == 1
+
+
+# ---- the moe op ------------------------------------------------------------------------------
+
+
+def test_moe_shapes_labels_and_checks():
+    assert "moe" in bench_dist.OPS
+    full = bench_dist.shapes("moe")
+    assert full == [("decode", 64, 4096, 7168, 256, 8), ("dsv3-gate-up", 512, 4096, 7168, 256, 8),
+                    ("dsv3-gate-up", 4096, 4096, 7168, 256, 8),
+                    ("mixtral", 1024, 28672, 4096, 8, 2)]
+    quick = bench_dist.shapes("moe", quick=True)
+    assert len(quick) >= 2 and all(s[1] * s[2] * s[3] < 4096 * 4096 * 7168 for s in quick)
+    # every sweep shape runs on 1, 2 and 8 ranks
+    for world in (1, 2, 8):
+        assert [bench_dist.check_shape("moe", s, world) for s in full + quick] == [None] * 6
+    # --m/--n/--k: m = tokens per rank, n = n_out, k = hidden; E and top-k from the options
+    assert bench_dist.shapes("moe", one=(512, 4096, 7168)) == [("", 512, 4096, 7168, 256, 8)]
+    assert bench_dist.shapes("moe", one=(8, 16, 32), experts=4, top_k=1) == [
+        ("", 8, 16, 32, 4, 1)]
+    assert bench_dist.shape_label("moe", full[1], 8) == \
+        "T=512/rank H=7168 N=4096 E=256 top8 w=8 procs dsv3-gate-up"
+    assert bench_dist.shape_label("moe", ("", 8, 16, 32, 4, 1), 1) == \
+        "T=8/rank H=32 N=16 E=4 top1 w=1 procs"
+    check = bench_dist.check_shape
+    assert "multiple of world=3" in check("moe", full[0], 3)
+    assert "T (tokens per rank) must be positive" in check("moe", ("", 0, 64, 64, 8, 2), 1)
+    assert "multiples of 8" in check("moe", ("", 8, 60, 64, 8, 2), 1)
+    assert "multiples of 8" in check("moe", ("", 8, 64, 0, 8, 2), 1)
+    assert "E=2048 must be 1 .. 1024" in check("moe", ("", 8, 64, 64, 2048, 2), 1)
+    assert "top-k=9 must be 1 .. 16 and at most E=8" in check("moe", ("", 8, 64, 64, 8, 9), 1)
+    assert "top-k=0" in check("moe", ("", 8, 64, 64, 8, 0), 1)
+    assert "torch._grouped_mm takes at most 1023 groups" in check(
+        "moe", ("", 8, 64, 64, 1024, 8), 1)
+    assert check("moe", ("", 8, 64, 64, 1024, 8), 2) is None
+    args = bench_dist._parser().parse_args(["--op", "moe", "--experts", "64", "--top-k", "4"])
+    assert (args.op, args.experts, args.top_k) == (["moe"], 64, 4)
+    assert bench_dist._parser().parse_args([]).experts == 256
+
+
+def _moe_times():
+    return {"torch": (2.0, 1.9, 2.1), "gemm-alone": (1.2, 1.2, 1.2),
+            "nccl-alltoall": (0.6, 0.6, 0.6), "unfused": (1.6, 1.5, 1.7),
+            "grouped-gemm": (1.1, 1.1, 1.1), "dispatch": (0.4, 0.4, 0.4),
+            "fused": (1.25, 1.2, 1.3)}
+
+
+def test_moe_rows_against_torch():
+    label = "T=8/rank H=32 N=16 E=4 top1 w=2 procs"
+    rows = bench_dist.make_rows("moe", label, 3e12, _moe_times(),
+                                {"fused": True, "torch": False})
+    by = {r["variant"]: r for r in rows}
+    assert list(by) == list(_moe_times()) + ["bound"]  # no bound-bf16
+    assert by["torch"]["speedup"] == pytest.approx(1.0)  # the baseline
+    assert by["fused"]["speedup"] == pytest.approx(2.0 / 1.25)
+    assert by["unfused"]["speedup"] == pytest.approx(2.0 / 1.6)
+    # overlap and bound from torch's pieces: its grouped GEMM and its exchanges
+    assert by["fused"]["overlap"] == pytest.approx(1.2 / 1.25)
+    assert by["unfused"]["overlap"] == 0.0
+    assert by["bound"]["ms"] == pytest.approx(1.2)
+    assert by["bound"]["speedup"] == pytest.approx(1.8 / 1.2)
+    assert by["fused"]["tflops"] == pytest.approx(3e12 / 1.25e-3 / 1e12)
+    assert by["grouped-gemm"]["tflops"] > 0 and by["gemm-alone"]["tflops"] > 0
+    assert by["nccl-alltoall"]["tflops"] == 0 and by["dispatch"]["tflops"] == 0
+    assert by["torch"]["ok"] is False and by["fused"]["ok"] is True
+    assert by["unfused"]["ok"] is True
+    yard = {r["variant"]: r for r in bench.bound_rows({"rows": rows})}
+    assert list(yard) == ["fused"]
+    assert yard["fused"]["of_bound"] == pytest.approx((2.0 / 1.25) / 1.5)
+    assert "nccl-alltoall" in bench.format_table({"meta": {}, "rows": rows})
+
+
+def _moe_case(world, tokens, experts, top_k, seed):
+    """Per rank: x bf16 [tokens, 16] (x[t] = the row's id in column 0, exact in bf16 for these
+    sizes) and a routing; every rank's routing stacked [world, tokens, top_k]."""
+    torch = pytest.importorskip("torch")
+    from tilewire import _dist_rank
+
+    xs = [torch.randn(tokens, 16).to(torch.bfloat16) for _ in range(world)]
+    for s in range(world):
+        xs[s][:, 0] = s * tokens + torch.arange(tokens)
+    idxs = [_dist_rank.moe_routing(tokens, experts, top_k, seed + s, "cpu")
+            for s in range(world)]
+    return xs, idxs, torch.stack(idxs)
+
+
+@pytest.mark.parametrize("world,tokens,experts,top_k", [(1, 40, 8, 2), (3, 37, 6, 2),
+                                                        (4, 50, 16, 5)])
+def test_moe_routing_and_layouts(world, tokens, experts, top_k):
+    """moe_routing: distinct experts per token, seeded. PyTorch's dispatch (moe_send, the
+    exchange simulated, moe_group) groups each local expert's rows from its offs, by source
+    then token, padded with zero rows to 8; tw_slot_rows gives tilewire.h's layout (as a loop
+    over experts, sources and tokens builds it) and ids naming the same (token, slot) as the
+    rows PyTorch's pipeline moved."""
+    torch = pytest.importorskip("torch")
+    from tilewire import _dist_rank
+
+    xs, idxs, every = _moe_case(world, tokens, experts, top_k, 90)
+    for idx in idxs:
+        assert idx.dtype == torch.int32 and idx.shape == (tokens, top_k)
+        assert (idx.sort(dim=1).values.diff(dim=1) > 0).all()  # distinct
+        assert idx.min() >= 0 and idx.max() < experts
+    assert torch.equal(_dist_rank.moe_routing(tokens, experts, top_k, 90, "cpu"), idxs[0])
+    local = experts // world
+    sent = [_dist_rank.moe_send(xs[s], idxs[s], experts) for s in range(world)]
+    for s, (send, counts, order) in enumerate(sent):
+        assert torch.equal(counts, torch.bincount(idxs[s].reshape(-1).long(), minlength=experts))
+        assert (idxs[s].reshape(-1)[order].diff() >= 0).all()  # sorted by expert
+        assert torch.equal(send, xs[s][order // top_k])
+    for d in range(world):
+        # rank d's arrivals: every source's rows for d's experts, in rank order
+        cut = [(counts[:d * local].sum().item(), counts[:(d + 1) * local].sum().item())
+               for _, counts, _ in sent]
+        got = torch.cat([send[a:b] for (send, _, _), (a, b) in zip(sent, cut)])
+        got_counts = torch.cat([c[d * local:(d + 1) * local] for _, c, _ in sent])
+        dest, offs, cap = _dist_rank.moe_group(got_counts, world, local, got.shape[0])
+        assert offs.dtype == torch.int32 and offs.shape == (local,) and cap > int(offs[-1])
+        grouped = torch.zeros(cap, 16, dtype=torch.bfloat16).index_copy_(0, dest, got)
+        tw_offsets, lens, start = [0], [], 0
+        for el in range(local):
+            e = d * local + el
+            want = [(s, t) for s in range(world) for t in range(tokens)
+                    if (idxs[s][t] == e).any()]
+            end = int(offs[el])
+            assert end % 8 == 0 and end - start == -(-len(want) // 8) * 8
+            ids_here = [int(v) for v in grouped[start:start + len(want), 0].float()]
+            assert ids_here == [s * tokens + t for s, t in want], "expert %d's rows" % e
+            assert torch.count_nonzero(grouped[start + len(want):end]) == 0  # padding
+            lens.append(len(want))
+            tw_offsets.append(tw_offsets[-1] + -(-len(want) // 128) * 128)
+            start = end
+        # tilewire's layout: the same pairs, from each expert's multiple of 128
+        offsets = torch.tensor(tw_offsets, dtype=torch.int32)
+        rows, ids, counts = _dist_rank.tw_slot_rows(every, d, local, offsets)
+        assert counts.tolist() == lens
+        expect_rows, expect_ids = [], []
+        for el in range(local):
+            row = tw_offsets[el]
+            for s in range(world):
+                for t in range(tokens):
+                    j = (idxs[s][t] == d * local + el).nonzero()
+                    if len(j):
+                        expect_rows.append(row)
+                        expect_ids.append((s * tokens + t) * top_k + int(j[0, 0]))
+                        row += 1
+        assert rows.tolist() == expect_rows and ids.tolist() == expect_ids
+        # the ids name the (token, slot) whose x row PyTorch's pipeline moved there
+        at = {}
+        for r in range(int(offs[-1])):
+            if grouped[r].any():
+                at[int(grouped[r, 0].float())] = r
+        for i in ids.tolist():
+            s, t = divmod(i // top_k, tokens)
+            assert torch.equal(grouped[at[s * tokens + t]], xs[s][t])
+
+
+def test_torch_moe_on_one_rank():
+    """The whole torch_moe at world 1 (gloo on the CPU, torch._grouped_mm's CPU path): each
+    grouped row is x's row of the (token, slot) its id names, its output that row times its
+    expert's weights."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from tilewire import _dist_rank
+
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group of the test process")
+    tokens, experts, top_k, hidden, n_out = 40, 8, 2, 16, 24
+    x = torch.randn(tokens, hidden).to(torch.bfloat16)
+    w = (torch.randn(experts, n_out, hidden) / 4).to(torch.bfloat16)
+    idx = _dist_rank.moe_routing(tokens, experts, top_k, 5, "cpu")
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        try:
+            st = _dist_rank.torch_moe(dist, x, idx, w, 1, ids=torch.arange(tokens * top_k))
+        except (NotImplementedError, RuntimeError) as e:  # a torch without these on the CPU
+            pytest.skip("torch_moe on the CPU: %s" % e)
+    finally:
+        dist.destroy_process_group()
+    ids, offs = st["ids"], st["offs"].tolist()
+    assert sorted(ids[ids >= 0].tolist()) == list(range(tokens * top_k))
+    group = torch.bucketize(torch.arange(ids.numel()), torch.tensor(offs), right=True)
+    for r in (ids >= 0).nonzero(as_tuple=True)[0].tolist():
+        t, j = divmod(int(ids[r]), top_k)
+        e = int(idx[t, j])
+        assert torch.equal(st["grouped"][r], x[t]) and int(group[r]) == e
+        ref = x[t].float() @ w[e].float().t()
+        assert (st["out"][r].float() - ref).abs().max() <= 1e-2 * ref.abs().max() + 1e-3
+    assert torch.count_nonzero(st["grouped"][ids < 0]) == 0
+    assert torch.equal(st["got"], st["send"])  # one rank: its rows come back unchanged

@@ -1,8 +1,9 @@
-"""Autograd of tilewire.grouped_gemm, tilewire.grouped_gemm_wgrad, and the MoE ops (moe_ffn; the
-chain moe_dispatch -> grouped_gemm -> moe_combine) on virtual ranks sharing one Hopper GPU:
-every gradient within bf16 tolerance of torch autograd over the same layer in fp32 (h and act
-rounded to bf16 where the kernels round them), and bitwise repeatable. Skipped without torch
-or without a Hopper GPU."""
+"""Autograd of tilewire.grouped_gemm, tilewire.grouped_gemm_wgrad, and the MoE ops (moe_ffn;
+moe_dispatch_gemm, bitwise as the unfused moe_dispatch -> grouped_gemm; the chain moe_dispatch
+-> grouped_gemm -> moe_combine) on virtual ranks sharing one Hopper GPU: every gradient within
+bf16 tolerance of torch autograd over the same layer in fp32 (h and act rounded to bf16 where
+the kernels round them), and bitwise repeatable. Skipped without torch or without a Hopper
+GPU."""
 
 import pytest
 
@@ -158,6 +159,158 @@ def _ffn_case(comms, experts, tokens):
     for r in range(world):
         assert _rel(got[r][2], w13f[r].grad) < TOL, "rank %d: d_w13" % r
         assert _rel(got[r][3], w2f[r].grad) < TOL, "rank %d: d_w2" % r
+
+
+def _slot_rows(world, idxs, experts):
+    """The dispatch's layout (tilewire.h): per source rank s, the destination rank and recv row
+    of every (token, slot) ([T, TOP_K] int64 each, -1 where unused): expert-major, inside an
+    expert by source rank, inside a source in token order, each expert from a multiple of
+    128."""
+    local = experts // world
+    idxs = [i.cpu() for i in idxs]
+    dest_rank = [torch.full(i.shape, -1, dtype=torch.int64) for i in idxs]
+    dest_row = [torch.full(i.shape, -1, dtype=torch.int64) for i in idxs]
+    for d in range(world):
+        row = 0
+        for e in range(d * local, (d + 1) * local):
+            for s in range(world):
+                t, j = (idxs[s] == e).nonzero(as_tuple=True)  # token order
+                dest_rank[s][t, j] = d
+                dest_row[s][t, j] = row + torch.arange(len(t))
+                row += len(t)
+            row = (row + 127) // 128 * 128
+    return dest_rank, dest_row
+
+
+def _gemm_buffers(comms, experts, n_out):
+    """One pipeline's buffers per rank: workspace, recv and grad_buffer (symmetric; recv zeroed
+    once, as the backward's contract asks), expert_out."""
+    rows = tilewire.moe_recv_rows(len(comms), MAX_TOKENS, experts, TOP_K)
+    bufs = {"work": [tilewire.moe_workspace(c, MAX_TOKENS, experts, TOP_K) for c in comms],
+            "recv": tilewire.symmetric_empty(comms, (rows, HIDDEN), bf16),
+            "grad": tilewire.symmetric_empty(comms, (rows, HIDDEN), bf16),
+            "eout": [torch.zeros(rows, n_out, dtype=bf16, device="cuda") for _ in comms]}
+    for t in bufs["recv"]:
+        t.zero_()
+    return bufs
+
+
+def _dispatch_gemm_grads(comms, bufs, xs, idxs, w, grads, experts, fused):
+    """moe_dispatch_gemm (fused) or moe_dispatch then grouped_gemm, forward and backward of
+    every rank's expert_out with grads: [(expert_out, offsets, d_x, d_w) per rank]."""
+    for t in xs + w:
+        t.grad = None
+
+    def forward(c):
+        r = c.rank
+        if fused:
+            return tilewire.moe_dispatch_gemm(
+                c, xs[r], idxs[r], w[r], bufs["recv"][r], bufs["eout"][r], None,
+                bufs["work"][r], MAX_TOKENS, experts=experts, grad_buffer=bufs["grad"][r])
+        recv, offsets = tilewire.moe_dispatch(c, xs[r], idxs[r], bufs["recv"][r], None,
+                                              bufs["work"][r], MAX_TOKENS, experts=experts,
+                                              grad_buffer=bufs["grad"][r])
+        return tilewire.grouped_gemm(recv, w[r], offsets), offsets
+
+    outs = tilewire.for_each_rank(comms, forward)
+    tilewire.for_each_rank(comms, lambda c: outs[c.rank][0].backward(grads[c.rank]))
+    torch.cuda.synchronize()
+    for c in comms:
+        assert c.async_error() is None
+    return [(eo.detach().clone(), offs.clone(),
+             xs[r].grad.clone() if xs[r].grad is not None else None,
+             w[r].grad.clone() if w[r].grad is not None else None)
+            for r, (eo, offs) in enumerate(outs)]
+
+
+@pytest.mark.parametrize("world,experts,tokens", [(1, 8, (96,)), (2, 8, (160, 37)),
+                                                  (3, 6, (0, 128, 5))])
+def test_moe_dispatch_gemm_backward_matches_unfused_and_torch(world, experts, tokens):
+    """moe_dispatch_gemm's expert_out (live rows), d_x and d_weights bitwise those of
+    moe_dispatch -> grouped_gemm differentiated alike, again the same bits on a second call,
+    d_weights alone (x not requiring grad, no grad_buffer) the same bits, and d_x and
+    d_weights within bf16 tolerance of fp32 autograd over the same rows."""
+    comms = tilewire.init_virtual(world)
+    try:
+        _dispatch_gemm_case(comms, experts, tokens)
+    finally:
+        close_all(comms)
+
+
+def _dispatch_gemm_case(comms, experts, tokens):
+    world, n_out, local = len(comms), 128, experts // len(comms)
+    g = torch.Generator().manual_seed(11 * world)
+    w = [(torch.randn(local, n_out, HIDDEN, generator=g) / 16).to(bf16).cuda()
+         .requires_grad_() for _ in comms]
+    xs, idxs, _ = _routing(world, 23 * world, tokens, experts)
+    fused_bufs = _gemm_buffers(comms, experts, n_out)
+    rows = fused_bufs["recv"][0].shape[0]
+    # every row of expert_out gets a gradient, padding rows and rows past the last expert too
+    grads = [torch.randn(rows, n_out, generator=g).to(bf16).cuda() for _ in comms]
+    fused = _dispatch_gemm_grads(comms, fused_bufs, xs, idxs, w, grads, experts, True)
+    again = _dispatch_gemm_grads(comms, fused_bufs, xs, idxs, w, grads, experts, True)
+    unfused = _dispatch_gemm_grads(comms, _gemm_buffers(comms, experts, n_out), xs, idxs, w,
+                                   grads, experts, False)
+    dest_rank, dest_row = _slot_rows(world, idxs, experts)
+    for d in range(world):
+        live = torch.cat([dest_row[s][dest_rank[s] == d] for s in range(world)]).cuda()
+        f, u = fused[d], unfused[d]
+        assert torch.equal(f[1], u[1]), "rank %d: offsets" % d
+        assert torch.equal(f[0][live], u[0][live]), "rank %d: expert_out's live rows" % d
+        for name, a, b, c in zip(("d_x", "d_w"), f[2:], u[2:], again[d][2:]):
+            assert torch.equal(a, b), "rank %d: %s as the unfused chain's" % (d, name)
+            assert torch.equal(a, c), "rank %d: %s repeats bit for bit" % (d, name)
+    # only the weights require grad: no grad_buffer, the same d_weights
+    detached = [x.detach() for x in xs]
+    no_buf = dict(fused_bufs, grad=[None] * world)
+    only_w = _dispatch_gemm_grads(comms, no_buf, detached, idxs, w, grads, experts, True)
+    for d in range(world):
+        assert torch.equal(only_w[d][3], fused[d][3]), "rank %d: d_w alone" % d
+    # the reference: every (token, slot) row through its expert in fp32
+    x32 = [x.detach().float().requires_grad_() for x in xs]
+    wf = [t.detach().float().requires_grad_() for t in w]
+    loss = 0
+    for s in range(world):
+        for j in range(TOP_K):
+            for d in range(world):
+                t = (dest_rank[s][:, j] == d).nonzero(as_tuple=True)[0]
+                if len(t) == 0:
+                    continue
+                e = idxs[s][t, j].long().cpu() - d * local
+                assert torch.equal(fused_bufs["recv"][d][dest_row[s][t, j].cuda()], xs[s][t]), \
+                    "rank %d: recv rows of source %d, slot %d" % (d, s, j)
+                y = torch.einsum("th,tnh->tn", x32[s][t], wf[d][e.cuda()])
+                loss = loss + (y * grads[d][dest_row[s][t, j].cuda()].float()).sum()
+    loss.backward()
+    for r in range(world):
+        if tokens[r]:
+            assert _rel(fused[r][2], x32[r].grad) < TOL, "rank %d: d_x" % r
+        else:
+            assert fused[r][2].shape == (0, HIDDEN), "rank %d: d_x of no tokens" % r
+        assert _rel(fused[r][3], wf[r].grad) < TOL, "rank %d: d_w" % r
+
+
+def test_moe_dispatch_gemm_requires_grad_buffer_when_x_requires_grad():
+    """A moe_dispatch_gemm call with x requiring grad and no grad_buffer is refused naming it,
+    before any kernel runs; without grad recording it runs."""
+    comms = tilewire.init_virtual(1)
+    try:
+        c = comms[0]
+        bufs = _gemm_buffers(comms, EXPERTS, 128)
+        x = torch.zeros(4, HIDDEN, dtype=bf16, device="cuda", requires_grad=True)
+        idx = torch.zeros(4, TOP_K, dtype=torch.int32, device="cuda")
+        idx[:, 1] = 1
+        w = torch.zeros(EXPERTS, 128, HIDDEN, dtype=bf16, device="cuda")
+        args = (c, x, idx, w, bufs["recv"][0], bufs["eout"][0], None, bufs["work"][0],
+                MAX_TOKENS)
+        with pytest.raises(ValueError, match="moe_dispatch_gemm: grad_buffer is needed"):
+            tilewire.moe_dispatch_gemm(*args, experts=EXPERTS)
+        with torch.no_grad():
+            eout, _ = tilewire.moe_dispatch_gemm(*args, experts=EXPERTS)
+        torch.cuda.synchronize()
+        assert c.async_error() is None and eout.grad_fn is None
+    finally:
+        close_all(comms)
 
 
 def test_dispatch_gemm_combine_chain_backward_matches_torch():

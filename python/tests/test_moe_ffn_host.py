@@ -315,6 +315,110 @@ def test_differentiable_moe_calls_need_their_grad_buffers(ffn_stubbed, monkeypat
     assert lib.calls == []
 
 
+def _gemm_inputs(n_out=32):
+    """CPU tensors of a moe_dispatch_gemm call (world 2, 8 experts: 4 local), offsets given
+    (the recorded call writes none)."""
+    i = _inputs()
+    return dict(x=i["x"], topk_idx=i["topk_idx"], weights=_cpu(4, n_out, 64), recv=i["recv"],
+                expert_out=_cpu(512, n_out),
+                offsets=torch.tensor([0, 128, 128, 256, 384], dtype=torch.int32),
+                workspace=i["workspace"])
+
+
+def _dispatch_gemm(comm, i, **kw):
+    args = dict(i, max_tokens=16, experts=8)
+    args.update(kw)
+    return tilewire.moe_dispatch_gemm(comm, **args)
+
+
+def test_differentiable_moe_dispatch_gemm_needs_its_grad_buffer(ffn_stubbed, monkeypatch):
+    """moe_dispatch_gemm with x requiring grad names grad_buffer (missing, of the wrong shape
+    or dtype) before any library call; without a recorded graph, or with only the weights
+    requiring grad (d_recv is not computed), it needs none."""
+    from tilewire import _moe_grad
+
+    monkeypatch.setattr(_moe_grad, "_need_symmetric", lambda *a: None)
+    comm, lib = ffn_stubbed
+    i = _gemm_inputs()
+    x = i["x"].clone().requires_grad_()
+    with pytest.raises(ValueError, match=r"tilewire.moe_dispatch_gemm: grad_buffer is needed "
+                       r"for the backward .* \[512, 64\]"):
+        _dispatch_gemm(comm, i, x=x)
+    with pytest.raises(ValueError, match=r"tilewire.moe_dispatch_gemm: grad_buffer must be a "
+                       r"contiguous \[512, 64\]"):
+        _dispatch_gemm(comm, i, x=x, grad_buffer=_cpu(512, 32))
+    with pytest.raises(TypeError, match="grad_buffer must be torch.bfloat16"):
+        _dispatch_gemm(comm, i, x=x, grad_buffer=_cpu(512, 64, dtype=torch.float32))
+    assert lib.calls == []
+    with torch.no_grad():  # nothing recorded: the custom op's path
+        eout, offsets = _dispatch_gemm(comm, i, x=x)
+    assert eout is i["expert_out"] and offsets is i["offsets"] and eout.grad_fn is None
+    assert lib.calls[-1][0] == "tw_moe_dispatch_gemm"
+    weights = i["weights"].clone().requires_grad_()
+    eout, _ = _dispatch_gemm(comm, i, weights=weights)
+    assert type(eout.grad_fn).__name__ == "MoeDispatchGemmFnBackward"
+    assert eout.data_ptr() == i["expert_out"].data_ptr() and eout is not i["expert_out"]
+    name, a = lib.calls[-1]
+    assert name == "tw_moe_dispatch_gemm" and len(lib.calls) == 2
+    assert (a.weights, a.expert_out, a.recv, a.offsets) == (
+        weights.data_ptr(), i["expert_out"].data_ptr(), i["recv"].data_ptr(),
+        i["offsets"].data_ptr())
+
+
+def _ref_grouped(a, b, offsets):
+    """a @ b[g].T over each group's rows of offsets (CPU, fp32 then bf16); other rows 0."""
+    out = torch.zeros(a.shape[0], b.shape[1])
+    for g in range(b.shape[0]):
+        lo, hi = int(offsets[g]), int(offsets[g + 1])
+        out[lo:hi] = a[lo:hi].float() @ b[g].float().t()
+    return out.to(bf16)
+
+
+def test_moe_dispatch_gemm_backward_chain(ffn_stubbed, monkeypatch):
+    """The backward's calls, the GEMMs replaced by torch references on the CPU: d_weights is
+    grouped_gemm_wgrad(d_expert_out, recv, offsets), d_recv the grouped GEMM of d_expert_out
+    over the transposed weights written into grad_buffer, and d_x the dispatch's backward (a
+    tw_moe_combine of grad_buffer with every weight 1 into a [tokens, hidden] tensor)."""
+    from tilewire import _moe_grad
+
+    monkeypatch.setattr(_moe_grad, "_need_symmetric", lambda *a: None)
+    comm, lib = ffn_stubbed
+    seen = {}
+
+    def wgrad(a, b, offsets, out=None, out_dtype=bf16):
+        seen["wgrad"] = (a, b, offsets, out_dtype)
+        return torch.stack([a[int(offsets[g]):int(offsets[g + 1])].float().t()
+                            @ b[int(offsets[g]):int(offsets[g + 1])].float()
+                            for g in range(offsets.numel() - 1)]).to(out_dtype)
+
+    def grouped_out(a, b, offsets, out):
+        out.copy_(_ref_grouped(a, b, offsets))
+
+    monkeypatch.setattr(_moe_grad, "grouped_gemm_wgrad", wgrad)
+    monkeypatch.setattr(_moe_grad, "_grouped_out", grouped_out)
+    g = torch.Generator().manual_seed(5)
+    i = _gemm_inputs()
+    i["recv"] = torch.randn(512, 64, generator=g).to(bf16)
+    i["weights"] = torch.randn(4, 32, 64, generator=g).to(bf16).requires_grad_()
+    x = i["x"].clone().requires_grad_()
+    buf = _cpu(512, 64)
+    eout, offsets = _dispatch_gemm(comm, i, x=x, grad_buffer=buf)
+    d_out = torch.randn(512, 32, generator=g).float()  # converted to bf16 by the backward
+    eout.backward(d_out)
+    a, b, offs, out_dtype = seen["wgrad"]
+    assert a.dtype == bf16 and a.is_contiguous() and torch.equal(a, d_out.to(bf16))
+    assert b is i["recv"] and offs is offsets and out_dtype == bf16
+    assert torch.equal(i["weights"].grad, wgrad(d_out.to(bf16), i["recv"], offsets))
+    # d_recv (rows 0 .. offsets[4] = 384) in grad_buffer: d_out @ weights[e]
+    want = _ref_grouped(d_out.to(bf16), i["weights"].detach().transpose(1, 2), offsets)
+    assert torch.equal(buf[:384], want[:384])
+    name, c = lib.calls[-1]
+    assert name == "tw_moe_combine" and len(lib.calls) == 2
+    assert (c.expert_out, c.n_out, c.tokens, c.recv_rows) == (buf.data_ptr(), 64, 6, 512)
+    assert x.grad.shape == (6, 64) and x.grad.dtype == bf16
+    assert c.topk_weights and c.out and not c.x and not c.recv
+
+
 @pytest.mark.parametrize("args, kw, exc, pattern", [
     ((_cpu(256, 64).float(), _cpu(256, 32)), {}, TypeError, "a must be torch.bfloat16"),
     ((_cpu(256, 64), _cpu(128, 32)), {}, ValueError, "a has 256 rows but b has 128"),

@@ -101,13 +101,14 @@ class _Rank:
         self._graphs.append(graph)  # kept alive with its memory pool until close()
         return graph.replay
 
-    def time(self, fn):
-        """(median, p10, p90) ms of the slowest rank, per call (--graph: per captured call)."""
+    def time(self, fn, capturable=True):
+        """(median, p10, p90) ms of the slowest rank, per call (--graph: per captured call;
+        a fn that is not capturable, one reading values on the host, is timed eagerly)."""
         torch, dist, args = self.torch, self.dist, self.args
         for _ in range(max(0, args.warmup)):
             fn()
         per = 1
-        if args.graph > 0:
+        if args.graph > 0 and capturable:
             fn, per = self.graphed(fn, args.graph), args.graph
         # At least warm_ms of calls, the same count on every rank (each call is collective):
         # the count comes from a timed probe, the largest any rank needs.
@@ -279,6 +280,106 @@ class _Rank:
                 "tilewire-bf16p": fused16})
         return t, ok, 2.0 * m * n * k
 
+    def moe(self, shape):
+        """The moe op's variants (bench_dist's docstring), routing uniform top-k per rank
+        (seeded), alike for every pipeline."""
+        torch, dist, tw, world, rank = self.torch, self.dist, self.tw, self.world, self.rank
+        _, tokens, n_out, hidden, experts, top_k = shape
+        local = experts // world
+        x = self.rand((tokens, hidden), 500 + rank)
+        weights = self.rand((local, n_out, hidden), 600 + rank)
+        idx = moe_routing(tokens, experts, top_k, 700 + rank, self.device)
+        rows = tw.moe_recv_rows(world, tokens, experts, top_k)
+        ws_f, ws_u = (tw.moe_workspace(self.comm, max_tokens=tokens, experts=experts,
+                                       top_k=top_k) for _ in range(2))
+        recv_f, recv_u = (self.comm.empty((rows, hidden), torch.bfloat16) for _ in range(2))
+        for t in (recv_f, recv_u):
+            t.zero_()  # finite padding rows, which the grouped GEMM also computes
+        eout_f, eout_u = (torch.zeros((rows, n_out), device=self.device, dtype=torch.bfloat16)
+                          for _ in range(2))
+        offs_f, offs_u = (torch.zeros(local + 1, device=self.device, dtype=torch.int32)
+                          for _ in range(2))
+
+        def fused():
+            tw.moe_dispatch_gemm(self.comm, x, idx, weights, recv_f, eout_f, offs_f, ws_f,
+                                 tokens, experts=experts)
+
+        def dispatch():
+            tw.moe_dispatch(self.comm, x, idx, recv_u, offs_u, ws_u, tokens, experts=experts)
+
+        def grouped():
+            tw.grouped_gemm(recv_u, weights, offs_u, out=eout_u)
+
+        def unfused():
+            dispatch()
+            grouped()
+
+        def pipeline():
+            torch_moe(dist, x, idx, weights, world)
+
+        ok = {}
+        if not self.args.no_check:
+            fused()
+            unfused()
+            torch.cuda.synchronize()
+            ok["fused"], ok["torch"] = self._moe_check(
+                x, idx, weights, (recv_f, eout_f, offs_f), (recv_u, eout_u, offs_u))
+        unfused()  # grouped-gemm's recv and offsets
+        st = torch_moe(dist, x, idx, weights, world)  # the pieces' inputs
+        w_t = weights.transpose(1, 2)
+        got_counts = torch.empty_like(st["counts"])
+
+        def gemm_alone():
+            torch._grouped_mm(st["grouped"], w_t, offs=st["offs"])
+
+        def alltoall():  # the pipeline's two exchanges and its host read of the splits
+            dist.all_to_all_single(got_counts, st["counts"])
+            splits = torch.cat((st["send_splits"], got_counts.view(world, local).sum(1)))
+            splits = splits.tolist()
+            dist.all_to_all_single(st["got"], st["send"], splits[world:], splits[:world])
+
+        t = {"torch": self.time(pipeline, capturable=False), "gemm-alone": self.time(gemm_alone),
+             "nccl-alltoall": self.time(alltoall, capturable=False),
+             "unfused": self.time(unfused), "grouped-gemm": self.time(grouped),
+             "dispatch": self.time(dispatch), "fused": self.time(fused)}
+        if self.args.profile:
+            self.kernel_profile(shape_label("moe", shape, world), {
+                "torch": pipeline, "unfused": unfused, "fused": fused})
+        return t, ok, 2.0 * tokens * top_k * n_out * hidden
+
+    def _moe_check(self, x, idx, weights, fused, unfused):
+        """(fused ok, torch ok), alike on every rank: the fused recv, offsets and expert_out's
+        live rows bitwise the unfused ones, the offsets those of tilewire.h's layout; torch's
+        grouped rows, found per (token, slot) by an exchange of their ids, bitwise recv's rows
+        of the same (token, slot) and its expert outputs within bf16 tolerance of the fused
+        ones."""
+        torch, dist, world, rank = self.torch, self.dist, self.world, self.rank
+        (recv_f, eout_f, offs_f), (recv_u, eout_u, offs_u) = fused, unfused
+        tokens, top_k = idx.shape
+        local = weights.shape[0]
+        every = torch.empty((world * tokens, top_k), device=self.device, dtype=idx.dtype)
+        dist.all_gather_into_tensor(every, idx)
+        rows, ids, counts = tw_slot_rows(every.view(world, tokens, top_k), rank, local, offs_f)
+        want = torch.zeros(local + 1, device=self.device, dtype=torch.int64)
+        want[1:] = ((counts + 127) // 128 * 128).cumsum(0)
+        good = (torch.equal(offs_f, offs_u) and torch.equal(offs_f.long(), want)
+                and torch.equal(recv_f[rows], recv_u[rows])
+                and torch.equal(eout_f[rows], eout_u[rows])
+                and bool(torch.isfinite(eout_f[rows].float()).all()))
+        mine = (rank * tokens + torch.arange(tokens, device=self.device)) * top_k
+        ref = torch_moe(dist, x, idx, weights, world,
+                        ids=(mine.unsqueeze(1) + torch.arange(top_k, device=self.device))
+                        .reshape(-1))
+        at = torch.full((world * tokens * top_k,), -1, device=self.device, dtype=torch.int64)
+        held = (ref["ids"] >= 0).nonzero(as_tuple=True)[0]
+        at[ref["ids"][held]] = held
+        t_rows = at[ids]
+        same = held.numel() == ids.numel() and bool((t_rows >= 0).all())
+        if same and ids.numel():
+            same = (torch.equal(ref["grouped"][t_rows], recv_f[rows])
+                    and self.rel_err(ref["out"][t_rows], eout_f[rows]) < 1e-2)
+        return self.all_ok(good), self.all_ok(same)
+
     def kernel_profile(self, label, fns, calls=PROFILE_CALLS):
         """--profile: per variant, `calls` back-to-back calls under torch.profiler's CUDA
         activity (CUPTI: every kernel, memcpy and memset of this process, ours included).
@@ -415,7 +516,7 @@ class _Rank:
         rows = []
         ops = args.op or list(OPS)
         for op in ops:
-            for shape in shapes(op, args.quick, _one_shape(args)):
+            for shape in shapes(op, args.quick, _one_shape(args), args.experts, args.top_k):
                 why = check_shape(op, shape, self.world)
                 label = shape_label(op, shape, self.world)
                 if why:
@@ -426,6 +527,8 @@ class _Rank:
                     print("[%s] %s ..." % (op, label), file=sys.stderr, flush=True)
                 if op == "ag_gemm":
                     t, ok, flops = self.ag_gemm(shape)
+                elif op == "moe":
+                    t, ok, flops = self.moe(shape)
                 else:
                     t, ok, flops = self._gemm_reduce(op, shape)
                 rows += make_rows(op, label, flops, t, ok)
@@ -462,6 +565,114 @@ class _Rank:
             self._graphs.clear()
         self.comm.close()
         self.dist.destroy_process_group()
+
+
+# ---- the moe op's routing and PyTorch's pipeline (module level: host-tested on the CPU) -----
+
+# torch._grouped_mm's groups start 16-byte aligned along M in bf16 (its weight gradient
+# contracts over M): every local expert's rows padded to a multiple of 8, as torchtitan's
+# expert-parallel layer pads them
+GROUP_ALIGN = 8
+
+
+def moe_routing(tokens, experts, top_k, seed, device):
+    """topk_idx int32 [tokens, top_k]: top_k distinct experts per token, uniform (the first
+    top_k of a random permutation of the experts), from `seed`."""
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    scores = torch.rand((tokens, experts), generator=g, device=device)
+    return scores.argsort(dim=1)[:, :top_k].to(torch.int32).contiguous()
+
+
+def moe_send(x, topk_idx, experts):
+    """The sending half of PyTorch's dispatch: (send, counts, order). order: the (token,
+    slot) pairs sorted by expert, stably (so by destination rank, each expert's pairs in token
+    order); send = x's row of each, in that order; counts int64 [experts]: the pairs of each
+    expert. Every slot names an expert (no -1)."""
+    import torch
+
+    flat = topk_idx.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=experts)
+    return x.index_select(0, order // topk_idx.shape[1]), counts, order
+
+
+def moe_group(got_counts, world, local, rows):
+    """The receiving half's layout: the rows that arrived (every source's in rank order, each
+    source's sorted by expert; got_counts [world * local]: source s's rows of local expert e
+    at s * local + e) regrouped expert-major, inside an expert by source. Returns (dest, offs,
+    cap): dest int64 [rows], each arrived row's row in the grouped tensor; offs int32 [local],
+    each expert's end there (torch._grouped_mm's offs), its rows padded to GROUP_ALIGN; cap,
+    the grouped tensor's rows, more than offs[-1]."""
+    import torch
+
+    c = got_counts.view(world, local)
+    padded = (c.sum(0) + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN
+    ends = padded.cumsum(0)
+    chunks = c.reshape(-1)
+    base = ((ends - padded).unsqueeze(0) + c.cumsum(0) - c).reshape(-1) \
+        - (chunks.cumsum(0) - chunks)
+    dest = torch.repeat_interleave(base, chunks, output_size=rows) \
+        + torch.arange(rows, device=got_counts.device)
+    return dest, ends.to(torch.int32), rows + GROUP_ALIGN * local
+
+
+def torch_moe(dist, x, topk_idx, weights, world, ids=None):
+    """PyTorch's MoE dispatch and expert GEMM without DeepEP, as an expert-parallel layer runs
+    it: the per-expert counts exchanged (dist.all_to_all_single), the splits read on the host,
+    x's rows sorted by destination rank exchanged (dist.all_to_all_single), regrouped by local
+    expert (moe_group; padding rows zero) and torch._grouped_mm over them with weights
+    [local, n_out, hidden]. ids (int64, one per (token, slot), the check's): exchanged and
+    regrouped alike. Returns {"out", "grouped", "offs", "ids" (-1 on padding rows; None
+    without ids), "counts", "send", "send_splits", "got"}."""
+    import torch
+
+    local, hidden = weights.shape[0], x.shape[1]
+    send, counts, order = moe_send(x, topk_idx, local * world)
+    got_counts = torch.empty_like(counts)
+    dist.all_to_all_single(got_counts, counts)
+    send_splits = counts.view(world, local).sum(1)
+    splits = torch.cat((send_splits, got_counts.view(world, local).sum(1))).tolist()
+    rows = sum(splits[world:])
+    got = x.new_empty((rows, hidden))
+    dist.all_to_all_single(got, send, splits[world:], splits[:world])
+    dest, offs, cap = moe_group(got_counts, world, local, rows)
+    grouped = x.new_zeros((cap, hidden))
+    grouped.index_copy_(0, dest, got)
+    out = torch._grouped_mm(grouped, weights.transpose(1, 2), offs=offs)
+    grouped_ids = None
+    if ids is not None:
+        got_ids = ids.new_empty(rows)
+        dist.all_to_all_single(got_ids, ids[order], splits[world:], splits[:world])
+        grouped_ids = ids.new_full((cap,), -1)
+        grouped_ids.index_copy_(0, dest, got_ids)
+    return {"out": out, "grouped": grouped, "offs": offs, "ids": grouped_ids,
+            "counts": counts, "send": send, "send_splits": send_splits, "got": got}
+
+
+def tw_slot_rows(every_idx, rank, local, offsets):
+    """Where tilewire's dispatch puts the (token, slot) pairs routed to `rank` (tilewire.h:
+    expert-major from offsets[e], inside an expert by source rank, inside a source in token
+    order). every_idx: every rank's topk_idx [world, tokens, top_k]; offsets: the dispatch's.
+    Returns (rows, ids, counts) int64: the recv row and the id (source * tokens + token) *
+    top_k + slot of each pair, in row order, and each local expert's pairs."""
+    import torch
+
+    world, tokens, top_k = every_idx.shape
+    dev = every_idx.device
+    el = every_idx.reshape(-1).long() - rank * local
+    ids = torch.arange(el.numel(), device=dev)
+    mine = (el >= 0) & (el < local)
+    ids, el = ids[mine], el[mine]
+    src, tok = ids // (tokens * top_k), ids // top_k % tokens
+    # the keys are distinct: a token's slots name distinct experts
+    order = torch.argsort((el * world + src) * tokens + tok)
+    ids, el = ids[order], el[order]
+    counts = torch.bincount(el, minlength=local)
+    first = counts.cumsum(0) - counts
+    rows = offsets.long()[el] + torch.arange(el.numel(), device=dev) - first[el]
+    return rows, ids, counts
 
 
 def run_rank(args, argv):

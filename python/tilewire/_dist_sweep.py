@@ -7,18 +7,36 @@ import statistics
 
 EXIT_FAILED, EXIT_NO_GPU, EXIT_USAGE = 1, 2, 64
 PROFILE_CALLS = 20  # --profile: back-to-back calls per variant
-OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
+OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "moe")
+MOE_EXPERTS, MOE_TOP_K = 256, 8  # moe with --m/--n/--k: --experts and --top-k's defaults
+_MOE_MAX_EXPERTS, _MOE_MAX_TOP_K = 1024, 16  # tilewire.h's MoE bounds
+_GROUPED_MM_MAX_GROUPS = 1023  # torch._grouped_mm refuses 1024 groups or more
+# The comm pieces (t_comm of the bound rows): no TFLOP/s of their own
+_COMM_VARIANTS = ("nccl-allgather", "nccl-reduce", "nccl-bf16-reduce", "nccl-alltoall",
+                  "dispatch")
 
 # ---- shapes and rows (no torch: host-tested) -----------------------------------------------
 
 
-def shapes(op, quick=False, one=None):
+def shapes(op, quick=False, one=None, experts=MOE_EXPERTS, top_k=MOE_TOP_K):
     """[(name, m, n, k)]: ag_gemm m = total rows, n = columns per rank, k = K; gemm_rs /
     gemm_ar m = rows of the product, n = columns, k = K per rank. The sweeps: Flux's
     TP=8 layers and M in {4096, 8192, 16384} (ag_gemm K=M, N=M/8; gemm_rs/ar N=M, K=M/8), and
-    for gemm_rs / gemm_ar a decode shape (M=64, N=8192, K 1024 per rank)."""
+    for gemm_rs / gemm_ar a decode shape (M=64, N=8192, K 1024 per rank).
+
+    moe: [(name, m, n, k, experts, top_k)] with m = tokens per rank T, n = the experts' output
+    columns N, k = hidden H (tw-bench moe's order), experts and top_k from `experts` / `top_k`
+    for a shape given as `one`. The sweep: DeepSeek-V3's gate+up (H=7168, N=4096 = 2 x 2048,
+    E=256, top-8) at T = 64, 512 and 4096, and Mixtral 8x7B's w1+w3 (H=4096, N=28672 = 2 x
+    14336, E=8, top-2) at T=1024."""
     if one is not None:
-        return [("",) + tuple(one)]
+        return [("",) + tuple(one) + ((experts, top_k) if op == "moe" else ())]
+    if op == "moe":
+        if quick:
+            return [("", 256, 1024, 2048, 64, 8), ("", 512, 2048, 1024, 16, 2)]
+        return [("decode", 64, 4096, 7168, 256, 8), ("dsv3-gate-up", 512, 4096, 7168, 256, 8),
+                ("dsv3-gate-up", 4096, 4096, 7168, 256, 8),
+                ("mixtral", 1024, 28672, 4096, 8, 2)]
     if op == "ag_gemm":
         if quick:
             return [("", 2048, 512, 2048), ("", 4096, 512, 4096)]
@@ -36,6 +54,10 @@ def shapes(op, quick=False, one=None):
 
 
 def shape_label(op, shape, world):
+    if op == "moe":  # tw-bench moe's label, without its SM budget
+        name, t, n, h, experts, top_k = shape
+        return "T=%d/rank H=%d N=%d E=%d top%d w=%d procs%s" % (
+            t, h, n, experts, top_k, world, " " + name if name else "")
     name, m, n, k = shape
     if op == "ag_gemm":
         return "M=%d N=%d/rank K=%d w=%d procs%s" % (m, n, k, world, " " + name if name else "")
@@ -44,6 +66,8 @@ def shape_label(op, shape, world):
 
 def check_shape(op, shape, world):
     """None, or why the shape cannot run on `world` ranks."""
+    if op == "moe":
+        return _check_moe_shape(shape, world)
     _, m, n, k = shape
     if min(m, n, k) < 1:
         return "M, N and K must be positive"
@@ -51,6 +75,24 @@ def check_shape(op, shape, world):
         return "N and K must be multiples of 8"
     if m % world:
         return "M=%d must be a multiple of world=%d" % (m, world)
+    return None
+
+
+def _check_moe_shape(shape, world):
+    """The MoE calls' contract (tilewire.h) and torch._grouped_mm's group bound."""
+    _, t, n, h, experts, top_k = shape
+    if t < 1:
+        return "T (tokens per rank) must be positive"
+    if min(n, h) < 8 or n % 8 or h % 8:
+        return "N and H must be positive multiples of 8"
+    if not 1 <= experts <= _MOE_MAX_EXPERTS or experts % world:
+        return "E=%d must be 1 .. %d and a multiple of world=%d" % (experts, _MOE_MAX_EXPERTS,
+                                                                    world)
+    if not 1 <= top_k <= min(_MOE_MAX_TOP_K, experts):
+        return "top-k=%d must be 1 .. %d and at most E=%d" % (top_k, _MOE_MAX_TOP_K, experts)
+    if experts // world > _GROUPED_MM_MAX_GROUPS:
+        return "E / world = %d local experts: torch._grouped_mm takes at most %d groups" % (
+            experts // world, _GROUPED_MM_MAX_GROUPS)
     return None
 
 
@@ -68,12 +110,12 @@ def _stats(ts):
 
 def make_rows(op, label, flops, t, ok):
     """tw-bench-style rows from `t` {variant: (median, p10, p90) ms} and `ok` {variant: bool}
-    for one shape. Speedups over the fp32 pipeline (bf16p over the bf16 one), overlap and the
-    bound rows as the module doc says."""
+    for one shape. Speedups over the fp32 pipeline (bf16p over the bf16 one; moe: over torch's
+    pipeline), overlap and the bound rows as the module doc says."""
     rows = []
-    fp32_base = "nccl+torch"
-    pieces = {"fp32": ("gemm-alone", "nccl-allgather" if op == "ag_gemm" else "nccl-reduce"),
-              "bf16": ("gemm-alone", "nccl-bf16-reduce")}
+    fp32_base = "torch" if op == "moe" else "nccl+torch"
+    comm = {"ag_gemm": "nccl-allgather", "moe": "nccl-alltoall"}.get(op, "nccl-reduce")
+    pieces = {"fp32": ("gemm-alone", comm), "bf16": ("gemm-alone", "nccl-bf16-reduce")}
 
     def piece_max(kind):
         g, c = pieces[kind]
@@ -88,15 +130,15 @@ def make_rows(op, label, flops, t, ok):
         t_max, _ = piece_max("bf16" if bf16 else "fp32")
         rows.append({
             "op": op, "shape": label, "variant": variant, "ms": ms, "ms_p10": p10, "ms_p90": p90,
-            "tflops": flops / (ms * 1e-3) / 1e12 if ms > 0 and variant not in (
-                "nccl-allgather", "nccl-reduce", "nccl-bf16-reduce") else 0.0,
+            "tflops": flops / (ms * 1e-3) / 1e12 if ms > 0 and variant not in _COMM_VARIANTS
+            else 0.0,
             "gbps": 0.0,
             "speedup": base[0] / ms if base and ms > 0 else 0.0,
             "overlap": t_max / ms if fused and t_max and ms > 0 else 0.0,
             "ok": bool(ok.get(variant, True)),
         })
     for kind, name in (("fp32", "bound"), ("bf16", "bound-bf16")):
-        if op == "ag_gemm" and kind == "bf16":
+        if op in ("ag_gemm", "moe") and kind == "bf16":
             continue
         t_max, t_sum = piece_max(kind)
         if t_max:

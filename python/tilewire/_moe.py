@@ -11,7 +11,7 @@ register_fake, called directly where nothing needs the dispatcher (_eager). Rout
 the GPU from topk_idx: no host synchronisation, CUDA-graph capturable; a routing the buffers
 cannot hold, or an expert index out of range, is found on the device and reported by
 comm.async_error() (InvalidArgumentError; the comm is then unusable). moe_dispatch,
-moe_combine and moe_ffn are differentiable (their backwards: _moe_grad).
+moe_combine, moe_dispatch_gemm and moe_ffn are differentiable (their backwards: _moe_grad).
 """
 
 import contextlib
@@ -464,7 +464,7 @@ def moe_combine(comm, expert_out, topk_idx, topk_weights, workspace, max_tokens,
 
 
 def moe_dispatch_gemm(comm, x, topk_idx, weights, recv, expert_out, offsets, workspace,
-                      max_tokens, *, experts):
+                      max_tokens, *, experts, grad_buffer=None):
     """moe_dispatch and tilewire.grouped_gemm(recv, weights, offsets, out=expert_out) of this
     rank's local experts in one persistent kernel (tw_moe_dispatch_gemm): each 128-row tile of
     an expert starts as soon as its rows have landed. recv, offsets and expert_out's live rows
@@ -473,13 +473,30 @@ def moe_dispatch_gemm(comm, x, topk_idx, weights, recv, expert_out, offsets, wor
     Arguments as moe_dispatch, and weights: bf16 [experts / world, n_out, hidden], contiguous,
     this rank's experts' weights (n_out a multiple of 8); expert_out: bf16 [recv_rows, n_out],
     contiguous (symmetric, comm.empty, when moe_combine reads it next). Collective; on torch's
-    current stream. Returns (expert_out, offsets). Not differentiable yet (no autograd).
+    current stream. Returns (expert_out, offsets).
+
+    Differentiable in x and weights (when either requires grad): the returned expert_out is
+    then a new tensor over expert_out's memory, and the backward runs on tilewire's kernels:
+    d_weights = tilewire.grouped_gemm_wgrad(d_expert_out, recv, offsets), d_recv = the grouped
+    GEMM of d_expert_out over the transposed weights, and the dispatch's backward (each
+    token's rows of d_recv summed, as moe_dispatch's) through grad_buffer: a symmetric bf16
+    tensor shaped as recv (comm.empty), needed when x requires grad. recv, offsets, workspace
+    and grad_buffer must not serve another call before the backward has run, and recv must
+    hold finite values in every row (create it zeroed once): d_weights sums each expert's
+    padding rows too, as grouped_gemm's backward does.
     """
     op = "tilewire.moe_dispatch_gemm"
     local = _check_dispatch(op, comm, x, topk_idx, recv, offsets, workspace, max_tokens,
                             experts, True, weights, expert_out)
     if offsets is None:
         offsets = torch.empty(local + 1, dtype=torch.int32, device=x.device)
+    if _moe_grad.needs_grad(x, weights):
+        if _moe_grad.needs_grad(x):  # d_recv passes through grad_buffer
+            _moe_grad._check_grad_buffer(op, comm, grad_buffer, "grad_buffer", *recv.shape)
+        spec = _moe_grad._Spec(comm=comm, topk_idx=topk_idx, recv=recv, offsets=offsets,
+                               expert_out=expert_out, workspace=workspace,
+                               max_tokens=max_tokens, experts=experts, grad_buffer=grad_buffer)
+        return _moe_grad.MoeDispatchGemmFn.apply(x, weights, spec), offsets
     _call_mutating(lambda *a: torch.ops.tilewire.moe_dispatch_gemm(*a), _gemm_dispatch_impl,
                    (x, topk_idx, weights, recv, expert_out, offsets, workspace),
                    (recv, expert_out, offsets, workspace),

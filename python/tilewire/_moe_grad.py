@@ -8,6 +8,9 @@ synchronisation:
   moe_combine        d_expert_out and d_topk_weights: moe_combine_backward (the gradient rows
                      written into a symmetric expert_grad, each expert's padding rows zeroed)
   moe_dispatch       d_x = moe_combine of d_recv with every weight 1 (a token's rows summed)
+  moe_dispatch_gemm  the grouped GEMM's d_weights (grouped_gemm_wgrad of d_expert_out and recv)
+                     and d_recv (the grouped GEMM over the transposed weights, into
+                     grad_buffer), then the dispatch's backward
   moe_ffn            the chain of the above: the combine's backward into grad_buffer, the down
                      GEMM's d_act and d_w2, SwiGLU's backward (torch, fp32), the gate/up GEMM's
                      d_recv (into grad_buffer again) and d_w13, the dispatch's backward.
@@ -39,6 +42,7 @@ from ._moe_launch import (
     _combine_impl,
     _dispatch_impl,
     _ffn_impl,
+    _gemm_dispatch_impl,
     _moe_args,
     _need_symmetric,
     _ptr,
@@ -298,6 +302,45 @@ class MoeDispatchFn(torch.autograd.Function):
                                   s.max_tokens, s.experts, ctx.tokens), None
 
 
+def _gemm_dispatch_backward(spec, d_out, weights, need_x, need_w, tokens):
+    """(d_x, d_weights) of out = grouped_gemm(moe_dispatch(x), weights, offsets), the
+    dispatch's recv, offsets and routing in spec: d_weights = grouped_gemm_wgrad(d_out, recv)
+    (None unless need_w); d_recv = grouped_gemm(d_out, weights[e].T) into spec.grad_buffer,
+    then the dispatch's backward (None unless need_x). d_out: the gradient of out, every row
+    of a group finite (the GEMMs read it all)."""
+    d_out = d_out.to(bf16).contiguous()
+    d_w = grouped_gemm_wgrad(d_out, spec.recv, spec.offsets, out_dtype=weights.dtype) \
+        if need_w else None
+    d_x = None
+    if need_x:
+        buf = spec.grad_buffer
+        _grouped_out(d_out, weights.transpose(1, 2).contiguous(), spec.offsets, buf)
+        d_x = _dispatch_backward(spec.comm, buf, spec.topk_idx, spec.workspace, buf,
+                                 spec.max_tokens, spec.experts, tokens)
+    return d_x, d_w
+
+
+class MoeDispatchGemmFn(torch.autograd.Function):
+    """expert_out = moe_dispatch_gemm(x, weights); backward: _gemm_dispatch_backward."""
+
+    @staticmethod
+    def forward(ctx, x, weights, spec):
+        _gemm_dispatch_impl(spec.comm.id, x, spec.topk_idx, weights, spec.recv,
+                            spec.expert_out, spec.offsets, spec.workspace, spec.max_tokens,
+                            spec.experts)
+        ctx.spec, ctx.tokens = spec, x.shape[0]
+        ctx.save_for_backward(weights)
+        return spec.expert_out.detach()
+
+    @staticmethod
+    def backward(ctx, d_expert_out):
+        (weights,) = ctx.saved_tensors
+        d_x, d_w = _gemm_dispatch_backward(ctx.spec, d_expert_out, weights,
+                                           ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+                                           ctx.tokens)
+        return d_x, d_w, None
+
+
 class MoeFfnFn(torch.autograd.Function):
     """out = moe_ffn(x, topk_weights, w13, w2); backward: the module docstring's chain."""
 
@@ -321,15 +364,10 @@ class MoeFfnFn(torch.autograd.Function):
         # the down projection (expert_out = act @ w2[e].T): d_act and d_w2
         d_act, d_w2 = _grouped_forward_grads(s.act, w2, s.offsets, buf, True, need_w2)
         d_h = _swiglu_backward(s.h, d_act)
-        # the gate/up projection (h = recv @ w13[e].T): d_recv into buf (the combine's
-        # gradient rows are no longer read: the GEMMs above ran first in stream order)
-        d_w13 = grouped_gemm_wgrad(d_h, s.recv, s.offsets, out_dtype=w13.dtype) \
-            if need_w13 else None
-        d_x = None
-        if need_x:
-            _grouped_out(d_h, w13.transpose(1, 2).contiguous(), s.offsets, buf)
-            d_x = _dispatch_backward(s.comm, buf, s.topk_idx, s.workspace, buf, s.max_tokens,
-                                     s.experts, ctx.tokens)
+        # the gate/up projection (h = recv @ w13[e].T) and the dispatch: d_recv into buf (the
+        # combine's gradient rows are no longer read: the GEMMs above ran first in stream
+        # order)
+        d_x, d_w13 = _gemm_dispatch_backward(s, d_h, w13, need_x, need_w13, ctx.tokens)
         return d_x, weights_grad, d_w13, d_w2, None
 
 

@@ -4,6 +4,9 @@ GPU as torchrun runs a tensor-parallel job.
     torchrun --nproc-per-node 8 -m tilewire.bench_dist          # under torchrun
     python -m tilewire.bench_dist --nproc 2 --quick               # launches the ranks itself
     python -m tilewire.bench_dist --nproc 2 --op gemm_rs --m 4096 --n 12288 --k 6144
+    python -m tilewire.bench_dist --nproc 1 --op moe --quick     # the MoE rows on one GPU
+    python -m tilewire.bench_dist --nproc 8 --op moe --m 512 --n 4096 --k 7168 --experts 256 \
+        --top-k 8                                     # moe: m = tokens per rank, n = N, k = H
     python -m tilewire.bench_dist --nproc 2 --host     # host time per Python call of each op
     python -m tilewire.bench_dist --nproc 2 --profile  # + each call's busy / idle GPU time
 
@@ -18,17 +21,36 @@ tw-bench's rows, so tilewire.bench reads the JSON):
             as tilewire's fp32 partials), nccl-bf16+torch (torch.matmul in bf16, then the bf16
             collective: what a PyTorch row-parallel layer runs), gemm-alone, nccl-reduce,
             nccl-bf16-reduce, bound, bound-bf16
+  moe       an MoE layer's token dispatch and its experts' first GEMM (expert parallelism, rank r
+            holding experts [r E / world, (r + 1) E / world)); shape: T tokens per rank, hidden
+            H, n_out N, E experts, top-k; routing uniform top-k per rank (seeded), the same for
+            every pipeline. torch (PyTorch's pipeline, without DeepEP: the per-expert counts
+            exchanged with all_to_all_single, the splits read on the host, x's rows sorted by
+            destination rank exchanged with all_to_all_single, regrouped by local expert with
+            each expert padded to 8 rows, torch._grouped_mm), gemm-alone (its torch._grouped_mm
+            alone), nccl-alltoall (its two exchanges alone), unfused (tilewire.moe_dispatch
+            then tilewire.grouped_gemm), grouped-gemm and dispatch (those two alone; tw-bench
+            moe's rows), fused (tilewire.moe_dispatch_gemm), bound. TFLOP/s over the live rows
+            (2 T top-k N H per rank; tilewire's GEMMs also compute each expert's padding up to
+            128 rows). Under --graph torch and nccl-alltoall run eagerly (their splits are read
+            on the host)
 Times: CUDA events around each call on every rank, no barrier between calls (the collectives
 and the fused ops synchronise the ranks themselves), after the warm-up calls and about
 --warm-ms of calls (a power-capped card settles its clock; every rank makes the same number of
 calls, each being collective); each figure is the slowest rank's median over --repeats calls,
 or over as many as fill --min-ms where calls are short (eager decode calls are host-bound and
 jittery; at most 2000). speedup: over the
-fp32 pipeline (bf16p rows over the bf16 one); overlap: max(t_gemm, t_comm) / t_fused; bound
-rows: (t_gemm + t_comm) / max(t_gemm, t_comm) in the speedup column.
+fp32 pipeline (bf16p rows over the bf16 one; moe: over torch); overlap: max(t_gemm, t_comm) /
+t_fused; bound rows: (t_gemm + t_comm) / max(t_gemm, t_comm) in the speedup column (t_gemm =
+gemm-alone, t_comm = the NCCL row: nccl-allgather, nccl-reduce, nccl-bf16-reduce or
+nccl-alltoall).
 Rank 0 prints tilewire.bench's table and the yardstick (speedup / bound) and writes --json.
 Results are checked (unless --no-check) against the NCCL pipeline's: relative error below 1e-2
-(2e-2 with bf16 partials), and the gathered A bitwise. NCCL_NVLS_ENABLE defaults to 0.
+(2e-2 with bf16 partials), and the gathered A bitwise. moe: the fused recv, offsets and
+expert_out's live rows bitwise the unfused ones (fused's ok), the offsets tilewire.h's layout
+of the routing, and torch's rows, matched per (token, slot) through an exchange of their ids,
+bitwise tilewire's recv rows with expert outputs within 1e-2 of the fused ones (torch's ok).
+NCCL_NVLS_ENABLE defaults to 0.
 Exit status: 0 all rows passed, 1 a check or a rank failed, 2 no GPU / torch, 64 bad usage.
 """
 
@@ -44,6 +66,8 @@ from ._dist_sweep import (
     EXIT_FAILED,
     EXIT_NO_GPU,
     EXIT_USAGE,
+    MOE_EXPERTS,
+    MOE_TOP_K,
     OPS,
     PROFILE_CALLS,
     check_shape,
@@ -95,6 +119,11 @@ def _parser():
     p.add_argument("--m", type=int)
     p.add_argument("--n", type=int)
     p.add_argument("--k", type=int)
+    p.add_argument("--experts", type=int, default=MOE_EXPERTS,
+                   help="moe with --m/--n/--k (m = tokens per rank, n = n_out, k = hidden): "
+                   "the experts (default %(default)s)")
+    p.add_argument("--top-k", type=int, default=MOE_TOP_K,
+                   help="moe with --m/--n/--k: experts per token (default %(default)s)")
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--warm-ms", type=float, default=100.0)
