@@ -486,8 +486,9 @@ TW_API tw_status_t tw_gemm_rs(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_
 TW_API tw_status_t tw_gemm_ar(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_stream_t stream);
 
 /*
- * MoE expert parallelism inside a node: the token dispatch and the weighted combine, routed on
- * the GPU from topk_idx (no host synchronisation, CUDA-graph capturable). `experts` experts are
+ * MoE expert parallelism: the token dispatch and the weighted combine, routed on the GPU from
+ * topk_idx (no host synchronisation, CUDA-graph capturable), inside a node and (dispatch and
+ * combine only) across nodes. `experts` experts are
  * placed in contiguous blocks: rank r holds experts [r * E / world, (r + 1) * E / world)
  * (experts a multiple of world), its local experts.
  *
@@ -507,6 +508,14 @@ TW_API tw_status_t tw_gemm_ar(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_
  * tw_moe_dispatch of the same workspace recorded, with the same tokens and topk_idx; every rank
  * calls it after its expert GEMM, and each rank's next dispatch waits until every rank's combine
  * has read its expert_out.
+ * Across nodes (a comm of several nodes with as many ranks each): a token crosses the network
+ * once per node that holds one of its experts, to the rank of its rank's local index there,
+ * which forwards it over NVLink; recv and offsets are exactly as inside a node. The combine
+ * sums, on each node, the slots it holds in slot order (fp32), rounds that partial to bf16 and
+ * sends it back; out[t] = t's own node's slots in slot order, then each other node's partial
+ * in node order, fp32, rounded once. tw_moe_dispatch_gemm, tw_moe_gemm_combine, tw_moe_ffn
+ * and tw_moe_combine_backward are refused there (TW_ERR_NOT_SUPPORTED): run tw_moe_dispatch,
+ * tw_grouped_gemm and tw_moe_combine.
  */
 #define TW_MOE_ARGS_VERSION 3
 typedef struct tw_moe_args {
@@ -551,9 +560,12 @@ typedef struct tw_moe_args {
 
 TW_API tw_status_t tw_moe_args_init(tw_moe_args_t *args);
 /* Workspace bytes of the MoE calls on this comm (one workspace serves a dispatch and the combine
- * that follows it, fused or not). */
-TW_API tw_status_t tw_moe_workspace_size(tw_comm_t comm, int64_t max_tokens, int64_t experts,
-                                         int64_t top_k, size_t *bytes);
+ * that follows it, fused or not). hidden: the widest row the calls move (the dispatches' hidden,
+ * the combines' n_out); across nodes the workspace stages the rows sent to each node, so a
+ * call wider than it is refused naming args->workspace, and 0 is refused; inside one node it is
+ * not read (0 is fine). */
+TW_API tw_status_t tw_moe_workspace_size(tw_comm_t comm, int64_t max_tokens, int64_t hidden,
+                                         int64_t experts, int64_t top_k, size_t *bytes);
 TW_API tw_status_t tw_moe_dispatch(tw_comm_t comm, const tw_moe_args_t *args, tw_stream_t stream);
 TW_API tw_status_t tw_moe_combine(tw_comm_t comm, const tw_moe_args_t *args, tw_stream_t stream);
 /* tw_moe_dispatch and tw_grouped_gemm of each rank's local experts over its recv, in one

@@ -134,7 +134,7 @@ def test_grouped_gemm_null_and_short_args():
     ("tw_moe_dispatch_gemm", lambda: (ctypes.byref(tilewire.MoeArgs()), None)),
     ("tw_moe_gemm_combine", lambda: (ctypes.byref(tilewire.MoeArgs()), None)),
     ("tw_moe_ffn", lambda: (ctypes.byref(tilewire.MoeArgs()), None)),
-    ("tw_moe_workspace_size", lambda: (16, 8, 2, ctypes.byref(ctypes.c_size_t()))),
+    ("tw_moe_workspace_size", lambda: (16, 0, 8, 2, ctypes.byref(ctypes.c_size_t()))),
     ("tw_allgather", lambda: (None, None, ctypes.c_size_t(16), None)),
     ("tw_barrier", lambda: (None,)),
 ])

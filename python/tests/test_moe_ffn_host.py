@@ -39,7 +39,7 @@ class _Library:
         elif name == "tw_comm_sm_budget":
             args[1]._obj.value = 132
         elif name == "tw_moe_workspace_size":
-            args[4]._obj.value = WORKSPACE
+            args[5]._obj.value = WORKSPACE
         elif name == "tw_swiglu":
             self.calls.append((name, args, comm))
         elif name.startswith("tw_moe_"):

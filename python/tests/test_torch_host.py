@@ -407,7 +407,7 @@ class _MoeLibrary:
         elif name == "tw_comm_sm_budget":
             args[1]._obj.value = 132
         elif name == "tw_moe_workspace_size":
-            args[4]._obj.value = self.WORKSPACE
+            args[5]._obj.value = self.WORKSPACE
         elif name.startswith("tw_moe_"):
             struct = ctypes.cast(args[1], ctypes.POINTER(_lib.MoeArgs)).contents
             self.calls.append((name, _lib.MoeArgs.from_buffer_copy(struct)))

@@ -99,7 +99,7 @@ class Comm:
         # its "this tensor is symmetric" answers on it
         self.alloc_generation = 0
         self._ws_sizes = {}  # (m, n) -> tw_gemm_rs_workspace_size
-        self._moe_ws_sizes = {}  # (max_tokens, experts, top_k) -> tw_moe_workspace_size
+        self._moe_ws_sizes = {}  # (max_tokens, hidden, experts, top_k) -> tw_moe_workspace_size
         self._pending_frees = []  # allocations whose tensors died during CUDA graph capture
         self._stream = None
         self.rank = self._query("tw_comm_rank")
@@ -267,15 +267,16 @@ class Comm:
             size = self._ws_sizes[key] = out.value
         return size
 
-    def moe_workspace_size(self, max_tokens, experts, top_k):
+    def moe_workspace_size(self, max_tokens, experts, top_k, hidden=0):
         """tw_moe_workspace_size: bytes of symmetric workspace tw_moe_dispatch /
-        tw_moe_combine / tw_moe_dispatch_gemm need on this comm."""
+        tw_moe_combine / tw_moe_dispatch_gemm need on this comm (hidden: the widest row the
+        calls move; read across nodes only)."""
         self._check_open()
-        key = (int(max_tokens), int(experts), int(top_k))
+        key = (int(max_tokens), int(hidden), int(experts), int(top_k))
         size = self._moe_ws_sizes.get(key)
         if size is None:  # asked on every call by the torch front end: cached per shape
             out = ctypes.c_size_t()
-            _lib.call("tw_moe_workspace_size", self._handle, key[0], key[1], key[2],
+            _lib.call("tw_moe_workspace_size", self._handle, key[0], key[1], key[2], key[3],
                       ctypes.byref(out))
             size = self._moe_ws_sizes[key] = out.value
         return size

@@ -366,7 +366,7 @@ FUNCTIONS = {
     "tw_gemm_ar": (c_enum, [tw_comm_t, _P(GemmRsArgs), tw_stream_t]),
     "tw_moe_args_init": (c_enum, [_P(MoeArgs)]),
     "tw_moe_workspace_size": (c_enum, [tw_comm_t, ctypes.c_int64, ctypes.c_int64,
-                                       ctypes.c_int64, _P(ctypes.c_size_t)]),
+                                       ctypes.c_int64, ctypes.c_int64, _P(ctypes.c_size_t)]),
     "tw_moe_dispatch": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
     "tw_moe_combine": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),
     "tw_moe_dispatch_gemm": (c_enum, [tw_comm_t, _P(MoeArgs), tw_stream_t]),

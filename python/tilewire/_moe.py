@@ -75,17 +75,20 @@ def moe_recv_rows(world, max_tokens, experts, top_k):
     return (rows + 127) // 128 * 128
 
 
-def moe_workspace(comm, max_tokens, experts, top_k):
+def moe_workspace(comm, max_tokens, experts, top_k, hidden=0):
     """The symmetric workspace tw_moe_dispatch / tw_moe_combine / tw_moe_dispatch_gemm need on
     comm for at most max_tokens tokens per rank: a uint8 tensor from comm.empty (collective:
     every rank calls it alike). Allocate it once and reuse it; a dispatch and the combine after
-    it use the same workspace (it holds the routing between them)."""
+    it use the same workspace (it holds the routing between them). hidden: the widest row the
+    calls move (x's columns, expert_out's); needed only when comm spans nodes (the workspace
+    then stages rows), not read inside one."""
     op = "tilewire.moe_workspace"
     _check_comm(comm, op)
     _check_int(max_tokens, "max_tokens", op, 0)
     _check_int(top_k, "top_k", op, 1)
     _check_experts(op, comm.size, experts)
-    return comm.empty((max(comm.moe_workspace_size(max_tokens, experts, top_k), 1),),
+    _check_int(hidden, "hidden", op, 0)
+    return comm.empty((max(comm.moe_workspace_size(max_tokens, experts, top_k, hidden), 1),),
                       torch.uint8)
 
 
@@ -136,12 +139,17 @@ def _check_routing(op, comm, topk_idx, workspace, max_tokens, experts):
     _check_contiguous(op, topk_idx, "topk_idx")
     _check_tensor(workspace, "workspace", op)
     _check_contiguous(op, workspace, "workspace")
-    need = comm.moe_workspace_size(max_tokens, experts, top_k)
+    return tokens, top_k, local
+
+
+def _check_workspace(op, comm, workspace, max_tokens, experts, top_k, width):
+    """The workspace's size for calls moving rows of `width` columns (read across nodes)."""
+    need = comm.moe_workspace_size(max_tokens, experts, top_k, width)
     have = workspace.numel() * workspace.element_size()
     if have < need:
+        wide = ", hidden=%d" % width if comm.nodes > 1 else ""
         raise ValueError("%s: workspace has %d bytes; it needs %d (tilewire.moe_workspace(comm, "
-                         "%d, %d, %d))" % (op, have, need, max_tokens, experts, top_k))
-    return tokens, top_k, local
+                         "%d, %d, %d%s))" % (op, have, need, max_tokens, experts, top_k, wide))
 
 
 def _check_offsets(op, offsets, local):
@@ -177,8 +185,9 @@ def _check_dispatch(op, comm, x, topk_idx, recv, offsets, workspace, max_tokens,
                     gemm=False, weights=None, expert_out=None):
     """moe_dispatch's arguments, and moe_dispatch_gemm's (gemm: weights and expert_out too).
     Returns the local experts."""
-    tokens, _, local = _check_routing(op, comm, topk_idx, workspace, max_tokens, experts)
+    tokens, top_k, local = _check_routing(op, comm, topk_idx, workspace, max_tokens, experts)
     hidden, recv_rows = _check_x_recv(op, x, recv, tokens)
+    _check_workspace(op, comm, workspace, max_tokens, experts, top_k, hidden)
     if offsets is not None:
         _check_offsets(op, offsets, local)
     named = [("x", x), ("topk_idx", topk_idx), ("recv", recv), ("offsets", offsets),
@@ -207,6 +216,7 @@ def _check_combine(op, comm, expert_out, topk_idx, topk_weights, workspace, out,
     if recv_rows < 1:
         raise ValueError("%s: expert_out has no rows (tilewire.moe_recv_rows gives enough)" % op)
     _check_multiple_of_8(op, n_out, "n_out=%d (expert_out.shape[1])")
+    _check_workspace(op, comm, workspace, max_tokens, experts, top_k, n_out)
     _check_matrix(op, topk_weights, "topk_weights", (torch.float32,), tokens, top_k,
                   "[tokens=%d, top_k=%d] (topk_idx's shape)" % (tokens, top_k))
     if out is not None:
@@ -257,6 +267,7 @@ def _check_ffn(op, comm, x, topk_idx, topk_weights, w13, w2, workspace, recv, ex
     (tokens, local experts, hidden, inter, recv_rows)."""
     tokens, top_k, local = _check_routing(op, comm, topk_idx, workspace, max_tokens, experts)
     hidden, recv_rows = _check_x_recv(op, x, recv, tokens)
+    _check_workspace(op, comm, workspace, max_tokens, experts, top_k, hidden)
     _check_matrix(op, topk_weights, "topk_weights", (torch.float32,), tokens, top_k,
                   "[tokens=%d, top_k=%d] (topk_idx's shape)" % (tokens, top_k))
     _, two_inter, _ = _check_experts_weights(

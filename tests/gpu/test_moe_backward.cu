@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tw_test.h"
+#include "tw_test_moe.h"
 
 typedef struct {
   int world, experts, top_k, fused;
@@ -53,7 +53,8 @@ static void bwd_init(bwd_t *m, int world, int experts, int top_k, int64_t hidden
   TEST_REQUIRE(tw_comm_init_all(m->comms, world, devices, NULL) == TW_SUCCESS, "init: %s",
                tw_last_error());
   size_t ws_bytes = 0;
-  TEST_TW_OK(tw_moe_workspace_size(m->comms[0], max_tokens, experts, top_k, &ws_bytes));
+  TEST_TW_OK(tw_moe_workspace_size(m->comms[0], max_tokens, hidden > n ? hidden : n, experts, top_k,
+                                   &ws_bytes));
   const size_t T = (size_t)(max_tokens ? max_tokens : 1), R = (size_t)m->recv_rows;
   float *ones = (float *)malloc(T * top_k * 4);
   TEST_REQUIRE(ones, "host memory");
@@ -118,6 +119,15 @@ static int allowed(const bwd_t *m, int kind, int e) {
   return e % 2 == 0;
 }
 
+typedef struct {
+  const bwd_t *m;
+  int kind;
+} allowed_ctx;
+static int allowed_of(const void *ctx, int32_t e) {
+  const allowed_ctx *c = (const allowed_ctx *)ctx;
+  return allowed(c->m, c->kind, e);
+}
+
 /* A routing: top_k distinct experts per token, some slots -1 (kHoles), fresh weights and x. */
 static void route(bwd_t *m, int kind, uint64_t *rng) {
   TEST_CUDA_OK(cudaDeviceSynchronize());
@@ -125,17 +135,9 @@ static void route(bwd_t *m, int kind, uint64_t *rng) {
     const int64_t T = m->tokens[r];
     for (int64_t t = 0; t < T; t++)
       for (int j = 0; j < m->top_k; j++) {
-        int32_t e;
-        int fresh;
-        do {
-          const uint64_t u = tw_test_xorshift(rng);
-          const int hot = m->top_k + 1 < m->experts ? m->top_k + 1 : m->experts;
-          e = kind == kSkewed && u % 4 != 0 ? (int32_t)(u / 4 % (uint64_t)hot)
-                                            : (int32_t)(u / 4 % (uint64_t)m->experts);
-          fresh = allowed(m, kind, e);
-          for (int q = 0; q < j; q++)
-            fresh &= m->h_idx[r][t * m->top_k + q] != e;
-        } while (!fresh);
+        const allowed_ctx ctx = {m, kind};
+        int32_t e = moe_pick_expert(m->h_idx[r] + t * m->top_k, j, m->experts, m->top_k,
+                                    kind == kSkewed, rng, allowed_of, &ctx);
         if (kind == kHoles && tw_test_xorshift(rng) % 4 == 0)
           e = -1;
         m->h_idx[r][t * m->top_k + j] = e;

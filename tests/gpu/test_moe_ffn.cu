@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tw_test.h"
+#include "tw_test_moe.h"
 
 typedef struct {
   int world, experts, top_k;
@@ -42,7 +42,7 @@ static void ffn_init(ffn_t *m, int world, int experts, int top_k, int64_t hidden
   TEST_REQUIRE(tw_comm_init_all(m->comms, world, devices, NULL) == TW_SUCCESS, "init: %s",
                tw_last_error());
   size_t ws_bytes = 0;
-  TEST_TW_OK(tw_moe_workspace_size(m->comms[0], max_tokens, experts, top_k, &ws_bytes));
+  TEST_TW_OK(tw_moe_workspace_size(m->comms[0], max_tokens, hidden, experts, top_k, &ws_bytes));
   const int local = experts / world;
   const size_t T = (size_t)(max_tokens ? max_tokens : 1), R = (size_t)recv_rows;
   for (int r = 0; r < world; r++) {
@@ -92,24 +92,8 @@ static void poison(ffn_t *m);
 static void route(ffn_t *m, int kind, uint64_t *rng) {
   for (int r = 0; r < m->world; r++) {
     const int64_t n = m->tokens[r];
-    for (int64_t t = 0; t < n; t++)
-      for (int j = 0; j < m->top_k; j++) {
-        int32_t e;
-        int fresh;
-        do {
-          const uint64_t u = tw_test_xorshift(rng);
-          const int hot = m->top_k + 1 < m->experts ? m->top_k + 1 : m->experts;
-          e = kind == kSkewed && u % 4 != 0 ? (int32_t)(u / 4 % (uint64_t)hot)
-                                            : (int32_t)(u / 4 % (uint64_t)m->experts);
-          fresh = 1;
-          for (int q = 0; q < j; q++)
-            fresh &= m->h_idx[r][t * m->top_k + q] != e;
-        } while (!fresh);
-        if (kind == kHoles && tw_test_xorshift(rng) % 5 == 0)
-          e = -1;
-        m->h_idx[r][t * m->top_k + j] = e;
-        m->h_w[r][t * m->top_k + j] = (float)(tw_test_xorshift(rng) % 1000) / 1000.0f;
-      }
+    moe_fill_routing(m->h_idx[r], m->h_w[r], n, m->experts, m->top_k, kind == kSkewed,
+                     kind == kHoles, rng);
     TEST_CUDA_OK(
         cudaMemcpy(m->idx[r], m->h_idx[r], (size_t)n * m->top_k * 4, cudaMemcpyHostToDevice));
     TEST_CUDA_OK(cudaMemcpy(m->w[r], m->h_w[r], (size_t)n * m->top_k * 4, cudaMemcpyHostToDevice));

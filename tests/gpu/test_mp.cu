@@ -118,7 +118,7 @@ static int check_moe(tw_comm_t comm, int rank, int world, int iters, cudaStream_
   const tw_stream_t s = (tw_stream_t)stream;
   size_t ws_bytes = 0;
   void *ws = NULL, *recv = NULL, *eout = NULL;
-  if (tw_moe_workspace_size(comm, max_tokens, experts, top_k, &ws_bytes) != TW_SUCCESS ||
+  if (tw_moe_workspace_size(comm, max_tokens, hidden, experts, top_k, &ws_bytes) != TW_SUCCESS ||
       tw_mem_alloc(comm, ws_bytes, &ws) != TW_SUCCESS ||
       tw_mem_alloc(comm, (size_t)rows * hidden * 2, &recv) != TW_SUCCESS ||
       tw_mem_alloc(comm, (size_t)rows * hidden * 2, &eout) != TW_SUCCESS) {

@@ -205,8 +205,8 @@ static int moe_setup(moe_ctx *c, uint64_t seed) {
   const bench_ranks_t *rk = c->rk;
   const int world = rk->world;
   size_t ws_bytes = 0;
-  if (tw_moe_workspace_size(rk->comms[0], c->tokens, c->experts, c->top_k, &ws_bytes) !=
-      TW_SUCCESS) {
+  if (tw_moe_workspace_size(rk->comms[0], c->tokens, c->hidden > c->n_out ? c->hidden : c->n_out,
+                            c->experts, c->top_k, &ws_bytes) != TW_SUCCESS) {
     fprintf(stderr, "tw_moe_workspace_size: %s\n", tw_comm_last_error(rk->comms[0]));
     return 1;
   }

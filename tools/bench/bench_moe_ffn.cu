@@ -130,7 +130,7 @@ static void sync_all(const bench_ranks_t *rk) {
 static int ffn_setup(ffn_ctx *c, uint64_t seed) {
   const bench_ranks_t *rk = c->rk;
   size_t ws_bytes = 0;
-  if (tw_moe_workspace_size(rk->comms[0], c->tokens, c->experts, c->top_k, &ws_bytes) !=
+  if (tw_moe_workspace_size(rk->comms[0], c->tokens, c->hidden, c->experts, c->top_k, &ws_bytes) !=
       TW_SUCCESS) {
     fprintf(stderr, "tw_moe_workspace_size: %s\n", tw_comm_last_error(rk->comms[0]));
     return 1;

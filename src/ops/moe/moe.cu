@@ -1,5 +1,5 @@
 /*
- * tw_moe_dispatch and tw_moe_combine: MoE expert parallelism inside a node, routed on the GPU
+ * tw_moe_dispatch and tw_moe_combine: MoE expert parallelism, routed on the GPU
  * (contracts in tilewire.h). Each call is one launch on the rank's stream:
  *
  *   moe_dispatch_kernel   persistent, one CTA per SM of the budget. Block 0 first lays out this
@@ -25,8 +25,9 @@
  *                         expert GEMM is done), each token's slots are summed in slot order from
  *                         the experts' ranks' expert_out, weighted, in fp32.
  *
- * moe_call (declared in moe_layout.cuh) checks, describes and launches these two and
- * tw_moe_combine_backward's kernel (moe_backward.cu). Flags of TW_CH_MOE: moe_layout.cuh.
+ * moe_call (declared in moe_layout.cuh) checks, describes and launches these two,
+ * tw_moe_combine_backward's kernel (moe_backward.cu) and, on a comm that spans nodes, the
+ * dispatch and combine kernels of moe_net.cu in their place. Flags of TW_CH_MOE: moe_layout.cuh.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -37,12 +38,14 @@
 
 #include "device/signal.cuh"
 #include "ops/moe/moe_layout.cuh"
+#include "ops/moe/moe_net.cuh"
 
 extern "C" {
 #include "core/status.h"
 #include "runtime/argcheck.h"
 #include "runtime/calldesc.h"
 #include "runtime/comm.h"
+#include "runtime/comm_net.h"
 #include "runtime/cuda_check.h"
 #include "runtime/registry.h"
 }
@@ -123,6 +126,8 @@ tw_status_t moe_preload(void) {
   cudaError_t e = cudaFuncGetAttributes(&attr, moe_dispatch_kernel);
   if (e == cudaSuccess)
     e = cudaFuncGetAttributes(&attr, moe_combine_kernel);
+  for (int kind = kDispatch; kind <= kCombine && e == cudaSuccess; kind++)
+    e = cudaFuncGetAttributes(&attr, moe_net_kernel(kind));
   return tw_cuda_check(e, "loading the MoE kernels");
 }
 
@@ -141,8 +146,8 @@ extern "C" tw_status_t tw_moe_args_init(tw_moe_args_t *args) {
   return TW_SUCCESS;
 }
 
-extern "C" tw_status_t tw_moe_workspace_size(tw_comm_t comm, int64_t max_tokens, int64_t experts,
-                                             int64_t top_k, size_t *bytes) {
+extern "C" tw_status_t tw_moe_workspace_size(tw_comm_t comm, int64_t max_tokens, int64_t hidden,
+                                             int64_t experts, int64_t top_k, size_t *bytes) {
   tw_status_t st = tw_comm_check(comm);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
@@ -154,7 +159,20 @@ extern "C" tw_status_t tw_moe_workspace_size(tw_comm_t comm, int64_t max_tokens,
                       "%d), top_k %lld (1 .. %d), bytes %p (not NULL)",
                       (long long)max_tokens, (long long)experts, kMaxExperts, (long long)top_k,
                       kMaxTopK, (void *)bytes));
-  *bytes = layout_of(comm->world, max_tokens, experts, top_k).bytes;
+  const bool net = comm->nodes > 1;
+  if (net && (hidden < 8 || hidden % 8 != 0 || hidden > INT32_MAX))
+    return tw_comm_result(
+        comm, tw_fail(TW_ERR_INVALID_ARGUMENT,
+                      "tw_moe_workspace_size: hidden is %lld; across nodes (%d) the workspace "
+                      "stages rows: the widest hidden or n_out of the calls, a positive "
+                      "multiple of 8",
+                      (long long)hidden, comm->nodes));
+  size_t stage = 0;
+  if (net) {
+    const size_t d = net_stage(kDispatch, hidden, 0, top_k), c = net_stage(kCombine, 0, hidden, 0);
+    stage = d > c ? d : c;
+  }
+  *bytes = layout_of(comm->world, max_tokens, experts, top_k, comm->nodes, stage).bytes;
   return TW_SUCCESS;
 }
 
@@ -303,9 +321,10 @@ static tw_status_t check_ffn(tw_comm_t comm, const tw_moe_args_t &a, const char 
 static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, Layout *l) {
   const char *op = op_name(kind);
   const int W = comm->world;
-  if (comm->nodes > 1)
+  if (comm->nodes > 1 && kind != kDispatch && kind != kCombine)
     return tw_fail(TW_ERR_NOT_SUPPORTED,
-                   "%s: the comm spans %d nodes; the MoE calls serve the ranks of one node so far",
+                   "%s: the comm spans %d nodes; across nodes the MoE layer runs unfused "
+                   "(tw_moe_dispatch, tw_grouped_gemm, tw_moe_combine)",
                    op, comm->nodes);
   TW_ARG_CHECK(a.index_bits == 32 || a.index_bits == 64,
                "%s: args->index_bits is %d; expected 32 or 64", op, (int)a.index_bits);
@@ -331,7 +350,8 @@ static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, 
   TW_ARG_CHECK(kind == kDispatch || (a.n_out >= 8 && a.n_out % 8 == 0 && a.n_out <= INT32_MAX),
                "%s: args->n_out is %lld; expected a positive multiple of 8", op,
                (long long)a.n_out);
-  *l = layout_of(W, a.max_tokens, a.experts, a.top_k);
+  *l = layout_of(W, a.max_tokens, a.experts, a.top_k, comm->nodes,
+                 comm->nodes > 1 ? net_stage(kind, a.hidden, a.n_out, a.top_k) : 0);
   char what[96];
   snprintf(what, sizeof(what), "%s: args->workspace", op);
   tw_status_t st = tw_heap_lookup(comm, a.workspace, l->bytes, what, NULL);
@@ -430,10 +450,27 @@ tw_status_t tw::moe::moe_prepare(tw_comm_t comm, const tw_moe_args_t *in, int ki
       p.expert_out[r] = (const uint16_t *)tw_heap_peer_ptr(comm, a.expert_out, r);
     if (bwd)
       p.expert_grad[r] = (uint16_t *)tw_heap_peer_ptr(comm, a.expert_grad, r);
+    if (comm->node_of[r] != comm->node)
+      continue; /* reached over the network only (moe_net.cuh) */
     if (!p.counts_in[r] || (send && !p.recv[r]) || (read && !p.expert_out[r]) ||
         (bwd && !p.expert_grad[r]))
       return tw_fail(TW_ERR_NOT_SUPPORTED, "%s: rank %d's memory is not mapped here", op, r);
   }
+  return TW_SUCCESS;
+}
+
+tw_status_t tw::moe::moe_net_params(tw_comm_t comm, const tw_moe_args_t &a, int kind,
+                                    const Layout &l, MoeNet *n) {
+  memset(n, 0, sizeof(*n));
+  tw_status_t st = tw_comm_rail(comm, op_name(kind), &n->rail);
+  if (st != TW_SUCCESS)
+    return st;
+  n->l = l;
+  n->ws = (uint8_t *)a.workspace;
+  n->ws_off = (uint64_t)((const char *)a.workspace -
+                         (const char *)tw_group_slot(comm->group, comm->rank, 0));
+  n->max_tokens = a.max_tokens;
+  n->stage = (int64_t)net_stage(kind, a.hidden, a.n_out, a.top_k);
   return TW_SUCCESS;
 }
 
@@ -447,6 +484,11 @@ tw_status_t tw::moe::moe_call(tw_comm_t comm, const tw_moe_args_t *in, tw_stream
   Layout l;
   MoeParams p;
   st = moe_prepare(comm, in, kind, &a, &l, &p);
+  MoeNet n; /* across nodes: the kernel of moe_net.cu, with the rail and the staging regions */
+  if (st == TW_SUCCESS && comm->nodes > 1) {
+    st = moe_net_params(comm, a, kind, l, &n);
+    kernel = moe_net_kernel(kind);
+  }
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
   /* the buffer of field 6 is the one peers write into (recv, expert_grad), else the one they
@@ -483,9 +525,9 @@ tw_status_t tw::moe::moe_call(tw_comm_t comm, const tw_moe_args_t *in, tw_stream
                            ? a.tokens
                            : ((a.tokens * a.top_k + 31) / 32 + pad + kMoeWarps - 1) / kMoeWarps;
   int grid = comm->sm_budget;
-  if (work < grid)
+  if (work < grid && comm->nodes == 1)
     grid = work < 1 ? 1 : (int)work;
-  void *params[2] = {(void *)&comm->dev, (void *)&p};
+  void *params[3] = {(void *)&comm->dev, (void *)&p, (void *)&n};
   char what[96];
   snprintf(what, sizeof(what), "%s: kernel launch", op);
   if (st == TW_SUCCESS)

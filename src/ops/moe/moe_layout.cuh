@@ -42,19 +42,37 @@ static_assert(kFlagBlocks + kMaxBlocks <= kFlagCombineBlocks &&
                   kFlagCombineBlocks + kMaxBlocks <= kFlagCombineCount,
               "the MoE flags overlap");
 
-/* The workspace of one rank (byte offsets): counts_in [world][experts + 2] int32 (stored by
- * the ranks), cnt [experts + 2] int32, pos [max_tokens * top_k] int32, route
+/* A rank's count row (cnt, and each row of counts_in): the tokens of each expert, a status, a
+ * bad value, then across nodes the tokens bound for each node (moe_net.cuh; zero inside one). */
+__host__ __device__ constexpr int count_stride(int experts) {
+  return experts + 2 + TW_RAIL_MAX_NODES;
+}
+
+/* The workspace of one rank (byte offsets): counts_in [world][count_stride] int32 (stored by
+ * the ranks), cnt [count_stride] int32, pos [max_tokens * top_k] int32, route
  * [max_tokens * top_k] int64 (rank << 40 | row; -1 none), cbase, inv, and tw_moe_ffn's stage
- * counters ffn [2 kMaxBlocks + 1] uint64 (this rank's only: each call zeroes them first). */
+ * counters ffn [2 kMaxBlocks + 1] uint64 (this rank's only: each call zeroes them first).
+ * Across nodes (nodes > 1; moe_net.cuh) then: send_idx [max_tokens][nodes] int32 (a token's
+ * place among the rows sent to each node, -1 none), tok_out [nodes - 1][max_tokens] int32 (the
+ * token of each row sent), meta_in [nodes - 1][max_tokens][top_k + 1] int64 (the rows received:
+ * their token and each slot's destination), w_out [max_tokens * top_k] and w_in
+ * [nodes - 1][max_tokens * top_k] fp32 (the combine's weights), rows_out and rows_in
+ * [nodes - 1][max_tokens][stage bytes] (the staged rows, in the call's stage size). Every region
+ * before rows_out has the same offset in every call of one comm and max_tokens, experts and
+ * top_k; the staged rows live only within one call. */
 struct Layout {
-  size_t counts_in, cnt, pos, route, cbase, inv, ffn, bytes;
+  size_t counts_in, cnt, pos, route, cbase, inv, ffn;
+  size_t send_idx, tok_out, meta_in, w_out, w_in, rows_out, rows_in, bytes;
 };
 
 inline size_t up256(size_t x) { return (x + 255) / 256 * 256; }
 
-inline Layout layout_of(int world, int64_t max_tokens, int64_t experts, int64_t top_k) {
+inline Layout layout_of(int world, int64_t max_tokens, int64_t experts, int64_t top_k,
+                        int nodes = 1, size_t stage = 0) {
   Layout l;
-  const size_t row = (size_t)(experts + 2) * 4, entries = (size_t)max_tokens * (size_t)top_k;
+  memset(&l, 0, sizeof(l));
+  const size_t row = (size_t)count_stride((int)experts) * 4,
+               entries = (size_t)max_tokens * (size_t)top_k, T = (size_t)max_tokens;
   l.counts_in = 0;
   l.cnt = up256((size_t)world * row);
   l.pos = l.cnt + up256(row);
@@ -63,6 +81,17 @@ inline Layout layout_of(int world, int64_t max_tokens, int64_t experts, int64_t 
   l.inv = l.cbase + up256((size_t)(experts + 1) * 4);
   l.ffn = l.inv + up256(entries * 4);
   l.bytes = l.ffn + up256((2 * (size_t)kMaxBlocks + 1) * 8);
+  if (nodes > 1) {
+    const size_t far = (size_t)(nodes - 1);
+    l.send_idx = l.bytes;
+    l.tok_out = l.send_idx + up256(T * (size_t)nodes * 4);
+    l.meta_in = l.tok_out + up256(far * T * 4);
+    l.w_out = l.meta_in + up256(far * T * (size_t)(top_k + 1) * 8);
+    l.w_in = l.w_out + up256(entries * 4);
+    l.rows_out = l.w_in + up256(far * entries * 4);
+    l.rows_in = l.rows_out + up256(far * T * stage);
+    l.bytes = l.rows_in + up256(far * T * stage);
+  }
   return l;
 }
 
@@ -182,6 +211,8 @@ __device__ inline void layout_block(const MoeParams &p, int32_t *s_count) {
     p.cnt[E] = bad ? 1 + s_bad_entry : 0;
     p.cnt[E + 1] = bad ? load_index(p, s_bad_entry) : 0;
   }
+  for (int q = threadIdx.x; q < TW_RAIL_MAX_NODES; q += blockDim.x)
+    p.cnt[E + 2 + q] = 0; /* the tokens bound for each node: across nodes, moe_net.cuh */
   __syncthreads();
 }
 
@@ -196,7 +227,7 @@ struct SharedLayout {
 };
 
 __device__ inline void derive_layout(const MoeParams &p, const tw_dev_comm_t &dc, SharedLayout &s) {
-  const int E = p.experts, L = p.local_experts, W = dc.world, stride = E + 2;
+  const int E = p.experts, L = p.local_experts, W = dc.world, stride = count_stride(E);
   const volatile int32_t *c = p.counts_in[dc.rank];
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     int32_t total = 0, mine = 0;
@@ -240,6 +271,9 @@ __device__ inline void derive_layout(const MoeParams &p, const tw_dev_comm_t &dc
  * their stores: a row is a few batches of latency, not one per vector (the loads could alias the
  * stores, so a plain loop waits for each load before the next). */
 constexpr int kCopyBatch = 8;
+/* kCoherent: the source may have been written during this kernel (by the NIC, or by another
+ * CTA), so it is read through L2 (ld.global.cg) rather than the read-only path. */
+template <bool kCoherent = false>
 __device__ __forceinline__ void warp_copy_row(uint16_t *dst, const uint16_t *src, int64_t elems,
                                               int lane) {
   const int64_t vecs = elems / 8;
@@ -250,7 +284,7 @@ __device__ __forceinline__ void warp_copy_row(uint16_t *dst, const uint16_t *src
 #pragma unroll
     for (int u = 0; u < kCopyBatch; u++)
       if (b + 32 * u < vecs)
-        r[u] = __ldg(s + b + 32 * u);
+        r[u] = kCoherent ? __ldcg(s + b + 32 * u) : __ldg(s + b + 32 * u);
 #pragma unroll
     for (int u = 0; u < kCopyBatch; u++)
       if (b + 32 * u < vecs)
@@ -295,7 +329,7 @@ __device__ __forceinline__ void combine_token(const MoeParams &p, int64_t t) {
 __device__ __forceinline__ int exchange_layout(const tw_dev_comm_t &dc, const MoeParams &p,
                                                SharedLayout &s, int32_t *s_count, uint64_t epoch,
                                                bool enter_here) {
-  const int ch = TW_CH_MOE, W = dc.world, stride = p.experts + 2;
+  const int ch = TW_CH_MOE, W = dc.world, stride = count_stride(p.experts);
   int mine = 1;
   if (threadIdx.x == 0 && enter_here)
     mine = tw_kernel_enter(dc, ch, epoch) && tw_wait_entries(dc, ch, epoch);
@@ -338,9 +372,10 @@ __device__ __forceinline__ void record_layout_error(const tw_dev_comm_t &dc, con
 /* Thread 0 of every CTA of a call that writes rows into every rank's buffer (the dispatch's
  * copies into recv, the combine backward's rows into expert_grad), after the CTA's writes and a
  * CTA barrier: the last CTA out of its writes (a count behind each CTA's system fence, reset by
- * that CTA) tells every rank that this rank's rows landed (flag world + rank = epoch), then each
- * CTA waits for its share of the ranks, so the kernel ends once every rank's rows landed here.
- * Returns whether every wait succeeded. */
+ * that CTA) tells every rank of this node that this rank's rows landed (flag world + rank =
+ * epoch), then each CTA waits for its share of the node's ranks, so the kernel ends once every
+ * rank's rows landed here. (Across nodes every row lands through a rank of this node, which
+ * forwards what its rail peers sent: moe_net.cuh.) Returns whether every wait succeeded. */
 __device__ __forceinline__ bool rows_landed(const tw_dev_comm_t &dc, uint64_t epoch) {
   const int ch = TW_CH_MOE, W = dc.world;
   tw_fence_acq_rel_sys(); /* this CTA's stores before the count that the last CTA reads */
@@ -348,13 +383,15 @@ __device__ __forceinline__ bool rows_landed(const tw_dev_comm_t &dc, uint64_t ep
   if (atomicAdd((unsigned long long *)done, 1ull) == gridDim.x - 1) {
     *(volatile uint64_t *)done = 0;
     for (int r = 0; r < W; r++)
-      tw_signal_set(r == dc.rank ? tw_own_flag(dc, ch, W + dc.rank)
-                                 : tw_peer_flag(dc, r, ch, W + dc.rank),
-                    epoch);
+      if (r == dc.rank || dc.peer_ctrl[r])
+        tw_signal_set(r == dc.rank ? tw_own_flag(dc, ch, W + dc.rank)
+                                   : tw_peer_flag(dc, r, ch, W + dc.rank),
+                      epoch);
   }
   bool ok = true;
   for (int r = blockIdx.x; r < W && ok; r += gridDim.x)
-    ok = tw_wait_geq(dc, ch, tw_own_flag(dc, ch, W + r), epoch, r, W + r);
+    if (r == dc.rank || dc.peer_ctrl[r])
+      ok = tw_wait_geq(dc, ch, tw_own_flag(dc, ch, W + r), epoch, r, W + r);
   return ok;
 }
 

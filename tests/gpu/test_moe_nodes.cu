@@ -1,0 +1,172 @@
+/*
+ * tw_moe_dispatch and tw_moe_combine across nodes, on virtual nodes of one GPU
+ * (tw_config.ranks_per_node) over the verbs test double: a token crosses to each other node that
+ * holds one of its experts once, on its rank's rail, and the rail peer forwards it over NVLink;
+ * the combine sums each node's slots there and sends one partial back. With tw_grouped_gemm
+ * between them (the unfused MoE layer), for layouts 2x2, 2x4, 3x2 and 4x2 (nodes x ranks per
+ * node), top-k 1, 2 and 8, random, skewed and empty-expert routings, int32 and int64 indices, a
+ * rank with no tokens and every rank at the bound: every rank's recv and offsets are bitwise the
+ * one-node layout, out is bitwise the host's node-then-slot-order sum and within bf16 tolerance of
+ * an fp64 reference, and a repeated call gives the same out bit for bit; a CUDA graph of the
+ * layer replayed with fresh routings; routing errors reported on every rank with nothing copied;
+ * refusals of what across nodes does not serve. 77 without a Hopper GPU or without the double
+ * (built with rdma-core's headers).
+ */
+#include <cuda_runtime.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "tw_test_moe.h"
+
+#ifndef TW_VERBS_DOUBLE
+int main(void) {
+  printf("built without rdma-core's headers: no inter-node backend to test\n");
+  return 77;
+}
+#else
+
+static size_t out_bytes(const moe_world_t *m, int r) { return (size_t)m->tokens[r] * m->n * 2; }
+
+/* Room for every slot of every rank plus each expert's padding. */
+static int64_t rows_for(int world, int experts, int top_k, int64_t max_tokens) {
+  const int local = experts / world;
+  return max_tokens * world * (top_k < local ? top_k : local) + 127 * local + 128;
+}
+
+/* Four calls with fresh routings (random counts; skewed with the last rank empty; unused slots;
+ * every rank at the bound), each checked; the last repeated, bitwise. */
+static void test_layout(int nodes, int per_node, int experts, int top_k, int64_t hidden, int64_t n,
+                        int64_t max_tokens, int index_bits, uint64_t seed) {
+  moe_world_t m;
+  const int world = nodes * per_node;
+  moe_world_init(&m, world, per_node, experts, top_k, hidden, n, max_tokens,
+                 rows_for(world, experts, top_k, max_tokens), index_bits);
+  uint64_t rng = seed | 1;
+  const int kinds[4] = {kMoeRandom, kMoeSkewed, kMoeHoles, kMoeRandom};
+  const char *names[4] = {"random", "skewed, last rank empty", "unused slots", "all at the bound"};
+  double best = 1e30;
+  for (int it = 0; it < 4; it++) {
+    for (int r = 0; r < world; r++)
+      m.tokens[r] = it == 3 ? max_tokens
+                    : it == 1 && r == world - 1
+                        ? 0
+                        : (int64_t)(tw_test_xorshift(&rng) % max_tokens) + 1;
+    moe_route(&m, kinds[it], &rng);
+    const double t0 = tw_test_now();
+    moe_run_layer(&m);
+    const double dt = tw_test_now() - t0;
+    best = dt < best ? dt : best;
+    char what[160];
+    snprintf(what, sizeof(what), "%dx%d, %d experts, top-%d, hidden %lld, n %lld, int%d, %s", nodes,
+             per_node, experts, top_k, (long long)hidden, (long long)n, index_bits, names[it]);
+    moe_check_layer(&m, what);
+  }
+  void *first[TW_MAX_WORLD];
+  for (int r = 0; r < world; r++) {
+    TEST_CUDA_OK(cudaMalloc(&first[r], out_bytes(&m, r)));
+    TEST_CUDA_OK(cudaMemcpy(first[r], m.out[r], out_bytes(&m, r), cudaMemcpyDeviceToDevice));
+    tw_test_poison(m.out[r], out_bytes(&m, r), 0);
+  }
+  moe_run_layer(&m);
+  size_t diff = 0;
+  for (int r = 0; r < world; r++) {
+    diff += tw_test_count_diff(m.out[r], first[r], out_bytes(&m, r));
+    cudaFree(first[r]);
+  }
+  TEST_ASSERT(diff == 0, "%dx%d: a repeated call's out differs in %zu bytes", nodes, per_node,
+              diff);
+  printf("  %dx%d %d experts top-%d hidden %lld n %lld int%d: 5 calls, best layer %.2f ms\n", nodes,
+         per_node, experts, top_k, (long long)hidden, (long long)n, index_bits, best * 1e3);
+  moe_world_fini(&m);
+}
+
+/* One graph per rank of dispatch, grouped GEMM and combine, replayed with fresh routings of the
+ * same token counts: the device epochs carry on and every replay checks. */
+static void test_graph(int nodes, int per_node, int replays, uint64_t seed) {
+  moe_world_t m;
+  const int world = nodes * per_node, experts = 4 * world, local = 4;
+  moe_world_init(&m, world, per_node, experts, 2, 256, 128, 128, rows_for(world, experts, 2, 128),
+                 32);
+  uint64_t rng = seed | 1;
+  for (int r = 0; r < world; r++)
+    m.tokens[r] = 100 + 7 * r;
+  cudaGraphExec_t exec[TW_MAX_WORLD];
+  for (int r = 0; r < world; r++) {
+    cudaGraph_t g;
+    TEST_CUDA_OK(cudaStreamBeginCapture(m.streams[r], cudaStreamCaptureModeThreadLocal));
+    tw_moe_args_t a = moe_args_of(&m, r);
+    TEST_TW_OK(tw_moe_dispatch(m.comms[r], &a, (tw_stream_t)m.streams[r]));
+    tw_grouped_gemm_args_t gg = TW_GROUPED_GEMM_ARGS_INIT;
+    gg.a = m.recv[r], gg.b = m.weights[r], gg.out = m.eout[r], gg.offsets = m.offsets[r];
+    gg.m = m.recv_rows, gg.n = m.n, gg.k = m.hidden, gg.groups = local;
+    TEST_TW_OK(tw_grouped_gemm(&gg, (tw_stream_t)m.streams[r]));
+    TEST_TW_OK(tw_moe_combine(m.comms[r], &a, (tw_stream_t)m.streams[r]));
+    TEST_CUDA_OK(cudaStreamEndCapture(m.streams[r], &g));
+    TEST_CUDA_OK(cudaGraphInstantiate(&exec[r], g, 0));
+    cudaGraphDestroy(g);
+  }
+  for (int i = 0; i < replays; i++) {
+    moe_route(&m, i % 2 ? kMoeSkewed : kMoeRandom, &rng);
+    for (int r = 0; r < world; r++)
+      TEST_CUDA_OK(cudaGraphLaunch(exec[r], m.streams[r]));
+    TEST_CUDA_OK(cudaDeviceSynchronize());
+    char what[64];
+    snprintf(what, sizeof(what), "graph %dx%d, replay %d", nodes, per_node, i);
+    moe_check_layer(&m, what);
+  }
+  printf("  graph %dx%d: %d replays checked\n", nodes, per_node, replays);
+  for (int r = 0; r < world; r++)
+    cudaGraphExecDestroy(exec[r]);
+  moe_world_fini(&m);
+}
+
+static void run(const char *backend, uint64_t seed) {
+  printf("backend %s:\n", backend);
+  test_layout(2, 2, 8, 2, 256, 128, 300, 32, seed);
+  test_layout(2, 4, 16, 1, 512, 256, 260, 64, seed + 1);
+  test_layout(3, 2, 12, 2, 128, 136, 200, 32, seed + 2); /* an odd number of nodes */
+  test_layout(4, 2, 32, 8, 256, 128, 150, 32, seed + 3);
+  test_graph(2, 2, 3, seed + 4);
+  for (int which = 0; which < 2; which++)
+    moe_test_routing_error(4, 2, which);
+}
+
+/* What across nodes refuses: the fused MoE calls, a workspace sized without the row width, a
+ * call wider than its workspace was sized for, nodes of unequal size. */
+static void test_refusals(void) {
+  moe_world_t m;
+  moe_world_init(&m, 4, 2, 8, 2, 64, 64, 4096, 2048, 32);
+  m.tokens[0] = 4;
+  tw_moe_args_t a = moe_args_of(&m, 0);
+  a.weights = m.weights[0];
+  TEST_TW_FAILS(tw_moe_dispatch_gemm(m.comms[0], &a, 0), TW_ERR_NOT_SUPPORTED, "across nodes");
+  TEST_TW_FAILS(tw_moe_gemm_combine(m.comms[0], &a, 0), TW_ERR_NOT_SUPPORTED, "across nodes");
+  size_t bytes = 0;
+  TEST_TW_FAILS(tw_moe_workspace_size(m.comms[0], 4096, 0, 8, 2, &bytes), TW_ERR_INVALID_ARGUMENT,
+                "hidden");
+  TEST_TW_FAILS(tw_moe_workspace_size(m.comms[0], 4096, 100, 8, 2, &bytes), TW_ERR_INVALID_ARGUMENT,
+                "hidden");
+  a = moe_args_of(&m, 0);
+  a.hidden = 4096, a.recv_rows = 32; /* recv still fits; the staged rows do not */
+  TEST_TW_FAILS(tw_moe_dispatch(m.comms[0], &a, 0), TW_ERR_INVALID_ARGUMENT, "args->workspace");
+  a = moe_args_of(&m, 0);
+  a.n_out = 4096, a.recv_rows = 32; /* expert_out still fits; the staged partials do not */
+  TEST_TW_FAILS(tw_moe_combine(m.comms[0], &a, 0), TW_ERR_INVALID_ARGUMENT, "args->workspace");
+  moe_world_fini(&m);
+  moe_world_t u; /* nodes {0..3}, {4, 5} */
+  moe_world_init(&u, 6, 4, 12, 2, 64, 64, 16, 2048, 32);
+  u.tokens[0] = 4;
+  a = moe_args_of(&u, 0);
+  TEST_TW_FAILS(tw_moe_dispatch(u.comms[0], &a, 0), TW_ERR_NOT_SUPPORTED,
+                "as many ranks on every node");
+  moe_world_fini(&u);
+}
+
+int main(void) {
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0); /* 8 ranks' kernels on one GPU, before CUDA */
+  tw_test_require_hopper();
+  tw_test_on_both_backends(TW_VERBS_DOUBLE, run, test_refusals, tw_test_seed());
+  return tw_test_finish();
+}
+#endif
