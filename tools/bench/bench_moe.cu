@@ -539,10 +539,8 @@ BENCH_OP_REGISTER(moe, moe_op, 70);
 
 /* m = tokens per rank, n = n_out (the model's hidden size), k = the experts' intermediate size */
 static const bench_shape_t moe_combine_sweep[] = {
-    {512, 7168, 2048, "E=256 top=8 dsv3-down"},
-    {2048, 7168, 2048, "E=256 top=8 dsv3-down"},
-    {1024, 4096, 14336, "E=8 top=2 mixtral-down"},
-    {64, 7168, 2048, "E=256 top=8 decode-down"},
+    {512, 7168, 2048, "E=256 top=8 dsv3-down"},        {2048, 7168, 2048, "E=256 top=8 dsv3-down"},
+    {1024, 4096, 14336, "E=8 top=2 mixtral-down"},     {64, 7168, 2048, "E=256 top=8 decode-down"},
     {16384, 7168, 2048, "E=256 top=8 dsv3-down-131k"}, /* 131072 tokens in all on 8 ranks */
 };
 static const bench_shape_t moe_combine_quick[] = {
