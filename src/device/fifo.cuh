@@ -51,7 +51,7 @@ static __device__ __forceinline__ uint64_t tw_fifo_post(const tw_fifo_dev_t &f,
   for (unsigned i = 1; i < sizeof(tw_fifo_cmd_t) / 8; i++) /* every field but seq */
     w[i] = c[i];
   tw_fence_acq_rel_sys();
-  tw_st_release_sys(&slot->seq, ticket + 1);
+  tw_signal_put(&slot->seq, ticket + 1); /* with the fence, a release of the fields */
   return ticket;
 }
 

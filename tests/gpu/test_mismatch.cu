@@ -12,6 +12,8 @@
  *   - rank 1 calling tw_gemm_ar while its peers call tw_gemm_rs (the message names both ops);
  *   - tw_allgather (the SM push and the low-latency path) with other bytes on rank 1;
  *   - tw_ag_gemm with another a_gathered on rank 2;
+ *   - tw_moe_dispatch (its count exchange through the low-latency area) with another hidden on
+ *     rank 1: neither recv nor offsets written anywhere;
  *   - tw_gemm_rs with another n on rank 1, each rank's call captured into a CUDA graph (the
  *     description rides in the captured kernels' parameters).
  * Then a rank that never calls (tw_gemm_rs fused, tw_ag_gemm, tw_allgather): the others report
@@ -294,6 +296,64 @@ static void run_allgather(const char *what, size_t bytes, size_t bytes_odd, int 
   world_fini(&w);
 }
 
+/* tw_moe_dispatch with another hidden on rank 1: the count exchange runs through the
+ * low-latency area, whose words carry each rank's call digest, so every rank finds the mismatch
+ * before it copies a row, and no rank's recv or offsets is written. */
+static void run_moe(const char *what) {
+  world_t w;
+  world_init(&w);
+  const int64_t experts = 2 * kWorld, top_k = 2, tokens = 32, hidden = 64, hidden_odd = 128;
+  const int64_t recv_rows = kWorld * tokens * top_k + (experts / kWorld) * 128;
+  size_t ws_bytes = 0;
+  TEST_TW_OK(tw_moe_workspace_size(w.comms[0], tokens, hidden_odd, experts, top_k, &ws_bytes));
+  const size_t recv_bytes = (size_t)(recv_rows * hidden_odd * 2);
+  const size_t off_bytes = (size_t)(experts / kWorld + 1) * 4;
+  void *ws[kWorld], *recv[kWorld], *x[kWorld], *idx[kWorld];
+  int32_t *offsets[kWorld];
+  for (int r = 0; r < kWorld; r++) {
+    TEST_TW_OK(tw_mem_alloc(w.comms[r], ws_bytes, &ws[r]));
+    TEST_TW_OK(tw_mem_alloc(w.comms[r], recv_bytes, &recv[r]));
+  }
+  int32_t h_idx[32 * 2];
+  for (int64_t t = 0; t < tokens; t++) /* two distinct experts a token, every rank's */
+    h_idx[t * 2] = (int32_t)(t % experts), h_idx[t * 2 + 1] = (int32_t)((t + 1) % experts);
+  tw_moe_args_t args[kWorld];
+  for (int r = 0; r < kWorld; r++) {
+    cudaSetDevice(w.devices[r]);
+    x[r] = dev_alloc((size_t)(tokens * hidden_odd * 2));
+    idx[r] = dev_alloc(sizeof(h_idx));
+    offsets[r] = (int32_t *)dev_alloc(off_bytes);
+    tw_test_fill_bf16(x[r], tokens * hidden_odd, 50 + r, NULL);
+    TEST_REQUIRE(cudaMemcpy(idx[r], h_idx, sizeof(h_idx), cudaMemcpyHostToDevice) == cudaSuccess,
+                 "topk_idx");
+    tw_test_poison(recv[r], recv_bytes, NULL);
+    tw_test_poison(offsets[r], off_bytes, NULL);
+    TEST_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "inputs");
+    tw_moe_args_t a = TW_MOE_ARGS_INIT;
+    a.x = x[r], a.topk_idx = idx[r], a.recv = recv[r], a.offsets = offsets[r], a.workspace = ws[r];
+    a.tokens = tokens, a.max_tokens = tokens, a.hidden = r == 1 ? hidden_odd : hidden;
+    a.experts = experts, a.top_k = top_k, a.recv_rows = recv_rows;
+    args[r] = a;
+  }
+  const double t0 = tw_test_now();
+  for (int r = 0; r < kWorld; r++) {
+    cudaSetDevice(w.devices[r]);
+    TEST_TW_OK(tw_moe_dispatch(w.comms[r], &args[r], (tw_stream_t)w.streams[r]));
+  }
+  const char *needles[] = {"tw_moe_dispatch", "hidden or n_out"};
+  expect_mismatch(&w, t0, what, needles, 2);
+  for (int r = 0; r < kWorld; r++) {
+    expect_poison(recv[r], recv_bytes, what, r);
+    expect_poison(offsets[r], off_bytes, what, r);
+  }
+  for (int r = 0; r < kWorld; r++) {
+    cudaFree(x[r]), cudaFree(idx[r]), cudaFree(offsets[r]);
+    tw_mem_free(w.comms[r], ws[r]);
+    tw_mem_free(w.comms[r], recv[r]);
+  }
+  world_fini(&w);
+}
+
 /* tw_ag_gemm: rank 2 gathers into another symmetric buffer (other), or never calls (absent). */
 static void run_ag_gemm(const char *what, int other, int absent) {
   world_t w;
@@ -372,6 +432,7 @@ int main(void) {
   run_allgather("tw_allgather, rank 2 never calls", 1 << 20, 0, 2);
   run_ag_gemm("tw_ag_gemm, rank 2 with another a_gathered", 1, -1);
   run_ag_gemm("tw_ag_gemm, rank 2 never calls", 0, 2);
+  run_moe("tw_moe_dispatch (the low-latency count exchange), rank 1 with another hidden");
   /* A comm made after all of these works. */
   {
     world_t w;

@@ -516,8 +516,11 @@ static const bench_shape_t moe_sweep[] = {
     {512, 4096, 7168, "E=256 top=8 dsv3-gate-up"},  /* DeepSeek-V3 gate+up */
     {2048, 4096, 7168, "E=256 top=8 dsv3-gate-up"}, /* the same, prefill-sized */
     {1024, 14336, 4096, "E=8 top=2 mixtral"},       /* Mixtral 8x7B w1+w3 */
-    {64, 4096, 7168, "E=256 top=8 decode"},         /* decode-sized */
-    {16384, 4096, 7168, "E=256 top=8 dsv3-131k"},   /* 131072 tokens in all on 8 ranks */
+    {1, 4096, 7168, "E=256 top=8 decode"},          /* decode-sized: 1 to 256 tokens a rank */
+    {64, 4096, 7168, "E=256 top=8 decode"},
+    {256, 4096, 7168, "E=256 top=8 decode"},
+    {64, 14336, 4096, "E=8 top=2 mixtral-decode"},
+    {16384, 4096, 7168, "E=256 top=8 dsv3-131k"}, /* 131072 tokens in all on 8 ranks */
     {16384, 14336, 4096, "E=8 top=2 mixtral-131k"},
 };
 static const bench_shape_t moe_quick[] = {
@@ -542,6 +545,7 @@ static const bench_shape_t moe_combine_sweep[] = {
     {512, 7168, 2048, "E=256 top=8 dsv3-down"},        {2048, 7168, 2048, "E=256 top=8 dsv3-down"},
     {1024, 4096, 14336, "E=8 top=2 mixtral-down"},     {64, 7168, 2048, "E=256 top=8 decode-down"},
     {16384, 7168, 2048, "E=256 top=8 dsv3-down-131k"}, /* 131072 tokens in all on 8 ranks */
+    {1, 7168, 2048, "E=256 top=8 decode-down"},        {256, 7168, 2048, "E=256 top=8 decode-down"},
 };
 static const bench_shape_t moe_combine_quick[] = {
     {512, 7168, 2048, "E=256 top=8 dsv3-down"},

@@ -330,10 +330,9 @@ static int run_moe_ffn(const bench_opts_t *o, const bench_shape_t *shape, bench_
 
 /* m = tokens per rank, n = inter, k = hidden; E and top-k in the label. */
 static const bench_shape_t ffn_sweep[] = {
-    {512, 2048, 7168, "E=256 top=8 dsv3"},
-    {2048, 2048, 7168, "E=256 top=8 dsv3"},
-    {1024, 14336, 4096, "E=8 top=2 mixtral"},
-    {64, 2048, 7168, "E=256 top=8 decode"},
+    {512, 2048, 7168, "E=256 top=8 dsv3"},    {2048, 2048, 7168, "E=256 top=8 dsv3"},
+    {1024, 14336, 4096, "E=8 top=2 mixtral"}, {1, 2048, 7168, "E=256 top=8 decode"},
+    {64, 2048, 7168, "E=256 top=8 decode"},   {256, 2048, 7168, "E=256 top=8 decode"},
 };
 static const bench_shape_t ffn_quick[] = {
     {512, 2048, 7168, "E=256 top=8 dsv3"},

@@ -202,9 +202,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int world = dc.world, rank = dc.rank;
     for (int chunk = blockIdx.x; ok && chunk < p.nchunks; chunk += p.comm_ctas) {
       copy_chunk(p, rank, chunk);
-      if (threadIdx.x == 0)
+      if (threadIdx.x == 0) {
+        tw_fence_acq_rel_sys();
         for (int q = 0; q < world; q++)
-          tw_signal_set(tw_peer_flag(dc, q, ch, tw_ag_gemm_flag_index(rank, chunk)), epoch);
+          tw_signal_put(tw_peer_flag(dc, q, ch, tw_ag_gemm_flag_index(rank, chunk)), epoch);
+      }
     }
     __syncthreads();
   } else if ((int)blockIdx.x < p.comm_ctas) {
@@ -239,8 +241,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint64_t *count = tw_own_flag(dc, ch, TW_AG_EXIT_COUNT);
     if (atomicAdd((unsigned long long *)count, 1ull) == (unsigned long long)gridDim.x - 1) {
       *(volatile uint64_t *)count = 0; /* every CTA of this call has counted */
+      tw_fence_acq_rel_sys();
       for (int q = 0; q < dc.world; q++)
-        tw_signal_set(tw_peer_flag(dc, q, ch, TW_AG_EXIT_FLAG(dc.rank)), epoch);
+        tw_signal_put(tw_peer_flag(dc, q, ch, TW_AG_EXIT_FLAG(dc.rank)), epoch);
       for (int q = 0; q < dc.world; q++)
         if (!tw_wait_geq(dc, ch, tw_own_flag(dc, ch, TW_AG_EXIT_FLAG(q)), epoch, q, -2))
           break;

@@ -347,7 +347,9 @@ extern "C" tw_status_t tw_allgather(tw_comm_t comm, const void *send, void *recv
     p.recv = (uint4 *)recv;
     for (int r = 0; r < comm->world; r++)
       p.area[r] = (uint8_t *)tw_heap_peer_ptr(comm, comm->ll, r);
-    p.half_bytes = tw_ag_ll_bytes(comm->world, bytes) / 2;
+    /* halves of the whole area, whatever the call's size: consecutive calls of the area (any
+     * op) then never share bytes, however their sizes differ */
+    p.half_bytes = comm->ll_bytes / 2;
     p.vecs = (int64_t)(bytes / 16);
     const int64_t items = (int64_t)(comm->world - 1) * p.vecs;
     int64_t grid = (items + kAgLlThreads - 1) / kAgLlThreads;

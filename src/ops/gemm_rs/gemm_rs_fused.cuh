@@ -331,8 +331,7 @@ template <class P, bool kNoRowCopy = false> struct RsEpi {
     if (p.owner_ar && mb >= p.own_mb0 && mb < p.own_mb0 + p.own_mbs) {
       /* an own tile of tw_gemm_ar: its reduced rows are at the peer (or here, for the pull) */
       const int32_t u = tw_rs_unit(mb - p.own_mb0, nb, p.own_mbs, p.n_blocks, p.band);
-      tw_fence_acq_rel_sys();
-      tw_st_release_sys(p.peer_ready + u, s_rs_epoch);
+      tw_signal_set(p.peer_ready + u, s_rs_epoch);
       return;
     }
     const int32_t row0 = mb * kBlockM;
@@ -565,8 +564,7 @@ __device__ __forceinline__ void signal_reduced(const RsParams<P> &p, int me, int
   tw_fence_acq_rel_sys();
   for (int q = 0; q < dc.world; q++)
     if (q != me)
-      tw_st_release_sys(tw_peer_flag(dc, q, p.gemm.wait.ch, p.flag_stride * (1 + me) + item),
-                        epoch);
+      tw_signal_put(tw_peer_flag(dc, q, p.gemm.wait.ch, p.flag_stride * (1 + me) + item), epoch);
 }
 
 /* One thread: waits until group `item` of this rank's units has all its partials (then resets

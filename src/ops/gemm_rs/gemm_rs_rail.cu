@@ -232,7 +232,7 @@ __device__ __forceinline__ uint64_t rail_after_group(const RailParams<P> &p, uin
   if (t == r.node) {
     for (int32_t j = 0; j < r.local_size; j++)
       if (r.local_rank[j] != dc.rank)
-        tw_st_release_sys(rail_flag(dc, ch, r.local_rank[j], (r.nodes + o) * p.stride + g), epoch);
+        tw_signal_put(rail_flag(dc, ch, r.local_rank[j], (r.nodes + o) * p.stride + g), epoch);
   }
   for (int32_t n = 0; n < r.nodes && ok; n++) {
     if (n == r.node || (t != r.node && n != t))
@@ -419,8 +419,7 @@ __device__ __forceinline__ void rail_gather_work(const RailParams<P> &p, uint64_
         tw_fence_acq_rel_sys();
         for (int32_t j = 0; j < L; j++)
           if (r.local_rank[j] != dc.rank)
-            tw_st_release_sys(rail_flag(dc, ch, r.local_rank[j], (r.nodes + o) * p.stride + g),
-                              epoch);
+            tw_signal_put(rail_flag(dc, ch, r.local_rank[j], (r.nodes + o) * p.stride + g), epoch);
       }
     }
   }

@@ -366,7 +366,7 @@ tw_status_t launch_ll(tw_comm_t comm, const tw_gemm_rs_args_t &a, int all_reduce
   p.m_local = (int32_t)(a.m / world);
   p.n = (int32_t)a.n;
   p.all_reduce = all_reduce;
-  p.half_bytes = tw_gemm_rs_ll_bytes(world, a.m, a.n, (int)sizeof(P), all_reduce) / 2;
+  p.half_bytes = comm->ll_bytes / 2; /* the whole area's halves (allgather.cu says why) */
   p.gather_off = (uint64_t)world * (uint64_t)p.m_local * (uint64_t)a.n * sizeof(P) * 2;
   const int64_t items = (int64_t)p.m_local * (a.n / kVec<P>);
   /* reduced: one CTA keeps the books */
@@ -407,8 +407,8 @@ tw_status_t run_unfused(tw_comm_t comm, const tw_gemm_rs_args_t &a, const tw_gem
       plan.ll && tw_gemm_swap_bn_upto((int)tw_env_int(TW_GEMM_SWAP_ID), a.m, swap_max_m) != 0;
   if (ll_epi) {
     ll.ll_seq = &comm->ctrl->ll_seq;
-    ll.digest = comm->dev.call.digest; /* the words' second flag (tw_ll_flags) */
-    ll.half_bytes = tw_gemm_rs_ll_bytes(world, a.m, a.n, (int)sizeof(P), all_reduce) / 2;
+    ll.digest = comm->dev.call.digest;  /* the words' second flag (tw_ll_flags) */
+    ll.half_bytes = comm->ll_bytes / 2; /* the reduce kernel's halves */
     ll.m_local = (int32_t)(a.m / world);
     ll.slot_bytes = (uint64_t)ll.m_local * (uint64_t)a.n * sizeof(P) * 2;
     ll.rank = rank;

@@ -11,8 +11,9 @@
  *                         and pos[entry] (the entry's place among this rank's rows of its
  *                         expert). (A kernel of its own before this one could find every SM
  *                         held by other virtual ranks' dispatch kernels waiting for its counts.)
- *                         Then block 0 stores cnt into
- *                         every rank's counts_in[this rank] and flags it; every CTA waits for
+ *                         Then block 0 stores cnt as low-latency words into every rank's
+ *                         area (or, without one, into every rank's counts_in[this rank] behind a
+ *                         flag, after the entry handshake; exchange_layout); every CTA waits for
  *                         every rank's counts and derives the layout every rank derives alike
  *                         (each expert's rows padded to 128, experts in order on their rank,
  *                         sources in rank order inside an expert), checks it (a bad index or an
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(kMoeThreads, 1)
   extern __shared__ int32_t s_count[]; /* block 0's layout: [warps + 1][experts] */
   const int ch = TW_CH_MOE;
   const uint64_t epoch = tw_op_begin(dc, ch);
-  const int ok = exchange_layout(dc, p, s, s_count, epoch, true);
+  const int ok = exchange_layout(dc, p, s, s_count, epoch);
   const bool copy = ok && s.bad_src < 0 && s.over_rank < 0;
   if (threadIdx.x == 0)
     tw_trace_stamp(dc, TW_TR_LAYOUT_AT);
@@ -89,7 +90,10 @@ __global__ void __launch_bounds__(kMoeThreads, 1)
     tw_trace_stamp(dc, TW_TR_COMM_END);
     if (ok)
       rows_landed(dc, epoch); /* the kernel ends once every rank's rows landed here */
-    tw_op_finish(dc, ch, epoch);
+    if (tw_op_exit(dc, ch, epoch, false)) {
+      ll_call_done(dc, p);
+      tw_op_end(dc, ch, epoch);
+    }
   }
 }
 
@@ -441,6 +445,21 @@ tw_status_t tw::moe::moe_prepare(tw_comm_t comm, const tw_moe_args_t *in, int ki
   p.tokens = a.tokens, p.hidden = a.hidden, p.n_out = a.n_out, p.recv_rows = a.recv_rows;
   p.experts = (int32_t)a.experts, p.top_k = (int32_t)a.top_k, p.index_bits = a.index_bits;
   p.local_experts = (int32_t)(a.experts / comm->world);
+  /* the count exchange through the low-latency area where every rank's slot fits a half and
+   * the area sits at one offset from every rank's control block; the choice depends on the comm
+   * alone (TW_LL_BYTES is alike on every rank), so every rank makes it alike */
+  if (sends(kind) && comm->nodes == 1 && comm->ll &&
+      comm->ll_bytes / 2 >= (size_t)comm->world * kLlCountSlot) {
+    const uint64_t off = (uint64_t)((const char *)comm->ll - (const char *)comm->ctrl);
+    bool mapped = true;
+    for (int r = 0; r < comm->world && mapped; r++) {
+      const char *ctrl =
+          r == comm->rank ? (const char *)comm->ctrl : (const char *)comm->dev.peer_ctrl[r];
+      mapped = ctrl && tw_heap_peer_ptr(comm, comm->ll, r) == (const void *)(ctrl + off);
+    }
+    if (mapped)
+      p.ll_off = off, p.ll_half = comm->ll_bytes / 2;
+  }
   for (int r = 0; r < comm->world; r++) {
     p.counts_in[r] = (int32_t *)tw_heap_peer_ptr(comm, ws + l.counts_in, r);
     const bool send = sends(kind), read = reads_expert_out(kind), bwd = kind == kCombineBackward;

@@ -23,10 +23,10 @@
  *   barrier   rows_landed: the last CTA out of its writes tells every rank this rank's rows
  *             landed; the kernel ends once every rank's have landed here.
  *
- * A rank's next dispatch waits for every rank's entry into it, and so for the end of this call
- * on every rank; a tw_moe_combine after this one is another call of the channel with its own
- * entry handshake. Neither this call nor a plain combine touches the cumulative tile counts of
- * tw_moe_gemm_combine and tw_moe_ffn (kFlagCombineBlocks, kFlagCombineCount), which those
+ * A rank's next dispatch waits for every rank's entry into it (its count words), and so for the
+ * end of this call on every rank; a tw_moe_combine after this one is another call of the channel
+ * with its own entry handshake. Neither this call nor a plain combine touches the cumulative tile
+ * counts of tw_moe_gemm_combine and tw_moe_ffn (kFlagCombineBlocks, kFlagCombineCount), which those
  * calls alone keep.
  */
 #include <cuda_bf16.h>

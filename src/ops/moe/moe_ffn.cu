@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
     if (threadIdx.x == 0) {
       tw_trace_stamp(dc, TW_TR_COMM_END);
       tw_fence_acq_rel_sys(); /* the CTA's route entries (seen through the barrier) first */
-      tw_red_release_sys_add(fp.copies_done, 1);
+      tw_red_relaxed_sys_add(fp.copies_done, 1);
     }
   }
   __syncthreads();
@@ -114,8 +114,7 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
     swiglu_rows(fp.h, fp.act, (int64_t)b * kBlockM, row1, fp.inter);
     __syncthreads();
     if (threadIdx.x == 0) {
-      tw_fence_acq_rel_sys(); /* the CTA's act stores (seen through the barrier) first */
-      tw_signal_set(fp.act_ready + b, 1);
+      tw_signal_set(fp.act_ready + b, 1); /* the CTA's act stores (seen through the barrier) */
     }
   }
   gemm_cta_loop<kStages, kEpiBytes, CountEpi, LayoutWait<false>, false, 1, kBN, true>(
@@ -141,8 +140,10 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
   for (int32_t b = threadIdx.x; b < g_live_blocks; b += blockDim.x)
     *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagBlocks + b) = 0;
   combine_counts_top_up(dc, g_live_blocks, fp.down.order.n_blocks, s_target);
-  if (threadIdx.x == 0)
+  if (threadIdx.x == 0) {
+    ll_call_done(dc, p);
     tw_op_end(dc, ch, epoch);
+  }
 }
 
 /* two GEMMs' parameters: above 4 KiB, inside the 32764 bytes CUDA 12.1 and later take on sm_90 */

@@ -3,7 +3,7 @@
  * kernel (contract in tilewire.h). One CTA per SM of the budget, every CTA running the GEMM
  * engine's loop on the tile queue:
  *
- *   layout      every CTA, first: the entry handshake and the count exchange of the dispatch
+ *   layout      every CTA, first: the count exchange of the dispatch, the entry handshake too
  *               (exchange_layout, moe_layout.cuh); block 0 lays out this rank's entries. Every
  *               CTA then holds the layout in shared memory, where the GEMM's hooks read it.
  *   copy        every CTA its share, before it joins the GEMM: this rank's rows in the order
@@ -77,6 +77,7 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
     /* the last CTA: every tile waited for its block's adds, so all of them are in */
     for (int32_t b = 0; b < g_live_blocks; b++)
       *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagBlocks + b) = 0;
+    ll_call_done(dc, p);
     tw_op_end(dc, ch, epoch);
   }
 }

@@ -108,7 +108,7 @@ struct CountEpi {
   __device__ __forceinline__ static int signal_thread(const Params &) { return 32; }
   __device__ static void signal(const Params &p, int32_t mb, int32_t) {
     tw_fence_acq_rel_sys(); /* the tile's stores (complete) before the count its readers see */
-    tw_red_release_sys_add(p.counters + mb, 1);
+    tw_red_relaxed_sys_add(p.counters + mb, 1);
   }
 };
 
@@ -134,7 +134,7 @@ __device__ inline void copy_rows(const MoeParams &p, const tw_dev_comm_t &dc) {
       p.route[i] = (int64_t)d << 40 | row;
       const int index = kFlagBlocks + (int)(row / gemm::kBlockM);
       tw_fence_acq_rel_sys(); /* the warp's stores (seen through the barrier) before the add */
-      tw_red_release_sys_add(d == dc.rank ? tw_own_flag(dc, TW_CH_MOE, index)
+      tw_red_relaxed_sys_add(d == dc.rank ? tw_own_flag(dc, TW_CH_MOE, index)
                                           : tw_peer_flag(dc, d, TW_CH_MOE, index),
                              1);
     }
@@ -147,7 +147,7 @@ __device__ inline void copy_rows(const MoeParams &p, const tw_dev_comm_t &dc) {
  * Returns whether the layout is usable (rows to copy and tiles to run). */
 __device__ inline bool layout_phase(const tw_dev_comm_t &dc, const MoeParams &p, int32_t *scratch,
                                     uint64_t epoch) {
-  const int ok = exchange_layout(dc, p, g_layout, scratch, epoch, true);
+  const int ok = exchange_layout(dc, p, g_layout, scratch, epoch);
   const bool usable = ok && g_layout.bad_src < 0 && g_layout.over_rank < 0;
   if (threadIdx.x == 0) {
     g_live_blocks =

@@ -112,6 +112,10 @@ struct MoeParams {
   int32_t *inv;   /* [entries]: inv[cbase[e] + pos] = the entry (the fused copies' order) */
   int64_t *route;
   uint64_t *ffn_cnt; /* [2 kMaxBlocks + 1]: tw_moe_ffn's stage counters (Layout::ffn) */
+  /* The count exchange through the comm's low-latency area (exchange_layout): the area's offset
+   * from each rank's control block (alike on every rank: symmetric) and one parity's bytes;
+   * ll_half 0: the fenced exchange (across nodes, or no area) */
+  uint64_t ll_off, ll_half;
   int64_t tokens, hidden, n_out, recv_rows;
   int32_t experts, top_k, index_bits, local_experts;
 };
@@ -216,6 +220,32 @@ __device__ inline void layout_block(const MoeParams &p, int32_t *s_count) {
   __syncthreads();
 }
 
+/* A count row as low-latency words (signal.cuh): 16 data bytes an item, 32 bytes of words. A
+ * rank's slot is sized for the most experts a call may have, so the slots' places in the area
+ * are alike whatever any rank's call says. */
+__host__ __device__ constexpr uint64_t ll_count_items(int experts) {
+  return ((uint64_t)count_stride(experts) * 4 + 15) / 16;
+}
+constexpr uint64_t kLlCountSlot = ll_count_items(kMaxExperts) * 32;
+
+/* Where derive_layout reads the count rows: counts_in (the fenced exchange, the combine
+ * backward), or the words in this rank's low-latency area, each already waited for. */
+struct CountsIn {
+  const volatile int32_t *c;
+  int stride;
+  __device__ int32_t operator()(int r, int i) const { return c[r * stride + i]; }
+};
+struct LlCounts {
+  const uint8_t *half; /* this rank's area, the call's half */
+  uint64_t items;
+  __device__ int32_t operator()(int r, int i) const {
+    /* int i of row r: item i / 4, its word (i % 4) / 2, that word's data half (i % 2) */
+    const uint8_t *word =
+        half + (uint64_t)r * kLlCountSlot + tw_ll_item_off((uint64_t)(i / 4), items, (i % 4) / 2);
+    return *(const volatile int32_t *)(word + (i % 2) * 8);
+  }
+};
+
 /* Every CTA's view of the layout: this rank's first row in each expert's segment (base) and, per
  * rank, the rows its experts need. */
 struct SharedLayout {
@@ -226,13 +256,14 @@ struct SharedLayout {
   int32_t bad_src, bad_entry, bad_value, over_rank;
 };
 
-__device__ inline void derive_layout(const MoeParams &p, const tw_dev_comm_t &dc, SharedLayout &s) {
-  const int E = p.experts, L = p.local_experts, W = dc.world, stride = count_stride(E);
-  const volatile int32_t *c = p.counts_in[dc.rank];
+template <class Counts>
+__device__ inline void derive_layout(const MoeParams &p, const tw_dev_comm_t &dc, SharedLayout &s,
+                                     const Counts &c) {
+  const int E = p.experts, L = p.local_experts, W = dc.world;
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     int32_t total = 0, mine = 0;
     for (int r = 0; r < W; r++) {
-      const int32_t v = c[r * stride + e];
+      const int32_t v = c(r, e);
       if (r < dc.rank)
         mine += v;
       total += v;
@@ -244,8 +275,8 @@ __device__ inline void derive_layout(const MoeParams &p, const tw_dev_comm_t &dc
   if (threadIdx.x == 0) {
     s.bad_src = -1, s.over_rank = -1;
     for (int r = 0; r < W && s.bad_src < 0; r++)
-      if (c[r * stride + E] != 0)
-        s.bad_src = r, s.bad_entry = c[r * stride + E] - 1, s.bad_value = c[r * stride + E + 1];
+      if (c(r, E) != 0)
+        s.bad_src = r, s.bad_entry = c(r, E) - 1, s.bad_value = c(r, E + 1);
   }
   __syncthreads();
   for (int d = threadIdx.x; d < W; d += blockDim.x) {
@@ -265,6 +296,9 @@ __device__ inline void derive_layout(const MoeParams &p, const tw_dev_comm_t &dc
   for (int e = threadIdx.x; e < E; e += blockDim.x)
     s.base[e] += s.start[e];
   __syncthreads();
+}
+__device__ inline void derive_layout(const MoeParams &p, const tw_dev_comm_t &dc, SharedLayout &s) {
+  derive_layout(p, dc, s, CountsIn{p.counts_in[dc.rank], count_stride(p.experts)});
 }
 
 /* 16-byte vectors of one row, by the lanes of a warp, kCopyBatch loads in flight a lane before
@@ -322,16 +356,79 @@ __device__ __forceinline__ void combine_token(const MoeParams &p, int64_t t) {
   }
 }
 
+/* The count exchange through the low-latency area (p.ll_half), all threads of every CTA: block 0
+ * lays out this rank's entries and stores its count row as words of this call (call sequence q =
+ * ctrl->ll_seq + 1, half q & 1, slot `rank`) into every rank's area; every CTA waits for every
+ * rank's words and derives the layout from them. The words stand for the entry handshake too: a
+ * rank stores them once its kernel runs, after everything earlier in its stream (its reads of
+ * recv and expert_out included), and their second flag carries its call's digest, so no row is
+ * copied into a rank before that rank entered this call with the same call. Nothing is fenced:
+ * one latency from block 0's stores to every CTA's layout. Block 0 keeps the rows in counts_in
+ * for the combine backward. A half is rewritten two calls later, by a rank that has had all of
+ * the call between's words from this rank, stored once this one read everything here (the
+ * comm's low-latency area contract, signal.cuh). */
+__device__ __forceinline__ int exchange_layout_ll(const tw_dev_comm_t &dc, const MoeParams &p,
+                                                  SharedLayout &s, int32_t *s_count,
+                                                  uint64_t epoch) {
+  const int ch = TW_CH_MOE, W = dc.world, stride = count_stride(p.experts);
+  const uint64_t seq = tw_ll_next_seq(dc), items = ll_count_items(p.experts);
+  const uint2 flag = tw_ll_flags(seq, dc.call.digest);
+  const uint64_t half = p.ll_off + tw_ll_half(seq, p.ll_half);
+  __shared__ int s_usable;
+  if (threadIdx.x == 0) {
+    tw_trace_stamp(dc, TW_TR_START);
+    tw_trace_channel(dc, ch);
+    s_usable = tw_op_usable(dc, ch);
+    if (blockIdx.x == 0 && s_usable) {
+      tw_call_publish(dc, ch);
+      tw_signal_current(dc, ch, epoch);
+      tw_ll_announce(dc, flag);
+    }
+  }
+  __syncthreads();
+  int mine = s_usable;
+  if (blockIdx.x == 0 && mine) {
+    layout_block(p, s_count); /* ends with a CTA barrier: cnt is complete */
+    for (uint64_t j = threadIdx.x; j < (uint64_t)W * items; j += blockDim.x) {
+      const int r = (int)(j / items);
+      const uint64_t it = j % items;
+      int32_t v[4];
+      for (int q = 0; q < 4; q++)
+        v[q] = (int)it * 4 + q < stride ? p.cnt[it * 4 + q] : 0;
+      uint8_t *base = (uint8_t *)(r == dc.rank ? dc.ctrl : dc.peer_ctrl[r]);
+      tw_ll_put_item(base + half + (uint64_t)dc.rank * kLlCountSlot, it, items,
+                     make_uint4((uint32_t)v[0], (uint32_t)v[1], (uint32_t)v[2], (uint32_t)v[3]),
+                     flag);
+    }
+  }
+  const uint8_t *own = (const uint8_t *)dc.ctrl + half;
+  for (uint64_t j = threadIdx.x; mine && j < (uint64_t)W * items; j += blockDim.x) {
+    const int r = (int)(j / items);
+    uint4 v;
+    mine = tw_ll_wait_item(dc, ch, own + (uint64_t)r * kLlCountSlot, j % items, items, flag, r, &v);
+  }
+  const int ok = __syncthreads_and(mine);
+  if (!ok)
+    return 0;
+  const LlCounts c{own, items};
+  if (blockIdx.x == 0)
+    for (int i = threadIdx.x; i < W * stride; i += blockDim.x)
+      p.counts_in[dc.rank][i] = c(i / stride, i % stride);
+  derive_layout(p, dc, s, c);
+  return 1;
+}
+
 /* Every CTA of a dispatch, first: the entry handshake, then block 0 lays out this rank's entries
  * and stores its counts into every rank's counts_in, and every CTA waits for every rank's counts
- * and derives the layout into s. Returns whether the CTA may go on (false: a wait failed,
- * recorded). */
+ * and derives the layout into s (or all of it through the low-latency area: exchange_layout_ll).
+ * Returns whether the CTA may go on (false: a wait failed, recorded). */
 __device__ __forceinline__ int exchange_layout(const tw_dev_comm_t &dc, const MoeParams &p,
-                                               SharedLayout &s, int32_t *s_count, uint64_t epoch,
-                                               bool enter_here) {
+                                               SharedLayout &s, int32_t *s_count, uint64_t epoch) {
+  if (p.ll_half)
+    return exchange_layout_ll(dc, p, s, s_count, epoch);
   const int ch = TW_CH_MOE, W = dc.world, stride = count_stride(p.experts);
   int mine = 1;
-  if (threadIdx.x == 0 && enter_here)
+  if (threadIdx.x == 0)
     mine = tw_kernel_enter(dc, ch, epoch) && tw_wait_entries(dc, ch, epoch);
   int ok = __syncthreads_and(mine);
   if (blockIdx.x == 0 && ok) {
@@ -340,10 +437,12 @@ __device__ __forceinline__ int exchange_layout(const tw_dev_comm_t &dc, const Mo
       for (int i = threadIdx.x; i < stride; i += blockDim.x)
         p.counts_in[r][dc.rank * stride + i] = p.cnt[i];
     __syncthreads();
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
+      tw_fence_acq_rel_sys();
       for (int r = 0; r < W; r++)
-        tw_signal_set(
+        tw_signal_put(
             r == dc.rank ? tw_own_flag(dc, ch, dc.rank) : tw_peer_flag(dc, r, ch, dc.rank), epoch);
+    }
   }
   if (threadIdx.x == 0)
     for (int r = 0; r < W && mine; r++)
@@ -352,6 +451,13 @@ __device__ __forceinline__ int exchange_layout(const tw_dev_comm_t &dc, const Mo
   if (ok)
     derive_layout(p, dc, s);
   return ok;
+}
+
+/* The last CTA of a call that exchanged its counts through the low-latency area, before
+ * tw_op_end: the area's call sequence moves on (tw_ll_call_end's store). */
+__device__ __forceinline__ void ll_call_done(const tw_dev_comm_t &dc, const MoeParams &p) {
+  if (p.ll_half)
+    *(volatile uint64_t *)&dc.ctrl->ll_seq = tw_ll_next_seq(dc);
 }
 
 /* Block 0 thread 0, where the layout is not usable (a bad index, a rank over recv_rows): the
@@ -382,9 +488,10 @@ __device__ __forceinline__ bool rows_landed(const tw_dev_comm_t &dc, uint64_t ep
   uint64_t *done = tw_own_flag(dc, ch, kFlagCopiesDone);
   if (atomicAdd((unsigned long long *)done, 1ull) == gridDim.x - 1) {
     *(volatile uint64_t *)done = 0;
+    tw_fence_acq_rel_sys(); /* every CTA's rows, seen through the count, before any flag */
     for (int r = 0; r < W; r++)
       if (r == dc.rank || dc.peer_ctrl[r])
-        tw_signal_set(r == dc.rank ? tw_own_flag(dc, ch, W + dc.rank)
+        tw_signal_put(r == dc.rank ? tw_own_flag(dc, ch, W + dc.rank)
                                    : tw_peer_flag(dc, r, ch, W + dc.rank),
                       epoch);
   }

@@ -223,9 +223,10 @@ __device__ inline int exchange_layout_net(const tw_dev_comm_t &dc, const MoePara
         p.counts_in[x.local_rank[j]][dc.rank * stride + i] = p.cnt[i];
     __syncthreads();
     if (threadIdx.x == 0) {
+      tw_fence_acq_rel_sys();
       for (int j = 0; j < x.local_size; j++) {
         const int r = x.local_rank[j];
-        tw_signal_set(r == dc.rank ? tw_own_flag(dc, ch, r) : tw_peer_flag(dc, r, ch, dc.rank),
+        tw_signal_put(r == dc.rank ? tw_own_flag(dc, ch, r) : tw_peer_flag(dc, r, ch, dc.rank),
                       epoch);
       }
       for (int q = 0; q < x.nodes; q++)
@@ -249,10 +250,12 @@ __device__ inline int exchange_layout_net(const tw_dev_comm_t &dc, const MoePara
         for (int i = threadIdx.x; i < stride && x.local_rank[j] != dc.rank; i += blockDim.x)
           p.counts_in[x.local_rank[j]][src * stride + i] = row[i];
       __syncthreads();
-      if (threadIdx.x == 0)
+      if (threadIdx.x == 0) {
+        tw_fence_acq_rel_sys();
         for (int j = 0; j < x.local_size; j++)
           if (x.local_rank[j] != dc.rank)
-            tw_signal_set(tw_peer_flag(dc, x.local_rank[j], ch, src), epoch);
+            tw_signal_put(tw_peer_flag(dc, x.local_rank[j], ch, src), epoch);
+      }
     }
   }
   __syncthreads();
