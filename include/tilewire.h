@@ -488,7 +488,7 @@ TW_API tw_status_t tw_gemm_ar(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_
 /*
  * MoE expert parallelism: the token dispatch and the weighted combine, routed on the GPU from
  * topk_idx (no host synchronisation, CUDA-graph capturable), inside a node and (dispatch and
- * combine only) across nodes. `experts` experts are
+ * combine, and the fused dispatch + GEMM) across nodes. `experts` experts are
  * placed in contiguous blocks: rank r holds experts [r * E / world, (r + 1) * E / world)
  * (experts a multiple of world), its local experts.
  *
@@ -513,9 +513,10 @@ TW_API tw_status_t tw_gemm_ar(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_
  * which forwards it over NVLink; recv and offsets are exactly as inside a node. The combine
  * sums, on each node, the slots it holds in slot order (fp32), rounds that partial to bf16 and
  * sends it back; out[t] = t's own node's slots in slot order, then each other node's partial
- * in node order, fp32, rounded once. tw_moe_dispatch_gemm, tw_moe_gemm_combine, tw_moe_ffn
- * and tw_moe_combine_backward are refused there (TW_ERR_NOT_SUPPORTED): run tw_moe_dispatch,
- * tw_grouped_gemm and tw_moe_combine.
+ * in node order, fp32, rounded once. tw_moe_dispatch_gemm runs there too (the same dispatch, its
+ * GEMM tiles waiting for their rows as inside a node); tw_moe_gemm_combine, tw_moe_ffn and
+ * tw_moe_combine_backward are refused there (TW_ERR_NOT_SUPPORTED): run tw_moe_dispatch_gemm (or
+ * tw_moe_dispatch and tw_grouped_gemm), then tw_moe_combine.
  */
 #define TW_MOE_ARGS_VERSION 3
 typedef struct tw_moe_args {

@@ -8,8 +8,10 @@
  * rank with no tokens and every rank at the bound: every rank's recv and offsets are bitwise the
  * one-node layout, out is bitwise the host's node-then-slot-order sum and within bf16 tolerance of
  * an fp64 reference, and a repeated call gives the same out bit for bit; a CUDA graph of the
- * layer replayed with fresh routings; routing errors reported on every rank with nothing copied;
- * refusals of what across nodes does not serve. 77 without a Hopper GPU or without the double
+ * layer replayed with fresh routings; tw_moe_dispatch_gemm (the fused dispatch and GEMM) in the
+ * unfused dispatch's place, its out bitwise the unfused layer's (layouts 2x2, 3x2, 2x4); routing
+ * errors reported on every rank with nothing copied; refusals of what across nodes does not
+ * serve. 77 without a Hopper GPU or without the double
  * (built with rdma-core's headers).
  */
 #include <cuda_runtime.h>
@@ -81,6 +83,65 @@ static void test_layout(int nodes, int per_node, int experts, int top_k, int64_t
   moe_world_fini(&m);
 }
 
+/* tw_moe_dispatch_gemm then tw_moe_combine on every rank's stream (expert_out poisoned first, so
+ * the fused GEMM must write it), then a sync. */
+static void run_fused_layer(moe_world_t *m) {
+  for (int r = 0; r < m->world; r++)
+    tw_test_poison(m->eout[r], (size_t)m->recv_rows * m->n * 2, (tw_stream_t)m->streams[r]);
+  for (int r = 0; r < m->world; r++) {
+    tw_moe_args_t a = moe_args_of(m, r);
+    a.weights = m->weights[r];
+    TEST_TW_OK(tw_moe_dispatch_gemm(m->comms[r], &a, (tw_stream_t)m->streams[r]));
+  }
+  for (int r = 0; r < m->world; r++) {
+    tw_moe_args_t a = moe_args_of(m, r);
+    TEST_TW_OK(tw_moe_combine(m->comms[r], &a, (tw_stream_t)m->streams[r]));
+  }
+  TEST_CUDA_OK(cudaDeviceSynchronize());
+}
+
+/* The fused dispatch + GEMM across nodes: per routing the unfused layer first (its out kept),
+ * then recv and out poisoned again and the layer with tw_moe_dispatch_gemm: recv, offsets and
+ * out checked as the unfused layer's (moe_check_layer), and out bitwise the unfused layer's. */
+static void test_fused(int nodes, int per_node, int experts, int top_k, int64_t hidden, int64_t n,
+                       int64_t max_tokens, uint64_t seed) {
+  moe_world_t m;
+  const int world = nodes * per_node;
+  moe_world_init(&m, world, per_node, experts, top_k, hidden, n, max_tokens,
+                 rows_for(world, experts, top_k, max_tokens), 32);
+  uint64_t rng = seed | 1;
+  const int kinds[3] = {kMoeRandom, kMoeSkewed, kMoeHoles};
+  void *first[TW_MAX_WORLD];
+  for (int r = 0; r < world; r++)
+    TEST_CUDA_OK(cudaMalloc(&first[r], (size_t)max_tokens * n * 2 + 16));
+  for (int it = 0; it < 3; it++) {
+    for (int r = 0; r < world; r++)
+      m.tokens[r] = it == 1 && r == 0 ? 0 : (int64_t)(tw_test_xorshift(&rng) % max_tokens) + 1;
+    moe_route(&m, kinds[it], &rng);
+    moe_run_layer(&m);
+    for (int r = 0; r < world; r++) {
+      TEST_CUDA_OK(cudaMemcpy(first[r], m.out[r], out_bytes(&m, r), cudaMemcpyDeviceToDevice));
+      tw_test_poison(m.out[r], out_bytes(&m, r), 0);
+      tw_test_poison(m.recv[r], (size_t)m.recv_rows * hidden * 2, 0);
+    }
+    run_fused_layer(&m);
+    char what[160];
+    snprintf(what, sizeof(what),
+             "tw_moe_dispatch_gemm %dx%d, %d experts, top-%d, hidden %lld, n %lld, routing %d",
+             nodes, per_node, experts, top_k, (long long)hidden, (long long)n, it);
+    moe_check_layer(&m, what);
+    size_t diff = 0;
+    for (int r = 0; r < world; r++)
+      diff += tw_test_count_diff(m.out[r], first[r], out_bytes(&m, r));
+    TEST_ASSERT(diff == 0, "%s: out differs from the unfused layer's in %zu bytes", what, diff);
+  }
+  for (int r = 0; r < world; r++)
+    cudaFree(first[r]);
+  printf("  tw_moe_dispatch_gemm %dx%d %d experts top-%d hidden %lld n %lld: 3 routings checked\n",
+         nodes, per_node, experts, top_k, (long long)hidden, (long long)n);
+  moe_world_fini(&m);
+}
+
 /* One graph per rank of dispatch, grouped GEMM and combine, replayed with fresh routings of the
  * same token counts: the device epochs carry on and every replay checks. */
 static void test_graph(int nodes, int per_node, int replays, uint64_t seed) {
@@ -128,20 +189,23 @@ static void run(const char *backend, uint64_t seed) {
   test_layout(3, 2, 12, 2, 128, 136, 200, 32, seed + 2); /* an odd number of nodes */
   test_layout(4, 2, 32, 8, 256, 128, 150, 32, seed + 3);
   test_graph(2, 2, 3, seed + 4);
+  test_fused(2, 2, 8, 2, 256, 256, 300, seed + 5);
+  test_fused(3, 2, 12, 8, 512, 136, 200, seed + 6); /* odd nodes, top-8, an n tail */
+  test_fused(2, 4, 16, 1, 128, 512, 260, seed + 7);
   for (int which = 0; which < 2; which++)
     moe_test_routing_error(4, 2, which);
 }
 
-/* What across nodes refuses: the fused MoE calls, a workspace sized without the row width, a
- * call wider than its workspace was sized for, nodes of unequal size. */
+/* What across nodes refuses: the fused calls other than tw_moe_dispatch_gemm, a workspace sized
+ * without the row width, a call wider than its workspace was sized for, nodes of unequal size. */
 static void test_refusals(void) {
   moe_world_t m;
   moe_world_init(&m, 4, 2, 8, 2, 64, 64, 4096, 2048, 32);
   m.tokens[0] = 4;
   tw_moe_args_t a = moe_args_of(&m, 0);
   a.weights = m.weights[0];
-  TEST_TW_FAILS(tw_moe_dispatch_gemm(m.comms[0], &a, 0), TW_ERR_NOT_SUPPORTED, "across nodes");
   TEST_TW_FAILS(tw_moe_gemm_combine(m.comms[0], &a, 0), TW_ERR_NOT_SUPPORTED, "across nodes");
+  TEST_TW_FAILS(tw_moe_ffn(m.comms[0], &a, 0), TW_ERR_NOT_SUPPORTED, "across nodes");
   size_t bytes = 0;
   TEST_TW_FAILS(tw_moe_workspace_size(m.comms[0], 4096, 0, 8, 2, &bytes), TW_ERR_INVALID_ARGUMENT,
                 "hidden");

@@ -325,10 +325,11 @@ static tw_status_t check_ffn(tw_comm_t comm, const tw_moe_args_t &a, const char 
 static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, Layout *l) {
   const char *op = op_name(kind);
   const int W = comm->world;
-  if (comm->nodes > 1 && kind != kDispatch && kind != kCombine)
+  if (comm->nodes > 1 && kind != kDispatch && kind != kCombine && kind != kDispatchGemm)
     return tw_fail(TW_ERR_NOT_SUPPORTED,
-                   "%s: the comm spans %d nodes; across nodes the MoE layer runs unfused "
-                   "(tw_moe_dispatch, tw_grouped_gemm, tw_moe_combine)",
+                   "%s: the comm spans %d nodes; across nodes the MoE layer runs as "
+                   "tw_moe_dispatch_gemm (or tw_moe_dispatch and tw_grouped_gemm), then "
+                   "tw_moe_combine",
                    op, comm->nodes);
   TW_ARG_CHECK(a.index_bits == 32 || a.index_bits == 64,
                "%s: args->index_bits is %d; expected 32 or 64", op, (int)a.index_bits);

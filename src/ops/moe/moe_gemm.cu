@@ -28,6 +28,7 @@
 #include "ops/moe/moe_gemm_host.cuh"
 #include "ops/moe/moe_hooks.cuh"
 #include "ops/moe/moe_layout.cuh"
+#include "ops/moe/moe_net.cuh"
 
 extern "C" {
 #include "core/status.h"
@@ -82,7 +83,101 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
   }
 }
 
+/* Across nodes (moe_net.cuh): the dispatch's counts step over the rail, then every CTA its items
+ * of the three rounds of moe_net.cu's dispatch (the chunks bound for the other nodes, this rank's
+ * entries for experts of this node, the chunks the rail peers sent), each row landed counted into
+ * its row block on its rank as copy_rows counts, then the same GEMM. The rows a tile reads land
+ * by a local copy or a forward, and neither waits on a tile: every CTA finishes its copy rounds
+ * before its first tile, and a forward waits only for a rail peer's pack, its first round. The
+ * kernel ends once the NIC has read this CTA's staged rows and the last CTA zeroed the counters. */
+struct FusedNetParams {
+  FusedParams f;
+  MoeNet n;
+};
+
+struct ExchangeNet {
+  const tw_dev_comm_t &dc;
+  const MoeParams &p;
+  const MoeNet &n;
+  NetCta &c;
+  uint64_t epoch;
+  __device__ int operator()(SharedLayout &s, int32_t *scratch) const {
+    return exchange_layout_net(dc, p, n, s, scratch, c, epoch);
+  }
+};
+
+__device__ __forceinline__ bool mine(int item) { return item % (int)gridDim.x == (int)blockIdx.x; }
+
+__global__ void __launch_bounds__(tw::gemm::kThreads, 1)
+    moe_dispatch_gemm_net_kernel(const __grid_constant__ FusedNetParams fn) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  __shared__ NetCta c;
+  const FusedParams &fp = fn.f;
+  const MoeNet &n = fn.n;
+  const tw_dev_comm_t &dc = fp.gemm.wait.dc;
+  const MoeParams &p = fp.moe;
+  const tw_rail_t &x = n.rail;
+  const int ch = TW_CH_MOE, E = p.experts;
+  const uint64_t epoch = tw_op_begin(dc, ch);
+  const bool copy =
+      layout_phase(dc, p, reinterpret_cast<int32_t *>(smem_raw), ExchangeNet{dc, p, n, c, epoch});
+  int item = 0; /* the items of the pack and forward rounds, in turn */
+  for (int q = 0; copy && q < x.nodes; q++)
+    if (q != x.node)
+      for (int k = 0, chunks = chunk_count(p.cnt[E + 2 + q]); k < chunks; k++, item++)
+        if (mine(item))
+          pack_chunk(dc, p, n, g_layout, c, q, k, epoch);
+  const int64_t entries = p.tokens * p.top_k;
+  const int lane = threadIdx.x % 32, warps = (int)(blockDim.x / 32);
+  for (int64_t i = (int64_t)blockIdx.x * warps + threadIdx.x / 32; copy && i < entries;
+       i += (int64_t)gridDim.x * warps) {
+    const int32_t e = load_index(p, i);
+    if (e < 0)
+      continue; /* its route is -1 (layout_block) */
+    const int d = e / p.local_experts;
+    if (x.node_of[d] != x.node) { /* sent in a chunk to d's node */
+      if (lane == 0)
+        p.route[i] = -1;
+      continue;
+    }
+    const int64_t row = (int64_t)g_layout.base[e] + p.pos[i];
+    warp_copy_row(p.recv[d] + row * p.hidden, p.x + (i / p.top_k) * p.hidden, p.hidden, lane);
+    __syncwarp();
+    if (lane == 0) {
+      p.route[i] = (int64_t)d << 40 | row;
+      const int index = kFlagBlocks + (int)(row / kBlockM);
+      tw_fence_acq_rel_sys(); /* the warp's stores (seen through the barrier) before the add */
+      tw_red_relaxed_sys_add(
+          d == dc.rank ? tw_own_flag(dc, ch, index) : tw_peer_flag(dc, d, ch, index), 1);
+    }
+  }
+  for (int q = 0; copy && q < x.nodes; q++)
+    if (q != x.node)
+      for (int k = 0, chunks = chunk_count(rows_to_node(p, dc, x.rail[q], x.node)); k < chunks;
+           k++, item++)
+        if (mine(item))
+          forward_chunk<true>(dc, p, n, c, q, k, epoch);
+  __syncthreads();
+  if (threadIdx.x == 0)
+    tw_trace_stamp(dc, TW_TR_COMM_END);
+  gemm_cta_loop<kStages, kEpiBytes, EpiTmaStore<__nv_bfloat16>, MoeWait, true, 1, kBN>(
+      fp.gemm, smem_raw, (int32_t)blockIdx.x, (int32_t)gridDim.x);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    tw_trace_stamp(dc, TW_TR_GEMM_END);
+    if (c.last != ~0ull)
+      tw_fifo_wait_done(dc.fifo, dc, ch, c.last); /* the NIC has read this CTA's staged rows */
+  }
+  if (threadIdx.x == 0 && tw_op_exit(dc, ch, epoch, false)) {
+    for (int32_t b = 0; b < g_live_blocks; b++)
+      *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagBlocks + b) = 0;
+    tw_op_end(dc, ch, epoch);
+  }
+}
+
 static_assert(sizeof(FusedParams) <= 4096, "kernel parameters");
+/* above 4 KiB, inside the 32764 bytes CUDA 12.1 and later take on sm_90 */
+static_assert(sizeof(FusedNetParams) <= 32764, "kernel parameters");
 static_assert(kSmem + sizeof(SharedLayout) + 1024 <= 227 * 1024, "shared memory");
 static_assert(kSmem >= (kThreads / 32 + 1) * kMaxExperts * 4,
               "block 0's layout fits the GEMM's smem");
@@ -91,7 +186,12 @@ static_assert(kSmem >= (kThreads / 32 + 1) * kMaxExperts * 4,
 
 /* Loads tw_moe_dispatch_gemm's kernel on the current device now (see tw_ops_preload). */
 static tw_status_t moe_dispatch_gemm_preload(void) {
-  return preload_kernel<moe_dispatch_gemm_kernel>("loading tw_moe_dispatch_gemm's kernel");
+  tw_status_t st =
+      preload_kernel<moe_dispatch_gemm_kernel>("loading tw_moe_dispatch_gemm's kernel");
+  if (st == TW_SUCCESS)
+    st = preload_kernel<moe_dispatch_gemm_net_kernel>(
+        "loading tw_moe_dispatch_gemm's kernel across nodes");
+  return st;
 }
 
 static const tw_op_desc_t moe_dispatch_gemm_registration = {"moe_dispatch_gemm",
@@ -117,6 +217,17 @@ extern "C" tw_status_t tw_moe_dispatch_gemm(tw_comm_t comm, const tw_moe_args_t 
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
   MoeWait::set(g.wait, comm->rank, local, a.n_out, g.order);
+  if (comm->nodes > 1) {
+    FusedNetParams fn;
+    memset(&fn, 0, sizeof(fn));
+    fn.f = fp;
+    st = moe_net_params(comm, a, kDispatchGemm, l, &fn.n);
+    if (st == TW_SUCCESS)
+      st = moe_gemm_launch<moe_dispatch_gemm_net_kernel, kSmem>(
+          comm, a, kDispatchGemm, fn,
+          [](FusedNetParams &q, const tw_dev_comm_t &dc) { q.f.gemm.wait.dc = dc; }, stream, op);
+    return tw_comm_result(comm, st);
+  }
   st = moe_gemm_launch<moe_dispatch_gemm_kernel, kSmem>(
       comm, a, kDispatchGemm, fp,
       [](FusedParams &q, const tw_dev_comm_t &dc) { q.gemm.wait.dc = dc; }, stream, op);

@@ -142,12 +142,22 @@ __device__ inline void copy_rows(const MoeParams &p, const tw_dev_comm_t &dc) {
 }
 
 /* The dispatch's layout phase of a fused kernel, all threads of every CTA: the count exchange
- * (exchange_layout into g_layout; block 0's counts in `scratch`, shared memory free until the
- * GEMM starts), g_live_blocks, the error where the layout is unusable, block 0's offsets.
- * Returns whether the layout is usable (rows to copy and tiles to run). */
+ * (exchange(layout, scratch), by default exchange_layout, into g_layout; block 0's counts in
+ * `scratch`, shared memory free until the GEMM starts), g_live_blocks, the error where the
+ * layout is unusable, block 0's offsets. Returns whether the layout is usable (rows to copy and
+ * tiles to run). */
+struct ExchangeInNode {
+  const tw_dev_comm_t &dc;
+  const MoeParams &p;
+  uint64_t epoch;
+  __device__ int operator()(SharedLayout &s, int32_t *scratch) const {
+    return exchange_layout(dc, p, s, scratch, epoch);
+  }
+};
+template <class Exchange>
 __device__ inline bool layout_phase(const tw_dev_comm_t &dc, const MoeParams &p, int32_t *scratch,
-                                    uint64_t epoch) {
-  const int ok = exchange_layout(dc, p, g_layout, scratch, epoch);
+                                    const Exchange &exchange) {
+  const int ok = exchange(g_layout, scratch);
   const bool usable = ok && g_layout.bad_src < 0 && g_layout.over_rank < 0;
   if (threadIdx.x == 0) {
     g_live_blocks =
@@ -162,6 +172,10 @@ __device__ inline bool layout_phase(const tw_dev_comm_t &dc, const MoeParams &p,
                                          : (int32_t)g_layout.need[dc.rank];
   __syncthreads();
   return usable;
+}
+__device__ inline bool layout_phase(const tw_dev_comm_t &dc, const MoeParams &p, int32_t *scratch,
+                                    uint64_t epoch) {
+  return layout_phase(dc, p, scratch, ExchangeInNode{dc, p, epoch});
 }
 
 /* The combine phase of a fused kernel after its GEMM, all threads: token t (a static stride

@@ -286,7 +286,7 @@ __device__ inline void pack_chunk(const tw_dev_comm_t &dc, const MoeParams &p, c
   const int64_t k1 = min(rows, k0 + cr), slot0 = (int64_t)h * n.max_tokens;
   const int32_t *tok = (const int32_t *)(n.ws + n.l.tok_out) + slot0;
   uint8_t *staged = n.ws + n.l.rows_out + (size_t)slot0 * n.stage;
-  for (int64_t k = k0 + threadIdx.x / 32; k < k1; k += kMoeWarps) {
+  for (int64_t k = k0 + threadIdx.x / 32; k < k1; k += blockDim.x / 32) {
     const int64_t t = tok[k];
     uint8_t *dst = staged + (size_t)k * n.stage;
     warp_copy_row((uint16_t *)dst, p.x + t * p.hidden, p.hidden, lane);
@@ -309,7 +309,10 @@ __device__ inline void pack_chunk(const tw_dev_comm_t &dc, const MoeParams &p, c
 }
 
 /* All threads: chunk c of the rows node q's rail peer sent, once landed: each row's meta kept in
- * meta_in, the row copied into the recv of each slot's rank. */
+ * meta_in, the row copied into the recv of each slot's rank; kCount (tw_moe_dispatch_gemm): then
+ * one system-scope add of 1 to the counter of the row's 128-row block on that rank, as copy_rows
+ * adds (moe_hooks.cuh). */
+template <bool kCount = false>
 __device__ inline void forward_chunk(const tw_dev_comm_t &dc, const MoeParams &p, const MoeNet &n,
                                      NetCta &c, int q, int chunk, uint64_t epoch) {
   const tw_rail_t &x = n.rail;
@@ -324,16 +327,28 @@ __device__ inline void forward_chunk(const tw_dev_comm_t &dc, const MoeParams &p
     return;
   const uint8_t *staged = n.ws + n.l.rows_in + (size_t)slot0 * n.stage;
   int64_t *kept = (int64_t *)(n.ws + n.l.meta_in) + slot0 * (p.top_k + 1);
-  for (int64_t k = k0 + threadIdx.x / 32; k < k1; k += kMoeWarps) {
+  for (int64_t k = k0 + threadIdx.x / 32; k < k1; k += blockDim.x / 32) {
     const uint8_t *row = staged + (size_t)k * n.stage;
     const int64_t *meta = (const int64_t *)(row + p.hidden * 2);
     for (int j = lane; j <= p.top_k; j += 32)
       kept[k * (p.top_k + 1) + j] = __ldcg(meta + j);
     for (int j = 0; j < p.top_k; j++) {
       const int64_t m = __ldcg(meta + 1 + j);
-      if (m >= 0)
-        warp_copy_row<true>(p.recv[m >> 40] + (m & ((1ll << 40) - 1)) * p.hidden,
-                            (const uint16_t *)row, p.hidden, lane);
+      if (m < 0)
+        continue;
+      const int d = (int)(m >> 40);
+      const int64_t at = m & ((1ll << 40) - 1);
+      warp_copy_row<true>(p.recv[d] + at * p.hidden, (const uint16_t *)row, p.hidden, lane);
+      if constexpr (kCount) {
+        __syncwarp();
+        if (lane == 0) {
+          const int index = kFlagBlocks + (int)(at / 128);
+          tw_fence_acq_rel_sys(); /* the warp's stores (seen through the barrier) before the add */
+          tw_red_relaxed_sys_add(d == dc.rank ? tw_own_flag(dc, TW_CH_MOE, index)
+                                              : tw_peer_flag(dc, d, TW_CH_MOE, index),
+                                 1);
+        }
+      }
     }
   }
   __syncthreads();
@@ -430,15 +445,17 @@ __device__ __forceinline__ void combine_token_net(const MoeParams &p, const MoeN
   }
 }
 
-/* Host: the net parameters of a call of `kind` (kDispatch or kCombine) across nodes. */
+/* Host: the net parameters of a call of `kind` (kDispatch, kCombine, kDispatchGemm) across
+ * nodes. */
 tw_status_t moe_net_params(tw_comm_t comm, const tw_moe_args_t &a, int kind, const Layout &l,
                            MoeNet *n);
 /* Host: the kernel of `kind` across nodes. */
 const void *moe_net_kernel(int kind);
 /* Host: bytes of a staged row of `kind` (dispatch: of `hidden`; combine: of n_out = `hidden`). */
 inline size_t net_stage(int kind, int64_t hidden, int64_t n_out, int64_t top_k) {
-  return kind == kDispatch ? ((size_t)hidden * 2 + (size_t)(top_k + 1) * 8 + 15) / 16 * 16
-                           : (size_t)n_out * 2;
+  return kind == kDispatch || kind == kDispatchGemm
+             ? ((size_t)hidden * 2 + (size_t)(top_k + 1) * 8 + 15) / 16 * 16
+             : (size_t)n_out * 2;
 }
 
 } // namespace moe
