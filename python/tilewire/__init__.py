@@ -20,7 +20,8 @@ With torch (imported on first use of these names): ``init``, ``gemm``, ``grouped
     y = tilewire.grouped_gemm(x, w, offsets)  # x[rows of g] @ w[g].T per group g
 
 ``tilewire.nn`` (torch too): ``ColumnParallelLinear`` and ``RowParallelLinear``, torch.nn
-modules over ag_gemm / gemm_rs / gemm_ar (also as ``tilewire.ColumnParallelLinear``, ...).
+modules over ag_gemm / gemm_rs / gemm_ar, and ``ExpertParallelMoE`` over moe_ffn with its plain
+PyTorch twin ``TorchMoE`` (also as ``tilewire.ColumnParallelLinear``, ...).
 """
 
 from . import _lib
@@ -92,7 +93,7 @@ _TORCH_NAMES = (
 )
 
 # torch.nn modules of tilewire.nn (needs torch): resolved from it on first access.
-_NN_NAMES = ("ColumnParallelLinear", "RowParallelLinear")
+_NN_NAMES = ("ColumnParallelLinear", "RowParallelLinear", "ExpertParallelMoE", "TorchMoE")
 
 __all__ = [
     "AbortedError",

@@ -1,5 +1,7 @@
 """tilewire.nn: tensor-parallel linear layers over the fused ops (Megatron-LM semantics, the
-sequence-parallel style, since the ops are AllGather + GEMM and GEMM + ReduceScatter).
+sequence-parallel style, since the ops are AllGather + GEMM and GEMM + ReduceScatter), and the
+expert-parallel MoE layer ``ExpertParallelMoE`` over tilewire.moe_ffn with ``TorchMoE``, the
+plain PyTorch layer whose state_dict it loads and gives back (python/tilewire/_nn_moe.py).
 
 ``ColumnParallelLinear`` (tilewire.ag_gemm) takes this rank's rows of the input and gives
 every row of its column shard; ``RowParallelLinear`` (tilewire.gemm_rs or gemm_ar) takes
@@ -53,8 +55,10 @@ import torch
 from torch import nn
 
 from ._fused import ag_gemm, gemm_ar, gemm_rs, gemm_rs_workspace
+from ._nn_moe import ExpertParallelMoE, TorchMoE, full_moe_init
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "full_linear_init"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "full_linear_init", "ExpertParallelMoE",
+           "TorchMoE", "full_moe_init"]
 
 _BF16 = torch.bfloat16
 
