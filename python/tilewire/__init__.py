@@ -89,6 +89,12 @@ _TORCH_NAMES = (
     "swiglu",
     "moe_workspace",
     "moe_recv_rows",
+    # torch async-TP's fused ops, with their signatures
+    "fused_all_gather_matmul",
+    "fused_matmul_reduce_scatter",
+    "register_group",
+    "comm_for_group",
+    "release_async_tp_buffers",
     # ---- add each new op's name here as it lands
 )
 

@@ -39,6 +39,13 @@ from ._moe import (
     moe_workspace,
     swiglu,
 )
+from ._async_tp import (
+    comm_for_group,
+    fused_all_gather_matmul,
+    fused_matmul_reduce_scatter,
+    register_group,
+    release_async_tp_buffers,
+)
 from ._moe_grad import grouped_gemm_wgrad
 from ._ops import allgather, barrier, for_each_rank, gemm, grouped_gemm
 from ._symmetric import comm_empty, is_symmetric, symmetric_empty
@@ -49,7 +56,10 @@ __all__ = [
     "allgather",
     "barrier",
     "comm_empty",
+    "comm_for_group",
     "for_each_rank",
+    "fused_all_gather_matmul",
+    "fused_matmul_reduce_scatter",
     "gemm",
     "gemm_ar",
     "gemm_rs",
@@ -64,6 +74,8 @@ __all__ = [
     "moe_ffn",
     "moe_recv_rows",
     "moe_workspace",
+    "register_group",
+    "release_async_tp_buffers",
     "swiglu",
     "symmetric_empty",
 ]

@@ -105,7 +105,9 @@ def init(*, group=None, store=None, device=None, config=None, sm_budget=None,
     device; it is made current. Rank 0 makes the unique id and hands it over `store` when
     given, else with torch.distributed.broadcast_object_list over `group`, else through a
     TCP store at MASTER_ADDR:MASTER_PORT (torchrun's own store when it shares it). Every
-    rank of the group must call init, the same number of times.
+    rank of the group must call init, the same number of times. With torch.distributed
+    initialised the group's name then names the comm for tilewire.fused_all_gather_matmul and
+    fused_matmul_reduce_scatter (register_group).
     """
     import torch.distributed as dist
 
@@ -127,4 +129,11 @@ def init(*, group=None, store=None, device=None, config=None, sm_budget=None,
     uid = _comm.get_unique_id() if rank == 0 else None
     if world > 1:
         uid = _share_unique_id(uid, rank, world, group, store, timeout)
-    return _comm.init_rank(world, rank, uid, config, sm_budget=sm_budget)
+    comm = _comm.init_rank(world, rank, uid, config, sm_budget=sm_budget)
+    if dist_ready:  # the group's name now names this comm for the async-TP ops
+        from ._async_tp import register_group
+
+        pg = group if group is not None else dist.group.WORLD
+        if isinstance(getattr(pg, "group_name", None), str):
+            register_group(pg, comm)
+    return comm
