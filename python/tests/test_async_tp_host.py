@@ -121,3 +121,24 @@ def test_groups_and_checks():
         tilewire.fused_matmul_reduce_scatter(a, b, "max", 0, comm)
     with pytest.raises(ValueError, match="multiple of world"):
         tilewire.fused_matmul_reduce_scatter(_values((3, 16), 1), b, "sum", 0, comm)
+
+
+class FakeMesh:
+    mesh_dim_names = ("dp", "tp", "ep")
+
+    def get_group(self, name):
+        return "group-" + name
+
+
+def test_init_mesh(monkeypatch):
+    from tilewire import _torchrun
+
+    made = []
+    monkeypatch.setattr(_torchrun, "init", lambda group, **kw: made.append((group, kw)) or group)
+    comms = tilewire.init_mesh(FakeMesh(), dims=("ep", "tp"), sm_budget=16)
+    assert comms == {"tp": "group-tp", "ep": "group-ep"}
+    assert made == [("group-tp", {"sm_budget": 16}), ("group-ep", {"sm_budget": 16})]  # mesh order
+    with pytest.raises(ValueError, match="not the mesh's"):
+        tilewire.init_mesh(FakeMesh(), dims=("cp",))
+    with pytest.raises(TypeError, match="group="):
+        tilewire.init_mesh(FakeMesh(), group="g")

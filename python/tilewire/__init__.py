@@ -68,6 +68,7 @@ __version__ = "%d.%d.%d" % (_lib.TW_VERSION_MAJOR, _lib.TW_VERSION_MINOR, _lib.T
 # Names that need torch: resolved from tilewire._torch on first access.
 _TORCH_NAMES = (
     "init",
+    "init_mesh",
     "gemm",
     "grouped_gemm",
     "grouped_gemm_wgrad",

@@ -49,7 +49,7 @@ from ._async_tp import (
 from ._moe_grad import grouped_gemm_wgrad
 from ._ops import allgather, barrier, for_each_rank, gemm, grouped_gemm
 from ._symmetric import comm_empty, is_symmetric, symmetric_empty
-from ._torchrun import init
+from ._torchrun import init, init_mesh
 
 __all__ = [
     "ag_gemm",
@@ -67,6 +67,7 @@ __all__ = [
     "grouped_gemm",
     "grouped_gemm_wgrad",
     "init",
+    "init_mesh",
     "is_symmetric",
     "moe_combine",
     "moe_dispatch",

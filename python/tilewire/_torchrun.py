@@ -137,3 +137,24 @@ def init(*, group=None, store=None, device=None, config=None, sm_budget=None,
         if isinstance(getattr(pg, "group_name", None), str):
             register_group(pg, comm)
     return comm
+
+
+def init_mesh(mesh, dims=None, **kwargs):
+    """A tilewire comm for each dimension of a torch DeviceMesh (tensor, expert, context
+    parallel, ...): {name: tilewire.init(group=mesh.get_group(name), **kwargs)} for the mesh's
+    dim names (or `dims`, a subset), made in the mesh's dim order, so that every rank makes
+    them in one order. Each group's name then names its comm for the async-TP ops. Every rank
+    of the mesh calls it alike. kwargs: tilewire.init's (config, sm_budget, timeout, ...)."""
+    names = getattr(mesh, "mesh_dim_names", None)
+    if not names:
+        raise ValueError("tilewire.init_mesh: the mesh has no dim names; make it with "
+                         "init_device_mesh(..., mesh_dim_names=(...))")
+    names = tuple(names)
+    wanted = names if dims is None else tuple(dims)
+    unknown = [d for d in wanted if d not in names]
+    if unknown:
+        raise ValueError("tilewire.init_mesh: dims %s are not the mesh's (%s)"
+                         % (unknown, ", ".join(names)))
+    if "group" in kwargs:
+        raise TypeError("tilewire.init_mesh: the groups come from the mesh, not group=")
+    return {d: init(group=mesh.get_group(d), **kwargs) for d in names if d in wanted}
