@@ -10,27 +10,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tilewire  # noqa: E402
-from tilewire import _async_tp, _lib  # noqa: E402
+from _host import FakeComm, forbid_library  # noqa: E402
+from tilewire import _async_tp  # noqa: E402
 
 bf16 = torch.bfloat16
 
 
-class FakeComm:
-    def __init__(self, rank, size):
-        self.rank, self.size, self.device = rank, size, 0
-        self.allocs = []
-
-    def empty(self, shape, dtype=None):
-        self.allocs.append(tuple(shape))
-        return torch.zeros(shape, dtype=dtype or bf16)
-
-
 @pytest.fixture(autouse=True)
 def stand_ins(monkeypatch):
-    def refuse(name, *args, **kwargs):
-        raise AssertionError("called the library: %s" % name)
-    monkeypatch.setattr(_lib, "call", refuse)
-    monkeypatch.setattr(_lib, "function", refuse)
+    forbid_library(monkeypatch)
 
     def ag_gemm(comm, a, b, a_gathered, **kwargs):
         full = torch.cat([a.float() + q for q in range(comm.size)])  # rank q's shard: a + q

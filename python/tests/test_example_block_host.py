@@ -7,24 +7,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tilewire import _lib, _nn_moe, example_block  # noqa: E402
+from _host import FakeComm, forbid_library  # noqa: E402
+from tilewire import _nn_moe, example_block  # noqa: E402
 from tilewire import nn as twnn  # noqa: E402
 
 bf16 = torch.bfloat16
-
-
-class FakeComm:
-    def __init__(self, rank=0, size=1):
-        self.rank, self.size, self.device = rank, size, 0
-
-    def empty(self, shape, dtype=None):
-        return torch.zeros(shape, dtype=dtype or bf16)
-
-    def gemm_rs_workspace_size(self, m, n):
-        return 4 * m * n
-
-    def moe_workspace_size(self, *args):
-        return 64
 
 
 def _product(comm, a, b, buf, grad_workspace=None):
@@ -46,10 +33,7 @@ def _cpu_moe_ffn(comm, x, topk_idx, topk_weights, w13, w2, **kwargs):
 
 @pytest.fixture(autouse=True)
 def stand_ins(monkeypatch):
-    def refuse(name, *args, **kwargs):
-        raise AssertionError("called the library: %s" % name)
-    monkeypatch.setattr(_lib, "call", refuse)
-    monkeypatch.setattr(_lib, "function", refuse)
+    forbid_library(monkeypatch)
     for name in ("ag_gemm", "gemm_rs", "gemm_ar"):
         monkeypatch.setattr(twnn, name, _product)
     monkeypatch.setattr(twnn, "gemm_rs_workspace", lambda comm, m, n: None)

@@ -7,36 +7,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tilewire  # noqa: E402
-from tilewire import _lib  # noqa: E402
+from _host import FakeComm, forbid_library  # noqa: E402
 from tilewire import nn as twnn  # noqa: E402
 
 bf16 = torch.bfloat16
 Col, Row = twnn.ColumnParallelLinear, twnn.RowParallelLinear
 
 
-class FakeComm:
-    """rank and size of a comm, and CPU stand-ins for the calls the layers make."""
-
-    def __init__(self, rank, size):
-        self.rank, self.size, self.device = rank, size, 0
-        self.allocs = []
-
-    def empty(self, shape, dtype=None):
-        t = torch.zeros(shape, dtype=dtype or bf16)
-        self.allocs.append(tuple(t.shape))
-        return t
-
-    def gemm_rs_workspace_size(self, m, n):
-        return 4 * m * n
-
-
 @pytest.fixture(autouse=True)
 def no_library(monkeypatch):
-    """Any call into the C library fails the test."""
-    def refuse(name, *args, **kwargs):
-        raise AssertionError("called the library: %s" % name)
-    monkeypatch.setattr(_lib, "call", refuse)
-    monkeypatch.setattr(_lib, "function", refuse)
+    forbid_library(monkeypatch)
 
 
 def _layers(cls, world, *args, **kwargs):

@@ -8,33 +8,17 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tilewire  # noqa: E402
-from tilewire import _lib, _nn_moe  # noqa: E402
+from _host import FakeComm, forbid_library  # noqa: E402
+from tilewire import _nn_moe  # noqa: E402
 from tilewire import nn as twnn  # noqa: E402
 
 EP, TM = twnn.ExpertParallelMoE, twnn.TorchMoE
 H, I, E, K = 16, 24, 8, 2
 
 
-class FakeComm:
-    def __init__(self, rank, size):
-        self.rank, self.size, self.device = rank, size, 0
-        self.allocs = []
-
-    def empty(self, shape, dtype=None):
-        t = torch.zeros(shape, dtype=dtype or torch.bfloat16)
-        self.allocs.append(tuple(t.shape))
-        return t
-
-    def moe_workspace_size(self, max_tokens, experts, top_k, hidden):
-        return 64
-
-
 @pytest.fixture(autouse=True)
 def no_library(monkeypatch):
-    def refuse(name, *args, **kwargs):
-        raise AssertionError("called the library: %s" % name)
-    monkeypatch.setattr(_lib, "call", refuse)
-    monkeypatch.setattr(_lib, "function", refuse)
+    forbid_library(monkeypatch)
 
 
 def _layers(world, **kwargs):

@@ -159,3 +159,21 @@ def _check_comm(comm, op):
         raise TypeError("%s: comm must be a tilewire.Comm, got %s" % (op, type(comm).__name__))
     if comm.closed:
         raise ValueError("%s: comm is closed" % op)
+
+
+# ---- the torch.nn modules' checks (tilewire.nn, _nn_moe) ------------------------------------
+
+
+def _positive_int(value, name, op):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError("%s: %s must be a positive int, got %r" % (op, name, value))
+    return value
+
+
+def _world_and_rank(comm, op):
+    """comm's (size, rank): a tilewire.Comm, or anything with them (the host tests' fakes)."""
+    size, rank = getattr(comm, "size", None), getattr(comm, "rank", None)
+    if not isinstance(size, int) or not isinstance(rank, int) or not 0 <= rank < size:
+        raise TypeError("%s: comm must be a tilewire.Comm (with .rank and .size), got %r"
+                        % (op, comm))
+    return size, rank

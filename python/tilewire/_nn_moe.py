@@ -7,17 +7,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ._glue import _positive_int, _world_and_rank
 from ._moe import moe_ffn, moe_recv_rows, moe_workspace
 
 __all__ = ["ExpertParallelMoE", "TorchMoE", "full_moe_init"]
 
 _BF16 = torch.bfloat16
-
-
-def _positive_int(value, name, op):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError("%s: %s must be a positive int, got %r" % (op, name, value))
-    return value
 
 
 def _check_shape(op, hidden, inter, experts, top_k):
@@ -161,10 +156,7 @@ class ExpertParallelMoE(nn.Module):
         op = "tilewire.nn.ExpertParallelMoE"
         _check_shape(op, hidden, inter, experts, top_k)
         _positive_int(max_tokens, "max_tokens", op)
-        size, rank = getattr(comm, "size", None), getattr(comm, "rank", None)
-        if not isinstance(size, int) or not isinstance(rank, int) or not 0 <= rank < size:
-            raise TypeError("%s: comm must be a tilewire.Comm (with .rank and .size), got %r"
-                            % (op, comm))
+        size, rank = _world_and_rank(comm, op)
         if experts % size:
             raise ValueError("%s: experts=%d must be divisible by world=%d (each rank holds "
                              "experts / world of them)" % (op, experts, size))

@@ -55,6 +55,7 @@ import torch
 from torch import nn
 
 from ._fused import ag_gemm, gemm_ar, gemm_rs, gemm_rs_workspace
+from ._glue import _positive_int, _world_and_rank
 from ._nn_moe import ExpertParallelMoE, TorchMoE, full_moe_init
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "full_linear_init", "ExpertParallelMoE",
@@ -77,20 +78,6 @@ def full_linear_init(in_features, out_features, bias=True, init_seed=0):
     b = torch.empty(out_features)
     nn.init.uniform_(b, -bound, bound, generator=gen)
     return weight, b
-
-
-def _positive_int(value, name, op):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError("%s: %s must be a positive int, got %r" % (op, name, value))
-    return value
-
-
-def _world_and_rank(comm, op):
-    size, rank = getattr(comm, "size", None), getattr(comm, "rank", None)
-    if not isinstance(size, int) or not isinstance(rank, int) or not 0 <= rank < size:
-        raise TypeError("%s: comm must be a tilewire.Comm (with .rank and .size), got %r"
-                        % (op, comm))
-    return size, rank
 
 
 def _nbytes(t):
