@@ -513,10 +513,11 @@ TW_API tw_status_t tw_gemm_ar(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_
  * which forwards it over NVLink; recv and offsets are exactly as inside a node. The combine
  * sums, on each node, the slots it holds in slot order (fp32), rounds that partial to bf16 and
  * sends it back; out[t] = t's own node's slots in slot order, then each other node's partial
- * in node order, fp32, rounded once. tw_moe_dispatch_gemm runs there too (the same dispatch, its
- * GEMM tiles waiting for their rows as inside a node); tw_moe_gemm_combine, tw_moe_ffn and
- * tw_moe_combine_backward are refused there (TW_ERR_NOT_SUPPORTED): run tw_moe_dispatch_gemm (or
- * tw_moe_dispatch and tw_grouped_gemm), then tw_moe_combine.
+ * in node order, fp32, rounded once. The fused calls run there too: tw_moe_dispatch_gemm (the
+ * same dispatch, its GEMM tiles waiting for their rows as inside a node), tw_moe_gemm_combine
+ * (the same GEMM, the combine's partials of a row once its row blocks are complete) and
+ * tw_moe_ffn (both); their results are bitwise those of the unfused calls across nodes.
+ * tw_moe_combine_backward is refused there (TW_ERR_NOT_SUPPORTED).
  */
 #define TW_MOE_ARGS_VERSION 3
 typedef struct tw_moe_args {

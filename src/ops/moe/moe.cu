@@ -171,12 +171,10 @@ extern "C" tw_status_t tw_moe_workspace_size(tw_comm_t comm, int64_t max_tokens,
                       "stages rows: the widest hidden or n_out of the calls, a positive "
                       "multiple of 8",
                       (long long)hidden, comm->nodes));
-  size_t stage = 0;
-  if (net) {
-    const size_t d = net_stage(kDispatch, hidden, 0, top_k), c = net_stage(kCombine, 0, hidden, 0);
-    stage = d > c ? d : c;
-  }
-  *bytes = layout_of(comm->world, max_tokens, experts, top_k, comm->nodes, stage).bytes;
+  /* across nodes: room for tw_moe_ffn's staged rows and partials, the widest of the calls */
+  const size_t d = net ? net_stage(kDispatch, hidden, 0, top_k) : 0;
+  const size_t c = net ? net_stage(kCombine, 0, hidden, 0) : 0;
+  *bytes = layout_of(comm->world, max_tokens, experts, top_k, comm->nodes, d, c).bytes;
   return TW_SUCCESS;
 }
 
@@ -325,11 +323,10 @@ static tw_status_t check_ffn(tw_comm_t comm, const tw_moe_args_t &a, const char 
 static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, Layout *l) {
   const char *op = op_name(kind);
   const int W = comm->world;
-  if (comm->nodes > 1 && kind != kDispatch && kind != kCombine && kind != kDispatchGemm)
+  if (comm->nodes > 1 && kind == kCombineBackward)
     return tw_fail(TW_ERR_NOT_SUPPORTED,
-                   "%s: the comm spans %d nodes; across nodes the MoE layer runs as "
-                   "tw_moe_dispatch_gemm (or tw_moe_dispatch and tw_grouped_gemm), then "
-                   "tw_moe_combine",
+                   "%s: the comm spans %d nodes; across nodes the combine's backward is not "
+                   "served yet",
                    op, comm->nodes);
   TW_ARG_CHECK(a.index_bits == 32 || a.index_bits == 64,
                "%s: args->index_bits is %d; expected 32 or 64", op, (int)a.index_bits);
@@ -356,7 +353,8 @@ static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, 
                "%s: args->n_out is %lld; expected a positive multiple of 8", op,
                (long long)a.n_out);
   *l = layout_of(W, a.max_tokens, a.experts, a.top_k, comm->nodes,
-                 comm->nodes > 1 ? net_stage(kind, a.hidden, a.n_out, a.top_k) : 0);
+                 comm->nodes > 1 ? net_stage(kind, a.hidden, a.n_out, a.top_k) : 0,
+                 comm->nodes > 1 && kind == kFfn ? net_stage(kCombine, 0, a.n_out, 0) : 0);
   char what[96];
   snprintf(what, sizeof(what), "%s: args->workspace", op);
   tw_status_t st = tw_heap_lookup(comm, a.workspace, l->bytes, what, NULL);

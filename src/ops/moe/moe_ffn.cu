@@ -23,6 +23,14 @@
  *
  * No stage waits on a later one, and every CTA reaches each stage (the GEMM loops run on every
  * CTA, with no tiles where the layout is unusable), so the waits resolve in stage order.
+ *
+ * Across nodes (moe_net.cuh) the layout and copy stages are tw_moe_dispatch_gemm's across nodes
+ * (the counts over the rail; the packs, local rows and forwards, each landed row counted into
+ * its block), block 0 then sends this rank's weights to the rail peers, the GEMM and SwiGLU
+ * stages run as inside a node, and the combine is tw_moe_gemm_combine's across nodes: the
+ * partials for the rows the rail peers sent, each row once its slots' row blocks are complete,
+ * then this rank's tokens. The partials travel in their own staging regions (parts_*), since a
+ * rail peer may still forward rows out of rows_in when they land.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -34,6 +42,7 @@
 #include "ops/moe/moe_gemm_host.cuh"
 #include "ops/moe/moe_hooks.cuh"
 #include "ops/moe/moe_layout.cuh"
+#include "ops/moe/moe_net.cuh"
 #include "ops/moe/swiglu.cuh"
 
 extern "C" {
@@ -64,6 +73,62 @@ struct FfnParams {
   int32_t blocks; /* recv_rows' row blocks */
 };
 
+/* Block 0, all threads, first: this rank's stage counters zeroed (read by this rank's CTAs only;
+ * the previous call on this rank has ended), before block 0 signals its counts (layout_phase). */
+__device__ __forceinline__ void ffn_zero_counters(const FfnParams &fp) {
+  if (blockIdx.x != 0)
+    return;
+  for (int32_t b = threadIdx.x; b < fp.blocks; b += blockDim.x)
+    fp.h_count[b] = 0, fp.act_ready[b] = 0;
+  if (threadIdx.x == 0)
+    *fp.copies_done = 0;
+  __syncthreads();
+}
+
+/* Every CTA after its copies (copied: it made them): the CTA counted done with its copies, then
+ * the three FFN stages, gate/up tiles, SwiGLU of its row blocks, down tiles, then the wait
+ * until every copy CTA of the rank is done (the combine reads the route and meta entries they
+ * wrote). s_go is cleared where a wait failed. */
+__device__ __forceinline__ void ffn_stages(const FfnParams &fp, uint8_t *smem_raw, int &s_go,
+                                           bool copied) {
+  const tw_dev_comm_t &dc = fp.up.wait.dc;
+  const MoeParams &p = fp.moe;
+  __syncthreads();
+  if (copied && threadIdx.x == 0) {
+    tw_trace_stamp(dc, TW_TR_COMM_END);
+    tw_fence_acq_rel_sys(); /* the CTA's route entries (seen through the barrier) first */
+    tw_red_relaxed_sys_add(fp.copies_done, 1);
+  }
+  __syncthreads();
+  gemm_cta_loop<kStages, kEpiBytes, CountEpi, LayoutWait<true>, true, 1, kBN, true>(
+      fp.up, smem_raw, (int32_t)blockIdx.x, (int32_t)gridDim.x);
+  __syncthreads();
+  for (int32_t b = blockIdx.x; b < g_live_blocks; b += gridDim.x) {
+    int mine = 1;
+    if (threadIdx.x == 0)
+      mine = tw_wait_geq(dc, TW_CH_MOE, fp.h_count + b, (uint64_t)fp.up.order.n_blocks, -1, b);
+    if (!__syncthreads_and(mine)) {
+      if (threadIdx.x == 0)
+        s_go = 0;
+      break;
+    }
+    const int64_t row1 = min((int64_t)(b + 1) * kBlockM, p.recv_rows);
+    swiglu_rows(fp.h, fp.act, (int64_t)b * kBlockM, row1, fp.inter);
+    __syncthreads();
+    if (threadIdx.x == 0)
+      tw_signal_set(fp.act_ready + b, 1); /* the CTA's act stores (seen through the barrier) */
+  }
+  gemm_cta_loop<kStages, kEpiBytes, CountEpi, LayoutWait<false>, false, 1, kBN, true>(
+      fp.down, smem_raw, (int32_t)blockIdx.x, (int32_t)gridDim.x);
+  __syncthreads();
+  if (threadIdx.x == 0)
+    tw_trace_stamp(dc, TW_TR_GEMM_END);
+  if (s_go && threadIdx.x == 0 &&
+      !tw_wait_geq(dc, TW_CH_MOE, fp.copies_done, (uint64_t)gridDim.x, dc.rank, -1))
+    s_go = 0;
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
     moe_ffn_kernel(const __grid_constant__ FfnParams fp) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -71,13 +136,7 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
   const MoeParams &p = fp.moe;
   const int ch = TW_CH_MOE;
   const uint64_t epoch = tw_op_begin(dc, ch);
-  if (blockIdx.x == 0) {
-    for (int32_t b = threadIdx.x; b < fp.blocks; b += blockDim.x)
-      fp.h_count[b] = 0, fp.act_ready[b] = 0;
-    if (threadIdx.x == 0)
-      *fp.copies_done = 0;
-    __syncthreads(); /* before block 0 signals its counts (layout_phase) */
-  }
+  ffn_zero_counters(fp);
   __shared__ uint64_t s_target;
   if (threadIdx.x == 0)
     s_target = *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagCombineCount) +
@@ -88,45 +147,9 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
   const bool usable = layout_phase(dc, p, reinterpret_cast<int32_t *>(smem_raw), epoch);
   if (threadIdx.x == 0)
     s_go = usable;
-  if (usable) {
+  if (usable)
     copy_rows(p, dc);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      tw_trace_stamp(dc, TW_TR_COMM_END);
-      tw_fence_acq_rel_sys(); /* the CTA's route entries (seen through the barrier) first */
-      tw_red_relaxed_sys_add(fp.copies_done, 1);
-    }
-  }
-  __syncthreads();
-  gemm_cta_loop<kStages, kEpiBytes, CountEpi, LayoutWait<true>, true, 1, kBN, true>(
-      fp.up, smem_raw, (int32_t)blockIdx.x, (int32_t)gridDim.x);
-  __syncthreads();
-  for (int32_t b = blockIdx.x; b < g_live_blocks; b += gridDim.x) {
-    int mine = 1;
-    if (threadIdx.x == 0)
-      mine = tw_wait_geq(dc, ch, fp.h_count + b, (uint64_t)fp.up.order.n_blocks, -1, b);
-    if (!__syncthreads_and(mine)) {
-      if (threadIdx.x == 0)
-        s_go = 0;
-      break;
-    }
-    const int64_t row1 = min((int64_t)(b + 1) * kBlockM, p.recv_rows);
-    swiglu_rows(fp.h, fp.act, (int64_t)b * kBlockM, row1, fp.inter);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      tw_signal_set(fp.act_ready + b, 1); /* the CTA's act stores (seen through the barrier) */
-    }
-  }
-  gemm_cta_loop<kStages, kEpiBytes, CountEpi, LayoutWait<false>, false, 1, kBN, true>(
-      fp.down, smem_raw, (int32_t)blockIdx.x, (int32_t)gridDim.x);
-  __syncthreads();
-  if (threadIdx.x == 0)
-    tw_trace_stamp(dc, TW_TR_GEMM_END);
-  /* the combine reads the route entries this rank's copy CTAs wrote in this call */
-  if (s_go && threadIdx.x == 0 &&
-      !tw_wait_geq(dc, ch, fp.copies_done, (uint64_t)gridDim.x, dc.rank, -1))
-    s_go = 0;
-  __syncthreads();
+  ffn_stages(fp, smem_raw, s_go, usable);
   if (s_go)
     combine_phase(dc, p, s_target);
   __syncthreads();
@@ -146,6 +169,59 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
   }
 }
 
+/* Across nodes: the dispatch's staging (rows_*, the dispatch's stage) and the combine's
+ * (parts_*, the combine's). */
+struct FfnNetParams {
+  FfnParams f;
+  MoeNet rows, parts;
+};
+
+__global__ void __launch_bounds__(tw::gemm::kThreads, 1)
+    moe_ffn_net_kernel(const __grid_constant__ FfnNetParams fn) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  __shared__ NetCta c;
+  __shared__ uint64_t s_target;
+  __shared__ int s_go, s_last;
+  const FfnParams &fp = fn.f;
+  const tw_dev_comm_t &dc = fp.up.wait.dc;
+  const MoeParams &p = fp.moe;
+  const int ch = TW_CH_MOE;
+  const uint64_t epoch = tw_op_begin(dc, ch);
+  ffn_zero_counters(fp);
+  if (threadIdx.x == 0)
+    s_target = *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagCombineCount) +
+               (uint64_t)fp.down.order.n_blocks;
+  const bool usable = layout_phase(dc, p, reinterpret_cast<int32_t *>(smem_raw),
+                                   ExchangeNet{dc, p, fn.rows, c, epoch});
+  if (threadIdx.x == 0)
+    s_go = usable;
+  if (usable) {
+    net_copy_rounds<true>(dc, p, fn.rows, g_layout, c, epoch);
+    if (blockIdx.x == 0)
+      net_send_weights(dc, p, fn.parts, c, epoch);
+  }
+  ffn_stages(fp, smem_raw, s_go, usable);
+  if (s_go) {
+    const TilesDone done{dc, s_target};
+    net_partials(dc, p, fn.parts, c, epoch, done);
+    net_combine_tokens(dc, p, fn.parts, c, epoch, done);
+  }
+  if (threadIdx.x == 0) {
+    if (c.last != ~0ull)
+      tw_fifo_wait_done(dc.fifo, dc, ch, c.last); /* the NIC has read this CTA's staged rows */
+    s_last = tw_op_exit(dc, ch, epoch, false);
+  }
+  __syncthreads();
+  if (!s_last)
+    return;
+  for (int32_t b = threadIdx.x; b < g_live_blocks; b += blockDim.x)
+    *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagBlocks + b) = 0;
+  combine_counts_top_up(dc, g_live_blocks, fp.down.order.n_blocks, s_target);
+  if (threadIdx.x == 0)
+    tw_op_end(dc, ch, epoch);
+}
+
+static_assert(sizeof(FfnNetParams) <= 32764, "kernel parameters");
 /* two GEMMs' parameters: above 4 KiB, inside the 32764 bytes CUDA 12.1 and later take on sm_90 */
 static_assert(sizeof(FfnParams) <= 32764, "kernel parameters");
 static_assert(kSmem + sizeof(SharedLayout) + 1024 <= 227 * 1024, "shared memory");
@@ -156,7 +232,29 @@ static_assert(kSmem >= (kThreads / 32 + 1) * kMaxExperts * 4,
 
 /* Loads tw_moe_ffn's kernel on the current device now (see tw_ops_preload). */
 static tw_status_t moe_ffn_preload(void) {
-  return preload_kernel<moe_ffn_kernel>("loading tw_moe_ffn's kernel");
+  tw_status_t st = preload_kernel<moe_ffn_kernel>("loading tw_moe_ffn's kernel");
+  if (st == TW_SUCCESS)
+    st = preload_kernel<moe_ffn_net_kernel>("loading tw_moe_ffn's kernel across nodes");
+  return st;
+}
+
+/* Across nodes: the kernel of moe_ffn_net_kernel with its two staging regions. */
+static tw_status_t ffn_net_launch(tw_comm_t comm, const tw_moe_args_t &a, const Layout &l,
+                                  const FfnParams &f, tw_stream_t stream, const char *op) {
+  FfnNetParams fn;
+  memset(&fn, 0, sizeof(fn));
+  fn.f = f;
+  tw_status_t st = moe_net_params(comm, a, kFfn, l, &fn.rows);
+  if (st != TW_SUCCESS)
+    return st;
+  fn.parts = fn.rows;
+  fn.parts.l.rows_out = l.parts_out;
+  fn.parts.l.rows_in = l.parts_in;
+  fn.parts.stage = (int64_t)net_stage(kCombine, 0, a.n_out, 0);
+  return moe_gemm_launch<moe_ffn_net_kernel, kSmem>(
+      comm, a, kFfn, fn,
+      [](FfnNetParams &q, const tw_dev_comm_t &dc) { q.f.up.wait.dc = q.f.down.wait.dc = dc; },
+      stream, op);
 }
 
 static const tw_op_desc_t moe_ffn_registration = {"moe_ffn", moe_ffn_preload};
@@ -194,6 +292,8 @@ extern "C" tw_status_t tw_moe_ffn(tw_comm_t comm, const tw_moe_args_t *in, tw_st
     fp->copies_done = counters + 2 * kMaxBlocks;
     fp->inter = a.inter;
     fp->blocks = fp->up.order.m_blocks;
+    if (comm->nodes > 1)
+      return tw_comm_result(comm, ffn_net_launch(comm, a, l, *fp, stream, op));
     st = moe_gemm_launch<moe_ffn_kernel, kSmem>(
         comm, a, kFfn, *fp,
         [](FfnParams &q, const tw_dev_comm_t &dc) { q.up.wait.dc = q.down.wait.dc = dc; }, stream,

@@ -95,19 +95,6 @@ struct FusedNetParams {
   MoeNet n;
 };
 
-struct ExchangeNet {
-  const tw_dev_comm_t &dc;
-  const MoeParams &p;
-  const MoeNet &n;
-  NetCta &c;
-  uint64_t epoch;
-  __device__ int operator()(SharedLayout &s, int32_t *scratch) const {
-    return exchange_layout_net(dc, p, n, s, scratch, c, epoch);
-  }
-};
-
-__device__ __forceinline__ bool mine(int item) { return item % (int)gridDim.x == (int)blockIdx.x; }
-
 __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
     moe_dispatch_gemm_net_kernel(const __grid_constant__ FusedNetParams fn) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -116,47 +103,12 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
   const MoeNet &n = fn.n;
   const tw_dev_comm_t &dc = fp.gemm.wait.dc;
   const MoeParams &p = fp.moe;
-  const tw_rail_t &x = n.rail;
-  const int ch = TW_CH_MOE, E = p.experts;
+  const int ch = TW_CH_MOE;
   const uint64_t epoch = tw_op_begin(dc, ch);
   const bool copy =
       layout_phase(dc, p, reinterpret_cast<int32_t *>(smem_raw), ExchangeNet{dc, p, n, c, epoch});
-  int item = 0; /* the items of the pack and forward rounds, in turn */
-  for (int q = 0; copy && q < x.nodes; q++)
-    if (q != x.node)
-      for (int k = 0, chunks = chunk_count(p.cnt[E + 2 + q]); k < chunks; k++, item++)
-        if (mine(item))
-          pack_chunk(dc, p, n, g_layout, c, q, k, epoch);
-  const int64_t entries = p.tokens * p.top_k;
-  const int lane = threadIdx.x % 32, warps = (int)(blockDim.x / 32);
-  for (int64_t i = (int64_t)blockIdx.x * warps + threadIdx.x / 32; copy && i < entries;
-       i += (int64_t)gridDim.x * warps) {
-    const int32_t e = load_index(p, i);
-    if (e < 0)
-      continue; /* its route is -1 (layout_block) */
-    const int d = e / p.local_experts;
-    if (x.node_of[d] != x.node) { /* sent in a chunk to d's node */
-      if (lane == 0)
-        p.route[i] = -1;
-      continue;
-    }
-    const int64_t row = (int64_t)g_layout.base[e] + p.pos[i];
-    warp_copy_row(p.recv[d] + row * p.hidden, p.x + (i / p.top_k) * p.hidden, p.hidden, lane);
-    __syncwarp();
-    if (lane == 0) {
-      p.route[i] = (int64_t)d << 40 | row;
-      const int index = kFlagBlocks + (int)(row / kBlockM);
-      tw_fence_acq_rel_sys(); /* the warp's stores (seen through the barrier) before the add */
-      tw_red_relaxed_sys_add(
-          d == dc.rank ? tw_own_flag(dc, ch, index) : tw_peer_flag(dc, d, ch, index), 1);
-    }
-  }
-  for (int q = 0; copy && q < x.nodes; q++)
-    if (q != x.node)
-      for (int k = 0, chunks = chunk_count(rows_to_node(p, dc, x.rail[q], x.node)); k < chunks;
-           k++, item++)
-        if (mine(item))
-          forward_chunk<true>(dc, p, n, c, q, k, epoch);
+  if (copy)
+    net_copy_rounds<true>(dc, p, n, g_layout, c, epoch);
   __syncthreads();
   if (threadIdx.x == 0)
     tw_trace_stamp(dc, TW_TR_COMM_END);

@@ -18,6 +18,13 @@
  *
  * Before the first store the entry handshake: every rank entered this call, so every reader of
  * the previous call's expert_out is done.
+ *
+ * Across nodes (moe_net.cuh) the same GEMM, and the combine of tw_moe_combine across nodes: block
+ * 0 first sends this rank's weights to the rail peers that hold its rows; after its tiles (the
+ * reduce CTAs at once) every CTA computes its items of the partials for the rows the rail peers
+ * sent, each row once its slots' row blocks are complete on their ranks of this node, and posts
+ * them back; then its tokens, each once its partials landed and its own node's row blocks are
+ * complete. No tile waits on anything of the combine, so the waits resolve.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -30,6 +37,7 @@
 #include "ops/moe/moe_gemm_host.cuh"
 #include "ops/moe/moe_hooks.cuh"
 #include "ops/moe/moe_layout.cuh"
+#include "ops/moe/moe_net.cuh"
 
 extern "C" {
 #include "core/status.h"
@@ -65,6 +73,19 @@ struct CombineParams {
   MoeParams moe;
 };
 
+/* The last CTA out, all threads: the combine's counts topped up (combine_counts_top_up) over
+ * the rank's live row blocks, then the call's end. */
+__device__ __forceinline__ void combine_end(const CombineParams &cp, uint64_t target,
+                                            uint64_t epoch) {
+  const tw_dev_comm_t &dc = cp.gemm.wait.dc;
+  const int32_t live =
+      min(cp.gemm.order.m_blocks,
+          (__ldg(cp.gemm.wait.offsets + cp.gemm.wait.groups) + kBlockM - 1) / kBlockM);
+  combine_counts_top_up(dc, live, cp.gemm.order.n_blocks, target);
+  if (threadIdx.x == 0)
+    tw_op_end(dc, TW_CH_MOE, epoch);
+}
+
 __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
     moe_gemm_combine_kernel(const __grid_constant__ CombineParams cp) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -94,21 +115,69 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
   __syncthreads();
   if (!s_last)
     return;
-  const int32_t live =
-      min(cp.gemm.order.m_blocks,
-          (__ldg(cp.gemm.wait.offsets + cp.gemm.wait.groups) + kBlockM - 1) / kBlockM);
-  combine_counts_top_up(dc, live, cp.gemm.order.n_blocks, s_target);
+  combine_end(cp, s_target, epoch);
+}
+
+struct CombineNetParams {
+  CombineParams c;
+  MoeNet n;
+};
+
+/* The combine's state after the GEMM loop lives in shared memory (the loop's producer warps hold
+ * few registers; kRestoreRegs gives every warp its registers back for the combine). */
+__global__ void __launch_bounds__(tw::gemm::kThreads, 1)
+    moe_gemm_combine_net_kernel(const __grid_constant__ CombineNetParams cn) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  __shared__ NetCta c;
+  __shared__ uint64_t s_target;
+  const CombineParams &cp = cn.c;
+  const MoeNet &n = cn.n;
+  const tw_dev_comm_t &dc = cp.gemm.wait.dc;
+  const MoeParams &p = cp.moe;
+  const int ch = TW_CH_MOE;
+  const uint64_t epoch = tw_op_begin(dc, ch);
+  if (threadIdx.x == 0) {
+    net_combine_enter(dc, n, c, epoch);
+    s_target = *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagCombineCount) +
+               (uint64_t)cp.gemm.order.n_blocks;
+  }
+  __syncthreads();
+  if (blockIdx.x == 0 && c.ok)
+    net_send_weights(dc, p, n, c, epoch);
+  gemm_cta_loop<kStages, kEpiBytes, CountEpi, CombineWait, true, 1, kBN, true>(
+      cp.gemm, smem_raw, (int32_t)blockIdx.x, (int32_t)gridDim.x);
+  __syncthreads();
   if (threadIdx.x == 0)
-    tw_op_end(dc, ch, epoch);
+    tw_trace_stamp(dc, TW_TR_GEMM_END);
+  const TilesDone done{dc, s_target};
+  net_partials(dc, p, n, c, epoch, done);
+  net_combine_tokens(dc, p, n, c, epoch, done);
+  __shared__ int s_last;
+  if (threadIdx.x == 0) {
+    tw_trace_stamp(dc, TW_TR_COMM_END);
+    if (c.last != ~0ull)
+      tw_fifo_wait_done(dc.fifo, dc, ch, c.last); /* the NIC has read this CTA's partials */
+    s_last = tw_op_exit(dc, ch, epoch, false);
+  }
+  __syncthreads();
+  if (!s_last)
+    return;
+  combine_end(cp, s_target, epoch);
 }
 
 static_assert(sizeof(CombineParams) <= 4096, "kernel parameters");
+/* above 4 KiB, inside the 32764 bytes CUDA 12.1 and later take on sm_90 */
+static_assert(sizeof(CombineNetParams) <= 32764, "kernel parameters");
 
 } // namespace
 
 /* Loads tw_moe_gemm_combine's kernel on the current device now (see tw_ops_preload). */
 static tw_status_t moe_gemm_combine_preload(void) {
-  return preload_kernel<moe_gemm_combine_kernel>("loading tw_moe_gemm_combine's kernel");
+  tw_status_t st = preload_kernel<moe_gemm_combine_kernel>("loading tw_moe_gemm_combine's kernel");
+  if (st == TW_SUCCESS)
+    st = preload_kernel<moe_gemm_combine_net_kernel>(
+        "loading tw_moe_gemm_combine's kernel across nodes");
+  return st;
 }
 
 static const tw_op_desc_t moe_gemm_combine_registration = {"moe_gemm_combine",
@@ -145,6 +214,17 @@ extern "C" tw_status_t tw_moe_gemm_combine(tw_comm_t comm, const tw_moe_args_t *
   g.wait.reduce_ctas = grid / 16 > 1 ? grid / 16 : 1;
   if (g.wait.reduce_ctas >= grid)
     g.wait.reduce_ctas = grid - 1;
+  if (comm->nodes > 1) {
+    CombineNetParams cn;
+    memset(&cn, 0, sizeof(cn));
+    cn.c = cp;
+    st = moe_net_params(comm, a, kGemmCombine, l, &cn.n);
+    if (st == TW_SUCCESS)
+      st = moe_gemm_launch<moe_gemm_combine_net_kernel, kSmem>(
+          comm, a, kGemmCombine, cn,
+          [](CombineNetParams &q, const tw_dev_comm_t &dc) { q.c.gemm.wait.dc = dc; }, stream, op);
+    return tw_comm_result(comm, st);
+  }
   st = moe_gemm_launch<moe_gemm_combine_kernel, kSmem>(
       comm, a, kGemmCombine, cp,
       [](CombineParams &q, const tw_dev_comm_t &dc) { q.gemm.wait.dc = dc; }, stream, op);

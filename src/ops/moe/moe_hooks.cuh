@@ -180,21 +180,31 @@ __device__ inline bool layout_phase(const tw_dev_comm_t &dc, const MoeParams &p,
 
 /* The combine phase of a fused kernel after its GEMM, all threads: token t (a static stride
  * over the CTAs) waits until the row blocks of its slots' rows are complete on their ranks
- * (the cumulative tile counts of kFlagCombineBlocks at `target`), then sums them as
- * tw_moe_combine does (combine_token: the same bits). Returns whether every wait succeeded. */
+ * (TilesDone: the cumulative tile counts of kFlagCombineBlocks at `target`), then sums them as
+ * tw_moe_combine does (combine_token: the same bits). Returns whether every wait succeeded.
+ * Across nodes the fused kernels wait through TilesDone too (moe_net.cuh's Ready). */
+struct TilesDone {
+  const tw_dev_comm_t &dc;
+  uint64_t target;
+  /* Thread 0: a bounded wait until the row block of route entry r (rank << 40 | row) holds
+   * `target` finished tiles on its rank (kFlagCombineBlocks); false: it failed (recorded). */
+  __device__ bool operator()(int64_t r) const {
+    const int d = (int)(r >> 40), block = (int)((r & ((1ll << 40) - 1)) / gemm::kBlockM);
+    const int index = kFlagCombineBlocks + block;
+    const uint64_t *count =
+        d == dc.rank ? tw_own_flag(dc, TW_CH_MOE, index) : tw_peer_flag(dc, d, TW_CH_MOE, index);
+    return tw_wait_geq(dc, TW_CH_MOE, count, target, d, block);
+  }
+};
 __device__ inline bool combine_phase(const tw_dev_comm_t &dc, const MoeParams &p, uint64_t target) {
+  const TilesDone done{dc, target};
   int mine = 1, ok = 1;
   for (int64_t t = blockIdx.x; ok && t < p.tokens; t += gridDim.x) {
     if (threadIdx.x == 0)
       for (int j = 0; j < p.top_k && mine; j++) {
         const int64_t r = p.route[t * p.top_k + j];
-        if (r < 0)
-          continue;
-        const int d = (int)(r >> 40),
-                  index = kFlagCombineBlocks + (int)((r & ((1ll << 40) - 1)) / gemm::kBlockM);
-        const uint64_t *count = d == dc.rank ? tw_own_flag(dc, TW_CH_MOE, index)
-                                             : tw_peer_flag(dc, d, TW_CH_MOE, index);
-        mine = tw_wait_geq(dc, TW_CH_MOE, count, target, d, (int)t);
+        if (r >= 0)
+          mine = done(r);
       }
     ok = __syncthreads_and(mine);
     if (ok)

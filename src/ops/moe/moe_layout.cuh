@@ -57,18 +57,21 @@ __host__ __device__ constexpr int count_stride(int experts) {
  * token of each row sent), meta_in [nodes - 1][max_tokens][top_k + 1] int64 (the rows received:
  * their token and each slot's destination), w_out [max_tokens * top_k] and w_in
  * [nodes - 1][max_tokens * top_k] fp32 (the combine's weights), rows_out and rows_in
- * [nodes - 1][max_tokens][stage bytes] (the staged rows, in the call's stage size). Every region
- * before rows_out has the same offset in every call of one comm and max_tokens, experts and
- * top_k; the staged rows live only within one call. */
+ * [nodes - 1][max_tokens][stage bytes] (the staged rows, in the call's stage size), and for
+ * tw_moe_ffn, which dispatches and combines in one call, parts_out and parts_in [nodes - 1]
+ * [max_tokens][part_stage bytes] (the combine's partials: a rail peer may still forward the rows
+ * staged in rows_in while this rank's partials land). Every region before rows_out has the same
+ * offset in every call of one comm and max_tokens, experts and top_k; the staged rows live only
+ * within one call. */
 struct Layout {
   size_t counts_in, cnt, pos, route, cbase, inv, ffn;
-  size_t send_idx, tok_out, meta_in, w_out, w_in, rows_out, rows_in, bytes;
+  size_t send_idx, tok_out, meta_in, w_out, w_in, rows_out, rows_in, parts_out, parts_in, bytes;
 };
 
 inline size_t up256(size_t x) { return (x + 255) / 256 * 256; }
 
 inline Layout layout_of(int world, int64_t max_tokens, int64_t experts, int64_t top_k,
-                        int nodes = 1, size_t stage = 0) {
+                        int nodes = 1, size_t stage = 0, size_t part_stage = 0) {
   Layout l;
   memset(&l, 0, sizeof(l));
   const size_t row = (size_t)count_stride((int)experts) * 4,
@@ -90,7 +93,9 @@ inline Layout layout_of(int world, int64_t max_tokens, int64_t experts, int64_t 
     l.w_in = l.w_out + up256(entries * 4);
     l.rows_out = l.w_in + up256(far * entries * 4);
     l.rows_in = l.rows_out + up256(far * T * stage);
-    l.bytes = l.rows_in + up256(far * T * stage);
+    l.parts_out = l.rows_in + up256(far * T * stage);
+    l.parts_in = l.parts_out + up256(far * T * part_stage);
+    l.bytes = l.parts_in + up256(far * T * part_stage);
   }
   return l;
 }

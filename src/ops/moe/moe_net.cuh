@@ -269,6 +269,18 @@ __device__ inline int exchange_layout_net(const tw_dev_comm_t &dc, const MoePara
   return ok;
 }
 
+/* exchange_layout_net as a fused kernel's layout_phase takes it (moe_hooks.cuh). */
+struct ExchangeNet {
+  const tw_dev_comm_t &dc;
+  const MoeParams &p;
+  const MoeNet &n;
+  NetCta &c;
+  uint64_t epoch;
+  __device__ int operator()(SharedLayout &s, int32_t *scratch) const {
+    return exchange_layout_net(dc, p, n, s, scratch, c, epoch);
+  }
+};
+
 /* Rows rank src sends to node q (from the count rows every rank holds). */
 __device__ __forceinline__ int64_t rows_to_node(const MoeParams &p, const tw_dev_comm_t &dc,
                                                 int src, int q) {
@@ -373,10 +385,20 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float *acc) {
   return make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
+/* The expert rows a combine reads, ready where they are read: tw_moe_combine's are (the GEMM
+ * before it is stream-ordered); a fused kernel's Ready waits (thread 0, bounded) until the row
+ * block of route entry `m` (rank << 40 | row) is complete on its rank. */
+struct RowsReady {
+  __device__ bool operator()(int64_t) const { return true; }
+};
+
 /* All threads: chunk c of the partials for the rows node q's rail peer sent (their weights
- * landed): per row the slots of this node, in slot order, staged as bf16 and posted back. */
+ * landed): per row the slots of this node, in slot order, staged as bf16 and posted back; each
+ * row once ready(slot) held for each of its slots (thread 0). */
+template <class Ready = RowsReady>
 __device__ inline void partial_chunk(const tw_dev_comm_t &dc, const MoeParams &p, const MoeNet &n,
-                                     NetCta &c, int q, int chunk, uint64_t epoch) {
+                                     NetCta &c, int q, int chunk, uint64_t epoch,
+                                     const Ready &ready = Ready()) {
   __shared__ int64_t s_meta[kMaxTopK + 1];
   const tw_rail_t &x = n.rail;
   const int N = x.nodes, h = node_slot(q, x.node, N), src = x.rail[q];
@@ -398,6 +420,13 @@ __device__ inline void partial_chunk(const tw_dev_comm_t &dc, const MoeParams &p
     if (threadIdx.x <= p.top_k)
       s_meta[threadIdx.x] = kept[k * (p.top_k + 1) + threadIdx.x];
     __syncthreads();
+    if (threadIdx.x == 0)
+      for (int j = 0; j < p.top_k && c.ok; j++)
+        if (s_meta[1 + j] >= 0)
+          c.ok = ready(s_meta[1 + j]);
+    __syncthreads();
+    if (!c.ok)
+      break; /* read by every thread before thread 0 can write it again */
     const int64_t t = s_meta[0];
     for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -445,15 +474,170 @@ __device__ __forceinline__ void combine_token_net(const MoeParams &p, const MoeN
   }
 }
 
+/* Item `item` of a CTA's round robin over the grid: whether it is this CTA's. */
+__device__ __forceinline__ bool net_item_mine(int item) {
+  return item % (int)gridDim.x == (int)blockIdx.x;
+}
+
+/* All threads of every CTA: a dispatch's three rounds across nodes, each CTA its items: the
+ * chunks bound for the other nodes (pack_chunk), this rank's entries whose experts sit on this
+ * node (copied into their recv; an entry for another node gets route -1: the combine reads its
+ * node's partial instead), and the chunks the rail peers sent (forward_chunk). A pack waits for
+ * nothing but the receiver's entry, so the forwards, which wait for packs, never wait on work
+ * queued behind them. kCount (the fused dispatches): after each row lands, one system-scope add
+ * of 1 to the counter of its 128-row block on its rank, as copy_rows adds (moe_hooks.cuh). */
+template <bool kCount>
+__device__ inline void net_copy_rounds(const tw_dev_comm_t &dc, const MoeParams &p, const MoeNet &n,
+                                       const SharedLayout &s, NetCta &c, uint64_t epoch) {
+  const tw_rail_t &x = n.rail;
+  const int E = p.experts;
+  int item = 0; /* the items of the pack and forward rounds, in turn */
+  for (int q = 0; q < x.nodes; q++)
+    if (q != x.node)
+      for (int k = 0, chunks = chunk_count(p.cnt[E + 2 + q]); k < chunks; k++, item++)
+        if (net_item_mine(item))
+          pack_chunk(dc, p, n, s, c, q, k, epoch);
+  const int64_t entries = p.tokens * p.top_k;
+  const int lane = threadIdx.x % 32, warps = (int)(blockDim.x / 32);
+  for (int64_t i = (int64_t)blockIdx.x * warps + threadIdx.x / 32; i < entries;
+       i += (int64_t)gridDim.x * warps) {
+    const int32_t e = load_index(p, i);
+    if (e < 0)
+      continue; /* its route is -1 (layout_block) */
+    const int d = e / p.local_experts;
+    if (x.node_of[d] != x.node) { /* sent in a chunk to d's node */
+      if (lane == 0)
+        p.route[i] = -1;
+      continue;
+    }
+    const int64_t row = (int64_t)s.base[e] + p.pos[i];
+    warp_copy_row(p.recv[d] + row * p.hidden, p.x + (i / p.top_k) * p.hidden, p.hidden, lane);
+    if constexpr (kCount)
+      __syncwarp();
+    if (lane == 0) {
+      p.route[i] = (int64_t)d << 40 | row;
+      if constexpr (kCount) {
+        const int index = kFlagBlocks + (int)(row / 128);
+        tw_fence_acq_rel_sys(); /* the warp's stores (seen through the barrier) before the add */
+        tw_red_relaxed_sys_add(d == dc.rank ? tw_own_flag(dc, TW_CH_MOE, index)
+                                            : tw_peer_flag(dc, d, TW_CH_MOE, index),
+                               1);
+      }
+    }
+  }
+  for (int q = 0; q < x.nodes; q++)
+    if (q != x.node)
+      for (int k = 0, chunks = chunk_count(rows_to_node(p, dc, x.rail[q], x.node)); k < chunks;
+           k++, item++)
+        if (net_item_mine(item))
+          forward_chunk<kCount>(dc, p, n, c, q, k, epoch);
+}
+
+/* Thread 0 of every CTA, a combine's start across nodes: the CTA's state, the entry handshake of
+ * this node's ranks, and block 0's net entry to each rail peer. */
+__device__ inline void net_combine_enter(const tw_dev_comm_t &dc, const MoeNet &n, NetCta &c,
+                                         uint64_t epoch) {
+  const tw_rail_t &x = n.rail;
+  c.last = ~0ull, c.entered = 0, c.weighed = 0;
+  c.ok = tw_kernel_enter(dc, TW_CH_MOE, epoch) && tw_wait_entries(dc, TW_CH_MOE, epoch);
+  for (int q = 0; q < x.nodes && c.ok && blockIdx.x == 0; q++)
+    if (q != x.node) {
+      const uint64_t t = tw_net_signal_entry(dc, TW_CH_MOE, x.rail[q], x.node, epoch);
+      c.ok = t != ~0ull;
+      c.last = t;
+    }
+}
+
+/* Block 0, all threads: this rank's weights by RDMA to each rail peer that holds rows of it. */
+__device__ inline void net_send_weights(const tw_dev_comm_t &dc, const MoeParams &p,
+                                        const MoeNet &n, NetCta &c, uint64_t epoch) {
+  const tw_rail_t &x = n.rail;
+  const int N = x.nodes;
+  const int64_t entries = p.tokens * p.top_k;
+  float *w_out = (float *)(n.ws + n.l.w_out);
+  for (int64_t i = threadIdx.x; i < entries; i += blockDim.x)
+    w_out[i] = p.topk_weights[i];
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int q = 0; q < N; q++)
+      if (q != x.node && p.cnt[p.experts + 2 + q] > 0)
+        net_post(dc, n, c, q, n.l.w_out,
+                 n.l.w_in + (uint64_t)node_slot(x.node, q, N) * n.max_tokens * p.top_k * 4,
+                 (uint64_t)entries * 4, kNetWeights + x.node, epoch);
+  __syncthreads();
+}
+
+/* All threads of every CTA: its items of the partials for the rows the rail peers sent. */
+template <class Ready>
+__device__ inline void net_partials(const tw_dev_comm_t &dc, const MoeParams &p, const MoeNet &n,
+                                    NetCta &c, uint64_t epoch, const Ready &ready) {
+  const tw_rail_t &x = n.rail;
+  int item = 0;
+  for (int q = 0; q < x.nodes; q++)
+    if (q != x.node)
+      for (int k = 0, chunks = chunk_count(rows_to_node(p, dc, x.rail[q], x.node)); k < chunks;
+           k++, item++)
+        if (net_item_mine(item))
+          partial_chunk(dc, p, n, c, q, k, epoch, ready);
+}
+
+/* All threads of every CTA: out for this CTA's tokens (a static stride), each once the partials
+ * of its rows landed from the other nodes and ready(slot) held for its slots on this node
+ * (thread 0). */
+template <class Ready>
+__device__ inline void net_combine_tokens(const tw_dev_comm_t &dc, const MoeParams &p,
+                                          const MoeNet &n, NetCta &c, uint64_t epoch,
+                                          const Ready &ready) {
+  __shared__ int32_t s_k[TW_RAIL_MAX_NODES];    /* a token's row among those sent to each node */
+  __shared__ int32_t waited[TW_RAIL_MAX_NODES]; /* thread 0's: the last chunk of partials seen
+                                                 * per node (shared: indexed at run time) */
+  const int ch = TW_CH_MOE, E = p.experts;
+  const tw_rail_t &x = n.rail;
+  const int N = x.nodes;
+  const int32_t *send_idx = (const int32_t *)(n.ws + n.l.send_idx);
+  if (threadIdx.x == 0)
+    for (int q = 0; q < N; q++)
+      waited[q] = -1;
+  __syncthreads();
+  for (int64_t t = blockIdx.x; t < p.tokens; t += gridDim.x) {
+    if (threadIdx.x == 0) {
+      for (int j = 0; j < p.top_k && c.ok; j++) {
+        const int64_t r = p.route[t * p.top_k + j];
+        if (r >= 0)
+          c.ok = ready(r);
+      }
+      for (int q = 0; q < N; q++) {
+        const int32_t k = q == x.node ? -1 : send_idx[t * N + q];
+        s_k[q] = k;
+        const int chunk = k < 0 ? -1 : (int)(k / chunk_rows(p.cnt[E + 2 + q]));
+        if (chunk > waited[q] && c.ok) {
+          c.ok = tw_wait_geq(
+              dc, ch, tw_net_flag(dc, ch, kNetParts + node_slot(q, x.node, N) * kNetChunks + chunk),
+              epoch, x.rail[q], chunk);
+          waited[q] = chunk;
+        }
+      }
+    }
+    __syncthreads();
+    const bool go = c.ok; /* read by every thread before thread 0 can write it again */
+    if (go)
+      combine_token_net(p, n, s_k, t);
+    __syncthreads();
+    if (!go)
+      break;
+  }
+}
+
 /* Host: the net parameters of a call of `kind` (kDispatch, kCombine, kDispatchGemm) across
  * nodes. */
 tw_status_t moe_net_params(tw_comm_t comm, const tw_moe_args_t &a, int kind, const Layout &l,
                            MoeNet *n);
 /* Host: the kernel of `kind` across nodes. */
 const void *moe_net_kernel(int kind);
-/* Host: bytes of a staged row of `kind` (dispatch: of `hidden`; combine: of n_out = `hidden`). */
+/* Host: bytes of a staged row of `kind` (the dispatches, tw_moe_ffn's rows among them: of
+ * `hidden` and its meta; the combines: of n_out). */
 inline size_t net_stage(int kind, int64_t hidden, int64_t n_out, int64_t top_k) {
-  return kind == kDispatch || kind == kDispatchGemm
+  return kind == kDispatch || kind == kDispatchGemm || kind == kFfn
              ? ((size_t)hidden * 2 + (size_t)(top_k + 1) * 8 + 15) / 16 * 16
              : (size_t)n_out * 2;
 }
