@@ -51,6 +51,11 @@ def for_each_rank(comms, fn):
     concurrently. Returns fn's results in rank order. Works under CUDA graph capture.
 
         tilewire.for_each_rank(comms, lambda c: tilewire.allgather(c, xs[c.rank], outs[c.rank]))
+
+    Nothing inside fn may wait for the device: rank 0's collectives wait until the later ranks
+    launch theirs, which happens only after fn(rank 0) returns. Allocate symmetric buffers
+    before (the layers' reserve()), and call each torch kernel and library once before the
+    first loop: a first call may load code or make a handle, which waits for the device.
     """
     for c in comms:
         if not isinstance(c, Comm) or not c.virtual:

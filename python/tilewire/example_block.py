@@ -124,6 +124,30 @@ class TilewireBlock(nn.Module):
         if device is not None:
             self.norm1.to(device), self.norm2.to(device)
 
+    def reserve(self, tokens, grad=True):
+        """Prepares this rank's block for calls of up to `tokens` tokens of this rank: the
+        layers' symmetric buffers (collective: every rank's block, in rank order, while no
+        collective is in flight), and one forward and backward of the attention core on zeros
+        at this rank's shapes. The first call of a torch kernel or library (cuDNN's attention,
+        cuBLAS) may load code or make a handle, which waits for the device; on virtual ranks
+        one thread launches every rank's kernels and a rank's collective waits until the next
+        rank launches its own, so such a wait inside the ranks' loop would never end."""
+        world = self.world
+        self.qkv.reserve(tokens, grad=grad)
+        self.o.reserve(world * tokens)
+        if self.moe is not None:
+            self.moe.reserve(grad=grad)
+        else:
+            self.gate_up.reserve(tokens, grad=grad)
+            self.down.reserve(world * tokens)
+        d = self.hidden // (self.heads * world)
+        dev = self.qkv.weight.device
+        q = torch.zeros(self.heads, world * tokens, d, dtype=_BF16, device=dev,
+                        requires_grad=grad)
+        a = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        if grad:
+            (a.float().sum() + torch.matmul(q[0].t(), q[0]).sum()).backward()
+
     def attention(self, x):  # x: this rank's tokens; every token of this rank's heads inside
         qkv = self.qkv(x)  # [world * tokens, 3 * hidden / world]: this rank's q, k, v columns
         t, d = qkv.shape[0], self.hidden // (self.heads * self.world)
@@ -175,6 +199,10 @@ def train_tilewire(blocks, comms, xs, targets, steps, lr, for_each_rank):
     token), with the replicated parameters' gradients (the norms, the router) summed over the
     ranks before each step, as a data-parallel all-reduce would."""
     n = sum(t.numel() for t in targets)
+    for b, x in zip(blocks, xs):
+        b.reserve(x.shape[0])
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     losses = []
     for _ in range(steps):
         parts = for_each_rank(comms, lambda c: ((blocks[c.rank](xs[c.rank]).float() -
@@ -221,9 +249,11 @@ def main(argv=None):
     target = torch.randn(args.tokens, args.hidden, device="cuda", generator=g)
     xs = [t.to(_BF16).contiguous() for t in x.chunk(args.world)]
     targets = list(target.chunk(args.world))
+    # the plain block first: it also loads every torch kernel and library the ranks' loop calls
+    # (TilewireBlock.reserve says why that matters on virtual ranks)
+    torch_losses = train_torch(ref, x, target, args.steps, args.lr)
     tw_losses = train_tilewire(blocks, comms, xs, targets, args.steps, args.lr,
                                tilewire.for_each_rank)
-    torch_losses = train_torch(ref, x, target, args.steps, args.lr)
     print("step  torch        tilewire     rel. diff")
     for i, (a, b) in enumerate(zip(torch_losses, tw_losses)):
         print("%4d  %.6f  %.6f  %.2e" % (i, a, b, abs(a - b) / max(abs(a), 1e-12)))
