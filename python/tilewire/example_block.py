@@ -140,21 +140,24 @@ class TilewireBlock(nn.Module):
         else:
             self.gate_up.reserve(tokens, grad=grad)
             self.down.reserve(world * tokens)
-        d = self.hidden // (self.heads * world)
-        dev = self.qkv.weight.device
-        q = torch.zeros(self.heads, world * tokens, d, dtype=_BF16, device=dev,
-                        requires_grad=grad)
-        a = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        # the attention core exactly as forward calls it (a library may key its plans on the
+        # strides too), and a matmul as the layers' weight gradients run it
+        qkv = torch.zeros(world * tokens, self.qkv.weight.shape[0], dtype=_BF16,
+                          device=self.qkv.weight.device, requires_grad=grad)
+        a = self._attend(qkv)
         if grad:
-            (a.float().sum() + torch.matmul(q[0].t(), q[0]).sum()).backward()
+            (a.float().sum() + torch.matmul(qkv.t(), qkv).float().sum()).backward()
 
-    def attention(self, x):  # x: this rank's tokens; every token of this rank's heads inside
-        qkv = self.qkv(x)  # [world * tokens, 3 * hidden / world]: this rank's q, k, v columns
+    def _attend(self, qkv):  # [world * tokens, 3 * hidden / world] -> [tokens, heads, d]
         t, d = qkv.shape[0], self.hidden // (self.heads * self.world)
         q, k, v = qkv.view(t, 3, self.heads, d).unbind(1)
         a = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1),
                                            v.transpose(0, 1), is_causal=True)
-        return self.o(a.transpose(0, 1).reshape(t, self.heads * d))  # back to this rank's tokens
+        return a.transpose(0, 1).reshape(t, self.heads * d)
+
+    def attention(self, x):  # x: this rank's tokens; every token of this rank's heads inside
+        qkv = self.qkv(x)  # [world * tokens, 3 * hidden / world]: this rank's q, k, v columns
+        return self.o(self._attend(qkv))  # back to this rank's tokens
 
     def mlp(self, x):
         if self.moe is not None:
