@@ -328,6 +328,47 @@ TW_API tw_status_t tw_grouped_gemm_wgrad(const tw_grouped_gemm_args_t *args, voi
                                          size_t workspace_bytes, tw_stream_t stream);
 
 /*
+ * Forward attention (FlashAttention-style, one persistent launch), for one device, no comm:
+ *   o[b, i, h, :] = sum_j softmax_j(softmax_scale * q[b, i, h, :] . k[b, j, h / g, :])
+ *                   * v[b, j, h / g, :]            with g = heads_q / heads_kv (GQA / MQA)
+ * Layouts are those of contiguous torch tensors (B, S, H, D), bf16: q and o
+ * [batch, seq_q, heads_q, head_dim], k and v [batch, seq_kv, heads_kv, head_dim]; lse (fp32,
+ * may be NULL) [batch, heads_q, seq_q], the natural-log sum of exp of each row's scaled scores
+ * (what a ring step needs to merge partial results). head_dim 64 or 128; q, k, v and o 16-byte
+ * aligned device memory of the current device, o overlapping no input.
+ * causal: key j is visible to query i iff kv_offset + j <= q_offset + i, the offsets being the
+ * global positions of row 0 of q and of k (0 and 0 for a whole sequence; a shard's starts for
+ * ring attention). A row no key reaches (causal) gets o = 0 and lse = -inf.
+ * softmax_scale 0: 1 / sqrt(head_dim). fp32 accumulation, P rounded to bf16 for P V, in a fixed
+ * order: repeated calls give the same bits. sm_count: SMs to use (0: all).
+ */
+#define TW_ATTENTION_ARGS_VERSION 1
+typedef struct tw_attention_args {
+  size_t size;      /* sizeof(tw_attention_args_t) */
+  uint32_t version; /* TW_ATTENTION_ARGS_VERSION */
+  int32_t causal;   /* 0 or 1 */
+  const void *q;    /* bf16 [batch, seq_q, heads_q, head_dim] */
+  const void *k;    /* bf16 [batch, seq_kv, heads_kv, head_dim] */
+  const void *v;    /* bf16 [batch, seq_kv, heads_kv, head_dim] */
+  void *o;          /* bf16 [batch, seq_q, heads_q, head_dim] */
+  float *lse;       /* fp32 [batch, heads_q, seq_q], 4-byte aligned, or NULL */
+  int64_t batch, heads_q, heads_kv, seq_q, seq_kv, head_dim;
+  int64_t q_offset, kv_offset; /* causal masking: 0 .. 2^62 */
+  float softmax_scale;         /* > 0; 0: 1 / sqrt(head_dim) */
+  int32_t sm_count;            /* SMs to use; 0: all the device's */
+} tw_attention_args_t;
+
+#define TW_ATTENTION_ARGS_INIT                                                                     \
+  {                                                                                                \
+    sizeof(tw_attention_args_t), TW_ATTENTION_ARGS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
+        0, 0.0f, 0                                                                                 \
+  }
+
+TW_API tw_status_t tw_attention_args_init(tw_attention_args_t *args);
+/* Attention on the current device; errors go to tw_last_error(). */
+TW_API tw_status_t tw_attention(const tw_attention_args_t *args, tw_stream_t stream);
+
+/*
  * Fused AllGather + GEMM (the column-parallel linear layer):
  *   C[world * m_local, N] = gather(A)[world * m_local, K] * B[N, K]^T
  * Each rank holds its row shard `a` [m_local, K] (ordinary device memory, packed

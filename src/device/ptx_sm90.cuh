@@ -52,6 +52,9 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t by
   mbar_arrive_expect_tx(smem_u32(bar), bytes);
 }
 
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
@@ -195,6 +198,16 @@ __device__ __forceinline__ void tma_load_2d_multicast(void *dst, const CUtensorM
                : "memory");
 }
 
+// 4D tile load global -> shared (the attention operands [batch, seq, heads, head_dim] with
+// c0 the head-dim column, c1 the head, c2 the sequence row, c3 the batch).
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
+                                            int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
 // 2D tile store shared -> global (out-of-bounds parts of the box are dropped).
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap *map, const void *src, int32_t c0,
                                              int32_t c1) {
@@ -325,6 +338,7 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 
 // Keeps the compiler from moving accumulator accesses across wgmma fences.
 __device__ __forceinline__ void reg_fence(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void reg_fence(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
 
 // The wide wgmma wrappers' accumulator operands in pieces of 32 (the asm template's %N and
 // the "+f" outputs, each piece after the first with its leading comma), so that m64n128k16,
@@ -455,6 +469,51 @@ __device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t de
                  "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
                  "+f"(d[31])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// Descriptor (low word) of an MN-major operand stored with 128-byte swizzle as TMA writes it
+// in boxes 64 elements wide along MN: a K row of the box is 128 bytes (64 MN elements), 8 K rows
+// a 1024-byte swizzle atom (the stride byte offset, kDescHiSw128's), and the next 64 MN
+// elements lie lbo bytes on (the next box; the leading byte offset). A 16-row K step adds
+// 16 x 128 bytes to the start address.
+__device__ __forceinline__ uint32_t wgmma_desc_lo_sw128_mn(uint32_t smem_addr, uint32_t lbo) {
+  return ((smem_addr & 0x3FFFF) >> 4) | ((lbo >> 4) & 0x3FFF) << 16;
+}
+
+// D[64xN] (+)= A[64x16] * B[16xN], A from registers (4 x .b32 per thread: bf16 pairs, the
+// m64nNk16 A fragment layout), B an MN-major shared-memory operand (imm-trans-b 1; its
+// descriptor from wgmma_desc_lo_sw128_mn). N = 64 or 128 (32 or 64 accumulators).
+__device__ __forceinline__ void wgmma_m64n128k16_rs_bf16_tb(float (&d)[64], const uint32_t (&a)[4],
+                                                            uint64_t desc_b, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" TW_WGMMA_R0 TW_WGMMA_R1
+               "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+               : TW_WGMMA_O0 TW_WGMMA_O1
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+__device__ __forceinline__ void wgmma_m64n64k16_rs_bf16_tb(float (&d)[32], const uint32_t (&a)[4],
+                                                           uint64_t desc_b, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" TW_WGMMA_R0
+               "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+               : TW_WGMMA_O0
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+template <int N>
+__device__ __forceinline__ void wgmma_rs_bf16_tb(float (&d)[N / 2], const uint32_t (&a)[4],
+                                                 uint64_t desc_b, int scale_d) {
+  static_assert(N == 64 || N == 128, "m64n64k16 or m64n128k16");
+  if constexpr (N == 128)
+    wgmma_m64n128k16_rs_bf16_tb(d, a, desc_b, scale_d);
+  else
+    wgmma_m64n64k16_rs_bf16_tb(d, a, desc_b, scale_d);
+}
+
+// 2^x, the hardware approximation (ex2.approx.ftz: 2^-inf is +0).
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // wgmma m64nNk16 for the tile widths the GEMM core compiles (N = 8, 16, 32 or 64: the swap-AB
