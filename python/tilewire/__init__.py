@@ -10,7 +10,7 @@ symmetric memory::
 With torch (imported on first use of these names): ``init``, ``gemm``, ``grouped_gemm``,
 ``grouped_gemm_wgrad``, ``allgather``, ``ag_gemm``, ``gemm_rs``, ``gemm_ar``, ``gemm_rs_workspace``, ``moe_dispatch``,
 ``moe_combine``, ``moe_dispatch_gemm``, ``moe_ffn``, ``swiglu``, ``moe_workspace``,
-``moe_recv_rows``, ``barrier``, ``for_each_rank``, ``symmetric_empty``, ``is_symmetric``, and
+``moe_recv_rows``, ``attention``, ``barrier``, ``for_each_rank``, ``symmetric_empty``, ``is_symmetric``, and
 ``Comm.empty(shape, dtype)`` for symmetric tensors::
 
     comm = tilewire.init()                    # under torchrun
@@ -46,6 +46,7 @@ from ._errors import (
 )
 from ._lib import (
     AgGemmArgs,
+    AttentionArgs,
     Config,
     DType,
     GemmArgs,
@@ -96,6 +97,8 @@ _TORCH_NAMES = (
     "register_group",
     "comm_for_group",
     "release_async_tp_buffers",
+    # single-GPU attention (the first piece of ring attention)
+    "attention",
     # ---- add each new op's name here as it lands
 )
 
@@ -107,6 +110,7 @@ __all__ = [
     "MismatchError",
     "NetworkError",
     "AgGemmArgs",
+    "AttentionArgs",
     "BootstrapTimeoutError",
     "Comm",
     "Config",

@@ -40,6 +40,7 @@ TW_AG_GEMM_ARGS_VERSION = 2
 TW_GEMM_RS_ARGS_VERSION = 3
 TW_MOE_ARGS_VERSION = 3
 TW_GROUPED_GEMM_ARGS_VERSION = 1
+TW_ATTENTION_ARGS_VERSION = 1
 
 # ---- enums --------------------------------------------------------------------------------
 
@@ -204,6 +205,32 @@ class GroupedGemmArgs(_Versioned):
     ]
 
 
+class AttentionArgs(_Versioned):
+    """tw_attention_args_t; ``AttentionArgs()`` equals TW_ATTENTION_ARGS_INIT."""
+
+    _version_ = TW_ATTENTION_ARGS_VERSION
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("version", ctypes.c_uint32),
+        ("causal", ctypes.c_int32),
+        ("q", ctypes.c_void_p),  # bf16 [batch, seq_q, heads_q, head_dim]
+        ("k", ctypes.c_void_p),  # bf16 [batch, seq_kv, heads_kv, head_dim]
+        ("v", ctypes.c_void_p),
+        ("o", ctypes.c_void_p),  # bf16 [batch, seq_q, heads_q, head_dim]
+        ("lse", ctypes.c_void_p),  # fp32 [batch, heads_q, seq_q] or NULL
+        ("batch", ctypes.c_int64),
+        ("heads_q", ctypes.c_int64),
+        ("heads_kv", ctypes.c_int64),
+        ("seq_q", ctypes.c_int64),
+        ("seq_kv", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("q_offset", ctypes.c_int64),
+        ("kv_offset", ctypes.c_int64),
+        ("softmax_scale", ctypes.c_float),
+        ("sm_count", ctypes.c_int32),
+    ]
+
+
 class AgGemmArgs(_Versioned):
     """tw_ag_gemm_args_t; ``AgGemmArgs()`` equals TW_AG_GEMM_ARGS_INIT."""
 
@@ -303,6 +330,7 @@ STRUCTS = {
     "tw_config_t": Config,
     "tw_gemm_args_t": GemmArgs,
     "tw_grouped_gemm_args_t": GroupedGemmArgs,
+    "tw_attention_args_t": AttentionArgs,
     "tw_ag_gemm_args_t": AgGemmArgs,
     "tw_gemm_rs_args_t": GemmRsArgs,
     "tw_moe_args_t": MoeArgs,
@@ -356,6 +384,8 @@ FUNCTIONS = {
                                                       ctypes.c_int64, _P(ctypes.c_size_t)]),
     "tw_grouped_gemm_wgrad": (c_enum, [_P(GroupedGemmArgs), ctypes.c_void_p, ctypes.c_size_t,
                                        tw_stream_t]),
+    "tw_attention_args_init": (c_enum, [_P(AttentionArgs)]),
+    "tw_attention": (c_enum, [_P(AttentionArgs), tw_stream_t]),
     # fused ops
     "tw_ag_gemm_args_init": (c_enum, [_P(AgGemmArgs)]),
     "tw_ag_gemm": (c_enum, [tw_comm_t, _P(AgGemmArgs), tw_stream_t]),
@@ -576,6 +606,7 @@ INIT_FUNCTIONS = {
     "tw_config_t": "tw_config_init",
     "tw_gemm_args_t": "tw_gemm_args_init",
     "tw_grouped_gemm_args_t": "tw_grouped_gemm_args_init",
+    "tw_attention_args_t": "tw_attention_args_init",
     "tw_ag_gemm_args_t": "tw_ag_gemm_args_init",
     "tw_gemm_rs_args_t": "tw_gemm_rs_args_init",
     "tw_moe_args_t": "tw_moe_args_init",

@@ -25,10 +25,12 @@ The modules, each importing only those above it:
     _ops         gemm, grouped_gemm, allgather, barrier, for_each_rank
     _fused       ag_gemm, gemm_rs, gemm_ar and their backward passes
     _moe_grad    grouped_gemm_wgrad, the backward passes of grouped_gemm and the MoE ops
+    _attention   attention (single-GPU forward attention)
     _moe         moe_dispatch, moe_combine, moe_dispatch_gemm, moe_ffn, swiglu, moe_workspace,
                  moe_recv_rows
 """
 
+from ._attention import attention
 from ._fused import ag_gemm, gemm_ar, gemm_rs, gemm_rs_workspace
 from ._moe import (
     moe_combine,
@@ -54,6 +56,7 @@ from ._torchrun import init, init_mesh
 __all__ = [
     "ag_gemm",
     "allgather",
+    "attention",
     "barrier",
     "comm_empty",
     "comm_for_group",

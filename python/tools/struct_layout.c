@@ -102,6 +102,27 @@ static void core_structs(void) {
   FIELD(tw_grouped_gemm_args_t, ldo);
   FIELD(tw_grouped_gemm_args_t, sm_count);
   end_struct();
+
+  STRUCT(tw_attention_args_t);
+  FIELD(tw_attention_args_t, size);
+  FIELD(tw_attention_args_t, version);
+  FIELD(tw_attention_args_t, causal);
+  FIELD(tw_attention_args_t, q);
+  FIELD(tw_attention_args_t, k);
+  FIELD(tw_attention_args_t, v);
+  FIELD(tw_attention_args_t, o);
+  FIELD(tw_attention_args_t, lse);
+  FIELD(tw_attention_args_t, batch);
+  FIELD(tw_attention_args_t, heads_q);
+  FIELD(tw_attention_args_t, heads_kv);
+  FIELD(tw_attention_args_t, seq_q);
+  FIELD(tw_attention_args_t, seq_kv);
+  FIELD(tw_attention_args_t, head_dim);
+  FIELD(tw_attention_args_t, q_offset);
+  FIELD(tw_attention_args_t, kv_offset);
+  FIELD(tw_attention_args_t, softmax_scale);
+  FIELD(tw_attention_args_t, sm_count);
+  end_struct();
 }
 
 /* The structs of the fused (multi-GPU) ops. */

@@ -1,0 +1,100 @@
+"""tilewire.attention: single-GPU forward attention (tw_attention) over torch tensors laid out
+(batch, seq, heads, head_dim), the first piece of ring attention.
+
+A plain function (no custom op yet): it checks its arguments (TypeError / ValueError naming
+the argument, metadata only), allocates o (and lse) and launches on torch's current CUDA
+stream without host synchronisation.
+"""
+
+import ctypes
+import math
+
+import torch
+
+from . import _lib
+from ._glue import _check_aligned, _check_cuda, _check_dtype, _check_tensor, _on_device, _stream
+
+_OP = "tilewire.attention"
+_HEAD_DIMS = (64, 128)
+
+
+def _check_attention(q, k, v, causal, softmax_scale, q_offset, kv_offset):
+    """The checks that need no GPU; returns (batch, seq_q, heads_q, seq_kv, heads_kv, d)."""
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        _check_tensor(t, name, _OP)
+        _check_dtype(t, name, _OP, (torch.bfloat16,))
+        if t.dim() != 4:
+            raise ValueError("%s: %s must be 4-D (batch, seq, heads, head_dim), got shape %s"
+                             % (_OP, name, tuple(t.shape)))
+        if not t.is_contiguous():
+            raise ValueError("%s: %s must be contiguous (batch, seq, heads, head_dim)"
+                             % (_OP, name))
+    batch, seq_q, heads_q, d = q.shape
+    _, seq_kv, heads_kv, _ = k.shape
+    if k.shape != v.shape:
+        raise ValueError("%s: k %s and v %s must have the same shape"
+                         % (_OP, tuple(k.shape), tuple(v.shape)))
+    if k.shape[0] != batch or k.shape[3] != d:
+        raise ValueError("%s: k %s must match q %s in batch and head_dim"
+                         % (_OP, tuple(k.shape), tuple(q.shape)))
+    if d not in _HEAD_DIMS:
+        raise ValueError("%s: head_dim is %d; expected 64 or 128" % (_OP, d))
+    if min(batch, seq_q, heads_q, seq_kv, heads_kv) < 1:
+        raise ValueError("%s: empty q %s or k %s" % (_OP, tuple(q.shape), tuple(k.shape)))
+    if heads_q % heads_kv:
+        raise ValueError("%s: heads_q (%d) must be a multiple of heads_kv (%d)"
+                         % (_OP, heads_q, heads_kv))
+    if q.device != k.device or q.device != v.device:
+        raise ValueError("%s: q, k and v must be on one device (%s, %s, %s)"
+                         % (_OP, q.device, k.device, v.device))
+    if not isinstance(causal, bool):
+        raise TypeError("%s: causal must be a bool, got %s" % (_OP, type(causal).__name__))
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+            raise TypeError("%s: softmax_scale must be a float or None, got %s"
+                            % (_OP, type(softmax_scale).__name__))
+        if not (softmax_scale > 0 and math.isfinite(softmax_scale)):
+            raise ValueError("%s: softmax_scale is %r; expected > 0 (or None: 1 / sqrt(head_dim))"
+                             % (_OP, softmax_scale))
+    for value, name in ((q_offset, "q_offset"), (kv_offset, "kv_offset")):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError("%s: %s must be an int, got %s" % (_OP, name, type(value).__name__))
+        if value < 0 or value > 1 << 62:
+            raise ValueError("%s: %s is %d; expected 0 .. 2^62" % (_OP, name, value))
+    return batch, seq_q, heads_q, seq_kv, heads_kv, d
+
+
+def attention(q, k, v, causal=False, softmax_scale=None, q_offset=0, kv_offset=0,
+              return_lse=False):
+    """Forward attention (tw_attention) on q's GPU:
+    ``o[b, i, h] = softmax_j(scale * q[b, i, h] . k[b, j, h // g]) @ v[b, :, h // g]`` with
+    g = heads_q // heads_kv (GQA / MQA).
+
+    q: (batch, seq_q, heads_q, head_dim), k and v: (batch, seq_kv, heads_kv, head_dim), all
+    contiguous bfloat16 CUDA tensors on one device; head_dim 64 or 128; heads_q a multiple of
+    heads_kv. causal: key j is visible to query i iff kv_offset + j <= q_offset + i (the
+    offsets: global positions of the shards' first rows; 0 and 0 for a whole sequence, where
+    this is SDPA's is_causal with seq_q == seq_kv). softmax_scale: None for 1 / sqrt(head_dim).
+    A row no key reaches gets zeros (and lse -inf).
+
+    Returns o (batch, seq_q, heads_q, head_dim) bfloat16, and with return_lse also lse
+    (batch, heads_q, seq_q) float32, the natural-log sum of exp of each row's scaled scores.
+    Runs on torch's current CUDA stream; no host synchronisation. Not differentiable yet.
+    """
+    batch, seq_q, heads_q, seq_kv, heads_kv, d = _check_attention(
+        q, k, v, causal, softmax_scale, q_offset, kv_offset)
+    _check_cuda(q, "q", _OP, None)
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        _check_aligned(t, name, _OP)
+    o = torch.empty_like(q)
+    lse = (torch.empty((batch, heads_q, seq_q), dtype=torch.float32, device=q.device)
+           if return_lse else None)
+    args = _lib.AttentionArgs(
+        causal=int(causal), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
+        lse=lse.data_ptr() if lse is not None else None, batch=batch, heads_q=heads_q,
+        heads_kv=heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=d, q_offset=q_offset,
+        kv_offset=kv_offset, softmax_scale=float(softmax_scale or 0.0),
+    )
+    with _on_device(q.device.index):  # tw_attention runs on the current device
+        _lib.call("tw_attention", ctypes.byref(args), _stream(q.device))
+    return (o, lse) if return_lse else o
