@@ -78,3 +78,13 @@ def test_bad_options(kwargs, err, needle):
 def test_cpu_tensors_are_refused():
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         tilewire.attention(*_qkv())
+
+
+def test_bench_shapes_and_flops():
+    from tilewire import bench_attention
+
+    assert bench_attention.parse_shape("4,16,4096,128") == (4, 16, 4096, 128)
+    with pytest.raises(Exception, match="B,H,S,D"):
+        bench_attention.parse_shape("4,16,4096")
+    assert bench_attention.flops(4, 16, 4096, 128, False) == 4.0 * 4 * 16 * 4096 ** 2 * 128
+    assert bench_attention.flops(4, 16, 4096, 128, True) == 2.0 * 4 * 16 * 4096 ** 2 * 128
