@@ -369,6 +369,49 @@ TW_API tw_status_t tw_attention_args_init(tw_attention_args_t *args);
 TW_API tw_status_t tw_attention(const tw_attention_args_t *args, tw_stream_t stream);
 
 /*
+ * Ring (context-parallel) attention inside one node, one persistent launch a rank: each rank
+ * holds a shard of seq_local rows of the sequence of every batch (q, k, v, o bf16
+ * [batch, seq_local, heads, head_dim] as tw_attention's; lse fp32 [batch, heads_q, seq_local]
+ * or NULL) and gets its queries' attention over the whole sequence (every rank's keys), causal
+ * by global position. The kernel reads the peers' k and v in place over NVLink, so k and v must
+ * be symmetric memory of comm (tw_mem_alloc, the same offsets on every rank); every rank passes
+ * the same shapes, layout and causal. layout: TW_RING_CONTIGUOUS: rank r holds positions
+ * [r S, (r + 1) S); TW_RING_ZIGZAG (S even): rank r holds chunks r and 2W - 1 - r of the 2W
+ * chunks of S / 2 positions (rows [0, S/2) then [S/2, S)), which balances causal work. When the
+ * call returns in stream order every peer has finished reading this rank's k and v. Ranks on
+ * one node only (TW_ERR_NOT_SUPPORTED otherwise), at most 8. sm_count: SMs to use (0: the
+ * comm's budget). fp32 accumulation in a fixed order: repeated calls give the same bits.
+ */
+#define TW_RING_CONTIGUOUS 0
+#define TW_RING_ZIGZAG 1
+#define TW_RING_ATTENTION_ARGS_VERSION 1
+typedef struct tw_ring_attention_args {
+  size_t size;      /* sizeof(tw_ring_attention_args_t) */
+  uint32_t version; /* TW_RING_ATTENTION_ARGS_VERSION */
+  int32_t causal;   /* 0 or 1 */
+  const void *q;    /* bf16 [batch, seq_local, heads_q, head_dim] */
+  const void *k;    /* bf16 [batch, seq_local, heads_kv, head_dim], symmetric */
+  const void *v;    /* bf16 [batch, seq_local, heads_kv, head_dim], symmetric */
+  void *o;          /* bf16 [batch, seq_local, heads_q, head_dim] */
+  float *lse;       /* fp32 [batch, heads_q, seq_local], 4-byte aligned, or NULL */
+  int64_t batch, heads_q, heads_kv, seq_local, head_dim;
+  float softmax_scale; /* > 0; 0: 1 / sqrt(head_dim) */
+  int32_t layout;      /* TW_RING_CONTIGUOUS or TW_RING_ZIGZAG */
+  int32_t sm_count;    /* SMs to use; 0: the comm's budget */
+} tw_ring_attention_args_t;
+
+#define TW_RING_ATTENTION_ARGS_INIT                                                                \
+  {                                                                                                \
+    sizeof(tw_ring_attention_args_t), TW_RING_ATTENTION_ARGS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0,   \
+        0, 0, 0.0f, TW_RING_ZIGZAG, 0                                                              \
+  }
+
+TW_API tw_status_t tw_ring_attention_args_init(tw_ring_attention_args_t *args);
+/* Collective over comm (every rank calls); errors go to tw_last_error() and the comm. */
+TW_API tw_status_t tw_ring_attention(tw_comm_t comm, const tw_ring_attention_args_t *args,
+                                     tw_stream_t stream);
+
+/*
  * Fused AllGather + GEMM (the column-parallel linear layer):
  *   C[world * m_local, N] = gather(A)[world * m_local, K] * B[N, K]^T
  * Each rank holds its row shard `a` [m_local, K] (ordinary device memory, packed
