@@ -99,6 +99,7 @@ _TORCH_NAMES = (
     "release_async_tp_buffers",
     # single-GPU attention (the first piece of ring attention)
     "attention",
+    "ring_attention",
     # ---- add each new op's name here as it lands
 )
 

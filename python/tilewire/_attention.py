@@ -98,3 +98,53 @@ def attention(q, k, v, causal=False, softmax_scale=None, q_offset=0, kv_offset=0
     with _on_device(q.device.index):  # tw_attention runs on the current device
         _lib.call("tw_attention", ctypes.byref(args), _stream(q.device))
     return (o, lse) if return_lse else o
+
+
+_RING_OP = "tilewire.ring_attention"
+_LAYOUTS = {"contiguous": _lib.TW_RING_CONTIGUOUS, "zigzag": _lib.TW_RING_ZIGZAG}
+
+
+def _check_ring(comm, q, k, v, causal, layout, softmax_scale):
+    """The checks that need no GPU (beyond tilewire.attention's: the comm, the layout, zigzag's
+    even shard); returns (batch, seq_local, heads_q, heads_kv, d)."""
+    from ._glue import _check_comm
+
+    _check_comm(comm, _RING_OP)
+    batch, seq_q, heads_q, seq_kv, heads_kv, d = _check_attention(
+        q, k, v, causal, softmax_scale, 0, 0)
+    if seq_q != seq_kv:
+        raise ValueError("%s: q's seq_local (%d) and k's (%d) must be equal (each rank's shard)"
+                         % (_RING_OP, seq_q, seq_kv))
+    if layout not in _LAYOUTS:
+        raise ValueError("%s: layout is %r; expected 'zigzag' or 'contiguous'"
+                         % (_RING_OP, layout))
+    if layout == "zigzag" and seq_q % 2:
+        raise ValueError("%s: seq_local is %d; layout='zigzag' needs it even (two chunks)"
+                         % (_RING_OP, seq_q))
+    return batch, seq_q, heads_q, heads_kv, d
+
+
+def ring_attention(comm, q, k, v, causal=False, layout="zigzag", softmax_scale=None,
+                   return_lse=False):
+    """Ring (context-parallel) attention inside one node (tw_ring_attention), collective over
+    comm: every rank passes its shard q, k, v (batch, seq_local, heads, head_dim), bf16,
+    contiguous; k and v from comm.empty (symmetric: the kernel reads the peers' in place).
+    layout 'contiguous': rank r holds positions [r S, (r + 1) S); 'zigzag' (S even): chunks r
+    and 2W - 1 - r of S / 2 positions. Returns this rank's queries' attention over the whole
+    sequence (causal by global position), and with return_lse the lse
+    (batch, heads_q, seq_local) float32. Runs on torch's current stream; not differentiable."""
+    batch, seq, heads_q, heads_kv, d = _check_ring(comm, q, k, v, causal, layout, softmax_scale)
+    _check_cuda(q, "q", _RING_OP, None)
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        _check_aligned(t, name, _RING_OP)
+    o = torch.empty_like(q)
+    lse = (torch.empty((batch, heads_q, seq), dtype=torch.float32, device=q.device)
+           if return_lse else None)
+    args = _lib.RingAttentionArgs(
+        causal=int(causal), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
+        lse=lse.data_ptr() if lse is not None else None, batch=batch, heads_q=heads_q,
+        heads_kv=heads_kv, seq_local=seq, head_dim=d, softmax_scale=float(softmax_scale or 0.0),
+        layout=_LAYOUTS[layout],
+    )
+    _lib.call("tw_ring_attention", comm.handle, ctypes.byref(args), _stream(q.device))
+    return (o, lse) if return_lse else o

@@ -30,7 +30,7 @@ The modules, each importing only those above it:
                  moe_recv_rows
 """
 
-from ._attention import attention
+from ._attention import attention, ring_attention
 from ._fused import ag_gemm, gemm_ar, gemm_rs, gemm_rs_workspace
 from ._moe import (
     moe_combine,
@@ -57,6 +57,7 @@ __all__ = [
     "ag_gemm",
     "allgather",
     "attention",
+    "ring_attention",
     "barrier",
     "comm_empty",
     "comm_for_group",

@@ -127,6 +127,24 @@ static void core_structs(void) {
 
 /* The structs of the fused (multi-GPU) ops. */
 static void fused_structs(void) {
+  STRUCT(tw_ring_attention_args_t);
+  FIELD(tw_ring_attention_args_t, size);
+  FIELD(tw_ring_attention_args_t, version);
+  FIELD(tw_ring_attention_args_t, causal);
+  FIELD(tw_ring_attention_args_t, q);
+  FIELD(tw_ring_attention_args_t, k);
+  FIELD(tw_ring_attention_args_t, v);
+  FIELD(tw_ring_attention_args_t, o);
+  FIELD(tw_ring_attention_args_t, lse);
+  FIELD(tw_ring_attention_args_t, batch);
+  FIELD(tw_ring_attention_args_t, heads_q);
+  FIELD(tw_ring_attention_args_t, heads_kv);
+  FIELD(tw_ring_attention_args_t, seq_local);
+  FIELD(tw_ring_attention_args_t, head_dim);
+  FIELD(tw_ring_attention_args_t, softmax_scale);
+  FIELD(tw_ring_attention_args_t, layout);
+  FIELD(tw_ring_attention_args_t, sm_count);
+  end_struct();
   STRUCT(tw_ag_gemm_args_t);
   FIELD(tw_ag_gemm_args_t, size);
   FIELD(tw_ag_gemm_args_t, version);

@@ -1,0 +1,61 @@
+"""tilewire.ring_attention's argument checks, which need torch but no GPU (CPU tensors): each bad
+argument raises TypeError / ValueError naming it before anything reaches the library."""
+
+import ctypes
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tilewire  # noqa: E402
+from tilewire import _attention  # noqa: E402
+from tilewire._comm import Comm  # noqa: E402
+
+bf16 = torch.bfloat16
+
+
+def _comm():
+    c = Comm.__new__(Comm)  # a stand-in: the checks only ask whether it is an open Comm
+    c._handle = ctypes.c_void_p(1)
+    return c
+
+
+def _qkv(b=1, s=200, hq=8, hk=2, d=64):
+    q = torch.zeros(b, s, hq, d, dtype=bf16)
+    k = torch.zeros(b, s, hk, d, dtype=bf16)
+    return q, k, torch.zeros_like(k)
+
+
+def _check(q, k, v, comm=None, causal=False, layout="zigzag", softmax_scale=None):
+    return _attention._check_ring(comm if comm is not None else _comm(), q, k, v, causal, layout,
+                                  softmax_scale)
+
+
+def test_exported():
+    assert tilewire.ring_attention is _attention.ring_attention
+    assert "ring_attention" in tilewire.__all__
+
+
+def test_good_shapes_pass():
+    assert _check(*_qkv()) == (1, 200, 8, 2, 64)
+    assert _check(*_qkv(s=77, d=128), layout="contiguous", causal=True) == (1, 77, 8, 2, 128)
+
+
+def test_bad_arguments():
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="comm"):
+        _attention._check_ring(object(), q, k, v, False, "zigzag", None)
+    with pytest.raises(ValueError, match="seq_local"):
+        _check(*_qkv(s=77))
+    with pytest.raises(ValueError, match="layout"):
+        _check(q, k, v, layout="ring")
+    with pytest.raises(ValueError, match="head_dim"):
+        _check(*_qkv(d=96))
+    with pytest.raises(ValueError, match="heads_q"):
+        _check(*_qkv(hq=3))
+    with pytest.raises(ValueError, match="seq_local"):
+        _check(q, k[:, :100].contiguous(), v[:, :100].contiguous())
+    with pytest.raises(TypeError, match="causal"):
+        _check(q, k, v, causal=1)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        _check(q, k, v, softmax_scale=-1.0)
