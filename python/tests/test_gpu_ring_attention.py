@@ -38,9 +38,9 @@ def test_ring_matches_sdpa(world, layout, causal):
             shards.append((pos, full_q[:, pos].contiguous(), k, v))
         torch.cuda.synchronize()
         outs = tilewire.for_each_rank(
-            comms, lambda r, c: tilewire.ring_attention(c, shards[r][1], shards[r][2],
-                                                        shards[r][3], causal=causal,
-                                                        layout=layout))
+            comms, lambda c: tilewire.ring_attention(c, shards[c.rank][1], shards[c.rank][2],
+                                                     shards[c.rank][3], causal=causal,
+                                                     layout=layout))
         torch.cuda.synchronize()
         qf = full_q.float().transpose(1, 2)
         kf = full_k.float().repeat_interleave(hq // hk, dim=2).transpose(1, 2)
