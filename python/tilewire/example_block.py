@@ -16,7 +16,8 @@ share (its tokens, or its heads of every token); the MoE layer is tilewire.nn.Ex
 on each rank's tokens. Both blocks start from the same weights (bf16 values), train with SGD
 on the mean squared error to a random target, and print the loss per step. Not yet: ring
 attention (context parallelism) in the tilewire block, and a step-time benchmark against torch
-async-TP.
+async-TP. Known defect: on virtual ranks the backward times out at --hidden 512 and at
+--world 4 --moe (the defaults and the other test shapes run).
 """
 
 import argparse
@@ -231,9 +232,9 @@ def main(argv=None):
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=256, help="tokens in all")
-    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--ffn", type=int, default=1024)
+    parser.add_argument("--ffn", type=int, default=512)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--moe", action="store_true", help="an 8-expert top-2 MoE as the MLP")
