@@ -104,7 +104,8 @@ _TORCH_NAMES = (
 )
 
 # torch.nn modules of tilewire.nn (needs torch): resolved from it on first access.
-_NN_NAMES = ("ColumnParallelLinear", "RowParallelLinear", "ExpertParallelMoE", "TorchMoE")
+_NN_NAMES = ("ColumnParallelLinear", "RowParallelLinear", "ExpertParallelMoE", "TorchMoE",
+             "RingAttention")
 
 __all__ = [
     "AbortedError",

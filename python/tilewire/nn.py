@@ -1,7 +1,9 @@
 """tilewire.nn: tensor-parallel linear layers over the fused ops (Megatron-LM semantics, the
 sequence-parallel style, since the ops are AllGather + GEMM and GEMM + ReduceScatter), and the
 expert-parallel MoE layer ``ExpertParallelMoE`` over tilewire.moe_ffn with ``TorchMoE``, the
-plain PyTorch layer whose state_dict it loads and gives back (python/tilewire/_nn_moe.py).
+plain PyTorch layer whose state_dict it loads and gives back (python/tilewire/_nn_moe.py), and
+the context-parallel ``RingAttention`` over tilewire.ring_attention (forward only;
+python/tilewire/_nn_attention.py).
 
 ``ColumnParallelLinear`` (tilewire.ag_gemm) takes this rank's rows of the input and gives
 every row of its column shard; ``RowParallelLinear`` (tilewire.gemm_rs or gemm_ar) takes
@@ -56,10 +58,11 @@ from torch import nn
 
 from ._fused import ag_gemm, gemm_ar, gemm_rs, gemm_rs_workspace
 from ._glue import _positive_int, _world_and_rank
+from ._nn_attention import RingAttention
 from ._nn_moe import ExpertParallelMoE, TorchMoE, full_moe_init
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "full_linear_init", "ExpertParallelMoE",
-           "TorchMoE", "full_moe_init"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "full_linear_init", "RingAttention",
+           "ExpertParallelMoE", "TorchMoE", "full_moe_init"]
 
 _BF16 = torch.bfloat16
 
