@@ -125,6 +125,22 @@ def test_grouped_gemm_null_and_short_args():
              "args->size is 8")
 
 
+@pytest.mark.parametrize("function,make", [
+    ("tw_gemm", tilewire.GemmArgs),
+    ("tw_grouped_gemm", tilewire.GroupedGemmArgs),
+    ("tw_attention", tilewire.AttentionArgs),
+])
+def test_versioned_args_refused_when_short_or_oversized(function, make):
+    # tw_args_copy, shared by the single-GPU ops: NULL, fewer bytes than every version has, or
+    # far more than the struct, before anything asks for a device
+    _refused(lambda: _lib.call(function, None, None), function, function + ": args is NULL")
+    for size in (8, ctypes.sizeof(make) + 4097):
+        args = make()
+        args.size = size
+        _refused(lambda: _lib.call(function, ctypes.byref(args), None), function,
+                 "args->size is %d" % size)
+
+
 @pytest.mark.parametrize("function,args", [
     ("tw_gemm_rs", lambda: (ctypes.byref(tilewire.GemmRsArgs()), None)),
     ("tw_gemm_ar", lambda: (ctypes.byref(tilewire.GemmRsArgs()), None)),

@@ -2,6 +2,7 @@
 #include "runtime/argcheck.h"
 
 #include <stdint.h>
+#include <string.h>
 
 #include <cuda_runtime_api.h>
 
@@ -76,4 +77,19 @@ tw_status_t tw_comm_check_range(const struct tw_comm *comm, const void *ptr, siz
   if (ptr && tw_heap_peer_ptr(comm, ptr, comm->rank) == ptr)
     return tw_heap_lookup(comm, ptr, bytes, what, NULL);
   return tw_check_device_range(comm->device, ptr, bytes, what);
+}
+
+tw_status_t tw_args_copy(const void *in, void *out, size_t size, size_t min_size, const char *op,
+                         const char *type, const char *init) {
+  if (!in)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: args is NULL", op);
+  size_t given;
+  memcpy(&given, in, sizeof(given));
+  if (given < min_size || given > size + 4096)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "%s: args->size is %zu; expected sizeof(%s) = %zu (initialise with %s)", op,
+                   given, type, size, init);
+  memcpy(out, in, given < size ? given : size);
+  memcpy(out, &size, sizeof(size));
+  return TW_SUCCESS;
 }

@@ -31,6 +31,15 @@ tw_status_t tw_comm_check_range(const struct tw_comm *comm, const void *ptr, siz
 tw_status_t tw_check_disjoint(const void *a, size_t a_bytes, const char *a_what, const void *b,
                               size_t b_bytes, const char *b_what);
 
+/* The versioned args struct `in` (whose first field is its size_t size) copied into `out`,
+ * `size` bytes that the caller filled with the struct's INIT first: a caller built against an
+ * older, shorter struct gives fewer bytes, read as far as they go (the rest keeps INIT's
+ * values). NULL, fewer than `min_size` bytes (the fields every version has) or more than size +
+ * 4096 (not such a struct) is refused naming `op`, the struct `type` and its `init` macro.
+ * out's size becomes `size`. */
+tw_status_t tw_args_copy(const void *in, void *out, size_t size, size_t min_size, const char *op,
+                         const char *type, const char *init);
+
 #ifdef __cplusplus
 }
 #endif

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ops/attention/attention_args.h"
 #include "ops/attention/ring_attention.cuh"
 
 extern "C" {
@@ -34,32 +35,6 @@ static_assert(sizeof(tw_dev_comm_t) + sizeof(RingParams) <= 32764, "kernel param
 
 const char *const kOp = "tw_ring_attention";
 
-tw_status_t fail_arg(const char *fmt, long long value, long long other) {
-  char why[256];
-  snprintf(why, sizeof(why), fmt, value, other);
-  return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_ring_attention: %s", why);
-}
-
-/* The 4D map {head_dim, heads, seq, batch} of an operand, boxes {64, 1, 128, 1} (attention.cu's:
- * a box past a batch's last row is zero-filled). */
-tw_status_t ring_map(CUtensorMap *map, const void *ptr, int64_t batch, int64_t seq, int64_t heads,
-                     int64_t d, const char *what) {
-  const tw_driver_api_t *api = NULL;
-  tw_status_t st = tw_driver(&api);
-  if (st != TW_SUCCESS)
-    return st;
-  cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)heads, (cuuint64_t)seq, (cuuint64_t)batch};
-  cuuint64_t strides[3] = {(cuuint64_t)(d * 2), (cuuint64_t)(heads * d * 2),
-                           (cuuint64_t)(seq * heads * d * 2)};
-  cuuint32_t box[4] = {(cuuint32_t)kBoxCols, 1, (cuuint32_t)kBlockN, 1};
-  cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  CUresult res = api->cuTensorMapEncodeTiled(
-      map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)ptr, dims, strides, box, elem_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return tw_cu_check(res, what);
-}
-
 template <int D> cudaError_t preload_one() {
   cudaFuncAttributes attr;
   return cudaFuncGetAttributes(&attr, (const void *)ring_attention_kernel<D>);
@@ -81,88 +56,54 @@ const tw_op_desc_t ring_registration = {"ring_attention", ring_preload, ring_cal
 
 /* The shapes' contract: TW_ERR_INVALID_ARGUMENT naming the first argument that breaks it. */
 tw_status_t check_shapes(const tw_ring_attention_args_t &a) {
-  const struct {
-    int64_t value, most;
-    const char *fmt;
-  } sizes[4] = {{a.batch, 65535, "batch is %lld; expected 1 .. %lld"},
-                {a.heads_q, 65535, "heads_q is %lld; expected 1 .. %lld"},
-                {a.heads_kv, 65535, "heads_kv is %lld; expected 1 .. %lld"},
-                {a.seq_local, kMaxSeqLocal, "seq_local is %lld; expected 1 .. %lld"}};
-  for (int i = 0; i < 4; i++)
-    if (sizes[i].value < 1 || sizes[i].value > sizes[i].most)
-      return fail_arg(sizes[i].fmt, (long long)sizes[i].value, (long long)sizes[i].most);
-  if (a.heads_q % a.heads_kv)
-    return fail_arg("heads_q is %lld; expected a multiple of heads_kv (%lld)", (long long)a.heads_q,
-                    (long long)a.heads_kv);
-  if (a.head_dim != 64 && a.head_dim != 128)
-    return fail_arg("head_dim is %lld; expected 64 or 128%.0lld", (long long)a.head_dim, 0);
-  if (a.causal != 0 && a.causal != 1)
-    return fail_arg("causal is %lld; expected 0 or 1%.0lld", (long long)a.causal, 0);
+  tw_status_t st =
+      check_heads(kOp, a.batch, a.heads_q, a.heads_kv, a.head_dim, a.causal, a.softmax_scale);
+  if (st != TW_SUCCESS)
+    return st;
+  if (a.seq_local < 1 || a.seq_local > kMaxSeqLocal)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: seq_local is %lld; expected 1 .. %lld", kOp,
+                   (long long)a.seq_local, (long long)kMaxSeqLocal);
   if (a.layout != TW_RING_CONTIGUOUS && a.layout != TW_RING_ZIGZAG)
-    return fail_arg("layout is %lld; expected TW_RING_CONTIGUOUS (0) or TW_RING_ZIGZAG (1)%.0lld",
-                    (long long)a.layout, 0);
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "%s: layout is %d; expected TW_RING_CONTIGUOUS (0) or TW_RING_ZIGZAG (1)", kOp,
+                   (int)a.layout);
   if (a.layout == TW_RING_ZIGZAG && a.seq_local % 2)
-    return fail_arg("seq_local is %lld; TW_RING_ZIGZAG needs it even (two chunks of seq_local / "
-                    "2)%.0lld",
-                    (long long)a.seq_local, 0);
-  if (!(a.softmax_scale >= 0.f) || !isfinite(a.softmax_scale))
-    return tw_fail(
-        TW_ERR_INVALID_ARGUMENT,
-        "tw_ring_attention: softmax_scale is %g; expected > 0 (or 0: 1 / sqrt(head_dim))",
-        (double)a.softmax_scale);
-  const int64_t heads[2] = {a.heads_q, a.heads_kv};
-  for (int i = 0; i < 2; i++)
-    if (a.seq_local * heads[i] * a.head_dim * 2 >= ((int64_t)1 << 40) ||
-        (double)a.batch * (double)(a.seq_local * heads[i] * a.head_dim * 2) >= 4.0e18)
-      return fail_arg("seq_local x %s x head_dim is too large (%lld elements a batch); expected "
-                      "below 2^39 a batch and 2^61 in all%.0lld",
-                      (long long)(a.seq_local * heads[i] * a.head_dim), 0);
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "%s: seq_local is %lld; TW_RING_ZIGZAG needs it even (two chunks of "
+                   "seq_local / 2)",
+                   kOp, (long long)a.seq_local);
+  st = check_extent(kOp, "seq_local", "heads_q", a.batch, a.seq_local, a.heads_q, a.head_dim);
+  if (st == TW_SUCCESS)
+    st = check_extent(kOp, "seq_local", "heads_kv", a.batch, a.seq_local, a.heads_kv, a.head_dim);
   const int64_t m_tiles = (a.seq_local + kBlockM - 1) / kBlockM + 1;
-  if (m_tiles * a.heads_q * a.batch > INT32_MAX)
-    return fail_arg("batch x heads_q x the Q tiles is %lld tiles; at most %lld",
-                    (long long)(m_tiles * a.heads_q * a.batch), (long long)INT32_MAX);
-  return TW_SUCCESS;
+  if (st == TW_SUCCESS && m_tiles * a.heads_q * a.batch > INT32_MAX)
+    st = tw_fail(TW_ERR_INVALID_ARGUMENT,
+                 "%s: batch x heads_q x the Q tiles is %lld tiles; at most 2^31 - 1", kOp,
+                 (long long)(m_tiles * a.heads_q * a.batch));
+  return st;
 }
 
 /* Pointers: q, o, lse device memory of the comm's device, k and v inside one symmetric
  * allocation of this rank each, o and lse overlapping no input (nor each other). */
 tw_status_t check_pointers(tw_comm_t comm, const tw_ring_attention_args_t &a) {
-  char what[96];
   const size_t q_bytes = (size_t)(a.batch * a.seq_local * a.heads_q * a.head_dim) * 2;
   const size_t kv_bytes = (size_t)(a.batch * a.seq_local * a.heads_kv * a.head_dim) * 2;
   const size_t lse_bytes = (size_t)(a.batch * a.heads_q * a.seq_local) * 4;
-  const void *ptrs[5] = {a.q, a.k, a.v, a.o, a.lse};
-  const size_t bytes[5] = {q_bytes, kv_bytes, kv_bytes, q_bytes, lse_bytes};
-  const char *names[5] = {"q", "k", "v", "o", "lse"};
-  for (int i = 0; i < 5; i++) {
-    if (!ptrs[i] && i < 4)
-      return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_ring_attention: %s is NULL", names[i]);
-    const int align = i < 4 ? 16 : 4;
-    if ((uintptr_t)ptrs[i] % align)
-      return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_ring_attention: %s (%p) is not %d-byte aligned",
-                     names[i], ptrs[i], align);
-  }
-  tw_status_t st = TW_SUCCESS;
-  for (int i = 0; i < 5 && st == TW_SUCCESS; i++) {
+  const void *const ptrs[kArgCount] = {a.q, a.k, a.v, a.o, a.lse};
+  const size_t bytes[kArgCount] = {q_bytes, kv_bytes, kv_bytes, q_bytes, lse_bytes};
+  tw_status_t st = check_aligned(kOp, ptrs);
+  char what[96];
+  for (int i = 0; i < kArgCount && st == TW_SUCCESS; i++) {
     if (!ptrs[i])
       continue;
-    if (i == 1 || i == 2)
-      snprintf(what, sizeof(what),
-               "tw_ring_attention: %s (must be symmetric memory: tw_mem_alloc of this comm)",
-               names[i]);
-    else
-      snprintf(what, sizeof(what), "tw_ring_attention: %s", names[i]);
-    st = (i == 1 || i == 2) ? tw_heap_lookup(comm, ptrs[i], bytes[i], what, NULL)
-                            : tw_comm_check_range(comm, ptrs[i], bytes[i], what);
+    const bool kv = i == kArgK || i == kArgV;
+    snprintf(what, sizeof(what),
+             kv ? "%s: %s (must be symmetric memory: tw_mem_alloc of this comm)" : "%s: %s", kOp,
+             kArgNames[i]);
+    st = kv ? tw_heap_lookup(comm, ptrs[i], bytes[i], what, NULL)
+            : tw_comm_check_range(comm, ptrs[i], bytes[i], what);
   }
-  for (int out = 3; out < 5 && st == TW_SUCCESS; out++)
-    for (int in = 0; in < out && st == TW_SUCCESS; in++) {
-      if (!ptrs[out] || !ptrs[in])
-        continue;
-      snprintf(what, sizeof(what), "tw_ring_attention: %s", names[out]);
-      st = tw_check_disjoint(ptrs[out], bytes[out], what, ptrs[in], bytes[in], names[in]);
-    }
-  return st;
+  return st == TW_SUCCESS ? check_outputs_disjoint(kOp, ptrs, bytes) : st;
 }
 
 /* Rank r's segments (1 contiguous, 2 zigzag) appended at segs[*n]. */
@@ -183,19 +124,19 @@ template <int D>
 tw_status_t ring_params(tw_comm_t comm, const tw_ring_attention_args_t &a, RingParams *p) {
   memset(p, 0, sizeof(*p));
   const int world = comm->world, rank = comm->rank;
-  tw_status_t st = ring_map(&p->a.q_map, a.q, a.batch, a.seq_local, a.heads_q, D,
-                            "tw_ring_attention: cuTensorMapEncodeTiled(q)");
+  tw_status_t st = operand_map(&p->a.q_map, a.q, a.batch, a.seq_local, a.heads_q, D,
+                               "tw_ring_attention: cuTensorMapEncodeTiled(q)");
   for (int r = 0; r < world && st == TW_SUCCESS; r++) {
     const void *k = r == rank ? a.k : tw_heap_peer_ptr(comm, a.k, r);
     const void *v = r == rank ? a.v : tw_heap_peer_ptr(comm, a.v, r);
     if (!k || !v)
       return tw_fail(TW_ERR_NOT_SUPPORTED, "tw_ring_attention: rank %d's k / v is not mapped here",
                      r);
-    st = ring_map(&p->k_maps[r], k, a.batch, a.seq_local, a.heads_kv, D,
-                  "tw_ring_attention: cuTensorMapEncodeTiled(k of a peer)");
+    st = operand_map(&p->k_maps[r], k, a.batch, a.seq_local, a.heads_kv, D,
+                     "tw_ring_attention: cuTensorMapEncodeTiled(k of a peer)");
     if (st == TW_SUCCESS)
-      st = ring_map(&p->v_maps[r], v, a.batch, a.seq_local, a.heads_kv, D,
-                    "tw_ring_attention: cuTensorMapEncodeTiled(v of a peer)");
+      st = operand_map(&p->v_maps[r], v, a.batch, a.seq_local, a.heads_kv, D,
+                       "tw_ring_attention: cuTensorMapEncodeTiled(v of a peer)");
   }
   if (st != TW_SUCCESS)
     return st;
@@ -256,18 +197,12 @@ extern "C" tw_status_t tw_ring_attention_args_init(tw_ring_attention_args_t *arg
 /* The comm and the arguments checked, copied into *a (sizes as this library knows them). */
 static tw_status_t ring_prepare(tw_comm_t comm, const tw_ring_attention_args_t *in,
                                 tw_ring_attention_args_t *a) {
-  if (!in)
-    return tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: args is NULL", kOp);
-  if (in->size < offsetof(tw_ring_attention_args_t, sm_count) ||
-      in->size > sizeof(tw_ring_attention_args_t) + 4096)
-    return tw_fail(TW_ERR_INVALID_ARGUMENT,
-                   "%s: args->size is %zu; expected sizeof(tw_ring_attention_args_t) = %zu "
-                   "(initialise with TW_RING_ATTENTION_ARGS_INIT)",
-                   kOp, in->size, sizeof(tw_ring_attention_args_t));
   const tw_ring_attention_args_t init = TW_RING_ATTENTION_ARGS_INIT;
   *a = init;
-  memcpy(a, in, in->size < sizeof(*a) ? in->size : sizeof(*a));
-  a->size = sizeof(*a);
+  tw_status_t st = tw_args_copy(in, a, sizeof(*a), offsetof(tw_ring_attention_args_t, sm_count),
+                                kOp, "tw_ring_attention_args_t", "TW_RING_ATTENTION_ARGS_INIT");
+  if (st != TW_SUCCESS)
+    return st;
   if (comm->nodes != 1)
     return tw_fail(TW_ERR_NOT_SUPPORTED,
                    "%s: the comm spans %d nodes; ring attention reads the peers' k and v in "
@@ -276,14 +211,15 @@ static tw_status_t ring_prepare(tw_comm_t comm, const tw_ring_attention_args_t *
   if (comm->world > kRingMaxWorld)
     return tw_fail(TW_ERR_NOT_SUPPORTED, "%s: the comm has %d ranks; at most %d", kOp, comm->world,
                    kRingMaxWorld);
-  tw_status_t st = check_shapes(*a);
+  st = check_shapes(*a);
   if (st == TW_SUCCESS && (int64_t)comm->world * a->seq_local > kMaxSeqLocal * kRingMaxWorld)
-    st = fail_arg("seq_local x world is %lld positions; at most %lld",
-                  (long long)(comm->world * a->seq_local),
-                  (long long)(kMaxSeqLocal * kRingMaxWorld));
+    st = tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: seq_local x world is %lld positions; at most %lld",
+                 kOp, (long long)(comm->world * a->seq_local),
+                 (long long)(kMaxSeqLocal * kRingMaxWorld));
   if (st == TW_SUCCESS && (a->sm_count < 0 || a->sm_count > comm->sm_budget))
-    st = fail_arg("sm_count is %lld; expected 0 (the comm's budget) or 1 .. %lld",
-                  (long long)a->sm_count, (long long)comm->sm_budget);
+    st = tw_fail(TW_ERR_INVALID_ARGUMENT,
+                 "%s: sm_count is %d; expected 0 (the comm's budget) or 1 .. %d", kOp,
+                 (int)a->sm_count, comm->sm_budget);
   if (st == TW_SUCCESS)
     st = check_pointers(comm, *a);
   return st;

@@ -155,19 +155,12 @@ static tw_status_t check_args(tw_gemm_args_t &a, const tw_gemm_sm90_opts_t *opts
 
 extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_stream_t stream,
                                            const tw_gemm_sm90_opts_t *opts) {
-  if (!args_in)
-    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_gemm: args is NULL");
-  if (args_in->size < offsetof(tw_gemm_args_t, sm_count))
-    return tw_fail(TW_ERR_INVALID_ARGUMENT,
-                   "tw_gemm: args->size is %zu; expected sizeof(tw_gemm_args_t) = %zu "
-                   "(initialise with TW_GEMM_ARGS_INIT)",
-                   args_in->size, sizeof(tw_gemm_args_t));
-  // A caller built against an older, shorter struct: read only what it has.
   tw_gemm_args_t a = TW_GEMM_ARGS_INIT;
-  memcpy(&a, args_in, args_in->size < sizeof(a) ? args_in->size : sizeof(a));
-  a.size = sizeof(a);
-
-  tw_status_t st = check_args(a, opts);
+  tw_status_t st = tw_args_copy(args_in, &a, sizeof(a), offsetof(tw_gemm_args_t, sm_count),
+                                "tw_gemm", "tw_gemm_args_t", "TW_GEMM_ARGS_INIT");
+  if (st != TW_SUCCESS)
+    return st;
+  st = check_args(a, opts);
   if (st != TW_SUCCESS)
     return st;
 

@@ -384,19 +384,13 @@ static tw_status_t run(const tw_grouped_gemm_args_t &a, void *ws, int sms, int d
 
 extern "C" tw_status_t tw_grouped_gemm_wgrad(const tw_grouped_gemm_args_t *args_in, void *workspace,
                                              size_t workspace_bytes, tw_stream_t stream) {
-  if (!args_in)
-    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_grouped_gemm_wgrad: args is NULL");
-  if (args_in->size < offsetof(tw_grouped_gemm_args_t, sm_count) ||
-      args_in->size > sizeof(tw_grouped_gemm_args_t) + 4096)
-    return tw_fail(TW_ERR_INVALID_ARGUMENT,
-                   "tw_grouped_gemm_wgrad: args->size is %zu; expected "
-                   "sizeof(tw_grouped_gemm_args_t) = %zu (initialise with "
-                   "TW_GROUPED_GEMM_ARGS_INIT)",
-                   args_in->size, sizeof(tw_grouped_gemm_args_t));
   tw_grouped_gemm_args_t a = TW_GROUPED_GEMM_ARGS_INIT;
-  memcpy(&a, args_in, args_in->size < sizeof(a) ? args_in->size : sizeof(a));
-  a.size = sizeof(a);
-  tw_status_t st = check_args(a, workspace, workspace_bytes);
+  tw_status_t st =
+      tw_args_copy(args_in, &a, sizeof(a), offsetof(tw_grouped_gemm_args_t, sm_count),
+                   "tw_grouped_gemm_wgrad", "tw_grouped_gemm_args_t", "TW_GROUPED_GEMM_ARGS_INIT");
+  if (st != TW_SUCCESS)
+    return st;
+  st = check_args(a, workspace, workspace_bytes);
   if (st != TW_SUCCESS)
     return st;
   int device = 0, sms = 0;
