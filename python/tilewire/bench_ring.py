@@ -19,8 +19,9 @@ error below 2e-2). Exit status: 0, 1 a check failed, 2 no torch or no Hopper GPU
 """
 
 import argparse
-import statistics
 import sys
+
+from .bench_attention import _time
 
 DEFAULT_SHAPES = [(4, 16, 768, 128), (4, 16, 3072, 128)]
 
@@ -79,17 +80,8 @@ def unfused_rank(torch, tw, r, world, layout, causal, qs, ks, vs):
 
 
 def time_rounds(torch, fn, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Milliseconds: bench_attention's median of CUDA-event times around fn."""
+    return _time(torch, fn, warmup, repeats) * 1e3
 
 
 def run_shape(torch, tw, comms, shape, layout, causal, args):

@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
   const int ch = TW_CH_MOE;
   const uint64_t epoch = tw_op_begin(dc, ch);
   if (threadIdx.x == 0) {
-    net_combine_enter(dc, n, c, epoch);
+    net_enter(dc, n, c, epoch);
     s_target = *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagCombineCount) +
                (uint64_t)cp.gemm.order.n_blocks;
   }

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kMoeThreads, 1)
   const int ch = TW_CH_MOE;
   const uint64_t epoch = tw_op_begin(dc, ch);
   if (threadIdx.x == 0)
-    net_combine_enter(dc, n, c, epoch);
+    net_enter(dc, n, c, epoch);
   __syncthreads();
   if (blockIdx.x == 0 && c.ok)
     net_send_weights(dc, p, n, c, epoch);

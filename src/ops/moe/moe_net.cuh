@@ -185,6 +185,21 @@ __device__ inline void net_layout_block(const MoeParams &p, const MoeNet &n) {
   __syncthreads();
 }
 
+/* Thread 0 of every CTA, a call's start across nodes: the CTA's state, the entry handshake of
+ * this node's ranks, and block 0's net entry to each rail peer. */
+__device__ inline void net_enter(const tw_dev_comm_t &dc, const MoeNet &n, NetCta &c,
+                                 uint64_t epoch) {
+  const tw_rail_t &x = n.rail;
+  c.last = ~0ull, c.entered = 0, c.weighed = 0;
+  c.ok = tw_kernel_enter(dc, TW_CH_MOE, epoch) && tw_wait_entries(dc, TW_CH_MOE, epoch);
+  for (int q = 0; q < x.nodes && c.ok && blockIdx.x == 0; q++)
+    if (q != x.node) {
+      const uint64_t t = tw_net_signal_entry(dc, TW_CH_MOE, x.rail[q], x.node, epoch);
+      c.ok = t != ~0ull;
+      c.last = t;
+    }
+}
+
 /* The flag this rank waits on for rank r's count row: a net flag where r is a rail peer (its row
  * landed here by RDMA), else this rank's flag r (set by r, or by the rank of this node that
  * forwards what r sent). */
@@ -204,16 +219,8 @@ __device__ inline int exchange_layout_net(const tw_dev_comm_t &dc, const MoePara
                                           NetCta &c, uint64_t epoch) {
   const int ch = TW_CH_MOE, W = dc.world, stride = count_stride(p.experts);
   const tw_rail_t &x = n.rail;
-  if (threadIdx.x == 0) {
-    c.last = ~0ull, c.entered = 0, c.weighed = 0;
-    c.ok = tw_kernel_enter(dc, ch, epoch) && tw_wait_entries(dc, ch, epoch);
-    for (int q = 0; q < x.nodes && c.ok && blockIdx.x == 0; q++)
-      if (q != x.node) {
-        const uint64_t t = tw_net_signal_entry(dc, ch, x.rail[q], x.node, epoch);
-        c.ok = t != ~0ull;
-        c.last = t;
-      }
-  }
+  if (threadIdx.x == 0)
+    net_enter(dc, n, c, epoch);
   __syncthreads();
   if (blockIdx.x == 0 && c.ok) {
     layout_block(p, s_count);
@@ -531,21 +538,6 @@ __device__ inline void net_copy_rounds(const tw_dev_comm_t &dc, const MoeParams 
            k++, item++)
         if (net_item_mine(item))
           forward_chunk<kCount>(dc, p, n, c, q, k, epoch);
-}
-
-/* Thread 0 of every CTA, a combine's start across nodes: the CTA's state, the entry handshake of
- * this node's ranks, and block 0's net entry to each rail peer. */
-__device__ inline void net_combine_enter(const tw_dev_comm_t &dc, const MoeNet &n, NetCta &c,
-                                         uint64_t epoch) {
-  const tw_rail_t &x = n.rail;
-  c.last = ~0ull, c.entered = 0, c.weighed = 0;
-  c.ok = tw_kernel_enter(dc, TW_CH_MOE, epoch) && tw_wait_entries(dc, TW_CH_MOE, epoch);
-  for (int q = 0; q < x.nodes && c.ok && blockIdx.x == 0; q++)
-    if (q != x.node) {
-      const uint64_t t = tw_net_signal_entry(dc, TW_CH_MOE, x.rail[q], x.node, epoch);
-      c.ok = t != ~0ull;
-      c.last = t;
-    }
 }
 
 /* Block 0, all threads: this rank's weights by RDMA to each rail peer that holds rows of it. */
