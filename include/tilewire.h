@@ -601,7 +601,10 @@ TW_API tw_status_t tw_gemm_ar(tw_comm_t comm, const tw_gemm_rs_args_t *args, tw_
  * same dispatch, its GEMM tiles waiting for their rows as inside a node), tw_moe_gemm_combine
  * (the same GEMM, the combine's partials of a row once its row blocks are complete) and
  * tw_moe_ffn (both); their results are bitwise those of the unfused calls across nodes.
- * tw_moe_combine_backward is refused there (TW_ERR_NOT_SUPPORTED).
+ * tw_moe_combine_backward runs there too: each token's gradient row crosses to each other
+ * node that holds one of its experts once, with its weights, on the same rail; that node writes
+ * the expert_grad rows and computes the weights_grad sums of its slots and sends them back.
+ * expert_grad and weights_grad are bitwise those of a one-node call.
  */
 #define TW_MOE_ARGS_VERSION 3
 typedef struct tw_moe_args {

@@ -15,7 +15,10 @@
  * cumulative block counters stay exact across a backward and a second combine); the second
  * combine's out bitwise the host's slot-order sum of the expert_grad rows. A step repeated with
  * the same inputs gives the same bits. Version-2-sized args for the forward calls. Then
- * argument refusals, each naming the argument. 77 without a Hopper GPU.
+ * argument refusals, each naming the argument. Then the same cases across virtual nodes over the
+ * verbs test double (both backends; layouts 2x2, 3x2, 2x4, 4x1): the same checks, bitwise, with
+ * the combines' sums in their across-nodes order (own node, then each other node's partial). 77
+ * without a Hopper GPU.
  */
 #include <cuda_runtime.h>
 
@@ -27,7 +30,7 @@
 #include "tw_test_moe.h"
 
 typedef struct {
-  int world, experts, top_k, fused;
+  int world, per_node, experts, top_k, fused; /* per_node < world: virtual nodes of per_node */
   int64_t hidden, n, max_tokens, recv_rows;
   int64_t tokens[TW_MAX_WORLD];
   tw_comm_t comms[TW_MAX_WORLD];
@@ -41,17 +44,20 @@ typedef struct {
   float *h_w[TW_MAX_WORLD];
 } bwd_t;
 
-static void bwd_init(bwd_t *m, int world, int experts, int top_k, int64_t hidden, int64_t n,
-                     int64_t max_tokens, int fused) {
+static void bwd_init(bwd_t *m, int world, int per_node, int experts, int top_k, int64_t hidden,
+                     int64_t n, int64_t max_tokens, int fused) {
   memset(m, 0, sizeof(*m));
   const int local = experts / world;
-  m->world = world, m->experts = experts, m->top_k = top_k, m->fused = fused;
+  m->world = world, m->per_node = per_node, m->experts = experts, m->top_k = top_k;
+  m->fused = fused;
   m->hidden = hidden, m->n = n, m->max_tokens = max_tokens;
   /* room for every slot of every rank plus each expert's padding, and rows past it */
   m->recv_rows = max_tokens * world * (top_k < local ? top_k : local) + 127 * local + 256;
   int devices[TW_MAX_WORLD] = {0};
-  TEST_REQUIRE(tw_comm_init_all(m->comms, world, devices, NULL) == TW_SUCCESS, "init: %s",
-               tw_last_error());
+  tw_config_t cfg = TW_CONFIG_INIT;
+  cfg.ranks_per_node = per_node < world ? per_node : 0;
+  TEST_REQUIRE(tw_comm_init_all(m->comms, world, devices, &cfg) == TW_SUCCESS, "init %d/%d: %s",
+               world, per_node, tw_last_error());
   size_t ws_bytes = 0;
   TEST_TW_OK(tw_moe_workspace_size(m->comms[0], max_tokens, hidden > n ? hidden : n, experts, top_k,
                                    &ws_bytes));
@@ -131,6 +137,11 @@ static int allowed_of(const void *ctx, int32_t e) {
 /* A routing: top_k distinct experts per token, some slots -1 (kHoles), fresh weights and x. */
 static void route(bwd_t *m, int kind, uint64_t *rng) {
   TEST_CUDA_OK(cudaDeviceSynchronize());
+  int choices = 0; /* moe_pick_expert needs top_k experts to pick from */
+  for (int e = 0; e < m->experts; e++)
+    choices += allowed(m, kind, e);
+  TEST_REQUIRE(choices >= m->top_k, "routing %s leaves %d experts of %d for top-%d",
+               kind_names[kind], choices, m->experts, m->top_k);
   for (int r = 0; r < m->world; r++) {
     const int64_t T = m->tokens[r];
     for (int64_t t = 0; t < T; t++)
@@ -295,7 +306,9 @@ static void host_free(const bwd_t *m, host_t *h) {
 static const int64_t kRowMask = (1ll << 40) - 1;
 
 /* out[t] of a combine of `rows` (every rank's [recv_rows, n]) with weights w (NULL: 1), bitwise
- * the host's slot-order fp32 sum; returns the elements that differ. */
+ * the host's slot-order fp32 sum; across nodes t's own node's slots in slot order, then each
+ * other node's partial (its slots in slot order, rounded to bf16) in node order. Returns the
+ * elements that differ. */
 static size_t check_combined(const bwd_t *m, const host_t *h, uint16_t *const *rows,
                              uint16_t *const *got, int unit_weights, const char *what,
                              const char *which) {
@@ -305,12 +318,24 @@ static size_t check_combined(const bwd_t *m, const host_t *h, uint16_t *const *r
     for (int64_t t = 0; t < m->tokens[s]; t++)
       for (int64_t c = 0; c < N; c++) {
         float acc = 0;
-        for (int j = 0; j < m->top_k; j++) {
-          const int64_t at = h->row_of[s][t * m->top_k + j];
-          if (at < 0)
+        const int P = m->per_node, own = s / P;
+        for (int node = -1; node < m->world / P; node++) { /* -1: t's own node */
+          if (node == own)
             continue;
-          const float w = unit_weights ? 1.0f : m->h_w[s][t * m->top_k + j];
-          acc = fmaf(w, bf(rows[at >> 40][(at & kRowMask) * N + c]), acc);
+          float part = 0;
+          int any = 0;
+          for (int j = 0; j < m->top_k; j++) {
+            const int64_t at = h->row_of[s][t * m->top_k + j];
+            if (at < 0 || (int)(at >> 40) / P != (node < 0 ? own : node))
+              continue;
+            const float w = unit_weights ? 1.0f : m->h_w[s][t * m->top_k + j];
+            part = fmaf(w, bf(rows[at >> 40][(at & kRowMask) * N + c]), part);
+            any = 1;
+          }
+          if (node < 0)
+            acc = part;
+          else if (any)
+            acc = fmaf(1.0f, bf(tw_test_float_to_bf16(part)), acc);
         }
         const uint16_t want = tw_test_float_to_bf16(acc), have = got[s][t * N + c];
         if (have != want) {
@@ -473,10 +498,10 @@ static void check_repeat(bwd_t *m, uint64_t seed, const char *what) {
 
 /* Steps of one comm: each a routing kind and token counts (`pattern`: 0 random 1..max, 1 the
  * last rank none, 2 every rank max_tokens, 3 every rank 1, 4 every rank none). */
-static void test_case(int world, int experts, int top_k, int64_t n, int64_t max_tokens, int fused,
-                      uint64_t seed) {
+static void test_case(int world, int per_node, int experts, int top_k, int64_t n,
+                      int64_t max_tokens, int fused, uint64_t seed) {
   bwd_t m;
-  bwd_init(&m, world, experts, top_k, fused ? 128 : 64, n, max_tokens, fused);
+  bwd_init(&m, world, per_node, experts, top_k, fused ? 128 : 64, n, max_tokens, fused);
   uint64_t rng = seed | 1;
   const int kinds[6] = {kRandom, kSkewed, kHoles, kEmpty, kHoles, kRandom};
   const int patterns[6] = {0, 1, 2, 3, 0, 4};
@@ -493,9 +518,9 @@ static void test_case(int world, int experts, int top_k, int64_t n, int64_t max_
     route(&m, kinds[it], &rng);
     char what[192];
     snprintf(what, sizeof(what),
-             "world %d, %d experts, top-%d, n_out %lld, max_tokens %lld, %s, step %d (%s, tokens "
-             "%lld..)",
-             world, experts, top_k, (long long)n, (long long)max_tokens,
+             "world %d (nodes of %d), %d experts, top-%d, n_out %lld, max_tokens %lld, %s, step %d "
+             "(%s, tokens %lld..)",
+             world, per_node, experts, top_k, (long long)n, (long long)max_tokens,
              fused ? "tw_moe_gemm_combine forward" : "tw_moe_combine forward", it,
              kind_names[kinds[it]], (long long)m.tokens[0]);
     const int with_wgrad = it != 3;
@@ -519,7 +544,7 @@ static void expect_refused(tw_status_t st, const char *a, const char *b, const c
 
 static void test_refusals(void) {
   bwd_t m;
-  bwd_init(&m, 2, 4, 2, 64, 64, 16, 0);
+  bwd_init(&m, 2, 2, 4, 2, 64, 64, 16, 0);
   m.tokens[0] = m.tokens[1] = 4;
   void *plain = NULL;
   TEST_CUDA_OK(cudaMalloc(&plain, (size_t)m.recv_rows * m.n * 2));
@@ -571,17 +596,42 @@ static void test_refusals(void) {
   bwd_fini(&m);
 }
 
+#ifdef TW_VERBS_DOUBLE
+/* Virtual nodes over the verbs test double (nodes x ranks per node): 2x2, an odd 3x2 with top-8
+ * and an n_out tail, 2x4 with top-1, the fused forward, 4x1 (every rank its own node). */
+static void across_nodes(const char *backend, uint64_t seed) {
+  printf("across nodes, backend %s:\n", backend);
+  const int cases[5][7] = {{4, 2, 8, 2, 128, 200, 0},
+                           {6, 2, 24, 8, 136, 150, 0},
+                           {8, 4, 16, 1, 256, 130, 0},
+                           {4, 2, 8, 2, 256, 200, 1},
+                           {4, 1, 8, 2, 64, 100, 0}};
+  for (int i = 0; i < 5; i++) {
+    const int *c = cases[i];
+    test_case(c[0], c[1], c[2], c[3], c[4], c[5], c[6], seed + (uint64_t)i);
+    printf("  %dx%d, %d experts, top-%d, n_out %d%s: checked\n", c[0] / c[1], c[1], c[2], c[3],
+           c[4], c[6] ? ", tw_moe_gemm_combine forward" : "");
+    fflush(stdout);
+  }
+}
+#endif
+
 int main(void) {
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   tw_test_require_hopper();
   const uint64_t seed = tw_test_seed();
-  test_case(1, 8, 2, 128, 300, 0, seed);
-  test_case(2, 16, 8, 256, 200, 0, seed + 1);
-  test_case(3, 6, 1, 136, 200, 0, seed + 2);
-  test_case(4, 32, 8, 264, 150, 0, seed + 3);
-  test_case(4, 8, 2, 128, 256, 0, seed + 4);
-  test_case(2, 4, 2, 256, 200, 1, seed + 5);
-  test_case(3, 6, 2, 136, 120, 1, seed + 6);
+  test_case(1, 1, 8, 2, 128, 300, 0, seed);
+  test_case(2, 2, 16, 8, 256, 200, 0, seed + 1);
+  test_case(3, 3, 6, 1, 136, 200, 0, seed + 2);
+  test_case(4, 4, 32, 8, 264, 150, 0, seed + 3);
+  test_case(4, 4, 8, 2, 128, 256, 0, seed + 4);
+  test_case(2, 2, 4, 2, 256, 200, 1, seed + 5);
+  test_case(3, 3, 6, 2, 136, 120, 1, seed + 6);
   test_refusals();
+#ifdef TW_VERBS_DOUBLE
+  tw_test_on_both_backends(TW_VERBS_DOUBLE, across_nodes, NULL, seed + 7);
+#else
+  printf("built without rdma-core's headers: the cases across nodes are not run\n");
+#endif
   return tw_test_finish();
 }

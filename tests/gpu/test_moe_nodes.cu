@@ -325,15 +325,14 @@ static void run(const char *backend, uint64_t seed) {
     moe_test_routing_error(4, 2, which);
 }
 
-/* What across nodes refuses: the combine's backward, a workspace sized without the row width, a
- * call wider than its workspace was sized for, nodes of unequal size. */
+/* What across nodes refuses: a workspace sized without the row width, a call wider than its
+ * workspace was sized for, nodes of unequal size. */
 static void test_refusals(void) {
   moe_world_t m;
   moe_world_init(&m, 4, 2, 8, 2, 64, 64, 4096, 2048, 32);
   m.tokens[0] = 4;
   tw_moe_args_t a = moe_args_of(&m, 0);
   a.weights = m.weights[0];
-  TEST_TW_FAILS(tw_moe_combine_backward(m.comms[0], &a, 0), TW_ERR_NOT_SUPPORTED, "across nodes");
   size_t bytes = 0;
   TEST_TW_FAILS(tw_moe_workspace_size(m.comms[0], 4096, 0, 8, 2, &bytes), TW_ERR_INVALID_ARGUMENT,
                 "hidden");
@@ -345,6 +344,9 @@ static void test_refusals(void) {
   a = moe_args_of(&m, 0);
   a.n_out = 4096, a.recv_rows = 32; /* expert_out still fits; the staged partials do not */
   TEST_TW_FAILS(tw_moe_combine(m.comms[0], &a, 0), TW_ERR_INVALID_ARGUMENT, "args->workspace");
+  a.grad = m.out[0], a.expert_grad = m.recv[0]; /* the staged gradient rows do not fit either */
+  TEST_TW_FAILS(tw_moe_combine_backward(m.comms[0], &a, 0), TW_ERR_INVALID_ARGUMENT,
+                "args->workspace");
   moe_world_fini(&m);
   moe_world_t u; /* nodes {0..3}, {4, 5} */
   moe_world_init(&u, 6, 4, 12, 2, 64, 64, 16, 2048, 32);

@@ -27,7 +27,7 @@
  *                         the experts' ranks' expert_out, weighted, in fp32.
  *
  * moe_call (declared in moe_layout.cuh) checks, describes and launches these two,
- * tw_moe_combine_backward's kernel (moe_backward.cu) and, on a comm that spans nodes, the
+ * tw_moe_combine_backward's kernels (moe_backward.cu) and, on a comm that spans nodes, the
  * dispatch and combine kernels of moe_net.cu in their place. Flags of TW_CH_MOE: moe_layout.cuh.
  */
 #include <cuda_bf16.h>
@@ -171,15 +171,20 @@ extern "C" tw_status_t tw_moe_workspace_size(tw_comm_t comm, int64_t max_tokens,
                       "stages rows: the widest hidden or n_out of the calls, a positive "
                       "multiple of 8",
                       (long long)hidden, comm->nodes));
-  /* across nodes: room for tw_moe_ffn's staged rows and partials, the widest of the calls */
+  /* across nodes: room for tw_moe_ffn's staged rows and partials, the widest of the calls; a
+   * dispatch's staged row is the widest of any call's (the combine backward's gradient row and
+   * weights included), and the second staging the larger of the FFN's partials and the combine
+   * backward's dots, so every region of every call fits its own */
   const size_t d = net ? net_stage(kDispatch, hidden, 0, top_k) : 0;
-  const size_t c = net ? net_stage(kCombine, 0, hidden, 0) : 0;
+  const size_t pf = net_part_stage(kFfn, hidden, top_k);
+  const size_t pb = net_part_stage(kCombineBackward, 0, top_k);
+  const size_t c = net ? (pf > pb ? pf : pb) : 0;
   *bytes = layout_of(comm->world, max_tokens, experts, top_k, comm->nodes, d, c).bytes;
   return TW_SUCCESS;
 }
 
 /* The arguments' contract for `kind` before anything is launched: TW_ERR_INVALID_ARGUMENT
- * naming the first that breaks it (or TW_ERR_NOT_SUPPORTED across nodes). */
+ * naming the first that breaks it. */
 static const char *op_name(int kind) {
   static const char *const names[] = {"?",
                                       "tw_moe_dispatch",
@@ -323,11 +328,6 @@ static tw_status_t check_ffn(tw_comm_t comm, const tw_moe_args_t &a, const char 
 static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, Layout *l) {
   const char *op = op_name(kind);
   const int W = comm->world;
-  if (comm->nodes > 1 && kind == kCombineBackward)
-    return tw_fail(TW_ERR_NOT_SUPPORTED,
-                   "%s: the comm spans %d nodes; across nodes the combine's backward is not "
-                   "served yet",
-                   op, comm->nodes);
   TW_ARG_CHECK(a.index_bits == 32 || a.index_bits == 64,
                "%s: args->index_bits is %d; expected 32 or 64", op, (int)a.index_bits);
   TW_ARG_CHECK(a.experts >= 1 && a.experts <= kMaxExperts && a.experts % W == 0,
@@ -354,7 +354,7 @@ static tw_status_t check_args(tw_comm_t comm, const tw_moe_args_t &a, int kind, 
                (long long)a.n_out);
   *l = layout_of(W, a.max_tokens, a.experts, a.top_k, comm->nodes,
                  comm->nodes > 1 ? net_stage(kind, a.hidden, a.n_out, a.top_k) : 0,
-                 comm->nodes > 1 && kind == kFfn ? net_stage(kCombine, 0, a.n_out, 0) : 0);
+                 comm->nodes > 1 ? net_part_stage(kind, a.n_out, a.top_k) : 0);
   char what[96];
   snprintf(what, sizeof(what), "%s: args->workspace", op);
   tw_status_t st = tw_heap_lookup(comm, a.workspace, l->bytes, what, NULL);
@@ -493,7 +493,7 @@ tw_status_t tw::moe::moe_net_params(tw_comm_t comm, const tw_moe_args_t &a, int 
 }
 
 tw_status_t tw::moe::moe_call(tw_comm_t comm, const tw_moe_args_t *in, tw_stream_t stream, int kind,
-                              const void *kernel) {
+                              const void *kernel, const void *net_kernel) {
   const char *op = op_name(kind);
   tw_status_t st = tw_comm_check_call(comm);
   if (st != TW_SUCCESS)
@@ -505,7 +505,7 @@ tw_status_t tw::moe::moe_call(tw_comm_t comm, const tw_moe_args_t *in, tw_stream
   MoeNet n; /* across nodes: the kernel of moe_net.cu, with the rail and the staging regions */
   if (st == TW_SUCCESS && comm->nodes > 1) {
     st = moe_net_params(comm, a, kind, l, &n);
-    kernel = moe_net_kernel(kind);
+    kernel = net_kernel ? net_kernel : moe_net_kernel(kind);
   }
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);

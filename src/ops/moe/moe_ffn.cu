@@ -250,7 +250,7 @@ static tw_status_t ffn_net_launch(tw_comm_t comm, const tw_moe_args_t &a, const 
   fn.parts = fn.rows;
   fn.parts.l.rows_out = l.parts_out;
   fn.parts.l.rows_in = l.parts_in;
-  fn.parts.stage = (int64_t)net_stage(kCombine, 0, a.n_out, 0);
+  fn.parts.stage = (int64_t)net_part_stage(kFfn, a.n_out, a.top_k);
   return moe_gemm_launch<moe_ffn_net_kernel, kSmem>(
       comm, a, kFfn, fn,
       [](FfnNetParams &q, const tw_dev_comm_t &dc) { q.f.up.wait.dc = q.f.down.wait.dc = dc; },

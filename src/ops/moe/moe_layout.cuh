@@ -508,17 +508,18 @@ __device__ __forceinline__ bool rows_landed(const tw_dev_comm_t &dc, uint64_t ep
 }
 
 /* Host: the arguments' contract for `kind` (TW_ERR_INVALID_ARGUMENT naming the first that breaks
- * it; TW_ERR_NOT_SUPPORTED across nodes), then the kernels' parameters; *l the workspace's
- * layout. */
+ * it; TW_ERR_NOT_SUPPORTED where a peer's memory is not mapped), then the kernels' parameters;
+ * *l the workspace's layout. */
 tw_status_t moe_prepare(tw_comm_t comm, const tw_moe_args_t *in, int kind, tw_moe_args_t *a,
                         Layout *l, MoeParams *p);
 
 /* Host: the call of `kind` (kDispatch, kCombine, kCombineBackward) on comm's stream: checked and
  * prepared (moe_prepare), described (what every rank must have alike), then `kernel`, a
  * persistent kernel of kMoeThreads threads taking (tw_dev_comm_t, MoeParams), launched on at most
- * comm->sm_budget CTAs that each hold an SM. */
+ * comm->sm_budget CTAs that each hold an SM. On a comm across nodes `net_kernel` instead (NULL:
+ * moe_net_kernel(kind)), taking (tw_dev_comm_t, MoeParams, MoeNet), on comm->sm_budget CTAs. */
 tw_status_t moe_call(tw_comm_t comm, const tw_moe_args_t *in, tw_stream_t stream, int kind,
-                     const void *kernel);
+                     const void *kernel, const void *net_kernel = nullptr);
 
 } // namespace moe
 } // namespace tw

@@ -111,17 +111,24 @@ __device__ __forceinline__ void net_post(const tw_dev_comm_t &dc, const MoeNet &
   c.last = c.ok ? t : c.last;
 }
 
-/* Thread 0: staged rows k0 .. k1 of node q's slot in rows_out (this node's rows for q, or the
- * partials of q's rows) posted into the same rows of this node's slot in q's rail peer's
- * rows_in, under net flag `flags` + (that slot) x kNetChunks + chunk. */
+/* Thread 0: staged rows k0 .. k1 of node q's slot in region `from` (rows of `stage` bytes,
+ * [nodes - 1][max_tokens] of them) posted into the same rows of this node's slot in q's rail
+ * peer's region `to`, under net flag `flags` + (that slot) x kNetChunks + chunk. */
+__device__ __forceinline__ void post_staged(const tw_dev_comm_t &dc, const MoeNet &n, NetCta &c,
+                                            int q, int chunk, int64_t k0, int64_t k1, int flags,
+                                            uint64_t epoch, uint64_t from, uint64_t to,
+                                            int64_t stage) {
+  const int N = n.rail.nodes, h = node_slot(q, n.rail.node, N), hr = node_slot(n.rail.node, q, N);
+  const uint64_t off = (uint64_t)k0 * stage;
+  net_post(dc, n, c, q, from + (uint64_t)h * n.max_tokens * stage + off,
+           to + (uint64_t)hr * n.max_tokens * stage + off, (uint64_t)(k1 - k0) * stage,
+           flags + hr * kNetChunks + chunk, epoch);
+}
+/* post_staged from rows_out into rows_in (this node's rows for q, or the partials of q's rows). */
 __device__ __forceinline__ void post_chunk(const tw_dev_comm_t &dc, const MoeNet &n, NetCta &c,
                                            int q, int chunk, int64_t k0, int64_t k1, int flags,
                                            uint64_t epoch) {
-  const int N = n.rail.nodes, h = node_slot(q, n.rail.node, N), hr = node_slot(n.rail.node, q, N);
-  const uint64_t off = (uint64_t)k0 * n.stage;
-  net_post(dc, n, c, q, n.l.rows_out + (uint64_t)h * n.max_tokens * n.stage + off,
-           n.l.rows_in + (uint64_t)hr * n.max_tokens * n.stage + off, (uint64_t)(k1 - k0) * n.stage,
-           flags + hr * kNetChunks + chunk, epoch);
+  post_staged(dc, n, c, q, chunk, k0, k1, flags, epoch, n.l.rows_out, n.l.rows_in, n.stage);
 }
 
 /* The nodes other than this one that hold an expert of token t (bit = node). */
@@ -295,19 +302,33 @@ __device__ __forceinline__ int64_t rows_to_node(const MoeParams &p, const tw_dev
   return row[p.experts + 2 + q];
 }
 
-/* All threads: chunk c of the rows bound for node q staged (each with its meta) and posted. */
-__device__ inline void pack_chunk(const tw_dev_comm_t &dc, const MoeParams &p, const MoeNet &n,
-                                  const SharedLayout &s, NetCta &c, int q, int chunk,
-                                  uint64_t epoch) {
-  const tw_rail_t &x = n.rail;
-  const int N = x.nodes, h = node_slot(q, x.node, N), lane = threadIdx.x % 32;
+/* All threads: chunk c of the rows bound for node q (row k: token tok_out[k], in the order the
+ * dispatch numbered them) each staged by stage(dst, t, lane), a warp a row, then posted under the
+ * rows flags. */
+template <class Stage>
+__device__ inline void pack_rows(const tw_dev_comm_t &dc, const MoeParams &p, const MoeNet &n,
+                                 NetCta &c, int q, int chunk, uint64_t epoch, const Stage &stage) {
+  const int h = node_slot(q, n.rail.node, n.rail.nodes), lane = threadIdx.x % 32;
   const int64_t rows = p.cnt[p.experts + 2 + q], cr = chunk_rows(rows), k0 = chunk * cr;
   const int64_t k1 = min(rows, k0 + cr), slot0 = (int64_t)h * n.max_tokens;
   const int32_t *tok = (const int32_t *)(n.ws + n.l.tok_out) + slot0;
   uint8_t *staged = n.ws + n.l.rows_out + (size_t)slot0 * n.stage;
-  for (int64_t k = k0 + threadIdx.x / 32; k < k1; k += blockDim.x / 32) {
-    const int64_t t = tok[k];
-    uint8_t *dst = staged + (size_t)k * n.stage;
+  for (int64_t k = k0 + threadIdx.x / 32; k < k1; k += blockDim.x / 32)
+    stage(staged + (size_t)k * n.stage, (int64_t)tok[k], lane);
+  __syncthreads();
+  if (threadIdx.x == 0)
+    post_chunk(dc, n, c, q, chunk, k0, k1, kNetRows, epoch);
+  __syncthreads();
+}
+
+/* A dispatch's staged row for node q: token t's row of x, then its meta (the token, and per slot
+ * the destination rank << 40 | row, or -1 for a slot of another node). */
+struct StageDispatch {
+  const MoeParams &p;
+  const tw_rail_t &x;
+  const SharedLayout &s;
+  int q;
+  __device__ void operator()(uint8_t *dst, int64_t t, int lane) const {
     warp_copy_row((uint16_t *)dst, p.x + t * p.hidden, p.hidden, lane);
     int64_t *meta = (int64_t *)(dst + p.hidden * 2);
     if (lane == 0)
@@ -321,10 +342,29 @@ __device__ inline void pack_chunk(const tw_dev_comm_t &dc, const MoeParams &p, c
       meta[1 + j] = m;
     }
   }
+};
+
+/* All threads: chunk c of the rows bound for node q staged (each with its meta) and posted. */
+__device__ inline void pack_chunk(const tw_dev_comm_t &dc, const MoeParams &p, const MoeNet &n,
+                                  const SharedLayout &s, NetCta &c, int q, int chunk,
+                                  uint64_t epoch) {
+  pack_rows(dc, p, n, c, q, chunk, epoch, StageDispatch{p, n.rail, s, q});
+}
+
+/* All threads: chunk c of the rows node q's rail peer sent (rows k0 .. k1 of q's slot, which
+ * starts at row slot0 of the staging), once its flag is set; false: the wait failed (recorded). */
+__device__ inline bool await_sent_chunk(const tw_dev_comm_t &dc, const MoeParams &p,
+                                        const MoeNet &n, NetCta &c, int q, int chunk,
+                                        uint64_t epoch, int64_t *k0, int64_t *k1, int64_t *slot0) {
+  const tw_rail_t &x = n.rail;
+  const int h = node_slot(q, x.node, x.nodes), src = x.rail[q];
+  const int64_t rows = rows_to_node(p, dc, src, x.node), cr = chunk_rows(rows);
+  *k0 = chunk * cr, *k1 = min(rows, *k0 + cr), *slot0 = (int64_t)h * n.max_tokens;
+  if (threadIdx.x == 0 && c.ok)
+    c.ok = tw_wait_geq(dc, TW_CH_MOE, tw_net_flag(dc, TW_CH_MOE, kNetRows + h * kNetChunks + chunk),
+                       epoch, src, chunk);
   __syncthreads();
-  if (threadIdx.x == 0)
-    post_chunk(dc, n, c, q, chunk, k0, k1, kNetRows, epoch);
-  __syncthreads();
+  return c.ok;
 }
 
 /* All threads: chunk c of the rows node q's rail peer sent, once landed: each row's meta kept in
@@ -334,15 +374,9 @@ __device__ inline void pack_chunk(const tw_dev_comm_t &dc, const MoeParams &p, c
 template <bool kCount = false>
 __device__ inline void forward_chunk(const tw_dev_comm_t &dc, const MoeParams &p, const MoeNet &n,
                                      NetCta &c, int q, int chunk, uint64_t epoch) {
-  const tw_rail_t &x = n.rail;
-  const int N = x.nodes, h = node_slot(q, x.node, N), lane = threadIdx.x % 32, src = x.rail[q];
-  const int64_t rows = rows_to_node(p, dc, src, x.node), cr = chunk_rows(rows), k0 = chunk * cr;
-  const int64_t k1 = min(rows, k0 + cr), slot0 = (int64_t)h * n.max_tokens;
-  if (threadIdx.x == 0 && c.ok)
-    c.ok = tw_wait_geq(dc, TW_CH_MOE, tw_net_flag(dc, TW_CH_MOE, kNetRows + h * kNetChunks + chunk),
-                       epoch, src, chunk);
-  __syncthreads();
-  if (!c.ok)
+  const int lane = threadIdx.x % 32;
+  int64_t k0, k1, slot0;
+  if (!await_sent_chunk(dc, p, n, c, q, chunk, epoch, &k0, &k1, &slot0))
     return;
   const uint8_t *staged = n.ws + n.l.rows_in + (size_t)slot0 * n.stage;
   int64_t *kept = (int64_t *)(n.ws + n.l.meta_in) + slot0 * (p.top_k + 1);
@@ -627,11 +661,21 @@ tw_status_t moe_net_params(tw_comm_t comm, const tw_moe_args_t &a, int kind, con
 /* Host: the kernel of `kind` across nodes. */
 const void *moe_net_kernel(int kind);
 /* Host: bytes of a staged row of `kind` (the dispatches, tw_moe_ffn's rows among them: of
- * `hidden` and its meta; the combines: of n_out). */
+ * `hidden` and its meta; the combine backward's: a gradient row of n_out and its token's
+ * weights; the combines: of n_out). */
 inline size_t net_stage(int kind, int64_t hidden, int64_t n_out, int64_t top_k) {
-  return kind == kDispatch || kind == kDispatchGemm || kind == kFfn
-             ? ((size_t)hidden * 2 + (size_t)(top_k + 1) * 8 + 15) / 16 * 16
-             : (size_t)n_out * 2;
+  if (kind == kDispatch || kind == kDispatchGemm || kind == kFfn)
+    return ((size_t)hidden * 2 + (size_t)(top_k + 1) * 8 + 15) / 16 * 16;
+  if (kind == kCombineBackward)
+    return ((size_t)n_out * 2 + (size_t)top_k * 4 + 15) / 16 * 16;
+  return (size_t)n_out * 2;
+}
+/* Host: bytes of a row of the second staging (parts_out / parts_in) of `kind`: tw_moe_ffn's
+ * partials (n_out), the combine backward's dots (top_k fp32); 0 for the calls without one. The
+ * workspace holds the larger of the two for its hidden (tw_moe_workspace_size), so every call
+ * fits the workspace sized for its widest row. */
+inline size_t net_part_stage(int kind, int64_t n_out, int64_t top_k) {
+  return kind == kFfn ? (size_t)n_out * 2 : kind == kCombineBackward ? (size_t)top_k * 4 : 0;
 }
 
 } // namespace moe
