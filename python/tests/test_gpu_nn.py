@@ -72,6 +72,9 @@ def test_mlp_forward_and_backward(world, reduce):
     comms = tilewire.init_virtual(world)
     try:
         cols, rows = _tp_layers(comms, l1, l2, reduce)
+        for c, r in zip(cols, rows):  # before the ranks' loop: buffers and the backward's matmuls
+            c.reserve(m_local, grad=True)
+            r.reserve(m, grad=True)
         xs = [t.requires_grad_() for t in _shards(x, world)]
         ys = _tp_mlp(comms, cols, rows, xs)
         if reduce == "scatter":  # each rank's rows, and their part of the loss's gradient

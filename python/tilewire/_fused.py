@@ -475,6 +475,39 @@ def _bf16_matrix(ws, rows, cols):
     return ws.view(-1)[:rows * cols * 2].view(torch.bfloat16).view(rows, cols)
 
 
+def _weight_grad(g, x):
+    """g.t() @ x: a linear layer's weight gradient from its output gradient g [m, n] and its
+    input x [m, k]. The layers' backward and their warm-up (warm_backward) make this one call."""
+    return torch.matmul(g.t(), x)
+
+
+class _WarmBackward(torch.autograd.Function):
+    """Runs ctx.fn in the backward: on the autograd engine's device thread, where the layers'
+    backward matmuls run."""
+
+    @staticmethod
+    def forward(ctx, w, fn):
+        ctx.fn = fn
+        return w.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.fn()
+        return grad, None
+
+
+def warm_backward(fn, device):
+    """Runs fn (the torch matmuls a layer's backward makes, on zeros of their shapes) on this
+    thread and on the autograd engine's device thread. The first call of a cuBLAS kernel may
+    load its code, and loading waits for the device: on virtual ranks, where one thread launches
+    every rank's kernels and a rank's collective waits until the next rank launches its own,
+    such a wait inside the ranks' loop never ends. So the layers' reserve(grad=True) makes each
+    of those calls once, outside the loop."""
+    fn()
+    w = torch.zeros((), device=device, requires_grad=True)
+    _WarmBackward.apply(w, fn).backward()
+
+
 class _AgGemmFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, comm_id, a, b, a_gathered, out, comm_sms, no_gather, grad_workspace):
@@ -495,7 +528,7 @@ class _AgGemmFunction(torch.autograd.Function):
             grad_a = gemm_rs(comm, g, b.t().contiguous(), ctx.grad_workspace)
         if ctx.needs_input_grad[2]:
             gathered = a_gathered.reshape(-1)[:ctx.m * ctx.k].view(ctx.m, ctx.k)
-            grad_b = torch.matmul(g.t(), gathered)
+            grad_b = _weight_grad(g, gathered)
         return None, grad_a, grad_b, None, None, None, None, None
 
 
@@ -526,5 +559,5 @@ class _GemmReduceFunction(torch.autograd.Function):
             else:
                 grad_a = None
                 allgather(comm, g, gathered)
-        grad_b = torch.matmul(gathered.t(), a) if need_b else None
+        grad_b = _weight_grad(gathered, a) if need_b else None
         return None, None, grad_a, grad_b, None, None, None, None, None

@@ -302,10 +302,20 @@ class ExpertParallelMoE(nn.Module):
             self._tw["grad_buffer"] = self.comm.empty(tuple(self._tw["recv"].shape), _BF16)
         return self._tw
 
-    def reserve(self, grad=False):
-        """Allocates (collectively) the buffers forward needs; grad=True: the backward's
-        too."""
+    def reserve(self, grad=False, tokens=None):
+        """Allocates (collectively) the buffers forward needs; grad=True: the backward's too,
+        and the router's forward and backward made once at `tokens` tokens of this rank
+        (default max_tokens): on virtual ranks a first cuBLAS call inside the ranks' loop could
+        wait forever (tilewire's layers' warm_backward)."""
         self._buffers_for(grad)
+        if not grad:
+            return
+        t = self.max_tokens if tokens is None else _positive_int(tokens, "tokens",
+                                                                 "ExpertParallelMoE.reserve")
+        dev = self.gate.weight.device
+        x = torch.zeros(t, self.hidden, dtype=_BF16, device=dev, requires_grad=True)
+        w = self.gate.weight.detach().clone().requires_grad_(True)
+        _route(x, w, self.top_k, self.norm_topk_prob)[1].sum().backward()
 
     def release_buffers(self):
         """Drops the buffers (collective: every rank, where no collective is in flight)."""

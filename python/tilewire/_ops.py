@@ -55,7 +55,9 @@ def for_each_rank(comms, fn):
     Nothing inside fn may wait for the device: rank 0's collectives wait until the later ranks
     launch theirs, which happens only after fn(rank 0) returns. Allocate symmetric buffers
     before (the layers' reserve()), and call each torch kernel and library once before the
-    first loop: a first call may load code or make a handle, which waits for the device.
+    first loop: a first call may load code or make a handle, which waits for the device (a
+    cuBLAS matmul's first call at a shape loads its kernel; the layers' reserve(rows, grad=True)
+    makes their backward's matmuls once at those rows).
     """
     for c in comms:
         if not isinstance(c, Comm) or not c.virtual:

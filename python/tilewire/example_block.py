@@ -135,12 +135,12 @@ class TilewireBlock(nn.Module):
         rank launches its own, so such a wait inside the ranks' loop would never end."""
         world = self.world
         self.qkv.reserve(tokens, grad=grad)
-        self.o.reserve(world * tokens)
+        self.o.reserve(world * tokens, grad=grad)
         if self.moe is not None:
-            self.moe.reserve(grad=grad)
+            self.moe.reserve(grad=grad, tokens=tokens)
         else:
             self.gate_up.reserve(tokens, grad=grad)
-            self.down.reserve(world * tokens)
+            self.down.reserve(world * tokens, grad=grad)
         # the attention core exactly as forward calls it (a library may key its plans on the
         # strides too), and a matmul as the layers' weight gradients run it
         qkv = torch.zeros(world * tokens, self.qkv.weight.shape[0], dtype=_BF16,

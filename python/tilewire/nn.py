@@ -56,7 +56,7 @@ import math
 import torch
 from torch import nn
 
-from ._fused import ag_gemm, gemm_ar, gemm_rs, gemm_rs_workspace
+from ._fused import _weight_grad, ag_gemm, gemm_ar, gemm_rs, gemm_rs_workspace, warm_backward
 from ._glue import _positive_int, _world_and_rank
 from ._nn_attention import RingAttention
 from ._nn_moe import ExpertParallelMoE, TorchMoE, full_moe_init
@@ -311,10 +311,16 @@ class ColumnParallelLinear(_ParallelLinear):
 
     def reserve(self, rows, grad=False):
         """Allocates (collectively) the buffers for inputs of up to `rows` rows of this rank
-        (x.numel() // in_features); grad=True: also the input gradient's workspace."""
+        (x.numel() // in_features); grad=True: also the input gradient's workspace, and the
+        backward's weight-gradient matmul made once at `rows` (warm_backward: on virtual
+        ranks a first cuBLAS call inside the ranks' loop could wait forever)."""
         self._gathered(_positive_int(rows, "rows", "ColumnParallelLinear.reserve"))
         if grad:
             self._grad_workspace(rows)
+            m, n, k, dev = self.world * rows, self.weight.shape[0], self.in_features, \
+                self.weight.device
+            warm_backward(lambda: _weight_grad(torch.zeros(m, n, dtype=_BF16, device=dev),
+                                               torch.zeros(m, k, dtype=_BF16, device=dev)), dev)
 
     def _gathered(self, rows):
         k = self.in_features
@@ -374,10 +380,23 @@ class RowParallelLinear(_ParallelLinear):
         self.input_is_parallel, self.reduce = True, reduce
         self._tw_workspace = None
 
-    def reserve(self, rows):
+    def reserve(self, rows, grad=False):
         """Allocates (collectively) the workspace for inputs of up to `rows` rows
-        (x.numel() // (in_features / world))."""
+        (x.numel() // (in_features / world)); grad=True: also the backward's torch matmuls
+        made once at `rows` (warm_backward: on virtual ranks a first cuBLAS call inside the
+        ranks' loop could wait forever)."""
         self._workspace(_positive_int(rows, "rows", "RowParallelLinear.reserve"))
+        if not grad:
+            return
+        n, k, dev = self.out_features, self.weight.shape[1], self.weight.device
+        local_grad_a = self.reduce != "scatter" or self.world == 1  # else through ag_gemm
+
+        def matmuls():
+            g = torch.zeros(rows, n, dtype=_BF16, device=dev)
+            _weight_grad(g, torch.zeros(rows, k, dtype=_BF16, device=dev))
+            if local_grad_a:
+                torch.matmul(g, self.weight.detach().to(_BF16))
+        warm_backward(matmuls, dev)
 
     def _workspace(self, rows):
         if self.world == 1:
