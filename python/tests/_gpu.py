@@ -2,6 +2,7 @@
 virtual-rank cases the op tests share. Imported after pytest.importorskip("torch")."""
 
 import gc
+import os
 
 import torch
 
@@ -90,3 +91,22 @@ def assert_clean(comms, *buffers):
         assert c.async_error() is None
     for buf in buffers:
         buf.clear()
+
+
+NICS = {"ib": "mlx5:8", "efa": "efa:16"}  # the verbs double's NICs: a ConnectX-7 node, a p5 node
+
+
+def init_nodes(nodes, per_node, backend):
+    """Virtual ranks in `nodes` virtual nodes of per_node, joined through the verbs test double
+    (TW_IBVERBS_LIB) with `backend`'s NICs."""
+    saved = {k: os.environ.get(k) for k in ("TW_NET", "TW_VD_NICS")}
+    os.environ["TW_NET"], os.environ["TW_VD_NICS"] = backend, NICS[backend]
+    try:
+        return tilewire.init_virtual(nodes * per_node,
+                                     config=tilewire.Config(ranks_per_node=per_node))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -1,17 +1,18 @@
 """tilewire.nn.ExpertParallelMoE on virtual ranks sharing one Hopper GPU, every rank's layer
 made from one tilewire.nn.TorchMoE (its values rounded to bf16), against that TorchMoE in fp32
 on every rank's tokens: the output, and the gradients of the input, the router and every
-expert's projections (the router's summed over the ranks). Skipped without torch or without a
-Hopper GPU."""
+expert's projections (the router's summed over the ranks); also across virtual nodes through
+the verbs test double. Skipped without torch or without a Hopper GPU."""
 
 import gc
+import os
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import tilewire  # noqa: E402
-from _gpu import bf16, close_all, rel_err  # noqa: E402
+from _gpu import bf16, close_all, init_nodes, rel_err  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_synced")]
 
@@ -30,13 +31,25 @@ def _reference(seed=0):
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_moe_forward_and_backward(world):
+    _check_layer(tilewire.init_virtual(world), world)
+
+
+@pytest.mark.skipif(not os.environ.get("TW_IBVERBS_LIB"),
+                    reason="no verbs test double (TW_IBVERBS_LIB) to join virtual nodes")
+@pytest.mark.parametrize("nodes,per_node", [(2, 2), (2, 1)])
+def test_moe_across_nodes(nodes, per_node):
+    """The layer's forward and whole backward across virtual nodes (the tokens cross the
+    double's network, tw_moe_combine_backward across nodes among them)."""
+    _check_layer(init_nodes(nodes, per_node, "ib"), nodes * per_node)
+
+
+def _check_layer(comms, world):
     ref = _reference(world)
     tokens = [48 + 5 * r for r in range(world)]
     xs_ref = [torch.randn(t, H, device="cuda").to(bf16).float().requires_grad_() for t in tokens]
     gs = [torch.randn(t, H, device="cuda").to(bf16).float() for t in tokens]
     for x, g in zip(xs_ref, gs):
         ref(x).backward(g)
-    comms = tilewire.init_virtual(world)
     try:
         layers = [EP.from_torch(ref, c, max_tokens=64) for c in comms]
         xs = [x.detach().to(bf16).requires_grad_() for x in xs_ref]

@@ -17,6 +17,7 @@ from _gpu import (  # noqa: E402
     assert_clean,
     bf16,
     close_all,
+    init_nodes,
     reduce_case,
     ref_product,
     rel_err,
@@ -31,23 +32,6 @@ pytestmark = [
 ]
 
 LAYOUTS = [(2, 2), (2, 1), (3, 2)]  # nodes x ranks per node
-
-
-NICS = {"ib": "mlx5:8", "efa": "efa:16"}  # the double's NICs: a ConnectX-7 node, a p5 node
-
-
-def _nodes(nodes, per_node, backend):
-    saved = {k: os.environ.get(k) for k in ("TW_NET", "TW_VD_NICS")}
-    os.environ["TW_NET"], os.environ["TW_VD_NICS"] = backend, NICS[backend]
-    try:
-        return tilewire.init_virtual(nodes * per_node,
-                                     config=tilewire.Config(ranks_per_node=per_node))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def rail_ordered_sum(a, b, per_node, partials="fp32"):
@@ -67,7 +51,7 @@ def rail_ordered_sum(a, b, per_node, partials="fp32"):
 @pytest.mark.parametrize("backend", ["ib", "efa"])
 @pytest.mark.parametrize("nodes,per_node", LAYOUTS)
 def test_ag_gemm_across_nodes(nodes, per_node, backend):
-    comms = _nodes(nodes, per_node, backend)
+    comms = init_nodes(nodes, per_node, backend)
     try:
         assert comms[0].nodes == nodes
         gathered, a, b = ag_inputs(comms, m_local=200, n=264, k=256)  # tails
@@ -90,7 +74,7 @@ def test_ag_gemm_across_nodes(nodes, per_node, backend):
 @pytest.mark.parametrize("backend", ["ib", "efa"])
 @pytest.mark.parametrize("nodes,per_node", LAYOUTS)
 def test_gemm_rs_and_ar_across_nodes(nodes, per_node, backend, partials):
-    comms = _nodes(nodes, per_node, backend)
+    comms = init_nodes(nodes, per_node, backend)
     world = nodes * per_node
     try:
         m, n, a, b = reduce_case(world, m_per_rank=192, n=264, k=320)
