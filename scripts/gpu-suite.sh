@@ -242,6 +242,12 @@ if want bench; then
     step "tw-bench gemm" 500 "$bin/tw-bench" gemm ${TW_SUITE_GEMM_ARGS:-} --json "$out/bench-gemm.json"
     step "tw-bench gemm --sm-budget 116" 500 "$bin/tw-bench" gemm --sm-budget 116 ${TW_SUITE_GEMM_ARGS:-} --json "$out/bench-gemm-116.json"
   fi
+  # the example block's training step: tilewire's layers on virtual ranks against the same
+  # tensor-parallel block in PyTorch and the plain block (worlds 2, 4, 8)
+  want python && step "tilewire.bench_block (virtual ranks)" 400 env \
+    TILEWIRE_LIB="$bin/libtilewire.so" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
+    CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m tilewire.bench_block \
+    --json "$out/bench-block.json"
 fi
 
 if want sanitizer; then

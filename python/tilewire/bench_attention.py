@@ -33,6 +33,19 @@ def flops(b, h, s, d, causal):
     return f / 2 if causal else f
 
 
+def hopper_torch(prog):
+    """torch, where it imports and sees a Hopper GPU; else None, the reason printed as prog's."""
+    try:
+        import torch
+    except ImportError:
+        print("%s: needs torch" % prog, file=sys.stderr)
+        return None
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("%s: needs a Hopper GPU" % prog, file=sys.stderr)
+        return None
+    return torch
+
+
 def _time(torch, fn, warmup, repeats):
     for _ in range(warmup):
         fn()

@@ -21,7 +21,7 @@ error below 2e-2). Exit status: 0, 1 a check failed, 2 no torch or no Hopper GPU
 import argparse
 import sys
 
-from .bench_attention import _time
+from .bench_attention import _time, hopper_torch
 
 DEFAULT_SHAPES = [(4, 16, 768, 128), (4, 16, 3072, 128)]
 
@@ -166,13 +166,8 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no-check", action="store_true")
     args = parser.parse_args(argv)
-    try:
-        import torch
-    except ImportError:
-        print("bench_ring: needs torch", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        print("bench_ring: needs a Hopper GPU", file=sys.stderr)
+    torch = hopper_torch("bench_ring")
+    if torch is None:
         return 2
     import tilewire as tw
 

@@ -16,8 +16,7 @@ share (its tokens, or its heads of every token); the MoE layer is tilewire.nn.Ex
 on each rank's tokens. Both blocks start from the same weights (bf16 values), train with SGD
 on the mean squared error to a random target, and print the loss per step. Not yet: ring
 attention (context parallelism) in the tilewire block, and a step-time benchmark against torch
-async-TP. Known defect: on virtual ranks the backward times out at --hidden 512 and at
---world 4 --moe (the defaults and the other test shapes run).
+async-TP.
 """
 
 import argparse
