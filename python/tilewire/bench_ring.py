@@ -8,11 +8,11 @@ lse, and the partial outputs merged in fp32) and against whole-sequence attentio
     python -m tilewire.bench_ring --world 4 --shape 1,16,2048,128 --layout contiguous
 
 A shape is B,H,S,D with S the tokens per rank (heads_kv = heads); the whole sequence is world x S
-tokens. The default shapes are mKernel's B4 H16 D128 at 768 and 3072 tokens a rank, world 4,
-causal zigzag and non-causal contiguous. On one GPU the ranks share its SMs (each its budget),
-so the ring's ideal time is the whole-sequence attention's: efficiency = t_whole / t_ring
-(tilewire.attention over the gathered sequence, the same core). Times: CUDA events around
-every rank's call (one round), after --warmup rounds, the median of --repeats rounds.
+tokens. The default shapes are mKernel's B4 H16 D128 at 768, 3072 and 12288 tokens a rank,
+world 4, causal zigzag and non-causal contiguous. On one GPU the ranks share its SMs (each its
+budget), so the ring's ideal time is the whole-sequence attention's: efficiency = t_whole /
+t_ring (tilewire.attention over the gathered sequence, the same core). Times: CUDA events
+around every rank's call (one round), after --warmup rounds, the median of --repeats rounds.
 TFLOP/s: 4 B H (world S)^2 D / median (halved for causal). Unless --no-check, each rank's
 ring and unfused outputs are compared with the whole-sequence output at its positions (max abs
 error below 2e-2). Exit status: 0, 1 a check failed, 2 no torch or no Hopper GPU.
@@ -23,7 +23,7 @@ import sys
 
 from .bench_attention import _time, hopper_torch
 
-DEFAULT_SHAPES = [(4, 16, 768, 128), (4, 16, 3072, 128)]
+DEFAULT_SHAPES = [(4, 16, 768, 128), (4, 16, 3072, 128), (4, 16, 12288, 128)]
 
 
 def parse_shape(text):
