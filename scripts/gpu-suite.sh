@@ -7,7 +7,8 @@
 #   TW_SUITE_BENCH_ARGS="--repeats 20"  passed to every other tw-bench step
 #
 # multi: when the machine has several GPUs, the benchmarks on distinct GPUs (real NVLink),
-# world = number of GPUs, and the multi-process test with one process per GPU.
+# world = number of GPUs (ring attention among them), the multi-process test with one process
+# per GPU, and the ops across two virtual nodes laid over the GPUs (the verbs test double).
 #
 # Build: by default a fresh one from source first (in build-gpu-suite/ of the tree, or the folder
 # TW_SUITE_BUILD_DIR names; emptied first; Release, -DTW_WERROR=ON), so every GPU run also
@@ -205,6 +206,23 @@ if want multi && [ "$ngpus" -gt 1 ]; then
     TILEWIRE_LIB="$bin/libtilewire.so" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
     CUDA_MODULE_LOADING=EAGER NCCL_NVLS_ENABLE=0 python3 -m tilewire.bench_dist --nproc "$ngpus" \
     --repeats 20 --json "$out/bench-dist-gpus.json"
+  # ring attention with rank r on GPU r (the peers' K/V over NVLink), against the unfused ring
+  # and whole-sequence attention on one GPU
+  want python && step "tilewire.bench_ring ($ngpus GPUs)" 300 env \
+    TILEWIRE_LIB="$bin/libtilewire.so" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
+    CUDA_MODULE_LOADING=EAGER python3 -m tilewire.bench_ring --world "$ngpus" --devices distinct \
+    --repeats 10
+  # virtual nodes laid over the real GPUs (two nodes of ngpus / 2), joined through the verbs
+  # test double: the rail paths checked bitwise against their unfused pipelines, and timed
+  if [ $((ngpus % 2)) -eq 0 ] && [ -f "$bin/tests/verbs_double/libtw_verbs_double.so" ]; then
+    for op in ag_gemm gemm_rs gemm_ar moe moe_combine moe_ffn; do
+      "$bin/tw-bench" --list 2>/dev/null | grep -q "^ *$op" &&
+        step "tw-bench $op (2 nodes x $((ngpus / 2)) GPUs, verbs double)" 400 env \
+          TW_RANKS_PER_NODE=$((ngpus / 2)) TW_IBVERBS_LIB="$bin/tests/verbs_double/libtw_verbs_double.so" \
+          TW_VD_FABRIC=/tmp/tw-suite-nodes-fabric TW_VD_NICS=mlx5:8 "$bin/tw-bench" $op \
+          --world "$ngpus" --quick --json "$out/bench-$op-nodes-gpus.json"
+    done
+  fi
   # Host time per Python call of each op beside torch.matmul and NCCL's (a benchmark, no
   # threshold)
   want python && step "tilewire.bench_dist --host ($ngpus procs)" 120 env \

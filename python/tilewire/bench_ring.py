@@ -15,7 +15,9 @@ t_ring (tilewire.attention over the gathered sequence, the same core). Times: CU
 around every rank's call (one round), after --warmup rounds, the median of --repeats rounds.
 TFLOP/s: 4 B H (world S)^2 D / median (halved for causal). Unless --no-check, each rank's
 ring and unfused outputs are compared with the whole-sequence output at its positions (max abs
-error below 2e-2). Exit status: 0, 1 a check failed, 2 no torch or no Hopper GPU.
+error below 2e-2). --devices distinct puts rank r on GPU r (real NVLink; the whole sequence
+stays on GPU 0, and the ideal ring is then its time over the GPUs). Exit status: 0, 1 a check
+failed, 2 no torch or no Hopper GPU.
 """
 
 import argparse
@@ -59,15 +61,17 @@ def merge(torch, acc, part):
 
 def unfused_rank(torch, tw, r, world, layout, causal, qs, ks, vs):
     """Rank r's unfused ring: W steps, each the chunk of rank (r - step) mod W copied (the
-    ring's send) and attended segment by segment; the merged output in bf16."""
+    ring's send; onto rank r's GPU where the ranks have their own) and attended segment by
+    segment; the merged output in bf16."""
     s = qs[r].shape[1]
+    dev = qs[r].device
     out = torch.empty_like(qs[r])
     for q0, q_rows, q_pos in segments(layout, world, s, r):
         q = qs[r][:, q0:q0 + q_rows].contiguous()
         acc = None
         for step in range(world):
             src = (r - step) % world
-            k_chunk, v_chunk = ks[src].clone(), vs[src].clone()  # the KV the ring moves
+            k_chunk, v_chunk = ks[src].to(dev, copy=True), vs[src].to(dev, copy=True)
             for k0, k_rows, k_pos in segments(layout, world, s, src):
                 if causal and k_pos > q_pos + q_rows - 1:
                     continue  # no key of this segment is visible to any row
@@ -84,20 +88,32 @@ def time_rounds(torch, fn, warmup, repeats):
     return _time(torch, fn, warmup, repeats) * 1e3
 
 
-def run_shape(torch, tw, comms, shape, layout, causal, args):
-    """One shape's rows; returns (rows, ok)."""
+def join_devices(torch, devices):
+    """The current stream of GPU 0 (where the timing events are) waits for the current stream of
+    each other GPU in `devices`."""
+    main = torch.cuda.current_stream(0)
+    for dev in devices:
+        if dev != 0:
+            main.wait_stream(torch.cuda.current_stream(dev))
+
+
+def run_shape(torch, tw, comms, shape, layout, causal, args, devices):
+    """One shape's rows; returns (rows, ok). devices[r]: rank r's GPU (all 0: virtual ranks);
+    the whole sequence lives on GPU 0."""
     b, h, s, d = shape
     world = len(comms)
-    g = torch.Generator(device="cuda").manual_seed(1)
-    full = [torch.randn(b, world * s, h, d, device="cuda", generator=g).bfloat16()
+    g = torch.Generator(device="cuda:0").manual_seed(1)
+    full = [torch.randn(b, world * s, h, d, device="cuda:0", generator=g).bfloat16()
             for _ in range(3)]
     qs, ks, vs = [], [], []
     for c in comms:
-        pos = torch.tensor(positions(layout, world, s, c.rank), device="cuda")
+        pos = torch.tensor(positions(layout, world, s, c.rank), device="cuda:0")
+        dev = torch.device("cuda", devices[c.rank])
         k, v = c.empty((b, s, h, d), torch.bfloat16), c.empty((b, s, h, d), torch.bfloat16)
         k.copy_(full[1][:, pos]), v.copy_(full[2][:, pos])
-        qs.append(full[0][:, pos].contiguous()), ks.append(k), vs.append(v)
-    torch.cuda.synchronize()
+        qs.append(full[0][:, pos].to(dev).contiguous()), ks.append(k), vs.append(v)
+    for dev in set(devices):
+        torch.cuda.synchronize(dev)
     outs = {}
 
     def ring():
@@ -105,8 +121,12 @@ def run_shape(torch, tw, comms, shape, layout, causal, args):
             c, qs[c.rank], ks[c.rank], vs[c.rank], causal=causal, layout=layout))
 
     def unfused():
-        outs["unfused"] = [unfused_rank(torch, tw, c.rank, world, layout, causal, qs, ks, vs)
-                           for c in comms]
+        res = []
+        for c in comms:
+            with torch.cuda.device(devices[c.rank]):
+                res.append(unfused_rank(torch, tw, c.rank, world, layout, causal, qs, ks, vs))
+        join_devices(torch, devices)
+        outs["unfused"] = res
 
     def whole():
         outs["whole"] = tw.attention(full[0], full[1], full[2], causal=causal)
@@ -134,9 +154,10 @@ def run_shape(torch, tw, comms, shape, layout, causal, args):
         for name in ("ring", "unfused"):
             worst = 0.0
             for c in comms:
-                pos = torch.tensor(positions(layout, world, s, c.rank), device="cuda")
+                pos = torch.tensor(positions(layout, world, s, c.rank), device="cuda:0")
                 want = outs["whole"][:, pos].float()
-                worst = max(worst, (outs[name][c.rank].float() - want).abs().max().item())
+                got = outs[name][c.rank].to(want.device).float()
+                worst = max(worst, (got - want).abs().max().item())
             err[name] = worst
             ok = ok and worst < 2e-2
     label = "B%d H%d S%dx%d D%d %s %s" % (b, h, world, s, d, "causal" if causal else "full",
@@ -146,7 +167,9 @@ def run_shape(torch, tw, comms, shape, layout, causal, args):
         if t is None:
             rows.append("%-40s %-15s %9s" % (label, name, "n/a"))
             continue
-        eff = times["whole-tilewire"] / t if times.get("whole-tilewire") else float("nan")
+        # the ideal ring: the whole sequence's time shared by the GPUs the ranks have
+        whole_t = times.get("whole-tilewire")
+        eff = whole_t / (len(set(devices)) * t) if whole_t else float("nan")
         rows.append("%-40s %-15s %9.3f ms %7.1f TFLOP/s  t_whole/t = %.2f" % (
             label, name, t, flops / t / 1e9, eff))
     if err:
@@ -165,6 +188,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no-check", action="store_true")
+    parser.add_argument("--devices", choices=("shared", "distinct"), default="shared",
+                        help="shared: virtual ranks on GPU 0; distinct: rank r on GPU r")
     args = parser.parse_args(argv)
     torch = hopper_torch("bench_ring")
     if torch is None:
@@ -179,17 +204,24 @@ def main(argv=None):
             if args.causal is not None and causal != (args.causal == "yes"):
                 continue
             cases.append((shape, args.layout or layout, causal))
-    comms = tw.init_virtual(args.world)
+    devices = [0] * args.world
+    if args.devices == "distinct":
+        if torch.cuda.device_count() < args.world:
+            parser.error("--devices distinct: %d GPUs for --world %d"
+                         % (torch.cuda.device_count(), args.world))
+        devices = list(range(args.world))
+    comms = tw.init_virtual(args.world, devices=devices)
     ok = True
     try:
         for i, (shape, layout, causal) in enumerate(cases):
             print("[%d/%d] %s %s %s" % (i + 1, len(cases), shape, layout,
                                         "causal" if causal else "full"), file=sys.stderr)
-            rows, good = run_shape(torch, tw, comms, shape, layout, causal, args)
+            rows, good = run_shape(torch, tw, comms, shape, layout, causal, args, devices)
             ok = ok and good
             print("\n".join(rows), flush=True)
     finally:
-        torch.cuda.synchronize()
+        for dev in set(devices):
+            torch.cuda.synchronize(dev)
         for c in comms:
             c.close()
     return 0 if ok else 1
