@@ -88,3 +88,15 @@ def test_bench_shapes_and_flops():
         bench_attention.parse_shape("4,16,4096")
     assert bench_attention.flops(4, 16, 4096, 128, False) == 4.0 * 4 * 16 * 4096 ** 2 * 128
     assert bench_attention.flops(4, 16, 4096, 128, True) == 2.0 * 4 * 16 * 4096 ** 2 * 128
+
+
+def test_custom_ops_mutate_o_and_lse():
+    import re
+
+    for op in (torch.ops.tilewire.attention, torch.ops.tilewire.ring_attention):
+        schema = str(op.default._schema)
+        assert re.search(r"Tensor\(a\d*!\) o", schema) and re.search(r"Tensor\(a\d*!\) lse",
+                                                                      schema), schema
+    q, k, v = _qkv()
+    assert _attention._attention_fake(q, k, v, torch.empty_like(q), torch.empty(0), True, 0.0,
+                                      0, 0) is None

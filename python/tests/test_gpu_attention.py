@@ -94,3 +94,24 @@ def test_library_refuses_misaligned():
     qm = flat[1:].view(q.shape)
     with pytest.raises(ValueError, match="q"):
         tilewire.attention(qm, k, v)
+
+
+def test_torch_compile_and_cuda_graph():
+    """tilewire.attention (a custom op) under torch.compile(fullgraph=True), and captured into a
+    CUDA graph that replays on new inputs: both bitwise the eager call."""
+    q, k, v = _inputs(2, 300, 300, 8, 2, 128, seed=5)
+    want, want_lse = tilewire.attention(q, k, v, causal=True, return_lse=True)
+    fn = torch.compile(lambda a, b, c: tilewire.attention(a, b, c, causal=True, return_lse=True),
+                       fullgraph=True)
+    got, got_lse = fn(q, k, v)
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+    outs = {}
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs["o"] = tilewire.attention(q, k, v, causal=True)
+    q2, k2, v2 = _inputs(2, 300, 300, 8, 2, 128, seed=6)
+    q.copy_(q2), k.copy_(k2), v.copy_(v2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(outs["o"], tilewire.attention(q, k, v, causal=True))

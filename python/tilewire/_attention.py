@@ -1,9 +1,12 @@
-"""tilewire.attention: single-GPU forward attention (tw_attention) over torch tensors laid out
-(batch, seq, heads, head_dim), the first piece of ring attention.
+"""tilewire.attention (tw_attention, single-GPU forward attention) and tilewire.ring_attention
+(tw_ring_attention) over torch tensors laid out (batch, seq, heads, head_dim).
 
-A plain function (no custom op yet): it checks its arguments (TypeError / ValueError naming
-the argument, metadata only), allocates o (and lse) and launches on torch's current CUDA
-stream without host synchronisation.
+Each is a public function that checks its arguments (TypeError / ValueError naming the
+argument, metadata only, so it also runs on torch.compile's fake tensors), allocates o (and
+lse) and calls a mutating custom op (torch.ops.tilewire.attention / ring_attention, writing o
+and lse) that launches on torch's current CUDA stream without host synchronisation: traceable
+by torch.compile and capturable into CUDA graphs. An lse the caller did not ask for travels as
+an empty tensor (the kernel then writes none).
 """
 
 import ctypes
@@ -12,7 +15,17 @@ import math
 import torch
 
 from . import _lib
-from ._glue import _check_aligned, _check_cuda, _check_dtype, _check_tensor, _on_device, _stream
+from ._eager import _call_mutating
+from ._glue import (
+    _check_aligned,
+    _check_cuda,
+    _check_dtype,
+    _check_tensor,
+    _custom_op,
+    _on_device,
+    _register_fake,
+    _stream,
+)
 
 _OP = "tilewire.attention"
 _HEAD_DIMS = (64, 128)
@@ -81,23 +94,43 @@ def attention(q, k, v, causal=False, softmax_scale=None, q_offset=0, kv_offset=0
     (batch, heads_q, seq_q) float32, the natural-log sum of exp of each row's scaled scores.
     Runs on torch's current CUDA stream; no host synchronisation. Not differentiable yet.
     """
-    batch, seq_q, heads_q, seq_kv, heads_kv, d = _check_attention(
+    batch, seq_q, heads_q, _, _, _ = _check_attention(
         q, k, v, causal, softmax_scale, q_offset, kv_offset)
     _check_cuda(q, "q", _OP, None)
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         _check_aligned(t, name, _OP)
     o = torch.empty_like(q)
-    lse = (torch.empty((batch, heads_q, seq_q), dtype=torch.float32, device=q.device)
-           if return_lse else None)
+    lse = torch.empty((batch, heads_q, seq_q) if return_lse else (0,), dtype=torch.float32,
+                      device=q.device)
+    scale = float(softmax_scale or 0.0)
+    _call_mutating(lambda *a: torch.ops.tilewire.attention(*a), _attention_impl,
+                   (q, k, v, o, lse), (o, lse), q, k, v, o, lse, causal, scale, q_offset,
+                   kv_offset)
+    return (o, lse) if return_lse else o
+
+
+def _attention_impl(q, k, v, o, lse, causal, softmax_scale, q_offset, kv_offset):
+    batch, seq_q, heads_q, d = q.shape
     args = _lib.AttentionArgs(
         causal=int(causal), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
-        lse=lse.data_ptr() if lse is not None else None, batch=batch, heads_q=heads_q,
-        heads_kv=heads_kv, seq_q=seq_q, seq_kv=seq_kv, head_dim=d, q_offset=q_offset,
-        kv_offset=kv_offset, softmax_scale=float(softmax_scale or 0.0),
+        lse=lse.data_ptr() if lse.numel() else None, batch=batch, heads_q=heads_q,
+        heads_kv=k.shape[2], seq_q=seq_q, seq_kv=k.shape[1], head_dim=d, q_offset=q_offset,
+        kv_offset=kv_offset, softmax_scale=softmax_scale,
     )
     with _on_device(q.device.index):  # tw_attention runs on the current device
         _lib.call("tw_attention", ctypes.byref(args), _stream(q.device))
-    return (o, lse) if return_lse else o
+
+
+@_custom_op("tilewire::attention", mutates_args=("o", "lse"))
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                  lse: torch.Tensor, causal: bool, softmax_scale: float, q_offset: int,
+                  kv_offset: int) -> None:
+    _attention_impl(q, k, v, o, lse, causal, softmax_scale, q_offset, kv_offset)
+
+
+@_register_fake(_attention_op)
+def _attention_fake(q, k, v, o, lse, causal, softmax_scale, q_offset, kv_offset):
+    return None
 
 
 _RING_OP = "tilewire.ring_attention"
@@ -133,18 +166,39 @@ def ring_attention(comm, q, k, v, causal=False, layout="zigzag", softmax_scale=N
     and 2W - 1 - r of S / 2 positions. Returns this rank's queries' attention over the whole
     sequence (causal by global position), and with return_lse the lse
     (batch, heads_q, seq_local) float32. Runs on torch's current stream; not differentiable."""
-    batch, seq, heads_q, heads_kv, d = _check_ring(comm, q, k, v, causal, layout, softmax_scale)
+    batch, seq, heads_q, _, _ = _check_ring(comm, q, k, v, causal, layout, softmax_scale)
     _check_cuda(q, "q", _RING_OP, None)
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         _check_aligned(t, name, _RING_OP)
     o = torch.empty_like(q)
-    lse = (torch.empty((batch, heads_q, seq), dtype=torch.float32, device=q.device)
-           if return_lse else None)
+    lse = torch.empty((batch, heads_q, seq) if return_lse else (0,), dtype=torch.float32,
+                      device=q.device)
+    scale = float(softmax_scale or 0.0)
+    _call_mutating(lambda *a: torch.ops.tilewire.ring_attention(*a), _ring_impl,
+                   (q, k, v, o, lse), (o, lse), comm.id, q, k, v, o, lse, causal, layout, scale)
+    return (o, lse) if return_lse else o
+
+
+def _ring_impl(comm_id, q, k, v, o, lse, causal, layout, softmax_scale):
+    from ._comm import comm_by_id
+
+    batch, seq, heads_q, d = q.shape
     args = _lib.RingAttentionArgs(
         causal=int(causal), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
-        lse=lse.data_ptr() if lse is not None else None, batch=batch, heads_q=heads_q,
-        heads_kv=heads_kv, seq_local=seq, head_dim=d, softmax_scale=float(softmax_scale or 0.0),
+        lse=lse.data_ptr() if lse.numel() else None, batch=batch, heads_q=heads_q,
+        heads_kv=k.shape[2], seq_local=seq, head_dim=d, softmax_scale=softmax_scale,
         layout=_LAYOUTS[layout],
     )
-    _lib.call("tw_ring_attention", comm.handle, ctypes.byref(args), _stream(q.device))
-    return (o, lse) if return_lse else o
+    _lib.call("tw_ring_attention", comm_by_id(comm_id).handle, ctypes.byref(args),
+              _stream(q.device))
+
+
+@_custom_op("tilewire::ring_attention", mutates_args=("o", "lse"))
+def _ring_op(comm_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+             lse: torch.Tensor, causal: bool, layout: str, softmax_scale: float) -> None:
+    _ring_impl(comm_id, q, k, v, o, lse, causal, layout, softmax_scale)
+
+
+@_register_fake(_ring_op)
+def _ring_fake(comm_id, q, k, v, o, lse, causal, layout, softmax_scale):
+    return None

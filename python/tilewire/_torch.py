@@ -25,7 +25,7 @@ The modules, each importing only those above it:
     _ops         gemm, grouped_gemm, allgather, barrier, for_each_rank
     _fused       ag_gemm, gemm_rs, gemm_ar and their backward passes
     _moe_grad    grouped_gemm_wgrad, the backward passes of grouped_gemm and the MoE ops
-    _attention   attention (single-GPU forward attention)
+    _attention   attention (single-GPU forward attention), ring_attention
     _moe         moe_dispatch, moe_combine, moe_dispatch_gemm, moe_ffn, swiglu, moe_workspace,
                  moe_recv_rows
 """
