@@ -1,5 +1,7 @@
 #include "runtime/cuda_check.h"
 
+#include <stdio.h>
+
 #include <stdlib.h>
 
 #include "core/status.h"
@@ -48,6 +50,29 @@ tw_status_t tw_check_device(int device) {
     return tw_fail(TW_ERR_UNSUPPORTED_DEVICE,
                    "device %d has compute capability %d.%d; tilewire needs sm_90 (Hopper)", device,
                    major, minor);
+  return TW_SUCCESS;
+}
+
+tw_status_t tw_op_device(const char *op, int *device) {
+  char what[96];
+  snprintf(what, sizeof(what), "%s: cudaGetDevice", op);
+  tw_status_t st = tw_cuda_check(cudaGetDevice(device), what);
+  return st == TW_SUCCESS ? tw_check_device(*device) : st;
+}
+
+tw_status_t tw_op_sms(const char *op, int device, int32_t sm_count, int *sms) {
+  char what[96];
+  snprintf(what, sizeof(what), "%s: multiprocessor count", op);
+  tw_status_t st =
+      tw_cuda_check(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device), what);
+  if (st != TW_SUCCESS)
+    return st;
+  if (sm_count < 0 || sm_count > *sms)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "%s: sm_count is %d; expected 0 (all) or 1..%d (device %d's SMs)", op,
+                   (int)sm_count, *sms, device);
+  if (sm_count > 0)
+    *sms = sm_count;
   return TW_SUCCESS;
 }
 

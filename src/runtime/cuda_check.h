@@ -28,6 +28,12 @@ tw_status_t tw_cuda_check_context(cudaError_t err, const char *what);
 /* Checks that `device` exists and is sm_90; TW_ERR_UNSUPPORTED_DEVICE otherwise. */
 tw_status_t tw_check_device(int device);
 
+/* The single-GPU ops' device steps: the current device, checked (tw_check_device), into
+ * *device; and the SMs a call of `op` may use there, sm_count (1 .. the device's SMs) or all of
+ * them for 0, into *sms (anything else: TW_ERR_INVALID_ARGUMENT naming sm_count). */
+tw_status_t tw_op_device(const char *op, int *device);
+tw_status_t tw_op_sms(const char *op, int device, int32_t sm_count, int *sms);
+
 /* Dynamic shared memory that makes one CTA of `kernel` occupy a whole SM (more
  * than half of the SM's shared memory), with the kernel's limit raised to it.
  * Persistent kernels whose CTAs wait on other ranks use it, so that a rank's

@@ -165,22 +165,13 @@ extern "C" tw_status_t tw_gemm_sm90_launch(const tw_gemm_args_t *args_in, tw_str
     return st;
 
   int device = 0;
-  if ((st = tw_cuda_check(cudaGetDevice(&device), "tw_gemm: cudaGetDevice")) != TW_SUCCESS)
-    return st;
-  if ((st = tw_check_device(device)) != TW_SUCCESS)
+  if ((st = tw_op_device("tw_gemm", &device)) != TW_SUCCESS)
     return st;
   if (!(opts && opts->pointers_checked) && (st = check_pointers(a, device)) != TW_SUCCESS)
     return st;
   int sms = 0;
-  if ((st = tw_cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-                          "tw_gemm: multiprocessor count")) != TW_SUCCESS)
+  if ((st = tw_op_sms("tw_gemm", device, a.sm_count, &sms)) != TW_SUCCESS)
     return st;
-  if (a.sm_count < 0 || a.sm_count > sms)
-    return tw_fail(TW_ERR_INVALID_ARGUMENT,
-                   "tw_gemm: sm_count is %d; expected 0 (all) or 1..%d (device %d's SMs)",
-                   (int)a.sm_count, sms, device);
-  if (a.sm_count > 0)
-    sms = a.sm_count;
 
   tw_gemm_plan_t plan;
   tw_gemm_plan_make(a.m, a.n, a.k, sms, &plan);

@@ -211,21 +211,12 @@ extern "C" tw_status_t tw_grouped_gemm(const tw_grouped_gemm_args_t *args_in, tw
   if (st != TW_SUCCESS)
     return st;
   int device = 0, sms = 0;
-  if ((st = tw_cuda_check(cudaGetDevice(&device), "tw_grouped_gemm: cudaGetDevice")) != TW_SUCCESS)
-    return st;
-  if ((st = tw_check_device(device)) != TW_SUCCESS)
+  if ((st = tw_op_device("tw_grouped_gemm", &device)) != TW_SUCCESS)
     return st;
   if ((st = check_pointers(a, device)) != TW_SUCCESS)
     return st;
-  if ((st = tw_cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-                          "tw_grouped_gemm: multiprocessor count")) != TW_SUCCESS)
+  if ((st = tw_op_sms("tw_grouped_gemm", device, a.sm_count, &sms)) != TW_SUCCESS)
     return st;
-  if (a.sm_count < 0 || a.sm_count > sms)
-    return tw_fail(TW_ERR_INVALID_ARGUMENT,
-                   "tw_grouped_gemm: sm_count is %d; expected 0 (all) or 1..%d (device %d's SMs)",
-                   (int)a.sm_count, sms, device);
-  if (a.sm_count > 0)
-    sms = a.sm_count;
   return a.c_dtype == TW_BF16 ? run<__nv_bfloat16>(a, sms, device, (cudaStream_t)stream)
                               : run<float>(a, sms, device, (cudaStream_t)stream);
 }

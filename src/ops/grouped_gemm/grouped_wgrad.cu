@@ -394,23 +394,12 @@ extern "C" tw_status_t tw_grouped_gemm_wgrad(const tw_grouped_gemm_args_t *args_
   if (st != TW_SUCCESS)
     return st;
   int device = 0, sms = 0;
-  if ((st = tw_cuda_check(cudaGetDevice(&device), "tw_grouped_gemm_wgrad: cudaGetDevice")) !=
-      TW_SUCCESS)
-    return st;
-  if ((st = tw_check_device(device)) != TW_SUCCESS)
+  if ((st = tw_op_device("tw_grouped_gemm_wgrad", &device)) != TW_SUCCESS)
     return st;
   if ((st = check_pointers(a, workspace, device)) != TW_SUCCESS)
     return st;
-  if ((st = tw_cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-                          "tw_grouped_gemm_wgrad: multiprocessor count")) != TW_SUCCESS)
+  if ((st = tw_op_sms("tw_grouped_gemm_wgrad", device, a.sm_count, &sms)) != TW_SUCCESS)
     return st;
-  if (a.sm_count < 0 || a.sm_count > sms)
-    return tw_fail(TW_ERR_INVALID_ARGUMENT,
-                   "tw_grouped_gemm_wgrad: sm_count is %d; expected 0 (all) or 1..%d (device %d's "
-                   "SMs)",
-                   (int)a.sm_count, sms, device);
-  if (a.sm_count > 0)
-    sms = a.sm_count;
   return a.c_dtype == TW_BF16 ? run<__nv_bfloat16>(a, workspace, sms, device, (cudaStream_t)stream)
                               : run<float>(a, workspace, sms, device, (cudaStream_t)stream);
 }
