@@ -27,9 +27,6 @@ using namespace tw::attn;
 
 namespace {
 
-constexpr int64_t kMaxSeq = INT32_MAX - 2 * kBlockM; // rows index in int32 with a tile to spare
-constexpr int64_t kMaxOffset = (int64_t)1 << 62;
-
 template <int D> cudaError_t preload_one() {
   cudaFuncAttributes attr;
   return cudaFuncGetAttributes(&attr, (const void *)attention_kernel<D>);
@@ -61,19 +58,8 @@ static tw_status_t check_shapes(const tw_attention_args_t &a) {
   const char *op = "tw_attention";
   tw_status_t st =
       check_heads(op, a.batch, a.heads_q, a.heads_kv, a.head_dim, a.causal, a.softmax_scale);
-  const struct {
-    int64_t value;
-    const char *name;
-  } seqs[2] = {{a.seq_q, "seq_q"}, {a.seq_kv, "seq_kv"}},
-    offs[2] = {{a.q_offset, "q_offset"}, {a.kv_offset, "kv_offset"}};
-  for (int i = 0; i < 2 && st == TW_SUCCESS; i++)
-    if (seqs[i].value < 1 || seqs[i].value > kMaxSeq)
-      st = tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: %s is %lld; expected 1 .. %lld", op, seqs[i].name,
-                   (long long)seqs[i].value, (long long)kMaxSeq);
-  for (int i = 0; i < 2 && st == TW_SUCCESS; i++)
-    if (offs[i].value < 0 || offs[i].value > kMaxOffset)
-      st = tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: %s is %lld; expected 0 .. 2^62", op, offs[i].name,
-                   (long long)offs[i].value);
+  if (st == TW_SUCCESS)
+    st = check_seqs(op, a.seq_q, a.seq_kv, a.q_offset, a.kv_offset);
   if (st == TW_SUCCESS)
     st = check_extent(op, "seq_q", "heads_q", a.batch, a.seq_q, a.heads_q, a.head_dim);
   if (st == TW_SUCCESS)
@@ -155,21 +141,12 @@ extern "C" tw_status_t tw_attention(const tw_attention_args_t *args_in, tw_strea
   if (st != TW_SUCCESS)
     return st;
   int device = 0, sms = 0;
-  if ((st = tw_cuda_check(cudaGetDevice(&device), "tw_attention: cudaGetDevice")) != TW_SUCCESS)
-    return st;
-  if ((st = tw_check_device(device)) != TW_SUCCESS)
+  if ((st = tw_op_device("tw_attention", &device)) != TW_SUCCESS)
     return st;
   if ((st = check_pointers(a, device)) != TW_SUCCESS)
     return st;
-  if ((st = tw_cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-                          "tw_attention: multiprocessor count")) != TW_SUCCESS)
+  if ((st = tw_op_sms("tw_attention", device, a.sm_count, &sms)) != TW_SUCCESS)
     return st;
-  if (a.sm_count < 0 || a.sm_count > sms)
-    return tw_fail(TW_ERR_INVALID_ARGUMENT,
-                   "tw_attention: sm_count is %d; expected 0 (all) or 1..%d (device %d's SMs)",
-                   (int)a.sm_count, sms, device);
-  if (a.sm_count > 0)
-    sms = a.sm_count;
   return a.head_dim == 128 ? launch<128>(a, sms, (cudaStream_t)stream)
                            : launch<64>(a, sms, (cudaStream_t)stream);
 }

@@ -19,7 +19,7 @@ namespace attn {
 const char *const kArgNames[kArgCount] = {"q", "k", "v", "o", "lse"};
 
 tw_status_t operand_map(CUtensorMap *map, const void *ptr, int64_t batch, int64_t seq,
-                        int64_t heads, int64_t d, const char *what) {
+                        int64_t heads, int64_t d, const char *what, int box_rows) {
   const tw_driver_api_t *api = NULL;
   tw_status_t st = tw_driver(&api);
   if (st != TW_SUCCESS)
@@ -27,7 +27,7 @@ tw_status_t operand_map(CUtensorMap *map, const void *ptr, int64_t batch, int64_
   cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)heads, (cuuint64_t)seq, (cuuint64_t)batch};
   cuuint64_t strides[3] = {(cuuint64_t)(d * 2), (cuuint64_t)(heads * d * 2),
                            (cuuint64_t)(seq * heads * d * 2)};
-  cuuint32_t box[4] = {(cuuint32_t)kBoxCols, 1, (cuuint32_t)kBlockN, 1};
+  cuuint32_t box[4] = {(cuuint32_t)kBoxCols, 1, (cuuint32_t)box_rows, 1};
   cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   CUresult res = api->cuTensorMapEncodeTiled(
       map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)ptr, dims, strides, box, elem_strides,
@@ -60,6 +60,24 @@ tw_status_t check_heads(const char *op, int64_t batch, int64_t heads_q, int64_t 
     return tw_fail(TW_ERR_INVALID_ARGUMENT,
                    "%s: softmax_scale is %g; expected > 0 (or 0: 1 / sqrt(head_dim))", op,
                    (double)softmax_scale);
+  return TW_SUCCESS;
+}
+
+tw_status_t check_seqs(const char *op, int64_t seq_q, int64_t seq_kv, int64_t q_offset,
+                       int64_t kv_offset) {
+  const struct {
+    int64_t value;
+    const char *name;
+  } seqs[2] = {{seq_q, "seq_q"}, {seq_kv, "seq_kv"}},
+    offs[2] = {{q_offset, "q_offset"}, {kv_offset, "kv_offset"}};
+  for (int i = 0; i < 2; i++)
+    if (seqs[i].value < 1 || seqs[i].value > kMaxSeq)
+      return tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: %s is %lld; expected 1 .. %lld", op,
+                     seqs[i].name, (long long)seqs[i].value, (long long)kMaxSeq);
+  for (int i = 0; i < 2; i++)
+    if (offs[i].value < 0 || offs[i].value > ((int64_t)1 << 62))
+      return tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: %s is %lld; expected 0 .. 2^62", op,
+                     offs[i].name, (long long)offs[i].value);
   return TW_SUCCESS;
 }
 

@@ -135,9 +135,9 @@ __device__ __forceinline__ void store_rows(const AttnParams &p, const Tile &tl, 
 }
 
 // The last visible key of each of this thread's rows relative to block n's first key, clamped
-// to [-1, kBlockN] (no key / every key of the block).
-__device__ __forceinline__ void row_limits(const AttnParams &p, int32_t row0, int32_t n,
-                                           int32_t (&lim)[2]) {
+// to [-1, kBlockN] (no key / every key of the block). P: AttnParams or BwdParams.
+template <class P>
+__device__ __forceinline__ void row_limits(const P &p, int32_t row0, int32_t n, int32_t (&lim)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     int64_t last = (int64_t)p.seq_kv - 1;

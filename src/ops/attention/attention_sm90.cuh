@@ -83,8 +83,10 @@ __device__ __forceinline__ void report_stuck(int what, int stage, int32_t tile) 
   __trap();
 }
 
-__device__ __forceinline__ void wait_bar(uint32_t bar, uint32_t parity, const AttnParams &p,
-                                         int what, int stage, int32_t tile) {
+// P: AttnParams or the backward's BwdParams (timeout_ns).
+template <class P>
+__device__ __forceinline__ void wait_bar(uint32_t bar, uint32_t parity, const P &p, int what,
+                                         int stage, int32_t tile) {
   if (!ptx::mbar_wait_for(bar, parity, p.timeout_ns))
     report_stuck(what, stage, tile);
 }
@@ -95,8 +97,9 @@ struct Tile {
 };
 
 // Tile t: the m blocks of one (batch, head) are consecutive, so CTAs running at once share
-// that head's K and V in L2; causal tiles take each head's m blocks longest first.
-__device__ __forceinline__ Tile tile_at(const AttnParams &p, int32_t t) {
+// that head's K and V in L2; causal tiles take each head's m blocks longest first. P:
+// AttnParams or BwdParams (m_tiles, heads_q, seq_q, seq_kv, causal, delta).
+template <class P> __device__ __forceinline__ Tile tile_at(const P &p, int32_t t) {
   Tile tl;
   const int32_t mb = t % p.m_tiles;
   const int32_t bh = t / p.m_tiles;
@@ -159,18 +162,15 @@ __device__ __forceinline__ void producer_loop(const AttnParams &p, uint32_t base
 namespace tw {
 namespace attn {
 
-template <int D>
-__global__ void __launch_bounds__(kThreads, 1)
-    attention_kernel(const __grid_constant__ AttnParams p) {
-  using L = AttnSmem<D>;
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t base = (ptx::smem_u32(smem_raw) + 1023) & ~1023u;
-  const uint32_t bars = base + L::kBars;
+// Thread 0, then the CTA: the barriers of a Q-tile kernel at shared address `bars` (q_full,
+// q_empty, then k_full, k_empty, v_full, v_empty of each of `stages` stages: one arrival for a
+// load's bytes, the 8 consumer warps' for a release).
+__device__ __forceinline__ void init_tile_bars(uint8_t *smem_raw, uint32_t bars, int stages) {
   if (threadIdx.x == 0) {
     uint64_t *bar = reinterpret_cast<uint64_t *>(smem_raw + (bars - ptx::smem_u32(smem_raw)));
     ptx::mbar_init(&bar[0], 1); // q_full
     ptx::mbar_init(&bar[1], 8); // q_empty
-    for (int s = 0; s < L::kStages; s++) {
+    for (int s = 0; s < stages; s++) {
       ptx::mbar_init(&bar[2 + 4 * s], 1);     // k_full
       ptx::mbar_init(&bar[2 + 4 * s + 1], 8); // k_empty
       ptx::mbar_init(&bar[2 + 4 * s + 2], 1); // v_full
@@ -179,15 +179,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::mbar_init_fence();
   }
   __syncthreads();
+}
+
+// The body of a Q-tile kernel (shared-memory layout L, parameters P): the barriers, then
+// warpgroup 0's thread 0 runs Producer(p, base, bars) and warpgroups 1 and 2
+// Consumer(p, base, bars, consumer index, thread of the warpgroup).
+template <class L, class P, void (*Producer)(const P &, uint32_t, uint32_t),
+          void (*Consumer)(const P &, uint32_t, uint32_t, int, int)>
+__device__ __forceinline__ void run_tile_kernel(const P &p) {
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t base = (ptx::smem_u32(smem_raw) + 1023) & ~1023u;
+  const uint32_t bars = base + L::kBars;
+  init_tile_bars(smem_raw, bars, L::kStages);
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0)
-      producer_loop<D>(p, base, bars);
+      Producer(p, base, bars);
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    consumer_loop<D>(p, base, bars, wg - 1, threadIdx.x % 128);
+    Consumer(p, base, bars, wg - 1, threadIdx.x % 128);
   }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_kernel(const __grid_constant__ AttnParams p) {
+  run_tile_kernel<AttnSmem<D>, AttnParams, producer_loop<D>, consumer_loop<D>>(p);
 }
 
 } // namespace attn

@@ -1,0 +1,284 @@
+/*
+ * Internal: the attention backward's dkdv_kernel (attention_bwd.cuh's contract).
+ *
+ * Fragments (attention_consumer.cuh's layouts) of a consumer warpgroup owning keys
+ * key0 .. key0 + 63 of its tile: S^T and dP^T are m64n64 accumulators, thread (warp, lane) holds
+ * keys key0 + 16 warp + g + 8 ((i / 2) % 2) and query columns 8 (i / 4) + 2 t + i % 2 of the
+ * block (g = lane / 4, t = lane % 4); packed in pairs they are the A operand of the k16 steps
+ * over the block's 64 queries (step kk: accumulators 8 kk .. 8 kk + 7), so P^T and dS^T feed the
+ * RS wgmmas straight from registers, as the forward's P does.
+ */
+#pragma once
+
+namespace tw {
+namespace attn {
+
+template <int D> struct DkvSmem {
+  static constexpr int kStages = D == 128 ? 3 : 4;
+  static constexpr int kKvBoxBytes = kBlockN * 128;   // K and V: boxes of 128 rows
+  static constexpr int kQBoxBytes = kBwdBlockQ * 128; // Q and dO: boxes of 64 rows
+  static constexpr int kKvBytes = (D / kBoxCols) * kKvBoxBytes;
+  static constexpr int kQBytes = (D / kBoxCols) * kQBoxBytes;
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kKvBytes;
+  static constexpr int kQ = kV + kKvBytes;
+  static constexpr int kDO = kQ + kStages * kQBytes;
+  static constexpr int kStats = kDO + kStages * kQBytes; // per consumer: lse2[64], dsum[64]
+  static constexpr int kBars = kStats + 2 * 2 * kBwdBlockQ * 4;
+  // kv_full, kv_empty, then s_full, s_empty of each stage
+  static constexpr int kBarCount = 2 + 2 * kStages;
+  static constexpr int kDynamicBytes = kBars + kBarCount * 8 + 1024;
+};
+
+// The producer's item loop (a head and a block per item) needs more than the forward's 40;
+// 128 x 48 + 256 x 232 = 64K registers.
+constexpr uint32_t kDkvProducerRegs = 48;
+
+struct KvTile {
+  int32_t n_block, kv_head, batch;
+  int32_t m_first; // the first 64-row query block that sees a key of the tile (causal)
+};
+
+__device__ __forceinline__ KvTile kv_tile_at(const BwdParams &p, int32_t t) {
+  KvTile tl;
+  tl.n_block = t % p.n_tiles;
+  const int32_t bh = t / p.n_tiles;
+  tl.kv_head = bh % p.heads_kv;
+  tl.batch = bh / p.heads_kv;
+  tl.m_first = 0;
+  if (p.causal) { // query i sees key j iff j <= delta + i: i >= n_block 128 - delta
+    const int64_t first_row = (int64_t)tl.n_block * kBlockN - p.delta;
+    tl.m_first = (int32_t)min((int64_t)p.q_blocks, max((int64_t)0, first_row / kBwdBlockQ));
+  }
+  return tl;
+}
+
+// The (q head, query block) items of a tile, in order: every head of the group, each from
+// m_first on.
+__device__ __forceinline__ int32_t kv_items(const BwdParams &p, const KvTile &tl) {
+  return p.group * (p.q_blocks - tl.m_first);
+}
+
+template <int D>
+__device__ __forceinline__ void dkdv_producer(const BwdParams &p, uint32_t base, uint32_t bars) {
+  using L = DkvSmem<D>;
+  const uint32_t kv_full = bars, kv_empty = bars + 8;
+  uint32_t stage = 0, phase = 0, kv_phase = 0;
+  for (int32_t t = blockIdx.x; t < p.num_kv_tiles; t += gridDim.x) {
+    const KvTile tl = kv_tile_at(p, t);
+    wait_bar(kv_empty, kv_phase ^ 1, p, kWaitKEmpty, 0, t);
+    ptx::mbar_arrive_expect_tx(kv_full, 2 * L::kKvBytes);
+    for (int c = 0; c < D / kBoxCols; c++) {
+      ptx::tma_load_4d(base + L::kK + c * L::kKvBoxBytes, &p.k_map, kv_full, c * kBoxCols,
+                       tl.kv_head, tl.n_block * kBlockN, tl.batch);
+      ptx::tma_load_4d(base + L::kV + c * L::kKvBoxBytes, &p.v_map, kv_full, c * kBoxCols,
+                       tl.kv_head, tl.n_block * kBlockN, tl.batch);
+    }
+    kv_phase ^= 1;
+    const int32_t per_head = p.q_blocks - tl.m_first;
+    for (int32_t it = 0; it < kv_items(p, tl); it++) {
+      const int32_t head = tl.kv_head * p.group + it / per_head;
+      const int32_t m = tl.m_first + it % per_head;
+      const uint32_t s_full = bars + 16 + 16 * stage, s_empty = s_full + 8;
+      wait_bar(s_empty, phase ^ 1, p, kWaitQEmpty, stage, t);
+      ptx::mbar_arrive_expect_tx(s_full, 2 * L::kQBytes);
+      for (int c = 0; c < D / kBoxCols; c++) {
+        ptx::tma_load_4d(base + L::kQ + stage * L::kQBytes + c * L::kQBoxBytes, &p.q64_map, s_full,
+                         c * kBoxCols, head, m * kBwdBlockQ, tl.batch);
+        ptx::tma_load_4d(base + L::kDO + stage * L::kQBytes + c * L::kQBoxBytes, &p.do64_map,
+                         s_full, c * kBoxCols, head, m * kBwdBlockQ, tl.batch);
+      }
+      if (++stage == L::kStages)
+        stage = 0, phase ^= 1;
+    }
+  }
+}
+
+// acc = A B^T over K = D for this warpgroup's 64 rows of A (m64n64k16 steps, committed, not
+// waited for): A's boxes a_box bytes apart, B's (64 rows) b_box; a 16-column step adds 32 bytes.
+template <int D>
+__device__ __forceinline__ void nt_gemm64(float (&acc)[32], uint32_t a_lo, int a_box, uint32_t b_lo,
+                                          int b_box) {
+#pragma unroll
+  for (int i = 0; i < 32; i++)
+    ptx::reg_fence(acc[i]);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ks++) {
+    const uint32_t a_off = (uint32_t)((ks / 4) * a_box + (ks % 4) * 32) >> 4;
+    const uint32_t b_off = (uint32_t)((ks / 4) * b_box + (ks % 4) * 32) >> 4;
+    ptx::wgmma_m64n64k16_bf16(acc, ptx::wgmma_desc_from_lo(a_lo + a_off),
+                              ptx::wgmma_desc_from_lo(b_lo + b_off), ks > 0);
+  }
+  ptx::wgmma_commit();
+}
+
+// acc += X B over K = the block's 64 queries: X's 4 k16 steps from registers, B (64 rows x D,
+// MN-major: 16-row steps 16 x 128 bytes apart, its 64-column boxes kQBoxBytes apart).
+template <int D>
+__device__ __forceinline__ void tn_gemm64(float (&acc)[D / 2], uint32_t (&x)[16], uint32_t b_lo) {
+#pragma unroll
+  for (int i = 0; i < D / 2; i++)
+    ptx::reg_fence(acc[i]);
+#pragma unroll
+  for (int i = 0; i < 16; i++)
+    ptx::reg_fence(x[i]);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBwdBlockQ / 16; kk++) {
+    const uint32_t a[4] = {x[4 * kk], x[4 * kk + 1], x[4 * kk + 2], x[4 * kk + 3]};
+    ptx::wgmma_rs_bf16_tb<D>(acc, a, ptx::wgmma_desc_from_lo(b_lo + ((kk * 16 * 128) >> 4)), 1);
+  }
+  ptx::wgmma_commit();
+}
+
+// dK x scale and dV of this thread's two keys (those below seq_kv) as bf16.
+template <int D>
+__device__ __forceinline__ void store_dkdv(const BwdParams &p, const KvTile &tl, int32_t key0,
+                                           int lane, const float (&dk)[D / 2],
+                                           const float (&dv)[D / 2]) {
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int32_t key = key0 + 8 * r;
+    if (key >= p.seq_kv)
+      continue;
+    const int64_t at =
+        (((int64_t)tl.batch * p.seq_kv + key) * p.heads_kv + tl.kv_head) * D + 2 * (lane % 4);
+    uint32_t *k_dst = reinterpret_cast<uint32_t *>(p.dk + at);
+    uint32_t *v_dst = reinterpret_cast<uint32_t *>(p.dv + at);
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) {
+      k_dst[4 * j] = pack_bf16(dk[4 * j + 2 * r] * p.scale, dk[4 * j + 2 * r + 1] * p.scale);
+      v_dst[4 * j] = pack_bf16(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+    }
+  }
+}
+
+// P^T of one block in place (st), packed as the dV GEMM's A operand: query columns past seq_q
+// and (causal) keys a query cannot see get P = 0. stats: the block's lse2[64] then dsum[64].
+__device__ __forceinline__ void block_p(const BwdParams &p, float (&st)[32], const float *stats,
+                                        int32_t key_r, int32_t q0, int lane, uint32_t (&pa)[16]) {
+  const bool mask = p.causal && (int64_t)key_r + 8 > p.delta + q0; // some pair may be hidden
+#pragma unroll
+  for (int i = 0; i < 32; i++) {
+    const int col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
+    const int32_t key = key_r + 8 * ((i / 2) % 2);
+    st[i] = ptx::ex2_approx(fmaf(st[i], p.scale_log2, -stats[col]));
+    if (mask && (int64_t)key > p.delta + q0 + col)
+      st[i] = 0.f;
+  }
+#pragma unroll
+  for (int k = 0; k < 16; k++)
+    pa[k] = pack_bf16(st[2 * k], st[2 * k + 1]);
+}
+
+// dS^T = P^T (dP^T - dsum) packed as the dK GEMM's A operand, P^T read back from its bf16 pairs
+// (pa): the fp32 P^T is not kept, so the dV and dP^T GEMMs can run together within the
+// consumers' registers; dS is rounded to bf16 for its GEMM either way.
+__device__ __forceinline__ void block_ds(const float (&dpt)[32], const uint32_t (&pa)[16],
+                                         const float *stats, int lane, uint32_t (&dsa)[16]) {
+#pragma unroll
+  for (int k = 0; k < 16; k++) {
+    const int col = 8 * ((2 * k) / 4) + 2 * (lane % 4); // the pair's first column
+    const float p0 = __uint_as_float(pa[k] << 16), p1 = __uint_as_float(pa[k] & 0xffff0000u);
+    dsa[k] = pack_bf16(p0 * (dpt[2 * k] - stats[kBwdBlockQ + col]),
+                       p1 * (dpt[2 * k + 1] - stats[kBwdBlockQ + col + 1]));
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void dkdv_consumer(const BwdParams &p, uint32_t base, uint32_t bars,
+                                              float *stats, int cw, int tid) {
+  using L = DkvSmem<D>;
+  const int warp = tid / 32, lane = tid % 32;
+  const uint32_t kv_full = bars, kv_empty = bars + 8;
+  const uint32_t k_lo = ptx::wgmma_desc_lo_sw128(base + L::kK + cw * 64 * 128);
+  const uint32_t v_lo = ptx::wgmma_desc_lo_sw128(base + L::kV + cw * 64 * 128);
+  uint32_t stage = 0, phase = 0, kv_phase = 0;
+  for (int32_t t = blockIdx.x; t < p.num_kv_tiles; t += gridDim.x) {
+    const KvTile tl = kv_tile_at(p, t);
+    const int32_t key_r = tl.n_block * kBlockN + 64 * cw + 16 * warp + lane / 4; // and + 8
+    float dk[D / 2], dv[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++)
+      dk[i] = 0.f, dv[i] = 0.f;
+    wait_bar(kv_full, kv_phase, p, kWaitKFull, 0, t);
+    kv_phase ^= 1;
+    const int32_t per_head = p.q_blocks - tl.m_first, items = kv_items(p, tl);
+    for (int32_t it = 0; it < items; it++) {
+      const int32_t head = tl.kv_head * p.group + it / per_head;
+      const int32_t q0 = (tl.m_first + it % per_head) * kBwdBlockQ;
+      const uint32_t s_full = bars + 16 + 16 * stage, s_empty = s_full + 8;
+      const uint32_t q_at = base + L::kQ + stage * L::kQBytes;
+      const uint32_t do_at = base + L::kDO + stage * L::kQBytes;
+      ptx::named_bar_sync(1 + cw, 128); // the previous block's stats are read
+      if (tid < kBwdBlockQ)
+        row_stats(p, tl.batch, head, q0 + tid, stats[tid], stats[kBwdBlockQ + tid]);
+      ptx::named_bar_sync(1 + cw, 128);
+      float st[32], dpt[32];
+      uint32_t pa[16], dsa[16];
+      wait_bar(s_full, phase, p, kWaitQFull, stage, t);
+      nt_gemm64<D>(st, k_lo, L::kKvBoxBytes, ptx::wgmma_desc_lo_sw128(q_at), L::kQBoxBytes);
+      ptx::wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 32; i++)
+        ptx::reg_fence(st[i]);
+      block_p(p, st, stats, key_r, q0, lane, pa);
+      tn_gemm64<D>(dv, pa, ptx::wgmma_desc_lo_sw128_mn(do_at, L::kQBoxBytes));
+      nt_gemm64<D>(dpt, v_lo, L::kKvBoxBytes, ptx::wgmma_desc_lo_sw128(do_at), L::kQBoxBytes);
+      ptx::wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 32; i++)
+        ptx::reg_fence(dpt[i]);
+#pragma unroll
+      for (int i = 0; i < D / 2; i++)
+        ptx::reg_fence(dv[i]);
+      block_ds(dpt, pa, stats, lane, dsa);
+      tn_gemm64<D>(dk, dsa, ptx::wgmma_desc_lo_sw128_mn(q_at, L::kQBoxBytes));
+      ptx::wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < D / 2; i++)
+        ptx::reg_fence(dk[i]), ptx::reg_fence(dv[i]);
+      if (lane == 0)
+        ptx::mbar_arrive(s_empty);
+      if (++stage == L::kStages)
+        stage = 0, phase ^= 1;
+    }
+    if (lane == 0)
+      ptx::mbar_arrive(kv_empty); // K and V: read by the tile's last block's S and dP
+    store_dkdv<D>(p, tl, key_r, lane, dk, dv);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const __grid_constant__ BwdParams p) {
+  using L = DkvSmem<D>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t base = (ptx::smem_u32(smem_raw) + 1023) & ~1023u;
+  const uint32_t bars = base + L::kBars;
+  uint8_t *aligned = smem_raw + (base - ptx::smem_u32(smem_raw));
+  if (threadIdx.x == 0) {
+    uint64_t *bar = reinterpret_cast<uint64_t *>(aligned + L::kBars);
+    ptx::mbar_init(&bar[0], 1); // kv_full
+    ptx::mbar_init(&bar[1], 8); // kv_empty
+    for (int s = 0; s < L::kStages; s++) {
+      ptx::mbar_init(&bar[2 + 2 * s], 1);     // s_full
+      ptx::mbar_init(&bar[2 + 2 * s + 1], 8); // s_empty
+    }
+    ptx::mbar_init_fence();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    ptx::setmaxnreg_dec<kDkvProducerRegs>();
+    if (threadIdx.x == 0)
+      dkdv_producer<D>(p, base, bars);
+  } else {
+    ptx::setmaxnreg_inc<kConsumerRegs>();
+    float *stats = reinterpret_cast<float *>(aligned + L::kStats) + (wg - 1) * 2 * kBwdBlockQ;
+    dkdv_consumer<D>(p, base, bars, stats, wg - 1, threadIdx.x % 128);
+  }
+}
+
+} // namespace attn
+} // namespace tw
