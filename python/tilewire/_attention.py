@@ -97,8 +97,6 @@ def attention(q, k, v, causal=False, softmax_scale=None, q_offset=0, kv_offset=0
     batch, seq_q, heads_q, _, _, _ = _check_attention(
         q, k, v, causal, softmax_scale, q_offset, kv_offset)
     _check_cuda(q, "q", _OP, None)
-    for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        _check_aligned(t, name, _OP)
     o = torch.empty_like(q)
     lse = torch.empty((batch, heads_q, seq_q) if return_lse else (0,), dtype=torch.float32,
                       device=q.device)
@@ -110,6 +108,8 @@ def attention(q, k, v, causal=False, softmax_scale=None, q_offset=0, kv_offset=0
 
 
 def _attention_impl(q, k, v, o, lse, causal, softmax_scale, q_offset, kv_offset):
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):  # real tensors only: at launch
+        _check_aligned(t, name, _OP)
     batch, seq_q, heads_q, d = q.shape
     args = _lib.AttentionArgs(
         causal=int(causal), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
@@ -168,8 +168,6 @@ def ring_attention(comm, q, k, v, causal=False, layout="zigzag", softmax_scale=N
     (batch, heads_q, seq_local) float32. Runs on torch's current stream; not differentiable."""
     batch, seq, heads_q, _, _ = _check_ring(comm, q, k, v, causal, layout, softmax_scale)
     _check_cuda(q, "q", _RING_OP, None)
-    for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        _check_aligned(t, name, _RING_OP)
     o = torch.empty_like(q)
     lse = torch.empty((batch, heads_q, seq) if return_lse else (0,), dtype=torch.float32,
                       device=q.device)
@@ -182,6 +180,8 @@ def ring_attention(comm, q, k, v, causal=False, layout="zigzag", softmax_scale=N
 def _ring_impl(comm_id, q, k, v, o, lse, causal, layout, softmax_scale):
     from ._comm import comm_by_id
 
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):  # real tensors only: at launch
+        _check_aligned(t, name, _RING_OP)
     batch, seq, heads_q, d = q.shape
     args = _lib.RingAttentionArgs(
         causal=int(causal), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
