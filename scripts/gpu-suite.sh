@@ -191,7 +191,7 @@ if want multi && [ "$ngpus" -gt 1 ]; then
   step "tw-bench flag (2 GPUs)" 120 "$bin/tw-bench" flag --json "$out/bench-flag-gpus.json"
   step "tw-bench allgather ($ngpus GPUs)" 300 "$bin/tw-bench" allgather --world "$ngpus" --json "$out/bench-allgather-gpus.json"
   step "tw-bench ag_gemm ($ngpus GPUs)" 400 "$bin/tw-bench" ag_gemm --world "$ngpus" ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-ag_gemm-gpus.json"
-  for op in gemm_rs gemm_ar moe moe_combine moe_ffn; do
+  for op in gemm_rs gemm_ar moe moe_combine moe_ffn ring_attention; do
     "$bin/tw-bench" --list 2>/dev/null | grep -q "^ *$op" &&
       step "tw-bench $op ($ngpus GPUs)" 400 "$bin/tw-bench" $op --world "$ngpus" ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-$op-gpus.json"
   done
@@ -245,9 +245,9 @@ if want bench; then
   step "tw-bench allgather (8 vranks)" 300 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" allgather --world 8 --json "$out/bench-allgather.json"
   step "tw-bench ag_gemm (8 vranks)" 400 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" ag_gemm ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-ag_gemm.json"
   step "tw-bench ag_gemm (world 1)" 200 "$bin/tw-bench" ag_gemm --world 1 ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-ag_gemm-w1.json"
-  for op in gemm_rs gemm_ar grouped_gemm moe moe_combine moe_ffn; do
+  for op in gemm_rs gemm_ar grouped_gemm moe moe_combine moe_ffn ring_attention; do
     "$bin/tw-bench" --list 2>/dev/null | grep -q "^ *$op" &&
-      step "tw-bench $op (8 vranks)" 400 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" $op ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-$op.json"
+      step "tw-bench $op (virtual ranks)" 400 env TW_BENCH_VIRTUAL=1 "$bin/tw-bench" $op ${TW_SUITE_BENCH_ARGS:-} --json "$out/bench-$op.json"
   done
   # Every variant captured once into a CUDA graph (all eight ranks' fused calls, forks and
   # joins) and replayed: graph capture of the whole multi-rank call, and the figures without
