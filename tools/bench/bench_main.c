@@ -86,6 +86,9 @@ static void usage(FILE *out) {
       "                     shape (--m: tokens per rank, --n: n_out, --k: hidden; default\n"
       "                     256, 8); TW_BENCH_MOE_SKEW=1 hot-expert routing,\n"
       "                     TW_BENCH_MOE_SEED=N the routing's seed (default 1)\n"
+      "  TW_BENCH_RING_BATCH=B, TW_BENCH_RING_LAYOUT=zigzag|contiguous  ring_attention: the\n"
+      "                     batch (default 4) and, for a --m/--n/--k shape, the layout\n"
+      "                     (default zigzag, causal; contiguous is not causal)\n"
       "\n"
       "exit status: 0 all checks passed, 1 a check or setup failed, 2 no Hopper GPU,\n"
       "3 a CUDA call failed, 64 bad command line.\n");

@@ -13,7 +13,8 @@
  *                 over distinct GPUs the ideal is whole / world
  * Shape: m = S tokens a rank, n = heads (q and kv), k = head_dim; the label's first word the
  * layout ("zigzag": causal, rank r holding chunks r and 2W - 1 - r of S / 2; "contiguous": not
- * causal, positions [r S, (r + 1) S)); batch TW_BENCH_RING_BATCH (default 4). TFLOP/s: 4 B H
+ * causal, positions [r S, (r + 1) S); TW_BENCH_RING_LAYOUT for a --m/--n/--k shape); batch
+ * TW_BENCH_RING_BATCH (default 4). TFLOP/s: 4 B H
  * (W S)^2 D (halved for causal) over the time, per GPU of the ring (divided by the GPUs the
  * ranks use). The check (before timing): every rank's tilewire and unfused outputs within 2e-2
  * (relative to the largest) of the whole-sequence output at its positions.
@@ -301,7 +302,8 @@ static int run_ring(const bench_opts_t *o, const bench_shape_t *shape, bench_res
   ring_ctx c;
   memset(&c, 0, sizeof(c));
   c.world = o->world ? o->world : 4;
-  c.zigzag = !(shape->label && strncmp(shape->label, "contiguous", 10) == 0);
+  const char *layout = shape->label ? shape->label : getenv("TW_BENCH_RING_LAYOUT");
+  c.zigzag = !(layout && strncmp(layout, "contiguous", 10) == 0);
   c.causal = c.zigzag;
   c.b = env && atoi(env) > 0 ? atoi(env) : 4;
   c.s = shape->m, c.h = shape->n, c.d = shape->k;
