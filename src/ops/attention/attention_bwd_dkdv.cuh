@@ -30,10 +30,6 @@ template <int D> struct DkvSmem {
   static constexpr int kDynamicBytes = kBars + kBarCount * 8 + 1024;
 };
 
-// The producer's item loop (a head and a block per item) needs more than the forward's 40;
-// 128 x 48 + 256 x 232 = 64K registers.
-constexpr uint32_t kDkvProducerRegs = 48;
-
 struct KvTile {
   int32_t n_block, kv_head, batch;
   int32_t m_first; // the first 64-row query block that sees a key of the tile (causal)
@@ -270,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const __grid_constant
   __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    ptx::setmaxnreg_dec<kDkvProducerRegs>();
+    ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0)
       dkdv_producer<D>(p, base, bars);
   } else {

@@ -37,7 +37,10 @@ constexpr int kBlockM = 128; // query rows of a tile: 64 per consumer warpgroup
 constexpr int kBlockN = 128; // key rows of a KV stage
 constexpr int kBoxCols = 64; // a TMA box is 64 head-dim columns (128 bytes, the swizzle span)
 constexpr uint32_t kProducerRegs = 40;
-constexpr uint32_t kConsumerRegs = 232; // 128 x 40 + 256 x 232 <= 64K registers
+// 384 threads launch with 168 registers each; setmaxnreg.inc stalls until registers are free,
+// so the producer's release, 128 x (168 - 40), must cover the consumers' raise, 256 x (232 -
+// 168): every kernel of this shape (the backward's too) keeps exactly these two values.
+constexpr uint32_t kConsumerRegs = 232;
 constexpr uint64_t kTimeoutDefaultNs = 30ull * 1000 * 1000 * 1000;
 
 struct AttnParams {
