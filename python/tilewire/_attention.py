@@ -94,12 +94,9 @@ def attention(q, k, v, causal=False, softmax_scale=None, q_offset=0, kv_offset=0
     (batch, heads_q, seq_q) float32, the natural-log sum of exp of each row's scaled scores.
     Runs on torch's current CUDA stream; no host synchronisation. Not differentiable yet.
     """
-    batch, seq_q, heads_q, _, _, _ = _check_attention(
-        q, k, v, causal, softmax_scale, q_offset, kv_offset)
+    _check_attention(q, k, v, causal, softmax_scale, q_offset, kv_offset)
     _check_cuda(q, "q", _OP, None)
-    o = torch.empty_like(q)
-    lse = torch.empty((batch, heads_q, seq_q) if return_lse else (0,), dtype=torch.float32,
-                      device=q.device)
+    o, lse = _outputs(q, return_lse)
     scale = float(softmax_scale or 0.0)
     _call_mutating(lambda *a: torch.ops.tilewire.attention(*a), _attention_impl,
                    (q, k, v, o, lse), (o, lse), q, k, v, o, lse, causal, scale, q_offset,
@@ -107,16 +104,30 @@ def attention(q, k, v, causal=False, softmax_scale=None, q_offset=0, kv_offset=0
     return (o, lse) if return_lse else o
 
 
+def _outputs(q, return_lse):
+    """o like q, and lse (batch, heads_q, seq) fp32, or an empty tensor where the caller did not
+    ask for it (the kernel then writes none)."""
+    batch, seq, heads_q, _ = q.shape
+    lse = torch.empty((batch, heads_q, seq) if return_lse else (0,), dtype=torch.float32,
+                      device=q.device)
+    return torch.empty_like(q), lse
+
+
+def _launch_fields(op, q, k, v, o, lse, causal, softmax_scale):
+    """The args fields tw_attention and tw_ring_attention share, from real tensors: their data
+    pointers (alignment checked here, at launch) and shapes."""
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        _check_aligned(t, name, op)
+    return dict(causal=int(causal), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(),
+                o=o.data_ptr(), lse=lse.data_ptr() if lse.numel() else None, batch=q.shape[0],
+                heads_q=q.shape[2], heads_kv=k.shape[2], head_dim=q.shape[3],
+                softmax_scale=softmax_scale)
+
+
 def _attention_impl(q, k, v, o, lse, causal, softmax_scale, q_offset, kv_offset):
-    for t, name in ((q, "q"), (k, "k"), (v, "v")):  # real tensors only: at launch
-        _check_aligned(t, name, _OP)
-    batch, seq_q, heads_q, d = q.shape
-    args = _lib.AttentionArgs(
-        causal=int(causal), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
-        lse=lse.data_ptr() if lse.numel() else None, batch=batch, heads_q=heads_q,
-        heads_kv=k.shape[2], seq_q=seq_q, seq_kv=k.shape[1], head_dim=d, q_offset=q_offset,
-        kv_offset=kv_offset, softmax_scale=softmax_scale,
-    )
+    args = _lib.AttentionArgs(seq_q=q.shape[1], seq_kv=k.shape[1], q_offset=q_offset,
+                              kv_offset=kv_offset,
+                              **_launch_fields(_OP, q, k, v, o, lse, causal, softmax_scale))
     with _on_device(q.device.index):  # tw_attention runs on the current device
         _lib.call("tw_attention", ctypes.byref(args), _stream(q.device))
 
@@ -166,11 +177,9 @@ def ring_attention(comm, q, k, v, causal=False, layout="zigzag", softmax_scale=N
     and 2W - 1 - r of S / 2 positions. Returns this rank's queries' attention over the whole
     sequence (causal by global position), and with return_lse the lse
     (batch, heads_q, seq_local) float32. Runs on torch's current stream; not differentiable."""
-    batch, seq, heads_q, _, _ = _check_ring(comm, q, k, v, causal, layout, softmax_scale)
+    _check_ring(comm, q, k, v, causal, layout, softmax_scale)
     _check_cuda(q, "q", _RING_OP, None)
-    o = torch.empty_like(q)
-    lse = torch.empty((batch, heads_q, seq) if return_lse else (0,), dtype=torch.float32,
-                      device=q.device)
+    o, lse = _outputs(q, return_lse)
     scale = float(softmax_scale or 0.0)
     _call_mutating(lambda *a: torch.ops.tilewire.ring_attention(*a), _ring_impl,
                    (q, k, v, o, lse), (o, lse), comm.id, q, k, v, o, lse, causal, layout, scale)
@@ -180,15 +189,9 @@ def ring_attention(comm, q, k, v, causal=False, layout="zigzag", softmax_scale=N
 def _ring_impl(comm_id, q, k, v, o, lse, causal, layout, softmax_scale):
     from ._comm import comm_by_id
 
-    for t, name in ((q, "q"), (k, "k"), (v, "v")):  # real tensors only: at launch
-        _check_aligned(t, name, _RING_OP)
-    batch, seq, heads_q, d = q.shape
     args = _lib.RingAttentionArgs(
-        causal=int(causal), q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
-        lse=lse.data_ptr() if lse.numel() else None, batch=batch, heads_q=heads_q,
-        heads_kv=k.shape[2], seq_local=seq, head_dim=d, softmax_scale=softmax_scale,
-        layout=_LAYOUTS[layout],
-    )
+        seq_local=q.shape[1], layout=_LAYOUTS[layout],
+        **_launch_fields(_RING_OP, q, k, v, o, lse, causal, softmax_scale))
     _lib.call("tw_ring_attention", comm_by_id(comm_id).handle, ctypes.byref(args),
               _stream(q.device))
 

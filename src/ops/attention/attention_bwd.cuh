@@ -204,7 +204,7 @@ __device__ __forceinline__ void dq_consumer(const BwdParams &p, uint32_t base, u
       const int64_t block_end = (int64_t)n * kBlockN + kBlockN - 1;
       if (block_end >= p.seq_kv || (p.causal && block_end > p.delta + wg_row)) {
         int32_t lim[2];
-        row_limits(p, row0, n, lim);
+        row_limits(p.seq_kv, p.causal, p.delta, row0, n, lim);
         apply_mask(s, lim, 2 * (lane % 4));
       }
 #pragma unroll

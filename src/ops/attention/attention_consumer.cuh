@@ -134,15 +134,17 @@ __device__ __forceinline__ void store_rows(const AttnParams &p, const Tile &tl, 
   }
 }
 
-// The last visible key of each of this thread's rows relative to block n's first key, clamped
-// to [-1, kBlockN] (no key / every key of the block). P: AttnParams or BwdParams.
-template <class P>
-__device__ __forceinline__ void row_limits(const P &p, int32_t row0, int32_t n, int32_t (&lim)[2]) {
+// Keys [0, kv_rows) of a run whose key j row i sees iff j <= delta + i (causal): the last
+// visible key of each of this thread's rows (row0, row0 + 8) relative to block n's first key,
+// clamped to [-1, kBlockN] (no key / every key of the block). tw_attention's one run, the
+// ring's runs, the backward's dq tiles.
+__device__ __forceinline__ void row_limits(int64_t kv_rows, int32_t causal, int64_t delta,
+                                           int32_t row0, int32_t n, int32_t (&lim)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; r++) {
-    int64_t last = (int64_t)p.seq_kv - 1;
-    if (p.causal)
-      last = min(last, p.delta + row0 + 8 * r);
+    int64_t last = kv_rows - 1;
+    if (causal)
+      last = min(last, delta + row0 + 8 * r);
     last -= (int64_t)n * kBlockN;
     lim[r] = (int32_t)max((int64_t)-1, min(last, (int64_t)kBlockN));
   }
@@ -187,7 +189,7 @@ __device__ __forceinline__ void consumer_loop(const AttnParams &p, uint32_t base
       const int64_t block_end = (int64_t)n * kBlockN + kBlockN - 1;
       if (block_end >= p.seq_kv || (p.causal && block_end > p.delta + wg_row)) {
         int32_t lim[2];
-        row_limits(p, row0, n, lim);
+        row_limits(p.seq_kv, p.causal, p.delta, row0, n, lim);
         apply_mask(s, lim, 2 * (lane % 4));
       }
       float alpha[2];

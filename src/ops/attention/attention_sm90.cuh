@@ -165,23 +165,20 @@ __device__ __forceinline__ void producer_loop(const AttnParams &p, uint32_t base
 namespace tw {
 namespace attn {
 
-// Thread 0, then the CTA: the barriers of a Q-tile kernel at shared address `bars` (q_full,
-// q_empty, then k_full, k_empty, v_full, v_empty of each of `stages` stages: one arrival for a
-// load's bytes, the 8 consumer warps' for a release).
+// Thread 0 (the CTA synchronises after): the barriers of a Q-tile kernel at shared address
+// `bars` (q_full, q_empty, then k_full, k_empty, v_full, v_empty of each of `stages` stages: one
+// arrival for a load's bytes, the 8 consumer warps' for a release).
 __device__ __forceinline__ void init_tile_bars(uint8_t *smem_raw, uint32_t bars, int stages) {
-  if (threadIdx.x == 0) {
-    uint64_t *bar = reinterpret_cast<uint64_t *>(smem_raw + (bars - ptx::smem_u32(smem_raw)));
-    ptx::mbar_init(&bar[0], 1); // q_full
-    ptx::mbar_init(&bar[1], 8); // q_empty
-    for (int s = 0; s < stages; s++) {
-      ptx::mbar_init(&bar[2 + 4 * s], 1);     // k_full
-      ptx::mbar_init(&bar[2 + 4 * s + 1], 8); // k_empty
-      ptx::mbar_init(&bar[2 + 4 * s + 2], 1); // v_full
-      ptx::mbar_init(&bar[2 + 4 * s + 3], 8); // v_empty
-    }
-    ptx::mbar_init_fence();
+  uint64_t *bar = reinterpret_cast<uint64_t *>(smem_raw + (bars - ptx::smem_u32(smem_raw)));
+  ptx::mbar_init(&bar[0], 1); // q_full
+  ptx::mbar_init(&bar[1], 8); // q_empty
+  for (int s = 0; s < stages; s++) {
+    ptx::mbar_init(&bar[2 + 4 * s], 1);     // k_full
+    ptx::mbar_init(&bar[2 + 4 * s + 1], 8); // k_empty
+    ptx::mbar_init(&bar[2 + 4 * s + 2], 1); // v_full
+    ptx::mbar_init(&bar[2 + 4 * s + 3], 8); // v_empty
   }
-  __syncthreads();
+  ptx::mbar_init_fence();
 }
 
 // The body of a Q-tile kernel (shared-memory layout L, parameters P): the barriers, then
@@ -193,7 +190,9 @@ __device__ __forceinline__ void run_tile_kernel(const P &p) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (ptx::smem_u32(smem_raw) + 1023) & ~1023u;
   const uint32_t bars = base + L::kBars;
-  init_tile_bars(smem_raw, bars, L::kStages);
+  if (threadIdx.x == 0)
+    init_tile_bars(smem_raw, bars, L::kStages);
+  __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();

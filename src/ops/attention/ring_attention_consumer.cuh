@@ -8,20 +8,6 @@
 namespace tw {
 namespace attn {
 
-// The last visible key of each of this thread's rows (row0, row0 + 8 of the Q segment) relative
-// to block n of run r, clamped to [-1, kBlockN].
-__device__ __forceinline__ void ring_row_limits(const RingParams &p, const KvRun &r, int32_t row0,
-                                                int32_t n, int32_t (&lim)[2]) {
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    int64_t last = (int64_t)r.rows - 1;
-    if (p.a.causal)
-      last = min(last, r.delta + row0 + 8 * i);
-    last -= (int64_t)n * kBlockN;
-    lim[i] = (int32_t)max((int64_t)-1, min(last, (int64_t)kBlockN));
-  }
-}
-
 // O / l and lse of this thread's two rows (those inside the Q segment) at their local rows.
 template <int D>
 __device__ __forceinline__ void ring_store_rows(const RingParams &p, const RingTile &tl,
@@ -91,7 +77,7 @@ __device__ __forceinline__ void ring_consumer(const RingParams &p, uint32_t base
         const int64_t block_end = (int64_t)n * kBlockN + kBlockN - 1;
         if (block_end >= run.rows || (p.a.causal && block_end > run.delta + wg_row)) {
           int32_t lim[2];
-          ring_row_limits(p, run, row0, n, lim);
+          row_limits(run.rows, p.a.causal, run.delta, row0, n, lim);
           apply_mask(s, lim, 2 * (lane % 4));
         }
         float alpha[2];
@@ -142,16 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t bars = base + L::kBars;
   const uint64_t epoch = tw_op_begin(dc, TW_CH_ATTN);
   if (threadIdx.x == 0) {
-    uint64_t *bar = reinterpret_cast<uint64_t *>(smem_raw + (bars - ptx::smem_u32(smem_raw)));
-    ptx::mbar_init(&bar[0], 1); // q_full
-    ptx::mbar_init(&bar[1], 8); // q_empty
-    for (int s = 0; s < L::kStages; s++) {
-      ptx::mbar_init(&bar[2 + 4 * s], 1);     // k_full
-      ptx::mbar_init(&bar[2 + 4 * s + 1], 8); // k_empty
-      ptx::mbar_init(&bar[2 + 4 * s + 2], 1); // v_full
-      ptx::mbar_init(&bar[2 + 4 * s + 3], 8); // v_empty
-    }
-    ptx::mbar_init_fence();
+    init_tile_bars(smem_raw, bars, L::kStages);
     const bool ok =
         tw_kernel_enter(dc, TW_CH_ATTN, epoch) && tw_wait_entries(dc, TW_CH_ATTN, epoch);
     if (ok) /* the peers' k and v (written before their entry) seen by the TMA loads */
