@@ -1,16 +1,15 @@
 /*
- * tilewire: persistent CUDA kernels for Hopper (sm_90a) that fuse multi-GPU
- * communication with the compute it feeds, tile by tile, in one launch.
+ * tilewire: persistent CUDA kernels for Hopper (sm_90a) that fuse multi-GPU communication with
+ * the compute it feeds, tile by tile, in one launch.
  *
- * The one public header. C11 and C++; needs no CUDA header. Every call
- * returns a tw_status_t; on failure tw_comm_last_error(comm) (or
- * tw_last_error() for calls that take no comm) says which argument, which
- * rank and what was expected. Failures inside kernels (a peer that never
+ * The one public header. C11 and C++; needs no CUDA header. Every call returns a tw_status_t; on
+ * failure tw_comm_last_error(comm) (or tw_last_error() for calls that take no comm) says which
+ * argument, which rank and what was expected. Failures inside kernels (a peer that never
  * signalled) are reported by tw_comm_async_error().
  *
- * Threading: a comm may be used by one host thread at a time. Ops are
- * stream-ordered and CUDA-graph capturable: no host synchronisation inside
- * a call, no per-call host reset of device state.
+ * Threading: a comm may be used by one host thread at a time. Ops are stream-ordered and
+ * CUDA-graph capturable: no host synchronisation inside a call, no per-call host reset of device
+ * state.
  */
 #ifndef TILEWIRE_H
 #define TILEWIRE_H
@@ -79,23 +78,21 @@ TW_API tw_status_t tw_transport_info(char *buf, size_t len);
 typedef struct tw_comm *tw_comm_t;
 
 #define TW_UNIQUE_ID_BYTES 128
-/* Opaque; made by tw_get_unique_id on one rank and handed to the others by the
- * caller (torch.distributed, MPI, a file). */
+/* Opaque; made by tw_get_unique_id on one rank and handed to the others by the caller
+ * (torch.distributed, MPI, a file). */
 typedef struct tw_unique_id {
   char internal[TW_UNIQUE_ID_BYTES];
 } tw_unique_id_t;
 
 #define TW_CONFIG_VERSION 1
-/*
- * Comm configuration. Zero in a field means "default" (usually an env knob,
- * see docs/ENV.md), so a caller built against an older, shorter struct keeps
- * working: the library reads only `size` bytes.
- */
+/* Comm configuration. Zero in a field means "default" (usually an env knob, see docs/ENV.md),
+ * so a caller built against an older, shorter struct keeps working: the library reads only
+ * `size` bytes. */
 typedef struct tw_config {
   size_t size;      /* sizeof(tw_config_t) as the caller knows it */
   uint32_t version; /* TW_CONFIG_VERSION as the caller knows it */
-  /* SMs each rank's kernels may occupy. 0: the device's SMs divided by the
-   * number of ranks sharing the GPU (TW_SM_BUDGET overrides). */
+  /* SMs each rank's kernels may occupy. 0: the device's SMs divided by the number of ranks
+   * sharing the GPU (TW_SM_BUDGET overrides). */
   int32_t sm_budget;
   /* 0: ranks are grouped into nodes by host. > 0: virtual nodes of this many
    * consecutive ranks (TW_RANKS_PER_NODE), to exercise the inter-node path on one host. */
@@ -105,8 +102,8 @@ typedef struct tw_config {
   /* Bound on every device-side wait in ms (0: TW_WAIT_TIMEOUT_MS). */
   int32_t wait_timeout_ms;
   int32_t reserved0;
-  /* Virtual address space reserved for each rank's symmetric heap, bytes
-   * (0: TW_HEAP_BYTES). Physical memory is taken only by tw_mem_alloc. */
+  /* Virtual address space reserved for each rank's symmetric heap, bytes (0: TW_HEAP_BYTES).
+   * Physical memory is taken only by tw_mem_alloc. */
   uint64_t heap_bytes;
 } tw_config_t;
 
@@ -123,19 +120,19 @@ TW_API tw_status_t tw_config_init(tw_config_t *cfg);
  * with an NCCL communicator); every rank enqueues the same calls in the same order. Calls on
  * different comms may run at once. */
 
-/* Creates an id and starts, in this process, the bootstrap root that the
- * ranks of one tw_comm_init_rank group meet at. */
+/* Creates an id and starts, in this process, the bootstrap root that the ranks of one
+ * tw_comm_init_rank group meet at. */
 TW_API tw_status_t tw_get_unique_id(tw_unique_id_t *id);
 
-/* One process (or thread) per rank: joins the group of `world` ranks that
- * meet at `id`. The current CUDA device is the rank's device. Fails with
- * TW_ERR_TIMEOUT, naming the missing ranks, if not all arrive in time. */
+/* One process (or thread) per rank: joins the group of `world` ranks that meet at `id`. The
+ * current CUDA device is the rank's device. Fails with TW_ERR_TIMEOUT, naming the missing ranks,
+ * if not all arrive in time. */
 TW_API tw_status_t tw_comm_init_rank(tw_comm_t *comm, int world, tw_unique_id_t id, int rank,
                                      const tw_config_t *cfg);
 
-/* One process drives every rank: comms[r] is rank r on device devices[r].
- * A device may be named several times: those ranks become virtual ranks
- * sharing the GPU, each with an SM budget. cfg may be NULL. */
+/* One process drives every rank: comms[r] is rank r on device devices[r]. A device may be named
+ * several times: those ranks become virtual ranks sharing the GPU, each with an SM budget. cfg
+ * may be NULL. */
 TW_API tw_status_t tw_comm_init_all(tw_comm_t *comms, int world, const int *devices,
                                     const tw_config_t *cfg);
 
@@ -147,44 +144,38 @@ TW_API tw_status_t tw_comm_destroy(tw_comm_t comm);
 TW_API tw_status_t tw_comm_rank(tw_comm_t comm, int *rank);
 TW_API tw_status_t tw_comm_size(tw_comm_t comm, int *world);
 TW_API tw_status_t tw_comm_device(tw_comm_t comm, int *device);
-/* Rank inside its node, ranks in its node, its node index, nodes in the comm. */
+/* Rank inside its node, ranks in its node, node index, nodes; SMs its kernels may occupy. */
 TW_API tw_status_t tw_comm_local_rank(tw_comm_t comm, int *local_rank);
 TW_API tw_status_t tw_comm_local_size(tw_comm_t comm, int *local_size);
 TW_API tw_status_t tw_comm_node(tw_comm_t comm, int *node);
 TW_API tw_status_t tw_comm_nodes(tw_comm_t comm, int *nodes);
-/* SMs this rank's kernels may occupy. */
 TW_API tw_status_t tw_comm_sm_budget(tw_comm_t comm, int *sm_budget);
 
 /* Message of the last failed call on this comm ("" if none). Never NULL. */
 TW_API const char *tw_comm_last_error(tw_comm_t comm);
 
-/* Errors recorded by kernels: *async_status is TW_SUCCESS, or
- * TW_ERR_DEVICE_TIMEOUT / TW_ERR_ABORTED with the details (rank, op, flag,
- * expected, seen) in tw_comm_last_error, or TW_ERR_MISMATCH: the ranks called
- * a collective with different ops, shapes, dtypes, buffers or plans; the
- * message names the op, the two ranks and the first field that differs, with
- * both values. Every rank of such a call returns without writing into a peer
- * (except tw_ag_gemm's copy-engine mode, whose enqueued copies still land in
- * this rank's slot of the peers' allocation at this rank's a_gathered offset).
- * A timeout's message also names the ranks that had not entered the call.
- * Does not synchronise. */
+/* Errors recorded by kernels: *async_status is TW_SUCCESS, or TW_ERR_DEVICE_TIMEOUT /
+ * TW_ERR_ABORTED with the details (rank, op, flag, expected, seen) in tw_comm_last_error, or
+ * TW_ERR_MISMATCH: the ranks called a collective with different ops, shapes, dtypes, buffers or
+ * plans; the message names the op, the two ranks and the first field that differs, with both
+ * values. Every rank of such a call returns without writing into a peer (except tw_ag_gemm's
+ * copy-engine mode, whose enqueued copies still land in this rank's slot of the peers'
+ * allocation at this rank's a_gathered offset). A timeout's message also names the ranks that
+ * had not entered the call. Does not synchronise. */
 TW_API tw_status_t tw_comm_async_error(tw_comm_t comm, tw_status_t *async_status);
 
 /* ---- symmetric heap --------------------------------------------------- */
 
-/*
- * Collective: every rank of the comm calls it, in the same order, with the
- * same size. Returns this rank's pointer; the same allocation on peer p is
- * reachable from this rank's kernels through tw_mem_peer_ptrs(). With
- * tw_comm_init_all one thread may call it for each comm in turn.
- * Contents are not initialised.
- */
+/* Collective: every rank of the comm calls it, in the same order, with the same size. Returns
+ * this rank's pointer; the same allocation on peer p is reachable from this rank's kernels
+ * through tw_mem_peer_ptrs(). With tw_comm_init_all one thread may call it for each comm in
+ * turn. Contents are not initialised. */
 TW_API tw_status_t tw_mem_alloc(tw_comm_t comm, size_t bytes, void **ptr);
 /* Collective, like tw_mem_alloc. */
 TW_API tw_status_t tw_mem_free(tw_comm_t comm, void *ptr);
-/* Device array of `world` pointers: entry p is peer p's copy of the
- * allocation holding ptr, mapped in this rank's address space (offset
- * applied: ptr may point inside the allocation). Lives until tw_mem_free. */
+/* Device array of `world` pointers: entry p is peer p's copy of the allocation holding ptr,
+ * mapped in this rank's address space (offset applied: ptr may point inside the allocation).
+ * Lives until tw_mem_free. */
 TW_API tw_status_t tw_mem_peer_ptrs(tw_comm_t comm, const void *ptr,
                                     void *const **peer_ptrs_device);
 /* The same, one peer, as a host value usable in this rank's kernels. */
@@ -369,6 +360,48 @@ TW_API tw_status_t tw_attention_args_init(tw_attention_args_t *args);
 TW_API tw_status_t tw_attention(const tw_attention_args_t *args, tw_stream_t stream);
 
 /*
+ * The backward of tw_attention (one device, no comm). With S = softmax_scale q k^T masked as the
+ * forward's, P = exp(S - lse) and dsum_i = dout[i] . o[i]: dv = P^T dout, dk = softmax_scale dS^T
+ * q, dq = softmax_scale dS k, dS = P (dout v^T - dsum); GQA: a kv head's dk, dv sum over its group.
+ * Shapes, causal, offsets, softmax_scale as the forward's call. fp32 sums, P and dS rounded to
+ * bf16 as GEMM operands, in a fixed order (no atomics: bitwise repeatable); rows no key reaches
+ * add nothing. workspace: fp32 [batch, heads_q, seq_q], written. Device memory of the current
+ * device, 16-byte aligned (lse, workspace 4); outputs overlap no input nor each other. Three
+ * launches on `stream`, no host synchronisation. sm_count: SMs to use (0: all).
+ */
+#define TW_ATTENTION_BACKWARD_ARGS_VERSION 1
+typedef struct tw_attention_backward_args {
+  size_t size;      /* sizeof(tw_attention_backward_args_t) */
+  uint32_t version; /* TW_ATTENTION_BACKWARD_ARGS_VERSION */
+  int32_t causal;   /* 0 or 1, as the forward's */
+  const void *q;    /* bf16 [batch, seq_q, heads_q, head_dim] */
+  const void *k;    /* bf16 [batch, seq_kv, heads_kv, head_dim] */
+  const void *v;    /* bf16 [batch, seq_kv, heads_kv, head_dim] */
+  const void *o;    /* bf16 [batch, seq_q, heads_q, head_dim]: the forward's output */
+  const void *dout; /* bf16, o's shape: the gradient of o */
+  const float *lse; /* fp32 [batch, heads_q, seq_q]: the forward's */
+  void *dq;         /* bf16, q's shape, written */
+  void *dk;         /* bf16, k's shape, written */
+  void *dv;         /* bf16, v's shape, written */
+  float *workspace; /* fp32 [batch, heads_q, seq_q], written */
+  int64_t batch, heads_q, heads_kv, seq_q, seq_kv, head_dim;
+  int64_t q_offset, kv_offset; /* as the forward's */
+  float softmax_scale;         /* as the forward's; 0: 1 / sqrt(head_dim) */
+  int32_t sm_count;            /* SMs to use; 0: all the device's */
+} tw_attention_backward_args_t;
+
+#define TW_ATTENTION_BACKWARD_ARGS_INIT                                                            \
+  {                                                                                                \
+    sizeof(tw_attention_backward_args_t), TW_ATTENTION_BACKWARD_ARGS_VERSION, 0, 0, 0, 0, 0, 0, 0, \
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0                                                \
+  }
+
+TW_API tw_status_t tw_attention_backward_args_init(tw_attention_backward_args_t *args);
+/* On the current device; errors go to tw_last_error(). */
+TW_API tw_status_t tw_attention_backward(const tw_attention_backward_args_t *args,
+                                         tw_stream_t stream);
+
+/*
  * Ring (context-parallel) attention inside one node, one persistent launch a rank: each rank
  * holds a shard of seq_local rows of the sequence of every batch (q, k, v, o bf16
  * [batch, seq_local, heads, head_dim] as tw_attention's; lse fp32 [batch, heads_q, seq_local]
@@ -410,6 +443,49 @@ TW_API tw_status_t tw_ring_attention_args_init(tw_ring_attention_args_t *args);
 /* Collective over comm (every rank calls); errors go to tw_last_error() and the comm. */
 TW_API tw_status_t tw_ring_attention(tw_comm_t comm, const tw_ring_attention_args_t *args,
                                      tw_stream_t stream);
+
+/*
+ * The backward of tw_ring_attention (collective, one node): each rank passes its shard's q, k, v,
+ * o, dout and lse (the forward's) and gets its shard's dq, dk, dv over the whole sequence
+ * (tw_attention_backward's math). The kernels read the peers' q, k, v, dout, lse and dsum in place
+ * (a rank's dk, dv from every rank's queries, its dq from every rank's keys; nothing is reduced
+ * across ranks: deterministic), so those and workspace (fp32 [batch, heads_q, seq_local], written)
+ * must be symmetric memory of comm; o, dq, dk, dv this rank's device memory. Shapes, causal,
+ * layout, softmax_scale as the forward's, the same on every rank. When the call returns in stream
+ * order every peer has finished reading this rank's buffers. sm_count 0: the comm's budget.
+ */
+#define TW_RING_ATTENTION_BACKWARD_ARGS_VERSION 1
+typedef struct tw_ring_attention_backward_args {
+  size_t size;      /* sizeof(tw_ring_attention_backward_args_t) */
+  uint32_t version; /* TW_RING_ATTENTION_BACKWARD_ARGS_VERSION */
+  int32_t causal;   /* 0 or 1, as the forward's */
+  const void *q;    /* bf16 [batch, seq_local, heads_q, head_dim], symmetric */
+  const void *k;    /* bf16 [batch, seq_local, heads_kv, head_dim], symmetric */
+  const void *v;    /* bf16 [batch, seq_local, heads_kv, head_dim], symmetric */
+  const void *o;    /* bf16, q's shape: the forward's output */
+  const void *dout; /* bf16, q's shape: the gradient of o, symmetric */
+  const float *lse; /* fp32 [batch, heads_q, seq_local]: the forward's, symmetric */
+  void *dq;         /* bf16, q's shape, written */
+  void *dk;         /* bf16, k's shape, written */
+  void *dv;         /* bf16, v's shape, written */
+  float *workspace; /* fp32 [batch, heads_q, seq_local], symmetric, written */
+  int64_t batch, heads_q, heads_kv, seq_local, head_dim;
+  float softmax_scale; /* as the forward's; 0: 1 / sqrt(head_dim) */
+  int32_t layout;      /* TW_RING_CONTIGUOUS or TW_RING_ZIGZAG, as the forward's */
+  int32_t sm_count;    /* SMs to use; 0: the comm's budget */
+} tw_ring_attention_backward_args_t;
+
+#define TW_RING_ATTENTION_BACKWARD_ARGS_INIT                                                       \
+  {                                                                                                \
+    sizeof(tw_ring_attention_backward_args_t), TW_RING_ATTENTION_BACKWARD_ARGS_VERSION, 0, 0, 0,   \
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, TW_RING_ZIGZAG, 0                             \
+  }
+
+TW_API tw_status_t tw_ring_attention_backward_args_init(tw_ring_attention_backward_args_t *args);
+/* Collective over comm (every rank calls); errors go to tw_last_error() and the comm. */
+TW_API tw_status_t tw_ring_attention_backward(tw_comm_t comm,
+                                              const tw_ring_attention_backward_args_t *args,
+                                              tw_stream_t stream);
 
 /*
  * Fused AllGather + GEMM (the column-parallel linear layer):

@@ -41,7 +41,9 @@ TW_GEMM_RS_ARGS_VERSION = 3
 TW_MOE_ARGS_VERSION = 3
 TW_GROUPED_GEMM_ARGS_VERSION = 1
 TW_ATTENTION_ARGS_VERSION = 1
+TW_ATTENTION_BACKWARD_ARGS_VERSION = 1
 TW_RING_ATTENTION_ARGS_VERSION = 1
+TW_RING_ATTENTION_BACKWARD_ARGS_VERSION = 1
 TW_RING_CONTIGUOUS = 0
 TW_RING_ZIGZAG = 1
 
@@ -234,6 +236,37 @@ class AttentionArgs(_Versioned):
     ]
 
 
+class AttentionBackwardArgs(_Versioned):
+    """tw_attention_backward_args_t; ``AttentionBackwardArgs()`` equals
+    TW_ATTENTION_BACKWARD_ARGS_INIT."""
+
+    _version_ = TW_ATTENTION_BACKWARD_ARGS_VERSION
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("version", ctypes.c_uint32),
+        ("causal", ctypes.c_int32),
+        ("q", ctypes.c_void_p),  # bf16 [batch, seq_q, heads_q, head_dim]
+        ("k", ctypes.c_void_p),  # bf16 [batch, seq_kv, heads_kv, head_dim]
+        ("v", ctypes.c_void_p),
+        ("o", ctypes.c_void_p),  # bf16, q's shape: the forward's output
+        ("dout", ctypes.c_void_p),  # bf16, q's shape: the gradient of o
+        ("lse", ctypes.c_void_p),  # const float * [batch, heads_q, seq_q]: the forward's
+        ("dq", ctypes.c_void_p),  # bf16, q's shape, written
+        ("dk", ctypes.c_void_p),  # bf16, k's shape, written
+        ("dv", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),  # float * [batch, heads_q, seq_q], written
+        ("batch", ctypes.c_int64),
+        ("heads_q", ctypes.c_int64),
+        ("heads_kv", ctypes.c_int64),
+        ("seq_q", ctypes.c_int64),
+        ("seq_kv", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("q_offset", ctypes.c_int64),
+        ("kv_offset", ctypes.c_int64),
+        ("softmax_scale", ctypes.c_float),
+        ("sm_count", ctypes.c_int32),
+    ]
+
 
 class RingAttentionArgs(_Versioned):
     """tw_ring_attention_args_t; ``RingAttentionArgs()`` equals TW_RING_ATTENTION_ARGS_INIT."""
@@ -258,6 +291,38 @@ class RingAttentionArgs(_Versioned):
         ("sm_count", ctypes.c_int32),
     ]
     _defaults_ = {"layout": TW_RING_ZIGZAG}
+
+
+class RingAttentionBackwardArgs(_Versioned):
+    """tw_ring_attention_backward_args_t; ``RingAttentionBackwardArgs()`` equals
+    TW_RING_ATTENTION_BACKWARD_ARGS_INIT."""
+
+    _version_ = TW_RING_ATTENTION_BACKWARD_ARGS_VERSION
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("version", ctypes.c_uint32),
+        ("causal", ctypes.c_int32),
+        ("q", ctypes.c_void_p),  # bf16 [batch, seq_local, heads_q, head_dim], symmetric
+        ("k", ctypes.c_void_p),  # bf16 [batch, seq_local, heads_kv, head_dim], symmetric
+        ("v", ctypes.c_void_p),  # symmetric
+        ("o", ctypes.c_void_p),  # bf16, q's shape: the forward's output
+        ("dout", ctypes.c_void_p),  # bf16, q's shape: the gradient of o, symmetric
+        ("lse", ctypes.c_void_p),  # const float * [batch, heads_q, seq_local], symmetric
+        ("dq", ctypes.c_void_p),  # bf16, q's shape, written
+        ("dk", ctypes.c_void_p),  # bf16, k's shape, written
+        ("dv", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),  # float * [batch, heads_q, seq_local], symmetric
+        ("batch", ctypes.c_int64),
+        ("heads_q", ctypes.c_int64),
+        ("heads_kv", ctypes.c_int64),
+        ("seq_local", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("softmax_scale", ctypes.c_float),
+        ("layout", ctypes.c_int32),
+        ("sm_count", ctypes.c_int32),
+    ]
+    _defaults_ = {"layout": TW_RING_ZIGZAG}
+
 
 class AgGemmArgs(_Versioned):
     """tw_ag_gemm_args_t; ``AgGemmArgs()`` equals TW_AG_GEMM_ARGS_INIT."""
@@ -359,7 +424,9 @@ STRUCTS = {
     "tw_gemm_args_t": GemmArgs,
     "tw_grouped_gemm_args_t": GroupedGemmArgs,
     "tw_attention_args_t": AttentionArgs,
+    "tw_attention_backward_args_t": AttentionBackwardArgs,
     "tw_ring_attention_args_t": RingAttentionArgs,
+    "tw_ring_attention_backward_args_t": RingAttentionBackwardArgs,
     "tw_ag_gemm_args_t": AgGemmArgs,
     "tw_gemm_rs_args_t": GemmRsArgs,
     "tw_moe_args_t": MoeArgs,
@@ -415,8 +482,13 @@ FUNCTIONS = {
                                        tw_stream_t]),
     "tw_attention_args_init": (c_enum, [_P(AttentionArgs)]),
     "tw_attention": (c_enum, [_P(AttentionArgs), tw_stream_t]),
+    "tw_attention_backward_args_init": (c_enum, [_P(AttentionBackwardArgs)]),
+    "tw_attention_backward": (c_enum, [_P(AttentionBackwardArgs), tw_stream_t]),
     "tw_ring_attention_args_init": (c_enum, [_P(RingAttentionArgs)]),
     "tw_ring_attention": (c_enum, [tw_comm_t, _P(RingAttentionArgs), tw_stream_t]),
+    "tw_ring_attention_backward_args_init": (c_enum, [_P(RingAttentionBackwardArgs)]),
+    "tw_ring_attention_backward": (c_enum, [tw_comm_t, _P(RingAttentionBackwardArgs),
+                                            tw_stream_t]),
     # fused ops
     "tw_ag_gemm_args_init": (c_enum, [_P(AgGemmArgs)]),
     "tw_ag_gemm": (c_enum, [tw_comm_t, _P(AgGemmArgs), tw_stream_t]),
@@ -638,7 +710,9 @@ INIT_FUNCTIONS = {
     "tw_gemm_args_t": "tw_gemm_args_init",
     "tw_grouped_gemm_args_t": "tw_grouped_gemm_args_init",
     "tw_attention_args_t": "tw_attention_args_init",
+    "tw_attention_backward_args_t": "tw_attention_backward_args_init",
     "tw_ring_attention_args_t": "tw_ring_attention_args_init",
+    "tw_ring_attention_backward_args_t": "tw_ring_attention_backward_args_init",
     "tw_ag_gemm_args_t": "tw_ag_gemm_args_init",
     "tw_gemm_rs_args_t": "tw_gemm_rs_args_init",
     "tw_moe_args_t": "tw_moe_args_init",

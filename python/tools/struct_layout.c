@@ -123,6 +123,32 @@ static void core_structs(void) {
   FIELD(tw_attention_args_t, softmax_scale);
   FIELD(tw_attention_args_t, sm_count);
   end_struct();
+
+  STRUCT(tw_attention_backward_args_t);
+  FIELD(tw_attention_backward_args_t, size);
+  FIELD(tw_attention_backward_args_t, version);
+  FIELD(tw_attention_backward_args_t, causal);
+  FIELD(tw_attention_backward_args_t, q);
+  FIELD(tw_attention_backward_args_t, k);
+  FIELD(tw_attention_backward_args_t, v);
+  FIELD(tw_attention_backward_args_t, o);
+  FIELD(tw_attention_backward_args_t, dout);
+  FIELD(tw_attention_backward_args_t, lse);
+  FIELD(tw_attention_backward_args_t, dq);
+  FIELD(tw_attention_backward_args_t, dk);
+  FIELD(tw_attention_backward_args_t, dv);
+  FIELD(tw_attention_backward_args_t, workspace);
+  FIELD(tw_attention_backward_args_t, batch);
+  FIELD(tw_attention_backward_args_t, heads_q);
+  FIELD(tw_attention_backward_args_t, heads_kv);
+  FIELD(tw_attention_backward_args_t, seq_q);
+  FIELD(tw_attention_backward_args_t, seq_kv);
+  FIELD(tw_attention_backward_args_t, head_dim);
+  FIELD(tw_attention_backward_args_t, q_offset);
+  FIELD(tw_attention_backward_args_t, kv_offset);
+  FIELD(tw_attention_backward_args_t, softmax_scale);
+  FIELD(tw_attention_backward_args_t, sm_count);
+  end_struct();
 }
 
 /* The structs of the fused (multi-GPU) ops. */
@@ -145,6 +171,31 @@ static void fused_structs(void) {
   FIELD(tw_ring_attention_args_t, layout);
   FIELD(tw_ring_attention_args_t, sm_count);
   end_struct();
+
+  STRUCT(tw_ring_attention_backward_args_t);
+  FIELD(tw_ring_attention_backward_args_t, size);
+  FIELD(tw_ring_attention_backward_args_t, version);
+  FIELD(tw_ring_attention_backward_args_t, causal);
+  FIELD(tw_ring_attention_backward_args_t, q);
+  FIELD(tw_ring_attention_backward_args_t, k);
+  FIELD(tw_ring_attention_backward_args_t, v);
+  FIELD(tw_ring_attention_backward_args_t, o);
+  FIELD(tw_ring_attention_backward_args_t, dout);
+  FIELD(tw_ring_attention_backward_args_t, lse);
+  FIELD(tw_ring_attention_backward_args_t, dq);
+  FIELD(tw_ring_attention_backward_args_t, dk);
+  FIELD(tw_ring_attention_backward_args_t, dv);
+  FIELD(tw_ring_attention_backward_args_t, workspace);
+  FIELD(tw_ring_attention_backward_args_t, batch);
+  FIELD(tw_ring_attention_backward_args_t, heads_q);
+  FIELD(tw_ring_attention_backward_args_t, heads_kv);
+  FIELD(tw_ring_attention_backward_args_t, seq_local);
+  FIELD(tw_ring_attention_backward_args_t, head_dim);
+  FIELD(tw_ring_attention_backward_args_t, softmax_scale);
+  FIELD(tw_ring_attention_backward_args_t, layout);
+  FIELD(tw_ring_attention_backward_args_t, sm_count);
+  end_struct();
+
   STRUCT(tw_ag_gemm_args_t);
   FIELD(tw_ag_gemm_args_t, size);
   FIELD(tw_ag_gemm_args_t, version);
@@ -274,6 +325,12 @@ int main(void) {
   VALUE(TW_AG_GEMM_ARGS_VERSION);
   VALUE(TW_GEMM_RS_ARGS_VERSION);
   VALUE(TW_MOE_ARGS_VERSION);
+  VALUE(TW_ATTENTION_ARGS_VERSION);
+  VALUE(TW_ATTENTION_BACKWARD_ARGS_VERSION);
+  VALUE(TW_RING_ATTENTION_ARGS_VERSION);
+  VALUE(TW_RING_ATTENTION_BACKWARD_ARGS_VERSION);
+  VALUE(TW_RING_CONTIGUOUS);
+  VALUE(TW_RING_ZIGZAG);
   printf("\n  }\n}\n");
   return 0;
 }

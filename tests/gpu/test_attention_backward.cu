@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops/attention/attention_backward.h"
 #include "tw_test.h"
 
 typedef struct {

@@ -1,5 +1,5 @@
 /*
- * tw_attention_backward (contract in attention_backward.h): the arguments checked (every
+ * tw_attention_backward (contract in tilewire.h): the arguments checked (every
  * failure TW_ERR_INVALID_ARGUMENT naming the argument), then three launches on the caller's
  * stream: dsum_kernel, dkdv_kernel and dq_kernel (attention_bwd.cuh).
  */
@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "ops/attention/attention_args.h"
-#include "ops/attention/attention_backward.h"
 #include "ops/attention/attention_bwd.cuh"
 
 extern "C" {
@@ -164,9 +163,7 @@ tw_status_t launch(const tw_attention_backward_args_t &a, int sms, cudaStream_t 
                              "tw_attention_backward: cudaFuncSetAttribute(dq shared memory)");
   if (st != TW_SUCCESS)
     return st;
-  const int64_t rows = a.batch * a.seq_q * a.heads_q; /* dsum: a warp a row, 8 warps a CTA */
-  const int dsum_grid = (int)(rows / 8 + 1 < (int64_t)sms * 16 ? rows / 8 + 1 : (int64_t)sms * 16);
-  dsum_kernel<D><<<dsum_grid, 256, 0, stream>>>(p);
+  dsum_kernel<D><<<dsum_grid(a.batch * a.seq_q * a.heads_q, sms), 256, 0, stream>>>(p);
   if ((st = tw_cuda_check(cudaGetLastError(), "tw_attention_backward: dsum launch")) != TW_SUCCESS)
     return st;
   const int kv_grid = p.num_kv_tiles < sms ? p.num_kv_tiles : sms;
@@ -181,6 +178,15 @@ tw_status_t launch(const tw_attention_backward_args_t &a, int sms, cudaStream_t 
 } // namespace
 
 TW_OP_REGISTER(attention_backward, backward_registration);
+
+extern "C" tw_status_t tw_attention_backward_args_init(tw_attention_backward_args_t *args) {
+  if (!args)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_attention_backward_args_init: args is NULL");
+  const tw_attention_backward_args_t init = TW_ATTENTION_BACKWARD_ARGS_INIT;
+  memset(args, 0, sizeof(*args)); /* the padding too */
+  memcpy(args, &init, offsetof(tw_attention_backward_args_t, sm_count) + sizeof(init.sm_count));
+  return TW_SUCCESS;
+}
 
 extern "C" tw_status_t tw_attention_backward(const tw_attention_backward_args_t *args_in,
                                              tw_stream_t stream) {

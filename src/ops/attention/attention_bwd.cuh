@@ -49,22 +49,34 @@ struct BwdParams {
   uint64_t timeout_ns;
 };
 
-// The lse of row `row` of (batch, head) in the log2 domain, or +inf where the row is past
-// seq_q or no key reaches it (so 2^(x - it) is 0); and its dsum (0 there).
+// Row `row` of a run's stats (lse and dsum of one (batch, head), row i at [i]): its lse in the
+// log2 domain, or +inf where the row is not `valid` (past the run) or no key reaches it (so
+// 2^(x - it) is 0); and its dsum (0 there).
+__device__ __forceinline__ void row_stats_at(const float *lse, const float *dsum, int64_t row,
+                                             bool valid, float &lse2, float &ds) {
+  lse2 = INFINITY, ds = 0.f;
+  if (!valid)
+    return;
+  const float l = lse[row];
+  lse2 = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+  ds = dsum[row];
+}
+
+// row_stats_at for row `row` of (batch, head) of the whole [batch, heads_q, seq_q] stats.
 __device__ __forceinline__ void row_stats(const BwdParams &p, int32_t batch, int32_t head,
                                           int64_t row, float &lse2, float &ds) {
-  lse2 = INFINITY, ds = 0.f;
-  if (row >= p.seq_q)
-    return;
-  const int64_t i = ((int64_t)batch * p.heads_q + head) * p.seq_q + row;
-  const float l = p.lse[i];
-  lse2 = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
-  ds = p.dsum[i];
+  const int64_t at = ((int64_t)batch * p.heads_q + head) * p.seq_q;
+  row_stats_at(p.lse + at, p.dsum + at, row, row < p.seq_q, lse2, ds);
 }
 
 // ---- dsum_kernel --------------------------------------------------------------------------
 
 // A warp per row r of [batch, seq_q, heads_q] (o's row order): dsum[(b, h, i)] = dO . O.
+// dsum_kernel's grid for `rows` query rows (a warp a row, 8 warps a CTA) with `sms` SMs.
+inline int dsum_grid(int64_t rows, int sms) {
+  return (int)(rows / 8 + 1 < (int64_t)sms * 16 ? rows / 8 + 1 : (int64_t)sms * 16);
+}
+
 template <int D> __global__ void dsum_kernel(const __grid_constant__ BwdParams p) {
   const int64_t rows = (int64_t)p.batch * p.seq_q * p.heads_q;
   const int lane = threadIdx.x % 32;
@@ -92,8 +104,9 @@ template <int D> __global__ void dsum_kernel(const __grid_constant__ BwdParams p
 
 template <int D> struct DqSmem {
   static constexpr int kStages = D == 128 ? 2 : 4;
+  static constexpr int kBoxes = D / kBoxCols;
   static constexpr int kBoxBytes = kBlockN * 128;
-  static constexpr int kTileBytes = (D / kBoxCols) * kBoxBytes;
+  static constexpr int kTileBytes = kBoxes * kBoxBytes;
   static constexpr int kQ = 0;
   static constexpr int kDO = kQ + kTileBytes;
   static constexpr int kK = kDO + kTileBytes;
@@ -142,21 +155,84 @@ __device__ __forceinline__ void dq_producer(const BwdParams &p, uint32_t base, u
   }
 }
 
-// dQ x scale of this thread's two rows (those below seq_q) as bf16.
+// dQ x scale of this thread's two rows of a run (run rows row0 and row0 + 8, those below
+// `rows`, at local rows row_base + row) as bf16.
 template <int D>
-__device__ __forceinline__ void store_dq(const BwdParams &p, const Tile &tl, int32_t row0, int lane,
+__device__ __forceinline__ void store_dq(const BwdParams &p, int32_t batch, int32_t head,
+                                         int32_t row_base, int32_t rows, int32_t row0, int lane,
                                          const float (&dq)[D / 2]) {
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int32_t row = row0 + 8 * r;
-    if (row >= p.seq_q)
+    if (row >= rows)
       continue;
-    const int64_t q_row = ((int64_t)tl.batch * p.seq_q + row) * p.heads_q + tl.head;
+    const int64_t q_row = ((int64_t)batch * p.seq_q + row_base + row) * p.heads_q + head;
     uint32_t *dst = reinterpret_cast<uint32_t *>(p.dq + q_row * D + 2 * (lane % 4));
 #pragma unroll
     for (int j = 0; j < D / 8; j++)
       dst[4 * j] = pack_bf16(dq[4 * j + 2 * r] * p.scale, dq[4 * j + 2 * r + 1] * p.scale);
   }
+}
+
+// The keys of one KV run as a dq tile sees them: [0, rows), key j visible to row i of the tile's
+// Q rows iff j <= delta + i (causal).
+struct KeyRun {
+  int64_t rows, delta;
+};
+
+// The rows a consumer warpgroup owns in a dq tile: its first row, this thread's rows (row0 and
+// row0 + 8), their lse (log2 domain) and dsum.
+struct DqRows {
+  int32_t wg_row, row0;
+  float lse2[2], ds[2];
+};
+
+// KV block n of a run (stage `stage` of layout L, in phase `phase`) for a warpgroup's rows of
+// tile t: S = Q K^T and dP = dO V^T (SS), the run's mask, dS = P (dP - dsum), dQ += dS K (RS).
+// Releases the stage's V after dP and its K after dQ, and Q and dO after the tile's last block
+// (`last`).
+template <int D, class L>
+__device__ __forceinline__ void
+dq_block(const BwdParams &p, const KeyRun &run, int32_t n, bool last, const DqRows &rw, int lane,
+         uint32_t q_lo, uint32_t do_lo, uint32_t base, uint32_t bars, uint32_t stage,
+         uint32_t phase, int32_t t, float (&dq)[D / 2]) {
+  const uint32_t k_full = bars + 16 + 32 * stage, k_empty = k_full + 8;
+  const uint32_t v_full = k_full + 16, v_empty = k_full + 24;
+  const uint32_t k_at = base + L::kK + stage * L::kTileBytes;
+  float s[64], dp[64];
+  wait_bar(k_full, phase, p, kWaitKFull, stage, t);
+  qk_gemm<D>(s, q_lo, ptx::wgmma_desc_lo_sw128(k_at));
+  wait_bar(v_full, phase, p, kWaitVFull, stage, t);
+  qk_gemm<D>(dp, do_lo, ptx::wgmma_desc_lo_sw128(base + L::kV + stage * L::kTileBytes));
+  ptx::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 64; i++)
+    ptx::reg_fence(s[i]), ptx::reg_fence(dp[i]);
+  if (lane == 0) {
+    ptx::mbar_arrive(v_empty);
+    if (last)
+      ptx::mbar_arrive(bars + 8); // q_empty: Q and dO read by the tile's last S and dP
+  }
+  const int64_t block_end = (int64_t)n * kBlockN + kBlockN - 1;
+  if (block_end >= run.rows || (p.causal && block_end > run.delta + rw.wg_row)) {
+    int32_t lim[2];
+    row_limits(run.rows, p.causal, run.delta, rw.row0, n, lim);
+    apply_mask(s, lim, 2 * (lane % 4));
+  }
+#pragma unroll
+  for (int i = 0; i < 64; i++) { // s becomes dS = P (dP - dsum)
+    const int r = (i / 2) % 2;
+    s[i] = ptx::ex2_approx(fmaf(s[i], p.scale_log2, -rw.lse2[r])) * (dp[i] - rw.ds[r]);
+  }
+  uint32_t dsa[32];
+  pack_p(s, dsa);
+  pv_gemm<D>(dq, dsa, ptx::wgmma_desc_lo_sw128_mn(k_at, L::kBoxBytes));
+  ptx::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < D / 2; i++)
+    ptx::reg_fence(dq[i]);
+  if (lane == 0)
+    ptx::mbar_arrive(k_empty);
 }
 
 template <int D>
@@ -167,14 +243,15 @@ __device__ __forceinline__ void dq_consumer(const BwdParams &p, uint32_t base, u
   const uint32_t q_full = bars, q_empty = bars + 8;
   const uint32_t q_lo = ptx::wgmma_desc_lo_sw128(base + L::kQ + cw * 64 * 128);
   const uint32_t do_lo = ptx::wgmma_desc_lo_sw128(base + L::kDO + cw * 64 * 128);
+  const KeyRun run{p.seq_kv, p.delta};
   uint32_t stage = 0, phase = 0, q_phase = 0;
   for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
     const Tile tl = tile_at(p, t);
-    const int32_t wg_row = tl.m_block * kBlockM + 64 * cw;
-    const int32_t row0 = wg_row + 16 * warp + lane / 4; // this thread's rows: row0, row0 + 8
-    float lse2[2], ds[2];
-    row_stats(p, tl.batch, tl.head, row0, lse2[0], ds[0]);
-    row_stats(p, tl.batch, tl.head, row0 + 8, lse2[1], ds[1]);
+    DqRows rw;
+    rw.wg_row = tl.m_block * kBlockM + 64 * cw;
+    rw.row0 = rw.wg_row + 16 * warp + lane / 4;
+    row_stats(p, tl.batch, tl.head, rw.row0, rw.lse2[0], rw.ds[0]);
+    row_stats(p, tl.batch, tl.head, rw.row0 + 8, rw.lse2[1], rw.ds[1]);
     float dq[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; i++)
@@ -184,47 +261,12 @@ __device__ __forceinline__ void dq_consumer(const BwdParams &p, uint32_t base, u
     if (tl.n_blocks == 0 && lane == 0)
       ptx::mbar_arrive(q_empty);
     for (int32_t n = 0; n < tl.n_blocks; n++) {
-      const uint32_t k_full = bars + 16 + 32 * stage, k_empty = k_full + 8;
-      const uint32_t v_full = k_full + 16, v_empty = k_full + 24;
-      const uint32_t k_at = base + L::kK + stage * L::kTileBytes;
-      float s[64], dp[64];
-      wait_bar(k_full, phase, p, kWaitKFull, stage, t);
-      qk_gemm<D>(s, q_lo, ptx::wgmma_desc_lo_sw128(k_at));
-      wait_bar(v_full, phase, p, kWaitVFull, stage, t);
-      qk_gemm<D>(dp, do_lo, ptx::wgmma_desc_lo_sw128(base + L::kV + stage * L::kTileBytes));
-      ptx::wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 64; i++)
-        ptx::reg_fence(s[i]), ptx::reg_fence(dp[i]);
-      if (lane == 0) {
-        ptx::mbar_arrive(v_empty);
-        if (n == tl.n_blocks - 1)
-          ptx::mbar_arrive(q_empty); // Q and dO: read by this tile's last S and dP
-      }
-      const int64_t block_end = (int64_t)n * kBlockN + kBlockN - 1;
-      if (block_end >= p.seq_kv || (p.causal && block_end > p.delta + wg_row)) {
-        int32_t lim[2];
-        row_limits(p.seq_kv, p.causal, p.delta, row0, n, lim);
-        apply_mask(s, lim, 2 * (lane % 4));
-      }
-#pragma unroll
-      for (int i = 0; i < 64; i++) { // s becomes dS = P (dP - dsum)
-        const int r = (i / 2) % 2;
-        s[i] = ptx::ex2_approx(fmaf(s[i], p.scale_log2, -lse2[r])) * (dp[i] - ds[r]);
-      }
-      uint32_t dsa[32];
-      pack_p(s, dsa);
-      pv_gemm<D>(dq, dsa, ptx::wgmma_desc_lo_sw128_mn(k_at, L::kBoxBytes));
-      ptx::wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < D / 2; i++)
-        ptx::reg_fence(dq[i]);
-      if (lane == 0)
-        ptx::mbar_arrive(k_empty);
+      dq_block<D, L>(p, run, n, n == tl.n_blocks - 1, rw, lane, q_lo, do_lo, base, bars, stage,
+                     phase, t, dq);
       if (++stage == L::kStages)
         stage = 0, phase ^= 1;
     }
-    store_dq<D>(p, tl, row0, lane, dq);
+    store_dq<D>(p, tl.batch, tl.head, 0, p.seq_q, rw.row0, lane, dq);
   }
 }
 

@@ -128,18 +128,19 @@ __device__ __forceinline__ void tn_gemm64(float (&acc)[D / 2], uint32_t (&x)[16]
   ptx::wgmma_commit();
 }
 
-// dK x scale and dV of this thread's two keys (those below seq_kv) as bf16.
+// dK x scale and dV of this thread's two keys of a segment (segment keys key0 and key0 + 8,
+// those below `rows`, at local rows row_base + key) of (batch, kv head) as bf16.
 template <int D>
-__device__ __forceinline__ void store_dkdv(const BwdParams &p, const KvTile &tl, int32_t key0,
-                                           int lane, const float (&dk)[D / 2],
-                                           const float (&dv)[D / 2]) {
+__device__ __forceinline__ void store_dkdv(const BwdParams &p, int32_t batch, int32_t kv_head,
+                                           int32_t row_base, int32_t rows, int32_t key0, int lane,
+                                           const float (&dk)[D / 2], const float (&dv)[D / 2]) {
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int32_t key = key0 + 8 * r;
-    if (key >= p.seq_kv)
+    if (key >= rows)
       continue;
     const int64_t at =
-        (((int64_t)tl.batch * p.seq_kv + key) * p.heads_kv + tl.kv_head) * D + 2 * (lane % 4);
+        (((int64_t)batch * p.seq_kv + row_base + key) * p.heads_kv + kv_head) * D + 2 * (lane % 4);
     uint32_t *k_dst = reinterpret_cast<uint32_t *>(p.dk + at);
     uint32_t *v_dst = reinterpret_cast<uint32_t *>(p.dv + at);
 #pragma unroll
@@ -150,17 +151,19 @@ __device__ __forceinline__ void store_dkdv(const BwdParams &p, const KvTile &tl,
   }
 }
 
-// P^T of one block in place (st), packed as the dV GEMM's A operand: query columns past seq_q
-// and (causal) keys a query cannot see get P = 0. stats: the block's lse2[64] then dsum[64].
-__device__ __forceinline__ void block_p(const BwdParams &p, float (&st)[32], const float *stats,
-                                        int32_t key_r, int32_t q0, int lane, uint32_t (&pa)[16]) {
-  const bool mask = p.causal && (int64_t)key_r + 8 > p.delta + q0; // some pair may be hidden
+// P^T of one block in place (st), packed as the dV GEMM's A operand: query columns past the run
+// (their lse2 +inf) and (causal) keys a query cannot see (key j, query i: j > delta + i) get
+// P = 0. stats: the block's lse2[64] then dsum[64].
+__device__ __forceinline__ void block_p(const BwdParams &p, int64_t delta, float (&st)[32],
+                                        const float *stats, int32_t key_r, int32_t q0, int lane,
+                                        uint32_t (&pa)[16]) {
+  const bool mask = p.causal && (int64_t)key_r + 8 > delta + q0; // some pair may be hidden
 #pragma unroll
   for (int i = 0; i < 32; i++) {
     const int col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
     const int32_t key = key_r + 8 * ((i / 2) % 2);
     st[i] = ptx::ex2_approx(fmaf(st[i], p.scale_log2, -stats[col]));
-    if (mask && (int64_t)key > p.delta + q0 + col)
+    if (mask && (int64_t)key > delta + q0 + col)
       st[i] = 0.f;
   }
 #pragma unroll
@@ -180,6 +183,62 @@ __device__ __forceinline__ void block_ds(const float (&dpt)[32], const uint32_t 
     dsa[k] = pack_bf16(p0 * (dpt[2 * k] - stats[kBwdBlockQ + col]),
                        p1 * (dpt[2 * k + 1] - stats[kBwdBlockQ + col + 1]));
   }
+}
+
+// The queries of one Q run as a dkdv tile sees them: the lse and dsum of its (batch, q head)
+// with run row i at [i] (rows [0, rows) valid), key j of the tile's keys visible to query i iff
+// j <= delta + i (causal).
+struct QueryRun {
+  const float *lse, *dsum;
+  int32_t rows;
+  int64_t delta;
+};
+
+// The 64-query block at run row q0 (stage `stage` of DkvSmem<D>, in phase `phase`) for a
+// consumer warpgroup's keys (this thread's key_r and key_r + 8) of tile t: the block's stats into
+// the warpgroup's shared `stats`, S^T = K Q^T (SS), P^T, dV += P^T dO (RS) with dP^T = V dO^T
+// (SS), dS^T, dK += dS^T Q (RS). Releases the stage after dK.
+template <int D>
+__device__ __forceinline__ void
+dkdv_block(const BwdParams &p, const QueryRun &run, int32_t q0, int32_t key_r, float *stats, int cw,
+           int tid, uint32_t k_lo, uint32_t v_lo, uint32_t base, uint32_t bars, uint32_t stage,
+           uint32_t phase, int32_t t, float (&dk)[D / 2], float (&dv)[D / 2]) {
+  using L = DkvSmem<D>;
+  const int lane = tid % 32;
+  const uint32_t s_full = bars + 16 + 16 * stage, s_empty = s_full + 8;
+  const uint32_t q_at = base + L::kQ + stage * L::kQBytes;
+  const uint32_t do_at = base + L::kDO + stage * L::kQBytes;
+  ptx::named_bar_sync(1 + cw, 128); // the previous block's stats are read
+  if (tid < kBwdBlockQ)
+    row_stats_at(run.lse, run.dsum, q0 + tid, q0 + tid < run.rows, stats[tid],
+                 stats[kBwdBlockQ + tid]);
+  ptx::named_bar_sync(1 + cw, 128);
+  float st[32], dpt[32];
+  uint32_t pa[16], dsa[16];
+  wait_bar(s_full, phase, p, kWaitQFull, stage, t);
+  nt_gemm64<D>(st, k_lo, L::kKvBoxBytes, ptx::wgmma_desc_lo_sw128(q_at), L::kQBoxBytes);
+  ptx::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 32; i++)
+    ptx::reg_fence(st[i]);
+  block_p(p, run.delta, st, stats, key_r, q0, lane, pa);
+  tn_gemm64<D>(dv, pa, ptx::wgmma_desc_lo_sw128_mn(do_at, L::kQBoxBytes));
+  nt_gemm64<D>(dpt, v_lo, L::kKvBoxBytes, ptx::wgmma_desc_lo_sw128(do_at), L::kQBoxBytes);
+  ptx::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 32; i++)
+    ptx::reg_fence(dpt[i]);
+#pragma unroll
+  for (int i = 0; i < D / 2; i++)
+    ptx::reg_fence(dv[i]);
+  block_ds(dpt, pa, stats, lane, dsa);
+  tn_gemm64<D>(dk, dsa, ptx::wgmma_desc_lo_sw128_mn(q_at, L::kQBoxBytes));
+  ptx::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < D / 2; i++)
+    ptx::reg_fence(dk[i]), ptx::reg_fence(dv[i]);
+  if (lane == 0)
+    ptx::mbar_arrive(s_empty);
 }
 
 template <int D>
@@ -203,77 +262,62 @@ __device__ __forceinline__ void dkdv_consumer(const BwdParams &p, uint32_t base,
     const int32_t per_head = p.q_blocks - tl.m_first, items = kv_items(p, tl);
     for (int32_t it = 0; it < items; it++) {
       const int32_t head = tl.kv_head * p.group + it / per_head;
-      const int32_t q0 = (tl.m_first + it % per_head) * kBwdBlockQ;
-      const uint32_t s_full = bars + 16 + 16 * stage, s_empty = s_full + 8;
-      const uint32_t q_at = base + L::kQ + stage * L::kQBytes;
-      const uint32_t do_at = base + L::kDO + stage * L::kQBytes;
-      ptx::named_bar_sync(1 + cw, 128); // the previous block's stats are read
-      if (tid < kBwdBlockQ)
-        row_stats(p, tl.batch, head, q0 + tid, stats[tid], stats[kBwdBlockQ + tid]);
-      ptx::named_bar_sync(1 + cw, 128);
-      float st[32], dpt[32];
-      uint32_t pa[16], dsa[16];
-      wait_bar(s_full, phase, p, kWaitQFull, stage, t);
-      nt_gemm64<D>(st, k_lo, L::kKvBoxBytes, ptx::wgmma_desc_lo_sw128(q_at), L::kQBoxBytes);
-      ptx::wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 32; i++)
-        ptx::reg_fence(st[i]);
-      block_p(p, st, stats, key_r, q0, lane, pa);
-      tn_gemm64<D>(dv, pa, ptx::wgmma_desc_lo_sw128_mn(do_at, L::kQBoxBytes));
-      nt_gemm64<D>(dpt, v_lo, L::kKvBoxBytes, ptx::wgmma_desc_lo_sw128(do_at), L::kQBoxBytes);
-      ptx::wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 32; i++)
-        ptx::reg_fence(dpt[i]);
-#pragma unroll
-      for (int i = 0; i < D / 2; i++)
-        ptx::reg_fence(dv[i]);
-      block_ds(dpt, pa, stats, lane, dsa);
-      tn_gemm64<D>(dk, dsa, ptx::wgmma_desc_lo_sw128_mn(q_at, L::kQBoxBytes));
-      ptx::wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < D / 2; i++)
-        ptx::reg_fence(dk[i]), ptx::reg_fence(dv[i]);
-      if (lane == 0)
-        ptx::mbar_arrive(s_empty);
+      const int64_t at = ((int64_t)tl.batch * p.heads_q + head) * p.seq_q;
+      const QueryRun run{p.lse + at, p.dsum + at, p.seq_q, p.delta};
+      dkdv_block<D>(p, run, (tl.m_first + it % per_head) * kBwdBlockQ, key_r, stats, cw, tid, k_lo,
+                    v_lo, base, bars, stage, phase, t, dk, dv);
       if (++stage == L::kStages)
         stage = 0, phase ^= 1;
     }
     if (lane == 0)
       ptx::mbar_arrive(kv_empty); // K and V: read by the tile's last block's S and dP
-    store_dkdv<D>(p, tl, key_r, lane, dk, dv);
+    store_dkdv<D>(p, tl.batch, tl.kv_head, 0, p.seq_kv, key_r, lane, dk, dv);
+  }
+}
+
+// Thread 0 (the CTA synchronises after): DkvSmem's barriers at shared address `bars` (kv_full,
+// kv_empty, then s_full, s_empty of each of `stages` stages).
+__device__ __forceinline__ void init_dkdv_bars(uint8_t *smem_raw, uint32_t bars, int stages) {
+  uint64_t *bar = reinterpret_cast<uint64_t *>(smem_raw + (bars - ptx::smem_u32(smem_raw)));
+  ptx::mbar_init(&bar[0], 1); // kv_full
+  ptx::mbar_init(&bar[1], 8); // kv_empty
+  for (int s = 0; s < stages; s++) {
+    ptx::mbar_init(&bar[2 + 2 * s], 1);     // s_full
+    ptx::mbar_init(&bar[2 + 2 * s + 1], 8); // s_empty
+  }
+  ptx::mbar_init_fence();
+}
+
+// The roles of a kernel of DkvSmem<D>'s layout, its barriers initialised: warpgroup 0's thread 0
+// runs Producer(p, base, bars), warpgroups 1 and 2 Consumer(p, base, bars, their stats, consumer
+// index, thread of the warpgroup).
+template <int D, class P, void (*Producer)(const P &, uint32_t, uint32_t),
+          void (*Consumer)(const P &, uint32_t, uint32_t, float *, int, int)>
+__device__ __forceinline__ void run_dkdv_roles(const P &p, uint8_t *smem_raw, uint32_t base,
+                                               uint32_t bars) {
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    ptx::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0)
+      Producer(p, base, bars);
+  } else {
+    ptx::setmaxnreg_inc<kConsumerRegs>();
+    uint8_t *aligned = smem_raw + (base - ptx::smem_u32(smem_raw));
+    float *stats =
+        reinterpret_cast<float *>(aligned + DkvSmem<D>::kStats) + (wg - 1) * 2 * kBwdBlockQ;
+    Consumer(p, base, bars, stats, wg - 1, threadIdx.x % 128);
   }
 }
 
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const __grid_constant__ BwdParams p) {
-  using L = DkvSmem<D>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (ptx::smem_u32(smem_raw) + 1023) & ~1023u;
-  const uint32_t bars = base + L::kBars;
-  uint8_t *aligned = smem_raw + (base - ptx::smem_u32(smem_raw));
-  if (threadIdx.x == 0) {
-    uint64_t *bar = reinterpret_cast<uint64_t *>(aligned + L::kBars);
-    ptx::mbar_init(&bar[0], 1); // kv_full
-    ptx::mbar_init(&bar[1], 8); // kv_empty
-    for (int s = 0; s < L::kStages; s++) {
-      ptx::mbar_init(&bar[2 + 2 * s], 1);     // s_full
-      ptx::mbar_init(&bar[2 + 2 * s + 1], 8); // s_empty
-    }
-    ptx::mbar_init_fence();
-  }
+  const uint32_t bars = base + DkvSmem<D>::kBars;
+  if (threadIdx.x == 0)
+    init_dkdv_bars(smem_raw, bars, DkvSmem<D>::kStages);
   __syncthreads();
-  const int wg = threadIdx.x / 128;
-  if (wg == 0) {
-    ptx::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0)
-      dkdv_producer<D>(p, base, bars);
-  } else {
-    ptx::setmaxnreg_inc<kConsumerRegs>();
-    float *stats = reinterpret_cast<float *>(aligned + L::kStats) + (wg - 1) * 2 * kBwdBlockQ;
-    dkdv_consumer<D>(p, base, bars, stats, wg - 1, threadIdx.x % 128);
-  }
+  run_dkdv_roles<D, BwdParams, dkdv_producer<D>, dkdv_consumer<D>>(p, smem_raw, base, bars);
 }
 
 } // namespace attn

@@ -46,42 +46,48 @@ tw_status_t ring_preload(void) {
   return tw_cuda_check(e != cudaSuccess ? e : f, "loading the ring attention kernels");
 }
 
+/* Both calls on TW_CH_ATTN (tw_ring_attention and its backward), as ring_call_fields fills them. */
 const tw_call_fields_t ring_calls[] = {
     {TW_CH_ATTN,
-     "tw_ring_attention",
-     {"batch", "heads_q", "heads_kv", "seq_local", "head_dim", "causal | layout << 1",
-      "k (heap offset)", "v (heap offset)"}}};
+     "tw_ring_attention / tw_ring_attention_backward",
+     {"call (0 forward, 1 backward) | causal << 8 | layout << 9", "batch",
+      "heads_q << 32 | heads_kv", "seq_local << 8 | head_dim", "k (heap offset)", "v (heap offset)",
+      "q (heap offset; backward)", "dout, lse and workspace (heap offsets, mixed; backward)"}}};
 
 const tw_op_desc_t ring_registration = {"ring_attention", ring_preload, ring_calls, 1};
 
+} // namespace
+
 /* The shapes' contract: TW_ERR_INVALID_ARGUMENT naming the first argument that breaks it. */
-tw_status_t check_shapes(const tw_ring_attention_args_t &a) {
+static tw_status_t check_shapes(const char *op, const tw_ring_attention_args_t &a) {
   tw_status_t st =
-      check_heads(kOp, a.batch, a.heads_q, a.heads_kv, a.head_dim, a.causal, a.softmax_scale);
+      check_heads(op, a.batch, a.heads_q, a.heads_kv, a.head_dim, a.causal, a.softmax_scale);
   if (st != TW_SUCCESS)
     return st;
   if (a.seq_local < 1 || a.seq_local > kMaxSeqLocal)
-    return tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: seq_local is %lld; expected 1 .. %lld", kOp,
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: seq_local is %lld; expected 1 .. %lld", op,
                    (long long)a.seq_local, (long long)kMaxSeqLocal);
   if (a.layout != TW_RING_CONTIGUOUS && a.layout != TW_RING_ZIGZAG)
     return tw_fail(TW_ERR_INVALID_ARGUMENT,
-                   "%s: layout is %d; expected TW_RING_CONTIGUOUS (0) or TW_RING_ZIGZAG (1)", kOp,
+                   "%s: layout is %d; expected TW_RING_CONTIGUOUS (0) or TW_RING_ZIGZAG (1)", op,
                    (int)a.layout);
   if (a.layout == TW_RING_ZIGZAG && a.seq_local % 2)
     return tw_fail(TW_ERR_INVALID_ARGUMENT,
                    "%s: seq_local is %lld; TW_RING_ZIGZAG needs it even (two chunks of "
                    "seq_local / 2)",
-                   kOp, (long long)a.seq_local);
-  st = check_extent(kOp, "seq_local", "heads_q", a.batch, a.seq_local, a.heads_q, a.head_dim);
+                   op, (long long)a.seq_local);
+  st = check_extent(op, "seq_local", "heads_q", a.batch, a.seq_local, a.heads_q, a.head_dim);
   if (st == TW_SUCCESS)
-    st = check_extent(kOp, "seq_local", "heads_kv", a.batch, a.seq_local, a.heads_kv, a.head_dim);
+    st = check_extent(op, "seq_local", "heads_kv", a.batch, a.seq_local, a.heads_kv, a.head_dim);
   const int64_t m_tiles = (a.seq_local + kBlockM - 1) / kBlockM + 1;
   if (st == TW_SUCCESS && m_tiles * a.heads_q * a.batch > INT32_MAX)
     st = tw_fail(TW_ERR_INVALID_ARGUMENT,
-                 "%s: batch x heads_q x the Q tiles is %lld tiles; at most 2^31 - 1", kOp,
+                 "%s: batch x heads_q x the Q tiles is %lld tiles; at most 2^31 - 1", op,
                  (long long)(m_tiles * a.heads_q * a.batch));
   return st;
 }
+
+namespace {
 
 /* Pointers: q, o, lse device memory of the comm's device, k and v inside one symmetric
  * allocation of this rank each, o and lse overlapping no input (nor each other). */
@@ -118,13 +124,17 @@ void rank_segments(const tw_ring_attention_args_t &a, int world, int r, RingSeg 
   segs[(*n)++] = RingSeg{r, h, h, 0, (int64_t)(2 * world - 1 - r) * h};
 }
 
-/* Every field of the kernel's parameters: the maps (rank r's k and v at its mapped address),
- * the segments (this rank's Q segments, every rank's KV segments in ring order from this rank). */
-template <int D>
-tw_status_t ring_params(tw_comm_t comm, const tw_ring_attention_args_t &a, RingParams *p) {
+} // namespace
+
+/* Every field of the kernel's parameters (a's o may be NULL): the maps (rank r's k and v at its
+ * mapped address), the segments (this rank's Q segments, every rank's KV segments in ring order
+ * from this rank). */
+tw_status_t tw::attn::ring_params(tw_comm_t comm, const tw_ring_attention_args_t &a,
+                                  RingParams *p) {
   memset(p, 0, sizeof(*p));
   const int world = comm->world, rank = comm->rank;
-  tw_status_t st = operand_map(&p->a.q_map, a.q, a.batch, a.seq_local, a.heads_q, D,
+  const int64_t d = a.head_dim;
+  tw_status_t st = operand_map(&p->a.q_map, a.q, a.batch, a.seq_local, a.heads_q, d,
                                "tw_ring_attention: cuTensorMapEncodeTiled(q)");
   for (int r = 0; r < world && st == TW_SUCCESS; r++) {
     const void *k = r == rank ? a.k : tw_heap_peer_ptr(comm, a.k, r);
@@ -132,10 +142,10 @@ tw_status_t ring_params(tw_comm_t comm, const tw_ring_attention_args_t &a, RingP
     if (!k || !v)
       return tw_fail(TW_ERR_NOT_SUPPORTED, "tw_ring_attention: rank %d's k / v is not mapped here",
                      r);
-    st = operand_map(&p->k_maps[r], k, a.batch, a.seq_local, a.heads_kv, D,
+    st = operand_map(&p->k_maps[r], k, a.batch, a.seq_local, a.heads_kv, d,
                      "tw_ring_attention: cuTensorMapEncodeTiled(k of a peer)");
     if (st == TW_SUCCESS)
-      st = operand_map(&p->v_maps[r], v, a.batch, a.seq_local, a.heads_kv, D,
+      st = operand_map(&p->v_maps[r], v, a.batch, a.seq_local, a.heads_kv, d,
                        "tw_ring_attention: cuTensorMapEncodeTiled(v of a peer)");
   }
   if (st != TW_SUCCESS)
@@ -155,17 +165,19 @@ tw_status_t ring_params(tw_comm_t comm, const tw_ring_attention_args_t &a, RingP
   p->a.m_tiles = m_tiles;
   p->a.num_tiles = (int32_t)(m_tiles * a.heads_q * a.batch);
   p->a.causal = a.causal;
-  const float scale = a.softmax_scale > 0.f ? a.softmax_scale : 1.0f / sqrtf((float)D);
+  const float scale = a.softmax_scale > 0.f ? a.softmax_scale : 1.0f / sqrtf((float)d);
   p->a.scale_log2 = scale * 1.4426950408889634f;
   p->a.timeout_ns = kTimeoutDefaultNs;
   return TW_SUCCESS;
 }
 
+namespace {
+
 template <int D>
 tw_status_t ring_launch(tw_comm_t comm, const tw_ring_attention_args_t &a, int sms,
                         cudaStream_t launch) {
   RingParams local;
-  tw_status_t st = ring_params<D>(comm, a, &local);
+  tw_status_t st = ring_params(comm, a, &local);
   if (st != TW_SUCCESS)
     return st;
   constexpr int kSmem = AttnSmem<D>::kDynamicBytes;
@@ -194,6 +206,47 @@ extern "C" tw_status_t tw_ring_attention_args_init(tw_ring_attention_args_t *arg
   return TW_SUCCESS;
 }
 
+/* The comm (one node, at most kRingMaxWorld ranks), the shapes and sm_count of a ring call
+ * (a's pointers are not looked at), failures naming the argument after `op`. */
+tw_status_t tw::attn::ring_check(tw_comm_t comm, const char *op,
+                                 const tw_ring_attention_args_t &a) {
+  if (comm->nodes != 1)
+    return tw_fail(TW_ERR_NOT_SUPPORTED,
+                   "%s: the comm spans %d nodes; ring attention reads the peers' buffers in "
+                   "place and runs inside one node only",
+                   op, comm->nodes);
+  if (comm->world > kRingMaxWorld)
+    return tw_fail(TW_ERR_NOT_SUPPORTED, "%s: the comm has %d ranks; at most %d", op, comm->world,
+                   kRingMaxWorld);
+  tw_status_t st = check_shapes(op, a);
+  if (st == TW_SUCCESS && (int64_t)comm->world * a.seq_local > kMaxSeqLocal * kRingMaxWorld)
+    st = tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: seq_local x world is %lld positions; at most %lld",
+                 op, (long long)(comm->world * a.seq_local),
+                 (long long)(kMaxSeqLocal * kRingMaxWorld));
+  if (st == TW_SUCCESS && (a.sm_count < 0 || a.sm_count > comm->sm_budget))
+    st = tw_fail(TW_ERR_INVALID_ARGUMENT,
+                 "%s: sm_count is %d; expected 0 (the comm's budget) or 1 .. %d", op,
+                 (int)a.sm_count, comm->sm_budget);
+  return st;
+}
+
+/* The call's description on TW_CH_ATTN (ring_calls names the fields): call 0 forward, 1 the
+ * backward, whose other symmetric buffers (q, dout, lse, workspace: `bwd`) every rank must also
+ * pass at the same heap offsets. */
+void tw::attn::ring_call_fields(tw_comm_t comm, int call, const tw_ring_attention_args_t &a,
+                                const void *const bwd[4], uint64_t fields[8]) {
+  fields[0] = (uint64_t)call | (uint64_t)a.causal << 8 | (uint64_t)a.layout << 9;
+  fields[1] = (uint64_t)a.batch;
+  fields[2] = (uint64_t)a.heads_q << 32 | (uint64_t)a.heads_kv;
+  fields[3] = (uint64_t)a.seq_local << 8 | (uint64_t)a.head_dim;
+  fields[4] = tw_call_heap_field(comm, a.k);
+  fields[5] = tw_call_heap_field(comm, a.v);
+  fields[6] = bwd ? tw_call_heap_field(comm, bwd[0]) : 0;
+  fields[7] = 0;
+  for (int i = 1; bwd && i < 4; i++) /* distinct odd multipliers: a swap of two differs too */
+    fields[7] = fields[7] * 0x9e3779b97f4a7c15ull + tw_call_heap_field(comm, bwd[i]) * (2 * i + 1);
+}
+
 /* The comm and the arguments checked, copied into *a (sizes as this library knows them). */
 static tw_status_t ring_prepare(tw_comm_t comm, const tw_ring_attention_args_t *in,
                                 tw_ring_attention_args_t *a) {
@@ -201,28 +254,41 @@ static tw_status_t ring_prepare(tw_comm_t comm, const tw_ring_attention_args_t *
   *a = init;
   tw_status_t st = tw_args_copy(in, a, sizeof(*a), offsetof(tw_ring_attention_args_t, sm_count),
                                 kOp, "tw_ring_attention_args_t", "TW_RING_ATTENTION_ARGS_INIT");
-  if (st != TW_SUCCESS)
-    return st;
-  if (comm->nodes != 1)
-    return tw_fail(TW_ERR_NOT_SUPPORTED,
-                   "%s: the comm spans %d nodes; ring attention reads the peers' k and v in "
-                   "place and runs inside one node only",
-                   kOp, comm->nodes);
-  if (comm->world > kRingMaxWorld)
-    return tw_fail(TW_ERR_NOT_SUPPORTED, "%s: the comm has %d ranks; at most %d", kOp, comm->world,
-                   kRingMaxWorld);
-  st = check_shapes(*a);
-  if (st == TW_SUCCESS && (int64_t)comm->world * a->seq_local > kMaxSeqLocal * kRingMaxWorld)
-    st = tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: seq_local x world is %lld positions; at most %lld",
-                 kOp, (long long)(comm->world * a->seq_local),
-                 (long long)(kMaxSeqLocal * kRingMaxWorld));
-  if (st == TW_SUCCESS && (a->sm_count < 0 || a->sm_count > comm->sm_budget))
-    st = tw_fail(TW_ERR_INVALID_ARGUMENT,
-                 "%s: sm_count is %d; expected 0 (the comm's budget) or 1 .. %d", kOp,
-                 (int)a->sm_count, comm->sm_budget);
+  if (st == TW_SUCCESS)
+    st = ring_check(comm, kOp, *a);
   if (st == TW_SUCCESS)
     st = check_pointers(comm, *a);
   return st;
+}
+
+/* The rest of a ring call whose arguments are checked (tw_ring_attention and its backward): the
+ * comm's device, the call's description, the launch stream and launch(comm, args, head_dim, sms,
+ * stream) with sms the SMs the kernels may use (sm_count, else the comm's budget: every rank's
+ * CTAs must be resident together, for the entry and release waits); the result recorded. */
+tw_status_t tw::attn::ring_run(tw_comm_t comm, tw_stream_t stream, const uint64_t fields[8],
+                               int sm_count, int64_t head_dim, ring_launch_t launch,
+                               const void *args) {
+  int prev = 0;
+  tw_status_t st = tw_set_device(comm->device, &prev);
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
+  const tw_call_desc_t outer = tw_call_begin(comm, TW_CH_ATTN, 8, fields);
+  cudaStream_t on = NULL;
+  st = tw_launch_begin(comm, stream, &on);
+  const int sms = sm_count > 0 ? sm_count : comm->sm_budget;
+  if (st == TW_SUCCESS)
+    st = launch(comm, args, head_dim, sms, on);
+  if (st == TW_SUCCESS)
+    st = tw_launch_end(comm, stream);
+  tw_call_end(comm, outer);
+  cudaSetDevice(prev);
+  return tw_comm_result(comm, st);
+}
+
+static tw_status_t forward_launch(tw_comm_t comm, const void *args, int64_t head_dim, int sms,
+                                  cudaStream_t on) {
+  const tw_ring_attention_args_t &a = *(const tw_ring_attention_args_t *)args;
+  return head_dim == 128 ? ring_launch<128>(comm, a, sms, on) : ring_launch<64>(comm, a, sms, on);
 }
 
 extern "C" tw_status_t tw_ring_attention(tw_comm_t comm, const tw_ring_attention_args_t *args,
@@ -234,29 +300,7 @@ extern "C" tw_status_t tw_ring_attention(tw_comm_t comm, const tw_ring_attention
   st = ring_prepare(comm, args, &a);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
-  const uint64_t fields[8] = {(uint64_t)a.batch,
-                              (uint64_t)a.heads_q,
-                              (uint64_t)a.heads_kv,
-                              (uint64_t)a.seq_local,
-                              (uint64_t)a.head_dim,
-                              (uint64_t)a.causal | (uint64_t)a.layout << 1,
-                              tw_call_heap_field(comm, a.k),
-                              tw_call_heap_field(comm, a.v)};
-  int prev = 0;
-  st = tw_set_device(comm->device, &prev);
-  if (st != TW_SUCCESS)
-    return tw_comm_result(comm, st);
-  const tw_call_desc_t outer = tw_call_begin(comm, TW_CH_ATTN, 8, fields);
-  cudaStream_t launch = NULL;
-  st = tw_launch_begin(comm, stream, &launch);
-  /* every rank's CTAs must be resident together (the entry and release waits): the budget */
-  const int sms = a.sm_count > 0 ? a.sm_count : comm->sm_budget;
-  if (st == TW_SUCCESS)
-    st = a.head_dim == 128 ? ring_launch<128>(comm, a, sms, launch)
-                           : ring_launch<64>(comm, a, sms, launch);
-  if (st == TW_SUCCESS)
-    st = tw_launch_end(comm, stream);
-  tw_call_end(comm, outer);
-  cudaSetDevice(prev);
-  return tw_comm_result(comm, st);
+  uint64_t fields[8];
+  ring_call_fields(comm, 0, a, NULL, fields);
+  return ring_run(comm, stream, fields, a.sm_count, a.head_dim, forward_launch, &a);
 }

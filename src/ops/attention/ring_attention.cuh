@@ -25,6 +25,7 @@
 
 #include "device/signal.cuh"
 #include "ops/attention/attention_sm90.cuh"
+#include "tilewire.h"
 
 namespace tw {
 namespace attn {
@@ -48,6 +49,23 @@ struct RingParams {
   RingSeg kv_segs[2 * kRingMaxWorld];                       // every rank's, in ring order
   int32_t n_q_segs, n_kv_segs;
 };
+
+// Host (ring_attention.cu), shared by tw_ring_attention and its backward. ring_check: the comm
+// (one node, at most kRingMaxWorld ranks), the shapes and sm_count of a's call (not its
+// pointers), failures naming the argument after `op`. ring_params: every field of p from a (o may
+// be NULL), with rank r's k and v maps at their mapped addresses.
+tw_status_t ring_check(tw_comm_t comm, const char *op, const tw_ring_attention_args_t &a);
+tw_status_t ring_params(tw_comm_t comm, const tw_ring_attention_args_t &a, RingParams *p);
+// The call's TW_CH_ATTN description: call 0 forward (bwd NULL), 1 backward (bwd: its q, dout,
+// lse and workspace).
+void ring_call_fields(tw_comm_t comm, int call, const tw_ring_attention_args_t &a,
+                      const void *const bwd[4], uint64_t fields[8]);
+// The rest of a checked ring call (device, description, launch stream, the result recorded);
+// launch enqueues the kernels on `on` with `sms` SMs.
+typedef tw_status_t (*ring_launch_t)(tw_comm_t comm, const void *args, int64_t head_dim, int sms,
+                                     cudaStream_t on);
+tw_status_t ring_run(tw_comm_t comm, tw_stream_t stream, const uint64_t fields[8], int sm_count,
+                     int64_t head_dim, ring_launch_t launch, const void *args);
 
 struct RingTile {
   int32_t qseg, m_block, head, batch;
@@ -92,10 +110,13 @@ __device__ __forceinline__ RingTile ring_tile_at(const RingParams &p, int32_t t)
   return tl;
 }
 
-// Warpgroup 0's thread 0: every load of every tile of this CTA, in the consumers' order.
-template <int D>
-__device__ __forceinline__ void ring_producer(const RingParams &p, uint32_t base, uint32_t bars) {
-  using L = AttnSmem<D>;
+// Warpgroup 0's thread 0 of a ring kernel over Q tiles: every load of every tile of this CTA, in
+// the consumers' order, into shared-memory layout L: the tile's Q rows once (with kDO also its dO
+// rows from *do_map at L::kDO, under the same barrier: the backward's dq kernel), then K and V of
+// every visible block of every run.
+template <int D, class L, bool kDO>
+__device__ __forceinline__ void ring_loads(const RingParams &p, uint32_t base, uint32_t bars,
+                                           const CUtensorMap *do_map) {
   ptx::tma_prefetch_map(&p.a.q_map);
   const uint32_t q_full = bars, q_empty = bars + 8;
   uint32_t stage = 0, phase = 0, q_phase = 0;
@@ -103,11 +124,15 @@ __device__ __forceinline__ void ring_producer(const RingParams &p, uint32_t base
     const RingTile tl = ring_tile_at(p, t);
     const int32_t kv_head = tl.head / p.a.group;
     wait_bar(q_empty, q_phase ^ 1, p.a, kWaitQEmpty, 0, t);
-    ptx::mbar_arrive_expect_tx(q_full, L::kTileBytes);
+    ptx::mbar_arrive_expect_tx(q_full, (kDO ? 2 : 1) * L::kTileBytes);
     const int32_t q_row = p.q_segs[tl.qseg].row0 + tl.m_block * kBlockM;
-    for (int c = 0; c < L::kBoxes; c++)
+    for (int c = 0; c < L::kBoxes; c++) {
       ptx::tma_load_4d(base + L::kQ + c * L::kBoxBytes, &p.a.q_map, q_full, c * kBoxCols, tl.head,
                        q_row, tl.batch);
+      if constexpr (kDO)
+        ptx::tma_load_4d(base + L::kDO + c * L::kBoxBytes, do_map, q_full, c * kBoxCols, tl.head,
+                         q_row, tl.batch);
+    }
     q_phase ^= 1;
     for (int j = 0; j < p.n_kv_segs; j++) {
       const KvRun run = kv_run(p, tl, j);
@@ -133,6 +158,12 @@ __device__ __forceinline__ void ring_producer(const RingParams &p, uint32_t base
       }
     }
   }
+}
+
+// ring_attention_kernel's producer.
+template <int D>
+__device__ __forceinline__ void ring_producer(const RingParams &p, uint32_t base, uint32_t bars) {
+  ring_loads<D, AttnSmem<D>, false>(p, base, bars, nullptr);
 }
 
 } // namespace attn

@@ -117,11 +117,26 @@ __device__ __forceinline__ void ring_exit(const tw_dev_comm_t &dc, uint64_t epoc
   tw_op_end(dc, TW_CH_ATTN, epoch);
 }
 
-template <int D>
-__global__ void __launch_bounds__(kThreads, 1)
-    ring_attention_kernel(const __grid_constant__ tw_dev_comm_t dc,
-                          const __grid_constant__ RingParams p) {
-  using L = AttnSmem<D>;
+// Thread 0 of a ring kernel's CTA: enters call `epoch` (`signal`: the call's first kernel, whose
+// block 0 signals this rank's entry; else the entry the first kernel made is checked again) and
+// waits for every peer's entry, then makes the peers' buffers (written before their entry)
+// visible to the async proxy. Whether the CTA may run its tiles.
+__device__ __forceinline__ bool ring_enter(const tw_dev_comm_t &dc, uint64_t epoch, bool signal) {
+  const bool ok =
+      (signal ? tw_kernel_enter(dc, TW_CH_ATTN, epoch) : tw_op_usable(dc, TW_CH_ATTN)) &&
+      tw_wait_entries(dc, TW_CH_ATTN, epoch);
+  if (ok)
+    tw_fence_proxy_async_global();
+  return ok;
+}
+
+// The body of a ring kernel over Q tiles that ends the call (shared-memory layout L, parameters
+// P): the barriers and ring_enter (`signal` as there), run_tile_kernel's roles where it
+// succeeded, then ring_exit once no read of a peer's buffer is left.
+template <class L, class P, void (*Producer)(const P &, uint32_t, uint32_t),
+          void (*Consumer)(const P &, uint32_t, uint32_t, int, int)>
+__device__ __forceinline__ void run_ring_tile_kernel(const tw_dev_comm_t &dc, const P &p,
+                                                     bool signal) {
   extern __shared__ uint8_t smem_raw[];
   __shared__ int s_ok;
   const uint32_t base = (ptx::smem_u32(smem_raw) + 1023) & ~1023u;
@@ -129,11 +144,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t epoch = tw_op_begin(dc, TW_CH_ATTN);
   if (threadIdx.x == 0) {
     init_tile_bars(smem_raw, bars, L::kStages);
-    const bool ok =
-        tw_kernel_enter(dc, TW_CH_ATTN, epoch) && tw_wait_entries(dc, TW_CH_ATTN, epoch);
-    if (ok) /* the peers' k and v (written before their entry) seen by the TMA loads */
-      tw_fence_proxy_async_global();
-    s_ok = ok;
+    s_ok = ring_enter(dc, epoch, signal);
   }
   __syncthreads();
   const bool ok = s_ok != 0;
@@ -141,15 +152,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0 && ok)
-      ring_producer<D>(p, base, bars);
+      Producer(p, base, bars);
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
     if (ok)
-      ring_consumer<D>(p, base, bars, wg - 1, threadIdx.x % 128);
+      Consumer(p, base, bars, wg - 1, threadIdx.x % 128);
   }
-  __syncthreads();        /* every load consumed: no read of a peer's k or v is left */
+  __syncthreads();        /* every load consumed: no read of a peer's buffer is left */
   if (threadIdx.x == 128) /* a consumer thread: the producer's have given up registers */
     ring_exit(dc, epoch);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    ring_attention_kernel(const __grid_constant__ tw_dev_comm_t dc,
+                          const __grid_constant__ RingParams p) {
+  run_ring_tile_kernel<AttnSmem<D>, RingParams, ring_producer<D>, ring_consumer<D>>(dc, p, true);
 }
 
 } // namespace attn
