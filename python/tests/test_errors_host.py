@@ -129,6 +129,7 @@ def test_grouped_gemm_null_and_short_args():
     ("tw_gemm", tilewire.GemmArgs),
     ("tw_grouped_gemm", tilewire.GroupedGemmArgs),
     ("tw_attention", tilewire.AttentionArgs),
+    ("tw_attention_backward", tilewire.AttentionBackwardArgs),
 ])
 def test_versioned_args_refused_when_short_or_oversized(function, make):
     # tw_args_copy, shared by the single-GPU ops: NULL, fewer bytes than every version has, or

@@ -1,6 +1,8 @@
 """tilewire.attention on a Hopper GPU against torch.nn.functional.scaled_dot_product_attention
 in fp32 (and a float LSE reference): head_dim 64 and 128, causal or not, GQA, tails, shard
-offsets with rows no key reaches, repeatability. Skipped without torch or a Hopper GPU."""
+offsets with rows no key reaches, repeatability; its backward (tw_attention_backward) against
+fp32 SDPA's gradients on the same bf16 inputs, repeatable, under torch.compile and in a CUDA
+graph. Skipped without torch or a Hopper GPU."""
 
 import pytest
 
@@ -115,3 +117,131 @@ def test_torch_compile_and_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(outs["o"], tilewire.attention(q, k, v, causal=True))
+
+
+# ---- the backward (tw_attention_backward) --------------------------------------------------
+
+GRAD_TOL = 2.5e-2  # relative to each gradient's largest magnitude
+
+
+def _reference_grads(q, k, v, dout, causal, q_offset, kv_offset):
+    """The gradients of fp32 SDPA (explicit mask kv_offset + j <= q_offset + i) on the same bf16
+    inputs, GQA's kv heads repeated (autograd sums their group's gradients). A row no key
+    reaches is attended over every key and then zeroed, so it contributes nothing, as the
+    header says of tw_attention_backward."""
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    group = q.shape[2] // k.shape[2]
+    qt = qf.transpose(1, 2)
+    kt = kf.repeat_interleave(group, dim=2).transpose(1, 2)
+    vt = vf.repeat_interleave(group, dim=2).transpose(1, 2)
+    sq, sk = q.shape[1], k.shape[1]
+    live = torch.ones(sq, 1, device="cuda", dtype=torch.bool)
+    mask = None
+    if causal:
+        i = torch.arange(sq, device="cuda").unsqueeze(1) + q_offset
+        j = torch.arange(sk, device="cuda").unsqueeze(0) + kv_offset
+        mask = j <= i
+        live = mask.any(dim=1, keepdim=True)
+        mask = mask | ~live
+    o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
+    o = o * live.float()  # (b, h, sq, d) times (sq, 1)
+    o.transpose(1, 2).backward(dout.float())
+    return qf.grad, kf.grad, vf.grad
+
+
+GRAD_CASES = [
+    # b, sq, sk, hq, hk, d, causal, q_offset, kv_offset
+    (2, 300, 300, 8, 2, 64, True, 0, 0),
+    (2, 300, 300, 8, 2, 128, False, 0, 0),
+    (1, 300, 300, 8, 2, 128, True, 0, 0),
+    (2, 300, 300, 8, 2, 64, False, 0, 0),
+    (1, 77, 300, 8, 2, 64, False, 0, 0),
+    (1, 256, 384, 4, 4, 128, True, 300, 100),
+    (1, 300, 300, 2, 1, 64, True, 0, 200),  # rows 0..199 reach no key
+    (1, 1024, 1024, 8, 2, 128, True, 0, 0),
+]
+
+
+def _leaves(case, seed):
+    b, sq, sk, hq, hk, d = case[:6]
+    q, k, v = _inputs(b, sq, sk, hq, hk, d, seed)
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    dout = torch.randn(b, sq, hq, d, device="cuda", dtype=bf16, generator=g)
+    return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), dout
+
+
+@pytest.mark.parametrize("case", GRAD_CASES,
+                         ids=lambda c: "b%d_sq%d_sk%d_h%d/%d_d%d_c%d_o%d/%d" % c)
+def test_gradients_against_sdpa(case):
+    """dq, dk, dv of tilewire.attention against fp32 SDPA's on the same bf16 inputs; a second
+    backward gives the same bits."""
+    causal, q_off, kv_off = case[6:]
+    q, k, v, dout = _leaves(case, seed=sum(case))
+    o = tilewire.attention(q, k, v, causal=causal, q_offset=q_off, kv_offset=kv_off)
+    got = torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
+    again = torch.autograd.grad(o, (q, k, v), dout)
+    want = _reference_grads(q, k, v, dout, causal, q_off, kv_off)
+    for name, g, w, t, g2 in zip("qkv", got, want, (q, k, v), again):
+        assert g.shape == t.shape and g.dtype == bf16, name
+        assert torch.isfinite(g).all(), name
+        err = (g.float() - w).abs().max().item() / w.abs().max().item()
+        assert err <= GRAD_TOL, "d%s: %.3g" % (name, err)
+        assert torch.equal(g, g2), "d%s: a second backward differs" % name
+
+
+def test_gradient_of_some_inputs_and_a_strided_dout():
+    """Only q requires grad: k and v get none; the loss o.sum() hands the backward an expanded
+    dout (made contiguous for the kernel); lse comes back detached."""
+    case = (1, 300, 300, 8, 2, 64, True, 0, 0)
+    q, k, v, _ = _leaves(case, seed=11)
+    k.requires_grad_(False), v.requires_grad_(False)
+    o, lse = tilewire.attention(q, k, v, causal=True, return_lse=True)
+    assert not lse.requires_grad
+    o.float().sum().backward()
+    want = _reference_grads(q, k, v, torch.ones_like(o), True, 0, 0)[0]
+    err = (q.grad.float() - want).abs().max().item() / want.abs().max().item()
+    assert err <= GRAD_TOL, err
+    assert k.grad is None and v.grad is None
+
+
+def test_backward_under_torch_compile():
+    """torch.compile(fullgraph=True) of a loss through tilewire.attention: the forward's and the
+    backward's custom ops in the compiled graphs, the eager gradients' bits."""
+    case = (2, 300, 300, 8, 2, 128, True, 0, 0)
+    q, k, v, dout = _leaves(case, seed=13)
+
+    def loss(q, k, v):
+        o = tilewire.attention(q, k, v, causal=True)
+        return (o.float() * dout.float()).sum()
+
+    want = torch.autograd.grad(loss(q, k, v), (q, k, v))
+    got = torch.autograd.grad(torch.compile(loss, fullgraph=True)(q, k, v), (q, k, v))
+    for name, g, w in zip("qkv", got, want):
+        assert torch.equal(g, w), "d%s" % name
+
+
+def test_backward_cuda_graph_replays():
+    """Forward and backward captured into one CUDA graph replay on new inputs with the bits of
+    the eager calls."""
+    case = (1, 300, 300, 8, 2, 64, True, 0, 0)
+    q, k, v, dout = _leaves(case, seed=17)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as torch's docs ask
+        for _ in range(2):
+            torch.autograd.grad(tilewire.attention(q, k, v, causal=True), (q, k, v), dout)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grads = torch.autograd.grad(tilewire.attention(q, k, v, causal=True), (q, k, v), dout)
+    q2, k2, v2, dout2 = _leaves(case, seed=18)
+    with torch.no_grad():
+        for dst, src in zip((q, k, v, dout), (q2, k2, v2, dout2)):
+            dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = [g.clone() for g in grads]
+    want = torch.autograd.grad(tilewire.attention(q, k, v, causal=True), (q, k, v), dout)
+    for name, g, w in zip("qkv", replayed, want):
+        assert torch.equal(g, w), "d%s" % name
+    graph = None

@@ -87,7 +87,7 @@ def _check_layer(comms, world):
 def test_moe_cuda_graph_and_torch_compile():
     """With its buffers reserved, every rank's layer forward is captured into one CUDA graph that
     replays on new tokens bitwise as the eager calls (world 2); at world 1 the forward under
-    torch.compile(fullgraph=True) gives the eager call's bits."""
+    torch.compile(fullgraph=True) matches the eager call within bf16 rounding."""
     ref = _reference(5)
     comms = tilewire.init_virtual(2)
     try:
@@ -132,7 +132,10 @@ def test_moe_cuda_graph_and_torch_compile():
             want = tilewire.for_each_rank(comms, lambda c: layer(x))[0]
             got = tilewire.for_each_rank(comms, lambda c: fn(x))[0]
             torch.cuda.synchronize()
-        assert torch.equal(got, want)
+        # the tilewire ops are opaque to inductor and bitwise, but it fuses the router's fp32
+        # softmax and renormalisation its own way, so the combine weights may differ in their
+        # last bits: a bf16 tolerance, not bits
+        torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
         layer = None
     finally:
         torch.cuda.synchronize()

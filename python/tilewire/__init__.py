@@ -8,10 +8,11 @@ symmetric memory::
     ptr = comms[0].alloc(1 << 20)             # collective, like tw_mem_alloc
 
 With torch (imported on first use of these names): ``init``, ``gemm``, ``grouped_gemm``,
-``grouped_gemm_wgrad``, ``allgather``, ``ag_gemm``, ``gemm_rs``, ``gemm_ar``, ``gemm_rs_workspace``, ``moe_dispatch``,
-``moe_combine``, ``moe_dispatch_gemm``, ``moe_ffn``, ``swiglu``, ``moe_workspace``,
-``moe_recv_rows``, ``attention``, ``barrier``, ``for_each_rank``, ``symmetric_empty``, ``is_symmetric``, and
-``Comm.empty(shape, dtype)`` for symmetric tensors::
+``grouped_gemm_wgrad``, ``allgather``, ``ag_gemm``, ``gemm_rs``, ``gemm_ar``,
+``gemm_rs_workspace``, ``moe_dispatch``, ``moe_combine``, ``moe_dispatch_gemm``, ``moe_ffn``,
+``swiglu``, ``moe_workspace``, ``moe_recv_rows``, ``attention``, ``ring_attention``,
+``ring_attention_grad_buffers``, ``barrier``, ``for_each_rank``, ``symmetric_empty``,
+``is_symmetric``, and ``Comm.empty(shape, dtype)`` for symmetric tensors::
 
     comm = tilewire.init()                    # under torchrun
     out = comm.empty((comm.size * m, k), torch.bfloat16)
@@ -20,8 +21,9 @@ With torch (imported on first use of these names): ``init``, ``gemm``, ``grouped
     y = tilewire.grouped_gemm(x, w, offsets)  # x[rows of g] @ w[g].T per group g
 
 ``tilewire.nn`` (torch too): ``ColumnParallelLinear`` and ``RowParallelLinear``, torch.nn
-modules over ag_gemm / gemm_rs / gemm_ar, and ``ExpertParallelMoE`` over moe_ffn with its plain
-PyTorch twin ``TorchMoE`` (also as ``tilewire.ColumnParallelLinear``, ...).
+modules over ag_gemm / gemm_rs / gemm_ar, ``ExpertParallelMoE`` over moe_ffn with its plain
+PyTorch twin ``TorchMoE``, and ``RingAttention`` over ring_attention (also as
+``tilewire.ColumnParallelLinear``, ...).
 """
 
 from . import _lib
@@ -47,6 +49,7 @@ from ._errors import (
 from ._lib import (
     AgGemmArgs,
     AttentionArgs,
+    AttentionBackwardArgs,
     Config,
     DType,
     GemmArgs,
@@ -97,9 +100,10 @@ _TORCH_NAMES = (
     "register_group",
     "comm_for_group",
     "release_async_tp_buffers",
-    # single-GPU attention (the first piece of ring attention)
+    # attention: single-GPU and ring (context-parallel), forward and backward
     "attention",
     "ring_attention",
+    "ring_attention_grad_buffers",
     # ---- add each new op's name here as it lands
 )
 
@@ -113,6 +117,7 @@ __all__ = [
     "NetworkError",
     "AgGemmArgs",
     "AttentionArgs",
+    "AttentionBackwardArgs",
     "BootstrapTimeoutError",
     "Comm",
     "Config",

@@ -1,12 +1,19 @@
-"""tilewire.attention (tw_attention, single-GPU forward attention) and tilewire.ring_attention
-(tw_ring_attention) over torch tensors laid out (batch, seq, heads, head_dim).
+"""tilewire.attention (tw_attention, single-GPU attention) and tilewire.ring_attention
+(tw_ring_attention) over torch tensors laid out (batch, seq, heads, head_dim), with their
+backward passes (tw_attention_backward, tw_ring_attention_backward: _attention_grad).
 
 Each is a public function that checks its arguments (TypeError / ValueError naming the
 argument, metadata only, so it also runs on torch.compile's fake tensors), allocates o (and
-lse) and calls a mutating custom op (torch.ops.tilewire.attention / ring_attention, writing o
-and lse) that launches on torch's current CUDA stream without host synchronisation: traceable
-by torch.compile and capturable into CUDA graphs. An lse the caller did not ask for travels as
-an empty tensor (the kernel then writes none).
+lse) and calls a mutating custom op (torch.ops.tilewire.attention / ring_attention /
+ring_attention_staged, writing o and lse) that launches on torch's current CUDA stream without
+host synchronisation: traceable by torch.compile and capturable into CUDA graphs. An lse the
+caller did not ask for travels as an empty tensor (the kernel then writes none).
+
+When q, k or v requires grad, the call goes through a torch.autograd.Function instead: its
+forward runs the same custom op with lse always computed (the backward reads it) and saves
+q, k, v, o and lse; its backward calls torch.ops.tilewire.attention_backward /
+ring_attention_backward on the stream autograd runs it on (the forward's). lse is returned
+non-differentiable.
 """
 
 import ctypes
@@ -15,6 +22,17 @@ import math
 import torch
 
 from . import _lib
+from ._attention_grad import (
+    _LAYOUTS,
+    _attention_backward_impl,
+    _grads,
+    _bf16_dout,
+    _check_grad_buffers,
+    _ring_backward_impl,
+    _stage,
+    _workspace,
+    ring_attention_grad_buffers,
+)
 from ._eager import _call_mutating
 from ._glue import (
     _check_aligned,
@@ -26,6 +44,8 @@ from ._glue import (
     _register_fake,
     _stream,
 )
+
+__all__ = ["attention", "ring_attention", "ring_attention_grad_buffers"]
 
 _OP = "tilewire.attention"
 _HEAD_DIMS = (64, 128)
@@ -77,9 +97,14 @@ def _check_attention(q, k, v, causal, softmax_scale, q_offset, kv_offset):
     return batch, seq_q, heads_q, seq_kv, heads_kv, d
 
 
+def _needs_grad(*tensors):
+    """Whether autograd records a call on these tensors."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def attention(q, k, v, causal=False, softmax_scale=None, q_offset=0, kv_offset=0,
               return_lse=False):
-    """Forward attention (tw_attention) on q's GPU:
+    """Attention (tw_attention) on q's GPU:
     ``o[b, i, h] = softmax_j(scale * q[b, i, h] . k[b, j, h // g]) @ v[b, :, h // g]`` with
     g = heads_q // heads_kv (GQA / MQA).
 
@@ -92,16 +117,56 @@ def attention(q, k, v, causal=False, softmax_scale=None, q_offset=0, kv_offset=0
 
     Returns o (batch, seq_q, heads_q, head_dim) bfloat16, and with return_lse also lse
     (batch, heads_q, seq_q) float32, the natural-log sum of exp of each row's scaled scores.
-    Runs on torch's current CUDA stream; no host synchronisation. Not differentiable yet.
+    Runs on torch's current CUDA stream; no host synchronisation.
+
+    Differentiable in q, k and v (when any requires grad): the forward then also computes lse
+    and keeps q, k, v, o and lse for the backward, which is tw_attention_backward (dq, dk, dv
+    in bf16, fp32 sums, the same bits on every call; a kv head's dk and dv summed over its
+    group's q heads) on the stream autograd runs it on, with no host synchronisation: eager,
+    under torch.compile and in CUDA graphs. lse is not differentiable (returned detached).
     """
     _check_attention(q, k, v, causal, softmax_scale, q_offset, kv_offset)
     _check_cuda(q, "q", _OP, None)
-    o, lse = _outputs(q, return_lse)
     scale = float(softmax_scale or 0.0)
-    _call_mutating(lambda *a: torch.ops.tilewire.attention(*a), _attention_impl,
-                   (q, k, v, o, lse), (o, lse), q, k, v, o, lse, causal, scale, q_offset,
-                   kv_offset)
+    if _needs_grad(q, k, v):
+        o, lse = _AttentionFunction.apply(q, k, v, causal, scale, q_offset, kv_offset)
+        return (o, lse) if return_lse else o
+    o, lse = _outputs(q, return_lse)
+    _attention_run(q, k, v, o, lse, causal, scale, q_offset, kv_offset)
     return (o, lse) if return_lse else o
+
+
+def _attention_run(q, k, v, o, lse, causal, softmax_scale, q_offset, kv_offset):
+    _call_mutating(lambda *a: torch.ops.tilewire.attention(*a), _attention_impl,
+                   (q, k, v, o, lse), (o, lse), q, k, v, o, lse, causal, softmax_scale,
+                   q_offset, kv_offset)
+
+
+class _AttentionFunction(torch.autograd.Function):
+    """(o, lse) = attention(q, k, v); backward: tilewire::attention_backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, softmax_scale, q_offset, kv_offset):
+        o, lse = _outputs(q, True)
+        _attention_run(q, k, v, o, lse, causal, softmax_scale, q_offset, kv_offset)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.softmax_scale = causal, softmax_scale
+        ctx.q_offset, ctx.kv_offset = q_offset, kv_offset
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dout = _bf16_dout(dout)
+        (dq, dk, dv), workspace = _grads(q, k), _workspace(q)
+        _call_mutating(lambda *a: torch.ops.tilewire.attention_backward(*a),
+                       _attention_backward_impl, (q, k, v, o, dout, lse, dq, dk, dv, workspace),
+                       (dq, dk, dv, workspace), q, k, v, o, dout, lse, dq, dk, dv, workspace,
+                       ctx.causal, ctx.softmax_scale, ctx.q_offset, ctx.kv_offset)
+        need = ctx.needs_input_grad
+        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
+                None, None, None, None)
 
 
 def _outputs(q, return_lse):
@@ -145,7 +210,6 @@ def _attention_fake(q, k, v, o, lse, causal, softmax_scale, q_offset, kv_offset)
 
 
 _RING_OP = "tilewire.ring_attention"
-_LAYOUTS = {"contiguous": _lib.TW_RING_CONTIGUOUS, "zigzag": _lib.TW_RING_ZIGZAG}
 
 
 def _check_ring(comm, q, k, v, causal, layout, softmax_scale):
@@ -169,21 +233,64 @@ def _check_ring(comm, q, k, v, causal, layout, softmax_scale):
 
 
 def ring_attention(comm, q, k, v, causal=False, layout="zigzag", softmax_scale=None,
-                   return_lse=False):
+                   return_lse=False, *, grad_buffers=None):
     """Ring (context-parallel) attention inside one node (tw_ring_attention), collective over
     comm: every rank passes its shard q, k, v (batch, seq_local, heads, head_dim), bf16,
     contiguous; k and v from comm.empty (symmetric: the kernel reads the peers' in place).
     layout 'contiguous': rank r holds positions [r S, (r + 1) S); 'zigzag' (S even): chunks r
     and 2W - 1 - r of S / 2 positions. Returns this rank's queries' attention over the whole
     sequence (causal by global position), and with return_lse the lse
-    (batch, heads_q, seq_local) float32. Runs on torch's current stream; not differentiable."""
+    (batch, heads_q, seq_local) float32. Runs on torch's current stream.
+
+    Differentiable in q, k and v (when any requires grad): the backward is
+    tw_ring_attention_backward, collective as the forward (every rank runs its backward:
+    with virtual ranks inside tilewire.for_each_rank), each rank's dq, dk and dv the gradients
+    of its shard over the whole sequence. Its kernels read the peers' q, dout and lse in place,
+    so they are copied into symmetric buffers first: grad_buffers, from
+    tilewire.ring_attention_grad_buffers(comm, batch, seq_local, heads_q, head_dim), needed
+    then (made once, collectively, and reusable by every call of that shape); k and v are read
+    where they are (keep them unmodified until the backward: autograd checks). lse is not
+    differentiable.
+    """
     _check_ring(comm, q, k, v, causal, layout, softmax_scale)
     _check_cuda(q, "q", _RING_OP, None)
-    o, lse = _outputs(q, return_lse)
+    return _ring_call(comm, q, k, v, None, causal, layout, softmax_scale, return_lse,
+                      grad_buffers)
+
+
+def _ring_staged(comm, q, k, v, k_buf, v_buf, causal, layout, softmax_scale, grad_buffers):
+    """tilewire.ring_attention of k and v copied into the symmetric k_buf and v_buf inside the
+    op (tilewire.nn.RingAttention's forward), checked as ring_attention checks its k and v."""
+    _check_ring(comm, q, k_buf, v_buf, causal, layout, softmax_scale)
+    _check_cuda(q, "q", _RING_OP, None)
+    return _ring_call(comm, q, k, v, (k_buf, v_buf), causal, layout, softmax_scale, False,
+                      grad_buffers)
+
+
+def _ring_call(comm, q, k, v, staging, causal, layout, softmax_scale, return_lse, grad_buffers):
+    """staging: None (k and v are symmetric, read in place) or the symmetric (k_buf, v_buf)
+    that the op copies k and v into first."""
     scale = float(softmax_scale or 0.0)
-    _call_mutating(lambda *a: torch.ops.tilewire.ring_attention(*a), _ring_impl,
-                   (q, k, v, o, lse), (o, lse), comm.id, q, k, v, o, lse, causal, layout, scale)
+    if _needs_grad(q, k, v):
+        _check_grad_buffers(_RING_OP, comm, grad_buffers, q)
+        spec = _RingSpec(comm.id, staging, grad_buffers, causal, layout, scale)
+        o, lse = _RingAttentionFunction.apply(q, k, v, spec)
+    else:
+        o, lse = _outputs(q, return_lse)
+        _ring_run(comm.id, q, k, v, staging, o, lse, causal, layout, scale)
     return (o, lse) if return_lse else o
+
+
+def _ring_run(comm_id, q, k, v, staging, o, lse, causal, layout, softmax_scale):
+    if staging is None:
+        _call_mutating(lambda *a: torch.ops.tilewire.ring_attention(*a), _ring_impl,
+                       (q, k, v, o, lse), (o, lse), comm_id, q, k, v, o, lse, causal, layout,
+                       softmax_scale)
+        return
+    k_buf, v_buf = staging
+    _call_mutating(lambda *a: torch.ops.tilewire.ring_attention_staged(*a), _ring_staged_impl,
+                   (q, k, v, k_buf, v_buf, o, lse), (k_buf, v_buf, o, lse), comm_id, q, k, v,
+                   k_buf, v_buf, o, lse, causal, layout, softmax_scale)
 
 
 def _ring_impl(comm_id, q, k, v, o, lse, causal, layout, softmax_scale):
@@ -205,3 +312,65 @@ def _ring_op(comm_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
 @_register_fake(_ring_op)
 def _ring_fake(comm_id, q, k, v, o, lse, causal, layout, softmax_scale):
     return None
+
+
+def _ring_staged_impl(comm_id, q, k, v, k_buf, v_buf, o, lse, causal, layout, softmax_scale):
+    _stage(k_buf, k)
+    _stage(v_buf, v)
+    _ring_impl(comm_id, q, k_buf, v_buf, o, lse, causal, layout, softmax_scale)
+
+
+# The copies into k_buf and v_buf are inside the op, whose mutated arguments the buffers are:
+# under torch.compile a copy_ traced before tilewire::ring_attention is functionalized, and
+# inductor then hands the op the copy's source (not symmetric memory); a buffer the op mutates
+# is passed as itself (inductor re-inplaces a mutated graph input).
+@_custom_op("tilewire::ring_attention_staged", mutates_args=("k_buf", "v_buf", "o", "lse"))
+def _ring_staged_op(comm_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    k_buf: torch.Tensor, v_buf: torch.Tensor, o: torch.Tensor,
+                    lse: torch.Tensor, causal: bool, layout: str, softmax_scale: float) -> None:
+    _ring_staged_impl(comm_id, q, k, v, k_buf, v_buf, o, lse, causal, layout, softmax_scale)
+
+
+@_register_fake(_ring_staged_op)
+def _ring_staged_fake(comm_id, q, k, v, k_buf, v_buf, o, lse, causal, layout, softmax_scale):
+    return None
+
+
+class _RingSpec:
+    """What a ring attention autograd node keeps of its call besides q, k and v."""
+
+    def __init__(self, comm_id, staging, grad_buffers, causal, layout, softmax_scale):
+        self.comm_id, self.staging, self.grad_buffers = comm_id, staging, grad_buffers
+        self.causal, self.layout, self.softmax_scale = causal, layout, softmax_scale
+
+
+class _RingAttentionFunction(torch.autograd.Function):
+    """(o, lse) = ring_attention(q, k, v); backward: tilewire::ring_attention_backward, which
+    copies q, dout and lse into spec.grad_buffers, and k and v into spec.staging's buffers
+    where the forward staged them (their content may have changed since: another forward of
+    the module), before its kernels read every rank's."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, spec):
+        o, lse = _outputs(q, True)
+        _ring_run(spec.comm_id, q, k, v, spec.staging, o, lse, spec.causal, spec.layout,
+                  spec.softmax_scale)
+        ctx.spec = spec
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        s, g = ctx.spec, ctx.spec.grad_buffers
+        k_buf, v_buf = s.staging or (None, None)
+        dq, dk, dv = _grads(q, k)
+        bufs = (g.q, k_buf, v_buf, g.dout, g.lse, g.workspace)
+        mutated = tuple(t for t in bufs if t is not None) + (dq, dk, dv)
+        _call_mutating(lambda *a: torch.ops.tilewire.ring_attention_backward(*a),
+                       _ring_backward_impl, (q, k, v, o, dout, lse) + bufs + (dq, dk, dv),
+                       mutated, s.comm_id, q, k, v, o, dout, lse, *bufs, dq, dk, dv, s.causal,
+                       s.layout, s.softmax_scale)
+        need = ctx.needs_input_grad
+        return dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None

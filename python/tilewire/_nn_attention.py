@@ -5,16 +5,24 @@ Every rank holds its shard of the sequence (layout "zigzag": chunks r and 2W-1-r
 causal work is balanced; "contiguous": positions [r S, (r + 1) S)) and calls forward(q, k, v)
 with its shards, (batch, seq_local, heads, head_dim) bf16; it returns its queries' attention
 over the whole sequence. The module holds no parameters (its state_dict is empty, as a torch
-attention core's) and owns the symmetric K/V buffers the kernel reads from the peers: made
-collectively on the first forward or by ``reserve(batch, seq_local, heads_kv, head_dim)``
-(call it first for CUDA graphs and on virtual ranks), reallocated for a larger shape.
-Forward only: tilewire has no attention backward yet, so forward refuses inputs that require
-grad (use it under torch.no_grad() or for inference)."""
+attention core's) and owns the symmetric buffers the kernels read from the peers: the K/V
+buffers the forward copies k and v into (inside the op: tilewire::ring_attention_staged), and,
+for inputs that require grad, the backward's (tilewire.ring_attention_grad_buffers: q, dout,
+lse, workspace). They are made collectively on the first forward that needs them or by
+``reserve(batch, seq_local, heads_kv, head_dim, heads_q=..., grad=...)`` (call it first for
+CUDA graphs and on virtual ranks), and reallocated for another shape.
+
+Differentiable in q, k and v: the backward (tw_ring_attention_backward) is collective as the
+forward, every rank running its own (with virtual ranks inside tilewire.for_each_rank). It
+copies k and v into the K/V buffers again, so further forwards of the module before the
+backward (micro-batches) are fine. Every copy into a symmetric buffer happens inside the op
+that reads it, so torch.compile hands the ops the buffers themselves; with the buffers
+reserved, forward and backward also capture into CUDA graphs."""
 
 import torch
 from torch import nn
 
-from ._attention import ring_attention
+from ._attention import _needs_grad, _ring_staged, ring_attention_grad_buffers
 
 _BF16 = torch.bfloat16
 
@@ -31,19 +39,27 @@ class RingAttention(nn.Module):
         self.comm, self.causal, self.layout = comm, causal, layout
         self.softmax_scale = softmax_scale
         self._kv = None  # the symmetric k and v buffers (collective)
+        self._grad = None  # the backward's symmetric buffers (RingAttentionGradBuffers)
 
     def extra_repr(self):
         return "world=%d, rank=%d, causal=%s, layout=%r" % (
             self.comm.size, self.comm.rank, self.causal, self.layout)
 
-    def reserve(self, batch, seq_local, heads_kv, head_dim):
-        """Makes the K/V buffers for shards of up to this shape (collective: every rank, in the
-        same order, while no collective is in flight)."""
+    def reserve(self, batch, seq_local, heads_kv, head_dim, *, heads_q=None, grad=False):
+        """Makes the K/V buffers for shards of this shape and, with grad=True, the backward's
+        buffers for q of (batch, seq_local, heads_q, head_dim) (heads_q None: heads_kv); those
+        also run the copy kernel a strided dout takes once, here, so that no backward inside
+        the virtual ranks' loop loads its code (RingAttentionGradBuffers.warm). Collective:
+        every rank, in the same order, while no collective is in flight."""
         self._buffers_for((batch, seq_local, heads_kv, head_dim))
+        if grad:
+            self._grad_buffers_for((batch, seq_local, heads_kv if heads_q is None else heads_q,
+                                    head_dim))
 
     def release_buffers(self):
-        """Drops the K/V buffers (collective, as their allocation)."""
-        self._kv = None
+        """Drops the module's buffers (collective, as their allocation; a backward still
+        pending keeps the ones it needs)."""
+        self._kv = self._grad = None
 
     def _buffers_for(self, shape):
         shape = tuple(int(x) for x in shape)
@@ -51,21 +67,29 @@ class RingAttention(nn.Module):
             self._kv = (self.comm.empty(shape, _BF16), self.comm.empty(shape, _BF16))
         return self._kv
 
+    def _grad_buffers_for(self, q_shape):
+        q_shape = tuple(int(x) for x in q_shape)
+        if self._grad is None or self._grad.shape != q_shape:
+            self._grad = ring_attention_grad_buffers(self.comm, *q_shape)
+        return self._grad
+
     def forward(self, q, k, v):
         op = "tilewire.nn.RingAttention"
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-            raise NotImplementedError(
-                "%s: no backward yet (tilewire has no attention backward); call it under "
-                "torch.no_grad(), or on inputs that do not require grad" % op)
-        for t, name in ((k, "k"), (v, "v")):
-            if not isinstance(t, torch.Tensor) or t.dim() != 4:
-                raise ValueError("%s: %s must be a 4-D tensor (batch, seq_local, heads_kv, "
-                                 "head_dim)" % (op, name))
+        for t, name in ((q, "q"), (k, "k"), (v, "v")):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError("%s: %s must be a torch.Tensor, got %s"
+                                % (op, name, type(t).__name__))
+            if t.dim() != 4:
+                raise ValueError("%s: %s must be 4-D (batch, seq_local, heads, head_dim), got "
+                                 "shape %s" % (op, name, tuple(t.shape)))
         if k.shape != v.shape:
             raise ValueError("%s: k %s and v %s must have the same shape"
                              % (op, tuple(k.shape), tuple(v.shape)))
+        if k.device != q.device or v.device != q.device:
+            raise ValueError("%s: q, k and v must be on one device (%s, %s, %s)"
+                             % (op, q.device, k.device, v.device))
         kb, vb = self._buffers_for(k.shape)
-        kb.copy_(k)
-        vb.copy_(v)
-        return ring_attention(self.comm, q.contiguous(), kb, vb, causal=self.causal,
-                              layout=self.layout, softmax_scale=self.softmax_scale)
+        q = q.contiguous()
+        grad = self._grad_buffers_for(q.shape) if _needs_grad(q, k, v) else None
+        return _ring_staged(self.comm, q, k, v, kb, vb, self.causal, self.layout,
+                            self.softmax_scale, grad)

@@ -25,12 +25,14 @@ The modules, each importing only those above it:
     _ops         gemm, grouped_gemm, allgather, barrier, for_each_rank
     _fused       ag_gemm, gemm_rs, gemm_ar and their backward passes
     _moe_grad    grouped_gemm_wgrad, the backward passes of grouped_gemm and the MoE ops
-    _attention   attention (single-GPU forward attention), ring_attention
+    _attention_grad
+                 the attention ops' backward custom ops, the ring's symmetric grad buffers
+    _attention   attention (single-GPU attention), ring_attention, their autograd Functions
     _moe         moe_dispatch, moe_combine, moe_dispatch_gemm, moe_ffn, swiglu, moe_workspace,
                  moe_recv_rows
 """
 
-from ._attention import attention, ring_attention
+from ._attention import attention, ring_attention, ring_attention_grad_buffers
 from ._fused import ag_gemm, gemm_ar, gemm_rs, gemm_rs_workspace
 from ._moe import (
     moe_combine,
@@ -58,6 +60,7 @@ __all__ = [
     "allgather",
     "attention",
     "ring_attention",
+    "ring_attention_grad_buffers",
     "barrier",
     "comm_empty",
     "comm_for_group",

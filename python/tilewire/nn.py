@@ -2,7 +2,7 @@
 sequence-parallel style, since the ops are AllGather + GEMM and GEMM + ReduceScatter), and the
 expert-parallel MoE layer ``ExpertParallelMoE`` over tilewire.moe_ffn with ``TorchMoE``, the
 plain PyTorch layer whose state_dict it loads and gives back (python/tilewire/_nn_moe.py), and
-the context-parallel ``RingAttention`` over tilewire.ring_attention (forward only;
+the context-parallel ``RingAttention`` over tilewire.ring_attention (forward and backward;
 python/tilewire/_nn_attention.py).
 
 ``ColumnParallelLinear`` (tilewire.ag_gemm) takes this rank's rows of the input and gives
