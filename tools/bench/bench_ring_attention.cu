@@ -11,13 +11,18 @@
  *   whole         tw_attention over the whole sequence on rank 0's GPU: the one-GPU reference;
  *                 with ranks sharing one GPU the ring's ideal time (efficiency = whole / ring),
  *                 over distinct GPUs the ideal is whole / world
+ *   whole fwd+bwd     tw_attention then tw_attention_backward over the whole sequence on rank
+ *                 0's GPU: the fwd+bwd rows' baseline, and their ideal as whole is tilewire's
+ *   tilewire fwd+bwd  a training step's attention: tw_ring_attention (with lse) then
+ *                 tw_ring_attention_backward on every rank
  * Shape: m = S tokens a rank, n = heads (q and kv), k = head_dim; the label's first word the
  * layout ("zigzag": causal, rank r holding chunks r and 2W - 1 - r of S / 2; "contiguous": not
  * causal, positions [r S, (r + 1) S); TW_BENCH_RING_LAYOUT for a --m/--n/--k shape); batch
  * TW_BENCH_RING_BATCH (default 4). TFLOP/s: 4 B H
  * (W S)^2 D (halved for causal) over the time, per GPU of the ring (divided by the GPUs the
- * ranks use). The check (before timing): every rank's tilewire and unfused outputs within 2e-2
- * (relative to the largest) of the whole-sequence output at its positions.
+ * ranks use); fwd+bwd rows count the backward as 2.5 forwards (FlashAttention's convention). The
+ * check (before timing): every rank's tilewire and unfused outputs, and its dq, dk and dv, within
+ * 2e-2 (relative to the largest) of the whole sequence's at its positions.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -49,6 +54,12 @@ typedef struct ring_ctx {
   float *part_lse[TW_MAX_WORLD], *acc_o[TW_MAX_WORLD][kMaxSegs], *acc_lse[TW_MAX_WORLD][kMaxSegs];
   void *uo[TW_MAX_WORLD];  /* the unfused output */
   void *wq, *wk, *wv, *wo; /* the whole sequence, global order, on rank 0's GPU */
+  /* the backward's: dout, lse and dsum symmetric (with q, k and v: the peers read them), the
+   * gradients; and the whole sequence's */
+  void *dout[TW_MAX_WORLD], *dq[TW_MAX_WORLD], *dk[TW_MAX_WORLD], *dv[TW_MAX_WORLD];
+  float *lse[TW_MAX_WORLD], *ws[TW_MAX_WORLD];
+  void *wdo, *wdq, *wdk, *wdv;
+  float *wlse, *wws;
   int failed;
 } ring_ctx;
 
@@ -197,6 +208,48 @@ static void run_whole(void *p, int iter) {
   }
 }
 
+static void run_tilewire_step(void *p, int iter) {
+  (void)iter;
+  ring_ctx *c = (ring_ctx *)p;
+  for (int r = 0; r < c->world && !c->failed; r++) {
+    tw_ring_attention_args_t a = TW_RING_ATTENTION_ARGS_INIT;
+    a.q = c->q[r], a.k = c->k[r], a.v = c->v[r], a.o = c->o[r], a.lse = c->lse[r];
+    a.batch = c->b, a.heads_q = c->h, a.heads_kv = c->h, a.seq_local = c->s, a.head_dim = c->d;
+    a.causal = c->causal, a.layout = c->zigzag ? TW_RING_ZIGZAG : TW_RING_CONTIGUOUS;
+    tw_ring_attention_backward_args_t g = TW_RING_ATTENTION_BACKWARD_ARGS_INIT;
+    g.q = a.q, g.k = a.k, g.v = a.v, g.o = a.o, g.lse = a.lse, g.dout = c->dout[r];
+    g.dq = c->dq[r], g.dk = c->dk[r], g.dv = c->dv[r], g.workspace = c->ws[r];
+    g.batch = a.batch, g.heads_q = a.heads_q, g.heads_kv = a.heads_kv, g.seq_local = a.seq_local;
+    g.head_dim = a.head_dim, g.causal = a.causal, g.layout = a.layout;
+    tw_stream_t st = (tw_stream_t)c->rk->streams[r];
+    if (tw_ring_attention(c->rk->comms[r], &a, st) != TW_SUCCESS ||
+        tw_ring_attention_backward(c->rk->comms[r], &g, st) != TW_SUCCESS) {
+      fprintf(stderr, "tw_ring_attention(_backward): %s\n", tw_comm_last_error(c->rk->comms[r]));
+      c->failed = 1;
+    }
+  }
+}
+
+static void run_whole_step(void *p, int iter) {
+  (void)iter;
+  ring_ctx *c = (ring_ctx *)p;
+  tw_attention_args_t a = TW_ATTENTION_ARGS_INIT;
+  a.q = c->wq, a.k = c->wk, a.v = c->wv, a.o = c->wo, a.lse = c->wlse;
+  a.batch = c->b, a.heads_q = c->h, a.heads_kv = c->h, a.head_dim = c->d;
+  a.seq_q = a.seq_kv = c->world * c->s, a.causal = c->causal;
+  tw_attention_backward_args_t g = TW_ATTENTION_BACKWARD_ARGS_INIT;
+  g.q = a.q, g.k = a.k, g.v = a.v, g.o = a.o, g.lse = a.lse, g.dout = c->wdo;
+  g.dq = c->wdq, g.dk = c->wdk, g.dv = c->wdv, g.workspace = c->wws;
+  g.batch = a.batch, g.heads_q = a.heads_q, g.heads_kv = a.heads_kv, g.head_dim = a.head_dim;
+  g.seq_q = a.seq_q, g.seq_kv = a.seq_kv, g.causal = a.causal;
+  bench_ranks_use(c->rk, 0);
+  tw_stream_t st = (tw_stream_t)c->rk->streams[0];
+  if (tw_attention(&a, st) != TW_SUCCESS || tw_attention_backward(&g, st) != TW_SUCCESS) {
+    fprintf(stderr, "tw_attention(_backward): %s\n", tw_last_error());
+    c->failed = 1;
+  }
+}
+
 /* ---- setup, check, rows -------------------------------------------------------------------- */
 
 static void *dev_alloc(size_t bytes) {
@@ -209,13 +262,19 @@ static int alloc_ranks(ring_ctx *c) {
   const size_t shard = (size_t)(c->b * c->s * c->h * c->d) * 2, seg = shard / (c->zigzag ? 2 : 1);
   const size_t seg_rows = (size_t)(c->b * c->h * c->s / (c->zigzag ? 2 : 1));
   for (int r = 0; r < c->world; r++) {
+    const size_t rows_bytes = (size_t)(c->b * c->h * c->s) * 4;
     if (tw_mem_alloc(c->rk->comms[r], shard, &c->k[r]) != TW_SUCCESS ||
-        tw_mem_alloc(c->rk->comms[r], shard, &c->v[r]) != TW_SUCCESS) {
+        tw_mem_alloc(c->rk->comms[r], shard, &c->v[r]) != TW_SUCCESS ||
+        tw_mem_alloc(c->rk->comms[r], shard, &c->q[r]) != TW_SUCCESS ||
+        tw_mem_alloc(c->rk->comms[r], shard, &c->dout[r]) != TW_SUCCESS ||
+        tw_mem_alloc(c->rk->comms[r], rows_bytes, (void **)&c->lse[r]) != TW_SUCCESS ||
+        tw_mem_alloc(c->rk->comms[r], rows_bytes, (void **)&c->ws[r]) != TW_SUCCESS) {
       fprintf(stderr, "tw_mem_alloc: %s\n", tw_comm_last_error(c->rk->comms[r]));
       return 1;
     }
     bench_ranks_use(c->rk, r);
-    c->q[r] = dev_alloc(shard), c->o[r] = dev_alloc(shard), c->uo[r] = dev_alloc(shard);
+    c->o[r] = dev_alloc(shard), c->uo[r] = dev_alloc(shard);
+    c->dq[r] = dev_alloc(shard), c->dk[r] = dev_alloc(shard), c->dv[r] = dev_alloc(shard);
     c->part_o[r] = dev_alloc(seg);
     c->part_lse[r] = (float *)dev_alloc(seg_rows * 4);
     for (int i = 0; i < kMaxSegs; i++) {
@@ -228,6 +287,10 @@ static int alloc_ranks(ring_ctx *c) {
   const size_t whole = shard * (size_t)c->world;
   c->wq = dev_alloc(whole), c->wk = dev_alloc(whole), c->wv = dev_alloc(whole);
   c->wo = dev_alloc(whole);
+  c->wdo = dev_alloc(whole), c->wdq = dev_alloc(whole), c->wdk = dev_alloc(whole);
+  c->wdv = dev_alloc(whole);
+  c->wlse = (float *)dev_alloc(whole / (size_t)c->d * 2),
+  c->wws = (float *)dev_alloc(whole / (size_t)c->d * 2);
   return 0;
 }
 
@@ -235,7 +298,10 @@ static void free_ranks(ring_ctx *c) {
   for (int r = 0; r < c->world; r++) {
     bench_ranks_use(c->rk, r);
     tw_mem_free(c->rk->comms[r], c->k[r]), tw_mem_free(c->rk->comms[r], c->v[r]);
-    cudaFree(c->q[r]), cudaFree(c->o[r]), cudaFree(c->uo[r]), cudaFree(c->part_o[r]);
+    tw_mem_free(c->rk->comms[r], c->q[r]), tw_mem_free(c->rk->comms[r], c->dout[r]);
+    tw_mem_free(c->rk->comms[r], c->lse[r]), tw_mem_free(c->rk->comms[r], c->ws[r]);
+    cudaFree(c->dq[r]), cudaFree(c->dk[r]), cudaFree(c->dv[r]);
+    cudaFree(c->o[r]), cudaFree(c->uo[r]), cudaFree(c->part_o[r]);
     cudaFree(c->part_lse[r]);
     for (int i = 0; i < kMaxSegs; i++) {
       cudaFree(c->qs[r][i]), cudaFree(c->ks[r][i]), cudaFree(c->vs[r][i]);
@@ -244,6 +310,8 @@ static void free_ranks(ring_ctx *c) {
   }
   bench_ranks_use(c->rk, 0);
   cudaFree(c->wq), cudaFree(c->wk), cudaFree(c->wv), cudaFree(c->wo);
+  cudaFree(c->wdo), cudaFree(c->wdq), cudaFree(c->wdk), cudaFree(c->wdv);
+  cudaFree(c->wlse), cudaFree(c->wws);
 }
 
 /* Random whole-sequence q, k, v on rank 0's GPU, and each rank's shards copied from it. */
@@ -253,14 +321,15 @@ static void fill(ring_ctx *c) {
   tw_test_fill_bf16(c->wq, whole, 31, 0);
   tw_test_fill_bf16(c->wk, whole, 32, 0);
   tw_test_fill_bf16(c->wv, whole, 33, 0);
+  tw_test_fill_bf16(c->wdo, whole, 34, 0);
   BENCH_CUDA(cudaDeviceSynchronize());
   const size_t line = (size_t)(c->h * c->d * 2), seq = (size_t)(c->world * c->s);
   for (int r = 0; r < c->world; r++) {
     seg_t sg[kMaxSegs];
     const int n = segs_of(c, r, sg);
-    void *dst[3] = {c->q[r], c->k[r], c->v[r]};
-    const void *src[3] = {c->wq, c->wk, c->wv};
-    for (int t = 0; t < 3; t++)
+    void *dst[4] = {c->q[r], c->k[r], c->v[r], c->dout[r]};
+    const void *src[4] = {c->wq, c->wk, c->wv, c->wdo};
+    for (int t = 0; t < 4; t++)
       for (int i = 0; i < n; i++)
         BENCH_CUDA(cudaMemcpy2D((char *)dst[t] + sg[i].row * line, (size_t)c->s * line,
                                 (const char *)src[t] + sg[i].pos * line, seq * line,
@@ -269,9 +338,9 @@ static void fill(ring_ctx *c) {
   BENCH_CUDA(cudaDeviceSynchronize());
 }
 
-/* Every rank's out (tilewire's o or the unfused uo) against the whole output at its positions,
- * on rank 0's GPU; 1 when all are within 2e-2. */
-static int check(ring_ctx *c, void *const *outs, const char *what) {
+/* Every rank's out (tilewire's o or the unfused uo, a gradient) against the whole sequence's
+ * (`whole`) at its positions, on rank 0's GPU; 1 when all are within 2e-2. */
+static int check(ring_ctx *c, void *const *outs, const void *whole, const char *what) {
   const size_t line = (size_t)(c->h * c->d * 2), seq = (size_t)(c->world * c->s);
   const size_t shard_elems = (size_t)(c->b * c->s * c->h * c->d);
   bench_ranks_use(c->rk, 0);
@@ -282,7 +351,7 @@ static int check(ring_ctx *c, void *const *outs, const char *what) {
     const int n = segs_of(c, r, sg);
     for (int i = 0; i < n; i++)
       BENCH_CUDA(cudaMemcpy2D((char *)want + sg[i].row * line, (size_t)c->s * line,
-                              (const char *)c->wo + sg[i].pos * line, seq * line, sg[i].rows * line,
+                              (const char *)whole + sg[i].pos * line, seq * line, sg[i].rows * line,
                               (size_t)c->b, cudaMemcpyDefault));
     BENCH_CUDA(cudaMemcpy(got, outs[r], shard_elems * 2, cudaMemcpyDefault));
     size_t nans = 0;
@@ -327,19 +396,25 @@ static int run_ring(const bench_opts_t *o, const bench_shape_t *shape, bench_res
     return 1;
   }
   fill(&c);
-  run_whole(&c, 0);
+  run_whole_step(&c, 0); /* the references: o, dq, dk, dv of the whole sequence */
   BENCH_CUDA(cudaDeviceSynchronize());
   const double whole_seq = (double)(c.world * c.s);
   const double flops = 4.0 * c.b * c.h * whole_seq * whole_seq * c.d / (c.causal ? 2 : 1);
+  void *const *grads[3] = {c.dq, c.dk, c.dv};
+  const void *whole_grads[3] = {c.wdq, c.wdk, c.wdv};
   struct {
     const char *name;
     void (*fn)(void *, int);
-    void *const *outs;
-  } variants[] = {{"unfused-ring", run_unfused, c.uo},
-                  {"tilewire", run_tilewire, c.o},
-                  {"whole", run_whole, NULL}};
-  double base_ms = 0, whole_ms = 0, ring_ms = 0;
-  for (int v = 0; v < 3; v++) {
+    void *const *outs; /* checked against wo; NULL: not checked */
+    int step;          /* fwd+bwd: the gradients checked too, 3.5 forwards of FLOPs */
+    int whole;         /* on rank 0's GPU alone */
+  } variants[] = {{"unfused-ring", run_unfused, c.uo, 0, 0},
+                  {"tilewire", run_tilewire, c.o, 0, 0},
+                  {"whole", run_whole, NULL, 0, 1},
+                  {"whole fwd+bwd", run_whole_step, NULL, 1, 1},
+                  {"tilewire fwd+bwd", run_tilewire_step, c.o, 1, 0}};
+  double ms[5] = {0};
+  for (int v = 0; v < 5; v++) {
     bench_row_t row;
     memset(&row, 0, sizeof(row));
     snprintf(row.op, sizeof(row.op), "ring_attention");
@@ -352,24 +427,23 @@ static int run_ring(const bench_opts_t *o, const bench_shape_t *shape, bench_res
       variants[v].fn(&c, 0);
       for (int r = 0; r < c.world; r++)
         BENCH_CUDA(cudaStreamSynchronize(rk.streams[r]));
-      row.ok = !c.failed && check(&c, variants[v].outs, variants[v].name);
+      row.ok = !c.failed && check(&c, variants[v].outs, c.wo, variants[v].name);
+      for (int g = 0; g < 3 && variants[v].step && row.ok; g++)
+        row.ok = check(&c, grads[g], whole_grads[g], g == 0 ? "dq" : g == 1 ? "dk" : "dv");
     }
     row.ms = bench_time_multi_ms(variants[v].fn, &c, rk.streams[0], rk.streams, c.world, o->warmup,
                                  o->repeats, &row.ms_p10, &row.ms_p90);
-    const int per_gpu = v == 2 ? 1 : c.gpus;
-    row.tflops = flops / per_gpu / (row.ms * 1e-3) / 1e12;
+    const int per_gpu = variants[v].whole ? 1 : c.gpus;
+    row.tflops = flops * (variants[v].step ? 3.5 : 1.0) / per_gpu / (row.ms * 1e-3) / 1e12;
     row.ok = row.ok && !c.failed && bench_ranks_async_ok(&rk, variants[v].name);
-    if (v == 0)
-      base_ms = row.ms;
-    if (v == 1)
-      ring_ms = row.ms;
-    if (v == 2)
-      whole_ms = row.ms;
-    row.speedup = base_ms / row.ms;
+    ms[v] = row.ms;
+    /* the forward rows against the unfused ring, the fwd+bwd rows against the whole step */
+    row.speedup = (v < 3 ? ms[0] : ms[3]) / row.ms;
     bench_add_row(res, &row);
   }
-  printf("  ring_attention %s: efficiency (whole / %d GPU(s) / ring) %.2f\n",
-         c.zigzag ? "causal zigzag" : "full contiguous", c.gpus, whole_ms / c.gpus / ring_ms);
+  printf("  ring_attention %s: efficiency (whole / %d GPU(s) / ring) forward %.2f, fwd+bwd %.2f\n",
+         c.zigzag ? "causal zigzag" : "full contiguous", c.gpus, ms[2] / c.gpus / ms[1],
+         ms[3] / c.gpus / ms[4]);
   free_ranks(&c);
   bench_ranks_fini(&rk);
   return 0;
