@@ -10,6 +10,8 @@
  * Threading: a comm may be used by one host thread at a time. Ops are stream-ordered and
  * CUDA-graph capturable: no host synchronisation inside a call, no per-call host reset of device
  * state.
+ *
+ * Size: the one public header the library promises, so it holds every op's contract.
  */
 #ifndef TILEWIRE_H
 #define TILEWIRE_H
@@ -411,9 +413,11 @@ TW_API tw_status_t tw_attention_backward(const tw_attention_backward_args_t *arg
  * the same shapes, layout and causal. layout: TW_RING_CONTIGUOUS: rank r holds positions
  * [r S, (r + 1) S); TW_RING_ZIGZAG (S even): rank r holds chunks r and 2W - 1 - r of the 2W
  * chunks of S / 2 positions (rows [0, S/2) then [S/2, S)), which balances causal work. When the
- * call returns in stream order every peer has finished reading this rank's k and v. Ranks on
- * one node only (TW_ERR_NOT_SUPPORTED otherwise), at most 8. sm_count: SMs to use (0: the
- * comm's budget). fp32 accumulation in a fixed order: repeated calls give the same bits.
+ * call returns in stream order every peer has finished reading this rank's k and v. At most 8
+ * ranks. Across nodes the k and v of the ranks on other nodes are first gathered into
+ * `gathered` (tw_allgather's rail path), then read from there: the same bits as inside one node,
+ * that transfer not yet overlapped with the attention. sm_count: SMs to use (0: the comm's
+ * budget). fp32 accumulation in a fixed order: repeated calls give the same bits.
  */
 #define TW_RING_CONTIGUOUS 0
 #define TW_RING_ZIGZAG 1
@@ -431,12 +435,13 @@ typedef struct tw_ring_attention_args {
   float softmax_scale; /* > 0; 0: 1 / sqrt(head_dim) */
   int32_t layout;      /* TW_RING_CONTIGUOUS or TW_RING_ZIGZAG */
   int32_t sm_count;    /* SMs to use; 0: the comm's budget */
+  void *gathered;      /* across nodes: symmetric, 2 x world x k's bytes (else NULL, unread) */
 } tw_ring_attention_args_t;
 
 #define TW_RING_ATTENTION_ARGS_INIT                                                                \
   {                                                                                                \
     sizeof(tw_ring_attention_args_t), TW_RING_ATTENTION_ARGS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0,   \
-        0, 0, 0.0f, TW_RING_ZIGZAG, 0                                                              \
+        0, 0, 0.0f, TW_RING_ZIGZAG, 0, 0                                                           \
   }
 
 TW_API tw_status_t tw_ring_attention_args_init(tw_ring_attention_args_t *args);
@@ -453,6 +458,8 @@ TW_API tw_status_t tw_ring_attention(tw_comm_t comm, const tw_ring_attention_arg
  * must be symmetric memory of comm; o, dq, dk, dv this rank's device memory. Shapes, causal,
  * layout, softmax_scale as the forward's, the same on every rank. When the call returns in stream
  * order every peer has finished reading this rank's buffers. sm_count 0: the comm's budget.
+ * Across nodes the other nodes' ranks' q, k, v, dout, lse and dsum are first gathered into
+ * `gathered` (tw_allgather's rail path; its bytes from the _gathered_bytes call), then read there.
  */
 #define TW_RING_ATTENTION_BACKWARD_ARGS_VERSION 1
 typedef struct tw_ring_attention_backward_args {
@@ -473,15 +480,21 @@ typedef struct tw_ring_attention_backward_args {
   float softmax_scale; /* as the forward's; 0: 1 / sqrt(head_dim) */
   int32_t layout;      /* TW_RING_CONTIGUOUS or TW_RING_ZIGZAG, as the forward's */
   int32_t sm_count;    /* SMs to use; 0: the comm's budget */
+  void *gathered;      /* across nodes: symmetric, tw_ring_attention_backward_gathered_bytes */
 } tw_ring_attention_backward_args_t;
 
 #define TW_RING_ATTENTION_BACKWARD_ARGS_INIT                                                       \
   {                                                                                                \
     sizeof(tw_ring_attention_backward_args_t), TW_RING_ATTENTION_BACKWARD_ARGS_VERSION, 0, 0, 0,   \
-        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, TW_RING_ZIGZAG, 0                             \
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, TW_RING_ZIGZAG, 0, 0                          \
   }
 
 TW_API tw_status_t tw_ring_attention_backward_args_init(tw_ring_attention_backward_args_t *args);
+/* The bytes of `gathered` for shards of these shapes on comm (0 inside one node). */
+TW_API tw_status_t tw_ring_attention_backward_gathered_bytes(tw_comm_t comm, int64_t batch,
+                                                             int64_t heads_q, int64_t heads_kv,
+                                                             int64_t seq_local, int64_t head_dim,
+                                                             size_t *bytes);
 /* Collective over comm (every rank calls); errors go to tw_last_error() and the comm. */
 TW_API tw_status_t tw_ring_attention_backward(tw_comm_t comm,
                                               const tw_ring_attention_backward_args_t *args,

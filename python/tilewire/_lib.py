@@ -289,6 +289,7 @@ class RingAttentionArgs(_Versioned):
         ("softmax_scale", ctypes.c_float),
         ("layout", ctypes.c_int32),
         ("sm_count", ctypes.c_int32),
+        ("gathered", ctypes.c_void_p),  # across nodes: symmetric, else NULL
     ]
     _defaults_ = {"layout": TW_RING_ZIGZAG}
 
@@ -320,6 +321,7 @@ class RingAttentionBackwardArgs(_Versioned):
         ("softmax_scale", ctypes.c_float),
         ("layout", ctypes.c_int32),
         ("sm_count", ctypes.c_int32),
+        ("gathered", ctypes.c_void_p),  # across nodes: symmetric, else NULL
     ]
     _defaults_ = {"layout": TW_RING_ZIGZAG}
 
@@ -487,6 +489,10 @@ FUNCTIONS = {
     "tw_ring_attention_args_init": (c_enum, [_P(RingAttentionArgs)]),
     "tw_ring_attention": (c_enum, [tw_comm_t, _P(RingAttentionArgs), tw_stream_t]),
     "tw_ring_attention_backward_args_init": (c_enum, [_P(RingAttentionBackwardArgs)]),
+    "tw_ring_attention_backward_gathered_bytes": (c_enum, [tw_comm_t, ctypes.c_int64,
+                                                           ctypes.c_int64, ctypes.c_int64,
+                                                           ctypes.c_int64, ctypes.c_int64,
+                                                           ctypes.POINTER(ctypes.c_size_t)]),
     "tw_ring_attention_backward": (c_enum, [tw_comm_t, _P(RingAttentionBackwardArgs),
                                             tw_stream_t]),
     # fused ops

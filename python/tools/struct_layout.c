@@ -170,6 +170,7 @@ static void fused_structs(void) {
   FIELD(tw_ring_attention_args_t, softmax_scale);
   FIELD(tw_ring_attention_args_t, layout);
   FIELD(tw_ring_attention_args_t, sm_count);
+  FIELD(tw_ring_attention_args_t, gathered);
   end_struct();
 
   STRUCT(tw_ring_attention_backward_args_t);
@@ -194,6 +195,7 @@ static void fused_structs(void) {
   FIELD(tw_ring_attention_backward_args_t, softmax_scale);
   FIELD(tw_ring_attention_backward_args_t, layout);
   FIELD(tw_ring_attention_backward_args_t, sm_count);
+  FIELD(tw_ring_attention_backward_args_t, gathered);
   end_struct();
 
   STRUCT(tw_ag_gemm_args_t);

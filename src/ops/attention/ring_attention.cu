@@ -127,18 +127,25 @@ void rank_segments(const tw_ring_attention_args_t &a, int world, int r, RingSeg 
 } // namespace
 
 /* Every field of the kernel's parameters (a's o may be NULL): the maps (rank r's k and v at its
- * mapped address), the segments (this rank's Q segments, every rank's KV segments in ring order
- * from this rank). */
+ * mapped address, or for a rank on another node its copy in the gathered regions), the segments
+ * (this rank's Q segments, every rank's KV segments in ring order from this rank). */
 tw_status_t tw::attn::ring_params(tw_comm_t comm, const tw_ring_attention_args_t &a,
+                                  const uint8_t *gathered_k, const uint8_t *gathered_v,
                                   RingParams *p) {
   memset(p, 0, sizeof(*p));
   const int world = comm->world, rank = comm->rank;
   const int64_t d = a.head_dim;
+  const size_t kv_bytes = (size_t)(a.batch * a.seq_local * a.heads_kv * d) * 2;
   tw_status_t st = operand_map(&p->a.q_map, a.q, a.batch, a.seq_local, a.heads_q, d,
                                "tw_ring_attention: cuTensorMapEncodeTiled(q)");
   for (int r = 0; r < world && st == TW_SUCCESS; r++) {
-    const void *k = r == rank ? a.k : tw_heap_peer_ptr(comm, a.k, r);
-    const void *v = r == rank ? a.v : tw_heap_peer_ptr(comm, a.v, r);
+    const bool remote = comm->node_of[r] != comm->node; /* its copy gathered here */
+    const void *k = r == rank ? a.k
+                    : remote  ? (const void *)(gathered_k + r * kv_bytes)
+                              : tw_heap_peer_ptr(comm, a.k, r);
+    const void *v = r == rank ? a.v
+                    : remote  ? (const void *)(gathered_v + r * kv_bytes)
+                              : tw_heap_peer_ptr(comm, a.v, r);
     if (!k || !v)
       return tw_fail(TW_ERR_NOT_SUPPORTED, "tw_ring_attention: rank %d's k / v is not mapped here",
                      r);
@@ -177,7 +184,10 @@ template <int D>
 tw_status_t ring_launch(tw_comm_t comm, const tw_ring_attention_args_t &a, int sms,
                         cudaStream_t launch) {
   RingParams local;
-  tw_status_t st = ring_params(comm, a, &local);
+  const size_t kv_bytes = (size_t)(a.batch * a.seq_local * a.heads_kv * a.head_dim) * 2;
+  const uint8_t *gathered = (const uint8_t *)a.gathered;
+  tw_status_t st =
+      ring_params(comm, a, gathered, gathered ? gathered + comm->world * kv_bytes : NULL, &local);
   if (st != TW_SUCCESS)
     return st;
   constexpr int kSmem = AttnSmem<D>::kDynamicBytes;
@@ -202,19 +212,14 @@ extern "C" tw_status_t tw_ring_attention_args_init(tw_ring_attention_args_t *arg
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_ring_attention_args_init: args is NULL");
   const tw_ring_attention_args_t init = TW_RING_ATTENTION_ARGS_INIT;
   memset(args, 0, sizeof(*args)); /* the padding too */
-  memcpy(args, &init, offsetof(tw_ring_attention_args_t, sm_count) + sizeof(init.sm_count));
+  memcpy(args, &init, offsetof(tw_ring_attention_args_t, gathered) + sizeof(init.gathered));
   return TW_SUCCESS;
 }
 
-/* The comm (one node, at most kRingMaxWorld ranks), the shapes and sm_count of a ring call
- * (a's pointers are not looked at), failures naming the argument after `op`. */
+/* The comm (at most kRingMaxWorld ranks), the shapes and sm_count of a ring call (a's pointers
+ * are not looked at), failures naming the argument after `op`. */
 tw_status_t tw::attn::ring_check(tw_comm_t comm, const char *op,
                                  const tw_ring_attention_args_t &a) {
-  if (comm->nodes != 1)
-    return tw_fail(TW_ERR_NOT_SUPPORTED,
-                   "%s: the comm spans %d nodes; ring attention reads the peers' buffers in "
-                   "place and runs inside one node only",
-                   op, comm->nodes);
   if (comm->world > kRingMaxWorld)
     return tw_fail(TW_ERR_NOT_SUPPORTED, "%s: the comm has %d ranks; at most %d", op, comm->world,
                    kRingMaxWorld);
@@ -227,6 +232,61 @@ tw_status_t tw::attn::ring_check(tw_comm_t comm, const char *op,
     st = tw_fail(TW_ERR_INVALID_ARGUMENT,
                  "%s: sm_count is %d; expected 0 (the comm's budget) or 1 .. %d", op,
                  (int)a.sm_count, comm->sm_budget);
+  return st;
+}
+
+/* Across nodes `gathered` (the arguments' `n` buffers beside it) must be set, 16-byte aligned,
+ * inside one symmetric allocation of `bytes`, and overlap none of them; inside one node it is
+ * not read. */
+tw_status_t tw::attn::ring_check_gathered(tw_comm_t comm, const char *op, const void *gathered,
+                                          size_t bytes, int n, const void *const *others,
+                                          const size_t *other_bytes, const char *const *names) {
+  if (comm->nodes == 1)
+    return TW_SUCCESS;
+  if (!gathered)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT,
+                   "%s: gathered is NULL; the comm spans %d nodes, and the other nodes' shards are "
+                   "gathered there (symmetric, %zu bytes)",
+                   op, comm->nodes, bytes);
+  if ((uintptr_t)gathered % 16)
+    return tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: gathered (%p) is not 16-byte aligned", op,
+                   gathered);
+  char what[112];
+  snprintf(what, sizeof(what), "%s: gathered (must be symmetric memory: tw_mem_alloc of this comm)",
+           op);
+  tw_status_t st = tw_heap_lookup(comm, gathered, bytes, what, NULL);
+  snprintf(what, sizeof(what), "%s: gathered", op);
+  for (int i = 0; i < n && st == TW_SUCCESS; i++)
+    if (others[i])
+      st = tw_check_disjoint(gathered, bytes, what, others[i], other_bytes[i], names[i]);
+  return st;
+}
+
+/* Across nodes, on `stream`, before the ring's kernels: each of the n tensors (this rank's
+ * bytes[i] at src[i]) gathered by tw_allgather into region i of `gathered` (world slots of
+ * bytes[i] rounded up to 16, regions back to back); a tensor whose bytes are not a multiple of
+ * 16 is first copied into this rank's slot, which then is the send buffer. */
+tw_status_t tw::attn::ring_gather(tw_comm_t comm, const char *op, void *gathered, int n,
+                                  const void *const *src, const size_t *bytes, tw_stream_t stream) {
+  uint8_t *region = (uint8_t *)gathered;
+  tw_status_t st = TW_SUCCESS;
+  for (int i = 0; i < n && st == TW_SUCCESS; i++) {
+    const size_t slot = (bytes[i] + 15) / 16 * 16;
+    const void *send = src[i];
+    if (slot != bytes[i]) {
+      send = region + (size_t)comm->rank * slot;
+      int prev = 0;
+      st = tw_set_device(comm->device, &prev);
+      if (st == TW_SUCCESS)
+        st = tw_cuda_check(cudaMemcpyAsync((void *)send, src[i], bytes[i], cudaMemcpyDefault,
+                                           (cudaStream_t)stream),
+                           op);
+      cudaSetDevice(prev);
+    }
+    if (st == TW_SUCCESS)
+      st = tw_allgather(comm, send, region, slot, stream);
+    region += (size_t)comm->world * slot;
+  }
   return st;
 }
 
@@ -258,7 +318,15 @@ static tw_status_t ring_prepare(tw_comm_t comm, const tw_ring_attention_args_t *
     st = ring_check(comm, kOp, *a);
   if (st == TW_SUCCESS)
     st = check_pointers(comm, *a);
-  return st;
+  if (st != TW_SUCCESS) /* the shapes are checked: the sizes below are in range */
+    return st;
+  const size_t kv_bytes = (size_t)(a->batch * a->seq_local * a->heads_kv * a->head_dim) * 2;
+  const size_t q_bytes = (size_t)(a->batch * a->seq_local * a->heads_q * a->head_dim) * 2;
+  const void *others[5] = {a->q, a->k, a->v, a->o, a->lse};
+  const size_t other_bytes[5] = {q_bytes, kv_bytes, kv_bytes, q_bytes,
+                                 (size_t)(a->batch * a->heads_q * a->seq_local) * 4};
+  return ring_check_gathered(comm, kOp, a->gathered, 2 * (size_t)comm->world * kv_bytes, 5, others,
+                             other_bytes, kArgNames);
 }
 
 /* The rest of a ring call whose arguments are checked (tw_ring_attention and its backward): the
@@ -300,6 +368,14 @@ extern "C" tw_status_t tw_ring_attention(tw_comm_t comm, const tw_ring_attention
   st = ring_prepare(comm, args, &a);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
+  if (comm->nodes > 1) { /* the other nodes' k and v into `gathered`, then read from there */
+    const size_t kv_bytes = (size_t)(a.batch * a.seq_local * a.heads_kv * a.head_dim) * 2;
+    const void *src[2] = {a.k, a.v};
+    const size_t bytes[2] = {kv_bytes, kv_bytes};
+    st = ring_gather(comm, kOp, a.gathered, 2, src, bytes, stream);
+    if (st != TW_SUCCESS)
+      return tw_comm_result(comm, st);
+  }
   uint64_t fields[8];
   ring_call_fields(comm, 0, a, NULL, fields);
   return ring_run(comm, stream, fields, a.sm_count, a.head_dim, forward_launch, &a);

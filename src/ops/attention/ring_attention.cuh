@@ -53,9 +53,19 @@ struct RingParams {
 // Host (ring_attention.cu), shared by tw_ring_attention and its backward. ring_check: the comm
 // (one node, at most kRingMaxWorld ranks), the shapes and sm_count of a's call (not its
 // pointers), failures naming the argument after `op`. ring_params: every field of p from a (o may
-// be NULL), with rank r's k and v maps at their mapped addresses.
+// be NULL), with rank r's k and v maps at their mapped addresses, or (a rank on another node) at
+// its slot of the gathered k and v regions.
 tw_status_t ring_check(tw_comm_t comm, const char *op, const tw_ring_attention_args_t &a);
-tw_status_t ring_params(tw_comm_t comm, const tw_ring_attention_args_t &a, RingParams *p);
+tw_status_t ring_params(tw_comm_t comm, const tw_ring_attention_args_t &a,
+                        const uint8_t *gathered_k, const uint8_t *gathered_v, RingParams *p);
+// Across nodes (inside one node these do nothing): ring_check_gathered checks the `gathered`
+// argument of `bytes` against the call's n other buffers; ring_gather gathers n tensors into its
+// regions (world slots of bytes[i] rounded up to 16 each) by tw_allgather on `stream`.
+tw_status_t ring_check_gathered(tw_comm_t comm, const char *op, const void *gathered, size_t bytes,
+                                int n, const void *const *others, const size_t *other_bytes,
+                                const char *const *names);
+tw_status_t ring_gather(tw_comm_t comm, const char *op, void *gathered, int n,
+                        const void *const *src, const size_t *bytes, tw_stream_t stream);
 // The call's TW_CH_ATTN description: call 0 forward (bwd NULL), 1 backward (bwd: its q, dout,
 // lse and workspace).
 void ring_call_fields(tw_comm_t comm, int call, const tw_ring_attention_args_t &a,

@@ -32,6 +32,7 @@ using namespace tw::attn;
 namespace {
 
 const char *const kOp = "tw_ring_attention_backward";
+const char *const kNames[10] = {"q", "k", "v", "o", "dout", "lse", "dq", "dk", "dv", "workspace"};
 
 static_assert(sizeof(tw_dev_comm_t) + sizeof(RingBwdParams) <= 32764, "kernel parameters");
 
@@ -65,6 +66,35 @@ tw_ring_attention_args_t forward_args(const tw_ring_attention_backward_args_t &a
   return f;
 }
 
+/* Across nodes, `gathered`'s regions, in order: q, k, v, dout, lse, dsum (world slots each; the
+ * bytes of this rank's tensor in bytes[], a slot rounded up to 16). */
+enum { kRegions = 6 };
+void region_bytes(const tw_ring_attention_backward_args_t &a, size_t bytes[kRegions]) {
+  const size_t q_bytes = (size_t)(a.batch * a.seq_local * a.heads_q * a.head_dim) * 2;
+  const size_t kv_bytes = (size_t)(a.batch * a.seq_local * a.heads_kv * a.head_dim) * 2;
+  const size_t rows_bytes = (size_t)(a.batch * a.heads_q * a.seq_local) * 4;
+  const size_t b[kRegions] = {q_bytes, kv_bytes, kv_bytes, q_bytes, rows_bytes, rows_bytes};
+  memcpy(bytes, b, sizeof(b));
+}
+
+/* Region i of `gathered` on a comm of `world` ranks, and its whole size. */
+uint8_t *region_at(const tw_ring_attention_backward_args_t &a, int world, int i) {
+  size_t bytes[kRegions];
+  region_bytes(a, bytes);
+  uint8_t *at = (uint8_t *)a.gathered;
+  for (int j = 0; j < i; j++)
+    at += (size_t)world * ((bytes[j] + 15) / 16 * 16);
+  return at;
+}
+
+size_t gathered_size(const tw_ring_attention_backward_args_t &a, int world) {
+  size_t bytes[kRegions], total = 0;
+  region_bytes(a, bytes);
+  for (int j = 0; j < kRegions; j++)
+    total += (size_t)world * ((bytes[j] + 15) / 16 * 16);
+  return total;
+}
+
 /* Every pointer set and aligned (16 bytes; lse and workspace 4); q, k, v, dout, lse and
  * workspace inside one symmetric allocation of this rank each, o, dq, dk, dv device memory of
  * the comm's device; the outputs (dq, dk, dv, workspace) overlapping no input nor each other. */
@@ -75,8 +105,7 @@ tw_status_t check_pointers(tw_comm_t comm, const tw_ring_attention_backward_args
   const size_t rows_bytes = (size_t)(a.batch * a.heads_q * a.seq_local) * 4;
   const void *const ptrs[kCount] = {a.q,   a.k,  a.v,  a.o,  a.dout,
                                     a.lse, a.dq, a.dk, a.dv, a.workspace};
-  const char *const names[kCount] = {"q",   "k",  "v",  "o",  "dout",
-                                     "lse", "dq", "dk", "dv", "workspace"};
+  const char *const *names = kNames;
   const size_t sizes[kCount] = {q_bytes,    kv_bytes, kv_bytes, q_bytes,  q_bytes,
                                 rows_bytes, q_bytes,  kv_bytes, kv_bytes, rows_bytes};
   const bool symmetric[kCount] = {true, true, true, false, true, true, false, false, false, true};
@@ -114,14 +143,24 @@ tw_status_t backward_params(tw_comm_t comm, const tw_ring_attention_backward_arg
                             RingBwdParams *p) {
   memset(p, 0, sizeof(*p));
   const tw_ring_attention_args_t f = forward_args(a);
-  tw_status_t st = ring_params(comm, f, &p->r);
+  const bool nodes = comm->nodes > 1;
+  tw_status_t st = ring_params(comm, f, nodes ? region_at(a, comm->world, 1) : NULL,
+                               nodes ? region_at(a, comm->world, 2) : NULL, &p->r);
   if (st == TW_SUCCESS)
     st = operand_map(&p->do_map, a.dout, a.batch, a.seq_local, a.heads_q, a.head_dim,
                      "tw_ring_attention_backward: cuTensorMapEncodeTiled(dout)");
+  size_t bytes[kRegions];
+  region_bytes(a, bytes);
   for (int r = 0; r < comm->world && st == TW_SUCCESS; r++) {
     const void *q = peer_of(comm, a.q, r), *dout = peer_of(comm, a.dout, r);
     p->lse[r] = (const float *)peer_of(comm, a.lse, r);
     p->dsum[r] = (const float *)peer_of(comm, a.workspace, r);
+    if (r != comm->rank && comm->node_of[r] != comm->node) { /* its copies gathered here */
+      const int at[4] = {0, 3, 4, 5};
+      const void **dst[4] = {&q, &dout, (const void **)&p->lse[r], (const void **)&p->dsum[r]};
+      for (int i = 0; i < 4; i++)
+        *dst[i] = region_at(a, comm->world, at[i]) + (size_t)r * ((bytes[at[i]] + 15) / 16 * 16);
+    }
     if (!q || !dout || !p->lse[r] || !p->dsum[r])
       return tw_fail(TW_ERR_NOT_SUPPORTED,
                      "%s: rank %d's q / dout / lse / workspace is not "
@@ -159,7 +198,7 @@ tw_status_t backward_params(tw_comm_t comm, const tw_ring_attention_backward_arg
 
 template <int D>
 tw_status_t backward_launch(tw_comm_t comm, const tw_ring_attention_backward_args_t &a, int sms,
-                            cudaStream_t launch) {
+                            cudaStream_t launch, bool dsum) {
   RingBwdParams p;
   tw_status_t st = backward_params(comm, a, &p);
   static uint64_t dkdv_configured, dq_configured; /* a bit per device */
@@ -175,10 +214,12 @@ tw_status_t backward_launch(tw_comm_t comm, const tw_ring_attention_backward_arg
                              "(dq shared memory)");
   if (st != TW_SUCCESS)
     return st;
-  dsum_kernel<D><<<dsum_grid(a.batch * a.seq_local * a.heads_q, sms), 256, 0, launch>>>(p.b);
-  if ((st = tw_cuda_check(cudaGetLastError(), "tw_ring_attention_backward: dsum launch")) !=
-      TW_SUCCESS)
-    return st;
+  if (dsum) {
+    dsum_kernel<D><<<dsum_grid(a.batch * a.seq_local * a.heads_q, sms), 256, 0, launch>>>(p.b);
+    if ((st = tw_cuda_check(cudaGetLastError(), "tw_ring_attention_backward: dsum launch")) !=
+        TW_SUCCESS)
+      return st;
+  }
   void *params[2] = {(void *)&comm->dev, (void *)&p};
   const int kv_grid = p.num_kv_tiles < sms ? p.num_kv_tiles : sms;
   st = tw_cuda_check(cudaLaunchKernel((const void *)ring_dkdv_kernel<D>, dim3(kv_grid),
@@ -194,11 +235,37 @@ tw_status_t backward_launch(tw_comm_t comm, const tw_ring_attention_backward_arg
   return st;
 }
 
+/* Inside one node the call's kernels are dsum, dkdv and dq; across nodes dsum ran before the
+ * gathers (its output is gathered too). */
 tw_status_t launch_any(tw_comm_t comm, const void *args, int64_t head_dim, int sms,
                        cudaStream_t on) {
   const tw_ring_attention_backward_args_t &a = *(const tw_ring_attention_backward_args_t *)args;
-  return head_dim == 128 ? backward_launch<128>(comm, a, sms, on)
-                         : backward_launch<64>(comm, a, sms, on);
+  const bool dsum = comm->nodes == 1;
+  return head_dim == 128 ? backward_launch<128>(comm, a, sms, on, dsum)
+                         : backward_launch<64>(comm, a, sms, on, dsum);
+}
+
+/* Across nodes: dsum on `stream`, then every tensor the peers read gathered into `gathered`. */
+template <int D>
+tw_status_t dsum_and_gather(tw_comm_t comm, const tw_ring_attention_backward_args_t &a,
+                            tw_stream_t stream) {
+  BwdParams b;
+  memset(&b, 0, sizeof(b));
+  b.o = (const __nv_bfloat16 *)a.o, b.dout = (const __nv_bfloat16 *)a.dout, b.dsum = a.workspace;
+  b.batch = (int32_t)a.batch, b.heads_q = (int32_t)a.heads_q, b.seq_q = (int32_t)a.seq_local;
+  int prev = 0;
+  tw_status_t st = tw_set_device(comm->device, &prev);
+  if (st != TW_SUCCESS)
+    return st;
+  const int sms = a.sm_count > 0 ? a.sm_count : comm->sm_budget;
+  dsum_kernel<D>
+      <<<dsum_grid(a.batch * a.seq_local * a.heads_q, sms), 256, 0, (cudaStream_t)stream>>>(b);
+  st = tw_cuda_check(cudaGetLastError(), "tw_ring_attention_backward: dsum launch");
+  cudaSetDevice(prev);
+  const void *src[kRegions] = {a.q, a.k, a.v, a.dout, a.lse, a.workspace};
+  size_t bytes[kRegions];
+  region_bytes(a, bytes);
+  return st == TW_SUCCESS ? ring_gather(comm, kOp, a.gathered, kRegions, src, bytes, stream) : st;
 }
 
 } // namespace
@@ -212,7 +279,27 @@ tw_ring_attention_backward_args_init(tw_ring_attention_backward_args_t *args) {
   const tw_ring_attention_backward_args_t init = TW_RING_ATTENTION_BACKWARD_ARGS_INIT;
   memset(args, 0, sizeof(*args)); /* the padding too */
   memcpy(args, &init,
-         offsetof(tw_ring_attention_backward_args_t, sm_count) + sizeof(init.sm_count));
+         offsetof(tw_ring_attention_backward_args_t, gathered) + sizeof(init.gathered));
+  return TW_SUCCESS;
+}
+
+extern "C" tw_status_t tw_ring_attention_backward_gathered_bytes(tw_comm_t comm, int64_t batch,
+                                                                 int64_t heads_q, int64_t heads_kv,
+                                                                 int64_t seq_local,
+                                                                 int64_t head_dim, size_t *bytes) {
+  const char *op = "tw_ring_attention_backward_gathered_bytes";
+  tw_status_t st = tw_comm_check_call(comm);
+  if (st != TW_SUCCESS)
+    return st;
+  if (!bytes)
+    return tw_comm_result(comm, tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: bytes is NULL", op));
+  tw_ring_attention_backward_args_t a = TW_RING_ATTENTION_BACKWARD_ARGS_INIT;
+  a.batch = batch, a.heads_q = heads_q, a.heads_kv = heads_kv, a.seq_local = seq_local;
+  a.head_dim = head_dim, a.layout = TW_RING_CONTIGUOUS;
+  st = ring_check(comm, op, forward_args(a));
+  if (st != TW_SUCCESS)
+    return tw_comm_result(comm, st);
+  *bytes = comm->nodes > 1 ? gathered_size(a, comm->world) : 0;
   return TW_SUCCESS;
 }
 
@@ -230,6 +317,20 @@ extern "C" tw_status_t tw_ring_attention_backward(tw_comm_t comm,
     st = ring_check(comm, kOp, f);
   if (st == TW_SUCCESS)
     st = check_pointers(comm, a);
+  if (st == TW_SUCCESS) {
+    const void *others[10] = {a.q, a.k, a.v, a.o, a.dout, a.lse, a.dq, a.dk, a.dv, a.workspace};
+    size_t r[kRegions], q_bytes, other_bytes[10];
+    region_bytes(a, r);
+    q_bytes = r[0];
+    const size_t sizes[10] = {q_bytes, r[1],    r[1], q_bytes, q_bytes,
+                              r[4],    q_bytes, r[1], r[1],    r[5]};
+    memcpy(other_bytes, sizes, sizeof(sizes));
+    st = ring_check_gathered(comm, kOp, a.gathered, gathered_size(a, comm->world), 10, others,
+                             other_bytes, kNames);
+  }
+  if (st == TW_SUCCESS && comm->nodes > 1)
+    st = a.head_dim == 128 ? dsum_and_gather<128>(comm, a, stream)
+                           : dsum_and_gather<64>(comm, a, stream);
   if (st != TW_SUCCESS)
     return tw_comm_result(comm, st);
   const void *const bwd[4] = {a.q, a.dout, a.lse, a.workspace};
