@@ -113,8 +113,9 @@ template <int D> tw_status_t params_of(const tw_attention_backward_args_t &a, Bw
       {&p->k_map, a.k, a.seq_kv, a.heads_kv, kBlockN, "tw_attention_backward: k's tensor map"},
       {&p->v_map, a.v, a.seq_kv, a.heads_kv, kBlockN, "tw_attention_backward: v's tensor map"},
       {&p->do_map, a.dout, a.seq_q, a.heads_q, kBlockM, "tw_attention_backward: dout's tensor map"},
-      {&p->q64_map, a.q, a.seq_q, a.heads_q, kBwdBlockQ, "tw_attention_backward: q's tensor map"},
-      {&p->do64_map, a.dout, a.seq_q, a.heads_q, kBwdBlockQ,
+      {&p->q64_map, a.q, a.seq_q, a.heads_q, kBwdBlockQ<D>,
+       "tw_attention_backward: q's tensor map"},
+      {&p->do64_map, a.dout, a.seq_q, a.heads_q, kBwdBlockQ<D>,
        "tw_attention_backward: dout's tensor map"},
   };
   for (int i = 0; i < 6; i++) {
@@ -137,7 +138,7 @@ template <int D> tw_status_t params_of(const tw_attention_backward_args_t &a, Bw
   p->seq_kv = (int32_t)a.seq_kv;
   p->group = (int32_t)(a.heads_q / a.heads_kv);
   p->m_tiles = (int32_t)((a.seq_q + kBlockM - 1) / kBlockM);
-  p->q_blocks = (int32_t)((a.seq_q + kBwdBlockQ - 1) / kBwdBlockQ);
+  p->q_blocks = (int32_t)((a.seq_q + kBwdBlockQ<D> - 1) / kBwdBlockQ<D>);
   p->n_tiles = (int32_t)((a.seq_kv + kBlockN - 1) / kBlockN);
   p->num_tiles = (int32_t)(p->m_tiles * a.heads_q * a.batch);
   p->num_kv_tiles = (int32_t)(p->n_tiles * a.heads_kv * a.batch);

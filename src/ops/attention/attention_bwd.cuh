@@ -29,7 +29,10 @@
 namespace tw {
 namespace attn {
 
-constexpr int kBwdBlockQ = 64; // dkdv_kernel's query block (the N of its SS wgmmas)
+// dkdv_kernel's query block (the N of its SS wgmmas): 128 at head_dim 64, where dK, dV and a
+// block's S^T and dP^T still fit the consumers' registers and the wider wgmmas run fuller; 64
+// at head_dim 128.
+template <int D> constexpr int kBwdBlockQ = D == 64 ? 128 : 64;
 
 struct BwdParams {
   CUtensorMap q_map, k_map, v_map, do_map; // boxes {64, 1, 128, 1} (dq_kernel; K, V for both)

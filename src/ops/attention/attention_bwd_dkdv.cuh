@@ -15,8 +15,9 @@ namespace attn {
 
 template <int D> struct DkvSmem {
   static constexpr int kStages = D == 128 ? 3 : 4;
-  static constexpr int kKvBoxBytes = kBlockN * 128;   // K and V: boxes of 128 rows
-  static constexpr int kQBoxBytes = kBwdBlockQ * 128; // Q and dO: boxes of 64 rows
+  static constexpr int kKvBoxBytes = kBlockN * 128; // K and V: boxes of 128 rows
+  static constexpr int kBlockQ = kBwdBlockQ<D>;
+  static constexpr int kQBoxBytes = kBlockQ * 128; // Q and dO: boxes of kBlockQ rows
   static constexpr int kKvBytes = (D / kBoxCols) * kKvBoxBytes;
   static constexpr int kQBytes = (D / kBoxCols) * kQBoxBytes;
   static constexpr int kK = 0;
@@ -24,7 +25,7 @@ template <int D> struct DkvSmem {
   static constexpr int kQ = kV + kKvBytes;
   static constexpr int kDO = kQ + kStages * kQBytes;
   static constexpr int kStats = kDO + kStages * kQBytes; // per consumer: lse2[64], dsum[64]
-  static constexpr int kBars = kStats + 2 * 2 * kBwdBlockQ * 4;
+  static constexpr int kBars = kStats + 2 * 2 * kBlockQ * 4;
   // kv_full, kv_empty, then s_full, s_empty of each stage
   static constexpr int kBarCount = 2 + 2 * kStages;
   static constexpr int kDynamicBytes = kBars + kBarCount * 8 + 1024;
@@ -35,7 +36,7 @@ struct KvTile {
   int32_t m_first; // the first 64-row query block that sees a key of the tile (causal)
 };
 
-__device__ __forceinline__ KvTile kv_tile_at(const BwdParams &p, int32_t t) {
+template <int D> __device__ __forceinline__ KvTile kv_tile_at(const BwdParams &p, int32_t t) {
   KvTile tl;
   tl.n_block = t % p.n_tiles;
   const int32_t bh = t / p.n_tiles;
@@ -44,7 +45,7 @@ __device__ __forceinline__ KvTile kv_tile_at(const BwdParams &p, int32_t t) {
   tl.m_first = 0;
   if (p.causal) { // query i sees key j iff j <= delta + i: i >= n_block 128 - delta
     const int64_t first_row = (int64_t)tl.n_block * kBlockN - p.delta;
-    tl.m_first = (int32_t)min((int64_t)p.q_blocks, max((int64_t)0, first_row / kBwdBlockQ));
+    tl.m_first = (int32_t)min((int64_t)p.q_blocks, max((int64_t)0, first_row / kBwdBlockQ<D>));
   }
   return tl;
 }
@@ -61,7 +62,7 @@ __device__ __forceinline__ void dkdv_producer(const BwdParams &p, uint32_t base,
   const uint32_t kv_full = bars, kv_empty = bars + 8;
   uint32_t stage = 0, phase = 0, kv_phase = 0;
   for (int32_t t = blockIdx.x; t < p.num_kv_tiles; t += gridDim.x) {
-    const KvTile tl = kv_tile_at(p, t);
+    const KvTile tl = kv_tile_at<D>(p, t);
     wait_bar(kv_empty, kv_phase ^ 1, p, kWaitKEmpty, 0, t);
     ptx::mbar_arrive_expect_tx(kv_full, 2 * L::kKvBytes);
     for (int c = 0; c < D / kBoxCols; c++) {
@@ -80,9 +81,9 @@ __device__ __forceinline__ void dkdv_producer(const BwdParams &p, uint32_t base,
       ptx::mbar_arrive_expect_tx(s_full, 2 * L::kQBytes);
       for (int c = 0; c < D / kBoxCols; c++) {
         ptx::tma_load_4d(base + L::kQ + stage * L::kQBytes + c * L::kQBoxBytes, &p.q64_map, s_full,
-                         c * kBoxCols, head, m * kBwdBlockQ, tl.batch);
+                         c * kBoxCols, head, m * L::kBlockQ, tl.batch);
         ptx::tma_load_4d(base + L::kDO + stage * L::kQBytes + c * L::kQBoxBytes, &p.do64_map,
-                         s_full, c * kBoxCols, head, m * kBwdBlockQ, tl.batch);
+                         s_full, c * kBoxCols, head, m * L::kBlockQ, tl.batch);
       }
       if (++stage == L::kStages)
         stage = 0, phase ^= 1;
@@ -90,38 +91,39 @@ __device__ __forceinline__ void dkdv_producer(const BwdParams &p, uint32_t base,
   }
 }
 
-// acc = A B^T over K = D for this warpgroup's 64 rows of A (m64n64k16 steps, committed, not
-// waited for): A's boxes a_box bytes apart, B's (64 rows) b_box; a 16-column step adds 32 bytes.
-template <int D>
-__device__ __forceinline__ void nt_gemm64(float (&acc)[32], uint32_t a_lo, int a_box, uint32_t b_lo,
-                                          int b_box) {
+// acc = A B^T over K = D for this warpgroup's 64 rows of A and N rows of B (m64nNk16 steps,
+// committed, not waited for): A's boxes a_box bytes apart, B's b_box; a 16-column step adds 32
+// bytes.
+template <int D, int N>
+__device__ __forceinline__ void nt_gemm(float (&acc)[N / 2], uint32_t a_lo, int a_box,
+                                        uint32_t b_lo, int b_box) {
 #pragma unroll
-  for (int i = 0; i < 32; i++)
+  for (int i = 0; i < N / 2; i++)
     ptx::reg_fence(acc[i]);
   ptx::wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < D / 16; ks++) {
     const uint32_t a_off = (uint32_t)((ks / 4) * a_box + (ks % 4) * 32) >> 4;
     const uint32_t b_off = (uint32_t)((ks / 4) * b_box + (ks % 4) * 32) >> 4;
-    ptx::wgmma_m64n64k16_bf16(acc, ptx::wgmma_desc_from_lo(a_lo + a_off),
-                              ptx::wgmma_desc_from_lo(b_lo + b_off), ks > 0);
+    ptx::wgmma_bf16<N>(acc, ptx::wgmma_desc_from_lo(a_lo + a_off),
+                       ptx::wgmma_desc_from_lo(b_lo + b_off), ks > 0);
   }
   ptx::wgmma_commit();
 }
 
-// acc += X B over K = the block's 64 queries: X's 4 k16 steps from registers, B (64 rows x D,
-// MN-major: 16-row steps 16 x 128 bytes apart, its 64-column boxes kQBoxBytes apart).
-template <int D>
-__device__ __forceinline__ void tn_gemm64(float (&acc)[D / 2], uint32_t (&x)[16], uint32_t b_lo) {
+// acc += X B over K = the block's N queries: X's N / 16 k16 steps from registers, B (N rows x
+// D, MN-major: 16-row steps 16 x 128 bytes apart, its 64-column boxes kQBoxBytes apart).
+template <int D, int N>
+__device__ __forceinline__ void tn_gemm(float (&acc)[D / 2], uint32_t (&x)[N / 4], uint32_t b_lo) {
 #pragma unroll
   for (int i = 0; i < D / 2; i++)
     ptx::reg_fence(acc[i]);
 #pragma unroll
-  for (int i = 0; i < 16; i++)
+  for (int i = 0; i < N / 4; i++)
     ptx::reg_fence(x[i]);
   ptx::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < kBwdBlockQ / 16; kk++) {
+  for (int kk = 0; kk < N / 16; kk++) {
     const uint32_t a[4] = {x[4 * kk], x[4 * kk + 1], x[4 * kk + 2], x[4 * kk + 3]};
     ptx::wgmma_rs_bf16_tb<D>(acc, a, ptx::wgmma_desc_from_lo(b_lo + ((kk * 16 * 128) >> 4)), 1);
   }
@@ -151,15 +153,16 @@ __device__ __forceinline__ void store_dkdv(const BwdParams &p, int32_t batch, in
   }
 }
 
-// P^T of one block in place (st), packed as the dV GEMM's A operand: query columns past the run
-// (their lse2 +inf) and (causal) keys a query cannot see (key j, query i: j > delta + i) get
-// P = 0. stats: the block's lse2[64] then dsum[64].
-__device__ __forceinline__ void block_p(const BwdParams &p, int64_t delta, float (&st)[32],
+// P^T of one block of N queries in place (st), packed as the dV GEMM's A operand: query columns
+// past the run (their lse2 +inf) and (causal) keys a query cannot see (key j, query i:
+// j > delta + i) get P = 0. stats: the block's lse2[N] then dsum[N].
+template <int N>
+__device__ __forceinline__ void block_p(const BwdParams &p, int64_t delta, float (&st)[N / 2],
                                         const float *stats, int32_t key_r, int32_t q0, int lane,
-                                        uint32_t (&pa)[16]) {
+                                        uint32_t (&pa)[N / 4]) {
   const bool mask = p.causal && (int64_t)key_r + 8 > delta + q0; // some pair may be hidden
 #pragma unroll
-  for (int i = 0; i < 32; i++) {
+  for (int i = 0; i < N / 2; i++) {
     const int col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
     const int32_t key = key_r + 8 * ((i / 2) % 2);
     st[i] = ptx::ex2_approx(fmaf(st[i], p.scale_log2, -stats[col]));
@@ -167,21 +170,22 @@ __device__ __forceinline__ void block_p(const BwdParams &p, int64_t delta, float
       st[i] = 0.f;
   }
 #pragma unroll
-  for (int k = 0; k < 16; k++)
+  for (int k = 0; k < N / 4; k++)
     pa[k] = pack_bf16(st[2 * k], st[2 * k + 1]);
 }
 
 // dS^T = P^T (dP^T - dsum) packed as the dK GEMM's A operand, P^T read back from its bf16 pairs
 // (pa): the fp32 P^T is not kept, so the dV and dP^T GEMMs can run together within the
 // consumers' registers; dS is rounded to bf16 for its GEMM either way.
-__device__ __forceinline__ void block_ds(const float (&dpt)[32], const uint32_t (&pa)[16],
-                                         const float *stats, int lane, uint32_t (&dsa)[16]) {
+template <int N>
+__device__ __forceinline__ void block_ds(const float (&dpt)[N / 2], const uint32_t (&pa)[N / 4],
+                                         const float *stats, int lane, uint32_t (&dsa)[N / 4]) {
 #pragma unroll
-  for (int k = 0; k < 16; k++) {
+  for (int k = 0; k < N / 4; k++) {
     const int col = 8 * ((2 * k) / 4) + 2 * (lane % 4); // the pair's first column
     const float p0 = __uint_as_float(pa[k] << 16), p1 = __uint_as_float(pa[k] & 0xffff0000u);
-    dsa[k] = pack_bf16(p0 * (dpt[2 * k] - stats[kBwdBlockQ + col]),
-                       p1 * (dpt[2 * k + 1] - stats[kBwdBlockQ + col + 1]));
+    dsa[k] =
+        pack_bf16(p0 * (dpt[2 * k] - stats[N + col]), p1 * (dpt[2 * k + 1] - stats[N + col + 1]));
   }
 }
 
@@ -194,7 +198,7 @@ struct QueryRun {
   int64_t delta;
 };
 
-// The 64-query block at run row q0 (stage `stage` of DkvSmem<D>, in phase `phase`) for a
+// The query block at run row q0 (DkvSmem<D>::kBlockQ rows; stage `stage`, in phase `phase`) for a
 // consumer warpgroup's keys (this thread's key_r and key_r + 8) of tile t: the block's stats into
 // the warpgroup's shared `stats`, S^T = K Q^T (SS), P^T, dV += P^T dO (RS) with dP^T = V dO^T
 // (SS), dS^T, dK += dS^T Q (RS). Releases the stage after dK.
@@ -209,30 +213,31 @@ dkdv_block(const BwdParams &p, const QueryRun &run, int32_t q0, int32_t key_r, f
   const uint32_t q_at = base + L::kQ + stage * L::kQBytes;
   const uint32_t do_at = base + L::kDO + stage * L::kQBytes;
   ptx::named_bar_sync(1 + cw, 128); // the previous block's stats are read
-  if (tid < kBwdBlockQ)
+  if (tid < L::kBlockQ)
     row_stats_at(run.lse, run.dsum, q0 + tid, q0 + tid < run.rows, stats[tid],
-                 stats[kBwdBlockQ + tid]);
+                 stats[L::kBlockQ + tid]);
   ptx::named_bar_sync(1 + cw, 128);
-  float st[32], dpt[32];
-  uint32_t pa[16], dsa[16];
+  constexpr int N = L::kBlockQ;
+  float st[N / 2], dpt[N / 2];
+  uint32_t pa[N / 4], dsa[N / 4];
   wait_bar(s_full, phase, p, kWaitQFull, stage, t);
-  nt_gemm64<D>(st, k_lo, L::kKvBoxBytes, ptx::wgmma_desc_lo_sw128(q_at), L::kQBoxBytes);
+  nt_gemm<D, N>(st, k_lo, L::kKvBoxBytes, ptx::wgmma_desc_lo_sw128(q_at), L::kQBoxBytes);
   ptx::wgmma_wait<0>();
 #pragma unroll
-  for (int i = 0; i < 32; i++)
+  for (int i = 0; i < N / 2; i++)
     ptx::reg_fence(st[i]);
-  block_p(p, run.delta, st, stats, key_r, q0, lane, pa);
-  tn_gemm64<D>(dv, pa, ptx::wgmma_desc_lo_sw128_mn(do_at, L::kQBoxBytes));
-  nt_gemm64<D>(dpt, v_lo, L::kKvBoxBytes, ptx::wgmma_desc_lo_sw128(do_at), L::kQBoxBytes);
+  block_p<N>(p, run.delta, st, stats, key_r, q0, lane, pa);
+  tn_gemm<D, N>(dv, pa, ptx::wgmma_desc_lo_sw128_mn(do_at, L::kQBoxBytes));
+  nt_gemm<D, N>(dpt, v_lo, L::kKvBoxBytes, ptx::wgmma_desc_lo_sw128(do_at), L::kQBoxBytes);
   ptx::wgmma_wait<0>();
 #pragma unroll
-  for (int i = 0; i < 32; i++)
+  for (int i = 0; i < N / 2; i++)
     ptx::reg_fence(dpt[i]);
 #pragma unroll
   for (int i = 0; i < D / 2; i++)
     ptx::reg_fence(dv[i]);
-  block_ds(dpt, pa, stats, lane, dsa);
-  tn_gemm64<D>(dk, dsa, ptx::wgmma_desc_lo_sw128_mn(q_at, L::kQBoxBytes));
+  block_ds<N>(dpt, pa, stats, lane, dsa);
+  tn_gemm<D, N>(dk, dsa, ptx::wgmma_desc_lo_sw128_mn(q_at, L::kQBoxBytes));
   ptx::wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < D / 2; i++)
@@ -251,7 +256,7 @@ __device__ __forceinline__ void dkdv_consumer(const BwdParams &p, uint32_t base,
   const uint32_t v_lo = ptx::wgmma_desc_lo_sw128(base + L::kV + cw * 64 * 128);
   uint32_t stage = 0, phase = 0, kv_phase = 0;
   for (int32_t t = blockIdx.x; t < p.num_kv_tiles; t += gridDim.x) {
-    const KvTile tl = kv_tile_at(p, t);
+    const KvTile tl = kv_tile_at<D>(p, t);
     const int32_t key_r = tl.n_block * kBlockN + 64 * cw + 16 * warp + lane / 4; // and + 8
     float dk[D / 2], dv[D / 2];
 #pragma unroll
@@ -264,7 +269,7 @@ __device__ __forceinline__ void dkdv_consumer(const BwdParams &p, uint32_t base,
       const int32_t head = tl.kv_head * p.group + it / per_head;
       const int64_t at = ((int64_t)tl.batch * p.heads_q + head) * p.seq_q;
       const QueryRun run{p.lse + at, p.dsum + at, p.seq_q, p.delta};
-      dkdv_block<D>(p, run, (tl.m_first + it % per_head) * kBwdBlockQ, key_r, stats, cw, tid, k_lo,
+      dkdv_block<D>(p, run, (tl.m_first + it % per_head) * L::kBlockQ, key_r, stats, cw, tid, k_lo,
                     v_lo, base, bars, stage, phase, t, dk, dv);
       if (++stage == L::kStages)
         stage = 0, phase ^= 1;
@@ -303,8 +308,8 @@ __device__ __forceinline__ void run_dkdv_roles(const P &p, uint8_t *smem_raw, ui
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
     uint8_t *aligned = smem_raw + (base - ptx::smem_u32(smem_raw));
-    float *stats =
-        reinterpret_cast<float *>(aligned + DkvSmem<D>::kStats) + (wg - 1) * 2 * kBwdBlockQ;
+    float *stats = reinterpret_cast<float *>(aligned + DkvSmem<D>::kStats) +
+                   (wg - 1) * 2 * DkvSmem<D>::kBlockQ;
     Consumer(p, base, bars, stats, wg - 1, threadIdx.x % 128);
   }
 }

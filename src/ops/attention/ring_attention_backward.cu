@@ -151,6 +151,7 @@ tw_status_t backward_params(tw_comm_t comm, const tw_ring_attention_backward_arg
                      "tw_ring_attention_backward: cuTensorMapEncodeTiled(dout)");
   size_t bytes[kRegions];
   region_bytes(a, bytes);
+  const int block_q = a.head_dim == 64 ? kBwdBlockQ<64> : kBwdBlockQ<128>; /* dkdv's Q boxes */
   for (int r = 0; r < comm->world && st == TW_SUCCESS; r++) {
     const void *q = peer_of(comm, a.q, r), *dout = peer_of(comm, a.dout, r);
     p->lse[r] = (const float *)peer_of(comm, a.lse, r);
@@ -167,11 +168,11 @@ tw_status_t backward_params(tw_comm_t comm, const tw_ring_attention_backward_arg
                      "mapped here",
                      kOp, r);
     st = operand_map(&p->q64_maps[r], q, a.batch, a.seq_local, a.heads_q, a.head_dim,
-                     "tw_ring_attention_backward: cuTensorMapEncodeTiled(q of a peer)", kBwdBlockQ);
+                     "tw_ring_attention_backward: cuTensorMapEncodeTiled(q of a peer)", block_q);
     if (st == TW_SUCCESS)
       st = operand_map(&p->do64_maps[r], dout, a.batch, a.seq_local, a.heads_q, a.head_dim,
                        "tw_ring_attention_backward: cuTensorMapEncodeTiled(dout of a peer)",
-                       kBwdBlockQ);
+                       block_q);
   }
   if (st != TW_SUCCESS)
     return st;

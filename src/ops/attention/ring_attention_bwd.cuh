@@ -59,7 +59,8 @@ __device__ __forceinline__ RingKvTile ring_kv_tile_at(const RingBwdParams &p, in
   return tl;
 }
 
-// Q run j of a tile (rank segment r.kv_segs[j] as queries): its 64-row blocks [first, blocks)
+// Q run j of a tile (rank segment r.kv_segs[j] as queries): its kBwdBlockQ-row blocks
+// [first, blocks)
 // that see a key of the tile, and delta (key k of the tile's segment is visible to query i of
 // the run iff k <= delta + i).
 struct QRun {
@@ -67,15 +68,17 @@ struct QRun {
   int64_t delta;
 };
 
+template <int D>
 __device__ __forceinline__ QRun q_run(const RingBwdParams &p, const RingKvTile &tl, int j) {
+  constexpr int kQ = kBwdBlockQ<D>;
   const RingSeg &q = p.r.kv_segs[j], &k = p.r.q_segs[tl.seg];
   QRun r;
   r.delta = q.pos - k.pos;
-  r.blocks = (q.rows + kBwdBlockQ - 1) / kBwdBlockQ;
+  r.blocks = (q.rows + kQ - 1) / kQ;
   r.first = 0;
   if (p.b.causal) { // query i sees the tile's first key iff i >= n_block 128 - delta
     const int64_t first_row = (int64_t)tl.n_block * kBlockN - r.delta;
-    r.first = (int32_t)min((int64_t)r.blocks, max((int64_t)0, first_row / kBwdBlockQ));
+    r.first = (int32_t)min((int64_t)r.blocks, max((int64_t)0, first_row / kQ));
   }
   return r;
 }
@@ -100,14 +103,14 @@ __device__ __forceinline__ void ring_dkdv_producer(const RingBwdParams &p, uint3
     }
     kv_phase ^= 1;
     for (int j = 0; j < p.r.n_kv_segs; j++) {
-      const QRun qr = q_run(p, tl, j);
+      const QRun qr = q_run<D>(p, tl, j);
       const RingSeg &q = p.r.kv_segs[j];
       const CUtensorMap *q_map = &p.q64_maps[q.rank], *do_map = &p.do64_maps[q.rank];
       for (int32_t h = 0; h < p.b.group; h++) {
         const int32_t head = tl.kv_head * p.b.group + h;
         for (int32_t m = qr.first; m < qr.blocks; m++) {
           const uint32_t s_full = bars + 16 + 16 * stage, s_empty = s_full + 8;
-          const int32_t row = q.row0 + m * kBwdBlockQ;
+          const int32_t row = q.row0 + m * L::kBlockQ;
           wait_bar(s_empty, phase ^ 1, p.b, kWaitQEmpty, stage, t);
           ptx::mbar_arrive_expect_tx(s_full, 2 * L::kQBytes);
           for (int c = 0; c < D / kBoxCols; c++) {
@@ -144,14 +147,14 @@ __device__ __forceinline__ void ring_dkdv_consumer(const RingBwdParams &p, uint3
     wait_bar(kv_full, kv_phase, p.b, kWaitKFull, 0, t);
     kv_phase ^= 1;
     for (int j = 0; j < p.r.n_kv_segs; j++) {
-      const QRun qr = q_run(p, tl, j);
+      const QRun qr = q_run<D>(p, tl, j);
       const RingSeg &q = p.r.kv_segs[j];
       for (int32_t h = 0; h < p.b.group; h++) {
         const int32_t head = tl.kv_head * p.b.group + h;
         const int64_t at = ((int64_t)tl.batch * p.b.heads_q + head) * p.b.seq_q + q.row0;
         const QueryRun run{p.lse[q.rank] + at, p.dsum[q.rank] + at, q.rows, qr.delta};
         for (int32_t m = qr.first; m < qr.blocks; m++) {
-          dkdv_block<D>(p.b, run, m * kBwdBlockQ, key_r, stats, cw, tid, k_lo, v_lo, base, bars,
+          dkdv_block<D>(p.b, run, m * L::kBlockQ, key_r, stats, cw, tid, k_lo, v_lo, base, bars,
                         stage, phase, t, dk, dv);
           if (++stage == L::kStages)
             stage = 0, phase ^= 1;
