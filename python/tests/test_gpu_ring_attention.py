@@ -1,14 +1,15 @@
 """tilewire.ring_attention on virtual ranks of one GPU (worlds 1-4, both layouts, causal and
 not): every rank's output against torch SDPA over the whole sequence in fp32, and its gradients
 (tw_ring_attention_backward) against the whole sequence's (tilewire.attention's backward and
-fp32 SDPA's); tilewire.nn.RingAttention against the function, in CUDA graphs and under
-torch.compile."""
+fp32 SDPA's); tilewire.nn.RingAttention against the function, in CUDA graphs, under
+torch.compile, and across virtual nodes against one node."""
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import tilewire  # noqa: E402
+from _gpu import init_nodes  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_synced")]
 
@@ -363,3 +364,43 @@ def test_module_backward_under_torch_compile():
         torch.cuda.synchronize()
         for c in comms:
             c.close()
+
+
+@pytest.mark.parametrize("nodes,per_node", [(2, 1), (2, 2)])
+def test_module_across_nodes_matches_one_node(nodes, per_node):
+    """Across virtual nodes (the verbs test double), tilewire.nn.RingAttention's output and
+    gradients (the other nodes' shards gathered into the comm's scratch first) are bitwise the
+    same module's on one node of the same world."""
+    world, b, s, hq, hk, d = nodes * per_node, 1, 128, 8, 2, 64
+    g = torch.Generator(device="cuda").manual_seed(53)
+
+    def rand(*shape):
+        return torch.randn(*shape, device="cuda", generator=g).bfloat16()
+
+    inputs = [(rand(b, s, hq, d), rand(b, s, hk, d), rand(b, s, hk, d), rand(b, s, hq, d))
+              for _ in range(world)]
+    results = []
+    for comms in (tilewire.init_virtual(world), init_nodes(nodes, per_node, "ib")):
+        try:
+            mods = [tilewire.nn.RingAttention(c, causal=True) for c in comms]
+            for m in mods:
+                m.reserve(b, s, hk, d, heads_q=hq, grad=True)
+            leaves = [tuple(t.clone().requires_grad_() for t in x[:3]) for x in inputs]
+            torch.cuda.synchronize()
+
+            def step(c):
+                q, k, v = leaves[c.rank]
+                o = mods[c.rank](q, k, v)
+                return (o.detach(),) + torch.autograd.grad(o, (q, k, v), inputs[c.rank][3])
+
+            results.append(tilewire.for_each_rank(comms, step))
+            torch.cuda.synchronize()
+            mods = leaves = None
+        finally:
+            torch.cuda.synchronize()
+            for c in comms:
+                c.close()
+    one, many = results
+    for r in range(world):
+        for i, name in enumerate(("o", "dq", "dk", "dv")):
+            assert torch.equal(many[r][i], one[r][i]), "rank %d %s" % (r, name)

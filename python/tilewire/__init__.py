@@ -11,7 +11,7 @@ With torch (imported on first use of these names): ``init``, ``gemm``, ``grouped
 ``grouped_gemm_wgrad``, ``allgather``, ``ag_gemm``, ``gemm_rs``, ``gemm_ar``,
 ``gemm_rs_workspace``, ``moe_dispatch``, ``moe_combine``, ``moe_dispatch_gemm``, ``moe_ffn``,
 ``swiglu``, ``moe_workspace``, ``moe_recv_rows``, ``attention``, ``ring_attention``,
-``ring_attention_grad_buffers``, ``barrier``, ``for_each_rank``, ``symmetric_empty``,
+``ring_attention_grad_buffers``, ``ring_attention_reserve``, ``barrier``, ``for_each_rank``, ``symmetric_empty``,
 ``is_symmetric``, and ``Comm.empty(shape, dtype)`` for symmetric tensors::
 
     comm = tilewire.init()                    # under torchrun
@@ -104,6 +104,7 @@ _TORCH_NAMES = (
     "attention",
     "ring_attention",
     "ring_attention_grad_buffers",
+    "ring_attention_reserve",
     # ---- add each new op's name here as it lands
 )
 

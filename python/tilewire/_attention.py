@@ -28,6 +28,7 @@ from ._attention_grad import (
     _grads,
     _bf16_dout,
     _check_grad_buffers,
+    _gathered_ptr,
     _ring_backward_impl,
     _stage,
     _workspace,
@@ -45,7 +46,7 @@ from ._glue import (
     _stream,
 )
 
-__all__ = ["attention", "ring_attention", "ring_attention_grad_buffers"]
+__all__ = ["attention", "ring_attention", "ring_attention_grad_buffers", "ring_attention_reserve"]
 
 _OP = "tilewire.attention"
 _HEAD_DIMS = (64, 128)
@@ -232,11 +233,38 @@ def _check_ring(comm, q, k, v, causal, layout, softmax_scale):
     return batch, seq_q, heads_q, heads_kv, d
 
 
+def ring_attention_reserve(comm, batch, seq_local, heads_q, heads_kv, head_dim):
+    """Across nodes (comm.nodes > 1): makes the comm's symmetric scratch that tilewire.
+    ring_attention and its backward gather the other nodes' shards into (tw_ring_attention's
+    and tw_ring_attention_backward's `gathered`) for shards of up to this shape; collective
+    like comm.empty (every rank, in the same order, while no collective is in flight: with
+    virtual ranks before tilewire.for_each_rank). Inside one node it makes nothing. Every ring
+    call of the comm shares the scratch: each call's gather starts only once every rank has
+    entered it, after its earlier calls' reads."""
+    if getattr(comm, "nodes", 1) == 1:
+        return
+    for value, name in ((batch, "batch"), (seq_local, "seq_local"), (heads_q, "heads_q"),
+                        (heads_kv, "heads_kv"), (head_dim, "head_dim")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError("tilewire.ring_attention_reserve: %s must be an int >= 1, got %r"
+                             % (name, value))
+    size = ctypes.c_size_t(0)
+    _lib.call("tw_ring_attention_backward_gathered_bytes", comm.handle, batch, heads_q,
+              heads_kv, seq_local, head_dim, ctypes.byref(size))
+    forward = 2 * comm.size * batch * seq_local * heads_kv * head_dim * 2
+    need = max(size.value, forward)
+    have = getattr(comm, "_ring_gathered", None)
+    if have is None or have.numel() < need:
+        comm._ring_gathered = comm.empty((need,), torch.uint8)
+
+
 def ring_attention(comm, q, k, v, causal=False, layout="zigzag", softmax_scale=None,
                    return_lse=False, *, grad_buffers=None):
-    """Ring (context-parallel) attention inside one node (tw_ring_attention), collective over
-    comm: every rank passes its shard q, k, v (batch, seq_local, heads, head_dim), bf16,
-    contiguous; k and v from comm.empty (symmetric: the kernel reads the peers' in place).
+    """Ring (context-parallel) attention (tw_ring_attention), collective over comm: every rank
+    passes its shard q, k, v (batch, seq_local, heads, head_dim), bf16, contiguous; k and v
+    from comm.empty (symmetric: the kernel reads the node's peers' in place). Across nodes the
+    other nodes' shards are gathered first into the comm's scratch, which
+    tilewire.ring_attention_reserve makes (collectively, once).
     layout 'contiguous': rank r holds positions [r S, (r + 1) S); 'zigzag' (S even): chunks r
     and 2W - 1 - r of S / 2 positions. Returns this rank's queries' attention over the whole
     sequence (causal by global position), and with return_lse the lse
@@ -296,11 +324,11 @@ def _ring_run(comm_id, q, k, v, staging, o, lse, causal, layout, softmax_scale):
 def _ring_impl(comm_id, q, k, v, o, lse, causal, layout, softmax_scale):
     from ._comm import comm_by_id
 
+    comm = comm_by_id(comm_id)
     args = _lib.RingAttentionArgs(
-        seq_local=q.shape[1], layout=_LAYOUTS[layout],
+        seq_local=q.shape[1], layout=_LAYOUTS[layout], gathered=_gathered_ptr(comm, q, k, _RING_OP),
         **_launch_fields(_RING_OP, q, k, v, o, lse, causal, softmax_scale))
-    _lib.call("tw_ring_attention", comm_by_id(comm_id).handle, ctypes.byref(args),
-              _stream(q.device))
+    _lib.call("tw_ring_attention", comm.handle, ctypes.byref(args), _stream(q.device))
 
 
 @_custom_op("tilewire::ring_attention", mutates_args=("o", "lse"))

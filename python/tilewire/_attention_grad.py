@@ -182,6 +182,29 @@ def _stage(dst, src):
         dst.copy_(src)
 
 
+def _gathered_ptr(comm, q, k, op, backward=False):
+    """Across nodes the data pointer of the comm's gathered scratch (ring_attention_reserve),
+    checked against what this call (the forward, or the backward) needs; inside one node
+    None."""
+    if getattr(comm, "nodes", 1) == 1:
+        return None
+    buf = getattr(comm, "_ring_gathered", None)
+    batch, seq, heads_q, d = q.shape
+    heads_kv = k.shape[2]
+    need = 2 * comm.size * batch * seq * heads_kv * d * 2
+    if backward:
+        size = ctypes.c_size_t(0)
+        _lib.call("tw_ring_attention_backward_gathered_bytes", comm.handle, batch, heads_q,
+                  heads_kv, seq, d, ctypes.byref(size))
+        need = size.value
+    if buf is None or buf.numel() < need:
+        raise ValueError(
+            "%s: the comm spans %d nodes: reserve its gathered scratch first, collectively: "
+            "tilewire.ring_attention_reserve(comm, batch=%d, seq_local=%d, heads_q=%d, "
+            "heads_kv=%d, head_dim=%d)" % (op, comm.nodes, batch, seq, heads_q, heads_kv, d))
+    return buf.data_ptr()
+
+
 def _ring_backward_impl(comm_id, q, k, v, o, dout, lse, q_buf, k_buf, v_buf, dout_buf,
                         lse_buf, workspace, dq, dk, dv, causal, layout, softmax_scale):
     from ._comm import comm_by_id
@@ -195,12 +218,13 @@ def _ring_backward_impl(comm_id, q, k, v, o, dout, lse, q_buf, k_buf, v_buf, dou
     if v_buf is not None:
         _stage(v_buf, v)
         v = v_buf
+    comm = comm_by_id(comm_id)
     args = _lib.RingAttentionBackwardArgs(
         seq_local=q.shape[1], layout=_LAYOUTS[layout],
+        gathered=_gathered_ptr(comm, q_buf, k, _RING_OP, backward=True),
         **_backward_fields(_RING_OP, q_buf, k, v, o, dout_buf, lse_buf, dq, dk, dv, workspace,
                            causal, softmax_scale))
-    _lib.call("tw_ring_attention_backward", comm_by_id(comm_id).handle, ctypes.byref(args),
-              _stream(q.device))
+    _lib.call("tw_ring_attention_backward", comm.handle, ctypes.byref(args), _stream(q.device))
 
 
 @_custom_op("tilewire::ring_attention_backward",

@@ -10,7 +10,8 @@ buffers the forward copies k and v into (inside the op: tilewire::ring_attention
 for inputs that require grad, the backward's (tilewire.ring_attention_grad_buffers: q, dout,
 lse, workspace). They are made collectively on the first forward that needs them or by
 ``reserve(batch, seq_local, heads_kv, head_dim, heads_q=..., grad=...)`` (call it first for
-CUDA graphs and on virtual ranks), and reallocated for another shape.
+CUDA graphs and on virtual ranks), and reallocated for another shape. Across nodes the comm's
+gathered scratch (tilewire.ring_attention_reserve) is made with them.
 
 Differentiable in q, k and v: the backward (tw_ring_attention_backward) is collective as the
 forward, every rank running its own (with virtual ranks inside tilewire.for_each_rank). It
@@ -22,7 +23,12 @@ reserved, forward and backward also capture into CUDA graphs."""
 import torch
 from torch import nn
 
-from ._attention import _needs_grad, _ring_staged, ring_attention_grad_buffers
+from ._attention import (
+    _needs_grad,
+    _ring_staged,
+    ring_attention_grad_buffers,
+    ring_attention_reserve,
+)
 
 _BF16 = torch.bfloat16
 
@@ -52,6 +58,9 @@ class RingAttention(nn.Module):
         the virtual ranks' loop loads its code (RingAttentionGradBuffers.warm). Collective:
         every rank, in the same order, while no collective is in flight."""
         self._buffers_for((batch, seq_local, heads_kv, head_dim))
+        ring_attention_reserve(self.comm, int(batch), int(seq_local),
+                               int(heads_kv if heads_q is None else heads_q), int(heads_kv),
+                               int(head_dim))
         if grad:
             self._grad_buffers_for((batch, seq_local, heads_kv if heads_q is None else heads_q,
                                     head_dim))
@@ -89,6 +98,8 @@ class RingAttention(nn.Module):
             raise ValueError("%s: q, k and v must be on one device (%s, %s, %s)"
                              % (op, q.device, k.device, v.device))
         kb, vb = self._buffers_for(k.shape)
+        if getattr(self.comm, "nodes", 1) > 1:  # the scratch the other nodes' shards are gathered into
+            ring_attention_reserve(self.comm, *q.shape[:3], k.shape[2], q.shape[3])
         q = q.contiguous()
         grad = self._grad_buffers_for(q.shape) if _needs_grad(q, k, v) else None
         return _ring_staged(self.comm, q, k, v, kb, vb, self.causal, self.layout,

@@ -32,7 +32,12 @@ The modules, each importing only those above it:
                  moe_recv_rows
 """
 
-from ._attention import attention, ring_attention, ring_attention_grad_buffers
+from ._attention import (
+    attention,
+    ring_attention,
+    ring_attention_grad_buffers,
+    ring_attention_reserve,
+)
 from ._fused import ag_gemm, gemm_ar, gemm_rs, gemm_rs_workspace
 from ._moe import (
     moe_combine,
@@ -61,6 +66,7 @@ __all__ = [
     "attention",
     "ring_attention",
     "ring_attention_grad_buffers",
+    "ring_attention_reserve",
     "barrier",
     "comm_empty",
     "comm_for_group",
