@@ -2,7 +2,8 @@
 plain block at worlds 1, 2 and 4 (the interleaved q/k/v and gate/up shards, the emulated
 all-gather and reduce-scatter, the gradients); one world's rows at world 1 with CPU stand-ins of
 the tilewire ops and a stand-in timer (every variant timed, the losses agree, the table's
-speedups); the argument checks; the plot from a JSON file. Skipped without torch."""
+speedups), with --cp the context-parallel row too (a stand-in of the ring at world 1); the
+argument checks; the plot from a JSON file. Skipped without torch."""
 
 import argparse
 import types
@@ -12,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from _host import FakeComm, forbid_library  # noqa: E402
-from tilewire import bench_block, example_block  # noqa: E402
+from tilewire import _nn_attention, bench_block, example_block  # noqa: E402
 from tilewire import nn as twnn  # noqa: E402
 
 bf16 = torch.bfloat16
@@ -53,8 +54,8 @@ class _Comm(FakeComm):
 
 
 def _args(**kw):
-    base = dict(world=[1], tokens=16, hidden=32, heads=4, ffn=48, moe=False, warmup=1,
-                repeats=2, json=None)
+    base = dict(world=[1], tokens=16, hidden=32, heads=4, ffn=48, moe=False, cp=False,
+                warmup=1, repeats=2, json=None)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -78,12 +79,48 @@ def test_run_world_at_world_1(stand_ins):
     assert "tilewire 2.00x" in lines[1] and "tilewire 3.00x" in lines[2], lines
 
 
+def _cpu_ring(comm, q, k, v, k_buf, v_buf, causal, layout, softmax_scale, grad):
+    """_nn_attention._ring_staged's stand-in at world 1 (the zigzag shard is the sequence):
+    causal attention in fp32."""
+    assert comm.size == 1 and causal and layout == "zigzag"
+    o = torch.nn.functional.scaled_dot_product_attention(
+        *(t.float().transpose(1, 2) for t in (q, k, v)), is_causal=True)
+    return o.transpose(1, 2).to(bf16)
+
+
+def test_run_world_with_cp_at_world_1(stand_ins, monkeypatch):
+    monkeypatch.setattr(_nn_attention, "_ring_staged", _cpu_ring)
+    times = {"tilewire": 0.002, "tilewire-cp": 0.001, "torch-tp": 0.004, "torch": 0.003}
+    called = []
+
+    def timer(torch_, fn, warmup, repeats):
+        fn()
+        called.append(fn)
+        return list(times.values())[len(called) - 1]
+
+    tw = types.SimpleNamespace(init_virtual=lambda world: [_Comm()],
+                               for_each_rank=lambda comms, fn: [fn(c) for c in comms])
+    args = _args(cp=True, hidden=128, heads=2)  # head_dim 64, the ring's
+    rows, ok = bench_block.run_world(torch, tw, args, 1, device="cpu", timer=timer)
+    assert ok and [r[0] for r in rows] == list(times), rows
+    assert all(r[3] <= 5e-2 for r in rows), rows
+    lines = bench_block.format_rows(1, args, rows)
+    assert lines[1].startswith("world 1  tilewire-cp ") and lines[1].rstrip().endswith(")")
+    assert lines[2].rstrip().endswith("tilewire 2.00x"), lines  # torch-tp: no CP analogue
+    assert lines[3].rstrip().endswith("tilewire 1.50x, tilewire-cp 3.00x"), lines
+
+
 def test_flops_and_arguments():
     a = _args(tokens=8, hidden=16, ffn=32)
     assert bench_block.step_flops(a) == 3 * (2 * 8 * 16 * (4 * 16 + 3 * 32) + 2 * 8 * 8 * 16)
     assert bench_block.parse(["--world", "2", "4"]).world == [2, 4]
     for bad in (["--world", "3"], ["--world", "9"], ["--hidden", "100"]):
         with pytest.raises(SystemExit):
+            bench_block.parse(bad)
+    assert bench_block.parse(["--cp"]).cp  # the defaults: head_dim 128, 4096 tokens
+    for bad in (["--cp", "--heads", "8"], ["--cp", "--world", "8", "--tokens", "4104"]):
+        bench_block.parse(bad[1:])  # fine without --cp
+        with pytest.raises(SystemExit):  # head_dim 256; 4104 tokens: no 16 equal chunks
             bench_block.parse(bad)
 
 

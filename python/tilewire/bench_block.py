@@ -2,19 +2,26 @@
 (tilewire.example_block), side by side in one run at worlds 2, 4 and 8 on virtual ranks of one
 GPU:
 
-    tilewire   TilewireBlock on every virtual rank (tilewire.for_each_rank): the q/k/v and
-               gate/up projections AllGather + GEMM, the output and down projections GEMM +
-               ReduceScatter, each one fused kernel a rank
-    torch-tp   the same tensor-parallel block as plain PyTorch runs it, every rank's shard in
-               turn in one process: the same weights per rank, torch.matmul and torch's
-               attention, the collectives as the copies and sums NCCL makes (the all-gather a
-               torch.cat, the reduce-scatter a sum in fp32 and a chunk)
-    torch      the plain block in bf16 on every token, one device: the same FLOPs with no
-               parallelism, which on one GPU is the ideal
+    tilewire     TilewireBlock on every virtual rank (tilewire.for_each_rank): the q/k/v and
+                 gate/up projections AllGather + GEMM, the output and down projections GEMM +
+                 ReduceScatter, each one fused kernel a rank
+    tilewire-cp  (with --cp) TilewireBlock(context_parallel=True): each rank's zigzag shard of
+                 the tokens, the attention tilewire.nn.RingAttention over every head between
+                 replicated q/k/v and output projections (torch matmuls), the MLP as tilewire's
+    torch-tp     the same tensor-parallel block as plain PyTorch runs it, every rank's shard in
+                 turn in one process: the same weights per rank, torch.matmul and torch's
+                 attention, the collectives as the copies and sums NCCL makes (the all-gather a
+                 torch.cat, the reduce-scatter a sum in fp32 and a chunk). It has no
+                 context-parallel form here (the unfused ring, per-step K/V copies and lse
+                 merges, is bench_ring's baseline, not rebuilt in this block), so tilewire-cp
+                 is compared with torch only
+    torch        the plain block in bf16 on every token, one device: the same FLOPs with no
+                 parallelism, which on one GPU is the ideal
 
     python -m tilewire.bench_block                            # worlds 2 4 8, the shapes below
     python -m tilewire.bench_block --world 4 --tokens 8192 --hidden 4096 --ffn 11008
     python -m tilewire.bench_block --moe --json block.json
+    python -m tilewire.bench_block --cp                       # also the context-parallel block
     python -m tilewire.bench_block --plot block.json docs/plots/block-steps.png
 
 On one GPU NCCL cannot join ranks that share a device and torch's async-TP needs a process per
@@ -22,10 +29,12 @@ GPU, so the PyTorch baseline here is torch-tp: its kernels are PyTorch's own, it
 local copies. The ranks share the GPU's SMs and HBM, so tilewire's row measures what fusing
 costs or saves on one GPU, not what it does over NVLink. --moe: the MLP is an 8-expert top-2
 MoE (tilewire.nn.ExpertParallelMoE against tilewire.nn.TorchMoE on every token; no torch-tp
-row). Times: CUDA events around the step of every rank (the gradients dropped first), the
-median of --repeats after --warmup. Before timing, each row's loss is compared with the plain
-block's (relative 5e-2; the weights are the same bf16 values). Exit status: 0, 1 a check
-failed, 2 no torch or no Hopper GPU.
+row). --cp: also the tilewire-cp row (on the same comms as tilewire's), which needs head_dim
+(hidden / heads) of 64 or 128 and tokens a multiple of 2 x world (two zigzag chunks a rank).
+Times: CUDA events around the step of every rank (the gradients dropped first), the median of
+--repeats after --warmup. Before timing, each row's loss is compared with the plain block's
+(relative 5e-2; the weights are the same bf16 values). Exit status: 0, 1 a check failed, 2 no
+torch or no Hopper GPU.
 """
 
 import argparse
@@ -36,6 +45,8 @@ import time
 from .bench_attention import _time, hopper_torch
 
 DEFAULTS = {"tokens": 4096, "hidden": 2048, "heads": 16, "ffn": 8192}
+VARIANTS = ("tilewire", "tilewire-cp", "torch-tp", "torch")  # the rows' order
+TILEWIRE = ("tilewire", "tilewire-cp")  # the rows whose speedups the others' show
 
 
 class TorchTPBlock:
@@ -106,12 +117,33 @@ def mse_sum(torch, ys, targets, n):
     return total / n
 
 
-def steps(torch, tw, ref, world, x, target, moe, device):
+def _drop(params):
+    for p in params:
+        p.grad = None
+
+
+def _tw_step(tw, comms, blocks, xs, targets, n):
+    """One step of the ranks' blocks (each on its tokens xs[r]): returns the loss."""
+    def step():
+        for b in blocks:
+            _drop(b.parameters())
+        parts = tw.for_each_rank(comms, lambda c: ((blocks[c.rank](xs[c.rank]).float() -
+                                                    targets[c.rank]) ** 2).sum() / n)
+        tw.for_each_rank(comms, lambda c: parts[c.rank].backward())
+        total = parts[0].detach()
+        for p in parts[1:]:
+            total = total + p.detach()
+        return total
+    return step
+
+
+def steps(torch, tw, ref, world, x, target, moe, device, cp=False):
     """({variant: a function running one step and returning its loss}, the comms). tw: the
-    tilewire module (init_virtual, for_each_rank), or a stand-in of both."""
+    tilewire module (init_virtual, for_each_rank), or a stand-in of both. cp: also the
+    context-parallel block (tilewire-cp), on the same comms."""
     import copy
 
-    from .example_block import TilewireBlock
+    from .example_block import TilewireBlock, token_shards
 
     bf16 = torch.bfloat16
     n = target.numel()
@@ -119,12 +151,8 @@ def steps(torch, tw, ref, world, x, target, moe, device):
     targets = list(target.chunk(world))
     plain = copy.deepcopy(ref).to(device, bf16)
 
-    def drop(params):
-        for p in params:
-            p.grad = None
-
     def torch_step():
-        drop(plain.parameters())
+        _drop(plain.parameters())
         loss = mse_sum(torch, [plain(x.to(bf16))], [target], n)
         loss.backward()
         return loss
@@ -134,7 +162,7 @@ def steps(torch, tw, ref, world, x, target, moe, device):
         tp = TorchTPBlock(torch, ref, world, device)
 
         def tp_step():
-            drop(tp.parameters())
+            _drop(tp.parameters())
             loss = mse_sum(torch, tp.forward(xs), targets, n)
             loss.backward()
             return loss
@@ -145,19 +173,15 @@ def steps(torch, tw, ref, world, x, target, moe, device):
     blocks = [TilewireBlock(ref, c, max_tokens=tokens, device=device) for c in comms]
     for b in blocks:  # before the ranks' loop (TilewireBlock.reserve says why)
         b.reserve(tokens)
-
-    def tw_step():
-        for b in blocks:
-            drop(b.parameters())
-        parts = tw.for_each_rank(comms, lambda c: ((blocks[c.rank](xs[c.rank]).float() -
-                                                    targets[c.rank]) ** 2).sum() / n)
-        tw.for_each_rank(comms, lambda c: parts[c.rank].backward())
-        total = parts[0].detach()
-        for p in parts[1:]:
-            total = total + p.detach()
-        return total
-
-    out["tilewire"] = tw_step
+    out["tilewire"] = _tw_step(tw, comms, blocks, xs, targets, n)
+    if cp:
+        cp_blocks = [TilewireBlock(ref, c, max_tokens=tokens, device=device,
+                                   context_parallel=True) for c in comms]
+        for b in cp_blocks:
+            b.reserve(tokens)
+        out["tilewire-cp"] = _tw_step(
+            tw, comms, cp_blocks, [t.to(bf16).contiguous() for t in token_shards(x, world, True)],
+            token_shards(target, world, True), n)
     return out, comms
 
 
@@ -172,14 +196,14 @@ def run_world(torch, tw, args, world, device="cuda", timer=_time):
     g = torch.Generator(device=device).manual_seed(world)
     x = torch.randn(args.tokens, args.hidden, device=device, generator=g).to(torch.bfloat16)
     target = torch.randn(args.tokens, args.hidden, device=device, generator=g)
-    fns, comms = steps(torch, tw, ref, world, x.float(), target, args.moe, device)
+    fns, comms = steps(torch, tw, ref, world, x.float(), target, args.moe, device, args.cp)
     rows, ok = [], True
     try:
         losses = {name: float(fn().detach()) for name, fn in fns.items()}  # also every first call
         if device == "cuda":
             torch.cuda.synchronize()
         base = losses["torch"]
-        for name in [v for v in ("tilewire", "torch-tp", "torch") if v in fns]:
+        for name in [v for v in VARIANTS if v in fns]:
             diff = abs(losses[name] - base) / max(abs(base), 1e-12)
             ok = ok and diff <= 5e-2
             rows.append((name, timer(torch, fns[name], args.warmup, args.repeats),
@@ -198,16 +222,19 @@ def run_world(torch, tw, args, world, device="cuda", timer=_time):
 
 def format_rows(world, args, rows):
     """The table lines of one world: time, TFLOP/s over the whole step (6 x parameters x
-    tokens for the projections, attention's 4 x tokens^2 x hidden x 3 / 2 causal), the
-    speedup of tilewire over each row."""
+    tokens for the projections, attention's 4 x tokens^2 x hidden x 3 / 2 causal; the same
+    for the context-parallel block), the speedup of each tilewire row over each other row
+    (tilewire-cp only over torch: torch-tp is no context-parallel block)."""
     flops = step_flops(args)
     by = {name: t for name, t, _, _ in rows}
     out = []
     for name, t, loss, diff in rows:
-        ratio = ""
-        if name != "tilewire" and "tilewire" in by:
-            ratio = "tilewire %.2fx" % (t / by["tilewire"])
-        out.append("world %d  %-9s %9.3f ms %7.1f TFLOP/s  loss %.5f (%.1e)  %s" % (
+        ratios = []
+        if name not in TILEWIRE:
+            ratios = ["%s %.2fx" % (v, t / by[v]) for v in TILEWIRE
+                      if v in by and not (v == "tilewire-cp" and name == "torch-tp")]
+        ratio = ", ".join(ratios)
+        out.append("world %d  %-11s %9.3f ms %7.1f TFLOP/s  loss %.5f (%.1e)  %s" % (
             world, name, t * 1e3, flops / t * 1e-12, loss, diff, ratio))
     return out
 
@@ -232,8 +259,7 @@ def plot(doc, path):
 
     rows = doc["rows"]
     worlds = sorted({r["world"] for r in rows})
-    variants = [v for v in ("tilewire", "torch-tp", "torch") if any(r["variant"] == v
-                                                                   for r in rows)]
+    variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
     ms = {(r["world"], r["variant"]): r["seconds"] * 1e3 for r in rows}
     fig, ax = plt.subplots(figsize=(7, 3.6))
     width = 0.8 / len(variants)
@@ -265,6 +291,8 @@ def parse(argv):
     for name, value in DEFAULTS.items():
         parser.add_argument("--" + name, type=int, default=value)
     parser.add_argument("--moe", action="store_true", help="an 8-expert top-2 MoE as the MLP")
+    parser.add_argument("--cp", action="store_true",
+                        help="also the context-parallel block (tilewire-cp: ring attention)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", help="write the rows here")
@@ -279,6 +307,14 @@ def parse(argv):
                          % (w, args.heads, args.tokens))
     if args.hidden % args.heads or args.hidden % 8 or args.ffn % 8:
         parser.error("--hidden must be a multiple of --heads and of 8, --ffn of 8")
+    if args.cp:
+        if args.hidden // args.heads not in (64, 128):
+            parser.error("--cp: the ring attention needs head_dim = --hidden / --heads of 64 or "
+                         "128, got %d / %d" % (args.hidden, args.heads))
+        for w in args.world:
+            if args.tokens % (2 * w):
+                parser.error("--cp: --tokens (%d) must be a multiple of 2 x --world (%d): two "
+                             "zigzag chunks a rank" % (args.tokens, 2 * w))
     return args
 
 
