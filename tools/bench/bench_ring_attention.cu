@@ -22,7 +22,9 @@
  * (W S)^2 D (halved for causal) over the time, per GPU of the ring (divided by the GPUs the
  * ranks use); fwd+bwd rows count the backward as 2.5 forwards (FlashAttention's convention). The
  * check (before timing): every rank's tilewire and unfused outputs, and its dq, dk and dv, within
- * 2e-2 (relative to the largest) of the whole sequence's at its positions.
+ * 2e-2 (relative to the largest) of the whole sequence's at its positions. Across virtual nodes
+ * (TW_RANKS_PER_NODE, over the inter-node transport) the tilewire rows gather the other nodes'
+ * shards first (their `gathered`); the unfused ring copies over the node's mappings as before.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -60,6 +62,9 @@ typedef struct ring_ctx {
   float *lse[TW_MAX_WORLD], *ws[TW_MAX_WORLD];
   void *wdo, *wdq, *wdk, *wdv;
   float *wlse, *wws;
+  /* across nodes (virtual nodes: TW_RANKS_PER_NODE): the forward's and the backward's gathered */
+  void *fwd_gathered[TW_MAX_WORLD], *bwd_gathered[TW_MAX_WORLD];
+  int nodes;
   int failed;
 } ring_ctx;
 
@@ -187,6 +192,7 @@ static void run_tilewire(void *p, int iter) {
     a.q = c->q[r], a.k = c->k[r], a.v = c->v[r], a.o = c->o[r];
     a.batch = c->b, a.heads_q = c->h, a.heads_kv = c->h, a.seq_local = c->s, a.head_dim = c->d;
     a.causal = c->causal, a.layout = c->zigzag ? TW_RING_ZIGZAG : TW_RING_CONTIGUOUS;
+    a.gathered = c->fwd_gathered[r];
     if (tw_ring_attention(c->rk->comms[r], &a, (tw_stream_t)c->rk->streams[r]) != TW_SUCCESS) {
       fprintf(stderr, "tw_ring_attention: %s\n", tw_comm_last_error(c->rk->comms[r]));
       c->failed = 1;
@@ -216,11 +222,13 @@ static void run_tilewire_step(void *p, int iter) {
     a.q = c->q[r], a.k = c->k[r], a.v = c->v[r], a.o = c->o[r], a.lse = c->lse[r];
     a.batch = c->b, a.heads_q = c->h, a.heads_kv = c->h, a.seq_local = c->s, a.head_dim = c->d;
     a.causal = c->causal, a.layout = c->zigzag ? TW_RING_ZIGZAG : TW_RING_CONTIGUOUS;
+    a.gathered = c->fwd_gathered[r];
     tw_ring_attention_backward_args_t g = TW_RING_ATTENTION_BACKWARD_ARGS_INIT;
     g.q = a.q, g.k = a.k, g.v = a.v, g.o = a.o, g.lse = a.lse, g.dout = c->dout[r];
     g.dq = c->dq[r], g.dk = c->dk[r], g.dv = c->dv[r], g.workspace = c->ws[r];
     g.batch = a.batch, g.heads_q = a.heads_q, g.heads_kv = a.heads_kv, g.seq_local = a.seq_local;
     g.head_dim = a.head_dim, g.causal = a.causal, g.layout = a.layout;
+    g.gathered = c->bwd_gathered[r];
     tw_stream_t st = (tw_stream_t)c->rk->streams[r];
     if (tw_ring_attention(c->rk->comms[r], &a, st) != TW_SUCCESS ||
         tw_ring_attention_backward(c->rk->comms[r], &g, st) != TW_SUCCESS) {
@@ -272,6 +280,15 @@ static int alloc_ranks(ring_ctx *c) {
       fprintf(stderr, "tw_mem_alloc: %s\n", tw_comm_last_error(c->rk->comms[r]));
       return 1;
     }
+    size_t bwd = 0;
+    if (tw_ring_attention_backward_gathered_bytes(c->rk->comms[r], c->b, c->h, c->h, c->s, c->d,
+                                                  &bwd) != TW_SUCCESS ||
+        (bwd && (tw_mem_alloc(c->rk->comms[r], 2 * shard * (size_t)c->world, &c->fwd_gathered[r]) !=
+                     TW_SUCCESS ||
+                 tw_mem_alloc(c->rk->comms[r], bwd, &c->bwd_gathered[r]) != TW_SUCCESS))) {
+      fprintf(stderr, "gathered: %s\n", tw_comm_last_error(c->rk->comms[r]));
+      return 1;
+    }
     bench_ranks_use(c->rk, r);
     c->o[r] = dev_alloc(shard), c->uo[r] = dev_alloc(shard);
     c->dq[r] = dev_alloc(shard), c->dk[r] = dev_alloc(shard), c->dv[r] = dev_alloc(shard);
@@ -300,6 +317,10 @@ static void free_ranks(ring_ctx *c) {
     tw_mem_free(c->rk->comms[r], c->k[r]), tw_mem_free(c->rk->comms[r], c->v[r]);
     tw_mem_free(c->rk->comms[r], c->q[r]), tw_mem_free(c->rk->comms[r], c->dout[r]);
     tw_mem_free(c->rk->comms[r], c->lse[r]), tw_mem_free(c->rk->comms[r], c->ws[r]);
+    if (c->fwd_gathered[r])
+      tw_mem_free(c->rk->comms[r], c->fwd_gathered[r]);
+    if (c->bwd_gathered[r])
+      tw_mem_free(c->rk->comms[r], c->bwd_gathered[r]);
     cudaFree(c->dq[r]), cudaFree(c->dk[r]), cudaFree(c->dv[r]);
     cudaFree(c->o[r]), cudaFree(c->uo[r]), cudaFree(c->part_o[r]);
     cudaFree(c->part_lse[r]);
@@ -391,6 +412,8 @@ static int run_ring(const bench_opts_t *o, const bench_shape_t *shape, bench_res
       seen |= rk.devices[q] == rk.devices[r];
     c.gpus += !seen;
   }
+  if (tw_comm_nodes(rk.comms[0], &c.nodes) != TW_SUCCESS)
+    c.nodes = 1;
   if (alloc_ranks(&c)) {
     bench_ranks_fini(&rk);
     return 1;
@@ -419,9 +442,12 @@ static int run_ring(const bench_opts_t *o, const bench_shape_t *shape, bench_res
     memset(&row, 0, sizeof(row));
     snprintf(row.op, sizeof(row.op), "ring_attention");
     snprintf(row.variant, sizeof(row.variant), "%s", variants[v].name);
-    snprintf(row.shape, sizeof(row.shape), "B%lld H%lld S%dx%lld D%lld %s", (long long)c.b,
+    char layout[32] = ""; /* virtual nodes (TW_RANKS_PER_NODE): nodes x ranks per node */
+    if (c.nodes > 1)
+      snprintf(layout, sizeof(layout), " nodes=%dx%d", c.nodes, c.world / c.nodes);
+    snprintf(row.shape, sizeof(row.shape), "B%lld H%lld S%dx%lld D%lld %s%s", (long long)c.b,
              (long long)c.h, c.world, (long long)c.s, (long long)c.d,
-             c.zigzag ? "causal zigzag" : "full contiguous");
+             c.zigzag ? "causal zigzag" : "full contiguous", layout);
     row.ok = 1;
     if (o->check && variants[v].outs) {
       variants[v].fn(&c, 0);
