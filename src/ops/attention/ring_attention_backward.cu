@@ -164,9 +164,7 @@ tw_status_t backward_params(tw_comm_t comm, const tw_ring_attention_backward_arg
     }
     if (!q || !dout || !p->lse[r] || !p->dsum[r])
       return tw_fail(TW_ERR_NOT_SUPPORTED,
-                     "%s: rank %d's q / dout / lse / workspace is not "
-                     "mapped here",
-                     kOp, r);
+                     "%s: rank %d's q / dout / lse / workspace is not mapped here", kOp, r);
     st = operand_map(&p->q64_maps[r], q, a.batch, a.seq_local, a.heads_q, a.head_dim,
                      "tw_ring_attention_backward: cuTensorMapEncodeTiled(q of a peer)", block_q);
     if (st == TW_SUCCESS)
