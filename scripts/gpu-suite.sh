@@ -215,7 +215,7 @@ if want multi && [ "$ngpus" -gt 1 ]; then
   # virtual nodes laid over the real GPUs (two nodes of ngpus / 2), joined through the verbs
   # test double: the rail paths checked bitwise against their unfused pipelines, and timed
   if [ $((ngpus % 2)) -eq 0 ] && [ -f "$bin/tests/verbs_double/libtw_verbs_double.so" ]; then
-    for op in ag_gemm gemm_rs gemm_ar moe moe_combine moe_ffn; do
+    for op in ag_gemm gemm_rs gemm_ar moe moe_combine moe_ffn ring_attention; do
       "$bin/tw-bench" --list 2>/dev/null | grep -q "^ *$op" &&
         step "tw-bench $op (2 nodes x $((ngpus / 2)) GPUs, verbs double)" 400 env \
           TW_RANKS_PER_NODE=$((ngpus / 2)) TW_IBVERBS_LIB="$bin/tests/verbs_double/libtw_verbs_double.so" \
