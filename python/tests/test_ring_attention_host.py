@@ -59,3 +59,36 @@ def test_bad_arguments():
         _check(q, k, v, causal=1)
     with pytest.raises(ValueError, match="softmax_scale"):
         _check(q, k, v, softmax_scale=-1.0)
+
+
+def test_reserve_is_a_no_op_inside_one_node():
+    """Inside one node ring_attention_reserve makes nothing (the kernels read the peers in place)
+    and asks the library nothing; across nodes it names a bad size."""
+    c = _comm()
+    c.nodes, c.size = 1, 2
+    assert tilewire.ring_attention_reserve(c, 1, 128, 8, 2, 64) is None
+    assert getattr(c, "_ring_gathered", None) is None
+    assert "ring_attention_reserve" in tilewire.__all__
+    c.nodes = 2
+    for args, name in (((0, 128, 8, 2, 64), "batch"), ((1, 128, 8, 2, True), "head_dim"),
+                       ((1, 1.5, 8, 2, 64), "seq_local")):
+        with pytest.raises(ValueError, match=name):
+            tilewire.ring_attention_reserve(c, *args)
+
+
+def test_gathered_scratch_required_across_nodes():
+    """Across nodes a ring call without the comm's scratch is refused before the library,
+    naming ring_attention_reserve and the shapes to give it."""
+    c = _comm()
+    c.nodes, c.size = 2, 4
+    q, k, _ = _qkv()
+    assert _attention._gathered_ptr(_comm_one_node(), q, k, "op") is None
+    with pytest.raises(ValueError, match=r"ring_attention_reserve\(comm, batch=1, seq_local=200, "
+                                         r"heads_q=8, heads_kv=2, head_dim=64\)"):
+        _attention._gathered_ptr(c, q, k, "tilewire.ring_attention")
+
+
+def _comm_one_node():
+    c = _comm()
+    c.nodes, c.size = 1, 2
+    return c
