@@ -92,3 +92,23 @@ def _comm_one_node():
     c = _comm()
     c.nodes, c.size = 1, 2
     return c
+
+
+def test_gathered_bytes_asked_once_a_shape(monkeypatch):
+    """The scratch's size for a shard shape comes from the library once (a forward of the module
+    across nodes checks it every call): the larger of the backward's and the forward's."""
+    from tilewire import _attention_grad
+
+    calls = []
+
+    def fake_call(name, handle, b, hq, hk, s, d, size_ref):
+        calls.append(name)
+        size_ref._obj.value = 12345
+
+    monkeypatch.setattr(_attention_grad._lib, "call", fake_call)
+    c = _comm()
+    c.nodes, c.size = 2, 4
+    for _ in range(3):
+        assert _attention_grad._gathered_bytes(c, 1, 1, 1, 1, 64) == max(12345, 2 * 4 * 64 * 2)
+    assert _attention_grad._gathered_bytes(c, 1, 128, 8, 2, 64) == 2 * 4 * 128 * 2 * 64 * 2
+    assert calls == ["tw_ring_attention_backward_gathered_bytes"] * 2

@@ -29,6 +29,7 @@ from ._attention_grad import (
     _bf16_dout,
     _check_grad_buffers,
     _gathered_ptr,
+    ring_attention_reserve,
     _ring_backward_impl,
     _stage,
     _workspace,
@@ -231,31 +232,6 @@ def _check_ring(comm, q, k, v, causal, layout, softmax_scale):
         raise ValueError("%s: seq_local is %d; layout='zigzag' needs it even (two chunks)"
                          % (_RING_OP, seq_q))
     return batch, seq_q, heads_q, heads_kv, d
-
-
-def ring_attention_reserve(comm, batch, seq_local, heads_q, heads_kv, head_dim):
-    """Across nodes (comm.nodes > 1): makes the comm's symmetric scratch that tilewire.
-    ring_attention and its backward gather the other nodes' shards into (tw_ring_attention's
-    and tw_ring_attention_backward's `gathered`) for shards of up to this shape; collective
-    like comm.empty (every rank, in the same order, while no collective is in flight: with
-    virtual ranks before tilewire.for_each_rank). Inside one node it makes nothing. Every ring
-    call of the comm shares the scratch: each call's gather starts only once every rank has
-    entered it, after its earlier calls' reads."""
-    if getattr(comm, "nodes", 1) == 1:
-        return
-    for value, name in ((batch, "batch"), (seq_local, "seq_local"), (heads_q, "heads_q"),
-                        (heads_kv, "heads_kv"), (head_dim, "head_dim")):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError("tilewire.ring_attention_reserve: %s must be an int >= 1, got %r"
-                             % (name, value))
-    size = ctypes.c_size_t(0)
-    _lib.call("tw_ring_attention_backward_gathered_bytes", comm.handle, batch, heads_q,
-              heads_kv, seq_local, head_dim, ctypes.byref(size))
-    forward = 2 * comm.size * batch * seq_local * heads_kv * head_dim * 2
-    need = max(size.value, forward)
-    have = getattr(comm, "_ring_gathered", None)
-    if have is None or have.numel() < need:
-        comm._ring_gathered = comm.empty((need,), torch.uint8)
 
 
 def ring_attention(comm, q, k, v, causal=False, layout="zigzag", softmax_scale=None,

@@ -182,22 +182,50 @@ def _stage(dst, src):
         dst.copy_(src)
 
 
-def _gathered_ptr(comm, q, k, op, backward=False):
+def _gathered_bytes(comm, batch, seq_local, heads_q, heads_kv, head_dim):
+    """The bytes of the gathered scratch that ring calls (forward and backward) of this shard
+    shape need on comm across nodes, asked of the library once a shape and kept on the comm."""
+    key = (batch, seq_local, heads_q, heads_kv, head_dim)
+    known = comm.__dict__.setdefault("_ring_gathered_bytes", {})
+    if key not in known:
+        size = ctypes.c_size_t(0)
+        _lib.call("tw_ring_attention_backward_gathered_bytes", comm.handle, batch, heads_q,
+                  heads_kv, seq_local, head_dim, ctypes.byref(size))
+        forward = 2 * comm.size * batch * seq_local * heads_kv * head_dim * 2
+        known[key] = max(size.value, forward)
+    return known[key]
+
+
+def ring_attention_reserve(comm, batch, seq_local, heads_q, heads_kv, head_dim):
+    """Across nodes (comm.nodes > 1): makes the comm's symmetric scratch that tilewire.
+    ring_attention and its backward gather the other nodes' shards into (tw_ring_attention's
+    and tw_ring_attention_backward's `gathered`) for shards of up to this shape; collective
+    like comm.empty (every rank, in the same order, while no collective is in flight: with
+    virtual ranks before tilewire.for_each_rank). Inside one node it makes nothing. Every ring
+    call of the comm shares the scratch: each call's gather starts only once every rank has
+    entered it, after its earlier calls' reads."""
+    if getattr(comm, "nodes", 1) == 1:
+        return
+    for value, name in ((batch, "batch"), (seq_local, "seq_local"), (heads_q, "heads_q"),
+                        (heads_kv, "heads_kv"), (head_dim, "head_dim")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError("tilewire.ring_attention_reserve: %s must be an int >= 1, got %r"
+                             % (name, value))
+    need = _gathered_bytes(comm, batch, seq_local, heads_q, heads_kv, head_dim)
+    have = getattr(comm, "_ring_gathered", None)
+    if have is None or have.numel() < need:
+        comm._ring_gathered = comm.empty((need,), torch.uint8)
+
+
+def _gathered_ptr(comm, q, k, op):
     """Across nodes the data pointer of the comm's gathered scratch (ring_attention_reserve),
-    checked against what this call (the forward, or the backward) needs; inside one node
-    None."""
+    checked against what a ring call of these shards needs; inside one node None."""
     if getattr(comm, "nodes", 1) == 1:
         return None
     buf = getattr(comm, "_ring_gathered", None)
     batch, seq, heads_q, d = q.shape
     heads_kv = k.shape[2]
-    need = 2 * comm.size * batch * seq * heads_kv * d * 2
-    if backward:
-        size = ctypes.c_size_t(0)
-        _lib.call("tw_ring_attention_backward_gathered_bytes", comm.handle, batch, heads_q,
-                  heads_kv, seq, d, ctypes.byref(size))
-        need = size.value
-    if buf is None or buf.numel() < need:
+    if buf is None or buf.numel() < _gathered_bytes(comm, batch, seq, heads_q, heads_kv, d):
         raise ValueError(
             "%s: the comm spans %d nodes: reserve its gathered scratch first, collectively: "
             "tilewire.ring_attention_reserve(comm, batch=%d, seq_local=%d, heads_q=%d, "
@@ -221,7 +249,7 @@ def _ring_backward_impl(comm_id, q, k, v, o, dout, lse, q_buf, k_buf, v_buf, dou
     comm = comm_by_id(comm_id)
     args = _lib.RingAttentionBackwardArgs(
         seq_local=q.shape[1], layout=_LAYOUTS[layout],
-        gathered=_gathered_ptr(comm, q_buf, k, _RING_OP, backward=True),
+        gathered=_gathered_ptr(comm, q_buf, k, _RING_OP),
         **_backward_fields(_RING_OP, q_buf, k, v, o, dout_buf, lse_buf, dq, dk, dv, workspace,
                            causal, softmax_scale))
     _lib.call("tw_ring_attention_backward", comm.handle, ctypes.byref(args), _stream(q.device))
