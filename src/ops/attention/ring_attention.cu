@@ -185,9 +185,11 @@ tw_status_t ring_launch(tw_comm_t comm, const tw_ring_attention_args_t &a, int s
                         cudaStream_t launch) {
   RingParams local;
   const size_t kv_bytes = (size_t)(a.batch * a.seq_local * a.heads_kv * a.head_dim) * 2;
+  const size_t regions[2] = {kv_bytes, kv_bytes}; /* ring_gather's: k, v */
   const uint8_t *gathered = (const uint8_t *)a.gathered;
   tw_status_t st =
-      ring_params(comm, a, gathered, gathered ? gathered + comm->world * kv_bytes : NULL, &local);
+      ring_params(comm, a, gathered,
+                  gathered ? gathered + ring_region_off(comm->world, regions, 1) : NULL, &local);
   if (st != TW_SUCCESS)
     return st;
   constexpr int kSmem = AttnSmem<D>::kDynamicBytes;
@@ -266,12 +268,21 @@ tw_status_t tw::attn::ring_check_gathered(tw_comm_t comm, const char *op, const 
  * bytes[i] at src[i]) gathered by tw_allgather into region i of `gathered` (world slots of
  * bytes[i] rounded up to 16, regions back to back); a tensor whose bytes are not a multiple of
  * 16 is first copied into this rank's slot, which then is the send buffer. */
+size_t tw::attn::ring_slot(size_t bytes) { return (bytes + 15) / 16 * 16; }
+
+size_t tw::attn::ring_region_off(int world, const size_t *bytes, int i) {
+  size_t off = 0;
+  for (int j = 0; j < i; j++)
+    off += (size_t)world * ring_slot(bytes[j]);
+  return off;
+}
+
 tw_status_t tw::attn::ring_gather(tw_comm_t comm, const char *op, void *gathered, int n,
                                   const void *const *src, const size_t *bytes, tw_stream_t stream) {
-  uint8_t *region = (uint8_t *)gathered;
   tw_status_t st = TW_SUCCESS;
   for (int i = 0; i < n && st == TW_SUCCESS; i++) {
-    const size_t slot = (bytes[i] + 15) / 16 * 16;
+    uint8_t *region = (uint8_t *)gathered + ring_region_off(comm->world, bytes, i);
+    const size_t slot = ring_slot(bytes[i]);
     const void *send = src[i];
     if (slot != bytes[i]) {
       send = region + (size_t)comm->rank * slot;
@@ -285,7 +296,6 @@ tw_status_t tw::attn::ring_gather(tw_comm_t comm, const char *op, void *gathered
     }
     if (st == TW_SUCCESS)
       st = tw_allgather(comm, send, region, slot, stream);
-    region += (size_t)comm->world * slot;
   }
   return st;
 }
@@ -325,8 +335,9 @@ static tw_status_t ring_prepare(tw_comm_t comm, const tw_ring_attention_args_t *
   const void *others[5] = {a->q, a->k, a->v, a->o, a->lse};
   const size_t other_bytes[5] = {q_bytes, kv_bytes, kv_bytes, q_bytes,
                                  (size_t)(a->batch * a->heads_q * a->seq_local) * 4};
-  return ring_check_gathered(comm, kOp, a->gathered, 2 * (size_t)comm->world * kv_bytes, 5, others,
-                             other_bytes, kArgNames);
+  const size_t regions[2] = {kv_bytes, kv_bytes};
+  return ring_check_gathered(comm, kOp, a->gathered, ring_region_off(comm->world, regions, 2), 5,
+                             others, other_bytes, kArgNames);
 }
 
 /* The rest of a ring call whose arguments are checked (tw_ring_attention and its backward): the

@@ -66,6 +66,10 @@ tw_status_t ring_check_gathered(tw_comm_t comm, const char *op, const void *gath
                                 const char *const *names);
 tw_status_t ring_gather(tw_comm_t comm, const char *op, void *gathered, int n,
                         const void *const *src, const size_t *bytes, tw_stream_t stream);
+// ring_gather's layout: a rank's slot of a tensor of `bytes` (rounded up to 16), and the offset
+// of region i after regions 0 .. i - 1 of tensors of bytes[] (i == n: the whole size).
+size_t ring_slot(size_t bytes);
+size_t ring_region_off(int world, const size_t *bytes, int i);
 // The call's TW_CH_ATTN description: call 0 forward (bwd NULL), 1 backward (bwd: its q, dout,
 // lse and workspace).
 void ring_call_fields(tw_comm_t comm, int call, const tw_ring_attention_args_t &a,

@@ -77,22 +77,17 @@ void region_bytes(const tw_ring_attention_backward_args_t &a, size_t bytes[kRegi
   memcpy(bytes, b, sizeof(b));
 }
 
-/* Region i of `gathered` on a comm of `world` ranks, and its whole size. */
+/* Region i of `gathered` on a comm of `world` ranks (ring_gather's layout), and its whole size. */
 uint8_t *region_at(const tw_ring_attention_backward_args_t &a, int world, int i) {
   size_t bytes[kRegions];
   region_bytes(a, bytes);
-  uint8_t *at = (uint8_t *)a.gathered;
-  for (int j = 0; j < i; j++)
-    at += (size_t)world * ((bytes[j] + 15) / 16 * 16);
-  return at;
+  return (uint8_t *)a.gathered + ring_region_off(world, bytes, i);
 }
 
 size_t gathered_size(const tw_ring_attention_backward_args_t &a, int world) {
-  size_t bytes[kRegions], total = 0;
+  size_t bytes[kRegions];
   region_bytes(a, bytes);
-  for (int j = 0; j < kRegions; j++)
-    total += (size_t)world * ((bytes[j] + 15) / 16 * 16);
-  return total;
+  return ring_region_off(world, bytes, kRegions);
 }
 
 /* Every pointer set and aligned (16 bytes; lse and workspace 4); q, k, v, dout, lse and
@@ -160,7 +155,7 @@ tw_status_t backward_params(tw_comm_t comm, const tw_ring_attention_backward_arg
       const int at[4] = {0, 3, 4, 5};
       const void **dst[4] = {&q, &dout, (const void **)&p->lse[r], (const void **)&p->dsum[r]};
       for (int i = 0; i < 4; i++)
-        *dst[i] = region_at(a, comm->world, at[i]) + (size_t)r * ((bytes[at[i]] + 15) / 16 * 16);
+        *dst[i] = region_at(a, comm->world, at[i]) + (size_t)r * ring_slot(bytes[at[i]]);
     }
     if (!q || !dout || !p->lse[r] || !p->dsum[r])
       return tw_fail(TW_ERR_NOT_SUPPORTED,
