@@ -58,6 +58,15 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
+// An arrival where `pred` holds, predicated rather than branched around: code between two
+// wgmma waits stays one basic block (ptxas hoists a wait to the head of a block that joins
+// branches, which would end the overlap of the math with the wgmma in flight).
+__device__ __forceinline__ void mbar_arrive_if(uint32_t bar, bool pred) {
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %1, 0;\n\t"
+               "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n\t}" ::"r"(bar),
+               "r"((uint32_t)pred)
+               : "memory");
+}
 
 __device__ __forceinline__ uint64_t globaltimer_ns();
 
@@ -254,6 +263,11 @@ __device__ __forceinline__ void fence_async_global() {
 
 __device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Counts this warp's threads into named barrier `id` (of `threads` in all) without waiting.
+__device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 __device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t *ptr) {

@@ -125,7 +125,7 @@ __device__ __forceinline__ void dq_producer(const BwdParams &p, uint32_t base, u
   using L = DqSmem<D>;
   const uint32_t q_full = bars, q_empty = bars + 8;
   uint32_t stage = 0, phase = 0, q_phase = 0;
-  for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+  for (int32_t t = blockIdx.x; t < p.num_tiles; t = next_tile(t)) {
     const Tile tl = tile_at(p, t);
     const int32_t kv_head = tl.head / p.group;
     wait_bar(q_empty, q_phase ^ 1, p, kWaitQEmpty, 0, t);
@@ -248,7 +248,7 @@ __device__ __forceinline__ void dq_consumer(const BwdParams &p, uint32_t base, u
   const uint32_t do_lo = ptx::wgmma_desc_lo_sw128(base + L::kDO + cw * 64 * 128);
   const KeyRun run{p.seq_kv, p.delta};
   uint32_t stage = 0, phase = 0, q_phase = 0;
-  for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+  for (int32_t t = blockIdx.x; t < p.num_tiles; t = next_tile(t)) {
     const Tile tl = tile_at(p, t);
     DqRows rw;
     rw.wg_row = tl.m_block * kBlockM + 64 * cw;

@@ -61,7 +61,7 @@ __device__ __forceinline__ void dkdv_producer(const BwdParams &p, uint32_t base,
   using L = DkvSmem<D>;
   const uint32_t kv_full = bars, kv_empty = bars + 8;
   uint32_t stage = 0, phase = 0, kv_phase = 0;
-  for (int32_t t = blockIdx.x; t < p.num_kv_tiles; t += gridDim.x) {
+  for (int32_t t = blockIdx.x; t < p.num_kv_tiles; t = next_tile(t)) {
     const KvTile tl = kv_tile_at<D>(p, t);
     wait_bar(kv_empty, kv_phase ^ 1, p, kWaitKEmpty, 0, t);
     ptx::mbar_arrive_expect_tx(kv_full, 2 * L::kKvBytes);
@@ -255,7 +255,7 @@ __device__ __forceinline__ void dkdv_consumer(const BwdParams &p, uint32_t base,
   const uint32_t k_lo = ptx::wgmma_desc_lo_sw128(base + L::kK + cw * 64 * 128);
   const uint32_t v_lo = ptx::wgmma_desc_lo_sw128(base + L::kV + cw * 64 * 128);
   uint32_t stage = 0, phase = 0, kv_phase = 0;
-  for (int32_t t = blockIdx.x; t < p.num_kv_tiles; t += gridDim.x) {
+  for (int32_t t = blockIdx.x; t < p.num_kv_tiles; t = next_tile(t)) {
     const KvTile tl = kv_tile_at<D>(p, t);
     const int32_t key_r = tl.n_block * kBlockN + 64 * cw + 16 * warp + lane / 4; // and + 8
     float dk[D / 2], dv[D / 2];

@@ -150,6 +150,157 @@ __device__ __forceinline__ void row_limits(int64_t kv_rows, int32_t causal, int6
   }
 }
 
+// The consumers' schedule over a tile's KV blocks (FlashAttention-3's): each warpgroup issues
+// block n's S = Q K^T, then block n - 1's O += P V, and runs block n's softmax while that PV
+// runs (intra-warpgroup overlap); and the two warpgroups take turns issuing their GEMMs (named
+// barriers kTurnBar + cw: a warpgroup waits for its turn, issues both GEMMs and hands the turn
+// over), so one runs its softmax while the other's GEMMs hold the tensor cores. A turn's wait
+// is a bar.sync, unbounded, but its holder's only waits are the bounded barrier waits.
+constexpr uint32_t kTurnBar = 3; // and kTurnBar + 1 (0 is __syncthreads, 1 and 2 the backward's)
+
+// A consumer warpgroup's rows of one tile across its KV blocks: O, the running maxima and sums,
+// and the block whose PV is still to be issued: P packed, the rescale of O it needs first
+// (alpha: O holds the blocks before it at the old maxima), its V stage.
+template <int D> struct FwdRows {
+  float o[D / 2], m[2], l[2], alpha[2];
+  uint32_t pa[32];
+  uint32_t v_lo, v_bars, v_phase, v_stage; // the pending PV's V stage (its k_full address)
+  int pending;
+};
+
+template <int D> __device__ __forceinline__ void fwd_begin(FwdRows<D> &st) {
+#pragma unroll
+  for (int i = 0; i < D / 2; i++)
+    st.o[i] = 0.f;
+  st.m[0] = st.m[1] = -INFINITY;
+  st.l[0] = st.l[1] = 0.f;
+  st.pending = 0;
+}
+
+// Issues the pending block's O = alpha O + P V once its V stage is full. The rescale sits here,
+// while the next block's S runs, not after the softmax: there ptxas would hoist the wait for
+// the PV in flight above the softmax to schedule it early.
+template <int D, class P>
+__device__ __forceinline__ void fwd_issue_pv(FwdRows<D> &st, const P &p, int32_t t) {
+#pragma unroll
+  for (int i = 0; i < D / 2; i++)
+    st.o[i] *= st.alpha[(i / 2) % 2];
+  wait_bar(st.v_bars + 16, st.v_phase, p, kWaitVFull, (int)st.v_stage, t);
+  pv_gemm<D>(st.o, st.pa, st.v_lo);
+}
+
+// Releases the pending block's V stage once its PV completed (lane 0 of each warp). The
+// predicate also reads the row sums, which are never below 0, only so that the arrival depends
+// on the softmax: else ptxas schedules it early and the wgmma wait that must precede it with
+// it, ahead of the softmax, which then runs only after the PV in flight.
+template <int D> __device__ __forceinline__ void fwd_release_pv(FwdRows<D> &st, int lane) {
+#pragma unroll
+  for (int i = 0; i < D / 2; i++)
+    ptx::reg_fence(st.o[i]);
+  ptx::mbar_arrive_if(st.v_bars + 24, lane == 0 && !(st.l[0] < 0.f) && !(st.l[1] < 0.f));
+}
+
+// After S of a block completed: S fenced, its K stage released (and Q after the tile's last
+// block), the mask applied (kMasked), then the online softmax (alpha: O's rescale). No branch:
+// this runs between the two wgmma waits.
+template <bool kMasked>
+__device__ __forceinline__ void fwd_softmax(float (&s)[64], float (&m)[2], float (&l)[2],
+                                            float (&alpha)[2], int lane, uint32_t k_empty,
+                                            uint32_t q_empty, bool last_q, const int32_t (&lim)[2],
+                                            float scale_log2) {
+#pragma unroll
+  for (int i = 0; i < 64; i++)
+    ptx::reg_fence(s[i]);
+  ptx::mbar_arrive_if(k_empty, lane == 0);
+  ptx::mbar_arrive_if(q_empty, lane == 0 && last_q);
+  if constexpr (kMasked)
+    apply_mask(s, lim, 2 * (lane % 4));
+  softmax_step(s, m, l, alpha, scale_log2);
+}
+
+// The GEMMs and the softmax of one block (fwd_block's contract), straight-line for one value of
+// kMasked and of kPending (a PV issued behind this block's S, waited for after the softmax).
+// Each path waits for every wgmma it issued, so ptxas sees none in flight where paths join
+// (else it serialises the wgmmas).
+template <int D, bool kMasked, bool kPending, class P>
+__device__ __forceinline__ void fwd_gemms(FwdRows<D> &st, const P &p, int32_t t, int cw, int lane,
+                                          float (&s)[64], uint32_t q_lo, uint32_t k_lo,
+                                          uint32_t q_empty, uint32_t sb, bool last_q,
+                                          const int32_t (&lim)[2], float scale_log2) {
+  qk_gemm<D>(s, q_lo, k_lo);
+  if constexpr (kPending)
+    fwd_issue_pv<D>(st, p, t);
+  ptx::named_bar_arrive(kTurnBar + (cw ^ 1), 256);
+  if constexpr (kPending)
+    ptx::wgmma_wait<1>();
+  else
+    ptx::wgmma_wait<0>();
+  fwd_softmax<kMasked>(s, st.m, st.l, st.alpha, lane, sb + 8, q_empty, last_q, lim, scale_log2);
+  if constexpr (kPending) {
+    ptx::wgmma_wait<0>();
+    fwd_release_pv<D>(st, lane);
+  }
+}
+
+// One KV block of stage `stage` (barriers at `sb`: k_full, k_empty, v_full, v_empty, 8 bytes
+// apart; parity `phase`) for warpgroup cw's rows, in its turn: S = Q K^T with the pending
+// block's PV behind it, the mask (masked: lim as row_limits gives), the online softmax; this
+// block's P then waits to be issued with the next block's S (or by fwd_flush). last_q: the
+// tile's last block, after whose S the Q buffer is released.
+template <int D, class P>
+__device__ __forceinline__ void fwd_block(FwdRows<D> &st, const P &p, int32_t t, int cw, int lane,
+                                          uint32_t q_lo, uint32_t q_empty, uint32_t base,
+                                          uint32_t sb, uint32_t stage, uint32_t phase, bool last_q,
+                                          bool masked, const int32_t (&lim)[2], float scale_log2) {
+  using L = AttnSmem<D>;
+  const uint32_t k_lo = ptx::wgmma_desc_lo_sw128(base + L::kK + stage * L::kTileBytes);
+  const uint32_t v_lo =
+      ptx::wgmma_desc_lo_sw128_mn(base + L::kV + stage * L::kTileBytes, L::kBoxBytes);
+  float s[64];
+  wait_bar(sb, phase, p, kWaitKFull, (int)stage, t);
+  ptx::named_bar_sync(kTurnBar + cw, 256);
+  const bool pending = st.pending; // one read picks the path (re-read, ptxas serialises)
+  if (pending && masked)
+    fwd_gemms<D, true, true>(st, p, t, cw, lane, s, q_lo, k_lo, q_empty, sb, last_q, lim,
+                             scale_log2);
+  else if (pending)
+    fwd_gemms<D, false, true>(st, p, t, cw, lane, s, q_lo, k_lo, q_empty, sb, last_q, lim,
+                              scale_log2);
+  else if (masked)
+    fwd_gemms<D, true, false>(st, p, t, cw, lane, s, q_lo, k_lo, q_empty, sb, last_q, lim,
+                              scale_log2);
+  else
+    fwd_gemms<D, false, false>(st, p, t, cw, lane, s, q_lo, k_lo, q_empty, sb, last_q, lim,
+                               scale_log2);
+  pack_p(s, st.pa);
+  st.v_lo = v_lo, st.v_bars = sb, st.v_phase = phase, st.v_stage = stage;
+  st.pending = 1;
+}
+
+// After a tile's last block: its pending PV, issued (outside the turns) and completed.
+template <int D, class P>
+__device__ __forceinline__ void fwd_flush(FwdRows<D> &st, const P &p, int32_t t, int lane) {
+  if (!st.pending)
+    return;
+  fwd_issue_pv<D>(st, p, t);
+  ptx::wgmma_wait<0>();
+  fwd_release_pv<D>(st, lane);
+  st.pending = 0;
+}
+
+// The turns' ends: warpgroup 1 lets warpgroup 0 take the first turn; at the end warpgroup 0
+// takes the turn warpgroup 1's last block left it, so both barriers end with no arrival
+// pending. Both warpgroups run the same blocks (a tile's blocks are its rows' union), so their
+// turns alternate to the end.
+__device__ __forceinline__ void fwd_turns_begin(int cw) {
+  if (cw == 1)
+    ptx::named_bar_arrive(kTurnBar, 256);
+}
+__device__ __forceinline__ void fwd_turns_end(int cw) {
+  if (cw == 0)
+    ptx::named_bar_sync(kTurnBar, 256);
+}
+
 // Consumer warpgroup cw (0 or 1): rows 64 cw .. 64 cw + 63 of every tile of this CTA.
 template <int D>
 __device__ __forceinline__ void consumer_loop(const AttnParams &p, uint32_t base, uint32_t bars,
@@ -159,60 +310,32 @@ __device__ __forceinline__ void consumer_loop(const AttnParams &p, uint32_t base
   const uint32_t q_full = bars, q_empty = bars + 8;
   const uint32_t q_lo = ptx::wgmma_desc_lo_sw128(base + L::kQ + cw * 64 * 128);
   uint32_t stage = 0, phase = 0, q_phase = 0;
-  for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+  fwd_turns_begin(cw);
+  for (int32_t t = blockIdx.x; t < p.num_tiles; t = next_tile(t)) {
     const Tile tl = tile_at(p, t);
     const int32_t wg_row = tl.m_block * kBlockM + 64 * cw; // the warpgroup's first row
     const int32_t row0 = wg_row + 16 * warp + lane / 4;    // this thread's rows: row0, row0 + 8
-    float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < D / 2; i++)
-      o[i] = 0.f;
+    FwdRows<D> st;
+    fwd_begin<D>(st);
     wait_bar(q_full, q_phase, p, kWaitQFull, 0, t);
     q_phase ^= 1;
     if (tl.n_blocks == 0 && lane == 0)
       ptx::mbar_arrive(q_empty);
     for (int32_t n = 0; n < tl.n_blocks; n++) {
-      const uint32_t k_full = bars + 16 + 32 * stage, k_empty = k_full + 8;
-      const uint32_t v_full = k_full + 16, v_empty = k_full + 24;
-      float s[64];
-      wait_bar(k_full, phase, p, kWaitKFull, stage, t);
-      qk_gemm<D>(s, q_lo, ptx::wgmma_desc_lo_sw128(base + L::kK + stage * L::kTileBytes));
-      ptx::wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 64; i++)
-        ptx::reg_fence(s[i]);
-      if (lane == 0) {
-        ptx::mbar_arrive(k_empty);
-        if (n == tl.n_blocks - 1)
-          ptx::mbar_arrive(q_empty);
-      }
       const int64_t block_end = (int64_t)n * kBlockN + kBlockN - 1;
-      if (block_end >= p.seq_kv || (p.causal && block_end > p.delta + wg_row)) {
-        int32_t lim[2];
+      const bool masked = block_end >= p.seq_kv || (p.causal && block_end > p.delta + wg_row);
+      int32_t lim[2] = {kBlockN, kBlockN};
+      if (masked)
         row_limits(p.seq_kv, p.causal, p.delta, row0, n, lim);
-        apply_mask(s, lim, 2 * (lane % 4));
-      }
-      float alpha[2];
-      softmax_step(s, m, l, alpha, p.scale_log2);
-#pragma unroll
-      for (int i = 0; i < D / 2; i++)
-        o[i] *= alpha[(i / 2) % 2];
-      uint32_t pa[32];
-      pack_p(s, pa);
-      wait_bar(v_full, phase, p, kWaitVFull, stage, t);
-      pv_gemm<D>(o, pa,
-                 ptx::wgmma_desc_lo_sw128_mn(base + L::kV + stage * L::kTileBytes, L::kBoxBytes));
-      ptx::wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < D / 2; i++)
-        ptx::reg_fence(o[i]);
-      if (lane == 0)
-        ptx::mbar_arrive(v_empty);
+      fwd_block<D>(st, p, t, cw, lane, q_lo, q_empty, base, bars + 16 + 32 * stage, stage, phase,
+                   n == tl.n_blocks - 1, masked, lim, p.scale_log2);
       if (++stage == L::kStages)
         stage = 0, phase ^= 1;
     }
-    store_rows<D>(p, tl, row0, lane, o, m, l);
+    fwd_flush<D>(st, p, t, lane);
+    store_rows<D>(p, tl, row0, lane, st.o, st.m, st.l);
   }
+  fwd_turns_end(cw);
 }
 
 } // namespace attn

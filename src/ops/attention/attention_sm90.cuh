@@ -3,12 +3,15 @@
  *
  * Contract:
  *   Grid     min(SMs, tiles) CTAs of kThreads threads, AttnSmem<D>::kDynamicBytes of dynamic
- *            shared memory; CTA c runs tiles c, c + grid, ... of a static schedule over
- *            (128-row Q block, q head, batch) (tile_at).
+ *            shared memory; the CTAs run the tiles (128-row Q block, q head, batch; tile_at)
+ *            in passes of one tile each, snaking across the CTAs (next_tile).
  *   Roles    warpgroup 0 is the producer: one thread issues every TMA load (Q once a tile,
  *            then K and V of each visible 128-row KV block into a ring of kStages stages);
  *            warpgroups 1 and 2 are consumers, each owning 64 of the tile's 128 query rows
- *            (the rows of its wgmma m64 fragments) and the whole KV loop for them.
+ *            (the rows of its wgmma m64 fragments) and the whole KV loop for them. Each
+ *            issues block n's S behind block n - 1's PV and runs n's softmax while that PV
+ *            runs; the two take turns issuing their GEMMs (named barriers kTurnBar + 0/1,
+ *            attention_consumer.cuh).
  *   Barriers q_full / k_full[s] / v_full[s]: the loads' bytes (expect_tx, one arrival);
  *            q_empty / k_empty[s] / v_empty[s]: lane 0 of each of the 8 consumer warps after
  *            its warpgroup's last wgmma reading the buffer has completed. Every wait is bounded
@@ -118,6 +121,18 @@ template <class P> __device__ __forceinline__ Tile tile_at(const P &p, int32_t t
   return tl;
 }
 
+// The static schedule over a kernel's tiles: the CTA's tile on pass k is k G + c on even passes
+// and k G + G - 1 - c on odd ones (c = blockIdx.x, G = gridDim.x), a snake over the tile order,
+// so that tiles of falling length (causal, longest first) even out across the CTAs (a plain
+// round robin leaves the CTA of the longest tiles up to 14% over the mean), while each pass
+// still runs G consecutive tiles at once (the heads they share stay in L2). A CTA's first tile
+// is blockIdx.x; the one after t is next_tile(t); past the last tile (t >= the count), so is
+// every later one. Usage: for (int32_t t = blockIdx.x; t < n; t = next_tile(t)).
+__device__ __forceinline__ int32_t next_tile(int32_t t) {
+  const int32_t g = (int32_t)gridDim.x, k = t / g + 1;
+  return k * g + (k % 2 == 0 ? (int32_t)blockIdx.x : g - 1 - (int32_t)blockIdx.x);
+}
+
 // Warpgroup 0's thread 0: every load of every tile of this CTA, in the consumers' order.
 template <int D>
 __device__ __forceinline__ void producer_loop(const AttnParams &p, uint32_t base, uint32_t bars) {
@@ -127,7 +142,7 @@ __device__ __forceinline__ void producer_loop(const AttnParams &p, uint32_t base
   ptx::tma_prefetch_map(&p.v_map);
   const uint32_t q_full = bars, q_empty = bars + 8;
   uint32_t stage = 0, phase = 0, q_phase = 0;
-  for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+  for (int32_t t = blockIdx.x; t < p.num_tiles; t = next_tile(t)) {
     const Tile tl = tile_at(p, t);
     const int32_t kv_head = tl.head / p.group;
     wait_bar(q_empty, q_phase ^ 1, p, kWaitQEmpty, 0, t);

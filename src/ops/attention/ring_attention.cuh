@@ -134,7 +134,7 @@ __device__ __forceinline__ void ring_loads(const RingParams &p, uint32_t base, u
   ptx::tma_prefetch_map(&p.a.q_map);
   const uint32_t q_full = bars, q_empty = bars + 8;
   uint32_t stage = 0, phase = 0, q_phase = 0;
-  for (int32_t t = blockIdx.x; t < p.a.num_tiles; t += gridDim.x) {
+  for (int32_t t = blockIdx.x; t < p.a.num_tiles; t = next_tile(t)) {
     const RingTile tl = ring_tile_at(p, t);
     const int32_t kv_head = tl.head / p.a.group;
     wait_bar(q_empty, q_phase ^ 1, p.a, kWaitQEmpty, 0, t);

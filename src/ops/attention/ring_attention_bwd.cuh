@@ -90,7 +90,7 @@ __device__ __forceinline__ void ring_dkdv_producer(const RingBwdParams &p, uint3
   const uint32_t kv_full = bars, kv_empty = bars + 8;
   const int rank = p.r.q_segs[0].rank;
   uint32_t stage = 0, phase = 0, kv_phase = 0;
-  for (int32_t t = blockIdx.x; t < p.num_kv_tiles; t += gridDim.x) {
+  for (int32_t t = blockIdx.x; t < p.num_kv_tiles; t = next_tile(t)) {
     const RingKvTile tl = ring_kv_tile_at(p, t);
     const int32_t key_row = p.r.q_segs[tl.seg].row0 + tl.n_block * kBlockN;
     wait_bar(kv_empty, kv_phase ^ 1, p.b, kWaitKEmpty, 0, t);
@@ -136,7 +136,7 @@ __device__ __forceinline__ void ring_dkdv_consumer(const RingBwdParams &p, uint3
   const uint32_t k_lo = ptx::wgmma_desc_lo_sw128(base + L::kK + cw * 64 * 128);
   const uint32_t v_lo = ptx::wgmma_desc_lo_sw128(base + L::kV + cw * 64 * 128);
   uint32_t stage = 0, phase = 0, kv_phase = 0;
-  for (int32_t t = blockIdx.x; t < p.num_kv_tiles; t += gridDim.x) {
+  for (int32_t t = blockIdx.x; t < p.num_kv_tiles; t = next_tile(t)) {
     const RingKvTile tl = ring_kv_tile_at(p, t);
     const RingSeg &kseg = p.r.q_segs[tl.seg];
     const int32_t key_r = tl.n_block * kBlockN + 64 * cw + 16 * warp + lane / 4; // and + 8
@@ -176,7 +176,7 @@ __device__ __forceinline__ void ring_dq_consumer(const RingBwdParams &p, uint32_
   const uint32_t q_lo = ptx::wgmma_desc_lo_sw128(base + L::kQ + cw * 64 * 128);
   const uint32_t do_lo = ptx::wgmma_desc_lo_sw128(base + L::kDO + cw * 64 * 128);
   uint32_t stage = 0, phase = 0, q_phase = 0;
-  for (int32_t t = blockIdx.x; t < p.r.a.num_tiles; t += gridDim.x) {
+  for (int32_t t = blockIdx.x; t < p.r.a.num_tiles; t = next_tile(t)) {
     const RingTile tl = ring_tile_at(p.r, t);
     const RingSeg &qs = p.r.q_segs[tl.qseg];
     DqRows rw;

@@ -44,14 +44,13 @@ __device__ __forceinline__ void ring_consumer(const RingParams &p, uint32_t base
   const uint32_t q_full = bars, q_empty = bars + 8;
   const uint32_t q_lo = ptx::wgmma_desc_lo_sw128(base + L::kQ + cw * 64 * 128);
   uint32_t stage = 0, phase = 0, q_phase = 0;
-  for (int32_t t = blockIdx.x; t < p.a.num_tiles; t += gridDim.x) {
+  fwd_turns_begin(cw);
+  for (int32_t t = blockIdx.x; t < p.a.num_tiles; t = next_tile(t)) {
     const RingTile tl = ring_tile_at(p, t);
     const int32_t wg_row = tl.m_block * kBlockM + 64 * cw; // the warpgroup's first row
     const int32_t row0 = wg_row + 16 * warp + lane / 4;    // this thread's rows: row0, row0 + 8
-    float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < D / 2; i++)
-      o[i] = 0.f;
+    FwdRows<D> st;
+    fwd_begin<D>(st);
     wait_bar(q_full, q_phase, p.a, kWaitQFull, 0, t);
     q_phase ^= 1;
     if (tl.n_blocks == 0 && lane == 0)
@@ -60,48 +59,21 @@ __device__ __forceinline__ void ring_consumer(const RingParams &p, uint32_t base
     for (int j = 0; j < p.n_kv_segs; j++) {
       const KvRun run = kv_run(p, tl, j);
       for (int32_t n = 0; n < run.n_blocks; n++) {
-        const uint32_t k_full = bars + 16 + 32 * stage, k_empty = k_full + 8;
-        const uint32_t v_full = k_full + 16, v_empty = k_full + 24;
-        float s[64];
-        wait_bar(k_full, phase, p.a, kWaitKFull, stage, t);
-        qk_gemm<D>(s, q_lo, ptx::wgmma_desc_lo_sw128(base + L::kK + stage * L::kTileBytes));
-        ptx::wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 64; i++)
-          ptx::reg_fence(s[i]);
-        if (lane == 0) {
-          ptx::mbar_arrive(k_empty);
-          if (--left == 0)
-            ptx::mbar_arrive(q_empty);
-        }
         const int64_t block_end = (int64_t)n * kBlockN + kBlockN - 1;
-        if (block_end >= run.rows || (p.a.causal && block_end > run.delta + wg_row)) {
-          int32_t lim[2];
+        const bool masked = block_end >= run.rows || (p.a.causal && block_end > run.delta + wg_row);
+        int32_t lim[2] = {kBlockN, kBlockN};
+        if (masked)
           row_limits(run.rows, p.a.causal, run.delta, row0, n, lim);
-          apply_mask(s, lim, 2 * (lane % 4));
-        }
-        float alpha[2];
-        softmax_step(s, m, l, alpha, p.a.scale_log2);
-#pragma unroll
-        for (int i = 0; i < D / 2; i++)
-          o[i] *= alpha[(i / 2) % 2];
-        uint32_t pa[32];
-        pack_p(s, pa);
-        wait_bar(v_full, phase, p.a, kWaitVFull, stage, t);
-        pv_gemm<D>(o, pa,
-                   ptx::wgmma_desc_lo_sw128_mn(base + L::kV + stage * L::kTileBytes, L::kBoxBytes));
-        ptx::wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < D / 2; i++)
-          ptx::reg_fence(o[i]);
-        if (lane == 0)
-          ptx::mbar_arrive(v_empty);
+        fwd_block<D>(st, p.a, t, cw, lane, q_lo, q_empty, base, bars + 16 + 32 * stage, stage,
+                     phase, --left == 0, masked, lim, p.a.scale_log2);
         if (++stage == L::kStages)
           stage = 0, phase ^= 1;
       }
     }
-    ring_store_rows<D>(p, tl, row0, lane, o, m, l);
+    fwd_flush<D>(st, p.a, t, lane);
+    ring_store_rows<D>(p, tl, row0, lane, st.o, st.m, st.l);
   }
+  fwd_turns_end(cw);
 }
 
 // Thread 0, after every CTA's reads: counts this CTA out (releasing the peers' k and v); the
