@@ -163,7 +163,9 @@ TW_ENV(TW_AG_LL, int, "-1", DEV, 1,
 TW_ENV(TW_LL_BYTES, size, "16M", USER, 1,
        "Bytes of each rank's low-latency area (in its symmetric heap, taken at init): where "
        "tw_allgather and the unfused decode pipeline of tw_gemm_rs / tw_gemm_ar exchange data with "
-       "flags in the data (TW_AG_LL, TW_RS_UNFUSED_LL). A call that needs more (for tw_gemm_rs 2 x "
+       "flags in the data (TW_AG_LL, TW_RS_UNFUSED_LL), and the MoE dispatches exchange their "
+       "counts inside a node (across nodes too, where only the rail hop is an RDMA write). A call "
+       "that needs more (for tw_gemm_rs 2 x "
        "world x m/world x n x partial bytes x 2, plus m x n x 4 for tw_gemm_ar) takes the path "
        "without it. 0: no area.")
 TW_ENV(

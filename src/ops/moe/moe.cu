@@ -445,13 +445,16 @@ tw_status_t tw::moe::moe_prepare(tw_comm_t comm, const tw_moe_args_t *in, int ki
   p.experts = (int32_t)a.experts, p.top_k = (int32_t)a.top_k, p.index_bits = a.index_bits;
   p.local_experts = (int32_t)(a.experts / comm->world);
   /* the count exchange through the low-latency area where every rank's slot fits a half and
-   * the area sits at one offset from every rank's control block; the choice depends on the comm
-   * alone (TW_LL_BYTES is alike on every rank), so every rank makes it alike */
-  if (sends(kind) && comm->nodes == 1 && comm->ll &&
-      comm->ll_bytes / 2 >= (size_t)comm->world * kLlCountSlot) {
+   * the area sits at one offset from the control block of every rank of this node (the words
+   * never leave the node: across nodes the count rows cross the rail as before); the choice
+   * depends on the comm alone (TW_LL_BYTES is alike on every rank), so every rank makes it
+   * alike */
+  if (sends(kind) && comm->ll && comm->ll_bytes / 2 >= (size_t)comm->world * kLlCountSlot) {
     const uint64_t off = (uint64_t)((const char *)comm->ll - (const char *)comm->ctrl);
     bool mapped = true;
     for (int r = 0; r < comm->world && mapped; r++) {
+      if (comm->node_of[r] != comm->node)
+        continue;
       const char *ctrl =
           r == comm->rank ? (const char *)comm->ctrl : (const char *)comm->dev.peer_ctrl[r];
       mapped = ctrl && tw_heap_peer_ptr(comm, comm->ll, r) == (const void *)(ctrl + off);

@@ -42,7 +42,7 @@
 #include "ops/moe/moe_gemm_host.cuh"
 #include "ops/moe/moe_hooks.cuh"
 #include "ops/moe/moe_layout.cuh"
-#include "ops/moe/moe_net.cuh"
+#include "ops/moe/moe_net_counts.cuh"
 #include "ops/moe/swiglu.cuh"
 
 extern "C" {
@@ -217,8 +217,10 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
   for (int32_t b = threadIdx.x; b < g_live_blocks; b += blockDim.x)
     *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagBlocks + b) = 0;
   combine_counts_top_up(dc, g_live_blocks, fp.down.order.n_blocks, s_target);
-  if (threadIdx.x == 0)
+  if (threadIdx.x == 0) {
+    ll_call_done(dc, p);
     tw_op_end(dc, ch, epoch);
+  }
 }
 
 static_assert(sizeof(FfnNetParams) <= 32764, "kernel parameters");

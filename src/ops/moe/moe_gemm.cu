@@ -28,7 +28,7 @@
 #include "ops/moe/moe_gemm_host.cuh"
 #include "ops/moe/moe_hooks.cuh"
 #include "ops/moe/moe_layout.cuh"
-#include "ops/moe/moe_net.cuh"
+#include "ops/moe/moe_net_counts.cuh"
 
 extern "C" {
 #include "core/status.h"
@@ -123,6 +123,7 @@ __global__ void __launch_bounds__(tw::gemm::kThreads, 1)
   if (threadIdx.x == 0 && tw_op_exit(dc, ch, epoch, false)) {
     for (int32_t b = 0; b < g_live_blocks; b++)
       *(volatile uint64_t *)tw_own_flag(dc, ch, kFlagBlocks + b) = 0;
+    ll_call_done(dc, p);
     tw_op_end(dc, ch, epoch);
   }
 }

@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "device/signal.cuh"
-#include "ops/moe/moe_net.cuh"
+#include "ops/moe/moe_net_counts.cuh"
 
 namespace {
 
@@ -57,7 +57,10 @@ __global__ void __launch_bounds__(kMoeThreads, 1)
       tw_fifo_wait_done(dc.fifo, dc, ch, c.last); /* the NIC has read this CTA's staged rows */
     if (ok)
       rows_landed(dc, epoch); /* the kernel ends once every rank's rows landed here */
-    tw_op_finish(dc, ch, epoch);
+    if (tw_op_exit(dc, ch, epoch, false)) {
+      ll_call_done(dc, p);
+      tw_op_end(dc, ch, epoch);
+    }
   }
 }
 

@@ -11,7 +11,7 @@
  *             over NVLink to the ranks of this node and by RDMA to each rail peer, which forwards
  *             it to the ranks of its node: every rank then holds every rank's row and derives the
  *             one layout every rank derives (derive_layout), so a row's place in an expert's recv
- *             is known where it is sent.
+ *             is known where it is sent (moe_net_counts.cuh).
  *   dispatch  pack: the rows bound for node q, in their order there, each staged with its meta
  *             (the token, and per slot the destination rank << 40 | row, or -1 for a slot of
  *             another node) into rows_out, then one RDMA write a chunk (at most kNetChunks a
@@ -206,94 +206,6 @@ __device__ inline void net_enter(const tw_dev_comm_t &dc, const MoeNet &n, NetCt
       c.last = t;
     }
 }
-
-/* The flag this rank waits on for rank r's count row: a net flag where r is a rail peer (its row
- * landed here by RDMA), else this rank's flag r (set by r, or by the rank of this node that
- * forwards what r sent). */
-__device__ __forceinline__ const uint64_t *count_flag(const tw_dev_comm_t &dc, const MoeNet &n,
-                                                      int r) {
-  const tw_rail_t &x = n.rail;
-  if (x.node_of[r] != x.node && x.local_of[r] == x.local)
-    return tw_net_flag(dc, TW_CH_MOE, kNetCounts + x.node_of[r]);
-  return tw_own_flag(dc, TW_CH_MOE, r);
-}
-
-/* exchange_layout across nodes (the counts step above), every CTA: the entry handshakes, block 0's
- * layout and count exchange, every rank's counts awaited and the layout derived into s. Returns
- * whether the CTA may go on (false: a wait failed, recorded). */
-__device__ inline int exchange_layout_net(const tw_dev_comm_t &dc, const MoeParams &p,
-                                          const MoeNet &n, SharedLayout &s, int32_t *s_count,
-                                          NetCta &c, uint64_t epoch) {
-  const int ch = TW_CH_MOE, W = dc.world, stride = count_stride(p.experts);
-  const tw_rail_t &x = n.rail;
-  if (threadIdx.x == 0)
-    net_enter(dc, n, c, epoch);
-  __syncthreads();
-  if (blockIdx.x == 0 && c.ok) {
-    layout_block(p, s_count);
-    net_layout_block(p, n);
-    for (int j = 0; j < x.local_size; j++)
-      for (int i = threadIdx.x; i < stride; i += blockDim.x)
-        p.counts_in[x.local_rank[j]][dc.rank * stride + i] = p.cnt[i];
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      tw_fence_acq_rel_sys();
-      for (int j = 0; j < x.local_size; j++) {
-        const int r = x.local_rank[j];
-        tw_signal_put(r == dc.rank ? tw_own_flag(dc, ch, r) : tw_peer_flag(dc, r, ch, dc.rank),
-                      epoch);
-      }
-      for (int q = 0; q < x.nodes; q++)
-        if (q != x.node)
-          net_post(dc, n, c, q, n.l.cnt, n.l.counts_in + (uint64_t)dc.rank * stride * 4,
-                   (uint64_t)stride * 4, kNetCounts + x.node, epoch);
-    }
-    /* the rail peers' rows, forwarded to the other ranks of this node */
-    for (int q = 0; q < x.nodes; q++) {
-      if (q == x.node)
-        continue;
-      const int src = x.rail[q];
-      __syncthreads();
-      if (threadIdx.x == 0 && c.ok)
-        c.ok = tw_wait_geq(dc, ch, tw_net_flag(dc, ch, kNetCounts + q), epoch, src, -1);
-      __syncthreads();
-      if (!c.ok)
-        break;
-      const volatile int32_t *row = p.counts_in[dc.rank] + (int64_t)src * stride;
-      for (int j = 0; j < x.local_size; j++)
-        for (int i = threadIdx.x; i < stride && x.local_rank[j] != dc.rank; i += blockDim.x)
-          p.counts_in[x.local_rank[j]][src * stride + i] = row[i];
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        tw_fence_acq_rel_sys();
-        for (int j = 0; j < x.local_size; j++)
-          if (x.local_rank[j] != dc.rank)
-            tw_signal_put(tw_peer_flag(dc, x.local_rank[j], ch, src), epoch);
-      }
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0)
-    for (int r = 0; r < W && c.ok; r++)
-      c.ok = tw_wait_geq(dc, ch, count_flag(dc, n, r), epoch, r, r);
-  __syncthreads();
-  const int ok = c.ok;
-  if (ok)
-    derive_layout(p, dc, s);
-  return ok;
-}
-
-/* exchange_layout_net as a fused kernel's layout_phase takes it (moe_hooks.cuh). */
-struct ExchangeNet {
-  const tw_dev_comm_t &dc;
-  const MoeParams &p;
-  const MoeNet &n;
-  NetCta &c;
-  uint64_t epoch;
-  __device__ int operator()(SharedLayout &s, int32_t *scratch) const {
-    return exchange_layout_net(dc, p, n, s, scratch, c, epoch);
-  }
-};
 
 /* Rows rank src sends to node q (from the count rows every rank holds). */
 __device__ __forceinline__ int64_t rows_to_node(const MoeParams &p, const tw_dev_comm_t &dc,
