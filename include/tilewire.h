@@ -370,8 +370,12 @@ TW_API tw_status_t tw_attention(const tw_attention_args_t *args, tw_stream_t str
  * add nothing. workspace: fp32 [batch, heads_q, seq_q], written. Device memory of the current
  * device, 16-byte aligned (lse, workspace 4); outputs overlap no input nor each other. Three
  * launches on `stream`, no host synchronisation. sm_count: SMs to use (0: all).
+ * With dq_accum (version 2) the one-pass backward: dq's sums run in the kernel that computes dk
+ * and dv (five GEMMs a block instead of seven) and are added into dq_accum by the memory system
+ * in no fixed order, so dq is not bitwise repeatable (dk, dv still are) though within the same
+ * tolerance; four launches (dq_accum zeroed among them).
  */
-#define TW_ATTENTION_BACKWARD_ARGS_VERSION 1
+#define TW_ATTENTION_BACKWARD_ARGS_VERSION 2
 typedef struct tw_attention_backward_args {
   size_t size;      /* sizeof(tw_attention_backward_args_t) */
   uint32_t version; /* TW_ATTENTION_BACKWARD_ARGS_VERSION */
@@ -390,12 +394,15 @@ typedef struct tw_attention_backward_args {
   int64_t q_offset, kv_offset; /* as the forward's */
   float softmax_scale;         /* as the forward's; 0: 1 / sqrt(head_dim) */
   int32_t sm_count;            /* SMs to use; 0: all the device's */
+  /* Version 2. NULL, or fp32 scratch of batch x heads_q x round_up(seq_q, 128) x head_dim
+   * elements, 16-byte aligned, overlapping nothing else: the one-pass backward (above). */
+  float *dq_accum;
 } tw_attention_backward_args_t;
 
 #define TW_ATTENTION_BACKWARD_ARGS_INIT                                                            \
   {                                                                                                \
     sizeof(tw_attention_backward_args_t), TW_ATTENTION_BACKWARD_ARGS_VERSION, 0, 0, 0, 0, 0, 0, 0, \
-        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0                                                \
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0                                             \
   }
 
 TW_API tw_status_t tw_attention_backward_args_init(tw_attention_backward_args_t *args);

@@ -64,8 +64,9 @@ class StandIns:
         if lse.numel():
             lse.copy_(ref_lse)
 
-    def backward(self, q, k, v, o, dout, lse, dq, dk, dv, ws, causal, scale, q_offset,
+    def backward(self, q, k, v, o, dout, lse, dq, dk, dv, ws, dq_accum, causal, scale, q_offset,
                  kv_offset):
+        assert dq_accum.numel() == 0  # deterministic by default: the three-kernel backward
         self.calls.append(("attention_backward", dout.is_contiguous(), dout.dtype))
         self._backward(q, k, v, o, dout, lse, dq, dk, dv, ws, causal, scale, q_offset,
                        kv_offset)
@@ -139,7 +140,7 @@ def _rel(x, ref):
 @needs_custom_ops
 def test_backward_ops_mutate_their_outputs_and_the_staging_buffers():
     schemas = {
-        "attention_backward": ("dq", "dk", "dv", "workspace"),
+        "attention_backward": ("dq", "dk", "dv", "workspace", "dq_accum"),
         "ring_attention_backward": ("q_buf", "k_buf", "v_buf", "dout_buf", "lse_buf",
                                     "workspace", "dq", "dk", "dv"),
         "ring_attention_staged": ("k_buf", "v_buf", "o", "lse"),
@@ -150,7 +151,7 @@ def test_backward_ops_mutate_their_outputs_and_the_staging_buffers():
             assert re.search(r"Tensor\(a\d+!\)\??\s%s\b" % arg, schema), (name, arg, schema)
         for arg in ("q", "k", "v"):
             assert re.search(r"Tensor %s\b" % arg, schema), (name, arg, schema)
-    assert _attention_grad._attention_backward_fake(*[None] * 14) is None
+    assert _attention_grad._attention_backward_fake(*[None] * 15) is None
     assert _attention_grad._ring_backward_fake(*[None] * 19) is None
     assert _attention._ring_staged_fake(*[None] * 11) is None
 
@@ -176,8 +177,10 @@ def test_attention_backward_launch_fields(monkeypatch):
     o, dout = torch.zeros_like(q), torch.zeros_like(q)
     lse, ws = torch.zeros(2, 8, 40), torch.zeros(2, 8, 40)
     dq, dk, dv = _attention_grad._grads(q, k)
-    _attention_grad._attention_backward_impl(q, k, v, o, dout, lse, dq, dk, dv, ws, True, 0.25,
-                                             7, 3)
+    accum = _attention_grad._dq_accum(q, False)
+    assert accum.dtype == torch.float32 and accum.numel() == 2 * 8 * 128 * 128
+    _attention_grad._attention_backward_impl(q, k, v, o, dout, lse, dq, dk, dv, ws, accum, True,
+                                             0.25, 7, 3)
     name, a = _args(calls.seen[0], _lib.AttentionBackwardArgs)
     assert name == "tw_attention_backward"
     ptrs = dict(q=q, k=k, v=v, o=o, dout=dout, lse=lse, dq=dq, dk=dk, dv=dv, workspace=ws)
@@ -187,6 +190,11 @@ def test_attention_backward_launch_fields(monkeypatch):
         (1, 2, 8, 2, 40, 50, 128)
     assert (a.q_offset, a.kv_offset, a.softmax_scale, a.sm_count) == (7, 3, 0.25, 0)
     assert dq.shape == q.shape and dk.shape == dv.shape == k.shape and dk.dtype == bf16
+    assert a.dq_accum == accum.data_ptr() and a.version == 2
+    # deterministic: no scratch, the default backward (dq_accum NULL)
+    _attention_grad._attention_backward_impl(q, k, v, o, dout, lse, dq, dk, dv, ws,
+                                             _attention_grad._dq_accum(q, True), True, 0.25, 7, 3)
+    assert _args(calls.seen[1], _lib.AttentionBackwardArgs)[1].dq_accum is None
 
 
 class _NoDevice:

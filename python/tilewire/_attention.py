@@ -28,6 +28,7 @@ from ._attention_grad import (
     _grads,
     _bf16_dout,
     _check_grad_buffers,
+    _dq_accum,
     _gathered_ptr,
     ring_attention_reserve,
     _ring_backward_impl,
@@ -105,7 +106,7 @@ def _needs_grad(*tensors):
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, q_offset=0, kv_offset=0,
-              return_lse=False):
+              return_lse=False, deterministic=True):
     """Attention (tw_attention) on q's GPU:
     ``o[b, i, h] = softmax_j(scale * q[b, i, h] . k[b, j, h // g]) @ v[b, :, h // g]`` with
     g = heads_q // heads_kv (GQA / MQA).
@@ -126,12 +127,18 @@ def attention(q, k, v, causal=False, softmax_scale=None, q_offset=0, kv_offset=0
     in bf16, fp32 sums, the same bits on every call; a kv head's dk and dv summed over its
     group's q heads) on the stream autograd runs it on, with no host synchronisation: eager,
     under torch.compile and in CUDA graphs. lse is not differentiable (returned detached).
+    deterministic=False takes the one-pass backward (dq's sums in the kernel of dk and dv, added
+    into an fp32 scratch in no fixed order: faster, dq within the same tolerance but not the
+    same bits on every call; dk and dv still are); it is ignored while
+    torch.use_deterministic_algorithms is on.
     """
     _check_attention(q, k, v, causal, softmax_scale, q_offset, kv_offset)
     _check_cuda(q, "q", _OP, None)
     scale = float(softmax_scale or 0.0)
     if _needs_grad(q, k, v):
-        o, lse = _AttentionFunction.apply(q, k, v, causal, scale, q_offset, kv_offset)
+        deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
+        o, lse = _AttentionFunction.apply(q, k, v, causal, scale, q_offset, kv_offset,
+                                          bool(deterministic))
         return (o, lse) if return_lse else o
     o, lse = _outputs(q, return_lse)
     _attention_run(q, k, v, o, lse, causal, scale, q_offset, kv_offset)
@@ -148,12 +155,13 @@ class _AttentionFunction(torch.autograd.Function):
     """(o, lse) = attention(q, k, v); backward: tilewire::attention_backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale, q_offset, kv_offset):
+    def forward(ctx, q, k, v, causal, softmax_scale, q_offset, kv_offset, deterministic):
         o, lse = _outputs(q, True)
         _attention_run(q, k, v, o, lse, causal, softmax_scale, q_offset, kv_offset)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.softmax_scale = causal, softmax_scale
         ctx.q_offset, ctx.kv_offset = q_offset, kv_offset
+        ctx.deterministic = deterministic
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -162,13 +170,16 @@ class _AttentionFunction(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         dout = _bf16_dout(dout)
         (dq, dk, dv), workspace = _grads(q, k), _workspace(q)
+        dq_accum = _dq_accum(q, ctx.deterministic)
         _call_mutating(lambda *a: torch.ops.tilewire.attention_backward(*a),
-                       _attention_backward_impl, (q, k, v, o, dout, lse, dq, dk, dv, workspace),
-                       (dq, dk, dv, workspace), q, k, v, o, dout, lse, dq, dk, dv, workspace,
-                       ctx.causal, ctx.softmax_scale, ctx.q_offset, ctx.kv_offset)
+                       _attention_backward_impl,
+                       (q, k, v, o, dout, lse, dq, dk, dv, workspace, dq_accum),
+                       (dq, dk, dv, workspace, dq_accum), q, k, v, o, dout, lse, dq, dk, dv,
+                       workspace, dq_accum, ctx.causal, ctx.softmax_scale, ctx.q_offset,
+                       ctx.kv_offset)
         need = ctx.needs_input_grad
         return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 def _outputs(q, return_lse):

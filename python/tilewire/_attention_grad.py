@@ -3,7 +3,8 @@ tw_attention_backward, tw_ring_attention_backward), as mutating custom ops on to
 stream with no host synchronisation, and the symmetric buffers the ring's backward stages its
 operands in.
 
-    tilewire::attention_backward       writes dq, dk, dv and the fp32 workspace (dsum)
+    tilewire::attention_backward       writes dq, dk, dv and the fp32 workspace (dsum), and
+                                       with a dq_accum the one-pass backward's fp32 dq sums
     tilewire::ring_attention_backward  copies q, dout and lse into symmetric buffers (and k,
                                        v into the buffers the forward staged them in, where it
                                        did), then writes dq, dk, dv and the symmetric fp32
@@ -73,28 +74,38 @@ def _bf16_dout(dout):
 _OP = "tilewire.attention (backward)"
 
 
-def _attention_backward_impl(q, k, v, o, dout, lse, dq, dk, dv, workspace, causal,
+def _dq_accum(q, deterministic):
+    """The one-pass backward's fp32 scratch (batch x heads_q x round_up(seq_q, 128) x head_dim),
+    or, deterministic, an empty tensor (the default three-kernel backward, bitwise repeatable)."""
+    batch, seq, heads_q, head_dim = q.shape
+    n = 0 if deterministic else batch * heads_q * ((seq + 127) // 128 * 128) * head_dim
+    return torch.empty((n,), dtype=_FP32, device=q.device)
+
+
+def _attention_backward_impl(q, k, v, o, dout, lse, dq, dk, dv, workspace, dq_accum, causal,
                              softmax_scale, q_offset, kv_offset):
     args = _lib.AttentionBackwardArgs(
         seq_q=q.shape[1], seq_kv=k.shape[1], q_offset=q_offset, kv_offset=kv_offset,
+        dq_accum=dq_accum.data_ptr() if dq_accum.numel() else None,
         **_backward_fields(_OP, q, k, v, o, dout, lse, dq, dk, dv, workspace, causal,
                            softmax_scale))
     with _on_device(q.device.index):  # tw_attention_backward runs on the current device
         _lib.call("tw_attention_backward", ctypes.byref(args), _stream(q.device))
 
 
-@_custom_op("tilewire::attention_backward", mutates_args=("dq", "dk", "dv", "workspace"))
+@_custom_op("tilewire::attention_backward",
+            mutates_args=("dq", "dk", "dv", "workspace", "dq_accum"))
 def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                            dout: torch.Tensor, lse: torch.Tensor, dq: torch.Tensor,
                            dk: torch.Tensor, dv: torch.Tensor, workspace: torch.Tensor,
-                           causal: bool, softmax_scale: float, q_offset: int,
-                           kv_offset: int) -> None:
-    _attention_backward_impl(q, k, v, o, dout, lse, dq, dk, dv, workspace, causal,
+                           dq_accum: torch.Tensor, causal: bool, softmax_scale: float,
+                           q_offset: int, kv_offset: int) -> None:
+    _attention_backward_impl(q, k, v, o, dout, lse, dq, dk, dv, workspace, dq_accum, causal,
                              softmax_scale, q_offset, kv_offset)
 
 
 @_register_fake(_attention_backward_op)
-def _attention_backward_fake(q, k, v, o, dout, lse, dq, dk, dv, workspace, causal,
+def _attention_backward_fake(q, k, v, o, dout, lse, dq, dk, dv, workspace, dq_accum, causal,
                              softmax_scale, q_offset, kv_offset):
     return None
 

@@ -41,7 +41,7 @@ TW_GEMM_RS_ARGS_VERSION = 3
 TW_MOE_ARGS_VERSION = 3
 TW_GROUPED_GEMM_ARGS_VERSION = 1
 TW_ATTENTION_ARGS_VERSION = 1
-TW_ATTENTION_BACKWARD_ARGS_VERSION = 1
+TW_ATTENTION_BACKWARD_ARGS_VERSION = 2
 TW_RING_ATTENTION_ARGS_VERSION = 1
 TW_RING_ATTENTION_BACKWARD_ARGS_VERSION = 1
 TW_RING_CONTIGUOUS = 0
@@ -265,6 +265,7 @@ class AttentionBackwardArgs(_Versioned):
         ("kv_offset", ctypes.c_int64),
         ("softmax_scale", ctypes.c_float),
         ("sm_count", ctypes.c_int32),
+        ("dq_accum", ctypes.c_void_p),  # version 2: fp32 scratch of the one-pass backward
     ]
 
 

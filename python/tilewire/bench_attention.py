@@ -14,8 +14,9 @@ Inputs: fresh randn bf16 q, k, v (B, S, H, D); SDPA gets their (B, H, S, D) tran
 --pass forward (fwd rows): the forward call alone. --pass backward (bwd rows): the backward
 alone, torch.autograd.grad of one forward's output (kept, retain_graph) with a fixed bf16
 dout, for q, k and v (SDPA: their transposed views, so no transpose's backward is timed); each
-SDPA backend's backward is the one its forward under sdpa_kernel recorded. Default: both, a
-fwd and a bwd row per shape.
+SDPA backend's backward is the one its forward under sdpa_kernel recorded; a bwd1 row follows,
+tilewire's one-pass backward (tilewire.attention(..., deterministic=False)) against the same
+backends' times. Default: both, a fwd, a bwd and a bwd1 row per shape.
 
 TFLOP/s: the forward's 4 B H S^2 D (halved for causal) over the median; the backward's 2.5
 times that (FlashAttention's convention: five matmuls against the forward's two). ratio:
@@ -161,14 +162,17 @@ def run_shape(torch, tilewire, shape, causal, args):
 
 
 def run_shape_backward(torch, tilewire, shape, causal, args):
-    """The backward row of one shape: torch.autograd.grad of a kept forward output."""
+    """The backward rows of one shape (the default backward's, the one pass's):
+    torch.autograd.grad of a kept forward output."""
     q, k, v, dout = _inputs(torch, shape, True)
     o = tilewire.attention(q, k, v, causal=causal)
+    o1 = tilewire.attention(q, k, v, causal=causal, deterministic=False)
 
-    def ours():
-        return torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
+    def ours(out=o):
+        return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
     ours_t = _time(torch, ours, args.warmup, args.repeats)
+    one_t = _time(torch, lambda: ours(o1), args.warmup, args.repeats)
     theirs, ref = [], None
     sdpa = torch.nn.functional.scaled_dot_product_attention
     views = tuple(x.transpose(1, 2) for x in (q, k, v))
@@ -189,14 +193,15 @@ def run_shape_backward(torch, tilewire, shape, causal, args):
 
         theirs.append((name, _time(torch, call, args.warmup, args.repeats)))
         out = grads = None
-    row = side_by_side(_label(shape, causal, "bwd"), flops(*shape, causal, backward=True),
-                       ours_t, theirs)
     ok = True
-    if not args.no_check and ref is not None:
-        err = rel_error(ours(), ref)
-        ok = err < GRAD_TOL
-        row += " | max rel err %.3g%s" % (err, "" if ok else " FAILED")
-    print(row, flush=True)
+    for direction, t, out in (("bwd", ours_t, o), ("bwd1", one_t, o1)):
+        row = side_by_side(_label(shape, causal, direction),
+                           flops(*shape, causal, backward=True), t, theirs)
+        if not args.no_check and ref is not None:
+            err = rel_error(ours(out), ref)
+            ok &= err < GRAD_TOL
+            row += " | max rel err %.3g%s" % (err, "" if err < GRAD_TOL else " FAILED")
+        print(row, flush=True)
     return ok
 
 

@@ -148,6 +148,7 @@ static void core_structs(void) {
   FIELD(tw_attention_backward_args_t, kv_offset);
   FIELD(tw_attention_backward_args_t, softmax_scale);
   FIELD(tw_attention_backward_args_t, sm_count);
+  FIELD(tw_attention_backward_args_t, dq_accum);
   end_struct();
 }
 

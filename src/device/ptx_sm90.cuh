@@ -27,6 +27,11 @@ __device__ __forceinline__ uint32_t opaque(uint32_t v) {
 __device__ __forceinline__ void st_shared_s32(uint32_t addr, int32_t v) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
+__device__ __forceinline__ void st_shared_f4(uint32_t addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c),
+               "f"(d)
+               : "memory");
+}
 
 // ---- mbarrier -------------------------------------------------------------------------
 
@@ -233,6 +238,15 @@ __device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap *map, const 
                "%3}], [%1];" ::"l"(reinterpret_cast<uint64_t>(map)),
                "r"(smem_u32(src)), "r"(c0), "r"(c1)
                : "memory");
+}
+
+// Bulk reduce-add shared -> global of `bytes` bytes of fp32 (16-byte aligned, a multiple of 16),
+// element by element, in the bulk group of the thread that commits next.
+__device__ __forceinline__ void bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+      "r"(src), "r"(bytes)
+      : "memory");
 }
 
 __device__ __forceinline__ void bulk_commit() {
@@ -521,6 +535,19 @@ __device__ __forceinline__ void wgmma_rs_bf16_tb(float (&d)[N / 2], const uint32
     wgmma_m64n128k16_rs_bf16_tb(d, a, desc_b, scale_d);
   else
     wgmma_m64n64k16_rs_bf16_tb(d, a, desc_b, scale_d);
+}
+
+// D[64x64] (+)= A[64x16] * B[16x64], both MN-major shared-memory operands (imm-trans-a 1,
+// imm-trans-b 1; descriptors from wgmma_desc_lo_sw128_mn): A stored as its transpose (K rows
+// of 64 M elements), B as K rows of 64 N elements; a 16-row K step adds 16 x 128 bytes to
+// each.
+__device__ __forceinline__ void wgmma_m64n64k16_bf16_tt(float (&d)[32], uint64_t desc_a,
+                                                        uint64_t desc_b, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" TW_WGMMA_R0
+               "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+               : TW_WGMMA_O0
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
 // 2^x, the hardware approximation (ex2.approx.ftz: 2^-inf is +0).

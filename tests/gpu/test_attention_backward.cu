@@ -5,11 +5,14 @@
  * > 1, few SMs (several tiles a CTA). The forward's o and lse come from tw_attention; dq, dk and
  * dv (poisoned first) within bf16 tolerance of the reference (relative to each tensor's largest
  * value), every element finite; a second call bitwise equal; bad arguments refused naming them.
- * 77 without a Hopper GPU.
+ * The one-pass backward (dq_accum set) on every case: dq within the same tolerance, dk and dv
+ * bitwise equal to the default path's; an args struct of version 1's size runs the default
+ * path. 77 without a Hopper GPU.
  */
 #include <cuda_runtime.h>
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,7 +30,8 @@ typedef struct {
   shape_t s;
   size_t q_elems, kv_elems, rows;
   void *q, *k, *v, *o, *dout, *dq, *dk, *dv;
-  float *lse, *ws;
+  float *lse, *ws, *dq_accum;
+  size_t accum_bytes;
 } bufs_t;
 
 static float bf(uint16_t h) { return tw_test_bf16_to_float(h); }
@@ -52,6 +56,8 @@ static void setup(bufs_t *b, const shape_t *s, uint64_t seed) {
     TEST_CUDA_OK(cudaMalloc(bf16s[i], elems[i] * 2));
   TEST_CUDA_OK(cudaMalloc(&b->lse, b->rows * 4));
   TEST_CUDA_OK(cudaMalloc(&b->ws, b->rows * 4));
+  b->accum_bytes = (size_t)(s->batch * s->heads_q * ((s->seq_q + 127) / 128 * 128) * s->d) * 4;
+  TEST_CUDA_OK(cudaMalloc(&b->dq_accum, b->accum_bytes));
   tw_test_fill_bf16(b->q, b->q_elems, seed + 1, 0);
   tw_test_fill_bf16(b->k, b->kv_elems, seed + 2, 0);
   tw_test_fill_bf16(b->v, b->kv_elems, seed + 3, 0);
@@ -68,6 +74,7 @@ static void setup(bufs_t *b, const shape_t *s, uint64_t seed) {
 static void teardown(bufs_t *b) {
   cudaFree(b->q), cudaFree(b->k), cudaFree(b->v), cudaFree(b->o), cudaFree(b->dout);
   cudaFree(b->dq), cudaFree(b->dk), cudaFree(b->dv), cudaFree(b->lse), cudaFree(b->ws);
+  cudaFree(b->dq_accum);
 }
 
 static tw_attention_backward_args_t args_of(const bufs_t *b) {
@@ -196,8 +203,31 @@ static void run_case(const shape_t *s, uint64_t seed) {
     const size_t diff = tw_test_count_diff(first[i], outs[i].dev, outs[i].n * 2);
     TEST_ASSERT(diff == 0, "%s: %s: a second call differs in %zu bytes", s->what, outs[i].name,
                 diff);
-    cudaFree(first[i]);
   }
+  /* the one pass: dq to the same tolerance; dk and dv the default path's bits, every call */
+  tw_attention_backward_args_t one = a;
+  one.dq_accum = b.dq_accum;
+  tw_test_poison(b.dq_accum, b.accum_bytes, 0);
+  for (int call = 0; call < 2; call++) {
+    for (int i = 0; i < 3; i++)
+      tw_test_poison((void *)outs[i].dev, outs[i].n * 2, 0);
+    TEST_TW_OK(tw_attention_backward(&one, 0));
+    TEST_CUDA_OK(cudaDeviceSynchronize());
+    size_t bad = 0;
+    const double err = rel_error(b.dq, dq, b.q_elems, &bad);
+    TEST_ASSERT(bad == 0 && err <= 2.5e-2,
+                "%s: one pass: dq: %zu non-finite, max error %.3g of its largest", s->what, bad,
+                err);
+    if (call == 0)
+      printf("  %-44s dq (one pass) max error %.2e\n", s->what, err);
+    for (int i = 1; i < 3; i++) {
+      const size_t diff = tw_test_count_diff(first[i], outs[i].dev, outs[i].n * 2);
+      TEST_ASSERT(diff == 0, "%s: one pass: %s differs from the default path's in %zu bytes",
+                  s->what, outs[i].name, diff);
+    }
+  }
+  for (int i = 0; i < 3; i++)
+    cudaFree(first[i]);
   free(dq), free(dk), free(dv);
   teardown(&b);
 }
@@ -231,6 +261,21 @@ static void test_refusals(void) {
   expect_refused(a, "seq_kv", "seq_kv 0");
   a = args_of(&b), a.sm_count = -1;
   expect_refused(a, "sm_count", "sm_count -1");
+  a = args_of(&b), a.dq_accum = (float *)((char *)b.dq_accum + 4);
+  expect_refused(a, "dq_accum", "dq_accum misaligned");
+  a = args_of(&b), a.dq_accum = (float *)b.dq;
+  expect_refused(a, "dq_accum", "dq_accum over dq");
+  float *small = NULL; /* half the bytes the shape needs */
+  TEST_CUDA_OK(cudaMalloc(&small, b.accum_bytes / 2));
+  a = args_of(&b), a.dq_accum = small;
+  expect_refused(a, "dq_accum", "dq_accum too small");
+  cudaFree(small);
+  /* a caller built against version 1 (no dq_accum): the default path */
+  a = args_of(&b);
+  a.size = offsetof(tw_attention_backward_args_t, dq_accum);
+  a.version = 1;
+  TEST_TW_OK(tw_attention_backward(&a, 0));
+  TEST_CUDA_OK(cudaDeviceSynchronize());
   teardown(&b);
 }
 

@@ -1,7 +1,8 @@
 /*
  * tw_attention_backward (contract in tilewire.h): the arguments checked (every
- * failure TW_ERR_INVALID_ARGUMENT naming the argument), then three launches on the caller's
- * stream: dsum_kernel, dkdv_kernel and dq_kernel (attention_bwd.cuh).
+ * failure TW_ERR_INVALID_ARGUMENT naming the argument), then on the caller's stream dsum_kernel,
+ * dkdv_kernel and dq_kernel (attention_bwd.cuh), or with dq_accum the one pass: dsum_kernel,
+ * dq_accum zeroed, dkdvq_kernel and dq_convert_kernel (attention_bwd_onepass.cuh).
  */
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -14,6 +15,7 @@
 
 #include "ops/attention/attention_args.h"
 #include "ops/attention/attention_bwd.cuh"
+#include "ops/attention/attention_bwd_onepass.cuh"
 
 extern "C" {
 #include "core/status.h"
@@ -31,9 +33,11 @@ constexpr const char *kOp = "tw_attention_backward";
 template <int D> cudaError_t preload_one() {
   cudaFuncAttributes attr;
   cudaError_t e = cudaFuncGetAttributes(&attr, (const void *)dsum_kernel<D>);
-  if (e == cudaSuccess)
-    e = cudaFuncGetAttributes(&attr, (const void *)dkdv_kernel<D>);
-  return e == cudaSuccess ? cudaFuncGetAttributes(&attr, (const void *)dq_kernel<D>) : e;
+  const void *const kernels[] = {(const void *)dkdv_kernel<D>, (const void *)dq_kernel<D>,
+                                 (const void *)dkdvq_kernel<D>, (const void *)dq_convert_kernel<D>};
+  for (int i = 0; i < 4 && e == cudaSuccess; i++)
+    e = cudaFuncGetAttributes(&attr, kernels[i]);
+  return e;
 }
 
 tw_status_t backward_preload(void) {
@@ -65,22 +69,29 @@ tw_status_t check_shapes(const tw_attention_backward_args_t &a) {
   return st;
 }
 
-/* Every pointer set, aligned, device memory of `device` as large as the shapes make it; the
- * outputs (dq, dk, dv, workspace) overlapping no input nor each other. */
+/* dq_accum's bytes (the one-pass layout: 128-row blocks of every (batch, q head)). */
+size_t dq_accum_bytes(const tw_attention_backward_args_t &a) {
+  return (size_t)(a.batch * a.heads_q * ((a.seq_q + 127) / 128 * 128) * a.head_dim) * 4;
+}
+
+/* Every pointer set (dq_accum optional), aligned, device memory of `device` as large as the
+ * shapes make it; the outputs (dq, dk, dv, workspace, dq_accum) overlapping no input nor each
+ * other. */
 tw_status_t check_pointers(const tw_attention_backward_args_t &a, int device) {
-  enum { kCount = 10, kInputs = 6 };
+  enum { kAll = 11, kInputs = 6 };
+  const int count = a.dq_accum ? kAll : kAll - 1;
   const size_t q_bytes = (size_t)(a.batch * a.seq_q * a.heads_q * a.head_dim) * 2;
   const size_t kv_bytes = (size_t)(a.batch * a.seq_kv * a.heads_kv * a.head_dim) * 2;
   const size_t rows_bytes = (size_t)(a.batch * a.heads_q * a.seq_q) * 4;
-  const void *const ptrs[kCount] = {a.q,   a.k,  a.v,  a.o,  a.dout,
-                                    a.lse, a.dq, a.dk, a.dv, a.workspace};
-  const char *const names[kCount] = {"q",   "k",  "v",  "o",  "dout",
-                                     "lse", "dq", "dk", "dv", "workspace"};
-  const size_t sizes[kCount] = {q_bytes,    kv_bytes, kv_bytes, q_bytes,  q_bytes,
-                                rows_bytes, q_bytes,  kv_bytes, kv_bytes, rows_bytes};
+  const void *const ptrs[kAll] = {a.q,  a.k,  a.v,  a.o,         a.dout,    a.lse,
+                                  a.dq, a.dk, a.dv, a.workspace, a.dq_accum};
+  const char *const names[kAll] = {"q",  "k",  "v",  "o",         "dout",    "lse",
+                                   "dq", "dk", "dv", "workspace", "dq_accum"};
+  const size_t sizes[kAll] = {q_bytes, kv_bytes, kv_bytes, q_bytes,    q_bytes,          rows_bytes,
+                              q_bytes, kv_bytes, kv_bytes, rows_bytes, dq_accum_bytes(a)};
   char what[96];
   tw_status_t st = TW_SUCCESS;
-  for (int i = 0; i < kCount && st == TW_SUCCESS; i++) {
+  for (int i = 0; i < count && st == TW_SUCCESS; i++) {
     const int align = i == 5 || i == 9 ? 4 : 16;
     if (!ptrs[i])
       st = tw_fail(TW_ERR_INVALID_ARGUMENT, "%s: %s is NULL", kOp, names[i]);
@@ -92,7 +103,7 @@ tw_status_t check_pointers(const tw_attention_backward_args_t &a, int device) {
       st = tw_check_device_range(device, ptrs[i], sizes[i], what);
     }
   }
-  for (int out = kInputs; out < kCount && st == TW_SUCCESS; out++)
+  for (int out = kInputs; out < count && st == TW_SUCCESS; out++)
     for (int other = 0; other < out && st == TW_SUCCESS; other++) {
       snprintf(what, sizeof(what), "%s: %s", kOp, names[out]);
       st = tw_check_disjoint(ptrs[out], sizes[out], what, ptrs[other], sizes[other], names[other]);
@@ -131,6 +142,7 @@ template <int D> tw_status_t params_of(const tw_attention_backward_args_t &a, Bw
   p->dq = (__nv_bfloat16 *)a.dq;
   p->dk = (__nv_bfloat16 *)a.dk;
   p->dv = (__nv_bfloat16 *)a.dv;
+  p->dq_accum = a.dq_accum;
   p->batch = (int32_t)a.batch;
   p->heads_q = (int32_t)a.heads_q;
   p->heads_kv = (int32_t)a.heads_kv;
@@ -150,6 +162,29 @@ template <int D> tw_status_t params_of(const tw_attention_backward_args_t &a, Bw
   return TW_SUCCESS;
 }
 
+/* The one pass after dsum_kernel: dq_accum zeroed, dkdvq_kernel, dq_convert_kernel. */
+template <int D>
+tw_status_t launch_one_pass(const tw_attention_backward_args_t &a, const BwdParams &p, int sms,
+                            cudaStream_t stream) {
+  static uint64_t configured; /* a bit per device */
+  tw_status_t st =
+      tw_kernel_smem_once((const void *)dkdvq_kernel<D>, DkvqSmem<D>::kDynamicBytes, &configured,
+                          "tw_attention_backward: cudaFuncSetAttribute(dkdvq shared memory)");
+  if (st == TW_SUCCESS)
+    st = tw_cuda_check(cudaMemsetAsync(a.dq_accum, 0, dq_accum_bytes(a), stream),
+                       "tw_attention_backward: zeroing dq_accum");
+  if (st != TW_SUCCESS)
+    return st;
+  const int kv_grid = p.num_kv_tiles < sms ? p.num_kv_tiles : sms;
+  dkdvq_kernel<D><<<kv_grid, kThreads, DkvqSmem<D>::kDynamicBytes, stream>>>(p);
+  if ((st = tw_cuda_check(cudaGetLastError(), "tw_attention_backward: dkdvq launch")) != TW_SUCCESS)
+    return st;
+  const int64_t quads = (int64_t)p.batch * p.heads_q * p.q_blocks * 2 * 1024;
+  const int grid = (int)(quads / 256 + 1 < (int64_t)sms * 8 ? quads / 256 + 1 : (int64_t)sms * 8);
+  dq_convert_kernel<D><<<grid, 256, 0, stream>>>(p);
+  return tw_cuda_check(cudaGetLastError(), "tw_attention_backward: dq_convert launch");
+}
+
 template <int D>
 tw_status_t launch(const tw_attention_backward_args_t &a, int sms, cudaStream_t stream) {
   BwdParams p;
@@ -167,6 +202,8 @@ tw_status_t launch(const tw_attention_backward_args_t &a, int sms, cudaStream_t 
   dsum_kernel<D><<<dsum_grid(a.batch * a.seq_q * a.heads_q, sms), 256, 0, stream>>>(p);
   if ((st = tw_cuda_check(cudaGetLastError(), "tw_attention_backward: dsum launch")) != TW_SUCCESS)
     return st;
+  if (a.dq_accum)
+    return launch_one_pass<D>(a, p, sms, stream);
   const int kv_grid = p.num_kv_tiles < sms ? p.num_kv_tiles : sms;
   dkdv_kernel<D><<<kv_grid, kThreads, DkvSmem<D>::kDynamicBytes, stream>>>(p);
   if ((st = tw_cuda_check(cudaGetLastError(), "tw_attention_backward: dkdv launch")) != TW_SUCCESS)
@@ -185,7 +222,7 @@ extern "C" tw_status_t tw_attention_backward_args_init(tw_attention_backward_arg
     return tw_fail(TW_ERR_INVALID_ARGUMENT, "tw_attention_backward_args_init: args is NULL");
   const tw_attention_backward_args_t init = TW_ATTENTION_BACKWARD_ARGS_INIT;
   memset(args, 0, sizeof(*args)); /* the padding too */
-  memcpy(args, &init, offsetof(tw_attention_backward_args_t, sm_count) + sizeof(init.sm_count));
+  memcpy(args, &init, offsetof(tw_attention_backward_args_t, dq_accum) + sizeof(init.dq_accum));
   return TW_SUCCESS;
 }
 

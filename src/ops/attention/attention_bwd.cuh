@@ -41,9 +41,10 @@ struct BwdParams {
   const float *lse;                        // [batch, heads_q, seq_q], natural log
   float *dsum;                             // [batch, heads_q, seq_q]
   __nv_bfloat16 *dq, *dk, *dv;
+  float *dq_accum; // dkdvq_kernel's dQ sums (attention_bwd_onepass.cuh); NULL otherwise
   int32_t batch, heads_q, heads_kv, seq_q, seq_kv, group;
   int32_t m_tiles;  // ceil(seq_q / 128): dq_kernel's tiles per (batch, head)
-  int32_t q_blocks; // ceil(seq_q / 64): dkdv_kernel's query blocks per head
+  int32_t q_blocks; // ceil(seq_q / kBwdBlockQ<D>): dkdv_kernel's query blocks per head
   int32_t n_tiles;  // ceil(seq_kv / 128): dkdv_kernel's tiles per (batch, kv head)
   int32_t num_tiles, num_kv_tiles;
   int32_t causal;

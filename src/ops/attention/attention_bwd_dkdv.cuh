@@ -13,8 +13,9 @@
 namespace tw {
 namespace attn {
 
-template <int D> struct DkvSmem {
-  static constexpr int kStages = D == 128 ? 3 : 4;
+// K and V of a tile, then `Stages` stages of a query block's Q and dO (boxes of 64 columns).
+template <int D, int Stages> struct DkvStages {
+  static constexpr int kStages = Stages;
   static constexpr int kKvBoxBytes = kBlockN * 128; // K and V: boxes of 128 rows
   static constexpr int kBlockQ = kBwdBlockQ<D>;
   static constexpr int kQBoxBytes = kBlockQ * 128; // Q and dO: boxes of kBlockQ rows
@@ -24,11 +25,16 @@ template <int D> struct DkvSmem {
   static constexpr int kV = kK + kKvBytes;
   static constexpr int kQ = kV + kKvBytes;
   static constexpr int kDO = kQ + kStages * kQBytes;
-  static constexpr int kStats = kDO + kStages * kQBytes; // per consumer: lse2[64], dsum[64]
-  static constexpr int kBars = kStats + 2 * 2 * kBlockQ * 4;
+  static constexpr int kEnd = kDO + kStages * kQBytes;
   // kv_full, kv_empty, then s_full, s_empty of each stage
   static constexpr int kBarCount = 2 + 2 * kStages;
-  static constexpr int kDynamicBytes = kBars + kBarCount * 8 + 1024;
+};
+
+template <int D> struct DkvSmem : DkvStages<D, D == 128 ? 3 : 4> {
+  using B = DkvStages<D, D == 128 ? 3 : 4>;
+  static constexpr int kStats = B::kEnd; // per consumer: lse2[kBlockQ], dsum[kBlockQ]
+  static constexpr int kBars = kStats + 2 * 2 * B::kBlockQ * 4;
+  static constexpr int kDynamicBytes = kBars + B::kBarCount * 8 + 1024;
 };
 
 struct KvTile {
@@ -56,9 +62,10 @@ __device__ __forceinline__ int32_t kv_items(const BwdParams &p, const KvTile &tl
   return p.group * (p.q_blocks - tl.m_first);
 }
 
-template <int D>
+// Warpgroup 0's thread 0 of a kernel of layout L (DkvSmem<D>'s K, V and Q / dO stages at
+// least): each tile's K and V, then Q and dO of each of its query blocks into the stages.
+template <int D, class L = DkvSmem<D>>
 __device__ __forceinline__ void dkdv_producer(const BwdParams &p, uint32_t base, uint32_t bars) {
-  using L = DkvSmem<D>;
   const uint32_t kv_full = bars, kv_empty = bars + 8;
   uint32_t stage = 0, phase = 0, kv_phase = 0;
   for (int32_t t = blockIdx.x; t < p.num_kv_tiles; t = next_tile(t)) {
@@ -198,18 +205,19 @@ struct QueryRun {
   int64_t delta;
 };
 
-// The query block at run row q0 (DkvSmem<D>::kBlockQ rows; stage `stage`, in phase `phase`) for a
-// consumer warpgroup's keys (this thread's key_r and key_r + 8) of tile t: the block's stats into
-// the warpgroup's shared `stats`, S^T = K Q^T (SS), P^T, dV += P^T dO (RS) with dP^T = V dO^T
-// (SS), dS^T, dK += dS^T Q (RS). Releases the stage after dK.
-template <int D>
+// The first part of the query block at run row q0 (layout L's stage `stage`, in phase `phase`)
+// for a consumer warpgroup's keys (this thread's key_r and key_r + 8) of tile t: the block's
+// stats into the warpgroup's shared `stats`, S^T = K Q^T (SS), P^T, dV += P^T dO (RS) with
+// dP^T = V dO^T (SS), and dS^T packed into dsa. kTail: keys at or past seq_kv (the tile's
+// zero-filled tail) get P = 0 too, for a kernel whose dQ GEMM multiplies dS by K's rows there
+// (exp of a score of 0 can overflow, and inf x 0 is NaN); dK and dV never store them.
+template <int D, class L, bool kTail>
 __device__ __forceinline__ void
-dkdv_block(const BwdParams &p, const QueryRun &run, int32_t q0, int32_t key_r, float *stats, int cw,
+dkdv_front(const BwdParams &p, const QueryRun &run, int32_t q0, int32_t key_r, float *stats, int cw,
            int tid, uint32_t k_lo, uint32_t v_lo, uint32_t base, uint32_t bars, uint32_t stage,
-           uint32_t phase, int32_t t, float (&dk)[D / 2], float (&dv)[D / 2]) {
-  using L = DkvSmem<D>;
+           uint32_t phase, int32_t t, float (&dv)[D / 2], uint32_t (&dsa)[L::kBlockQ / 4]) {
   const int lane = tid % 32;
-  const uint32_t s_full = bars + 16 + 16 * stage, s_empty = s_full + 8;
+  const uint32_t s_full = bars + 16 + 16 * stage;
   const uint32_t q_at = base + L::kQ + stage * L::kQBytes;
   const uint32_t do_at = base + L::kDO + stage * L::kQBytes;
   ptx::named_bar_sync(1 + cw, 128); // the previous block's stats are read
@@ -219,7 +227,7 @@ dkdv_block(const BwdParams &p, const QueryRun &run, int32_t q0, int32_t key_r, f
   ptx::named_bar_sync(1 + cw, 128);
   constexpr int N = L::kBlockQ;
   float st[N / 2], dpt[N / 2];
-  uint32_t pa[N / 4], dsa[N / 4];
+  uint32_t pa[N / 4];
   wait_bar(s_full, phase, p, kWaitQFull, stage, t);
   nt_gemm<D, N>(st, k_lo, L::kKvBoxBytes, ptx::wgmma_desc_lo_sw128(q_at), L::kQBoxBytes);
   ptx::wgmma_wait<0>();
@@ -227,6 +235,14 @@ dkdv_block(const BwdParams &p, const QueryRun &run, int32_t q0, int32_t key_r, f
   for (int i = 0; i < N / 2; i++)
     ptx::reg_fence(st[i]);
   block_p<N>(p, run.delta, st, stats, key_r, q0, lane, pa);
+  if constexpr (kTail) {
+    if (key_r + 8 >= p.seq_kv) {
+#pragma unroll
+      for (int k = 0; k < N / 4; k++)
+        if (key_r + 8 * (k % 2) >= p.seq_kv)
+          pa[k] = 0u;
+    }
+  }
   tn_gemm<D, N>(dv, pa, ptx::wgmma_desc_lo_sw128_mn(do_at, L::kQBoxBytes));
   nt_gemm<D, N>(dpt, v_lo, L::kKvBoxBytes, ptx::wgmma_desc_lo_sw128(do_at), L::kQBoxBytes);
   ptx::wgmma_wait<0>();
@@ -237,23 +253,40 @@ dkdv_block(const BwdParams &p, const QueryRun &run, int32_t q0, int32_t key_r, f
   for (int i = 0; i < D / 2; i++)
     ptx::reg_fence(dv[i]);
   block_ds<N>(dpt, pa, stats, lane, dsa);
+}
+
+// The query block at run row q0 (DkvSmem<D>::kBlockQ rows; stage `stage`, in phase `phase`) for a
+// consumer warpgroup's keys of tile t: dkdv_front, then dK += dS^T Q (RS). Releases the stage
+// after dK.
+template <int D>
+__device__ __forceinline__ void
+dkdv_block(const BwdParams &p, const QueryRun &run, int32_t q0, int32_t key_r, float *stats, int cw,
+           int tid, uint32_t k_lo, uint32_t v_lo, uint32_t base, uint32_t bars, uint32_t stage,
+           uint32_t phase, int32_t t, float (&dk)[D / 2], float (&dv)[D / 2]) {
+  using L = DkvSmem<D>;
+  constexpr int N = L::kBlockQ;
+  uint32_t dsa[N / 4];
+  dkdv_front<D, L, false>(p, run, q0, key_r, stats, cw, tid, k_lo, v_lo, base, bars, stage, phase,
+                          t, dv, dsa);
+  const uint32_t q_at = base + L::kQ + stage * L::kQBytes;
   tn_gemm<D, N>(dk, dsa, ptx::wgmma_desc_lo_sw128_mn(q_at, L::kQBoxBytes));
   ptx::wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < D / 2; i++)
     ptx::reg_fence(dk[i]), ptx::reg_fence(dv[i]);
-  if (lane == 0)
-    ptx::mbar_arrive(s_empty);
+  if (tid % 32 == 0)
+    ptx::mbar_arrive(bars + 16 + 16 * stage + 8); // s_empty
 }
 
-template <int D>
-__device__ __forceinline__ void dkdv_consumer(const BwdParams &p, uint32_t base, uint32_t bars,
-                                              float *stats, int cw, int tid) {
-  using L = DkvSmem<D>;
+// A consumer warpgroup's tiles in a kernel of layout L: per tile, dK and dV zeroed, K and V
+// awaited, then for each of its query blocks block(run, q head, m, key_r, stage, phase, t, dk,
+// dv) (key_r: this thread's first key; the block releases its stage), K and V released, and dK,
+// dV stored.
+template <int D, class L, class Block>
+__device__ __forceinline__ void kv_tile_loop(const BwdParams &p, uint32_t bars, int cw, int tid,
+                                             Block &&block) {
   const int warp = tid / 32, lane = tid % 32;
   const uint32_t kv_full = bars, kv_empty = bars + 8;
-  const uint32_t k_lo = ptx::wgmma_desc_lo_sw128(base + L::kK + cw * 64 * 128);
-  const uint32_t v_lo = ptx::wgmma_desc_lo_sw128(base + L::kV + cw * 64 * 128);
   uint32_t stage = 0, phase = 0, kv_phase = 0;
   for (int32_t t = blockIdx.x; t < p.num_kv_tiles; t = next_tile(t)) {
     const KvTile tl = kv_tile_at<D>(p, t);
@@ -269,15 +302,29 @@ __device__ __forceinline__ void dkdv_consumer(const BwdParams &p, uint32_t base,
       const int32_t head = tl.kv_head * p.group + it / per_head;
       const int64_t at = ((int64_t)tl.batch * p.heads_q + head) * p.seq_q;
       const QueryRun run{p.lse + at, p.dsum + at, p.seq_q, p.delta};
-      dkdv_block<D>(p, run, (tl.m_first + it % per_head) * L::kBlockQ, key_r, stats, cw, tid, k_lo,
-                    v_lo, base, bars, stage, phase, t, dk, dv);
+      block(run, tl.batch, head, tl.m_first + it % per_head, key_r, stage, phase, t, dk, dv);
       if (++stage == L::kStages)
         stage = 0, phase ^= 1;
     }
     if (lane == 0)
-      ptx::mbar_arrive(kv_empty); // K and V: read by the tile's last block's S and dP
+      ptx::mbar_arrive(kv_empty); // K and V: read by the tile's last block
     store_dkdv<D>(p, tl.batch, tl.kv_head, 0, p.seq_kv, key_r, lane, dk, dv);
   }
+}
+
+template <int D>
+__device__ __forceinline__ void dkdv_consumer(const BwdParams &p, uint32_t base, uint32_t bars,
+                                              float *stats, int cw, int tid) {
+  using L = DkvSmem<D>;
+  const uint32_t k_lo = ptx::wgmma_desc_lo_sw128(base + L::kK + cw * 64 * 128);
+  const uint32_t v_lo = ptx::wgmma_desc_lo_sw128(base + L::kV + cw * 64 * 128);
+  kv_tile_loop<D, L>(p, bars, cw, tid,
+                     [&](const QueryRun &run, int32_t, int32_t, int32_t m, int32_t key_r,
+                         uint32_t stage, uint32_t phase, int32_t t, float(&dk)[D / 2],
+                         float(&dv)[D / 2]) {
+                       dkdv_block<D>(p, run, m * L::kBlockQ, key_r, stats, cw, tid, k_lo, v_lo,
+                                     base, bars, stage, phase, t, dk, dv);
+                     });
 }
 
 // Thread 0 (the CTA synchronises after): DkvSmem's barriers at shared address `bars` (kv_full,
@@ -293,11 +340,11 @@ __device__ __forceinline__ void init_dkdv_bars(uint8_t *smem_raw, uint32_t bars,
   ptx::mbar_init_fence();
 }
 
-// The roles of a kernel of DkvSmem<D>'s layout, its barriers initialised: warpgroup 0's thread 0
-// runs Producer(p, base, bars), warpgroups 1 and 2 Consumer(p, base, bars, their stats, consumer
-// index, thread of the warpgroup).
+// The roles of a kernel of layout L (DkvSmem<D>'s or one with its kStats and kBlockQ), its
+// barriers initialised: warpgroup 0's thread 0 runs Producer(p, base, bars), warpgroups 1 and 2
+// Consumer(p, base, bars, their stats, consumer index, thread of the warpgroup).
 template <int D, class P, void (*Producer)(const P &, uint32_t, uint32_t),
-          void (*Consumer)(const P &, uint32_t, uint32_t, float *, int, int)>
+          void (*Consumer)(const P &, uint32_t, uint32_t, float *, int, int), class L = DkvSmem<D>>
 __device__ __forceinline__ void run_dkdv_roles(const P &p, uint8_t *smem_raw, uint32_t base,
                                                uint32_t bars) {
   const int wg = threadIdx.x / 128;
@@ -308,21 +355,28 @@ __device__ __forceinline__ void run_dkdv_roles(const P &p, uint8_t *smem_raw, ui
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
     uint8_t *aligned = smem_raw + (base - ptx::smem_u32(smem_raw));
-    float *stats = reinterpret_cast<float *>(aligned + DkvSmem<D>::kStats) +
-                   (wg - 1) * 2 * DkvSmem<D>::kBlockQ;
+    float *stats = reinterpret_cast<float *>(aligned + L::kStats) + (wg - 1) * 2 * L::kBlockQ;
     Consumer(p, base, bars, stats, wg - 1, threadIdx.x % 128);
   }
 }
 
-template <int D>
-__global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const __grid_constant__ BwdParams p) {
+// The body of a BwdParams kernel of layout L (DkvSmem<D>'s barriers at kBars, its stats at
+// kStats): the barriers, then dkdv_producer<D, L> and Consumer in their warpgroups.
+template <int D, class L,
+          void (*Consumer)(const BwdParams &, uint32_t, uint32_t, float *, int, int)>
+__device__ __forceinline__ void run_dkdv_kernel(const BwdParams &p) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (ptx::smem_u32(smem_raw) + 1023) & ~1023u;
-  const uint32_t bars = base + DkvSmem<D>::kBars;
+  const uint32_t bars = base + L::kBars;
   if (threadIdx.x == 0)
-    init_dkdv_bars(smem_raw, bars, DkvSmem<D>::kStages);
+    init_dkdv_bars(smem_raw, bars, L::kStages);
   __syncthreads();
-  run_dkdv_roles<D, BwdParams, dkdv_producer<D>, dkdv_consumer<D>>(p, smem_raw, base, bars);
+  run_dkdv_roles<D, BwdParams, dkdv_producer<D, L>, Consumer, L>(p, smem_raw, base, bars);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const __grid_constant__ BwdParams p) {
+  run_dkdv_kernel<D, DkvSmem<D>, dkdv_consumer<D>>(p);
 }
 
 } // namespace attn
