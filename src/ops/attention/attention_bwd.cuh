@@ -18,6 +18,8 @@
  *                 forward's qk_gemm for both), dS in registers, dQ += dS K (RS, K MN-major: the
  *                 forward's pv_gemm), dQ x scale stored as bf16.
  *
+ * With dq_accum the one pass replaces dkdv_kernel and dq_kernel (attention_bwd_onepass.cuh).
+ *
  * P and dS enter the RS wgmmas as bf16, as in FlashAttention's backward; every sum is fp32.
  * Rows no key reaches (lse -inf) and keys no row sees get P = 0. Barriers and bounded waits as
  * the forward's (attention_sm90.cuh).
