@@ -14,13 +14,18 @@
 namespace tw {
 namespace moe {
 
+/* Whether rank r is on this rank's rail in another node (its count row lands here by RDMA). */
+__device__ __forceinline__ bool rail_peer(const tw_rail_t &x, int r) {
+  return x.node_of[r] != x.node && x.local_of[r] == x.local;
+}
+
 /* The flag this rank waits on for rank r's count row: a net flag where r is a rail peer (its row
  * landed here by RDMA), else this rank's flag r (set by r, or by the rank of this node that
  * forwards what r sent). */
 __device__ __forceinline__ const uint64_t *count_flag(const tw_dev_comm_t &dc, const MoeNet &n,
                                                       int r) {
   const tw_rail_t &x = n.rail;
-  if (x.node_of[r] != x.node && x.local_of[r] == x.local)
+  if (rail_peer(x, r))
     return tw_net_flag(dc, TW_CH_MOE, kNetCounts + x.node_of[r]);
   return tw_own_flag(dc, TW_CH_MOE, r);
 }
@@ -70,11 +75,8 @@ struct NetLlCounts {
   const volatile int32_t *c; /* this rank's counts_in */
   int stride;
   const tw_rail_t *x;
-  __device__ bool rail_peer(int r) const {
-    return x->node_of[r] != x->node && x->local_of[r] == x->local;
-  }
   __device__ int32_t operator()(int r, int i) const {
-    return rail_peer(r) ? c[r * stride + i] : ll(r, i);
+    return rail_peer(*x, r) ? c[r * stride + i] : ll(r, i);
   }
 };
 
@@ -149,7 +151,7 @@ __device__ inline int exchange_layout_net_ll(const tw_dev_comm_t &dc, const MoeP
   int mine = c.ok;
   for (uint64_t j = threadIdx.x; mine && j < (uint64_t)W * items; j += blockDim.x) {
     const int r = (int)(j / items);
-    if (rows.rail_peer(r))
+    if (rail_peer(x, r))
       continue;
     uint4 v;
     mine = tw_ll_wait_item(dc, ch, own + (uint64_t)r * kLlCountSlot, j % items, items, flag, r, &v);
@@ -166,7 +168,7 @@ __device__ inline int exchange_layout_net_ll(const tw_dev_comm_t &dc, const MoeP
     return 0;
   if (blockIdx.x == 0)
     for (int i = threadIdx.x; i < W * stride; i += blockDim.x)
-      if (!rows.rail_peer(i / stride))
+      if (!rail_peer(x, i / stride))
         p.counts_in[dc.rank][i] = rows(i / stride, i % stride);
   derive_layout(p, dc, s, rows);
   return 1;
