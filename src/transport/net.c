@@ -212,12 +212,18 @@ void tw_nic_close(const tw_verbs_t *v, tw_nic_t *nic) {
   nic->ctx = NULL;
 }
 
-tw_net_window_t *tw_net_window_find(tw_net_window_t *w, int n, uint64_t off, uint64_t bytes) {
+/* The window of state `state` holding [off, off + bytes), or NULL. */
+static tw_net_window_t *window_in(tw_net_window_t *w, int n, uint64_t off, uint64_t bytes,
+                                  int state) {
   for (int i = 0; i < n; i++)
-    if (w[i].live && off >= w[i].heap_off && off - w[i].heap_off <= w[i].bytes &&
-        bytes <= w[i].bytes - (off - w[i].heap_off))
+    if (atomic_load_explicit(&w[i].state, memory_order_acquire) == state && off >= w[i].heap_off &&
+        off - w[i].heap_off <= w[i].bytes && bytes <= w[i].bytes - (off - w[i].heap_off))
       return &w[i];
   return NULL;
+}
+
+tw_net_window_t *tw_net_window_find(tw_net_window_t *w, int n, uint64_t off, uint64_t bytes) {
+  return window_in(w, n, off, bytes, TW_NET_WIN_LIVE);
 }
 
 static tw_net_window_t *window_at(tw_net_window_t *win, uint64_t heap_off) {
@@ -228,11 +234,13 @@ static tw_net_window_t *window_at(tw_net_window_t *win, uint64_t heap_off) {
 }
 
 static void window_release(const tw_verbs_t *v, tw_net_window_t *w) {
+  atomic_store_explicit(&w->state, TW_NET_WIN_FREE, memory_order_release);
   for (int i = 0; i < TW_NET_MAX_NICS; i++)
     if (w->mr[i])
       v->dereg_mr(w->mr[i]);
   free(w->keys);
-  memset(w, 0, sizeof(*w));
+  w->keys = NULL, w->addr = NULL, w->heap_off = 0, w->bytes = 0;
+  memset(w->mr, 0, sizeof(w->mr));
 }
 
 void tw_net_base_init(tw_net_base_t *b, const tw_net_ops_t *ops, const tw_verbs_t *v,
@@ -307,6 +315,7 @@ tw_status_t tw_net_base_reg(tw_net_t *net, uint64_t heap_off, void *addr, size_t
     key->rkey[i] = w->mr[i]->rkey;
   }
   key->base = (uint64_t)(uintptr_t)addr;
+  atomic_store_explicit(&w->state, TW_NET_WIN_REGISTERING, memory_order_release);
   return TW_SUCCESS;
 }
 
@@ -317,7 +326,7 @@ tw_status_t tw_net_base_set_remote(tw_net_t *net, uint64_t heap_off, const tw_ne
     return tw_fail(TW_ERR_INTERNAL, "no window registered at heap offset %#llx",
                    (unsigned long long)heap_off);
   memcpy(w->keys, keys, sizeof(tw_net_key_t) * (size_t)b->cfg.world);
-  w->live = 1;
+  atomic_store_explicit(&w->state, TW_NET_WIN_LIVE, memory_order_release);
   return TW_SUCCESS;
 }
 
@@ -350,6 +359,12 @@ int tw_net_base_check(tw_net_base_t *b, const tw_fifo_cmd_t *c, uint64_t token, 
   *rw = tw_net_window_find(b->win, b->nwin, c->remote_off, c->bytes);
   if (*lw && *rw)
     return 0;
+  /* virtual ranks: a rank's call can run before a later rank of this process allocated what it
+   * names; the window goes live at that rank's tw_mem_alloc (the proxy's bound covers a rank
+   * that never does) */
+  if ((*lw || window_in(b->win, b->nwin, c->local_off, c->bytes, TW_NET_WIN_REGISTERING)) &&
+      (*rw || window_in(b->win, b->nwin, c->remote_off, c->bytes, TW_NET_WIN_REGISTERING)))
+    return 1;
   snprintf(why, sizeof(why),
            "%llu bytes at %s offset %#llx: not inside one registered symmetric allocation",
            (unsigned long long)c->bytes, !*lw ? "local" : "remote",

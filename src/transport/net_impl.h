@@ -6,6 +6,7 @@
 #define TW_TRANSPORT_NET_IMPL_H
 
 #include <infiniband/verbs.h>
+#include <stdatomic.h>
 
 #include "transport/net.h"
 #include "transport/verbs/verbs.h"
@@ -23,6 +24,12 @@ typedef struct tw_nic {
   char name[64];
 } tw_nic_t;
 
+/* A window's state. The caller's thread registers windows while the proxy thread reads them:
+ * the fields are written before the state that publishes them (release) and read after it
+ * (acquire). REGISTERING: this rank's MRs exist, not every rank's keys yet (with virtual ranks,
+ * a later rank of this process has not allocated); LIVE: commands may name it. */
+enum { TW_NET_WIN_FREE = 0, TW_NET_WIN_REGISTERING = 1, TW_NET_WIN_LIVE = 2 };
+
 /* A registered allocation: its heap offset and bytes, this rank's MR on each NIC, and every
  * rank's keys. */
 typedef struct tw_net_window {
@@ -30,7 +37,7 @@ typedef struct tw_net_window {
   char *addr;
   struct ibv_mr *mr[TW_NET_MAX_NICS];
   tw_net_key_t *keys; /* [world] */
-  int live;
+  _Atomic int state;  /* TW_NET_WIN_* */
 } tw_net_window_t;
 
 /* A posted command's work requests (wr_id is its index in the backend's record table). */
@@ -105,7 +112,8 @@ void tw_net_base_dereg(tw_net_t *net, uint64_t heap_off);
 int tw_net_refuse(tw_net_done_t *done, const tw_fifo_cmd_t *c, uint64_t token, const char *why);
 /* The checks every backend makes of a command: no earlier failure, a rail peer, a flag inside
  * TW_NET_FLAGS, something to do, its bytes inside registered windows (*lw, *rw: local and
- * remote; NULL without bytes). 0, or -1 refused (*done says why). */
+ * remote; NULL without bytes). 0; 1 not yet (a window it names is still being registered: the
+ * backend posts it later, as when its queue is full); or -1 refused (*done says why). */
 int tw_net_base_check(tw_net_base_t *b, const tw_fifo_cmd_t *c, uint64_t token, tw_net_done_t *done,
                       tw_net_window_t **lw, tw_net_window_t **rw);
 /* A free record for the command (the caller checked nfree > 0). */

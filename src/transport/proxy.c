@@ -18,10 +18,11 @@
 #define PROXY_SLEEP_NS 20000
 
 typedef struct inflight {
-  uint64_t posted_ns;
+  uint64_t posted_ns; /* when it was taken from the FIFO */
   uint64_t bytes;
   int32_t peer;
-  int32_t done;
+  int16_t done;
+  int16_t posted; /* handed to the backend (else still pending) */
 } inflight_t;
 
 struct tw_proxy {
@@ -93,6 +94,7 @@ static int post_pending(tw_proxy_t *p) {
       rc = p->cfg.net->ops->post(p->cfg.net, c, token, &done);
       if (rc == 0)
         break;
+      p->inflight[token % p->cap].posted = 1;
       if (rc < 0) {
         fail(p, done.status, done.peer, done.what);
         finish(p, token);
@@ -121,6 +123,7 @@ static int take(tw_proxy_t *p) {
     e->bytes = c->op == TW_FIFO_OP_WRITE ? c->bytes : 0;
     e->peer = c->peer;
     e->done = 0;
+    e->posted = 0;
     p->next++;
     p->unfinished++;
   }
@@ -150,12 +153,20 @@ static void check_silent(tw_proxy_t *p, uint64_t t) {
   const inflight_t *e = &p->inflight[p->oldest % p->cap];
   if (t - e->posted_ns <= p->cfg.timeout_ns)
     return;
-  char what[200];
-  snprintf(what, sizeof(what),
-           "an RDMA write to rank %d (%llu bytes) has not completed after %llu ms: rank %d or "
-           "the link to it stopped answering",
-           e->peer, (unsigned long long)e->bytes,
-           (unsigned long long)(p->cfg.timeout_ns / 1000000ull), e->peer);
+  char what[280];
+  if (e->posted)
+    snprintf(what, sizeof(what),
+             "an RDMA write to rank %d (%llu bytes) has not completed after %llu ms: rank %d or "
+             "the link to it stopped answering",
+             e->peer, (unsigned long long)e->bytes,
+             (unsigned long long)(p->cfg.timeout_ns / 1000000ull), e->peer);
+  else
+    snprintf(what, sizeof(what),
+             "an RDMA write to rank %d (%llu bytes) could not be posted for %llu ms: the NIC's "
+             "send queue stayed full, or a symmetric allocation it names was not allocated by "
+             "every rank of this process (virtual ranks: each rank's tw_mem_alloc)",
+             e->peer, (unsigned long long)e->bytes,
+             (unsigned long long)(p->cfg.timeout_ns / 1000000ull));
   fail(p, TW_ERR_NETWORK, e->peer, what);
   /* nothing more will be posted; what was taken is written off so the ring keeps draining */
   while (p->oldest < p->next)

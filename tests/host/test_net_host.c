@@ -299,6 +299,62 @@ static void run_failures(void) {
   }
 }
 
+/* Registers a CHUNK-byte window at heap offset HEAP (past the heap's) on every rank, without the
+ * keys (set_remote): the state of a window of virtual ranks that a later rank has not allocated
+ * yet. Fills rank 0's with its pattern. */
+static void reg_late_window(unsigned char **extra, tw_net_key_t *keys) {
+  for (int i = 0; i < g_world; i++) {
+    extra[i] = aligned_alloc(4096, CHUNK);
+    TEST_REQUIRE(extra[i] != NULL, "out of memory");
+    for (size_t b = 0; b < CHUNK; b++)
+      extra[i][b] = i == 0 ? pattern(0, b) : 0;
+    TEST_TW_OK(ranks[i].net->ops->reg(ranks[i].net, HEAP, extra[i], CHUNK, 0, &keys[i]));
+  }
+}
+
+/* A command naming a window whose keys are not all in waits for them (not refused), and lands
+ * once they are; one whose window never goes live is named at the proxy's bound. */
+static void run_late_windows(void) {
+  unsigned char *extra[kMaxWorld];
+  tw_net_key_t keys[kMaxWorld];
+  tw_fifo_cmd_t c;
+  memset(&c, 0, sizeof(c));
+  c.op = TW_FIFO_OP_WRITE;
+  c.peer = 2;
+  c.local_off = HEAP, c.remote_off = HEAP, c.bytes = CHUNK;
+  c.flag_off = 1, c.flag_value = 7;
+  if (bring_up("ib", 10000)) {
+    reg_late_window(extra, keys);
+    TEST_REQUIRE(post(&ranks[0], c), "the ring stayed full");
+    usleep(50000);
+    TEST_ASSERT(atomic_load(&ranks[0].errors) == 0, "a window being registered: refused (%s)",
+                ranks[0].err_msg);
+    TEST_ASSERT(flags_of(&ranks[2])[0] == 0, "a write landed before its window was live");
+    for (int i = 0; i < g_world; i++)
+      TEST_TW_OK(ranks[i].net->ops->set_remote(ranks[i].net, HEAP, keys));
+    const double t0 = tw_test_now();
+    while (((volatile uint64_t *)flags_of(&ranks[2]))[0] != 7 && tw_test_now() - t0 < 5.0)
+      usleep(100);
+    TEST_ASSERT(flags_of(&ranks[2])[0] == 7, "the write did not land once its window went live");
+    size_t bad = 0;
+    for (size_t b = 0; b < CHUNK; b++)
+      bad += extra[2][b] != pattern(0, b);
+    TEST_ASSERT(bad == 0, "late window: %zu bytes differ", bad);
+    TEST_ASSERT(atomic_load(&ranks[0].errors) == 0, "late window: %s", ranks[0].err_msg);
+    tear_down();
+    for (int i = 0; i < g_world; i++)
+      free(extra[i]);
+  }
+  if (bring_up("ib", 300)) {
+    reg_late_window(extra, keys);
+    TEST_REQUIRE(post(&ranks[0], c), "the ring stayed full");
+    expect_error(0, 5.0, "could not be posted", "a window that never went live");
+    tear_down();
+    for (int i = 0; i < g_world; i++)
+      free(extra[i]);
+  }
+}
+
 static void run_bad_configs(void) {
   tw_net_t *net = NULL;
   int node_of[4] = {0, 0, 1, 1};
@@ -346,6 +402,7 @@ int main(void) {
   g_world = 4, g_per = 2;
   setenv("TW_VD_NICS", "mlx5:2", 1);
   run_failures();
+  run_late_windows();
   run_bad_configs();
   return tw_test_finish();
 }

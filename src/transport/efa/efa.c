@@ -228,8 +228,9 @@ static int efa_post(tw_net_t *base, const tw_fifo_cmd_t *c, uint64_t token, tw_n
   efa_net_t *n = (efa_net_t *)base;
   char why[160];
   tw_net_window_t *lw, *rw;
-  if (tw_net_base_check(&n->b, c, token, done, &lw, &rw) < 0)
-    return -1;
+  const int checked = tw_net_base_check(&n->b, c, token, done, &lw, &rw);
+  if (checked != 0)
+    return checked < 0 ? -1 : 0;
   const int has_flag = c->flag_off != 0;
   if (c->bytes > n->max_rdma_size) {
     snprintf(why, sizeof(why), "a write of %llu bytes exceeds the EFA device's max_rdma_size %u",

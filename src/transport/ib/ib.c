@@ -216,8 +216,9 @@ static int ib_post(tw_net_t *base, const tw_fifo_cmd_t *c, uint64_t token, tw_ne
   ib_net_t *n = (ib_net_t *)base;
   char why[160];
   tw_net_window_t *lw, *rw, *fw = NULL;
-  if (tw_net_base_check(&n->b, c, token, done, &lw, &rw) < 0)
-    return -1;
+  const int checked = tw_net_base_check(&n->b, c, token, done, &lw, &rw);
+  if (checked != 0)
+    return checked < 0 ? -1 : 0;
   const int has_flag = c->flag_off != 0;
   const int pieces = (int)((c->bytes + IB_MAX_WRITE - 1) / IB_MAX_WRITE);
   const int need = pieces + has_flag;
