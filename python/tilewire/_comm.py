@@ -9,6 +9,7 @@ come from ``comm.empty(shape, dtype)`` (torch) or raw pointers from ``comm.alloc
 import atexit
 import ctypes
 import itertools
+import os
 import threading
 import warnings
 import weakref
@@ -385,6 +386,41 @@ def init_rank(world, rank, unique_id, config=None, *, sm_budget=None):
     return Comm(handle.value)
 
 
+SHARED_GPU_ENV = {"CUDA_MODULE_LOADING": "EAGER", "CUDA_DEVICE_MAX_CONNECTIONS": "32"}
+
+
+def set_shared_gpu_env():
+    """Sets SHARED_GPU_ENV's variables where the environment leaves them unset: for programs
+    (tilewire's benchmarks, the example block) that run virtual ranks sharing a GPU. Works only
+    before CUDA starts in this process (before torch touches the GPU)."""
+    for name, value in SHARED_GPU_ENV.items():
+        os.environ.setdefault(name, value)
+
+
+def _warn_shared_gpu_env():
+    """Ranks sharing a GPU in one process spin on each other's flags inside their kernels. Under
+    CUDA's lazy module loading (its default) the first launch of any kernel not yet loaded (torch's,
+    cuBLAS's) can wait for the GPU to go idle, which a peer's spinning kernel never lets happen:
+    the call times out. With fewer hardware queues than rank streams, two ranks' kernels can be
+    serialised the same way. Both variables are read when CUDA starts."""
+    env = os.environ
+    unset = []
+    if env.get("CUDA_MODULE_LOADING", "").upper() != "EAGER":
+        unset.append("CUDA_MODULE_LOADING=EAGER")
+    try:
+        connections = int(env.get("CUDA_DEVICE_MAX_CONNECTIONS", "8"))
+    except ValueError:
+        connections = 8
+    if connections < 32:
+        unset.append("CUDA_DEVICE_MAX_CONNECTIONS=32")
+    if unset:
+        warnings.warn(
+            "tilewire: virtual ranks share a GPU in this process without %s in the environment "
+            "when CUDA started: a rank's kernel can wait behind a peer's, and calls may time out "
+            "(TW_ERR_DEVICE_TIMEOUT); set them before importing torch" % " and ".join(unset),
+            RuntimeWarning, stacklevel=3)
+
+
 def init_virtual(world, device=0, sm_budget=0, config=None, *, devices=None):
     """tw_comm_init_all: `world` virtual ranks sharing GPU `device` (or one rank per entry
     of `devices`), each with `sm_budget` SMs (0: the device's SMs / ranks sharing it).
@@ -400,6 +436,8 @@ def init_virtual(world, device=0, sm_budget=0, config=None, *, devices=None):
         devices = [_device_index(d) for d in devices]
         if len(devices) != world:
             raise ValueError("devices: %d entries for world %d" % (len(devices), world))
+    if len(set(devices)) < len(devices):
+        _warn_shared_gpu_env()
     cfg = _config(config, sm_budget=sm_budget or None)
     handles = (ctypes.c_void_p * max(world, 1))()
     device_array = (ctypes.c_int * len(devices))(*devices)

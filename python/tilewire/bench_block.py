@@ -42,6 +42,7 @@ import json
 import sys
 import time
 
+from ._comm import set_shared_gpu_env
 from .bench_attention import _time, hopper_torch
 
 DEFAULTS = {"tokens": 4096, "hidden": 2048, "heads": 16, "ffn": 8192}
@@ -324,6 +325,7 @@ def main(argv=None):
         with open(args.plot[0]) as f:
             plot(json.load(f), args.plot[1])
         return 0
+    set_shared_gpu_env()  # virtual ranks share GPU 0: before torch starts CUDA
     torch = hopper_torch("bench_block")
     if torch is None:
         return 2

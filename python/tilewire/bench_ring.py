@@ -23,6 +23,7 @@ failed, 2 no torch or no Hopper GPU.
 import argparse
 import sys
 
+from ._comm import set_shared_gpu_env
 from .bench_attention import _time, hopper_torch
 
 DEFAULT_SHAPES = [(4, 16, 768, 128), (4, 16, 3072, 128), (4, 16, 12288, 128)]
@@ -191,6 +192,8 @@ def main(argv=None):
     parser.add_argument("--devices", choices=("shared", "distinct"), default="shared",
                         help="shared: virtual ranks on GPU 0; distinct: rank r on GPU r")
     args = parser.parse_args(argv)
+    if args.devices == "shared":
+        set_shared_gpu_env()  # virtual ranks share GPU 0: before torch starts CUDA
     torch = hopper_torch("bench_ring")
     if torch is None:
         return 2

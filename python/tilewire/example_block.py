@@ -31,6 +31,11 @@ import argparse
 import contextlib
 import sys
 
+if __name__ == "__main__":  # the virtual ranks share GPU 0: set before torch starts CUDA
+    from tilewire._comm import set_shared_gpu_env
+
+    set_shared_gpu_env()
+
 import torch
 from torch import nn
 from torch.nn import functional as F
