@@ -19,9 +19,4 @@ if [ -f "$double" ] && [ -z "${TW_IBVERBS_LIB:-}" ]; then
   export TW_IBVERBS_LIB="$double" TW_EFADV_LIB="$double"
   export TW_VD_FABRIC="${TMPDIR:-/tmp}/tw-pytest-fabric-$$"
 fi
-# virtual ranks in one process: kernels loaded at startup, not at a first launch that would wait
-# behind a peer's spinning kernel, and a hardware queue per rank stream (docs/ARCHITECTURE.md,
-# Co-residency)
-export CUDA_MODULE_LOADING="${CUDA_MODULE_LOADING:-EAGER}"
-export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-32}"
 TILEWIRE_LIB=$lib exec "$python" -m pytest python/tests -q "$@"

@@ -14,14 +14,15 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PYTHON_DIR = ROOT / "python"
 
-# The GPU tests run virtual ranks in this process: torch's and cuBLAS's kernels loaded when CUDA
-# starts (a lazy first launch can wait behind a peer rank's spinning kernel), and a hardware queue
-# per rank stream. Set before anything initialises CUDA.
-os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
-os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
-
 if str(PYTHON_DIR) not in sys.path:
     sys.path.insert(0, str(PYTHON_DIR))
+
+# The GPU tests run virtual ranks in this process: set before anything initialises CUDA (loads no
+# library and no torch).
+from tilewire._comm import set_shared_gpu_env  # noqa: E402
+
+set_shared_gpu_env()
+
 _built = ROOT / "build" / "libtilewire.so"
 if "TILEWIRE_LIB" not in os.environ and _built.exists():
     os.environ["TILEWIRE_LIB"] = str(_built)

@@ -386,33 +386,25 @@ def init_rank(world, rank, unique_id, config=None, *, sm_budget=None):
     return Comm(handle.value)
 
 
+# What a process of virtual ranks sharing a GPU needs when CUDA starts. Ranks spin on each
+# other's flags inside their kernels: under lazy module loading (CUDA's default) the first launch
+# of a kernel not yet loaded (torch's, cuBLAS's) can wait for the GPU to go idle, which a peer's
+# spinning kernel never lets happen; with fewer hardware queues (at most 32) than rank streams,
+# two ranks' kernels can be serialised the same way. Either way the call times out.
 SHARED_GPU_ENV = {"CUDA_MODULE_LOADING": "EAGER", "CUDA_DEVICE_MAX_CONNECTIONS": "32"}
 
 
 def set_shared_gpu_env():
     """Sets SHARED_GPU_ENV's variables where the environment leaves them unset: for programs
-    (tilewire's benchmarks, the example block) that run virtual ranks sharing a GPU. Works only
-    before CUDA starts in this process (before torch touches the GPU)."""
+    (the Python tests, tilewire's benchmarks, the example block) that run virtual ranks sharing
+    a GPU. Works only before CUDA starts in this process (before torch touches the GPU)."""
     for name, value in SHARED_GPU_ENV.items():
         os.environ.setdefault(name, value)
 
 
 def _warn_shared_gpu_env():
-    """Ranks sharing a GPU in one process spin on each other's flags inside their kernels. Under
-    CUDA's lazy module loading (its default) the first launch of any kernel not yet loaded (torch's,
-    cuBLAS's) can wait for the GPU to go idle, which a peer's spinning kernel never lets happen:
-    the call times out. With fewer hardware queues than rank streams, two ranks' kernels can be
-    serialised the same way. Both variables are read when CUDA starts."""
-    env = os.environ
-    unset = []
-    if env.get("CUDA_MODULE_LOADING", "").upper() != "EAGER":
-        unset.append("CUDA_MODULE_LOADING=EAGER")
-    try:
-        connections = int(env.get("CUDA_DEVICE_MAX_CONNECTIONS", "8"))
-    except ValueError:
-        connections = 8
-    if connections < 32:
-        unset.append("CUDA_DEVICE_MAX_CONNECTIONS=32")
+    unset = ["%s=%s" % (name, value) for name, value in SHARED_GPU_ENV.items()
+             if os.environ.get(name, "").strip().upper() != value]
     if unset:
         warnings.warn(
             "tilewire: virtual ranks share a GPU in this process without %s in the environment "
