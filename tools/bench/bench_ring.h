@@ -32,13 +32,14 @@ typedef struct ring_ctx {
   /* the unfused ring's backward, per rank: each query segment's o and dout contiguous, a pair's
    * partial gradients and dsum workspace, the fp32 dq of each query segment, the fp32 dk and dv
    * of the chunk being passed round (two by step parity: one received while the other is read
-   * by the next rank), the received own chunk's, the events ordering the pass, the gradients */
+   * by the next rank), the received own chunk's, the events ordering the pass and its end, the
+   * gradients */
   void *os[TW_MAX_WORLD][kMaxSegs], *dos[TW_MAX_WORLD][kMaxSegs];
   void *part_dq[TW_MAX_WORLD], *part_dk[TW_MAX_WORLD], *part_dv[TW_MAX_WORLD];
   float *part_ws[TW_MAX_WORLD], *acc_dq[TW_MAX_WORLD][kMaxSegs];
   float *acc_dk[TW_MAX_WORLD][2], *acc_dv[TW_MAX_WORLD][2], *own_dk[TW_MAX_WORLD],
       *own_dv[TW_MAX_WORLD];
-  cudaEvent_t passed[TW_MAX_WORLD][2];
+  cudaEvent_t passed[TW_MAX_WORLD][2], finished[TW_MAX_WORLD];
   void *udq[TW_MAX_WORLD], *udk[TW_MAX_WORLD], *udv[TW_MAX_WORLD];
   void *wq, *wk, *wv, *wo; /* the whole sequence, global order, on rank 0's GPU */
   /* the backward's: dout, lse and dsum symmetric (with q, k and v: the peers read them), the

@@ -247,6 +247,14 @@ static void run_unfused_backward(ring_ctx *c) {
     for (int i = 0; i < nq; i++)
       finish_kernel<<<1024, 256, 0, st>>>((__nv_bfloat16 *)c->udq[r], c->acc_dq[r][i], c->s,
                                           qs[i].row, qs[i].rows, hd, c->b * qs[i].rows * hd);
+    BENCH_CUDA(cudaEventRecord(c->finished[r], st));
+  }
+  /* A rank's next call rewrites its dk / dv buffers, which the next rank reads up to its end:
+   * each stream waits for its next rank's end (calls run back to back between two joins with
+   * TW_BENCH_BLOCK). */
+  for (int r = 0; r < w; r++) {
+    bench_ranks_use(c->rk, r);
+    BENCH_CUDA(cudaStreamWaitEvent(c->rk->streams[r], c->finished[(r + 1) % w], 0));
   }
   bench_ranks_use(c->rk, 0);
 }
@@ -280,6 +288,7 @@ void ring_alloc_unfused(ring_ctx *c) {
       c->acc_lse[r][i] = (float *)ring_dev_alloc(seg_rows * 4);
       c->acc_dq[r][i] = (float *)ring_dev_alloc(seg * 2);
     }
+    BENCH_CUDA(cudaEventCreateWithFlags(&c->finished[r], cudaEventDisableTiming));
     for (int par = 0; par < 2; par++) {
       c->acc_dk[r][par] = (float *)ring_dev_alloc(shard * 2);
       c->acc_dv[r][par] = (float *)ring_dev_alloc(shard * 2);
@@ -302,6 +311,7 @@ void ring_free_unfused(ring_ctx *c) {
       cudaFree(c->os[r][i]), cudaFree(c->dos[r][i]);
       cudaFree(c->acc_o[r][i]), cudaFree(c->acc_lse[r][i]), cudaFree(c->acc_dq[r][i]);
     }
+    cudaEventDestroy(c->finished[r]);
     for (int par = 0; par < 2; par++) {
       cudaFree(c->acc_dk[r][par]), cudaFree(c->acc_dv[r][par]);
       cudaEventDestroy(c->passed[r][par]);
