@@ -117,8 +117,6 @@ static void run_whole_step(void *p, int iter) {
 
 /* ---- setup, check, rows -------------------------------------------------------------------- */
 
-static void *dev_alloc(size_t bytes) { return ring_dev_alloc(bytes); }
-
 static int alloc_ranks(ring_ctx *c) {
   const size_t shard = (size_t)(c->b * c->s * c->h * c->d) * 2;
   for (int r = 0; r < c->world; r++) {
@@ -142,18 +140,19 @@ static int alloc_ranks(ring_ctx *c) {
       return 1;
     }
     bench_ranks_use(c->rk, r);
-    c->o[r] = dev_alloc(shard);
-    c->dq[r] = dev_alloc(shard), c->dk[r] = dev_alloc(shard), c->dv[r] = dev_alloc(shard);
+    c->o[r] = ring_dev_alloc(shard);
+    c->dq[r] = ring_dev_alloc(shard), c->dk[r] = ring_dev_alloc(shard),
+    c->dv[r] = ring_dev_alloc(shard);
   }
   ring_alloc_unfused(c);
   bench_ranks_use(c->rk, 0);
   const size_t whole = shard * (size_t)c->world;
-  c->wq = dev_alloc(whole), c->wk = dev_alloc(whole), c->wv = dev_alloc(whole);
-  c->wo = dev_alloc(whole);
-  c->wdo = dev_alloc(whole), c->wdq = dev_alloc(whole), c->wdk = dev_alloc(whole);
-  c->wdv = dev_alloc(whole);
-  c->wlse = (float *)dev_alloc(whole / (size_t)c->d * 2),
-  c->wws = (float *)dev_alloc(whole / (size_t)c->d * 2);
+  c->wq = ring_dev_alloc(whole), c->wk = ring_dev_alloc(whole), c->wv = ring_dev_alloc(whole);
+  c->wo = ring_dev_alloc(whole);
+  c->wdo = ring_dev_alloc(whole), c->wdq = ring_dev_alloc(whole), c->wdk = ring_dev_alloc(whole);
+  c->wdv = ring_dev_alloc(whole);
+  c->wlse = (float *)ring_dev_alloc(whole / (size_t)c->d * 2),
+  c->wws = (float *)ring_dev_alloc(whole / (size_t)c->d * 2);
   return 0;
 }
 
@@ -207,7 +206,7 @@ static int check(ring_ctx *c, void *const *outs, const void *whole, const char *
   const size_t line = (size_t)(c->h * c->d * 2), seq = (size_t)(c->world * c->s);
   const size_t shard_elems = (size_t)(c->b * c->s * c->h * c->d);
   bench_ranks_use(c->rk, 0);
-  void *want = dev_alloc(shard_elems * 2), *got = dev_alloc(shard_elems * 2);
+  void *want = ring_dev_alloc(shard_elems * 2), *got = ring_dev_alloc(shard_elems * 2);
   int ok = 1;
   for (int r = 0; r < c->world && ok; r++) {
     seg_t sg[kMaxSegs];
